@@ -1,0 +1,57 @@
+"""The ``metaq`` command line: one module per subcommand, each with ``add_parser`` and ``run``.
+
+Every command prints one clear line on bad input (no traceback) and exits
+0 on success, 1 on a runtime failure, 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from ..errors import MetaqError
+
+#: subcommand -> module under metaq.cli
+COMMANDS = {
+    "zk": "zk",
+    "broker": "broker",
+    "produce": "produce",
+    "consume": "consume",
+    "stats": "stats",
+    "demo": "demo",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="metaq", description="metaq-py: a replicated message broker in the line of MetaQ")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, module_name in COMMANDS.items():
+        module = importlib.import_module(f"{__name__}.{module_name}")
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("kazoo").setLevel(logging.WARNING)
+    try:
+        return int(args.run(args) or 0)
+    except MetaqError as exc:
+        print(f"metaq {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

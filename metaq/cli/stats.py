@@ -1,0 +1,46 @@
+"""``metaq stats HOST:PORT [ITEM]``: a broker's stats, as ``echo stats | nc`` shows them."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from ..errors import MetaqError
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise MetaqError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("stats", help="print a broker's stats")
+    parser.add_argument("address", metavar="HOST:PORT")
+    parser.add_argument("item", nargs="?", default="", help="topics, offsets, realtime, config, help, reset or a topic name")
+    parser.add_argument("--timeout", type=float, default=5.0)
+    parser.set_defaults(run=run)
+
+
+async def fetch_stats(host: str, port: int, item: str, timeout: float) -> str:
+    from ..client.connection import BrokerConnection, ConnectionClosed
+
+    try:
+        conn = await BrokerConnection.open(host, port, timeout)
+        try:
+            reply = await conn.request({"op": "stats", "item": item}, timeout=timeout)
+        finally:
+            conn.close()
+    except (ConnectionClosed, asyncio.TimeoutError) as exc:
+        raise MetaqError(str(exc) or f"no answer from {host}:{port} within {timeout}s") from None
+    if not reply.ok:
+        raise MetaqError(f"{host}:{port} answered {reply.code}: {reply.message}")
+    return reply.body.decode("utf-8", "replace")
+
+
+def run(args: argparse.Namespace) -> int:
+    host, port = parse_address(args.address)
+    text = asyncio.run(fetch_stats(host, port, args.item, args.timeout))
+    print(text, end="")
+    return 1 if text.startswith("ERROR") else 0

@@ -1,0 +1,19 @@
+"""``metaq zk``: an embedded standalone ZooKeeper on loopback, foreground."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("zk", help="run an embedded standalone ZooKeeper on 127.0.0.1")
+    parser.add_argument("--port", type=int, default=2181, help="client port (default 2181; 0 picks a free one)")
+    parser.add_argument("--data-dir", help="data directory (default: a temporary one)")
+    parser.add_argument("--tick-ms", type=int, default=500, help="ZooKeeper tickTime in ms (default 500)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..zk.cli import run_zk
+
+    return run_zk(args.port, args.data_dir, args.tick_ms)

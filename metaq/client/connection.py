@@ -1,0 +1,161 @@
+"""One pipelined connection to a broker (asyncio).
+
+Requests are written as they come; each carries a fresh ``opaque`` and its
+future waits in ``_pending`` until the reply with that opaque arrives, so any
+number of requests can be in flight on one socket (MetaQ's multiplexing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from ..protocol import commands as c
+from ..protocol.frames import (
+    CLOSED,
+    NEED_DATA,
+    BadFrame,
+    Frame,
+    FrameDecoder,
+    OversizedFrame,
+    ProtocolError,
+    encode_frame,
+)
+
+log = logging.getLogger(__name__)
+
+
+class ConnectionClosed(ConnectionError):
+    """The connection to a broker went away (or could not be made)."""
+
+
+@dataclass
+class Reply:
+    header: dict[str, Any]
+    body: bytearray
+
+    @property
+    def code(self) -> int:
+        return int(self.header.get("code", c.INTERNAL_ERROR))
+
+    @property
+    def message(self) -> str:
+        return str(self.header.get("msg", c.CODE_NAMES.get(self.code, "")))
+
+    @property
+    def ok(self) -> bool:
+        return self.code == c.OK
+
+    def __getitem__(self, key: str) -> Any:
+        return self.header[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.header.get(key, default)
+
+
+class _ReplyProtocol(asyncio.Protocol):
+    def __init__(self, conn: "BrokerConnection") -> None:
+        self._conn = conn
+        self._decoder = FrameDecoder(max_body=1 << 31, allow_text=False)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._conn._fail_all(ConnectionClosed(f"connection to {self._conn.address} lost" + (f": {exc}" if exc else "")))
+
+    def data_received(self, data: bytes) -> None:
+        decoder = self._decoder
+        decoder.receive_data(data)
+        while True:
+            event = decoder.next_event()
+            if event is NEED_DATA or event is CLOSED:
+                return
+            if isinstance(event, Frame):
+                self._conn._resolve(event.header, event.body)
+            elif isinstance(event, (ProtocolError, BadFrame, OversizedFrame)):
+                message = getattr(event, "message", "oversized reply")
+                self._conn._fail_all(ConnectionClosed(f"bad reply from {self._conn.address}: {message}"))
+                self._conn.close()
+                return
+
+
+class BrokerConnection:
+    """A connection to ``host:port``; use ``await BrokerConnection.open(...)``."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self._transport: asyncio.Transport | None = None
+        self._pending: dict[int, asyncio.Future[Reply]] = {}
+        self._opaques = itertools.count(1)
+        self._closed = False
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def is_open(self) -> bool:
+        return self._transport is not None and not self._closed and not self._transport.is_closing()
+
+    @classmethod
+    async def open(cls, host: str, port: int, timeout: float = 5.0) -> "BrokerConnection":
+        conn = cls(host, port)
+        loop = asyncio.get_running_loop()
+        try:
+            transport, _ = await asyncio.wait_for(
+                loop.create_connection(lambda: _ReplyProtocol(conn), host, port), timeout
+            )
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise ConnectionClosed(f"cannot connect to {host}:{port}: {exc or 'timed out'}") from None
+        conn._transport = transport  # type: ignore[assignment]
+        return conn
+
+    async def request(
+        self, header: dict[str, Any], body: bytes | bytearray | memoryview = b"", timeout: float | None = 30.0
+    ) -> Reply:
+        """Send one request and wait for its reply (raises ConnectionClosed, asyncio.TimeoutError)."""
+        opaque, future = self._send(header, body)
+        try:
+            return await asyncio.wait_for(future, timeout) if timeout else await future
+        finally:
+            self._pending.pop(opaque, None)
+
+    def send(self, header: dict[str, Any], body: bytes | bytearray | memoryview = b"") -> "asyncio.Future[Reply]":
+        """Write one request now and return the future of its reply (for pipelining)."""
+        return self._send(header, body)[1]
+
+    def _send(self, header: dict[str, Any], body: bytes | bytearray | memoryview) -> tuple[int, "asyncio.Future[Reply]"]:
+        if not self.is_open:
+            raise ConnectionClosed(f"connection to {self.address} is closed")
+        opaque = next(self._opaques)
+        header = {**header, "opaque": opaque}
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._pending[opaque] = future
+        assert self._transport is not None
+        self._transport.write(encode_frame(header, body))
+        return opaque, future
+
+    def _resolve(self, header: dict[str, Any], body: bytearray) -> None:
+        future = self._pending.pop(header.get("opaque", -1), None)
+        if future is not None and not future.done():
+            future.set_result(Reply(header, body))
+
+    def _fail_all(self, exc: Exception) -> None:
+        self._closed = True
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(exc)
+
+    def close(self) -> None:
+        self._closed = True
+        if self._transport is not None:
+            self._transport.close()
+
+    async def __aenter__(self) -> "BrokerConnection":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,352 @@
+"""Broker and slave configuration: MetaQ's ``server.ini`` and ``async_slave.properties``.
+
+Both files keep MetaQ's key names so that operators can carry their configs over.
+Every problem (unknown key, bad value, missing required key) raises ConfigError
+naming the file, the section and the key, so ``metaq broker`` can print one clear
+line instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import configparser
+import re
+import zlib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+DEFAULT_DELETE_POLICY = "delete,168"
+DEFAULT_DELETE_WHEN = "0 0 6,18 * * ?"
+
+
+class ConfigError(ValueError):
+    """A configuration file or value is wrong; the message names the file and key."""
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    """Per-topic storage settings; ``[system]`` gives the defaults, ``[topic=NAME]`` overrides."""
+
+    name: str
+    num_partitions: int = 1
+    data_path: str = "data"
+    unflush_threshold: int = 1000
+    unflush_interval_ms: int = 10000
+    max_segment_size: int = 1024 * 1024 * 1024
+    max_transfer_size: int = 1024 * 1024
+    delete_policy: str = DEFAULT_DELETE_POLICY
+    delete_when: str = DEFAULT_DELETE_WHEN
+    accept_publish: bool = True
+    accept_subscribe: bool = True
+
+
+@dataclass(frozen=True)
+class ZkConfig:
+    zk_connect: str = "127.0.0.1:2181"
+    session_timeout_ms: int = 30000
+    connection_timeout_ms: int = 30000
+    sync_time_ms: int = 5000
+    root: str = "/meta"
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    broker_id: int
+    host_name: str = "127.0.0.1"
+    server_port: int = 8123
+    data_path: str = "data"
+    zk: ZkConfig = field(default_factory=ZkConfig)
+    topics: dict[str, TopicConfig] = field(default_factory=dict)
+    # The [system] values every topic starts from (for topics learnt from a master).
+    topic_defaults: TopicConfig = field(default_factory=lambda: TopicConfig(name=""))
+    # Largest single message payload a put may carry.
+    max_message_size: int = 1024 * 1024
+    replication_mode: str = "async"
+    min_sync_slaves: int = 1
+    sync_slave_timeout_ms: int = 2000
+    on_sync_slave_loss: str = "reject"
+    auto_failover: bool = True
+    source_path: str | None = None
+    # CRC32 of the file's bytes, published as master_config_checksum.
+    checksum: int = 0
+    # The raw file, served to slaves for config auto-sync.
+    raw: bytes = b""
+
+    def topic(self, name: str) -> TopicConfig | None:
+        return self.topics.get(name)
+
+
+@dataclass(frozen=True)
+class SlaveConfig:
+    slave_id: int
+    slave_group: str
+    slave_max_delay_ms: int = 500
+    auto_sync_master_config: bool = True
+
+
+# --- value parsers ---------------------------------------------------------------
+
+
+def _int(minimum: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise ValueError(f"expected an integer, got {text!r}") from None
+        if minimum is not None and value < minimum:
+            raise ValueError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "yes", "1", "on"):
+        return True
+    if lowered in ("false", "no", "0", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip()
+        if value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _text(text: str) -> str:
+    value = text.strip()
+    if not value:
+        raise ValueError("must not be empty")
+    return value
+
+
+_POLICY = re.compile(r"^(delete|archive),\s*\d+\s*[smh]?(,\s*(true|false))?$")
+
+
+def _delete_policy(text: str) -> str:
+    value = text.strip()
+    if not _POLICY.match(value):
+        raise ValueError(f"expected 'delete,N[s|m|h]' or 'archive,N[s|m|h][,true]', got {text!r}")
+    return value
+
+
+def _delete_when(text: str) -> str:
+    value = text.strip()
+    if len(value.split()) not in (6, 7):
+        raise ValueError(f"expected a 6-field Quartz cron expression, got {text!r}")
+    return value
+
+
+def _topic_name(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9._\-]{1,200}", text):
+        raise ValueError(f"topic name {text!r} may only use letters, digits, '.', '_' and '-'")
+    return text
+
+
+# Topic-level keys, allowed in [system] (as defaults) and in [topic=NAME].
+_TOPIC_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "numPartitions": ("num_partitions", _int(1)),
+    "dataPath": ("data_path", _text),
+    "unflushThreshold": ("unflush_threshold", _int(0)),
+    "unflushInterval": ("unflush_interval_ms", _int(1)),
+    "maxSegmentSize": ("max_segment_size", _int(1024)),
+    "maxTransferSize": ("max_transfer_size", _int(1024)),
+    "deletePolicy": ("delete_policy", _delete_policy),
+    "deleteWhen": ("delete_when", _delete_when),
+    "acceptPublish": ("accept_publish", _bool),
+    "acceptSubscribe": ("accept_subscribe", _bool),
+}
+
+# [system]-only keys.
+_SYSTEM_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "brokerId": ("broker_id", _int(0)),
+    "hostName": ("host_name", _text),
+    "serverPort": ("server_port", _int(0)),
+    "maxMessageSize": ("max_message_size", _int(1)),
+    "replicationMode": ("replication_mode", _choice("async", "sync")),
+    "minSyncSlaves": ("min_sync_slaves", _int(0)),
+    "syncSlaveTimeoutMs": ("sync_slave_timeout_ms", _int(1)),
+    "onSyncSlaveLoss": ("on_sync_slave_loss", _choice("reject", "degrade")),
+    "autoFailover": ("auto_failover", _bool),
+}
+
+_ZK_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "zk.zkConnect": ("zk_connect", _text),
+    "zk.zkSessionTimeoutMs": ("session_timeout_ms", _int(1000)),
+    "zk.zkConnectionTimeoutMs": ("connection_timeout_ms", _int(100)),
+    "zk.zkSyncTimeMs": ("sync_time_ms", _int(0)),
+    "zk.zkRoot": ("root", _text),
+}
+
+# Keys MetaQ accepts that this broker reads but does not act on; kept so that a
+# MetaQ server.ini loads unchanged.
+_IGNORED_SYSTEM_KEYS = {
+    "dashboardHttpPort",
+    "getProcessThreadCount",
+    "putProcessThreadCount",
+    "statTopicSet",
+    "appClassPath",
+    "flushTxLogAtCommit",
+    "maxTxTimeoutTimerCapacity",
+    "maxTxTimeoutInSeconds",
+    "maxCheckpoints",
+    "checkpointInterval",
+    "zk.zkEnable",
+    "quartzThreadCount",
+    "slaveId",
+    "stat",
+    "updateConsumerOffsets",
+    "loadMessageStoresInParallel",
+}
+
+
+def _convert(path: str, section: str | None, key: str, raw: str, parse: Callable[[str], Any]) -> Any:
+    try:
+        return parse(raw)
+    except ValueError as exc:
+        where = f"[{section}] {key}" if section else key
+        raise ConfigError(f"{path}: {where}: {exc}") from None
+
+
+def _read_ini(text: str, path: str) -> configparser.ConfigParser:
+    parser = configparser.ConfigParser(interpolation=None, strict=True, delimiters=("=",))
+    parser.optionxform = str  # MetaQ keys are camelCase
+    try:
+        parser.read_string(text, source=path)
+    except configparser.Error as exc:
+        raise ConfigError(f"{path}: not a valid INI file: {exc.message if hasattr(exc, 'message') else exc}") from None
+    return parser
+
+
+def parse_server_ini(data: bytes, path: str = "server.ini") -> BrokerConfig:
+    """Parse the bytes of a server.ini into a BrokerConfig (raises ConfigError)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
+    parser = _read_ini(text, path)
+    if not parser.has_section("system"):
+        raise ConfigError(f"{path}: missing section [system]")
+
+    system: dict[str, Any] = {}
+    topic_defaults: dict[str, Any] = {}
+    for key, raw in parser.items("system"):
+        if key in _SYSTEM_KEYS:
+            name, parse = _SYSTEM_KEYS[key]
+            system[name] = _convert(path, "system", key, raw, parse)
+        elif key in _TOPIC_KEYS:
+            name, parse = _TOPIC_KEYS[key]
+            topic_defaults[name] = _convert(path, "system", key, raw, parse)
+        elif key not in _IGNORED_SYSTEM_KEYS:
+            raise ConfigError(f"{path}: [system] {key}: unknown key")
+    if "broker_id" not in system:
+        raise ConfigError(f"{path}: [system] brokerId: required key is missing")
+    if system["broker_id"] > 1023:
+        raise ConfigError(f"{path}: [system] brokerId: must be <= 1023, got {system['broker_id']}")
+
+    zk: dict[str, Any] = {}
+    if parser.has_section("zookeeper"):
+        for key, raw in parser.items("zookeeper"):
+            if key not in _ZK_KEYS:
+                if key == "zk.zkEnable":
+                    continue
+                raise ConfigError(f"{path}: [zookeeper] {key}: unknown key")
+            name, parse = _ZK_KEYS[key]
+            zk[name] = _convert(path, "zookeeper", key, raw, parse)
+    zk_config = ZkConfig(**zk)
+    if not zk_config.root.startswith("/"):
+        raise ConfigError(f"{path}: [zookeeper] zk.zkRoot: must start with '/', got {zk_config.root!r}")
+
+    data_path = topic_defaults.get("data_path", "data")
+    if not Path(data_path).is_absolute() and path and Path(path).parent != Path(""):
+        # Relative data paths are relative to the config file, not the cwd.
+        topic_defaults["data_path"] = str(Path(path).parent / data_path)
+    default_topic = TopicConfig(name="", **topic_defaults)
+
+    topics: dict[str, TopicConfig] = {}
+    for section in parser.sections():
+        if section in ("system", "zookeeper"):
+            continue
+        if not section.startswith("topic="):
+            raise ConfigError(f"{path}: [{section}]: unknown section (expected [system], [zookeeper] or [topic=NAME])")
+        name = _convert(path, section, "topic", section[len("topic=") :], _topic_name)
+        overrides: dict[str, Any] = {}
+        for key, raw in parser.items(section):
+            if key not in _TOPIC_KEYS:
+                if key in ("stat", "group"):  # MetaQ per-topic keys with no meaning here
+                    continue
+                raise ConfigError(f"{path}: [{section}] {key}: unknown key")
+            attr, parse = _TOPIC_KEYS[key]
+            overrides[attr] = _convert(path, section, key, raw, parse)
+        if "data_path" in overrides and not Path(overrides["data_path"]).is_absolute() and Path(path).parent != Path(""):
+            overrides["data_path"] = str(Path(path).parent / overrides["data_path"])
+        topics[name] = replace(default_topic, name=name, **overrides)
+
+    mode = system.get("replication_mode", "async")
+    if mode == "sync" and system.get("min_sync_slaves", 1) < 1:
+        raise ConfigError(f"{path}: [system] minSyncSlaves: must be >= 1 in sync mode")
+
+    return BrokerConfig(
+        data_path=default_topic.data_path,
+        zk=zk_config,
+        topics=topics,
+        topic_defaults=default_topic,
+        source_path=path,
+        checksum=zlib.crc32(data),
+        raw=bytes(data),
+        **system,
+    )
+
+
+def load_server_ini(path: str | Path) -> BrokerConfig:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    return parse_server_ini(data, str(path))
+
+
+def _read_properties(text: str) -> dict[str, str]:
+    """Java .properties, the subset MetaQ's files use: key=value or key: value, # and ! comments."""
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped[0] in "#!":
+            continue
+        match = re.match(r"^([^=:\s]+)\s*[=:\s]\s*(.*)$", stripped)
+        if not match:
+            values[stripped] = ""
+            continue
+        values[match.group(1)] = match.group(2).strip()
+    return values
+
+
+def parse_slave_properties(text: str, path: str = "async_slave.properties") -> SlaveConfig:
+    values = _read_properties(text)
+    known = {"slaveId", "slaveGroup", "slaveMaxDelayInMills", "autoSyncMasterConfig"}
+    for key in values:
+        if key not in known:
+            raise ConfigError(f"{path}: {key}: unknown key (expected one of {', '.join(sorted(known))})")
+    if "slaveId" not in values or not values["slaveId"]:
+        raise ConfigError(f"{path}: slaveId: required key is missing")
+    slave_id = _convert(path, None, "slaveId", values["slaveId"], _int(0))
+    group = values.get("slaveGroup", "").strip() or f"meta-slave-group_{slave_id}"
+    delay = _convert(path, None, "slaveMaxDelayInMills", values.get("slaveMaxDelayInMills", "500"), _int(0))
+    auto_sync = _convert(path, None, "autoSyncMasterConfig", values.get("autoSyncMasterConfig", "true"), _bool)
+    return SlaveConfig(slave_id=slave_id, slave_group=group, slave_max_delay_ms=delay, auto_sync_master_config=auto_sync)
+
+
+def load_slave_properties(path: str | Path) -> SlaveConfig:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
+    return parse_slave_properties(text, str(path))

@@ -1,0 +1,237 @@
+"""The slave side of replication: find the master in ZooKeeper and copy every partition.
+
+A slave subscribes to its master the way MetaQ's did, as a consumer of every
+master topic-partition, with three differences that close the original's holes:
+its position is its own log end (no offset store that can disagree with the log),
+each fetch reports that position and the slave's epoch to the master (so the
+master knows replication progress), and a reply that does not continue the log
+byte for byte stops that partition instead of corrupting it (see replica.py).
+
+Topics: the master's topic list comes from its ``topics`` command. With
+``autoSyncMasterConfig=true`` the slave also fetches the master's server.ini and
+adopts its topic sections (config_sync.py); it re-reads both whenever the
+master's ``master_config_checksum`` znode changes, so topics the master adds
+later start replicating without a restart.
+
+Threads: kazoo calls its watch functions on its own thread; they only hand the
+event to the event loop (``call_soon_threadsafe``). Everything else runs on the
+broker's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ..client.connection import BrokerConnection, ConnectionClosed
+from ..config import SlaveConfig
+from ..protocol import commands as c
+from ..zk.paths import ZkPaths, parse_broker_url
+from .config_sync import adopt_master_topics, save_master_copy, topics_for_master_layout
+from .replica import PartitionReplica, ReplicaDiverged
+
+if TYPE_CHECKING:
+    from kazoo.client import KazooClient
+
+    from ..server.broker import Broker
+
+log = logging.getLogger(__name__)
+
+RETRIABLE = (ConnectionClosed, ConnectionError, asyncio.TimeoutError, OSError)
+
+
+class MasterFollower:
+    def __init__(self, broker: "Broker", slave: SlaveConfig, zk: "KazooClient", paths: ZkPaths) -> None:
+        self.broker = broker
+        self.slave = slave
+        self.zk = zk
+        self.paths = paths
+        self.broker_id = broker.config.broker_id
+        self.replicas: dict[tuple[str, int], PartitionReplica] = {}
+        self.master_url: str | None = None
+        self.master_config_checksum: str | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._conn: BrokerConnection | None = None
+        self._conn_lock = asyncio.Lock()
+        self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._sync_task: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        master_path = self.paths.master(self.broker_id)
+        checksum_path = self.paths.master_config_checksum(self.broker_id)
+        await asyncio.to_thread(self.zk.DataWatch, master_path, self._watch(self._on_master))
+        await asyncio.to_thread(self.zk.DataWatch, checksum_path, self._watch(self._on_checksum))
+
+    async def stop(self) -> None:
+        self._stopped = True
+        await self._stop_following()
+
+    def _watch(self, handler: Any) -> Any:
+        def watcher(data: bytes | None, _stat: Any, *_: Any) -> bool:
+            if self._stopped or self._loop is None or self._loop.is_closed():
+                return False
+            self._loop.call_soon_threadsafe(handler, data)
+            return True
+
+        return watcher
+
+    # --- ZooKeeper events -------------------------------------------------------------
+
+    def _on_master(self, data: bytes | None) -> None:
+        url = data.decode("utf-8") if data else None
+        if url == self.master_url:
+            return
+        log.info("master of broker %d is now %s", self.broker_id, url or "absent")
+        self.master_url = url
+        asyncio.ensure_future(self._restart_following())
+
+    def _on_checksum(self, data: bytes | None) -> None:
+        checksum = data.decode("utf-8") if data else None
+        changed = checksum is not None and checksum != self.master_config_checksum
+        self.master_config_checksum = checksum
+        if changed and self.master_url is not None:
+            log.info("master config checksum is now %s; re-reading the master's topics", checksum)
+            self._schedule_topic_sync()
+
+    # --- following ----------------------------------------------------------------------
+
+    async def _restart_following(self) -> None:
+        await self._stop_following()
+        if self.master_url is not None and not self._stopped:
+            self._schedule_topic_sync()
+
+    async def _stop_following(self) -> None:
+        tasks = list(self._tasks.values())
+        if self._sync_task is not None:
+            tasks.append(self._sync_task)
+        self._tasks.clear()
+        self._sync_task = None
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _schedule_topic_sync(self) -> None:
+        if self._sync_task is None or self._sync_task.done():
+            self._sync_task = asyncio.ensure_future(self._sync_topics_until_done())
+
+    async def _sync_topics_until_done(self) -> None:
+        delay = 0.05
+        while not self._stopped and self.master_url is not None:
+            try:
+                await self._sync_topics()
+                return
+            except RETRIABLE as exc:
+                log.warning("cannot read the master's topics yet: %s", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, max(self.slave.slave_max_delay_ms, 50) / 1000)
+
+    async def _connection(self) -> BrokerConnection:
+        async with self._conn_lock:
+            if self._conn is not None and self._conn.is_open:
+                return self._conn
+            if self.master_url is None:
+                raise ConnectionClosed("no master registered")
+            host, port = parse_broker_url(self.master_url)
+            self._conn = await BrokerConnection.open(host, port)
+            return self._conn
+
+    async def _sync_topics(self) -> None:
+        conn = await self._connection()
+        reply = await conn.request({"op": "topics"}, timeout=10)
+        if not reply.ok:
+            raise ConnectionError(f"master answered topics with {reply.code}: {reply.message}")
+        master_topics: dict[str, int] = reply["topics"]
+        own = self.broker.config
+        if self.slave.auto_sync_master_config:
+            config_reply = await conn.request({"op": "config"}, timeout=10)
+            if not config_reply.ok:
+                raise ConnectionError(f"master answered config with {config_reply.code}: {config_reply.message}")
+            topics = adopt_master_topics(own, bytes(config_reply.body))
+            save_master_copy(own, bytes(config_reply.body))
+        else:
+            topics = topics_for_master_layout(own, master_topics)
+        await self.broker.update_topics(topics)
+        for topic, partitions in sorted(master_topics.items()):
+            for partition in range(partitions):
+                if (topic, partition) not in self._tasks:
+                    await self._start_partition(conn, topic, partition)
+
+    async def _start_partition(self, conn: BrokerConnection, topic: str, partition: int) -> None:
+        store = self.broker.store
+        if not store.has_log(topic, partition):
+            # An empty slave starts at the master's oldest retained offset, so its
+            # offsets are the master's from the first byte (MetaQ's handleMassageFiles).
+            reply = await conn.request({"op": "offset", "topic": topic, "partition": partition, "offset": 0}, timeout=10)
+            start = int(reply.get("min_offset", 0)) if reply.ok else 0
+            store.get_or_create_log(topic, partition, start_offset=start)
+        replica = self.replicas.get((topic, partition))
+        if replica is None:
+            replica = PartitionReplica(
+                topic,
+                partition,
+                store.get_log(topic, partition),
+                store.flusher(topic, partition),
+                self._replica_info,
+                self.broker.replica_appended,
+                self.slave.slave_max_delay_ms,
+            )
+            self.replicas[(topic, partition)] = replica
+        if replica.stopped:
+            return
+        replica.status.state = "following"
+        self._tasks[(topic, partition)] = asyncio.ensure_future(self._replicate(replica))
+
+    def _replica_info(self) -> dict[str, Any]:
+        return {"slave_id": self.slave.slave_id, "epoch": self.broker.epoch}
+
+    async def _replicate(self, replica: PartitionReplica) -> None:
+        """Fetch forever; back off (up to slaveMaxDelayInMills) only after errors."""
+        max_delay = max(self.slave.slave_max_delay_ms, 10) / 1000
+        delay = 0.0
+        while not self._stopped:
+            try:
+                conn = await self._connection()
+                await replica.fetch_once(conn)
+                delay = 0.0
+            except ReplicaDiverged as exc:
+                replica.stop(str(exc))
+                return
+            except RETRIABLE as exc:
+                delay = min(max(delay * 2, max_delay / 10), max_delay)
+                log.debug("%s: fetch failed (%s); retrying in %.0f ms", replica.name, exc, delay * 1000)
+                await asyncio.sleep(delay)
+
+    # --- status -------------------------------------------------------------------------
+
+    def committed(self, topic: str, partition: int, log_end: int) -> int:
+        """What consumers of this slave may read of a partition."""
+        replica = self.replicas.get((topic, partition))
+        if replica is None:
+            return log_end if self.master_url is None else 0
+        if self.master_url is None:
+            # No master: nothing can take our log back but a master returning with a
+            # longer log (ours is its prefix), so all of it is safe to read.
+            return log_end
+        return replica.committed()
+
+    def status_pairs(self) -> list[tuple[str, object]]:
+        pairs: list[tuple[str, object]] = [("master", self.master_url or "-")]
+        for (topic, partition), replica in sorted(self.replicas.items()):
+            st = replica.status
+            lag = max(0, st.master_log_end - replica.log.log_end)
+            pairs.append(
+                (
+                    f"replica {topic}-{self.broker_id}-{partition}",
+                    f"state={st.state} log_end={replica.log.log_end} master_log_end={st.master_log_end} lag_bytes={lag}"
+                    + (f" error={st.error!r}" if st.error else ""),
+                )
+            )
+        return pairs

@@ -1,0 +1,201 @@
+"""One partition of a slave: fetch from the master at the local log end, append verbatim.
+
+Invariant kept here: **the local log is a byte-identical prefix of the master's
+log at the same offsets.** It holds because
+
+* every fetch asks for the bytes at exactly the local log end, and a reply is
+  used only if it says it starts there (``offset`` in the reply header);
+* only whole, CRC-valid records are appended, byte for byte as received (a
+  fetch may end inside a record: that tail is fetched again next time);
+* appends of one partition happen in one task, one after the other.
+
+Anything that would break the invariant stops the partition with a clear error
+and a metric instead (MetaQ's slave could silently diverge, notes §9.3):
+a reply at another offset, a complete record with a bad CRC, a master log that
+is shorter than ours, or a master that no longer has the bytes we need next.
+A stopped partition is never appended to again until an operator (or, for a
+returning old master, the epoch-based truncation) resolves it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..protocol import commands as c
+from ..record import HEADER, HEADER_SIZE, valid_prefix
+
+if TYPE_CHECKING:
+    from ..client.connection import BrokerConnection
+    from ..store.flush import LogFlusher
+    from ..store.log import PartitionLog
+
+log = logging.getLogger(__name__)
+
+DEFAULT_FETCH_SIZE = 1024 * 1024
+
+
+class ReplicaDiverged(Exception):
+    """The master's answer cannot continue this slave's log byte for byte."""
+
+
+@dataclass
+class ReplicaStatus:
+    state: str = "starting"  # starting | following | stopped
+    error: str | None = None
+    fetches: int = 0
+    appended_bytes: int = 0
+    appended_messages: int = 0
+    master_log_end: int = 0
+    master_committed: int = 0
+    last_fetch_at: float = 0.0
+    caught_up_at: float = 0.0  # last time our log end reached the master's
+    divergences: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class PartitionReplica:
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        log_: "PartitionLog",
+        flusher: "LogFlusher",
+        replica_info: Callable[[], dict[str, Any]],
+        on_appended: Callable[[str, int], None],
+        max_delay_ms: int,
+        fetch_size: int = DEFAULT_FETCH_SIZE,
+    ) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.log = log_
+        self.flusher = flusher
+        self.replica_info = replica_info
+        self.on_appended = on_appended
+        self.max_delay_ms = max_delay_ms
+        self.fetch_size = fetch_size
+        self.status = ReplicaStatus()
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+    @property
+    def stopped(self) -> bool:
+        return self.status.state == "stopped"
+
+    def committed(self) -> int:
+        """What this slave may show consumers: what it has and the master has committed."""
+        return min(self.log.log_end, self.status.master_committed)
+
+    async def fetch_once(self, conn: "BrokerConnection") -> bool:
+        """One fetch round; returns True if it appended anything. Raises ReplicaDiverged."""
+        offset = self.log.log_end
+        header = {
+            "op": "get",
+            "topic": self.topic,
+            "partition": self.partition,
+            "offset": offset,
+            "max_size": self.fetch_size,
+            "max_wait_ms": max(self.max_delay_ms, 1),
+            "replica": {**self.replica_info(), "log_end": offset},
+        }
+        reply = await conn.request(header, timeout=self.max_delay_ms / 1000 + 30)
+        self.status.fetches += 1
+        self.status.last_fetch_at = time.time()
+        if reply.code == c.OK:
+            return self._append_reply(offset, reply.header, reply.body)
+        if reply.code == c.NOT_FOUND:
+            master_end = reply.get("log_end")
+            if master_end is None:
+                raise ReplicaDiverged(f"{self.name}: master answered 404: {reply.message}")
+            self._note_master(reply.header)
+            if master_end < offset:
+                raise ReplicaDiverged(
+                    f"{self.name}: master log ends at {master_end}, before this slave's log end {offset}"
+                )
+            if master_end == offset:
+                self.status.caught_up_at = time.time()
+            return False
+        if reply.code == c.MOVED:
+            return self._moved(offset, int(reply.get("offset", -1)))
+        raise ConnectionError(f"{self.name}: master answered {reply.code}: {reply.message}")
+
+    def _note_master(self, header: dict[str, Any]) -> None:
+        self.status.master_log_end = int(header.get("log_end", self.status.master_log_end))
+        committed = int(header.get("committed", self.status.master_committed))
+        if committed != self.status.master_committed:
+            self.status.master_committed = committed
+            self.on_appended(self.topic, self.partition)
+
+    def _append_reply(self, offset: int, header: dict[str, Any], body: bytearray) -> bool:
+        if header.get("offset") != offset:
+            raise ReplicaDiverged(f"{self.name}: asked for offset {offset}, master answered from {header.get('offset')}")
+        whole = valid_prefix(body, self.log.max_message_size)
+        if whole < len(body):
+            self._check_tail(offset, body, whole)
+        if whole:
+            start = self.log.append(memoryview(body)[:whole])
+            assert start == offset, "append must continue the log exactly where the fetch started"
+            end = start + whole
+            count = _count_records(body, whole)
+            self.status.appended_bytes += whole
+            self.status.appended_messages += count
+            self._schedule_flush(end, count)
+        self._note_master(header)
+        if self.log.log_end >= self.status.master_log_end:
+            self.status.caught_up_at = time.time()
+        self.on_appended(self.topic, self.partition)
+        return whole > 0
+
+    def _check_tail(self, offset: int, body: bytearray, whole: int) -> None:
+        """Bytes after the last whole record: fine if they are a cut record, not if corrupt."""
+        rest = len(body) - whole
+        if rest < HEADER_SIZE:
+            return
+        length, _crc, _id, _flag = HEADER.unpack_from(body, whole)
+        if length < 0 or length > self.log.max_message_size:
+            raise ReplicaDiverged(f"{self.name}: record at offset {offset + whole} has an impossible length {length}")
+        if HEADER_SIZE + length <= rest:
+            raise ReplicaDiverged(f"{self.name}: record at offset {offset + whole} fails its CRC check")
+        if whole == 0:
+            # One record bigger than our fetch size: ask for more next time.
+            self.fetch_size = max(self.fetch_size, HEADER_SIZE + length)
+
+    def _moved(self, offset: int, new_offset: int) -> bool:
+        if offset == self.log.min_offset and offset == self.log.log_end and new_offset > offset:
+            # Empty local log: start it where the master's retained log starts.
+            log.info("%s: empty log restarted at the master's log start %d", self.name, new_offset)
+            self.log.truncate_fully_and_start_at(new_offset)
+            return False
+        raise ReplicaDiverged(
+            f"{self.name}: master no longer has offset {offset} (its log starts at {new_offset});"
+            " this slave cannot continue without a gap"
+        )
+
+    def _schedule_flush(self, end: int, count: int) -> None:
+        task = asyncio.ensure_future(self.flusher.appended(end, count))
+        task.add_done_callback(_log_flush_error)
+
+    def stop(self, error: str) -> None:
+        self.status.state = "stopped"
+        self.status.error = error
+        self.status.divergences += 1
+        log.error("replication of %s stopped: %s", self.name, error)
+
+
+def _count_records(body: bytearray, length: int) -> int:
+    pos = count = 0
+    while pos < length:
+        (size,) = HEADER.unpack_from(body, pos)[:1]
+        pos += HEADER_SIZE + size
+        count += 1
+    return count
+
+
+def _log_flush_error(task: "asyncio.Future[None]") -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("slave flush failed: %s", task.exception())

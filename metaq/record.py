@@ -1,0 +1,202 @@
+"""The message record: MetaQ's on-disk format, which is also the wire format.
+
+One record, big-endian, 20-byte header then payload::
+
+    int32 length      payload length, header excluded
+    int32 checksum    crc32(payload) & 0x7fffffff (MetaQ's, kept positive for Java readers)
+    int64 msg_id      assigned by the master when it appends; 0 in a producer's batch
+    int32 flag        bit 0: the payload starts with an attribute block
+    payload           [int32 attr_len | attr (UTF-8)] if flag & 1, then data
+
+The same bytes travel everywhere: a producer builds records (msg_id 0), the master
+stamps ids into them and appends the buffer as it is, a fetch returns a byte range
+of the log, and a slave appends that range verbatim. Because nobody re-encodes,
+a slave's log stays a byte-identical copy of its master's at the same offsets.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import Iterator, NamedTuple
+
+HEADER = struct.Struct(">iiqi")
+HEADER_SIZE = HEADER.size  # 20
+_ATTR_LEN = struct.Struct(">i")
+_MSG_ID = struct.Struct(">q")
+_MSG_ID_AT = 8  # byte position of msg_id inside the header
+
+FLAG_HAS_ATTRIBUTE = 1
+#: Flag bits a record may carry; the rest are reserved and rejected so that a
+#: corrupted header is caught even when its length happens to look plausible.
+KNOWN_FLAGS = FLAG_HAS_ATTRIBUTE
+
+DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024
+
+
+class RecordError(ValueError):
+    """A record that is malformed: bad length, bad checksum, bad attribute block."""
+
+
+class Record(NamedTuple):
+    offset: int
+    msg_id: int
+    flag: int
+    attribute: str | None
+    data: bytes
+
+    @property
+    def size(self) -> int:
+        """Bytes this record takes in the log."""
+        return HEADER_SIZE + payload_size(self.attribute, self.data)
+
+
+def checksum(payload: bytes | memoryview) -> int:
+    return zlib.crc32(payload) & 0x7FFFFFFF
+
+
+def payload_size(attribute: str | None, data: bytes) -> int:
+    if attribute is None:
+        return len(data)
+    return 4 + len(attribute.encode("utf-8")) + len(data)
+
+
+def encode_payload(data: bytes, attribute: str | None = None) -> tuple[int, bytes]:
+    """Return ``(flag, payload)`` for a message body and its optional attribute."""
+    if attribute is None:
+        return 0, bytes(data)
+    attr = attribute.encode("utf-8")
+    return FLAG_HAS_ATTRIBUTE, _ATTR_LEN.pack(len(attr)) + attr + data
+
+
+def decode_payload(flag: int, payload: bytes | memoryview) -> tuple[str | None, bytes]:
+    """Split a payload into ``(attribute, data)``; raises RecordError if the block is bad."""
+    if not flag & FLAG_HAS_ATTRIBUTE:
+        return None, bytes(payload)
+    if len(payload) < 4:
+        raise RecordError("attribute flag set but payload shorter than 4 bytes")
+    (attr_len,) = _ATTR_LEN.unpack_from(payload, 0)
+    if attr_len < 0 or 4 + attr_len > len(payload):
+        raise RecordError(f"attribute length {attr_len} does not fit a {len(payload)}-byte payload")
+    try:
+        attribute = bytes(payload[4 : 4 + attr_len]).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecordError(f"attribute is not UTF-8: {exc}") from None
+    return attribute, bytes(payload[4 + attr_len :])
+
+
+def encode_record(data: bytes, attribute: str | None = None, msg_id: int = 0) -> bytes:
+    flag, payload = encode_payload(data, attribute)
+    return HEADER.pack(len(payload), checksum(payload), msg_id, flag) + payload
+
+
+def encode_batch(messages: list[tuple[bytes, str | None]]) -> bytes:
+    """Records for ``[(data, attribute), ...]`` with msg_id 0, ready for a put."""
+    return b"".join(encode_record(data, attribute) for data, attribute in messages)
+
+
+def _check_header(length: int, crc: int, flag: int, max_size: int, at: int) -> None:
+    if length < 0:
+        raise RecordError(f"record at {at}: negative length {length}")
+    if length > max_size:
+        raise RecordError(f"record at {at}: length {length} exceeds the limit of {max_size} bytes")
+    if flag & ~KNOWN_FLAGS:
+        raise RecordError(f"record at {at}: unknown flag bits {flag:#x}")
+    if crc < 0:
+        raise RecordError(f"record at {at}: negative checksum")
+
+
+def validate_batch(buf: bytes | bytearray | memoryview, max_message_size: int) -> int:
+    """Check that ``buf`` is a whole number of well-formed records; return their count.
+
+    Used on every put before anything touches a log, so that a malformed or
+    partly corrupted batch is refused whole and never half-written.
+    """
+    view = memoryview(buf)
+    pos, count, end = 0, 0, len(view)
+    while pos < end:
+        if end - pos < HEADER_SIZE:
+            raise RecordError(f"record at {pos}: truncated header ({end - pos} of {HEADER_SIZE} bytes)")
+        length, crc, _msg_id, flag = HEADER.unpack_from(view, pos)
+        _check_header(length, crc, flag, max_message_size, pos)
+        stop = pos + HEADER_SIZE + length
+        if stop > end:
+            raise RecordError(f"record at {pos}: truncated payload ({end - pos - HEADER_SIZE} of {length} bytes)")
+        payload = view[pos + HEADER_SIZE : stop]
+        if checksum(payload) != crc:
+            raise RecordError(f"record at {pos}: checksum mismatch")
+        if flag & FLAG_HAS_ATTRIBUTE:
+            decode_payload(flag, payload)
+        pos = stop
+        count += 1
+    return count
+
+
+def valid_prefix(buf: bytes | bytearray | memoryview, max_message_size: int = 1 << 30) -> int:
+    """Length of the longest prefix of ``buf`` made of whole, CRC-valid records.
+
+    Recovery uses it to find where a torn or corrupted tail starts.
+    """
+    view = memoryview(buf)
+    pos, end = 0, len(view)
+    while end - pos >= HEADER_SIZE:
+        length, crc, _msg_id, flag = HEADER.unpack_from(view, pos)
+        try:
+            _check_header(length, crc, flag, max_message_size, pos)
+        except RecordError:
+            return pos
+        stop = pos + HEADER_SIZE + length
+        if stop > end or checksum(view[pos + HEADER_SIZE : stop]) != crc:
+            return pos
+        pos = stop
+    return pos
+
+
+def stamp_msg_ids(buf: bytearray, first_id: int) -> int:
+    """Write ids ``first_id, first_id + 1, ...`` into a validated batch; return the count."""
+    pos, n, end = 0, 0, len(buf)
+    while pos < end:
+        (length,) = _ATTR_LEN.unpack_from(buf, pos)
+        _MSG_ID.pack_into(buf, pos + _MSG_ID_AT, first_id + n)
+        pos += HEADER_SIZE + length
+        n += 1
+    return n
+
+
+def record_ends(buf: bytes | bytearray | memoryview, base_offset: int = 0) -> list[int]:
+    """Absolute end offsets of the whole records in ``buf`` (partial tail ignored)."""
+    view = memoryview(buf)
+    pos, end, ends = 0, len(view), []
+    while end - pos >= HEADER_SIZE:
+        (length,) = _ATTR_LEN.unpack_from(view, pos)
+        stop = pos + HEADER_SIZE + length
+        if length < 0 or stop > end:
+            break
+        ends.append(base_offset + stop)
+        pos = stop
+    return ends
+
+
+def iter_records(
+    buf: bytes | bytearray | memoryview, base_offset: int = 0, verify: bool = True
+) -> Iterator[Record]:
+    """Decode whole records from a fetched byte range starting at ``base_offset``.
+
+    A trailing partial record (a fetch may end mid-message) is not yielded.
+    With ``verify`` a checksum mismatch raises RecordError naming the offset.
+    """
+    view = memoryview(buf)
+    pos, end = 0, len(view)
+    while end - pos >= HEADER_SIZE:
+        length, crc, msg_id, flag = HEADER.unpack_from(view, pos)
+        if length < 0:
+            raise RecordError(f"record at offset {base_offset + pos}: negative length {length}")
+        stop = pos + HEADER_SIZE + length
+        if stop > end:
+            return
+        payload = view[pos + HEADER_SIZE : stop]
+        if verify and checksum(payload) != crc:
+            raise RecordError(f"record at offset {base_offset + pos}: checksum mismatch")
+        attribute, data = decode_payload(flag, payload)
+        yield Record(base_offset + pos, msg_id, flag, attribute, data)
+        pos = stop

@@ -1,0 +1,237 @@
+"""The broker process: store, protocol server and ZooKeeper presence, tied together.
+
+Lifecycle: open the logs (recovering torn tails) -> seed the msg-id generator
+above every id already stored -> listen -> register in ZooKeeper. Stop runs
+the other way: deregister first (clients move away), then stop listening,
+then flush and close the logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from dataclasses import replace
+from typing import Any
+
+from .. import __version__
+from ..config import BrokerConfig, SlaveConfig, TopicConfig
+from ..protocol import commands as c
+from ..store.manager import MessageStoreManager
+from ..store.msgid import MsgIdGenerator
+from .connection import ClientConnection
+from .handlers import RequestHandlers
+from .stats import BrokerStats
+from .waiters import EndWaiters
+
+log = logging.getLogger(__name__)
+
+# A put frame carries at most MAX_BATCH_COUNT messages of max_message_size; the
+# frame limit leaves room for the headers and never exceeds 64 MiB.
+FRAME_OVERHEAD = 64 * 1024
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig, slave: SlaveConfig | None = None, register_in_zk: bool = True) -> None:
+        self.config = config
+        self.slave = slave
+        self.register_in_zk = register_in_zk
+        self.stats = BrokerStats()
+        self.waiters = EndWaiters()
+        self.store = MessageStoreManager(config.topics, config.max_message_size)
+        self.handlers = RequestHandlers(self)
+        self.ids: MsgIdGenerator | None = None
+        self.registry: Any = None
+        self.follower: Any = None
+        self.epoch = 0
+        self._server: asyncio.AbstractServer | None = None
+        self._stopped = asyncio.Event()
+        self.replica_progress: dict[tuple[int, str, int], tuple[int, float]] = {}
+
+    # --- roles (the HA layer refines these) ----------------------------------------
+
+    @property
+    def role_name(self) -> str:
+        return "master" if self.slave is None else f"slave{self.slave.slave_id}"
+
+    def write_refusal(self) -> tuple[int, str] | None:
+        """Why this broker must not accept a put right now, or None."""
+        if self.slave is not None:
+            return c.FORBIDDEN, f"broker {self.config.broker_id} {self.role_name} is a slave; writes go to its master"
+        return None
+
+    # --- offsets and durability ---------------------------------------------------
+
+    def topic_config(self, topic: str) -> TopicConfig | None:
+        return self.config.topics.get(topic)
+
+    def committed(self, topic: str, partition: int, log: Any) -> int:
+        """The end of what consumers may read: no failover can take back anything below it."""
+        if self.follower is not None:
+            return self.follower.committed(topic, partition, log.log_end)
+        return log.flushed_end
+
+    async def update_topics(self, topics: dict[str, TopicConfig]) -> None:
+        """Adopt a new topic map (a slave learning its master's topics)."""
+        if topics == self.config.topics:
+            return
+        added = sorted(set(topics) - set(self.config.topics))
+        self.config = replace(self.config, topics=dict(topics))
+        self.store.update_topics(topics)
+        if self.registry is not None:
+            await self.registry.update_topics(topics)
+        if added:
+            log.info("now serving topics %s", ", ".join(added))
+
+    def replica_appended(self, topic: str, partition: int) -> None:
+        """A slave appended replicated bytes, or learnt a new committed offset."""
+        self.waiters.notify(topic, partition)
+
+    async def wait_durable(self, topic: str, partition: int, end: int, count: int) -> None:
+        flusher = self.store.flusher(topic, partition)
+        await flusher.appended(end, count)
+
+    def appended(self, topic: str, partition: int) -> None:
+        self.waiters.notify(topic, partition)
+
+    def flushed(self, topic: str, partition: int) -> None:
+        self.waiters.notify(topic, partition)
+
+    def replica_fetched(self, topic: str, partition: int, offset: int, replica: dict[str, Any]) -> None:
+        slave_id = replica.get("slave_id", -1)
+        self.replica_progress[(int(slave_id), topic, partition)] = (offset, time.monotonic())
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        config = self.config
+        floor = self.store.open_existing()
+        self.ids = MsgIdGenerator(config.broker_id, floor)
+        self.store.on_flushed = self.flushed
+        self.store.start()
+        max_body = min(64 * 1024 * 1024, config.max_message_size * 16 + FRAME_OVERHEAD)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: ClientConnection(self.handlers, max_body),
+            host=config.host_name,
+            port=config.server_port,
+            reuse_address=True,
+            backlog=512,
+        )
+        sock = self._server.sockets[0]
+        self.port = sock.getsockname()[1]
+        log.info("broker %d (%s) listening on %s:%d", config.broker_id, self.role_name, config.host_name, self.port)
+        if self.register_in_zk:
+            from .registry import BrokerRegistry
+
+            role: Any = "master" if self.slave is None else self.slave.slave_id
+            self.registry = BrokerRegistry(
+                config.zk, config.broker_id, config.host_name, self.port, config.topics, config.checksum, role
+            )
+            await self.registry.start()
+            log.info("broker %d registered in ZooKeeper at %s%s", config.broker_id, config.zk.zk_connect, config.zk.root)
+            if self.slave is not None:
+                from ..ha.follower import MasterFollower
+                from ..zk.paths import ZkPaths
+
+                self.follower = MasterFollower(self, self.slave, self.registry.client, ZkPaths(config.zk.root))
+                await self.follower.start()
+
+    async def stop(self) -> None:
+        if self.follower is not None:
+            await self.follower.stop()
+        if self.registry is not None:
+            try:
+                await self.registry.stop(sync_time_ms=self.config.zk.sync_time_ms)
+            except Exception as exc:  # ZK may be gone; the logs must still be closed cleanly
+                log.warning("deregistration failed: %s", exc)
+        if self._server is not None:
+            self._server.close()
+        self.waiters.notify_all()
+        await self.store.stop()
+        self.store.close()
+        self._stopped.set()
+        log.info("broker %d stopped", self.config.broker_id)
+
+    async def run_until_signalled(self) -> None:
+        await self.start()
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("signal received, stopping")
+        await self.stop()
+
+    # --- stats ------------------------------------------------------------------------
+
+    def general_pairs(self) -> list[tuple[str, object]]:
+        totals = self.stats.totals()
+        return [
+            ("pid", os.getpid()),
+            ("broker_id", self.config.broker_id),
+            ("role", self.role_name),
+            ("epoch", self.epoch),
+            ("version", f"metaq-py {__version__}"),
+            ("uptime", int(self.stats.uptime())),
+            ("curr_connections", self.stats.connections),
+            ("total_connections", self.stats.total_connections),
+            ("topics", len(self.config.topics)),
+            ("replication_mode", self.config.replication_mode),
+            ("put_messages", totals.put_messages),
+            ("put_bytes", totals.put_bytes),
+            ("put_failed", totals.put_failed),
+            ("get_requests", totals.get_requests),
+            ("get_bytes", totals.get_bytes),
+            ("get_miss", totals.get_miss),
+            ("replica_get_requests", totals.replica_get_requests),
+            ("replica_get_bytes", totals.replica_get_bytes),
+            ("bad_requests", self.stats.bad_requests),
+        ] + self.replication_pairs()
+
+    def replication_pairs(self) -> list[tuple[str, object]]:
+        if self.follower is not None:
+            return self.follower.status_pairs()
+        now = time.monotonic()
+        pairs: list[tuple[str, object]] = []
+        for (slave_id, topic, partition), (offset, at) in sorted(self.replica_progress.items()):
+            log_end = self.store.get_log(topic, partition).log_end
+            pairs.append(
+                (
+                    f"slave{slave_id} {topic}-{self.config.broker_id}-{partition}",
+                    f"log_end={offset} lag_bytes={max(0, log_end - offset)} last_fetch_ms_ago={int((now - at) * 1000)}",
+                )
+            )
+        return pairs
+
+    def offset_pairs(self, only_topic: str | None = None) -> list[tuple[str, object]]:
+        pairs: list[tuple[str, object]] = []
+        for name, topic in sorted(self.config.topics.items()):
+            if only_topic is not None and name != only_topic:
+                continue
+            for n in range(topic.num_partitions):
+                log_ = self.store.get_log(name, n)
+                pairs.append(
+                    (
+                        f"{name}-{self.config.broker_id}-{n}",
+                        f"min_offset={log_.min_offset} max_offset={log_.log_end} committed={self.committed(name, n, log_)} flushed={log_.flushed_end}",
+                    )
+                )
+        return pairs
+
+
+def run_broker(config: BrokerConfig, slave: SlaveConfig | None = None) -> int:
+    try:
+        import uvloop  # type: ignore[import-not-found]
+
+        use_uvloop = os.environ.get("METAQ_EVENT_LOOP", "uvloop") == "uvloop"
+    except ImportError:
+        use_uvloop = False
+    broker = Broker(config, slave)
+    if use_uvloop:
+        uvloop.run(broker.run_until_signalled())
+    else:
+        asyncio.run(broker.run_until_signalled())
+    return 0

@@ -1,0 +1,251 @@
+"""Request handlers: what the broker does for each command.
+
+A handler returns either its reply at once, as ``(header, body)``, or an
+awaitable of it when it has to wait (fsync, sync replication, long-poll). All
+the checks and the append itself happen in the synchronous part, so a put is
+in the log, in arrival order, before the next request on the connection is
+looked at.
+
+Invariants kept here:
+* nothing is appended unless the whole batch validated (lengths, CRCs, flags),
+  so a malformed put never leaves a partial message in a log;
+* a consumer fetch never returns bytes past the partition's committed offset;
+  only a slave's replica fetch reads up to the log end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import TYPE_CHECKING, Any, Awaitable
+
+from .. import __version__
+from ..protocol import commands as c
+from ..record import RecordError, stamp_msg_ids, validate_batch
+from ..store.log import OffsetOutOfRange
+from ..store.manager import UnknownPartition, UnknownTopic
+from . import stats as stats_text
+from .connection import FileBody
+
+if TYPE_CHECKING:
+    from ..config import TopicConfig
+    from ..store.log import PartitionLog
+    from .broker import Broker
+
+MAX_BATCH_COUNT = 4096
+Reply = tuple[dict[str, Any], Any]
+
+
+class RequestHandlers:
+    def __init__(self, broker: "Broker") -> None:
+        self.broker = broker
+        self.stats = broker.stats
+        self._round_robin = itertools.count()
+
+    def handle(self, req: c.Request) -> Reply | Awaitable[Reply]:
+        try:
+            return getattr(self, "_" + req.op)(req)
+        except c.RequestError as exc:
+            if exc.code == c.BAD_REQUEST:
+                self.stats.bad_request()
+            return c.reply_header(req.opaque, exc.code, exc.message), b""
+
+    def handle_text(self, req: c.Request) -> bytes:
+        if req.op == "version":
+            return f"metaq-py {__version__}\r\n".encode()
+        return self.stats_body(req.args.get("item", "")).encode()
+
+    # --- lookups ------------------------------------------------------------------
+
+    def _topic(self, topic: str) -> "TopicConfig":
+        config = self.broker.topic_config(topic)
+        if config is None:
+            raise c.RequestError(c.NOT_FOUND, f"unknown topic {topic!r} on broker {self.broker.config.broker_id}")
+        return config
+
+    def _log(self, topic: str, partition: int) -> "PartitionLog":
+        try:
+            return self.broker.store.get_log(topic, partition)
+        except UnknownTopic as exc:
+            raise c.RequestError(c.NOT_FOUND, str(exc)) from None
+        except UnknownPartition as exc:
+            raise c.RequestError(c.BAD_REQUEST, str(exc)) from None
+
+    # --- put ----------------------------------------------------------------------
+
+    def _put(self, req: c.Request) -> Reply | Awaitable[Reply]:
+        broker = self.broker
+        topic = self._topic(req.topic)
+        if not topic.accept_publish:
+            raise c.RequestError(c.FORBIDDEN, f"topic {req.topic!r} does not accept publishing on this broker")
+        refusal = broker.write_refusal()
+        if refusal is not None:
+            raise c.RequestError(refusal[0], refusal[1])
+        partition = req.partition
+        if partition == -1:
+            partition = next(self._round_robin) % topic.num_partitions
+        log = self._log(req.topic, partition)
+        body = req.body
+        if not body:
+            raise c.RequestError(c.BAD_REQUEST, "put carries no messages")
+        try:
+            count = validate_batch(body, broker.config.max_message_size)
+        except RecordError as exc:
+            self.stats.partition(req.topic, partition).put_failed += 1
+            raise c.RequestError(c.BAD_REQUEST, f"bad message batch: {exc}") from None
+        if req.count is not None and req.count != count:
+            raise c.RequestError(c.BAD_REQUEST, f"put announced {req.count} messages but carries {count}")
+        if count > MAX_BATCH_COUNT:
+            raise c.RequestError(c.BAD_REQUEST, f"a put carries at most {MAX_BATCH_COUNT} messages, got {count}")
+        first_id = broker.ids.allocate(count)
+        stamp_msg_ids(body, first_id)
+        try:
+            offset = log.append(body)
+        except OSError as exc:
+            self.stats.partition(req.topic, partition).put_failed += count
+            raise c.RequestError(c.INTERNAL_ERROR, f"append to {req.topic}-{partition} failed: {exc.strerror}") from None
+        end = offset + len(body)
+        counters = self.stats.partition(req.topic, partition)
+        counters.put_messages += count
+        counters.put_bytes += len(body)
+        broker.appended(req.topic, partition)
+        reply = c.reply_header(
+            req.opaque, c.OK, partition=partition, offset=offset, msg_id=first_id, count=count, end_offset=end
+        )
+        return self._complete_put(req, partition, end, count, reply)
+
+    async def _complete_put(self, req: c.Request, partition: int, end: int, count: int, reply: dict[str, Any]) -> Reply:
+        """Acks follow durability: the flush policy's wait, then the replication wait."""
+        try:
+            await self.broker.wait_durable(req.topic, partition, end, count)
+        except OSError as exc:
+            return c.reply_header(req.opaque, c.INTERNAL_ERROR, f"flush of {req.topic}-{partition} failed: {exc}"), b""
+        return reply, b""
+
+    # --- get ----------------------------------------------------------------------
+
+    def _get(self, req: c.Request) -> Reply | Awaitable[Reply]:
+        topic = self._topic(req.topic)
+        replica = req.replica
+        if not topic.accept_subscribe and replica is None:
+            raise c.RequestError(c.FORBIDDEN, f"topic {req.topic!r} does not accept subscribing on this broker")
+        if req.max_size <= 0:
+            raise c.RequestError(c.BAD_REQUEST, f"get: max_size must be positive, got {req.max_size}")
+        log = self._log(req.topic, req.partition)
+        max_bytes = min(req.max_size, topic.max_transfer_size)
+        if replica is not None:
+            self.broker.replica_fetched(req.topic, req.partition, req.offset, replica)
+        reply = self._read(req, log, max_bytes)
+        if reply is not None or req.max_wait_ms <= 0:
+            return reply if reply is not None else self._no_data(req, log)
+        return self._long_poll(req, log, max_bytes)
+
+    async def _long_poll(self, req: c.Request, log: "PartitionLog", max_bytes: int) -> Reply:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + req.max_wait_ms / 1000
+        while True:
+            left = deadline - loop.time()
+            if left <= 0:
+                return self._no_data(req, log)
+            await self.broker.waiters.wait(req.topic, req.partition, left)
+            reply = self._read(req, log, max_bytes)
+            if reply is not None:
+                return reply
+
+    def _visible_end(self, req: c.Request, log: "PartitionLog") -> int:
+        if req.replica is not None:
+            return log.log_end
+        return self.broker.committed(req.topic, req.partition, log)
+
+    def _read(self, req: c.Request, log: "PartitionLog", max_bytes: int) -> Reply | None:
+        """The reply for data at ``req.offset``, or None when there is none yet."""
+        upto = self._visible_end(req, log)
+        offset = req.offset
+        if offset < log.min_offset:
+            return c.reply_header(req.opaque, c.MOVED, f"offset {offset} is before the log start", offset=log.min_offset), b""
+        if offset >= upto:
+            return None
+        try:
+            segment, position, length = log.file_range(offset, max_bytes, upto)
+        except OffsetOutOfRange as exc:
+            raise c.RequestError(c.MOVED, str(exc)) from None
+        if length == 0:
+            return None
+        counters = self.stats.partition(req.topic, req.partition)
+        if req.replica is not None:
+            counters.replica_get_requests += 1
+            counters.replica_get_bytes += length
+        else:
+            counters.get_requests += 1
+            counters.get_bytes += length
+        header = c.reply_header(
+            req.opaque, c.OK, offset=offset, committed=self.broker.committed(req.topic, req.partition, log), log_end=log.log_end
+        )
+        return header, FileBody(segment.fileno(), position, length, lambda: segment.read(offset, length))
+
+    def _no_data(self, req: c.Request, log: "PartitionLog") -> Reply:
+        committed = self.broker.committed(req.topic, req.partition, log)
+        upto = self._visible_end(req, log)
+        if req.replica is None:
+            self.stats.partition(req.topic, req.partition).get_miss += 1
+        if req.offset > log.log_end:
+            message = f"offset {req.offset} is beyond the log end {log.log_end}"
+        elif req.offset > upto:
+            message = f"offset {req.offset} is beyond the committed offset {upto}"
+        else:
+            message = "no new messages"
+        return c.reply_header(req.opaque, c.NOT_FOUND, message, committed=committed, log_end=log.log_end), b""
+
+    # --- offset, topics, config, version, stats -------------------------------------
+
+    def _offset(self, req: c.Request) -> Reply:
+        self._topic(req.topic)
+        log = self._log(req.topic, req.partition)
+        committed = self.broker.committed(req.topic, req.partition, log)
+        nearest = min(log.nearest_offset(req.offset), committed) if req.offset >= log.min_offset else log.min_offset
+        return (
+            c.reply_header(req.opaque, c.OK, offset=nearest, min_offset=log.min_offset, max_offset=committed),
+            b"",
+        )
+
+    def _topics(self, req: c.Request) -> Reply:
+        broker = self.broker
+        topics = {name: cfg.num_partitions for name, cfg in broker.config.topics.items()}
+        return (
+            c.reply_header(req.opaque, c.OK, topics=topics, broker_id=broker.config.broker_id, role=broker.role_name, epoch=broker.epoch),
+            b"",
+        )
+
+    def _config(self, req: c.Request) -> Reply:
+        config = self.broker.config
+        return c.reply_header(req.opaque, c.OK, checksum=config.checksum), config.raw
+
+    def _version(self, req: c.Request) -> Reply:
+        return c.reply_header(req.opaque, c.OK, version=f"metaq-py {__version__}"), f"metaq-py {__version__}".encode()
+
+    def _stats(self, req: c.Request) -> Reply:
+        item = req.item
+        if item == "reset":
+            self.stats.reset()
+        return c.reply_header(req.opaque, c.OK), self.stats_body(item).encode()
+
+    def stats_body(self, item: str) -> str:
+        broker = self.broker
+        if item == "config":
+            return broker.config.raw.decode("utf-8", "replace")
+        if item == "help":
+            return stats_text.render(
+                [(name, "") for name in ("(empty)", "topics", "offsets", "realtime", "config", "reset", "help", "<topic>")]
+            )
+        if item == "topics":
+            pairs: list[tuple[str, object]] = []
+            for topic, t in sorted(self.stats.topic_totals().items()):
+                pairs.append((topic, f"put_messages={t.put_messages} put_bytes={t.put_bytes} get_requests={t.get_requests} get_bytes={t.get_bytes} get_miss={t.get_miss} replica_get_bytes={t.replica_get_bytes}"))
+            return stats_text.render(pairs)
+        if item == "offsets":
+            return stats_text.render(broker.offset_pairs())
+        if item in broker.config.topics:
+            return stats_text.render(broker.offset_pairs(item))
+        if item and item not in ("realtime", "reset"):
+            return f"ERROR unknown stats item {item!r} (try: stats help)\r\n"
+        return stats_text.render(broker.general_pairs())

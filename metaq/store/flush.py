@@ -1,0 +1,127 @@
+"""When a partition log is fsynced: MetaQ's flush policy on asyncio.
+
+* ``unflushThreshold == 0`` -- group commit: a put is acked only after an fsync that
+  covers it. There is at most one fsync in flight per log (in a worker thread). It
+  covers every append made before it started, so all their callers share it; callers
+  that arrive while it runs wait for the next one, which the first of them starts.
+  Under load this batches many puts per fsync without any timer or queue.
+* ``unflushThreshold > 0`` -- puts are acked at once; an fsync starts in the
+  background once that many messages are unflushed, and a periodic task flushes every
+  ``unflushInterval`` ms while anything is unflushed.
+
+An fsync error fails every caller waiting on that fsync with the OSError (never a
+hang); the data stays unflushed and the next flush tries again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Callable
+
+from metaq.store.log import PartitionLog
+
+log = logging.getLogger(__name__)
+
+
+class AppendTruncated(RuntimeError):
+    """The log was truncated below an offset someone was waiting to see flushed."""
+
+
+class LogFlusher:
+    def __init__(self, log: PartitionLog, unflush_threshold: int, unflush_interval_ms: int) -> None:
+        if unflush_interval_ms <= 0:
+            raise ValueError(f"unflush_interval_ms must be positive, got {unflush_interval_ms}")
+        self.log = log
+        self.unflush_threshold = unflush_threshold
+        self.unflush_interval_ms = unflush_interval_ms
+        self.fsyncs = 0  # completed fsync rounds, for stats and tests
+        self._unflushed_messages = 0
+        self._inflight: asyncio.Future[int] | None = None
+        self._periodic: asyncio.Task[None] | None = None
+        #: Called on the event loop after each successful fsync (the broker wakes
+        #: consumers waiting for the committed offset, which follows flushed_end).
+        self.on_flushed: Callable[[], None] | None = None
+
+    @property
+    def group_commit(self) -> bool:
+        return self.unflush_threshold <= 0
+
+    @property
+    def unflushed_messages(self) -> int:
+        return self._unflushed_messages
+
+    async def appended(self, end_offset: int, count: int) -> None:
+        """Note ``count`` records appended up to ``end_offset``; in group commit, wait for their fsync."""
+        self._unflushed_messages += count
+        if self.group_commit:
+            await self.wait_flushed(end_offset)
+        elif self._unflushed_messages >= self.unflush_threshold:
+            # ">=" so that unflushThreshold=1 means "every message", as MetaQ documents.
+            self._current_or_new_flush()
+
+    async def wait_flushed(self, end_offset: int) -> int:
+        """Return once ``flushed_end >= end_offset``, sharing fsyncs with other waiters."""
+        while self.log.flushed_end < end_offset:
+            if self.log.log_end < end_offset:
+                raise AppendTruncated(
+                    f"{self.log.directory}: log truncated to {self.log.log_end} before offset {end_offset} was flushed"
+                )
+            # shield: a cancelled waiter must not cancel the fsync others share.
+            await asyncio.shield(self._current_or_new_flush())
+        return self.log.flushed_end
+
+    async def flush_now(self) -> int:
+        return await self.wait_flushed(self.log.log_end)
+
+    def _current_or_new_flush(self) -> asyncio.Future[int]:
+        """The fsync in flight, or a new one if none is. One at a time per log."""
+        if self._inflight is None or self._inflight.done():
+            counted = self._unflushed_messages
+            future = asyncio.ensure_future(asyncio.to_thread(self.log.flush))
+            future.add_done_callback(lambda f: self._flush_done(f, counted))
+            self._inflight = future
+        return self._inflight
+
+    def _flush_done(self, future: asyncio.Future[int], counted: int) -> None:
+        if future.cancelled():
+            return
+        error = future.exception()  # also marks it retrieved for background flushes
+        if error is not None:
+            log.error("%s: fsync failed: %s", self.log.directory, error)
+            return
+        self.fsyncs += 1
+        if self.on_flushed is not None:
+            self.on_flushed()
+        # Messages counted after this flush started may or may not be covered; keep
+        # them counted, at worst the next flush comes a little early.
+        self._unflushed_messages = max(0, self._unflushed_messages - counted)
+
+    # --- periodic flushing -----------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the periodic flush task (needs a running event loop)."""
+        if self._periodic is None:
+            self._periodic = asyncio.get_running_loop().create_task(
+                self._flush_periodically(), name=f"flush {self.log.directory.name}"
+            )
+
+    async def stop(self) -> None:
+        """Stop the periodic task and flush what is left."""
+        task, self._periodic = self._periodic, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.flush_now()
+
+    async def _flush_periodically(self) -> None:
+        while True:
+            # Read each round: a config reload may change the interval.
+            await asyncio.sleep(self.unflush_interval_ms / 1000)
+            if self.log.flushed_end < self.log.log_end:
+                try:
+                    await self.flush_now()
+                except (OSError, AppendTruncated):
+                    pass  # logged by _flush_done; the next period retries

@@ -1,0 +1,463 @@
+"""The log of one topic-partition: an ordered run of segments in ``{dataPath}/{topic}-{n}``.
+
+Offsets are absolute byte positions, so the whole log is one address space cut into
+files; there is no index, a lookup is a bisection over the segments' start offsets
+(as in MetaQ). Only the last segment (the *active* one) is written.
+
+Invariants, checked on open and kept by every method:
+
+* segments are contiguous: ``segments[i].end == segments[i + 1].start``;
+* only the last segment is writable, and there is always at least one segment;
+* ``min_offset <= flushed_end <= log_end``; ``flushed_end`` only grows, except that
+  ``truncate_to`` lowers it together with ``log_end`` (and a full reset restarts it);
+* bytes are never silently dropped: a corrupt tail found at start and bytes removed by
+  ``truncate_to`` / ``truncate_fully_and_start_at`` are copied aside into the partition
+  directory (and fsynced) before they are cut; only retention deletes, by policy.
+
+Threads: everything runs on the event-loop thread except ``flush``, which may run in a
+worker thread. So the segment list is only ever changed by the event-loop thread.
+``flush`` works on a snapshot of it taken under ``_structure_lock``; the methods that
+close segments (truncation, retention, close) take the same lock, so a worker never
+fsyncs a closed (or, worse, reused) descriptor. Appends and rolls need no lock: they
+only grow the list.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from metaq import record
+from metaq.store.segment import LogSegment, fsync_directory, parse_segment_start, segment_file_name
+
+log = logging.getLogger(__name__)
+
+#: How much of a segment recovery reads at a time. Bigger than any ordinary record,
+#: so the scan usually advances by whole chunks; bigger records are handled one by one.
+_SCAN_CHUNK = 4 * 1024 * 1024
+_COPY_CHUNK = 4 * 1024 * 1024
+
+
+class OffsetOutOfRange(LookupError):
+    """An offset below the oldest retained byte or beyond the end of the log."""
+
+    def __init__(self, offset: int, min_offset: int, log_end: int, where: str = "") -> None:
+        self.offset, self.min_offset, self.log_end = offset, min_offset, log_end
+        prefix = f"{where}: " if where else ""
+        super().__init__(f"{prefix}offset {offset} is out of range [{min_offset}, {log_end}]")
+
+
+class LogCorruptError(RuntimeError):
+    """The segment files on disk cannot form a log (gaps or overlaps between them)."""
+
+
+def _timestamp() -> str:
+    """Sortable wall-clock stamp for files moved aside (milliseconds, to avoid collisions)."""
+    now = time.time()
+    return time.strftime("%Y%m%d-%H%M%S", time.localtime(now)) + f"-{int(now * 1000) % 1000:03d}"
+
+
+def _create_aside_file(path: Path) -> tuple[Path, int]:
+    """Open a new file for bytes moved aside; never overwrites an earlier one."""
+    candidate, n = path, 0
+    while True:
+        try:
+            return candidate, os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            n += 1
+            candidate = path.with_name(f"{path.name}.{n}")
+
+
+def _copy_out(segment: LogSegment, offset: int, out_fd: int) -> int:
+    """Append ``segment``'s bytes from absolute ``offset`` to its end onto ``out_fd``."""
+    copied = 0
+    while offset + copied < segment.end:
+        chunk = segment.read(offset + copied, _COPY_CHUNK)
+        if not chunk:
+            break
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(out_fd, view) :]
+        copied += len(chunk)
+    return copied
+
+
+def _save_aside(path: Path, segments: list[LogSegment], offset: int) -> tuple[Path, int]:
+    """Copy every byte from ``offset`` on (across ``segments``) into a new file; fsync it.
+
+    Called before bytes are cut from the log, so that nothing is lost silently.
+    Returns the file's path (``path`` or a numbered variant) and the byte count.
+    """
+    aside_path, fd = _create_aside_file(path)
+    try:
+        copied = sum(_copy_out(seg, max(offset, seg.start), fd) for seg in segments if seg.end > offset)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fsync_directory(path.parent)
+    return aside_path, copied
+
+
+class PartitionLog:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        max_segment_size: int,
+        start_offset: int = 0,
+        max_message_size: int = record.DEFAULT_MAX_MESSAGE_SIZE,
+    ) -> None:
+        if max_segment_size <= 0:
+            raise ValueError(f"max_segment_size must be positive, got {max_segment_size}")
+        if start_offset < 0:
+            raise ValueError(f"start_offset must be >= 0, got {start_offset}")
+        self.directory = Path(directory)
+        self.max_segment_size = max_segment_size
+        self.max_message_size = max_message_size
+        self._structure_lock = threading.Lock()
+        # A new segment file's directory entry must be fsynced too; flush() does it.
+        # Versions, not a flag: a roll during a flush in another thread must not be
+        # marked synced by that flush.
+        self._directory_version = 0
+        self._directory_synced_version = 0
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._segments = self._load_segments()
+        if not self._segments:
+            self._segments = [LogSegment.create(self.directory, start_offset)]
+            self._directory_version += 1
+        else:
+            self._recover_tail()
+        # What survived a crash of this process is in the page cache, not necessarily on
+        # disk; sync it once so that flushed_end can honestly start at log_end.
+        for segment in self._segments:
+            segment.flush()
+        self._flushed_end = self.log_end
+
+    # --- opening -------------------------------------------------------------------
+
+    def _load_segments(self) -> list[LogSegment]:
+        paths = sorted(
+            (p for p in self.directory.iterdir() if parse_segment_start(p) is not None),
+            key=parse_segment_start,
+        )
+        segments: list[LogSegment] = []
+        try:
+            for i, path in enumerate(paths):
+                segments.append(LogSegment.open(path, read_only=i < len(paths) - 1))
+            for prev, nxt in zip(segments, segments[1:]):
+                if prev.end != nxt.start:
+                    kind = "gap" if prev.end < nxt.start else "overlap"
+                    raise LogCorruptError(
+                        f"{self.directory}: segments are not contiguous ({kind}): {prev.path.name} "
+                        f"holds {prev.size} bytes and ends at offset {prev.end}, but the next file "
+                        f"{nxt.path.name} starts at {nxt.start}"
+                    )
+        except BaseException:
+            for segment in segments:
+                segment.close()
+            raise
+        return segments
+
+    def _scan_valid_end(self, segment: LogSegment) -> int:
+        """Absolute offset where the whole, CRC-valid records of ``segment`` end."""
+        # No size limit beyond the file itself: a record written under a larger
+        # maxMessageSize is still a good record, and a garbage length is caught by
+        # the end of the file or by the CRC.
+        pos = segment.start
+        # A chunk holds any record this broker accepts, so only records from an
+        # older, larger limit take the slow one-by-one path.
+        chunk_size = max(_SCAN_CHUNK, record.HEADER_SIZE + self.max_message_size)
+        while pos < segment.end:
+            buf = segment.read(pos, chunk_size)
+            good = record.valid_prefix(buf)
+            pos += good
+            if len(buf) < chunk_size:
+                break  # the chunk reached the end of the file: the prefix is final
+            if good == 0:
+                # A full chunk without one valid record: corrupt, unless one record is
+                # larger than the chunk (written under a larger maxMessageSize).
+                size = self._oversized_record_size(segment, pos)
+                if size == 0:
+                    break
+                pos += size
+        return pos
+
+    def _oversized_record_size(self, segment: LogSegment, pos: int) -> int:
+        """Size of a valid record at ``pos`` too big for one scan chunk, else 0."""
+        length = record.HEADER.unpack(segment.read(pos, record.HEADER_SIZE))[0]
+        if length <= 0 or pos + record.HEADER_SIZE + length > segment.end:
+            return 0
+        buf = segment.read(pos, record.HEADER_SIZE + length)
+        return len(buf) if record.valid_prefix(buf, length) == len(buf) else 0
+
+    def _recover_tail(self) -> None:
+        """CRC-scan the active segment; move a torn or corrupt tail aside and cut it off."""
+        active = self._segments[-1]
+        valid_end = self._scan_valid_end(active)
+        if valid_end == active.end:
+            return
+        aside_path, bad = _save_aside(
+            self.directory / f"{segment_file_name(active.start)}.corrupt-{_timestamp()}", [active], valid_end
+        )
+        active.truncate(valid_end - active.start)
+        active.flush()
+        log.warning(
+            "%s: truncated a torn or corrupt tail of %d bytes at offset %d; the bytes were moved to %s",
+            active.path,
+            bad,
+            valid_end,
+            aside_path,
+        )
+
+    # --- positions -----------------------------------------------------------------
+
+    @property
+    def segments(self) -> list[LogSegment]:
+        return list(self._segments)
+
+    @property
+    def active_segment(self) -> LogSegment:
+        return self._segments[-1]
+
+    @property
+    def min_offset(self) -> int:
+        return self._segments[0].start
+
+    @property
+    def log_end(self) -> int:
+        return self._segments[-1].end
+
+    @property
+    def flushed_end(self) -> int:
+        return self._flushed_end
+
+    def _segment_index(self, segments: list[LogSegment], offset: int) -> int:
+        """Index of the segment holding ``offset`` (the active one for ``log_end``).
+
+        At a boundary the later segment wins, because a segment's ``end`` is the next
+        one's ``start``. Caller has checked ``min_offset <= offset <= log_end``.
+        """
+        return bisect.bisect_right(segments, offset, key=lambda s: s.start) - 1
+
+    def _check_offset(self, segments: list[LogSegment], offset: int) -> None:
+        if offset < segments[0].start or offset > segments[-1].end:
+            raise OffsetOutOfRange(offset, segments[0].start, segments[-1].end, str(self.directory.name))
+
+    # --- writing -------------------------------------------------------------------
+
+    def append(self, records: bytes | bytearray | memoryview) -> int:
+        """Append a validated buffer of whole records; return the offset it starts at.
+
+        The batch goes into one segment whole: the roll happens before the write, so a
+        segment may exceed ``max_segment_size`` by at most one batch.
+        """
+        active = self._segments[-1]
+        if len(records) == 0:
+            return active.end
+        if active.size >= self.max_segment_size:
+            active = self._roll()
+        return active.append(records)
+
+    def _roll(self) -> LogSegment:
+        old = self._segments[-1]
+        # The old segment is not fsynced here, on the event loop: flush() syncs every
+        # segment that ends past flushed_end, so rolled-but-unsynced bytes are covered.
+        old.read_only = True
+        new = LogSegment.create(self.directory, old.end)
+        self._segments.append(new)
+        self._directory_version += 1
+        log.info("%s: rolled to a new segment %s", self.directory, new.path.name)
+        return new
+
+    def flush(self) -> int:
+        """fsync everything appended so far; return the new ``flushed_end``.
+
+        Safe in a worker thread while the event loop appends: the target is taken
+        before the fsyncs, so bytes appended meanwhile are left for the next flush.
+        """
+        with self._structure_lock:
+            segments = list(self._segments)
+            target = segments[-1].end
+            for segment in segments:
+                if segment.end > self._flushed_end and not segment.closed:
+                    segment.flush()
+            directory_version = self._directory_version
+            if directory_version != self._directory_synced_version:
+                fsync_directory(self.directory)
+                self._directory_synced_version = directory_version
+            if target > self._flushed_end:
+                self._flushed_end = target
+            return self._flushed_end
+
+    def truncate_to(self, offset: int) -> Path | None:
+        """Remove every byte at and after ``offset`` (a record boundary), keeping a copy.
+
+        For a returning master whose tail diverged from the new master's log. The removed
+        bytes go to ``truncated-{offset:020d}-{timestamp}.meta`` in the partition
+        directory (returned), which is fsynced before anything is cut. Returns None if
+        ``offset == log_end``.
+        """
+        with self._structure_lock:
+            segments = self._segments
+            self._check_offset(segments, offset)
+            if offset == segments[-1].end:
+                return None
+            index = self._segment_index(segments, offset)
+            self._check_record_boundary(segments[index], offset)
+            aside_path, copied = _save_aside(self._truncated_path(offset), segments[index:], offset)
+            for seg in segments[index + 1 :]:
+                seg.close()
+                seg.path.unlink()
+            kept = segments[index]
+            kept.truncate(offset - kept.start)
+            kept.read_only = False
+            kept.flush()
+            self._segments = segments[: index + 1]
+            fsync_directory(self.directory)
+            self._flushed_end = min(self._flushed_end, offset)
+        log.warning("%s: truncated to offset %d; %d bytes moved to %s", self.directory, offset, copied, aside_path)
+        return aside_path
+
+    def truncate_fully_and_start_at(self, offset: int) -> Path | None:
+        """Drop the whole log and restart it empty at ``offset`` (Kafka's name for it).
+
+        For a replica whose log cannot be a prefix of its master's any more, e.g. it
+        ends before the master's oldest retained offset. The old bytes are saved like
+        ``truncate_to``'s (returned path; None if the log was empty).
+        """
+        if offset < 0:
+            raise ValueError(f"offset must be >= 0, got {offset}")
+        with self._structure_lock:
+            segments = self._segments
+            aside_path = None
+            if segments[-1].end > segments[0].start:
+                aside_path, _ = _save_aside(self._truncated_path(segments[0].start), segments, segments[0].start)
+            for seg in segments:
+                seg.close()
+                seg.path.unlink()
+            self._segments = [LogSegment.create(self.directory, offset)]
+            fsync_directory(self.directory)
+            self._flushed_end = offset
+        log.warning("%s: log reset to start at offset %d; old bytes moved to %s", self.directory, offset, aside_path)
+        return aside_path
+
+    def _truncated_path(self, offset: int) -> Path:
+        return self.directory / f"truncated-{offset:020d}-{_timestamp()}.meta"
+
+    def _check_record_boundary(self, segment: LogSegment, offset: int) -> None:
+        """Cheap sanity check: a valid record must start at ``offset``.
+
+        Not a proof (that needs a scan from the segment start), but it refuses the
+        common mistake of passing a position inside a record.
+        """
+        if offset == segment.start:
+            return
+        header = segment.read(offset, record.HEADER_SIZE)
+        if len(header) == record.HEADER_SIZE:
+            length = record.HEADER.unpack(header)[0]
+            if 0 <= length and record.valid_prefix(segment.read(offset, record.HEADER_SIZE + length)) > 0:
+                return
+        raise ValueError(f"{self.directory}: offset {offset} is not the start of a record")
+
+    # --- reading -------------------------------------------------------------------
+
+    def file_range(self, offset: int, max_bytes: int, upto: int | None = None) -> tuple[LogSegment, int, int]:
+        """``(segment, position in its file, length)`` of the bytes a fetch at ``offset`` gets.
+
+        The range stays inside one segment, holds at most ``max_bytes`` and ends at or
+        before ``upto`` (default ``log_end``; a replica passes its committed offset).
+        Length 0 at or after the end. Raises OffsetOutOfRange outside [min_offset, log_end].
+        """
+        segments = self._segments
+        self._check_offset(segments, offset)
+        segment = segments[self._segment_index(segments, offset)]
+        limit = segment.end if upto is None else min(upto, segment.end)
+        length = max(0, min(max_bytes, limit - offset))
+        return segment, offset - segment.start, length
+
+    def read(self, offset: int, max_bytes: int, upto: int | None = None) -> bytes:
+        """The bytes ``file_range`` describes (may end inside a record, as in MetaQ)."""
+        segment, position, length = self.file_range(offset, max_bytes, upto)
+        return segment.read(segment.start + position, length) if length else b""
+
+    def nearest_offset(self, offset: int) -> int:
+        """MetaQ's ``offset`` command: the start of the segment holding ``offset``, clamped."""
+        segments = self._segments
+        if offset < segments[0].start:
+            return segments[0].start
+        if offset >= segments[-1].end:
+            return segments[-1].end
+        return segments[self._segment_index(segments, offset)].start
+
+    def last_msg_id(self) -> int:
+        """msg_id of the last record in the log, 0 if it holds none (scans one segment)."""
+        for segment in reversed(self._segments):
+            last = self._last_record_start(segment)
+            if last is not None:
+                return record.HEADER.unpack(segment.read(last, record.HEADER_SIZE))[2]
+        return 0
+
+    def _last_record_start(self, segment: LogSegment) -> int | None:
+        pos, last = segment.start, None
+        while pos < segment.end:
+            ends = record.record_ends(segment.read(pos, _SCAN_CHUNK), pos)
+            if not ends:
+                # One record bigger than a chunk: hop over it using its header.
+                length = record.HEADER.unpack(segment.read(pos, record.HEADER_SIZE))[0]
+                ends = [pos + record.HEADER_SIZE + length]
+            last = pos if len(ends) == 1 else ends[-2]
+            pos = ends[-1]
+        return last
+
+    # --- retention -----------------------------------------------------------------
+
+    def detach_segments_older_than(self, cutoff_mtime: float) -> list[LogSegment]:
+        """Take the oldest read-only segments last modified before ``cutoff_mtime`` out of the log.
+
+        Oldest first, stopping at the first segment that is too new (so the log stays
+        contiguous), never the active one. The segments are returned still open: the
+        caller disposes of their files and closes them, possibly after a grace period
+        for reads in flight (a sendfile holds the descriptor, not the name).
+        """
+        with self._structure_lock:
+            segments = self._segments
+            count = 0
+            for segment in segments[:-1]:
+                if not segment.read_only or segment.mtime() >= cutoff_mtime:
+                    break
+                count += 1
+            if count:
+                self._segments = segments[count:]
+        return segments[:count]
+
+    def remove_old_segments(self, cutoff_mtime: float, dispose: Callable[[LogSegment], Path]) -> list[Path]:
+        """Detach old segments and let ``dispose`` delete or archive each file at once."""
+        results = []
+        for segment in self.detach_segments_older_than(cutoff_mtime):
+            results.append(dispose(segment))
+        return results
+
+    def delete_segments_older_than(self, cutoff_mtime: float) -> list[Path]:
+        return self.remove_old_segments(cutoff_mtime, delete_segment_file)
+
+    # --- lifecycle -----------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._structure_lock:
+            for segment in self._segments:
+                segment.close()
+
+    def __repr__(self) -> str:
+        return f"PartitionLog({self.directory}, [{self.min_offset}, {self.log_end}), flushed={self._flushed_end})"
+
+
+def delete_segment_file(segment: LogSegment) -> Path:
+    """Dispose of a detached segment by deleting it; returns the removed path."""
+    segment.close()
+    segment.path.unlink(missing_ok=True)
+    return segment.path

@@ -1,0 +1,137 @@
+"""One segment file of a partition log: ``{dir}/{start:020d}.meta``.
+
+A segment only knows bytes and positions; it does not parse records (that is
+``metaq.record``'s job) and does not decide when to roll (that is ``PartitionLog``'s).
+Offsets in its API are absolute partition offsets, like everywhere else in the store,
+so callers never juggle two coordinate systems.
+
+Invariant: the file holds exactly ``size`` bytes. ``append`` keeps it even when a
+write fails halfway, by cutting the file back, so a failed put never leaves a
+partial record that a later append would bury in the middle of the log.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+SEGMENT_SUFFIX = ".meta"
+_SEGMENT_NAME = re.compile(r"^(\d{20})\.meta$")
+
+
+def segment_file_name(start: int) -> str:
+    return f"{start:020d}{SEGMENT_SUFFIX}"
+
+
+def parse_segment_start(path: Path) -> int | None:
+    """The start offset encoded in a segment file's name, or None if it is not one."""
+    match = _SEGMENT_NAME.match(path.name)
+    return int(match.group(1)) if match else None
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make a created, renamed or removed directory entry durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LogSegment:
+    """An open segment file. Offsets are absolute; ``start`` is its first byte's offset."""
+
+    def __init__(self, path: Path, start: int, fd: int, size: int, read_only: bool) -> None:
+        self.path = path
+        self.start = start
+        self.size = size
+        self.read_only = read_only
+        self._fd = fd
+
+    @classmethod
+    def create(cls, directory: Path, start: int) -> LogSegment:
+        """A new empty, writable segment. Fails if the file already exists: never clobber data."""
+        path = directory / segment_file_name(start)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        return cls(path, start, fd, 0, read_only=False)
+
+    @classmethod
+    def open(cls, path: Path, read_only: bool) -> LogSegment:
+        start = parse_segment_start(path)
+        if start is None:
+            raise ValueError(f"{path}: not a segment file name (expected 20 digits + {SEGMENT_SUFFIX})")
+        fd = os.open(path, os.O_RDWR)
+        size = os.fstat(fd).st_size
+        return cls(path, start, fd, size, read_only)
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def contains(self, offset: int) -> bool:
+        return self.start <= offset < self.end
+
+    def append(self, buf: bytes | bytearray | memoryview) -> int:
+        """Write all of ``buf`` at the end; return the absolute offset it starts at."""
+        if self.read_only:
+            raise PermissionError(f"{self.path}: segment is read-only")
+        view = memoryview(buf).cast("B")
+        offset = self.end
+        written = 0
+        try:
+            while written < len(view):
+                # pwrite at an explicit position: independent of the file pointer, and a
+                # short write simply continues where it stopped.
+                written += os.pwrite(self._fd, view[written:], self.size + written)
+        except OSError:
+            if written:
+                # Keep the invariant (file == size bytes); a half batch must not survive.
+                os.ftruncate(self._fd, self.size)
+            raise
+        self.size += written
+        return offset
+
+    def read(self, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes from absolute ``offset``, never past ``end``."""
+        if offset < self.start or offset > self.end:
+            raise ValueError(f"{self.path}: offset {offset} outside [{self.start}, {self.end}]")
+        length = max(0, min(length, self.end - offset))
+        chunks: list[bytes] = []
+        got = 0
+        while got < length:
+            chunk = os.pread(self._fd, length - got, offset - self.start + got)
+            if not chunk:  # file shorter than we think: report what is there
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def flush(self) -> None:
+        os.fsync(self._fd)
+
+    def truncate(self, size: int) -> None:
+        """Cut the file to ``size`` bytes (only shrinking is meaningful for a log)."""
+        if not 0 <= size <= self.size:
+            raise ValueError(f"{self.path}: cannot truncate a {self.size}-byte segment to {size}")
+        os.ftruncate(self._fd, size)
+        self.size = size
+
+    def mtime(self) -> float:
+        return os.fstat(self._fd).st_mtime
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+    def __repr__(self) -> str:
+        state = "ro" if self.read_only else "rw"
+        return f"LogSegment({self.path.name}, start={self.start}, size={self.size}, {state})"
