@@ -47,6 +47,8 @@ class ZkConfig:
     connection_timeout_ms: int = 30000
     sync_time_ms: int = 5000
     root: str = "/meta"
+    # zk.zkEnable=false: a standalone broker that does not register (benchmarks, tests).
+    enabled: bool = True
 
 
 @dataclass(frozen=True)
@@ -182,6 +184,7 @@ _ZK_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "zk.zkConnectionTimeoutMs": ("connection_timeout_ms", _int(100)),
     "zk.zkSyncTimeMs": ("sync_time_ms", _int(0)),
     "zk.zkRoot": ("root", _text),
+    "zk.zkEnable": ("enabled", _bool),
 }
 
 # Keys MetaQ accepts that this broker reads but does not act on; kept so that a
@@ -197,7 +200,6 @@ _IGNORED_SYSTEM_KEYS = {
     "maxTxTimeoutInSeconds",
     "maxCheckpoints",
     "checkpointInterval",
-    "zk.zkEnable",
     "quartzThreadCount",
     "slaveId",
     "stat",
@@ -254,8 +256,6 @@ def parse_server_ini(data: bytes, path: str = "server.ini") -> BrokerConfig:
     if parser.has_section("zookeeper"):
         for key, raw in parser.items("zookeeper"):
             if key not in _ZK_KEYS:
-                if key == "zk.zkEnable":
-                    continue
                 raise ConfigError(f"{path}: [zookeeper] {key}: unknown key")
             name, parse = _ZK_KEYS[key]
             zk[name] = _convert(path, "zookeeper", key, raw, parse)

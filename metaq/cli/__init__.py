@@ -30,7 +30,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, module_name in COMMANDS.items():
-        module = importlib.import_module(f"{__name__}.{module_name}")
+        try:
+            module = importlib.import_module(f"{__name__}.{module_name}")
+        except ModuleNotFoundError as exc:
+            # A subcommand still being written must not take the others down with it.
+            if exc.name != f"{__name__}.{module_name}":
+                raise
+            continue
         module.add_parser(sub)
     return parser
 

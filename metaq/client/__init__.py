@@ -1,0 +1,45 @@
+"""The metaq client: MetaQ's session-factory model, asyncio at the core, blocking on top.
+
+Layers, bottom up (as in aiokafka): ``connection`` (one pipelined socket) and ``pool``;
+``cluster`` (ZooKeeper metadata) and ``routing`` (which replica to read);
+``producer`` / ``consumer`` with ``selector``, ``rebalance``, ``offsets``, ``recover``;
+``session`` (the asyncio factory) and ``sync`` (the blocking facade). See docs/client.md.
+"""
+
+from .config import ConsumerConfig, MetaClientConfig
+from .consumer import AsyncMessageConsumer, ConsumerStats
+from .message import Message, Partition, SendResult
+from .offsets import LocalOffsetStore, OffsetStore, Position, ZkOffsetStore
+from .producer import AsyncMessageProducer
+from .rebalance import assign_range
+from .recover import RecoverStore
+from .routing import choose_replica
+from .selector import KeyHashPartitionSelector, NoPartitionAvailable, PartitionSelector, RoundRobinPartitionSelector
+from .session import AsyncMessageSessionFactory
+from .sync import MessageConsumer, MessageProducer, MessageSessionFactory
+
+__all__ = [
+    "AsyncMessageConsumer",
+    "AsyncMessageProducer",
+    "AsyncMessageSessionFactory",
+    "ConsumerConfig",
+    "ConsumerStats",
+    "KeyHashPartitionSelector",
+    "LocalOffsetStore",
+    "Message",
+    "MessageConsumer",
+    "MessageProducer",
+    "MessageSessionFactory",
+    "MetaClientConfig",
+    "NoPartitionAvailable",
+    "OffsetStore",
+    "Partition",
+    "PartitionSelector",
+    "Position",
+    "RecoverStore",
+    "RoundRobinPartitionSelector",
+    "SendResult",
+    "ZkOffsetStore",
+    "assign_range",
+    "choose_replica",
+]

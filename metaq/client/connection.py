@@ -56,6 +56,11 @@ class Reply:
         return self.header.get(key, default)
 
 
+def _expire(future: "asyncio.Future[Reply]", address: str) -> None:
+    if not future.done():
+        future.set_exception(asyncio.TimeoutError(f"no reply from {address} in time"))
+
+
 class _ReplyProtocol(asyncio.Protocol):
     def __init__(self, conn: "BrokerConnection") -> None:
         self._conn = conn
@@ -117,9 +122,13 @@ class BrokerConnection:
     ) -> Reply:
         """Send one request and wait for its reply (raises ConnectionClosed, asyncio.TimeoutError)."""
         opaque, future = self._send(header, body)
+        # A timer instead of asyncio.wait_for: wait_for costs a task per request.
+        timer = asyncio.get_running_loop().call_later(timeout, _expire, future, self.address) if timeout else None
         try:
-            return await asyncio.wait_for(future, timeout) if timeout else await future
+            return await future
         finally:
+            if timer is not None:
+                timer.cancel()
             self._pending.pop(opaque, None)
 
     def send(self, header: dict[str, Any], body: bytes | bytearray | memoryview = b"") -> "asyncio.Future[Reply]":

@@ -14,6 +14,8 @@ carries ``code`` (MetaQ's HTTP-like result codes) and, on errors, ``msg``.
     quit       -                                                    -               (connection closed)
     config     -                                                    -               200 checksum + server.ini bytes
     topics     -                                                    -               200 topics {name: numParts} role epoch
+    checksum   topic, partition, start, end                         -               200 start end crc (CRC32 of the log bytes
+                                                                                        in [start, end), end clamped to log end)
 
 ``get`` with a ``replica`` field is a slave's fetch: it reads past the committed
 offset (up to the log end) and reports the slave's progress to the master.
@@ -73,6 +75,7 @@ REQUEST_FIELDS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
     "quit": {},
     "config": {},
     "topics": {},
+    "checksum": {"topic": (str, _REQUIRED), "partition": (int, _REQUIRED), "start": (int, _REQUIRED), "end": (int, _REQUIRED)},
 }
 
 #: Commands that may be sent as a plain-text line.

@@ -14,10 +14,11 @@ import os
 import signal
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, Awaitable
 
 from .. import __version__
 from ..config import BrokerConfig, SlaveConfig, TopicConfig
+from ..ha.progress import ReplicationProgress
 from ..protocol import commands as c
 from ..store.manager import MessageStoreManager
 from ..store.msgid import MsgIdGenerator
@@ -34,10 +35,10 @@ FRAME_OVERHEAD = 64 * 1024
 
 
 class Broker:
-    def __init__(self, config: BrokerConfig, slave: SlaveConfig | None = None, register_in_zk: bool = True) -> None:
+    def __init__(self, config: BrokerConfig, slave: SlaveConfig | None = None, register_in_zk: bool | None = None) -> None:
         self.config = config
         self.slave = slave
-        self.register_in_zk = register_in_zk
+        self.register_in_zk = config.zk.enabled if register_in_zk is None else register_in_zk
         self.stats = BrokerStats()
         self.waiters = EndWaiters()
         self.store = MessageStoreManager(config.topics, config.max_message_size)
@@ -48,7 +49,7 @@ class Broker:
         self.epoch = 0
         self._server: asyncio.AbstractServer | None = None
         self._stopped = asyncio.Event()
-        self.replica_progress: dict[tuple[int, str, int], tuple[int, float]] = {}
+        self.progress = ReplicationProgress()
 
     # --- roles (the HA layer refines these) ----------------------------------------
 
@@ -89,19 +90,25 @@ class Broker:
         """A slave appended replicated bytes, or learnt a new committed offset."""
         self.waiters.notify(topic, partition)
 
-    async def wait_durable(self, topic: str, partition: int, end: int, count: int) -> None:
+    def durability_wait(self, topic: str, partition: int, end: int, count: int) -> Awaitable[None] | None:
+        """What a put ending at ``end`` must wait for before its ack, or None to ack now."""
         flusher = self.store.flusher(topic, partition)
-        await flusher.appended(end, count)
+        if flusher.group_commit:
+            return flusher.appended(end, count)
+        flusher.note_appended(count)
+        return None
 
-    def appended(self, topic: str, partition: int) -> None:
+    def appended(self, topic: str, partition: int, end: int, count: int) -> None:
+        self.progress.appended(topic, partition, end, count)
         self.waiters.notify(topic, partition)
 
     def flushed(self, topic: str, partition: int) -> None:
         self.waiters.notify(topic, partition)
 
     def replica_fetched(self, topic: str, partition: int, offset: int, replica: dict[str, Any]) -> None:
-        slave_id = replica.get("slave_id", -1)
-        self.replica_progress[(int(slave_id), topic, partition)] = (offset, time.monotonic())
+        slave_id, epoch = replica.get("slave_id"), replica.get("epoch", 0)
+        if isinstance(slave_id, int) and isinstance(epoch, int):
+            self.progress.fetched(slave_id, topic, partition, offset, epoch)
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -194,17 +201,15 @@ class Broker:
     def replication_pairs(self) -> list[tuple[str, object]]:
         if self.follower is not None:
             return self.follower.status_pairs()
-        now = time.monotonic()
-        pairs: list[tuple[str, object]] = []
-        for (slave_id, topic, partition), (offset, at) in sorted(self.replica_progress.items()):
-            log_end = self.store.get_log(topic, partition).log_end
-            pairs.append(
-                (
-                    f"slave{slave_id} {topic}-{self.config.broker_id}-{partition}",
-                    f"log_end={offset} lag_bytes={max(0, log_end - offset)} last_fetch_ms_ago={int((now - at) * 1000)}",
-                )
+        ends = {key: log_.log_end for key, log_ in self.store.logs().items()}
+        return [
+            (
+                f"slave{row.slave_id} {row.topic}-{self.config.broker_id}-{row.partition}",
+                f"log_end={row.log_end} lag_bytes={row.bytes} lag_messages={row.messages}"
+                f" lag_ms={row.millis:.0f}{'' if row.exact else ' approx'} last_fetch_ms_ago={row.last_fetch_ms_ago:.0f}",
             )
-        return pairs
+            for row in self.progress.lag(ends)
+        ]
 
     def offset_pairs(self, only_topic: str | None = None) -> list[tuple[str, object]]:
         pairs: list[tuple[str, object]] = []

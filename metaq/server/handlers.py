@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import zlib
 from typing import TYPE_CHECKING, Any, Awaitable
 
 from .. import __version__
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from .broker import Broker
 
 MAX_BATCH_COUNT = 4096
+MAX_CHECKSUM_RANGE = 256 * 1024 * 1024
 Reply = tuple[dict[str, Any], Any]
 
 
@@ -108,16 +110,19 @@ class RequestHandlers:
         counters = self.stats.partition(req.topic, partition)
         counters.put_messages += count
         counters.put_bytes += len(body)
-        broker.appended(req.topic, partition)
+        broker.appended(req.topic, partition, end, count)
         reply = c.reply_header(
             req.opaque, c.OK, partition=partition, offset=offset, msg_id=first_id, count=count, end_offset=end
         )
-        return self._complete_put(req, partition, end, count, reply)
+        wait = broker.durability_wait(req.topic, partition, end, count)
+        if wait is None:
+            return reply, b""
+        return self._ack_after(wait, req, partition, reply)
 
-    async def _complete_put(self, req: c.Request, partition: int, end: int, count: int, reply: dict[str, Any]) -> Reply:
-        """Acks follow durability: the flush policy's wait, then the replication wait."""
+    async def _ack_after(self, wait: Awaitable[None], req: c.Request, partition: int, reply: dict[str, Any]) -> Reply:
+        """Acks follow durability: the flush policy's wait, then (sync mode) the replication wait."""
         try:
-            await self.broker.wait_durable(req.topic, partition, end, count)
+            await wait
         except OSError as exc:
             return c.reply_header(req.opaque, c.INTERNAL_ERROR, f"flush of {req.topic}-{partition} failed: {exc}"), b""
         return reply, b""
@@ -215,6 +220,32 @@ class RequestHandlers:
             c.reply_header(req.opaque, c.OK, topics=topics, broker_id=broker.config.broker_id, role=broker.role_name, epoch=broker.epoch),
             b"",
         )
+
+    def _checksum(self, req: c.Request) -> Reply | Awaitable[Reply]:
+        """CRC32 of a byte range of the log, for ``metaq verify`` (computed off the event loop)."""
+        self._topic(req.topic)
+        log = self._log(req.topic, req.partition)
+        start, end = req.start, min(req.end, log.log_end)
+        if start < log.min_offset or start > end:
+            raise c.RequestError(
+                c.BAD_REQUEST, f"checksum: range [{start}, {req.end}) is outside the log [{log.min_offset}, {log.log_end})"
+            )
+        if end - start > MAX_CHECKSUM_RANGE:
+            raise c.RequestError(c.BAD_REQUEST, f"checksum: at most {MAX_CHECKSUM_RANGE} bytes per request")
+        return self._checksum_range(req, log, start, end)
+
+    async def _checksum_range(self, req: c.Request, log: "PartitionLog", start: int, end: int) -> Reply:
+        def crc() -> int:
+            value, pos = 0, start
+            while pos < end:
+                chunk = log.read(pos, end - pos, end)
+                if not chunk:
+                    break
+                value = zlib.crc32(chunk, value)
+                pos += len(chunk)
+            return value
+
+        return c.reply_header(req.opaque, c.OK, start=start, end=end, crc=await asyncio.to_thread(crc)), b""
 
     def _config(self, req: c.Request) -> Reply:
         config = self.broker.config

@@ -54,10 +54,16 @@ class LogFlusher:
 
     async def appended(self, end_offset: int, count: int) -> None:
         """Note ``count`` records appended up to ``end_offset``; in group commit, wait for their fsync."""
-        self._unflushed_messages += count
         if self.group_commit:
+            self._unflushed_messages += count
             await self.wait_flushed(end_offset)
-        elif self._unflushed_messages >= self.unflush_threshold:
+        else:
+            self.note_appended(count)
+
+    def note_appended(self, count: int) -> None:
+        """The threshold policy's bookkeeping, without a coroutine (the put hot path)."""
+        self._unflushed_messages += count
+        if not self.group_commit and self._unflushed_messages >= self.unflush_threshold:
             # ">=" so that unflushThreshold=1 means "every message", as MetaQ documents.
             self._current_or_new_flush()
 

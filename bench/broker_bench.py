@@ -1,0 +1,192 @@
+"""Broker core benchmark: produce and fetch throughput against a real broker process.
+
+    python bench/broker_bench.py [--messages N] [--quick]
+
+For each flush mode (unflushInterval flushing vs. group commit), message size
+(100 B, 1 KiB) and batch size (1, 100), it starts a fresh broker process
+(``zk.zkEnable=false``: no ZooKeeper needed), produces N messages over one
+pipelined connection, then fetches them all back. It prints msgs/s, MB/s,
+per-put latency (p50/p99) and the ratios measured side by side in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from metaq.client.connection import BrokerConnection  # noqa: E402
+from metaq.record import encode_batch, iter_records, record_ends  # noqa: E402
+
+WINDOW = 32  # puts in flight on the connection
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class BrokerUnderTest:
+    def __init__(self, workdir: Path, unflush_threshold: int, extra: str = "") -> None:
+        self.port = free_port()
+        self.dir = workdir / f"broker-{self.port}"
+        self.dir.mkdir(parents=True)
+        (self.dir / "server.ini").write_text(
+            f"""[system]
+brokerId=0
+hostName=127.0.0.1
+serverPort={self.port}
+dataPath={self.dir / 'data'}
+unflushThreshold={unflush_threshold}
+unflushInterval=1000
+maxSegmentSize=268435456
+{extra}
+[zookeeper]
+zk.zkEnable=false
+[topic=bench]
+numPartitions=1
+"""
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> "BrokerUnderTest":
+        log = open(self.dir / "broker.log", "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "metaq", "broker", "-c", str(self.dir / "server.ini")],
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"broker did not start: {(self.dir / 'broker.log').read_text()[-2000:]}")
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+async def produce(port: int, messages: int, size: int, batch: int) -> dict[str, float]:
+    conn = await BrokerConnection.open("127.0.0.1", port)
+    payload = encode_batch([(os.urandom(size), None)] * batch)
+    puts = messages // batch
+    latencies: list[float] = []
+    sem = asyncio.Semaphore(WINDOW)
+    failures = 0
+
+    async def one() -> None:
+        nonlocal failures
+        async with sem:
+            t0 = time.perf_counter()
+            reply = await conn.request({"op": "put", "topic": "bench", "partition": 0}, payload)
+            latencies.append(time.perf_counter() - t0)
+            if reply.code != 200:
+                failures += 1
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(puts)))
+    elapsed = time.perf_counter() - start
+    conn.close()
+    if failures:
+        raise RuntimeError(f"{failures} puts failed")
+    latencies.sort()
+    return {
+        "msgs_per_s": puts * batch / elapsed,
+        "mb_per_s": puts * len(payload) / elapsed / 1e6,
+        "p50_ms": statistics.median(latencies) * 1000,
+        "p99_ms": latencies[int(len(latencies) * 0.99) - 1] * 1000,
+    }
+
+
+async def fetch(port: int, expected: int, decode: bool) -> dict[str, float]:
+    conn = await BrokerConnection.open("127.0.0.1", port)
+    offset, got, nbytes = 0, 0, 0
+    start = time.perf_counter()
+    while got < expected:
+        reply = await conn.request(
+            {"op": "get", "topic": "bench", "partition": 0, "offset": offset, "max_size": 1024 * 1024, "max_wait_ms": 3000}
+        )
+        if reply.code != 200:
+            raise RuntimeError(f"fetch at {offset}: {reply.code} {reply.message}")
+        if decode:
+            records = list(iter_records(reply.body, offset))
+            got += len(records)
+            offset = records[-1].offset + records[-1].size
+        else:
+            ends = record_ends(reply.body, offset)
+            got += len(ends)
+            offset = ends[-1]
+        nbytes += len(reply.body)
+    elapsed = time.perf_counter() - start
+    conn.close()
+    return {"msgs_per_s": got / elapsed, "mb_per_s": nbytes / elapsed / 1e6}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--quick", action="store_true", help="20,000 messages per case (a smoke run)")
+    args = parser.parse_args()
+    messages = 20_000 if args.quick else args.messages
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+
+    results: dict[tuple[str, int, int], dict[str, float]] = {}
+    fetches: dict[tuple[str, int], dict[str, dict[str, float]]] = {}
+    with tempfile.TemporaryDirectory(prefix="metaq-bench-") as tmp:
+        for mode, threshold in (("interval", 1000), ("group-commit", 0)):
+            for size in (100, 1024):
+                for batch in (1, 100):
+                    count = messages if batch > 1 else max(messages // 10, 1000)
+                    with BrokerUnderTest(Path(tmp), threshold) as broker:
+                        results[(mode, size, batch)] = runner(produce(broker.port, count, size, batch))
+                        if batch > 1:
+                            fetches[(mode, size)] = {
+                                "raw": runner(fetch(broker.port, count, decode=False)),
+                                "decoded": runner(fetch(broker.port, count, decode=True)),
+                            }
+    print(f"produce ({messages} messages per batched case, 1/10 of that unbatched; window {WINDOW} puts in flight)")
+    print(f"{'flush':<13}{'size':>6}{'batch':>7}{'msgs/s':>12}{'MB/s':>9}{'p50 ms':>9}{'p99 ms':>9}")
+    for (mode, size, batch), r in results.items():
+        print(f"{mode:<13}{size:>6}{batch:>7}{r['msgs_per_s']:>12,.0f}{r['mb_per_s']:>9.1f}{r['p50_ms']:>9.2f}{r['p99_ms']:>9.2f}")
+    print("\nfetch (1 MiB fetches, one connection)")
+    print(f"{'flush':<13}{'size':>6}{'raw msgs/s':>14}{'raw MB/s':>10}{'decoded msgs/s':>16}")
+    for (mode, size), r in fetches.items():
+        print(f"{mode:<13}{size:>6}{r['raw']['msgs_per_s']:>14,.0f}{r['raw']['mb_per_s']:>10.1f}{r['decoded']['msgs_per_s']:>16,.0f}")
+    print("\nratios (same run)")
+    for size in (100, 1024):
+        gc, iv = results[("group-commit", size, 100)], results[("interval", size, 100)]
+        print(f"  group commit / interval flushing, {size} B, batch 100: {gc['msgs_per_s'] / iv['msgs_per_s']:.2f}")
+        b1, b100 = results[("interval", size, 1)], results[("interval", size, 100)]
+        print(f"  batch 100 / batch 1, {size} B, interval flushing:     {b100['msgs_per_s'] / b1['msgs_per_s']:.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""``metaq consume --zk Z --topic T --group G [--read-from ...] [--max N] [--from-beginning]``.
+
+Prints each message's data on its own line on stdout (flushed per message, so a reader
+of the pipe sees every message whose offset may have been committed), a summary on
+stderr at the end. Stops after ``--max`` messages, after ``--idle-timeout`` seconds
+without a message, or on SIGINT/SIGTERM; offsets are committed on the way out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+from ..errors import MetaqError
+from .produce import add_zk_arguments
+from .progress import Progress
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("consume", help="print a topic's messages as a member of a consumer group")
+    add_zk_arguments(parser)
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--group", required=True)
+    parser.add_argument("--read-from", choices=("master", "slave", "prefer-slave"), default="master")
+    parser.add_argument("--max", type=int, help="stop after N messages")
+    parser.add_argument("--from-beginning", action="store_true", help="partitions without a stored offset start at the log start (default: at the end)")
+    parser.add_argument("--broadcast", action="store_true", help="get every message, whatever the group's other members get")
+    parser.add_argument("--offset-file", help="keep offsets in this JSON file instead of ZooKeeper")
+    parser.add_argument("--commit-interval", type=float, default=5.0, help="seconds between offset commits (default 5)")
+    parser.add_argument("--idle-timeout", type=float, help="stop after this many seconds without a message")
+    parser.add_argument("--print-offsets", action="store_true", help="prefix each line with partition and offset (tab-separated)")
+    parser.add_argument("--consumer-id", help=argparse.SUPPRESS)
+    parser.add_argument("--recover-dir", help=argparse.SUPPRESS)
+    parser.set_defaults(run=run)
+
+
+async def consume(args: argparse.Namespace) -> int:
+    from ..client import AsyncMessageSessionFactory, ConsumerConfig, Message, MetaClientConfig
+
+    if args.max is not None and args.max < 1:
+        raise MetaqError("--max must be positive")
+    try:
+        consumer_config = ConsumerConfig(
+            group=args.group,
+            read_from=args.read_from,
+            from_beginning=args.from_beginning,
+            broadcast=args.broadcast,
+            offset_store_path=args.offset_file,
+            commit_interval_s=args.commit_interval,
+            recover_dir=args.recover_dir,
+            **({"consumer_id": args.consumer_id} if args.consumer_id else {}),
+        )
+    except ValueError as exc:
+        raise MetaqError(str(exc)) from None
+    client_config = MetaClientConfig(zk_connect=args.zk, zk_root=args.zk_root, zk_session_timeout_ms=args.zk_session_timeout_ms)
+    loop = asyncio.get_running_loop()
+    done = asyncio.Event()
+    activity = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, done.set)
+    out = sys.stdout.buffer
+    progress = Progress(f"consuming {args.topic}", total=args.max)
+    consumer = None
+
+    def listener(message: Message) -> None:
+        if args.print_offsets:
+            out.write(f"{message.partition}\t{message.offset}\t".encode())
+        out.write(message.data + b"\n")
+        out.flush()
+        progress.advance()
+        activity.set()
+        if args.max is not None and progress.count >= args.max:
+            # Deliver nothing more: offsets stay right after the N-th message.
+            consumer.pause()
+            done.set()
+
+    factory = await AsyncMessageSessionFactory(client_config).start()
+    try:
+        consumer = factory.create_consumer(consumer_config)
+        consumer.subscribe(args.topic, None, listener)
+        await consumer.complete_subscribe()
+        while not done.is_set():
+            activity.clear()
+            waiters = [asyncio.ensure_future(done.wait()), asyncio.ensure_future(activity.wait())]
+            finished, pending = await asyncio.wait(waiters, timeout=args.idle_timeout, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in pending:
+                waiter.cancel()
+            if not finished:
+                break  # idle for --idle-timeout seconds
+    finally:
+        progress.close()
+        await factory.shutdown()
+    stats = consumer.stats if consumer else None
+    summary = f"consumed {progress.count} messages from {args.topic} in {progress.elapsed:.2f}s ({progress.rate:,.0f} msg/s)"
+    if stats and stats.recovered:
+        summary += f"; {stats.recovered} moved to the recover store"
+    print(summary, file=sys.stderr)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(consume(args))
+    except BrokenPipeError:
+        return 0  # e.g. `metaq consume ... | head`

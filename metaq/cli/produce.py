@@ -1,0 +1,139 @@
+"""``metaq produce --zk Z --topic T [--count N --size B] [--sync]``: messages to a topic.
+
+Without ``--count`` every stdin line (newline stripped) is one message. By default
+messages go out in batches with several puts in flight; ``--sync`` sends one message
+at a time and waits for each acknowledgement. Ends with a summary on stdout; exit code
+1 if any message was not stored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import AsyncIterator
+
+from ..errors import MetaqError
+from .progress import Progress
+
+MAX_ERRORS_SHOWN = 5
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("produce", help="send stdin lines (or N generated messages) to a topic")
+    add_zk_arguments(parser)
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--count", type=int, help="send N generated messages instead of reading stdin")
+    parser.add_argument("--size", type=int, default=100, help="bytes per generated message (default 100)")
+    parser.add_argument("--sync", action="store_true", help="one message at a time, each acknowledged before the next")
+    parser.add_argument("--batch", type=int, default=1000, help="messages per batch when not --sync (default 1000)")
+    parser.add_argument("--in-flight", type=int, default=4, help="batches in flight when not --sync (default 4)")
+    parser.add_argument("--attribute", help="attribute string stored with every message")
+    parser.add_argument("--send-timeout", type=float, default=15.0, help="seconds a send may retry before it fails (default 15)")
+    parser.add_argument("--quiet", action="store_true", help="no summary")
+    parser.set_defaults(run=run)
+
+
+def add_zk_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--zk", required=True, metavar="HOST:PORT[,...]", help="ZooKeeper connect string")
+    parser.add_argument("--zk-root", default="/meta", help="ZooKeeper root of the cluster (default /meta)")
+    parser.add_argument("--zk-session-timeout-ms", type=int, default=30000, help=argparse.SUPPRESS)
+
+
+def generated(count: int, size: int) -> list[bytes]:
+    """N distinct messages of ``size`` bytes: a zero-padded sequence number, then filler."""
+    return [f"{i:010d}".encode().ljust(size, b"x")[: max(size, 10)] for i in range(count)]
+
+
+async def stdin_lines(batch: int) -> AsyncIterator[list[bytes]]:
+    """Batches of stdin lines; line by line from a terminal, so each typed line goes out at once."""
+    loop = asyncio.get_running_loop()
+    interactive = sys.stdin.isatty()
+    stream = sys.stdin.buffer
+
+    def read_some() -> list[bytes]:
+        lines = []
+        while len(lines) < (1 if interactive else batch):
+            line = stream.readline()
+            if not line:
+                break
+            lines.append(line.rstrip(b"\r\n"))
+        return lines
+
+    while lines := await loop.run_in_executor(None, read_some):
+        yield lines
+
+
+async def produce(args: argparse.Namespace) -> int:
+    from ..client import AsyncMessageSessionFactory, Message, MetaClientConfig
+
+    if args.count is not None and args.count < 0 or args.size < 1 or args.batch < 1 or args.in_flight < 1:
+        raise MetaqError("--count, --size, --batch and --in-flight must be positive")
+    config = MetaClientConfig(
+        zk_connect=args.zk, zk_root=args.zk_root, zk_session_timeout_ms=args.zk_session_timeout_ms,
+        send_timeout_s=args.send_timeout,
+    )
+    factory = await AsyncMessageSessionFactory(config).start()
+    progress = Progress(f"producing to {args.topic}", total=args.count)
+    sent = failed = unknown = 0
+    errors: list[str] = []
+
+    def account(results) -> None:
+        nonlocal sent, failed, unknown
+        for result in results:
+            if result.success:
+                sent += 1
+            else:
+                failed += 1
+                unknown += result.outcome_unknown
+                if len(errors) < MAX_ERRORS_SHOWN:
+                    errors.append(result.error_message or "unknown error")
+        progress.advance(len(results))
+
+    try:
+        producer = factory.create_producer()
+        await producer.publish(args.topic)
+        if not factory.cluster.snapshot.writable_partitions(args.topic):
+            print(f"metaq produce: warning: no master publishes topic {args.topic!r} yet; sends will wait and retry", file=sys.stderr)
+
+        async def batches() -> AsyncIterator[list[bytes]]:
+            if args.count is not None:
+                data = generated(args.count, args.size)
+                step = 1 if args.sync else args.batch
+                for start in range(0, len(data), step):
+                    yield data[start : start + step]
+            else:
+                async for lines in stdin_lines(1 if args.sync else args.batch):
+                    yield lines
+
+        in_flight: set[asyncio.Task] = set()
+        async for chunk in batches():
+            messages = [Message(args.topic, data, args.attribute) for data in chunk]
+            if args.sync:
+                for message in messages:
+                    account([await producer.send_message(message)])
+                continue
+            task = asyncio.create_task(producer.send_batch(messages))
+            task.add_done_callback(lambda t: account(t.result()))
+            in_flight.add(task)
+            task.add_done_callback(in_flight.discard)
+            if len(in_flight) >= args.in_flight:
+                await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+        if in_flight:
+            await asyncio.wait(in_flight)
+    finally:
+        progress.close()
+        await factory.shutdown()
+    for error in errors:
+        print(f"metaq produce: send failed: {error}", file=sys.stderr)
+    if not args.quiet:
+        total = sent + failed
+        line = f"sent {sent} of {total} messages to {args.topic} in {progress.elapsed:.2f}s ({sent / progress.elapsed:,.0f} msg/s)"
+        if failed:
+            line += f"; {failed} failed" + (f" ({unknown} with unknown outcome)" if unknown else "")
+        print(line)
+    return 1 if failed else 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return asyncio.run(produce(args))

@@ -1,0 +1,99 @@
+"""Client settings: one MetaClientConfig per session factory, one ConsumerConfig per consumer."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+READ_FROM_CHOICES = ("master", "slave", "prefer-slave")
+DEFAULT_CLIENT_DIR = Path.home() / ".metaq"
+
+
+@dataclass
+class MetaClientConfig:
+    """What every producer and consumer of one factory shares: ZooKeeper and timeouts."""
+
+    zk_connect: str = "127.0.0.1:2181"
+    zk_root: str = "/meta"
+    zk_session_timeout_ms: int = 30_000
+    zk_connection_timeout_ms: int = 30_000
+    #: Timeout of one request to a broker (a long-poll fetch adds its wait to it).
+    request_timeout_s: float = 10.0
+    connect_timeout_s: float = 5.0
+    #: Producer retries of retriable errors (403/503, no connection, no master yet).
+    send_max_attempts: int = 6
+    #: A send gives up after this long in total, attempts left or not.
+    send_timeout_s: float = 15.0
+    send_retry_min_wait_s: float = 0.05
+    send_retry_max_wait_s: float = 2.0
+    #: Resend a put whose outcome is unknown (lost connection after sending, timeout, 504)?
+    #: Off by default: it can duplicate a message. The SendResult says outcome_unknown instead.
+    retry_unknown_outcome: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.zk_root.startswith("/"):
+            raise ValueError(f"zk_root must start with '/', got {self.zk_root!r}")
+
+
+def default_consumer_id() -> str:
+    # MetaQ's default: host-pid-UUID, unique even for several consumers in one process.
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+@dataclass
+class ConsumerConfig:
+    """One consumer's settings.
+
+    ``read_from`` (see routing.choose_replica): ``master`` (MetaQ's rule: the master if
+    present, else a slave), ``slave`` (slaves only: the master is never read) or
+    ``prefer-slave`` (a slave if present, else the master).
+    ``from_beginning``: where a partition without a stored offset starts; the log start,
+    or else its committed end (messages sent before the consumer started are skipped).
+    ``broadcast``: every consumer of the group gets every message; offsets are kept in
+    a local file (``offset_store_path``) instead of ZooKeeper and no owners are taken.
+    """
+
+    group: str
+    read_from: str = "master"
+    consumer_id: str = field(default_factory=default_consumer_id)
+    from_beginning: bool = False
+    broadcast: bool = False
+    #: Bytes asked per fetch; doubled for a record larger than this (up to max_fetch_size).
+    fetch_size: int = 256 * 1024
+    max_fetch_size: int = 64 * 1024 * 1024
+    #: Long-poll: how long the broker holds a fetch that finds no data.
+    fetch_wait_ms: int = 1000
+    #: Back-off after a failed fetch (broker gone, 403...), doubled up to the max.
+    fetch_retry_min_s: float = 0.1
+    fetch_retry_max_s: float = 2.0
+    commit_interval_s: float = 5.0
+    #: Calls of a failing listener per message before it goes to the recover store.
+    max_retries: int = 5
+    #: Store offsets in this JSON file instead of ZooKeeper (always used in broadcast mode).
+    offset_store_path: str | None = None
+    recover_dir: str | None = None
+    recover_interval_s: float = 5.0
+    #: How long a rebalance waits for a previous owner to release a partition.
+    claim_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not self.group or "/" in self.group:
+            raise ValueError(f"consumer group must be a non-empty name without '/', got {self.group!r}")
+        if self.read_from not in READ_FROM_CHOICES:
+            raise ValueError(f"read_from must be one of {', '.join(READ_FROM_CHOICES)}, got {self.read_from!r}")
+        if self.max_retries < 1:
+            raise ValueError("max_retries must be >= 1")
+
+    def resolved_offset_store_path(self) -> Path | None:
+        if self.offset_store_path:
+            return Path(self.offset_store_path)
+        if self.broadcast:
+            return DEFAULT_CLIENT_DIR / "offsets" / f"{self.group}.json"
+        return None
+
+    def resolved_recover_dir(self) -> Path:
+        base = Path(self.recover_dir) if self.recover_dir else DEFAULT_CLIENT_DIR / "recover"
+        return base / self.group

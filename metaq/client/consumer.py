@@ -1,0 +1,437 @@
+"""The consumer: one fetch loop per owned partition, long-poll, listener retries, offset commits.
+
+Delivery is at least once. A message's offset is advanced only after its listener
+returned (or, after ``max_retries`` failures, after it was written to the recover store),
+and offsets are committed every ``commit_interval_s``, before every rebalance and at
+shutdown. A consumer that dies redelivers at most what it consumed since its last commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Union
+
+from ..protocol import commands as c
+from ..record import RecordError, iter_records
+from .cluster import Cluster, ClusterSnapshot
+from .config import ConsumerConfig, MetaClientConfig
+from .connection import BrokerConnection, ConnectionClosed
+from .message import Message, Partition
+from .offsets import LocalOffsetStore, OffsetStore, Position, ZkOffsetStore, initial_position
+from .pool import ConnectionPool
+from .rebalance import Assignment, BroadcastAssignment, GroupAssignment, claim_all
+from .recover import RecoverManager, RecoverStore
+from .routing import Replica, choose_replica
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[[Message], Union[None, Awaitable[None]]]
+
+
+@dataclass
+class ConsumerStats:
+    delivered: int = 0  # listener calls that succeeded (redeliveries from the recover store included)
+    listener_failures: int = 0
+    recovered: int = 0  # messages moved to the recover store
+    redelivered: int = 0  # messages from the recover store that finally succeeded
+    rebalances: int = 0
+    commits: int = 0
+
+
+@dataclass
+class Subscription:
+    topic: str
+    max_size: int
+    listener: Listener
+
+
+@dataclass
+class _FetcherState:
+    position: Position | None = None
+    committed: Position | None = None
+    replica: Replica | None = None
+    failed_replica: Replica | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+class PartitionFetcher:
+    """Fetches one partition in a loop and hands each message to the consumer's listener."""
+
+    def __init__(self, consumer: "AsyncMessageConsumer", subscription: Subscription, partition: Partition, position: Position | None) -> None:
+        self.consumer = consumer
+        self.subscription = subscription
+        self.topic = subscription.topic
+        self.partition = partition
+        self.state = _FetcherState(position=position, committed=position)
+        self._stopping = False
+        self._in_wait = False
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def position(self) -> Position | None:
+        return self.state.position
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"metaq-fetch-{self.topic}-{self.partition}")
+
+    async def stop(self) -> None:
+        """Stop between two messages: a message being delivered is finished first."""
+        self._stopping = True
+        if self._task is None:
+            return
+        if self._in_wait:
+            self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _wait(self, awaitable: Awaitable[Any]) -> Any:
+        # The only points where stop() may cancel us: fetches and back-off sleeps.
+        self._in_wait = True
+        try:
+            if self._stopping:
+                raise asyncio.CancelledError
+            return await awaitable
+        finally:
+            self._in_wait = False
+
+    async def _run(self) -> None:
+        config = self.consumer.config
+        backoff = config.fetch_retry_min_s
+        max_size = self.subscription.max_size
+        while not self._stopping:
+            try:
+                replica = self._choose_replica()
+                if replica is None:
+                    raise _FetchError(f"no {config.read_from} replica of broker {self.partition.broker_id} registered")
+                conn = await self._wait(self.consumer.pool.get(replica.host, replica.port))
+                if self.state.position is None:
+                    await self._init_position(conn)
+                    continue
+                reply = await self._wait(self._fetch(conn, max_size))
+                handled = await self._handle(reply, max_size)
+                if handled == "grow":
+                    max_size = min(max_size * 2, config.max_fetch_size)
+                    continue
+                max_size = self.subscription.max_size
+                self.state.failed_replica = None
+                backoff = config.fetch_retry_min_s
+                if handled == "idle":
+                    await self._wait(asyncio.sleep(config.fetch_retry_min_s))
+            except asyncio.CancelledError:
+                if self._stopping:
+                    return
+                raise
+            except Exception as exc:  # the loop must survive anything but stop()
+                if not isinstance(exc, (_FetchError, ConnectionClosed, asyncio.TimeoutError, RecordError)):
+                    log.exception("%s-%s: unexpected fetch error", self.topic, self.partition)
+                self._fetch_failed(exc)
+                try:
+                    await self._wait(asyncio.sleep(backoff))
+                except asyncio.CancelledError:
+                    return
+                backoff = min(backoff * 2, config.fetch_retry_max_s)
+
+    def _choose_replica(self) -> Replica | None:
+        broker = self.consumer.cluster.snapshot.brokers.get(self.partition.broker_id)
+        replica = choose_replica(broker, self.consumer.config.read_from, avoid=self.state.failed_replica)
+        if replica != self.state.replica and replica is not None:
+            if self.state.replica is not None:
+                log.info("%s-%s: now reading from broker %d %s (%s)", self.topic, self.partition, replica.broker_id, replica.role, replica.address)
+            self.state.replica = replica
+        return replica
+
+    def _fetch_failed(self, exc: BaseException) -> None:
+        message = str(exc) or type(exc).__name__
+        replica = self.state.replica
+        # A replica that failed us (unreachable, error reply, lagging) is avoided next time if another qualifies.
+        replica_failed = not isinstance(exc, _FetchError) or exc.replica_failed
+        if replica is not None and replica_failed:
+            self.state.failed_replica = replica
+            self.consumer.cluster.request_refresh()
+        log.debug("%s-%s: fetch failed: %s", self.topic, self.partition, message)
+
+    async def _init_position(self, conn: BrokerConnection) -> None:
+        """Where a partition without a stored offset starts: log start, or committed end."""
+        reply = await self._wait(
+            conn.request(
+                {"op": "offset", "topic": self.topic, "partition": self.partition.partition, "offset": 0},
+                timeout=self.consumer.client_config.request_timeout_s,
+            )
+        )
+        if not reply.ok:
+            raise _FetchError(f"offset query failed: {reply.code} {reply.message}", replica_failed=True)
+        offset = int(reply["min_offset"] if self.consumer.config.from_beginning else reply["max_offset"])
+        self.state.position = initial_position(offset)
+        # Commit the starting point at once: if we die before the first periodic commit, the
+        # next owner must not start again from the (by then later) end and skip messages.
+        await self.consumer.commit_partition(self)
+        log.info("%s-%s: no stored offset, starting at %d (%s)", self.topic, self.partition, offset,
+                 "log start" if self.consumer.config.from_beginning else "committed end")
+
+    async def _fetch(self, conn: BrokerConnection, max_size: int):
+        config = self.consumer.config
+        assert self.state.position is not None
+        header = {
+            "op": "get",
+            "topic": self.topic,
+            "partition": self.partition.partition,
+            "offset": self.state.position.offset,
+            "max_size": max_size,
+            "group": config.group,
+            "max_wait_ms": config.fetch_wait_ms,
+        }
+        return await conn.request(header, timeout=self.consumer.client_config.request_timeout_s + config.fetch_wait_ms / 1000)
+
+    async def _handle(self, reply, max_size: int) -> str:
+        """Process one fetch reply: "data", "grow" (record larger than max_size), or "idle"."""
+        assert self.state.position is not None
+        if reply.code == c.OK:
+            base = int(reply["offset"])
+            delivered_any = False
+            for record in iter_records(reply.body, base):
+                if self._stopping or self.consumer.paused:
+                    return "data" if delivered_any else "idle"
+                message = Message(self.topic, record.data, record.attribute, id=record.msg_id, partition=self.partition, offset=record.offset)
+                await self.consumer._deliver_or_recover(self.subscription, message)
+                self.state.position = Position(record.msg_id, record.offset + record.size)
+                delivered_any = True
+            if delivered_any:
+                return "data"
+            if len(reply.body) >= max_size and max_size < self.consumer.config.max_fetch_size:
+                return "grow"
+            raise _FetchError(f"fetch at {base} returned {len(reply.body)} bytes without a whole record")
+        if reply.code == c.MOVED:
+            new_offset = int(reply["offset"])
+            log.warning("%s-%s: offset %d is gone (before the log start); moving to %d", self.topic, self.partition, self.state.position.offset, new_offset)
+            self.state.position = initial_position(new_offset)
+            return "data"
+        if reply.code == c.NOT_FOUND and "committed" in reply.header:
+            # No data yet; the broker already held the request for fetch_wait_ms. A replica
+            # behind our offset (a lagging slave) answers at once: back off, maybe switch.
+            if self.state.position.offset > int(reply.get("log_end", 0)):
+                raise _FetchError(f"{self.state.replica.role if self.state.replica else 'replica'} is behind offset {self.state.position.offset}", replica_failed=True)
+            return "data" if self.consumer.config.fetch_wait_ms > 0 else "idle"
+        raise _FetchError(f"fetch failed: {reply.code} {reply.message}", replica_failed=True)
+
+
+class _FetchError(Exception):
+    def __init__(self, message: str, replica_failed: bool = False) -> None:
+        super().__init__(message)
+        self.replica_failed = replica_failed
+
+
+class AsyncMessageConsumer:
+    """Consumes subscribed topics as a member of ``config.group``. Create with ``factory.create_consumer()``."""
+
+    def __init__(self, cluster: Cluster, pool: ConnectionPool, client_config: MetaClientConfig, config: ConsumerConfig,
+                 offset_store: OffsetStore | None = None) -> None:
+        self.cluster = cluster
+        self.pool = pool
+        self.client_config = client_config
+        self.config = config
+        self.stats = ConsumerStats()
+        path = config.resolved_offset_store_path()
+        self.offset_store: OffsetStore = offset_store or (LocalOffsetStore(path) if path else ZkOffsetStore(cluster))
+        self.recover_store = RecoverStore(config.resolved_recover_dir())
+        self.recover = RecoverManager(self.recover_store, config.recover_interval_s)
+        self.subscriptions: dict[str, Subscription] = {}
+        self.fetchers: dict[tuple[str, Partition], PartitionFetcher] = {}
+        self.paused = False
+        self.assignment: Assignment = (
+            BroadcastAssignment(self._request_rebalance) if config.broadcast
+            else GroupAssignment(cluster, config.group, config.consumer_id, lambda: list(self.subscriptions), self._request_rebalance)
+        )
+        self._rebalance_needed = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._last_partitions: dict[str, tuple[Partition, ...]] = {}
+        self._started = False
+        self._closed = False
+
+    # --- public API --------------------------------------------------------------------------
+
+    def subscribe(self, topic: str, max_size: int | None = None, listener: Listener | None = None) -> "AsyncMessageConsumer":
+        """Register ``listener`` for ``topic`` (call complete_subscribe() once all are registered).
+
+        ``listener(message)`` may be a plain function (called in the event loop: keep it
+        quick) or a coroutine function. If it raises, it is called again, up to
+        ``max_retries`` times, then the message goes to the recover store.
+        """
+        if self._started:
+            raise RuntimeError("subscribe() must come before complete_subscribe()")
+        if listener is None:
+            raise ValueError("subscribe() needs a listener")
+        self.subscriptions[topic] = Subscription(topic, max_size or self.config.fetch_size, listener)
+        self.recover.register(topic, lambda m, s=self.subscriptions[topic]: self._deliver(s, m, redelivery=True))
+        return self
+
+    async def complete_subscribe(self) -> None:
+        """Join the group, get partitions, start fetching."""
+        if self._started:
+            return
+        if not self.subscriptions:
+            raise ValueError("subscribe to at least one topic before complete_subscribe()")
+        self._started = True
+        for topic in self.subscriptions:
+            await self.cluster.watch_topic(topic, subscribe=True)
+            self._last_partitions[topic] = tuple(self.cluster.snapshot.readable_partitions(topic))
+        self.cluster.add_listener(self._on_cluster_change)
+        await self.assignment.start()
+        self._rebalance_needed.set()
+        self._tasks = [
+            asyncio.create_task(self._rebalance_loop(), name="metaq-rebalance"),
+            asyncio.create_task(self._commit_loop(), name="metaq-commit"),
+        ]
+        self.recover.start()
+
+    def pause(self) -> None:
+        """Stop delivering (fetchers finish the message at hand and idle); offsets stay put."""
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+
+    def owned_partitions(self, topic: str | None = None) -> list[Partition]:
+        return sorted(p for (t, p) in self.fetchers if topic is None or t == topic)
+
+    async def commit(self) -> None:
+        """Commit the position of every owned partition now."""
+        by_topic: dict[str, list[PartitionFetcher]] = {}
+        for (topic, _), fetcher in list(self.fetchers.items()):
+            by_topic.setdefault(topic, []).append(fetcher)
+        for topic, fetchers in by_topic.items():
+            await self._commit_fetchers(topic, fetchers)
+
+    async def shutdown(self) -> None:
+        """Stop fetching, commit, release owned partitions, leave the group."""
+        if self._closed:
+            return
+        self._closed = True
+        self.cluster.remove_listener(self._on_cluster_change)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.recover.stop()
+        for key in list(self.fetchers):
+            await self._drop(*key)
+        await self.assignment.stop()
+
+    # --- delivery ----------------------------------------------------------------------------
+
+    async def _deliver(self, subscription: Subscription, message: Message, redelivery: bool = False) -> bool:
+        """Call the listener up to max_retries times; True once it returned normally."""
+        attempts = 1 if redelivery else self.config.max_retries
+        for attempt in range(1, attempts + 1):
+            try:
+                result = subscription.listener(message)
+                if asyncio.iscoroutine(result):
+                    await result
+            except Exception as exc:
+                self.stats.listener_failures += 1
+                log.warning("listener failed on %s-%s@%s (attempt %d of %d): %s", message.topic, message.partition,
+                            message.offset, attempt, attempts, exc)
+                continue
+            self.stats.delivered += 1
+            if redelivery:
+                self.stats.redelivered += 1
+            return True
+        return False
+
+    async def _deliver_or_recover(self, subscription: Subscription, message: Message) -> None:
+        if await self._deliver(subscription, message):
+            return
+        # One bad message must not stall the partition: park it on disk and move on.
+        await asyncio.to_thread(self.recover_store.append, message)
+        self.stats.recovered += 1
+        log.error("message %s-%s@%s failed %d times; saved to the recover store %s", message.topic, message.partition,
+                  message.offset, self.config.max_retries, self.recover_store.directory)
+
+    # --- offsets -----------------------------------------------------------------------------
+
+    async def commit_partition(self, fetcher: PartitionFetcher) -> None:
+        await self._commit_fetchers(fetcher.topic, [fetcher])
+
+    async def _commit_fetchers(self, topic: str, fetchers: list[PartitionFetcher]) -> None:
+        changed = {f.partition: f.state.position for f in fetchers if f.state.position is not None and f.state.position != f.state.committed}
+        if not changed:
+            return
+        await self.offset_store.commit(self.config.group, topic, changed)  # type: ignore[arg-type]
+        for fetcher in fetchers:
+            if fetcher.partition in changed:
+                fetcher.state.committed = changed[fetcher.partition]
+        self.stats.commits += 1
+
+    async def _commit_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.commit_interval_s)
+            try:
+                await self.commit()
+            except Exception as exc:
+                log.warning("offset commit failed (will retry): %s", exc)
+
+    # --- rebalancing -------------------------------------------------------------------------
+
+    def _request_rebalance(self) -> None:
+        self._rebalance_needed.set()
+
+    def _on_cluster_change(self, snapshot: ClusterSnapshot) -> None:
+        # Only a change of the partition set moves partitions between members; a master or
+        # slave coming or going is handled per fetch by choose_replica.
+        for topic in self.subscriptions:
+            partitions = tuple(snapshot.readable_partitions(topic))
+            if partitions != self._last_partitions.get(topic):
+                self._last_partitions[topic] = partitions
+                self._request_rebalance()
+
+    async def _rebalance_loop(self) -> None:
+        while True:
+            await self._rebalance_needed.wait()
+            self._rebalance_needed.clear()
+            try:
+                complete = await self._rebalance()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("rebalance failed (%s); retrying", exc or type(exc).__name__)
+                complete = False
+            if not complete and not self._rebalance_needed.is_set():
+                await asyncio.sleep(0.5)
+                self._rebalance_needed.set()
+
+    async def _rebalance(self) -> bool:
+        """One pass; False when some partition could not be claimed yet."""
+        self.stats.rebalances += 1
+        await self.commit()
+        complete = True
+        for topic, subscription in self.subscriptions.items():
+            partitions = self.cluster.snapshot.readable_partitions(topic)
+            mine = set(await self.assignment.compute(topic, partitions))
+            current = {p for (t, p) in self.fetchers if t == topic}
+            for partition in sorted(current - mine):
+                await self._drop(topic, partition)
+            unclaimed = await claim_all(
+                self.assignment, topic, sorted(mine - current), self._start_fetcher,
+                timeout=self.config.claim_timeout_s, interrupted=self._rebalance_needed.is_set,
+            )
+            if unclaimed:
+                complete = False
+                log.info("group %s: %s still owned by others, will retry", self.config.group, [str(p) for p in unclaimed])
+        return complete
+
+    async def _start_fetcher(self, topic: str, partition: Partition) -> None:
+        position = await self.offset_store.load(self.config.group, topic, partition)
+        fetcher = PartitionFetcher(self, self.subscriptions[topic], partition, position)
+        self.fetchers[(topic, partition)] = fetcher
+        fetcher.start()
+        log.info("group %s: consuming %s-%s from %s", self.config.group, topic, partition,
+                 f"offset {position.offset}" if position else "its start position")
+
+    async def _drop(self, topic: str, partition: Partition) -> None:
+        fetcher = self.fetchers.pop((topic, partition), None)
+        if fetcher is not None:
+            await fetcher.stop()
+            try:
+                await self._commit_fetchers(topic, [fetcher])
+            finally:
+                await self.assignment.release(topic, partition)

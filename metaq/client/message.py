@@ -1,0 +1,84 @@
+"""The values applications hand to the client and get back: Message, Partition, SendResult."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import total_ordering
+
+
+@total_ordering
+@dataclass(frozen=True)
+class Partition:
+    """A partition's global name ``{broker_id}-{partition}``: the same on a master and its slaves.
+
+    Ordered by (broker_id, partition) as numbers, which is MetaQ's order for round robin
+    and for the consumer-group assignment (so "10-0" sorts after "9-3").
+    """
+
+    broker_id: int
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.broker_id}-{self.partition}"
+
+    def __lt__(self, other: "Partition") -> bool:
+        return (self.broker_id, self.partition) < (other.broker_id, other.partition)
+
+    @classmethod
+    def parse(cls, name: str) -> "Partition":
+        broker, sep, number = name.partition("-")
+        try:
+            if sep:
+                return cls(int(broker), int(number))
+        except ValueError:
+            pass
+        raise ValueError(f"not a partition name (expected 'BROKER-N'): {name!r}")
+
+
+@dataclass
+class Message:
+    """A message to send, or one received.
+
+    ``topic``, ``data`` and the optional ``attribute`` (a string stored with the message,
+    MetaQ's way to tag messages) are what a producer sets. A received message also carries
+    where it came from: ``partition``, ``offset`` (its byte position in the partition log)
+    and ``id`` (the msg id the master gave it).
+    """
+
+    topic: str
+    data: bytes
+    attribute: str | None = None
+    id: int | None = None
+    partition: Partition | None = None
+    offset: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.data, str):
+            self.data = self.data.encode("utf-8")
+        elif not isinstance(self.data, bytes):
+            self.data = bytes(self.data)
+
+
+@dataclass(frozen=True)
+class SendResult:
+    """How one send ended. Every send ends in exactly one SendResult, never in silence.
+
+    * ``success``: stored; ``partition``, ``offset`` and ``msg_id`` say where.
+    * not ``success`` and not ``outcome_unknown``: definitely **not** stored
+      (``error_message`` says why, ``code`` is the broker's result code if it answered).
+    * ``outcome_unknown``: the broker may or may not have stored it (connection lost
+      after the request went out, timeout, 504). Resending may duplicate it.
+    """
+
+    success: bool
+    partition: Partition | None = None
+    offset: int = -1
+    msg_id: int = -1
+    error_message: str | None = None
+    topic: str = ""
+    code: int | None = None
+    outcome_unknown: bool = False
+    attempts: int = 1
+
+    def __bool__(self) -> bool:
+        return self.success

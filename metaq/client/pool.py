@@ -1,0 +1,43 @@
+"""One pipelined connection per broker address, shared by a factory's producers and consumers."""
+
+from __future__ import annotations
+
+import asyncio
+
+from .connection import BrokerConnection
+
+
+class ConnectionPool:
+    def __init__(self, connect_timeout: float = 5.0) -> None:
+        self.connect_timeout = connect_timeout
+        self._connections: dict[tuple[str, int], BrokerConnection] = {}
+        # Concurrent callers for a new address wait on the same connect.
+        self._connecting: dict[tuple[str, int], asyncio.Future[BrokerConnection]] = {}
+
+    async def get(self, host: str, port: int) -> BrokerConnection:
+        """An open connection to ``host:port`` (raises ConnectionClosed if it cannot connect)."""
+        key = (host, port)
+        conn = self._connections.get(key)
+        if conn is not None and conn.is_open:
+            return conn
+        pending = self._connecting.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[BrokerConnection] = asyncio.get_running_loop().create_future()
+        self._connecting[key] = future
+        try:
+            conn = await BrokerConnection.open(host, port, self.connect_timeout)
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # mark retrieved: nobody else may be waiting
+            raise
+        finally:
+            self._connecting.pop(key, None)
+        self._connections[key] = conn
+        future.set_result(conn)
+        return conn
+
+    def close_all(self) -> None:
+        for conn in self._connections.values():
+            conn.close()
+        self._connections.clear()

@@ -1,0 +1,253 @@
+"""The producer: partition selection, batched puts, bounded retries, one SendResult per message.
+
+Failure classes (see ``classify_reply``):
+
+    what happened                                     stored?   retried?
+    ------------------------------------------------  --------  ------------------------------
+    200                                               yes       -
+    403, 503 (slave, fenced, sync slaves missing)      no        yes, maybe on another partition
+    no connection / connect refused / no master yet   no        yes
+    400, 404, 500                                     no        no: the request itself is wrong
+    504, timeout, connection lost after sending       unknown   only if retry_unknown_outcome
+
+Retries are bounded by attempts and total time (tenacity, exponential back-off), and a
+send that runs out of either ends in a SendResult saying why, so nothing is dropped in
+silence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from typing import Callable, Iterable
+
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
+
+from ..protocol import commands as c
+from ..record import encode_record, record_ends
+from ..zk.paths import parse_broker_url
+from .cluster import Cluster
+from .config import MetaClientConfig
+from .connection import ConnectionClosed
+from .message import Message, Partition, SendResult
+from .pool import ConnectionPool
+from .selector import NoPartitionAvailable, PartitionSelector, RoundRobinPartitionSelector
+
+log = logging.getLogger(__name__)
+
+#: The broker takes at most this many messages in one put.
+MAX_BATCH_COUNT = 4096
+#: How long a broker that refused a connection is skipped when choosing partitions.
+SUSPECT_SECONDS = 2.0
+
+
+class SendFailure(Exception):
+    """One failed put attempt, classified."""
+
+    def __init__(
+        self, message: str, *, code: int | None = None, retriable: bool = False, outcome_unknown: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.retriable = retriable
+        self.outcome_unknown = outcome_unknown
+
+
+def classify_reply(code: int, message: str, retry_unknown_outcome: bool = False) -> SendFailure | None:
+    """None for success, else the SendFailure that a put answered with ``code`` means."""
+    if code == c.OK:
+        return None
+    if code in c.RETRIABLE_CODES:
+        return SendFailure(message, code=code, retriable=True)
+    if code in c.UNKNOWN_OUTCOME_CODES:
+        return SendFailure(message, code=code, outcome_unknown=True, retriable=retry_unknown_outcome)
+    return SendFailure(message, code=code)
+
+
+def unknown_outcome(message: str, retry_unknown_outcome: bool = False) -> SendFailure:
+    return SendFailure(message, outcome_unknown=True, retriable=retry_unknown_outcome)
+
+
+class AsyncMessageProducer:
+    """Sends messages to the masters of a topic's partitions. Create with ``factory.create_producer()``."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        pool: ConnectionPool,
+        config: MetaClientConfig,
+        selector: PartitionSelector | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.pool = pool
+        self.config = config
+        self.selector: PartitionSelector = selector or RoundRobinPartitionSelector()
+        self._suspects: dict[int, float] = {}  # broker id -> monotonic time until skipped
+        self._in_flight: set[asyncio.Task[object]] = set()
+        self._closed = False
+
+    async def publish(self, topic: str) -> None:
+        """Start tracking the topic's masters (MetaQ's ``publish``); sending also does this lazily."""
+        await self.cluster.watch_topic(topic, publish=True)
+
+    # --- sending --------------------------------------------------------------------------
+
+    async def send_message(self, message: Message, timeout: float | None = None) -> SendResult:
+        """Send one message; always returns a SendResult (never raises for a failed send)."""
+        (result,) = await self.send_batch([message], timeout)
+        return result
+
+    def send_message_async(
+        self, message: Message, callback: Callable[[SendResult], object] | None = None
+    ) -> "asyncio.Task[SendResult]":
+        """Start sending; the task's result (and ``callback``'s argument) is the SendResult."""
+        task = asyncio.create_task(self.send_message(message))
+        self._track(task)
+        if callback is not None:
+            task.add_done_callback(lambda t: None if t.cancelled() else callback(t.result()))
+        return task
+
+    async def send_batch(self, messages: Iterable[Message], timeout: float | None = None) -> list[SendResult]:
+        """Send many messages with as few puts as possible: one SendResult each, in order.
+
+        Messages are grouped by the partition the selector picks (so with round robin a
+        batch is spread over the partitions) and each group goes out in puts of at most
+        4096 messages, concurrently.
+        """
+        messages = list(messages)
+        if self._closed:
+            return [self._failed(m, "producer is closed") for m in messages]
+        results: list[SendResult | None] = [None] * len(messages)
+        groups: dict[tuple[str, Partition | None], list[int]] = defaultdict(list)
+        by_topic: dict[str, list[int]] = defaultdict(list)
+        for i, message in enumerate(messages):
+            by_topic[message.topic].append(i)
+        for topic, indexes in by_topic.items():
+            if topic not in self.cluster.snapshot.pub:
+                await self.publish(topic)
+            partitions = self._candidates(topic)
+            for i in indexes:
+                try:
+                    partition = self.selector.select(topic, partitions, messages[i]) if partitions else None
+                except NoPartitionAvailable:
+                    partition = None  # retried below until a master shows up or time runs out
+                except Exception as exc:  # a user selector's bug is this message's failure
+                    results[i] = self._failed(messages[i], f"partition selector failed: {exc}")
+                    continue
+                groups[(topic, partition)].append(i)
+        jobs = []
+        for (topic, partition), indexes in groups.items():
+            for start in range(0, len(indexes), MAX_BATCH_COUNT):
+                chunk = indexes[start : start + MAX_BATCH_COUNT]
+                jobs.append((chunk, self._send_chunk(topic, partition, [messages[i] for i in chunk], timeout)))
+        outcomes = await asyncio.gather(*(job for _, job in jobs))
+        for (chunk, _), chunk_results in zip(jobs, outcomes):
+            for i, result in zip(chunk, chunk_results):
+                results[i] = result
+        return results  # type: ignore[return-value]
+
+    async def close(self) -> None:
+        """Wait for sends in flight (each still ends in its SendResult), then refuse new ones."""
+        self._closed = True
+        if self._in_flight:
+            await asyncio.gather(*list(self._in_flight), return_exceptions=True)
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _track(self, task: "asyncio.Task[SendResult]") -> None:
+        self._in_flight.add(task)  # type: ignore[arg-type]
+        task.add_done_callback(self._in_flight.discard)  # type: ignore[arg-type]
+
+    def _candidates(self, topic: str) -> list[Partition]:
+        """Writable partitions, minus those of brokers that just refused us (if others remain)."""
+        partitions = self.cluster.snapshot.writable_partitions(topic)
+        now = time.monotonic()
+        healthy = [p for p in partitions if self._suspects.get(p.broker_id, 0) <= now]
+        return healthy or partitions
+
+    def _failed(self, message: Message, error: str, **fields: object) -> SendResult:
+        return SendResult(False, error_message=error, topic=message.topic, **fields)  # type: ignore[arg-type]
+
+    async def _send_chunk(
+        self, topic: str, partition: Partition | None, messages: list[Message], timeout: float | None
+    ) -> list[SendResult]:
+        body = b"".join(encode_record(m.data, m.attribute) for m in messages)
+        config = self.config
+        total = timeout if timeout is not None else config.send_timeout_s
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(config.send_max_attempts) | stop_after_delay(total),
+            wait=wait_exponential(multiplier=config.send_retry_min_wait_s, max=config.send_retry_max_wait_s),
+            retry=retry_if_exception(lambda exc: isinstance(exc, SendFailure) and exc.retriable),
+            reraise=True,
+        )
+        attempts = 0
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    attempts += 1
+                    if attempts > 1 or partition is None or partition not in self._candidates(topic):
+                        partition = self._reselect(topic, messages[0])
+                    header = await self._put(topic, partition, body, len(messages))
+        except SendFailure as failure:
+            if attempts > 1:
+                log.debug("send to %s gave up after %d attempts: %s", topic, attempts, failure.message)
+            return [
+                SendResult(
+                    False,
+                    partition=partition,
+                    error_message=failure.message + (f" (after {attempts} attempts)" if attempts > 1 else ""),
+                    topic=topic,
+                    code=failure.code,
+                    outcome_unknown=failure.outcome_unknown,
+                    attempts=attempts,
+                )
+                for _ in messages
+            ]
+        stored_in = Partition(partition.broker_id, int(header["partition"]))  # type: ignore[union-attr]
+        first_offset, first_id = int(header["offset"]), int(header["msg_id"])
+        starts = [first_offset] + record_ends(body, first_offset)[:-1]
+        return [
+            SendResult(True, stored_in, offset, first_id + i, topic=topic, code=c.OK, attempts=attempts)
+            for i, offset in enumerate(starts)
+        ]
+
+    def _reselect(self, topic: str, message: Message) -> Partition:
+        partitions = self._candidates(topic)
+        try:
+            return self.selector.select(topic, partitions, message)
+        except NoPartitionAvailable as exc:
+            # Retriable: a master may register (or come back) while we back off.
+            self.cluster.request_refresh()
+            raise SendFailure(str(exc), retriable=True) from None
+        except Exception as exc:
+            raise SendFailure(f"partition selector failed: {exc}") from None
+
+    async def _put(self, topic: str, partition: Partition, body: bytes, count: int) -> dict:
+        broker = self.cluster.snapshot.brokers.get(partition.broker_id)
+        if broker is None or not broker.master:
+            raise SendFailure(f"broker {partition.broker_id} has no master for partition {partition}", retriable=True)
+        host, port = parse_broker_url(broker.master)
+        retry_unknown = self.config.retry_unknown_outcome
+        try:
+            conn = await self.pool.get(host, port)
+            future = conn.send({"op": "put", "topic": topic, "partition": partition.partition, "count": count}, body)
+        except ConnectionClosed as exc:
+            # Nothing was written: safe to retry, and skip this broker for a moment.
+            self._suspects[partition.broker_id] = time.monotonic() + SUSPECT_SECONDS
+            raise SendFailure(f"broker {partition.broker_id} ({host}:{port}) unreachable: {exc}", retriable=True) from None
+        try:
+            reply = await asyncio.wait_for(future, self.config.request_timeout_s)
+        except ConnectionClosed as exc:
+            self._suspects[partition.broker_id] = time.monotonic() + SUSPECT_SECONDS
+            raise unknown_outcome(f"outcome unknown: {exc} after sending to partition {partition}", retry_unknown) from None
+        except asyncio.TimeoutError:
+            raise unknown_outcome(
+                f"outcome unknown: no reply from {host}:{port} within {self.config.request_timeout_s}s", retry_unknown
+            ) from None
+        failure = classify_reply(reply.code, f"{reply.code} {reply.message} (partition {partition})", retry_unknown)
+        if failure is not None:
+            raise failure
+        return reply.header

@@ -1,0 +1,64 @@
+"""The asyncio session factory: one ZooKeeper client and one connection pool for all its clients."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from .cluster import Cluster
+from .config import ConsumerConfig, MetaClientConfig
+from .consumer import AsyncMessageConsumer
+from .offsets import OffsetStore
+from .pool import ConnectionPool
+from .producer import AsyncMessageProducer
+from .selector import PartitionSelector
+
+
+class AsyncMessageSessionFactory:
+    """MetaQ's MessageSessionFactory for asyncio code::
+
+        async with AsyncMessageSessionFactory(MetaClientConfig(zk_connect="127.0.0.1:2181")) as factory:
+            producer = factory.create_producer()
+            result = await producer.send_message(Message("t", b"hello"))
+    """
+
+    def __init__(self, config: MetaClientConfig | None = None, **overrides: Any) -> None:
+        self.config = config or MetaClientConfig(**overrides)
+        self.cluster = Cluster(self.config)
+        self.pool = ConnectionPool(self.config.connect_timeout_s)
+        self._producers: list[AsyncMessageProducer] = []
+        self._consumers: list[AsyncMessageConsumer] = []
+        self._started = False
+
+    async def start(self) -> "AsyncMessageSessionFactory":
+        """Connect to ZooKeeper (raises MetaqError if it cannot)."""
+        if not self._started:
+            await self.cluster.start()
+            self._started = True
+        return self
+
+    def create_producer(self, selector: PartitionSelector | None = None) -> AsyncMessageProducer:
+        producer = AsyncMessageProducer(self.cluster, self.pool, self.config, selector)
+        self._producers.append(producer)
+        return producer
+
+    def create_consumer(self, config: ConsumerConfig, offset_store: OffsetStore | None = None) -> AsyncMessageConsumer:
+        consumer = AsyncMessageConsumer(self.cluster, self.pool, self.config, config, offset_store)
+        self._consumers.append(consumer)
+        return consumer
+
+    async def shutdown(self) -> None:
+        """Finish sends in flight, stop consumers (committing their offsets), close everything."""
+        await asyncio.gather(*(p.close() for p in self._producers), return_exceptions=True)
+        for consumer in self._consumers:
+            await consumer.shutdown()
+        self.pool.close_all()
+        if self._started:
+            self._started = False
+            await self.cluster.stop()
+
+    async def __aenter__(self) -> "AsyncMessageSessionFactory":
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()

@@ -1,0 +1,397 @@
+"""The broker's presence in ZooKeeper: its ids node, config checksum and topic nodes.
+
+kazoo is threaded and the broker runs asyncio, so every ZooKeeper call runs on one
+worker thread owned by the registry (one thread keeps registration steps in order), and
+the ``async`` methods just wait for that worker. Callbacks for the HA layer are delivered
+on the broker's event loop.
+
+One idea does all the writing: the registry knows which ephemeral nodes should exist
+(``desired``) and which it has created in the current session (``registered``), and
+``_sync`` makes ZooKeeper match. Start, topic changes, checksum changes, re-registration
+after a session expiry and deregistration are all that one step with different inputs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, TypeVar
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import (
+    ConnectionLoss,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    OperationTimeoutError,
+    SessionExpiredError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.retry import KazooRetry, RetryFailedError
+
+from metaq.config import TopicConfig, ZkConfig
+from metaq.zk.paths import ZkPaths, broker_url, topic_node_data
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+MASTER = "master"
+# After a failed re-registration (e.g. connection lost half-way), try again this soon.
+REREGISTER_RETRY_S = 1.0
+
+
+class RegistryError(RuntimeError):
+    """ZooKeeper could not be reached or a node could not be registered."""
+
+
+class RegistrationConflict(RegistryError):
+    """Another live session holds one of our nodes (and kept it past the session timeout)."""
+
+
+def _validate_role(role: str | int) -> str | int:
+    if role == MASTER:
+        return role
+    if isinstance(role, int) and not isinstance(role, bool) and role >= 0:
+        return role
+    raise ValueError(f"role must be 'master' or a slave id >= 0, got {role!r}")
+
+
+class BrokerRegistry:
+    """Registers one broker (a master, or slave ``k`` of broker ``broker_id``) in ZooKeeper.
+
+    Callbacks (plain functions or coroutine functions, run on the event loop that called
+    ``start()``): ``on_session_suspended()`` when the connection drops (the session may
+    still be alive), ``on_session_lost()`` when the session expired (our ephemeral nodes
+    are gone: a master must stop acking at once), ``on_connected(new_session: bool)``
+    when connected again, after re-registration when the session is new.
+    """
+
+    def __init__(
+        self,
+        zk: ZkConfig,
+        broker_id: int,
+        host: str,
+        port: int,
+        topics: dict[str, TopicConfig],
+        config_checksum: int,
+        role: str | int = MASTER,
+        *,
+        paths: ZkPaths | None = None,
+    ) -> None:
+        self.zk = zk
+        self.broker_id = broker_id
+        self.host = host
+        self.port = port
+        self.role = _validate_role(role)
+        self.paths = paths or ZkPaths(zk.root)
+        self.url = broker_url(host, port)
+        self._topics = dict(topics)
+        self._checksum = config_checksum
+
+        self.on_session_lost: Callable[[], Any] | None = None
+        self.on_session_suspended: Callable[[], Any] | None = None
+        self.on_connected: Callable[[bool], Any] | None = None
+
+        session_timeout_s = zk.session_timeout_ms / 1000
+        self._connect_timeout_s = zk.connection_timeout_ms / 1000
+        # A stale node from our previous incarnation disappears at most one session
+        # timeout (plus the server's expiry tick) after that process died.
+        self._stale_node_wait_s = session_timeout_s + max(2.0, session_timeout_s / 2)
+        self._client = KazooClient(
+            hosts=zk.zk_connect,
+            timeout=session_timeout_s,
+            # Reconnect quickly and forever: a broker must not give up on ZooKeeper.
+            connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=1.5, max_delay=1.0),
+        )
+        # Retries single operations over connection loss, but lets an expiry through:
+        # a new session means a full re-registration, not a retried call.
+        self._op_retry = KazooRetry(
+            max_tries=-1, delay=0.05, backoff=1.5, max_delay=0.5,
+            deadline=self._connect_timeout_s, ignore_expire=False,
+        )
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"zk-registry-{broker_id}")
+        self._state_lock = threading.Lock()
+        self._registered: dict[str, bytes] = {}
+        self._registered_session: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._started = False
+        self._stopping = False
+
+    # --- public properties -----------------------------------------------------------
+
+    @property
+    def client(self) -> KazooClient:
+        """The registry's kazoo client; other components may share its session."""
+        return self._client
+
+    @property
+    def is_master(self) -> bool:
+        return self.role == MASTER
+
+    @property
+    def slave_id(self) -> int | None:
+        return None if self.role == MASTER else int(self.role)
+
+    @property
+    def session_id(self) -> int | None:
+        client_id = self._client.client_id
+        return client_id[0] if client_id else None
+
+    @property
+    def connected(self) -> bool:
+        return self._client.connected
+
+    @property
+    def registered_nodes(self) -> dict[str, bytes]:
+        """The ephemeral nodes this registry created in the current session."""
+        return dict(self._registered)
+
+    # --- lifecycle -----------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect and register; raises RegistryError if ZooKeeper cannot be reached in time."""
+        self._loop = asyncio.get_running_loop()
+        self._client.add_listener(self._on_state_change)
+        try:
+            await self._run(self._client.start, self._connect_timeout_s)
+            await self._run(self._register_session)
+        except KazooTimeoutError:
+            await self._run(self._close_client)
+            raise RegistryError(
+                f"cannot connect to ZooKeeper at {self.zk.zk_connect} within {self.zk.connection_timeout_ms} ms"
+            ) from None
+        except BaseException:
+            # Closing the session removes whatever was registered before the failure.
+            await self._run(self._close_client)
+            raise
+        self._started = True
+        log.info("broker %s registered in ZooKeeper as %s (%s)", self.broker_id, self._role_name(), self.url)
+
+    async def update_topics(self, topics: dict[str, TopicConfig]) -> None:
+        with self._state_lock:
+            self._topics = dict(topics)
+        await self._run(self._sync_or_defer)
+
+    async def set_checksum(self, crc: int) -> None:
+        with self._state_lock:
+            self._checksum = crc
+        await self._run(self._sync_or_defer)
+
+    async def stop(self, sync_time_ms: int | None = None) -> None:
+        """Delete our nodes, wait ``sync_time_ms`` (default zk.zkSyncTimeMs) so that clients
+        move away while we still serve (as MetaQ does), then close the session."""
+        if self._stopping:
+            return
+        self._stopping = True
+        try:
+            if self._client.connected:
+                await self._run(self._deregister)
+        except KazooException as exc:
+            # Closing the session below removes the ephemeral nodes anyway.
+            log.warning("deregistering broker %s failed (%s); closing the session instead", self.broker_id, exc)
+        delay_ms = self.zk.sync_time_ms if sync_time_ms is None else sync_time_ms
+        if delay_ms > 0:
+            await asyncio.sleep(delay_ms / 1000)
+        await self._run(self._close_client)
+        self._worker.shutdown(wait=False)
+
+    # --- what should exist ---------------------------------------------------------------
+
+    def _role_name(self) -> str:
+        return MASTER if self.is_master else f"slave{self.role}"
+
+    def _desired_nodes(self) -> dict[str, bytes]:
+        """Our ephemeral nodes and their data, in registration order: the broker's own node
+        first, so that a client that finds a topic node can always resolve the broker."""
+        with self._state_lock:
+            topics = dict(self._topics)
+            checksum = self._checksum
+        slave_id = self.slave_id
+        nodes: dict[str, bytes] = {}
+        if self.is_master:
+            nodes[self.paths.master(self.broker_id)] = self.url.encode()
+            nodes[self.paths.master_config_checksum(self.broker_id)] = str(checksum).encode()
+        else:
+            nodes[self.paths.slave(self.broker_id, slave_id)] = self.url.encode()
+        for name, topic in sorted(topics.items()):
+            data = topic_node_data(topic.num_partitions, self.broker_id, slave_id)
+            # Only a master takes writes.
+            if topic.accept_publish and self.is_master:
+                nodes[self.paths.topic_pub_node(name, self.broker_id)] = data
+            if topic.accept_subscribe:
+                nodes[self.paths.topic_sub_node(name, self.broker_id, slave_id)] = data
+        return nodes
+
+    # --- worker-thread steps (all kazoo calls happen here) -------------------------------
+
+    def _register_session(self) -> bool:
+        """Register everything if the current session has not been; True if it did."""
+        session = self.session_id
+        if session is not None and session == self._registered_session:
+            return False
+        # Nodes of an expired session are gone: start from nothing.
+        self._registered = {}
+        self._ensure_broker_parent()
+        self._sync()
+        self._registered_session = session
+        return True
+
+    def _ensure_broker_parent(self) -> None:
+        parent = self.paths.broker(self.broker_id)
+        self._retry(self._client.ensure_path, parent)
+        if self.is_master:
+            # MetaQ writes the master url here too, for clients older than 1.4.
+            self._retry(self._client.set, parent, self.url.encode())
+
+    def _sync(self) -> None:
+        desired = self._desired_nodes()
+        # Withdraw first, in reverse order (topics before the broker node).
+        for path in reversed(list(self._registered)):
+            if path not in desired:
+                self._delete_own(path)
+                del self._registered[path]
+        for path, data in desired.items():
+            if self._registered.get(path) != data:
+                self._ensure_ephemeral(path, data)
+                self._registered[path] = data
+        # Keep the registration order of `desired` for a later reverse-order withdrawal.
+        self._registered = {path: desired[path] for path in desired}
+
+    def _sync_or_defer(self) -> None:
+        try:
+            self._sync()
+        except (ConnectionLoss, SessionExpiredError, OperationTimeoutError, RetryFailedError) as exc:
+            # Not lost: the state is kept, and the next (re)connection applies it.
+            log.warning("ZooKeeper unavailable (%s); broker %s registration will be updated on reconnect",
+                        type(exc).__name__, self.broker_id)
+
+    def _deregister(self) -> None:
+        with self._state_lock:
+            self._topics = {}
+        for path in reversed(list(self._registered)):
+            self._delete_own(path)
+        self._registered = {}
+        if self.is_master:
+            parent = self.paths.broker(self.broker_id)
+            try:
+                self._retry(self._client.delete, parent)
+            except NotEmptyError:
+                # Slaves or the epoch node live below: keep the parent, drop the stale url.
+                self._retry(self._client.set, parent, b"")
+            except NoNodeError:
+                pass
+
+    def _ensure_ephemeral(self, path: str, data: bytes) -> None:
+        """Create ``path`` as our ephemeral node; if a node of another session (our previous
+        incarnation, killed before its session expired) holds it, wait for it to go."""
+        deadline: float | None = None
+        while not self._stopping:
+            try:
+                self._retry(self._client.create, path, data, ephemeral=True, makepath=True)
+                return
+            except NodeExistsError:
+                pass
+            try:
+                value, stat = self._retry(self._client.get, path)
+            except NoNodeError:
+                continue  # it just vanished: create it now
+            if stat.ephemeralOwner == self.session_id:
+                # Ours already (a create retried over connection loss, or a data change).
+                if value != data:
+                    self._retry(self._client.set, path, data, version=stat.version)
+                return
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + self._stale_node_wait_s
+                log.warning(
+                    "%s is held by session 0x%x (data %r), waiting up to %.1fs for it to expire",
+                    path, stat.ephemeralOwner, value, self._stale_node_wait_s,
+                )
+            if now >= deadline:
+                raise RegistrationConflict(
+                    f"{path} is still held by session 0x{stat.ephemeralOwner:x} (data {value!r}) "
+                    f"after {self._stale_node_wait_s:.1f}s: is another broker running with id {self.broker_id}?"
+                )
+            gone = threading.Event()
+            if self._retry(self._client.exists, path, watch=lambda event: gone.set()) is not None:
+                gone.wait(min(0.5, deadline - now))
+
+    def _delete_own(self, path: str) -> None:
+        """Delete ``path`` only if this session owns it: never remove another broker's node."""
+        try:
+            _, stat = self._retry(self._client.get, path)
+            if stat.ephemeralOwner == self.session_id:
+                self._retry(self._client.delete, path, version=stat.version)
+        except NoNodeError:
+            pass
+
+    def _close_client(self) -> None:
+        self._client.remove_listener(self._on_state_change)
+        self._client.stop()
+        self._client.close()
+
+    def _retry(self, func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return self._op_retry.copy()(func, *args, **kwargs)
+
+    # --- session events ------------------------------------------------------------
+
+    def _on_state_change(self, state: str) -> None:
+        # Runs on kazoo's connection thread: it must not block, so no ZooKeeper calls here.
+        if self._stopping or not self._started:
+            return
+        if state == KazooState.LOST:
+            log.warning("broker %s lost its ZooKeeper session; its nodes are gone", self.broker_id)
+            self._notify(self.on_session_lost)
+        elif state == KazooState.SUSPENDED:
+            log.warning("broker %s lost its ZooKeeper connection; the session may still be alive", self.broker_id)
+            self._notify(self.on_session_suspended)
+        elif state == KazooState.CONNECTED:
+            self._submit_reconnect()
+
+    def _submit_reconnect(self) -> None:
+        try:
+            self._worker.submit(self._after_reconnect)
+        except RuntimeError:
+            pass  # worker shut down: we are stopping
+
+    def _after_reconnect(self) -> None:
+        if self._stopping:
+            return
+        try:
+            new_session = self._register_session()
+            if not new_session:
+                # Same session: apply changes that could not be written while disconnected.
+                self._sync()
+        except (KazooException, RegistryError) as exc:
+            log.error("re-registering broker %s failed (%s); retrying", self.broker_id, exc)
+            retry = threading.Timer(REREGISTER_RETRY_S, self._submit_reconnect)
+            retry.daemon = True
+            retry.start()
+            return
+        if new_session:
+            log.info("broker %s re-registered in ZooKeeper with session 0x%x", self.broker_id, self.session_id or 0)
+        self._notify(self.on_connected, new_session)
+
+    def _notify(self, callback: Callable[..., Any] | None, *args: Any) -> None:
+        loop = self._loop
+        if callback is None or loop is None:
+            return
+
+        def invoke() -> None:
+            result = callback(*args)
+            if inspect.isawaitable(result):
+                asyncio.ensure_future(result)
+
+        try:
+            loop.call_soon_threadsafe(invoke)
+        except RuntimeError:
+            pass  # the loop is closed: nobody is left to tell
+
+    async def _run(self, func: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._worker, lambda: func(*args))

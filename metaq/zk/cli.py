@@ -1,0 +1,50 @@
+"""`metaq zk`: an embedded standalone ZooKeeper in the foreground until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from types import FrameType
+
+from metaq.zk.embedded import EmbeddedZooKeeper, ZooKeeperError
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+
+
+def run_zk(port: int, data_dir: str | None, tick_ms: int) -> int:
+    """Serve until a signal arrives; returns the process exit code (0 clean, 1 failure)."""
+    server = EmbeddedZooKeeper(port=port, data_dir=data_dir, tick_ms=tick_ms)
+    stop_requested = threading.Event()
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        stop_requested.set()
+
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        try:
+            server.start()
+        except ZooKeeperError as exc:
+            # The first line is the reason; the rest is the server's log tail.
+            print(f"metaq zk: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        print(
+            f"ZooKeeper serving on {server.connect_string} (pid {server.pid}, log {server.log_path})",
+            flush=True,
+        )
+        # Wake up regularly to notice a JVM that died on its own.
+        while not stop_requested.wait(0.5):
+            if not server.alive:
+                # The log may live in a temporary dir that stop() removes: show its tail now.
+                print(
+                    f"metaq zk: ZooKeeper (pid {server.pid}) exited unexpectedly; log tail:\n"
+                    f"{server.log_text(last_lines=20)}",
+                    file=sys.stderr,
+                )
+                return EXIT_FAILED
+        return EXIT_OK
+    finally:
+        server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,232 @@
+"""The ZooKeeper layout of DESIGN.md, in one place, plus the value formats stored in it.
+
+Every component (broker registry, HA, clients, `metaq cluster`) builds its paths here so
+that the layout is defined once. The root is ``zk.zkRoot`` (MetaQ's default ``/meta``);
+tests give each case its own root so that many cases can share one ZooKeeper server.
+
+    {root}/brokers/ids/{id}                          persistent parent (master url for old clients)
+    {root}/brokers/ids/{id}/master                   ephemeral  meta://host:port
+    {root}/brokers/ids/{id}/slave{k}                 ephemeral  meta://host:port
+    {root}/brokers/ids/{id}/master_config_checksum   ephemeral  CRC32 of server.ini, decimal
+    {root}/brokers/ids/{id}/epoch                    persistent current master epoch (CAS only)
+    {root}/brokers/ids/{id}/sync_set                 the slaves counted for sync acks
+    {root}/brokers/topics-pub/{topic}/{id}-m         ephemeral  {"numParts":N,"broker":"0-m"}
+    {root}/brokers/topics-sub/{topic}/{id}-m|-s{k}   ephemeral  same JSON
+    {root}/consumers/{group}/ids/{group}_{cid}       ephemeral  comma-separated topics
+    {root}/consumers/{group}/owners/{topic}/{part}   ephemeral  owning consumer id
+    {root}/consumers/{group}/offsets/{topic}/{part}  persistent "{msgId}-{offset}"
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+URL_SCHEME = "meta://"
+
+# MetaQ's offset value when no message id is known (and what a pre-1.4 bare offset means).
+NO_MSG_ID = -1
+
+
+def _join(*parts: str) -> str:
+    return "/".join(parts)
+
+
+class ZkPaths:
+    """Path builder for one root; methods are named after the node they return."""
+
+    def __init__(self, root: str = "/meta") -> None:
+        if not root.startswith("/"):
+            raise ValueError(f"ZooKeeper root must start with '/', got {root!r}")
+        # "/" as root would otherwise produce "//brokers".
+        self.root = root.rstrip("/") or ""
+
+    def __repr__(self) -> str:
+        return f"ZkPaths({self.root or '/'!r})"
+
+    # --- brokers ---------------------------------------------------------------
+
+    def brokers(self) -> str:
+        return f"{self.root}/brokers"
+
+    def broker_ids(self) -> str:
+        return f"{self.root}/brokers/ids"
+
+    def broker(self, broker_id: int) -> str:
+        return _join(self.broker_ids(), str(broker_id))
+
+    def master(self, broker_id: int) -> str:
+        return _join(self.broker(broker_id), "master")
+
+    def slave(self, broker_id: int, slave_id: int) -> str:
+        return _join(self.broker(broker_id), f"slave{slave_id}")
+
+    def master_config_checksum(self, broker_id: int) -> str:
+        return _join(self.broker(broker_id), "master_config_checksum")
+
+    def epoch(self, broker_id: int) -> str:
+        return _join(self.broker(broker_id), "epoch")
+
+    def sync_set(self, broker_id: int) -> str:
+        return _join(self.broker(broker_id), "sync_set")
+
+    # --- topics ----------------------------------------------------------------
+
+    def topics_pub(self, topic: str | None = None) -> str:
+        base = f"{self.root}/brokers/topics-pub"
+        return base if topic is None else _join(base, topic)
+
+    def topics_sub(self, topic: str | None = None) -> str:
+        base = f"{self.root}/brokers/topics-sub"
+        return base if topic is None else _join(base, topic)
+
+    def topic_pub_node(self, topic: str, broker_id: int, slave_id: int | None = None) -> str:
+        return _join(self.topics_pub(topic), broker_node_name(broker_id, slave_id))
+
+    def topic_sub_node(self, topic: str, broker_id: int, slave_id: int | None = None) -> str:
+        return _join(self.topics_sub(topic), broker_node_name(broker_id, slave_id))
+
+    # --- consumers -------------------------------------------------------------
+
+    def consumers(self) -> str:
+        return f"{self.root}/consumers"
+
+    def consumer_group(self, group: str) -> str:
+        return _join(self.consumers(), group)
+
+    def consumer_ids(self, group: str) -> str:
+        return _join(self.consumer_group(group), "ids")
+
+    def consumer_id(self, group: str, consumer_id: str) -> str:
+        # MetaQ names the node "{group}_{consumerId}".
+        return _join(self.consumer_ids(group), f"{group}_{consumer_id}")
+
+    def owners(self, group: str, topic: str) -> str:
+        return _join(self.consumer_group(group), "owners", topic)
+
+    def owner(self, group: str, topic: str, partition_name: str) -> str:
+        return _join(self.owners(group, topic), partition_name)
+
+    def offsets(self, group: str, topic: str) -> str:
+        return _join(self.consumer_group(group), "offsets", topic)
+
+    def offset(self, group: str, topic: str, partition_name: str) -> str:
+        return _join(self.offsets(group, topic), partition_name)
+
+
+# --- broker names and urls ------------------------------------------------------
+
+
+def broker_node_name(broker_id: int, slave_id: int | None = None) -> str:
+    """``0-m`` for a master, ``0-s1`` for slave 1 of broker 0 (topic nodes, JSON "broker")."""
+    return f"{broker_id}-m" if slave_id is None else f"{broker_id}-s{slave_id}"
+
+
+def parse_broker_node_name(name: str) -> tuple[int, int | None]:
+    """Inverse of broker_node_name: ``"0-s1"`` -> ``(0, 1)``, ``"3-m"`` -> ``(3, None)``."""
+    broker, sep, role = name.rpartition("-")
+    try:
+        if sep and role == "m":
+            return int(broker), None
+        if sep and role.startswith("s"):
+            return int(broker), int(role[1:])
+    except ValueError:
+        pass
+    raise ValueError(f"not a broker node name (expected 'ID-m' or 'ID-sK'): {name!r}")
+
+
+def partition_name(broker_id: int, partition: int) -> str:
+    """A partition's global name, the same on a master and all its slaves."""
+    return f"{broker_id}-{partition}"
+
+
+def broker_url(host: str, port: int) -> str:
+    # IPv6 literals need brackets, or the port would be ambiguous.
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{URL_SCHEME}{host}:{port}"
+
+
+def parse_broker_url(url: str) -> tuple[str, int]:
+    """``meta://host:port`` -> ``(host, port)``; IPv6 comes back without brackets.
+
+    Readers in MetaQ append ``?slaveId=N`` to slave urls, so any query suffix is ignored.
+    """
+    text = url.strip()
+    if not text.startswith(URL_SCHEME):
+        raise ValueError(f"not a broker url (expected meta://host:port): {url!r}")
+    address = text[len(URL_SCHEME) :].split("?", 1)[0].rstrip("/")
+    if address.startswith("["):
+        host, bracket, rest = address[1:].partition("]")
+        if not bracket or not rest.startswith(":"):
+            raise ValueError(f"bad IPv6 broker url: {url!r}")
+        port_text = rest[1:]
+    else:
+        host, colon, port_text = address.rpartition(":")
+        if not colon or ":" in host:
+            raise ValueError(f"broker url needs host:port (IPv6 in brackets): {url!r}")
+    if not host:
+        raise ValueError(f"broker url has no host: {url!r}")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"broker url has a bad port: {url!r}") from None
+    if not 0 < port < 65536:
+        raise ValueError(f"broker url port out of range: {url!r}")
+    return host, port
+
+
+# --- topic node data -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TopicNodeData:
+    num_parts: int
+    broker_id: int
+    slave_id: int | None = None
+
+
+def topic_node_data(num_parts: int, broker_id: int, slave_id: int | None = None) -> bytes:
+    """The JSON MetaQ stores in topics-pub / topics-sub nodes, e.g. ``{"numParts":4,"broker":"0-m"}``."""
+    payload = {"numParts": num_parts, "broker": broker_node_name(broker_id, slave_id)}
+    return json.dumps(payload, separators=(",", ":")).encode("utf-8")
+
+
+def parse_topic_node_data(data: bytes | str) -> TopicNodeData:
+    text = data.decode("utf-8") if isinstance(data, bytes) else data
+    try:
+        payload = json.loads(text)
+        num_parts = int(payload["numParts"])
+        broker_id, slave_id = parse_broker_node_name(str(payload["broker"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"bad topic node data {text!r}: {exc}") from None
+    return TopicNodeData(num_parts, broker_id, slave_id)
+
+
+# --- consumer offsets --------------------------------------------------------------
+
+
+def format_offset(msg_id: int, offset: int) -> str:
+    return f"{msg_id}-{offset}"
+
+
+def parse_offset(text: str | bytes) -> tuple[int, int]:
+    """``"{msgId}-{offset}"`` -> ``(msg_id, offset)``, splitting on the LAST '-' like MetaQ.
+
+    So ``"-1-0"`` is msg id -1 at offset 0, and a pre-1.4 bare ``"123"`` is offset 123
+    with no message id (-1).
+    """
+    value = (text.decode("utf-8") if isinstance(text, bytes) else text).strip()
+    head, sep, tail = value.rpartition("-")
+    try:
+        if not sep or not head:
+            # No separator, or only a leading sign: a bare offset.
+            offset = int(value)
+            msg_id = NO_MSG_ID
+        else:
+            msg_id, offset = int(head), int(tail)
+    except ValueError:
+        raise ValueError(f"bad consumer offset {value!r} (expected 'msgId-offset')") from None
+    if offset < 0:
+        raise ValueError(f"bad consumer offset {value!r}: negative offset")
+    return msg_id, offset

@@ -1,0 +1,22 @@
+"""Real processes for integration and chaos tests: a thin re-export of ``metaq.local``.
+
+The launcher lives in the package (``metaq demo`` and the benchmarks use it too); the
+pytest-specific parts (broker logs attached to failed reports) live in ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from metaq.local import (  # noqa: F401  (re-exported for the tests)
+    DEFAULT_SESSION_TIMEOUT_MS,
+    BrokerFactory,
+    BrokerProcess,
+    LocalCluster,
+    port_accepts,
+    wait_until,
+    zk_session,
+)
+from metaq.zk.embedded import free_port  # noqa: F401
+
+REPO_ROOT = Path(__file__).resolve().parent.parent

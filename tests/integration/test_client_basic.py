@@ -1,0 +1,172 @@
+"""The client against real ZooKeeper and real broker processes: produce, consume, offsets,
+recover store, broadcast, consume-from-end."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from metaq.client import ConsumerConfig, Message, MessageSessionFactory, MetaClientConfig, Partition
+from metaq.zk.paths import ZkPaths, parse_offset
+from tests.harness import wait_until
+
+# Group commit: acks wait for fsync, and consumers see a message as soon as it is acked.
+SYSTEM = {"unflushThreshold": 0}
+TOPIC = "orders"
+
+
+@pytest.fixture
+def two_brokers(broker_factory):
+    return [broker_factory(b, {TOPIC: 2}, system=SYSTEM) for b in (0, 1)]
+
+
+@pytest.fixture
+def factory(zk, zk_root):
+    with MessageSessionFactory(MetaClientConfig(zk_connect=zk.connect_string, zk_root=zk_root, zk_session_timeout_ms=4000)) as f:
+        yield f
+
+
+def consumer_config(tmp_path, **overrides: Any) -> ConsumerConfig:
+    settings = dict(group="g", from_beginning=True, commit_interval_s=0.5, recover_dir=str(tmp_path / "recover"),
+                    fetch_wait_ms=200, recover_interval_s=0.2)
+    settings.update(overrides)
+    return ConsumerConfig(**settings)
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+
+    def __call__(self, message: Message) -> None:
+        self.messages.append(message)
+
+    def data(self) -> list[bytes]:
+        return [m.data for m in self.messages]
+
+    def wait_for(self, count: int, timeout: float = 15.0) -> None:
+        wait_until(lambda: len(self.messages) >= count, timeout, message=f"{count} messages (have {len(self.messages)})")
+
+
+def test_producer_spreads_over_all_partitions_of_both_brokers(two_brokers, factory, tmp_path) -> None:
+    producer = factory.create_producer()
+    producer.publish(TOPIC)
+    results = [producer.send_message(Message(TOPIC, f"m{i}".encode(), attribute="a")) for i in range(20)]
+    results += producer.send_batch([Message(TOPIC, f"b{i}".encode()) for i in range(40)])
+    assert all(r.success for r in results), [r.error_message for r in results if not r.success]
+    assert Counter(str(r.partition) for r in results) == {"0-0": 15, "0-1": 15, "1-0": 15, "1-1": 15}
+
+    collector = Collector()
+    consumer = factory.create_consumer(consumer_config(tmp_path))
+    consumer.subscribe(TOPIC, 64 * 1024, collector)
+    consumer.complete_subscribe()
+    collector.wait_for(60)
+    time.sleep(0.3)
+    assert Counter(collector.data()) == Counter([f"m{i}".encode() for i in range(20)] + [f"b{i}".encode() for i in range(40)])
+    # What the consumer saw is exactly what the producer was told: partition, offset, id.
+    sent = {(str(r.partition), r.offset): r.msg_id for r in results}
+    got = {(str(m.partition), m.offset): m.id for m in collector.messages}
+    assert got == sent
+    assert all(m.attribute == "a" for m in collector.messages if m.data.startswith(b"m"))
+    assert consumer.owned_partitions(TOPIC) == [Partition(0, 0), Partition(0, 1), Partition(1, 0), Partition(1, 1)]
+
+
+def test_offsets_survive_a_consumer_restart(two_brokers, factory, zk_client, zk_root, tmp_path) -> None:
+    producer = factory.create_producer()
+    assert all(r.success for r in producer.send_batch([Message(TOPIC, f"first{i}".encode()) for i in range(30)]))
+    first = Collector()
+    consumer = factory.create_consumer(consumer_config(tmp_path))
+    consumer.subscribe(TOPIC, None, first)
+    consumer.complete_subscribe()
+    first.wait_for(30)
+    consumer.shutdown()  # commits
+    paths = ZkPaths(zk_root)
+    stored = {p: parse_offset(zk_client.get(paths.offset("g", TOPIC, p))[0]) for p in ("0-0", "0-1", "1-0", "1-1")}
+    ends = {}
+    for m in first.messages:
+        ends[str(m.partition)] = max(ends.get(str(m.partition), (0, 0)), (m.offset, m.id))
+    for name, (msg_id, offset) in stored.items():
+        assert msg_id == ends[name][1] and offset > ends[name][0]  # "{msgId}-{offset}" of the last message
+
+    assert all(r.success for r in producer.send_batch([Message(TOPIC, f"second{i}".encode()) for i in range(20)]))
+    second = Collector()
+    again = factory.create_consumer(consumer_config(tmp_path))
+    again.subscribe(TOPIC, None, second)
+    again.complete_subscribe()
+    second.wait_for(20)
+    time.sleep(0.5)
+    assert sorted(second.data()) == sorted(f"second{i}".encode() for i in range(20))
+
+
+def test_consume_from_the_end_skips_earlier_messages(two_brokers, factory, tmp_path) -> None:
+    producer = factory.create_producer()
+    assert all(r.success for r in producer.send_batch([Message(TOPIC, b"old") for _ in range(10)]))
+    collector = Collector()
+    consumer = factory.create_consumer(consumer_config(tmp_path, from_beginning=False))
+    consumer.subscribe(TOPIC, None, collector)
+    consumer.complete_subscribe()
+    wait_until(lambda: consumer.stats.commits >= 1, 10, message="start positions committed")
+    assert all(r.success for r in producer.send_batch([Message(TOPIC, b"new") for _ in range(10)]))
+    collector.wait_for(10)
+    time.sleep(0.3)
+    assert collector.data() == [b"new"] * 10
+
+
+def test_failing_listener_message_goes_to_recover_store_and_is_redelivered(two_brokers, factory, tmp_path) -> None:
+    calls: Counter[bytes] = Counter()
+    healed = False
+    delivered: list[bytes] = []
+
+    def listener(message: Message) -> None:
+        calls[message.data] += 1
+        if message.data == b"poison" and not healed:
+            raise RuntimeError("cannot handle poison yet")
+        delivered.append(message.data)
+
+    config = consumer_config(tmp_path, max_retries=3)
+    consumer = factory.create_consumer(config)
+    consumer.subscribe(TOPIC, None, listener)
+    consumer.complete_subscribe()
+    producer = factory.create_producer()
+    assert all(r.success for r in producer.send_batch([Message(TOPIC, d) for d in (b"a", b"poison", b"b", b"c", b"d")]))
+    # The poison message is parked after 3 tries; the others flow on.
+    wait_until(lambda: consumer.stats.recovered == 1 and len(delivered) == 4, 10, message="poison parked, others delivered")
+    assert calls[b"poison"] >= 3 and sorted(delivered) == [b"a", b"b", b"c", b"d"]
+    recover_dir = config.resolved_recover_dir()
+    assert consumer.aio.recover_store.count(TOPIC) == 1
+    assert len(list((recover_dir / TOPIC).glob("*.rec"))) == 1
+    healed = True
+    wait_until(lambda: b"poison" in delivered, 10, message="poison redelivered from the recover store")
+    wait_until(lambda: consumer.aio.recover_store.count(TOPIC) == 0, 5, message="recover store emptied")
+    assert consumer.stats.redelivered == 1
+
+
+def test_broadcast_delivers_every_message_to_every_member(two_brokers, factory, zk_client, zk_root, tmp_path) -> None:
+    members = []
+    for k in range(2):
+        collector = Collector()
+        consumer = factory.create_consumer(
+            consumer_config(tmp_path, broadcast=True, offset_store_path=str(tmp_path / f"member{k}.json"))
+        )
+        consumer.subscribe(TOPIC, None, collector)
+        consumer.complete_subscribe()
+        members.append((consumer, collector))
+    producer = factory.create_producer()
+    expected = [f"news{i}".encode() for i in range(25)]
+    assert all(r.success for r in producer.send_batch([Message(TOPIC, d) for d in expected]))
+    for consumer, collector in members:
+        collector.wait_for(25)
+    time.sleep(0.3)
+    for consumer, collector in members:
+        assert sorted(collector.data()) == sorted(expected)
+        assert len(consumer.owned_partitions()) == 4
+        consumer.shutdown()
+    # Offsets are local, one file per member; nothing in ZooKeeper's group nodes.
+    for k in range(2):
+        stored = json.loads((tmp_path / f"member{k}.json").read_text())["g"][TOPIC]
+        assert set(stored) == {"0-0", "0-1", "1-0", "1-1"}
+    assert not zk_client.exists(ZkPaths(zk_root).offsets("g", TOPIC))
+    assert not zk_client.exists(ZkPaths(zk_root).owners("g", TOPIC))

@@ -1,0 +1,331 @@
+"""BrokerRegistry against a real ZooKeeper: the nodes and values of DESIGN.md's layout."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any, Awaitable, Callable
+
+import pytest
+from kazoo.client import KazooClient
+
+from metaq.config import TopicConfig, ZkConfig
+from metaq.server.registry import BrokerRegistry, RegistrationConflict, RegistryError
+from metaq.zk.embedded import EmbeddedZooKeeper, free_port
+from metaq.zk.paths import ZkPaths
+
+BROKER_ID = 0
+HOST = "127.0.0.1"
+PORT = 8123
+URL = f"meta://{HOST}:{PORT}"
+CHECKSUM = 3735928559
+
+TOPICS = {
+    "orders": TopicConfig("orders", num_partitions=2),
+    "audit": TopicConfig("audit", num_partitions=1, accept_publish=False),
+    "sink": TopicConfig("sink", num_partitions=3, accept_subscribe=False),
+}
+
+
+def zk_config(zk: EmbeddedZooKeeper, root: str, session_timeout_ms: int = 4000) -> ZkConfig:
+    return ZkConfig(
+        zk_connect=zk.connect_string,
+        session_timeout_ms=session_timeout_ms,
+        connection_timeout_ms=10000,
+        sync_time_ms=0,
+        root=root,
+    )
+
+
+def make_registry(zk: EmbeddedZooKeeper, root: str, role: str | int = "master", **kwargs: Any) -> BrokerRegistry:
+    return BrokerRegistry(zk_config(zk, root, **kwargs), BROKER_ID, HOST, PORT, TOPICS, CHECKSUM, role)
+
+
+async def eventually(predicate: Callable[[], Any], timeout: float = 15.0, message: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while not (result := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {message}")
+        await asyncio.sleep(0.05)
+    return result
+
+
+def run(coro_fn: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(coro_fn())
+
+
+def read(client: KazooClient, path: str) -> tuple[bytes, Any]:
+    return client.get(path)
+
+
+def children(client: KazooClient, path: str) -> list[str]:
+    """Children of ``path``; [] when the node was never created."""
+    return sorted(client.get_children(path)) if client.exists(path) else []
+
+
+def expire_session(zk: EmbeddedZooKeeper, registry: BrokerRegistry) -> None:
+    """The classic trick: a second client joins the session and closes it, which makes
+    the server expire it for the first client as well."""
+    session_id, password = registry.client.client_id
+    intruder = KazooClient(hosts=zk.connect_string, client_id=(session_id, password), timeout=4)
+    intruder.start(timeout=10)
+    intruder.stop()
+    intruder.close()
+
+
+def test_master_registers_metaq_nodes(zk: EmbeddedZooKeeper, zk_root: str, zk_client: KazooClient) -> None:
+    paths = ZkPaths(zk_root)
+
+    async def scenario() -> None:
+        registry = make_registry(zk, zk_root)
+        await registry.start()
+        session = registry.session_id
+        try:
+            assert read(zk_client, paths.broker(BROKER_ID))[0] == URL.encode()
+            data, stat = read(zk_client, paths.master(BROKER_ID))
+            assert data == URL.encode() and stat.ephemeralOwner == session
+            data, stat = read(zk_client, paths.master_config_checksum(BROKER_ID))
+            assert data == b"3735928559" and stat.ephemeralOwner == session
+
+            assert sorted(zk_client.get_children(paths.topics_pub())) == ["orders", "sink"]
+            assert sorted(zk_client.get_children(paths.topics_sub())) == ["audit", "orders"]
+            data, stat = read(zk_client, paths.topic_pub_node("orders", BROKER_ID))
+            assert data == b'{"numParts":2,"broker":"0-m"}' and stat.ephemeralOwner == session
+            assert read(zk_client, paths.topic_sub_node("orders", BROKER_ID))[0] == b'{"numParts":2,"broker":"0-m"}'
+            assert read(zk_client, paths.topic_sub_node("audit", BROKER_ID))[0] == b'{"numParts":1,"broker":"0-m"}'
+            assert read(zk_client, paths.topic_pub_node("sink", BROKER_ID))[0] == b'{"numParts":3,"broker":"0-m"}'
+            assert children(zk_client, paths.topics_pub("audit")) == []
+            assert children(zk_client, paths.topics_sub("sink")) == []
+        finally:
+            await registry.stop()
+
+    run(scenario)
+
+
+def test_slave_registers_without_publish_nodes(zk: EmbeddedZooKeeper, zk_root: str, zk_client: KazooClient) -> None:
+    paths = ZkPaths(zk_root)
+
+    async def scenario() -> None:
+        registry = make_registry(zk, zk_root, role=1)
+        await registry.start()
+        try:
+            assert zk_client.get_children(paths.broker(BROKER_ID)) == ["slave1"]
+            assert read(zk_client, paths.slave(BROKER_ID, 1))[0] == URL.encode()
+            # The parent carries the url only for a master.
+            assert read(zk_client, paths.broker(BROKER_ID))[0] == b""
+            assert zk_client.exists(paths.topics_pub()) is None
+            data = read(zk_client, paths.topic_sub_node("orders", BROKER_ID, slave_id=1))[0]
+            assert json.loads(data) == {"numParts": 2, "broker": "0-s1"}
+            assert zk_client.exists(paths.topic_sub_node("sink", BROKER_ID, slave_id=1)) is None
+        finally:
+            await registry.stop()
+
+    run(scenario)
+
+
+def test_stop_deregisters_but_keeps_a_parent_with_children(
+    zk: EmbeddedZooKeeper, zk_root: str, zk_client: KazooClient
+) -> None:
+    paths = ZkPaths(zk_root)
+
+    async def scenario() -> None:
+        master = make_registry(zk, zk_root)
+        slave = make_registry(zk, zk_root, role=0)
+        await master.start()
+        await slave.start()
+        await master.stop(sync_time_ms=0)
+        # The slave still lives below ids/0: the parent stays, without a master url.
+        assert zk_client.get_children(paths.broker(BROKER_ID)) == ["slave0"]
+        assert read(zk_client, paths.broker(BROKER_ID))[0] == b""
+        assert children(zk_client, paths.topics_pub("orders")) == []
+        assert children(zk_client, paths.topics_sub("orders")) == ["0-s0"]
+        assert not master.client.connected
+        await slave.stop(sync_time_ms=0)
+        assert zk_client.get_children(paths.broker(BROKER_ID)) == []
+        assert children(zk_client, paths.topics_sub("orders")) == []
+
+    run(scenario)
+
+
+def test_lone_master_stop_removes_its_ids_node(zk: EmbeddedZooKeeper, zk_root: str, zk_client: KazooClient) -> None:
+    paths = ZkPaths(zk_root)
+
+    async def scenario() -> None:
+        registry = make_registry(zk, zk_root)
+        await registry.start()
+        started = time.monotonic()
+        await registry.stop(sync_time_ms=300)
+        # MetaQ's pause after deregistering, so clients can move away first.
+        assert time.monotonic() - started >= 0.3
+        assert zk_client.exists(paths.broker(BROKER_ID)) is None
+
+    run(scenario)
+
+
+def test_reregisters_after_session_expiry(zk: EmbeddedZooKeeper, zk_root: str, zk_client: KazooClient) -> None:
+    paths = ZkPaths(zk_root)
+
+    async def scenario() -> None:
+        registry = make_registry(zk, zk_root)
+        events: list[Any] = []
+        registry.on_session_lost = lambda: events.append("lost")
+        registry.on_session_suspended = lambda: events.append("suspended")
+
+        async def connected(new_session: bool) -> None:  # coroutine callbacks work too
+            events.append(("connected", new_session))
+
+        registry.on_connected = connected
+        await registry.start()
+        try:
+            old_session = registry.session_id
+            await asyncio.get_running_loop().run_in_executor(None, expire_session, zk, registry)
+            await eventually(lambda: ("connected", True) in events, message="re-registration")
+            assert "lost" in events
+            new_session = registry.session_id
+            assert new_session != old_session
+            for path in (
+                paths.master(BROKER_ID),
+                paths.master_config_checksum(BROKER_ID),
+                paths.topic_pub_node("orders", BROKER_ID),
+                paths.topic_sub_node("audit", BROKER_ID),
+            ):
+                assert read(zk_client, path)[1].ephemeralOwner == new_session, path
+        finally:
+            await registry.stop()
+
+    run(scenario)
+
+
+def test_update_topics_and_checksum(zk: EmbeddedZooKeeper, zk_root: str, zk_client: KazooClient) -> None:
+    paths = ZkPaths(zk_root)
+
+    async def scenario() -> None:
+        registry = make_registry(zk, zk_root)
+        await registry.start()
+        try:
+            await registry.update_topics(
+                {
+                    "orders": TopicConfig("orders", num_partitions=5),
+                    "fresh": TopicConfig("fresh", num_partitions=1),
+                }
+            )
+            assert read(zk_client, paths.topic_pub_node("orders", BROKER_ID))[0] == b'{"numParts":5,"broker":"0-m"}'
+            assert read(zk_client, paths.topic_sub_node("fresh", BROKER_ID))[0] == b'{"numParts":1,"broker":"0-m"}'
+            assert children(zk_client, paths.topics_sub("audit")) == []
+            assert children(zk_client, paths.topics_pub("sink")) == []
+            await registry.set_checksum(42)
+            assert read(zk_client, paths.master_config_checksum(BROKER_ID))[0] == b"42"
+            assert set(registry.registered_nodes) == {
+                paths.master(BROKER_ID),
+                paths.master_config_checksum(BROKER_ID),
+                paths.topic_pub_node("orders", BROKER_ID),
+                paths.topic_sub_node("orders", BROKER_ID),
+                paths.topic_pub_node("fresh", BROKER_ID),
+                paths.topic_sub_node("fresh", BROKER_ID),
+            }
+        finally:
+            await registry.stop()
+
+    run(scenario)
+
+
+def test_waits_for_a_stale_node_of_a_previous_incarnation(
+    zk: EmbeddedZooKeeper, zk_root: str, zk_client: KazooClient
+) -> None:
+    """After kill -9 and a quick restart, the old session's master node is still there."""
+    paths = ZkPaths(zk_root)
+    previous = KazooClient(hosts=zk.connect_string, timeout=4)
+    previous.start(timeout=10)
+    previous.create(paths.master(BROKER_ID), URL.encode(), ephemeral=True, makepath=True)
+
+    async def scenario() -> None:
+        registry = make_registry(zk, zk_root)
+        starting = asyncio.create_task(registry.start())
+        await asyncio.sleep(1.0)
+        assert not starting.done(), "registered over a node another session holds"
+        # The previous incarnation's session ends (here: closed; in life: expired).
+        await asyncio.get_running_loop().run_in_executor(None, previous.stop)
+        await asyncio.wait_for(starting, 10)
+        try:
+            assert read(zk_client, paths.master(BROKER_ID))[1].ephemeralOwner == registry.session_id
+        finally:
+            await registry.stop()
+
+    try:
+        run(scenario)
+    finally:
+        previous.stop()
+        previous.close()
+
+
+def test_live_conflicting_node_is_an_error(zk: EmbeddedZooKeeper, zk_root: str, zk_client: KazooClient) -> None:
+    paths = ZkPaths(zk_root)
+    other = KazooClient(hosts=zk.connect_string, timeout=4)
+    other.start(timeout=10)
+    other.create(paths.master(BROKER_ID), b"meta://10.0.0.9:8123", ephemeral=True, makepath=True)
+
+    async def scenario() -> None:
+        # A 1 s session: the registry gives a live holder 1 s + 2 s before it gives up.
+        registry = make_registry(zk, zk_root, session_timeout_ms=1000)
+        with pytest.raises(RegistrationConflict, match="another broker"):
+            await registry.start()
+        assert not registry.client.connected
+
+    try:
+        run(scenario)
+        assert read(zk_client, paths.master(BROKER_ID))[0] == b"meta://10.0.0.9:8123"
+    finally:
+        other.stop()
+        other.close()
+
+
+def test_unreachable_zookeeper_is_a_clear_error() -> None:
+    config = ZkConfig(zk_connect=f"127.0.0.1:{free_port()}", connection_timeout_ms=500, session_timeout_ms=2000)
+
+    async def scenario() -> None:
+        registry = BrokerRegistry(config, BROKER_ID, HOST, PORT, TOPICS, CHECKSUM)
+        with pytest.raises(RegistryError, match="cannot connect to ZooKeeper"):
+            await registry.start()
+
+    run(scenario)
+
+
+def test_survives_a_short_zookeeper_stall(tmp_path) -> None:
+    """SIGSTOP the server for less than the session timeout: the registry sees a suspended
+    connection, then the same session again, and a topic change made meanwhile lands."""
+    server = EmbeddedZooKeeper(data_dir=tmp_path / "zk", tick_ms=200).start()
+    paths = ZkPaths("/meta")
+
+    async def scenario() -> None:
+        registry = make_registry(server, "/meta", session_timeout_ms=6000)
+        events: list[Any] = []
+        registry.on_session_suspended = lambda: events.append("suspended")
+        registry.on_session_lost = lambda: events.append("lost")
+        registry.on_connected = lambda new_session: events.append(("connected", new_session))
+        await registry.start()
+        session = registry.session_id
+        try:
+            server.pause()
+            await eventually(lambda: "suspended" in events, message="a suspended connection")
+            updating = asyncio.create_task(registry.update_topics({"later": TopicConfig("later", num_partitions=7)}))
+            await asyncio.sleep(0.5)
+            server.resume()
+            await asyncio.wait_for(updating, 15)
+            await eventually(lambda: ("connected", False) in events, message="the same session again")
+            assert "lost" not in events and registry.session_id == session
+
+            def check(client: KazooClient) -> None:
+                data, stat = client.get(paths.topic_pub_node("later", BROKER_ID))
+                assert data == b'{"numParts":7,"broker":"0-m"}' and stat.ephemeralOwner == session
+                assert client.exists(paths.topic_pub_node("orders", BROKER_ID)) is None
+
+            check(registry.client)
+        finally:
+            server.resume()
+            await registry.stop()
+
+    try:
+        run(scenario)
+    finally:
+        server.stop()

@@ -1,0 +1,157 @@
+"""Retry classification and bounded retries, against a fake cluster and fake broker replies."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from metaq.client.cluster import ClusterSnapshot
+from metaq.client.config import MetaClientConfig
+from metaq.client.connection import ConnectionClosed, Reply
+from metaq.client.message import Message, Partition
+from metaq.client.producer import AsyncMessageProducer, classify_reply
+from metaq.client.routing import BrokerAddresses
+from metaq.protocol import commands as c
+
+
+def test_classification_of_result_codes() -> None:
+    assert classify_reply(200, "") is None
+    for code in (403, 503):
+        failure = classify_reply(code, "x")
+        assert failure.retriable and not failure.outcome_unknown
+    failure = classify_reply(504, "x")
+    assert failure.outcome_unknown and not failure.retriable
+    assert classify_reply(504, "x", retry_unknown_outcome=True).retriable
+    for code in (400, 404, 500):
+        failure = classify_reply(code, "x")
+        assert not failure.retriable and not failure.outcome_unknown
+
+
+class FakeCluster:
+    def __init__(self, brokers: int = 2, parts: int = 2) -> None:
+        partitions = tuple(Partition(b, n) for b in range(brokers) for n in range(parts))
+        self.snapshot = ClusterSnapshot(
+            {b: BrokerAddresses(b, f"meta://127.0.0.1:{9000 + b}") for b in range(brokers)}, {"t": partitions}, {}
+        )
+
+    async def watch_topic(self, topic: str, **_: Any) -> None:
+        pass
+
+    def request_refresh(self) -> None:
+        pass
+
+
+class FakeConnection:
+    """Answers puts from a script: an int code, or an exception to raise while waiting."""
+
+    def __init__(self, port: int, script: list[Any], log: list[tuple[int, int]]) -> None:
+        self.port, self.script, self.log = port, script, log
+        self.offsets: dict[int, int] = {}
+
+    def send(self, header: dict, body: bytes) -> "asyncio.Future[Reply]":
+        self.log.append((self.port, header["partition"]))
+        future = asyncio.get_running_loop().create_future()
+        outcome = self.script.pop(0) if self.script else 200
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        elif outcome == 200:
+            future.set_result(Reply({"code": 200, "partition": header["partition"], "offset": self.offsets.get(header["partition"], 0), "msg_id": 100, "count": header["count"]}, bytearray()))
+            self.offsets[header["partition"]] = self.offsets.get(header["partition"], 0) + len(body)
+        else:
+            future.set_result(Reply({"code": outcome, "msg": c.CODE_NAMES[outcome]}, bytearray()))
+        return future
+
+
+class FakePool:
+    def __init__(self, scripts: dict[int, list[Any]], refuse: set[int] = frozenset()) -> None:
+        self.log: list[tuple[int, int]] = []
+        self.refuse = refuse
+        self.conns = {9000 + b: FakeConnection(9000 + b, s, self.log) for b, s in scripts.items()}
+
+    async def get(self, host: str, port: int) -> FakeConnection:
+        if port in self.refuse:
+            raise ConnectionClosed(f"cannot connect to {host}:{port}: refused")
+        return self.conns.setdefault(port, FakeConnection(port, [], self.log))
+
+
+CONFIG = MetaClientConfig(send_retry_min_wait_s=0.001, send_retry_max_wait_s=0.002, send_timeout_s=2)
+
+
+def producer(pool: FakePool, cluster: FakeCluster | None = None, **config: Any) -> AsyncMessageProducer:
+    cfg = MetaClientConfig(**{**CONFIG.__dict__, **config})
+    return AsyncMessageProducer(cluster or FakeCluster(), pool, cfg)  # type: ignore[arg-type]
+
+
+def test_retriable_code_is_retried_on_another_partition() -> None:
+    pool = FakePool({0: [503], 1: []})
+    result = asyncio.run(producer(pool).send_message(Message("t", b"x")))
+    assert result.success and result.attempts == 2
+    assert pool.log[0] == (9000, 0) and pool.log[1] != pool.log[0]
+
+
+def test_definite_failure_is_not_retried() -> None:
+    pool = FakePool({0: [400]})
+    result = asyncio.run(producer(pool).send_message(Message("t", b"x")))
+    assert not result.success and not result.outcome_unknown and result.attempts == 1
+    assert result.code == 400 and "Bad Request" in result.error_message
+
+
+def test_lost_connection_after_sending_is_an_unknown_outcome() -> None:
+    pool = FakePool({0: [ConnectionClosed("connection lost")]})
+    result = asyncio.run(producer(pool).send_message(Message("t", b"x")))
+    assert not result.success and result.outcome_unknown and result.attempts == 1
+    assert "outcome unknown" in result.error_message
+    # Opting in to at-least-once retries it.
+    pool = FakePool({0: [ConnectionClosed("connection lost")]})
+    assert asyncio.run(producer(pool, retry_unknown_outcome=True).send_message(Message("t", b"x"))).success
+
+
+def test_unreachable_broker_is_skipped_for_the_next_sends() -> None:
+    pool = FakePool({0: [], 1: []}, refuse={9000})
+    p = producer(pool)
+
+    async def scenario():
+        return [await p.send_message(Message("t", b"x")) for _ in range(6)]
+
+    results = asyncio.run(scenario())
+    assert all(r.success for r in results)
+    assert {r.partition.broker_id for r in results} == {1}
+
+
+def test_retries_are_bounded_and_end_in_a_clear_error() -> None:
+    pool = FakePool({0: [503] * 100, 1: [503] * 100})
+    result = asyncio.run(producer(pool, send_max_attempts=4).send_message(Message("t", b"x")))
+    assert not result.success and result.attempts == 4 and not result.outcome_unknown
+    assert "503" in result.error_message and "after 4 attempts" in result.error_message
+
+
+def test_no_partition_fails_after_the_send_timeout() -> None:
+    cluster = FakeCluster()
+    cluster.snapshot = ClusterSnapshot({}, {"t": ()}, {})
+    result = asyncio.run(producer(FakePool({}), cluster, send_timeout_s=0.2, send_max_attempts=1000).send_message(Message("t", b"x")))
+    assert not result.success and "no available partition" in result.error_message
+
+
+def test_batch_results_carry_each_message_offset_and_id() -> None:
+    pool = FakePool({0: [], 1: []})
+    p = producer(pool)
+    results = asyncio.run(p.send_batch([Message("t", b"a" * 10) for _ in range(8)]))
+    assert all(r.success for r in results)
+    by_partition: dict[Partition, list] = {}
+    for r in results:
+        by_partition.setdefault(r.partition, []).append(r)
+    assert len(by_partition) == 4
+    for rs in by_partition.values():
+        assert [r.offset for r in rs] == [0, 30] and [r.msg_id for r in rs] == [100, 101]
+
+
+def test_a_broken_selector_fails_the_message_not_the_batch() -> None:
+    class Broken:
+        def select(self, topic, partitions, message):
+            raise RuntimeError("boom")
+
+    p = AsyncMessageProducer(FakeCluster(), FakePool({}), CONFIG, Broken())  # type: ignore[arg-type]
+    (result,) = asyncio.run(p.send_batch([Message("t", b"x")]))
+    assert not result.success and "boom" in result.error_message
