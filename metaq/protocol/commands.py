@@ -98,6 +98,9 @@ class Request:
     opaque: int
     args: dict[str, Any]
     body: bytearray = field(default_factory=bytearray)
+    #: The connection it came on (set by the server; lets the broker notice a
+    #: slave's replication connection closing).
+    origin: Any = None
 
     def __getattr__(self, name: str) -> Any:
         try:

@@ -17,8 +17,9 @@ from dataclasses import replace
 from typing import Any, Awaitable
 
 from .. import __version__
-from ..config import BrokerConfig, SlaveConfig, TopicConfig
+from ..config import BrokerConfig, ConfigError, SlaveConfig, TopicConfig
 from ..ha.progress import ReplicationProgress
+from ..ha.sync import SyncReplication
 from ..protocol import commands as c
 from ..store.manager import MessageStoreManager
 from ..store.msgid import MsgIdGenerator
@@ -50,6 +51,12 @@ class Broker:
         self._server: asyncio.AbstractServer | None = None
         self._stopped = asyncio.Event()
         self.progress = ReplicationProgress()
+        self.sync: SyncReplication | None = None
+        # Puts are refused until the broker is registered (and, in sync mode, has
+        # published its sync set): no ack may precede the state failover relies on.
+        self.ready = False
+        self._replica_connections: dict[Any, set[int]] = {}
+        self.heartbeats: Any = None  # metaq.ha.heartbeat.HeartbeatResponder (UDP, same port as TCP)
 
     # --- roles (the HA layer refines these) ----------------------------------------
 
@@ -61,6 +68,10 @@ class Broker:
         """Why this broker must not accept a put right now, or None."""
         if self.slave is not None:
             return c.FORBIDDEN, f"broker {self.config.broker_id} {self.role_name} is a slave; writes go to its master"
+        if not self.ready:
+            return c.SERVICE_UNAVAILABLE, f"broker {self.config.broker_id} is starting; retry shortly"
+        if self.sync is not None:
+            return self.sync.refusal()
         return None
 
     # --- offsets and durability ---------------------------------------------------
@@ -72,6 +83,8 @@ class Broker:
         """The end of what consumers may read: no failover can take back anything below it."""
         if self.follower is not None:
             return self.follower.committed(topic, partition, log.log_end)
+        if self.sync is not None:
+            return self.sync.committed(topic, partition)
         return log.flushed_end
 
     async def update_topics(self, topics: dict[str, TopicConfig]) -> None:
@@ -93,10 +106,18 @@ class Broker:
     def durability_wait(self, topic: str, partition: int, end: int, count: int) -> Awaitable[None] | None:
         """What a put ending at ``end`` must wait for before its ack, or None to ack now."""
         flusher = self.store.flusher(topic, partition)
+        waits: list[Awaitable[None]] = []
         if flusher.group_commit:
-            return flusher.appended(end, count)
-        flusher.note_appended(count)
-        return None
+            waits.append(flusher.appended(end, count))
+        else:
+            flusher.note_appended(count)
+        if self.sync is not None:
+            replicated = self.sync.wait(topic, partition, end)
+            if replicated is not None:
+                waits.append(replicated)
+        if not waits:
+            return None
+        return waits[0] if len(waits) == 1 else _all_of(waits)
 
     def appended(self, topic: str, partition: int, end: int, count: int) -> None:
         self.progress.appended(topic, partition, end, count)
@@ -105,10 +126,51 @@ class Broker:
     def flushed(self, topic: str, partition: int) -> None:
         self.waiters.notify(topic, partition)
 
-    def replica_fetched(self, topic: str, partition: int, offset: int, replica: dict[str, Any]) -> None:
+    def replica_fetched(
+        self, topic: str, partition: int, offset: int, replica: dict[str, Any], origin: Any = None
+    ) -> None:
         slave_id, epoch = replica.get("slave_id"), replica.get("epoch", 0)
-        if isinstance(slave_id, int) and isinstance(epoch, int):
-            self.progress.fetched(slave_id, topic, partition, offset, epoch)
+        if not isinstance(slave_id, int) or not isinstance(epoch, int):
+            return
+        self.progress.fetched(slave_id, topic, partition, offset, epoch)
+        if origin is not None:
+            self._replica_connections.setdefault(origin, set()).add(slave_id)
+        if self.sync is not None:
+            self.sync.slave_position(slave_id, topic, partition, offset)
+
+    def connection_closed(self, origin: Any) -> None:
+        """A client connection closed; if a slave replicated over it, it is gone."""
+        for slave_id in self._replica_connections.pop(origin, ()):
+            if self.sync is not None:
+                self.sync.slave_disconnected(slave_id)
+
+    def slave_heard(self, slave_id: int) -> None:
+        """A slave's heartbeat arrived (keeps a quiet sync-set member counted)."""
+        if self.sync is not None:
+            self.sync.slave_heard(slave_id)
+
+    def committed_moved(self, topic: str, partition: int) -> None:
+        self.waiters.notify(topic, partition)
+
+    async def _publish_sync_set(self, members: frozenset[int]) -> None:
+        """Write the sync set to ZooKeeper (persistent: failover reads it after we are gone)."""
+        import json
+
+        from ..zk.paths import ZkPaths
+
+        path = ZkPaths(self.config.zk.root).sync_set(self.config.broker_id)
+        data = json.dumps(
+            {"slaves": sorted(members), "epoch": self.epoch, "min_sync_slaves": self.config.min_sync_slaves}
+        ).encode()
+        client = self.registry.client
+
+        def write() -> None:
+            if client.exists(path):
+                client.set(path, data)
+            else:
+                client.create(path, data, makepath=True)
+
+        await asyncio.wait_for(asyncio.to_thread(write), self.config.sync_slave_timeout_ms / 1000 + 5)
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -130,6 +192,10 @@ class Broker:
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
         log.info("broker %d (%s) listening on %s:%d", config.broker_id, self.role_name, config.host_name, self.port)
+        from ..ha.heartbeat import HeartbeatResponder
+
+        self.heartbeats = HeartbeatResponder(self, config.host_name, self.port)
+        await self.heartbeats.start()
         if self.register_in_zk:
             from .registry import BrokerRegistry
 
@@ -139,14 +205,38 @@ class Broker:
             )
             await self.registry.start()
             log.info("broker %d registered in ZooKeeper at %s%s", config.broker_id, config.zk.zk_connect, config.zk.root)
+            if self.slave is None and config.replication_mode == "sync":
+                self.sync = SyncReplication(
+                    config.min_sync_slaves,
+                    config.sync_slave_timeout_ms,
+                    config.on_sync_slave_loss,
+                    self._publish_sync_set,
+                    log_end=lambda t, p: self.store.get_log(t, p).log_end,
+                    flushed_end=lambda t, p: self.store.get_log(t, p).flushed_end,
+                    partitions=lambda: list(self.store.logs()),
+                    on_committed=self.committed_moved,
+                )
+                await self.sync.start()
+                log.info(
+                    "sync replication: acks wait for the sync set (minSyncSlaves=%d, syncSlaveTimeoutMs=%d, onSyncSlaveLoss=%s)",
+                    config.min_sync_slaves,
+                    config.sync_slave_timeout_ms,
+                    config.on_sync_slave_loss,
+                )
             if self.slave is not None:
                 from ..ha.follower import MasterFollower
                 from ..zk.paths import ZkPaths
 
                 self.follower = MasterFollower(self, self.slave, self.registry.client, ZkPaths(config.zk.root))
                 await self.follower.start()
+        elif config.replication_mode == "sync" and self.slave is None:
+            raise ConfigError(f"{config.source_path}: replicationMode=sync needs ZooKeeper (zk.zkEnable=false)")
+        self.ready = True
 
     async def stop(self) -> None:
+        self.ready = False
+        if self.sync is not None:
+            await self.sync.stop()
         if self.follower is not None:
             await self.follower.stop()
         if self.registry is not None:
@@ -156,6 +246,8 @@ class Broker:
                 log.warning("deregistration failed: %s", exc)
         if self._server is not None:
             self._server.close()
+        if self.heartbeats is not None:
+            await self.heartbeats.stop()
         self.waiters.notify_all()
         await self.store.stop()
         self.store.close()
@@ -163,11 +255,13 @@ class Broker:
         log.info("broker %d stopped", self.config.broker_id)
 
     async def run_until_signalled(self) -> None:
-        await self.start()
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
+        # Before start(): a SIGTERM that arrives while the broker is still registering
+        # must lead to a clean stop (deregister, final flush), not the default death.
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        await self.start()
         await stop.wait()
         log.info("signal received, stopping")
         await self.stop()
@@ -196,17 +290,20 @@ class Broker:
             ("replica_get_requests", totals.replica_get_requests),
             ("replica_get_bytes", totals.replica_get_bytes),
             ("bad_requests", self.stats.bad_requests),
-        ] + self.replication_pairs()
+        ] + (self.sync.status_pairs() if self.sync is not None else []) + self.replication_pairs()
 
     def replication_pairs(self) -> list[tuple[str, object]]:
+        pairs = self.heartbeats.status_pairs() if self.heartbeats is not None else []
         if self.follower is not None:
-            return self.follower.status_pairs()
+            return pairs + self.follower.status_pairs()
         ends = {key: log_.log_end for key, log_ in self.store.logs().items()}
-        return [
+        hb_age = self.progress.heartbeat_ages_ms()
+        return pairs + [
             (
                 f"slave{row.slave_id} {row.topic}-{self.config.broker_id}-{row.partition}",
                 f"log_end={row.log_end} lag_bytes={row.bytes} lag_messages={row.messages}"
-                f" lag_ms={row.millis:.0f}{'' if row.exact else ' approx'} last_fetch_ms_ago={row.last_fetch_ms_ago:.0f}",
+                f" lag_ms={row.millis:.0f}{'' if row.exact else ' approx'} last_fetch_ms_ago={row.last_fetch_ms_ago:.0f}"
+                f" heartbeat_age_ms={hb_age.get(row.slave_id, -1):.0f}",
             )
             for row in self.progress.lag(ends)
         ]
@@ -240,3 +337,8 @@ def run_broker(config: BrokerConfig, slave: SlaveConfig | None = None) -> int:
     else:
         asyncio.run(broker.run_until_signalled())
     return 0
+
+
+async def _all_of(waits: list[Awaitable[None]]) -> None:
+    """Wait for every one (the flush and the replication wait run at the same time)."""
+    await asyncio.gather(*waits)

@@ -76,6 +76,7 @@ class ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
         self.handlers.stats.connection_closed()
+        self.handlers.broker.connection_closed(self)
         for task in list(self._tasks):
             task.cancel()
         self._drained.set()
@@ -139,6 +140,7 @@ class ClientConnection(asyncio.Protocol):
         if request.op == "quit":
             self.close()
             return
+        request.origin = self
         self._run(request, self.handlers.handle(request))
 
     def _dispatch_text(self, line: TextLine) -> None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Awaitable
 
 from .. import __version__
 from ..protocol import commands as c
+from ..ha.sync import SyncWaitFailed
 from ..record import RecordError, stamp_msg_ids, validate_batch
 from ..store.log import OffsetOutOfRange
 from ..store.manager import UnknownPartition, UnknownTopic
@@ -114,7 +115,10 @@ class RequestHandlers:
         reply = c.reply_header(
             req.opaque, c.OK, partition=partition, offset=offset, msg_id=first_id, count=count, end_offset=end
         )
-        wait = broker.durability_wait(req.topic, partition, end, count)
+        try:
+            wait = broker.durability_wait(req.topic, partition, end, count)
+        except SyncWaitFailed as exc:
+            raise c.RequestError(exc.code, exc.message) from None
         if wait is None:
             return reply, b""
         return self._ack_after(wait, req, partition, reply)
@@ -123,6 +127,8 @@ class RequestHandlers:
         """Acks follow durability: the flush policy's wait, then (sync mode) the replication wait."""
         try:
             await wait
+        except SyncWaitFailed as exc:
+            return c.reply_header(req.opaque, exc.code, exc.message, partition=partition), b""
         except OSError as exc:
             return c.reply_header(req.opaque, c.INTERNAL_ERROR, f"flush of {req.topic}-{partition} failed: {exc}"), b""
         return reply, b""
@@ -139,7 +145,7 @@ class RequestHandlers:
         log = self._log(req.topic, req.partition)
         max_bytes = min(req.max_size, topic.max_transfer_size)
         if replica is not None:
-            self.broker.replica_fetched(req.topic, req.partition, req.offset, replica)
+            self.broker.replica_fetched(req.topic, req.partition, req.offset, replica, req.origin)
         reply = self._read(req, log, max_bytes)
         if reply is not None or req.max_wait_ms <= 0:
             return reply if reply is not None else self._no_data(req, log)

@@ -1,0 +1,365 @@
+"""Sync replication on the master: the sync set, and acks that wait for it.
+
+Sync mode is async replication plus a wait (as in RocketMQ's SYNC_MASTER and
+Kafka's acks=all): slaves pull exactly as in async mode, each fetch reports the
+slave's log end, and a put is acked once **every** member of the *sync set*
+(at least ``minSyncSlaves`` of them) has reported a log end at or past the
+put's end offset. The wait is per put request, not per message, so batches and
+pipelining keep their throughput.
+
+Invariant: **every slave named in the sync set in ZooKeeper holds every acked
+message.** Failover elects only from that set, so it can never lose an ack.
+The rules that keep it:
+
+* **Join** (two steps): a slave whose log end has reached every partition's
+  committed offset becomes *joining*: from that moment acks wait for it too.
+  Then the set including it is written to ZooKeeper and it is a member. It had
+  everything acked before it became joining, and every ack since waited for
+  it, so it holds every acked message when ZooKeeper first names it.
+* **Leave**: a member leaves when a put has waited ``syncSlaveTimeoutMs`` for
+  it, when it has not been heard from (fetch or heartbeat) for that long, or
+  when its replication connection closes. **The smaller set is written to
+  ZooKeeper before any ack stops waiting for the removed slave**, so the set in
+  ZooKeeper always names slaves that hold every acked message; failover (which
+  elects only from that set) can therefore never lose an acked message.
+* **Too small** (fewer members than ``minSyncSlaves``): with
+  ``onSyncSlaveLoss=reject`` new puts are refused before anything is written
+  (503, retriable: nothing stored) and puts already waiting end with 504
+  (unknown outcome: the master has them, a slave may); with ``degrade`` puts
+  are acked by the master alone and the state shows in stats and the log.
+
+Committed offset (what consumers may read) per partition: the highest offset
+that ``minSyncSlaves`` members have, never decreasing; while degraded, the
+master's flushed end (the async rule).
+
+Nothing here does I/O itself: ZooKeeper writes go through the injected
+``publish`` coroutine, so the rules are unit-tested without a server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+from ..protocol import commands as c
+
+log = logging.getLogger(__name__)
+
+
+class SyncWaitFailed(Exception):
+    """A put that cannot be acked as replicated; ``code`` is 503 (not stored) or 504 (unknown)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class _Waiter:
+    topic: str
+    partition: int
+    end: int
+    deadline: float
+    future: "asyncio.Future[None]" = field(repr=False)
+
+
+@dataclass
+class _Member:
+    last_contact: float
+    positions: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+class SyncReplication:
+    def __init__(
+        self,
+        min_sync_slaves: int,
+        timeout_ms: int,
+        on_loss: str,
+        publish: Callable[[frozenset[int]], Awaitable[None]],
+        log_end: Callable[[str, int], int],
+        flushed_end: Callable[[str, int], int],
+        partitions: Callable[[], list[tuple[str, int]]],
+        on_committed: Callable[[str, int], None] = lambda topic, partition: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.min_sync_slaves = min_sync_slaves
+        self.timeout = timeout_ms / 1000
+        self.on_loss = on_loss
+        self._publish = publish
+        self._log_end = log_end
+        self._flushed_end = flushed_end
+        self._partitions = partitions
+        self._on_committed = on_committed
+        self._clock = clock
+        #: Members as published in ZooKeeper.
+        self.members: frozenset[int] = frozenset()
+        #: Caught-up slaves on their way into ZooKeeper; acks already wait for them.
+        self.joining: set[int] = set()
+        self._slaves: dict[int, _Member] = {}
+        self._committed: dict[tuple[str, int], int] = {}
+        self._waiters: dict[tuple[str, int], list[_Waiter]] = {}
+        self._publish_lock = asyncio.Lock()
+        self._pending_changes = False
+        self._checker: asyncio.Task[None] | None = None
+        self.degraded_since: float | None = None
+        self.removals = 0
+        self.joins = 0
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        # Whatever a previous master wrote is not ours to trust: start empty, and
+        # publish that before the first ack (acks in degrade mode count on it).
+        await self._publish(frozenset())
+        self.members = frozenset()
+        self._update_degraded()
+        self._checker = asyncio.ensure_future(self._check_periodically())
+
+    async def stop(self) -> None:
+        if self._checker is not None:
+            self._checker.cancel()
+            await asyncio.gather(self._checker, return_exceptions=True)
+        for waiters in self._waiters.values():
+            for waiter in waiters:
+                if not waiter.future.done():
+                    waiter.future.set_exception(SyncWaitFailed(c.GATEWAY_TIMEOUT, "broker stopping; outcome unknown"))
+        self._waiters.clear()
+
+    # --- state ------------------------------------------------------------------------------
+
+    @property
+    def too_small(self) -> bool:
+        return len(self.members) < self.min_sync_slaves
+
+    @property
+    def counted(self) -> set[int]:
+        """The slaves every ack waits for: members and joining slaves."""
+        return set(self.members) | self.joining
+
+    def refusal(self) -> tuple[int, str] | None:
+        """Why a new put must be refused before it is written, or None."""
+        if self.too_small and self.on_loss == "reject":
+            return (
+                c.SERVICE_UNAVAILABLE,
+                f"sync replication: {len(self.members)} of minSyncSlaves={self.min_sync_slaves} slaves in the sync set"
+                " (onSyncSlaveLoss=reject); nothing was stored, retry later",
+            )
+        return None
+
+    def committed(self, topic: str, partition: int) -> int:
+        key = (topic, partition)
+        current = self._committed.get(key, 0)
+        if not self.counted:
+            candidate = self._flushed_end(topic, partition) if self.on_loss == "degrade" else current
+        else:
+            candidate = self._replicated_end(topic, partition)
+        if candidate > current:
+            self._committed[key] = candidate
+            return candidate
+        return current
+
+    def _replicated_end(self, topic: str, partition: int) -> int:
+        """The highest offset every counted slave has (capped at the log end)."""
+        counted = self.counted
+        if not counted:
+            return 0
+        lowest = min(
+            (self._slaves[m].positions.get((topic, partition), 0) if m in self._slaves else 0) for m in counted
+        )
+        return min(lowest, self._log_end(topic, partition))
+
+    # --- events from the broker --------------------------------------------------------
+
+    def slave_position(self, slave_id: int, topic: str, partition: int, log_end: int) -> None:
+        """A slave's fetch (or heartbeat) reported its log end for a partition."""
+        member = self._slaves.get(slave_id)
+        if member is None:
+            member = self._slaves[slave_id] = _Member(self._clock())
+        member.last_contact = self._clock()
+        key = (topic, partition)
+        if log_end >= member.positions.get(key, 0):
+            member.positions[key] = log_end
+        if slave_id in self.counted:
+            self._resolve(topic, partition)
+        elif self._caught_up(member):
+            # From here on acks wait for it; ZooKeeper names it once published.
+            self.joining.add(slave_id)
+            self._schedule_publish()
+
+    def slave_heard(self, slave_id: int) -> None:
+        member = self._slaves.get(slave_id)
+        if member is not None:
+            member.last_contact = self._clock()
+
+    def slave_disconnected(self, slave_id: int) -> None:
+        """Its replication connection closed: it cannot be counted on any more."""
+        member = self._slaves.pop(slave_id, None)
+        if member is not None and slave_id in self.counted:
+            log.warning("sync slave %d disconnected; removing it from the sync set", slave_id)
+            self._schedule_publish()
+
+    def wait(self, topic: str, partition: int, end: int) -> Awaitable[None] | None:
+        """What a put ending at ``end`` waits for, or None if it can be acked now."""
+        refusal = self.refusal()
+        if refusal is not None:
+            raise SyncWaitFailed(*refusal)
+        if not self.counted:
+            return None  # degraded: the master alone
+        if self._replicated_end(topic, partition) >= end:
+            self._note_committed(topic, partition)
+            return None
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(topic, partition, end, self._clock() + self.timeout, future)
+        self._waiters.setdefault((topic, partition), []).append(waiter)
+        return future
+
+    # --- internals ------------------------------------------------------------------------------
+
+    def _caught_up(self, member: _Member) -> bool:
+        for topic, partition in self._partitions():
+            if member.positions.get((topic, partition), 0) < self.committed(topic, partition):
+                return False
+            if (topic, partition) not in member.positions and self._log_end(topic, partition) > 0:
+                return False
+        return True
+
+    def _resolve(self, topic: str, partition: int) -> None:
+        waiters = self._waiters.get((topic, partition))
+        if not waiters:
+            self._note_committed(topic, partition)
+            return
+        replicated = self._replicated_end(topic, partition)
+        still = []
+        for waiter in waiters:
+            if waiter.end <= replicated:
+                if not waiter.future.done():
+                    waiter.future.set_result(None)
+            else:
+                still.append(waiter)
+        if still:
+            self._waiters[(topic, partition)] = still
+        else:
+            del self._waiters[(topic, partition)]
+        self._note_committed(topic, partition)
+
+    def _note_committed(self, topic: str, partition: int) -> None:
+        before = self._committed.get((topic, partition), 0)
+        if self.committed(topic, partition) > before:
+            self._on_committed(topic, partition)
+
+    def _desired_members(self) -> frozenset[int]:
+        """Counted slaves that are still heard from and hold up no expired put."""
+        now = self._clock()
+        desired = set()
+        expired = [w for w in self._all_waiters() if w.deadline <= now]
+        for slave_id in self.counted:
+            member = self._slaves.get(slave_id)
+            if member is None or now - member.last_contact > self.timeout:
+                continue
+            if any(member.positions.get((w.topic, w.partition), 0) < w.end for w in expired):
+                continue
+            desired.add(slave_id)
+        return frozenset(desired)
+
+    def _all_waiters(self) -> list[_Waiter]:
+        return [w for waiters in self._waiters.values() for w in waiters]
+
+    def _schedule_publish(self) -> None:
+        self._pending_changes = True
+        if not self._publish_lock.locked():
+            asyncio.ensure_future(self._publish_changes())
+
+    async def _publish_changes(self) -> None:
+        async with self._publish_lock:
+            while self._pending_changes:
+                self._pending_changes = False
+                desired = self._desired_members()
+                if desired == self.members:
+                    self.joining -= self.joining - desired  # dropped before being published
+                    self._after_membership_change()
+                    continue
+                removed, added = self.members - desired, desired - self.members
+                try:
+                    await self._publish(desired)
+                except Exception as exc:  # ZK down: keep waiting on the old set (safe), retry later
+                    log.error("cannot publish the sync set %s: %s", sorted(desired), exc)
+                    self._pending_changes = True
+                    await asyncio.sleep(0.2)
+                    continue
+                self.members = desired
+                # Only now may acks stop waiting for removed slaves.
+                self.joining -= desired | removed
+                self.joining &= set(self._slaves)
+                self.removals += len(removed)
+                self.joins += len(added)
+                if removed:
+                    log.warning("sync set is now %s (removed %s)", sorted(desired), sorted(removed))
+                if added:
+                    log.info("sync set is now %s (slave %s caught up)", sorted(desired), ", ".join(map(str, sorted(added))))
+                self._update_degraded()
+                self._after_membership_change()
+
+    def _update_degraded(self) -> None:
+        if self.too_small and self.degraded_since is None:
+            self.degraded_since = self._clock()
+            log.warning(
+                "sync set has %d of minSyncSlaves=%d slaves: %s",
+                len(self.members),
+                self.min_sync_slaves,
+                "acking with the master alone (onSyncSlaveLoss=degrade)" if self.on_loss == "degrade" else "refusing puts (onSyncSlaveLoss=reject)",
+            )
+        elif not self.too_small and self.degraded_since is not None:
+            log.info("sync set has %d slaves again; puts wait for replication", len(self.members))
+            self.degraded_since = None
+
+    def _after_membership_change(self) -> None:
+        """Re-evaluate every waiting put against the published set."""
+        for (topic, partition), waiters in list(self._waiters.items()):
+            if not self.counted or (self.too_small and self.on_loss == "reject"):
+                for waiter in waiters:
+                    if waiter.future.done():
+                        continue
+                    if self.on_loss == "degrade":
+                        waiter.future.set_result(None)
+                    else:
+                        waiter.future.set_exception(
+                            SyncWaitFailed(
+                                c.GATEWAY_TIMEOUT,
+                                "sync slave lost while waiting; the message is stored on the master and may or may not be"
+                                " on a slave (outcome unknown)",
+                            )
+                        )
+                del self._waiters[(topic, partition)]
+            else:
+                self._resolve(topic, partition)
+
+    async def _check_periodically(self) -> None:
+        """Expire silent members and timed-out waits; let caught-up slaves join."""
+        interval = min(0.1, self.timeout / 4)
+        while True:
+            await asyncio.sleep(interval)
+            if self._desired_members() != frozenset(self.counted):
+                self._schedule_publish()
+                continue
+            now = self._clock()
+            for (topic, partition), waiters in list(self._waiters.items()):
+                for waiter in waiters:
+                    if waiter.deadline <= now and not waiter.future.done():
+                        # Every member has it, or the lagging ones would have been removed.
+                        self._resolve(topic, partition)
+
+    def status_pairs(self) -> list[tuple[str, object]]:
+        state = "ok" if not self.too_small else ("degraded" if self.on_loss == "degrade" else "rejecting")
+        return [
+            ("sync_set", ",".join(map(str, sorted(self.members))) or "-"),
+            ("sync_joining", ",".join(map(str, sorted(self.joining))) or "-"),
+            ("sync_state", state),
+            ("sync_min_slaves", self.min_sync_slaves),
+            ("sync_waiting_puts", sum(len(w) for w in self._waiters.values())),
+            ("sync_set_removals", self.removals),
+            ("sync_set_joins", self.joins),
+        ]
