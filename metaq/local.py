@@ -237,6 +237,12 @@ class BrokerProcess:
                     data, _ = client.get(self.zk_node)
                     if data.decode() != self.url:
                         return False
+                    if self.slave_id is None:
+                        # A master registers its checksum node once it takes writes
+                        # (the master node itself appears first, as the election lock).
+                        checksum = client.exists(ZkPaths(self.zk_root).master_config_checksum(self.broker_id))
+                        if checksum is None or checksum.ephemeralOwner != found.ephemeralOwner:
+                            return False
                     self._last_zk_owner = found.ephemeralOwner
                     return True
 

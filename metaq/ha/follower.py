@@ -22,14 +22,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from ..client.connection import BrokerConnection, ConnectionClosed
 from ..config import SlaveConfig
 from ..protocol import commands as c
 from ..zk.paths import ZkPaths, parse_broker_url
+from .heartbeat import SlaveHeartbeat
 from .config_sync import adopt_master_topics, save_master_copy, topics_for_master_layout
-from .replica import PartitionReplica, ReplicaDiverged
+from .replica import PartitionReplica, ReplicaDiverged, StaleMaster
 
 if TYPE_CHECKING:
     from kazoo.client import KazooClient
@@ -57,18 +59,27 @@ class MasterFollower:
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._sync_task: asyncio.Task[None] | None = None
         self._stopped = False
+        # UDP heartbeats to the current master: lag figures and fast suspicion only.
+        self.heartbeat = SlaveHeartbeat(self.broker_id, slave.slave_id, lambda: self.broker.epoch, self._log_ends)
+
+    def _log_ends(self) -> dict[tuple[str, int], int]:
+        return {key: replica.log.log_end for key, replica in self.replicas.items()}
+
+    def master_silent_for(self) -> float | None:
+        """Seconds since the master last answered a heartbeat (None: no master registered)."""
+        return self.heartbeat.master_silent_for()
 
     # --- lifecycle ------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Watch the master's config checksum; which master to follow is the HA coordinator's call."""
         self._loop = asyncio.get_running_loop()
-        master_path = self.paths.master(self.broker_id)
         checksum_path = self.paths.master_config_checksum(self.broker_id)
-        await asyncio.to_thread(self.zk.DataWatch, master_path, self._watch(self._on_master))
         await asyncio.to_thread(self.zk.DataWatch, checksum_path, self._watch(self._on_checksum))
 
     async def stop(self) -> None:
         self._stopped = True
+        await self.heartbeat.stop()
         await self._stop_following()
 
     def _watch(self, handler: Any) -> Any:
@@ -82,13 +93,25 @@ class MasterFollower:
 
     # --- ZooKeeper events -------------------------------------------------------------
 
-    def _on_master(self, data: bytes | None) -> None:
-        url = data.decode("utf-8") if data else None
-        if url == self.master_url:
+    async def follow(self, url: str) -> None:
+        """Replicate from the master at ``url`` (the coordinator has truncated our logs against it)."""
+        await self._set_master(url)
+
+    async def unfollow(self) -> None:
+        """Stop replicating (the master is gone, or we are about to lead); reads stay up."""
+        await self._set_master(None)
+
+    async def _set_master(self, url: str | None) -> None:
+        if url == self.master_url and (url is None or self._tasks or self._sync_task):
             return
-        log.info("master of broker %d is now %s", self.broker_id, url or "absent")
+        log.info("broker %d %s", self.broker_id, f"follows the master at {url}" if url else "follows no master")
         self.master_url = url
-        asyncio.ensure_future(self._restart_following())
+        try:
+            self.heartbeat.retarget(parse_broker_url(url) if url else None)
+        except ValueError as exc:
+            log.warning("no heartbeats to the master: %s", exc)
+            self.heartbeat.retarget(None)
+        await self._restart_following()
 
     def _on_checksum(self, data: bytes | None) -> None:
         checksum = data.decode("utf-8") if data else None
@@ -172,6 +195,8 @@ class MasterFollower:
             reply = await conn.request({"op": "offset", "topic": topic, "partition": partition, "offset": 0}, timeout=10)
             start = int(reply.get("min_offset", 0)) if reply.ok else 0
             store.get_or_create_log(topic, partition, start_offset=start)
+        if self.broker.coordinator is not None:
+            await self.broker.coordinator.adopt_master_epochs(conn, topic, partition)
         replica = self.replicas.get((topic, partition))
         if replica is None:
             replica = PartitionReplica(
@@ -183,6 +208,7 @@ class MasterFollower:
                 self.broker.replica_appended,
                 self.slave.slave_max_delay_ms,
             )
+            replica.status.extra["started_at"] = time.time()
             self.replicas[(topic, partition)] = replica
         if replica.stopped:
             return
@@ -204,6 +230,11 @@ class MasterFollower:
             except ReplicaDiverged as exc:
                 replica.stop(str(exc))
                 return
+            except StaleMaster as exc:
+                log.warning("%s; re-checking who leads", exc)
+                if self.broker.coordinator is not None:
+                    self.broker.coordinator.refollow()
+                await asyncio.sleep(max_delay)
             except RETRIABLE as exc:
                 delay = min(max(delay * 2, max_delay / 10), max_delay)
                 log.debug("%s: fetch failed (%s); retrying in %.0f ms", replica.name, exc, delay * 1000)
@@ -224,13 +255,24 @@ class MasterFollower:
 
     def status_pairs(self) -> list[tuple[str, object]]:
         pairs: list[tuple[str, object]] = [("master", self.master_url or "-")]
+        pairs += self.heartbeat.status_pairs()
+        hb = self.heartbeat.master
+        hb_age = self.heartbeat.heartbeat_age_ms()
+        now = time.time()
         for (topic, partition), replica in sorted(self.replicas.items()):
             st = replica.status
-            lag = max(0, st.master_log_end - replica.log.log_end)
+            log_end = replica.log.log_end
+            # The freshest of what the last fetch and the last heartbeat said.
+            master_end = max(st.master_log_end, hb.log_ends.get((topic, partition), 0) if hb else 0)
+            lag = max(0, master_end - log_end)
+            since = st.caught_up_at or st.extra.get("started_at", now)
+            lag_ms = 0.0 if lag == 0 else max(0.0, now - since) * 1000
             pairs.append(
                 (
                     f"replica {topic}-{self.broker_id}-{partition}",
-                    f"state={st.state} log_end={replica.log.log_end} master_log_end={st.master_log_end} lag_bytes={lag}"
+                    f"state={st.state} log_end={log_end} master_log_end={master_end} lag_bytes={lag}"
+                    f" lag_ms={lag_ms:.0f} heartbeat_age_ms={-1 if hb_age is None else round(hb_age)}"
+                    f" appended_messages={st.appended_messages} divergences={st.divergences}"
                     + (f" error={st.error!r}" if st.error else ""),
                 )
             )

@@ -150,6 +150,14 @@ class ReplicationProgress:
                 )
         return rows
 
+    def heartbeat_ages_ms(self) -> dict[int, float]:
+        """Milliseconds since each slave's last UDP heartbeat (-1: none yet)."""
+        now = self._clock()
+        return {
+            slave_id: -1.0 if info.heartbeat_at is None else (now - info.heartbeat_at) * 1000
+            for slave_id, info in self.slaves.items()
+        }
+
     def forget(self, slave_id: int) -> None:
         self.slaves.pop(slave_id, None)
         for key in [k for k in self.positions if k[0] == slave_id]:

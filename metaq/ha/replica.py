@@ -38,6 +38,10 @@ log = logging.getLogger(__name__)
 DEFAULT_FETCH_SIZE = 1024 * 1024
 
 
+class StaleMaster(ConnectionError):
+    """The master and this slave disagree on the epoch; the coordinator must re-check ZooKeeper."""
+
+
 class ReplicaDiverged(Exception):
     """The master's answer cannot continue this slave's log byte for byte."""
 
@@ -106,6 +110,11 @@ class PartitionReplica:
         reply = await conn.request(header, timeout=self.max_delay_ms / 1000 + 30)
         self.status.fetches += 1
         self.status.last_fetch_at = time.time()
+        master_epoch = reply.get("epoch")
+        if isinstance(master_epoch, int) and master_epoch < header["replica"]["epoch"]:
+            raise StaleMaster(f"{self.name}: the master answers in epoch {master_epoch}, older than ours")
+        if reply.code == c.FORBIDDEN and "epoch" in reply.message:
+            raise StaleMaster(f"{self.name}: {reply.message}")
         if reply.code == c.OK:
             return self._append_reply(offset, reply.header, reply.body)
         if reply.code == c.NOT_FOUND:

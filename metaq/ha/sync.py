@@ -181,6 +181,14 @@ class SyncReplication:
             member = self._slaves[slave_id] = _Member(self._clock())
         member.last_contact = self._clock()
         key = (topic, partition)
+        if log_end > self._log_end(topic, partition):
+            # A slave's log is a prefix of ours: a longer one has bytes we never wrote
+            # (a divergent tail). They must never count as replicas of our puts.
+            log.warning(
+                "slave %d reports log end %d for %s-%d, past ours (%d); not counted",
+                slave_id, log_end, topic, partition, self._log_end(topic, partition),
+            )
+            return
         if log_end >= member.positions.get(key, 0):
             member.positions[key] = log_end
         if slave_id in self.counted:
@@ -220,8 +228,15 @@ class SyncReplication:
     # --- internals ------------------------------------------------------------------------------
 
     def _caught_up(self, member: _Member) -> bool:
+        # With nobody counted, puts already appended are acked without waiting for any
+        # slave (degrade: after the master's flush, or at once with unflushThreshold>0;
+        # minSyncSlaves=0: at once), and their ends can lie past the committed offset.
+        # A slave that joins then must already hold the whole log, or ZooKeeper would
+        # name a slave that lacks an acked message.
+        alone = not self.counted
         for topic, partition in self._partitions():
-            if member.positions.get((topic, partition), 0) < self.committed(topic, partition):
+            target = self._log_end(topic, partition) if alone else self.committed(topic, partition)
+            if member.positions.get((topic, partition), 0) < target:
                 return False
             if (topic, partition) not in member.positions and self._log_end(topic, partition) > 0:
                 return False

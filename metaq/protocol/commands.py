@@ -14,6 +14,9 @@ carries ``code`` (MetaQ's HTTP-like result codes) and, on errors, ``msg``.
     quit       -                                                    -               (connection closed)
     config     -                                                    -               200 checksum + server.ini bytes
     topics     -                                                    -               200 topics {name: numParts} role epoch
+    epoch_end  topic, partition, epoch                              -               200 epoch end_offset (largest epoch <= the
+                                                                                        asked one, and where it ends in this log)
+    epochs     topic, partition                                     -               200 entries [[epoch, start_offset], ...]
     checksum   topic, partition, start, end                         -               200 start end crc (CRC32 of the log bytes
                                                                                         in [start, end), end clamped to log end)
 
@@ -75,6 +78,8 @@ REQUEST_FIELDS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
     "quit": {},
     "config": {},
     "topics": {},
+    "epoch_end": {"topic": (str, _REQUIRED), "partition": (int, _REQUIRED), "epoch": (int, _REQUIRED)},
+    "epochs": {"topic": (str, _REQUIRED), "partition": (int, _REQUIRED)},
     "checksum": {"topic": (str, _REQUIRED), "partition": (int, _REQUIRED), "start": (int, _REQUIRED), "end": (int, _REQUIRED)},
 }
 

@@ -19,6 +19,7 @@ from typing import Any, Awaitable
 from .. import __version__
 from ..config import BrokerConfig, ConfigError, SlaveConfig, TopicConfig
 from ..ha.progress import ReplicationProgress
+from ..ha.role import Role
 from ..ha.sync import SyncReplication
 from ..protocol import commands as c
 from ..store.manager import MessageStoreManager
@@ -57,17 +58,42 @@ class Broker:
         self.ready = False
         self._replica_connections: dict[Any, set[int]] = {}
         self.heartbeats: Any = None  # metaq.ha.heartbeat.HeartbeatResponder (UDP, same port as TCP)
+        self.coordinator: Any = None  # metaq.ha.coordinator.HaCoordinator, when in ZooKeeper
 
     # --- roles (the HA layer refines these) ----------------------------------------
 
     @property
     def role_name(self) -> str:
-        return "master" if self.slave is None else f"slave{self.slave.slave_id}"
+        coordinator = self.coordinator
+        if coordinator is None:
+            return "master" if self.slave is None else f"slave{self.slave.slave_id}"
+        state = coordinator.state
+        if state is Role.LEADING:
+            return "master"
+        if state in (Role.FOLLOWING, Role.ORPHANED) and self.registry.slave_id is not None:
+            return f"slave{self.registry.slave_id}"
+        return state.value
+
+    @property
+    def leading(self) -> bool:
+        """Acting as the master (possibly fenced): committed offsets are ours to compute."""
+        if self.coordinator is None:
+            return self.slave is None
+        return self.coordinator.state in (Role.LEADING, Role.FENCED)
 
     def write_refusal(self) -> tuple[int, str] | None:
         """Why this broker must not accept a put right now, or None."""
-        if self.slave is not None:
-            return c.FORBIDDEN, f"broker {self.config.broker_id} {self.role_name} is a slave; writes go to its master"
+        coordinator = self.coordinator
+        if coordinator is not None and not coordinator.may_ack():
+            state = coordinator.state
+            if state in (Role.FOLLOWING, Role.ORPHANED):
+                master = coordinator.master_url or "(none registered)"
+                return c.FORBIDDEN, f"broker {self.config.broker_id} {self.role_name} is a slave; writes go to its master {master}"
+            if state is Role.LEADING:
+                return c.SERVICE_UNAVAILABLE, "master lease expired: ZooKeeper has not confirmed this master recently; retry"
+            return c.SERVICE_UNAVAILABLE, f"broker {self.config.broker_id} is {state.value}; no master here right now, retry"
+        if coordinator is None and self.slave is not None:
+            return c.FORBIDDEN, f"broker {self.config.broker_id} {self.role_name} is a slave"
         if not self.ready:
             return c.SERVICE_UNAVAILABLE, f"broker {self.config.broker_id} is starting; retry shortly"
         if self.sync is not None:
@@ -81,8 +107,8 @@ class Broker:
 
     def committed(self, topic: str, partition: int, log: Any) -> int:
         """The end of what consumers may read: no failover can take back anything below it."""
-        if self.follower is not None:
-            return self.follower.committed(topic, partition, log.log_end)
+        if not self.leading:
+            return self.follower.committed(topic, partition, log.log_end) if self.follower is not None else 0
         if self.sync is not None:
             return self.sync.committed(topic, partition)
         return log.flushed_end
@@ -149,6 +175,13 @@ class Broker:
         if self.sync is not None:
             self.sync.slave_heard(slave_id)
 
+    def saw_higher_epoch(self, epoch: int) -> None:
+        """A slave knows a newer epoch than ours: someone else leads; stop acking now."""
+        if self.coordinator is not None:
+            from ..ha.role import Event
+
+            self.coordinator.post(Event.HIGHER_EPOCH)
+
     def committed_moved(self, topic: str, partition: int) -> None:
         self.waiters.notify(topic, partition)
 
@@ -199,42 +232,59 @@ class Broker:
         if self.register_in_zk:
             from .registry import BrokerRegistry
 
-            role: Any = "master" if self.slave is None else self.slave.slave_id
+            # The HA coordinator decides the role (and takes the master lock by election).
             self.registry = BrokerRegistry(
-                config.zk, config.broker_id, config.host_name, self.port, config.topics, config.checksum, role
+                config.zk, config.broker_id, config.host_name, self.port, config.topics, config.checksum, None
             )
             await self.registry.start()
-            log.info("broker %d registered in ZooKeeper at %s%s", config.broker_id, config.zk.zk_connect, config.zk.root)
-            if self.slave is None and config.replication_mode == "sync":
-                self.sync = SyncReplication(
-                    config.min_sync_slaves,
-                    config.sync_slave_timeout_ms,
-                    config.on_sync_slave_loss,
-                    self._publish_sync_set,
-                    log_end=lambda t, p: self.store.get_log(t, p).log_end,
-                    flushed_end=lambda t, p: self.store.get_log(t, p).flushed_end,
-                    partitions=lambda: list(self.store.logs()),
-                    on_committed=self.committed_moved,
-                )
-                await self.sync.start()
-                log.info(
-                    "sync replication: acks wait for the sync set (minSyncSlaves=%d, syncSlaveTimeoutMs=%d, onSyncSlaveLoss=%s)",
-                    config.min_sync_slaves,
-                    config.sync_slave_timeout_ms,
-                    config.on_sync_slave_loss,
-                )
-            if self.slave is not None:
-                from ..ha.follower import MasterFollower
-                from ..zk.paths import ZkPaths
+            log.info("broker %d connected to ZooKeeper at %s%s", config.broker_id, config.zk.zk_connect, config.zk.root)
+            from ..ha.coordinator import HaCoordinator
 
-                self.follower = MasterFollower(self, self.slave, self.registry.client, ZkPaths(config.zk.root))
-                await self.follower.start()
+            self.coordinator = HaCoordinator(self, self.slave)
+            await self.coordinator.start()
         elif config.replication_mode == "sync" and self.slave is None:
             raise ConfigError(f"{config.source_path}: replicationMode=sync needs ZooKeeper (zk.zkEnable=false)")
+        elif self.slave is not None:
+            raise ConfigError(f"{config.source_path}: a slave needs ZooKeeper to find its master (zk.zkEnable=false)")
         self.ready = True
+
+    def ensure_follower(self, slave: SlaveConfig) -> Any:
+        """The replication follower (created on first use, when this broker first follows)."""
+        if self.follower is None or self.follower.slave.slave_id != slave.slave_id:
+            from ..ha.follower import MasterFollower
+            from ..zk.paths import ZkPaths
+
+            self.follower = MasterFollower(self, slave, self.registry.client, ZkPaths(self.config.zk.root))
+            asyncio.ensure_future(self.follower.start())
+        return self.follower
+
+    async def start_sync_replication(self) -> None:
+        """On becoming master in sync mode: start the sync set (published before any ack)."""
+        config = self.config
+        if config.replication_mode != "sync":
+            return
+        self.sync = SyncReplication(
+            config.min_sync_slaves,
+            config.sync_slave_timeout_ms,
+            config.on_sync_slave_loss,
+            self._publish_sync_set,
+            log_end=lambda t, p: self.store.get_log(t, p).log_end,
+            flushed_end=lambda t, p: self.store.get_log(t, p).flushed_end,
+            partitions=lambda: list(self.store.logs()),
+            on_committed=self.committed_moved,
+        )
+        await self.sync.start()
+        log.info(
+            "sync replication: acks wait for the sync set (minSyncSlaves=%d, syncSlaveTimeoutMs=%d, onSyncSlaveLoss=%s)",
+            config.min_sync_slaves,
+            config.sync_slave_timeout_ms,
+            config.on_sync_slave_loss,
+        )
 
     async def stop(self) -> None:
         self.ready = False
+        if self.coordinator is not None:
+            await self.coordinator.stop()
         if self.sync is not None:
             await self.sync.stop()
         if self.follower is not None:
@@ -290,11 +340,13 @@ class Broker:
             ("replica_get_requests", totals.replica_get_requests),
             ("replica_get_bytes", totals.replica_get_bytes),
             ("bad_requests", self.stats.bad_requests),
-        ] + (self.sync.status_pairs() if self.sync is not None else []) + self.replication_pairs()
+        ] + (self.coordinator.status_pairs() if self.coordinator is not None else []) + (
+            self.sync.status_pairs() if self.sync is not None else []
+        ) + self.replication_pairs()
 
     def replication_pairs(self) -> list[tuple[str, object]]:
         pairs = self.heartbeats.status_pairs() if self.heartbeats is not None else []
-        if self.follower is not None:
+        if not self.leading and self.follower is not None:
             return pairs + self.follower.status_pairs()
         ends = {key: log_.log_end for key, log_ in self.store.logs().items()}
         hb_age = self.progress.heartbeat_ages_ms()

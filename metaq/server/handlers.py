@@ -145,11 +145,26 @@ class RequestHandlers:
         log = self._log(req.topic, req.partition)
         max_bytes = min(req.max_size, topic.max_transfer_size)
         if replica is not None:
+            self._check_replica_epoch(replica)
             self.broker.replica_fetched(req.topic, req.partition, req.offset, replica, req.origin)
         reply = self._read(req, log, max_bytes)
         if reply is not None or req.max_wait_ms <= 0:
             return reply if reply is not None else self._no_data(req, log)
         return self._long_poll(req, log, max_bytes)
+
+    def _check_replica_epoch(self, replica: dict[str, Any]) -> None:
+        """Replication only between a master and slaves of the same epoch (fencing)."""
+        broker = self.broker
+        if not broker.leading:
+            raise c.RequestError(c.FORBIDDEN, f"broker {broker.config.broker_id} is not the master ({broker.role_name})")
+        epoch = replica.get("epoch")
+        if not isinstance(epoch, int):
+            raise c.RequestError(c.BAD_REQUEST, "replica fetch needs an integer 'epoch'")
+        if epoch > broker.epoch:
+            broker.saw_higher_epoch(epoch)
+            raise c.RequestError(c.FORBIDDEN, f"stale master: epoch {broker.epoch} < the slave's epoch {epoch}")
+        if epoch < broker.epoch:
+            raise c.RequestError(c.FORBIDDEN, f"stale epoch {epoch}: the master is in epoch {broker.epoch}; re-sync")
 
     async def _long_poll(self, req: c.Request, log: "PartitionLog", max_bytes: int) -> Reply:
         loop = asyncio.get_running_loop()
@@ -190,7 +205,12 @@ class RequestHandlers:
             counters.get_requests += 1
             counters.get_bytes += length
         header = c.reply_header(
-            req.opaque, c.OK, offset=offset, committed=self.broker.committed(req.topic, req.partition, log), log_end=log.log_end
+            req.opaque,
+            c.OK,
+            offset=offset,
+            committed=self.broker.committed(req.topic, req.partition, log),
+            log_end=log.log_end,
+            epoch=self.broker.epoch,
         )
         return header, FileBody(segment.fileno(), position, length, lambda: segment.read(offset, length))
 
@@ -205,7 +225,10 @@ class RequestHandlers:
             message = f"offset {req.offset} is beyond the committed offset {upto}"
         else:
             message = "no new messages"
-        return c.reply_header(req.opaque, c.NOT_FOUND, message, committed=committed, log_end=log.log_end), b""
+        return (
+            c.reply_header(req.opaque, c.NOT_FOUND, message, committed=committed, log_end=log.log_end, epoch=self.broker.epoch),
+            b"",
+        )
 
     # --- offset, topics, config, version, stats -------------------------------------
 
@@ -252,6 +275,23 @@ class RequestHandlers:
             return value
 
         return c.reply_header(req.opaque, c.OK, start=start, end=end, crc=await asyncio.to_thread(crc)), b""
+
+    def _epoch_end(self, req: c.Request) -> Reply:
+        """Where epoch ``req.epoch`` ends in this log: a rejoining broker truncates there."""
+        self._topic(req.topic)
+        self._log(req.topic, req.partition)
+        coordinator = self.broker.coordinator
+        if coordinator is None:
+            raise c.RequestError(c.NOT_FOUND, "this broker keeps no epochs (not in ZooKeeper)")
+        epoch, end = coordinator.epoch_end(req.topic, req.partition, req.epoch)
+        return c.reply_header(req.opaque, c.OK, epoch=epoch, end_offset=end), b""
+
+    def _epochs(self, req: c.Request) -> Reply:
+        self._topic(req.topic)
+        self._log(req.topic, req.partition)
+        coordinator = self.broker.coordinator
+        entries = coordinator.epoch_entries(req.topic, req.partition) if coordinator is not None else []
+        return c.reply_header(req.opaque, c.OK, entries=[list(e) for e in entries]), b""
 
     def _config(self, req: c.Request) -> Reply:
         config = self.broker.config

@@ -53,8 +53,8 @@ class RegistrationConflict(RegistryError):
     """Another live session holds one of our nodes (and kept it past the session timeout)."""
 
 
-def _validate_role(role: str | int) -> str | int:
-    if role == MASTER:
+def _validate_role(role: str | int | None) -> str | int | None:
+    if role is None or role == MASTER:
         return role
     if isinstance(role, int) and not isinstance(role, bool) and role >= 0:
         return role
@@ -79,7 +79,7 @@ class BrokerRegistry:
         port: int,
         topics: dict[str, TopicConfig],
         config_checksum: int,
-        role: str | int = MASTER,
+        role: str | int | None = MASTER,
         *,
         paths: ZkPaths | None = None,
     ) -> None:
@@ -135,7 +135,7 @@ class BrokerRegistry:
 
     @property
     def slave_id(self) -> int | None:
-        return None if self.role == MASTER else int(self.role)
+        return None if self.role is None or self.role == MASTER else int(self.role)
 
     @property
     def session_id(self) -> int | None:
@@ -172,6 +172,24 @@ class BrokerRegistry:
         self._started = True
         log.info("broker %s registered in ZooKeeper as %s (%s)", self.broker_id, self._role_name(), self.url)
 
+    async def set_role(self, role: str | int | None) -> None:
+        """Register as master, as slave ``k``, or (None) as nothing; old-role nodes go first.
+
+        The master node itself is the election lock: the HA coordinator creates it
+        in its election transaction, and this only adopts it (it is ours already).
+        """
+        role = _validate_role(role)
+        if role == self.role:
+            return
+        previous = self.role
+        self.role = role
+        await self._run(self._sync_role_change)
+        log.info("broker %s is now registered as %s (was %s)", self.broker_id, self._role_name(), previous)
+
+    def _sync_role_change(self) -> None:
+        self._ensure_broker_parent()
+        self._sync()
+
     async def update_topics(self, topics: dict[str, TopicConfig]) -> None:
         with self._state_lock:
             self._topics = dict(topics)
@@ -203,6 +221,8 @@ class BrokerRegistry:
     # --- what should exist ---------------------------------------------------------------
 
     def _role_name(self) -> str:
+        if self.role is None:
+            return "nothing (role undecided)"
         return MASTER if self.is_master else f"slave{self.role}"
 
     def _desired_nodes(self) -> dict[str, bytes]:
@@ -213,6 +233,8 @@ class BrokerRegistry:
             checksum = self._checksum
         slave_id = self.slave_id
         nodes: dict[str, bytes] = {}
+        if self.role is None:
+            return nodes
         if self.is_master:
             nodes[self.paths.master(self.broker_id)] = self.url.encode()
             nodes[self.paths.master_config_checksum(self.broker_id)] = str(checksum).encode()
@@ -363,6 +385,11 @@ class BrokerRegistry:
         if self._stopping:
             return
         try:
+            if self.is_master and self.session_id != self._registered_session:
+                # The master node was the election lock of the expired session: it is
+                # gone, and only a new election may take it again (the HA coordinator
+                # decides). Register nothing until then.
+                self.role = None
             new_session = self._register_session()
             if not new_session:
                 # Same session: apply changes that could not be written while disconnected.

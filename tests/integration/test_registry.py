@@ -163,7 +163,7 @@ def test_lone_master_stop_removes_its_ids_node(zk: EmbeddedZooKeeper, zk_root: s
     run(scenario)
 
 
-def test_reregisters_after_session_expiry(zk: EmbeddedZooKeeper, zk_root: str, zk_client: KazooClient) -> None:
+def test_master_does_not_retake_its_lock_after_session_expiry(zk: EmbeddedZooKeeper, zk_root: str, zk_client: KazooClient) -> None:
     paths = ZkPaths(zk_root)
 
     async def scenario() -> None:
@@ -184,6 +184,16 @@ def test_reregisters_after_session_expiry(zk: EmbeddedZooKeeper, zk_root: str, z
             assert "lost" in events
             new_session = registry.session_id
             assert new_session != old_session
+            # A master's node was its election lock: after an expiry the registry does
+            # not take it back by itself (the HA coordinator must win an election).
+            assert registry.role is None
+            for path in (
+                paths.master(BROKER_ID),
+                paths.master_config_checksum(BROKER_ID),
+                paths.topic_pub_node("orders", BROKER_ID),
+            ):
+                assert zk_client.exists(path) is None, path
+            await registry.set_role("master")
             for path in (
                 paths.master(BROKER_ID),
                 paths.master_config_checksum(BROKER_ID),

@@ -1,0 +1,134 @@
+"""Election in ZooKeeper: reading a group's state, and taking the master lock.
+
+The master znode ``/brokers/ids/{id}/master`` is the lock; ``/brokers/ids/{id}/epoch``
+numbers the masters. Taking over is one ZooKeeper transaction:
+
+    check(epoch, version seen) ; create(master, ephemeral) ; set(epoch, epoch + 1)
+
+so either a candidate holds the lock *and* owns the next epoch, or nothing
+changed. Two candidates that saw the same epoch cannot both succeed (the second
+fails the version check), and epochs only grow: every change is a
+compare-and-set from the value read.
+
+Who may try (``eligibility``) is decided from what ZooKeeper says, never from
+heartbeats: in sync mode only the last master itself or a member of the sync
+set it published (those hold every acked message); in async mode any slave
+that was following the last master without a stopped partition, and only with
+``autoFailover=true``.
+
+Functions here do blocking kazoo calls: run them in a worker thread.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from ..zk.paths import ZkPaths
+
+
+@dataclass(frozen=True)
+class GroupState:
+    """What ZooKeeper says about one broker group."""
+
+    master_url: str | None
+    epoch: int
+    epoch_version: int  # -1: no epoch node yet (a group that never had a master)
+    leader_url: str | None  # the master that took ``epoch``
+    sync_set: frozenset[int] | None
+    sync_set_epoch: int | None
+
+
+def _decode_epoch(data: bytes) -> tuple[int, str | None]:
+    text = data.decode("utf-8").strip()
+    if text.startswith("{"):
+        value = json.loads(text)
+        return int(value["epoch"]), value.get("leader")
+    return int(text or 0), None
+
+
+def encode_epoch(epoch: int, leader_url: str) -> bytes:
+    return json.dumps({"epoch": epoch, "leader": leader_url}).encode()
+
+
+def read_group_state(client: KazooClient, paths: ZkPaths, broker_id: int) -> GroupState:
+    try:
+        data, _ = client.get(paths.master(broker_id))
+        master_url: str | None = data.decode("utf-8")
+    except NoNodeError:
+        master_url = None
+    try:
+        data, stat = client.get(paths.epoch(broker_id))
+        epoch, leader = _decode_epoch(data)
+        version = stat.version
+    except NoNodeError:
+        epoch, leader, version = 0, None, -1
+    try:
+        data, _ = client.get(paths.sync_set(broker_id))
+        value = json.loads(data.decode("utf-8"))
+        sync_set: frozenset[int] | None = frozenset(int(s) for s in value.get("slaves", []))
+        sync_epoch: int | None = int(value.get("epoch", 0))
+    except NoNodeError:
+        sync_set, sync_epoch = None, None
+    return GroupState(master_url, epoch, version, leader, sync_set, sync_epoch)
+
+
+def try_take_master(
+    client: KazooClient, paths: ZkPaths, broker_id: int, url: str, seen: GroupState
+) -> int | None:
+    """Atomically take the lock and the next epoch; the new epoch, or None if someone else did."""
+    new_epoch = seen.epoch + 1
+    epoch_path = paths.epoch(broker_id)
+    client.ensure_path(paths.broker(broker_id))
+    tx = client.transaction()
+    if seen.epoch_version < 0:
+        tx.create(epoch_path, encode_epoch(new_epoch, url))
+    else:
+        tx.check(epoch_path, seen.epoch_version)
+        tx.set_data(epoch_path, encode_epoch(new_epoch, url), version=seen.epoch_version)
+    tx.create(paths.master(broker_id), url.encode(), ephemeral=True)
+    results = tx.commit()
+    # A failed transaction reports an exception per operation (the culprit, and
+    # RolledBackError for the others); nothing was applied.
+    if any(isinstance(r, Exception) for r in results):
+        return None
+    return new_epoch
+
+
+def eligibility(
+    *,
+    mode: str,
+    auto_failover: bool,
+    my_url: str,
+    my_slave_id: int | None,
+    prefers_master: bool,
+    followed_epoch: int,
+    replicas_healthy: bool,
+    state: GroupState,
+) -> tuple[bool, str]:
+    """May this broker try to take the master lock now? ``(yes, why)``."""
+    if state.master_url is not None:
+        return False, f"a master is registered ({state.master_url})"
+    if state.epoch_version < 0:
+        # A group that never had a master: only a broker started as master founds it.
+        if prefers_master:
+            return True, "the group has no epoch yet; founding it"
+        return False, "the group never had a master; waiting for one"
+    if state.leader_url == my_url:
+        return True, f"this broker was the master of epoch {state.epoch}"
+    if mode == "sync":
+        if state.sync_set is None:
+            return False, "no sync set was ever published"
+        if my_slave_id is not None and my_slave_id in state.sync_set:
+            return True, f"slave {my_slave_id} is in the sync set {sorted(state.sync_set)} of epoch {state.sync_set_epoch}"
+        return False, f"not in the last sync set {sorted(state.sync_set)}: this broker may lack acked messages"
+    if not auto_failover:
+        return False, "autoFailover=false"
+    if followed_epoch != state.epoch:
+        return False, f"this broker did not follow the master of epoch {state.epoch} (followed {followed_epoch})"
+    if not replicas_healthy:
+        return False, "a replicated partition is stopped (diverged); not a safe master"
+    return True, f"async failover from the master of epoch {state.epoch}"

@@ -1,0 +1,380 @@
+"""UDP heartbeats between a master and its slaves (asyncio-dgram).
+
+Every broker binds UDP on its ``hostName:serverPort`` (the same number as its TCP
+port) and answers heartbeats; a slave that follows a master sends one every
+``interval`` (500 ms) to the master's address::
+
+    slave  -> master  {kind:"hb", role:"slave", broker_id, slave_id, epoch,
+                       log_ends: {"topic/partition": end}, sent_at}
+    master -> slave   {kind:"hb", role:"master", broker_id, epoch, log_ends,
+                       committed: {"topic/partition": offset}, sent_at, echo}
+
+``echo`` is the slave's ``sent_at``, so the slave measures the round trip.
+
+What they are for: lag figures (the master records each slave's log ends with
+``ReplicationProgress.heartbeat``; the slave learns the master's log ends even
+while its fetches are blocked) and fast suspicion (``master_silent_for()``).
+They never decide roles: **ZooKeeper alone decides who is master.**
+
+Robustness: a datagram that is not msgpack, not a map, not a heartbeat, of the
+wrong broker group, or with badly typed fields is counted in ``bad`` and
+ignored; nothing here can take the broker down. A failed UDP bind is logged and
+leaves the broker running without heartbeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import asyncio_dgram
+import msgpack
+
+if TYPE_CHECKING:
+    from ..server.broker import Broker
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL = 0.5
+#: Datagrams larger than this are ignored (and we never send one bigger).
+MAX_DATAGRAM = 60 * 1024
+
+
+class BadHeartbeat(ValueError):
+    """A datagram that is not a well-formed heartbeat."""
+
+
+def partition_key(topic: str, partition: int) -> str:
+    return f"{topic}/{partition}"
+
+
+def parse_partition_key(key: Any) -> tuple[str, int]:
+    if not isinstance(key, str):
+        raise BadHeartbeat("partition key is not a string")
+    topic, sep, number = key.rpartition("/")
+    if not sep or not topic or not number.isdigit():
+        raise BadHeartbeat(f"bad partition key {key!r}")
+    return topic, int(number)
+
+
+def _int(message: dict[str, Any], name: str) -> int:
+    value = message.get(name)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise BadHeartbeat(f"field {name!r} must be an integer")
+    return value
+
+
+def _ends(message: dict[str, Any], name: str) -> dict[tuple[str, int], int]:
+    raw = message.get(name, {})
+    if not isinstance(raw, dict):
+        raise BadHeartbeat(f"field {name!r} must be a map")
+    ends: dict[tuple[str, int], int] = {}
+    for key, value in raw.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise BadHeartbeat(f"{name}[{key!r}] must be a non-negative integer")
+        ends[parse_partition_key(key)] = value
+    return ends
+
+
+def decode(data: bytes, expect_role: str) -> dict[str, Any]:
+    """Decode and check one heartbeat datagram (raises BadHeartbeat)."""
+    if len(data) > MAX_DATAGRAM:
+        raise BadHeartbeat(f"datagram of {len(data)} bytes is too big")
+    try:
+        message = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises many kinds of errors on garbage
+        raise BadHeartbeat(f"not msgpack: {exc}") from None
+    if not isinstance(message, dict) or message.get("kind") != "hb":
+        raise BadHeartbeat("not a heartbeat")
+    if message.get("role") != expect_role:
+        raise BadHeartbeat(f"expected role {expect_role!r}, got {message.get('role')!r}")
+    _int(message, "broker_id")
+    _int(message, "epoch")
+    if expect_role == "slave":
+        if _int(message, "slave_id") < 0:
+            raise BadHeartbeat("slave_id must be >= 0")
+    sent_at = message.get("sent_at")
+    if not isinstance(sent_at, (int, float)) or isinstance(sent_at, bool):
+        raise BadHeartbeat("field 'sent_at' must be a number")
+    message["_log_ends"] = _ends(message, "log_ends")
+    message["_committed"] = _ends(message, "committed") if expect_role == "master" else {}
+    return message
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return msgpack.packb(message, use_bin_type=True)
+
+
+# --- the answering side (every broker; records progress when it is the master) -------
+
+
+class HeartbeatResponder:
+    """Binds UDP on the broker's address and answers heartbeats."""
+
+    def __init__(self, broker: "Broker", host: str, port: int) -> None:
+        self.broker = broker
+        self.host = host
+        self.port = port
+        self.received = 0
+        self.answered = 0
+        self.bad = 0
+        self.last_bad: str | None = None
+        self._stream: Any = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def start(self) -> bool:
+        try:
+            self._stream = await asyncio_dgram.bind((self.host, self.port))
+        except OSError as exc:
+            log.warning("no UDP heartbeats: cannot bind %s:%d: %s", self.host, self.port, exc)
+            return False
+        self._task = asyncio.ensure_future(self._serve())
+        return True
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+    async def _serve(self) -> None:
+        while True:
+            try:
+                data, addr = await self._stream.recv()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # ICMP errors surface here; keep serving
+                log.debug("heartbeat recv: %s", exc)
+                await asyncio.sleep(0.01)
+                continue
+            try:
+                reply = self.handle(data, addr)
+            except Exception as exc:  # never let a datagram kill the loop
+                self.bad += 1
+                self.last_bad = f"internal error: {exc}"
+                log.exception("heartbeat handling failed")
+                continue
+            if reply is None:
+                continue
+            try:
+                await self._stream.send(reply, addr)
+                self.answered += 1
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.debug("heartbeat answer to %s failed: %s", addr, exc)
+
+    def handle(self, data: bytes, addr: Any) -> bytes | None:
+        """Record one slave heartbeat; the answer to send back, or None (ignored)."""
+        broker = self.broker
+        try:
+            message = decode(data, "slave")
+            if message["broker_id"] != broker.config.broker_id:
+                raise BadHeartbeat(f"heartbeat for broker {message['broker_id']}, this is broker {broker.config.broker_id}")
+        except BadHeartbeat as exc:
+            self.bad += 1
+            self.last_bad = str(exc)
+            log.debug("ignored a bad heartbeat from %s: %s", addr, exc)
+            return None
+        self.received += 1
+        if broker.slave is None:
+            address = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) and len(addr) >= 2 else None
+            broker.progress.heartbeat(message["slave_id"], address, message["_log_ends"], message["epoch"])
+            heard = getattr(broker, "slave_heard", None)
+            if heard is not None:  # sync replication: a quiet but alive slave stays counted
+                heard(message["slave_id"])
+        log_ends, committed = {}, {}
+        for (topic, partition), log_ in broker.store.logs().items():
+            key = partition_key(topic, partition)
+            log_ends[key] = log_.log_end
+            committed[key] = broker.committed(topic, partition, log_)
+        reply = {
+            "kind": "hb",
+            "role": "master" if broker.slave is None else "slave",
+            "broker_id": broker.config.broker_id,
+            "epoch": broker.epoch,
+            "log_ends": log_ends,
+            "committed": committed,
+            "sent_at": time.time(),
+            "echo": message["sent_at"],
+        }
+        encoded = encode(reply)
+        if len(encoded) > MAX_DATAGRAM:
+            reply["log_ends"], reply["committed"] = {}, {}
+            encoded = encode(reply)
+        return encoded
+
+    def status_pairs(self) -> list[tuple[str, object]]:
+        return [
+            ("heartbeat_udp", f"{self.host}:{self.port}" if self.running else "off"),
+            ("heartbeats_received", self.received),
+            ("heartbeats_bad", self.bad),
+        ]
+
+
+# --- the slave side -------------------------------------------------------------------
+
+
+@dataclass
+class MasterHeartbeat:
+    """The last heartbeat answer from the master, as the slave saw it."""
+
+    received_at: float  # time.monotonic() on the slave
+    broker_id: int
+    epoch: int
+    role: str
+    log_ends: dict[tuple[str, int], int] = field(default_factory=dict)
+    committed: dict[tuple[str, int], int] = field(default_factory=dict)
+    rtt_ms: float | None = None
+
+
+class SlaveHeartbeat:
+    """Sends heartbeats to the current master and keeps its last answer."""
+
+    def __init__(
+        self,
+        broker_id: int,
+        slave_id: int,
+        epoch: Callable[[], int],
+        log_ends: Callable[[], dict[tuple[str, int], int]],
+        interval: float = HEARTBEAT_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.broker_id = broker_id
+        self.slave_id = slave_id
+        self.epoch = epoch
+        self.log_ends = log_ends
+        self.interval = interval
+        self.clock = clock
+        self.target: tuple[str, int] | None = None
+        self.master: MasterHeartbeat | None = None
+        self.sent = 0
+        self.received = 0
+        self.bad = 0
+        self.last_bad: str | None = None
+        self._since = clock()
+        self._task: asyncio.Task[None] | None = None
+
+    def retarget(self, address: tuple[str, int] | None) -> None:
+        """Follow a new master address (None: no master). Call on the event loop."""
+        if address == self.target and (address is None or self.running):
+            return
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        self.target = address
+        self.master = None
+        self._since = self.clock()
+        if address is not None:
+            self._task = asyncio.ensure_future(self._run(address))
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    def master_silent_for(self) -> float | None:
+        """Seconds since the master last answered (or since we started asking); None if no master."""
+        if self.target is None:
+            return None
+        last = self.master.received_at if self.master is not None else self._since
+        return max(0.0, self.clock() - last)
+
+    def heartbeat_age_ms(self) -> float | None:
+        if self.master is None:
+            return None
+        return max(0.0, (self.clock() - self.master.received_at) * 1000)
+
+    def message(self) -> bytes:
+        ends = {partition_key(t, p): end for (t, p), end in self.log_ends().items()}
+        message = {
+            "kind": "hb",
+            "role": "slave",
+            "broker_id": self.broker_id,
+            "slave_id": self.slave_id,
+            "epoch": self.epoch(),
+            "log_ends": ends,
+            "sent_at": time.time(),
+        }
+        encoded = encode(message)
+        if len(encoded) > MAX_DATAGRAM:
+            message["log_ends"] = {}
+            encoded = encode(message)
+        return encoded
+
+    def handle(self, data: bytes) -> None:
+        try:
+            message = decode(data, "master")
+            if message["broker_id"] != self.broker_id:
+                raise BadHeartbeat(f"answer from broker {message['broker_id']}, expected {self.broker_id}")
+        except BadHeartbeat as exc:
+            self.bad += 1
+            self.last_bad = str(exc)
+            log.debug("ignored a bad heartbeat answer: %s", exc)
+            return
+        self.received += 1
+        echo = message.get("echo")
+        rtt = None
+        if isinstance(echo, (int, float)) and not isinstance(echo, bool):
+            rtt = max(0.0, (time.time() - echo) * 1000)
+        self.master = MasterHeartbeat(
+            self.clock(), message["broker_id"], message["epoch"], message["role"],
+            message["_log_ends"], message["_committed"], rtt,
+        )
+
+    async def _run(self, address: tuple[str, int]) -> None:
+        while True:
+            stream = None
+            try:
+                stream = await asyncio_dgram.connect(address)
+                receiver = asyncio.ensure_future(self._receive(stream))
+                try:
+                    while not receiver.done():
+                        await stream.send(self.message())
+                        self.sent += 1
+                        await asyncio.wait([receiver], timeout=self.interval)
+                    receiver.result()  # re-raise its error, if any
+                finally:
+                    receiver.cancel()
+                    await asyncio.gather(receiver, return_exceptions=True)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # refused (master down), unreachable, ...: try again later
+                log.debug("heartbeat to %s:%d: %s", address[0], address[1], exc)
+                await asyncio.sleep(self.interval)
+            finally:
+                if stream is not None:
+                    stream.close()
+
+    async def _receive(self, stream: Any) -> None:
+        while True:
+            data, _addr = await stream.recv()
+            self.handle(data)
+
+    def status_pairs(self) -> list[tuple[str, object]]:
+        age = self.heartbeat_age_ms()
+        silent = self.master_silent_for()
+        rtt = self.master.rtt_ms if self.master is not None else None
+        return [
+            ("master_heartbeat_age_ms", "-" if age is None else f"{age:.0f}"),
+            ("master_silent_for_ms", "-" if silent is None else f"{silent * 1000:.0f}"),
+            ("master_heartbeat_rtt_ms", "-" if rtt is None else f"{rtt:.2f}"),
+            ("master_heartbeats_sent", self.sent),
+            ("master_heartbeats_answered", self.received),
+            ("master_heartbeats_bad", self.bad),
+        ]

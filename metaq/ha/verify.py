@@ -1,0 +1,287 @@
+"""Compare a slave's logs with its master's: ``metaq verify`` and the failover drills.
+
+The invariant checked: **every slave's log is a byte-identical prefix of its
+master's log at the same offsets.** For each topic-partition and slave:
+
+1. read both logs' bounds (``stats {topic}``: ``min_offset`` and ``max_offset``,
+   the log end); the slave first, so a master that keeps appending cannot make a
+   healthy slave look ahead;
+2. the slave must not end past the master (``slave log_end <= master log_end``);
+3. over the common range ``[max(mins), min(ends))`` the CRC32s of 4 MiB chunks
+   (the ``checksum`` op, computed by each broker on its own disk) must be equal;
+4. on a mismatch the differing chunk is bisected with more ``checksum`` calls,
+   first to a range of at most 4 KiB (reported as the first differing byte
+   range) and then down to the first differing byte.
+
+Nothing here writes anything or registers as a replica, so it is safe against a
+live group. Used by the CLI (``metaq/cli/verify.py``), the integration tests and
+the failover drills.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..client.connection import BrokerConnection, ConnectionClosed
+from ..zk.paths import ZkPaths, parse_broker_url
+
+CHUNK = 4 * 1024 * 1024
+FINE = 4096
+PIPELINE = 8
+
+_SLAVE_NODE = re.compile(r"^slave(\d+)$")
+_BOUNDS = re.compile(r"min_offset=(\d+) max_offset=(\d+)")
+
+
+class VerifyError(Exception):
+    """The group could not be checked at all (ZK unreachable, no master, ...)."""
+
+
+@dataclass
+class PartitionCheck:
+    topic: str
+    partition: int
+    slave: str  # "slave{k}"
+    status: str  # ok | diverged | ahead | missing | error
+    master_range: tuple[int, int] | None = None
+    slave_range: tuple[int, int] | None = None
+    compared_bytes: int = 0
+    diff_range: tuple[int, int] | None = None  # first differing range, <= 4 KiB
+    diff_offset: int | None = None  # first differing byte
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def describe(self) -> str:
+        if self.status == "ok":
+            assert self.slave_range is not None and self.master_range is not None
+            return (
+                f"OK: identical prefix, {self.compared_bytes} bytes compared "
+                f"(slave [{self.slave_range[0]}, {self.slave_range[1]}), master ends at {self.master_range[1]})"
+            )
+        text = self.status.upper()
+        if self.diff_range is not None:
+            text += f": first difference in bytes [{self.diff_range[0]}, {self.diff_range[1]})"
+            if self.diff_offset is not None:
+                text += f", at byte {self.diff_offset}"
+        return text + (f"; {self.detail}" if self.detail else "")
+
+
+@dataclass
+class VerifyReport:
+    broker_id: int
+    master: str
+    slaves: dict[int, str]
+    checks: list[PartitionCheck] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.slaves) and all(check.ok for check in self.checks)
+
+
+# --- one partition --------------------------------------------------------------------
+
+
+async def log_bounds(conn: BrokerConnection, topic: str, partition: int, broker_id: int, timeout: float = 10) -> tuple[int, int] | None:
+    """``(min_offset, log_end)`` of a partition on one broker, or None if it has no such log."""
+    reply = await conn.request({"op": "stats", "item": topic}, timeout=timeout)
+    if not reply.ok:
+        return None
+    name = f"{topic}-{broker_id}-{partition}"
+    for line in reply.body.decode("utf-8", "replace").splitlines():
+        key, _, rest = line.partition(" ")
+        if key == name:
+            found = _BOUNDS.search(rest)
+            if found:
+                return int(found.group(1)), int(found.group(2))
+    return None
+
+
+async def range_crc(conn: BrokerConnection, topic: str, partition: int, start: int, end: int, timeout: float = 60) -> int:
+    reply = await conn.request(
+        {"op": "checksum", "topic": topic, "partition": partition, "start": start, "end": end}, timeout=timeout
+    )
+    if not reply.ok:
+        raise VerifyError(f"checksum [{start}, {end}) of {topic}-{partition} on {conn.address}: {reply.code} {reply.message}")
+    if int(reply.get("end", end)) != end:
+        raise VerifyError(f"{conn.address} no longer has bytes up to {end} of {topic}-{partition}")
+    return int(reply["crc"])
+
+
+async def _differs(master: BrokerConnection, slave: BrokerConnection, topic: str, partition: int, start: int, end: int) -> bool:
+    a, b = await asyncio.gather(
+        range_crc(master, topic, partition, start, end), range_crc(slave, topic, partition, start, end)
+    )
+    return a != b
+
+
+async def first_difference(
+    master: BrokerConnection, slave: BrokerConnection, topic: str, partition: int, start: int, end: int,
+    chunk: int = CHUNK, fine: int = FINE,
+) -> tuple[tuple[int, int], int] | None:
+    """The first differing range (<= ``fine`` bytes) and byte in ``[start, end)``, or None if equal."""
+    bad: tuple[int, int] | None = None
+    chunks = [(pos, min(pos + chunk, end)) for pos in range(start, end, chunk)]
+    for i in range(0, len(chunks), PIPELINE):
+        window = chunks[i : i + PIPELINE]
+        results = await asyncio.gather(*(_differs(master, slave, topic, partition, a, b) for a, b in window))
+        for (a, b), differs in zip(window, results):
+            if differs:
+                bad = (a, b)
+                break
+        if bad is not None:
+            break
+    if bad is None:
+        return None
+    lo, hi = bad
+    # Invariant: [lo, hi) differs and everything before lo is equal.
+    diff_range: tuple[int, int] | None = (lo, hi) if hi - lo <= fine else None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if await _differs(master, slave, topic, partition, lo, mid):
+            hi = mid
+        else:
+            lo = mid
+        if diff_range is None and hi - lo <= fine:
+            diff_range = (lo, hi)
+    return diff_range or (lo, hi), lo
+
+
+async def compare_partition(
+    master: BrokerConnection, slave: BrokerConnection, topic: str, partition: int, broker_id: int,
+    slave_name: str = "slave", chunk: int = CHUNK,
+) -> PartitionCheck:
+    """Is the slave's log of ``topic-partition`` a byte-identical prefix of the master's?"""
+    check = PartitionCheck(topic, partition, slave_name, "error")
+    try:
+        slave_bounds = await log_bounds(slave, topic, partition, broker_id)
+        master_bounds = await log_bounds(master, topic, partition, broker_id)
+        if master_bounds is None:
+            check.status, check.detail = "error", f"the master has no log for {topic}-{partition}"
+            return check
+        check.master_range = master_bounds
+        if slave_bounds is None:
+            check.status, check.detail = "missing", f"{slave_name} has no log for {topic}-{partition}"
+            return check
+        check.slave_range = slave_bounds
+        (s_min, s_end), (m_min, m_end) = slave_bounds, master_bounds
+        start, end = max(s_min, m_min), min(s_end, m_end)
+        if start < end:
+            found = await first_difference(master, slave, topic, partition, start, end, chunk)
+            if found is not None:
+                check.status = "diverged"
+                check.diff_range, check.diff_offset = found
+                check.compared_bytes = found[1] - start
+                check.detail = f"{slave_name} and master hold different bytes at offset {found[1]}"
+                return check
+            check.compared_bytes = end - start
+        if s_end > m_end or s_min > m_end:
+            check.status = "ahead"
+            first = max(m_end, s_min)
+            check.diff_range, check.diff_offset = (first, min(s_end, first + FINE)), first
+            check.detail = f"{slave_name} log ends at {s_end}, past the master's log end {m_end}: not a prefix"
+            return check
+        check.status = "ok"
+        if s_min < m_min:
+            check.detail = f"bytes below {m_min} are no longer on the master and were not compared"
+        return check
+    except (ConnectionClosed, ConnectionError, asyncio.TimeoutError, OSError) as exc:
+        check.status, check.detail = "error", f"{type(exc).__name__}: {exc}"
+        return check
+    except VerifyError as exc:
+        check.status, check.detail = "error", str(exc)
+        return check
+
+
+# --- a whole group ---------------------------------------------------------------------
+
+
+def find_group(zk: Any, paths: ZkPaths, broker_id: int) -> tuple[str, dict[int, str]]:
+    """``(master url, {slave_id: url})`` of a broker group, from ZooKeeper (kazoo client)."""
+    from kazoo.exceptions import NoNodeError
+
+    base = paths.broker(broker_id)
+    try:
+        children = zk.get_children(base)
+    except NoNodeError:
+        raise VerifyError(f"no broker {broker_id} in ZooKeeper ({base} does not exist)") from None
+    try:
+        master = zk.get(paths.master(broker_id))[0].decode()
+    except NoNodeError:
+        raise VerifyError(f"broker {broker_id} has no master registered ({paths.master(broker_id)})") from None
+    slaves: dict[int, str] = {}
+    for child in children:
+        matched = _SLAVE_NODE.match(child)
+        if matched:
+            try:
+                slaves[int(matched.group(1))] = zk.get(f"{base}/{child}")[0].decode()
+            except NoNodeError:
+                continue
+    return master, dict(sorted(slaves.items()))
+
+
+async def verify_urls(
+    broker_id: int, master_url: str, slaves: dict[int, str], topic: str | None = None, chunk: int = CHUNK
+) -> VerifyReport:
+    report = VerifyReport(broker_id, master_url, slaves)
+    try:
+        master = await BrokerConnection.open(*parse_broker_url(master_url))
+    except ConnectionClosed as exc:
+        raise VerifyError(f"master of broker {broker_id}: {exc}") from None
+    try:
+        reply = await master.request({"op": "topics"}, timeout=10)
+        if not reply.ok:
+            raise VerifyError(f"master {master_url} answered topics with {reply.code}: {reply.message}")
+        topics: dict[str, int] = dict(reply["topics"])
+        if topic is not None:
+            if topic not in topics:
+                raise VerifyError(f"the master of broker {broker_id} has no topic {topic!r}")
+            topics = {topic: topics[topic]}
+        for slave_id, url in slaves.items():
+            name = f"slave{slave_id}"
+            try:
+                slave = await BrokerConnection.open(*parse_broker_url(url))
+            except (ConnectionClosed, ValueError) as exc:
+                for name_, parts in sorted(topics.items()):
+                    for p in range(parts):
+                        report.checks.append(PartitionCheck(name_, p, name, "error", detail=str(exc)))
+                continue
+            try:
+                for name_, parts in sorted(topics.items()):
+                    for p in range(parts):
+                        report.checks.append(await compare_partition(master, slave, name_, p, broker_id, name, chunk))
+            finally:
+                slave.close()
+    finally:
+        master.close()
+    return report
+
+
+async def verify_group(
+    zk_connect: str, broker_id: int, zk_root: str = "/meta", topic: str | None = None,
+    chunk: int = CHUNK, timeout: float = 10.0,
+) -> VerifyReport:
+    """Find the group in ZooKeeper and compare every slave with the master."""
+    master_url, slaves = await asyncio.to_thread(_read_group, zk_connect, zk_root, broker_id, timeout)
+    return await verify_urls(broker_id, master_url, slaves, topic, chunk)
+
+
+def _read_group(zk_connect: str, zk_root: str, broker_id: int, timeout: float) -> tuple[str, dict[int, str]]:
+    from kazoo.client import KazooClient
+
+    client = KazooClient(hosts=zk_connect, timeout=timeout)
+    try:
+        client.start(timeout=timeout)
+    except Exception as exc:
+        client.close()
+        raise VerifyError(f"cannot reach ZooKeeper at {zk_connect}: {exc or 'timed out'}") from None
+    try:
+        return find_group(client, ZkPaths(zk_root), broker_id)
+    finally:
+        client.stop()
+        client.close()
