@@ -21,6 +21,8 @@ COMMANDS = {
     "consume": "consume",
     "stats": "stats",
     "demo": "demo",
+    "cluster": "cluster",
+    "verify": "verify",
 }
 
 

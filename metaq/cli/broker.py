@@ -23,4 +23,11 @@ def run(args: argparse.Namespace) -> int:
         slave = load_slave_properties(args.slave) if args.slave else None
     except ConfigError as exc:
         raise MetaqError(str(exc)) from None
-    return run_broker(config, slave)
+    from ..server.registry import RegistryError
+    from ..store.log import LogCorruptError
+
+    try:
+        return run_broker(config, slave)
+    except (RegistryError, LogCorruptError, OSError) as exc:
+        # ZooKeeper unreachable, port taken, unusable data dir: one line, no traceback.
+        raise MetaqError(f"broker {config.broker_id} ({args.config}) cannot run: {exc}") from None

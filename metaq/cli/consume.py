@@ -14,7 +14,7 @@ import signal
 import sys
 
 from ..errors import MetaqError
-from .produce import add_zk_arguments
+from .produce import add_zk_arguments, client_config
 from .progress import Progress
 
 
@@ -37,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 async def consume(args: argparse.Namespace) -> int:
-    from ..client import AsyncMessageSessionFactory, ConsumerConfig, Message, MetaClientConfig
+    from ..client import AsyncMessageSessionFactory, ConsumerConfig, Message
 
     if args.max is not None and args.max < 1:
         raise MetaqError("--max must be positive")
@@ -54,7 +54,7 @@ async def consume(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise MetaqError(str(exc)) from None
-    client_config = MetaClientConfig(zk_connect=args.zk, zk_root=args.zk_root, zk_session_timeout_ms=args.zk_session_timeout_ms)
+    config = client_config(args)
     loop = asyncio.get_running_loop()
     done = asyncio.Event()
     activity = asyncio.Event()
@@ -76,7 +76,7 @@ async def consume(args: argparse.Namespace) -> int:
             consumer.pause()
             done.set()
 
-    factory = await AsyncMessageSessionFactory(client_config).start()
+    factory = await AsyncMessageSessionFactory(config).start()
     try:
         consumer = factory.create_consumer(consumer_config)
         consumer.subscribe(args.topic, None, listener)

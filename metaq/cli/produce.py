@@ -38,6 +38,21 @@ def add_zk_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--zk", required=True, metavar="HOST:PORT[,...]", help="ZooKeeper connect string")
     parser.add_argument("--zk-root", default="/meta", help="ZooKeeper root of the cluster (default /meta)")
     parser.add_argument("--zk-session-timeout-ms", type=int, default=30000, help=argparse.SUPPRESS)
+    parser.add_argument("--zk-connect-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper (default 10)")
+
+
+def client_config(args: argparse.Namespace, **settings):
+    """The MetaClientConfig for --zk/--zk-root/...; kazoo's reconnect chatter stays out of the output."""
+    import logging
+
+    from ..client import MetaClientConfig
+
+    if not getattr(args, "verbose", False):
+        logging.getLogger("kazoo").setLevel(logging.CRITICAL)
+    return MetaClientConfig(
+        zk_connect=args.zk, zk_root=args.zk_root, zk_session_timeout_ms=args.zk_session_timeout_ms,
+        zk_connection_timeout_ms=int(args.zk_connect_timeout * 1000), **settings,
+    )
 
 
 def generated(count: int, size: int) -> list[bytes]:
@@ -65,14 +80,11 @@ async def stdin_lines(batch: int) -> AsyncIterator[list[bytes]]:
 
 
 async def produce(args: argparse.Namespace) -> int:
-    from ..client import AsyncMessageSessionFactory, Message, MetaClientConfig
+    from ..client import AsyncMessageSessionFactory, Message
 
     if args.count is not None and args.count < 0 or args.size < 1 or args.batch < 1 or args.in_flight < 1:
         raise MetaqError("--count, --size, --batch and --in-flight must be positive")
-    config = MetaClientConfig(
-        zk_connect=args.zk, zk_root=args.zk_root, zk_session_timeout_ms=args.zk_session_timeout_ms,
-        send_timeout_s=args.send_timeout,
-    )
+    config = client_config(args, send_timeout_s=args.send_timeout)
     factory = await AsyncMessageSessionFactory(config).start()
     progress = Progress(f"producing to {args.topic}", total=args.count)
     sent = failed = unknown = 0

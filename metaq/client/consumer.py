@@ -9,14 +9,16 @@ shutdown. A consumer that dies redelivers at most what it consumed since its las
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Union
 
 from ..protocol import commands as c
-from ..record import RecordError, iter_records
+from ..record import RecordError
 from .cluster import Cluster, ClusterSnapshot
+from .codec import decode_messages
 from .config import ConsumerConfig, MetaClientConfig
 from .connection import BrokerConnection, ConnectionClosed
 from .message import Message, Partition
@@ -47,14 +49,33 @@ class Subscription:
     max_size: int
     listener: Listener
 
+    def __post_init__(self) -> None:
+        self.is_async = inspect.iscoroutinefunction(self.listener) or inspect.iscoroutinefunction(
+            getattr(self.listener, "__call__", None)
+        )
 
-@dataclass
+
 class _FetcherState:
-    position: Position | None = None
-    committed: Position | None = None
-    replica: Replica | None = None
-    failed_replica: Replica | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
+    """A fetcher's place: the offset to fetch next and the id of the message before it.
+
+    Kept as two plain fields (not a Position per message) because the delivery loop
+    updates them for every message.
+    """
+
+    def __init__(self, position: Position | None) -> None:
+        self.next_offset: int | None = position.offset if position else None
+        self.last_msg_id: int = position.msg_id if position else -1
+        self.committed: Position | None = position
+        self.replica: Replica | None = None
+        self.failed_replica: Replica | None = None
+
+    @property
+    def position(self) -> Position | None:
+        return None if self.next_offset is None else Position(self.last_msg_id, self.next_offset)
+
+    @position.setter
+    def position(self, value: Position) -> None:
+        self.last_msg_id, self.next_offset = value.msg_id, value.offset
 
 
 class PartitionFetcher:
@@ -65,7 +86,7 @@ class PartitionFetcher:
         self.subscription = subscription
         self.topic = subscription.topic
         self.partition = partition
-        self.state = _FetcherState(position=position, committed=position)
+        self.state = _FetcherState(position)
         self._stopping = False
         self._in_wait = False
         self._task: asyncio.Task[None] | None = None
@@ -189,16 +210,10 @@ class PartitionFetcher:
         assert self.state.position is not None
         if reply.code == c.OK:
             base = int(reply["offset"])
-            delivered_any = False
-            for record in iter_records(reply.body, base):
-                if self._stopping or self.consumer.paused:
-                    return "data" if delivered_any else "idle"
-                message = Message(self.topic, record.data, record.attribute, id=record.msg_id, partition=self.partition, offset=record.offset)
-                await self.consumer._deliver_or_recover(self.subscription, message)
-                self.state.position = Position(record.msg_id, record.offset + record.size)
-                delivered_any = True
-            if delivered_any:
-                return "data"
+            messages, ends = decode_messages(reply.body, base, self.topic, self.partition)
+            if messages:
+                delivered = await self.consumer._deliver_batch(self, messages, ends)
+                return "data" if delivered else "idle"
             if len(reply.body) >= max_size and max_size < self.consumer.config.max_fetch_size:
                 return "grow"
             raise _FetchError(f"fetch at {base} returned {len(reply.body)} bytes without a whole record")
@@ -319,10 +334,40 @@ class AsyncMessageConsumer:
 
     # --- delivery ----------------------------------------------------------------------------
 
-    async def _deliver(self, subscription: Subscription, message: Message, redelivery: bool = False) -> bool:
-        """Call the listener up to max_retries times; True once it returned normally."""
+    async def _deliver_batch(self, fetcher: PartitionFetcher, messages: list[Message], ends: list[int]) -> int:
+        """Deliver a fetched batch in order, advancing the fetcher's position after each message.
+
+        A plain-function listener is called inline (no coroutine per message: this loop is
+        the consumer's hot path); only a failure takes the retry/recover path.
+        """
+        subscription = fetcher.subscription
+        listener = subscription.listener
+        state = fetcher.state
+        stats = self.stats
+        delivered = 0
+        for message, end in zip(messages, ends):
+            if fetcher._stopping or self.paused:
+                break
+            if subscription.is_async:
+                await self._deliver_or_recover(subscription, message)
+            else:
+                try:
+                    listener(message)
+                    stats.delivered += 1
+                except Exception as exc:
+                    stats.listener_failures += 1
+                    log.warning("listener failed on %s-%s@%s (attempt 1 of %d): %s", message.topic, message.partition,
+                                message.offset, self.config.max_retries, exc)
+                    await self._deliver_or_recover(subscription, message, failed=1)
+            state.last_msg_id = message.id  # type: ignore[assignment]
+            state.next_offset = end
+            delivered += 1
+        return delivered
+
+    async def _deliver(self, subscription: Subscription, message: Message, redelivery: bool = False, failed: int = 0) -> bool:
+        """Call the listener up to max_retries times (minus ``failed``); True once it returned normally."""
         attempts = 1 if redelivery else self.config.max_retries
-        for attempt in range(1, attempts + 1):
+        for attempt in range(failed + 1, attempts + 1):
             try:
                 result = subscription.listener(message)
                 if asyncio.iscoroutine(result):
@@ -338,8 +383,8 @@ class AsyncMessageConsumer:
             return True
         return False
 
-    async def _deliver_or_recover(self, subscription: Subscription, message: Message) -> None:
-        if await self._deliver(subscription, message):
+    async def _deliver_or_recover(self, subscription: Subscription, message: Message, failed: int = 0) -> None:
+        if await self._deliver(subscription, message, failed=failed):
             return
         # One bad message must not stall the partition: park it on disk and move on.
         await asyncio.to_thread(self.recover_store.append, message)
@@ -353,7 +398,11 @@ class AsyncMessageConsumer:
         await self._commit_fetchers(fetcher.topic, [fetcher])
 
     async def _commit_fetchers(self, topic: str, fetchers: list[PartitionFetcher]) -> None:
-        changed = {f.partition: f.state.position for f in fetchers if f.state.position is not None and f.state.position != f.state.committed}
+        changed = {}
+        for fetcher in fetchers:
+            position = fetcher.state.position
+            if position is not None and position != fetcher.state.committed:
+                changed[fetcher.partition] = position
         if not changed:
             return
         await self.offset_store.commit(self.config.group, topic, changed)  # type: ignore[arg-type]

@@ -26,9 +26,9 @@ from typing import Callable, Iterable
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
 
 from ..protocol import commands as c
-from ..record import encode_record, record_ends
 from ..zk.paths import parse_broker_url
 from .cluster import Cluster
+from .codec import encode_messages
 from .config import MetaClientConfig
 from .connection import ConnectionClosed
 from .message import Message, Partition, SendResult
@@ -129,15 +129,22 @@ class AsyncMessageProducer:
             if topic not in self.cluster.snapshot.pub:
                 await self.publish(topic)
             partitions = self._candidates(topic)
+            if not getattr(self.selector, "per_message", True):
+                # One pick per put-sized chunk instead of one per message.
+                indexes = indexes[::MAX_BATCH_COUNT]
+                chunk_of = {i: by_topic[topic][n * MAX_BATCH_COUNT : (n + 1) * MAX_BATCH_COUNT] for n, i in enumerate(indexes)}
+            else:
+                chunk_of = {i: [i] for i in indexes}
             for i in indexes:
                 try:
                     partition = self.selector.select(topic, partitions, messages[i]) if partitions else None
                 except NoPartitionAvailable:
                     partition = None  # retried below until a master shows up or time runs out
-                except Exception as exc:  # a user selector's bug is this message's failure
-                    results[i] = self._failed(messages[i], f"partition selector failed: {exc}")
+                except Exception as exc:  # a user selector's bug fails its messages, not the batch
+                    for j in chunk_of[i]:
+                        results[j] = self._failed(messages[j], f"partition selector failed: {exc}")
                     continue
-                groups[(topic, partition)].append(i)
+                groups[(topic, partition)].extend(chunk_of[i])
         jobs = []
         for (topic, partition), indexes in groups.items():
             for start in range(0, len(indexes), MAX_BATCH_COUNT):
@@ -174,7 +181,7 @@ class AsyncMessageProducer:
     async def _send_chunk(
         self, topic: str, partition: Partition | None, messages: list[Message], timeout: float | None
     ) -> list[SendResult]:
-        body = b"".join(encode_record(m.data, m.attribute) for m in messages)
+        body, starts = encode_messages(messages)
         config = self.config
         total = timeout if timeout is not None else config.send_timeout_s
         retrying = AsyncRetrying(
@@ -208,10 +215,9 @@ class AsyncMessageProducer:
             ]
         stored_in = Partition(partition.broker_id, int(header["partition"]))  # type: ignore[union-attr]
         first_offset, first_id = int(header["offset"]), int(header["msg_id"])
-        starts = [first_offset] + record_ends(body, first_offset)[:-1]
         return [
-            SendResult(True, stored_in, offset, first_id + i, topic=topic, code=c.OK, attempts=attempts)
-            for i, offset in enumerate(starts)
+            SendResult(True, stored_in, first_offset + start, first_id + i, None, topic, c.OK, False, attempts)
+            for i, start in enumerate(starts)
         ]
 
     def _reselect(self, topic: str, message: Message) -> Partition:

@@ -18,11 +18,21 @@ class NoPartitionAvailable(LookupError):
 
 
 class PartitionSelector(Protocol):
+    """``select`` is called per message, unless the selector sets ``per_message = False``:
+    then once per batch, with the batch's first message."""
+
     def select(self, topic: str, partitions: list[Partition], message: Message) -> Partition: ...
 
 
 class RoundRobinPartitionSelector:
-    """MetaQ's default: each send goes to the next partition, over all live masters."""
+    """MetaQ's default: each send goes to the next partition, over all live masters.
+
+    A batch send counts as one send: the whole batch goes to one partition (in one put),
+    the next batch to the next partition, like Kafka's sticky partitioner.
+    """
+
+    #: The producer may pick once per batch instead of once per message.
+    per_message = False
 
     def __init__(self) -> None:
         self._counters: dict[str, itertools.count[int]] = {}

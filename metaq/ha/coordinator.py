@@ -30,6 +30,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from kazoo.exceptions import KazooException
+from kazoo.handlers.threading import KazooTimeoutError
 
 from ..client.connection import BrokerConnection, ConnectionClosed
 from ..config import SlaveConfig
@@ -43,6 +44,9 @@ if TYPE_CHECKING:
     from ..server.broker import Broker
 
 log = logging.getLogger(__name__)
+
+# What a ZooKeeper call may raise when ZooKeeper is slow or away.
+ZK_ERRORS = (KazooException, KazooTimeoutError)
 
 
 class HaCoordinator:
@@ -186,7 +190,7 @@ class HaCoordinator:
         """Look at ZooKeeper afresh and post what we see."""
         try:
             state = await asyncio.to_thread(read_group_state, self.zk, self.paths, self.broker_id)
-        except KazooException as exc:
+        except ZK_ERRORS as exc:
             log.warning("cannot read the group's state from ZooKeeper (%s); retrying", exc)
             await asyncio.sleep(0.2)
             self.post(Event.MASTER_GONE, "re-evaluate")
@@ -206,7 +210,7 @@ class HaCoordinator:
     async def _still_our_epoch(self) -> bool:
         try:
             state = await asyncio.to_thread(read_group_state, self.zk, self.paths, self.broker_id)
-        except KazooException:
+        except ZK_ERRORS:
             return False
         return state.epoch == self.epoch and state.master_url == self.my_url
 
@@ -259,7 +263,7 @@ class HaCoordinator:
         """Post ELIGIBLE (and return True) if the election rules let us try to take over."""
         try:
             state = await asyncio.to_thread(read_group_state, self.zk, self.paths, self.broker_id)
-        except KazooException as exc:
+        except ZK_ERRORS as exc:
             log.warning("cannot read the group's state (%s)", exc)
             await asyncio.sleep(0.2)
             self.post(Event.MASTER_GONE, "re-evaluate")
@@ -290,7 +294,7 @@ class HaCoordinator:
     async def _elect(self, seen: GroupState) -> None:
         try:
             epoch = await asyncio.to_thread(try_take_master, self.zk, self.paths, self.broker_id, self.my_url, seen)
-        except KazooException as exc:
+        except ZK_ERRORS as exc:
             log.warning("election transaction failed: %s", exc)
             epoch = None
         if epoch is None:
@@ -363,7 +367,7 @@ class HaCoordinator:
         """A master without --slave that must follow takes the smallest free slave id."""
         try:
             children = self.zk.get_children(self.paths.broker(self.broker_id))
-        except KazooException:
+        except ZK_ERRORS:
             children = []
         taken = set()
         for child in children:

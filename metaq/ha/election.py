@@ -54,20 +54,30 @@ def encode_epoch(epoch: int, leader_url: str) -> bytes:
     return json.dumps({"epoch": epoch, "leader": leader_url}).encode()
 
 
+#: How long one ZooKeeper read may take. kazoo's blocking calls wait for a
+#: reconnection forever; an HA decision must rather fail and be retried.
+ZK_CALL_TIMEOUT_S = 5.0
+
+
+def _get(client: KazooClient, path: str) -> tuple[bytes, object]:
+    return client.get_async(path).get(timeout=ZK_CALL_TIMEOUT_S)
+
+
 def read_group_state(client: KazooClient, paths: ZkPaths, broker_id: int) -> GroupState:
+    """Raises NoNodeError-free results; KazooException or a timeout if ZooKeeper is unreachable."""
     try:
-        data, _ = client.get(paths.master(broker_id))
+        data, _ = _get(client, paths.master(broker_id))
         master_url: str | None = data.decode("utf-8")
     except NoNodeError:
         master_url = None
     try:
-        data, stat = client.get(paths.epoch(broker_id))
+        data, stat = _get(client, paths.epoch(broker_id))
         epoch, leader = _decode_epoch(data)
         version = stat.version
     except NoNodeError:
         epoch, leader, version = 0, None, -1
     try:
-        data, _ = client.get(paths.sync_set(broker_id))
+        data, _ = _get(client, paths.sync_set(broker_id))
         value = json.loads(data.decode("utf-8"))
         sync_set: frozenset[int] | None = frozenset(int(s) for s in value.get("slaves", []))
         sync_epoch: int | None = int(value.get("epoch", 0))
@@ -82,7 +92,6 @@ def try_take_master(
     """Atomically take the lock and the next epoch; the new epoch, or None if someone else did."""
     new_epoch = seen.epoch + 1
     epoch_path = paths.epoch(broker_id)
-    client.ensure_path(paths.broker(broker_id))
     tx = client.transaction()
     if seen.epoch_version < 0:
         tx.create(epoch_path, encode_epoch(new_epoch, url))
@@ -90,7 +99,7 @@ def try_take_master(
         tx.check(epoch_path, seen.epoch_version)
         tx.set_data(epoch_path, encode_epoch(new_epoch, url), version=seen.epoch_version)
     tx.create(paths.master(broker_id), url.encode(), ephemeral=True)
-    results = tx.commit()
+    results = tx.commit_async().get(timeout=ZK_CALL_TIMEOUT_S)
     # A failed transaction reports an exception per operation (the culprit, and
     # RolledBackError for the others); nothing was applied.
     if any(isinstance(r, Exception) for r in results):

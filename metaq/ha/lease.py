@@ -48,7 +48,7 @@ class ZkLease:
     async def renew(self) -> bool:
         started = self._clock()
         try:
-            await asyncio.wait_for(asyncio.to_thread(self.client.exists, "/"), self.valid_for)
+            await asyncio.to_thread(lambda: self.client.exists_async("/").get(timeout=self.valid_for))
         except Exception as exc:  # connection loss, expiry, timeout: the lease just runs out
             log.debug("lease renewal failed: %s", exc)
             return False
@@ -72,6 +72,6 @@ class ZkLease:
     async def stop(self) -> None:
         self.invalidate()
         if self._task is not None:
+            # Not awaited: a renewal stuck on an unreachable ZooKeeper must not hold us.
             self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
             self._task = None

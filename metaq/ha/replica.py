@@ -35,7 +35,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_FETCH_SIZE = 1024 * 1024
+# Bigger than a consumer's: in sync mode every ack waits for a replica fetch round
+# trip, so one fetch must carry whole large batches.
+DEFAULT_FETCH_SIZE = 8 * 1024 * 1024
 
 
 class StaleMaster(ConnectionError):

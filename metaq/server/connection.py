@@ -64,6 +64,9 @@ class ClientConnection(asyncio.Protocol):
         self._paused = False
         self._drained = asyncio.Event()
         self._drained.set()
+        # Replies produced while one batch of received bytes is processed: written with
+        # one transport.write at the end instead of one send() per reply (pipelined puts).
+        self._out: list[bytes] | None = None
 
     # --- asyncio.Protocol -------------------------------------------------------
 
@@ -89,11 +92,19 @@ class ClientConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.decoder.receive_data(data)
-        self._process_events()
+        self._out = []
+        try:
+            self._process_events()
+        finally:
+            self._flush_out()
 
     def eof_received(self) -> bool | None:
         self.decoder.receive_data(b"")
-        self._process_events()
+        self._out = []
+        try:
+            self._process_events()
+        finally:
+            self._flush_out()
         return False
 
     # --- dispatch -------------------------------------------------------------------
@@ -195,8 +206,15 @@ class ClientConnection(asyncio.Protocol):
     # --- output ---------------------------------------------------------------------
 
     def _write(self, data: bytes) -> None:
-        if self.transport is not None and not self.transport.is_closing():
+        if self._out is not None:
+            self._out.append(data)
+        elif self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
+
+    def _flush_out(self) -> None:
+        out, self._out = self._out, None
+        if out:
+            self._write(out[0] if len(out) == 1 else b"".join(out))
 
     def send_reply(self, header: dict[str, Any], body: bytes | bytearray | memoryview = b"") -> None:
         if self._write_lock.locked():
@@ -234,6 +252,7 @@ class ClientConnection(asyncio.Protocol):
 
     def close(self) -> None:
         self._closing = True
+        self._flush_out()  # replies (e.g. the 400 before a close) go out first
         if self.transport is not None:
             self.transport.close()
 

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
 MAX_BATCH_COUNT = 4096
 MAX_CHECKSUM_RANGE = 256 * 1024 * 1024
+#: A slave's fetch may carry more than maxTransferSize: sync acks wait on its round trips.
+MAX_REPLICA_TRANSFER = 16 * 1024 * 1024
 Reply = tuple[dict[str, Any], Any]
 
 
@@ -143,7 +145,8 @@ class RequestHandlers:
         if req.max_size <= 0:
             raise c.RequestError(c.BAD_REQUEST, f"get: max_size must be positive, got {req.max_size}")
         log = self._log(req.topic, req.partition)
-        max_bytes = min(req.max_size, topic.max_transfer_size)
+        cap = topic.max_transfer_size if replica is None else max(topic.max_transfer_size, MAX_REPLICA_TRANSFER)
+        max_bytes = min(req.max_size, cap)
         if replica is not None:
             self._check_replica_epoch(replica)
             self.broker.replica_fetched(req.topic, req.partition, req.offset, replica, req.origin)

@@ -237,7 +237,6 @@ class BrokerRegistry:
             return nodes
         if self.is_master:
             nodes[self.paths.master(self.broker_id)] = self.url.encode()
-            nodes[self.paths.master_config_checksum(self.broker_id)] = str(checksum).encode()
         else:
             nodes[self.paths.slave(self.broker_id, slave_id)] = self.url.encode()
         for name, topic in sorted(topics.items()):
@@ -247,6 +246,10 @@ class BrokerRegistry:
                 nodes[self.paths.topic_pub_node(name, self.broker_id)] = data
             if topic.accept_subscribe:
                 nodes[self.paths.topic_sub_node(name, self.broker_id, slave_id)] = data
+        if self.is_master:
+            # Last, so that its presence means the master is fully registered (and
+            # taking writes: the HA coordinator registers a master once it is ready).
+            nodes[self.paths.master_config_checksum(self.broker_id)] = str(checksum).encode()
         return nodes
 
     # --- worker-thread steps (all kazoo calls happen here) -------------------------------

@@ -55,7 +55,11 @@ def test_producer_spreads_over_all_partitions_of_both_brokers(two_brokers, facto
     producer = factory.create_producer()
     producer.publish(TOPIC)
     results = [producer.send_message(Message(TOPIC, f"m{i}".encode(), attribute="a")) for i in range(20)]
-    results += producer.send_batch([Message(TOPIC, f"b{i}".encode()) for i in range(40)])
+    # Round robin moves on per send call: each batch goes to the next partition in one put.
+    for k in range(4):
+        batch = producer.send_batch([Message(TOPIC, f"b{i}".encode()) for i in range(k * 10, k * 10 + 10)])
+        assert len({str(r.partition) for r in batch}) == 1
+        results += batch
     assert all(r.success for r in results), [r.error_message for r in results if not r.success]
     assert Counter(str(r.partition) for r in results) == {"0-0": 15, "0-1": 15, "1-0": 15, "1-1": 15}
 
@@ -76,7 +80,8 @@ def test_producer_spreads_over_all_partitions_of_both_brokers(two_brokers, facto
 
 def test_offsets_survive_a_consumer_restart(two_brokers, factory, zk_client, zk_root, tmp_path) -> None:
     producer = factory.create_producer()
-    assert all(r.success for r in producer.send_batch([Message(TOPIC, f"first{i}".encode()) for i in range(30)]))
+    for k in range(3):  # three batches: three partitions get messages, one stays empty
+        assert all(r.success for r in producer.send_batch([Message(TOPIC, f"first{i}".encode()) for i in range(k * 10, k * 10 + 10)]))
     first = Collector()
     consumer = factory.create_consumer(consumer_config(tmp_path))
     consumer.subscribe(TOPIC, None, first)
@@ -88,8 +93,12 @@ def test_offsets_survive_a_consumer_restart(two_brokers, factory, zk_client, zk_
     ends = {}
     for m in first.messages:
         ends[str(m.partition)] = max(ends.get(str(m.partition), (0, 0)), (m.offset, m.id))
+    assert len(ends) == 3
     for name, (msg_id, offset) in stored.items():
-        assert msg_id == ends[name][1] and offset > ends[name][0]  # "{msgId}-{offset}" of the last message
+        if name in ends:  # "{msgId}-{offset}": the last message's id, the offset after it
+            assert msg_id == ends[name][1] and offset > ends[name][0]
+        else:  # the start position, committed as soon as the partition was taken
+            assert (msg_id, offset) == (-1, 0)
 
     assert all(r.success for r in producer.send_batch([Message(TOPIC, f"second{i}".encode()) for i in range(20)]))
     second = Collector()

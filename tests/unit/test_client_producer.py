@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import pytest
 
 from metaq.client.cluster import ClusterSnapshot
 from metaq.client.config import MetaClientConfig
@@ -13,6 +12,7 @@ from metaq.client.connection import ConnectionClosed, Reply
 from metaq.client.message import Message, Partition
 from metaq.client.producer import AsyncMessageProducer, classify_reply
 from metaq.client.routing import BrokerAddresses
+from metaq.client.selector import KeyHashPartitionSelector
 from metaq.protocol import commands as c
 
 
@@ -137,14 +137,22 @@ def test_no_partition_fails_after_the_send_timeout() -> None:
 def test_batch_results_carry_each_message_offset_and_id() -> None:
     pool = FakePool({0: [], 1: []})
     p = producer(pool)
-    results = asyncio.run(p.send_batch([Message("t", b"a" * 10) for _ in range(8)]))
+    results = asyncio.run(p.send_batch([Message("t", b"a" * 10, attribute="k" if i % 2 else None) for i in range(4)]))
     assert all(r.success for r in results)
-    by_partition: dict[Partition, list] = {}
-    for r in results:
-        by_partition.setdefault(r.partition, []).append(r)
-    assert len(by_partition) == 4
-    for rs in by_partition.values():
-        assert [r.offset for r in rs] == [0, 30] and [r.msg_id for r in rs] == [100, 101]
+    assert {r.partition for r in results} == {Partition(0, 0)}  # round robin: one put per batch
+    # 20-byte header + 10 bytes; with an attribute 4 + 1 more.
+    assert [r.offset for r in results] == [0, 30, 65, 95] and [r.msg_id for r in results] == [100, 101, 102, 103]
+    assert len(pool.log) == 1
+
+
+def test_key_selector_groups_a_batch_by_partition() -> None:
+    pool = FakePool({0: [], 1: []})
+    p = AsyncMessageProducer(FakeCluster(), pool, CONFIG, KeyHashPartitionSelector())  # type: ignore[arg-type]
+    messages = [Message("t", b"x", attribute=f"key{i % 3}") for i in range(9)]
+    results = asyncio.run(p.send_batch(messages))
+    for key in ("key0", "key1", "key2"):
+        assert len({r.partition for m, r in zip(messages, results) if m.attribute == key}) == 1
+    assert len(pool.log) == len({r.partition for r in results})  # one put per partition
 
 
 def test_a_broken_selector_fails_the_message_not_the_batch() -> None:

@@ -1,0 +1,214 @@
+"""``metaq cluster --zk Z [--zk-root R]``: every broker group, one table.
+
+From ZooKeeper: each broker id's master and slaves (``/brokers/ids/{id}/master``,
+``slave{k}``), the group's epoch (``/brokers/ids/{id}/epoch``) and sync set
+(``/brokers/ids/{id}/sync_set``) where present. From each broker's ``stats``
+over the protocol: per-slave replication lag as the master sees it (bytes and
+messages summed over partitions, the worst partition's milliseconds), the age of
+the slave's last UDP heartbeat, and the slave's own view (stopped partitions).
+
+A rich table on a terminal, plain aligned text otherwise. Exit 1 if ZooKeeper
+cannot be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import MetaqError
+
+_SLAVE_NODE = re.compile(r"^slave(\d+)$")
+_KV = re.compile(r"(\w+)=(\S+)")
+COLUMNS = ("broker", "role", "address", "state", "epoch", "sync set", "lag bytes", "lag msgs", "lag ms", "heartbeat age")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("cluster", help="masters, slaves, epochs, sync sets and replication lag in one table")
+    parser.add_argument("--zk", required=True, metavar="HOST:PORT[,...]", help="ZooKeeper connect string")
+    parser.add_argument("--zk-root", default="/meta", help="ZooKeeper root of the cluster (default /meta)")
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds per ZooKeeper/broker request (default 5)")
+    parser.set_defaults(run=run)
+
+
+@dataclass
+class Member:
+    broker_id: int
+    role: str  # master | slave{k}
+    url: str
+    epoch: str = "-"
+    sync_set: str = "-"
+    state: str = "?"
+    lag_bytes: int | None = None
+    lag_messages: int | None = None
+    lag_ms: float | None = None
+    heartbeat_age_ms: float | None = None
+    stats: dict[str, str] = field(default_factory=dict)
+
+    def row(self) -> tuple[str, ...]:
+        def num(value: Any, unit: str = "") -> str:
+            return "-" if value is None or value < 0 else f"{value:.0f}{unit}"
+
+        address = self.url.removeprefix("meta://")
+        return (
+            str(self.broker_id), self.role, address, self.state, self.epoch, self.sync_set,
+            num(self.lag_bytes), num(self.lag_messages), num(self.lag_ms), num(self.heartbeat_age_ms, " ms"),
+        )
+
+
+def read_zk(zk_connect: str, zk_root: str, timeout: float) -> list[Member]:
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import NoNodeError
+
+    from ..zk.paths import ZkPaths
+
+    paths = ZkPaths(zk_root)
+    client = KazooClient(hosts=zk_connect, timeout=timeout)
+    try:
+        client.start(timeout=timeout)
+    except Exception as exc:
+        client.close()
+        raise MetaqError(f"cannot reach ZooKeeper at {zk_connect}: {exc or 'timed out'}") from None
+
+    def get(path: str) -> str | None:
+        try:
+            return client.get(path)[0].decode("utf-8", "replace")
+        except NoNodeError:
+            return None
+
+    members: list[Member] = []
+    try:
+        try:
+            ids = sorted(int(child) for child in client.get_children(paths.broker_ids()) if child.isdigit())
+        except NoNodeError:
+            return []
+        for broker_id in ids:
+            base = paths.broker(broker_id)
+            try:
+                children = client.get_children(base)
+            except NoNodeError:
+                continue
+            epoch = get(paths.epoch(broker_id)) or "-"
+            sync_set = get(paths.sync_set(broker_id))
+            sync_text = "-" if sync_set is None else (sync_set.strip() or "(empty)")
+            master = get(paths.master(broker_id))
+            if master is not None:
+                members.append(Member(broker_id, "master", master, epoch, sync_text))
+            slaves = sorted((int(m.group(1)), child) for child in children if (m := _SLAVE_NODE.match(child)))
+            for slave_id, child in slaves:
+                url = get(f"{base}/{child}")
+                if url is not None:
+                    members.append(Member(broker_id, f"slave{slave_id}", url, epoch, sync_text))
+    finally:
+        client.stop()
+        client.close()
+    return members
+
+
+async def _stats(url: str, timeout: float) -> list[str] | None:
+    from ..client.connection import BrokerConnection
+    from ..zk.paths import parse_broker_url
+
+    try:
+        conn = await BrokerConnection.open(*parse_broker_url(url), timeout=timeout)
+    except Exception:
+        return None
+    try:
+        reply = await conn.request({"op": "stats", "item": ""}, timeout=timeout)
+        return reply.body.decode("utf-8", "replace").splitlines() if reply.ok else None
+    except Exception:
+        return None
+    finally:
+        conn.close()
+
+
+def apply_stats(members: list[Member], stats: dict[str, list[str] | None]) -> None:
+    """Fill in states and lag from the brokers' stats texts (keyed by url)."""
+    by_slave: dict[tuple[int, str], Member] = {(m.broker_id, m.role): m for m in members if m.role != "master"}
+    for member in members:
+        lines = stats.get(member.url)
+        if lines is None:
+            member.state = "unreachable"
+            continue
+        member.state = "up"
+        stopped = 0
+        for line in lines:
+            words = line.split(" ", 1)
+            if len(words) == 2 and "=" not in words[0]:
+                member.stats[words[0]] = words[1]
+            if member.role == "master" and line.startswith("slave") and " lag_bytes=" in line:
+                # "slave{k} {topic}-{id}-{p} log_end=... lag_bytes=... lag_messages=... lag_ms=... heartbeat_age_ms=..."
+                slave = by_slave.get((member.broker_id, line.split(" ", 1)[0]))
+                if slave is None:
+                    continue
+                values = dict(_KV.findall(line))
+                slave.lag_bytes = (slave.lag_bytes or 0) + int(values.get("lag_bytes", 0))
+                slave.lag_messages = (slave.lag_messages or 0) + int(values.get("lag_messages", 0))
+                slave.lag_ms = max(slave.lag_ms or 0.0, float(values.get("lag_ms", 0)))
+                if "heartbeat_age_ms" in values:
+                    slave.heartbeat_age_ms = float(values["heartbeat_age_ms"])
+            elif member.role != "master" and line.startswith("replica ") and "state=stopped" in line:
+                stopped += 1
+        if member.role != "master":
+            if stopped:
+                member.state = f"{stopped} partition(s) stopped"
+            if member.heartbeat_age_ms is None:
+                age = member.stats.get("master_heartbeat_age_ms")
+                member.heartbeat_age_ms = float(age) if age and age != "-" else None
+            if member.lag_bytes is None:
+                # The master did not list it (e.g. unreachable): the slave's own view.
+                own = [dict(_KV.findall(line)) for line in lines if line.startswith("replica ")]
+                if own:
+                    member.lag_bytes = sum(int(v.get("lag_bytes", 0)) for v in own)
+                    member.lag_ms = max(float(v.get("lag_ms", 0)) for v in own)
+
+
+async def collect(zk_connect: str, zk_root: str = "/meta", timeout: float = 5.0) -> list[Member]:
+    members = await asyncio.to_thread(read_zk, zk_connect, zk_root, timeout)
+    urls = sorted({m.url for m in members})
+    texts = await asyncio.gather(*(_stats(url, timeout) for url in urls))
+    apply_stats(members, dict(zip(urls, texts)))
+    return members
+
+
+def render_plain(members: list[Member]) -> str:
+    rows = [COLUMNS] + [m.row() for m in members]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def render_rich(members: list[Member], zk_connect: str, zk_root: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"metaq cluster {zk_connect}{zk_root}")
+    for column in COLUMNS:
+        table.add_column(column, justify="right" if column.startswith(("lag", "heartbeat", "epoch")) else "left")
+    previous = None
+    for member in members:
+        if previous is not None and member.broker_id != previous:
+            table.add_section()
+        previous = member.broker_id
+        row = list(member.row())
+        if member.state != "up":
+            row[3] = f"[red]{row[3]}[/red]"
+        table.add_row(*row)
+    Console().print(table)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.getLogger("kazoo").setLevel(logging.CRITICAL)  # errors are reported as one line below
+    members = asyncio.run(collect(args.zk, args.zk_root, args.timeout))
+    if not members:
+        print(f"no brokers registered under {args.zk_root}")
+        return 0
+    if sys.stdout.isatty():
+        render_rich(members, args.zk, args.zk_root)
+    else:
+        print(render_plain(members))
+    return 0

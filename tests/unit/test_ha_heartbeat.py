@@ -1,0 +1,153 @@
+"""UDP heartbeats (metaq/ha/heartbeat.py): message checks, both ends, and a real UDP round trip."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+import msgpack
+import pytest
+
+from metaq.ha.heartbeat import BadHeartbeat, HeartbeatResponder, SlaveHeartbeat, decode, encode
+from metaq.ha.progress import ReplicationProgress
+from metaq.zk.embedded import free_port
+
+
+class FakeLog:
+    def __init__(self, end: int) -> None:
+        self.log_end = end
+
+
+def fake_broker(slave: object = None) -> SimpleNamespace:
+    logs = {("t", 0): FakeLog(500), ("t", 1): FakeLog(70)}
+    broker = SimpleNamespace(
+        config=SimpleNamespace(broker_id=3),
+        slave=slave,
+        epoch=2,
+        progress=ReplicationProgress(),
+        store=SimpleNamespace(logs=lambda: logs),
+        committed=lambda topic, partition, log: log.log_end - 10,
+        heard=[],
+    )
+    broker.slave_heard = broker.heard.append
+    return broker
+
+
+def slave_message(**overrides: object) -> bytes:
+    message = {"kind": "hb", "role": "slave", "broker_id": 3, "slave_id": 1, "epoch": 2,
+               "log_ends": {"t/0": 400, "t/1": 70}, "sent_at": time.time()}
+    message.update(overrides)
+    return encode(message)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"\xc1\xc1",
+        msgpack.packb([1, 2, 3]),
+        msgpack.packb({"kind": "nope"}),
+        slave_message(role="master"),
+        slave_message(broker_id="3"),
+        slave_message(slave_id=-1),
+        slave_message(epoch=True),
+        slave_message(sent_at="now"),
+        slave_message(log_ends=[1]),
+        slave_message(log_ends={"t0": 1}),
+        slave_message(log_ends={"t/0": -5}),
+        slave_message(log_ends={7: 1}),
+        b"\x00" * 70_000,
+    ],
+)
+def test_malformed_datagrams_are_rejected(data):
+    with pytest.raises(BadHeartbeat):
+        decode(data, "slave")
+
+
+def test_responder_records_progress_and_answers():
+    broker = fake_broker()
+    responder = HeartbeatResponder(broker, "127.0.0.1", 0)
+    answer = responder.handle(slave_message(), ("127.0.0.1", 5555))
+    assert responder.received == 1 and responder.bad == 0
+    assert broker.progress.position(1, "t", 0) == 400
+    assert broker.heard == [1]
+    assert 0 <= broker.progress.heartbeat_ages_ms()[1] < 1000
+    reply = decode(answer, "master")
+    assert reply["_log_ends"] == {("t", 0): 500, ("t", 1): 70}
+    assert reply["_committed"] == {("t", 0): 490, ("t", 1): 60}
+    assert reply["epoch"] == 2 and reply["broker_id"] == 3
+    lag = {(row.topic, row.partition): row.bytes for row in broker.progress.lag({("t", 0): 500, ("t", 1): 70})}
+    assert lag == {("t", 0): 100, ("t", 1): 0}
+
+
+def test_responder_ignores_bad_and_foreign_heartbeats():
+    broker = fake_broker()
+    responder = HeartbeatResponder(broker, "127.0.0.1", 0)
+    assert responder.handle(b"junk", ("127.0.0.1", 1)) is None
+    assert responder.handle(slave_message(broker_id=4), ("127.0.0.1", 1)) is None
+    assert responder.bad == 2 and responder.received == 0
+    assert broker.progress.slaves == {}
+
+
+def test_slave_side_keeps_the_masters_last_answer():
+    now = [100.0]
+    hb = SlaveHeartbeat(3, 1, lambda: 2, lambda: {("t", 0): 400}, clock=lambda: now[0])
+    assert hb.master_silent_for() is None  # no master
+    hb.target = ("127.0.0.1", 1)
+    hb._since = 100.0
+    now[0] = 101.5
+    assert hb.master_silent_for() == pytest.approx(1.5)
+    answer = HeartbeatResponder(fake_broker(), "127.0.0.1", 0).handle(decode_roundtrip(hb.message()), ("x", 1))
+    hb.handle(answer)
+    assert hb.master is not None and hb.master.log_ends[("t", 0)] == 500
+    assert hb.master.rtt_ms is not None and hb.master.rtt_ms >= 0
+    assert hb.master_silent_for() == 0.0
+    now[0] = 102.0
+    assert hb.heartbeat_age_ms() == pytest.approx(500)
+    hb.handle(b"garbage")
+    hb.handle(slave_message())  # a slave's message is not a master's answer
+    assert hb.bad == 2 and hb.received == 1
+
+
+def decode_roundtrip(data: bytes) -> bytes:
+    decode(data, "slave")  # the slave's own message is well formed
+    return data
+
+
+def test_udp_round_trip():
+    async def go() -> None:
+        broker = fake_broker()
+        port = free_port("127.0.0.1")
+        responder = HeartbeatResponder(broker, "127.0.0.1", port)
+        assert await responder.start()
+        hb = SlaveHeartbeat(3, 1, lambda: 2, lambda: {("t", 0): 123}, interval=0.05)
+        hb.retarget(("127.0.0.1", port))
+        try:
+            for _ in range(100):
+                if hb.received >= 3:
+                    break
+                await asyncio.sleep(0.02)
+            assert hb.received >= 3 and responder.received >= 3
+            assert broker.progress.position(1, "t", 0) == 123
+            assert hb.master_silent_for() < 0.5
+        finally:
+            await hb.stop()
+            await responder.stop()
+
+    asyncio.run(go())
+
+
+def test_unanswered_heartbeats_never_crash():
+    async def go() -> None:
+        port = free_port("127.0.0.1")  # nobody listens: ICMP port unreachable
+        hb = SlaveHeartbeat(3, 1, lambda: 0, lambda: {}, interval=0.02)
+        hb.retarget(("127.0.0.1", port))
+        await asyncio.sleep(0.3)
+        assert hb.running and hb.master is None and hb.sent >= 2
+        assert hb.master_silent_for() >= 0.25
+        hb.retarget(None)
+        assert hb.master_silent_for() is None
+        await hb.stop()
+
+    asyncio.run(go())

@@ -1,0 +1,287 @@
+"""The broker's request handlers, in-process: a Broker with zk.zkEnable=false on a real
+loopback socket, driven by the client's BrokerConnection."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import pytest
+
+from metaq import record
+from metaq.client.connection import BrokerConnection
+from metaq.config import parse_server_ini
+from metaq.server.broker import Broker
+
+SERVER_INI = """\
+[system]
+brokerId=7
+hostName=127.0.0.1
+serverPort=0
+dataPath={data}
+unflushThreshold=0
+unflushInterval=1000
+
+[zookeeper]
+zk.zkEnable=false
+
+[topic=gc]
+numPartitions=3
+
+[topic=lazy]
+numPartitions=1
+unflushThreshold=100000
+unflushInterval=600000
+
+[topic=moved]
+numPartitions=1
+"""
+
+
+def make_broker(tmp_path: Path) -> Broker:
+    path = tmp_path / "server.ini"
+    if not path.exists():
+        path.write_text(SERVER_INI.format(data=tmp_path / "data"))
+    return Broker(parse_server_ini(path.read_bytes(), str(path)))
+
+
+@contextlib.asynccontextmanager
+async def running(tmp_path: Path, before_start=None) -> AsyncIterator[tuple[Broker, BrokerConnection]]:
+    broker = make_broker(tmp_path)
+    if before_start is not None:
+        before_start(broker)
+    await broker.start()
+    conn = await BrokerConnection.open("127.0.0.1", broker.port)
+    try:
+        yield broker, conn
+    finally:
+        conn.close()
+        await broker.stop()
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def put_header(topic: str, partition: int = 0) -> dict[str, Any]:
+    return {"op": "put", "topic": topic, "partition": partition}
+
+
+async def fetch_all(conn: BrokerConnection, topic: str, partition: int, offset: int = 0) -> list[record.Record]:
+    out: list[record.Record] = []
+    while True:
+        reply = await conn.request({"op": "get", "topic": topic, "partition": partition, "offset": offset})
+        if reply.code != 200:
+            return out
+        records = list(record.iter_records(reply.body, offset))
+        out.extend(records)
+        offset = records[-1].offset + records[-1].size
+
+
+# --- put ---------------------------------------------------------------------------------
+
+
+def test_pipelined_puts_land_in_send_order(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with running(tmp_path) as (_, conn):
+            # All written before any reply is read: one connection, many requests in flight.
+            futures = [conn.send(put_header("gc", 1), record.encode_record(f"p{i:04d}".encode())) for i in range(300)]
+            replies = await asyncio.gather(*futures)
+            assert all(r.code == 200 for r in replies)
+            offsets = [r["offset"] for r in replies]
+            ids = [r["msg_id"] for r in replies]
+            assert offsets == sorted(offsets) and len(set(offsets)) == 300
+            assert ids == sorted(ids) and len(set(ids)) == 300
+            assert [r["end_offset"] for r in replies[:-1]] == offsets[1:], "back to back, no gaps"
+            stored = await fetch_all(conn, "gc", 1)
+            assert [r.data for r in stored] == [f"p{i:04d}".encode() for i in range(300)]
+            assert [(r.offset, r.msg_id) for r in stored] == list(zip(offsets, ids))
+
+    run(scenario())
+
+
+def test_batch_put_gets_consecutive_ids_and_offsets(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with running(tmp_path) as (_, conn):
+            batch = record.encode_batch([(f"b{i}".encode(), "attr" if i % 2 else None) for i in range(10)])
+            reply = await conn.request({**put_header("gc", 0), "count": 10}, batch)
+            assert reply.code == 200 and reply["count"] == 10 and reply["end_offset"] == reply["offset"] + len(batch)
+            stored = await fetch_all(conn, "gc", 0)
+            assert [r.msg_id for r in stored] == [reply["msg_id"] + i for i in range(10)]
+            assert [r.attribute for r in stored] == [None, "attr"] * 5
+
+    run(scenario())
+
+
+def test_partition_minus_one_is_round_robin(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with running(tmp_path) as (_, conn):
+            replies = [await conn.request(put_header("gc", -1), record.encode_record(b"rr")) for _ in range(9)]
+            partitions = [r["partition"] for r in replies]
+            assert sorted(partitions) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+            assert partitions[:3] == partitions[3:6] == partitions[6:], partitions
+            assert [len(await fetch_all(conn, "gc", p)) for p in range(3)] == [3, 3, 3]
+
+    run(scenario())
+
+
+# --- get: long-poll, 301, committed offset ---------------------------------------------------
+
+
+def test_long_poll_get_wakes_on_a_group_commit(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with running(tmp_path) as (_, conn):
+            started = time.monotonic()
+            get = conn.send({"op": "get", "topic": "gc", "partition": 2, "offset": 0, "max_wait_ms": 10_000})
+            await asyncio.sleep(0.3)
+            assert not get.done(), "nothing to read yet: the get must be parked"
+            put = await conn.request(put_header("gc", 2), record.encode_record(b"wake up"))
+            assert put.code == 200
+            reply = await asyncio.wait_for(get, 5)
+            waited = time.monotonic() - started
+            assert reply.code == 200, reply.header
+            assert next(record.iter_records(reply.body, 0)).data == b"wake up"
+            assert waited < 3, f"the get should wake on the commit, not time out ({waited:.1f}s)"
+
+    run(scenario())
+
+
+def test_long_poll_get_times_out_with_404(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with running(tmp_path) as (_, conn):
+            started = time.monotonic()
+            reply = await conn.request({"op": "get", "topic": "gc", "partition": 0, "offset": 0, "max_wait_ms": 300})
+            waited = time.monotonic() - started
+            assert reply.code == 404 and reply["log_end"] == 0 and reply["committed"] == 0
+            assert 0.25 <= waited < 2, waited
+            # Past the end: 404 that says so.
+            reply = await conn.request({"op": "get", "topic": "gc", "partition": 0, "offset": 999})
+            assert reply.code == 404 and "beyond the log end" in reply.message
+
+    run(scenario())
+
+
+def test_offset_below_the_log_start_is_a_301_with_the_log_start(tmp_path: Path) -> None:
+    def seed(broker: Broker) -> None:
+        broker.store.get_or_create_log("moved", 0, start_offset=4096)
+
+    async def scenario() -> None:
+        async with running(tmp_path, before_start=seed) as (_, conn):
+            reply = await conn.request({"op": "get", "topic": "moved", "partition": 0, "offset": 100})
+            assert reply.code == 301 and reply["offset"] == 4096, reply.header
+            put = await conn.request(put_header("moved"), record.encode_record(b"first"))
+            assert put["offset"] == 4096
+            reply = await conn.request({"op": "get", "topic": "moved", "partition": 0, "offset": 4096})
+            assert reply.code == 200 and next(record.iter_records(reply.body, 4096)).data == b"first"
+            offset = await conn.request({"op": "offset", "topic": "moved", "partition": 0, "offset": 0})
+            assert offset.code == 200 and offset["min_offset"] == 4096 and offset["offset"] == 4096
+
+    run(scenario())
+
+
+def test_consumers_see_only_flushed_bytes_in_interval_mode_but_replicas_see_the_log_end(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with running(tmp_path) as (broker, conn):
+            put = await conn.request(put_header("lazy"), record.encode_record(b"not yet flushed"))
+            assert put.code == 200, "interval mode acks at once"
+            get = {"op": "get", "topic": "lazy", "partition": 0, "offset": 0}
+            reply = await conn.request(get)
+            assert reply.code == 404, "a consumer must not read past the committed (flushed) offset"
+            assert reply["committed"] == 0 and reply["log_end"] == put["end_offset"]
+            replica = await conn.request({**get, "replica": {"slave_id": 0, "epoch": 0, "log_end": 0}})
+            assert replica.code == 200 and replica["log_end"] == put["end_offset"]
+            assert next(record.iter_records(replica.body, 0)).data == b"not yet flushed"
+
+            # A parked consumer get is woken by the flush.
+            parked = conn.send({**get, "max_wait_ms": 10_000})
+            await asyncio.sleep(0.1)
+            assert not parked.done()
+            await broker.store.flusher("lazy", 0).flush_now()
+            reply = await asyncio.wait_for(parked, 5)
+            assert reply.code == 200 and reply["committed"] == put["end_offset"]
+
+    run(scenario())
+
+
+# --- stats --------------------------------------------------------------------------------------
+
+
+def parse_stats(body: bytes) -> dict[str, str]:
+    lines = body.decode().split("\r\n")
+    assert lines[0] == "STATS" and lines[-2:] == ["END", ""], lines
+    return dict(line.split(" ", 1) for line in lines[1:-2])
+
+
+def test_stats_items(tmp_path: Path) -> None:
+    async def stats(conn: BrokerConnection, item: str = "") -> bytes:
+        reply = await conn.request({"op": "stats", "item": item})
+        assert reply.code == 200
+        return bytes(reply.body)
+
+    async def scenario() -> None:
+        async with running(tmp_path) as (broker, conn):
+            for _ in range(3):
+                await conn.request(put_header("gc", 0), record.encode_batch([(b"x" * 10, None)] * 2))
+            await conn.request({"op": "get", "topic": "gc", "partition": 0, "offset": 0})
+
+            general = parse_stats(await stats(conn))
+            assert general["broker_id"] == "7" and general["role"] == "master"
+            assert general["put_messages"] == "6" and general["get_requests"] == "1"
+            assert general["topics"] == "3"
+
+            topics = parse_stats(await stats(conn, "topics"))
+            assert topics["gc"].startswith("put_messages=6 put_bytes=180 get_requests=1")
+
+            offsets = parse_stats(await stats(conn, "offsets"))
+            assert set(offsets) == {"gc-7-0", "gc-7-1", "gc-7-2", "lazy-7-0", "moved-7-0"}
+            assert offsets["gc-7-0"] == "min_offset=0 max_offset=180 committed=180 flushed=180"
+            assert parse_stats(await stats(conn, "gc")).keys() == {"gc-7-0", "gc-7-1", "gc-7-2"}
+
+            assert await stats(conn, "config") == broker.config.raw
+            assert set(parse_stats(await stats(conn, "help"))) >= {"topics", "offsets", "config", "reset", "help"}
+            assert parse_stats(await stats(conn, "realtime"))["put_messages"] == "6"
+
+            unknown = await stats(conn, "bogus")
+            assert unknown.startswith(b"ERROR unknown stats item 'bogus'")
+
+            parse_stats(await stats(conn, "reset"))
+            after = parse_stats(await stats(conn))
+            assert after["put_messages"] == "0" and after["get_requests"] == "0"
+            assert parse_stats(await stats(conn, "offsets"))["gc-7-0"].startswith("min_offset=0 max_offset=180"), \
+                "reset clears counters, never data"
+
+    run(scenario())
+
+
+# --- msg ids across a restart ------------------------------------------------------------------
+
+
+def test_msg_ids_stay_unique_and_increasing_across_a_restart(tmp_path: Path) -> None:
+    async def put_some(n: int) -> list[int]:
+        async with running(tmp_path) as (_, conn):
+            ids = []
+            for i in range(n):
+                reply = await conn.request(put_header("gc", i % 3), record.encode_batch([(b"id", None)] * 3))
+                ids.extend(reply["msg_id"] + k for k in range(3))
+            return ids
+
+    first = run(put_some(20))
+    second = run(put_some(20))
+    third = run(put_some(5))
+    ids = first + second + third
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    assert min(second) > max(first) and min(third) > max(second)
+    assert all((i >> 12) & 1023 == 7 for i in ids), "the broker id is in every msg id"
+
+
+@pytest.mark.parametrize("item", ["offsets", ""])
+def test_stats_over_a_fresh_broker_create_no_surprises(tmp_path: Path, item: str) -> None:
+    async def scenario() -> None:
+        async with running(tmp_path) as (_, conn):
+            reply = await conn.request({"op": "stats", "item": item})
+            assert reply.code == 200 and bytes(reply.body).endswith(b"END\r\n")
+
+    run(scenario())
