@@ -23,6 +23,7 @@ COMMANDS = {
     "demo": "demo",
     "cluster": "cluster",
     "verify": "verify",
+    "drill": "drill",
 }
 
 
@@ -32,13 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, module_name in COMMANDS.items():
-        try:
-            module = importlib.import_module(f"{__name__}.{module_name}")
-        except ModuleNotFoundError as exc:
-            # A subcommand still being written must not take the others down with it.
-            if exc.name != f"{__name__}.{module_name}":
-                raise
-            continue
+        module = importlib.import_module(f"{__name__}.{module_name}")
         module.add_parser(sub)
     return parser
 

@@ -28,6 +28,6 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         return run_broker(config, slave)
-    except (RegistryError, LogCorruptError, OSError) as exc:
+    except (ConfigError, RegistryError, LogCorruptError, OSError) as exc:
         # ZooKeeper unreachable, port taken, unusable data dir: one line, no traceback.
         raise MetaqError(f"broker {config.broker_id} ({args.config}) cannot run: {exc}") from None

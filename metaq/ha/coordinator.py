@@ -38,6 +38,7 @@ from ..zk.paths import ZkPaths, parse_broker_node_name, parse_broker_url
 from .election import GroupState, eligibility, read_group_state, try_take_master
 from .epochs import EpochCache
 from .lease import ZkLease
+from .truncation import divergence_point
 from .role import Event, Role, RoleMachine
 
 if TYPE_CHECKING:
@@ -389,9 +390,6 @@ class HaCoordinator:
         if cache is None:
             log_ = self.broker.store.get_log(topic, partition)
             cache = EpochCache.load(log_.directory)
-            if not cache.entries and log_.log_end > log_.min_offset:
-                # Data from before epochs were kept: call it epoch 0.
-                cache.assign(0, log_.min_offset)
             self._caches[key] = cache
         return cache
 
@@ -423,28 +421,15 @@ class HaCoordinator:
 
     async def _truncate_partition(self, conn: BrokerConnection, topic: str, partition: int, log_: Any) -> None:
         cache = self.cache(topic, partition)
-        if log_.log_end > log_.min_offset:
-            reply = await conn.request(
-                {"op": "epoch_end", "topic": topic, "partition": partition, "epoch": cache.latest_epoch}, timeout=10
-            )
-            if not reply.ok:
-                raise ConnectionError(f"epoch_end {topic}-{partition}: {reply.code} {reply.message}")
-            found, end = int(reply["epoch"]), int(reply["end_offset"])
-            if 0 <= found < cache.latest_epoch:
-                # The master never saw our latest epoch: where its epoch ``found``
-                # ends in *our* log is the other bound (KIP-279).
-                end = min(end, cache.end_offset_for(found, log_.log_end)[1])
-            end = max(end, log_.min_offset)
-            if end < log_.log_end:
-                removed = log_.log_end - end
-                aside = log_.truncate_to(end)
-                cache.truncate_from_end(end)
-                cache.save()
-                record = {"topic": topic, "partition": partition, "offset": end, "bytes": removed, "file": str(aside)}
-                self.truncations.append(record)
-                log.warning(
-                    "truncated %s-%d at %d: %d divergent bytes moved aside to %s", topic, partition, end, removed, aside
-                )
+        end = await divergence_point(conn, topic, partition, log_, cache)
+        if end < log_.log_end:
+            removed = log_.log_end - end
+            aside = log_.truncate_to(end)
+            cache.truncate_from_end(end)
+            cache.save()
+            record = {"topic": topic, "partition": partition, "offset": end, "bytes": removed, "file": str(aside)}
+            self.truncations.append(record)
+            log.warning("truncated %s-%d at %d: %d divergent bytes moved aside to %s", topic, partition, end, removed, aside)
         await self.adopt_master_epochs(conn, topic, partition)
 
     async def adopt_master_epochs(self, conn: BrokerConnection, topic: str, partition: int) -> None:

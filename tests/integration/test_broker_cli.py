@@ -58,10 +58,12 @@ def write_ini(tmp_path: Path, free_port: int):
         ("", "[zookeeper]\nzk.zkRoot=meta\n", ["[zookeeper] zk.zkRoot: must start with '/'"]),
         ("", "[zookeeper]\nzk.zkEnable=maybe\n", ["[zookeeper] zk.zkEnable: expected true or false"]),
         ("", "[zookeeper]\nzk.connect=x\n", ["[zookeeper] zk.connect: unknown key"]),
+        ("replicationMode=sync\n", NO_ZK, ["replicationMode=sync needs ZooKeeper"]),
     ],
     ids=[
         "unknown-key", "not-an-int", "negative", "bad-choice", "bad-delete-policy", "topic-zero-partitions",
         "topic-bad-int", "bad-topic-name", "unknown-section", "zk-root", "zk-bool", "zk-unknown-key",
+        "sync-without-zk",
     ],
 )
 def test_bad_server_ini_is_one_clear_line(write_ini, extra: str, rest: str, fragments: list[str]) -> None:

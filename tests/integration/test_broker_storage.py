@@ -29,8 +29,14 @@ async def connect(broker: BrokerProcess) -> BrokerConnection:
 
 
 async def put(broker: BrokerProcess, messages: list[bytes], partition: int = 0) -> dict[str, Any]:
+    """One batch put; retried while the broker answers 503 (registered but not yet taking writes)."""
+    body = record.encode_batch([(m, None) for m in messages])
     async with await connect(broker) as conn:
-        reply = await conn.request({"op": "put", "topic": TOPIC, "partition": partition}, record.encode_batch([(m, None) for m in messages]))
+        for _ in range(100):
+            reply = await conn.request({"op": "put", "topic": TOPIC, "partition": partition}, body)
+            if reply.code != 503:
+                break
+            await asyncio.sleep(0.05)
     assert reply.code == 200, reply.header
     return reply.header
 
@@ -132,7 +138,9 @@ async def produce_until_killed(broker: BrokerProcess, kill_after_acks: int) -> l
 
 def test_kill_9_during_pipelined_group_commit_puts_loses_no_acked_message(broker_factory) -> None:
     broker = broker_factory(0, {TOPIC: 1}, system={"unflushThreshold": 0})
-    acked = run(produce_until_killed(broker, kill_after_acks=3000))
+    first = run(put(broker, [b"m-first"]))  # also waits until the broker takes writes
+    acked = [(first["offset"], first["msg_id"], b"m-first")]
+    acked += run(produce_until_killed(broker, kill_after_acks=3000))
     assert broker.kill() == -signal.SIGKILL
     assert len(acked) >= 3000
 

@@ -4,6 +4,7 @@ deregistration on a clean stop, re-registration after the session expired."""
 from __future__ import annotations
 
 import json
+import os
 import time
 import zlib
 
@@ -86,3 +87,26 @@ def test_re_registers_after_its_zk_session_expired(broker_factory, zk_client, zk
     assert zk_client.exists(f"{zk_root}/brokers/ids/5/master_config_checksum").ephemeralOwner == stat.ephemeralOwner
     time.sleep(0.2)
     assert broker.alive
+
+
+def test_local_cluster_starts_zk_master_and_slave_and_stops_them_by_pid(tmp_path) -> None:
+    from metaq.local import LocalCluster
+    from tests.harness import zk_session
+
+    cluster = LocalCluster(tmp_path / "cluster", masters=1, slaves=1, topics={"demo": 2}, zk_root="/meta")
+    with cluster:
+        master, slave = cluster.masters[0], cluster.slaves[0][0]
+        assert master.alive and slave.alive and cluster.zk.alive
+        assert (slave.dir / "async_slave.properties").read_text() == "slaveId=0\n"
+        with zk_session(cluster.zk_connect) as client:
+            assert client.get("/meta/brokers/ids/0/master")[0].decode() == master.url
+            assert client.get("/meta/brokers/ids/0/slave0")[0].decode() == slave.url
+            assert sorted(client.get_children("/meta/brokers/topics-sub/demo")) == ["0-m", "0-s0"]
+        pids = [master.pid, slave.pid, cluster.zk.pid]
+    assert not master.alive and not slave.alive and not cluster.zk.alive
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        raise AssertionError(f"pid {pid} still exists after stop()")

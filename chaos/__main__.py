@@ -1,0 +1,58 @@
+"""``python -m chaos proxy|run|check ...``"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m chaos", description="metaq-py fault injection")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("proxy", help="run the Toxiproxy-API fault proxy in the foreground")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8474)
+    p.add_argument("--seed", type=int, default=None, help="seed for toxicity draws, jitter, slice sizes")
+    c = sub.add_parser("check", help="check a recorded history file (JSON) and print the report")
+    c.add_argument("history")
+    c.add_argument("--json", action="store_true", help="print the result as JSON")
+    try:
+        from chaos import runner  # noqa: F401  (optional until the runner lands)
+    except ImportError:
+        runner = None
+    if runner is not None:
+        runner.add_parser(sub)
+    args = parser.parse_args(argv)
+    if args.command == "proxy":
+        from chaos.proxy import serve_forever
+
+        try:
+            asyncio.run(serve_forever(args.host, args.port, args.seed))
+        except KeyboardInterrupt:
+            pass
+        except OSError as exc:
+            print(f"error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    if args.command == "check":
+        from chaos.checker import check
+        from chaos.history import History
+
+        try:
+            history = History.load(args.history)
+        except (OSError, ValueError) as exc:
+            print(f"error: cannot read history {args.history}: {exc}", file=sys.stderr)
+            return 2
+        result = check(history)
+        print(json.dumps(result.to_json(), indent=2) if args.json else result.report())
+        return 0 if result.ok else 1
+    if runner is not None and args.command == "run":
+        return runner.main(args)
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

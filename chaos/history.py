@@ -1,0 +1,213 @@
+"""The history of a chaos run: every operation, every fault, the final logs.
+
+One JSON document (``History.save`` / ``History.load``)::
+
+    {
+      "format": "metaq-chaos-history/1",
+      "meta":   {"mode": "sync"|"async", "scenario": ..., "seed": ..., "topic": ..., ...},
+      "ops":    [op, ...],          # in the order they were recorded (real-time order)
+      "faults": [fault, ...],
+      "failovers": [failover, ...],
+      "final":  {"replicas": {name: replica, ...}}
+    }
+
+An operation is recorded as an invocation and then exactly one completion, Jepsen style
+(both are entries of ``ops``, linked by ``id``)::
+
+    {"id": 17, "type": "invoke", "process": "p0", "f": "put", "value": "p0-17",
+     "partition": "t/0-0", "time": 1.234}
+    {"id": 17, "type": "ok",   ..., "offset": 4096, "epoch": 3, "master": "meta://127.0.0.1:8123"}
+    {"id": 17, "type": "fail", ..., "error": "403 ..."}   # definitely NOT written
+    {"id": 17, "type": "info", ..., "error": "timeout"}   # unknown outcome: may or may not be written
+
+``partition`` is ``"{topic}/{brokerId}-{n}"`` (the same name on a master and its slaves).
+A put's ``ok`` carries the acked ``offset`` (the record's start offset), and, when the
+reply says so, the ``epoch`` and ``master`` that acked it. A ``fail`` must only be used
+when the write is known not to have happened (refused before any append); anything else
+(timeouts, connection lost after sending, sync wait expired) is ``info``.
+
+A read is one completed ``get``::
+
+    {"id": 40, "type": "ok", "process": "c0", "f": "get", "partition": "t/0-0",
+     "replica": "meta://...", "reads": [[offset, value], ...], "time": ...}
+
+A fault::  {"time": t, "kind": "kill"|"pause"|"resume"|"restart"|"partition"|"heal"|"toxic"|...,
+            "target": "broker-0-m", ...details}
+
+A failover::  {"time": t, "group": 0, "old_master": url, "new_master": url, "epoch": 4,
+               "lag": {"t/0-0": {"bytes": B, "messages": M}, ...}}   # lag at the moment of failure
+
+A final replica snapshot (taken after healing, when replication has caught up)::
+
+    {"group": 0, "role": "master"|"slave", "url": ..., "epoch": 4,
+     "partitions": {"t/0-0": {"end": N, "sha256": hex of the bytes [0, end),
+                              "records": [[offset, size, crc32 of the whole record, value], ...],
+                              "tail": bytes after the last whole record (0 when clean)}}}
+
+Record-level CRCs over the whole record (header with msgId, and payload) let the checker
+prove "byte-identical prefix" without storing the logs in the history.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import threading
+import time
+import zlib
+from pathlib import Path
+from typing import Any, Iterable
+
+FORMAT = "metaq-chaos-history/1"
+
+
+def value_of(data: bytes) -> str:
+    """How a message payload is named in a history: UTF-8 text, else ``hex:...``."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "hex:" + data.hex()
+
+
+def snapshot_partition(log_bytes: bytes, base: int = 0) -> dict[str, Any]:
+    """The snapshot of one partition log (bytes from offset ``base``) for ``final``."""
+    from metaq.record import HEADER, HEADER_SIZE, decode_payload
+
+    records: list[list[Any]] = []
+    view = memoryview(log_bytes)
+    pos, end = 0, len(view)
+    while end - pos >= HEADER_SIZE:
+        length, _crc, _msg_id, flag = HEADER.unpack_from(view, pos)
+        stop = pos + HEADER_SIZE + length
+        if length < 0 or stop > end:
+            break
+        try:
+            _attr, data = decode_payload(flag, view[pos + HEADER_SIZE : stop])
+            value = value_of(data)
+        except ValueError:
+            value = None
+        records.append([base + pos, stop - pos, zlib.crc32(view[pos:stop]), value])
+        pos = stop
+    return {
+        "end": base + end,
+        "sha256": hashlib.sha256(log_bytes).hexdigest(),
+        "records": records,
+        "tail": end - pos,
+    }
+
+
+class History:
+    """A recorder (thread-safe) and the loaded form of a history."""
+
+    def __init__(self, meta: dict[str, Any] | None = None) -> None:
+        self.meta: dict[str, Any] = dict(meta or {})
+        self.ops: list[dict[str, Any]] = []
+        self.faults: list[dict[str, Any]] = []
+        self.failovers: list[dict[str, Any]] = []
+        self.final: dict[str, Any] = {"replicas": {}}
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._open: dict[int, dict[str, Any]] = {}
+        self._t0 = time.monotonic()
+
+    def now(self) -> float:
+        return round(time.monotonic() - self._t0, 6)
+
+    # --- recording ---
+
+    def invoke(self, process: str, f: str, value: Any = None, partition: str | None = None, **extra: Any) -> int:
+        with self._lock:
+            op_id = next(self._ids)
+            op = {"id": op_id, "type": "invoke", "process": process, "f": f, "value": value,
+                  "partition": partition, "time": self.now(), **extra}
+            self.ops.append(op)
+            self._open[op_id] = op
+            return op_id
+
+    def _complete(self, op_id: int, kind: str, fields: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            invoked = self._open.pop(op_id)
+            op = {**invoked, **{k: v for k, v in fields.items() if v is not None}, "type": kind, "time": self.now()}
+            self.ops.append(op)
+            return op
+
+    def ok(self, op_id: int, offset: int | None = None, epoch: int | None = None, master: str | None = None,
+           partition: str | None = None, **extra: Any) -> dict[str, Any]:
+        return self._complete(op_id, "ok", {"offset": offset, "epoch": epoch, "master": master,
+                                            "partition": partition, **extra})
+
+    def fail(self, op_id: int, error: str, **extra: Any) -> dict[str, Any]:
+        return self._complete(op_id, "fail", {"error": error, **extra})
+
+    def info(self, op_id: int, error: str, **extra: Any) -> dict[str, Any]:
+        return self._complete(op_id, "info", {"error": error, **extra})
+
+    def read(self, process: str, partition: str, reads: Iterable[tuple[int, Any]], replica: str | None = None) -> None:
+        with self._lock:
+            t = self.now()
+            op_id = next(self._ids)
+            base = {"id": op_id, "process": process, "f": "get", "partition": partition, "replica": replica}
+            self.ops.append({**base, "type": "invoke", "time": t})
+            self.ops.append({**base, "type": "ok", "time": t, "reads": [[int(o), v] for o, v in reads]})
+
+    def fault(self, kind: str, target: str, **details: Any) -> None:
+        with self._lock:
+            self.faults.append({"time": self.now(), "kind": kind, "target": target, **details})
+
+    def failover(self, group: int, old_master: str | None, new_master: str | None, epoch: int | None,
+                 lag: dict[str, dict[str, int]] | None = None, **details: Any) -> None:
+        with self._lock:
+            self.failovers.append({"time": self.now(), "group": group, "old_master": old_master,
+                                   "new_master": new_master, "epoch": epoch, "lag": lag or {}, **details})
+
+    def snapshot(self, name: str, group: int, role: str, partitions: dict[str, bytes], url: str | None = None,
+                 epoch: int | None = None) -> None:
+        """Record a replica's final logs: ``partitions`` maps partition name -> log bytes from 0."""
+        self.final["replicas"][name] = {
+            "group": group, "role": role, "url": url, "epoch": epoch,
+            "partitions": {p: snapshot_partition(b) for p, b in partitions.items()},
+        }
+
+    def close_open(self, error: str = "run ended before completion") -> None:
+        """Mark every operation still in flight as unknown-outcome."""
+        for op_id in list(self._open):
+            self.info(op_id, error)
+
+    # --- persistence ---
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, "meta": self.meta, "ops": self.ops, "faults": self.faults,
+                "failovers": self.failovers, "final": self.final}
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=None, separators=(",", ":")) + "\n")
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> "History":
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise ValueError(f"not a {FORMAT} document")
+        history = cls(doc.get("meta"))
+        history.ops = list(doc.get("ops", []))
+        history.faults = list(doc.get("faults", []))
+        history.failovers = list(doc.get("failovers", []))
+        history.final = doc.get("final") or {"replicas": {}}
+        history.final.setdefault("replicas", {})
+        return history
+
+    @classmethod
+    def load(cls, path: str | Path) -> "History":
+        return cls.from_json(json.loads(Path(path).read_text()))
+
+    # --- views used by the checker ---
+
+    def completions(self, f: str | None = None) -> list[dict[str, Any]]:
+        """Completed operations (ok/fail/info), each merged with its invocation time."""
+        invoked: dict[int, float] = {}
+        out = []
+        for op in self.ops:
+            if op["type"] == "invoke":
+                invoked[op["id"]] = op["time"]
+            elif f is None or op.get("f") == f:
+                out.append({**op, "invoke_time": invoked.get(op["id"], op["time"])})
+        return out

@@ -1,0 +1,248 @@
+"""``metaq demo``: the whole story on an embedded default, in about half a minute.
+
+An embedded ZooKeeper and a sync master/slave pair (real processes) on
+127.0.0.1; produce through the client; consume from the slave; verify the
+logs are byte-identical; a kill -9 failover drill (the slave takes over under
+a new epoch, the old master comes back as its slave); verify again; a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import MetaqError
+
+TOPIC = "demo"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("demo", help="showcase: ZooKeeper + a sync pair, produce, slave reads, a failover drill")
+    parser.add_argument("--messages", type=int, default=5000, help="messages to produce (default 5000)")
+    parser.add_argument("--dir", help="work directory (default: a temporary one, removed afterwards)")
+    parser.add_argument("--keep", action="store_true", help="leave the cluster running until Ctrl-C")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    if args.messages < 1:
+        raise MetaqError("--messages must be >= 1")
+    console = Console(highlight=False)
+    # The story is told by the steps below; the components' own info lines would drown it.
+    for name in ("metaq", "kazoo"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="metaq-demo-"))
+    try:
+        return asyncio.run(_demo(console, work, args.messages, args.keep))
+    finally:
+        if not args.dir:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+async def _demo(console: Any, work: Path, count: int, keep: bool) -> int:
+    from rich.table import Table
+
+    from ..local import LocalCluster
+
+    step = _Steps(console)
+    system = {
+        "unflushThreshold": 0,
+        "replicationMode": "sync",
+        "onSyncSlaveLoss": "degrade",
+        "syncSlaveTimeoutMs": 1000,
+    }
+    cluster = LocalCluster(
+        work, masters=1, slaves=1, topics={TOPIC: 2}, system=system, tick_ms=100,
+        zookeeper={"zk.zkSessionTimeoutMs": 1500, "zk.zkSyncTimeMs": 0},
+    )
+    extra_pids: list[int] = []
+    results: dict[str, Any] = {}
+    try:
+        with step("start an embedded ZooKeeper and a sync master/slave pair"):
+            await asyncio.to_thread(cluster.start)
+            master, slave = cluster.masters[0], cluster.slaves[0][0]
+            step.note(f"ZooKeeper {cluster.zk_connect}; master {master.url}; slave {slave.url} (slave0)")
+        with step(f"produce {count} messages through the client"):
+            results["produce"] = await _produce(cluster.zk_connect, count)
+            step.note(f"{count} acked in {results['produce']:.2f}s ({count / results['produce']:,.0f} msgs/s), each on master and slave")
+        with step("consume them from the slave (read_from=slave)"):
+            got, seconds = await _consume_from_slave(cluster.zk_connect, count)
+            results["consumed"] = got
+            step.note(f"{got} messages read from the slave in {seconds:.2f}s")
+            if got != count:
+                raise MetaqError(f"read {got} messages from the slave, expected {count}")
+        with step("verify: the slave's log is a byte-identical prefix of the master's"):
+            results["verify_before"] = await _verify(cluster.zk_connect)
+            step.note("identical" if results["verify_before"] else "DIFFERENT")
+        with step("failover drill: kill -9 the master under load"):
+            from ..ha.drill import Drill
+
+            report = await Drill(cluster.zk_connect, 0, "kill", topic=TOPIC, rate=200).run()
+            if report.restarted_pid:
+                extra_pids.append(report.restarted_pid)
+            results["drill"] = report
+            step.note(
+                f"{report.old_master} -> {report.new_master} (epoch {report.epoch_before} -> {report.epoch_after});"
+                f" first acked write on the new master after {_s(report.first_ack_s)}; lost {report.lost}"
+            )
+            step.note(f"the old master came back as {report.rejoined_as or '?'} and follows the new one")
+        with step("verify again, after the role swap"):
+            results["verify_after"] = await _verify(cluster.zk_connect)
+            step.note("identical" if results["verify_after"] else "DIFFERENT")
+
+        report = results["drill"]
+        table = Table(title="metaq demo: summary", show_header=True)
+        table.add_column("what")
+        table.add_column("result", justify="right")
+        table.add_row("messages produced (sync acks)", f"{count}")
+        table.add_row("produce rate", f"{count / results['produce']:,.0f} msgs/s")
+        table.add_row("read back from the slave", f"{results['consumed']}")
+        table.add_row("logs identical before failover", str(results["verify_before"]))
+        table.add_row("failover: detection", _s(report.detection_s))
+        table.add_row("failover: first acked write on new master", _s(report.first_ack_s))
+        table.add_row("failover: first read of a new message", _s(report.first_read_s))
+        table.add_row("acked before the fault / found after", f"{report.acked_before_fault} / {report.found_after}")
+        table.add_row("acked messages lost", str(report.lost))
+        table.add_row("duplicates (retried unknown outcomes)", str(report.duplicates))
+        table.add_row("epoch", f"{report.epoch_before} -> {report.epoch_after}")
+        table.add_row("old master rejoined as", str(report.rejoined_as))
+        table.add_row("logs identical after role swap", str(results["verify_after"]))
+        console.print(table)
+        ok = results["verify_before"] and results["verify_after"] and report.lost == 0 and report.new_master
+        if keep:
+            console.print(f"cluster left running: ZooKeeper {cluster.zk_connect}, work dir {work}; Ctrl-C stops it")
+            await _wait_forever()
+        return 0 if ok else 1
+    finally:
+        for pid in extra_pids:
+            _stop_pid(pid)
+        await asyncio.to_thread(cluster.stop)
+
+
+async def _produce(zk_connect: str, count: int) -> float:
+    from ..client import AsyncMessageSessionFactory, Message, MetaClientConfig
+
+    async with AsyncMessageSessionFactory(MetaClientConfig(zk_connect=zk_connect)) as factory:
+        producer = factory.create_producer()
+        start = time.perf_counter()
+        batch = 100
+        sends = []
+        for first in range(0, count, batch):
+            messages = [
+                Message(TOPIC, f"demo message {i}".encode(), attribute="even" if i % 2 == 0 else "odd")
+                for i in range(first, min(count, first + batch))
+            ]
+            sends.append(producer.send_batch(messages))
+        results = [r for batch_results in await asyncio.gather(*sends) for r in batch_results]
+        failed = [r for r in results if not r.success]
+        if failed:
+            raise MetaqError(f"{len(failed)} sends failed, e.g. {failed[0].error_message}")
+        return time.perf_counter() - start
+
+
+async def _consume_from_slave(zk_connect: str, count: int) -> tuple[int, float]:
+    from ..client import AsyncMessageSessionFactory, ConsumerConfig, Message, MetaClientConfig
+
+    seen: set[bytes] = set()
+    done = asyncio.Event()
+
+    def on_message(message: Message) -> None:
+        seen.add(message.data)
+        if len(seen) >= count:
+            done.set()
+
+    start = time.perf_counter()
+    async with AsyncMessageSessionFactory(MetaClientConfig(zk_connect=zk_connect)) as factory:
+        consumer = factory.create_consumer(ConsumerConfig(group="demo-readers", read_from="slave", from_beginning=True))
+        consumer.subscribe(TOPIC, 1024 * 1024, on_message)
+        await consumer.complete_subscribe()
+        try:
+            await asyncio.wait_for(done.wait(), 60)
+        except asyncio.TimeoutError:
+            pass
+    return len(seen), time.perf_counter() - start
+
+
+async def _verify(zk_connect: str) -> bool:
+    from ..ha.verify import VerifyError, verify_group
+
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            report = await verify_group(zk_connect, 0)
+            if report.ok and report.slaves:
+                return True
+        except VerifyError:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.3)
+
+
+async def _wait_forever() -> None:
+    try:
+        while True:
+            await asyncio.sleep(3600)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        return
+
+
+def _stop_pid(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.05)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}s"
+
+
+class _Steps:
+    """Numbered steps with their duration, printed as they happen."""
+
+    def __init__(self, console: Any) -> None:
+        self.console = console
+        self.number = 0
+
+    def __call__(self, title: str) -> "_Steps":
+        self.number += 1
+        self.title = title
+        return self
+
+    def __enter__(self) -> "_Steps":
+        self.started = time.perf_counter()
+        self.console.print(f"[bold]{self.number}. {self.title}[/bold]")
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.console.print(f"   [green]done[/green] in {time.perf_counter() - self.started:.1f}s")
+
+    def note(self, text: str) -> None:
+        self.console.print(f"   {text}")

@@ -1,0 +1,96 @@
+"""``metaq drill``: a failover drill against a running broker group (see metaq/ha/drill.py)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from ..errors import MetaqError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "drill",
+        help="fault the master of a running group under load; measure failover; check for lost messages",
+    )
+    parser.add_argument("--zk", required=True, help="ZooKeeper connect string")
+    parser.add_argument("--zk-root", default="/meta")
+    parser.add_argument("--broker-id", type=int, required=True)
+    parser.add_argument("--fault", choices=("kill", "stop", "partition"), default="kill")
+    parser.add_argument("--topic", help="topic to load (default: the group's first topic)")
+    parser.add_argument("--rate", type=float, default=200.0, help="messages per second during the drill")
+    parser.add_argument("--repeat", type=int, default=1, help="run N drills back to back (p50/p99 over them)")
+    parser.add_argument("--proxy-url", help="Toxiproxy API url, for --fault partition")
+    parser.add_argument("--proxy-name", help="the proxy carrying the master's ZooKeeper link")
+    parser.add_argument("--json", action="store_true", help="print the reports as JSON")
+    parser.set_defaults(run=run)
+
+
+def render(reports: list, summary: dict) -> str:
+    from ..ha.drill import DrillReport
+
+    lines = []
+    for i, r in enumerate(reports, 1):
+        assert isinstance(r, DrillReport)
+        fmt = lambda v: "-" if v is None else f"{v:.2f}s"  # noqa: E731
+        lines.append(
+            f"drill {i}: fault={r.fault} mode={r.mode} {r.old_master} -> {r.new_master or 'nobody'}"
+            f" epoch {r.epoch_before}->{r.epoch_after}"
+        )
+        lines.append(
+            f"  detection {fmt(r.detection_s)}  first acked write {fmt(r.first_ack_s)}  first read {fmt(r.first_read_s)}"
+        )
+        lines.append(
+            f"  acked before fault {r.acked_before_fault}, found after {r.found_after}; acked in all {r.acked_total};"
+            f" lost {r.lost}; duplicates {r.duplicates}; failed sends {r.failed_sends}; unknown outcome {r.unknown_outcome_sends}"
+        )
+        lines.append(
+            f"  old master rejoined as {r.rejoined_as or 'nothing (yet)'}; logs identical: "
+            f"{'-' if r.logs_identical is None else r.logs_identical}"
+        )
+        for note in r.notes:
+            lines.append(f"  note: {note}")
+        if r.lost and r.mode == "sync":
+            lines.append("  VIOLATION: acked messages lost in sync mode")
+    if len(reports) > 1:
+        lines.append(
+            "summary: {drills} drills, {failovers} failovers; first acked write p50 {p50} p99 {p99} max {mx};"
+            " lost {lost_total}; duplicates {duplicates_total}".format(
+                p50=_s(summary["first_ack_p50_s"]), p99=_s(summary["first_ack_p99_s"]), mx=_s(summary["first_ack_max_s"]), **summary
+            )
+        )
+    return "\n".join(lines)
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}s"
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..ha.drill import Drill, summarize, to_json
+
+    if args.repeat < 1:
+        raise MetaqError("--repeat must be >= 1")
+    proxy = (args.proxy_url, args.proxy_name) if args.proxy_url or args.proxy_name else None
+    if proxy is not None and not (args.proxy_url and args.proxy_name):
+        raise MetaqError("--proxy-url and --proxy-name go together")
+
+    async def drills() -> list:
+        reports = []
+        for i in range(args.repeat):
+            drill = Drill(args.zk, args.broker_id, args.fault, zk_root=args.zk_root, topic=args.topic, rate=args.rate, proxy=proxy)
+            report = await drill.run()
+            reports.append(report)
+            if not args.json:
+                print(render([report], summarize([report])).replace("drill 1:", f"drill {i + 1}:"), flush=True)
+        return reports
+
+    reports = asyncio.run(drills())
+    summary = summarize(reports)
+    if args.json:
+        print(to_json(reports))
+    elif len(reports) > 1:
+        print(render(reports, summary).splitlines()[-1])
+    return 0 if summary["all_ok"] else 1
+

@@ -1,0 +1,494 @@
+"""Failover drills: fault the master of a running group under load, measure, check.
+
+A drill, against a group that is already running (it never starts one):
+
+1. find the master in ZooKeeper and its pid (its ``stats``), and the command
+   line, working directory and log files it was started with (``/proc``), so a
+   killed master can be restarted the same way afterwards;
+2. produce a steady load through the ordinary client (which re-routes and
+   retries by itself), recording every ack;
+3. inject the fault: ``kill`` (SIGKILL, then restart it), ``stop`` (SIGSTOP
+   past the ZooKeeper session timeout, then SIGCONT), or ``partition`` (the
+   master's ZooKeeper link through a Toxiproxy proxy is cut, then restored);
+4. measure: detection (the master znode changed), first acked write after the
+   fault (necessarily on the new master), first read of a post-fault message;
+5. check: every message acked before the fault is in the new master's log at
+   its acked offset (lost = those that are not; must be 0 in sync mode),
+   duplicates (a payload stored twice); wait for the old master to rejoin as a
+   slave, and compare logs (``verify``).
+
+The drill process must run on the master's machine (it signals a pid).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import signal
+import statistics
+import subprocess
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kazoo.client import KazooClient
+
+from ..client import AsyncMessageSessionFactory, Message, MetaClientConfig
+from ..client.connection import BrokerConnection
+from ..errors import MetaqError
+from ..record import iter_records
+from ..zk.paths import ZkPaths, parse_broker_url
+from .election import read_group_state
+from .verify import VerifyError, verify_group
+
+
+@dataclass
+class DrillReport:
+    fault: str
+    broker_id: int
+    old_master: str
+    new_master: str | None = None
+    mode: str = "async"
+    epoch_before: int = 0
+    epoch_after: int = 0
+    detection_s: float | None = None
+    first_ack_s: float | None = None
+    first_read_s: float | None = None
+    acked_before_fault: int = 0
+    found_after: int = 0
+    lost: int = 0
+    acked_total: int = 0
+    failed_sends: int = 0
+    unknown_outcome_sends: int = 0
+    duplicates: int = 0
+    rejoined_as: str | None = None
+    restarted_pid: int | None = None
+    logs_identical: bool | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        lost_ok = self.lost == 0 or self.mode == "async"
+        return self.new_master is not None and lost_ok and self.logs_identical is not False
+
+
+@dataclass
+class _Ack:
+    topic: str
+    partition: str
+    offset: int
+    payload: bytes
+    at: float
+
+
+class _Load:
+    """A steady stream of small messages through the real client, every ack recorded."""
+
+    def __init__(self, factory: AsyncMessageSessionFactory, topic: str, rate: float, tag: str) -> None:
+        self.producer = factory.create_producer()
+        self.topic = topic
+        self.rate = rate
+        self.tag = tag
+        self.acks: list[_Ack] = []
+        self.failed = 0
+        self.unknown = 0
+        self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+
+    async def _send(self, seq: int) -> None:
+        payload = f"{self.tag}-{seq}".encode()
+        result = await self.producer.send_message(Message(self.topic, payload))
+        if result.success:
+            self.acks.append(_Ack(self.topic, str(result.partition), result.offset, payload, time.monotonic()))
+        elif result.outcome_unknown:
+            self.unknown += 1
+        else:
+            self.failed += 1
+
+    async def _run(self) -> None:
+        interval = 1 / self.rate
+        pending: set[asyncio.Task[None]] = set()
+        for seq in itertools.count():
+            if self._stop.is_set():
+                break
+            task = asyncio.ensure_future(self._send(seq))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            await asyncio.sleep(interval)
+        if pending:
+            await asyncio.gather(*pending)
+
+
+@dataclass
+class _Process:
+    pid: int
+    argv: list[str]
+    cwd: str
+    stdout: str | None
+    env: dict[str, str]
+
+    @classmethod
+    def inspect(cls, pid: int) -> "_Process":
+        proc = Path(f"/proc/{pid}")
+        try:
+            argv = [a.decode() for a in (proc / "cmdline").read_bytes().split(b"\0") if a]
+            cwd = os.readlink(proc / "cwd")
+            env_items = [e.decode(errors="replace").split("=", 1) for e in (proc / "environ").read_bytes().split(b"\0") if b"=" in e]
+        except OSError as exc:
+            raise MetaqError(f"cannot inspect broker pid {pid} (the drill must run on the broker's machine): {exc}") from None
+        try:
+            stdout: str | None = os.readlink(proc / "fd" / "1")
+            if not stdout.startswith("/") or stdout.startswith("/dev/"):
+                stdout = None
+        except OSError:
+            stdout = None
+        return cls(pid, argv, cwd, stdout, dict(e for e in env_items if len(e) == 2))
+
+    def restart(self) -> int:
+        out = open(self.stdout, "ab") if self.stdout else subprocess.DEVNULL
+        process = subprocess.Popen(self.argv, cwd=self.cwd, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return process.pid
+
+
+async def _request(url: str, header: dict[str, Any], timeout: float = 5.0) -> Any:
+    host, port = parse_broker_url(url)
+    conn = await BrokerConnection.open(host, port, timeout)
+    try:
+        return await conn.request(header, timeout=timeout)
+    finally:
+        conn.close()
+
+
+async def _stats_value(url: str, key: str) -> str | None:
+    reply = await _request(url, {"op": "stats"})
+    for line in reply.body.decode().splitlines():
+        name, _, value = line.partition(" ")
+        if name == key:
+            return value
+    return None
+
+
+async def _read_partition(url: str, topic: str, partition: int, start: int, end: int) -> dict[int, bytes]:
+    """offset -> payload of every record in [start, end) on the broker at ``url``."""
+    host, port = parse_broker_url(url)
+    conn = await BrokerConnection.open(host, port)
+    found: dict[int, bytes] = {}
+    try:
+        offset = start
+        while offset < end:
+            reply = await conn.request(
+                {"op": "get", "topic": topic, "partition": partition, "offset": offset, "max_size": 4 * 1024 * 1024}
+            )
+            if reply.code == 301:
+                offset = int(reply["offset"])
+                continue
+            if not reply.ok:
+                break
+            records = list(iter_records(reply.body, offset))
+            if not records:
+                break
+            for record in records:
+                found[record.offset] = record.data
+            offset = records[-1].offset + records[-1].size
+    finally:
+        conn.close()
+    return found
+
+
+class Drill:
+    def __init__(
+        self,
+        zk_connect: str,
+        broker_id: int,
+        fault: str,
+        *,
+        zk_root: str = "/meta",
+        topic: str | None = None,
+        rate: float = 200.0,
+        proxy: tuple[str, str] | None = None,
+        settle_s: float = 2.0,
+        rejoin_timeout_s: float = 60.0,
+    ) -> None:
+        if fault not in ("kill", "stop", "partition"):
+            raise MetaqError(f"unknown fault {fault!r} (kill, stop or partition)")
+        if fault == "partition" and proxy is None:
+            raise MetaqError(
+                "--fault partition needs the master's ZooKeeper link to run through a Toxiproxy proxy:"
+                " give --proxy-url and --proxy-name (see docs/chaos.md)"
+            )
+        self.zk_connect = zk_connect
+        self.broker_id = broker_id
+        self.fault = fault
+        self.paths = ZkPaths(zk_root)
+        self.zk_root = zk_root
+        self.topic = topic
+        self.rate = rate
+        self.proxy = proxy
+        self.settle_s = settle_s
+        self.rejoin_timeout_s = rejoin_timeout_s
+
+    async def run(self) -> DrillReport:
+        zk = KazooClient(self.zk_connect)
+        try:
+            await asyncio.to_thread(zk.start, 10)
+        except Exception as exc:
+            raise MetaqError(f"cannot connect to ZooKeeper at {self.zk_connect}: {exc}") from None
+        try:
+            return await self._run(zk)
+        finally:
+            await asyncio.to_thread(zk.stop)
+            await asyncio.to_thread(zk.close)
+
+    async def _group(self, zk: KazooClient) -> Any:
+        return await asyncio.to_thread(read_group_state, zk, self.paths, self.broker_id)
+
+    async def _run(self, zk: KazooClient) -> DrillReport:
+        state = await self._group(zk)
+        if state.master_url is None:
+            raise MetaqError(f"broker group {self.broker_id} has no master registered under {self.zk_root}")
+        old_url = state.master_url
+        topics_reply = await _request(old_url, {"op": "topics"})
+        topics: dict[str, int] = topics_reply["topics"]
+        topic = self.topic or (sorted(topics)[0] if topics else None)
+        if topic is None or topic not in topics:
+            raise MetaqError(f"topic {self.topic!r} is not served by broker group {self.broker_id}")
+        mode = (await _stats_value(old_url, "replication_mode")) or "async"
+        pid = int(await _stats_value(old_url, "pid") or 0)
+        process = _Process.inspect(pid)
+        session_ms = await self._session_timeout_ms(old_url)
+        report = DrillReport(self.fault, self.broker_id, old_url, mode=mode, epoch_before=state.epoch)
+
+        config = MetaClientConfig(
+            zk_connect=self.zk_connect, zk_root=self.zk_root, retry_unknown_outcome=True,
+            send_timeout_s=max(30.0, session_ms / 1000 * 4), send_max_attempts=100, send_retry_max_wait_s=0.2,
+        )
+        async with AsyncMessageSessionFactory(config) as factory:
+            load = _Load(factory, topic, self.rate, f"drill-{uuid.uuid4().hex[:8]}")
+            load.start()
+            await asyncio.sleep(1.0)
+            fault_at = time.monotonic()
+            acked_before = list(load.acks)
+            report.acked_before_fault = len(acked_before)
+            restore = await self._inject(process, session_ms)
+            report.detection_s = await self._wait_master_change(zk, old_url, fault_at, timeout=session_ms / 1000 * 6 + 10)
+            new_state = await self._group(zk)
+            report.new_master = new_state.master_url
+            report.epoch_after = new_state.epoch
+            epoch_starts = await self._epoch_starts(new_state.master_url, topic, topics[topic], new_state.epoch)
+            first_ack = await self._first_ack_after(load, fault_at, epoch_starts, timeout=30)
+            if first_ack is not None:
+                report.first_ack_s = first_ack.at - fault_at
+                report.first_read_s = await self._first_read(new_state.master_url, first_ack, fault_at)
+            await asyncio.sleep(self.settle_s)
+            await load.stop()
+            if restore is not None:
+                await restore()
+        report.acked_total = len(load.acks)
+        report.failed_sends = load.failed
+        report.unknown_outcome_sends = load.unknown
+        if report.new_master is None or report.new_master == old_url:
+            report.notes.append("no other broker took over (no eligible slave?)")
+            target = report.new_master or old_url
+        else:
+            target = report.new_master
+        await self._check(report, target, topic, acked_before, load.acks)
+        if self.fault == "kill":
+            report.restarted_pid = process.restart()
+            report.notes.append(f"restarted the old master as pid {report.restarted_pid}")
+        report.rejoined_as = await self._wait_rejoin(zk, old_url)
+        if report.rejoined_as is not None and report.new_master and report.new_master != old_url:
+            report.logs_identical = await self._verify()
+        return report
+
+    async def _session_timeout_ms(self, url: str) -> int:
+        reply = await _request(url, {"op": "config"})
+        from ..config import parse_server_ini
+
+        return parse_server_ini(bytes(reply.body), "master server.ini").zk.session_timeout_ms
+
+    async def _inject(self, process: _Process, session_ms: int) -> Any:
+        if self.fault == "kill":
+            os.kill(process.pid, signal.SIGKILL)
+            return None
+        if self.fault == "stop":
+            os.kill(process.pid, signal.SIGSTOP)
+
+            async def resume() -> None:
+                os.kill(process.pid, signal.SIGCONT)
+
+            async def resume_later() -> None:
+                await asyncio.sleep(session_ms / 1000 * 2 + 1)
+                await resume()
+
+            task = asyncio.ensure_future(resume_later())
+
+            async def restore() -> None:
+                await task
+
+            return restore
+        from toxiproxy import Toxiproxy  # the partition fault drives a Toxiproxy-API server
+
+        assert self.proxy is not None
+        url, name = self.proxy
+        server = Toxiproxy()
+        server.update_api_consumer(*_host_port(url))
+        proxy = server.get_proxy(name)
+        proxy.disable()
+
+        async def heal() -> None:
+            await asyncio.sleep(session_ms / 1000 * 2 + 1)
+            proxy.enable()
+
+        task = asyncio.ensure_future(heal())
+
+        async def restore_link() -> None:
+            await task
+
+        return restore_link
+
+    async def _wait_master_change(self, zk: KazooClient, old_url: str, since: float, timeout: float) -> float | None:
+        deadline = since + timeout
+        gone_at = None
+        while time.monotonic() < deadline:
+            state = await self._group(zk)
+            if state.master_url != old_url and gone_at is None:
+                gone_at = time.monotonic() - since
+            if state.master_url is not None and state.master_url != old_url:
+                return gone_at
+            await asyncio.sleep(0.01)
+        return gone_at
+
+    async def _epoch_starts(self, url: str | None, topic: str, partitions: int, epoch: int) -> dict[str, int]:
+        """Where the new master's epoch starts in each partition: acks at or past it are its own."""
+        starts: dict[str, int] = {}
+        if url is None:
+            return starts
+        for partition in range(partitions):
+            reply = await _request(url, {"op": "epochs", "topic": topic, "partition": partition})
+            for entry_epoch, start in reply.get("entries", []):
+                if entry_epoch == epoch:
+                    starts[f"{self.broker_id}-{partition}"] = int(start)
+        return starts
+
+    async def _first_ack_after(self, load: _Load, since: float, starts: dict[str, int], timeout: float) -> _Ack | None:
+        """The first ack of a write stored by the new master (replies of the old one may still
+        be arriving after the fault: those are told apart by their offsets)."""
+        deadline = since + timeout
+        while time.monotonic() < deadline:
+            for ack in load.acks:
+                start = starts.get(ack.partition)
+                if ack.at > since and start is not None and ack.offset >= start:
+                    return ack
+            await asyncio.sleep(0.005)
+        return None
+
+    async def _first_read(self, url: str | None, ack: _Ack, since: float) -> float | None:
+        if url is None:
+            return None
+        partition = int(ack.partition.split("-")[1])
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                found = await _read_partition(url, ack.topic, partition, ack.offset, ack.offset + 1)
+                if found.get(ack.offset) == ack.payload:
+                    return time.monotonic() - since
+            except (OSError, ConnectionError):
+                pass
+            await asyncio.sleep(0.01)
+        return None
+
+    async def _check(self, report: DrillReport, url: str, topic: str, before: list[_Ack], acks: list[_Ack]) -> None:
+        by_partition: dict[str, list[_Ack]] = {}
+        for ack in acks:
+            by_partition.setdefault(ack.partition, []).append(ack)
+        stored: dict[str, dict[int, bytes]] = {}
+        for name, items in by_partition.items():
+            number = int(name.split("-")[1])
+            start = min(a.offset for a in items)
+            end = max(a.offset for a in items) + 1
+            # Read a little past the last ack to see duplicates written by retries.
+            stored[name] = await _read_partition(url, topic, number, start, end + 1024 * 1024)
+        report.found_after = sum(1 for a in before if stored.get(a.partition, {}).get(a.offset) == a.payload)
+        report.lost = sum(1 for a in acks if stored.get(a.partition, {}).get(a.offset) != a.payload)
+        tag_prefix = acks[0].payload.rsplit(b"-", 1)[0] if acks else b""
+        seen: dict[bytes, int] = {}
+        for records in stored.values():
+            for payload in records.values():
+                if payload.startswith(tag_prefix + b"-"):
+                    seen[payload] = seen.get(payload, 0) + 1
+        report.duplicates = sum(n - 1 for n in seen.values() if n > 1)
+
+    async def _wait_rejoin(self, zk: KazooClient, old_url: str) -> str | None:
+        deadline = time.monotonic() + self.rejoin_timeout_s
+        parent = self.paths.broker(self.broker_id)
+        while time.monotonic() < deadline:
+            try:
+                children = await asyncio.to_thread(zk.get_children, parent)
+                for child in children:
+                    if child.startswith("slave") or child == "master":
+                        data, _ = await asyncio.to_thread(zk.get, f"{parent}/{child}")
+                        if data.decode() == old_url:
+                            return child
+            except Exception:
+                pass
+            await asyncio.sleep(0.1)
+        return None
+
+    async def _verify(self) -> bool:
+        """Once the rejoined broker has caught up, its log must be a prefix of the master's."""
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                report = await verify_group(self.zk_connect, self.broker_id, zk_root=self.zk_root)
+                if report.ok or time.monotonic() > deadline:
+                    return report.ok
+            except VerifyError:
+                if time.monotonic() > deadline:
+                    return False
+            await asyncio.sleep(0.5)
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    text = url.split("://", 1)[-1].rstrip("/")
+    host, _, port = text.rpartition(":")
+    return host, int(port)
+
+
+def summarize(reports: list[DrillReport]) -> dict[str, Any]:
+    def pct(values: list[float], q: float) -> float | None:
+        if not values:
+            return None
+        ordered = sorted(values)
+        return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+    acks = [r.first_ack_s for r in reports if r.first_ack_s is not None]
+    detections = [r.detection_s for r in reports if r.detection_s is not None]
+    reads = [r.first_read_s for r in reports if r.first_read_s is not None]
+    return {
+        "drills": len(reports),
+        "failovers": sum(1 for r in reports if r.new_master and r.new_master != r.old_master),
+        "first_ack_p50_s": statistics.median(acks) if acks else None,
+        "first_ack_p99_s": pct(acks, 0.99),
+        "first_ack_max_s": max(acks) if acks else None,
+        "detection_p50_s": statistics.median(detections) if detections else None,
+        "first_read_p50_s": statistics.median(reads) if reads else None,
+        "lost_total": sum(r.lost for r in reports),
+        "duplicates_total": sum(r.duplicates for r in reports),
+        "all_ok": all(r.ok for r in reports),
+    }
+
+
+def to_json(reports: list[DrillReport]) -> str:
+    return json.dumps({"runs": [asdict(r) for r in reports], "summary": summarize(reports)}, indent=2)

@@ -1,0 +1,125 @@
+"""Where a rejoining broker's log stops agreeing with the master's.
+
+First choice, the epoch way (Kafka's KIP-101/279): ask the master where our
+latest epoch ends in its log; if it never saw that epoch, the end of the epoch
+it did see, taken in our own log, is the other bound. Everything of ours past
+that point was written by us alone and is cut.
+
+Then a cross-check, because a wrong cut is silent data loss: the CRC of our
+last bytes before the cut point must equal the master's over the same range.
+If it does not (or the epochs cannot answer: no common epoch, a log written
+before epochs were kept), fall back to comparing CRCs of prefixes with the
+master (``checksum`` op) and bisecting over our record boundaries for the
+longest common prefix. Slower, but it needs nothing but the bytes.
+
+The cut point is always a record boundary of our log, and our log up to it is
+byte-identical to the master's: after truncation the prefix invariant holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from typing import TYPE_CHECKING
+
+from ..record import record_ends
+
+if TYPE_CHECKING:
+    from ..client.connection import BrokerConnection
+    from ..store.log import PartitionLog
+    from .epochs import EpochCache
+
+log = logging.getLogger(__name__)
+
+#: Bytes compared by the cross-check just before the epoch-derived cut point.
+CROSS_CHECK_BYTES = 1024 * 1024
+#: Largest range one checksum request covers (the broker's limit is 256 MiB).
+CHECKSUM_CHUNK = 64 * 1024 * 1024
+
+
+async def divergence_point(
+    conn: "BrokerConnection", topic: str, partition: int, log_: "PartitionLog", cache: "EpochCache"
+) -> int:
+    """The offset to truncate our log to (== log_end if nothing diverges)."""
+    if log_.log_end <= log_.min_offset:
+        return log_.log_end
+    end = None
+    if cache.entries:
+        reply = await conn.request(
+            {"op": "epoch_end", "topic": topic, "partition": partition, "epoch": cache.latest_epoch}, timeout=10
+        )
+        if not reply.ok:
+            raise ConnectionError(f"epoch_end {topic}-{partition}: {reply.code} {reply.message}")
+        found, master_end = int(reply["epoch"]), int(reply["end_offset"])
+        if found >= 0:
+            end = master_end
+            if found < cache.latest_epoch:
+                end = min(end, cache.end_offset_for(found, log_.log_end)[1])
+            end = max(log_.min_offset, min(end, log_.log_end))
+    if end is not None and await _agrees_before(conn, topic, partition, log_, end):
+        return end
+    log.warning("%s-%d: epochs give no trustworthy cut point; comparing bytes with the master", topic, partition)
+    return await _longest_common_prefix(conn, topic, partition, log_)
+
+
+async def _ranges_agree(conn: "BrokerConnection", topic: str, partition: int, log_: "PartitionLog", start: int, end: int) -> bool:
+    """Whether our bytes in [start, end) equal the master's, chunk by chunk."""
+    pos = start
+    while pos < end:
+        stop = min(end, pos + CHECKSUM_CHUNK)
+        reply = await conn.request(
+            {"op": "checksum", "topic": topic, "partition": partition, "start": pos, "end": stop}, timeout=60
+        )
+        if not reply.ok or int(reply["end"]) != stop or int(reply["crc"]) != _local_crc(log_, pos, stop):
+            return False
+        pos = stop
+    return True
+
+
+def _local_crc(log_: "PartitionLog", start: int, end: int) -> int:
+    crc, pos = 0, start
+    while pos < end:
+        data = log_.read(pos, end - pos, end)
+        if not data:
+            break
+        crc = zlib.crc32(data, crc)
+        pos += len(data)
+    return crc
+
+
+async def _agrees_before(conn: "BrokerConnection", topic: str, partition: int, log_: "PartitionLog", end: int) -> bool:
+    start = max(log_.min_offset, end - CROSS_CHECK_BYTES)
+    return await _ranges_agree(conn, topic, partition, log_, start, end)
+
+
+async def _longest_common_prefix(conn: "BrokerConnection", topic: str, partition: int, log_: "PartitionLog") -> int:
+    """Largest record boundary b with our [min, b) == the master's [min, b)."""
+    boundaries = [log_.min_offset] + _record_boundaries(log_)
+    low, high = 0, len(boundaries) - 1  # boundaries[low] agrees (empty prefix); find the last that does
+    while low < high:
+        mid = (low + high + 1) // 2
+        if await _ranges_agree(conn, topic, partition, log_, log_.min_offset, boundaries[mid]):
+            low = mid
+        else:
+            high = mid - 1
+    return boundaries[low]
+
+
+def _record_boundaries(log_: "PartitionLog") -> list[int]:
+    ends: list[int] = []
+    pos = log_.min_offset
+    while pos < log_.log_end:
+        chunk = log_.read(pos, 4 * 1024 * 1024)
+        found = record_ends(chunk, pos)
+        if not found:
+            # A record bigger than the chunk: read exactly it.
+            length = int.from_bytes(chunk[:4], "big") + 20 if len(chunk) >= 4 else 0
+            if length <= 0:
+                break
+            chunk = log_.read(pos, length)
+            found = record_ends(chunk, pos)
+            if not found:
+                break
+        ends.extend(found)
+        pos = found[-1]
+    return ends

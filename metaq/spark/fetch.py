@@ -1,0 +1,232 @@
+"""Blocking access to one replica, for code that runs inside Spark (driver or executor).
+
+PySpark calls ``partitions()`` / ``read()`` synchronously, and ``read()`` is a generator
+that Spark pulls rows from. ``ReplicaSession`` therefore owns a private asyncio event loop
+and drives the ordinary ``BrokerConnection`` with ``run_until_complete`` one step at a
+time: between two steps the loop is idle and the kernel buffers whatever the broker sends,
+so a fetch issued before Spark consumes the previous batch overlaps with that work.
+
+Also here: decoding a fetched byte range into a pyarrow RecordBatch (CRC-checked), and the
+header walk that finds message boundaries for splitting a partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from ..client.connection import BrokerConnection, ConnectionClosed, Reply
+from ..protocol import commands as c
+from ..record import FLAG_HAS_ATTRIBUTE, HEADER, HEADER_SIZE, KNOWN_FLAGS, RecordError
+
+_unpack_from = HEADER.unpack_from
+_crc32 = zlib.crc32
+
+
+class ReplicaError(Exception):
+    """This replica cannot serve the request now (down, refusing, corrupt): try another."""
+
+
+@dataclass(frozen=True)
+class ReplicaRef:
+    """A replica as planned on the driver (picklable): where it is and what it is called."""
+
+    broker_id: int
+    role: str  # "master" or "slave{k}"
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        from ..zk.paths import broker_url
+
+        return broker_url(self.host, self.port)
+
+    def __str__(self) -> str:
+        return f"{self.role} of broker {self.broker_id} at {self.url}"
+
+
+@dataclass(frozen=True)
+class OffsetInfo:
+    min_offset: int
+    committed: int
+
+
+class ReplicaSession:
+    """A connection to one replica with its own event loop; every call blocks."""
+
+    def __init__(self, replica: ReplicaRef, timeout: float = 10.0) -> None:
+        self.replica = replica
+        self.timeout = timeout
+        self._loop = asyncio.new_event_loop()
+        self._conn: BrokerConnection | None = None
+        try:
+            self._conn = self._loop.run_until_complete(BrokerConnection.open(replica.host, replica.port, timeout))
+        except ConnectionClosed as exc:
+            self.close()
+            raise ReplicaError(f"{replica}: {exc}") from None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if not self._loop.is_closed():
+            # Let the transport's close callbacks run, then drop the loop.
+            try:
+                self._loop.run_until_complete(asyncio.sleep(0))
+            except Exception:
+                pass
+            self._loop.close()
+
+    def __enter__(self) -> "ReplicaSession":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- requests ---------------------------------------------------------------------
+
+    def send(self, header: dict[str, Any]) -> "asyncio.Future[Reply]":
+        """Write a request now; the reply is collected later with ``wait``."""
+
+        async def _send() -> "asyncio.Future[Reply]":
+            assert self._conn is not None
+            return self._conn.send(header)
+
+        try:
+            return self._loop.run_until_complete(_send())
+        except ConnectionClosed as exc:
+            raise ReplicaError(f"{self.replica}: {exc}") from None
+
+    def wait(self, future: "asyncio.Future[Reply]", timeout: float | None = None) -> Reply:
+        try:
+            return self._loop.run_until_complete(asyncio.wait_for(future, timeout or self.timeout))
+        except (ConnectionClosed, asyncio.TimeoutError, OSError) as exc:
+            raise ReplicaError(f"{self.replica}: {exc or type(exc).__name__}") from None
+
+    def request(self, header: dict[str, Any], timeout: float | None = None) -> Reply:
+        return self.wait(self.send(header), timeout)
+
+    def offsets(self, topic: str, partition: int) -> OffsetInfo:
+        """The replica's first offset and committed offset (what consumers may read)."""
+        reply = self.request({"op": "offset", "topic": topic, "partition": partition, "offset": 0})
+        if not reply.ok:
+            raise ReplicaError(f"{self.replica}: offset {topic}-{partition}: {reply.code} {reply.message}")
+        return OffsetInfo(int(reply["min_offset"]), int(reply["max_offset"]))
+
+    def segment_start(self, topic: str, partition: int, offset: int) -> int:
+        """Start of the segment holding ``offset`` (a message boundary, <= offset)."""
+        reply = self.request({"op": "offset", "topic": topic, "partition": partition, "offset": offset})
+        if not reply.ok:
+            raise ReplicaError(f"{self.replica}: offset {topic}-{partition}: {reply.code} {reply.message}")
+        return int(reply["offset"])
+
+    def send_get(self, topic: str, partition: int, offset: int, max_size: int, max_wait_ms: int = 0) -> "asyncio.Future[Reply]":
+        return self.send(
+            {"op": "get", "topic": topic, "partition": partition, "offset": offset, "max_size": max_size, "max_wait_ms": max_wait_ms}
+        )
+
+    def stats(self, item: str = "") -> dict[str, str]:
+        reply = self.request({"op": "stats", "item": item})
+        return parse_stats(bytes(reply.body).decode("utf-8", "replace"))
+
+
+def parse_stats(text: str) -> dict[str, str]:
+    """The ``name value`` lines of a ``stats`` reply (between ``STATS`` and ``END``) as a dict."""
+    result: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.strip().split(None, 1)
+        if parts and parts[0] not in ("STATS", "END"):
+            result[parts[0]] = parts[1] if len(parts) > 1 else ""
+    return result
+
+
+# --- finding message boundaries ------------------------------------------------------------
+
+
+def first_boundary_at_or_after(
+    session: ReplicaSession, topic: str, partition: int, boundary: int, target: int, limit: int, chunk: int = 1 << 20
+) -> int:
+    """The first message boundary >= ``target``, walking record headers from ``boundary``.
+
+    ``boundary`` must be a known message boundary <= ``target`` (a range start, an earlier
+    split point, or a segment start). Returns ``limit`` if no boundary lies in
+    [target, limit). Only headers are interpreted; when a record ends beyond the fetched
+    bytes the next fetch starts at its end, so large messages are skipped, not read.
+    """
+    pos = boundary
+    while pos < target:
+        if pos >= limit:
+            return limit
+        reply = session.request(
+            {"op": "get", "topic": topic, "partition": partition, "offset": pos, "max_size": min(chunk, limit - pos)}
+        )
+        if reply.code != c.OK:
+            raise ReplicaError(f"{session.replica}: get {topic}-{partition}@{pos}: {reply.code} {reply.message}")
+        body = reply.body
+        base, end, i = pos, pos + len(body), 0
+        if len(body) < HEADER_SIZE:
+            raise ReplicaError(f"{session.replica}: truncated record header at {pos} of {topic}-{partition}")
+        while pos < target and pos + HEADER_SIZE <= end:
+            length, _crc, _id, flag = _unpack_from(body, pos - base)
+            if length < 0 or flag & ~KNOWN_FLAGS:
+                raise RecordError(f"record at offset {pos} of {topic}-{partition}: bad header (not a message boundary?)")
+            pos += HEADER_SIZE + length
+            i += 1
+    return min(pos, limit)
+
+
+# --- decoding -------------------------------------------------------------------------------------
+
+
+def decode_chunk(buf: bytes, base: int, stop: int | None = None) -> tuple[list[int], list[int], list[str | None], list[bytes], int]:
+    """Decode whole records of ``buf`` (log bytes starting at offset ``base``), CRC-checked.
+
+    Returns ``(offsets, msg_ids, attributes, datas, consumed)``: ``consumed`` is the number
+    of bytes of whole records (a trailing partial record is left for the next fetch).
+    """
+    offsets: list[int] = []
+    ids: list[int] = []
+    attrs: list[str | None] = []
+    datas: list[bytes] = []
+    o_app, i_app, a_app, d_app = offsets.append, ids.append, attrs.append, datas.append
+    pos, end = 0, len(buf)
+    while end - pos >= HEADER_SIZE:
+        length, crc, msg_id, flag = _unpack_from(buf, pos)
+        if length < 0 or flag & ~KNOWN_FLAGS:
+            raise RecordError(f"record at offset {base + pos}: bad header (length {length}, flag {flag:#x})")
+        start = pos + HEADER_SIZE
+        nxt = start + length
+        if nxt > end:
+            break
+        payload = buf[start:nxt]
+        if _crc32(payload) & 0x7FFFFFFF != crc:
+            raise RecordError(f"record at offset {base + pos}: checksum mismatch")
+        o_app(base + pos)
+        i_app(msg_id)
+        if flag & FLAG_HAS_ATTRIBUTE:
+            if length < 4:
+                raise RecordError(f"record at offset {base + pos}: attribute flag set but payload too short")
+            attr_len = int.from_bytes(payload[:4], "big", signed=True)
+            if attr_len < 0 or 4 + attr_len > length:
+                raise RecordError(f"record at offset {base + pos}: bad attribute length {attr_len}")
+            try:
+                a_app(payload[4 : 4 + attr_len].decode("utf-8"))
+            except UnicodeDecodeError:
+                raise RecordError(f"record at offset {base + pos}: attribute is not UTF-8") from None
+            d_app(payload[4 + attr_len :])
+        else:
+            a_app(None)
+            d_app(payload)
+        pos = nxt
+    return offsets, ids, attrs, datas, pos
+
+
+_HOSTPORT = re.compile(r"^[^\s:/]+(:\d+)?(,[^\s:/]+(:\d+)?)*(/.*)?$")
+
+
+def looks_like_zk_connect(text: str) -> bool:
+    return bool(_HOSTPORT.match(text))

@@ -1,0 +1,158 @@
+"""Options of the ``metaq`` Spark source: parsing and validation, with errors that name the option.
+
+Spark passes options as strings; keys are matched case-insensitively (as Spark does for
+its own sources). Everything here is pure and runs on the driver before any connection.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Mapping
+
+READ_FROM_CHOICES = ("slave", "prefer-slave", "master")
+EARLIEST = "earliest"
+LATEST = "latest"
+KEYWORDS = (EARLIEST, LATEST)
+_PARTITION_NAME = re.compile(r"^\d+-\d+$")
+
+DEFAULT_FETCH_BYTES = 1 << 20  # the broker's default maxTransferSize caps consumer fetches here
+DEFAULT_TIMEOUT_MS = 60_000
+
+#: Option names as documented (the keys Spark hands us may be lower-cased).
+KNOWN_OPTIONS = (
+    "zkConnect",
+    "zkRoot",
+    "topic",
+    "readFrom",
+    "startingOffsets",
+    "endingOffsets",
+    "maxBytesPerPartition",
+    "fetchBytes",
+    "timeoutMs",
+)
+_CANONICAL = {name.lower(): name for name in KNOWN_OPTIONS}
+
+
+class OptionError(ValueError):
+    """A bad or missing option of the metaq source."""
+
+
+@dataclass(frozen=True)
+class OffsetSpec:
+    """``startingOffsets`` / ``endingOffsets``: a default keyword plus per-partition values.
+
+    ``per_partition`` maps a partition name (``"{brokerId}-{n}"``) to a byte offset (a
+    message boundary) or to ``"earliest"`` / ``"latest"``; partitions not named get
+    ``default``.
+    """
+
+    default: str
+    per_partition: Mapping[str, int | str] = field(default_factory=dict)
+
+    def value_for(self, name: str) -> int | str:
+        return self.per_partition.get(name, self.default)
+
+    def to_json(self) -> str:
+        return json.dumps(dict(self.per_partition)) if self.per_partition else self.default
+
+
+def parse_offsets(text: str | None, option: str, default: str) -> OffsetSpec:
+    """Parse ``earliest``, ``latest`` or a JSON object like ``{"0-0": 0, "0-1": "earliest"}``."""
+    if text is None or not str(text).strip():
+        return OffsetSpec(default)
+    raw = str(text).strip()
+    if raw.lower() in KEYWORDS:
+        return OffsetSpec(raw.lower())
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise OptionError(
+            f"option {option}: not 'earliest', 'latest' or a JSON object of partition offsets "
+            f"(like {{\"0-0\": 0, \"0-1\": \"earliest\"}}): {exc.msg} at position {exc.pos} in {raw!r}"
+        ) from None
+    if not isinstance(value, dict):
+        raise OptionError(f"option {option}: expected a JSON object of partition offsets, got {type(value).__name__} {raw!r}")
+    per_partition: dict[str, int | str] = {}
+    for name, offset in value.items():
+        if not _PARTITION_NAME.match(name):
+            raise OptionError(f"option {option}: {name!r} is not a partition name (expected '{{brokerId}}-{{n}}', like '0-1')")
+        if isinstance(offset, str) and offset.lower() in KEYWORDS:
+            per_partition[name] = offset.lower()
+        elif isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0:
+            per_partition[name] = offset
+        elif isinstance(offset, int) and not isinstance(offset, bool) and offset in (-1, -2):
+            # Kafka's spelling: -2 earliest, -1 latest.
+            per_partition[name] = EARLIEST if offset == -2 else LATEST
+        else:
+            raise OptionError(
+                f"option {option}: offset of partition {name} must be a byte offset >= 0, 'earliest' or 'latest', got {offset!r}"
+            )
+    return OffsetSpec(default, per_partition)
+
+
+def _positive_int(options: Mapping[str, str], name: str, default: int | None) -> int | None:
+    raw = options.get(name)
+    if raw is None or str(raw).strip() == "":
+        return default
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise OptionError(f"option {name}: expected a positive integer, got {raw!r}") from None
+    if value <= 0:
+        raise OptionError(f"option {name}: expected a positive integer, got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    zk_connect: str
+    topic: str
+    zk_root: str = "/meta"
+    read_from: str = "slave"
+    starting: OffsetSpec = OffsetSpec(EARLIEST)
+    ending: OffsetSpec = OffsetSpec(LATEST)
+    max_bytes_per_partition: int | None = None
+    fetch_bytes: int = DEFAULT_FETCH_BYTES
+    timeout_ms: int = DEFAULT_TIMEOUT_MS
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str], streaming: bool = False) -> "SourceOptions":
+        opts: dict[str, str] = {}
+        for key, value in dict(options or {}).items():
+            opts[_CANONICAL.get(str(key).lower(), str(key))] = value
+        unknown = sorted(k for k in opts if k not in KNOWN_OPTIONS and k.lower() != "path")
+        if unknown:
+            raise OptionError(f"unknown option(s) {', '.join(unknown)}; the metaq source takes: {', '.join(KNOWN_OPTIONS)}")
+        zk_connect = str(opts.get("zkConnect") or "").strip()
+        if not zk_connect:
+            raise OptionError("option zkConnect is required (the ZooKeeper connect string, like '127.0.0.1:2181')")
+        topic = str(opts.get("topic") or "").strip()
+        if not topic:
+            raise OptionError("option topic is required (the topic to read)")
+        zk_root = str(opts.get("zkRoot") or "/meta").strip()
+        if not zk_root.startswith("/"):
+            raise OptionError(f"option zkRoot must start with '/', got {zk_root!r}")
+        read_from = str(opts.get("readFrom") or "slave").strip().lower()
+        if read_from not in READ_FROM_CHOICES:
+            raise OptionError(f"option readFrom must be one of {', '.join(READ_FROM_CHOICES)}; got {opts.get('readFrom')!r}")
+        # Like Kafka: a batch starts at the earliest offsets, a new stream at the latest.
+        starting = parse_offsets(opts.get("startingOffsets"), "startingOffsets", LATEST if streaming else EARLIEST)
+        if streaming and opts.get("endingOffsets"):
+            raise OptionError("option endingOffsets is for batch reads only (a stream reads up to the committed offsets)")
+        ending = parse_offsets(opts.get("endingOffsets"), "endingOffsets", LATEST)
+        if not streaming:
+            if ending.default == EARLIEST or EARLIEST in ending.per_partition.values():
+                raise OptionError("option endingOffsets: 'earliest' is not an end (use a byte offset or 'latest')")
+        return cls(
+            zk_connect=zk_connect,
+            topic=topic,
+            zk_root=zk_root,
+            read_from=read_from,
+            starting=starting,
+            ending=ending,
+            max_bytes_per_partition=_positive_int(opts, "maxBytesPerPartition", None),
+            fetch_bytes=_positive_int(opts, "fetchBytes", DEFAULT_FETCH_BYTES) or DEFAULT_FETCH_BYTES,
+            timeout_ms=_positive_int(opts, "timeoutMs", DEFAULT_TIMEOUT_MS) or DEFAULT_TIMEOUT_MS,
+        )
