@@ -100,7 +100,7 @@ def snapshot_partition(log_bytes: bytes, base: int = 0) -> dict[str, Any]:
 class History:
     """A recorder (thread-safe) and the loaded form of a history."""
 
-    def __init__(self, meta: dict[str, Any] | None = None) -> None:
+    def __init__(self, meta: dict[str, Any] | None = None, clock: Any = None) -> None:
         self.meta: dict[str, Any] = dict(meta or {})
         self.ops: list[dict[str, Any]] = []
         self.faults: list[dict[str, Any]] = []
@@ -110,8 +110,11 @@ class History:
         self._ids = itertools.count()
         self._open: dict[int, dict[str, Any]] = {}
         self._t0 = time.monotonic()
+        self._clock = clock  # a callable returning seconds; tests pass a fake one
 
     def now(self) -> float:
+        if self._clock is not None:
+            return float(self._clock())
         return round(time.monotonic() - self._t0, 6)
 
     # --- recording ---

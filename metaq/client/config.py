@@ -30,8 +30,10 @@ class MetaClientConfig:
     send_retry_min_wait_s: float = 0.05
     send_retry_max_wait_s: float = 2.0
     #: Resend a put whose outcome is unknown (lost connection after sending, timeout, 504)?
-    #: Off by default: it can duplicate a message. The SendResult says outcome_unknown instead.
-    retry_unknown_outcome: bool = False
+    #: On by default, so that a failover is a pause and not an error (at-least-once: a
+    #: resent message may be stored twice; the drill counts such duplicates). Off gives
+    #: at-most-once: the SendResult says outcome_unknown and the application decides.
+    retry_unknown_outcome: bool = True
 
     def __post_init__(self) -> None:
         if not self.zk_root.startswith("/"):

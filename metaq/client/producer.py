@@ -8,7 +8,7 @@ Failure classes (see ``classify_reply``):
     403, 503 (slave, fenced, sync slaves missing)      no        yes, maybe on another partition
     no connection / connect refused / no master yet   no        yes
     400, 404, 500                                     no        no: the request itself is wrong
-    504, timeout, connection lost after sending       unknown   only if retry_unknown_outcome
+    504, timeout, connection lost after sending       unknown   while retry_unknown_outcome (default)
 
 Retries are bounded by attempts and total time (tenacity, exponential back-off), and a
 send that runs out of either ends in a SendResult saying why, so nothing is dropped in

@@ -19,7 +19,6 @@ byte-identical to the master's: after truncation the prefix invariant holds.
 from __future__ import annotations
 
 import logging
-import zlib
 from typing import TYPE_CHECKING
 
 from ..record import record_ends
@@ -70,21 +69,10 @@ async def _ranges_agree(conn: "BrokerConnection", topic: str, partition: int, lo
         reply = await conn.request(
             {"op": "checksum", "topic": topic, "partition": partition, "start": pos, "end": stop}, timeout=60
         )
-        if not reply.ok or int(reply["end"]) != stop or int(reply["crc"]) != _local_crc(log_, pos, stop):
+        if not reply.ok or int(reply["end"]) != stop or int(reply["crc"]) != log_.crc32(pos, stop):
             return False
         pos = stop
     return True
-
-
-def _local_crc(log_: "PartitionLog", start: int, end: int) -> int:
-    crc, pos = 0, start
-    while pos < end:
-        data = log_.read(pos, end - pos, end)
-        if not data:
-            break
-        crc = zlib.crc32(data, crc)
-        pos += len(data)
-    return crc
 
 
 async def _agrees_before(conn: "BrokerConnection", topic: str, partition: int, log_: "PartitionLog", end: int) -> bool:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import zlib
 from typing import TYPE_CHECKING, Any, Awaitable
 
 from .. import __version__
@@ -267,17 +266,8 @@ class RequestHandlers:
         return self._checksum_range(req, log, start, end)
 
     async def _checksum_range(self, req: c.Request, log: "PartitionLog", start: int, end: int) -> Reply:
-        def crc() -> int:
-            value, pos = 0, start
-            while pos < end:
-                chunk = log.read(pos, end - pos, end)
-                if not chunk:
-                    break
-                value = zlib.crc32(chunk, value)
-                pos += len(chunk)
-            return value
-
-        return c.reply_header(req.opaque, c.OK, start=start, end=end, crc=await asyncio.to_thread(crc)), b""
+        crc = await asyncio.to_thread(log.crc32, start, end)
+        return c.reply_header(req.opaque, c.OK, start=start, end=end, crc=crc), b""
 
     def _epoch_end(self, req: c.Request) -> Reply:
         """Where epoch ``req.epoch`` ends in this log: a rejoining broker truncates there."""

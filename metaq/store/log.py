@@ -29,6 +29,7 @@ import logging
 import os
 import threading
 import time
+import zlib
 from pathlib import Path
 from typing import Callable
 
@@ -384,6 +385,17 @@ class PartitionLog:
         """The bytes ``file_range`` describes (may end inside a record, as in MetaQ)."""
         segment, position, length = self.file_range(offset, max_bytes, upto)
         return segment.read(segment.start + position, length) if length else b""
+
+    def crc32(self, start: int, end: int) -> int:
+        """CRC32 of the log bytes in [start, end) (for comparing replicas; may run in a worker thread)."""
+        crc, pos = 0, start
+        while pos < end:
+            data = self.read(pos, end - pos, end)
+            if not data:
+                break
+            crc = zlib.crc32(data, crc)
+            pos += len(data)
+        return crc
 
     def nearest_offset(self, offset: int) -> int:
         """MetaQ's ``offset`` command: the start of the segment holding ``offset``, clamped."""

@@ -149,18 +149,24 @@ def wait_leads(broker: BrokerProcess, group: Group, above_epoch: int, timeout: f
 def wait_follows(broker: BrokerProcess, master: BrokerProcess, group: Group, timeout: float = 25) -> int:
     """Until ``broker`` is registered as a slave (its url in a ``slave{k}`` node) following ``master``."""
 
+    seen: list[Any] = [None]
+
     def follows() -> int | None:
         slave_id = group.slave_id_of(broker)
-        if slave_id is None or group.master() != master.url:
-            return None
+        master_url = group.master()
         try:
-            if stat(broker, "ha_state") != "following":
-                return None
-        except Exception:
+            state = stat(broker, "ha_state")
+        except Exception as exc:
+            state = repr(exc)
+        seen[0] = (slave_id, master_url, state)
+        if slave_id is None or master_url != master.url or state != "following":
             return None
         return slave_id
 
-    return wait_until(follows, timeout, interval=0.1, message=f"{broker.name} to follow {master.name}")
+    try:
+        return wait_until(follows, timeout, interval=0.1, message=f"{broker.name} to follow {master.name}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last seen (slave id, master, ha_state) = {seen[0]}; want {master.url}") from None
 
 
 def wait_in_sync_set(group: Group, slave_id: int, timeout: float = 20) -> None:

@@ -99,13 +99,14 @@ def test_definite_failure_is_not_retried() -> None:
 
 
 def test_lost_connection_after_sending_is_an_unknown_outcome() -> None:
+    # At-most-once (opted in): the result says the outcome is unknown, nothing is resent.
     pool = FakePool({0: [ConnectionClosed("connection lost")]})
-    result = asyncio.run(producer(pool).send_message(Message("t", b"x")))
+    result = asyncio.run(producer(pool, retry_unknown_outcome=False).send_message(Message("t", b"x")))
     assert not result.success and result.outcome_unknown and result.attempts == 1
     assert "outcome unknown" in result.error_message
-    # Opting in to at-least-once retries it.
+    # The default, at-least-once, resends it (a failover is a pause, not an error).
     pool = FakePool({0: [ConnectionClosed("connection lost")]})
-    assert asyncio.run(producer(pool, retry_unknown_outcome=True).send_message(Message("t", b"x"))).success
+    assert asyncio.run(producer(pool).send_message(Message("t", b"x"))).success
 
 
 def test_unreachable_broker_is_skipped_for_the_next_sends() -> None:

@@ -1,0 +1,424 @@
+"""Checks a chaos history (chaos.history) against the guarantees of DESIGN.md.
+
+Each check is a function ``history, index -> (violations, checked_count)``; the result
+of a run is every check's verdict plus run statistics. The final logs are the truth:
+the master snapshot of each group after healing ("the final log").
+
+checks
+------
+``acked_lost``      (sync) every ``ok`` put is in the final log of its partition at its acked
+                    offset with its value. (async: only ``moved`` is a violation here, the
+                    losses are judged by ``async_loss_bound``.)
+``async_loss_bound``(async) acked puts missing from the final log number no more than the
+                    replication lag (messages, else bytes) reported at failovers of their
+                    group; a loss with no failover at all is a violation.
+``order``           per partition, if put A completed (ok) before put B was invoked, A's
+                    final offset is below B's (real-time order survives failover).
+``read_lost``       every message a consumer read (offset, value) is in the final log at that
+                    offset: nobody read a message that a failover later took back.
+``split_brain``     no two masters acked writes in the same epoch of a group (from the
+                    ``epoch``/``master`` that each ok put carries); a put acked at a lower
+                    epoch after a higher-epoch ack had completed is a warning (``stale_ack``).
+``replica_prefix``  after healing, every slave's log of every partition is a byte-identical
+                    prefix of its master's (equal record lists: offset, size, CRC32 of the
+                    whole record, value; no torn tail; not longer than the master).
+``duplicates``      no value appears twice in the final logs (unknown-outcome writes appear at
+                    most once, never twice at different offsets).
+``phantoms``        nothing is in a final log that was never written, and no put that
+                    definitely failed (``fail``) is there.
+``final_masters``   every group has exactly one master in the final snapshot.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from chaos.history import History
+
+MAX_SHOWN = 20
+
+
+def group_of(partition: str | None) -> int | None:
+    """``"topic/3-0"`` -> 3."""
+    if not partition:
+        return None
+    try:
+        return int(partition.rsplit("/", 1)[-1].split("-", 1)[0])
+    except ValueError:
+        return None
+
+
+@dataclass
+class LogIndex:
+    end: int
+    by_offset: dict[int, tuple[Any, int, int]]  # offset -> (value, size, crc)
+    by_value: dict[Any, list[int]]
+    records: list[list[Any]]
+
+
+@dataclass
+class Index:
+    masters: dict[int, list[str]]  # group -> master replica names
+    logs: dict[str, LogIndex]  # partition -> the final master's log
+    puts: list[dict[str, Any]]  # completed puts (with invoke_time)
+    gets: list[dict[str, Any]]
+
+    def where(self, partition: str, value: Any) -> list[int]:
+        log = self.logs.get(partition)
+        return [] if log is None else log.by_value.get(value, [])
+
+
+def build_index(history: History) -> Index:
+    replicas = history.final.get("replicas", {})
+    masters: dict[int, list[str]] = defaultdict(list)
+    for name, rep in replicas.items():
+        if rep.get("role") == "master":
+            masters[int(rep["group"])].append(name)
+    logs: dict[str, LogIndex] = {}
+    for group, names in masters.items():
+        if len(names) != 1:
+            continue
+        for partition, snap in replicas[names[0]].get("partitions", {}).items():
+            by_offset, by_value = {}, defaultdict(list)
+            for offset, size, crc, value in snap.get("records", []):
+                by_offset[offset] = (value, size, crc)
+                by_value[value].append(offset)
+            logs[partition] = LogIndex(snap.get("end", 0), by_offset, dict(by_value), snap.get("records", []))
+    completions = history.completions()
+    return Index(
+        masters=dict(masters),
+        logs=logs,
+        puts=[op for op in completions if op.get("f") == "put"],
+        gets=[op for op in completions if op.get("f") == "get" and op["type"] == "ok"],
+    )
+
+
+def _brief(op: dict[str, Any]) -> dict[str, Any]:
+    keys = ("id", "process", "value", "partition", "offset", "epoch", "master", "time", "invoke_time", "error")
+    return {k: op[k] for k in keys if k in op}
+
+
+# --- the checks ----------------------------------------------------------------------
+
+
+def check_final_masters(history: History, index: Index) -> tuple[list[dict], int]:
+    groups = {int(r["group"]) for r in history.final.get("replicas", {}).values()}
+    out = []
+    for group in sorted(groups):
+        names = index.masters.get(group, [])
+        if len(names) != 1:
+            out.append({"kind": "masters", "group": group, "masters": names,
+                        "why": f"group {group} has {len(names)} masters in the final snapshot (expected 1)"})
+    return out, len(groups)
+
+
+def _lost_and_moved(index: Index) -> tuple[list[dict], list[dict], int]:
+    lost, moved, checked = [], [], 0
+    for op in index.puts:
+        if op["type"] != "ok":
+            continue
+        checked += 1
+        partition = op.get("partition")
+        log = index.logs.get(partition)
+        if log is None:
+            lost.append({**_brief(op), "kind": "lost", "why": f"{op.get('value')!r}: no final master log for partition {partition}"})
+            continue
+        offsets = log.by_value.get(op.get("value"), [])
+        acked = op.get("offset")
+        if acked is None:
+            if not offsets:
+                lost.append({**_brief(op), "kind": "lost", "why": f"acked put {op.get('value')!r} is not in the final log of {partition}"})
+        elif acked not in offsets:
+            if offsets:
+                moved.append({**_brief(op), "kind": "moved", "found_at": offsets,
+                              "why": f"{op.get('value')!r} acked at {partition}@{acked} but found at {offsets}"})
+            else:
+                at = log.by_offset.get(acked)
+                lost.append({**_brief(op), "kind": "lost", "found_there": at[0] if at else None,
+                             "why": f"{op.get('value')!r} acked at {partition}@{acked}; the final log has "
+                                    + (f"{at[0]!r} there" if at else "no record there")})
+    return lost, moved, checked
+
+
+def check_acked_lost(history: History, index: Index) -> tuple[list[dict], int]:
+    lost, moved, checked = _lost_and_moved(index)
+    if history.meta.get("mode", "sync") == "async":
+        return moved, checked
+    return lost + moved, checked
+
+
+def check_async_loss_bound(history: History, index: Index) -> tuple[list[dict], int]:
+    if history.meta.get("mode", "sync") != "async":
+        return [], 0
+    lost, _moved, checked = _lost_and_moved(index)
+    by_partition: dict[str, list[dict]] = defaultdict(list)
+    for op in lost:
+        by_partition[op.get("partition")].append(op)
+    out = []
+    for partition, ops in sorted(by_partition.items(), key=lambda kv: str(kv[0])):
+        group = group_of(partition)
+        failovers = [f for f in history.failovers if f.get("group") == group]
+        if not failovers:
+            out.append({"kind": "loss_without_failover", "partition": partition, "lost": len(ops),
+                        "values": [o.get("value") for o in ops[:MAX_SHOWN]],
+                        "why": f"{len(ops)} acked messages lost in {partition} with no failover of group {group}"})
+            continue
+        lags = [f.get("lag", {}).get(partition, {}) for f in failovers]
+        if all("messages" in lag for lag in lags):
+            bound = sum(int(lag["messages"]) for lag in lags)
+            amount, unit = len(ops), "messages"
+        else:
+            bound = sum(int(lag.get("bytes", 0)) for lag in lags)
+            amount = sum(int(o.get("size") or 20 + len(str(o.get("value", "")).encode())) for o in ops)
+            unit = "bytes"
+        if amount > bound:
+            out.append({"kind": "loss_over_lag", "partition": partition, "lost": len(ops),
+                        "lost_amount": amount, "lag_bound": bound, "unit": unit,
+                        "values": [o.get("value") for o in ops[:MAX_SHOWN]],
+                        "why": f"lost {amount} {unit} in {partition}, more than the lag of {bound} at failover"})
+    return out, checked
+
+
+def check_order(history: History, index: Index) -> tuple[list[dict], int]:
+    out, checked = [], 0
+    per_partition: dict[str, list[tuple[float, float, int, dict]]] = defaultdict(list)
+    for op in index.puts:
+        if op["type"] != "ok":
+            continue
+        offsets = index.where(op.get("partition"), op.get("value"))
+        if len(offsets) != 1:
+            continue  # lost or duplicated: other checks report it
+        per_partition[op.get("partition")].append((op["invoke_time"], op["time"], offsets[0], op))
+    for partition, ops in per_partition.items():
+        by_ok = sorted(ops, key=lambda o: o[1])
+        ok_times = [o[1] for o in by_ok]
+        best: list[tuple[int, dict]] = []  # running max of final offset over by_ok prefixes
+        for _inv, _ok, off, op in by_ok:
+            best.append(max(best[-1], (off, op), key=lambda x: x[0]) if best else (off, op))
+        for inv, _ok, off, op in ops:
+            checked += 1
+            n = bisect.bisect_left(ok_times, inv)  # ops acked strictly before this one was invoked
+            if n and best[n - 1][0] >= off:
+                before = best[n - 1][1]
+                out.append({"kind": "order", "partition": partition, "earlier": _brief(before),
+                            "later": _brief(op), "earlier_offset": best[n - 1][0], "later_offset": off,
+                            "why": f"{before.get('value')!r} was acked before {op.get('value')!r} was sent, "
+                                   f"but sits at offset {best[n - 1][0]} >= {off}"})
+    return out, checked
+
+
+def check_read_lost(history: History, index: Index) -> tuple[list[dict], int]:
+    out, checked = [], 0
+    for op in index.gets:
+        log = index.logs.get(op.get("partition"))
+        for offset, value in op.get("reads", []):
+            checked += 1
+            at = log.by_offset.get(offset) if log else None
+            if at is None or at[0] != value:
+                out.append({"kind": "read_lost", "partition": op.get("partition"), "offset": offset,
+                            "value": value, "replica": op.get("replica"), "read_time": op.get("time"),
+                            "final_there": at[0] if at else None,
+                            "why": f"read {value!r} at offset {offset}, the final log has "
+                                   + (f"{at[0]!r}" if at else "nothing") + " there"})
+    return out, checked
+
+
+def check_split_brain(history: History, index: Index) -> tuple[list[dict], int]:
+    out, checked = [], 0
+    masters: dict[tuple[int | None, int], dict[str, dict]] = defaultdict(dict)
+    acked = [op for op in index.puts if op["type"] == "ok" and op.get("epoch") is not None]
+    for op in acked:
+        checked += 1
+        masters[(group_of(op.get("partition")), int(op["epoch"]))].setdefault(op.get("master"), op)
+    for (group, epoch), seen in sorted(masters.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+        if len(seen) > 1:
+            out.append({"kind": "split_brain", "group": group, "epoch": epoch, "masters": sorted(map(str, seen)),
+                        "examples": [_brief(op) for op in seen.values()],
+                        "why": f"{len(seen)} masters acked writes in epoch {epoch} of group {group}"})
+    return out, checked
+
+
+def stale_acks(history: History, index: Index) -> list[dict]:
+    """Warnings: a put acked at epoch e after a put at a higher epoch had been acked."""
+    warnings = []
+    by_group: dict[int | None, list[dict]] = defaultdict(list)
+    for op in index.puts:
+        if op["type"] == "ok" and op.get("epoch") is not None:
+            by_group[group_of(op.get("partition"))].append(op)
+    for group, ops in by_group.items():
+        done = sorted(ops, key=lambda o: o["time"])
+        times = [o["time"] for o in done]
+        run_max: list[tuple[int, dict]] = []  # highest epoch acked among done[:i+1]
+        for o in done:
+            cur = (int(o["epoch"]), o)
+            run_max.append(max(run_max[-1], cur, key=lambda x: x[0]) if run_max else cur)
+        for op in ops:
+            n = bisect.bisect_left(times, op["invoke_time"])
+            if n and run_max[n - 1][0] > int(op["epoch"]):
+                warnings.append({"kind": "stale_ack", "group": group, "op": _brief(op),
+                                 "newer": _brief(run_max[n - 1][1]),
+                                 "why": f"acked in epoch {op['epoch']} after epoch {run_max[n - 1][0]} had acked"})
+    return warnings
+
+
+def check_replica_prefix(history: History, index: Index) -> tuple[list[dict], int]:
+    out, checked = [], 0
+    replicas = history.final.get("replicas", {})
+    for group, names in index.masters.items():
+        if len(names) != 1:
+            continue
+        master = replicas[names[0]]
+        for name, rep in replicas.items():
+            if int(rep["group"]) != group or name == names[0]:
+                continue
+            for partition, snap in rep.get("partitions", {}).items():
+                checked += 1
+                mine = snap.get("records", [])
+                theirs = master.get("partitions", {}).get(partition)
+                base = {"kind": "prefix", "group": group, "slave": name, "master": names[0], "partition": partition}
+                if theirs is None:
+                    if mine or snap.get("end", 0):
+                        out.append({**base, "why": f"slave {name} has {partition}, its master has no such log"})
+                    continue
+                if snap.get("tail"):
+                    out.append({**base, "why": f"slave {name} has a torn tail of {snap['tail']} bytes in {partition}"})
+                if snap.get("end", 0) > theirs.get("end", 0):
+                    out.append({**base, "why": f"slave {name} log of {partition} ends at {snap['end']}, "
+                                               f"past its master's end {theirs['end']}"})
+                prefix = theirs.get("records", [])[: len(mine)]
+                if [list(r) for r in mine] != [list(r) for r in prefix]:
+                    first = next((i for i, (a, b) in enumerate(zip(mine, prefix)) if list(a) != list(b)),
+                                 min(len(mine), len(prefix)))
+                    out.append({**base, "first_difference": first,
+                                "slave_record": mine[first] if first < len(mine) else None,
+                                "master_record": prefix[first] if first < len(prefix) else None,
+                                "why": f"slave {name} log of {partition} differs from its master's at record {first}"})
+                elif mine and mine[-1][0] + mine[-1][1] != snap.get("end", 0) - snap.get("tail", 0):
+                    out.append({**base, "why": f"slave {name} log of {partition}: records do not end at its log end"})
+    return out, checked
+
+
+def check_duplicates(history: History, index: Index) -> tuple[list[dict], int]:
+    out, seen = [], Counter()
+    where: dict[Any, list[tuple[str, int]]] = defaultdict(list)
+    for partition, log in index.logs.items():
+        for offset, _size, _crc, value in log.records:
+            if value is None:
+                continue
+            seen[value] += 1
+            where[value].append((partition, offset))
+    for value, count in seen.items():
+        if count > 1:
+            out.append({"kind": "duplicate", "value": value, "at": where[value],
+                        "why": f"{value!r} appears {count} times in the final logs: {where[value]}"})
+    return out, sum(seen.values())
+
+
+def check_phantoms(history: History, index: Index) -> tuple[list[dict], int]:
+    out = []
+    invoked = {op.get("value") for op in history.ops if op.get("f") == "put" and op["type"] == "invoke"}
+    failed = {op.get("value"): op for op in index.puts if op["type"] == "fail"}
+    succeeded_or_unknown = {op.get("value") for op in index.puts if op["type"] in ("ok", "info")}
+    checked = 0
+    for partition, log in index.logs.items():
+        for offset, _size, _crc, value in log.records:
+            checked += 1
+            if value not in invoked and not history.meta.get("foreign_values_ok"):
+                out.append({"kind": "phantom", "partition": partition, "offset": offset, "value": value,
+                            "why": f"{value!r} at {partition}@{offset} was never written by the workload"})
+            elif value in failed and value not in succeeded_or_unknown:
+                out.append({"kind": "failed_write_present", "partition": partition, "offset": offset,
+                            "op": _brief(failed[value]),
+                            "why": f"{value!r} is in {partition}@{offset} although its put definitely failed"})
+    return out, checked
+
+
+CHECKS: dict[str, Callable[[History, Index], tuple[list[dict], int]]] = {
+    "final_masters": check_final_masters,
+    "acked_lost": check_acked_lost,
+    "async_loss_bound": check_async_loss_bound,
+    "order": check_order,
+    "read_lost": check_read_lost,
+    "split_brain": check_split_brain,
+    "replica_prefix": check_replica_prefix,
+    "duplicates": check_duplicates,
+    "phantoms": check_phantoms,
+}
+
+
+# --- result --------------------------------------------------------------------------
+
+
+@dataclass
+class CheckResult:
+    mode: str
+    checks: dict[str, dict[str, Any]]
+    stats: dict[str, Any]
+    warnings: list[dict] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c["ok"] for c in self.checks.values())
+
+    def violations(self, name: str | None = None) -> list[dict]:
+        names = [name] if name else list(self.checks)
+        return [v for n in names for v in self.checks[n]["violations"]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "mode": self.mode, "checks": self.checks, "stats": self.stats,
+                "warnings": self.warnings}
+
+    def report(self) -> str:
+        lines = [f"chaos check: {'PASS' if self.ok else 'FAIL'} (mode {self.mode})"]
+        s = self.stats
+        lines.append(f"  puts: {s['puts_ok']} ok, {s['puts_fail']} failed, {s['puts_info']} unknown; "
+                     f"reads: {s['reads']} messages in {s['gets']} fetches")
+        lines.append(f"  faults: {s['faults_by_kind'] or 'none'}; failovers: {s['failovers']}; "
+                     f"max gap between acks: {s['max_unavailable_s']:.2f}s; lost acked: {s['lost_acked']}")
+        for name, c in self.checks.items():
+            mark = "ok  " if c["ok"] else "FAIL"
+            lines.append(f"  [{mark}] {name}: {c['checked']} checked, {len(c['violations'])} violations")
+            for v in c["violations"][:MAX_SHOWN]:
+                lines.append(f"         - {v['why']}")
+            if len(c["violations"]) > MAX_SHOWN:
+                lines.append(f"         ... and {len(c['violations']) - MAX_SHOWN} more")
+        for w in self.warnings[:MAX_SHOWN]:
+            lines.append(f"  warning: {w['why']}")
+        return "\n".join(lines)
+
+
+def _stats(history: History, index: Index) -> dict[str, Any]:
+    puts = index.puts
+    ok_times = sorted(op["time"] for op in puts if op["type"] == "ok")
+    invoke_times = [op["time"] for op in history.ops if op.get("f") == "put" and op["type"] == "invoke"]
+    gap = 0.0
+    if invoke_times:
+        points = [min(invoke_times)] + ok_times + [max(op["time"] for op in puts)] if puts else []
+        gap = max((b - a for a, b in zip(points, points[1:])), default=0.0)
+    lost, _moved, _n = _lost_and_moved(index)
+    return {
+        "puts_ok": sum(op["type"] == "ok" for op in puts),
+        "puts_fail": sum(op["type"] == "fail" for op in puts),
+        "puts_info": sum(op["type"] == "info" for op in puts),
+        "gets": len(index.gets),
+        "reads": sum(len(op.get("reads", [])) for op in index.gets),
+        "faults": len(history.faults),
+        "faults_by_kind": dict(Counter(f.get("kind") for f in history.faults)),
+        "failovers": len(history.failovers),
+        "max_unavailable_s": round(gap, 3),
+        "lost_acked": len(lost),
+    }
+
+
+def check(history: History, only: list[str] | None = None) -> CheckResult:
+    index = build_index(history)
+    checks = {}
+    for name, fn in CHECKS.items():
+        if only and name not in only:
+            continue
+        violations, checked = fn(history, index)
+        checks[name] = {"ok": not violations, "checked": checked, "violations": violations}
+    return CheckResult(history.meta.get("mode", "sync"), checks, _stats(history, index), stale_acks(history, index))

@@ -1,0 +1,167 @@
+"""The ``metaq`` PySpark data source: batch and streaming reads of a topic, from slaves by default.
+
+    from metaq.spark import MetaQDataSource
+    spark.dataSource.register(MetaQDataSource)
+    df = spark.read.format("metaq").option("zkConnect", "127.0.0.1:2181").option("topic", "t").load()
+
+Planning (ZooKeeper discovery, the replicas' committed offsets, split points) happens on
+the driver; each task reads its range in ``read()`` with its own connection (see
+``reader.py``). Streaming offsets are ``{"{brokerId}-{n}": byte offset}`` dicts that Spark
+keeps in the query's checkpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.types import StructType
+
+from .options import SourceOptions
+from .planning import Planner, TopicPartition, discover, offsets_json_map, resolve_ranges
+from .reader import SPARK_SCHEMA, MetaQInputPartition, read_partition
+
+
+def _input_partitions(
+    planner: Planner, partitions: Sequence[TopicPartition], ranges: dict[str, tuple[int, int]]
+) -> list[MetaQInputPartition]:
+    options = planner.options
+    result: list[MetaQInputPartition] = []
+    for tp in partitions:
+        if tp.name not in ranges:
+            continue
+        start, end = ranges[tp.name]
+        if start >= end:
+            continue
+        pieces = planner.split(tp, start, end) if tp.replicas else [(start, end)]
+        for i, (a, b) in enumerate(pieces):
+            result.append(
+                MetaQInputPartition(
+                    topic=options.topic,
+                    name=tp.name,
+                    broker_id=tp.broker_id,
+                    partition=tp.partition,
+                    start=a,
+                    end=b,
+                    replicas=planner.ordered_for_reading(tp),
+                    read_from=options.read_from,
+                    zk_connect=options.zk_connect,
+                    zk_root=options.zk_root,
+                    fetch_bytes=options.fetch_bytes,
+                    timeout_ms=options.timeout_ms,
+                    split=i,
+                )
+            )
+    return result
+
+
+class MetaQDataSource(DataSource):
+    """``spark.read.format("metaq")`` / ``spark.readStream.format("metaq")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "metaq"
+
+    def schema(self) -> str:
+        return SPARK_SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return MetaQBatchReader(SourceOptions.parse(self.options, streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return MetaQStreamReader(SourceOptions.parse(self.options, streaming=True))
+
+
+class MetaQBatchReader(DataSourceReader):
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        options = self.options
+        topic_partitions = discover(options)
+        if not topic_partitions:
+            raise ValueError(
+                f"metaq: topic {options.topic!r} not found under {options.zk_root}/brokers/topics-sub "
+                f"at {options.zk_connect} (no broker serves it)"
+            )
+        with Planner(options) as planner:
+            for tp in topic_partitions:
+                if not tp.replicas:
+                    raise ValueError(f"metaq: {planner.no_replica_message(tp)}")
+            ranges = resolve_ranges(planner, topic_partitions, options.starting, options.ending)
+            parts = _input_partitions(planner, topic_partitions, ranges)
+        # Spark needs at least one partition; an empty range reads nothing.
+        return parts or [MetaQInputPartition(options.topic, "", -1, -1, 0, 0, (), options.read_from, options.zk_connect, options.zk_root, options.fetch_bytes, options.timeout_ms)]
+
+    def read(self, partition: InputPartition) -> Iterator:
+        assert isinstance(partition, MetaQInputPartition)
+        if partition.start >= partition.end:
+            return iter(())
+        return read_partition(partition)
+
+
+class MetaQStreamReader(DataSourceStreamReader):
+    """Micro-batches between the checkpointed offsets and the replicas' committed offsets."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+
+    def initialOffset(self) -> dict:
+        options = self.options
+        topic_partitions = [tp for tp in discover(options) if tp.replicas]
+        with Planner(options) as planner:
+            ranges = resolve_ranges(planner, topic_partitions, options.starting, options.ending)
+        return offsets_json_map({name: start for name, (start, _end) in ranges.items()})
+
+    def latestOffset(self, start: dict | None = None, limit: object = None) -> dict:
+        """Per partition, the committed offset of the replica we would read from (never
+        below ``start``: a replica that is behind just means no new data there yet)."""
+        start = dict(start or {})
+        latest: dict[str, int] = {name: int(value) for name, value in start.items()}
+        with Planner(self.options) as planner:
+            for tp in discover(self.options):
+                if not tp.replicas:
+                    continue
+                try:
+                    info = planner.offsets(tp)
+                except Exception:
+                    continue  # no replica reachable now: no new data from it in this batch
+                previous = latest.get(tp.name)
+                if previous is None:
+                    # A partition born after the query started: from its beginning.
+                    latest[tp.name] = info.committed
+                else:
+                    latest[tp.name] = max(previous, info.committed)
+        return offsets_json_map(latest)
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        options = self.options
+        topic_partitions = {tp.name: tp for tp in discover(options)}
+        parts: list[MetaQInputPartition] = []
+        with Planner(options) as planner:
+            ranges: dict[str, tuple[int, int]] = {}
+            missing: list[TopicPartition] = []
+            for name, stop in end.items():
+                tp = topic_partitions.get(name)
+                if name in start:
+                    first = int(start[name])
+                elif tp is not None and tp.replicas:
+                    first = planner.offsets(tp).min_offset
+                else:
+                    continue
+                if first < int(stop):
+                    ranges[name] = (first, int(stop))
+                    if tp is None:
+                        broker_id, n = (int(x) for x in name.split("-"))
+                        missing.append(TopicPartition(name, broker_id, n, ()))
+            parts = _input_partitions(planner, list(topic_partitions.values()) + missing, ranges)
+        return parts
+
+    def read(self, partition: InputPartition) -> Iterator:
+        assert isinstance(partition, MetaQInputPartition)
+        if partition.start >= partition.end:
+            return iter(())
+        return read_partition(partition)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to do: offsets live in Spark's checkpoint, and a broker keeps no reader state."""

@@ -1,0 +1,272 @@
+"""The history checker (chaos.checker) on synthetic histories: the clean history passes
+every check, and each planted violation is caught by the check that owns it."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+
+import pytest
+
+from chaos.checker import check
+from chaos.history import History
+from metaq.record import encode_record
+
+
+class Run:
+    """Builds a history and the logs it leaves behind, with a deterministic clock."""
+
+    def __init__(self, mode: str = "sync", partitions=("t/0-0", "t/0-1")) -> None:
+        self.t = itertools.count(1)
+        self.h = History({"mode": mode, "topic": "t"}, clock=lambda: next(self.t))
+        self.logs = {p: bytearray() for p in partitions}
+        self.msg_ids = itertools.count(1)
+
+    def append(self, partition: str, value: str) -> int:
+        offset = len(self.logs[partition])
+        self.logs[partition] += encode_record(value.encode(), msg_id=next(self.msg_ids))
+        return offset
+
+    def put(self, value: str, partition: str = "t/0-0", outcome: str = "ok", write: bool = True,
+            epoch: int = 1, master: str = "meta://m0", process: str = "p0") -> int | None:
+        op = self.h.invoke(process, "put", value, partition)
+        offset = self.append(partition, value) if write else None
+        if outcome == "ok":
+            self.h.ok(op, offset=offset, epoch=epoch, master=master)
+        elif outcome == "fail":
+            self.h.fail(op, "403 refused")
+        else:
+            self.h.info(op, "timeout")
+        return offset
+
+    def read(self, partition: str, pairs, replica: str = "meta://s1") -> None:
+        self.h.read("c0", partition, pairs, replica)
+
+    def finish(self, slave_logs=None, extra_replicas=None) -> History:
+        self.h.snapshot("b0-m", 0, "master", {p: bytes(b) for p, b in self.logs.items()}, url="meta://m0", epoch=1)
+        slaves = slave_logs if slave_logs is not None else {p: bytes(b) for p, b in self.logs.items()}
+        self.h.snapshot("b0-s1", 0, "slave", slaves, url="meta://s1", epoch=1)
+        for name, (group, role, logs) in (extra_replicas or {}).items():
+            self.h.snapshot(name, group, role, logs)
+        return self.h
+
+
+def clean(mode: str = "sync") -> Run:
+    run = Run(mode)
+    for i in range(10):
+        offset = run.put(f"p0-{i}", partition=f"t/0-{i % 2}")
+        if i % 3 == 0:
+            run.read(f"t/0-{i % 2}", [(offset, f"p0-{i}")])
+    run.put("p0-u1", outcome="info", write=True)   # unknown outcome, written once: fine
+    run.put("p0-u2", outcome="info", write=False)  # unknown outcome, not written: fine
+    run.put("p0-f1", outcome="fail", write=False)  # definite failure, not written: fine
+    return run
+
+
+def failing(result) -> set[str]:
+    return {name for name, c in result.checks.items() if not c["ok"]}
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_clean_history_passes_every_check(mode):
+    result = check(clean(mode).finish())
+    assert result.ok, result.report()
+    assert failing(result) == set()
+    assert result.stats["puts_ok"] == 10 and result.stats["puts_info"] == 2 and result.stats["puts_fail"] == 1
+    assert all(c["checked"] > 0 for n, c in result.checks.items() if n != "async_loss_bound" or mode == "async")
+    assert "PASS" in result.report()
+
+
+def test_lost_acked_message_is_caught():
+    run = clean()
+    offset = run.put("p0-lost")
+    del run.logs["t/0-0"][offset:]  # e.g. truncated away by a failover
+    result = check(run.finish())
+    assert failing(result) == {"acked_lost"}
+    (v,) = result.violations("acked_lost")
+    assert v["value"] == "p0-lost" and v["kind"] == "lost"
+
+
+def test_acked_message_overwritten_at_its_offset_is_caught():
+    run = clean()
+    offset = run.put("p0-x")
+    del run.logs["t/0-0"][offset:]
+    run.append("t/0-0", "p0-y")  # someone else's message now sits at p0-x's acked offset
+    run.h.invoke("p1", "put", "p0-y", "t/0-0")  # (its put, so it is no phantom)
+    result = check(run.finish())
+    assert "acked_lost" in failing(result)
+    assert result.violations("acked_lost")[0]["found_there"] == "p0-y"
+
+
+def test_message_at_another_offset_than_acked_is_caught():
+    run = clean()
+    run.put("p0-a")
+    op = run.h.invoke("p0", "put", "p0-b", "t/0-0")
+    real = run.append("t/0-0", "p0-b")
+    run.h.ok(op, offset=real + 1, epoch=1, master="meta://m0")  # broker acked a wrong offset
+    result = check(run.finish())
+    assert failing(result) == {"acked_lost"}
+    assert result.violations("acked_lost")[0]["kind"] == "moved"
+
+
+def test_order_violation_is_caught():
+    run = clean()
+    # A is acked before B is invoked, but the log has B first (and both acks agree with it).
+    op_a = run.h.invoke("p0", "put", "A", "t/0-0")
+    op_b_offset = len(run.logs["t/0-0"])
+    run.append("t/0-0", "B")
+    a_offset = run.append("t/0-0", "A")
+    run.h.ok(op_a, offset=a_offset, epoch=1, master="meta://m0")
+    op_b = run.h.invoke("p1", "put", "B", "t/0-0")
+    run.h.ok(op_b, offset=op_b_offset, epoch=1, master="meta://m0")
+    result = check(run.finish())
+    assert failing(result) == {"order"}
+    (v,) = result.violations("order")
+    assert v["earlier"]["value"] == "A" and v["later"]["value"] == "B"
+
+
+def test_concurrent_puts_may_land_in_any_order():
+    run = clean()
+    op_a = run.h.invoke("p0", "put", "A", "t/0-0")
+    op_b = run.h.invoke("p1", "put", "B", "t/0-0")
+    b = run.append("t/0-0", "B")
+    a = run.append("t/0-0", "A")
+    run.h.ok(op_a, offset=a, epoch=1, master="meta://m0")
+    run.h.ok(op_b, offset=b, epoch=1, master="meta://m0")
+    assert check(run.finish()).ok
+
+
+def test_read_of_a_message_later_taken_back_is_caught():
+    run = clean()
+    offset = run.put("p0-gone", outcome="info")
+    run.read("t/0-0", [(offset, "p0-gone")])
+    del run.logs["t/0-0"][offset:]
+    result = check(run.finish())
+    assert failing(result) == {"read_lost"}
+    assert result.violations("read_lost")[0]["value"] == "p0-gone"
+
+
+def test_two_masters_in_one_epoch_is_caught():
+    run = clean()
+    run.put("p0-s1", epoch=1, master="meta://m0")
+    run.put("p0-s2", epoch=1, master="meta://s1")  # the slave acked in the same epoch
+    result = check(run.finish())
+    assert failing(result) == {"split_brain"}
+    assert result.violations("split_brain")[0]["masters"] == ["meta://m0", "meta://s1"]
+
+
+def test_new_epoch_new_master_is_fine_and_a_stale_ack_warns():
+    run = clean()
+    run.put("p0-e2", epoch=2, master="meta://s1")
+    run.put("p0-e1-late", epoch=1, master="meta://m0")  # old master acked after the new one
+    result = check(run.finish())
+    assert result.ok, result.report()
+    assert [w["kind"] for w in result.warnings] == ["stale_ack"]
+
+
+def test_slave_log_differing_by_one_byte_is_caught():
+    run = clean()
+    slave = {p: bytearray(b) for p, b in run.logs.items()}
+    slave["t/0-1"][15] ^= 0x01  # inside the msgId of the first record: CRC of the payload still fine
+    result = check(run.finish(slave_logs={p: bytes(b) for p, b in slave.items()}))
+    assert failing(result) == {"replica_prefix"}
+    assert result.violations("replica_prefix")[0]["first_difference"] == 0
+
+
+def test_shorter_slave_is_a_prefix_but_longer_or_torn_is_not():
+    run = clean()
+    short = {p: bytes(b[: len(encode_record(b"p0-0", msg_id=1))]) for p, b in run.logs.items()}
+    short["t/0-1"] = b""
+    assert check(run.finish(slave_logs=short)).ok
+
+    run = clean()
+    longer = {p: bytes(b) for p, b in run.logs.items()}
+    longer["t/0-0"] += encode_record(b"extra", msg_id=99)
+    assert failing(check(run.finish(slave_logs=longer))) == {"replica_prefix"}
+
+    run = clean()
+    torn = {p: bytes(b) for p, b in run.logs.items()}
+    torn["t/0-0"] = torn["t/0-0"][:-3]
+    assert failing(check(run.finish(slave_logs=torn))) == {"replica_prefix"}
+
+
+def test_duplicate_of_unknown_outcome_write_is_caught():
+    run = clean()
+    run.put("p0-dup", outcome="info")
+    run.append("t/0-1", "p0-dup")  # the retry wrote it a second time elsewhere
+    result = check(run.finish())
+    assert failing(result) == {"duplicates"}
+    assert len(result.violations("duplicates")[0]["at"]) == 2
+
+
+def test_phantom_and_failed_write_present_are_caught():
+    run = clean()
+    run.append("t/0-0", "never-sent")
+    result = check(run.finish())
+    assert failing(result) == {"phantoms"}
+    assert result.violations("phantoms")[0]["kind"] == "phantom"
+
+    run = clean()
+    run.put("p0-refused", outcome="fail", write=True)  # "failed" but in the log anyway
+    result = check(run.finish())
+    assert failing(result) == {"phantoms"}
+    assert result.violations("phantoms")[0]["kind"] == "failed_write_present"
+
+
+def test_two_final_masters_in_a_group_is_caught():
+    run = clean()
+    logs = {p: bytes(b) for p, b in run.logs.items()}
+    result = check(run.finish(extra_replicas={"b0-rogue": (0, "master", logs)}))
+    assert "final_masters" in failing(result)
+
+
+def _async_loss(lag_messages: int | None, with_failover: bool = True, lag_bytes: int | None = None) -> History:
+    run = clean("async")
+    offset = run.put("p0-l1")
+    run.put("p0-l2")
+    run.put("p0-l3")
+    del run.logs["t/0-0"][offset:]
+    if with_failover:
+        lag = {"messages": lag_messages} if lag_messages is not None else {"bytes": lag_bytes}
+        run.h.failover(0, "meta://m0", "meta://s1", 2, lag={"t/0-0": lag})
+    return run.finish()
+
+
+def test_async_loss_within_the_lag_passes_and_beyond_it_is_caught():
+    assert check(_async_loss(3)).ok
+    result = check(_async_loss(2))
+    assert failing(result) == {"async_loss_bound"}
+    assert result.violations()[0]["kind"] == "loss_over_lag"
+    record = len(encode_record(b"p0-l1"))
+    assert check(_async_loss(None, lag_bytes=3 * record)).ok
+    assert failing(check(_async_loss(None, lag_bytes=2 * record))) == {"async_loss_bound"}
+    result = check(_async_loss(None, with_failover=False))
+    assert result.violations()[0]["kind"] == "loss_without_failover"
+    # The same loss in sync mode is a plain acked_lost violation.
+    history = _async_loss(3)
+    history.meta["mode"] = "sync"
+    assert failing(check(history)) == {"acked_lost"}
+
+
+def test_history_roundtrip_and_cli(tmp_path):
+    run = clean()
+    offset = run.put("p0-lost")
+    del run.logs["t/0-0"][offset:]
+    history = run.finish()
+    history.fault("kill", "b0-m", signal=9)
+    path = tmp_path / "h.json"
+    history.save(path)
+    loaded = History.load(path)
+    assert loaded.to_json() == json.loads(path.read_text())
+    assert failing(check(loaded)) == {"acked_lost"}
+    proc = subprocess.run([sys.executable, "-m", "chaos", "check", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 1 and "FAIL" in proc.stdout and "p0-lost" in proc.stdout
+    ok_path = tmp_path / "ok.json"
+    clean().finish().save(ok_path)
+    proc = subprocess.run([sys.executable, "-m", "chaos", "check", str(ok_path), "--json"], capture_output=True, text=True)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["ok"] is True
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert subprocess.run([sys.executable, "-m", "chaos", "check", str(bad)], capture_output=True).returncode == 2
