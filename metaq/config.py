@@ -68,6 +68,9 @@ class BrokerConfig:
     sync_slave_timeout_ms: int = 2000
     on_sync_slave_loss: str = "reject"
     auto_failover: bool = True
+    # "host:port" that other brokers and clients are told to use (registered in
+    # ZooKeeper) instead of hostName:serverPort: for NAT, proxies and fault injection.
+    advertised_address: str | None = None
     source_path: str | None = None
     # CRC32 of the file's bytes, published as master_config_checksum.
     checksum: int = 0
@@ -145,6 +148,13 @@ def _delete_when(text: str) -> str:
     return value
 
 
+def _host_port(text: str) -> str:
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected host:port, got {text!r}")
+    return text.strip()
+
+
 def _topic_name(text: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9._\-]{1,200}", text):
         raise ValueError(f"topic name {text!r} may only use letters, digits, '.', '_' and '-'")
@@ -176,6 +186,7 @@ _SYSTEM_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "syncSlaveTimeoutMs": ("sync_slave_timeout_ms", _int(1)),
     "onSyncSlaveLoss": ("on_sync_slave_loss", _choice("reject", "degrade")),
     "autoFailover": ("auto_failover", _bool),
+    "advertisedAddress": ("advertised_address", _host_port),
 }
 
 _ZK_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {

@@ -24,11 +24,13 @@ class MetaClientConfig:
     request_timeout_s: float = 10.0
     connect_timeout_s: float = 5.0
     #: Producer retries of retriable errors (403/503, no connection, no master yet).
-    send_max_attempts: int = 6
+    #: Bounded by ``send_timeout_s`` first: enough attempts to ride out a failover,
+    #: whose length is about the brokers' ZooKeeper session timeout.
+    send_max_attempts: int = 100
     #: A send gives up after this long in total, attempts left or not.
     send_timeout_s: float = 15.0
     send_retry_min_wait_s: float = 0.05
-    send_retry_max_wait_s: float = 2.0
+    send_retry_max_wait_s: float = 0.5
     #: Resend a put whose outcome is unknown (lost connection after sending, timeout, 504)?
     #: On by default, so that a failover is a pause and not an error (at-least-once: a
     #: resent message may be stored twice; the drill counts such duplicates). Off gives

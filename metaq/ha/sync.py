@@ -126,7 +126,7 @@ class SyncReplication:
         for waiters in self._waiters.values():
             for waiter in waiters:
                 if not waiter.future.done():
-                    waiter.future.set_exception(SyncWaitFailed(c.GATEWAY_TIMEOUT, "broker stopping; outcome unknown"))
+                    waiter.future.set_exception(SyncWaitFailed(c.GATEWAY_TIMEOUT, "this master stopped waiting for its slaves (fenced or stopping); outcome unknown"))
         self._waiters.clear()
 
     # --- state ------------------------------------------------------------------------------

@@ -233,9 +233,11 @@ class Broker:
             from .registry import BrokerRegistry
 
             # The HA coordinator decides the role (and takes the master lock by election).
-            self.registry = BrokerRegistry(
-                config.zk, config.broker_id, config.host_name, self.port, config.topics, config.checksum, None
-            )
+            host, port = config.host_name, self.port
+            if config.advertised_address:
+                advertised_host, _, advertised_port = config.advertised_address.rpartition(":")
+                host, port = advertised_host.strip("[]"), int(advertised_port)
+            self.registry = BrokerRegistry(config.zk, config.broker_id, host, port, config.topics, config.checksum, None)
             await self.registry.start()
             log.info("broker %d connected to ZooKeeper at %s%s", config.broker_id, config.zk.zk_connect, config.zk.root)
             from ..ha.coordinator import HaCoordinator

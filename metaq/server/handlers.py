@@ -114,7 +114,8 @@ class RequestHandlers:
         counters.put_bytes += len(body)
         broker.appended(req.topic, partition, end, count)
         reply = c.reply_header(
-            req.opaque, c.OK, partition=partition, offset=offset, msg_id=first_id, count=count, end_offset=end
+            req.opaque, c.OK, partition=partition, offset=offset, msg_id=first_id, count=count, end_offset=end,
+            epoch=broker.epoch,
         )
         try:
             wait = broker.durability_wait(req.topic, partition, end, count)

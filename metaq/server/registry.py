@@ -208,14 +208,16 @@ class BrokerRegistry:
         self._stopping = True
         try:
             if self._client.connected:
-                await self._run(self._deregister)
-        except KazooException as exc:
+                # Bounded: kazoo's blocking calls wait forever for a ZooKeeper that is gone.
+                await asyncio.wait_for(self._run(self._deregister), self._connect_timeout_s)
+        except (KazooException, asyncio.TimeoutError) as exc:
             # Closing the session below removes the ephemeral nodes anyway.
-            log.warning("deregistering broker %s failed (%s); closing the session instead", self.broker_id, exc)
+            log.warning("deregistering broker %s failed (%r); closing the session instead", self.broker_id, exc)
         delay_ms = self.zk.sync_time_ms if sync_time_ms is None else sync_time_ms
         if delay_ms > 0:
             await asyncio.sleep(delay_ms / 1000)
-        await self._run(self._close_client)
+        # Not on the registry's worker: it may still be stuck in a call that closing ends.
+        await asyncio.to_thread(self._close_client)
         self._worker.shutdown(wait=False)
 
     # --- what should exist ---------------------------------------------------------------

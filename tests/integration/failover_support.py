@@ -40,29 +40,6 @@ TOPIC = "fo"
 GROUP = 0
 SLAVE_B = 1
 
-__all__ = [
-    "SESSION_MS",
-    "TOPIC",
-    "Group",
-    "PutStream",
-    "assert_identical",
-    "async_system",
-    "bounds",
-    "disk_log",
-    "disk_records",
-    "fetch_all",
-    "first_ack_after",
-    "make_pair",
-    "put_one",
-    "request",
-    "run",
-    "stat",
-    "sync_system",
-    "truncated_files",
-    "wait_until",
-]
-
-
 def sync_system(**overrides: Any) -> dict[str, Any]:
     return {
         "replicationMode": "sync",
@@ -161,10 +138,10 @@ def wait_follows(broker: BrokerProcess, master: BrokerProcess, group: Group, tim
         seen[0] = (slave_id, master_url, state)
         if slave_id is None or master_url != master.url or state != "following":
             return None
-        return slave_id
+        return (slave_id,)  # truthy also for slave id 0
 
     try:
-        return wait_until(follows, timeout, interval=0.1, message=f"{broker.name} to follow {master.name}")
+        return wait_until(follows, timeout, interval=0.1, message=f"{broker.name} to follow {master.name}")[0]
     except AssertionError as exc:
         raise AssertionError(f"{exc}; last seen (slave id, master, ha_state) = {seen[0]}; want {master.url}") from None
 

@@ -73,11 +73,16 @@ def test_async_failover_loses_only_the_lag_and_truncates_it(broker_factory, zk_c
     epochs = request(b, {"op": "epochs", "topic": "fo", "partition": 0})["entries"]
     assert epochs[-1][0] == epoch
     takeover_end = epochs[-1][1]
-    assert takeover_end == b_end
+    # A long-poll fetch B had outstanding may have been answered into its socket buffer
+    # while it was stopped, so B can hold the first of the extra messages.
+    assert b_end <= takeover_end < a_end
     possibly_lost = [x for x in replicated + extra if x.offset >= takeover_end]
-    assert possibly_lost == extra
+    kept = [x for x in extra if x.offset < takeover_end]
+    assert possibly_lost == extra[len(kept) :] and len(possibly_lost) >= len(extra) - 5
+    print(f"\nasync failover: {len(extra)} acked on A after B stopped, {len(kept)} reached B, "
+          f"{len(possibly_lost)} possibly lost ({a_end - takeover_end} bytes)")
     on_b = fetch_all(b)
-    assert not missing_acks(replicated, on_b)
+    assert not missing_acks(replicated + kept, on_b)
     # B writes over the range where A's extra messages were.
     probe, _ = first_ack_after(b, b"b-first")
     assert probe["offset"] == takeover_end
@@ -93,13 +98,13 @@ def test_async_failover_loses_only_the_lag_and_truncates_it(broker_factory, zk_c
     assert len(files) == 1, files
     aside = files[0].read_bytes()
     assert truncated_cut(files[0]) == takeover_end
-    assert len(aside) == a_end - b_end
+    assert len(aside) == a_end - takeover_end
     assert aside == a_bytes[takeover_end - _start :]
-    assert [bytes(r.data) for r in iter_records(aside, takeover_end)] == [x.payload for x in extra]
+    assert [bytes(r.data) for r in iter_records(aside, takeover_end)] == [x.payload for x in possibly_lost]
     assert stat(a, "ha_truncations") == "1"
     assert_identical(b, slaves=1)
     on_b = fetch_all(b)
-    assert not missing_acks(replicated + b_acks, on_b)
+    assert not missing_acks(replicated + kept + b_acks, on_b)
     assert on_b[probe["offset"]] == b"b-first"
 
 

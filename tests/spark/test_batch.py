@@ -17,6 +17,8 @@ from tests.spark.support import (
 
 pytestmark = pytest.mark.spark
 TOPIC = "events"
+#: Async mode commits what is flushed: flush often so that tests need not wait 10 s.
+SYSTEM = {"unflushInterval": 100}
 
 
 def _rows(df):
@@ -35,8 +37,8 @@ def _reader(spark, zk, zk_root, **options):
 
 
 def test_batch_from_slave_is_exact_and_spares_the_master(spark, zk, zk_root, broker_factory):
-    master = broker_factory(0, {TOPIC: 2})
-    slave = broker_factory(0, {TOPIC: 2}, slave_props={"slaveId": 0})
+    master = broker_factory(0, {TOPIC: 2}, SYSTEM)
+    slave = broker_factory(0, {TOPIC: 2}, SYSTEM, slave_props={"slaveId": 0})
     produced = produce(master, TOPIC, partitions=2, count=3000, size=120)
     wait_caught_up([master, slave], TOPIC, partition_ends(produced))
     master_before = get_counters(master)
@@ -54,8 +56,6 @@ def test_batch_from_slave_is_exact_and_spares_the_master(spark, zk, zk_root, bro
     slave_requests, slave_bytes = get_counters(slave)
     assert slave_requests > slave_before[0] and slave_bytes - slave_before[1] >= sum(m.end - m.offset for m in produced)
     # msg ids are what the master stamped: unique and increasing within a partition.
-    collected = spark.createDataFrame([], "x int")  # keep the session busy-free
-    del collected
     ids = df.select("partition", "offset", "msg_id").collect()
     by_partition: dict[str, list] = {}
     for r in sorted(ids, key=lambda r: (r.partition, r.offset)):
@@ -66,8 +66,8 @@ def test_batch_from_slave_is_exact_and_spares_the_master(spark, zk, zk_root, bro
 
 def test_split_ranges_and_explicit_offsets(spark, zk, zk_root, broker_factory):
     # Small segments, so split points use segment starts and header walks both.
-    master = broker_factory(0, {TOPIC: {"numPartitions": 2, "maxSegmentSize": 64 * 1024}})
-    slave = broker_factory(0, {TOPIC: {"numPartitions": 2, "maxSegmentSize": 64 * 1024}}, slave_props={"slaveId": 0})
+    master = broker_factory(0, {TOPIC: {"numPartitions": 2, "maxSegmentSize": 64 * 1024}}, SYSTEM)
+    slave = broker_factory(0, {TOPIC: {"numPartitions": 2, "maxSegmentSize": 64 * 1024}}, SYSTEM, slave_props={"slaveId": 0})
     produced = produce(master, TOPIC, partitions=2, count=4000, size=150, batch=100)
     wait_caught_up([master, slave], TOPIC, partition_ends(produced))
 
@@ -92,8 +92,8 @@ def test_split_ranges_and_explicit_offsets(spark, zk, zk_root, broker_factory):
 
 
 def test_batch_survives_the_slave_dying_mid_read(spark, zk, zk_root, broker_factory):
-    master = broker_factory(0, {TOPIC: 2})
-    slaves = [broker_factory(0, {TOPIC: 2}, slave_props={"slaveId": k}) for k in (0, 1)]
+    master = broker_factory(0, {TOPIC: 2}, SYSTEM)
+    slaves = [broker_factory(0, {TOPIC: 2}, SYSTEM, slave_props={"slaveId": k}) for k in (0, 1)]
     produced = produce(master, TOPIC, partitions=2, count=24_000, size=1000, batch=100)
     wait_caught_up([master, *slaves], TOPIC, partition_ends(produced), timeout=60)
     before = {s.name: get_counters(s)[0] for s in slaves}

@@ -351,3 +351,26 @@ def test_upstream_change_via_post(toxi, proxy_server, echo):
     assert status == 200 and body["upstream"] == echo and body["enabled"] is True
     with connect(proxy) as sock:
         roundtrip(sock, b"moved")
+
+
+def test_fault_proxy_as_a_separate_process(echo, monkeypatch):
+    """``python -m chaos proxy`` in its own process, found through chaos.toxiproxy_client."""
+    from chaos.toxiproxy_client import fault_proxy
+
+    monkeypatch.delenv("TOXIPROXY_URL", raising=False)
+    with fault_proxy(mode="process", seed=1) as fp:
+        assert fp.kind == "chaos-process"
+        client = fp.client
+        proxy = client.create(upstream=echo, name="proc")
+        with connect(proxy) as sock:
+            roundtrip(sock, b"via a process")
+        assert client.reset() is True
+
+
+def test_toxiproxy_url_is_used_when_set(proxy_server, monkeypatch):
+    from chaos.toxiproxy_client import fault_proxy
+
+    monkeypatch.setenv("TOXIPROXY_URL", proxy_server.url)
+    with fault_proxy() as fp:
+        assert fp.kind == "external" and fp.url == proxy_server.url
+        assert fp.client.version()

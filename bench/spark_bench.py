@@ -1,0 +1,198 @@
+"""Spark reads from a slave vs the plain client's read rate, in one run.
+
+    python bench/spark_bench.py [--messages 1000000] [--size 100] [--partitions 2] [--rounds 2]
+
+Starts an embedded ZooKeeper, one master and one slave (real ``metaq broker`` processes,
+async replication), produces ``--messages`` messages of ``--size`` bytes to the master with
+pipelined batched puts (``BrokerConnection``, batches of 1000, spread over the
+partitions), waits until the slave's committed offsets reach the master's, then measures
+against the slave:
+
+* client: raw ``BrokerConnection`` gets of 1 MiB (the broker's maxTransferSize), one get
+  in flight while the previous chunk is decoded with ``metaq.client.codec.decode_messages``
+  (CRC check, a Message per record) -- one process, one core, partitions one after the other;
+* spark: ``spark.read.format("metaq")`` from the slave, every row materialised by the
+  ``noop`` sink, local[2] (one task per partition, two cores).
+
+Reported: rows/s and MB/s (log bytes: 20-byte header + payload), and the ratio of Spark's
+rate per core to the client's (target >= 0.5). Spark's first query includes starting the
+Python workers; the best of ``--rounds`` rounds is the figure, all rounds are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from metaq.client.codec import decode_messages  # noqa: E402
+from metaq.client.connection import BrokerConnection  # noqa: E402
+from metaq.client.message import Partition  # noqa: E402
+from metaq.local import LocalCluster  # noqa: E402
+from metaq.record import encode_batch  # noqa: E402
+
+TOPIC = "bench"
+
+
+async def produce(host: str, port: int, messages: int, size: int, partitions: int, batch: int = 1000, in_flight: int = 16) -> dict[int, int]:
+    conn = await BrokerConnection.open(host, port)
+    body = encode_batch([(bytes([i % 251]) * size, None) for i in range(batch)])
+    ends: dict[int, int] = {}
+    pending: list = []
+    sent = 0
+    try:
+        n = 0
+        while sent < messages:
+            count = min(batch, messages - sent)
+            payload = body if count == batch else encode_batch([(b"x" * size, None)] * count)
+            pending.append(conn.send({"op": "put", "topic": TOPIC, "partition": n % partitions, "count": count}, payload))
+            sent += count
+            n += 1
+            if len(pending) >= in_flight:
+                reply = await pending.pop(0)
+                assert reply.ok, reply.header
+                ends[reply["partition"]] = max(ends.get(reply["partition"], 0), reply["end_offset"])
+        for fut in pending:
+            reply = await fut
+            assert reply.ok, reply.header
+            ends[reply["partition"]] = max(ends.get(reply["partition"], 0), reply["end_offset"])
+    finally:
+        conn.close()
+    return ends
+
+
+async def committed(host: str, port: int, partition: int) -> int:
+    conn = await BrokerConnection.open(host, port)
+    try:
+        reply = await conn.request({"op": "offset", "topic": TOPIC, "partition": partition, "offset": 0})
+        return int(reply["max_offset"])
+    finally:
+        conn.close()
+
+
+async def wait_committed(host: str, port: int, ends: dict[int, int], timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        values = {p: await committed(host, port, p) for p in ends}
+        if all(values[p] >= end for p, end in ends.items()):
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"slave did not catch up: {values} < {ends}")
+        await asyncio.sleep(0.2)
+
+
+async def client_read(host: str, port: int, ends: dict[int, int], fetch: int = 1 << 20) -> tuple[int, int]:
+    """Every partition from 0 to its end: (messages, log bytes)."""
+    conn = await BrokerConnection.open(host, port)
+    messages = total = 0
+    try:
+        for p, end in sorted(ends.items()):
+            part = Partition(0, p)
+            offset = fetch_at = 0
+            carry = b""
+            future = conn.send({"op": "get", "topic": TOPIC, "partition": p, "offset": 0, "max_size": min(fetch, end)})
+            while True:
+                reply = await future
+                assert reply.ok, reply.header
+                body = reply.body
+                fetch_at += len(body)
+                if fetch_at < end:
+                    future = conn.send({"op": "get", "topic": TOPIC, "partition": p, "offset": fetch_at, "max_size": min(fetch, end - fetch_at)})
+                buf = carry + body if carry else bytes(body)
+                decoded, record_ends = decode_messages(buf, offset, TOPIC, part)
+                consumed = record_ends[-1] - offset if record_ends else 0
+                carry = buf[consumed:]
+                offset += consumed
+                messages += len(decoded)
+                if fetch_at >= end:
+                    break
+            total += end
+    finally:
+        conn.close()
+    return messages, total
+
+
+def spark_session():
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    from pyspark.sql import SparkSession
+
+    from metaq.spark import MetaQDataSource
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("metaq-spark-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.memory", "1g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(MetaQDataSource)
+    return spark
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="metaq-spark-bench-") as work:
+        cluster = LocalCluster(Path(work), slaves=1, topics={TOPIC: args.partitions}, system={"unflushInterval": 100})
+        with cluster:
+            master, slave = cluster.masters[0], cluster.slaves[0][0]
+            t0 = time.perf_counter()
+            ends = asyncio.run(produce(master.host, master.port, args.messages, args.size, args.partitions))
+            produce_s = time.perf_counter() - t0
+            asyncio.run(wait_committed(slave.host, slave.port, ends))
+            caught_up_s = time.perf_counter() - t0
+            total_bytes = sum(ends.values())
+            print(f"produced {args.messages:,} x {args.size} B to {args.partitions} partitions in {produce_s:.1f}s; "
+                  f"slave caught up after {caught_up_s:.1f}s; {total_bytes / 1e6:.1f} MB of log")
+
+            client_rounds = []
+            for _ in range(args.rounds):
+                t = time.perf_counter()
+                n, _b = asyncio.run(client_read(slave.host, slave.port, ends))
+                client_rounds.append(time.perf_counter() - t)
+                assert n == args.messages, (n, args.messages)
+            spark = spark_session()
+            spark_rounds = []
+            try:
+                for _ in range(args.rounds):
+                    df = (
+                        spark.read.format("metaq")
+                        .option("zkConnect", cluster.zk_connect)
+                        .option("topic", TOPIC)
+                        .load()
+                    )
+                    t = time.perf_counter()
+                    df.write.format("noop").mode("overwrite").save()
+                    spark_rounds.append(time.perf_counter() - t)
+                count = df.count()
+                assert count == args.messages, (count, args.messages)
+            finally:
+                spark.stop()
+
+    client_s, spark_s = min(client_rounds), min(spark_rounds)
+    client_rate, spark_rate = args.messages / client_s, args.messages / spark_s
+    cores = 2
+    print(f"client (1 core):      {client_rate:>12,.0f} rows/s  {total_bytes / client_s / 1e6:7.1f} MB/s   rounds {[round(s, 2) for s in client_rounds]} s")
+    print(f"spark local[2]:       {spark_rate:>12,.0f} rows/s  {total_bytes / spark_s / 1e6:7.1f} MB/s   rounds {[round(s, 2) for s in spark_rounds]} s")
+    print(f"spark per core:       {spark_rate / cores:>12,.0f} rows/s  ratio to client per core {spark_rate / cores / client_rate:.2f}x (target >= 0.5x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,431 @@
+"""The topology under chaos: ZooKeeper, broker groups, every broker link through the fault proxy.
+
+::
+
+    clients / slaves ──► proxy "peer-{broker}" ──► broker (advertisedAddress = the proxy port)
+    broker ──► proxy "zk{i}-{broker}" ──► ZooKeeper node i   (zk.zkConnect lists these proxies)
+    runner's own ZK clients (monitor, real-client producer) ──► ZooKeeper directly
+
+* ZooKeeper: ``zk_nodes=3`` runs a 3-node ensemble of EmbeddedZooKeeper peers (ZK-node
+  faults are survivable), ``zk_nodes=1`` a standalone server.
+* ``groups`` broker groups, each a master ``g{id}-a`` (started without ``--slave``, so it
+  founds the group) and a slave ``g{id}-b`` (``slaveId=1``), in ``sync`` mode
+  (``onSyncSlaveLoss=degrade``) or ``async`` mode (``autoFailover=true``).
+* Because a broker registers its *advertised* address, cutting ``peer-{broker}`` cuts all
+  its TCP peers at once (clients, and its slaves if it is the master / its master if it is
+  a slave); cutting its ``zk*`` proxies isolates it from ZooKeeper while clients still reach
+  it (the split-brain case). UDP heartbeats are not proxied; they never decide mastership.
+
+Every process is started and signalled by its own pid.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kazoo.client import KazooClient
+
+from metaq.local import BrokerProcess, port_accepts, wait_until
+from metaq.record import iter_records
+from metaq.zk.embedded import EmbeddedZooKeeper, Peer, free_port
+from metaq.zk.paths import ZkPaths, parse_broker_url
+
+from .toxiproxy_client import FaultProxy
+
+log = logging.getLogger(__name__)
+
+TOPIC = "chaos"
+SESSION_MS = 1500
+
+
+def mode_system(mode: str) -> dict[str, Any]:
+    common = {"unflushThreshold": 0}
+    if mode == "sync":
+        return {**common, "replicationMode": "sync", "onSyncSlaveLoss": "degrade", "syncSlaveTimeoutMs": 1000,
+                "minSyncSlaves": 1}
+    if mode == "async":
+        return {**common, "replicationMode": "async", "autoFailover": True}
+    raise ValueError(f"mode must be sync or async, got {mode!r}")
+
+
+@dataclass
+class GroupView:
+    master: str | None
+    epoch: int
+    slaves: dict[int, str]
+    sync_set: set[int]
+
+
+class ChaosBroker:
+    """A broker process plus its two proxies."""
+
+    def __init__(self, process: BrokerProcess, group: int, peer_proxy: str, peer_port: int, zk_proxies: list[str]):
+        self.process = process
+        self.group = group
+        self.peer_proxy = peer_proxy
+        self.peer_port = peer_port
+        self.zk_proxies = zk_proxies
+        self.paused = False
+
+    @property
+    def name(self) -> str:
+        return self.process.name
+
+    @property
+    def url(self) -> str:
+        """The address it registers in ZooKeeper (its peer proxy)."""
+        return f"meta://127.0.0.1:{self.peer_port}"
+
+    def data_dir(self) -> Path:
+        return self.process.dir / "data"
+
+    def disk_log(self, topic: str, partition: int) -> bytes:
+        """Every byte of the partition's segment files from offset 0 (raises if it does not start at 0)."""
+        directory = self.data_dir() / f"{topic}-{partition}"
+        if not directory.is_dir():
+            return b""
+        segments = sorted(p for p in directory.glob("*.meta") if len(p.stem) == 20 and p.stem.isdigit())
+        if not segments:
+            return b""
+        if int(segments[0].stem) != 0:
+            raise RuntimeError(f"{directory}: first segment starts at {segments[0].stem}, not 0")
+        return b"".join(p.read_bytes() for p in segments)
+
+    def disk_end(self, topic: str, partition: int) -> int:
+        directory = self.data_dir() / f"{topic}-{partition}"
+        if not directory.is_dir():
+            return 0
+        return sum(p.stat().st_size for p in directory.glob("*.meta") if len(p.stem) == 20 and p.stem.isdigit())
+
+    def __repr__(self) -> str:
+        return f"ChaosBroker({self.name}, group {self.group}, {self.url}, pid {self.process.pid})"
+
+
+class ChaosCluster:
+    def __init__(
+        self,
+        work_dir: str | Path,
+        *,
+        groups: int = 1,
+        mode: str = "sync",
+        zk_nodes: int = 1,
+        partitions: int = 2,
+        topic: str = TOPIC,
+        session_ms: int = SESSION_MS,
+        tick_ms: int = 100,
+        proxy_mode: str = "auto",
+    ) -> None:
+        if zk_nodes not in (1, 3):
+            raise ValueError("zk_nodes must be 1 or 3")
+        self.work_dir = Path(work_dir)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.num_groups = groups
+        self.mode = mode
+        self.partitions = partitions
+        self.topic = topic
+        self.session_ms = session_ms
+        self.tick_ms = tick_ms
+        self.zk_root = "/meta"
+        self.paths = ZkPaths(self.zk_root)
+        self.zks: list[EmbeddedZooKeeper] = []
+        self._make_zk(zk_nodes)
+        self.proxy = FaultProxy(mode=proxy_mode)
+        self.proxy_mode = proxy_mode
+        self.brokers: list[ChaosBroker] = []
+        self._zk: KazooClient | None = None
+
+    # --- set-up -------------------------------------------------------------------------
+
+    def _make_zk(self, nodes: int) -> None:
+        if nodes == 1:
+            self.zks = [EmbeddedZooKeeper(data_dir=self.work_dir / "zk1", tick_ms=self.tick_ms)]
+            return
+        peers = [Peer(i, "127.0.0.1", free_port(), free_port()) for i in range(1, nodes + 1)]
+        self.zks = [
+            EmbeddedZooKeeper(data_dir=self.work_dir / f"zk{i}", tick_ms=self.tick_ms, server_id=i, peers=peers)
+            for i in range(1, nodes + 1)
+        ]
+
+    @property
+    def zk_connect(self) -> str:
+        """Direct connect string (the runner's own clients; brokers go through proxies)."""
+        return ",".join(z.connect_string for z in self.zks)
+
+    def start(self, timeout: float = 90.0) -> "ChaosCluster":
+        try:
+            self._start(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self, timeout: float) -> None:
+        if self.proxy_mode == "auto":
+            import os
+            import shutil
+
+            if not os.environ.get("TOXIPROXY_URL") and not shutil.which("toxiproxy-server"):
+                # Our proxy in its own process: the workload's event loop must not slow the links.
+                self.proxy.mode = "process"
+        self.proxy.start()
+        for zk in self.zks:
+            zk.start(timeout=timeout, wait=False)
+        for zk in self.zks:
+            zk.wait_until_serving(timeout)
+        self._zk = KazooClient(hosts=self.zk_connect, timeout=10)
+        self._zk.start(timeout=30)
+        client = self.proxy.client
+        system = mode_system(self.mode)
+        for group in range(self.num_groups):
+            for role in ("a", "b"):
+                name = f"g{group}-{role}"
+                zk_names, zk_ports = [], []
+                for i, zk in enumerate(self.zks, 1):
+                    proxy_name = f"zk{i}-{name}"
+                    port = free_port()
+                    client.create(upstream=zk.connect_string, name=proxy_name, listen=f"127.0.0.1:{port}")
+                    zk_names.append(proxy_name)
+                    zk_ports.append(port)
+                server_port = free_port()
+                peer_port = free_port()
+                client.create(upstream=f"127.0.0.1:{server_port}", name=f"peer-{name}", listen=f"127.0.0.1:{peer_port}")
+                zk_connect = ",".join(f"127.0.0.1:{p}" for p in zk_ports)
+                process = BrokerProcess(
+                    self.work_dir, zk_connect, group, {self.topic: self.partitions},
+                    {**system, "serverPort": server_port, "advertisedAddress": f"127.0.0.1:{peer_port}"},
+                    {"slaveId": 1} if role == "b" else None, self.zk_root,
+                    name=name, zookeeper={"zk.zkSessionTimeoutMs": self.session_ms},
+                )
+                self.brokers.append(ChaosBroker(process, group, f"peer-{name}", peer_port, zk_names))
+        masters = [b for b in self.brokers if b.name.endswith("-a")]
+        slaves = [b for b in self.brokers if b.name.endswith("-b")]
+        for b in masters:
+            b.process.start(wait=False)
+        for b in masters:
+            wait_until(lambda b=b: self.view(b.group).master == b.url, timeout, 0.1, f"{b.name} to register as master")
+        for b in slaves:
+            b.process.start(wait=False)
+        self.wait_settled(timeout)
+
+    def stop(self) -> None:
+        for b in sorted(self.brokers, key=lambda b: b.name.endswith("-a")):
+            try:
+                b.process.stop(timeout=10)
+            except Exception:  # pragma: no cover - best effort
+                log.exception("stopping %s", b.name)
+        if self._zk is not None:
+            try:
+                self._zk.stop()
+                self._zk.close()
+            except Exception:
+                pass
+            self._zk = None
+        for zk in self.zks:
+            zk.stop()
+        self.proxy.stop()
+
+    def __enter__(self) -> "ChaosCluster":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- views ----------------------------------------------------------------------------
+
+    @property
+    def zk(self) -> KazooClient:
+        assert self._zk is not None
+        return self._zk
+
+    def _get(self, path: str) -> bytes | None:
+        try:
+            return self.zk.get_async(path).get(timeout=5)[0]
+        except Exception:
+            return None
+
+    def view(self, group: int) -> GroupView:
+        master = self._get(self.paths.master(group))
+        epoch_data = self._get(self.paths.epoch(group))
+        epoch = 0
+        if epoch_data:
+            text = epoch_data.decode().strip()
+            epoch = int(json.loads(text)["epoch"]) if text.startswith("{") else int(text or 0)
+        slaves: dict[int, str] = {}
+        try:
+            children = self.zk.get_children_async(self.paths.broker(group)).get(timeout=5)
+        except Exception:
+            children = []
+        for child in children:
+            if child.startswith("slave") and child[5:].isdigit():
+                data = self._get(f"{self.paths.broker(group)}/{child}")
+                if data:
+                    slaves[int(child[5:])] = data.decode()
+        sync = self._get(self.paths.sync_set(group))
+        sync_set = set(json.loads(sync)["slaves"]) if sync else set()
+        return GroupView(master.decode() if master else None, epoch, slaves, sync_set)
+
+    def group_brokers(self, group: int) -> list[ChaosBroker]:
+        return [b for b in self.brokers if b.group == group]
+
+    def by_url(self, url: str | None) -> ChaosBroker | None:
+        return next((b for b in self.brokers if b.url == url), None)
+
+    def master_of(self, group: int) -> ChaosBroker | None:
+        return self.by_url(self.view(group).master)
+
+    def slaves_of(self, group: int) -> list[ChaosBroker]:
+        master = self.view(group).master
+        return [b for b in self.group_brokers(group) if b.url != master]
+
+    def partition_names(self) -> list[str]:
+        return [f"{self.topic}/{g}-{n}" for g in range(self.num_groups) for n in range(self.partitions)]
+
+    # --- faults -----------------------------------------------------------------------------
+
+    def kill(self, b: ChaosBroker) -> None:
+        b.process.kill()
+        b.paused = False
+
+    def restart(self, b: ChaosBroker) -> None:
+        if not b.process.alive:
+            b.process.start(wait=False)
+
+    def pause(self, b: ChaosBroker) -> None:
+        b.process.pause()
+        b.paused = True
+
+    def resume(self, b: ChaosBroker) -> None:
+        b.process.resume()
+        b.paused = False
+
+    def _proxy(self, name: str) -> Any:
+        return self.proxy.client.get_proxy(name)
+
+    def cut_zk(self, b: ChaosBroker) -> None:
+        for name in b.zk_proxies:
+            self._proxy(name).disable()
+
+    def heal_zk(self, b: ChaosBroker) -> None:
+        for name in b.zk_proxies:
+            self._proxy(name).enable()
+
+    def cut_peers(self, b: ChaosBroker) -> None:
+        self._proxy(b.peer_proxy).disable()
+
+    def heal_peers(self, b: ChaosBroker) -> None:
+        self._proxy(b.peer_proxy).enable()
+
+    def add_toxic(self, b: ChaosBroker, kind: str, **attributes: Any) -> None:
+        proxy = self._proxy(b.peer_proxy)
+        for stream in ("upstream", "downstream"):
+            proxy.add_toxic(name=f"{kind}_{stream}", type=kind, stream=stream, attributes=attributes)
+
+    def clear_toxics(self, b: ChaosBroker) -> None:
+        proxy = self._proxy(b.peer_proxy)
+        for name in list(proxy.toxics()):
+            proxy.destroy_toxic(name)
+
+    def kill_zk(self, index: int) -> None:
+        self.zks[index].kill()
+
+    def restart_zk(self, index: int) -> None:
+        zk = self.zks[index]
+        if not zk.alive:
+            zk.start(wait=False)
+
+    def heal_all(self) -> list[str]:
+        """Undo every fault: continue paused, restart dead, reconnect links, drop toxics."""
+        done = []
+        for i, zk in enumerate(self.zks):
+            if not zk.alive:
+                zk.start(wait=False)
+                done.append(f"restart zk{i + 1}")
+        try:
+            self.proxy.client.reset()
+        except Exception as exc:  # pragma: no cover
+            log.warning("proxy reset failed: %s", exc)
+        for b in self.brokers:
+            if b.process.alive:
+                b.process.resume()
+                b.paused = False
+            else:
+                b.process.start(wait=False)
+                done.append(f"restart {b.name}")
+        return done
+
+    # --- settling and snapshots --------------------------------------------------------------
+
+    def settle_problem(self) -> str | None:
+        """Why the cluster is not settled yet, or None: every group has one master, every
+        broker is registered and alive, slaves are in the sync set (sync) and caught up."""
+        for zk in self.zks:
+            if not zk.alive:
+                return f"zk {zk.connect_string} down"
+        for group in range(self.num_groups):
+            view = self.view(group)
+            master = self.by_url(view.master)
+            if master is None:
+                return f"group {group}: no master"
+            for b in self.group_brokers(group):
+                if not b.process.alive or b.paused:
+                    return f"{b.name} not running"
+                if b is not master and b.url not in view.slaves.values():
+                    return f"{b.name} not registered as a slave of group {group}"
+                if not port_accepts("127.0.0.1", b.peer_port):
+                    return f"{b.name} not reachable"
+            if self.mode == "sync":
+                ids = {sid for sid, url in view.slaves.items() if url != master.url}
+                if not ids <= view.sync_set:
+                    return f"group {group}: sync set {sorted(view.sync_set)} lacks some of {sorted(ids)}"
+            for n in range(self.partitions):
+                end = master.disk_end(self.topic, n)
+                for b in self.group_brokers(group):
+                    if b is not master and b.disk_end(self.topic, n) != end:
+                        return f"{b.name} behind on {self.topic}-{n}: {b.disk_end(self.topic, n)} < {end}"
+        return None
+
+    def wait_settled(self, timeout: float = 90.0) -> float:
+        started = time.monotonic()
+        last: list[str | None] = [None]
+
+        def settled() -> bool:
+            last[0] = self.settle_problem()
+            return last[0] is None
+
+        try:
+            wait_until(settled, timeout, 0.2, "the cluster to settle")
+        except AssertionError:
+            raise AssertionError(f"cluster did not settle in {timeout:.0f}s: {last[0]}") from None
+        return time.monotonic() - started
+
+    def snapshot(self, history: Any) -> None:
+        for group in range(self.num_groups):
+            view = self.view(group)
+            for b in self.group_brokers(group):
+                role = "master" if b.url == view.master else "slave"
+                parts = {f"{self.topic}/{group}-{n}": self.disk_log(b, n) for n in range(self.partitions)}
+                history.snapshot(b.name, group, role, parts, url=b.url, epoch=view.epoch)
+
+    def disk_log(self, b: ChaosBroker, partition: int) -> bytes:
+        return b.disk_log(self.topic, partition)
+
+    def count_records(self, b: ChaosBroker, partition: int, start: int) -> int:
+        data = b.disk_log(self.topic, partition)
+        if start >= len(data):
+            return 0
+        return sum(1 for _ in iter_records(data[start:], start, verify=False))
+
+    def log_report(self, last_lines: int = 40) -> str:
+        parts = []
+        for b in self.brokers:
+            parts.append(f"===== {b.name} ({b.process.log_path}) =====")
+            parts.append(b.process.log_text(last_lines=last_lines) or "(empty)")
+        return "\n".join(parts)
+
+
+__all__ = ["ChaosBroker", "ChaosCluster", "GroupView", "TOPIC", "mode_system", "parse_broker_url"]

@@ -1,0 +1,394 @@
+"""``python -m chaos run``: workload + seeded fault schedule + final snapshot + the checker.
+
+One run:
+
+1. start the topology (chaos/cluster.py) in ``{out}/cluster``;
+2. start the workload: raw producers (``r0``, ``r1``: ``BrokerConnection`` puts to the
+   master registered in ZooKeeper; their acks carry the broker's ``epoch`` and url), one
+   producer through the real client (``c0``: ``AsyncMessageProducer`` with
+   ``retry_unknown_outcome=False`` so that nothing is silently duplicated), and one reader
+   per group reading every partition from every replica (master and slaves, through the
+   proxies); every put is recorded invoke -> ok / fail (definitely not written) / info
+   (unknown); every read with the replica it came from;
+3. a monitor thread watches ZooKeeper and records every failover (with the old master's
+   unreplicated tail: bytes and messages past the new master's epoch start, for async);
+4. the fault schedule (chaos/scenarios.py) runs for ``--seconds``: inject, hold, heal, wait
+   for the cluster to settle, a gap of plain load; each recorded as a fault;
+5. stop the load, heal everything, wait until settled (one master per group, every broker
+   registered, slaves in the sync set and caught up), snapshot every replica's log from disk,
+   write ``history.json``, ``check.json`` and ``report.txt``, run the checker.
+
+Exit 0 iff the checker found no violations and the cluster settled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from metaq.client import AsyncMessageSessionFactory, Message, MetaClientConfig
+from metaq.client.connection import BrokerConnection, ConnectionClosed
+from metaq.protocol import commands as c
+from metaq.record import encode_batch, iter_records
+from metaq.zk.paths import parse_broker_url
+
+from .checker import check
+from .cluster import ChaosCluster
+from .history import History, value_of
+from .scenarios import Step, inject, scenario_names, schedule
+
+log = logging.getLogger("chaos.runner")
+
+
+class Monitor(threading.Thread):
+    """Polls ZooKeeper: the current master per group (for the producers), failovers (history)."""
+
+    def __init__(self, cluster: ChaosCluster, history: History) -> None:
+        super().__init__(daemon=True, name="chaos-monitor")
+        self.cluster = cluster
+        self.history = history
+        self.masters: dict[int, str | None] = {}
+        self.replicas: dict[int, list[str]] = {}
+        self._last: dict[int, str] = {}
+        self._halt = threading.Event()
+        self.failovers = 0
+
+    def poll(self) -> None:
+        for group in range(self.cluster.num_groups):
+            view = self.cluster.view(group)
+            self.masters[group] = view.master
+            self.replicas[group] = [u for u in [view.master, *view.slaves.values()] if u]
+            old = self._last.get(group)
+            if view.master and old and view.master != old:
+                self._failover(group, old, view.master, view.epoch)
+            if view.master:
+                self._last[group] = view.master
+
+    def _failover(self, group: int, old_url: str, new_url: str, epoch: int) -> None:
+        self.failovers += 1
+        old, new = self.cluster.by_url(old_url), self.cluster.by_url(new_url)
+        lag: dict[str, dict[str, int]] = {}
+        for n in range(self.cluster.partitions):
+            name = f"{self.cluster.topic}/{group}-{n}"
+            start = _epoch_start(new_url, self.cluster.topic, n, epoch)
+            if start is None and new is not None:
+                start = new.disk_end(self.cluster.topic, n)
+            if old is None or start is None:
+                continue
+            old_end = old.disk_end(self.cluster.topic, n)
+            lag[name] = {"bytes": max(0, old_end - start),
+                         "messages": self.cluster.count_records(old, n, start) if old_end > start else 0}
+        self.history.failover(group, old_url, new_url, epoch, lag,
+                              old_broker=old.name if old else None, new_broker=new.name if new else None)
+        log.info("failover in group %d: %s -> %s (epoch %d) lag %s", group, old_url, new_url, epoch, lag)
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            try:
+                self.poll()
+            except Exception as exc:  # ZooKeeper node down etc.: try again
+                log.debug("monitor poll failed: %s", exc)
+            self._halt.wait(0.1)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(5)
+
+
+def _epoch_start(url: str, topic: str, partition: int, epoch: int) -> int | None:
+    async def ask() -> int | None:
+        host, port = parse_broker_url(url)
+        conn = await BrokerConnection.open(host, port, 2)
+        try:
+            reply = await conn.request({"op": "epochs", "topic": topic, "partition": partition}, timeout=2)
+        finally:
+            conn.close()
+        for entry_epoch, start in reply.get("entries", []) or []:
+            if entry_epoch == epoch:
+                return int(start)
+        return None
+
+    try:
+        return asyncio.run(ask())
+    except Exception:
+        return None
+
+
+class Workload:
+    def __init__(self, cluster: ChaosCluster, history: History, monitor: Monitor, seed: int, rate: float) -> None:
+        self.cluster = cluster
+        self.history = history
+        self.monitor = monitor
+        self.seed = seed
+        self.rate = rate
+        self.stopping = asyncio.Event()
+        self.conns: dict[str, BrokerConnection] = {}
+
+    async def _conn(self, url: str) -> BrokerConnection:
+        conn = self.conns.get(url)
+        if conn is None or not conn.is_open:
+            host, port = parse_broker_url(url)
+            conn = await BrokerConnection.open(host, port, 1.0)
+            self.conns[url] = conn
+        return conn
+
+    async def raw_producer(self, name: str) -> None:
+        rng = random.Random(f"workload/{name}/{self.seed}")
+        topic = self.cluster.topic
+        seq = 0
+        while not self.stopping.is_set():
+            group = rng.randrange(self.cluster.num_groups)
+            n = rng.randrange(self.cluster.partitions)
+            url = self.monitor.masters.get(group)
+            if not url:
+                await asyncio.sleep(0.05)
+                continue
+            value = f"{name}-{seq}"
+            seq += 1
+            partition = f"{topic}/{group}-{n}"
+            op = self.history.invoke(name, "put", value, partition)
+            try:
+                conn = await self._conn(url)
+                future = conn.send({"op": "put", "topic": topic, "partition": n, "count": 1},
+                                   encode_batch([(value.encode(), None)]))
+            except ConnectionClosed as exc:
+                self.history.fail(op, f"not sent: {exc}")
+                await asyncio.sleep(0.05)
+                continue
+            try:
+                reply = await asyncio.wait_for(future, 3.0)
+            except (ConnectionClosed, asyncio.TimeoutError) as exc:
+                self.history.info(op, f"unknown: {exc or 'timeout'}")
+                conn.close()
+                self.conns.pop(url, None)
+                await asyncio.sleep(0.1)
+                continue
+            if reply.ok:
+                self.history.ok(op, int(reply["offset"]), reply.get("epoch"), url)
+            elif reply.code in c.RETRIABLE_CODES or reply.code in (c.BAD_REQUEST, c.NOT_FOUND):
+                self.history.fail(op, f"{reply.code} {reply.message}")
+                await asyncio.sleep(0.05)
+            else:  # 504, 500: may or may not be stored
+                self.history.info(op, f"{reply.code} {reply.message}")
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1 / self.rate)
+
+    async def client_producer(self, name: str) -> None:
+        config = MetaClientConfig(zk_connect=self.cluster.zk_connect, zk_root=self.cluster.zk_root,
+                                  zk_session_timeout_ms=10_000, retry_unknown_outcome=False,
+                                  request_timeout_s=3.0, send_timeout_s=5.0, send_max_attempts=20,
+                                  send_retry_max_wait_s=0.3, connect_timeout_s=1.0)
+        topic = self.cluster.topic
+        async with AsyncMessageSessionFactory(config) as factory:
+            producer = factory.create_producer()
+            seq = 0
+            while not self.stopping.is_set():
+                value = f"{name}-{seq}"
+                seq += 1
+                op = self.history.invoke(name, "put", value, None)
+                result = await producer.send_message(Message(topic, value.encode()))
+                part = f"{topic}/{result.partition}" if result.partition is not None else None
+                if result.success:
+                    self.history.ok(op, result.offset, partition=part, msg_id=result.msg_id)
+                elif result.outcome_unknown:
+                    self.history.info(op, result.error_message or "unknown", partition=part)
+                    await asyncio.sleep(0.1)
+                else:
+                    self.history.fail(op, result.error_message or "failed", partition=part)
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(1 / self.rate)
+            await producer.close()
+
+    async def reader(self, group: int) -> None:
+        """Reads every partition from every replica of the group, each at its own position."""
+        topic = self.cluster.topic
+        positions: dict[tuple[str, int], int] = {}
+        conns: dict[str, BrokerConnection] = {}
+        while not self.stopping.is_set():
+            for url in list(self.monitor.replicas.get(group, [])):
+                for n in range(self.cluster.partitions):
+                    if self.stopping.is_set():
+                        return
+                    key = (url, n)
+                    offset = positions.get(key, 0)
+                    try:
+                        conn = conns.get(url)
+                        if conn is None or not conn.is_open:
+                            host, port = parse_broker_url(url)
+                            conn = conns[url] = await BrokerConnection.open(host, port, 1.0)
+                        reply = await conn.request({"op": "get", "topic": topic, "partition": n, "offset": offset,
+                                                    "max_size": 256 * 1024}, timeout=2.0)
+                    except (ConnectionClosed, asyncio.TimeoutError, OSError):
+                        conns.pop(url, None)
+                        continue
+                    if reply.code == c.MOVED:
+                        positions[key] = int(reply["offset"])
+                        continue
+                    if not reply.ok:
+                        committed = reply.get("committed")
+                        if isinstance(committed, int) and offset > committed and "beyond the log end" in reply.message:
+                            positions[key] = committed  # this replica was truncated below our position
+                        continue
+                    records = list(iter_records(bytes(reply.body), offset))
+                    if records:
+                        self.history.read(f"reader-g{group}", f"{topic}/{group}-{n}",
+                                          [(r.offset, value_of(bytes(r.data))) for r in records], replica=url)
+                        positions[key] = records[-1].offset + records[-1].size
+            await asyncio.sleep(0.3)
+        for conn in conns.values():
+            conn.close()
+
+    async def run(self) -> None:
+        tasks = [asyncio.create_task(self.raw_producer("r0")), asyncio.create_task(self.raw_producer("r1")),
+                 asyncio.create_task(self.client_producer("c0"))]
+        tasks += [asyncio.create_task(self.reader(g)) for g in range(self.cluster.num_groups)]
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        for conn in self.conns.values():
+            conn.close()
+        for r in results:
+            if isinstance(r, BaseException):
+                log.error("workload task failed: %r", r)
+
+
+class Run:
+    def __init__(self, scenario: str, seconds: float, seed: int, out: Path, *, mode: str = "sync", groups: int = 1,
+                 zk_nodes: int = 3, rate: float = 20.0, settle_timeout: float = 60.0) -> None:
+        self.scenario, self.seconds, self.seed, self.out = scenario, seconds, seed, Path(out)
+        self.mode, self.groups, self.zk_nodes, self.rate = mode, groups, zk_nodes, rate
+        self.settle_timeout = settle_timeout
+        self.cluster = ChaosCluster(self.out / "cluster", groups=groups, mode=mode, zk_nodes=zk_nodes)
+        self.history = History({"mode": mode, "scenario": scenario, "seed": seed, "seconds": seconds,
+                                "groups": groups, "zk_nodes": zk_nodes, "topic": self.cluster.topic})
+        self.steps_done: list[dict[str, Any]] = []
+        self.settle_failures: list[str] = []
+        self.unavailable: list[float] = []
+
+    def _fault_loop(self, stop_at: float, stopping: threading.Event) -> None:
+        session_s = self.cluster.session_ms / 1000
+        plan = schedule(self.scenario, self.seed, self.groups, self.zk_nodes, session_s)
+        self.history.meta["schedule"] = [s.to_json() for s in plan[:50]]
+        rng = random.Random(f"targets/{self.seed}")
+        time.sleep(1.5)  # plain load first
+        for step in plan:
+            if time.monotonic() >= stop_at or stopping.is_set():
+                break
+            self._one(step, rng)
+
+    def _one(self, step: Step, rng: random.Random) -> None:
+        cluster = self.cluster
+        target, details, heal = inject(cluster, step, rng)
+        self.history.fault(step.kind, target, group=step.group, hold_s=step.hold_s, **details)
+        log.info("fault %s on %s (hold %.1fs)", step.kind, target, step.hold_s)
+        time.sleep(step.hold_s)
+        heal()
+        self.history.fault("heal", target, of=step.kind, group=step.group)
+        try:
+            took = cluster.wait_settled(self.settle_timeout)
+            self.steps_done.append({**step.to_json(), "target": target, "settle_s": round(took, 2)})
+        except AssertionError as exc:
+            self.settle_failures.append(f"after {step.kind} on {target}: {exc}")
+            self.history.fault("settle_timeout", target, of=step.kind, why=str(exc))
+            log.warning("%s", exc)
+            cluster.heal_all()
+        time.sleep(step.gap_s)
+
+    async def _main(self) -> None:
+        monitor = Monitor(self.cluster, self.history)
+        monitor.poll()
+        monitor.start()
+        workload = Workload(self.cluster, self.history, monitor, self.seed, self.rate)
+        load = asyncio.create_task(workload.run())
+        stop_at = time.monotonic() + self.seconds
+        stopping = threading.Event()
+        try:
+            await asyncio.to_thread(self._fault_loop, stop_at, stopping)
+        finally:
+            stopping.set()
+            await asyncio.sleep(1.0)
+            workload.stopping.set()
+            await load
+            monitor.stop()
+
+    def execute(self) -> int:
+        self.out.mkdir(parents=True, exist_ok=True)
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
+                            handlers=[logging.FileHandler(self.out / "runner.log"), logging.StreamHandler(sys.stderr)])
+        logging.getLogger("kazoo").setLevel(logging.WARNING)
+        started = time.monotonic()
+        self.cluster.start()
+        try:
+            asyncio.run(self._main())
+            healed = self.cluster.heal_all()
+            self.history.fault("heal_all", "cluster", actions=healed)
+            try:
+                self.cluster.wait_settled(max(self.settle_timeout, 120))
+            except AssertionError as exc:
+                self.settle_failures.append(f"final: {exc}")
+            self.cluster.snapshot(self.history)
+        finally:
+            self.history.close_open()
+            self.history.save(self.out / "history.json")
+            (self.out / "broker-logs.txt").write_text(self.cluster.log_report(200))
+            self.cluster.stop()
+        result = check(self.history)
+        (self.out / "check.json").write_text(json.dumps(result.to_json(), indent=1))
+        report = self.report(result, time.monotonic() - started)
+        (self.out / "report.txt").write_text(report)
+        print(report)
+        return 0 if result.ok and not self.settle_failures else 1
+
+    def report(self, result: Any, elapsed: float) -> str:
+        s = result.stats
+        faults: dict[str, int] = {}
+        for f in self.history.faults:
+            if f["kind"] not in ("heal", "heal_all"):
+                faults[f["kind"]] = faults.get(f["kind"], 0) + 1
+        lines = [
+            f"chaos run: scenario={self.scenario} seed={self.seed} mode={self.mode} groups={self.groups} "
+            f"zk_nodes={self.zk_nodes} seconds={self.seconds} (wall {elapsed:.0f}s)",
+            f"command: python -m chaos run --scenario {self.scenario} --seconds {self.seconds:g} --seed {self.seed} "
+            f"--mode {self.mode} --groups {self.groups} --zk-nodes {self.zk_nodes} --out {self.out}",
+            f"faults: {sum(faults.values())} {dict(sorted(faults.items()))}",
+            f"operations: puts {s['puts_ok']} ok / {s['puts_fail']} failed / {s['puts_info']} unknown; "
+            f"reads {s['reads']} messages in {s['gets']} fetches",
+            f"failovers: {s['failovers']}",
+            f"max unavailability (longest gap between acks): {s['max_unavailable_s']:.2f}s",
+            f"lost acked messages: {s['lost_acked']}" + (" (must be 0 in sync mode)" if self.mode == "sync" else ""),
+            f"settle failures: {len(self.settle_failures)}",
+            *[f"  - {x}" for x in self.settle_failures[:10]],
+            f"violations: {len(result.violations())}",
+            f"VERDICT: {'PASS' if result.ok and not self.settle_failures else 'FAIL'}",
+            "",
+            result.report(),
+        ]
+        return "\n".join(lines) + "\n"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("run", help="run a chaos scenario: workload + faults, then check the history")
+    p.add_argument("--scenario", required=True, help=f"one of {', '.join(scenario_names())}")
+    p.add_argument("--seconds", type=float, default=20.0, help="how long faults are injected")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", default=None, help="output directory (default /tmp/chaos-{scenario}-{seed})")
+    p.add_argument("--mode", choices=("sync", "async"), default="sync")
+    p.add_argument("--groups", type=int, default=1, choices=(1, 2))
+    p.add_argument("--zk-nodes", type=int, default=3, choices=(1, 3))
+    p.add_argument("--rate", type=float, default=20.0, help="puts per second per producer (3 producers)")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.scenario not in scenario_names():
+        print(f"error: unknown scenario {args.scenario!r}; choose from {', '.join(scenario_names())}", file=sys.stderr)
+        return 2
+    out = Path(args.out or f"/tmp/chaos-{args.scenario}-{args.seed}")
+    run = Run(args.scenario, args.seconds, args.seed, out, mode=args.mode, groups=args.groups,
+              zk_nodes=args.zk_nodes, rate=args.rate)
+    return run.execute()

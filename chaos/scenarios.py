@@ -1,0 +1,119 @@
+"""Fault kinds and scenarios: a seeded, deterministic fault schedule.
+
+A *fault* is one step: inject, hold for ``hold_s``, heal; then the runner waits for the
+cluster to settle and for ``gap_s`` of fault-free load. Targets are roles ("the master of
+group 1"), resolved when the step runs. A *scenario* is a fixed list of fault kinds,
+repeated until the run's time is up; ``random`` draws each step from every fault kind
+(seeded). The whole schedule (kinds, groups, holds, gaps) is drawn from the seed up front,
+so two runs with the same seed inject the same faults in the same order.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from .cluster import ChaosBroker, ChaosCluster
+
+
+@dataclass
+class Step:
+    kind: str
+    group: int
+    hold_s: float
+    gap_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# kind -> (role: "master"|"slave"|"zk", hold range as multiples of the session timeout)
+FAULTS: dict[str, tuple[str, tuple[float, float]]] = {
+    "kill-master": ("master", (1.0, 3.0)),          # kill -9, restarted after the hold
+    "kill-slave": ("slave", (1.0, 3.0)),
+    "pause-master": ("master", (2.5, 4.0)),         # SIGSTOP past the session timeout, then SIGCONT
+    "pause-slave": ("slave", (2.5, 4.0)),
+    "partition-master-zk": ("master", (2.5, 4.0)),  # master cut from ZooKeeper only: split brain
+    "partition-master-peers": ("master", (2.0, 4.0)),  # master cut from clients and slaves
+    "partition-slave-peers": ("slave", (2.0, 4.0)),
+    "latency-master": ("master", (2.0, 4.0)),       # 150 ms ± 50 each way on all its TCP peers
+    "bandwidth-master": ("master", (2.0, 4.0)),     # 20 KB/s each way
+    "kill-zk-node": ("zk", (2.0, 4.0)),             # one ZooKeeper node of the ensemble
+}
+
+SCENARIOS: dict[str, list[str]] = {
+    "kill-master": ["kill-master"],
+    "kill-slave": ["kill-slave"],
+    "pause-master": ["pause-master"],
+    "pause-slave": ["pause-slave"],
+    "partition-master-zk": ["partition-master-zk"],
+    "partition-master-peers": ["partition-master-peers"],
+    "partition-slave-peers": ["partition-slave-peers"],
+    "slow-links": ["latency-master", "bandwidth-master"],
+    "kill-zk-node": ["kill-zk-node"],
+    "mixed": ["kill-master", "partition-master-zk", "pause-master", "partition-master-peers", "kill-slave"],
+}
+
+
+def scenario_names() -> list[str]:
+    return sorted(SCENARIOS) + ["random"]
+
+
+def schedule(scenario: str, seed: int, groups: int, zk_nodes: int, session_s: float, steps: int = 400) -> list[Step]:
+    """The first ``steps`` fault steps of a scenario (the runner stops when time is up)."""
+    rng = random.Random(f"schedule/{scenario}/{seed}")
+    if scenario == "random":
+        kinds = [k for k in FAULTS if k != "kill-zk-node" or zk_nodes >= 3]
+        sequence = [rng.choice(kinds) for _ in range(steps)]
+    elif scenario in SCENARIOS:
+        base = SCENARIOS[scenario]
+        if "kill-zk-node" in base and zk_nodes < 3:
+            raise ValueError("scenario kill-zk-node needs --zk-nodes 3")
+        sequence = [base[i % len(base)] for i in range(steps)]
+    else:
+        raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(scenario_names())}")
+    out = []
+    for kind in sequence:
+        low, high = FAULTS[kind][1]
+        out.append(Step(kind, rng.randrange(groups), round(rng.uniform(low, high) * session_s, 2),
+                        round(rng.uniform(0.5, 2.0), 2)))
+    return out
+
+
+def inject(cluster: ChaosCluster, step: Step, rng: random.Random) -> tuple[str, dict[str, Any], Callable[[], None]]:
+    """Carry out a step's fault now; returns (target name, details, heal)."""
+    role = FAULTS[step.kind][0]
+    if role == "zk":
+        index = rng.randrange(len(cluster.zks))
+        cluster.kill_zk(index)
+        return f"zk{index + 1}", {}, lambda: cluster.restart_zk(index)
+    target: ChaosBroker | None
+    if role == "master":
+        target = cluster.master_of(step.group)
+    else:
+        slaves = [b for b in cluster.slaves_of(step.group)]
+        target = slaves[rng.randrange(len(slaves))] if slaves else None
+    if target is None:
+        return "none", {"skipped": f"group {step.group} has no {role}"}, lambda: None
+    b = target
+    kind = step.kind
+    if kind.startswith("kill-"):
+        cluster.kill(b)
+        return b.name, {}, lambda: cluster.restart(b)
+    if kind.startswith("pause-"):
+        cluster.pause(b)
+        return b.name, {}, lambda: cluster.resume(b)
+    if kind == "partition-master-zk":
+        cluster.cut_zk(b)
+        return b.name, {"link": "zk"}, lambda: cluster.heal_zk(b)
+    if kind.endswith("-peers"):
+        cluster.cut_peers(b)
+        return b.name, {"link": "peers"}, lambda: cluster.heal_peers(b)
+    if kind == "latency-master":
+        cluster.add_toxic(b, "latency", latency=150, jitter=50)
+        return b.name, {"toxic": "latency", "latency_ms": 150}, lambda: cluster.clear_toxics(b)
+    if kind == "bandwidth-master":
+        cluster.add_toxic(b, "bandwidth", rate=20)
+        return b.name, {"toxic": "bandwidth", "rate_kbs": 20}, lambda: cluster.clear_toxics(b)
+    raise ValueError(kind)
