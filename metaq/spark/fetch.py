@@ -13,13 +13,14 @@ header walk that finds message boundaries for splitting a partition.
 from __future__ import annotations
 
 import asyncio
-import re
 import zlib
 from dataclasses import dataclass
 from typing import Any
 
 from ..client.connection import BrokerConnection, ConnectionClosed, Reply
+from ..client.routing import Replica
 from ..protocol import commands as c
+from ..zk.paths import broker_url
 from ..record import FLAG_HAS_ATTRIBUTE, HEADER, HEADER_SIZE, KNOWN_FLAGS, RecordError
 
 _unpack_from = HEADER.unpack_from
@@ -30,23 +31,8 @@ class ReplicaError(Exception):
     """This replica cannot serve the request now (down, refusing, corrupt): try another."""
 
 
-@dataclass(frozen=True)
-class ReplicaRef:
-    """A replica as planned on the driver (picklable): where it is and what it is called."""
-
-    broker_id: int
-    role: str  # "master" or "slave{k}"
-    host: str
-    port: int
-
-    @property
-    def url(self) -> str:
-        from ..zk.paths import broker_url
-
-        return broker_url(self.host, self.port)
-
-    def __str__(self) -> str:
-        return f"{self.role} of broker {self.broker_id} at {self.url}"
+def describe(replica: Replica) -> str:
+    return f"{replica.role} of broker {replica.broker_id} at {broker_url(replica.host, replica.port)}"
 
 
 @dataclass(frozen=True)
@@ -58,18 +44,28 @@ class OffsetInfo:
 class ReplicaSession:
     """A connection to one replica with its own event loop; every call blocks."""
 
-    def __init__(self, replica: ReplicaRef, timeout: float = 10.0) -> None:
+    def __init__(self, replica: Replica, timeout: float = 10.0) -> None:
         self.replica = replica
         self.timeout = timeout
         self._loop = asyncio.new_event_loop()
         self._conn: BrokerConnection | None = None
+        self._inflight: set[asyncio.Future[Reply]] = set()
         try:
             self._conn = self._loop.run_until_complete(BrokerConnection.open(replica.host, replica.port, timeout))
         except ConnectionClosed as exc:
             self.close()
-            raise ReplicaError(f"{replica}: {exc}") from None
+            raise ReplicaError(f"{describe(replica)}: {exc}") from None
 
     def close(self) -> None:
+        # A get still in flight (a reader that failed over, or stopped early) must not
+        # leave an unretrieved exception behind for asyncio to complain about.
+        for future in self._inflight:
+            if future.done():
+                if not future.cancelled():
+                    future.exception()
+            else:
+                future.cancel()
+        self._inflight.clear()
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -97,15 +93,18 @@ class ReplicaSession:
             return self._conn.send(header)
 
         try:
-            return self._loop.run_until_complete(_send())
+            future = self._loop.run_until_complete(_send())
         except ConnectionClosed as exc:
-            raise ReplicaError(f"{self.replica}: {exc}") from None
+            raise ReplicaError(f"{describe(self.replica)}: {exc}") from None
+        self._inflight.add(future)
+        return future
 
     def wait(self, future: "asyncio.Future[Reply]", timeout: float | None = None) -> Reply:
+        self._inflight.discard(future)
         try:
             return self._loop.run_until_complete(asyncio.wait_for(future, timeout or self.timeout))
         except (ConnectionClosed, asyncio.TimeoutError, OSError) as exc:
-            raise ReplicaError(f"{self.replica}: {exc or type(exc).__name__}") from None
+            raise ReplicaError(f"{describe(self.replica)}: {exc or type(exc).__name__}") from None
 
     def request(self, header: dict[str, Any], timeout: float | None = None) -> Reply:
         return self.wait(self.send(header), timeout)
@@ -114,14 +113,14 @@ class ReplicaSession:
         """The replica's first offset and committed offset (what consumers may read)."""
         reply = self.request({"op": "offset", "topic": topic, "partition": partition, "offset": 0})
         if not reply.ok:
-            raise ReplicaError(f"{self.replica}: offset {topic}-{partition}: {reply.code} {reply.message}")
+            raise ReplicaError(f"{describe(self.replica)}: offset {topic}-{partition}: {reply.code} {reply.message}")
         return OffsetInfo(int(reply["min_offset"]), int(reply["max_offset"]))
 
     def segment_start(self, topic: str, partition: int, offset: int) -> int:
         """Start of the segment holding ``offset`` (a message boundary, <= offset)."""
         reply = self.request({"op": "offset", "topic": topic, "partition": partition, "offset": offset})
         if not reply.ok:
-            raise ReplicaError(f"{self.replica}: offset {topic}-{partition}: {reply.code} {reply.message}")
+            raise ReplicaError(f"{describe(self.replica)}: offset {topic}-{partition}: {reply.code} {reply.message}")
         return int(reply["offset"])
 
     def send_get(self, topic: str, partition: int, offset: int, max_size: int, max_wait_ms: int = 0) -> "asyncio.Future[Reply]":
@@ -165,17 +164,16 @@ def first_boundary_at_or_after(
             {"op": "get", "topic": topic, "partition": partition, "offset": pos, "max_size": min(chunk, limit - pos)}
         )
         if reply.code != c.OK:
-            raise ReplicaError(f"{session.replica}: get {topic}-{partition}@{pos}: {reply.code} {reply.message}")
+            raise ReplicaError(f"{describe(session.replica)}: get {topic}-{partition}@{pos}: {reply.code} {reply.message}")
         body = reply.body
-        base, end, i = pos, pos + len(body), 0
+        base, end = pos, pos + len(body)
         if len(body) < HEADER_SIZE:
-            raise ReplicaError(f"{session.replica}: truncated record header at {pos} of {topic}-{partition}")
+            raise ReplicaError(f"{describe(session.replica)}: truncated record header at {pos} of {topic}-{partition}")
         while pos < target and pos + HEADER_SIZE <= end:
             length, _crc, _id, flag = _unpack_from(body, pos - base)
             if length < 0 or flag & ~KNOWN_FLAGS:
                 raise RecordError(f"record at offset {pos} of {topic}-{partition}: bad header (not a message boundary?)")
             pos += HEADER_SIZE + length
-            i += 1
     return min(pos, limit)
 
 
@@ -223,10 +221,3 @@ def decode_chunk(buf: bytes, base: int, stop: int | None = None) -> tuple[list[i
             d_app(payload)
         pos = nxt
     return offsets, ids, attrs, datas, pos
-
-
-_HOSTPORT = re.compile(r"^[^\s:/]+(:\d+)?(,[^\s:/]+(:\d+)?)*(/.*)?$")
-
-
-def looks_like_zk_connect(text: str) -> bool:
-    return bool(_HOSTPORT.match(text))
