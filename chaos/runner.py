@@ -342,6 +342,14 @@ class Run:
         (self.out / "check.json").write_text(json.dumps(result.to_json(), indent=1))
         report = self.report(result, time.monotonic() - started)
         (self.out / "report.txt").write_text(report)
+        faults: dict[str, int] = {}
+        for f in self.history.faults:
+            faults[f["kind"]] = faults.get(f["kind"], 0) + 1
+        summary = {"ok": result.ok and not self.settle_failures, "scenario": self.scenario, "seed": self.seed,
+                   "mode": self.mode, "faults": faults, "stats": result.stats, "settle_failures": self.settle_failures,
+                   "master_faults_without_failover": self.no_failover, "violations": len(result.violations()),
+                   "steps": self.steps_done}
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
         print(report)
         return 0 if result.ok and not self.settle_failures else 1
 
@@ -351,6 +359,17 @@ class Run:
         for f in self.history.faults:
             if f["kind"] not in ("heal", "heal_all"):
                 faults[f["kind"]] = faults.get(f["kind"], 0) + 1
+        # Liveness: a master fault (kill, pause, ZK partition) held past the session timeout
+        # should have produced a failover of its group before the heal.
+        no_failover = []
+        faults_list = self.history.faults
+        for i, f in enumerate(faults_list):
+            if f["kind"] in ("kill-master", "pause-master", "partition-master-zk") and f.get("target") != "none":
+                heal_t = next((h["time"] for h in faults_list[i + 1:] if h["kind"] == "heal"), f["time"] + 60)
+                if not any(f["time"] <= fo["time"] <= heal_t + 1 and fo["group"] == f.get("group")
+                           for fo in self.history.failovers):
+                    no_failover.append(f"{f['kind']} on {f['target']} at {f['time']:.1f}s")
+        self.no_failover = no_failover
         lines = [
             f"chaos run: scenario={self.scenario} seed={self.seed} mode={self.mode} groups={self.groups} "
             f"zk_nodes={self.zk_nodes} seconds={self.seconds} (wall {elapsed:.0f}s)",
@@ -359,7 +378,8 @@ class Run:
             f"faults: {sum(faults.values())} {dict(sorted(faults.items()))}",
             f"operations: puts {s['puts_ok']} ok / {s['puts_fail']} failed / {s['puts_info']} unknown; "
             f"reads {s['reads']} messages in {s['gets']} fetches",
-            f"failovers: {s['failovers']}",
+            f"failovers: {s['failovers']}; master faults without a failover (liveness): {len(no_failover)}"
+            + (f" {no_failover[:5]}" if no_failover else ""),
             f"max unavailability (longest gap between acks): {s['max_unavailable_s']:.2f}s",
             f"lost acked messages: {s['lost_acked']}" + (" (must be 0 in sync mode)" if self.mode == "sync" else ""),
             f"settle failures: {len(self.settle_failures)}",

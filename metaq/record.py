@@ -137,19 +137,24 @@ def valid_prefix(buf: bytes | bytearray | memoryview, max_message_size: int = 1 
 
     Recovery uses it to find where a torn or corrupted tail starts.
     """
+    return scan_valid(buf, max_message_size)[0]
+
+
+def scan_valid(buf: bytes | bytearray | memoryview, max_message_size: int = 1 << 30) -> tuple[int, int]:
+    """``(length, count)`` of the longest prefix of whole, CRC-valid records (one pass)."""
     view = memoryview(buf)
-    pos, end = 0, len(view)
+    pos, count, end = 0, 0, len(view)
+    unpack, crc32 = HEADER.unpack_from, zlib.crc32
     while end - pos >= HEADER_SIZE:
-        length, crc, _msg_id, flag = HEADER.unpack_from(view, pos)
-        try:
-            _check_header(length, crc, flag, max_message_size, pos)
-        except RecordError:
-            return pos
+        length, crc, _msg_id, flag = unpack(view, pos)
+        if length < 0 or length > max_message_size or flag & ~KNOWN_FLAGS or crc < 0:
+            break
         stop = pos + HEADER_SIZE + length
-        if stop > end or checksum(view[pos + HEADER_SIZE : stop]) != crc:
-            return pos
+        if stop > end or crc32(view[pos + HEADER_SIZE : stop]) & 0x7FFFFFFF != crc:
+            break
         pos = stop
-    return pos
+        count += 1
+    return pos, count
 
 
 def stamp_msg_ids(buf: bytearray, first_id: int) -> int:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..protocol import commands as c
-from ..record import HEADER, HEADER_SIZE, valid_prefix
+from ..record import HEADER, HEADER_SIZE, scan_valid
 
 if TYPE_CHECKING:
     from ..client.connection import BrokerConnection
@@ -145,14 +145,13 @@ class PartitionReplica:
     def _append_reply(self, offset: int, header: dict[str, Any], body: bytearray) -> bool:
         if header.get("offset") != offset:
             raise ReplicaDiverged(f"{self.name}: asked for offset {offset}, master answered from {header.get('offset')}")
-        whole = valid_prefix(body, self.log.max_message_size)
+        whole, count = scan_valid(body, self.log.max_message_size)
         if whole < len(body):
             self._check_tail(offset, body, whole)
         if whole:
             start = self.log.append(memoryview(body)[:whole])
             assert start == offset, "append must continue the log exactly where the fetch started"
             end = start + whole
-            count = _count_records(body, whole)
             self.status.appended_bytes += whole
             self.status.appended_messages += count
             self._schedule_flush(end, count)
@@ -196,15 +195,6 @@ class PartitionReplica:
         self.status.error = error
         self.status.divergences += 1
         log.error("replication of %s stopped: %s", self.name, error)
-
-
-def _count_records(body: bytearray, length: int) -> int:
-    pos = count = 0
-    while pos < length:
-        (size,) = HEADER.unpack_from(body, pos)[:1]
-        pos += HEADER_SIZE + size
-        count += 1
-    return count
 
 
 def _log_flush_error(task: "asyncio.Future[None]") -> None:

@@ -105,6 +105,9 @@ class SyncReplication:
         self._publish_lock = asyncio.Lock()
         self._pending_changes = False
         self._checker: asyncio.Task[None] | None = None
+        #: Set by stop(): a fenced or stopping master must never publish a sync set again
+        #: (a publish retried after losing the ZK session would overwrite the new master's).
+        self._stopped = False
         self.degraded_since: float | None = None
         self.removals = 0
         self.joins = 0
@@ -120,6 +123,7 @@ class SyncReplication:
         self._checker = asyncio.ensure_future(self._check_periodically())
 
     async def stop(self) -> None:
+        self._stopped = True
         if self._checker is not None:
             self._checker.cancel()
             await asyncio.gather(self._checker, return_exceptions=True)
@@ -284,13 +288,15 @@ class SyncReplication:
         return [w for waiters in self._waiters.values() for w in waiters]
 
     def _schedule_publish(self) -> None:
+        if self._stopped:
+            return
         self._pending_changes = True
         if not self._publish_lock.locked():
             asyncio.ensure_future(self._publish_changes())
 
     async def _publish_changes(self) -> None:
         async with self._publish_lock:
-            while self._pending_changes:
+            while self._pending_changes and not self._stopped:
                 self._pending_changes = False
                 desired = self._desired_members()
                 if desired == self.members:

@@ -196,12 +196,40 @@ class Broker:
             {"slaves": sorted(members), "epoch": self.epoch, "min_sync_slaves": self.config.min_sync_slaves}
         ).encode()
         client = self.registry.client
+        paths = ZkPaths(self.config.zk.root)
+        epoch_path = paths.epoch(self.config.broker_id)
+        coordinator = self.coordinator
+        epoch = self.epoch
 
         def write() -> None:
+            # Only the master of the current epoch may write the sync set, and atomically
+            # so (check the epoch node's version in the same transaction): a deposed
+            # master's late publish must never overwrite its successor's sync set.
+            from ..ha.election import _decode_epoch
+
+            from kazoo.exceptions import NoNodeError
+
+            try:
+                epoch_data, epoch_stat = client.get(epoch_path)
+            except NoNodeError:  # no elections in this group (never the case with a coordinator)
+                if client.exists(path):
+                    client.set(path, data)
+                else:
+                    client.create(path, data, makepath=True)
+                return
+            zk_epoch, leader = _decode_epoch(epoch_data)
+            if zk_epoch != epoch or (coordinator is not None and leader is not None and leader != coordinator.my_url):
+                raise RuntimeError(f"not the master of epoch {zk_epoch} (we are {epoch}); sync set not written")
+            transaction = client.transaction()
+            transaction.check(epoch_path, epoch_stat.version)
             if client.exists(path):
-                client.set(path, data)
+                transaction.set_data(path, data)
             else:
-                client.create(path, data, makepath=True)
+                transaction.create(path, data)
+            results = transaction.commit()
+            failed = [r for r in results if isinstance(r, Exception)]
+            if failed:
+                raise RuntimeError(f"sync set not written (epoch changed?): {failed[0]!r}")
 
         await asyncio.wait_for(asyncio.to_thread(write), self.config.sync_slave_timeout_ms / 1000 + 5)
 

@@ -49,6 +49,10 @@ def run_chaos(tmp_path: Path, scenario: str, seed: int, seconds: int = 12, mode:
     history = json.loads((out / "history.json").read_text())
     faults = [f for f in history["faults"] if f["kind"] == scenario.split("/")[0]]
     assert faults, f"no {scenario} fault was injected:\n{report}"
+    summary = json.loads((out / "summary.json").read_text())
+    # Liveness: every master fault (kill -9, SIGSTOP, ZK partition) led to a failover
+    # (test_regression_deposed_master_sync_set_publish_retry's end-to-end form).
+    assert summary["master_faults_without_failover"] == [], report
     return result
 
 

@@ -1,0 +1,41 @@
+"""Regressions found by the chaos suite (python -m chaos run --scenario random --seed 1)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from metaq.ha.sync import SyncReplication
+
+
+def test_regression_deposed_master_sync_set_publish_retry() -> None:
+    """A master fenced while a sync-set publish was failing (ZK session lost) kept retrying
+    that publish after ``stop()``; once its new session was up it overwrote the *new*
+    master's sync set in ZooKeeper (seen: ``[1]`` replaced by ``[]``), so the new master's
+    slave was no longer eligible and the next master failure got no failover.
+    After stop(), no publish may happen any more."""
+
+    async def scenario() -> list[frozenset[int]]:
+        written: list[frozenset[int]] = []
+        failing = [False]
+
+        async def publish(members: frozenset[int]) -> None:
+            if failing[0]:
+                raise RuntimeError("ZooKeeper session lost")
+            written.append(members)
+
+        sync = SyncReplication(1, 1000, "degrade", publish, log_end=lambda t, p: 0,
+                               flushed_end=lambda t, p: 0, partitions=lambda: [])
+        await sync.start()
+        written.clear()
+        failing[0] = True
+        sync._desired_members = lambda: frozenset({1})  # type: ignore[method-assign]
+        sync._schedule_publish()
+        await asyncio.sleep(0.05)  # the first attempt failed; a retry is pending
+        await sync.stop()  # fenced
+        failing[0] = False  # the session is back
+        await asyncio.sleep(0.7)
+        sync._schedule_publish()  # late events after stop must not publish either
+        await asyncio.sleep(0.1)
+        return written
+
+    assert asyncio.run(scenario()) == []
