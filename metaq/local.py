@@ -13,7 +13,6 @@ others, and other runs on the same machine, are untouched.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
@@ -21,12 +20,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping
-
-from kazoo.client import KazooClient
+from typing import Any, Mapping
 
 from metaq.zk.embedded import EmbeddedZooKeeper, free_port
 from metaq.zk.paths import ZkPaths, broker_url
+from metaq.zk.session import zk_session
 
 __all__ = [
     "BrokerFactory",
@@ -296,18 +294,6 @@ class BrokerProcess:
             self._log_handle.close()
             self._log_handle = None
         return code
-
-
-@contextlib.contextmanager
-def zk_session(connect: str, timeout: float = 10.0) -> Iterator[KazooClient]:
-    """A short-lived kazoo client, closed on exit."""
-    client = KazooClient(hosts=connect, timeout=timeout)
-    client.start(timeout=timeout)
-    try:
-        yield client
-    finally:
-        client.stop()
-        client.close()
 
 
 class BrokerFactory:

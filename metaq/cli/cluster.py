@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import MetaqError
 
 _SLAVE_NODE = re.compile(r"^slave(\d+)$")
 _KV = re.compile(r"(\w+)=(\S+)")
@@ -62,18 +62,16 @@ class Member:
 
 
 def read_zk(zk_connect: str, zk_root: str, timeout: float) -> list[Member]:
-    from kazoo.client import KazooClient
-    from kazoo.exceptions import NoNodeError
-
     from ..zk.paths import ZkPaths
+    from ..zk.session import zk_session
 
     paths = ZkPaths(zk_root)
-    client = KazooClient(hosts=zk_connect, timeout=timeout)
-    try:
-        client.start(timeout=timeout)
-    except Exception as exc:
-        client.close()
-        raise MetaqError(f"cannot reach ZooKeeper at {zk_connect}: {exc or 'timed out'}") from None
+    with zk_session(zk_connect, timeout) as client:
+        return _members(client, paths)
+
+
+def _members(client: Any, paths: Any) -> list[Member]:
+    from kazoo.exceptions import NoNodeError
 
     def get(path: str) -> str | None:
         try:
@@ -81,33 +79,48 @@ def read_zk(zk_connect: str, zk_root: str, timeout: float) -> list[Member]:
         except NoNodeError:
             return None
 
-    members: list[Member] = []
     try:
+        ids = sorted(int(child) for child in client.get_children(paths.broker_ids()) if child.isdigit())
+    except NoNodeError:
+        return []
+    members: list[Member] = []
+    for broker_id in ids:
+        base = paths.broker(broker_id)
         try:
-            ids = sorted(int(child) for child in client.get_children(paths.broker_ids()) if child.isdigit())
+            children = client.get_children(base)
         except NoNodeError:
-            return []
-        for broker_id in ids:
-            base = paths.broker(broker_id)
-            try:
-                children = client.get_children(base)
-            except NoNodeError:
-                continue
-            epoch = get(paths.epoch(broker_id)) or "-"
-            sync_set = get(paths.sync_set(broker_id))
-            sync_text = "-" if sync_set is None else (sync_set.strip() or "(empty)")
-            master = get(paths.master(broker_id))
-            if master is not None:
-                members.append(Member(broker_id, "master", master, epoch, sync_text))
-            slaves = sorted((int(m.group(1)), child) for child in children if (m := _SLAVE_NODE.match(child)))
-            for slave_id, child in slaves:
-                url = get(f"{base}/{child}")
-                if url is not None:
-                    members.append(Member(broker_id, f"slave{slave_id}", url, epoch, sync_text))
-    finally:
-        client.stop()
-        client.close()
+            continue
+        epoch = _epoch_text(get(paths.epoch(broker_id)))
+        sync_set = get(paths.sync_set(broker_id))
+        sync_text = "-" if sync_set is None else _sync_set_text(sync_set)
+        master = get(paths.master(broker_id))
+        if master is not None:
+            members.append(Member(broker_id, "master", master, epoch, sync_text))
+        slaves = sorted((int(m.group(1)), child) for child in children if (m := _SLAVE_NODE.match(child)))
+        for slave_id, child in slaves:
+            url = get(f"{base}/{child}")
+            if url is not None:
+                members.append(Member(broker_id, f"slave{slave_id}", url, epoch, sync_text))
     return members
+
+
+def _epoch_text(raw: str | None) -> str:
+    """The epoch node holds JSON {"epoch": N, "leader": url}; show N."""
+    if raw is None:
+        return "-"
+    try:
+        return str(json.loads(raw)["epoch"])
+    except (ValueError, KeyError, TypeError):
+        return raw.strip() or "-"
+
+
+def _sync_set_text(raw: str) -> str:
+    """The sync_set node holds JSON {"slaves": [...], ...}; show the slave ids."""
+    try:
+        slaves = json.loads(raw)["slaves"]
+        return ",".join(f"slave{s}" for s in slaves) or "(empty)"
+    except (ValueError, KeyError, TypeError):
+        return raw.strip() or "(empty)"
 
 
 async def _stats(url: str, timeout: float) -> list[str] | None:

@@ -120,7 +120,7 @@ async def _demo(console: Any, work: Path, count: int, keep: bool) -> int:
         console.print(table)
         ok = results["verify_before"] and results["verify_after"] and report.lost == 0 and report.new_master
         if keep:
-            console.print(f"cluster left running: ZooKeeper {cluster.zk_connect}, work dir {work}; Ctrl-C stops it")
+            console.print(f"cluster left running: ZooKeeper {cluster.zk_connect}, work dir {work}; Ctrl-C (or SIGTERM) stops it")
             await _wait_forever()
         return 0 if ok else 1
     finally:
@@ -190,10 +190,14 @@ async def _verify(zk_connect: str) -> bool:
 
 
 async def _wait_forever() -> None:
+    """Until Ctrl-C or SIGTERM (both handled here: a backgrounded shell job ignores SIGINT)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     try:
-        while True:
-            await asyncio.sleep(3600)
-    except (KeyboardInterrupt, asyncio.CancelledError):
+        await stop.wait()
+    except asyncio.CancelledError:
         return
 
 

@@ -42,6 +42,7 @@ from ..client.connection import BrokerConnection
 from ..errors import MetaqError
 from ..record import iter_records
 from ..zk.paths import ZkPaths, parse_broker_url
+from ..zk.session import zk_session
 from .election import read_group_state
 from .verify import VerifyError, verify_group
 
@@ -240,16 +241,12 @@ class Drill:
         self.rejoin_timeout_s = rejoin_timeout_s
 
     async def run(self) -> DrillReport:
-        zk = KazooClient(self.zk_connect)
-        try:
-            await asyncio.to_thread(zk.start, 10)
-        except Exception as exc:
-            raise MetaqError(f"cannot connect to ZooKeeper at {self.zk_connect}: {exc}") from None
+        session = zk_session(self.zk_connect)
+        zk = await asyncio.to_thread(session.__enter__)
         try:
             return await self._run(zk)
         finally:
-            await asyncio.to_thread(zk.stop)
-            await asyncio.to_thread(zk.close)
+            await asyncio.to_thread(session.__exit__, None, None, None)
 
     async def _group(self, zk: KazooClient) -> Any:
         return await asyncio.to_thread(read_group_state, zk, self.paths, self.broker_id)

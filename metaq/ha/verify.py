@@ -272,16 +272,7 @@ async def verify_group(
 
 
 def _read_group(zk_connect: str, zk_root: str, broker_id: int, timeout: float) -> tuple[str, dict[int, str]]:
-    from kazoo.client import KazooClient
+    from ..zk.session import zk_session
 
-    client = KazooClient(hosts=zk_connect, timeout=timeout)
-    try:
-        client.start(timeout=timeout)
-    except Exception as exc:
-        client.close()
-        raise VerifyError(f"cannot reach ZooKeeper at {zk_connect}: {exc or 'timed out'}") from None
-    try:
+    with zk_session(zk_connect, timeout) as client:
         return find_group(client, ZkPaths(zk_root), broker_id)
-    finally:
-        client.stop()
-        client.close()

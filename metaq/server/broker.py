@@ -12,7 +12,6 @@ import asyncio
 import logging
 import os
 import signal
-import time
 from dataclasses import replace
 from typing import Any, Awaitable
 
