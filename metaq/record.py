@@ -152,6 +152,14 @@ def scan_valid(buf: bytes | bytearray | memoryview, max_message_size: int = 1 <<
         stop = pos + HEADER_SIZE + length
         if stop > end or crc32(view[pos + HEADER_SIZE : stop]) & 0x7FFFFFFF != crc:
             break
+        if flag & FLAG_HAS_ATTRIBUTE:
+            # The flag is outside the CRC: an attribute block that cannot be one
+            # means the header is damaged.
+            if length < 4:
+                break
+            (attr_len,) = _ATTR_LEN.unpack_from(view, pos + HEADER_SIZE)
+            if attr_len < 0 or 4 + attr_len > length:
+                break
         pos = stop
         count += 1
     return pos, count
