@@ -88,3 +88,19 @@ def test_iter_records_skips_partial_tail_and_reports_bad_crc():
     broken[-1] ^= 1
     with pytest.raises(RecordError, match="offset 21"):
         list(iter_records(broken))
+
+
+def test_regression_flag_flip_to_impossible_attribute_block_is_not_valid():
+    """Found by tests/unit/test_fuzz_store.py: the flag is outside the CRC, so a flipped
+    attribute bit passed recovery's scan and then failed to decode. Recovery and
+    replication (``scan_valid``) now treat an impossible attribute block as damage."""
+    from metaq.record import scan_valid
+
+    damaged = bytearray(encode_record(b"\x00\x00\x00\x01"))
+    damaged[19] ^= FLAG_BIT0
+    assert scan_valid(damaged) == (0, 0) and valid_prefix(damaged) == 0
+    good = encode_record(b"ok", "attr")
+    assert scan_valid(good + damaged) == (len(good), 1)
+
+
+FLAG_BIT0 = 1
