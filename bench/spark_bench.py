@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import tempfile
 import time
@@ -120,24 +119,9 @@ async def client_read(host: str, port: int, ends: dict[int, int], fetch: int = 1
 
 
 def spark_session():
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    from pyspark.sql import SparkSession
+    from metaq.spark.session import local_session
 
-    from metaq.spark import MetaQDataSource
-
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("metaq-spark-bench")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.memory", "1g")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    spark.dataSource.register(MetaQDataSource)
-    return spark
+    return local_session("metaq-spark-bench", **{"spark.driver.memory": "1g"})
 
 
 def main() -> int:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -23,28 +21,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def spark() -> Iterator["object"]:
     pytest.importorskip("pyspark")
     pytest.importorskip("pyarrow")
-    # Executors are Python workers started by the JVM: they inherit this environment.
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if str(REPO) not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *paths])
-    from pyspark.sql import SparkSession
+    from metaq.spark.session import local_session
 
-    from metaq.spark import MetaQDataSource
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("metaq-spark-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.sql.streaming.stopTimeout", "10s")
-        .getOrCreate()
+    session = local_session(
+        "metaq-spark-tests",
+        **{"spark.sql.shuffle.partitions": "2", "spark.sql.streaming.stopTimeout": "10s"},
     )
-    session.sparkContext.setLogLevel("ERROR")
-    session.dataSource.register(MetaQDataSource)
     try:
         yield session
     finally:
