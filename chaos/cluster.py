@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,6 +139,10 @@ class ChaosCluster:
         self.proxy_mode = proxy_mode
         self.brokers: list[ChaosBroker] = []
         self._zk: KazooClient | None = None
+        # ZooKeeper JVMs die with the *thread* that forked them (PR_SET_PDEATHSIG, see
+        # metaq/zk/embedded.py): start them all from this one long-lived thread, never from
+        # the short-lived worker threads the runner's fault schedule runs in.
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chaos-zk-spawner")
 
     # --- set-up -------------------------------------------------------------------------
 
@@ -174,7 +179,7 @@ class ChaosCluster:
                 self.proxy.mode = "process"
         self.proxy.start()
         for zk in self.zks:
-            zk.start(timeout=timeout, wait=False)
+            self._start_zk(zk)
         for zk in self.zks:
             zk.wait_until_serving(timeout)
         self._zk = KazooClient(hosts=self.zk_connect, timeout=10)
@@ -212,8 +217,15 @@ class ChaosCluster:
             b.process.start(wait=False)
         self.wait_settled(timeout)
 
+    def _start_zk(self, zk: EmbeddedZooKeeper) -> None:
+        self._spawner.submit(zk.start, wait=False).result()
+
     def stop(self) -> None:
-        for b in sorted(self.brokers, key=lambda b: b.name.endswith("-a")):
+        masters: set[str] = set()
+        if self._zk is not None:
+            masters = {v.master for v in (self.view(g) for g in range(self.num_groups)) if v.master}
+        # Slaves first, so that stopping does not cause failovers.
+        for b in sorted(self.brokers, key=lambda b: b.url in masters):
             try:
                 b.process.stop(timeout=10)
             except Exception:  # pragma: no cover - best effort
@@ -227,6 +239,7 @@ class ChaosCluster:
             self._zk = None
         for zk in self.zks:
             zk.stop()
+        self._spawner.shutdown(wait=True)
         self.proxy.stop()
 
     def __enter__(self) -> "ChaosCluster":
@@ -336,14 +349,14 @@ class ChaosCluster:
     def restart_zk(self, index: int) -> None:
         zk = self.zks[index]
         if not zk.alive:
-            zk.start(wait=False)
+            self._start_zk(zk)
 
     def heal_all(self) -> list[str]:
         """Undo every fault: continue paused, restart dead, reconnect links, drop toxics."""
         done = []
         for i, zk in enumerate(self.zks):
             if not zk.alive:
-                zk.start(wait=False)
+                self._start_zk(zk)
                 done.append(f"restart zk{i + 1}")
         try:
             self.proxy.client.reset()
