@@ -35,7 +35,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from ..client.connection import BrokerConnection, ConnectionClosed
 from ..config import SlaveConfig
 from ..zk.paths import ZkPaths, parse_broker_node_name, parse_broker_url
-from .election import GroupState, eligibility, read_group_state, try_take_master
+from .election import GroupState, decode_epoch, eligibility, read_group_state, try_take_master
 from .epochs import EpochCache
 from .lease import ZkLease
 from .truncation import divergence_point
@@ -141,9 +141,7 @@ class HaCoordinator:
     def _epoch_changed(self, data: bytes | None) -> None:
         if not data:
             return
-        from .election import _decode_epoch
-
-        epoch, leader = _decode_epoch(data)
+        epoch, leader = decode_epoch(data)
         if epoch > self.epoch and self.machine.state is Role.LEADING:
             log.warning("epoch %d (leader %s) is newer than ours (%d): fencing", epoch, leader, self.epoch)
             self.post(Event.HIGHER_EPOCH)

@@ -42,7 +42,7 @@ class GroupState:
     sync_set_epoch: int | None
 
 
-def _decode_epoch(data: bytes) -> tuple[int, str | None]:
+def decode_epoch(data: bytes) -> tuple[int, str | None]:
     text = data.decode("utf-8").strip()
     if text.startswith("{"):
         value = json.loads(text)
@@ -72,7 +72,7 @@ def read_group_state(client: KazooClient, paths: ZkPaths, broker_id: int) -> Gro
         master_url = None
     try:
         data, stat = _get(client, paths.epoch(broker_id))
-        epoch, leader = _decode_epoch(data)
+        epoch, leader = decode_epoch(data)
         version = stat.version
     except NoNodeError:
         epoch, leader, version = 0, None, -1
@@ -141,3 +141,37 @@ def eligibility(
     if not replicas_healthy:
         return False, "a replicated partition is stopped (diverged); not a safe master"
     return True, f"async failover from the master of epoch {state.epoch}"
+
+
+def publish_sync_set(
+    client: KazooClient,
+    paths: ZkPaths,
+    broker_id: int,
+    epoch: int,
+    leader_url: str | None,
+    members: frozenset[int],
+    min_sync_slaves: int,
+) -> None:
+    """Write the sync set, only as the master of the current epoch, atomically so.
+
+    The transaction checks the epoch node's version: a deposed master's late write
+    (a retry after its session was lost) must never overwrite its successor's sync set.
+    Raises RuntimeError if this broker does not lead the current epoch.
+    """
+    path = paths.sync_set(broker_id)
+    epoch_path = paths.epoch(broker_id)
+    data = json.dumps({"slaves": sorted(members), "epoch": epoch, "min_sync_slaves": min_sync_slaves}).encode()
+    epoch_data, epoch_stat = _get(client, epoch_path)
+    zk_epoch, leader = decode_epoch(epoch_data)
+    if zk_epoch != epoch or (leader_url is not None and leader is not None and leader != leader_url):
+        raise RuntimeError(f"not the master of epoch {zk_epoch} (we are in {epoch}); sync set not written")
+    tx = client.transaction()
+    tx.check(epoch_path, epoch_stat.version)
+    if client.exists_async(path).get(timeout=ZK_CALL_TIMEOUT_S):
+        tx.set_data(path, data)
+    else:
+        tx.create(path, data)
+    results = tx.commit_async().get(timeout=ZK_CALL_TIMEOUT_S)
+    failed = [r for r in results if isinstance(r, Exception)]
+    if failed:
+        raise RuntimeError(f"sync set not written (the epoch changed?): {failed[0]!r}")

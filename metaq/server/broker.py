@@ -186,51 +186,17 @@ class Broker:
 
     async def _publish_sync_set(self, members: frozenset[int]) -> None:
         """Write the sync set to ZooKeeper (persistent: failover reads it after we are gone)."""
-        import json
-
+        from ..ha.election import publish_sync_set
         from ..zk.paths import ZkPaths
 
-        path = ZkPaths(self.config.zk.root).sync_set(self.config.broker_id)
-        data = json.dumps(
-            {"slaves": sorted(members), "epoch": self.epoch, "min_sync_slaves": self.config.min_sync_slaves}
-        ).encode()
-        client = self.registry.client
-        paths = ZkPaths(self.config.zk.root)
-        epoch_path = paths.epoch(self.config.broker_id)
-        coordinator = self.coordinator
-        epoch = self.epoch
-
-        def write() -> None:
-            # Only the master of the current epoch may write the sync set, and atomically
-            # so (check the epoch node's version in the same transaction): a deposed
-            # master's late publish must never overwrite its successor's sync set.
-            from ..ha.election import _decode_epoch
-
-            from kazoo.exceptions import NoNodeError
-
-            try:
-                epoch_data, epoch_stat = client.get(epoch_path)
-            except NoNodeError:  # no elections in this group (never the case with a coordinator)
-                if client.exists(path):
-                    client.set(path, data)
-                else:
-                    client.create(path, data, makepath=True)
-                return
-            zk_epoch, leader = _decode_epoch(epoch_data)
-            if zk_epoch != epoch or (coordinator is not None and leader is not None and leader != coordinator.my_url):
-                raise RuntimeError(f"not the master of epoch {zk_epoch} (we are {epoch}); sync set not written")
-            transaction = client.transaction()
-            transaction.check(epoch_path, epoch_stat.version)
-            if client.exists(path):
-                transaction.set_data(path, data)
-            else:
-                transaction.create(path, data)
-            results = transaction.commit()
-            failed = [r for r in results if isinstance(r, Exception)]
-            if failed:
-                raise RuntimeError(f"sync set not written (epoch changed?): {failed[0]!r}")
-
-        await asyncio.wait_for(asyncio.to_thread(write), self.config.sync_slave_timeout_ms / 1000 + 5)
+        leader = self.coordinator.my_url if self.coordinator is not None else None
+        await asyncio.wait_for(
+            asyncio.to_thread(
+                publish_sync_set, self.registry.client, ZkPaths(self.config.zk.root), self.config.broker_id,
+                self.epoch, leader, members, self.config.min_sync_slaves,
+            ),
+            self.config.sync_slave_timeout_ms / 1000 + 5,
+        )
 
     # --- lifecycle ------------------------------------------------------------------
 
