@@ -14,7 +14,6 @@ others, and other runs on the same machine, are untouched.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from metaq.process import ChildProcess
 from metaq.zk.embedded import EmbeddedZooKeeper, free_port
 from metaq.zk.paths import ZkPaths, broker_url
 from metaq.zk.session import zk_session
@@ -73,7 +73,7 @@ def _section(name: str, values: Mapping[str, Any]) -> str:
     return f"[{name}]\n{body}\n"
 
 
-class BrokerProcess:
+class BrokerProcess(ChildProcess):
     """One `metaq broker` OS process with its own server.ini, data dir and log file.
 
     ``topics`` maps a topic name to its partition count or to a dict of ``[topic=NAME]``
@@ -155,18 +155,6 @@ class BrokerProcess:
     @property
     def url(self) -> str:
         return broker_url(self.host, self.port)
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process else None
-
-    @property
-    def alive(self) -> bool:
-        return self._process is not None and self._process.poll() is None
-
-    @property
-    def returncode(self) -> int | None:
-        return self._process.poll() if self._process else None
 
     @property
     def zk_node(self) -> str:
@@ -253,47 +241,12 @@ class BrokerProcess:
                 f"{self.log_text(last_lines=30)}"
             )
 
-    def stop(self, timeout: float = 15.0) -> int | None:
-        """SIGTERM (a clean shutdown), then SIGKILL if it takes longer than ``timeout``."""
-        if self.alive:
-            self.resume()  # a SIGSTOPped process would not see SIGTERM
-            self._signal(signal.SIGTERM)
-            try:
-                self._process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        return self._reap()
-
-    def kill(self) -> int | None:
-        """SIGKILL: a crash, leaving its ZK session to expire on its own."""
-        if self.alive:
-            self._signal(signal.SIGKILL)
-            self._process.wait()
-        return self._reap()
-
-    def pause(self) -> None:
-        self._signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        self._signal(signal.SIGCONT)
-
     def restart(self, kill: bool = False, **start_kwargs: Any) -> "BrokerProcess":
         if kill:
             self.kill()
         else:
             self.stop()
         return self.start(**start_kwargs)
-
-    def _signal(self, signum: int) -> None:
-        if self.alive:
-            os.kill(self._process.pid, signum)
-
-    def _reap(self) -> int | None:
-        code = self._process.poll() if self._process else None
-        if self._log_handle is not None:
-            self._log_handle.close()
-            self._log_handle = None
-        return code
 
 
 class BrokerFactory:

@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..process import ChildProcess
+
 log = logging.getLogger(__name__)
 
 DEBIAN_JAR_DIR = Path("/usr/share/java")
@@ -192,7 +194,7 @@ class Peer:
         return f"server.{self.server_id}={self.host}:{self.peer_port}:{self.election_port}"
 
 
-class EmbeddedZooKeeper:
+class EmbeddedZooKeeper(ChildProcess):
     """One ZooKeeper server JVM: ``start()``, ``stop()``, ``kill()``, ``pause()``/``resume()``.
 
     ``port=0`` picks a free port. Without ``data_dir`` a temporary directory is used and
@@ -235,14 +237,6 @@ class EmbeddedZooKeeper:
     @property
     def connect_string(self) -> str:
         return f"{self.host}:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process else None
-
-    @property
-    def alive(self) -> bool:
-        return self._process is not None and self._process.poll() is None
 
     @property
     def log_path(self) -> Path | None:
@@ -407,49 +401,13 @@ class EmbeddedZooKeeper:
         match = re.search(r"^Mode: (\w+)", reply, re.MULTILINE)
         return match.group(1) if match else None
 
-    def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM, then SIGKILL after ``grace`` seconds. Idempotent."""
-        if self._process is not None and self._process.poll() is None:
-            self.resume()  # a stopped process would ignore SIGTERM until continued
-            self._signal(signal.SIGTERM)
-            try:
-                self._process.wait(grace)
-            except subprocess.TimeoutExpired:
-                log.warning("ZooKeeper pid %d ignored SIGTERM for %.0fs, killing it", self._process.pid, grace)
-                self.kill()
-        self._reap()
+    def stop(self, grace: float = 10.0) -> int | None:  # type: ignore[override]
+        """SIGTERM, then SIGKILL after ``grace`` seconds; a temporary data dir goes too. Idempotent."""
+        code = super().stop(grace)
         if self._owns_data_dir and self.data_dir is not None:
             shutil.rmtree(self.data_dir, ignore_errors=True)
             self.data_dir = None
-
-    def kill(self) -> None:
-        """SIGKILL, like a crash; the data dir stays, so ``start()`` recovers the same state."""
-        if self._process is not None and self._process.poll() is None:
-            self._signal(signal.SIGKILL)
-            self._process.wait()
-        self._reap()
-
-    def pause(self) -> None:
-        """SIGSTOP: the server freezes, clients time out, sessions expire after it resumes."""
-        self._signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        self._signal(signal.SIGCONT)
-
-    def _signal(self, signum: int) -> None:
-        if self._process is not None and self._process.poll() is None:
-            # By pid only: never touch processes we did not start.
-            os.kill(self._process.pid, signum)
-
-    def _reap(self) -> None:
-        if self._process is not None:
-            try:
-                self._process.wait(5)
-            except subprocess.TimeoutExpired:
-                pass
-        if self._log_handle is not None:
-            self._log_handle.close()
-            self._log_handle = None
+        return code
 
     def __enter__(self) -> "EmbeddedZooKeeper":
         return self.start()
