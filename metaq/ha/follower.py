@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RETRIABLE = (ConnectionClosed, ConnectionError, asyncio.TimeoutError, OSError)
+#: Async mode: after a fetch smaller than this, wait LINGER_S before the next one.
+BATCH_BYTES = 256 * 1024
+LINGER_S = 0.002
 
 
 class MasterFollower:
@@ -52,6 +55,7 @@ class MasterFollower:
         self.replicas: dict[tuple[str, int], PartitionReplica] = {}
         self.master_url: str | None = None
         self.master_config_checksum: str | None = None
+        self.master_mode = "async"
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conn: BrokerConnection | None = None
         self._conn_lock = asyncio.Lock()
@@ -171,6 +175,7 @@ class MasterFollower:
         if not reply.ok:
             raise ConnectionError(f"master answered topics with {reply.code}: {reply.message}")
         master_topics: dict[str, int] = reply["topics"]
+        self.master_mode = reply.get("replication_mode", "async")
         own = self.broker.config
         if self.slave.auto_sync_master_config:
             config_reply = await conn.request({"op": "config"}, timeout=10)
@@ -224,8 +229,13 @@ class MasterFollower:
         while not self._stopped:
             try:
                 conn = await self._connection()
+                appended = replica.log.log_end
                 await replica.fetch_once(conn)
                 delay = 0.0
+                if self.master_mode != "sync" and 0 < replica.log.log_end - appended < BATCH_BYTES:
+                    # Async: nobody waits for our position, so let a busy master's puts
+                    # gather for a moment instead of fetching them one small reply at a time.
+                    await asyncio.sleep(LINGER_S)
             except ReplicaDiverged as exc:
                 replica.stop(str(exc))
                 return

@@ -249,7 +249,10 @@ class RequestHandlers:
         broker = self.broker
         topics = {name: cfg.num_partitions for name, cfg in broker.config.topics.items()}
         return (
-            c.reply_header(req.opaque, c.OK, topics=topics, broker_id=broker.config.broker_id, role=broker.role_name, epoch=broker.epoch),
+            c.reply_header(
+                req.opaque, c.OK, topics=topics, broker_id=broker.config.broker_id, role=broker.role_name,
+                epoch=broker.epoch, replication_mode=broker.config.replication_mode,
+            ),
             b"",
         )
 
