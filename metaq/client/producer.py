@@ -39,8 +39,11 @@ log = logging.getLogger(__name__)
 
 #: The broker takes at most this many messages in one put.
 MAX_BATCH_COUNT = 4096
-#: How long a broker that refused a connection is skipped when choosing partitions.
+#: How long a broker that refused a connection is skipped when choosing partitions,
+#: unless a background probe reaches it again sooner.
 SUSPECT_SECONDS = 2.0
+#: How often a skipped broker is probed: a broker that restarts is used again within this.
+PROBE_INTERVAL_S = 0.2
 
 
 class SendFailure(Exception):
@@ -86,6 +89,7 @@ class AsyncMessageProducer:
         self.config = config
         self.selector: PartitionSelector = selector or RoundRobinPartitionSelector()
         self._suspects: dict[int, float] = {}  # broker id -> monotonic time until skipped
+        self._probes: dict[int, asyncio.Task[None]] = {}  # broker id -> reconnect probe
         self._in_flight: set[asyncio.Task[object]] = set()
         self._closed = False
 
@@ -161,6 +165,8 @@ class AsyncMessageProducer:
         self._closed = True
         if self._in_flight:
             await asyncio.gather(*list(self._in_flight), return_exceptions=True)
+        for probe in list(self._probes.values()):
+            probe.cancel()
 
     # --- internals ------------------------------------------------------------------------
 
@@ -172,8 +178,36 @@ class AsyncMessageProducer:
         """Writable partitions, minus those of brokers that just refused us (if others remain)."""
         partitions = self.cluster.snapshot.writable_partitions(topic)
         now = time.monotonic()
-        healthy = [p for p in partitions if self._suspects.get(p.broker_id, 0) <= now]
+        suspects = {p.broker_id for p in partitions if self._suspects.get(p.broker_id, 0) > now}
+        for broker_id in suspects:
+            self._start_probe(broker_id)
+        healthy = [p for p in partitions if p.broker_id not in suspects]
         return healthy or partitions
+
+    def _start_probe(self, broker_id: int) -> None:
+        """Reconnect to a skipped broker in the background; success ends its suspicion.
+
+        Without this a broker that restarted quickly would still be skipped for the rest of
+        SUSPECT_SECONDS, and a producer sending steadily would keep all its load elsewhere.
+        """
+        if broker_id in self._probes or self._closed:
+            return
+        broker = self.cluster.snapshot.brokers.get(broker_id)
+        if broker is None or not broker.master:
+            return
+        host, port = parse_broker_url(broker.master)
+
+        async def probe() -> None:
+            try:
+                await asyncio.sleep(PROBE_INTERVAL_S)  # at most one connect attempt per interval
+                await self.pool.get(host, port)
+            except (ConnectionClosed, OSError, asyncio.TimeoutError):
+                return
+            finally:
+                self._probes.pop(broker_id, None)
+            self._suspects.pop(broker_id, None)
+
+        self._probes[broker_id] = asyncio.create_task(probe())
 
     def _failed(self, message: Message, error: str, **fields: object) -> SendResult:
         return SendResult(False, error_message=error, topic=message.topic, **fields)  # type: ignore[arg-type]

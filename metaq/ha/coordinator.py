@@ -185,14 +185,20 @@ class HaCoordinator:
             if new is Role.STOPPED:
                 return
 
-    async def _evaluate(self) -> None:
-        """Look at ZooKeeper afresh and post what we see."""
+    async def _read_state(self) -> GroupState | None:
+        """The group's state in ZooKeeper; None (and a re-evaluation queued) if it cannot be read."""
         try:
-            state = await asyncio.to_thread(read_group_state, self.zk, self.paths, self.broker_id)
+            return await asyncio.to_thread(read_group_state, self.zk, self.paths, self.broker_id)
         except ZK_ERRORS as exc:
             log.warning("cannot read the group's state from ZooKeeper (%s); retrying", exc)
             await asyncio.sleep(0.2)
             self.post(Event.MASTER_GONE, "re-evaluate")
+            return None
+
+    async def _evaluate(self) -> None:
+        """Look at ZooKeeper afresh and post what we see."""
+        state = await self._read_state()
+        if state is None:
             return
         self.epoch = max(self.epoch, state.epoch)
         if state.master_url is None:
@@ -260,12 +266,8 @@ class HaCoordinator:
 
     async def _consider_election(self) -> bool:
         """Post ELIGIBLE (and return True) if the election rules let us try to take over."""
-        try:
-            state = await asyncio.to_thread(read_group_state, self.zk, self.paths, self.broker_id)
-        except ZK_ERRORS as exc:
-            log.warning("cannot read the group's state (%s)", exc)
-            await asyncio.sleep(0.2)
-            self.post(Event.MASTER_GONE, "re-evaluate")
+        state = await self._read_state()
+        if state is None:
             return False
         if state.master_url is not None:
             if state.master_url != self.my_url:

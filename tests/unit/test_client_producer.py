@@ -10,7 +10,7 @@ from metaq.client.cluster import ClusterSnapshot
 from metaq.client.config import MetaClientConfig
 from metaq.client.connection import ConnectionClosed, Reply
 from metaq.client.message import Message, Partition
-from metaq.client.producer import AsyncMessageProducer, classify_reply
+from metaq.client.producer import PROBE_INTERVAL_S, SUSPECT_SECONDS, AsyncMessageProducer, classify_reply
 from metaq.client.routing import BrokerAddresses
 from metaq.client.selector import KeyHashPartitionSelector
 from metaq.protocol import commands as c
@@ -119,6 +119,25 @@ def test_unreachable_broker_is_skipped_for_the_next_sends() -> None:
     results = asyncio.run(scenario())
     assert all(r.success for r in results)
     assert {r.partition.broker_id for r in results} == {1}
+
+
+def test_a_skipped_broker_is_used_again_once_a_probe_reaches_it() -> None:
+    pool = FakePool({0: [], 1: []}, refuse={9000})
+    p = producer(pool)
+
+    async def scenario():
+        before = [await p.send_message(Message("t", b"x")) for _ in range(4)]
+        pool.refuse = set()  # broker 0 is back
+        await p.send_message(Message("t", b"x"))  # a send while it is skipped starts the probe
+        await asyncio.sleep(PROBE_INTERVAL_S * 3)
+        after = [await p.send_message(Message("t", b"x")) for _ in range(4)]
+        return before, after
+
+    before, after = asyncio.run(scenario())
+    assert {r.partition.broker_id for r in before} == {1}
+    # Well before SUSPECT_SECONDS: round robin covers both brokers again.
+    assert PROBE_INTERVAL_S * 3 < SUSPECT_SECONDS
+    assert all(r.success for r in after) and {r.partition.broker_id for r in after} == {0, 1}
 
 
 def test_retries_are_bounded_and_end_in_a_clear_error() -> None:
