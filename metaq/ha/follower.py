@@ -216,6 +216,7 @@ class MasterFollower:
             self.replicas[(topic, partition)] = replica
         if replica.stopped:
             return
+        replica.report_positions = self.master_mode == "sync"  # acks wait on our position
         replica.status.state = "following"
         self._tasks[(topic, partition)] = asyncio.ensure_future(self._replicate(replica))
 

@@ -9,6 +9,10 @@ log at the same offsets.** It holds because
   fetch may end inside a record: that tail is fetched again next time);
 * appends of one partition happen in one task, one after the other.
 
+Progress reports (``position``, sync masters only) carry an offset that is
+already in the local log, always the end of a whole record: the master may ack
+any put that ends at or before it, so a report must never run ahead of the log.
+
 Anything that would break the invariant stops the partition with a clear error
 and a metric instead (MetaQ's slave could silently diverge, notes §9.3):
 a reply at another offset, a complete record with a bad CRC, a master log that
@@ -38,6 +42,8 @@ log = logging.getLogger(__name__)
 # Bigger than a consumer's: in sync mode every ack waits for a replica fetch round
 # trip, so one fetch must carry whole large batches.
 DEFAULT_FETCH_SIZE = 8 * 1024 * 1024
+#: Sync mode: a fetch reply larger than this is appended, and its progress reported, in pieces.
+REPORT_PIECE_BYTES = 256 * 1024
 
 
 class StaleMaster(ConnectionError):
@@ -84,6 +90,8 @@ class PartitionReplica:
         self.max_delay_ms = max_delay_ms
         self.fetch_size = fetch_size
         self.status = ReplicaStatus()
+        #: Report progress within large replies (the follower sets it for sync masters).
+        self.report_positions = False
 
     @property
     def name(self) -> str:
@@ -118,7 +126,8 @@ class PartitionReplica:
         if reply.code == c.FORBIDDEN and "epoch" in reply.message:
             raise StaleMaster(f"{self.name}: {reply.message}")
         if reply.code == c.OK:
-            return self._append_reply(offset, reply.header, reply.body)
+            report = self._reporter(conn) if self.report_positions else None
+            return self._append_reply(offset, reply.header, reply.body, report)
         if reply.code == c.NOT_FOUND:
             master_end = reply.get("log_end")
             if master_end is None:
@@ -135,6 +144,17 @@ class PartitionReplica:
             return self._moved(offset, int(reply.get("offset", -1)))
         raise ConnectionError(f"{self.name}: master answered {reply.code}: {reply.message}")
 
+    def _reporter(self, conn: "BrokerConnection") -> Callable[[int], None]:
+        def report(log_end: int) -> None:
+            header = {"op": "position", "topic": self.topic, "partition": self.partition,
+                      "replica": {**self.replica_info(), "log_end": log_end}}
+            try:
+                conn.send(header).add_done_callback(_ignore_reply)
+            except ConnectionError:
+                pass  # the next fetch finds the connection closed and reconnects
+
+        return report
+
     def _note_master(self, header: dict[str, Any]) -> None:
         self.status.master_log_end = int(header.get("log_end", self.status.master_log_end))
         committed = int(header.get("committed", self.status.master_committed))
@@ -142,19 +162,35 @@ class PartitionReplica:
             self.status.master_committed = committed
             self.on_appended(self.topic, self.partition)
 
-    def _append_reply(self, offset: int, header: dict[str, Any], body: bytearray) -> bool:
+    def _append_reply(
+        self, offset: int, header: dict[str, Any], body: bytearray, report: Callable[[int], None] | None = None
+    ) -> bool:
         if header.get("offset") != offset:
             raise ReplicaDiverged(f"{self.name}: asked for offset {offset}, master answered from {header.get('offset')}")
-        whole, count = scan_valid(body, self.log.max_message_size)
+        view = memoryview(body)
+        whole, count = 0, 0
+        # A large reply is checked and appended a piece at a time, each piece's end
+        # reported at once (``report``), so that a sync master can ack the first puts
+        # of the reply without waiting for the slave's CRC check of all of it.
+        piece = REPORT_PIECE_BYTES if report is not None else len(body)
+        while whole < len(body):
+            size, n = scan_valid(view[whole : whole + piece], self.log.max_message_size)
+            if size == 0 and piece < len(body) - whole:
+                size, n = scan_valid(view[whole:], self.log.max_message_size)  # one record bigger than a piece
+            if size == 0:
+                break
+            start = self.log.append(view[whole : whole + size])
+            assert start == offset + whole, "append must continue the log exactly where the fetch started"
+            whole += size
+            count += n
+            if report is not None and whole < len(body):
+                report(offset + whole)
         if whole < len(body):
             self._check_tail(offset, body, whole)
         if whole:
-            start = self.log.append(memoryview(body)[:whole])
-            assert start == offset, "append must continue the log exactly where the fetch started"
-            end = start + whole
             self.status.appended_bytes += whole
             self.status.appended_messages += count
-            self._schedule_flush(end, count)
+            self._schedule_flush(offset + whole, count)
         self._note_master(header)
         if self.log.log_end >= self.status.master_log_end:
             self.status.caught_up_at = time.time()
@@ -195,6 +231,12 @@ class PartitionReplica:
         self.status.error = error
         self.status.divergences += 1
         log.error("replication of %s stopped: %s", self.name, error)
+
+
+def _ignore_reply(future: "asyncio.Future[Any]") -> None:
+    """A position report needs no answer: a refusal (new epoch) shows in the next fetch."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _log_flush_error(task: "asyncio.Future[None]") -> None:

@@ -19,9 +19,14 @@ carries ``code`` (MetaQ's HTTP-like result codes) and, on errors, ``msg``.
     epochs     topic, partition                                     -               200 entries [[epoch, start_offset], ...]
     checksum   topic, partition, start, end                         -               200 start end crc (CRC32 of the log bytes
                                                                                         in [start, end), end clamped to log end)
+    position   topic, partition, replica: {slave_id, epoch,         -               200 committed log_end epoch
+               log_end}
 
 ``get`` with a ``replica`` field is a slave's fetch: it reads past the committed
 offset (up to the log end) and reports the slave's progress to the master.
+``position`` reports that progress alone: a slave of a sync master sends it while it
+appends a large fetch reply piece by piece, so the puts in the first pieces are acked
+without waiting for the whole reply to be checked and written.
 """
 
 from __future__ import annotations
@@ -81,6 +86,7 @@ REQUEST_FIELDS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
     "epoch_end": {"topic": (str, _REQUIRED), "partition": (int, _REQUIRED), "epoch": (int, _REQUIRED)},
     "epochs": {"topic": (str, _REQUIRED), "partition": (int, _REQUIRED)},
     "checksum": {"topic": (str, _REQUIRED), "partition": (int, _REQUIRED), "start": (int, _REQUIRED), "end": (int, _REQUIRED)},
+    "position": {"topic": (str, _REQUIRED), "partition": (int, _REQUIRED), "replica": (dict, _REQUIRED)},
 }
 
 #: Commands that may be sent as a plain-text line.

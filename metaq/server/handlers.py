@@ -155,6 +155,26 @@ class RequestHandlers:
             return reply if reply is not None else self._no_data(req, log)
         return self._long_poll(req, log, max_bytes)
 
+    def _position(self, req: c.Request) -> Reply:
+        """A slave's log end, reported between fetches (see replica.py: pieces of a large reply)."""
+        self._topic(req.topic)
+        log = self._log(req.topic, req.partition)
+        replica = req.replica
+        log_end = replica.get("log_end")
+        if not isinstance(log_end, int) or log_end < 0:
+            raise c.RequestError(c.BAD_REQUEST, "position: replica needs a non-negative integer 'log_end'")
+        self._check_replica_epoch(replica)
+        self.stats.partition(req.topic, req.partition).replica_positions += 1
+        self.broker.replica_fetched(req.topic, req.partition, log_end, replica, req.origin)
+        header = c.reply_header(
+            req.opaque,
+            c.OK,
+            committed=self.broker.committed(req.topic, req.partition, log),
+            log_end=log.log_end,
+            epoch=self.broker.epoch,
+        )
+        return header, b""
+
     def _check_replica_epoch(self, replica: dict[str, Any]) -> None:
         """Replication only between a master and slaves of the same epoch (fencing)."""
         broker = self.broker
@@ -314,7 +334,7 @@ class RequestHandlers:
         if item == "topics":
             pairs: list[tuple[str, object]] = []
             for topic, t in sorted(self.stats.topic_totals().items()):
-                pairs.append((topic, f"put_messages={t.put_messages} put_bytes={t.put_bytes} get_requests={t.get_requests} get_bytes={t.get_bytes} get_miss={t.get_miss} replica_get_bytes={t.replica_get_bytes}"))
+                pairs.append((topic, f"put_messages={t.put_messages} put_bytes={t.put_bytes} get_requests={t.get_requests} get_bytes={t.get_bytes} get_miss={t.get_miss} replica_get_bytes={t.replica_get_bytes} replica_positions={t.replica_positions}"))
             return stats_text.render(pairs)
         if item == "offsets":
             return stats_text.render(broker.offset_pairs())

@@ -22,6 +22,7 @@ class PartitionCounters:
     get_miss: int = 0
     replica_get_requests: int = 0
     replica_get_bytes: int = 0
+    replica_positions: int = 0  # position reports of sync slaves between fetches
 
 
 @dataclass

@@ -206,6 +206,32 @@ def test_consumers_see_only_flushed_bytes_in_interval_mode_but_replicas_see_the_
     run(scenario())
 
 
+def test_position_reports_a_slaves_log_end_and_refuses_bad_reports(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with running(tmp_path) as (broker, conn):
+            put = await conn.request(put_header("gc"), record.encode_batch([(b"x" * 10, None)] * 3))
+            end = put["end_offset"]
+            position = {"op": "position", "topic": "gc", "partition": 0}
+            reply = await conn.request({**position, "replica": {"slave_id": 4, "epoch": 0, "log_end": end}})
+            assert reply.code == 200 and reply["log_end"] == end and reply["epoch"] == 0
+            assert broker.progress.position(4, "gc", 0) == end
+            bad = [
+                ({**position}, 400, "replica"),
+                ({**position, "replica": {"slave_id": 4, "epoch": 0}}, 400, "log_end"),
+                ({**position, "replica": {"slave_id": 4, "epoch": 0, "log_end": "x"}}, 400, "log_end"),
+                ({**position, "replica": {"slave_id": 4, "epoch": 0, "log_end": -1}}, 400, "log_end"),
+                ({**position, "replica": {"slave_id": 4, "log_end": 0}}, 400, "epoch"),
+                ({**position, "replica": {"slave_id": 4, "epoch": 9, "log_end": 0}}, 403, "epoch"),
+                ({**position, "topic": "nope", "replica": {"slave_id": 4, "epoch": 0, "log_end": 0}}, 404, "nope"),
+            ]
+            for header, code, word in bad:
+                reply = await conn.request(header)
+                assert reply.code == code and word in reply.message, (header, reply.code, reply.message)
+            assert broker.progress.position(4, "gc", 0) == end, "a refused report changes nothing"
+
+    run(scenario())
+
+
 # --- stats --------------------------------------------------------------------------------------
 
 

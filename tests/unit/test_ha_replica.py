@@ -1,0 +1,90 @@
+"""A slave partition appending fetch replies: whole, CRC-valid records only, and (sync
+masters) its progress reported piece by piece within a large reply."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from metaq import record
+from metaq.ha.replica import REPORT_PIECE_BYTES, PartitionReplica, ReplicaDiverged
+from metaq.store.log import PartitionLog
+
+
+class NoFlush:
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []
+
+    async def appended(self, end: int, count: int) -> None:
+        self.calls.append((end, count))
+
+
+def make_replica(tmp_path: Path) -> PartitionReplica:
+    log = PartitionLog(tmp_path / "t-0", max_segment_size=64 << 20)
+    return PartitionReplica("t", 0, log, NoFlush(), lambda: {"slave_id": 1, "epoch": 0}, lambda *_: None, 100)  # type: ignore[arg-type]
+
+
+def records(count: int, size: int = 100) -> bytearray:
+    return bytearray(record.encode_batch([(bytes([i % 251]) * size, None) for i in range(count)]))
+
+
+def append(replica: PartitionReplica, body: bytearray, reports: list[int] | None) -> bool:
+    header = {"offset": replica.log.log_end, "log_end": replica.log.log_end + len(body), "committed": 0}
+
+    async def go() -> bool:  # the flush is scheduled as a task: needs a running loop
+        return replica._append_reply(header["offset"], header, body, None if reports is None else reports.append)
+
+    return asyncio.run(go())
+
+
+def test_a_large_reply_is_reported_piece_by_piece_at_record_boundaries(tmp_path: Path) -> None:
+    replica = make_replica(tmp_path)
+    body = records(10_000)  # about 1.2 MB: several pieces
+    reports: list[int] = []
+    assert append(replica, body, reports)
+    assert replica.log.log_end == len(body)
+    assert replica.log.read(0, len(body)) == bytes(body), "the log is the reply, byte for byte"
+    assert len(reports) >= len(body) // REPORT_PIECE_BYTES - 1
+    assert reports == sorted(set(reports)) and reports[-1] < len(body), "the last position goes with the next fetch"
+    boundaries = set(record.record_ends(body))
+    assert set(reports) <= boundaries, "a reported position is always the end of a whole record"
+    assert replica.status.appended_messages == 10_000
+
+
+def test_a_reply_without_reporting_is_appended_in_one_go(tmp_path: Path) -> None:
+    replica = make_replica(tmp_path)
+    body = records(10_000)
+    assert append(replica, body, None)
+    assert replica.log.log_end == len(body) and replica.log.read(0, len(body)) == bytes(body)
+
+
+def test_a_bad_record_in_a_later_piece_keeps_what_came_before_and_stops(tmp_path: Path) -> None:
+    replica = make_replica(tmp_path)
+    body = records(10_000)
+    ends = record.record_ends(body)
+    bad = ends[5_000]  # the record after the 5,001st: far into a later piece
+    body[bad + record.HEADER_SIZE + 3] ^= 0xFF  # payload byte: the CRC no longer matches
+    reports: list[int] = []
+    with pytest.raises(ReplicaDiverged, match="CRC"):
+        append(replica, body, reports)
+    assert replica.log.log_end == bad, "every whole record before the bad one, nothing after"
+    assert all(r <= bad for r in reports)
+
+
+def test_a_record_bigger_than_a_piece_is_appended_whole(tmp_path: Path) -> None:
+    replica = make_replica(tmp_path)
+    body = records(3) + records(1, size=REPORT_PIECE_BYTES * 2) + records(3)
+    reports: list[int] = []
+    assert append(replica, body, reports)
+    assert replica.log.log_end == len(body)
+    assert set(reports) <= set(record.record_ends(body))
+
+
+def test_a_reply_cut_inside_a_record_keeps_the_cut_record_for_the_next_fetch(tmp_path: Path) -> None:
+    replica = make_replica(tmp_path)
+    full = records(5_000)
+    cut = full[: len(full) - 50]
+    assert append(replica, cut, [])
+    assert replica.log.log_end == record.record_ends(cut)[-1]
