@@ -27,7 +27,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from metaq.client.connection import BrokerConnection  # noqa: E402
-from metaq.record import encode_batch, iter_records, record_ends  # noqa: E402
+from metaq.record import encode_batch  # noqa: E402
+
+from bench.common import fetch_sequentially  # noqa: E402
 
 WINDOW = 32  # puts in flight on the connection
 
@@ -155,26 +157,11 @@ async def fetch(port: int, expected: int, decode: bool) -> dict[str, float]:
         if probe.get("committed") == probe.get("log_end"):
             break
         await asyncio.sleep(0.05)
-    offset, got, nbytes = 0, 0, 0
     start = time.perf_counter()
-    while got < expected:
-        reply = await conn.request(
-            {"op": "get", "topic": "bench", "partition": 0, "offset": offset, "max_size": 1024 * 1024, "max_wait_ms": 3000}
-        )
-        if reply.code != 200:
-            raise RuntimeError(f"fetch at {offset}: {reply.code} {reply.message}")
-        if decode:
-            records = list(iter_records(reply.body, offset))
-            got += len(records)
-            offset = records[-1].offset + records[-1].size
-        else:
-            ends = record_ends(reply.body, offset)
-            got += len(ends)
-            offset = ends[-1]
-        nbytes += len(reply.body)
+    nbytes = await fetch_sequentially(conn, "bench", expected, decode)
     elapsed = time.perf_counter() - start
     conn.close()
-    return {"msgs_per_s": got / elapsed, "mb_per_s": nbytes / elapsed / 1e6}
+    return {"msgs_per_s": expected / elapsed, "mb_per_s": nbytes / elapsed / 1e6}
 
 
 def main() -> None:

@@ -32,9 +32,11 @@ sys.path.insert(0, str(REPO))
 
 from metaq.client import AsyncMessageSessionFactory, ConsumerConfig, Message, MetaClientConfig  # noqa: E402
 from metaq.client.connection import BrokerConnection  # noqa: E402
-from metaq.record import encode_batch, iter_records, record_ends  # noqa: E402
+from metaq.record import encode_batch  # noqa: E402
 from metaq.zk.embedded import EmbeddedZooKeeper, free_port  # noqa: E402
 from metaq.zk.paths import ZkPaths  # noqa: E402
+
+from bench.common import fetch_sequentially  # noqa: E402
 
 TOPICS = ("raw", "client")
 
@@ -88,19 +90,8 @@ async def raw_produce(port: int, n: int, size: int, batch: int, in_flight: int) 
 async def raw_consume(port: int, n: int, decode: bool = False) -> float:
     """Sequential gets; records only delimited (the broker's figure), or also decoded."""
     conn = await BrokerConnection.open("127.0.0.1", port)
-    offset, seen = 0, 0
     started = time.perf_counter()
-    while seen < n:
-        reply = await conn.request({"op": "get", "topic": "raw", "partition": 0, "offset": offset, "max_size": 1 << 20, "max_wait_ms": 1000})
-        assert reply.ok, reply.header
-        if decode:
-            records = list(iter_records(reply.body, offset))
-            seen += len(records)
-            offset = records[-1].offset + records[-1].size
-        else:
-            ends = record_ends(reply.body, offset)
-            seen += len(ends)
-            offset = ends[-1]
+    await fetch_sequentially(conn, "raw", n, decode, max_wait_ms=1000)
     elapsed = time.perf_counter() - started
     conn.close()
     return elapsed
