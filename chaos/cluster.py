@@ -2,7 +2,8 @@
 
 ::
 
-    clients / slaves ──► proxy "peer-{broker}" ──► broker (advertisedAddress = the proxy port)
+    slaves, returning brokers ──► proxy "peer-{broker}" ──► broker (advertisedAddress = this proxy)
+    clients (the workload)    ──► proxy "client-{broker}" ──► broker (the clients' address_map)
     broker ──► proxy "zk{i}-{broker}" ──► ZooKeeper node i   (zk.zkConnect lists these proxies)
     runner's own ZK clients (monitor, real-client producer) ──► ZooKeeper directly
 
@@ -11,10 +12,13 @@
 * ``groups`` broker groups, each a master ``g{id}-a`` (started without ``--slave``, so it
   founds the group) and a slave ``g{id}-b`` (``slaveId=1``), in ``sync`` mode
   (``onSyncSlaveLoss=degrade``) or ``async`` mode (``autoFailover=true``).
-* Because a broker registers its *advertised* address, cutting ``peer-{broker}`` cuts all
-  its TCP peers at once (clients, and its slaves if it is the master / its master if it is
-  a slave); cutting its ``zk*`` proxies isolates it from ZooKeeper while clients still reach
-  it (the split-brain case). UDP heartbeats are not proxied; they never decide mastership.
+* A broker registers its *advertised* address, so brokers reach each other through
+  ``peer-{broker}``. The workload's clients map each advertised address to the broker's
+  ``client-{broker}`` proxy instead (``MetaClientConfig.address_map``; the raw producers and
+  readers do the same). So the links can be cut apart: ``peer-*`` alone is the master-slave
+  link, ``client-*`` alone the client-broker link, both together all TCP peers; cutting its
+  ``zk*`` proxies isolates a broker from ZooKeeper while clients still reach it (the
+  split-brain case). UDP heartbeats are not proxied; they never decide mastership.
 
 Every process is started and signalled by its own pid.
 """
@@ -63,13 +67,15 @@ class GroupView:
 
 
 class ChaosBroker:
-    """A broker process plus its two proxies."""
+    """A broker process plus its proxies (brokers' link, clients' link, one per ZooKeeper node)."""
 
-    def __init__(self, process: BrokerProcess, group: int, peer_proxy: str, peer_port: int, zk_proxies: list[str]):
+    def __init__(self, process: BrokerProcess, group: int, peer_port: int, client_port: int, zk_proxies: list[str]):
         self.process = process
         self.group = group
-        self.peer_proxy = peer_proxy
+        self.peer_proxy = f"peer-{process.name}"
         self.peer_port = peer_port
+        self.client_proxy = f"client-{process.name}"
+        self.client_port = client_port
         self.zk_proxies = zk_proxies
         self.paused = False
 
@@ -196,9 +202,9 @@ class ChaosCluster:
                     client.create(upstream=zk.connect_string, name=proxy_name, listen=f"127.0.0.1:{port}")
                     zk_names.append(proxy_name)
                     zk_ports.append(port)
-                server_port = free_port()
-                peer_port = free_port()
+                server_port, peer_port, client_port = free_port(), free_port(), free_port()
                 client.create(upstream=f"127.0.0.1:{server_port}", name=f"peer-{name}", listen=f"127.0.0.1:{peer_port}")
+                client.create(upstream=f"127.0.0.1:{server_port}", name=f"client-{name}", listen=f"127.0.0.1:{client_port}")
                 zk_connect = ",".join(f"127.0.0.1:{p}" for p in zk_ports)
                 process = BrokerProcess(
                     self.work_dir, zk_connect, group, {self.topic: self.partitions},
@@ -206,7 +212,7 @@ class ChaosCluster:
                     {"slaveId": 1} if role == "b" else None, self.zk_root,
                     name=name, zookeeper={"zk.zkSessionTimeoutMs": self.session_ms},
                 )
-                self.brokers.append(ChaosBroker(process, group, f"peer-{name}", peer_port, zk_names))
+                self.brokers.append(ChaosBroker(process, group, peer_port, client_port, zk_names))
         masters = [b for b in self.brokers if b.name.endswith("-a")]
         slaves = [b for b in self.brokers if b.name.endswith("-b")]
         for b in masters:
@@ -327,21 +333,42 @@ class ChaosCluster:
         for name in b.zk_proxies:
             self._proxy(name).enable()
 
-    def cut_peers(self, b: ChaosBroker) -> None:
-        self._proxy(b.peer_proxy).disable()
+    def cut_peers(self, b: ChaosBroker, links: tuple[str, ...] = ("brokers", "clients")) -> None:
+        """Cut a broker's TCP links: ``brokers`` (master-slave), ``clients``, or both."""
+        for name in self._link_proxies(b, links):
+            self._proxy(name).disable()
 
-    def heal_peers(self, b: ChaosBroker) -> None:
-        self._proxy(b.peer_proxy).enable()
+    def heal_peers(self, b: ChaosBroker, links: tuple[str, ...] = ("brokers", "clients")) -> None:
+        for name in self._link_proxies(b, links):
+            self._proxy(name).enable()
+
+    @staticmethod
+    def _link_proxies(b: ChaosBroker, links: tuple[str, ...]) -> list[str]:
+        return [{"brokers": b.peer_proxy, "clients": b.client_proxy}[link] for link in links]
 
     def add_toxic(self, b: ChaosBroker, kind: str, **attributes: Any) -> None:
-        proxy = self._proxy(b.peer_proxy)
-        for stream in ("upstream", "downstream"):
-            proxy.add_toxic(name=f"{kind}_{stream}", type=kind, stream=stream, attributes=attributes)
+        """A toxic both ways on all of a broker's TCP links."""
+        for name in (b.peer_proxy, b.client_proxy):
+            proxy = self._proxy(name)
+            for stream in ("upstream", "downstream"):
+                proxy.add_toxic(name=f"{kind}_{stream}", type=kind, stream=stream, attributes=attributes)
 
     def clear_toxics(self, b: ChaosBroker) -> None:
-        proxy = self._proxy(b.peer_proxy)
-        for name in list(proxy.toxics()):
-            proxy.destroy_toxic(name)
+        for name in (b.peer_proxy, b.client_proxy):
+            proxy = self._proxy(name)
+            for toxic in list(proxy.toxics()):
+                proxy.destroy_toxic(toxic)
+
+    @property
+    def client_address_map(self) -> dict[str, str]:
+        """Advertised address -> the client proxy (MetaClientConfig.address_map)."""
+        return {f"127.0.0.1:{b.peer_port}": f"127.0.0.1:{b.client_port}" for b in self.brokers}
+
+    def client_address(self, url: str) -> tuple[str, int]:
+        """Where a workload client connects for the broker registered as ``url``."""
+        host, port = parse_broker_url(url)
+        mapped = self.client_address_map.get(f"{host}:{port}")
+        return ("127.0.0.1", int(mapped.rpartition(":")[2])) if mapped else (host, port)
 
     def kill_zk(self, index: int) -> None:
         self.zks[index].kill()

@@ -38,7 +38,6 @@ from metaq.client import AsyncMessageSessionFactory, Message, MetaClientConfig
 from metaq.client.connection import BrokerConnection, ConnectionClosed
 from metaq.protocol import commands as c
 from metaq.record import encode_batch, iter_records
-from metaq.zk.paths import parse_broker_url
 
 from .checker import check
 from .cluster import ChaosCluster
@@ -78,7 +77,7 @@ class Monitor(threading.Thread):
         lag: dict[str, dict[str, int]] = {}
         for n in range(self.cluster.partitions):
             name = f"{self.cluster.topic}/{group}-{n}"
-            start = _epoch_start(new_url, self.cluster.topic, n, epoch)
+            start = _epoch_start(self.cluster.client_address(new_url), self.cluster.topic, n, epoch)
             if start is None and new is not None:
                 start = new.disk_end(self.cluster.topic, n)
             if old is None or start is None:
@@ -103,10 +102,9 @@ class Monitor(threading.Thread):
         self.join(5)
 
 
-def _epoch_start(url: str, topic: str, partition: int, epoch: int) -> int | None:
+def _epoch_start(address: tuple[str, int], topic: str, partition: int, epoch: int) -> int | None:
     async def ask() -> int | None:
-        host, port = parse_broker_url(url)
-        conn = await BrokerConnection.open(host, port, 2)
+        conn = await BrokerConnection.open(*address, 2)
         try:
             reply = await conn.request({"op": "epochs", "topic": topic, "partition": partition}, timeout=2)
         finally:
@@ -135,8 +133,7 @@ class Workload:
     async def _conn(self, url: str) -> BrokerConnection:
         conn = self.conns.get(url)
         if conn is None or not conn.is_open:
-            host, port = parse_broker_url(url)
-            conn = await BrokerConnection.open(host, port, 1.0)
+            conn = await BrokerConnection.open(*self.cluster.client_address(url), 1.0)
             self.conns[url] = conn
         return conn
 
@@ -185,7 +182,8 @@ class Workload:
         config = MetaClientConfig(zk_connect=self.cluster.zk_connect, zk_root=self.cluster.zk_root,
                                   zk_session_timeout_ms=10_000, retry_unknown_outcome=False,
                                   request_timeout_s=3.0, send_timeout_s=5.0, send_max_attempts=20,
-                                  send_retry_max_wait_s=0.3, connect_timeout_s=1.0)
+                                  send_retry_max_wait_s=0.3, connect_timeout_s=1.0,
+                                  address_map=self.cluster.client_address_map)
         topic = self.cluster.topic
         async with AsyncMessageSessionFactory(config) as factory:
             producer = factory.create_producer()
@@ -222,8 +220,7 @@ class Workload:
                     try:
                         conn = conns.get(url)
                         if conn is None or not conn.is_open:
-                            host, port = parse_broker_url(url)
-                            conn = conns[url] = await BrokerConnection.open(host, port, 1.0)
+                            conn = conns[url] = await BrokerConnection.open(*self.cluster.client_address(url), 1.0)
                         reply = await conn.request({"op": "get", "topic": topic, "partition": n, "offset": offset,
                                                     "max_size": 256 * 1024}, timeout=2.0)
                     except (ConnectionClosed, asyncio.TimeoutError, OSError):

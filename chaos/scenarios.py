@@ -36,6 +36,8 @@ FAULTS: dict[str, tuple[str, tuple[float, float]]] = {
     "pause-slave": ("slave", (2.5, 4.0)),
     "partition-master-zk": ("master", (2.5, 4.0)),  # master cut from ZooKeeper only: split brain
     "partition-master-peers": ("master", (2.0, 4.0)),  # master cut from clients and slaves
+    "partition-master-slave": ("master", (2.0, 4.0)),  # master cut from its slaves only
+    "partition-client-master": ("master", (2.0, 4.0)),  # master cut from its clients only
     "partition-slave-peers": ("slave", (2.0, 4.0)),
     "latency-master": ("master", (2.0, 4.0)),       # 150 ms ± 50 each way on all its TCP peers
     "bandwidth-master": ("master", (2.0, 4.0)),     # 20 KB/s each way
@@ -50,6 +52,8 @@ SCENARIOS: dict[str, list[str]] = {
     "partition-master-zk": ["partition-master-zk"],
     "partition-master-peers": ["partition-master-peers"],
     "partition-slave-peers": ["partition-slave-peers"],
+    "partition-master-slave": ["partition-master-slave"],
+    "partition-client-master": ["partition-client-master"],
     "slow-links": ["latency-master", "bandwidth-master"],
     "kill-zk-node": ["kill-zk-node"],
     "mixed": ["kill-master", "partition-master-zk", "pause-master", "partition-master-peers", "kill-slave"],
@@ -110,6 +114,10 @@ def inject(cluster: ChaosCluster, step: Step, rng: random.Random) -> tuple[str, 
     if kind.endswith("-peers"):
         cluster.cut_peers(b)
         return b.name, {"link": "peers"}, lambda: cluster.heal_peers(b)
+    if kind in ("partition-master-slave", "partition-client-master"):
+        links = ("brokers",) if kind == "partition-master-slave" else ("clients",)
+        cluster.cut_peers(b, links)
+        return b.name, {"link": links[0]}, lambda: cluster.heal_peers(b, links)
     if kind == "latency-master":
         cluster.add_toxic(b, "latency", latency=150, jitter=50)
         return b.name, {"toxic": "latency", "latency_ms": 150}, lambda: cluster.clear_toxics(b)

@@ -36,10 +36,18 @@ class MetaClientConfig:
     #: resent message may be stored twice; the drill counts such duplicates). Off gives
     #: at-most-once: the SendResult says outcome_unknown and the application decides.
     retry_unknown_outcome: bool = True
+    #: Connect somewhere else than a broker registered: ``{"registered host:port": "host:port"}``
+    #: (port forwarding, NAT, a proxy in front of some brokers). Addresses not listed are used as is.
+    address_map: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.zk_root.startswith("/"):
             raise ValueError(f"zk_root must start with '/', got {self.zk_root!r}")
+        for registered, actual in self.address_map.items():
+            for address in (registered, actual):
+                host, _, port = address.rpartition(":")
+                if not host or not port.isdigit():
+                    raise ValueError(f"address_map: {address!r} is not host:port")
 
 
 def default_consumer_id() -> str:

@@ -8,14 +8,20 @@ from .connection import BrokerConnection
 
 
 class ConnectionPool:
-    def __init__(self, connect_timeout: float = 5.0) -> None:
+    def __init__(self, connect_timeout: float = 5.0, address_map: dict[str, str] | None = None) -> None:
         self.connect_timeout = connect_timeout
+        # "host:port" as registered -> (host, port) to connect to (MetaClientConfig.address_map).
+        self._redirects = {
+            registered: (actual.rpartition(":")[0].strip("[]"), int(actual.rpartition(":")[2]))
+            for registered, actual in (address_map or {}).items()
+        }
         self._connections: dict[tuple[str, int], BrokerConnection] = {}
         # Concurrent callers for a new address wait on the same connect.
         self._connecting: dict[tuple[str, int], asyncio.Future[BrokerConnection]] = {}
 
     async def get(self, host: str, port: int) -> BrokerConnection:
         """An open connection to ``host:port`` (raises ConnectionClosed if it cannot connect)."""
+        host, port = self._redirects.get(f"{host}:{port}", (host, port))
         key = (host, port)
         conn = self._connections.get(key)
         if conn is not None and conn.is_open:

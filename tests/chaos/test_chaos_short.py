@@ -12,8 +12,11 @@ checker found no violations and reads its verdicts from ``check.json``. What eac
   (no stale acks in its old epoch survive), failover, rejoin + truncation.
 * partition-master-zk (sync): the master cut from ZooKeeper but reachable by clients
   (split brain): it stops acking, the slave takes over, no two masters per epoch.
-* partition-master-peers (sync): the master cut from its clients and its slave
-  (master-slave and client-master partitions): degrade, no loss, slave rejoins.
+* partition-master-peers (sync): the master cut from its clients and its slave at once:
+  degrade, no loss, slave rejoins.
+* partition-master-slave (sync): only the master-slave link cut: the master degrades and
+  keeps acking its clients, no failover, no loss, the slave rejoins byte-identical.
+* partition-client-master (sync): only the clients cut from the master: no failover, no loss.
 * kill-master (async): losses bounded by the replication lag at failover; logs converge.
 """
 
@@ -53,7 +56,20 @@ def run_chaos(tmp_path: Path, scenario: str, seed: int, seconds: int = 12, mode:
     # Liveness: every master fault (kill -9, SIGSTOP, ZK partition) led to a failover
     # (test_regression_deposed_master_sync_set_publish_retry's end-to-end form).
     assert summary["master_faults_without_failover"] == [], report
+    result["history"] = history
     return result
+
+
+def acks_during(history: dict, kind: str) -> int:
+    """Puts acked while a fault of ``kind`` was in force (between it and the next heal)."""
+    faults = history["faults"]
+    windows = []
+    for i, fault in enumerate(faults):
+        if fault["kind"] == kind:
+            heal = next((f["time"] for f in faults[i + 1:] if f["kind"] == "heal"), float("inf"))
+            windows.append((fault["time"], heal))
+    return sum(1 for op in history["ops"] if op["type"] == "ok" and op.get("f") == "put"
+               and any(start <= op["time"] <= end for start, end in windows))
 
 
 def test_chaos_kill_master_sync_ensemble(tmp_path: Path) -> None:
@@ -83,6 +99,22 @@ def test_chaos_partition_master_zk_split_brain(tmp_path: Path) -> None:
 def test_chaos_partition_master_peers_sync(tmp_path: Path) -> None:
     result = run_chaos(tmp_path, "partition-master-peers", seed=3)
     assert result["stats"]["lost_acked"] == 0
+
+
+def test_chaos_partition_master_slave_sync(tmp_path: Path) -> None:
+    # Only the replication link is cut: clients still reach the master, which drops the
+    # slave from the sync set (degrade) and goes on acking; the slave rejoins after the heal.
+    result = run_chaos(tmp_path, "partition-master-slave", seed=5)
+    assert result["stats"]["lost_acked"] == 0 and result["stats"]["failovers"] == 0
+    assert acks_during(result["history"], "partition-master-slave") > 0
+    assert result["checks"]["replica_prefix"]["ok"]
+
+
+def test_chaos_partition_client_master_sync(tmp_path: Path) -> None:
+    # Only the clients' link is cut: the master keeps its ZooKeeper session and its slave,
+    # so no failover may happen; nothing acked is lost.
+    result = run_chaos(tmp_path, "partition-client-master", seed=6)
+    assert result["stats"]["lost_acked"] == 0 and result["stats"]["failovers"] == 0
 
 
 def test_chaos_kill_master_async_loss_within_lag(tmp_path: Path) -> None:
