@@ -366,9 +366,8 @@ class ChaosCluster:
 
     def client_address(self, url: str) -> tuple[str, int]:
         """Where a workload client connects for the broker registered as ``url``."""
-        host, port = parse_broker_url(url)
-        mapped = self.client_address_map.get(f"{host}:{port}")
-        return ("127.0.0.1", int(mapped.rpartition(":")[2])) if mapped else (host, port)
+        b = self.by_url(url)
+        return ("127.0.0.1", b.client_port) if b is not None else parse_broker_url(url)
 
     def kill_zk(self, index: int) -> None:
         self.zks[index].kill()

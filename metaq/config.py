@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from .zk.paths import parse_host_port
+
 DEFAULT_DELETE_POLICY = "delete,168"
 DEFAULT_DELETE_WHEN = "0 0 6,18 * * ?"
 
@@ -149,9 +151,7 @@ def _delete_when(text: str) -> str:
 
 
 def _host_port(text: str) -> str:
-    host, sep, port = text.strip().rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"expected host:port, got {text!r}")
+    parse_host_port(text)  # raises ValueError naming the text
     return text.strip()
 
 

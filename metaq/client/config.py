@@ -8,6 +8,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..zk.paths import parse_host_port
+
 READ_FROM_CHOICES = ("master", "slave", "prefer-slave")
 DEFAULT_CLIENT_DIR = Path.home() / ".metaq"
 
@@ -43,11 +45,11 @@ class MetaClientConfig:
     def __post_init__(self) -> None:
         if not self.zk_root.startswith("/"):
             raise ValueError(f"zk_root must start with '/', got {self.zk_root!r}")
-        for registered, actual in self.address_map.items():
-            for address in (registered, actual):
-                host, _, port = address.rpartition(":")
-                if not host or not port.isdigit():
-                    raise ValueError(f"address_map: {address!r} is not host:port")
+        for address in (*self.address_map, *self.address_map.values()):
+            try:
+                parse_host_port(address)
+            except ValueError as exc:
+                raise ValueError(f"address_map: {exc}") from None
 
 
 def default_consumer_id() -> str:

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import asyncio
 
+from ..zk.paths import parse_host_port
 from .connection import BrokerConnection
 
 
 class ConnectionPool:
     def __init__(self, connect_timeout: float = 5.0, address_map: dict[str, str] | None = None) -> None:
         self.connect_timeout = connect_timeout
-        # "host:port" as registered -> (host, port) to connect to (MetaClientConfig.address_map).
+        # (host, port) as registered -> (host, port) to connect to (MetaClientConfig.address_map).
         self._redirects = {
-            registered: (actual.rpartition(":")[0].strip("[]"), int(actual.rpartition(":")[2]))
-            for registered, actual in (address_map or {}).items()
+            parse_host_port(registered): parse_host_port(actual) for registered, actual in (address_map or {}).items()
         }
         self._connections: dict[tuple[str, int], BrokerConnection] = {}
         # Concurrent callers for a new address wait on the same connect.
@@ -21,8 +21,7 @@ class ConnectionPool:
 
     async def get(self, host: str, port: int) -> BrokerConnection:
         """An open connection to ``host:port`` (raises ConnectionClosed if it cannot connect)."""
-        host, port = self._redirects.get(f"{host}:{port}", (host, port))
-        key = (host, port)
+        key = self._redirects.get((host, port), (host, port))
         conn = self._connections.get(key)
         if conn is not None and conn.is_open:
             return conn
@@ -32,7 +31,7 @@ class ConnectionPool:
         future: asyncio.Future[BrokerConnection] = asyncio.get_running_loop().create_future()
         self._connecting[key] = future
         try:
-            conn = await BrokerConnection.open(host, port, self.connect_timeout)
+            conn = await BrokerConnection.open(*key, self.connect_timeout)
         except BaseException as exc:
             future.set_exception(exc)
             future.exception()  # mark retrieved: nobody else may be waiting

@@ -23,6 +23,7 @@ from ..ha.sync import SyncReplication
 from ..protocol import commands as c
 from ..store.manager import MessageStoreManager
 from ..store.msgid import MsgIdGenerator
+from ..zk.paths import parse_host_port
 from .connection import ClientConnection
 from .handlers import RequestHandlers
 from .stats import BrokerStats
@@ -228,8 +229,7 @@ class Broker:
             # The HA coordinator decides the role (and takes the master lock by election).
             host, port = config.host_name, self.port
             if config.advertised_address:
-                advertised_host, _, advertised_port = config.advertised_address.rpartition(":")
-                host, port = advertised_host.strip("[]"), int(advertised_port)
+                host, port = parse_host_port(config.advertised_address)
             self.registry = BrokerRegistry(config.zk, config.broker_id, host, port, config.topics, config.checksum, None)
             await self.registry.start()
             log.info("broker %d connected to ZooKeeper at %s%s", config.broker_id, config.zk.zk_connect, config.zk.root)

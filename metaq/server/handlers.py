@@ -148,8 +148,7 @@ class RequestHandlers:
         cap = topic.max_transfer_size if replica is None else max(topic.max_transfer_size, MAX_REPLICA_TRANSFER)
         max_bytes = min(req.max_size, cap)
         if replica is not None:
-            self._check_replica_epoch(replica)
-            self.broker.replica_fetched(req.topic, req.partition, req.offset, replica, req.origin)
+            self._replica_progress(req, req.offset)
         reply = self._read(req, log, max_bytes)
         if reply is not None or req.max_wait_ms <= 0:
             return reply if reply is not None else self._no_data(req, log)
@@ -163,9 +162,8 @@ class RequestHandlers:
         log_end = replica.get("log_end")
         if not isinstance(log_end, int) or log_end < 0:
             raise c.RequestError(c.BAD_REQUEST, "position: replica needs a non-negative integer 'log_end'")
-        self._check_replica_epoch(replica)
+        self._replica_progress(req, log_end)
         self.stats.partition(req.topic, req.partition).replica_positions += 1
-        self.broker.replica_fetched(req.topic, req.partition, log_end, replica, req.origin)
         header = c.reply_header(
             req.opaque,
             c.OK,
@@ -174,6 +172,11 @@ class RequestHandlers:
             epoch=self.broker.epoch,
         )
         return header, b""
+
+    def _replica_progress(self, req: c.Request, log_end: int) -> None:
+        """A slave's fetch or position report: fence by epoch, then record where it is."""
+        self._check_replica_epoch(req.replica)
+        self.broker.replica_fetched(req.topic, req.partition, log_end, req.replica, req.origin)
 
     def _check_replica_epoch(self, replica: dict[str, Any]) -> None:
         """Replication only between a master and slaves of the same epoch (fencing)."""

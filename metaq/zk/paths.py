@@ -176,6 +176,14 @@ def parse_broker_url(url: str) -> tuple[str, int]:
     return host, port
 
 
+def parse_host_port(text: str) -> tuple[str, int]:
+    """``host:port`` (IPv6 as ``[::1]:port``) -> ``(host, port)``, checked like a broker url."""
+    try:
+        return parse_broker_url(URL_SCHEME + text.strip())
+    except ValueError:
+        raise ValueError(f"expected host:port, got {text!r}") from None
+
+
 # --- topic node data -------------------------------------------------------------
 
 
