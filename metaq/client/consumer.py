@@ -351,7 +351,9 @@ class AsyncMessageConsumer:
                 await self._deliver_or_recover(subscription, message)
             else:
                 try:
-                    listener(message)
+                    result = listener(message)
+                    if asyncio.iscoroutine(result):  # a plain callable may still return a coroutine
+                        await result
                     stats.delivered += 1
                 except Exception as exc:
                     stats.listener_failures += 1

@@ -10,7 +10,8 @@ last bytes before the cut point must equal the master's over the same range.
 If it does not (or the epochs cannot answer: no common epoch, a log written
 before epochs were kept), fall back to comparing CRCs of prefixes with the
 master (``checksum`` op) and bisecting over our record boundaries for the
-longest common prefix. Slower, but it needs nothing but the bytes.
+longest common prefix (from where both logs still have bytes: the master's
+retention may have deleted what we still hold). Slower, but it needs nothing but the bytes.
 
 The cut point is always a record boundary of our log, and our log up to it is
 byte-identical to the master's: after truncation the prefix invariant holds.
@@ -18,10 +19,11 @@ byte-identical to the master's: after truncation the prefix invariant holds.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from ..record import record_ends
+from ..record import HEADER, HEADER_SIZE, record_ends
 
 if TYPE_CHECKING:
     from ..client.connection import BrokerConnection
@@ -69,24 +71,44 @@ async def _ranges_agree(conn: "BrokerConnection", topic: str, partition: int, lo
         reply = await conn.request(
             {"op": "checksum", "topic": topic, "partition": partition, "start": pos, "end": stop}, timeout=60
         )
-        if not reply.ok or int(reply["end"]) != stop or int(reply["crc"]) != log_.crc32(pos, stop):
+        if not reply.ok or int(reply["end"]) != stop:
+            return False
+        # Up to 64 MiB of our log: off the event loop, as the broker's own checksum op does.
+        if int(reply["crc"]) != await asyncio.to_thread(log_.crc32, pos, stop):
             return False
         pos = stop
     return True
 
 
+async def _master_min_offset(conn: "BrokerConnection", topic: str, partition: int) -> int:
+    reply = await conn.request({"op": "offset", "topic": topic, "partition": partition, "offset": 0}, timeout=10)
+    if not reply.ok:
+        raise ConnectionError(f"offset {topic}-{partition}: {reply.code} {reply.message}")
+    return int(reply["min_offset"])
+
+
 async def _agrees_before(conn: "BrokerConnection", topic: str, partition: int, log_: "PartitionLog", end: int) -> bool:
-    start = max(log_.min_offset, end - CROSS_CHECK_BYTES)
+    master_min = await _master_min_offset(conn, topic, partition)
+    if master_min > end:
+        return False  # the master no longer has these bytes: nothing to check against
+    start = max(log_.min_offset, end - CROSS_CHECK_BYTES, master_min)
     return await _ranges_agree(conn, topic, partition, log_, start, end)
 
 
 async def _longest_common_prefix(conn: "BrokerConnection", topic: str, partition: int, log_: "PartitionLog") -> int:
-    """Largest record boundary b with our [min, b) == the master's [min, b)."""
-    boundaries = [log_.min_offset] + _record_boundaries(log_)
-    low, high = 0, len(boundaries) - 1  # boundaries[low] agrees (empty prefix); find the last that does
+    """Largest record boundary b of ours with our [s, b) == the master's [s, b).
+
+    s is where both logs still have bytes: the master's retention may have deleted
+    segments that we still hold, and what lies before s can no longer be compared
+    (it was replicated from a master once; the prefix invariant vouches for it).
+    """
+    common_start = max(log_.min_offset, await _master_min_offset(conn, topic, partition))
+    # boundaries[0] is always safe to cut at (all of ours goes aside); the rest are candidates.
+    boundaries = [log_.min_offset] + [b for b in _record_boundaries(log_) if b > common_start]
+    low, high = 0, len(boundaries) - 1  # boundaries[low] agrees; find the last that does
     while low < high:
         mid = (low + high + 1) // 2
-        if await _ranges_agree(conn, topic, partition, log_, log_.min_offset, boundaries[mid]):
+        if await _ranges_agree(conn, topic, partition, log_, common_start, boundaries[mid]):
             low = mid
         else:
             high = mid - 1
@@ -101,8 +123,8 @@ def _record_boundaries(log_: "PartitionLog") -> list[int]:
         found = record_ends(chunk, pos)
         if not found:
             # A record bigger than the chunk: read exactly it.
-            length = int.from_bytes(chunk[:4], "big") + 20 if len(chunk) >= 4 else 0
-            if length <= 0:
+            length = HEADER_SIZE + HEADER.unpack_from(chunk)[0] if len(chunk) >= HEADER_SIZE else 0
+            if length < HEADER_SIZE:
                 break
             chunk = log_.read(pos, length)
             found = record_ends(chunk, pos)

@@ -272,7 +272,10 @@ async def verify_group(
 
 
 def _read_group(zk_connect: str, zk_root: str, broker_id: int, timeout: float) -> tuple[str, dict[int, str]]:
-    from ..zk.session import zk_session
+    from ..zk.session import ZooKeeperUnreachable, zk_session
 
-    with zk_session(zk_connect, timeout) as client:
-        return find_group(client, ZkPaths(zk_root), broker_id)
+    try:
+        with zk_session(zk_connect, timeout) as client:
+            return find_group(client, ZkPaths(zk_root), broker_id)
+    except ZooKeeperUnreachable as exc:  # callers retry VerifyError (drill, demo)
+        raise VerifyError(str(exc)) from None

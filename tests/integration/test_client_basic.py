@@ -179,3 +179,28 @@ def test_broadcast_delivers_every_message_to_every_member(two_brokers, factory, 
         assert set(stored) == {"0-0", "0-1", "1-0", "1-1"}
     assert not zk_client.exists(ZkPaths(zk_root).offsets("g", TOPIC))
     assert not zk_client.exists(ZkPaths(zk_root).owners("g", TOPIC))
+
+
+def test_a_plain_listener_returning_a_coroutine_is_awaited(two_brokers, zk, zk_root, tmp_path) -> None:
+    # e.g. ``lambda m: queue.put(m)``: not a coroutine function, but what it returns must
+    # run before the message counts as delivered and its offset moves on.
+    import asyncio
+
+    from metaq.client import AsyncMessageSessionFactory
+
+    async def scenario() -> list[bytes]:
+        config = MetaClientConfig(zk_connect=zk.connect_string, zk_root=zk_root, zk_session_timeout_ms=4000)
+        async with AsyncMessageSessionFactory(config) as factory:
+            producer = factory.create_producer()
+            results = await producer.send_batch([Message(TOPIC, f"q{i}".encode()) for i in range(6)])
+            assert all(r.success for r in results)
+            queue: asyncio.Queue[Message] = asyncio.Queue()
+            consumer = factory.create_consumer(consumer_config(tmp_path))
+            consumer.subscribe(TOPIC, None, lambda m: queue.put(m))
+            await consumer.complete_subscribe()
+            got = [await asyncio.wait_for(queue.get(), 15) for _ in range(6)]
+            assert consumer.stats.delivered >= 6
+            await consumer.shutdown()
+            return sorted(m.data for m in got)
+
+    assert asyncio.run(scenario()) == sorted(f"q{i}".encode() for i in range(6))

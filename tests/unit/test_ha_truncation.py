@@ -1,0 +1,71 @@
+"""Where a rejoining broker cuts its log, without epochs (the byte-comparison fallback),
+against a master answering ``offset`` and ``checksum`` from a real log in this process."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from metaq import record
+from metaq.client.connection import Reply
+from metaq.ha.truncation import divergence_point
+from metaq.protocol import commands as c
+from metaq.store.log import PartitionLog
+
+
+class NoEpochs:
+    entries: list[Any] = []
+
+
+class FakeMaster:
+    """Answers like the broker's handlers: checksum refuses ranges before the log start."""
+
+    def __init__(self, log: PartitionLog) -> None:
+        self.log = log
+
+    async def request(self, header: dict[str, Any], body: bytes = b"", timeout: float | None = None) -> Reply:
+        log = self.log
+        if header["op"] == "offset":
+            return Reply({"code": c.OK, "offset": log.min_offset, "min_offset": log.min_offset, "max_offset": log.log_end}, bytearray())
+        assert header["op"] == "checksum", header
+        start, end = header["start"], min(header["end"], log.log_end)
+        if start < log.min_offset or start > end:
+            return Reply({"code": c.BAD_REQUEST, "msg": "outside the log"}, bytearray())
+        return Reply({"code": c.OK, "start": start, "end": end, "crc": log.crc32(start, end)}, bytearray())
+
+
+def records(prefix: str, count: int) -> list[bytes]:
+    return [record.encode_record(f"{prefix}{i:04d}".encode() * 3, msg_id=i + 1) for i in range(count)]
+
+
+def new_log(path: Path, chunks: list[bytes], start: int = 0) -> PartitionLog:
+    log = PartitionLog(path, max_segment_size=1 << 20, start_offset=start)
+    log.append(b"".join(chunks))
+    return log
+
+
+def cut(ours: PartitionLog, master: PartitionLog) -> int:
+    return asyncio.run(divergence_point(FakeMaster(master), "t", 0, ours, NoEpochs()))  # type: ignore[arg-type]
+
+
+def test_the_cut_is_the_end_of_the_longest_common_prefix(tmp_path: Path) -> None:
+    shared = records("shared", 100)
+    ours = new_log(tmp_path / "ours", shared + records("ours-only", 7))
+    master = new_log(tmp_path / "master", shared + records("master-only", 5))
+    assert cut(ours, master) == len(b"".join(shared))
+
+
+def test_a_master_whose_retention_deleted_our_oldest_bytes_still_finds_the_common_prefix(tmp_path: Path) -> None:
+    shared = records("shared", 100)
+    deleted = len(b"".join(shared[:30]))  # the master's log now starts here
+    ours = new_log(tmp_path / "ours", shared + records("ours-only", 7))
+    master = new_log(tmp_path / "master", shared[30:] + records("master-only", 5), start=deleted)
+    # Comparing from our own log start would fail on every range and move all of our log aside.
+    assert cut(ours, master) == len(b"".join(shared))
+
+
+def test_nothing_in_common_cuts_everything(tmp_path: Path) -> None:
+    ours = new_log(tmp_path / "ours", records("ours", 20))
+    master = new_log(tmp_path / "master", records("master", 20))
+    assert cut(ours, master) == 0
