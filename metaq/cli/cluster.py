@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-_SLAVE_NODE = re.compile(r"^slave(\d+)$")
 _KV = re.compile(r"(\w+)=(\S+)")
 COLUMNS = ("broker", "role", "address", "state", "epoch", "sync set", "lag bytes", "lag msgs", "lag ms", "heartbeat age")
 
@@ -73,6 +72,8 @@ def read_zk(zk_connect: str, zk_root: str, timeout: float) -> list[Member]:
 def _members(client: Any, paths: Any) -> list[Member]:
     from kazoo.exceptions import NoNodeError
 
+    from ..ha.verify import read_group
+
     def get(path: str) -> str | None:
         try:
             return client.get(path)[0].decode("utf-8", "replace")
@@ -85,31 +86,28 @@ def _members(client: Any, paths: Any) -> list[Member]:
         return []
     members: list[Member] = []
     for broker_id in ids:
-        base = paths.broker(broker_id)
         try:
-            children = client.get_children(base)
+            master, slaves = read_group(client, paths, broker_id)
         except NoNodeError:
             continue
         epoch = _epoch_text(get(paths.epoch(broker_id)))
         sync_set = get(paths.sync_set(broker_id))
         sync_text = "-" if sync_set is None else _sync_set_text(sync_set)
-        master = get(paths.master(broker_id))
         if master is not None:
             members.append(Member(broker_id, "master", master, epoch, sync_text))
-        slaves = sorted((int(m.group(1)), child) for child in children if (m := _SLAVE_NODE.match(child)))
-        for slave_id, child in slaves:
-            url = get(f"{base}/{child}")
-            if url is not None:
-                members.append(Member(broker_id, f"slave{slave_id}", url, epoch, sync_text))
+        for slave_id, url in slaves.items():
+            members.append(Member(broker_id, f"slave{slave_id}", url, epoch, sync_text))
     return members
 
 
 def _epoch_text(raw: str | None) -> str:
     """The epoch node holds JSON {"epoch": N, "leader": url}; show N."""
+    from ..ha.election import decode_epoch
+
     if raw is None:
         return "-"
     try:
-        return str(json.loads(raw)["epoch"])
+        return str(decode_epoch(raw.encode())[0])
     except (ValueError, KeyError, TypeError):
         return raw.strip() or "-"
 
@@ -124,20 +122,13 @@ def _sync_set_text(raw: str) -> str:
 
 
 async def _stats(url: str, timeout: float) -> list[str] | None:
-    from ..client.connection import BrokerConnection
     from ..zk.paths import parse_broker_url
+    from .stats import fetch_stats
 
     try:
-        conn = await BrokerConnection.open(*parse_broker_url(url), timeout=timeout)
-    except Exception:
+        return (await fetch_stats(*parse_broker_url(url), "", timeout)).splitlines()
+    except Exception:  # unreachable or refusing: the table says "unreachable"
         return None
-    try:
-        reply = await conn.request({"op": "stats", "item": ""}, timeout=timeout)
-        return reply.body.decode("utf-8", "replace").splitlines() if reply.ok else None
-    except Exception:
-        return None
-    finally:
-        conn.close()
 
 
 def apply_stats(members: list[Member], stats: dict[str, list[str] | None]) -> None:

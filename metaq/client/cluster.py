@@ -19,7 +19,7 @@ from typing import Any, Awaitable, Callable
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import NoNodeError
 
-from ..zk.paths import ZkPaths, parse_broker_node_name, parse_topic_node_data
+from ..zk.paths import ZkPaths, parse_broker_node_name, parse_topic_node_data, slave_node_id
 from .config import MetaClientConfig
 from .message import Partition
 from .routing import BrokerAddresses
@@ -227,10 +227,10 @@ class Cluster:
             for child in sorted(self._children(paths.broker(broker_id))):
                 if child == "master":
                     master = self._data(paths.master(broker_id)) or None
-                elif child.startswith("slave") and child[5:].isdigit():
-                    url = self._data(paths.slave(broker_id, int(child[5:])))
+                elif (slave_id := slave_node_id(child)) is not None:
+                    url = self._data(paths.slave(broker_id, slave_id))
                     if url:
-                        slaves.append((int(child[5:]), url))
+                        slaves.append((slave_id, url))
             brokers[broker_id] = BrokerAddresses(broker_id, master, tuple(sorted(slaves)))
         pub = {topic: self._topic_partitions(paths.topics_pub(topic), masters_only=True) for topic in pub_topics}
         sub = {topic: self._topic_partitions(paths.topics_sub(topic), masters_only=False) for topic in sub_topics}

@@ -26,13 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..client.connection import BrokerConnection, ConnectionClosed
-from ..zk.paths import ZkPaths, parse_broker_url
+from ..zk.paths import ZkPaths, parse_broker_url, slave_node_id
 
 CHUNK = 4 * 1024 * 1024
 FINE = 4096
 PIPELINE = 8
 
-_SLAVE_NODE = re.compile(r"^slave(\d+)$")
 _BOUNDS = re.compile(r"min_offset=(\d+) max_offset=(\d+)")
 
 
@@ -201,28 +200,39 @@ async def compare_partition(
 # --- a whole group ---------------------------------------------------------------------
 
 
-def find_group(zk: Any, paths: ZkPaths, broker_id: int) -> tuple[str, dict[int, str]]:
-    """``(master url, {slave_id: url})`` of a broker group, from ZooKeeper (kazoo client)."""
+def read_group(zk: Any, paths: ZkPaths, broker_id: int) -> tuple[str | None, dict[int, str]]:
+    """``(master url or None, {slave_id: url})`` of a broker group, from ZooKeeper (kazoo
+    client); raises kazoo's NoNodeError if the group is not registered at all."""
     from kazoo.exceptions import NoNodeError
 
+    def text(path: str) -> str | None:
+        try:
+            return zk.get(path)[0].decode("utf-8", "replace")
+        except NoNodeError:
+            return None  # an ephemeral node that just went away
+
     base = paths.broker(broker_id)
-    try:
-        children = zk.get_children(base)
-    except NoNodeError:
-        raise VerifyError(f"no broker {broker_id} in ZooKeeper ({base} does not exist)") from None
-    try:
-        master = zk.get(paths.master(broker_id))[0].decode()
-    except NoNodeError:
-        raise VerifyError(f"broker {broker_id} has no master registered ({paths.master(broker_id)})") from None
+    children = zk.get_children(base)
+    master = text(paths.master(broker_id))
     slaves: dict[int, str] = {}
     for child in children:
-        matched = _SLAVE_NODE.match(child)
-        if matched:
-            try:
-                slaves[int(matched.group(1))] = zk.get(f"{base}/{child}")[0].decode()
-            except NoNodeError:
-                continue
+        slave_id = slave_node_id(child)
+        if slave_id is not None and (url := text(f"{base}/{child}")) is not None:
+            slaves[slave_id] = url
     return master, dict(sorted(slaves.items()))
+
+
+def find_group(zk: Any, paths: ZkPaths, broker_id: int) -> tuple[str, dict[int, str]]:
+    """Like read_group, but a group without a registered master is a VerifyError."""
+    from kazoo.exceptions import NoNodeError
+
+    try:
+        master, slaves = read_group(zk, paths, broker_id)
+    except NoNodeError:
+        raise VerifyError(f"no broker {broker_id} in ZooKeeper ({paths.broker(broker_id)} does not exist)") from None
+    if master is None:
+        raise VerifyError(f"broker {broker_id} has no master registered ({paths.master(broker_id)})")
+    return master, slaves
 
 
 async def verify_urls(

@@ -117,6 +117,13 @@ class ZkPaths:
 # --- broker names and urls ------------------------------------------------------
 
 
+def slave_node_id(name: str) -> int | None:
+    """``slave3`` -> 3 for a child of ``/brokers/ids/{id}``; None for any other child."""
+    if name.startswith("slave") and name[5:].isdigit():
+        return int(name[5:])
+    return None
+
+
 def broker_node_name(broker_id: int, slave_id: int | None = None) -> str:
     """``0-m`` for a master, ``0-s1`` for slave 1 of broker 0 (topic nodes, JSON "broker")."""
     return f"{broker_id}-m" if slave_id is None else f"{broker_id}-s{slave_id}"
