@@ -18,12 +18,9 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("check", help="check a recorded history file (JSON) and print the report")
     c.add_argument("history")
     c.add_argument("--json", action="store_true", help="print the result as JSON")
-    try:
-        from chaos import runner  # noqa: F401  (optional until the runner lands)
-    except ImportError:
-        runner = None
-    if runner is not None:
-        runner.add_parser(sub)
+    from chaos import runner
+
+    runner.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "proxy":
         from chaos.proxy import serve_forever
@@ -48,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         result = check(history)
         print(json.dumps(result.to_json(), indent=2) if args.json else result.report())
         return 0 if result.ok else 1
-    if runner is not None and args.command == "run":
+    if args.command == "run":
         return runner.main(args)
     parser.error(f"unknown command {args.command}")
     return 2

@@ -34,6 +34,7 @@ from __future__ import annotations
 import bisect
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable
 
 from chaos.history import History
@@ -69,6 +70,11 @@ class Index:
     def where(self, partition: str, value: Any) -> list[int]:
         log = self.logs.get(partition)
         return [] if log is None else log.by_value.get(value, [])
+
+    @cached_property
+    def lost_and_moved(self) -> tuple[list[dict], list[dict], int]:
+        """Acked puts missing from / elsewhere in the final logs (three checks use it)."""
+        return _lost_and_moved(self)
 
 
 def build_index(history: History) -> Index:
@@ -144,7 +150,7 @@ def _lost_and_moved(index: Index) -> tuple[list[dict], list[dict], int]:
 
 
 def check_acked_lost(history: History, index: Index) -> tuple[list[dict], int]:
-    lost, moved, checked = _lost_and_moved(index)
+    lost, moved, checked = index.lost_and_moved
     if history.meta.get("mode", "sync") == "async":
         return moved, checked
     return lost + moved, checked
@@ -153,7 +159,7 @@ def check_acked_lost(history: History, index: Index) -> tuple[list[dict], int]:
 def check_async_loss_bound(history: History, index: Index) -> tuple[list[dict], int]:
     if history.meta.get("mode", "sync") != "async":
         return [], 0
-    lost, _moved, checked = _lost_and_moved(index)
+    lost, _moved, checked = index.lost_and_moved
     by_partition: dict[str, list[dict]] = defaultdict(list)
     for op in lost:
         by_partition[op.get("partition")].append(op)
@@ -398,7 +404,7 @@ def _stats(history: History, index: Index) -> dict[str, Any]:
     if invoke_times:
         points = [min(invoke_times)] + ok_times + [max(op["time"] for op in puts)] if puts else []
         gap = max((b - a for a, b in zip(points, points[1:])), default=0.0)
-    lost, _moved, _n = _lost_and_moved(index)
+    lost, _moved, _n = index.lost_and_moved
     return {
         "puts_ok": sum(op["type"] == "ok" for op in puts),
         "puts_fail": sum(op["type"] == "fail" for op in puts),

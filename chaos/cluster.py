@@ -93,15 +93,10 @@ class ChaosBroker:
 
     def disk_log(self, topic: str, partition: int) -> bytes:
         """Every byte of the partition's segment files from offset 0 (raises if it does not start at 0)."""
-        directory = self.data_dir() / f"{topic}-{partition}"
-        if not directory.is_dir():
-            return b""
-        segments = sorted(p for p in directory.glob("*.meta") if len(p.stem) == 20 and p.stem.isdigit())
-        if not segments:
-            return b""
-        if int(segments[0].stem) != 0:
-            raise RuntimeError(f"{directory}: first segment starts at {segments[0].stem}, not 0")
-        return b"".join(p.read_bytes() for p in segments)
+        start, data = self.process.disk_log(topic, partition)
+        if data and start != 0:
+            raise RuntimeError(f"{self.name} {topic}-{partition}: first segment starts at {start}, not 0")
+        return data
 
     def disk_end(self, topic: str, partition: int) -> int:
         directory = self.data_dir() / f"{topic}-{partition}"

@@ -21,10 +21,8 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -32,6 +30,8 @@ from toxiproxy import Toxiproxy
 from toxiproxy.api import APIConsumer
 
 from chaos.proxy import ProxyThread
+from metaq.local import port_accepts, wait_until
+from metaq.zk.embedded import free_port
 
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent
 
@@ -44,23 +44,16 @@ def client_for(url: str) -> Toxiproxy:
     return Toxiproxy()
 
 
-def _free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
 def _wait_port(host: str, port: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def listening() -> bool:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"fault proxy exited with code {proc.returncode} before listening")
-        try:
-            with socket.create_connection((host, port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"fault proxy did not listen on {host}:{port} within {timeout}s")
+        return port_accepts(host, port)
+
+    try:
+        wait_until(listening, timeout, message=f"fault proxy to listen on {host}:{port}")
+    except AssertionError as exc:
+        raise RuntimeError(str(exc)) from None
 
 
 class FaultProxy:
@@ -79,13 +72,13 @@ class FaultProxy:
         if self.mode == "auto" and env_url:
             self.url, self.kind = env_url, "external"
         elif self.mode == "auto" and real:
-            port = _free_port(self.host)
+            port = free_port(self.host)
             self._proc = subprocess.Popen([real, "-host", self.host, "-port", str(port)],
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             _wait_port(self.host, port, 15, self._proc)
             self.url, self.kind = f"http://{self.host}:{port}", "toxiproxy-server"
         elif self.mode == "process":
-            port = _free_port(self.host)
+            port = free_port(self.host)
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_PARENT), env.get("PYTHONPATH")]))
             cmd = [sys.executable, "-m", "chaos", "proxy", "--host", self.host, "--port", str(port)]

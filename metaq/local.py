@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from metaq.process import ChildProcess
+from metaq.store.segment import parse_segment_start
 from metaq.zk.embedded import EmbeddedZooKeeper, free_port
 from metaq.zk.paths import ZkPaths, broker_url
 from metaq.zk.session import zk_session
@@ -53,6 +54,19 @@ def wait_until(predicate, timeout: float, interval: float = 0.05, message: str =
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.1f}s waiting for {message}")
         time.sleep(interval)
+
+
+def read_segments(directory: Path) -> tuple[int, bytes]:
+    """``(start offset, bytes)`` of a partition directory's segment files, in order.
+
+    Only real segments count: side files (``truncated-*``, ``.corrupt-*``) are left out.
+    """
+    segments = sorted(
+        (start, p) for p in Path(directory).glob("*.meta") if (start := parse_segment_start(p)) is not None
+    )
+    if not segments:
+        return 0, b""
+    return segments[0][0], b"".join(p.read_bytes() for _, p in segments)
 
 
 def port_accepts(host: str, port: int) -> bool:
@@ -163,6 +177,10 @@ class BrokerProcess(ChildProcess):
         if self.slave_id is None:
             return paths.master(self.broker_id)
         return paths.slave(self.broker_id, self.slave_id)
+
+    def disk_log(self, topic: str, partition: int) -> tuple[int, bytes]:
+        """``(start offset, bytes)`` of a partition's segment files (read_segments)."""
+        return read_segments(self.dir / "data" / f"{topic}-{partition}")
 
     def log_text(self, last_lines: int | None = None) -> str:
         if not self.log_path.exists():

@@ -1,6 +1,7 @@
 """Shared fixtures: one real ZooKeeper per test session, a private ZK root per test, brokers.
 
-Tests under tests/integration and tests/chaos are marked ``integration`` / ``chaos``
+Tests under tests/integration, tests/chaos and tests/spark are marked ``integration`` /
+``chaos`` / ``spark``
 automatically; everything runs by default (deselect with ``-m "not integration"``).
 """
 
@@ -24,7 +25,7 @@ TEST_TICK_MS = 200
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         relative = item.path.resolve().relative_to(TESTS_DIR).parts
-        if relative and relative[0] in ("integration", "chaos"):
+        if relative and relative[0] in ("integration", "chaos", "spark"):
             item.add_marker(relative[0])
 
 

@@ -312,11 +312,7 @@ def partition_dir(broker: BrokerProcess, topic: str = TOPIC, partition: int = 0)
 
 def disk_log(broker: BrokerProcess, topic: str = TOPIC, partition: int = 0) -> tuple[int, bytes]:
     """``(start offset, bytes)`` of a partition's segment files on disk, every byte written."""
-    directory = partition_dir(broker, topic, partition)
-    segments = sorted(p for p in directory.glob("*.meta") if p.name[:20].isdigit() and len(p.stem) == 20)
-    if not segments:
-        return 0, b""
-    return int(segments[0].stem), b"".join(p.read_bytes() for p in segments)
+    return broker.disk_log(topic, partition)
 
 
 def disk_records(broker: BrokerProcess, topic: str = TOPIC, partition: int = 0) -> dict[int, bytes]:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from metaq.zk.embedded import free_port as any_free_port
+
 GOOD_SYSTEM = "[system]\nbrokerId=0\nhostName=127.0.0.1\nserverPort={port}\ndataPath={data}\n"
 NO_ZK = "[zookeeper]\nzk.zkEnable=false\n"
 
@@ -28,9 +30,7 @@ def assert_one_line_error(done: subprocess.CompletedProcess[str], *fragments: st
 
 @pytest.fixture
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return any_free_port()
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from metaq.protocol.frames import CLOSED, NEED_DATA, Frame, FrameDecoder, encode
 from metaq.record import encode_record
 from metaq.zk.paths import ZkPaths, broker_url
 from metaq.zk.embedded import free_port
+from metaq.local import read_segments
 from tests.integration.replication_support import replica_rows, wait_for
 
 TOPIC = "forged"
@@ -122,8 +123,7 @@ class FakeMaster:
 
 
 def partition_bytes(slave_dir: Path, partition: int) -> bytes:
-    files = sorted((slave_dir / "data" / f"{TOPIC}-{partition}").glob("*.meta"))
-    return b"".join(f.read_bytes() for f in files)
+    return read_segments(slave_dir / "data" / f"{TOPIC}-{partition}")[1]
 
 
 def test_forged_divergent_answers_stop_the_partition(broker_factory, zk_client, zk_root):

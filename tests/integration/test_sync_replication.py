@@ -17,7 +17,6 @@ import asyncio
 import json
 import time
 import zlib
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -154,10 +153,9 @@ def range_crc(broker: BrokerProcess, partition: int, start: int, end: int):
 
 def on_disk(broker: BrokerProcess, partition: int) -> bytes:
     """A partition's log bytes from its segment files (offset 0 onwards; no retention in tests)."""
-    directory = Path(broker.dir) / "data" / f"{TOPIC}-{partition}"
-    segments = sorted(directory.glob("*.meta"))
-    assert segments and int(segments[0].stem) == 0, segments
-    return b"".join(p.read_bytes() for p in segments)
+    start, data = broker.disk_log(TOPIC, partition)
+    assert start == 0 and data, f"{broker}: partition {partition} on disk starts at {start}"
+    return data
 
 
 # --- tests ------------------------------------------------------------------------------------

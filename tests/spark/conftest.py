@@ -1,4 +1,4 @@
-"""One local SparkSession for all Spark tests (local[2], no UI, loopback), and the marker."""
+"""One local SparkSession for all Spark tests (local[2], no UI, loopback)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,6 @@ from typing import Iterator
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    here = Path(__file__).resolve().parent
-    for item in items:
-        if here in item.path.resolve().parents:
-            item.add_marker(pytest.mark.spark)
 
 
 @pytest.fixture(scope="session")
