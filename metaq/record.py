@@ -110,26 +110,31 @@ def validate_batch(buf: bytes | bytearray | memoryview, max_message_size: int) -
     """Check that ``buf`` is a whole number of well-formed records; return their count.
 
     Used on every put before anything touches a log, so that a malformed or
-    partly corrupted batch is refused whole and never half-written.
+    partly corrupted batch is refused whole and never half-written. The rules are
+    scan_valid's (plus UTF-8 attributes); only a bad batch is walked again, from
+    its first bad record, to say what is wrong with it.
     """
-    view = memoryview(buf)
-    pos, count, end = 0, 0, len(view)
-    while pos < end:
-        if end - pos < HEADER_SIZE:
-            raise RecordError(f"record at {pos}: truncated header ({end - pos} of {HEADER_SIZE} bytes)")
-        length, crc, _msg_id, flag = HEADER.unpack_from(view, pos)
-        _check_header(length, crc, flag, max_message_size, pos)
-        stop = pos + HEADER_SIZE + length
-        if stop > end:
-            raise RecordError(f"record at {pos}: truncated payload ({end - pos - HEADER_SIZE} of {length} bytes)")
-        payload = view[pos + HEADER_SIZE : stop]
-        if checksum(payload) != crc:
-            raise RecordError(f"record at {pos}: checksum mismatch")
-        if flag & FLAG_HAS_ATTRIBUTE:
-            decode_payload(flag, payload)
-        pos = stop
-        count += 1
+    whole, count = _scan(buf, max_message_size, attributes_utf8=True)
+    if whole != len(buf):
+        _explain_bad_record(memoryview(buf), whole, max_message_size)
     return count
+
+
+def _explain_bad_record(view: memoryview, pos: int, max_message_size: int) -> None:
+    """Raise the RecordError that says why the record at ``pos`` is not valid."""
+    end = len(view)
+    if end - pos < HEADER_SIZE:
+        raise RecordError(f"record at {pos}: truncated header ({end - pos} of {HEADER_SIZE} bytes)")
+    length, crc, _msg_id, flag = HEADER.unpack_from(view, pos)
+    _check_header(length, crc, flag, max_message_size, pos)
+    stop = pos + HEADER_SIZE + length
+    if stop > end:
+        raise RecordError(f"record at {pos}: truncated payload ({end - pos - HEADER_SIZE} of {length} bytes)")
+    payload = view[pos + HEADER_SIZE : stop]
+    if checksum(payload) != crc:
+        raise RecordError(f"record at {pos}: checksum mismatch")
+    decode_payload(flag, payload)  # raises for a bad attribute block
+    raise RecordError(f"record at {pos}: not a valid record")
 
 
 def valid_prefix(buf: bytes | bytearray | memoryview, max_message_size: int = 1 << 30) -> int:
@@ -142,6 +147,11 @@ def valid_prefix(buf: bytes | bytearray | memoryview, max_message_size: int = 1 
 
 def scan_valid(buf: bytes | bytearray | memoryview, max_message_size: int = 1 << 30) -> tuple[int, int]:
     """``(length, count)`` of the longest prefix of whole, CRC-valid records (one pass)."""
+    return _scan(buf, max_message_size, attributes_utf8=False)
+
+
+def _scan(buf: bytes | bytearray | memoryview, max_message_size: int, attributes_utf8: bool) -> tuple[int, int]:
+    """The one place the record rules are walked (validate_batch adds: attributes are UTF-8)."""
     view = memoryview(buf)
     pos, count, end = 0, 0, len(view)
     unpack, crc32 = HEADER.unpack_from, zlib.crc32
@@ -160,6 +170,11 @@ def scan_valid(buf: bytes | bytearray | memoryview, max_message_size: int = 1 <<
             (attr_len,) = _ATTR_LEN.unpack_from(view, pos + HEADER_SIZE)
             if attr_len < 0 or 4 + attr_len > length:
                 break
+            if attributes_utf8:
+                try:
+                    str(view[pos + HEADER_SIZE + 4 : pos + HEADER_SIZE + 4 + attr_len], "utf-8")
+                except UnicodeDecodeError:
+                    break
         pos = stop
         count += 1
     return pos, count

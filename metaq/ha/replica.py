@@ -175,8 +175,10 @@ class PartitionReplica:
         piece = REPORT_PIECE_BYTES if report is not None else len(body)
         while whole < len(body):
             size, n = scan_valid(view[whole : whole + piece], self.log.max_message_size)
-            if size == 0 and piece < len(body) - whole:
-                size, n = scan_valid(view[whole:], self.log.max_message_size)  # one record bigger than a piece
+            if size == 0 and len(body) - whole >= HEADER_SIZE:
+                span = HEADER_SIZE + HEADER.unpack_from(view, whole)[0]
+                if span > piece:  # one record bigger than a piece: check just that record
+                    size, n = scan_valid(view[whole : whole + span], self.log.max_message_size)
             if size == 0:
                 break
             start = self.log.append(view[whole : whole + size])

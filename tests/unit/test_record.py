@@ -104,3 +104,17 @@ def test_regression_flag_flip_to_impossible_attribute_block_is_not_valid():
 
 
 FLAG_BIT0 = 1
+
+
+def test_a_batch_with_a_non_utf8_attribute_is_refused_whole() -> None:
+    import struct
+
+    from metaq.record import FLAG_HAS_ATTRIBUTE, HEADER, RecordError, checksum, encode_batch, validate_batch
+
+    attr = b"\xff\xfe"
+    payload = struct.pack(">i", len(attr)) + attr + b"data"
+    bad = HEADER.pack(len(payload), checksum(payload), 0, FLAG_HAS_ATTRIBUTE) + payload
+    good = encode_batch([(b"a", "fine"), (b"b", None)])
+    assert validate_batch(good, 1000) == 2
+    with pytest.raises(RecordError, match="not UTF-8"):
+        validate_batch(good + bad, 1000)
