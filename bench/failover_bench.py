@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -26,6 +24,7 @@ sys.path.insert(0, str(REPO))
 from metaq.cli.drill import render  # noqa: E402
 from metaq.ha.drill import Drill, summarize  # noqa: E402
 from metaq.local import LocalCluster  # noqa: E402
+from metaq.process import stop_pid  # noqa: E402
 
 
 def main() -> None:
@@ -52,22 +51,17 @@ def main() -> None:
                     if report.restarted_pid:
                         restarted.append(report.restarted_pid)
                     reports.append(report)
-                    print(render([report], summarize([report])).replace("drill 1:", f"drill {i + 1}:"), flush=True)
+                    print(render([report], first=i + 1), flush=True)
             finally:
-                for pid in restarted:
-                    try:
-                        os.kill(pid, signal.SIGTERM)
-                    except ProcessLookupError:
-                        pass
+                for pid in restarted:  # brokers the drills restarted: ours to stop, by pid
+                    stop_pid(pid)
     s = summarize(reports)
     print()
     print(f"mode {args.mode}, fault {args.fault}, zk.zkSessionTimeoutMs={args.session_timeout_ms}, {s['drills']} drills, {s['failovers']} failovers")
-    acks = sorted(r.first_ack_s for r in reports if r.first_ack_s is not None)
     print(f"first acked write on the new master: p50 {s['first_ack_p50_s']:.2f}s  p99 {s['first_ack_p99_s']:.2f}s  max {s['first_ack_max_s']:.2f}s")
     print(f"detection p50 {s['detection_p50_s']:.2f}s; first read p50 {s['first_read_p50_s']:.2f}s")
     print(f"lost (acked, missing after failover): {s['lost_total']}; duplicates from retried unknown outcomes: {s['duplicates_total']}")
     print(f"all drills ok (new master, no loss in sync mode, logs identical after rejoin): {s['all_ok']}")
-    del acks
 
 
 if __name__ == "__main__":

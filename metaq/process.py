@@ -11,9 +11,37 @@ import logging
 import os
 import signal
 import subprocess
+import time
 from typing import IO
 
 log = logging.getLogger(__name__)
+
+
+def stop_pid(pid: int, timeout: float = 10.0) -> None:
+    """TERM-then-KILL for a process known only by its pid (one a drill restarted, say):
+    continued first if stopped, reaped if it is our child."""
+    for sig in (signal.SIGCONT, signal.SIGTERM):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return  # our child, and reaped
+        except ChildProcessError:
+            try:
+                os.kill(pid, 0)  # not our child: is it still there?
+            except ProcessLookupError:
+                return
+        time.sleep(0.05)
+    log.warning("pid %d ignored SIGTERM for %.0fs, killing it", pid, timeout)
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
 
 
 class ChildProcess:

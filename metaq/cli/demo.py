@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import shutil
 import signal
 import tempfile
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MetaqError
+from ..process import stop_pid
 
 TOPIC = "demo"
 
@@ -125,7 +125,7 @@ async def _demo(console: Any, work: Path, count: int, keep: bool) -> int:
         return 0 if ok else 1
     finally:
         for pid in extra_pids:
-            _stop_pid(pid)
+            stop_pid(pid)
         await asyncio.to_thread(cluster.stop)
 
 
@@ -199,28 +199,6 @@ async def _wait_forever() -> None:
         await stop.wait()
     except asyncio.CancelledError:
         return
-
-
-def _stop_pid(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-        time.sleep(0.05)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _s(value: float | None) -> str:

@@ -26,19 +26,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def render(reports: list, summary: dict) -> str:
+def render(reports: list, first: int = 1) -> str:
+    """The reports, numbered from ``first`` (drills printed one by one as they finish)."""
     from ..ha.drill import DrillReport
 
     lines = []
-    for i, r in enumerate(reports, 1):
+    for i, r in enumerate(reports, first):
         assert isinstance(r, DrillReport)
-        fmt = lambda v: "-" if v is None else f"{v:.2f}s"  # noqa: E731
         lines.append(
             f"drill {i}: fault={r.fault} mode={r.mode} {r.old_master} -> {r.new_master or 'nobody'}"
             f" epoch {r.epoch_before}->{r.epoch_after}"
         )
         lines.append(
-            f"  detection {fmt(r.detection_s)}  first acked write {fmt(r.first_ack_s)}  first read {fmt(r.first_read_s)}"
+            f"  detection {_s(r.detection_s)}  first acked write {_s(r.first_ack_s)}  first read {_s(r.first_read_s)}"
         )
         lines.append(
             f"  acked before fault {r.acked_before_fault}, found after {r.found_after}; acked in all {r.acked_total};"
@@ -52,14 +52,16 @@ def render(reports: list, summary: dict) -> str:
             lines.append(f"  note: {note}")
         if r.lost and r.mode == "sync":
             lines.append("  VIOLATION: acked messages lost in sync mode")
-    if len(reports) > 1:
-        lines.append(
-            "summary: {drills} drills, {failovers} failovers; first acked write p50 {p50} p99 {p99} max {mx};"
-            " lost {lost_total}; duplicates {duplicates_total}".format(
-                p50=_s(summary["first_ack_p50_s"]), p99=_s(summary["first_ack_p99_s"]), mx=_s(summary["first_ack_max_s"]), **summary
-            )
-        )
     return "\n".join(lines)
+
+
+def render_summary(summary: dict) -> str:
+    return (
+        "summary: {drills} drills, {failovers} failovers; first acked write p50 {p50} p99 {p99} max {mx};"
+        " lost {lost_total}; duplicates {duplicates_total}".format(
+            p50=_s(summary["first_ack_p50_s"]), p99=_s(summary["first_ack_p99_s"]), mx=_s(summary["first_ack_max_s"]), **summary
+        )
+    )
 
 
 def _s(value: float | None) -> str:
@@ -82,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             report = await drill.run()
             reports.append(report)
             if not args.json:
-                print(render([report], summarize([report])).replace("drill 1:", f"drill {i + 1}:"), flush=True)
+                print(render([report], first=i + 1), flush=True)
         return reports
 
     reports = asyncio.run(drills())
@@ -90,6 +92,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(to_json(reports))
     elif len(reports) > 1:
-        print(render(reports, summary).splitlines()[-1])
+        print(render_summary(summary))
     return 0 if summary["all_ok"] else 1
 

@@ -133,22 +133,19 @@ class AsyncMessageProducer:
             if topic not in self.cluster.snapshot.pub:
                 await self.publish(topic)
             partitions = self._candidates(topic)
-            if not getattr(self.selector, "per_message", True):
-                # One pick per put-sized chunk instead of one per message.
-                indexes = indexes[::MAX_BATCH_COUNT]
-                chunk_of = {i: by_topic[topic][n * MAX_BATCH_COUNT : (n + 1) * MAX_BATCH_COUNT] for n, i in enumerate(indexes)}
-            else:
-                chunk_of = {i: [i] for i in indexes}
-            for i in indexes:
+            # One pick per message, or (per_message = False) one per put-sized chunk.
+            step = 1 if getattr(self.selector, "per_message", True) else MAX_BATCH_COUNT
+            for start in range(0, len(indexes), step):
+                chunk = indexes[start : start + step]
                 try:
-                    partition = self.selector.select(topic, partitions, messages[i]) if partitions else None
+                    partition = self.selector.select(topic, partitions, messages[chunk[0]]) if partitions else None
                 except NoPartitionAvailable:
                     partition = None  # retried below until a master shows up or time runs out
                 except Exception as exc:  # a user selector's bug fails its messages, not the batch
-                    for j in chunk_of[i]:
+                    for j in chunk:
                         results[j] = self._failed(messages[j], f"partition selector failed: {exc}")
                     continue
-                groups[(topic, partition)].extend(chunk_of[i])
+                groups[(topic, partition)].extend(chunk)
         jobs = []
         for (topic, partition), indexes in groups.items():
             for start in range(0, len(indexes), MAX_BATCH_COUNT):

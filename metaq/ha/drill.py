@@ -41,10 +41,10 @@ from ..client import AsyncMessageSessionFactory, Message, MetaClientConfig
 from ..client.connection import BrokerConnection
 from ..errors import MetaqError
 from ..record import iter_records
-from ..zk.paths import ZkPaths, parse_broker_url
+from ..zk.paths import ZkPaths, parse_broker_url, parse_host_port
 from ..zk.session import zk_session
 from .election import read_group_state
-from .verify import VerifyError, verify_group
+from .verify import VerifyError, read_group, verify_group
 
 
 @dataclass
@@ -261,7 +261,7 @@ class Drill:
         topic = self.topic or (sorted(topics)[0] if topics else None)
         if topic is None or topic not in topics:
             raise MetaqError(f"topic {self.topic!r} is not served by broker group {self.broker_id}")
-        mode = (await _stats_value(old_url, "replication_mode")) or "async"
+        mode = topics_reply.get("replication_mode", "async")
         pid = int(await _stats_value(old_url, "pid") or 0)
         process = _Process.inspect(pid)
         session_ms = await self._session_timeout_ms(old_url)
@@ -429,17 +429,16 @@ class Drill:
 
     async def _wait_rejoin(self, zk: KazooClient, old_url: str) -> str | None:
         deadline = time.monotonic() + self.rejoin_timeout_s
-        parent = self.paths.broker(self.broker_id)
         while time.monotonic() < deadline:
             try:
-                children = await asyncio.to_thread(zk.get_children, parent)
-                for child in children:
-                    if child.startswith("slave") or child == "master":
-                        data, _ = await asyncio.to_thread(zk.get, f"{parent}/{child}")
-                        if data.decode() == old_url:
-                            return child
-            except Exception:
-                pass
+                master, slaves = await asyncio.to_thread(read_group, zk, self.paths, self.broker_id)
+            except Exception:  # ZooKeeper busy or the group's node not there yet
+                master, slaves = None, {}
+            if master == old_url:
+                return "master"
+            for slave_id, url in slaves.items():
+                if url == old_url:
+                    return f"slave{slave_id}"
             await asyncio.sleep(0.1)
         return None
 
@@ -458,9 +457,8 @@ class Drill:
 
 
 def _host_port(url: str) -> tuple[str, int]:
-    text = url.split("://", 1)[-1].rstrip("/")
-    host, _, port = text.rpartition(":")
-    return host, int(port)
+    """``http://host:port`` (a Toxiproxy API url) -> ``(host, port)``."""
+    return parse_host_port(url.split("://", 1)[-1].rstrip("/"))
 
 
 def summarize(reports: list[DrillReport]) -> dict[str, Any]:
