@@ -35,6 +35,8 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
+from metaq.ha.election import decode_epoch
+from metaq.ha.verify import read_group
 from metaq.local import BrokerProcess, port_accepts, wait_until
 from metaq.record import iter_records
 from metaq.zk.embedded import EmbeddedZooKeeper, Peer, free_port
@@ -263,25 +265,16 @@ class ChaosCluster:
             return None
 
     def view(self, group: int) -> GroupView:
-        master = self._get(self.paths.master(group))
         epoch_data = self._get(self.paths.epoch(group))
-        epoch = 0
-        if epoch_data:
-            text = epoch_data.decode().strip()
-            epoch = int(json.loads(text)["epoch"]) if text.startswith("{") else int(text or 0)
-        slaves: dict[int, str] = {}
+        epoch = decode_epoch(epoch_data)[0] if epoch_data else 0
         try:
-            children = self.zk.get_children_async(self.paths.broker(group)).get(timeout=5)
-        except Exception:
-            children = []
-        for child in children:
-            if child.startswith("slave") and child[5:].isdigit():
-                data = self._get(f"{self.paths.broker(group)}/{child}")
-                if data:
-                    slaves[int(child[5:])] = data.decode()
+            master, slaves = read_group(self.zk, self.paths, group, timeout=5)
+        except Exception:  # the group's node is not there yet, or ZooKeeper is busy
+            data = self._get(self.paths.master(group))
+            master, slaves = (data.decode() if data else None), {}
         sync = self._get(self.paths.sync_set(group))
         sync_set = set(json.loads(sync)["slaves"]) if sync else set()
-        return GroupView(master.decode() if master else None, epoch, slaves, sync_set)
+        return GroupView(master, epoch, slaves, sync_set)
 
     def group_brokers(self, group: int) -> list[ChaosBroker]:
         return [b for b in self.brokers if b.group == group]

@@ -34,8 +34,8 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from ..client.connection import BrokerConnection, ConnectionClosed
 from ..config import SlaveConfig
-from ..zk.paths import ZkPaths, parse_broker_node_name, parse_broker_url
-from .election import GroupState, decode_epoch, eligibility, read_group_state, try_take_master
+from ..zk.paths import ZkPaths, parse_broker_node_name, parse_broker_url, slave_node_id
+from .election import ZK_CALL_TIMEOUT_S, GroupState, decode_epoch, eligibility, read_group_state, try_take_master
 from .epochs import EpochCache
 from .lease import ZkLease
 from .truncation import divergence_point
@@ -367,16 +367,10 @@ class HaCoordinator:
     def _free_slave_id(self) -> int:
         """A master without --slave that must follow takes the smallest free slave id."""
         try:
-            children = self.zk.get_children(self.paths.broker(self.broker_id))
+            children = self.zk.get_children_async(self.paths.broker(self.broker_id)).get(timeout=ZK_CALL_TIMEOUT_S)
         except ZK_ERRORS:
             children = []
-        taken = set()
-        for child in children:
-            if child.startswith("slave"):
-                try:
-                    taken.add(int(child[len("slave") :]))
-                except ValueError:
-                    pass
+        taken = {slave_id for child in children if (slave_id := slave_node_id(child)) is not None}
         slave_id = 0
         while slave_id in taken:
             slave_id += 1

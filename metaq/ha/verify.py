@@ -200,19 +200,22 @@ async def compare_partition(
 # --- a whole group ---------------------------------------------------------------------
 
 
-def read_group(zk: Any, paths: ZkPaths, broker_id: int) -> tuple[str | None, dict[int, str]]:
+def read_group(
+    zk: Any, paths: ZkPaths, broker_id: int, timeout: float | None = None
+) -> tuple[str | None, dict[int, str]]:
     """``(master url or None, {slave_id: url})`` of a broker group, from ZooKeeper (kazoo
-    client); raises kazoo's NoNodeError if the group is not registered at all."""
+    client); raises kazoo's NoNodeError if the group is not registered at all, and its
+    timeout error if a call takes longer than ``timeout`` (None: wait like kazoo does)."""
     from kazoo.exceptions import NoNodeError
 
     def text(path: str) -> str | None:
         try:
-            return zk.get(path)[0].decode("utf-8", "replace")
+            return zk.get_async(path).get(timeout=timeout)[0].decode("utf-8", "replace")
         except NoNodeError:
             return None  # an ephemeral node that just went away
 
     base = paths.broker(broker_id)
-    children = zk.get_children(base)
+    children = zk.get_children_async(base).get(timeout=timeout)
     master = text(paths.master(broker_id))
     slaves: dict[int, str] = {}
     for child in children:
