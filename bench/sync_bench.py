@@ -28,10 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-try:
-    from metaq.local import BrokerProcess, wait_until
-except ImportError:  # older trees: the launcher lived in the tests
-    from tests.harness import BrokerProcess, wait_until  # type: ignore[no-redef]
+from metaq.local import BrokerProcess, wait_until  # noqa: E402
 
 from metaq.client.connection import BrokerConnection
 from metaq.record import encode_batch

@@ -21,7 +21,7 @@ from ..client.connection import BrokerConnection, ConnectionClosed, Reply
 from ..client.routing import Replica
 from ..protocol import commands as c
 from ..zk.paths import broker_url
-from ..record import FLAG_HAS_ATTRIBUTE, HEADER, HEADER_SIZE, KNOWN_FLAGS, RecordError
+from ..record import FLAG_HAS_ATTRIBUTE, HEADER, HEADER_SIZE, KNOWN_FLAGS, RecordError, decode_payload
 
 _unpack_from = HEADER.unpack_from
 _crc32 = zlib.crc32
@@ -205,17 +205,13 @@ def decode_chunk(buf: bytes, base: int, stop: int | None = None) -> tuple[list[i
             raise RecordError(f"record at offset {base + pos}: checksum mismatch")
         o_app(base + pos)
         i_app(msg_id)
-        if flag & FLAG_HAS_ATTRIBUTE:
-            if length < 4:
-                raise RecordError(f"record at offset {base + pos}: attribute flag set but payload too short")
-            attr_len = int.from_bytes(payload[:4], "big", signed=True)
-            if attr_len < 0 or 4 + attr_len > length:
-                raise RecordError(f"record at offset {base + pos}: bad attribute length {attr_len}")
+        if flag & FLAG_HAS_ATTRIBUTE:  # the rare path: the attribute rules live in record.py
             try:
-                a_app(payload[4 : 4 + attr_len].decode("utf-8"))
-            except UnicodeDecodeError:
-                raise RecordError(f"record at offset {base + pos}: attribute is not UTF-8") from None
-            d_app(payload[4 + attr_len :])
+                attribute, data = decode_payload(flag, payload)
+            except RecordError as exc:
+                raise RecordError(f"record at offset {base + pos}: {exc}") from None
+            a_app(attribute)
+            d_app(data)
         else:
             a_app(None)
             d_app(payload)

@@ -31,6 +31,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from ..client.cluster import Cluster
 from ..client.config import MetaClientConfig
+from ..client.message import Partition
 from ..client.routing import BrokerAddresses, Replica, choose_replica
 from ..errors import MetaqError
 from ..zk.paths import partition_name
@@ -93,7 +94,7 @@ def resolve_offset(value: int | str, info: OffsetInfo, option: str, name: str) -
 
 
 def check_partition_names(spec: OffsetSpec, known: Iterable[str], option: str, topic: str) -> None:
-    known = sorted(set(known), key=lambda n: tuple(int(x) for x in n.split("-")))
+    known = sorted(set(known), key=Partition.parse)
     for name in spec.per_partition:
         if name not in known:
             raise OptionError(f"{option}: topic {topic!r} has no partition {name!r} (it has {', '.join(known) or 'none'})")
@@ -273,4 +274,4 @@ def resolve_ranges(
 
 
 def offsets_json_map(values: Mapping[str, int]) -> dict[str, int]:
-    return {name: int(values[name]) for name in sorted(values, key=lambda n: tuple(int(x) for x in n.split("-")))}
+    return {name: int(values[name]) for name in sorted(values, key=Partition.parse)}

@@ -18,6 +18,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from pyspark.sql.types import StructType
 
 from .options import SourceOptions
+from ..client.message import Partition
 from .planning import Planner, TopicPartition, discover, offsets_json_map, resolve_ranges
 from .reader import SPARK_SCHEMA, MetaQInputPartition, read_partition
 
@@ -152,8 +153,8 @@ class MetaQStreamReader(DataSourceStreamReader):
                 if first < int(stop):
                     ranges[name] = (first, int(stop))
                     if tp is None:
-                        broker_id, n = (int(x) for x in name.split("-"))
-                        missing.append(TopicPartition(name, broker_id, n, ()))
+                        p = Partition.parse(name)
+                        missing.append(TopicPartition(name, p.broker_id, p.partition, ()))
             parts = _input_partitions(planner, list(topic_partitions.values()) + missing, ranges)
         return parts
 
