@@ -138,7 +138,9 @@ class ChaosCluster:
         self.paths = ZkPaths(self.zk_root)
         self.zks: list[EmbeddedZooKeeper] = []
         self._make_zk(zk_nodes)
-        self.proxy = FaultProxy(mode=proxy_mode)
+        # Without a real Toxiproxy, ours runs in its own process: the workload's event
+        # loop must not slow the links.
+        self.proxy = FaultProxy(mode=proxy_mode, fallback="process")
         self.proxy_mode = proxy_mode
         self.brokers: list[ChaosBroker] = []
         self._zk: KazooClient | None = None
@@ -173,13 +175,6 @@ class ChaosCluster:
         return self
 
     def _start(self, timeout: float) -> None:
-        if self.proxy_mode == "auto":
-            import os
-            import shutil
-
-            if not os.environ.get("TOXIPROXY_URL") and not shutil.which("toxiproxy-server"):
-                # Our proxy in its own process: the workload's event loop must not slow the links.
-                self.proxy.mode = "process"
         self.proxy.start()
         for zk in self.zks:
             self._start_zk(zk)

@@ -59,8 +59,12 @@ def _wait_port(host: str, port: int, timeout: float, proc: subprocess.Popen | No
 class FaultProxy:
     """A running Toxiproxy-API server (see the module doc for which one) and its client."""
 
-    def __init__(self, mode: str = "auto", host: str = "127.0.0.1", seed: int | None = None) -> None:
-        self.mode, self.host, self.seed = mode, host, seed
+    def __init__(
+        self, mode: str = "auto", host: str = "127.0.0.1", seed: int | None = None, fallback: str = "thread"
+    ) -> None:
+        """``mode``: auto (TOXIPROXY_URL, else toxiproxy-server on PATH, else ``fallback``:
+        our proxy in a thread or in a child process), thread or process."""
+        self.mode, self.host, self.seed, self.fallback = mode, host, seed, fallback
         self.url = ""
         self.kind = ""
         self._thread: ProxyThread | None = None
@@ -77,7 +81,7 @@ class FaultProxy:
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             _wait_port(self.host, port, 15, self._proc)
             self.url, self.kind = f"http://{self.host}:{port}", "toxiproxy-server"
-        elif self.mode == "process":
+        elif self.mode == "process" or (self.mode == "auto" and self.fallback == "process"):
             port = free_port(self.host)
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_PARENT), env.get("PYTHONPATH")]))
