@@ -109,7 +109,3 @@ def parse_auth_reply(header: dict[str, Any]) -> AuthReply:
     msg = header.get("msg")
     return AuthReply(message, code, principal, msg if isinstance(msg, str) else None)
 
-
-def bad_request_reply(opaque: int, reason: str) -> dict[str, Any]:
-    """The reply to a request that is not a valid handshake message (the handshake is over)."""
-    return {"opaque": opaque, "code": BAD_REQUEST, "msg": f"auth: {reason}"}
