@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
 from kazoo.security import ACL, OPEN_ACL_UNSAFE, Id, Permissions, make_acl, make_digest_acl, make_digest_acl_credential
 
 from ..errors import MetaqError
@@ -127,10 +127,19 @@ class ZkSecurity:
         for part in parts[:-1]:
             current += "/" + part
             if client.exists(current) is None:
-                try:
-                    client.create(current, b"", acl=self.acl_for(current))
-                except NodeExistsError:
-                    pass  # another broker made it first: fine, its ACL is the same
+                self._create_directory(client, current)
+
+    def _create_directory(self, client: KazooClient, path: str) -> None:
+        try:
+            client.create(path, b"", acl=self.acl_for(path))
+        except NodeExistsError:
+            pass  # another broker made it first: fine, its ACL is the same
+        except NoAuthError:
+            parent = path.rsplit("/", 1)[0] or "/"
+            raise ZkAclError(
+                f"cannot create ZooKeeper node {path}: its parent {parent} does not let this group "
+                f"create nodes (ACL {_describe(client, parent)}); the ZooKeeper admin must fix or delete it"
+            ) from None
 
     def create(self, client: KazooClient, path: str, value: bytes = b"", *, ephemeral: bool = False) -> str:
         """Create ``path`` (and its missing parents) with the right ACLs."""
@@ -144,10 +153,7 @@ class ZkSecurity:
             self.ensure_parents(client, directory + "/x")
         group_node = paths.broker(self.broker_id)
         if client.exists(group_node) is None:
-            try:
-                client.create(group_node, b"", acl=self.acl_for(group_node))
-            except NodeExistsError:
-                pass
+            self._create_directory(client, group_node)
         self._tighten(client, group_node)
         for child in client.get_children(group_node):
             self._tighten(client, f"{group_node}/{child}")
@@ -157,20 +163,29 @@ class ZkSecurity:
             acl, stat = client.get_acls(path)
         except NoNodeError:
             return  # an ephemeral that just went
+        except NoAuthError:
+            acl, stat = [], None  # not even readable: someone else's
         wanted = self.acl_for(path)
         if sorted(acl, key=repr) == sorted(wanted, key=repr):
             return
         world_admin = any(entry.id == WORLD and entry.perms & Permissions.ADMIN for entry in acl)
         ours = any(entry.id.id.startswith(digest_user(self.broker_id) + ":") and entry.perms & Permissions.ADMIN for entry in acl)
-        if not (world_admin or ours):
+        if stat is None or not (world_admin or ours):
             raise ZkAclError(
-                f"ZooKeeper node {path} is locked by someone else (ACL {_describe(acl)}); "
+                f"ZooKeeper node {path} is locked by someone else (ACL {_describe(client, path)}); "
                 "the ZooKeeper admin must delete it before this group can use it"
             )
         client.set_acls(path, wanted, version=stat.aversion)
 
 
-def _describe(acl: list[ACL]) -> str:
+def _describe(client: KazooClient, path: str) -> str:
+    """A node's ACL for an error message (digest hashes left out), or why it cannot be shown."""
+    try:
+        acl, _stat = client.get_acls(path)
+    except NoAuthError:
+        return "not readable without its owner's credentials"
+    except NoNodeError:
+        return "node gone"
     return ", ".join(f"{entry.id.scheme}:{entry.id.id.split(':')[0]}={entry.perms}" for entry in acl)
 
 
