@@ -213,3 +213,8 @@ def test_cli_zk_super_digest(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert main(["security", "zk-super-digest", "--password-file", str(pw)]) == 0
     out = capsys.readouterr().out.strip()
     assert out.startswith("super:") and "admin-pw" not in out
+
+
+def test_metaq_zk_refuses_a_malformed_super_digest(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["zk", "--port", "0", "--super-digest", "super:plaintext-password"]) == 2
+    assert "super:HASH" in capsys.readouterr().err

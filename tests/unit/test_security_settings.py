@@ -131,3 +131,12 @@ def test_missing_files_refuse_to_start_with_one_line(secured: Path) -> None:
     (secured / "security.ini").chmod(0o644)
     with pytest.raises(SecurityError, match="security file .* chmod 600"):
         load_broker_security(load_server_ini(secured / "server.ini"))
+
+
+@pytest.mark.parametrize("extra", ["securityEnabled=true", "tlsCertFile=a.crt\ntlsKeyFile=a.key"])
+def test_broker_fails_closed_while_security_is_not_enforced(tmp_path: Path, extra: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from metaq.cli import main
+
+    (tmp_path / "server.ini").write_bytes(ini(extra))
+    assert main(["broker", "-c", str(tmp_path / "server.ini")]) == 1
+    assert "does not enforce them yet" in capsys.readouterr().err
