@@ -38,15 +38,6 @@ class User:
     acl: UserAcl = field(default_factory=UserAcl)
 
 
-def _bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("true", "yes", "1", "on"):
-        return True
-    if lowered in ("false", "no", "0", "off"):
-        return False
-    raise ValueError(f"expected true or false, got {text!r}")
-
-
 @dataclass
 class SecurityFile:
     users: dict[str, User] = field(default_factory=dict)
@@ -84,12 +75,12 @@ class SecurityFile:
             if "scram" not in values:
                 raise SecurityError("scram: required key is missing")
             secret = ScramSecret.decode(values["scram"])
-            acl = UserAcl(
-                produce=parse_patterns(values.get("produce", "")),
-                consume=parse_patterns(values.get("consume", "")),
-                admin=_bool(values.get("admin", "false")),
-            )
-        except (SecurityError, ValueError) as exc:
+            try:
+                admin = values.getboolean("admin", fallback=False)
+            except ValueError:
+                raise SecurityError(f"admin: expected true or false, got {values['admin']!r}") from None
+            acl = UserAcl(parse_patterns(values.get("produce", "")), parse_patterns(values.get("consume", "")), admin)
+        except SecurityError as exc:
             raise SecurityError(f"{path}: [{section}] {exc}") from None
         return User(name, secret, acl)
 

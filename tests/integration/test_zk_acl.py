@@ -6,6 +6,7 @@ or added to only by a client holding the group's digest credentials.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Iterator
 
 import pytest
@@ -19,24 +20,23 @@ from metaq.zk.paths import ZkPaths
 from metaq.zk.session import zk_session
 
 
-def connect(server: EmbeddedZooKeeper, **kwargs) -> KazooClient:  # type: ignore[no-untyped-def]
+@contextlib.contextmanager
+def connected(server: EmbeddedZooKeeper, **kwargs) -> Iterator[KazooClient]:  # type: ignore[no-untyped-def]
     client = KazooClient(hosts=server.connect_string, timeout=10, **kwargs)
     client.start(timeout=10)
-    return client
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()
 
 
 @pytest.fixture
 def clients(zk: EmbeddedZooKeeper, zk_root: str) -> Iterator[tuple[ZkSecurity, KazooClient, KazooClient]]:
     """(group 0's security, a client logged in as group 0, an anonymous client)."""
     security = ZkSecurity(zk_root, 0, "group-0-password")
-    broker = connect(zk, **security.client_kwargs())
-    anonymous = connect(zk)
-    try:
+    with connected(zk, **security.client_kwargs()) as broker, connected(zk) as anonymous:
         yield security, broker, anonymous
-    finally:
-        for client in (broker, anonymous):
-            client.stop()
-            client.close()
 
 
 def build_group(security: ZkSecurity, client: KazooClient) -> ZkPaths:
@@ -75,8 +75,7 @@ def test_a_broker_of_another_group_cannot_touch_this_group(zk: EmbeddedZooKeeper
     security, broker, _ = clients
     paths = build_group(security, broker)
     other_security = ZkSecurity(security.root, 1, "group-1-password")
-    other = connect(zk, **other_security.client_kwargs())
-    try:
+    with connected(zk, **other_security.client_kwargs()) as other:
         with pytest.raises(NoAuthError):
             other.set(paths.epoch(0), b"99")
         with pytest.raises(NoAuthError):
@@ -87,21 +86,14 @@ def test_a_broker_of_another_group_cannot_touch_this_group(zk: EmbeddedZooKeeper
         assert sorted(other.get_children(paths.topics_pub("orders"))) == ["0-m", "1-m"]
         with pytest.raises(NoAuthError):
             broker.set(paths.topic_pub_node("orders", 1), b"x")
-    finally:
-        other.stop()
-        other.close()
 
 
 def test_a_wrong_password_gives_no_rights(zk: EmbeddedZooKeeper, clients) -> None:  # type: ignore[no-untyped-def]
     security, broker, _ = clients
     paths = build_group(security, broker)
-    impostor = connect(zk, auth_data=[("digest", f"{digest_user(0)}:guessed")])
-    try:
+    with connected(zk, auth_data=[("digest", f"{digest_user(0)}:guessed")]) as impostor:
         with pytest.raises(NoAuthError):
             impostor.set(paths.epoch(0), b"99")
-    finally:
-        impostor.stop()
-        impostor.close()
 
 
 def test_consumers_write_only_under_consumers(clients) -> None:  # type: ignore[no-untyped-def]
@@ -129,10 +121,9 @@ def test_open_nodes_from_before_security_are_tightened(clients) -> None:  # type
 
 def test_a_squatted_group_node_is_refused_with_one_line(zk: EmbeddedZooKeeper, clients) -> None:  # type: ignore[no-untyped-def]
     security, broker, _ = clients
-    squatter = connect(zk, auth_data=[("digest", "mallory:pw")])
     locked = [make_digest_acl("mallory", "pw", all=True)]
     readable = [make_digest_acl("mallory", "pw", all=True), make_acl("world", "anyone", read=True)]
-    try:
+    with connected(zk, auth_data=[("digest", "mallory:pw")]) as squatter:
         security.ensure_parents(broker, security.paths.broker(0))  # the shared directories exist
         squatter.create(security.paths.broker(0), b"", acl=readable)
         with pytest.raises(ZkAclError, match=r"locked by someone else .*digest:mallory=31, world:anyone=1"):
@@ -144,9 +135,6 @@ def test_a_squatted_group_node_is_refused_with_one_line(zk: EmbeddedZooKeeper, c
         squatter.create(security.paths.consumer_group("g"), b"", acl=locked)
         with pytest.raises(ZkAclError, match=r"cannot create ZooKeeper node .*/consumers/g/ids: .*not readable"):
             security.ensure_parents(broker, security.paths.consumer_ids("g") + "/x")
-    finally:
-        squatter.stop()
-        squatter.close()
 
 
 def test_zk_session_logs_in_with_the_group_credentials(zk: EmbeddedZooKeeper, clients) -> None:  # type: ignore[no-untyped-def]
@@ -164,19 +152,16 @@ def test_zk_session_logs_in_with_the_group_credentials(zk: EmbeddedZooKeeper, cl
 def test_super_digest_admin_can_clean_up_a_locked_node(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with EmbeddedZooKeeper(data_dir=tmp_path / "zk", tick_ms=200, super_digest=super_digest("admin-pw")) as server:
         security = ZkSecurity("/meta", 0, "pw")
-        broker = connect(server, **security.client_kwargs())
-        admin = connect(server, auth_data=[("digest", "super:admin-pw")])
-        anonymous = connect(server)
-        try:
+        with (
+            connected(server, **security.client_kwargs()) as broker,
+            connected(server, auth_data=[("digest", "super:admin-pw")]) as admin,
+            connected(server) as anonymous,
+        ):
             build_group(security, broker)
             with pytest.raises(NoAuthError):
                 anonymous.delete(security.paths.epoch(0))
             admin.delete(security.paths.epoch(0))
             assert anonymous.exists(security.paths.epoch(0)) is None
-        finally:
-            for client in (broker, admin, anonymous):
-                client.stop()
-                client.close()
 
 
 def test_paths_are_classified() -> None:
