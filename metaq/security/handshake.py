@@ -16,7 +16,9 @@ order) is decided here and unit-tested without a network.
     receive(): check the server's signature
 
 Transitions (state, incoming step) -> next state; anything else is WrongState and ends
-the handshake (except that a finished handshake stays authenticated):
+the handshake, except that a finished handshake stays authenticated (a stray ``auth``
+then only gets a 400 reply). ``Failed`` always means the handshake is over: close the
+connection after sending the reply that comes with it.
 
     role    state               incoming        next
     server  AWAIT_CLIENT_FIRST  client-first    AWAIT_CLIENT_FINAL
@@ -152,9 +154,9 @@ class ServerAuthenticator:
     def receive(self, header: dict[str, Any]) -> list[Event]:
         """Feed one ``auth`` request header; returns the events it causes."""
         if self.state is State.DONE:
-            # A finished handshake stays authenticated; a stray message is only refused.
-            error = WrongState("auth: this connection is already authenticated")
-            return [SendReply(_failed_reply(m.BAD_REQUEST, ServerError.OTHER_ERROR.value, str(error))), Failed(error)]
+            # A finished handshake stays authenticated: a stray message is refused, nothing fails.
+            reason = "auth: this connection is already authenticated"
+            return [SendReply(_failed_reply(m.BAD_REQUEST, ServerError.OTHER_ERROR.value, reason))]
         try:
             message = m.parse_auth_request(header)
             if self.state is State.FAILED:

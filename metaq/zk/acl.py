@@ -49,7 +49,7 @@ class PathKind(enum.Enum):
     GROUP = "group"
     REGISTRATION = "registration"
     CONSUMERS = "consumers"
-    OUTSIDE = "outside"  # not under the root: not ours to protect
+    OUTSIDE = "outside"  # above or beside the root (the ancestors of a root like /a/b)
 
 
 def digest_user(broker_id: int) -> str:
@@ -66,8 +66,11 @@ def classify(paths: ZkPaths, path: str) -> tuple[PathKind, int | None]:
         return PathKind.CONSUMERS, None
     if parts[:2] == ["brokers", "ids"] and len(parts) >= 3 and parts[2].isdigit():
         return PathKind.GROUP, int(parts[2])
-    if parts[:1] == ["brokers"] and len(parts) >= 2 and parts[1] in ("topics-pub", "topics-sub") and len(parts) >= 4:
-        group, _slave = parse_broker_node_name(parts[3])
+    if parts[:1] == ["brokers"] and len(parts) >= 4 and parts[1] in ("topics-pub", "topics-sub"):
+        try:
+            group, _slave = parse_broker_node_name(parts[3])
+        except ValueError:
+            raise ZkAclError(f"{path}: not a registration node name (expected ID-m or ID-sK)") from None
         return PathKind.REGISTRATION, group
     return PathKind.SHARED, None
 
@@ -87,32 +90,28 @@ class ZkSecurity:
     def paths(self) -> ZkPaths:
         return ZkPaths(self.root)
 
-    def group_acl(self, group: int) -> list[ACL]:
-        # Only the named group's digest id, so each group's nodes stay its own.
-        return [make_acl("world", "anyone", read=True), make_digest_acl(digest_user(group), self._password_of(group), all=True)]
-
-    def _password_of(self, group: int) -> str:
-        # make_digest_acl hashes user:password; for another group we cannot know the password,
-        # which is why a broker only ever creates nodes of its own group.
-        if group != self.broker_id:
-            raise ZkAclError(f"broker of group {self.broker_id} cannot create nodes of group {group}")
-        return self.password
+    def group_acl(self) -> list[ACL]:
+        """Anyone reads; only this group's digest id changes, adds below or deletes."""
+        return [make_acl("world", "anyone", read=True), make_digest_acl(digest_user(self.broker_id), self.password, all=True)]
 
     def client_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for KazooClient: the digest credentials, and the group ACL as default."""
         return {
             "auth_data": [("digest", f"{digest_user(self.broker_id)}:{self.password}")],
-            "default_acl": self.group_acl(self.broker_id),
+            "default_acl": self.group_acl(),
         }
 
     def acl_for(self, path: str) -> list[ACL]:
         kind, group = classify(self.paths, path)
         if kind in (PathKind.GROUP, PathKind.REGISTRATION):
-            assert group is not None
-            return self.group_acl(group)
-        if kind is PathKind.SHARED:
-            return list(_SHARED_ACL)
-        return list(OPEN_ACL_UNSAFE)
+            if group != self.broker_id:
+                # Its ACL would need the other group's password: never ours to create.
+                raise ZkAclError(f"{path} belongs to group {group}; a broker of group {self.broker_id} never creates it")
+            return self.group_acl()
+        if kind is PathKind.CONSUMERS:
+            return list(OPEN_ACL_UNSAFE)
+        # Shared directories, and the ancestors of a root like /a/b: nobody may lock them.
+        return list(_SHARED_ACL)
 
     # --- creating nodes ----------------------------------------------------------------------
 

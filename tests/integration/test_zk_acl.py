@@ -14,7 +14,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 from kazoo.security import OPEN_ACL_UNSAFE, make_acl, make_digest_acl
 
-from metaq.zk.acl import PathKind, ZkAclError, ZkSecurity, classify, digest_user, super_digest
+from metaq.zk.acl import ZkAclError, ZkSecurity, digest_user, super_digest
 from metaq.zk.embedded import EmbeddedZooKeeper
 from metaq.zk.paths import ZkPaths
 from metaq.zk.session import zk_session
@@ -163,17 +163,3 @@ def test_super_digest_admin_can_clean_up_a_locked_node(tmp_path) -> None:  # typ
             admin.delete(security.paths.epoch(0))
             assert anonymous.exists(security.paths.epoch(0)) is None
 
-
-def test_paths_are_classified() -> None:
-    paths = ZkPaths("/meta")
-    assert classify(paths, "/meta") == (PathKind.SHARED, None)
-    assert classify(paths, "/meta/brokers/ids") == (PathKind.SHARED, None)
-    assert classify(paths, "/meta/brokers/ids/3") == (PathKind.GROUP, 3)
-    assert classify(paths, "/meta/brokers/ids/3/sync_set") == (PathKind.GROUP, 3)
-    assert classify(paths, "/meta/brokers/topics-sub/t") == (PathKind.SHARED, None)
-    assert classify(paths, "/meta/brokers/topics-sub/t/3-s1") == (PathKind.REGISTRATION, 3)
-    assert classify(paths, "/meta/consumers/g/offsets/t/0-0") == (PathKind.CONSUMERS, None)
-    assert classify(paths, "/other/x") == (PathKind.OUTSIDE, None)
-    assert classify(paths, "/metax") == (PathKind.OUTSIDE, None)
-    with pytest.raises(ZkAclError):
-        ZkSecurity("/meta", 0, "pw").acl_for("/meta/brokers/ids/1/master")
