@@ -54,6 +54,30 @@ class ZkConfig:
 
 
 @dataclass(frozen=True)
+class SecurityConfig:
+    """The ``[system]`` security keys; metaq/security turns them into authenticators and contexts.
+
+    ``securityEnabled=true`` alone turns on client and replication authentication, ACLs
+    and ZooKeeper ACLs (the files default to ``security.ini`` and ``group.secret`` beside
+    server.ini). TLS is on when ``tlsCertFile`` and ``tlsKeyFile`` are set. Paths are only
+    resolved here, not opened: a slave parses its master's server.ini too.
+    """
+
+    enabled: bool = False
+    security_config: str = "security.ini"
+    group_secret_file: str = "group.secret"
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_ca_file: str | None = None
+    tls_client_auth: str = "none"
+    tls_reload_interval_ms: int = 10_000
+
+    @property
+    def tls_enabled(self) -> bool:
+        return self.tls_cert_file is not None
+
+
+@dataclass(frozen=True)
 class BrokerConfig:
     broker_id: int
     host_name: str = "127.0.0.1"
@@ -74,6 +98,7 @@ class BrokerConfig:
     # ZooKeeper) instead of hostName:serverPort: for NAT, proxies and fault injection.
     advertised_address: str | None = None
     source_path: str | None = None
+    security: SecurityConfig = field(default_factory=SecurityConfig)
     # CRC32 of the file's bytes, published as master_config_checksum.
     checksum: int = 0
     # The raw file, served to slaves for config auto-sync.
@@ -189,6 +214,19 @@ _SYSTEM_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "advertisedAddress": ("advertised_address", _host_port),
 }
 
+# [system] security keys -> SecurityConfig fields.
+_SECURITY_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "securityEnabled": ("enabled", _bool),
+    "securityConfig": ("security_config", _text),
+    "groupSecretFile": ("group_secret_file", _text),
+    "tlsCertFile": ("tls_cert_file", _text),
+    "tlsKeyFile": ("tls_key_file", _text),
+    "tlsCaFile": ("tls_ca_file", _text),
+    "tlsClientAuth": ("tls_client_auth", _choice("none", "optional", "required")),
+    "tlsReloadIntervalMs": ("tls_reload_interval_ms", _int(0)),
+}
+_SECURITY_PATH_FIELDS = ("security_config", "group_secret_file", "tls_cert_file", "tls_key_file", "tls_ca_file")
+
 _ZK_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "zk.zkConnect": ("zk_connect", _text),
     "zk.zkSessionTimeoutMs": ("session_timeout_ms", _int(1000)),
@@ -249,8 +287,12 @@ def parse_server_ini(data: bytes, path: str = "server.ini") -> BrokerConfig:
 
     system: dict[str, Any] = {}
     topic_defaults: dict[str, Any] = {}
+    security: dict[str, Any] = {}
     for key, raw in parser.items("system"):
-        if key in _SYSTEM_KEYS:
+        if key in _SECURITY_KEYS:
+            name, parse = _SECURITY_KEYS[key]
+            security[name] = _convert(path, "system", key, raw, parse)
+        elif key in _SYSTEM_KEYS:
             name, parse = _SYSTEM_KEYS[key]
             system[name] = _convert(path, "system", key, raw, parse)
         elif key in _TOPIC_KEYS:
@@ -305,6 +347,7 @@ def parse_server_ini(data: bytes, path: str = "server.ini") -> BrokerConfig:
 
     return BrokerConfig(
         data_path=default_topic.data_path,
+        security=_security_config(security, path),
         zk=zk_config,
         topics=topics,
         topic_defaults=default_topic,
@@ -313,6 +356,23 @@ def parse_server_ini(data: bytes, path: str = "server.ini") -> BrokerConfig:
         raw=bytes(data),
         **system,
     )
+
+
+def _security_config(values: dict[str, Any], path: str) -> SecurityConfig:
+    """The security keys, with their cross-key rules checked and paths made relative to the file."""
+    if ("tls_cert_file" in values) != ("tls_key_file" in values):
+        present, missing = ("tlsCertFile", "tlsKeyFile") if "tls_cert_file" in values else ("tlsKeyFile", "tlsCertFile")
+        raise ConfigError(f"{path}: [system] {missing}: required when {present} is set")
+    if values.get("tls_client_auth", "none") != "none" and "tls_ca_file" not in values:
+        raise ConfigError(f"{path}: [system] tlsCaFile: required when tlsClientAuth is not none (it verifies client certificates)")
+    if values.get("tls_client_auth", "none") != "none" and "tls_cert_file" not in values:
+        raise ConfigError(f"{path}: [system] tlsClientAuth: needs TLS on (set tlsCertFile and tlsKeyFile)")
+    base = Path(path).parent
+    for name in _SECURITY_PATH_FIELDS:
+        value = values.get(name, getattr(SecurityConfig, name))
+        if value is not None and not Path(value).is_absolute() and base != Path(""):
+            values[name] = str(base / value)
+    return SecurityConfig(**values)
 
 
 def load_server_ini(path: str | Path) -> BrokerConfig:

@@ -10,10 +10,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=int, default=2181, help="client port (default 2181; 0 picks a free one)")
     parser.add_argument("--data-dir", help="data directory (default: a temporary one)")
     parser.add_argument("--tick-ms", type=int, default=500, help="ZooKeeper tickTime in ms (default 500)")
+    parser.add_argument(
+        "--super-digest",
+        help="admin login that passes every ACL, as printed by 'metaq security zk-super-digest' (super:HASH)",
+    )
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..zk.cli import run_zk
 
-    return run_zk(args.port, args.data_dir, args.tick_ms)
+    return run_zk(args.port, args.data_dir, args.tick_ms, super_digest=args.super_digest)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 import threading
@@ -11,11 +12,15 @@ from metaq.zk.embedded import EmbeddedZooKeeper, ZooKeeperError
 
 EXIT_OK = 0
 EXIT_FAILED = 1
+EXIT_USAGE = 2
 
 
-def run_zk(port: int, data_dir: str | None, tick_ms: int) -> int:
+def run_zk(port: int, data_dir: str | None, tick_ms: int, *, super_digest: str | None = None) -> int:
     """Serve until a signal arrives; returns the process exit code (0 clean, 1 failure)."""
-    server = EmbeddedZooKeeper(port=port, data_dir=data_dir, tick_ms=tick_ms)
+    if super_digest is not None and not re.fullmatch(r"super:[A-Za-z0-9+/]{27}=", super_digest):
+        print("metaq zk: --super-digest must look like super:HASH (see 'metaq security zk-super-digest')", file=sys.stderr)
+        return EXIT_USAGE
+    server = EmbeddedZooKeeper(port=port, data_dir=data_dir, tick_ms=tick_ms, super_digest=super_digest)
     stop_requested = threading.Event()
 
     def request_stop(signum: int, frame: FrameType | None) -> None:

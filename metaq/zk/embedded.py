@@ -213,6 +213,7 @@ class EmbeddedZooKeeper(ChildProcess):
         server_id: int | None = None,
         peers: list[Peer] | None = None,
         die_with_parent: bool = True,
+        super_digest: str | None = None,
     ) -> None:
         self.host = host
         self.tick_ms = tick_ms
@@ -225,6 +226,9 @@ class EmbeddedZooKeeper(ChildProcess):
         self.server_id = server_id
         self.peers = list(peers or [])
         self.die_with_parent = die_with_parent
+        # "super:{base64 sha1}" (metaq.zk.acl.super_digest): a client logged in as "super" with
+        # the matching password passes every ACL, the way out when a node is locked wrongly.
+        self.super_digest = super_digest
         self._owns_data_dir = data_dir is None
         self._data_dir_arg = Path(data_dir) if data_dir is not None else None
         self.data_dir: Path | None = self._data_dir_arg
@@ -297,6 +301,7 @@ class EmbeddedZooKeeper(ChildProcess):
             # The log4j2 binding from pyspark's jars logs only errors unless told otherwise.
             "-Dlog4j2.level=INFO",
             "-Dzookeeper.admin.enableServer=false",
+            *([f"-Dzookeeper.DigestAuthenticationProvider.superDigest={self.super_digest}"] if self.super_digest else []),
             "-cp",
             classpath,
             MAIN_CLASS,

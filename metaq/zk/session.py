@@ -1,4 +1,9 @@
-"""A short-lived ZooKeeper session for tools (cluster, verify, drill, tests)."""
+"""A short-lived ZooKeeper session for tools (cluster, verify, drill, tests).
+
+Reading needs no credentials (every node the project creates is world-readable); a
+broker-side caller that writes passes its ``ZkSecurity`` (metaq/zk/acl.py) to log in
+with the group's digest credentials and create nodes with the group's ACL by default.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from typing import Iterator
 from kazoo.client import KazooClient
 
 from ..errors import MetaqError
+from .acl import ZkSecurity, client_kwargs
 
 
 class ZooKeeperUnreachable(MetaqError):
@@ -15,9 +21,9 @@ class ZooKeeperUnreachable(MetaqError):
 
 
 @contextlib.contextmanager
-def zk_session(connect: str, timeout: float = 10.0) -> Iterator[KazooClient]:
+def zk_session(connect: str, timeout: float = 10.0, *, security: ZkSecurity | None = None) -> Iterator[KazooClient]:
     """A connected kazoo client, closed on exit; ZooKeeperUnreachable if it cannot connect."""
-    client = KazooClient(hosts=connect, timeout=timeout)
+    client = KazooClient(hosts=connect, timeout=timeout, **client_kwargs(security))
     try:
         client.start(timeout=timeout)
     except Exception as exc:
