@@ -19,7 +19,7 @@ from .. import __version__
 from ..config import BrokerConfig, ConfigError, SlaveConfig, TopicConfig
 from ..ha.progress import ReplicationProgress
 from ..ha.role import Role
-from ..ha.sync import SyncReplication
+from ..ha.sync_set import SyncReplication
 from ..protocol import commands as c
 from ..store.manager import MessageStoreManager
 from ..store.msgid import MsgIdGenerator

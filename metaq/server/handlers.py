@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Awaitable
 
 from .. import __version__
 from ..protocol import commands as c
-from ..ha.sync import SyncWaitFailed
+from ..ha.sync_set import SyncWaitFailed
 from ..record import RecordError, stamp_msg_ids, validate_batch
 from ..store.log import OffsetOutOfRange
 from ..store.manager import UnknownPartition, UnknownTopic

@@ -1,4 +1,4 @@
-"""SyncReplication (metaq/ha/sync.py) without a server: a fake ZooKeeper publish, a fake clock.
+"""SyncReplication (metaq/ha/sync_set.py) without a server: a fake ZooKeeper publish, a fake clock.
 
 The rules under test (see the module docstring): a slave joins the sync set only
 when it is caught up on every partition, acks wait for joining slaves before they
@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from metaq.ha.sync import SyncReplication, SyncWaitFailed
+from metaq.ha.sync_set import SyncReplication, SyncWaitFailed
 from metaq.protocol import commands as c
 
 T0 = ("t", 0)

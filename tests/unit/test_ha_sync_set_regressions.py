@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from metaq.ha.sync import SyncReplication
+from metaq.ha.sync_set import SyncReplication
 
 
 def test_regression_deposed_master_sync_set_publish_retry() -> None:
