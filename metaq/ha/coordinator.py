@@ -19,6 +19,12 @@ Entry actions:
   writes.
 * FENCED: stop acking at once (the lease is dropped; waiting sync acks fail
   with "unknown outcome").
+
+Ownership: the coordinator alone creates, starts and stops the lease, the sync
+set (sync_set.py) and the follower (follower.py), and it alone moves the epoch
+this broker serves in (``serving_epoch``). Each is started in one entry action
+and stopped in one method (``_stop_leading``, ``_stop_following``); the broker
+sees them only through the HA facade (node.py).
 """
 
 from __future__ import annotations
@@ -27,22 +33,25 @@ import asyncio
 import logging
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
 from ..client.connection import BrokerConnection, ConnectionClosed
 from ..config import SlaveConfig
-from ..zk.paths import ZkPaths, parse_broker_node_name, parse_broker_url, slave_node_id
-from .election import ZK_CALL_TIMEOUT_S, GroupState, decode_epoch, eligibility, read_group_state, try_take_master
+from ..zk.paths import ZkPaths, parse_broker_url, slave_node_id
+from .election import (
+    ZK_CALL_TIMEOUT_S, GroupState, decode_epoch, eligibility, publish_sync_set, read_group_state, try_take_master,
+)
 from .epochs import EpochCache
+from .follower import MasterFollower
+from .host import BrokerHost
 from .lease import ZkLease
-from .truncation import divergence_point
+from .progress import ReplicationProgress
 from .role import Event, Role, RoleMachine
-
-if TYPE_CHECKING:
-    from ..server.broker import Broker
+from .sync_set import SyncReplication
+from .truncation import divergence_point
 
 log = logging.getLogger(__name__)
 
@@ -51,15 +60,19 @@ ZK_ERRORS = (KazooException, KazooTimeoutError)
 
 
 class HaCoordinator:
-    def __init__(self, broker: "Broker", slave: SlaveConfig | None) -> None:
-        self.broker = broker
-        self.config = broker.config
+    def __init__(self, host: BrokerHost, slave: SlaveConfig | None, progress: ReplicationProgress) -> None:
+        self.host = host
+        self.progress = progress
+        self.config = host.config
         self.prefers_master = slave is None
         self.slave_template = slave
         self.machine = RoleMachine()
         self.paths = ZkPaths(self.config.zk.root)
         self.broker_id = self.config.broker_id
+        #: The newest epoch seen in ZooKeeper (or won).
         self.epoch = 0
+        #: The epoch this broker leads or follows in: put replies and replica fetches carry it.
+        self.serving_epoch = 0
         self.followed_epoch = 0
         self.master_url: str | None = None
         self.last_transition_at = time.time()
@@ -68,13 +81,17 @@ class HaCoordinator:
         self._worker: asyncio.Task[None] | None = None
         self._caches: dict[tuple[str, int], EpochCache] = {}
         self.lease: ZkLease | None = None
+        #: The sync set while leading in sync mode (None otherwise).
+        self.sync_set: SyncReplication | None = None
+        #: The replication follower, created the first time this broker follows.
+        self.follower: MasterFollower | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # --- wiring -----------------------------------------------------------------------
 
     @property
     def registry(self) -> Any:
-        return self.broker.registry
+        return self.host.registry
 
     @property
     def zk(self) -> Any:
@@ -109,8 +126,8 @@ class HaCoordinator:
                 await asyncio.wait_for(asyncio.shield(self._worker), 10)
             except asyncio.TimeoutError:
                 self._worker.cancel()
-        if self.lease is not None:
-            await self.lease.stop()
+        await self._stop_leading()  # the STOPPED entry action did this unless the worker hung
+        await self._stop_following()
 
     def refollow(self) -> None:
         """The master and we disagree on the epoch: look at ZooKeeper again and re-sync."""
@@ -236,29 +253,34 @@ class HaCoordinator:
             await self._shutdown()
 
     async def _fence(self) -> None:
-        assert self.lease is not None
-        await self.lease.stop()
-        sync = self.broker.sync
-        if sync is not None:
-            self.broker.sync = None
-            await sync.stop()
+        await self._stop_leading()
         log.warning("fenced: this broker acks no writes until ZooKeeper confirms it still leads epoch %d", self.epoch)
         # The session may come back (RECONNECTED) or not (SESSION_LOST / a new master).
         self.post(Event.MASTER_GONE, "re-evaluate")
 
     async def _shutdown(self) -> None:
+        await self._stop_leading()
+        await self._stop_following()
+
+    async def _stop_leading(self) -> None:
+        """Ack nothing more: drop the lease, fail waiting sync acks, publish no sync set again."""
         if self.lease is not None:
             await self.lease.stop()
-        if self.broker.sync is not None:
-            await self.broker.sync.stop()
-            self.broker.sync = None
-        if self.broker.follower is not None:
-            await self.broker.follower.stop()
+        sync_set, self.sync_set = self.sync_set, None
+        if sync_set is not None:
+            await sync_set.stop()
+
+    async def _stop_following(self) -> None:
+        if self.follower is not None:
+            await self.follower.stop()
+
+    async def _unfollow(self) -> None:
+        """Stop replicating (reads stay up): nothing may append while we truncate or lead."""
+        if self.follower is not None:
+            await self.follower.unfollow()
 
     async def _become_orphan(self) -> None:
-        follower = self.broker.follower
-        if follower is not None:
-            await follower.unfollow()
+        await self._unfollow()
         self.master_url = None
         if not await self._consider_election():
             # Not taking over: be visible as a slave, so consumers can read what we have.
@@ -273,7 +295,7 @@ class HaCoordinator:
             if state.master_url != self.my_url:
                 self.post(Event.MASTER_SEEN, state.master_url)
             return False
-        follower = self.broker.follower
+        follower = self.follower
         healthy = follower is None or not any(r.stopped for r in follower.replicas.values())
         ok, why = eligibility(
             mode=self.config.replication_mode,
@@ -306,45 +328,86 @@ class HaCoordinator:
         self.post(Event.WON)
 
     async def _lead(self) -> None:
-        broker = self.broker
-        follower = broker.follower
-        if follower is not None:
-            await follower.unfollow()
-        broker.epoch = self.epoch
-        for name, topic in broker.config.topics.items():
+        host = self.host
+        await self._unfollow()
+        self.serving_epoch = self.epoch
+        for name, topic in host.config.topics.items():
             for partition in range(topic.num_partitions):
-                log_ = broker.store.get_log(name, partition)
+                log_ = host.store.get_log(name, partition)
                 cache = self.cache(name, partition)
                 if cache.assign(self.epoch, log_.log_end):
                     cache.save()
         assert self.lease is not None
         await self.lease.start()
-        await broker.start_sync_replication()
+        await self._start_sync_set()
         self.master_url = self.my_url
         # Last: the topic and checksum nodes tell producers to come, so we take
         # writes before they appear.
         await self.registry.set_role("master")
         log.info("leading broker group %d in epoch %d", self.broker_id, self.epoch)
 
+    async def _start_sync_set(self) -> None:
+        """On becoming master in sync mode: start the sync set (published before any ack)."""
+        config = self.config
+        if config.replication_mode != "sync":
+            return
+        store = self.host.store
+        self.sync_set = SyncReplication(
+            config.min_sync_slaves,
+            config.sync_slave_timeout_ms,
+            config.on_sync_slave_loss,
+            self._publish_sync_set,
+            log_end=lambda t, p: store.get_log(t, p).log_end,
+            flushed_end=lambda t, p: store.get_log(t, p).flushed_end,
+            partitions=lambda: list(store.logs()),
+            # Only positions reported in this term count (progress outlives terms).
+            position=lambda slave_id, t, p: self.progress.position(slave_id, t, p, epoch=self.serving_epoch),
+            on_committed=self.host.notify,
+        )
+        await self.sync_set.start()
+        log.info(
+            "sync replication: acks wait for the sync set (minSyncSlaves=%d, syncSlaveTimeoutMs=%d, onSyncSlaveLoss=%s)",
+            config.min_sync_slaves,
+            config.sync_slave_timeout_ms,
+            config.on_sync_slave_loss,
+        )
+
+    async def _publish_sync_set(self, members: frozenset[int]) -> None:
+        """Write the sync set to ZooKeeper (persistent: failover reads it after we are gone)."""
+        config = self.config
+        await asyncio.wait_for(
+            asyncio.to_thread(
+                publish_sync_set, self.zk, self.paths, self.broker_id,
+                self.serving_epoch, self.my_url, members, config.min_sync_slaves,
+            ),
+            config.sync_slave_timeout_ms / 1000 + 5,
+        )
+
     async def _become_follower(self, url: str) -> None:
-        broker = self.broker
-        if broker.sync is not None:
-            await broker.sync.stop()
-            broker.sync = None
-        if self.lease is not None:
-            await self.lease.stop()
-        if broker.follower is not None:
-            # Nothing may append while we truncate.
-            await broker.follower.unfollow()
+        await self._stop_leading()
+        await self._unfollow()
         self.master_url = url
         await self._ensure_slave_registration()
         state = await asyncio.to_thread(read_group_state, self.zk, self.paths, self.broker_id)
         self.epoch = max(self.epoch, state.epoch)
-        broker.epoch = self.epoch
+        self.serving_epoch = self.epoch
         await self._truncate_against(url)
         self.followed_epoch = self.epoch
-        follower = broker.ensure_follower(self._slave_config())
+        follower = self._ensure_follower(self._slave_config())
         await follower.follow(url)
+
+    def _ensure_follower(self, slave: SlaveConfig) -> MasterFollower:
+        """The replication follower (created on first use, and again if our slave id changed)."""
+        if self.follower is None or self.follower.slave.slave_id != slave.slave_id:
+            # A follower of another slave id is left stopped-following (unfollow ran) and dropped.
+            self.follower = MasterFollower(
+                self.host, slave, self.zk, self.paths,
+                epoch=lambda: self.serving_epoch,
+                adopt_epochs=self.adopt_master_epochs,
+                on_stale_master=self.refollow,
+            )
+            asyncio.ensure_future(self.follower.start())
+        return self.follower
 
     # --- slave identity ------------------------------------------------------------------
 
@@ -382,13 +445,13 @@ class HaCoordinator:
         key = (topic, partition)
         cache = self._caches.get(key)
         if cache is None:
-            log_ = self.broker.store.get_log(topic, partition)
+            log_ = self.host.store.get_log(topic, partition)
             cache = EpochCache.load(log_.directory)
             self._caches[key] = cache
         return cache
 
     def epoch_end(self, topic: str, partition: int, epoch: int) -> tuple[int, int]:
-        log_ = self.broker.store.get_log(topic, partition)
+        log_ = self.host.store.get_log(topic, partition)
         return self.cache(topic, partition).end_offset_for(epoch, log_.log_end)
 
     def epoch_entries(self, topic: str, partition: int) -> list[tuple[int, int]]:
@@ -408,7 +471,7 @@ class HaCoordinator:
                 log.info("waiting for the master at %s: %s", url, exc)
                 await asyncio.sleep(0.2)
         try:
-            for (topic, partition), log_ in sorted(self.broker.store.logs().items()):
+            for (topic, partition), log_ in sorted(self.host.store.logs().items()):
                 await self._truncate_partition(conn, topic, partition, log_)
         finally:
             conn.close()
@@ -448,9 +511,3 @@ class HaCoordinator:
             )
         return pairs
 
-
-def slave_id_from_node(name: str) -> int | None:
-    try:
-        return parse_broker_node_name(name)[1]
-    except ValueError:
-        return None

@@ -109,14 +109,11 @@ class RoleMachine:
 
     def __init__(self) -> None:
         self.state = Role.STARTING
-        self.history: list[tuple[Role, Event, Role]] = []
 
     def handle(self, event: Event) -> Role | None:
         new = TRANSITIONS.get((self.state, event))
         if new is None:
             return None
-        self.history.append((self.state, event, new))
-        del self.history[:-100]
         self.state = new
         return new
 
@@ -124,6 +121,3 @@ class RoleMachine:
     def may_ack_writes(self) -> bool:
         return self.state is Role.LEADING
 
-    @property
-    def is_master(self) -> bool:
-        return self.state in (Role.LEADING, Role.FENCED, Role.ELECTING)

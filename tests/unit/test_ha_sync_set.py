@@ -23,11 +23,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from metaq.ha.progress import ReplicationProgress
 from metaq.ha.sync_set import SyncReplication, SyncWaitFailed
 from metaq.protocol import commands as c
 
 T0 = ("t", 0)
 T1 = ("t", 1)
+EPOCH = 7
 
 
 @dataclass
@@ -60,6 +62,8 @@ class Harness:
         self.ends = {key: 0 for key in self.partitions}
         self.flushed = {key: 0 for key in self.partitions}
         self.committed_events = 0
+        #: The one record of slave positions (the master's ReplicationProgress).
+        self.progress = ReplicationProgress(clock=lambda: self.now)
         self.sync = SyncReplication(
             self.min_sync,
             self.timeout_ms,
@@ -68,6 +72,7 @@ class Harness:
             log_end=lambda t, p: self.ends[(t, p)],
             flushed_end=lambda t, p: self.flushed[(t, p)],
             partitions=lambda: list(self.ends),
+            position=lambda slave, t, p: self.progress.position(slave, t, p, epoch=EPOCH),
             on_committed=self._on_committed,
             clock=lambda: self.now,
         )
@@ -128,7 +133,8 @@ class Harness:
 
     def report(self, slave: int, position: int | None = None, key: tuple[str, int] = T0) -> None:
         """Slave ``slave`` fetches at ``position`` (default: it has the whole log)."""
-        self.sync.slave_position(slave, key[0], key[1], self.ends[key] if position is None else position)
+        self.progress.fetched(slave, key[0], key[1], self.ends[key] if position is None else position, EPOCH)
+        self.sync.slave_position(slave, key[0], key[1])
 
     def report_all(self, slave: int) -> None:
         for key in self.ends:
