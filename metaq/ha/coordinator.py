@@ -4,7 +4,10 @@ One task processes events one at a time (``_events``), so the entry actions of
 a state (truncation, election, registration changes) never interleave. Events
 come from ZooKeeper watches (master znode, epoch znode), from the registry's
 session listener, and from the coordinator itself (after an election, or when
-an orphaned slave finds it may take over).
+an orphaned slave finds it may take over). Every decision about them is a row
+of role.py's table; an observation whose event depends on the state at the
+time it is processed (which master we follow, whether ZooKeeper still names us
+after a reconnect) is classified then, in order, by role.py's pure functions.
 
 Entry actions:
 
@@ -33,7 +36,7 @@ import asyncio
 import logging
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, Awaitable, Callable, Union
 
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
@@ -49,11 +52,14 @@ from .follower import MasterFollower
 from .host import BrokerHost
 from .lease import ZkLease
 from .progress import ReplicationProgress
-from .role import Event, Role, RoleMachine
+from .role import Event, Role, RoleMachine, master_event, reconnected_event
 from .sync_set import SyncReplication
 from .truncation import divergence_point
 
 log = logging.getLogger(__name__)
+
+#: A queued event, or how to decide it when its turn comes.
+Pending = Union[Event, Callable[[], Awaitable[Event]]]
 
 # What a ZooKeeper call may raise when ZooKeeper is slow or away.
 ZK_ERRORS = (KazooException, KazooTimeoutError)
@@ -77,7 +83,7 @@ class HaCoordinator:
         self.master_url: str | None = None
         self.last_transition_at = time.time()
         self.truncations: list[dict[str, Any]] = []
-        self._events: asyncio.Queue[tuple[Event, Any]] = asyncio.Queue()
+        self._events: asyncio.Queue[tuple[Pending, Any]] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
         self._caches: dict[tuple[str, int], EpochCache] = {}
         self.lease: ZkLease | None = None
@@ -131,12 +137,25 @@ class HaCoordinator:
 
     def refollow(self) -> None:
         """The master and we disagree on the epoch: look at ZooKeeper again and re-sync."""
-        if self.machine.state is Role.FOLLOWING:
-            self.master_url = None
-            self.post(Event.MASTER_GONE, "re-evaluate")
+        self.post(Event.STALE_MASTER)
 
-    def post(self, event: Event, detail: Any = None) -> None:
+    def post(self, event: Pending, detail: Any = None) -> None:
         self._events.put_nowait((event, detail))
+
+    def _post_master(self, url: str) -> None:
+        """The master znode names ``url`` (another broker): SEEN or CHANGED, decided in turn."""
+
+        async def decide() -> Event:
+            return master_event(url, self.master_url)
+
+        self.post(decide, url)
+
+    async def _reconnected(self) -> Event:
+        try:
+            state = await asyncio.to_thread(read_group_state, self.zk, self.paths, self.broker_id)
+        except ZK_ERRORS:
+            return Event.RECONNECTED_EPOCH_LOST  # cannot confirm: treat our epoch as gone
+        return reconnected_event(state.epoch, state.master_url, self.epoch, self.my_url)
 
     def _zk_watch(self, handler: Any) -> Any:
         def watcher(data: bytes | None, _stat: Any, *_: Any) -> bool:
@@ -153,14 +172,14 @@ class HaCoordinator:
         if url is None:
             self.post(Event.MASTER_GONE)
         elif url != self.my_url:
-            self.post(Event.MASTER_SEEN, url)
+            self._post_master(url)
 
     def _epoch_changed(self, data: bytes | None) -> None:
         if not data:
             return
         epoch, leader = decode_epoch(data)
-        if epoch > self.epoch and self.machine.state is Role.LEADING:
-            log.warning("epoch %d (leader %s) is newer than ours (%d): fencing", epoch, leader, self.epoch)
+        if epoch > self.epoch:
+            log.info("epoch %d (leader %s) is newer than ours (%d)", epoch, leader, self.epoch)
             self.post(Event.HIGHER_EPOCH)
 
     def _on_connected(self, new_session: bool) -> None:
@@ -169,28 +188,26 @@ class HaCoordinator:
             self.post(Event.SESSION_LOST)
             self.post(Event.MASTER_GONE)
         else:
-            self.post(Event.RECONNECTED)
-        self.post(Event.MASTER_GONE, "re-evaluate")
+            self.post(self._reconnected)
+        self.post(Event.REEVALUATE)
 
     # --- the event loop ------------------------------------------------------------------
 
     async def _run(self) -> None:
         await self._evaluate()
         while True:
-            event, detail = await self._events.get()
-            if event is Event.RECONNECTED and not await self._still_our_epoch():
-                event = Event.SESSION_LOST
-            if event is Event.MASTER_GONE and detail == "re-evaluate":
+            pending, detail = await self._events.get()
+            event = pending if isinstance(pending, Event) else await pending()
+            before = self.machine.state
+            step = self.machine.handle(event)
+            if step is None:
+                continue  # ignored: not a row of the table
+            if step.look_again:
+                if event is Event.STALE_MASTER:
+                    self.master_url = None  # so the master we see next counts as changed: re-sync
                 await self._evaluate()
                 continue
-            if event is Event.MASTER_SEEN and self.machine.state is Role.FOLLOWING and detail == self.master_url:
-                continue  # same master
-            before = self.machine.state
-            new = self.machine.handle(event)
-            if new is None:
-                if event is Event.MASTER_GONE and before is Role.ORPHANED:
-                    await self._consider_election()
-                continue
+            new = step.state
             self.last_transition_at = time.time()
             log.info("role: %s --%s--> %s", before.value, event.value, new.value)
             try:
@@ -198,7 +215,7 @@ class HaCoordinator:
             except Exception:
                 log.exception("entering %s failed; re-evaluating", new.value)
                 await asyncio.sleep(0.2)
-                await self._evaluate()
+                self.post(Event.REEVALUATE)
             if new is Role.STOPPED:
                 return
 
@@ -209,7 +226,7 @@ class HaCoordinator:
         except ZK_ERRORS as exc:
             log.warning("cannot read the group's state from ZooKeeper (%s); retrying", exc)
             await asyncio.sleep(0.2)
-            self.post(Event.MASTER_GONE, "re-evaluate")
+            self.post(Event.REEVALUATE)
             return None
 
     async def _evaluate(self) -> None:
@@ -225,16 +242,9 @@ class HaCoordinator:
                 # Our own node from a previous life (kill -9, quick restart): wait it out.
                 log.info("the master node still names this broker (a previous run); waiting for it to expire")
                 await asyncio.sleep(0.5)
-                self.post(Event.MASTER_GONE, "re-evaluate")
+                self.post(Event.REEVALUATE)
         else:
-            self.post(Event.MASTER_SEEN, state.master_url)
-
-    async def _still_our_epoch(self) -> bool:
-        try:
-            state = await asyncio.to_thread(read_group_state, self.zk, self.paths, self.broker_id)
-        except ZK_ERRORS:
-            return False
-        return state.epoch == self.epoch and state.master_url == self.my_url
+            self._post_master(state.master_url)
 
     # --- entry actions --------------------------------------------------------------------
 
@@ -255,8 +265,8 @@ class HaCoordinator:
     async def _fence(self) -> None:
         await self._stop_leading()
         log.warning("fenced: this broker acks no writes until ZooKeeper confirms it still leads epoch %d", self.epoch)
-        # The session may come back (RECONNECTED) or not (SESSION_LOST / a new master).
-        self.post(Event.MASTER_GONE, "re-evaluate")
+        # The same session may come back with our epoch (RECONNECTED_SAME_EPOCH) or not.
+        self.post(Event.REEVALUATE)
 
     async def _shutdown(self) -> None:
         await self._stop_leading()
@@ -293,7 +303,7 @@ class HaCoordinator:
             return False
         if state.master_url is not None:
             if state.master_url != self.my_url:
-                self.post(Event.MASTER_SEEN, state.master_url)
+                self._post_master(state.master_url)
             return False
         follower = self.follower
         healthy = follower is None or not any(r.stopped for r in follower.replicas.values())
@@ -322,7 +332,7 @@ class HaCoordinator:
             epoch = None
         if epoch is None:
             self.post(Event.LOST)
-            self.post(Event.MASTER_GONE, "re-evaluate")
+            self.post(Event.REEVALUATE)
             return
         self.epoch = epoch
         self.post(Event.WON)
