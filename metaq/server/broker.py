@@ -19,7 +19,7 @@ import logging
 import os
 import signal
 from dataclasses import replace
-from typing import Any, Awaitable
+from typing import Awaitable
 
 from .. import __version__
 from ..config import BrokerConfig, ConfigError, SlaveConfig, TopicConfig

@@ -293,6 +293,31 @@ async def test_waiting_put_resolves_when_a_position_past_its_end_arrives(h: Harn
 
 
 @scenario()
+async def test_a_position_from_an_earlier_epoch_never_counts(h: Harness) -> None:
+    """Positions outlive terms (one record, ReplicationProgress): only this epoch's count."""
+    h.ends[T0] = 500
+    h.progress.fetched(0, "t", 0, 500, EPOCH - 1)  # said while another master led
+    h.sync.slave_position(0, "t", 0)
+    await settle()
+    assert h.sync.joining == set() and h.sync.members == frozenset()
+    h.report(0, 500)  # the same position, reported in this epoch
+    await settle()
+    assert h.sync.members == {0}
+
+
+@scenario()
+async def test_a_position_past_our_log_end_counts_as_nothing(h: Harness) -> None:
+    await h.join(0)
+    put = h.put(100)
+    h.report(0, 400)  # a divergent tail: longer than our log
+    await settle()
+    assert put.code is None and h.sync.committed(*T0) == 0
+    h.report(0, 100)
+    await settle()
+    assert put.code == c.OK
+
+
+@scenario()
 async def test_put_already_replicated_is_acked_without_waiting(h: Harness) -> None:
     await h.join(0)
     h.report(0, 10_000)  # past the master's end: a divergent slave log, never counted
