@@ -179,7 +179,8 @@ class HaCoordinator:
             return
         epoch, leader = decode_epoch(data)
         if epoch > self.epoch:
-            log.info("epoch %d (leader %s) is newer than ours (%d)", epoch, leader, self.epoch)
+            # Only LEADING reacts (it fences, and says so); elsewhere the row ignores it.
+            log.debug("epoch %d (leader %s) is newer than ours (%d)", epoch, leader, self.epoch)
             self.post(Event.HIGHER_EPOCH)
 
     def _on_connected(self, new_session: bool) -> None:
