@@ -4,7 +4,10 @@ One task processes events one at a time (``_events``), so the entry actions of
 a state (truncation, election, registration changes) never interleave. Events
 come from ZooKeeper watches (master znode, epoch znode), from the registry's
 session listener, and from the coordinator itself (after an election, or when
-an orphaned slave finds it may take over).
+an orphaned slave finds it may take over). Every decision about them is a row
+of role.py's table; an observation whose event depends on the state at the
+time it is processed (which master we follow, whether ZooKeeper still names us
+after a reconnect) is classified then, in order, by role.py's pure functions.
 
 Entry actions:
 
@@ -19,6 +22,12 @@ Entry actions:
   writes.
 * FENCED: stop acking at once (the lease is dropped; waiting sync acks fail
   with "unknown outcome").
+
+Ownership: the coordinator alone creates, starts and stops the lease, the sync
+set (sync_set.py) and the follower (follower.py), and it alone moves the epoch
+this broker serves in (``serving_epoch``). Each is started in one entry action
+and stopped in one method (``_stop_leading``, ``_stop_following``); the broker
+sees them only through the HA facade (node.py).
 """
 
 from __future__ import annotations
@@ -27,54 +36,68 @@ import asyncio
 import logging
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Awaitable, Callable, Union
 
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
 from ..client.connection import BrokerConnection, ConnectionClosed
 from ..config import SlaveConfig
-from ..zk.paths import ZkPaths, parse_broker_node_name, parse_broker_url, slave_node_id
-from .election import ZK_CALL_TIMEOUT_S, GroupState, decode_epoch, eligibility, read_group_state, try_take_master
+from ..zk.paths import ZkPaths, parse_broker_url, slave_node_id
+from .election import (
+    ZK_CALL_TIMEOUT_S, GroupState, decode_epoch, eligibility, publish_sync_set, read_group_state, try_take_master,
+)
 from .epochs import EpochCache
+from .follower import MasterFollower
+from .host import BrokerHost
 from .lease import ZkLease
+from .progress import ReplicationProgress
+from .role import Event, Role, RoleMachine, master_event, reconnected_event
+from .sync_set import SyncReplication
 from .truncation import divergence_point
-from .role import Event, Role, RoleMachine
-
-if TYPE_CHECKING:
-    from ..server.broker import Broker
 
 log = logging.getLogger(__name__)
+
+#: A queued event, or how to decide it when its turn comes.
+Pending = Union[Event, Callable[[], Awaitable[Event]]]
 
 # What a ZooKeeper call may raise when ZooKeeper is slow or away.
 ZK_ERRORS = (KazooException, KazooTimeoutError)
 
 
 class HaCoordinator:
-    def __init__(self, broker: "Broker", slave: SlaveConfig | None) -> None:
-        self.broker = broker
-        self.config = broker.config
+    def __init__(self, host: BrokerHost, slave: SlaveConfig | None, progress: ReplicationProgress) -> None:
+        self.host = host
+        self.progress = progress
+        self.config = host.config
         self.prefers_master = slave is None
         self.slave_template = slave
         self.machine = RoleMachine()
         self.paths = ZkPaths(self.config.zk.root)
         self.broker_id = self.config.broker_id
+        #: The newest epoch seen in ZooKeeper (or won).
         self.epoch = 0
+        #: The epoch this broker leads or follows in: put replies and replica fetches carry it.
+        self.serving_epoch = 0
         self.followed_epoch = 0
         self.master_url: str | None = None
         self.last_transition_at = time.time()
         self.truncations: list[dict[str, Any]] = []
-        self._events: asyncio.Queue[tuple[Event, Any]] = asyncio.Queue()
+        self._events: asyncio.Queue[tuple[Pending, Any]] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
         self._caches: dict[tuple[str, int], EpochCache] = {}
         self.lease: ZkLease | None = None
+        #: The sync set while leading in sync mode (None otherwise).
+        self.sync_set: SyncReplication | None = None
+        #: The replication follower, created the first time this broker follows.
+        self.follower: MasterFollower | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # --- wiring -----------------------------------------------------------------------
 
     @property
     def registry(self) -> Any:
-        return self.broker.registry
+        return self.host.registry
 
     @property
     def zk(self) -> Any:
@@ -109,17 +132,30 @@ class HaCoordinator:
                 await asyncio.wait_for(asyncio.shield(self._worker), 10)
             except asyncio.TimeoutError:
                 self._worker.cancel()
-        if self.lease is not None:
-            await self.lease.stop()
+        await self._stop_leading()  # the STOPPED entry action did this unless the worker hung
+        await self._stop_following()
 
     def refollow(self) -> None:
         """The master and we disagree on the epoch: look at ZooKeeper again and re-sync."""
-        if self.machine.state is Role.FOLLOWING:
-            self.master_url = None
-            self.post(Event.MASTER_GONE, "re-evaluate")
+        self.post(Event.STALE_MASTER)
 
-    def post(self, event: Event, detail: Any = None) -> None:
+    def post(self, event: Pending, detail: Any = None) -> None:
         self._events.put_nowait((event, detail))
+
+    def _post_master(self, url: str) -> None:
+        """The master znode names ``url`` (another broker): SEEN or CHANGED, decided in turn."""
+
+        async def decide() -> Event:
+            return master_event(url, self.master_url)
+
+        self.post(decide, url)
+
+    async def _reconnected(self) -> Event:
+        try:
+            state = await asyncio.to_thread(read_group_state, self.zk, self.paths, self.broker_id)
+        except ZK_ERRORS:
+            return Event.RECONNECTED_EPOCH_LOST  # cannot confirm: treat our epoch as gone
+        return reconnected_event(state.epoch, state.master_url, self.epoch, self.my_url)
 
     def _zk_watch(self, handler: Any) -> Any:
         def watcher(data: bytes | None, _stat: Any, *_: Any) -> bool:
@@ -136,14 +172,15 @@ class HaCoordinator:
         if url is None:
             self.post(Event.MASTER_GONE)
         elif url != self.my_url:
-            self.post(Event.MASTER_SEEN, url)
+            self._post_master(url)
 
     def _epoch_changed(self, data: bytes | None) -> None:
         if not data:
             return
         epoch, leader = decode_epoch(data)
-        if epoch > self.epoch and self.machine.state is Role.LEADING:
-            log.warning("epoch %d (leader %s) is newer than ours (%d): fencing", epoch, leader, self.epoch)
+        if epoch > self.epoch:
+            # Only LEADING reacts (it fences, and says so); elsewhere the row ignores it.
+            log.debug("epoch %d (leader %s) is newer than ours (%d)", epoch, leader, self.epoch)
             self.post(Event.HIGHER_EPOCH)
 
     def _on_connected(self, new_session: bool) -> None:
@@ -152,28 +189,26 @@ class HaCoordinator:
             self.post(Event.SESSION_LOST)
             self.post(Event.MASTER_GONE)
         else:
-            self.post(Event.RECONNECTED)
-        self.post(Event.MASTER_GONE, "re-evaluate")
+            self.post(self._reconnected)
+        self.post(Event.REEVALUATE)
 
     # --- the event loop ------------------------------------------------------------------
 
     async def _run(self) -> None:
         await self._evaluate()
         while True:
-            event, detail = await self._events.get()
-            if event is Event.RECONNECTED and not await self._still_our_epoch():
-                event = Event.SESSION_LOST
-            if event is Event.MASTER_GONE and detail == "re-evaluate":
+            pending, detail = await self._events.get()
+            event = pending if isinstance(pending, Event) else await pending()
+            before = self.machine.state
+            step = self.machine.handle(event)
+            if step is None:
+                continue  # ignored: not a row of the table
+            if step.look_again:
+                if event is Event.STALE_MASTER:
+                    self.master_url = None  # so the master we see next counts as changed: re-sync
                 await self._evaluate()
                 continue
-            if event is Event.MASTER_SEEN and self.machine.state is Role.FOLLOWING and detail == self.master_url:
-                continue  # same master
-            before = self.machine.state
-            new = self.machine.handle(event)
-            if new is None:
-                if event is Event.MASTER_GONE and before is Role.ORPHANED:
-                    await self._consider_election()
-                continue
+            new = step.state
             self.last_transition_at = time.time()
             log.info("role: %s --%s--> %s", before.value, event.value, new.value)
             try:
@@ -181,7 +216,7 @@ class HaCoordinator:
             except Exception:
                 log.exception("entering %s failed; re-evaluating", new.value)
                 await asyncio.sleep(0.2)
-                await self._evaluate()
+                self.post(Event.REEVALUATE)
             if new is Role.STOPPED:
                 return
 
@@ -192,7 +227,7 @@ class HaCoordinator:
         except ZK_ERRORS as exc:
             log.warning("cannot read the group's state from ZooKeeper (%s); retrying", exc)
             await asyncio.sleep(0.2)
-            self.post(Event.MASTER_GONE, "re-evaluate")
+            self.post(Event.REEVALUATE)
             return None
 
     async def _evaluate(self) -> None:
@@ -208,16 +243,9 @@ class HaCoordinator:
                 # Our own node from a previous life (kill -9, quick restart): wait it out.
                 log.info("the master node still names this broker (a previous run); waiting for it to expire")
                 await asyncio.sleep(0.5)
-                self.post(Event.MASTER_GONE, "re-evaluate")
+                self.post(Event.REEVALUATE)
         else:
-            self.post(Event.MASTER_SEEN, state.master_url)
-
-    async def _still_our_epoch(self) -> bool:
-        try:
-            state = await asyncio.to_thread(read_group_state, self.zk, self.paths, self.broker_id)
-        except ZK_ERRORS:
-            return False
-        return state.epoch == self.epoch and state.master_url == self.my_url
+            self._post_master(state.master_url)
 
     # --- entry actions --------------------------------------------------------------------
 
@@ -236,29 +264,34 @@ class HaCoordinator:
             await self._shutdown()
 
     async def _fence(self) -> None:
-        assert self.lease is not None
-        await self.lease.stop()
-        sync = self.broker.sync
-        if sync is not None:
-            self.broker.sync = None
-            await sync.stop()
+        await self._stop_leading()
         log.warning("fenced: this broker acks no writes until ZooKeeper confirms it still leads epoch %d", self.epoch)
-        # The session may come back (RECONNECTED) or not (SESSION_LOST / a new master).
-        self.post(Event.MASTER_GONE, "re-evaluate")
+        # The same session may come back with our epoch (RECONNECTED_SAME_EPOCH) or not.
+        self.post(Event.REEVALUATE)
 
     async def _shutdown(self) -> None:
+        await self._stop_leading()
+        await self._stop_following()
+
+    async def _stop_leading(self) -> None:
+        """Ack nothing more: drop the lease, fail waiting sync acks, publish no sync set again."""
         if self.lease is not None:
             await self.lease.stop()
-        if self.broker.sync is not None:
-            await self.broker.sync.stop()
-            self.broker.sync = None
-        if self.broker.follower is not None:
-            await self.broker.follower.stop()
+        sync_set, self.sync_set = self.sync_set, None
+        if sync_set is not None:
+            await sync_set.stop()
+
+    async def _stop_following(self) -> None:
+        if self.follower is not None:
+            await self.follower.stop()
+
+    async def _unfollow(self) -> None:
+        """Stop replicating (reads stay up): nothing may append while we truncate or lead."""
+        if self.follower is not None:
+            await self.follower.unfollow()
 
     async def _become_orphan(self) -> None:
-        follower = self.broker.follower
-        if follower is not None:
-            await follower.unfollow()
+        await self._unfollow()
         self.master_url = None
         if not await self._consider_election():
             # Not taking over: be visible as a slave, so consumers can read what we have.
@@ -271,9 +304,9 @@ class HaCoordinator:
             return False
         if state.master_url is not None:
             if state.master_url != self.my_url:
-                self.post(Event.MASTER_SEEN, state.master_url)
+                self._post_master(state.master_url)
             return False
-        follower = self.broker.follower
+        follower = self.follower
         healthy = follower is None or not any(r.stopped for r in follower.replicas.values())
         ok, why = eligibility(
             mode=self.config.replication_mode,
@@ -300,51 +333,92 @@ class HaCoordinator:
             epoch = None
         if epoch is None:
             self.post(Event.LOST)
-            self.post(Event.MASTER_GONE, "re-evaluate")
+            self.post(Event.REEVALUATE)
             return
         self.epoch = epoch
         self.post(Event.WON)
 
     async def _lead(self) -> None:
-        broker = self.broker
-        follower = broker.follower
-        if follower is not None:
-            await follower.unfollow()
-        broker.epoch = self.epoch
-        for name, topic in broker.config.topics.items():
+        host = self.host
+        await self._unfollow()
+        self.serving_epoch = self.epoch
+        for name, topic in host.config.topics.items():
             for partition in range(topic.num_partitions):
-                log_ = broker.store.get_log(name, partition)
+                log_ = host.store.get_log(name, partition)
                 cache = self.cache(name, partition)
                 if cache.assign(self.epoch, log_.log_end):
                     cache.save()
         assert self.lease is not None
         await self.lease.start()
-        await broker.start_sync_replication()
+        await self._start_sync_set()
         self.master_url = self.my_url
         # Last: the topic and checksum nodes tell producers to come, so we take
         # writes before they appear.
         await self.registry.set_role("master")
         log.info("leading broker group %d in epoch %d", self.broker_id, self.epoch)
 
+    async def _start_sync_set(self) -> None:
+        """On becoming master in sync mode: start the sync set (published before any ack)."""
+        config = self.config
+        if config.replication_mode != "sync":
+            return
+        store = self.host.store
+        self.sync_set = SyncReplication(
+            config.min_sync_slaves,
+            config.sync_slave_timeout_ms,
+            config.on_sync_slave_loss,
+            self._publish_sync_set,
+            log_end=lambda t, p: store.get_log(t, p).log_end,
+            flushed_end=lambda t, p: store.get_log(t, p).flushed_end,
+            partitions=lambda: list(store.logs()),
+            # Only positions reported in this term count (progress outlives terms).
+            position=lambda slave_id, t, p: self.progress.position(slave_id, t, p, epoch=self.serving_epoch),
+            on_committed=self.host.notify,
+        )
+        await self.sync_set.start()
+        log.info(
+            "sync replication: acks wait for the sync set (minSyncSlaves=%d, syncSlaveTimeoutMs=%d, onSyncSlaveLoss=%s)",
+            config.min_sync_slaves,
+            config.sync_slave_timeout_ms,
+            config.on_sync_slave_loss,
+        )
+
+    async def _publish_sync_set(self, members: frozenset[int]) -> None:
+        """Write the sync set to ZooKeeper (persistent: failover reads it after we are gone)."""
+        config = self.config
+        await asyncio.wait_for(
+            asyncio.to_thread(
+                publish_sync_set, self.zk, self.paths, self.broker_id,
+                self.serving_epoch, self.my_url, members, config.min_sync_slaves,
+            ),
+            config.sync_slave_timeout_ms / 1000 + 5,
+        )
+
     async def _become_follower(self, url: str) -> None:
-        broker = self.broker
-        if broker.sync is not None:
-            await broker.sync.stop()
-            broker.sync = None
-        if self.lease is not None:
-            await self.lease.stop()
-        if broker.follower is not None:
-            # Nothing may append while we truncate.
-            await broker.follower.unfollow()
+        await self._stop_leading()
+        await self._unfollow()
         self.master_url = url
         await self._ensure_slave_registration()
         state = await asyncio.to_thread(read_group_state, self.zk, self.paths, self.broker_id)
         self.epoch = max(self.epoch, state.epoch)
-        broker.epoch = self.epoch
+        self.serving_epoch = self.epoch
         await self._truncate_against(url)
         self.followed_epoch = self.epoch
-        follower = broker.ensure_follower(self._slave_config())
+        follower = self._ensure_follower(self._slave_config())
         await follower.follow(url)
+
+    def _ensure_follower(self, slave: SlaveConfig) -> MasterFollower:
+        """The replication follower (created on first use, and again if our slave id changed)."""
+        if self.follower is None or self.follower.slave.slave_id != slave.slave_id:
+            # A follower of another slave id is left stopped-following (unfollow ran) and dropped.
+            self.follower = MasterFollower(
+                self.host, slave, self.zk, self.paths,
+                epoch=lambda: self.serving_epoch,
+                adopt_epochs=self.adopt_master_epochs,
+                on_stale_master=self.refollow,
+            )
+            asyncio.ensure_future(self.follower.start())
+        return self.follower
 
     # --- slave identity ------------------------------------------------------------------
 
@@ -382,13 +456,13 @@ class HaCoordinator:
         key = (topic, partition)
         cache = self._caches.get(key)
         if cache is None:
-            log_ = self.broker.store.get_log(topic, partition)
+            log_ = self.host.store.get_log(topic, partition)
             cache = EpochCache.load(log_.directory)
             self._caches[key] = cache
         return cache
 
     def epoch_end(self, topic: str, partition: int, epoch: int) -> tuple[int, int]:
-        log_ = self.broker.store.get_log(topic, partition)
+        log_ = self.host.store.get_log(topic, partition)
         return self.cache(topic, partition).end_offset_for(epoch, log_.log_end)
 
     def epoch_entries(self, topic: str, partition: int) -> list[tuple[int, int]]:
@@ -408,7 +482,7 @@ class HaCoordinator:
                 log.info("waiting for the master at %s: %s", url, exc)
                 await asyncio.sleep(0.2)
         try:
-            for (topic, partition), log_ in sorted(self.broker.store.logs().items()):
+            for (topic, partition), log_ in sorted(self.host.store.logs().items()):
                 await self._truncate_partition(conn, topic, partition, log_)
         finally:
             conn.close()
@@ -448,9 +522,3 @@ class HaCoordinator:
             )
         return pairs
 
-
-def slave_id_from_node(name: str) -> int | None:
-    try:
-        return parse_broker_node_name(name)[1]
-    except ValueError:
-        return None

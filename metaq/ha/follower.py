@@ -1,4 +1,7 @@
-"""The slave side of replication: find the master in ZooKeeper and copy every partition.
+"""The slave side of replication: copy every partition of the master it is told to follow.
+
+Which master to follow is the HA coordinator's decision (coordinator.py calls
+``follow(url)`` / ``unfollow()``); the follower only replicates from it.
 
 A slave subscribes to its master the way MetaQ's did, as a consumer of every
 master topic-partition, with three differences that close the original's holes:
@@ -23,19 +26,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ..client.connection import BrokerConnection, ConnectionClosed
 from ..config import SlaveConfig
 from ..zk.paths import ZkPaths, parse_broker_url
 from .heartbeat import SlaveHeartbeat
+from .host import BrokerHost
 from .config_sync import adopt_master_topics, save_master_copy, topics_for_master_layout
 from .replica import PartitionReplica, ReplicaDiverged, StaleMaster
 
 if TYPE_CHECKING:
     from kazoo.client import KazooClient
-
-    from ..server.broker import Broker
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +47,29 @@ BATCH_BYTES = 256 * 1024
 LINGER_S = 0.002
 
 
+#: Copies the master's epoch history of one partition over an open connection.
+AdoptEpochs = Callable[[BrokerConnection, str, int], Awaitable[None]]
+
+
 class MasterFollower:
-    def __init__(self, broker: "Broker", slave: SlaveConfig, zk: "KazooClient", paths: ZkPaths) -> None:
-        self.broker = broker
+    def __init__(
+        self,
+        host: BrokerHost,
+        slave: SlaveConfig,
+        zk: "KazooClient",
+        paths: ZkPaths,
+        epoch: Callable[[], int],
+        adopt_epochs: AdoptEpochs,
+        on_stale_master: Callable[[], None],
+    ) -> None:
+        self.host = host
         self.slave = slave
         self.zk = zk
         self.paths = paths
-        self.broker_id = broker.config.broker_id
+        self.broker_id = host.config.broker_id
+        self._epoch = epoch
+        self._adopt_epochs = adopt_epochs
+        self._on_stale_master = on_stale_master
         self.replicas: dict[tuple[str, int], PartitionReplica] = {}
         self.master_url: str | None = None
         self.master_config_checksum: str | None = None
@@ -62,15 +80,11 @@ class MasterFollower:
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._sync_task: asyncio.Task[None] | None = None
         self._stopped = False
-        # UDP heartbeats to the current master: lag figures and fast suspicion only.
-        self.heartbeat = SlaveHeartbeat(self.broker_id, slave.slave_id, lambda: self.broker.epoch, self._log_ends)
+        # UDP heartbeats to the current master: lag figures only (roles are ZooKeeper's).
+        self.heartbeat = SlaveHeartbeat(self.broker_id, slave.slave_id, epoch, self._log_ends)
 
     def _log_ends(self) -> dict[tuple[str, int], int]:
         return {key: replica.log.log_end for key, replica in self.replicas.items()}
-
-    def master_silent_for(self) -> float | None:
-        """Seconds since the master last answered a heartbeat (None: no master registered)."""
-        return self.heartbeat.master_silent_for()
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -176,7 +190,7 @@ class MasterFollower:
             raise ConnectionError(f"master answered topics with {reply.code}: {reply.message}")
         master_topics: dict[str, int] = reply["topics"]
         self.master_mode = reply.get("replication_mode", "async")
-        own = self.broker.config
+        own = self.host.config
         if self.slave.auto_sync_master_config:
             config_reply = await conn.request({"op": "config"}, timeout=10)
             if not config_reply.ok:
@@ -185,22 +199,21 @@ class MasterFollower:
             save_master_copy(own, bytes(config_reply.body))
         else:
             topics = topics_for_master_layout(own, master_topics)
-        await self.broker.update_topics(topics)
+        await self.host.update_topics(topics)
         for topic, partitions in sorted(master_topics.items()):
             for partition in range(partitions):
                 if (topic, partition) not in self._tasks:
                     await self._start_partition(conn, topic, partition)
 
     async def _start_partition(self, conn: BrokerConnection, topic: str, partition: int) -> None:
-        store = self.broker.store
+        store = self.host.store
         if not store.has_log(topic, partition):
             # An empty slave starts at the master's oldest retained offset, so its
             # offsets are the master's from the first byte (MetaQ's handleMassageFiles).
             reply = await conn.request({"op": "offset", "topic": topic, "partition": partition, "offset": 0}, timeout=10)
             start = int(reply.get("min_offset", 0)) if reply.ok else 0
             store.get_or_create_log(topic, partition, start_offset=start)
-        if self.broker.coordinator is not None:
-            await self.broker.coordinator.adopt_master_epochs(conn, topic, partition)
+        await self._adopt_epochs(conn, topic, partition)
         replica = self.replicas.get((topic, partition))
         if replica is None:
             replica = PartitionReplica(
@@ -209,7 +222,7 @@ class MasterFollower:
                 store.get_log(topic, partition),
                 store.flusher(topic, partition),
                 self._replica_info,
-                self.broker.replica_appended,
+                self.host.notify,
                 self.slave.slave_max_delay_ms,
             )
             replica.status.extra["started_at"] = time.time()
@@ -221,7 +234,7 @@ class MasterFollower:
         self._tasks[(topic, partition)] = asyncio.ensure_future(self._replicate(replica))
 
     def _replica_info(self) -> dict[str, Any]:
-        return {"slave_id": self.slave.slave_id, "epoch": self.broker.epoch}
+        return {"slave_id": self.slave.slave_id, "epoch": self._epoch()}
 
     async def _replicate(self, replica: PartitionReplica) -> None:
         """Fetch forever; back off (up to slaveMaxDelayInMills) only after errors."""
@@ -242,8 +255,7 @@ class MasterFollower:
                 return
             except StaleMaster as exc:
                 log.warning("%s; re-checking who leads", exc)
-                if self.broker.coordinator is not None:
-                    self.broker.coordinator.refollow()
+                self._on_stale_master()
                 await asyncio.sleep(max_delay)
             except RETRIABLE as exc:
                 delay = min(max(delay * 2, max_delay / 10), max_delay)

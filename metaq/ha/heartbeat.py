@@ -11,10 +11,16 @@ port) and answers heartbeats; a slave that follows a master sends one every
 
 ``echo`` is the slave's ``sent_at``, so the slave measures the round trip.
 
-What they are for: lag figures (the master records each slave's log ends with
-``ReplicationProgress.heartbeat``; the slave learns the master's log ends even
-while its fetches are blocked) and fast suspicion (``master_silent_for()``).
-They never decide roles: **ZooKeeper alone decides who is master.**
+What they are for: lag figures only. The master records each slave's log ends
+(``ReplicationProgress.heartbeat``) and keeps a quiet sync-set member counted;
+the slave learns the master's log ends even while its fetches are blocked, and
+shows how long the master has been silent (``master_silent_for_ms`` in stats).
+Nothing acts on that silence: they never decide roles, **ZooKeeper alone
+decides who is master** (through its session timeout).
+
+The ``role`` a broker answers with is its HA role as the HA layer holds it
+(``HaView.acting_master``), not how it was started: a broker started with
+``--slave`` and since promoted answers as the master.
 
 Robustness: a datagram that is not msgpack, not a map, not a heartbeat, of the
 wrong broker group, or with badly typed fields is counted in ``bad`` and
@@ -28,13 +34,10 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 import asyncio_dgram
 import msgpack
-
-if TYPE_CHECKING:
-    from ..server.broker import Broker
 
 log = logging.getLogger(__name__)
 
@@ -111,11 +114,30 @@ def encode(message: dict[str, Any]) -> bytes:
 # --- the answering side (every broker; records progress when it is the master) -------
 
 
+class HaView(Protocol):
+    """What the responder reads of the broker's HA state (metaq.ha.node.HaNode)."""
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def acting_master(self) -> bool: ...
+
+    def committed(self, topic: str, partition: int, log: Any) -> int: ...
+
+    def slave_heartbeat(self, slave_id: int, address: str | None, log_ends: dict[tuple[str, int], int], epoch: int) -> None:
+        """A slave's heartbeat reached this (acting) master."""
+
+
 class HeartbeatResponder:
     """Binds UDP on the broker's address and answers heartbeats."""
 
-    def __init__(self, broker: "Broker", host: str, port: int) -> None:
-        self.broker = broker
+    def __init__(
+        self, broker_id: int, ha: HaView, logs: Callable[[], dict[tuple[str, int], Any]], host: str, port: int
+    ) -> None:
+        self.broker_id = broker_id
+        self.ha = ha
+        self.logs = logs
         self.host = host
         self.port = port
         self.received = 0
@@ -176,33 +198,31 @@ class HeartbeatResponder:
 
     def handle(self, data: bytes, addr: Any) -> bytes | None:
         """Record one slave heartbeat; the answer to send back, or None (ignored)."""
-        broker = self.broker
+        ha = self.ha
         try:
             message = decode(data, "slave")
-            if message["broker_id"] != broker.config.broker_id:
-                raise BadHeartbeat(f"heartbeat for broker {message['broker_id']}, this is broker {broker.config.broker_id}")
+            if message["broker_id"] != self.broker_id:
+                raise BadHeartbeat(f"heartbeat for broker {message['broker_id']}, this is broker {self.broker_id}")
         except BadHeartbeat as exc:
             self.bad += 1
             self.last_bad = str(exc)
             log.debug("ignored a bad heartbeat from %s: %s", addr, exc)
             return None
         self.received += 1
-        if broker.slave is None:
+        master = ha.acting_master
+        if master:
             address = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) and len(addr) >= 2 else None
-            broker.progress.heartbeat(message["slave_id"], address, message["_log_ends"], message["epoch"])
-            heard = getattr(broker, "slave_heard", None)
-            if heard is not None:  # sync replication: a quiet but alive slave stays counted
-                heard(message["slave_id"])
+            ha.slave_heartbeat(message["slave_id"], address, message["_log_ends"], message["epoch"])
         log_ends, committed = {}, {}
-        for (topic, partition), log_ in broker.store.logs().items():
+        for (topic, partition), log_ in self.logs().items():
             key = partition_key(topic, partition)
             log_ends[key] = log_.log_end
-            committed[key] = broker.committed(topic, partition, log_)
+            committed[key] = ha.committed(topic, partition, log_)
         reply = {
             "kind": "hb",
-            "role": "master" if broker.slave is None else "slave",
-            "broker_id": broker.config.broker_id,
-            "epoch": broker.epoch,
+            "role": "master" if master else "slave",
+            "broker_id": self.broker_id,
+            "epoch": ha.epoch,
             "log_ends": log_ends,
             "committed": committed,
             "sent_at": time.time(),

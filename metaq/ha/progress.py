@@ -1,5 +1,8 @@
 """The master's view of replication: where each slave is, and how far behind.
 
+This is the one record of a slave's position: the sync set (sync_set.py) reads
+it from here. A slave is forgotten when its replication connection closes.
+
 A slave's position in a partition is the ``log_end`` it reports with every
 fetch (and in its heartbeats). Because a slave's log is a byte-identical prefix
 of the master's, that one number says exactly which messages it has.
@@ -120,9 +123,12 @@ class ReplicationProgress:
             if current is None or end > current.log_end:
                 self.positions[(slave_id, topic, partition)] = ReplicaPosition(end, epoch, now)
 
-    def position(self, slave_id: int, topic: str, partition: int) -> int | None:
+    def position(self, slave_id: int, topic: str, partition: int, epoch: int | None = None) -> int | None:
+        """A slave's last reported log end; with ``epoch``, only one reported in that epoch."""
         found = self.positions.get((slave_id, topic, partition))
-        return None if found is None else found.log_end
+        if found is None or (epoch is not None and found.epoch != epoch):
+            return None
+        return found.log_end
 
     def lag(self, master_log_end: dict[tuple[str, int], int]) -> list[ReplicaLag]:
         """Lag of every known slave for every partition of ``master_log_end``."""
@@ -159,6 +165,7 @@ class ReplicationProgress:
         }
 
     def forget(self, slave_id: int) -> None:
+        """A slave left (its replication connection closed): drop it, so state stays bounded."""
         self.slaves.pop(slave_id, None)
         for key in [k for k in self.positions if k[0] == slave_id]:
             del self.positions[key]

@@ -6,7 +6,7 @@ Every broker of a group (same ``brokerId``) runs this machine. ZooKeeper alone
 decides who is master: the ephemeral ``/brokers/ids/{id}/master`` znode is the
 lock, ``/brokers/ids/{id}/epoch`` numbers the masters (see election.py). The
 coordinator (coordinator.py) watches ZooKeeper, turns what it sees into events,
-feeds them to this machine, and carries out the new state:
+feeds them to this machine one at a time, and carries out the result:
 
 * FOLLOWING: replicate from the registered master, after cutting any divergent
   tail of our own log (epoch-based truncation); serve reads up to the master's
@@ -23,28 +23,49 @@ feeds them to this machine, and carries out the new state:
 A broker's *preference* (started with or without ``--slave``) only matters for a
 group that never had a master: the first master is a broker started without it.
 
-Transition table (event -> new state; anything not listed is ignored, which
-keeps duplicate and late ZooKeeper events harmless):
+Events, and who decides them (the coordinator applies no rule of its own: every
+decision is a row below or one of the two pure functions here):
 
-    state       MASTER_SEEN  MASTER_GONE  ELIGIBLE   WON      LOST     SUSPENDED  RECONNECTED  SESSION_LOST  HIGHER_EPOCH  STOP
-    ----------  -----------  -----------  ---------  -------  -------  ---------  -----------  ------------  ------------  -------
-    STARTING    FOLLOWING    ORPHANED     .          .        .        .          .            .             .             STOPPED
-    FOLLOWING   FOLLOWING*   ORPHANED     .          .        .        .          .            .             .             STOPPED
-    ORPHANED    FOLLOWING    .            ELECTING   .        .        .          .            .             .             STOPPED
-    ELECTING    FOLLOWING    .            .          LEADING  ORPHANED .          .            ORPHANED      .             STOPPED
-    LEADING     .            FENCED       .          .        .        FENCED     .            FENCED        FENCED        STOPPED
-    FENCED      FOLLOWING    ORPHANED     .          .        .        .          LEADING      ORPHANED      .             STOPPED
+* MASTER_SEEN / MASTER_CHANGED: the master znode names another broker;
+  ``master_event`` says whether it is the one we already follow.
+* MASTER_GONE: no master znode (or our session, and so our lock, is gone).
+* ELIGIBLE: the election rules (election.eligibility) let us try to take over.
+* WON / LOST: the outcome of the election transaction.
+* SUSPENDED: the ZooKeeper connection dropped; the session may be alive.
+* RECONNECTED_SAME_EPOCH / RECONNECTED_EPOCH_LOST: the same session is back;
+  ``reconnected_event`` says whether ZooKeeper still names us master of our epoch.
+* SESSION_LOST: the session expired (a new one was created).
+* HIGHER_EPOCH: ZooKeeper or a slave knows a newer epoch than ours.
+* STALE_MASTER: the master we follow disagrees with us on the epoch.
+* REEVALUATE: read ZooKeeper afresh and post what it shows.
+* STOP: the broker stops.
 
-    * FOLLOWING + MASTER_SEEN with another address re-enters FOLLOWING (new master:
-      truncate against it, then follow).
+Transition table. ``X`` means: move to X and run X's entry action (X may be the
+current state: the entry action runs again). ``=look`` means: stay, read
+ZooKeeper afresh and post what it shows (for STALE_MASTER, after forgetting
+which master we follow, so the master seen next counts as changed and we
+re-sync against it). ``.`` means ignored, which keeps duplicate and late
+ZooKeeper events harmless. Every non-STOPPED state goes to STOPPED on STOP and
+looks again on REEVALUATE (columns left out).
 
-FENCED + RECONNECTED is only sent when the session survived and the epoch in
-ZooKeeper is still ours; FENCED + MASTER_GONE is sent once the session is known
-to be lost (our lock is gone). Guarantees kept by the coordinator:
+    state      SEEN  CHANGED    GONE      ELIGIBLE  WON      LOST      SUSPENDED  RECONN_SAME  RECONN_LOST  SESSION_LOST  HIGHER_EPOCH  STALE_MASTER
+    ---------  ----  ---------  --------  --------  -------  --------  ---------  -----------  -----------  ------------  ------------  ------------
+    STARTING   .     FOLLOWING  ORPHANED  .         .        .         .          .            .            .             .             .
+    FOLLOWING  .     FOLLOWING  ORPHANED  .         .        .         .          .            .            .             .             =look
+    ORPHANED   .     FOLLOWING  ORPHANED  ELECTING  .        .         .          .            .            .             .             .
+    ELECTING   .     FOLLOWING  .         .         LEADING  ORPHANED  .          .            ORPHANED     ORPHANED      .             .
+    LEADING    .     .          FENCED    .         .        .         FENCED     .            FENCED       FENCED        FENCED        .
+    FENCED     .     FOLLOWING  ORPHANED  .         .        .         .          LEADING      ORPHANED     ORPHANED      .             .
+
+    FOLLOWING + MASTER_CHANGED re-enters FOLLOWING (a new master: truncate against it, then follow).
+    ORPHANED + MASTER_GONE re-enters ORPHANED (still no master: ask the election rules again).
+
+Guarantees kept by the coordinator:
 
 * writes are acked only in LEADING, with a valid lease (lease.py);
-* LEADING is entered only by winning the election transaction, so two brokers
-  can never both be LEADING in the same epoch, and epochs only grow;
+* LEADING is entered only by winning the election transaction (or by getting
+  the same session and epoch back while FENCED), so two brokers can never both
+  be LEADING in the same epoch, and epochs only grow;
 * FOLLOWING starts with truncation to the master's end of our last epoch, so
   after it our log is a prefix of the master's again.
 """
@@ -52,6 +73,7 @@ to be lost (our lock is gone). Guarantees kept by the coordinator:
 from __future__ import annotations
 
 import enum
+from typing import NamedTuple
 
 
 class Role(enum.Enum):
@@ -66,64 +88,85 @@ class Role(enum.Enum):
 
 class Event(enum.Enum):
     MASTER_SEEN = "master_seen"
+    MASTER_CHANGED = "master_changed"
     MASTER_GONE = "master_gone"
     ELIGIBLE = "eligible"
     WON = "won"
     LOST = "lost"
     SUSPENDED = "suspended"
-    RECONNECTED = "reconnected"
+    RECONNECTED_SAME_EPOCH = "reconnected_same_epoch"
+    RECONNECTED_EPOCH_LOST = "reconnected_epoch_lost"
     SESSION_LOST = "session_lost"
     HIGHER_EPOCH = "higher_epoch"
+    STALE_MASTER = "stale_master"
+    REEVALUATE = "reevaluate"
     STOP = "stop"
+
+
+class Step(NamedTuple):
+    """What a row says: the state afterwards, and whether to enter it or look at ZooKeeper again."""
+
+    state: Role
+    look_again: bool = False
 
 
 S, E = Role, Event
 
-TRANSITIONS: dict[tuple[Role, Event], Role] = {
-    (S.STARTING, E.MASTER_SEEN): S.FOLLOWING,
-    (S.STARTING, E.MASTER_GONE): S.ORPHANED,
-    (S.FOLLOWING, E.MASTER_SEEN): S.FOLLOWING,
-    (S.FOLLOWING, E.MASTER_GONE): S.ORPHANED,
-    (S.ORPHANED, E.MASTER_SEEN): S.FOLLOWING,
-    (S.ORPHANED, E.ELIGIBLE): S.ELECTING,
-    (S.ELECTING, E.MASTER_SEEN): S.FOLLOWING,
-    (S.ELECTING, E.WON): S.LEADING,
-    (S.ELECTING, E.LOST): S.ORPHANED,
-    (S.ELECTING, E.SESSION_LOST): S.ORPHANED,
-    (S.LEADING, E.MASTER_GONE): S.FENCED,
-    (S.LEADING, E.SUSPENDED): S.FENCED,
-    (S.LEADING, E.SESSION_LOST): S.FENCED,
-    (S.LEADING, E.HIGHER_EPOCH): S.FENCED,
-    (S.FENCED, E.MASTER_SEEN): S.FOLLOWING,
-    (S.FENCED, E.MASTER_GONE): S.ORPHANED,
-    (S.FENCED, E.RECONNECTED): S.LEADING,
-    (S.FENCED, E.SESSION_LOST): S.ORPHANED,
+TRANSITIONS: dict[tuple[Role, Event], Step] = {
+    (S.STARTING, E.MASTER_CHANGED): Step(S.FOLLOWING),
+    (S.STARTING, E.MASTER_GONE): Step(S.ORPHANED),
+    (S.FOLLOWING, E.MASTER_CHANGED): Step(S.FOLLOWING),
+    (S.FOLLOWING, E.MASTER_GONE): Step(S.ORPHANED),
+    (S.FOLLOWING, E.STALE_MASTER): Step(S.FOLLOWING, look_again=True),
+    (S.ORPHANED, E.MASTER_CHANGED): Step(S.FOLLOWING),
+    (S.ORPHANED, E.MASTER_GONE): Step(S.ORPHANED),
+    (S.ORPHANED, E.ELIGIBLE): Step(S.ELECTING),
+    (S.ELECTING, E.MASTER_CHANGED): Step(S.FOLLOWING),
+    (S.ELECTING, E.WON): Step(S.LEADING),
+    (S.ELECTING, E.LOST): Step(S.ORPHANED),
+    (S.ELECTING, E.RECONNECTED_EPOCH_LOST): Step(S.ORPHANED),
+    (S.ELECTING, E.SESSION_LOST): Step(S.ORPHANED),
+    (S.LEADING, E.MASTER_GONE): Step(S.FENCED),
+    (S.LEADING, E.SUSPENDED): Step(S.FENCED),
+    (S.LEADING, E.RECONNECTED_EPOCH_LOST): Step(S.FENCED),
+    (S.LEADING, E.SESSION_LOST): Step(S.FENCED),
+    (S.LEADING, E.HIGHER_EPOCH): Step(S.FENCED),
+    (S.FENCED, E.MASTER_CHANGED): Step(S.FOLLOWING),
+    (S.FENCED, E.MASTER_GONE): Step(S.ORPHANED),
+    (S.FENCED, E.RECONNECTED_SAME_EPOCH): Step(S.LEADING),
+    (S.FENCED, E.RECONNECTED_EPOCH_LOST): Step(S.ORPHANED),
+    (S.FENCED, E.SESSION_LOST): Step(S.ORPHANED),
 }
 for _state in Role:
     if _state is not Role.STOPPED:
-        TRANSITIONS[(_state, Event.STOP)] = Role.STOPPED
+        TRANSITIONS[(_state, Event.STOP)] = Step(Role.STOPPED)
+        TRANSITIONS[(_state, Event.REEVALUATE)] = Step(_state, look_again=True)
+
+
+def master_event(seen_url: str, following_url: str | None) -> Event:
+    """The master znode names ``seen_url`` (not us): the master we follow, or a change."""
+    return Event.MASTER_SEEN if seen_url == following_url else Event.MASTER_CHANGED
+
+
+def reconnected_event(zk_epoch: int, zk_master_url: str | None, our_epoch: int, our_url: str) -> Event:
+    """The same session is back: does ZooKeeper still name us master of our epoch?"""
+    if zk_epoch == our_epoch and zk_master_url == our_url:
+        return Event.RECONNECTED_SAME_EPOCH
+    return Event.RECONNECTED_EPOCH_LOST
 
 
 class RoleMachine:
-    """Holds the current role; ``handle`` returns the new role, or None if the event is ignored."""
+    """Holds the current role; ``handle`` returns the row applied, or None if the event is ignored."""
 
     def __init__(self) -> None:
         self.state = Role.STARTING
-        self.history: list[tuple[Role, Event, Role]] = []
 
-    def handle(self, event: Event) -> Role | None:
-        new = TRANSITIONS.get((self.state, event))
-        if new is None:
-            return None
-        self.history.append((self.state, event, new))
-        del self.history[:-100]
-        self.state = new
-        return new
+    def handle(self, event: Event) -> Step | None:
+        step = TRANSITIONS.get((self.state, event))
+        if step is not None:
+            self.state = step.state
+        return step
 
     @property
     def may_ack_writes(self) -> bool:
         return self.state is Role.LEADING
-
-    @property
-    def is_master(self) -> bool:
-        return self.state in (Role.LEADING, Role.FENCED, Role.ELECTING)

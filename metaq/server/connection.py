@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Awaitable
+from typing import Any, Awaitable, Protocol
 
 from ..protocol import commands as c
 from ..protocol.frames import (
@@ -29,9 +29,7 @@ from ..protocol.frames import (
     encode_frame,
     encode_frame_head,
 )
-
-if TYPE_CHECKING:
-    from .handlers import RequestHandlers
+from .stats import BrokerStats
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +50,20 @@ class FileBody:
         self.read = read  # fallback: callable returning the bytes
 
 
+class Handlers(Protocol):
+    """What a connection calls (metaq.server.handlers.RequestHandlers)."""
+
+    stats: BrokerStats
+
+    def handle(self, req: c.Request) -> Any: ...
+
+    def handle_text(self, req: c.Request) -> Any: ...
+
+    def connection_closed(self, origin: Any) -> None: ...
+
+
 class ClientConnection(asyncio.Protocol):
-    def __init__(self, handlers: "RequestHandlers", max_body: int) -> None:
+    def __init__(self, handlers: Handlers, max_body: int) -> None:
         self.handlers = handlers
         self.decoder = FrameDecoder(max_body=max_body)
         self.transport: asyncio.Transport | None = None
@@ -79,7 +89,7 @@ class ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
         self.handlers.stats.connection_closed()
-        self.handlers.broker.connection_closed(self)
+        self.handlers.connection_closed(self)
         for task in list(self._tasks):
             task.cancel()
         self._drained.set()

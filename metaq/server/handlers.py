@@ -17,21 +17,24 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import TYPE_CHECKING, Any, Awaitable
+from typing import TYPE_CHECKING, Any, Awaitable, Protocol
 
 from .. import __version__
+from ..config import BrokerConfig, TopicConfig
+from ..ha.node import HaNode
+from ..ha.sync_set import SyncWaitFailed
 from ..protocol import commands as c
-from ..ha.sync import SyncWaitFailed
 from ..record import RecordError, stamp_msg_ids, validate_batch
 from ..store.log import OffsetOutOfRange
-from ..store.manager import UnknownPartition, UnknownTopic
+from ..store.manager import MessageStoreManager, UnknownPartition, UnknownTopic
+from ..store.msgid import MsgIdGenerator
 from . import stats as stats_text
 from .connection import FileBody
+from .stats import BrokerStats
+from .waiters import EndWaiters
 
 if TYPE_CHECKING:
-    from ..config import TopicConfig
     from ..store.log import PartitionLog
-    from .broker import Broker
 
 MAX_BATCH_COUNT = 4096
 MAX_CHECKSUM_RANGE = 256 * 1024 * 1024
@@ -40,8 +43,29 @@ MAX_REPLICA_TRANSFER = 16 * 1024 * 1024
 Reply = tuple[dict[str, Any], Any]
 
 
+class ServedBroker(Protocol):
+    """What the handlers use of the broker (metaq.server.broker.Broker); role questions go to ``ha``."""
+
+    config: BrokerConfig
+    store: MessageStoreManager
+    stats: BrokerStats
+    waiters: EndWaiters
+    ids: MsgIdGenerator | None
+    ha: HaNode
+
+    def topic_config(self, topic: str) -> TopicConfig | None: ...
+
+    def appended(self, topic: str, partition: int, end: int, count: int) -> None: ...
+
+    def durability_wait(self, topic: str, partition: int, end: int, count: int) -> Awaitable[None] | None: ...
+
+    def general_pairs(self) -> list[tuple[str, object]]: ...
+
+    def offset_pairs(self, only_topic: str | None = None) -> list[tuple[str, object]]: ...
+
+
 class RequestHandlers:
-    def __init__(self, broker: "Broker") -> None:
+    def __init__(self, broker: ServedBroker) -> None:
         self.broker = broker
         self.stats = broker.stats
         self._round_robin = itertools.count()
@@ -53,6 +77,10 @@ class RequestHandlers:
             if exc.code == c.BAD_REQUEST:
                 self.stats.bad_request()
             return c.reply_header(req.opaque, exc.code, exc.message), b""
+
+    def connection_closed(self, origin: Any) -> None:
+        """A client connection closed (a slave replicating over it is gone)."""
+        self.broker.ha.connection_closed(origin)
 
     def handle_text(self, req: c.Request) -> bytes:
         if req.op == "version":
@@ -82,7 +110,7 @@ class RequestHandlers:
         topic = self._topic(req.topic)
         if not topic.accept_publish:
             raise c.RequestError(c.FORBIDDEN, f"topic {req.topic!r} does not accept publishing on this broker")
-        refusal = broker.write_refusal()
+        refusal = broker.ha.write_refusal()
         if refusal is not None:
             raise c.RequestError(refusal[0], refusal[1])
         partition = req.partition
@@ -101,6 +129,7 @@ class RequestHandlers:
             raise c.RequestError(c.BAD_REQUEST, f"put announced {req.count} messages but carries {count}")
         if count > MAX_BATCH_COUNT:
             raise c.RequestError(c.BAD_REQUEST, f"a put carries at most {MAX_BATCH_COUNT} messages, got {count}")
+        assert broker.ids is not None  # set in Broker.start, before the server listens
         first_id = broker.ids.allocate(count)
         stamp_msg_ids(body, first_id)
         try:
@@ -115,7 +144,7 @@ class RequestHandlers:
         broker.appended(req.topic, partition, end, count)
         reply = c.reply_header(
             req.opaque, c.OK, partition=partition, offset=offset, msg_id=first_id, count=count, end_offset=end,
-            epoch=broker.epoch,
+            epoch=broker.ha.epoch,
         )
         try:
             wait = broker.durability_wait(req.topic, partition, end, count)
@@ -167,30 +196,33 @@ class RequestHandlers:
         header = c.reply_header(
             req.opaque,
             c.OK,
-            committed=self.broker.committed(req.topic, req.partition, log),
+            committed=self.broker.ha.committed(req.topic, req.partition, log),
             log_end=log.log_end,
-            epoch=self.broker.epoch,
+            epoch=self.broker.ha.epoch,
         )
         return header, b""
 
     def _replica_progress(self, req: c.Request, log_end: int) -> None:
         """A slave's fetch or position report: fence by epoch, then record where it is."""
-        self._check_replica_epoch(req.replica)
-        self.broker.replica_fetched(req.topic, req.partition, log_end, req.replica, req.origin)
+        replica = req.replica
+        self._check_replica_epoch(replica)
+        slave_id = replica.get("slave_id")
+        if isinstance(slave_id, int):
+            self.broker.ha.replica_fetched(slave_id, replica["epoch"], req.topic, req.partition, log_end, req.origin)
 
     def _check_replica_epoch(self, replica: dict[str, Any]) -> None:
         """Replication only between a master and slaves of the same epoch (fencing)."""
-        broker = self.broker
-        if not broker.leading:
-            raise c.RequestError(c.FORBIDDEN, f"broker {broker.config.broker_id} is not the master ({broker.role_name})")
+        ha = self.broker.ha
+        if not ha.acting_master:
+            raise c.RequestError(c.FORBIDDEN, f"broker {self.broker.config.broker_id} is not the master ({ha.role_name})")
         epoch = replica.get("epoch")
         if not isinstance(epoch, int):
             raise c.RequestError(c.BAD_REQUEST, "replica fetch needs an integer 'epoch'")
-        if epoch > broker.epoch:
-            broker.saw_higher_epoch(epoch)
-            raise c.RequestError(c.FORBIDDEN, f"stale master: epoch {broker.epoch} < the slave's epoch {epoch}")
-        if epoch < broker.epoch:
-            raise c.RequestError(c.FORBIDDEN, f"stale epoch {epoch}: the master is in epoch {broker.epoch}; re-sync")
+        if epoch > ha.epoch:
+            ha.saw_higher_epoch()
+            raise c.RequestError(c.FORBIDDEN, f"stale master: epoch {ha.epoch} < the slave's epoch {epoch}")
+        if epoch < ha.epoch:
+            raise c.RequestError(c.FORBIDDEN, f"stale epoch {epoch}: the master is in epoch {ha.epoch}; re-sync")
 
     async def _long_poll(self, req: c.Request, log: "PartitionLog", max_bytes: int) -> Reply:
         loop = asyncio.get_running_loop()
@@ -207,7 +239,7 @@ class RequestHandlers:
     def _visible_end(self, req: c.Request, log: "PartitionLog") -> int:
         if req.replica is not None:
             return log.log_end
-        return self.broker.committed(req.topic, req.partition, log)
+        return self.broker.ha.committed(req.topic, req.partition, log)
 
     def _read(self, req: c.Request, log: "PartitionLog", max_bytes: int) -> Reply | None:
         """The reply for data at ``req.offset``, or None when there is none yet."""
@@ -234,14 +266,14 @@ class RequestHandlers:
             req.opaque,
             c.OK,
             offset=offset,
-            committed=self.broker.committed(req.topic, req.partition, log),
+            committed=self.broker.ha.committed(req.topic, req.partition, log),
             log_end=log.log_end,
-            epoch=self.broker.epoch,
+            epoch=self.broker.ha.epoch,
         )
         return header, FileBody(segment.fileno(), position, length, lambda: segment.read(offset, length))
 
     def _no_data(self, req: c.Request, log: "PartitionLog") -> Reply:
-        committed = self.broker.committed(req.topic, req.partition, log)
+        committed = self.broker.ha.committed(req.topic, req.partition, log)
         upto = self._visible_end(req, log)
         if req.replica is None:
             self.stats.partition(req.topic, req.partition).get_miss += 1
@@ -252,7 +284,7 @@ class RequestHandlers:
         else:
             message = "no new messages"
         return (
-            c.reply_header(req.opaque, c.NOT_FOUND, message, committed=committed, log_end=log.log_end, epoch=self.broker.epoch),
+            c.reply_header(req.opaque, c.NOT_FOUND, message, committed=committed, log_end=log.log_end, epoch=self.broker.ha.epoch),
             b"",
         )
 
@@ -261,7 +293,7 @@ class RequestHandlers:
     def _offset(self, req: c.Request) -> Reply:
         self._topic(req.topic)
         log = self._log(req.topic, req.partition)
-        committed = self.broker.committed(req.topic, req.partition, log)
+        committed = self.broker.ha.committed(req.topic, req.partition, log)
         nearest = min(log.nearest_offset(req.offset), committed) if req.offset >= log.min_offset else log.min_offset
         return (
             c.reply_header(req.opaque, c.OK, offset=nearest, min_offset=log.min_offset, max_offset=committed),
@@ -273,8 +305,8 @@ class RequestHandlers:
         topics = {name: cfg.num_partitions for name, cfg in broker.config.topics.items()}
         return (
             c.reply_header(
-                req.opaque, c.OK, topics=topics, broker_id=broker.config.broker_id, role=broker.role_name,
-                epoch=broker.epoch, replication_mode=broker.config.replication_mode,
+                req.opaque, c.OK, topics=topics, broker_id=broker.config.broker_id, role=broker.ha.role_name,
+                epoch=broker.ha.epoch, replication_mode=broker.config.replication_mode,
             ),
             b"",
         )
@@ -300,17 +332,16 @@ class RequestHandlers:
         """Where epoch ``req.epoch`` ends in this log: a rejoining broker truncates there."""
         self._topic(req.topic)
         self._log(req.topic, req.partition)
-        coordinator = self.broker.coordinator
-        if coordinator is None:
+        found = self.broker.ha.epoch_end(req.topic, req.partition, req.epoch)
+        if found is None:
             raise c.RequestError(c.NOT_FOUND, "this broker keeps no epochs (not in ZooKeeper)")
-        epoch, end = coordinator.epoch_end(req.topic, req.partition, req.epoch)
+        epoch, end = found
         return c.reply_header(req.opaque, c.OK, epoch=epoch, end_offset=end), b""
 
     def _epochs(self, req: c.Request) -> Reply:
         self._topic(req.topic)
         self._log(req.topic, req.partition)
-        coordinator = self.broker.coordinator
-        entries = coordinator.epoch_entries(req.topic, req.partition) if coordinator is not None else []
+        entries = self.broker.ha.epoch_entries(req.topic, req.partition)
         return c.reply_header(req.opaque, c.OK, entries=[list(e) for e in entries]), b""
 
     def _config(self, req: c.Request) -> Reply:

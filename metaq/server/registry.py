@@ -130,7 +130,8 @@ class BrokerRegistry:
         return self._client
 
     @property
-    def is_master(self) -> bool:
+    def _registers_master(self) -> bool:
+        """Whether our nodes are a master's: what the HA coordinator last set, not the role itself."""
         return self.role == MASTER
 
     @property
@@ -225,7 +226,7 @@ class BrokerRegistry:
     def _role_name(self) -> str:
         if self.role is None:
             return "nothing (role undecided)"
-        return MASTER if self.is_master else f"slave{self.role}"
+        return MASTER if self._registers_master else f"slave{self.role}"
 
     def _desired_nodes(self) -> dict[str, bytes]:
         """Our ephemeral nodes and their data, in registration order: the broker's own node
@@ -237,18 +238,18 @@ class BrokerRegistry:
         nodes: dict[str, bytes] = {}
         if self.role is None:
             return nodes
-        if self.is_master:
+        if self._registers_master:
             nodes[self.paths.master(self.broker_id)] = self.url.encode()
         else:
             nodes[self.paths.slave(self.broker_id, slave_id)] = self.url.encode()
         for name, topic in sorted(topics.items()):
             data = topic_node_data(topic.num_partitions, self.broker_id, slave_id)
             # Only a master takes writes.
-            if topic.accept_publish and self.is_master:
+            if topic.accept_publish and self._registers_master:
                 nodes[self.paths.topic_pub_node(name, self.broker_id)] = data
             if topic.accept_subscribe:
                 nodes[self.paths.topic_sub_node(name, self.broker_id, slave_id)] = data
-        if self.is_master:
+        if self._registers_master:
             # Last, so that its presence means the master is fully registered (and
             # taking writes: the HA coordinator registers a master once it is ready).
             nodes[self.paths.master_config_checksum(self.broker_id)] = str(checksum).encode()
@@ -271,7 +272,7 @@ class BrokerRegistry:
     def _ensure_broker_parent(self) -> None:
         parent = self.paths.broker(self.broker_id)
         self._retry(self._client.ensure_path, parent)
-        if self.is_master:
+        if self._registers_master:
             # MetaQ writes the master url here too, for clients older than 1.4.
             self._retry(self._client.set, parent, self.url.encode())
 
@@ -303,7 +304,7 @@ class BrokerRegistry:
         for path in reversed(list(self._registered)):
             self._delete_own(path)
         self._registered = {}
-        if self.is_master:
+        if self._registers_master:
             parent = self.paths.broker(self.broker_id)
             try:
                 self._retry(self._client.delete, parent)
@@ -390,7 +391,7 @@ class BrokerRegistry:
         if self._stopping:
             return
         try:
-            if self.is_master and self.session_id != self._registered_session:
+            if self._registers_master and self.session_id != self._registered_session:
                 # The master node was the election lock of the expired session: it is
                 # gone, and only a new election may take it again (the HA coordinator
                 # decides). Register nothing until then.

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import time
 
+from metaq.local import wait_until
+
 from .failover_support import (
     Group,
     PutStream,
@@ -99,6 +101,11 @@ def test_kill_master_mid_stream(broker_factory, zk_client, zk_root):
     slave_id = wait_follows(a, b, group)
     assert group.slaves()[slave_id] == a.url
     assert group.master() == b.url and group.epoch() == epoch
+    # B was started with --slave; it leads now, so it answers heartbeats as the master
+    # (the HA issue, finding 2: it answered "slave" and A counted every answer as bad).
+    wait_until(lambda: stat(a, "master_heartbeat_age_ms") not in (None, "-"), 10, interval=0.1,
+               message="A to hear heartbeat answers from B")
+    assert stat(a, "master_heartbeats_bad") == "0"
     wait_caught_up(b, a, PARTS)
     moved = _check_truncation(a_disk, a, {x.payload for x in stream.acked})
     print(f"A rejoined as slave{slave_id}; {moved} unacked bytes moved aside (A's log ended at {a_end_before})")

@@ -9,29 +9,42 @@ from types import SimpleNamespace
 import msgpack
 import pytest
 
+from metaq.config import SlaveConfig
 from metaq.ha.heartbeat import BadHeartbeat, HeartbeatResponder, SlaveHeartbeat, decode, encode
+from metaq.ha.node import HaNode
 from metaq.ha.progress import ReplicationProgress
+from metaq.ha.role import Role
 from metaq.zk.embedded import free_port
 
 
 class FakeLog:
     def __init__(self, end: int) -> None:
-        self.log_end = end
+        self.log_end = self.flushed_end = end
 
 
-def fake_broker(slave: object = None) -> SimpleNamespace:
-    logs = {("t", 0): FakeLog(500), ("t", 1): FakeLog(70)}
-    broker = SimpleNamespace(
-        config=SimpleNamespace(broker_id=3),
-        slave=slave,
+LOGS = {("t", 0): FakeLog(500), ("t", 1): FakeLog(70)}
+
+
+def fake_ha(master: bool = True) -> SimpleNamespace:
+    """The HA facade as the responder reads it (metaq.ha.heartbeat.HaView)."""
+    ha = SimpleNamespace(
         epoch=2,
+        acting_master=master,
         progress=ReplicationProgress(),
-        store=SimpleNamespace(logs=lambda: logs),
         committed=lambda topic, partition, log: log.log_end - 10,
         heard=[],
     )
-    broker.slave_heard = broker.heard.append
-    return broker
+
+    def slave_heartbeat(slave_id, address, log_ends, epoch):
+        ha.progress.heartbeat(slave_id, address, log_ends, epoch)
+        ha.heard.append(slave_id)
+
+    ha.slave_heartbeat = slave_heartbeat
+    return ha
+
+
+def responder_for(ha: object, port: int = 0) -> HeartbeatResponder:
+    return HeartbeatResponder(3, ha, lambda: LOGS, "127.0.0.1", port)
 
 
 def slave_message(**overrides: object) -> bytes:
@@ -66,8 +79,8 @@ def test_malformed_datagrams_are_rejected(data):
 
 
 def test_responder_records_progress_and_answers():
-    broker = fake_broker()
-    responder = HeartbeatResponder(broker, "127.0.0.1", 0)
+    broker = fake_ha()
+    responder = responder_for(broker)
     answer = responder.handle(slave_message(), ("127.0.0.1", 5555))
     assert responder.received == 1 and responder.bad == 0
     assert broker.progress.position(1, "t", 0) == 400
@@ -82,8 +95,8 @@ def test_responder_records_progress_and_answers():
 
 
 def test_responder_ignores_bad_and_foreign_heartbeats():
-    broker = fake_broker()
-    responder = HeartbeatResponder(broker, "127.0.0.1", 0)
+    broker = fake_ha()
+    responder = responder_for(broker)
     assert responder.handle(b"junk", ("127.0.0.1", 1)) is None
     assert responder.handle(slave_message(broker_id=4), ("127.0.0.1", 1)) is None
     assert responder.bad == 2 and responder.received == 0
@@ -98,7 +111,7 @@ def test_slave_side_keeps_the_masters_last_answer():
     hb._since = 100.0
     now[0] = 101.5
     assert hb.master_silent_for() == pytest.approx(1.5)
-    answer = HeartbeatResponder(fake_broker(), "127.0.0.1", 0).handle(decode_roundtrip(hb.message()), ("x", 1))
+    answer = responder_for(fake_ha()).handle(decode_roundtrip(hb.message()), ("x", 1))
     hb.handle(answer)
     assert hb.master is not None and hb.master.log_ends[("t", 0)] == 500
     assert hb.master.rtt_ms is not None and hb.master.rtt_ms >= 0
@@ -117,9 +130,9 @@ def decode_roundtrip(data: bytes) -> bytes:
 
 def test_udp_round_trip():
     async def go() -> None:
-        broker = fake_broker()
+        broker = fake_ha()
         port = free_port("127.0.0.1")
-        responder = HeartbeatResponder(broker, "127.0.0.1", port)
+        responder = responder_for(broker, port)
         assert await responder.start()
         hb = SlaveHeartbeat(3, 1, lambda: 2, lambda: {("t", 0): 123}, interval=0.05)
         hb.retarget(("127.0.0.1", port))
@@ -151,3 +164,32 @@ def test_unanswered_heartbeats_never_crash():
         await hb.stop()
 
     asyncio.run(go())
+
+
+def test_a_slave_answers_as_a_slave_and_records_nothing():
+    ha = fake_ha(master=False)
+    reply = msgpack.unpackb(responder_for(ha).handle(slave_message(), ("127.0.0.1", 1)), raw=False)
+    assert reply["role"] == "slave"
+    assert ha.progress.slaves == {} and ha.heard == []
+
+
+class PromotedHost:
+    """A broker started with ``--slave 0`` (so it prefers to follow) that has since won an election."""
+
+    config = SimpleNamespace(broker_id=3)
+    store = SimpleNamespace(logs=lambda: LOGS)
+    registry = SimpleNamespace(slave_id=None)
+
+
+def test_a_promoted_broker_started_with_slave_answers_as_the_master():
+    """Regression (HA issue, finding 2): the role came from ``--slave``, not from the election,
+    so the promoted broker answered "slave" and its slaves counted every answer as bad."""
+    node = HaNode(PromotedHost(), SlaveConfig(slave_id=0, slave_group="g"), in_zookeeper=True)
+    node.coordinator = SimpleNamespace(state=Role.LEADING, serving_epoch=5, sync_set=None, follower=None)
+    responder = responder_for(node)
+    slave = SlaveHeartbeat(3, 1, lambda: 5, lambda: {("t", 0): 400})
+    slave.handle(responder.handle(slave.message(), ("127.0.0.1", 5555)))
+    assert slave.bad == 0 and slave.received == 1, slave.last_bad
+    assert slave.master is not None and slave.master.role == "master" and slave.master.epoch == 5
+    assert node.role_name == "master" and node.acting_master
+    assert node.progress.position(1, "t", 0) == 400, "the promoted master records its slaves' progress"

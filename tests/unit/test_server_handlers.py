@@ -214,7 +214,7 @@ def test_position_reports_a_slaves_log_end_and_refuses_bad_reports(tmp_path: Pat
             position = {"op": "position", "topic": "gc", "partition": 0}
             reply = await conn.request({**position, "replica": {"slave_id": 4, "epoch": 0, "log_end": end}})
             assert reply.code == 200 and reply["log_end"] == end and reply["epoch"] == 0
-            assert broker.progress.position(4, "gc", 0) == end
+            assert broker.ha.progress.position(4, "gc", 0) == end
             bad = [
                 ({**position}, 400, "replica"),
                 ({**position, "replica": {"slave_id": 4, "epoch": 0}}, 400, "log_end"),
@@ -227,7 +227,7 @@ def test_position_reports_a_slaves_log_end_and_refuses_bad_reports(tmp_path: Pat
             for header, code, word in bad:
                 reply = await conn.request(header)
                 assert reply.code == code and word in reply.message, (header, reply.code, reply.message)
-            assert broker.progress.position(4, "gc", 0) == end, "a refused report changes nothing"
+            assert broker.ha.progress.position(4, "gc", 0) == end, "a refused report changes nothing"
 
     run(scenario())
 

@@ -1,4 +1,4 @@
-"""SyncReplication (metaq/ha/sync.py) without a server: a fake ZooKeeper publish, a fake clock.
+"""SyncReplication (metaq/ha/sync_set.py) without a server: a fake ZooKeeper publish, a fake clock.
 
 The rules under test (see the module docstring): a slave joins the sync set only
 when it is caught up on every partition, acks wait for joining slaves before they
@@ -23,11 +23,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from metaq.ha.sync import SyncReplication, SyncWaitFailed
+from metaq.ha.progress import ReplicationProgress
+from metaq.ha.sync_set import SyncReplication, SyncWaitFailed
 from metaq.protocol import commands as c
 
 T0 = ("t", 0)
 T1 = ("t", 1)
+EPOCH = 7
 
 
 @dataclass
@@ -60,6 +62,8 @@ class Harness:
         self.ends = {key: 0 for key in self.partitions}
         self.flushed = {key: 0 for key in self.partitions}
         self.committed_events = 0
+        #: The one record of slave positions (the master's ReplicationProgress).
+        self.progress = ReplicationProgress(clock=lambda: self.now)
         self.sync = SyncReplication(
             self.min_sync,
             self.timeout_ms,
@@ -68,6 +72,7 @@ class Harness:
             log_end=lambda t, p: self.ends[(t, p)],
             flushed_end=lambda t, p: self.flushed[(t, p)],
             partitions=lambda: list(self.ends),
+            position=lambda slave, t, p: self.progress.position(slave, t, p, epoch=EPOCH),
             on_committed=self._on_committed,
             clock=lambda: self.now,
         )
@@ -128,7 +133,8 @@ class Harness:
 
     def report(self, slave: int, position: int | None = None, key: tuple[str, int] = T0) -> None:
         """Slave ``slave`` fetches at ``position`` (default: it has the whole log)."""
-        self.sync.slave_position(slave, key[0], key[1], self.ends[key] if position is None else position)
+        self.progress.fetched(slave, key[0], key[1], self.ends[key] if position is None else position, EPOCH)
+        self.sync.slave_position(slave, key[0], key[1])
 
     def report_all(self, slave: int) -> None:
         for key in self.ends:
@@ -284,6 +290,31 @@ async def test_waiting_put_resolves_when_a_position_past_its_end_arrives(h: Harn
     await settle()
     assert second.code == c.OK and third.code is None
     assert h.sync.committed(*T0) == 250
+
+
+@scenario()
+async def test_a_position_from_an_earlier_epoch_never_counts(h: Harness) -> None:
+    """Positions outlive terms (one record, ReplicationProgress): only this epoch's count."""
+    h.ends[T0] = 500
+    h.progress.fetched(0, "t", 0, 500, EPOCH - 1)  # said while another master led
+    h.sync.slave_position(0, "t", 0)
+    await settle()
+    assert h.sync.joining == set() and h.sync.members == frozenset()
+    h.report(0, 500)  # the same position, reported in this epoch
+    await settle()
+    assert h.sync.members == {0}
+
+
+@scenario()
+async def test_a_position_past_our_log_end_counts_as_nothing(h: Harness) -> None:
+    await h.join(0)
+    put = h.put(100)
+    h.report(0, 400)  # a divergent tail: longer than our log
+    await settle()
+    assert put.code is None and h.sync.committed(*T0) == 0
+    h.report(0, 100)
+    await settle()
+    assert put.code == c.OK
 
 
 @scenario()

@@ -32,6 +32,12 @@ Committed offset (what consumers may read) per partition: the highest offset
 that ``minSyncSlaves`` members have, never decreasing; while degraded, the
 master's flushed end (the async rule).
 
+A slave's position is not stored here: the injected ``position`` reads the one
+record of it (``ReplicationProgress``, limited to the current epoch, so a
+position from an earlier term never counts). A position past our log end
+counts as nothing: a slave's log is a prefix of ours, so a longer one has a
+divergent tail that must never count as a replica of our puts.
+
 Nothing here does I/O itself: ZooKeeper writes go through the injected
 ``publish`` coroutine, so the rules are unit-tested without a server.
 """
@@ -70,7 +76,6 @@ class _Waiter:
 @dataclass
 class _Member:
     last_contact: float
-    positions: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
 class SyncReplication:
@@ -83,6 +88,7 @@ class SyncReplication:
         log_end: Callable[[str, int], int],
         flushed_end: Callable[[str, int], int],
         partitions: Callable[[], list[tuple[str, int]]],
+        position: Callable[[int, str, int], int | None],
         on_committed: Callable[[str, int], None] = lambda topic, partition: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -93,6 +99,7 @@ class SyncReplication:
         self._log_end = log_end
         self._flushed_end = flushed_end
         self._partitions = partitions
+        self._position = position
         self._on_committed = on_committed
         self._clock = clock
         #: Members as published in ZooKeeper.
@@ -171,21 +178,26 @@ class SyncReplication:
         counted = self.counted
         if not counted:
             return 0
-        lowest = min(
-            (self._slaves[m].positions.get((topic, partition), 0) if m in self._slaves else 0) for m in counted
-        )
+        lowest = min((self._replica_end(m, topic, partition) if m in self._slaves else 0) for m in counted)
         return min(lowest, self._log_end(topic, partition))
+
+    def _replica_end(self, slave_id: int, topic: str, partition: int) -> int:
+        """How much of our log a slave holds: its position, or 0 if unknown or past our end."""
+        position = self._position(slave_id, topic, partition)
+        if position is None or position > self._log_end(topic, partition):
+            return 0
+        return position
 
     # --- events from the broker --------------------------------------------------------
 
-    def slave_position(self, slave_id: int, topic: str, partition: int, log_end: int) -> None:
-        """A slave's fetch (or heartbeat) reported its log end for a partition."""
+    def slave_position(self, slave_id: int, topic: str, partition: int) -> None:
+        """A slave's fetch reported (and ``position`` now returns) its log end for a partition."""
         member = self._slaves.get(slave_id)
         if member is None:
             member = self._slaves[slave_id] = _Member(self._clock())
         member.last_contact = self._clock()
-        key = (topic, partition)
-        if log_end > self._log_end(topic, partition):
+        log_end = self._position(slave_id, topic, partition)
+        if log_end is not None and log_end > self._log_end(topic, partition):
             # A slave's log is a prefix of ours: a longer one has bytes we never wrote
             # (a divergent tail). They must never count as replicas of our puts.
             log.warning(
@@ -193,11 +205,9 @@ class SyncReplication:
                 slave_id, log_end, topic, partition, self._log_end(topic, partition),
             )
             return
-        if log_end >= member.positions.get(key, 0):
-            member.positions[key] = log_end
         if slave_id in self.counted:
             self._resolve(topic, partition)
-        elif self._caught_up(member):
+        elif self._caught_up(slave_id):
             # From here on acks wait for it; ZooKeeper names it once published.
             self.joining.add(slave_id)
             self._schedule_publish()
@@ -231,7 +241,7 @@ class SyncReplication:
 
     # --- internals ------------------------------------------------------------------------------
 
-    def _caught_up(self, member: _Member) -> bool:
+    def _caught_up(self, slave_id: int) -> bool:
         # With nobody counted, puts already appended are acked without waiting for any
         # slave (degrade: after the master's flush, or at once with unflushThreshold>0;
         # minSyncSlaves=0: at once), and their ends can lie past the committed offset.
@@ -240,9 +250,9 @@ class SyncReplication:
         alone = not self.counted
         for topic, partition in self._partitions():
             target = self._log_end(topic, partition) if alone else self.committed(topic, partition)
-            if member.positions.get((topic, partition), 0) < target:
+            if self._replica_end(slave_id, topic, partition) < target:
                 return False
-            if (topic, partition) not in member.positions and self._log_end(topic, partition) > 0:
+            if self._position(slave_id, topic, partition) is None and self._log_end(topic, partition) > 0:
                 return False
         return True
 
@@ -279,7 +289,7 @@ class SyncReplication:
             member = self._slaves.get(slave_id)
             if member is None or now - member.last_contact > self.timeout:
                 continue
-            if any(member.positions.get((w.topic, w.partition), 0) < w.end for w in expired):
+            if any(self._replica_end(slave_id, w.topic, w.partition) < w.end for w in expired):
                 continue
             desired.add(slave_id)
         return frozenset(desired)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from metaq.ha.sync import SyncReplication
+from metaq.ha.sync_set import SyncReplication
 
 
 def test_regression_deposed_master_sync_set_publish_retry() -> None:
@@ -24,7 +24,8 @@ def test_regression_deposed_master_sync_set_publish_retry() -> None:
             written.append(members)
 
         sync = SyncReplication(1, 1000, "degrade", publish, log_end=lambda t, p: 0,
-                               flushed_end=lambda t, p: 0, partitions=lambda: [])
+                               flushed_end=lambda t, p: 0, partitions=lambda: [],
+                               position=lambda slave, t, p: None)
         await sync.start()
         written.clear()
         failing[0] = True

@@ -1,0 +1,70 @@
+"""What the HA layer needs from the broker it runs in, and nothing more.
+
+The HA layer (coordinator, follower, sync set) never imports the server: it sees
+the broker through these protocols, so the dependency points one way
+(``server`` -> ``ha``) and each side can be read, and tested, alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+from kazoo.client import KazooClient
+
+from ..config import BrokerConfig, TopicConfig
+
+
+class LogStore(Protocol):
+    """The broker's partition logs (metaq.store.manager.MessageStoreManager)."""
+
+    def get_log(self, topic: str, partition: int) -> Any: ...
+
+    def has_log(self, topic: str, partition: int) -> bool: ...
+
+    def get_or_create_log(self, topic: str, partition: int, start_offset: int = 0) -> Any: ...
+
+    def logs(self) -> dict[tuple[str, int], Any]: ...
+
+    def flusher(self, topic: str, partition: int) -> Any: ...
+
+
+class Registry(Protocol):
+    """The broker's ZooKeeper presence (metaq.server.registry.BrokerRegistry).
+
+    It registers whatever role the coordinator gives it (``set_role``); it is not
+    a source of truth about the role.
+    """
+
+    on_session_lost: Callable[[], Any] | None
+    on_session_suspended: Callable[[], Any] | None
+    on_connected: Callable[[bool], Any] | None
+
+    @property
+    def client(self) -> KazooClient: ...
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def slave_id(self) -> int | None: ...
+
+    async def set_role(self, role: str | int | None) -> None: ...
+
+
+class BrokerHost(Protocol):
+    """The broker as HA sees it: config, logs, ZooKeeper registry, and two actions."""
+
+    @property
+    def config(self) -> BrokerConfig: ...
+
+    @property
+    def store(self) -> LogStore: ...
+
+    @property
+    def registry(self) -> Registry: ...
+
+    def notify(self, topic: str, partition: int) -> None:
+        """Wake fetches parked on a partition (its log end or committed offset moved)."""
+
+    async def update_topics(self, topics: dict[str, TopicConfig]) -> None:
+        """Serve (and register) this topic map: a slave adopting its master's topics."""

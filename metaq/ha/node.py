@@ -1,0 +1,175 @@
+"""The broker's HA facade: the one answer to "what is my role, may I ack, what is committed".
+
+Everything in the server that depends on the role asks this object: the put
+handler (``write_refusal``, ``replication_wait``), reads (``committed``),
+replica fetches (``acting_master``, ``epoch``, ``replica_fetched``), the
+heartbeat responder, and stats (``role_name``, ``status_pairs``). There is no
+other notion of "am I the master": how the broker was started (``--slave`` or
+not) is only a preference for a group that never had a master.
+
+With ZooKeeper the role is the coordinator's state machine (role.py, driven by
+coordinator.py, which owns the lease, the sync set, the follower and the
+epoch). Without ZooKeeper a broker is a standalone master: it acks once the
+flush policy allows, and has no epochs, no slaves and no sync set.
+
+A slave's replication position is kept once, in ``ReplicationProgress``; the
+sync set reads it from there.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable
+
+from ..config import SlaveConfig
+from ..protocol import commands as c
+from .coordinator import HaCoordinator
+from .host import BrokerHost
+from .progress import ReplicationProgress
+from .role import Event, Role
+from .sync_set import SyncReplication
+
+
+class HaNode:
+    def __init__(self, host: BrokerHost, slave: SlaveConfig | None, in_zookeeper: bool) -> None:
+        self.host = host
+        self.in_zookeeper = in_zookeeper
+        self.progress = ReplicationProgress()
+        self.coordinator: HaCoordinator | None = None
+        # Puts are refused until the broker is registered (and, in sync mode, has
+        # published its sync set): no ack may precede the state failover relies on.
+        self.ready = False
+        self._slave = slave
+        self._replica_connections: dict[Any, set[int]] = {}
+
+    async def start(self) -> None:
+        """Take part in the group's HA (with ZooKeeper), then accept puts."""
+        if self.in_zookeeper:
+            self.coordinator = HaCoordinator(self.host, self._slave, self.progress)
+            await self.coordinator.start()
+        self.ready = True
+
+    async def stop(self) -> None:
+        self.ready = False
+        if self.coordinator is not None:
+            await self.coordinator.stop()
+
+    # --- the role -----------------------------------------------------------------------
+
+    @property
+    def role(self) -> Role:
+        if self.coordinator is not None:
+            return self.coordinator.state
+        if self.in_zookeeper or self._slave is not None:
+            return Role.STARTING  # a slave without ZooKeeper never gets past start()
+        return Role.LEADING
+
+    @property
+    def role_name(self) -> str:
+        role = self.role
+        if role is Role.LEADING:
+            return "master"
+        slave_id = self.host.registry.slave_id if self.coordinator is not None else None
+        if role in (Role.FOLLOWING, Role.ORPHANED) and slave_id is not None:
+            return f"slave{slave_id}"
+        return role.value
+
+    @property
+    def acting_master(self) -> bool:
+        """Leading, possibly fenced: committed offsets are ours to compute, slaves fetch from us."""
+        return self.role in (Role.LEADING, Role.FENCED)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch this broker leads or follows in (0 without ZooKeeper)."""
+        return self.coordinator.serving_epoch if self.coordinator is not None else 0
+
+    @property
+    def sync_set(self) -> SyncReplication | None:
+        return self.coordinator.sync_set if self.coordinator is not None else None
+
+    @property
+    def follower(self) -> Any:
+        return self.coordinator.follower if self.coordinator is not None else None
+
+    def write_refusal(self) -> tuple[int, str] | None:
+        """Why this broker must not accept a put right now, or None."""
+        broker_id = self.host.config.broker_id
+        coordinator = self.coordinator
+        role = self.role
+        if coordinator is not None and not coordinator.may_ack():
+            if role in (Role.FOLLOWING, Role.ORPHANED):
+                master = coordinator.master_url or "(none registered)"
+                return c.FORBIDDEN, f"broker {broker_id} {self.role_name} is a slave; writes go to its master {master}"
+            if role is Role.LEADING:
+                return c.SERVICE_UNAVAILABLE, "master lease expired: ZooKeeper has not confirmed this master recently; retry"
+            return c.SERVICE_UNAVAILABLE, f"broker {broker_id} is {role.value}; no master here right now, retry"
+        if not self.ready:
+            return c.SERVICE_UNAVAILABLE, f"broker {broker_id} is starting; retry shortly"
+        sync_set = self.sync_set
+        return sync_set.refusal() if sync_set is not None else None
+
+    # --- offsets and acks ---------------------------------------------------------------
+
+    def committed(self, topic: str, partition: int, log: Any) -> int:
+        """The end of what consumers may read: no failover can take back anything below it."""
+        if not self.acting_master:
+            follower = self.follower
+            return follower.committed(topic, partition, log.log_end) if follower is not None else 0
+        sync_set = self.sync_set
+        if sync_set is not None:
+            return sync_set.committed(topic, partition)
+        return log.flushed_end
+
+    def appended(self, topic: str, partition: int, end: int, count: int) -> None:
+        self.progress.appended(topic, partition, end, count)
+
+    def replication_wait(self, topic: str, partition: int, end: int) -> Awaitable[None] | None:
+        """What a put ending at ``end`` waits for on the slaves (raises SyncWaitFailed to refuse)."""
+        sync_set = self.sync_set
+        return sync_set.wait(topic, partition, end) if sync_set is not None else None
+
+    def epoch_end(self, topic: str, partition: int, epoch: int) -> tuple[int, int] | None:
+        """Where ``epoch`` ends in our log, or None when this broker keeps no epochs."""
+        if self.coordinator is None:
+            return None
+        return self.coordinator.epoch_end(topic, partition, epoch)
+
+    def epoch_entries(self, topic: str, partition: int) -> list[tuple[int, int]]:
+        return self.coordinator.epoch_entries(topic, partition) if self.coordinator is not None else []
+
+    # --- slaves ---------------------------------------------------------------------------
+
+    def replica_fetched(self, slave_id: int, epoch: int, topic: str, partition: int, log_end: int, origin: Any) -> None:
+        """A slave's fetch or position report (already fenced by epoch) says where it is."""
+        self.progress.fetched(slave_id, topic, partition, log_end, epoch)
+        if origin is not None:
+            self._replica_connections.setdefault(origin, set()).add(slave_id)
+        sync_set = self.sync_set
+        if sync_set is not None:
+            sync_set.slave_position(slave_id, topic, partition)
+
+    def slave_heartbeat(self, slave_id: int, address: str | None, log_ends: dict[tuple[str, int], int], epoch: int) -> None:
+        self.progress.heartbeat(slave_id, address, log_ends, epoch)
+        sync_set = self.sync_set
+        if sync_set is not None:  # a quiet but alive slave stays counted
+            sync_set.slave_heard(slave_id)
+
+    def connection_closed(self, origin: Any) -> None:
+        """A client connection closed; a slave that replicated over it is gone (and forgotten)."""
+        for slave_id in self._replica_connections.pop(origin, ()):
+            if any(slave_id in ids for ids in self._replica_connections.values()):
+                continue  # it replicates over another connection too
+            sync_set = self.sync_set
+            if sync_set is not None:
+                sync_set.slave_disconnected(slave_id)
+            self.progress.forget(slave_id)
+
+    def saw_higher_epoch(self) -> None:
+        """A slave knows a newer epoch than ours: someone else leads; stop acking now."""
+        if self.coordinator is not None:
+            self.coordinator.post(Event.HIGHER_EPOCH)
+
+    def status_pairs(self) -> list[tuple[str, object]]:
+        pairs = self.coordinator.status_pairs() if self.coordinator is not None else []
+        sync_set = self.sync_set
+        return pairs + (sync_set.status_pairs() if sync_set is not None else [])
