@@ -38,9 +38,6 @@ from metaq.store.segment import LogSegment, fsync_directory, parse_segment_start
 
 log = logging.getLogger(__name__)
 
-#: How much of a segment recovery reads at a time. Bigger than any ordinary record,
-#: so the scan usually advances by whole chunks; bigger records are handled one by one.
-_SCAN_CHUNK = 4 * 1024 * 1024
 _COPY_CHUNK = 4 * 1024 * 1024
 
 
@@ -164,42 +161,19 @@ class PartitionLog:
             raise
         return segments
 
-    def _scan_valid_end(self, segment: LogSegment) -> int:
+    def _valid_end(self, segment: LogSegment) -> int:
         """Absolute offset where the whole, CRC-valid records of ``segment`` end."""
-        # No size limit beyond the file itself: a record written under a larger
-        # maxMessageSize is still a good record, and a garbage length is caught by
-        # the end of the file or by the CRC.
-        pos = segment.start
-        # A chunk holds any record this broker accepts, so only records from an
-        # older, larger limit take the slow one-by-one path.
-        chunk_size = max(_SCAN_CHUNK, record.HEADER_SIZE + self.max_message_size)
-        while pos < segment.end:
-            buf = segment.read(pos, chunk_size)
-            good = record.valid_prefix(buf)
-            pos += good
-            if len(buf) < chunk_size:
-                break  # the chunk reached the end of the file: the prefix is final
-            if good == 0:
-                # A full chunk without one valid record: corrupt, unless one record is
-                # larger than the chunk (written under a larger maxMessageSize).
-                size = self._oversized_record_size(segment, pos)
-                if size == 0:
-                    break
-                pos += size
-        return pos
-
-    def _oversized_record_size(self, segment: LogSegment, pos: int) -> int:
-        """Size of a valid record at ``pos`` too big for one scan chunk, else 0."""
-        length = record.HEADER.unpack(segment.read(pos, record.HEADER_SIZE))[0]
-        if length <= 0 or pos + record.HEADER_SIZE + length > segment.end:
-            return 0
-        buf = segment.read(pos, record.HEADER_SIZE + length)
-        return len(buf) if record.valid_prefix(buf, length) == len(buf) else 0
+        # No length limit: a record written under a larger maxMessageSize is still a
+        # good record, and a garbage length is caught by the end of the file or the CRC.
+        valid_end = segment.start
+        for run in record.walk_records(segment.read, segment.start, segment.end):
+            valid_end = run.end
+        return valid_end
 
     def _recover_tail(self) -> None:
         """CRC-scan the active segment; move a torn or corrupt tail aside and cut it off."""
         active = self._segments[-1]
-        valid_end = self._scan_valid_end(active)
+        valid_end = self._valid_end(active)
         if valid_end == active.end:
             return
         aside_path, bad = _save_aside(
@@ -415,16 +389,12 @@ class PartitionLog:
         return 0
 
     def _last_record_start(self, segment: LogSegment) -> int | None:
-        pos, last = segment.start, None
-        while pos < segment.end:
-            ends = record.record_ends(segment.read(pos, _SCAN_CHUNK), pos)
-            if not ends:
-                # One record bigger than a chunk: hop over it using its header.
-                length = record.HEADER.unpack(segment.read(pos, record.HEADER_SIZE))[0]
-                ends = [pos + record.HEADER_SIZE + length]
-            last = pos if len(ends) == 1 else ends[-2]
-            pos = ends[-1]
-        return last
+        last_run = None
+        for last_run in record.walk_records(segment.read, segment.start, segment.end, boundaries_only=True):
+            pass
+        if last_run is None:
+            return None
+        return last_run.ends[-2] if last_run.count > 1 else last_run.offset
 
     # --- retention -----------------------------------------------------------------
 

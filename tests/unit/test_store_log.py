@@ -236,9 +236,7 @@ def test_recovery_of_a_clean_log_moves_nothing(tmp_path):
 
 
 def test_recovery_accepts_records_bigger_than_a_scan_chunk(tmp_path, monkeypatch):
-    import metaq.store.log as log_module
-
-    monkeypatch.setattr(log_module, "_SCAN_CHUNK", 64)
+    monkeypatch.setattr(record, "WALK_CHUNK", 64)
     big = record.encode_record(b"x" * 500, msg_id=7)
     log = open_log(tmp_path, max_segment_size=10_000, max_message_size=16)
     log.append(rec(0) + big + rec(1))
