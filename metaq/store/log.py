@@ -31,7 +31,6 @@ import threading
 import time
 import zlib
 from pathlib import Path
-from typing import Callable
 
 from metaq import record
 from metaq.store.segment import LogSegment, fsync_directory, parse_segment_start, segment_file_name
@@ -194,10 +193,6 @@ class PartitionLog:
     @property
     def segments(self) -> list[LogSegment]:
         return list(self._segments)
-
-    @property
-    def active_segment(self) -> LogSegment:
-        return self._segments[-1]
 
     @property
     def min_offset(self) -> int:
@@ -417,16 +412,6 @@ class PartitionLog:
                 self._segments = segments[count:]
         return segments[:count]
 
-    def remove_old_segments(self, cutoff_mtime: float, dispose: Callable[[LogSegment], Path]) -> list[Path]:
-        """Detach old segments and let ``dispose`` delete or archive each file at once."""
-        results = []
-        for segment in self.detach_segments_older_than(cutoff_mtime):
-            results.append(dispose(segment))
-        return results
-
-    def delete_segments_older_than(self, cutoff_mtime: float) -> list[Path]:
-        return self.remove_old_segments(cutoff_mtime, delete_segment_file)
-
     # --- lifecycle -----------------------------------------------------------------
 
     def close(self) -> None:
@@ -437,9 +422,3 @@ class PartitionLog:
     def __repr__(self) -> str:
         return f"PartitionLog({self.directory}, [{self.min_offset}, {self.log_end}), flushed={self._flushed_end})"
 
-
-def delete_segment_file(segment: LogSegment) -> Path:
-    """Dispose of a detached segment by deleting it; returns the removed path."""
-    segment.close()
-    segment.path.unlink(missing_ok=True)
-    return segment.path

@@ -18,7 +18,8 @@ from typing import Callable
 from metaq.config import TopicConfig
 from metaq.store.flush import LogFlusher
 from metaq.store.log import PartitionLog
-from metaq.store.retention import QuartzCron, dispose_segment, parse_delete_policy
+from metaq.store.cron import QuartzCron
+from metaq.store.retention import dispose_segment, parse_delete_policy
 from metaq.store.segment import LogSegment, parse_segment_start
 
 log = logging.getLogger(__name__)

@@ -76,9 +76,6 @@ class LogSegment:
     def fileno(self) -> int:
         return self._fd
 
-    def contains(self, offset: int) -> bool:
-        return self.start <= offset < self.end
-
     def append(self, buf: bytes | bytearray | memoryview) -> int:
         """Write all of ``buf`` at the end; return the absolute offset it starts at."""
         if self.read_only:
