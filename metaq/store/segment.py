@@ -76,6 +76,10 @@ class LogSegment:
     def fileno(self) -> int:
         return self._fd
 
+    def linked(self) -> bool:
+        """Whether the file still has a name (False once it was deleted while open)."""
+        return os.fstat(self._fd).st_nlink > 0
+
     def append(self, buf: bytes | bytearray | memoryview) -> int:
         """Write all of ``buf`` at the end; return the absolute offset it starts at."""
         if self.read_only:
