@@ -354,7 +354,11 @@ class PartitionLog:
         return self._vanished
 
     def _save_checkpoint(self, flushed_end: int) -> None:
-        """Write the flushed-end checkpoint; lowering it is made durable before returning."""
+        """Write the flushed-end checkpoint; lowering it is made durable before returning.
+
+        Called under ``_structure_lock`` (or before the log is shared, on open), so a
+        flush in a worker thread and a truncation never write it at the same time.
+        """
         write_flushed_end(self.directory, flushed_end, durable=flushed_end < self._checkpointed)
         self._checkpointed = flushed_end
         self._checkpointed_at = time.monotonic()
