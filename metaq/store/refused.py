@@ -3,8 +3,8 @@
 ``MessageStoreManager`` puts a ``RefusedLog`` where the ``PartitionLog`` would be when
 opening it fails with ``LogCorruptError`` (segments not contiguous, or a log end that
 went backwards). The other partitions keep serving; this one answers every read and
-write with the reason, and nothing touches its files (no recovery, no new segment),
-so an operator can still restore them. The broker's request handlers turn the reason
+write with the reason, and the store leaves its segment files as they are (no
+recovery, no new segment), so an operator can still restore them. The broker's request handlers turn the reason
 into an error reply; the replication and HA code that only look at log ends see an
 empty log at the end the broker knew, so they neither crash nor reuse those offsets.
 """
