@@ -382,7 +382,10 @@ def test_detach_segments_older_than_only_takes_closed_old_segments(tmp_path):
     assert detached.start == 0 and log.min_offset == 100
     assert not detached.closed and detached.path.exists(), "the caller disposes of the file"
     detached.close()
-    assert [s.start for s in log.detach_segments_older_than(10_000)] == [100, 200]
+    later = log.detach_segments_older_than(10_000)
+    assert [s.start for s in later] == [100, 200]
+    for segment in later:
+        segment.close()
     assert [s.start for s in log.segments] == [300]  # the active segment always stays
     assert log.detach_segments_older_than(float("inf")) == []
 
