@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import Iterator, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 HEADER = struct.Struct(">iiqi")
 HEADER_SIZE = HEADER.size  # 20
@@ -111,8 +111,8 @@ def validate_batch(buf: bytes | bytearray | memoryview, max_message_size: int) -
 
     Used on every put before anything touches a log, so that a malformed or
     partly corrupted batch is refused whole and never half-written. The rules are
-    scan_valid's (plus UTF-8 attributes); only a bad batch is walked again, from
-    its first bad record, to say what is wrong with it.
+    the store's (``_scan``) plus UTF-8 attributes; only a bad batch is walked again,
+    from its first bad record, to say what is wrong with it.
     """
     whole, count = _scan(buf, max_message_size, attributes_utf8=True)
     if whole != len(buf):
@@ -137,21 +137,24 @@ def _explain_bad_record(view: memoryview, pos: int, max_message_size: int) -> No
     raise RecordError(f"record at {pos}: not a valid record")
 
 
-def valid_prefix(buf: bytes | bytearray | memoryview, max_message_size: int = 1 << 30) -> int:
-    """Length of the longest prefix of ``buf`` made of whole, CRC-valid records.
+#: No length limit beyond the bytes there are: the store and truncation read records
+#: written under any maxMessageSize (a garbage length is caught by the CRC or the end).
+ANY_LENGTH = 1 << 30
+#: How much a record walk reads at a time: bigger than any ordinary record, so walks
+#: advance by whole chunks; bigger records are read one by one.
+WALK_CHUNK = 4 * 1024 * 1024
 
-    Recovery uses it to find where a torn or corrupted tail starts.
-    """
-    return scan_valid(buf, max_message_size)[0]
 
-
-def scan_valid(buf: bytes | bytearray | memoryview, max_message_size: int = 1 << 30) -> tuple[int, int]:
-    """``(length, count)`` of the longest prefix of whole, CRC-valid records (one pass)."""
-    return _scan(buf, max_message_size, attributes_utf8=False)
+def valid_prefix(buf: bytes | bytearray | memoryview, max_message_size: int = ANY_LENGTH) -> int:
+    """Length of the longest prefix of ``buf`` made of whole, CRC-valid records."""
+    return _scan(buf, max_message_size, attributes_utf8=False)[0]
 
 
 def _scan(buf: bytes | bytearray | memoryview, max_message_size: int, attributes_utf8: bool) -> tuple[int, int]:
-    """The one place the record rules are walked (validate_batch adds: attributes are UTF-8)."""
+    """``(length, count)`` of the longest prefix of ``buf`` whose records follow the rules.
+
+    The one place the record rules are walked (validate_batch adds: attributes are UTF-8).
+    """
     view = memoryview(buf)
     pos, count, end = 0, 0, len(view)
     unpack, crc32 = HEADER.unpack_from, zlib.crc32
@@ -178,6 +181,81 @@ def _scan(buf: bytes | bytearray | memoryview, max_message_size: int, attributes
         pos = stop
         count += 1
     return pos, count
+
+
+class RecordRun(NamedTuple):
+    """Consecutive whole records found by ``walk_records``: ``data`` starts at ``offset``."""
+
+    offset: int
+    data: bytes | memoryview
+    count: int
+    #: Absolute end offset of each record; listed only by a ``boundaries_only`` walk.
+    ends: list[int] | None = None
+
+    @property
+    def end(self) -> int:
+        return self.offset + len(self.data)
+
+
+def walk_records(
+    read: Callable[[int, int], bytes | memoryview],
+    start: int,
+    end: int,
+    *,
+    chunk_size: int | None = None,
+    max_message_size: int = ANY_LENGTH,
+    boundaries_only: bool = False,
+) -> Iterator[RecordRun]:
+    """Walk the records in [start, end) a chunk at a time, up to the first one that is not valid.
+
+    The one chunked walk of the store's recovery, the log's last record, truncation's
+    record boundaries and a slave's check of a fetch reply. ``read(offset, length)``
+    returns up to ``length`` bytes at an absolute offset (``LogSegment.read``,
+    ``PartitionLog.read`` or ``buffer_reader``); it may return fewer, e.g. at a
+    segment's end. Each run holds at most ``chunk_size`` bytes (default
+    ``WALK_CHUNK``), except one record larger than that, which is read alone.
+
+    By default every record rule is checked, CRC included, and the walk stops at the
+    first record that is cut off at ``end`` or breaks a rule: the last run's end is
+    where the valid records stop. ``boundaries_only`` is for logs already checked
+    (recovered, or written by this broker): it only follows record lengths, which is
+    about twice as fast, and each run lists its records' ends.
+    """
+    chunk = WALK_CHUNK if chunk_size is None else chunk_size
+    pos = start
+    while pos < end:
+        buf = read(pos, min(chunk, end - pos))
+        size, count, ends = _scan_run(buf, pos, max_message_size, boundaries_only)
+        if size == 0:
+            # Nothing valid at pos within this chunk: one record larger than the
+            # chunk (read it alone), or the end of the valid records.
+            header = buf if len(buf) >= HEADER_SIZE else read(pos, HEADER_SIZE)
+            length = HEADER.unpack_from(header)[0] if len(header) >= HEADER_SIZE else -1
+            span = HEADER_SIZE + length
+            if length < 0 or length > max_message_size or span <= len(buf) or pos + span > end:
+                return
+            buf = read(pos, span)
+            size, count, ends = _scan_run(buf, pos, max_message_size, boundaries_only)
+            if size == 0:
+                return
+        yield RecordRun(pos, buf if size == len(buf) else memoryview(buf)[:size], count, ends)
+        pos += size
+
+
+def _scan_run(
+    buf: bytes | memoryview, offset: int, max_message_size: int, boundaries_only: bool
+) -> tuple[int, int, list[int] | None]:
+    """``(length, count, ends)`` of the valid records at the start of one chunk of a walk."""
+    if not boundaries_only:
+        return (*_scan(buf, max_message_size, attributes_utf8=False), None)
+    ends = record_ends(buf, offset)
+    return (ends[-1] - offset if ends else 0), len(ends), ends
+
+
+def buffer_reader(buf: bytes | bytearray | memoryview, base_offset: int) -> Callable[[int, int], memoryview]:
+    """A ``read`` for walk_records over a buffer whose first byte is at ``base_offset``."""
+    view = memoryview(buf)
+    return lambda offset, length: view[offset - base_offset : offset - base_offset + length]
 
 
 def stamp_msg_ids(buf: bytearray, first_id: int) -> int:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..protocol import commands as c
-from ..record import HEADER, HEADER_SIZE, scan_valid
+from ..record import HEADER, HEADER_SIZE, buffer_reader, walk_records
 
 if TYPE_CHECKING:
     from ..client.connection import BrokerConnection
@@ -167,24 +167,20 @@ class PartitionReplica:
     ) -> bool:
         if header.get("offset") != offset:
             raise ReplicaDiverged(f"{self.name}: asked for offset {offset}, master answered from {header.get('offset')}")
-        view = memoryview(body)
         whole, count = 0, 0
         # A large reply is checked and appended a piece at a time, each piece's end
         # reported at once (``report``), so that a sync master can ack the first puts
         # of the reply without waiting for the slave's CRC check of all of it.
         piece = REPORT_PIECE_BYTES if report is not None else len(body)
-        while whole < len(body):
-            size, n = scan_valid(view[whole : whole + piece], self.log.max_message_size)
-            if size == 0 and len(body) - whole >= HEADER_SIZE:
-                span = HEADER_SIZE + HEADER.unpack_from(view, whole)[0]
-                if span > piece:  # one record bigger than a piece: check just that record
-                    size, n = scan_valid(view[whole : whole + span], self.log.max_message_size)
-            if size == 0:
-                break
-            start = self.log.append(view[whole : whole + size])
-            assert start == offset + whole, "append must continue the log exactly where the fetch started"
-            whole += size
-            count += n
+        runs = walk_records(
+            buffer_reader(body, offset), offset, offset + len(body),
+            chunk_size=piece, max_message_size=self.log.max_message_size,
+        )
+        for run in runs:
+            start = self.log.append(run.data)
+            assert start == run.offset, "append must continue the log exactly where the fetch started"
+            whole += len(run.data)
+            count += run.count
             if report is not None and whole < len(body):
                 report(offset + whole)
         if whole < len(body):

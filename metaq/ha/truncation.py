@@ -23,7 +23,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from ..record import HEADER, HEADER_SIZE, record_ends
+from ..record import walk_records
 
 if TYPE_CHECKING:
     from ..client.connection import BrokerConnection
@@ -117,19 +117,6 @@ async def _longest_common_prefix(conn: "BrokerConnection", topic: str, partition
 
 def _record_boundaries(log_: "PartitionLog") -> list[int]:
     ends: list[int] = []
-    pos = log_.min_offset
-    while pos < log_.log_end:
-        chunk = log_.read(pos, 4 * 1024 * 1024)
-        found = record_ends(chunk, pos)
-        if not found:
-            # A record bigger than the chunk: read exactly it.
-            length = HEADER_SIZE + HEADER.unpack_from(chunk)[0] if len(chunk) >= HEADER_SIZE else 0
-            if length < HEADER_SIZE:
-                break
-            chunk = log_.read(pos, length)
-            found = record_ends(chunk, pos)
-            if not found:
-                break
-        ends.extend(found)
-        pos = found[-1]
+    for run in walk_records(log_.read, log_.min_offset, log_.log_end, boundaries_only=True):
+        ends.extend(run.ends)
     return ends

@@ -28,6 +28,7 @@ from ..record import RecordError, stamp_msg_ids, validate_batch
 from ..store.log import OffsetOutOfRange
 from ..store.manager import MessageStoreManager, UnknownPartition, UnknownTopic
 from ..store.msgid import MsgIdGenerator
+from ..store.refused import RefusedLog
 from . import stats as stats_text
 from .connection import FileBody
 from .stats import BrokerStats
@@ -97,11 +98,14 @@ class RequestHandlers:
 
     def _log(self, topic: str, partition: int) -> "PartitionLog":
         try:
-            return self.broker.store.get_log(topic, partition)
+            log = self.broker.store.get_log(topic, partition)
         except UnknownTopic as exc:
             raise c.RequestError(c.NOT_FOUND, str(exc)) from None
         except UnknownPartition as exc:
             raise c.RequestError(c.BAD_REQUEST, str(exc)) from None
+        if isinstance(log, RefusedLog):  # its files are not the log this broker knew
+            raise c.RequestError(c.INTERNAL_ERROR, log.reason)
+        return log
 
     # --- put ----------------------------------------------------------------------
 

@@ -4,7 +4,8 @@ from metaq.store.flush import AppendTruncated, LogFlusher
 from metaq.store.log import LogCorruptError, OffsetOutOfRange, PartitionLog
 from metaq.store.manager import MessageStoreManager, UnknownPartition, UnknownTopic
 from metaq.store.msgid import MsgIdGenerator, msg_id_timestamp_ms
-from metaq.store.retention import DeletePolicy, QuartzCron, apply_policy, parse_delete_policy
+from metaq.store.cron import QuartzCron
+from metaq.store.retention import DeletePolicy, parse_delete_policy
 from metaq.store.segment import LogSegment
 
 __all__ = [
@@ -20,7 +21,6 @@ __all__ = [
     "QuartzCron",
     "UnknownPartition",
     "UnknownTopic",
-    "apply_policy",
     "msg_id_timestamp_ms",
     "parse_delete_policy",
 ]

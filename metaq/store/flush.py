@@ -7,7 +7,8 @@
   Under load this batches many puts per fsync without any timer or queue.
 * ``unflushThreshold > 0`` -- puts are acked at once; an fsync starts in the
   background once that many messages are unflushed, and a periodic task flushes every
-  ``unflushInterval`` ms while anything is unflushed.
+  ``unflushInterval`` ms while anything is unflushed (and checks every period that no
+  segment file of the log was deleted).
 
 An fsync error fails every caller waiting on that fsync with the OSError (never a
 hang); the data stays unflushed and the next flush tries again.
@@ -20,7 +21,7 @@ import contextlib
 import logging
 from typing import Callable
 
-from metaq.store.log import PartitionLog
+from metaq.store.log import PartitionLog, SegmentVanished
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,8 @@ class LogFlusher:
             return
         error = future.exception()  # also marks it retrieved for background flushes
         if error is not None:
-            log.error("%s: fsync failed: %s", self.log.directory, error)
+            if not isinstance(error, SegmentVanished):  # the log said so once, with what to do
+                log.error("%s: fsync failed: %s", self.log.directory, error)
             return
         self.fsyncs += 1
         if self.on_flushed is not None:
@@ -126,6 +128,7 @@ class LogFlusher:
         while True:
             # Read each round: a config reload may change the interval.
             await asyncio.sleep(self.unflush_interval_ms / 1000)
+            self.log.check_files()  # a deleted segment file is noticed even with no puts
             if self.log.flushed_end < self.log.log_end:
                 try:
                     await self.flush_now()

@@ -12,7 +12,12 @@ Invariants, checked on open and kept by every method:
   ``truncate_to`` lowers it together with ``log_end`` (and a full reset restarts it);
 * bytes are never silently dropped: a corrupt tail found at start and bytes removed by
   ``truncate_to`` / ``truncate_fully_and_start_at`` are copied aside into the partition
-  directory (and fsynced) before they are cut; only retention deletes, by policy.
+  directory (and fsynced) before they are cut; only retention deletes, by policy;
+* offsets are never reused after bytes vanished outside the broker: segment files that
+  end before the flushed-end checkpoint (``checkpoint.py``) refuse to open, and an open
+  segment whose file was unlinked refuses appends (checked after every write, on
+  flush, on roll and by ``check_files``), so no put is acked for bytes that live only
+  in an unlinked inode.
 
 Threads: everything runs on the event-loop thread except ``flush``, which may run in a
 worker thread. So the segment list is only ever changed by the event-loop thread.
@@ -25,23 +30,24 @@ only grow the list.
 from __future__ import annotations
 
 import bisect
+import errno
 import logging
 import os
 import threading
 import time
 import zlib
 from pathlib import Path
-from typing import Callable
 
 from metaq import record
+from metaq.store.checkpoint import checkpoint_path, read_flushed_end, write_flushed_end
 from metaq.store.segment import LogSegment, fsync_directory, parse_segment_start, segment_file_name
 
 log = logging.getLogger(__name__)
 
-#: How much of a segment recovery reads at a time. Bigger than any ordinary record,
-#: so the scan usually advances by whole chunks; bigger records are handled one by one.
-_SCAN_CHUNK = 4 * 1024 * 1024
 _COPY_CHUNK = 4 * 1024 * 1024
+#: How often flushes raise the flushed-end checkpoint at most (close always writes it):
+#: one small fsync a second instead of one per group commit.
+CHECKPOINT_INTERVAL_S = 1.0
 
 
 class OffsetOutOfRange(LookupError):
@@ -54,7 +60,20 @@ class OffsetOutOfRange(LookupError):
 
 
 class LogCorruptError(RuntimeError):
-    """The segment files on disk cannot form a log (gaps or overlaps between them)."""
+    """The segment files on disk cannot form the log (gaps, overlaps, lost bytes)."""
+
+    def __init__(self, message: str, known_end: int) -> None:
+        super().__init__(message)
+        #: The largest log end the broker had: offsets below it must not be reused.
+        self.known_end = known_end
+
+
+class LogWentBackwards(LogCorruptError):
+    """The segment files end before the flushed end the broker last checkpointed."""
+
+
+class SegmentVanished(OSError):
+    """A segment file of the open log was deleted: its bytes live only in an unlinked inode."""
 
 
 def _timestamp() -> str:
@@ -128,6 +147,7 @@ class PartitionLog:
         self._directory_synced_version = 0
         self.directory.mkdir(parents=True, exist_ok=True)
         self._segments = self._load_segments()
+        checkpointed = self._refuse_if_shorter_than_flushed()
         if not self._segments:
             self._segments = [LogSegment.create(self.directory, start_offset)]
             self._directory_version += 1
@@ -138,6 +158,12 @@ class PartitionLog:
         for segment in self._segments:
             segment.flush()
         self._flushed_end = self.log_end
+        #: Why appends are refused (a segment file vanished), or None.
+        self._vanished: SegmentVanished | None = None
+        self._checkpointed = checkpointed if checkpointed is not None else 0
+        self._checkpointed_at = time.monotonic()
+        if checkpointed != self._flushed_end:
+            self._save_checkpoint(self._flushed_end)
 
     # --- opening -------------------------------------------------------------------
 
@@ -156,7 +182,9 @@ class PartitionLog:
                     raise LogCorruptError(
                         f"{self.directory}: segments are not contiguous ({kind}): {prev.path.name} "
                         f"holds {prev.size} bytes and ends at offset {prev.end}, but the next file "
-                        f"{nxt.path.name} starts at {nxt.start}"
+                        f"{nxt.path.name} starts at {nxt.start}. The partition is not served; restore"
+                        f" the missing segment file (a slave's is byte-identical) and restart the broker",
+                        max(segment.end for segment in segments),
                     )
         except BaseException:
             for segment in segments:
@@ -164,42 +192,37 @@ class PartitionLog:
             raise
         return segments
 
-    def _scan_valid_end(self, segment: LogSegment) -> int:
-        """Absolute offset where the whole, CRC-valid records of ``segment`` end."""
-        # No size limit beyond the file itself: a record written under a larger
-        # maxMessageSize is still a good record, and a garbage length is caught by
-        # the end of the file or by the CRC.
-        pos = segment.start
-        # A chunk holds any record this broker accepts, so only records from an
-        # older, larger limit take the slow one-by-one path.
-        chunk_size = max(_SCAN_CHUNK, record.HEADER_SIZE + self.max_message_size)
-        while pos < segment.end:
-            buf = segment.read(pos, chunk_size)
-            good = record.valid_prefix(buf)
-            pos += good
-            if len(buf) < chunk_size:
-                break  # the chunk reached the end of the file: the prefix is final
-            if good == 0:
-                # A full chunk without one valid record: corrupt, unless one record is
-                # larger than the chunk (written under a larger maxMessageSize).
-                size = self._oversized_record_size(segment, pos)
-                if size == 0:
-                    break
-                pos += size
-        return pos
+    def _refuse_if_shorter_than_flushed(self) -> int | None:
+        """Raise LogWentBackwards if the files lost flushed bytes; return the checkpoint."""
+        expected = read_flushed_end(self.directory)
+        found = self._segments[-1].end if self._segments else 0
+        if expected is None or found >= expected:
+            return expected
+        for segment in self._segments:
+            segment.close()
+        what = f"its segment files end at offset {found}" if self._segments else "it has no segment files"
+        raise LogWentBackwards(
+            f"{self.directory}: log end went backwards: offsets up to {expected} were flushed, but {what}"
+            f" (segment files deleted or cut outside the broker). The partition is not served, so"
+            f" offsets {found}..{expected} are not reused. To recover, restore the missing segment files"
+            f" (a slave's are byte-identical at the same offsets), or accept the loss by deleting"
+            f" {checkpoint_path(self.directory)}; then restart the broker",
+            expected,
+        )
 
-    def _oversized_record_size(self, segment: LogSegment, pos: int) -> int:
-        """Size of a valid record at ``pos`` too big for one scan chunk, else 0."""
-        length = record.HEADER.unpack(segment.read(pos, record.HEADER_SIZE))[0]
-        if length <= 0 or pos + record.HEADER_SIZE + length > segment.end:
-            return 0
-        buf = segment.read(pos, record.HEADER_SIZE + length)
-        return len(buf) if record.valid_prefix(buf, length) == len(buf) else 0
+    def _valid_end(self, segment: LogSegment) -> int:
+        """Absolute offset where the whole, CRC-valid records of ``segment`` end."""
+        # No length limit: a record written under a larger maxMessageSize is still a
+        # good record, and a garbage length is caught by the end of the file or the CRC.
+        valid_end = segment.start
+        for run in record.walk_records(segment.read, segment.start, segment.end):
+            valid_end = run.end
+        return valid_end
 
     def _recover_tail(self) -> None:
         """CRC-scan the active segment; move a torn or corrupt tail aside and cut it off."""
         active = self._segments[-1]
-        valid_end = self._scan_valid_end(active)
+        valid_end = self._valid_end(active)
         if valid_end == active.end:
             return
         aside_path, bad = _save_aside(
@@ -220,10 +243,6 @@ class PartitionLog:
     @property
     def segments(self) -> list[LogSegment]:
         return list(self._segments)
-
-    @property
-    def active_segment(self) -> LogSegment:
-        return self._segments[-1]
 
     @property
     def min_offset(self) -> int:
@@ -257,15 +276,25 @@ class PartitionLog:
         The batch goes into one segment whole: the roll happens before the write, so a
         segment may exceed ``max_segment_size`` by at most one batch.
         """
+        if self._vanished is not None:
+            raise self._vanished
         active = self._segments[-1]
         if len(records) == 0:
             return active.end
         if active.size >= self.max_segment_size:
             active = self._roll()
-        return active.append(records)
+        offset = active.append(records)
+        # After the write, so a delete racing with it is seen too: the bytes are taken
+        # back and the put fails rather than being acked from an unlinked inode.
+        if not active.linked():
+            active.truncate(offset - active.start)
+            raise self._note_vanished(active)
+        return offset
 
     def _roll(self) -> LogSegment:
         old = self._segments[-1]
+        if not old.linked():
+            raise self._note_vanished(old)
         # The old segment is not fsynced here, on the event loop: flush() syncs every
         # segment that ends past flushed_end, so rolled-but-unsynced bytes are covered.
         old.read_only = True
@@ -287,13 +316,57 @@ class PartitionLog:
             for segment in segments:
                 if segment.end > self._flushed_end and not segment.closed:
                     segment.flush()
+                    if not segment.linked():
+                        # The fsync went to an unlinked inode: nothing it covered is durable.
+                        raise self._note_vanished(segment)
             directory_version = self._directory_version
             if directory_version != self._directory_synced_version:
                 fsync_directory(self.directory)
                 self._directory_synced_version = directory_version
             if target > self._flushed_end:
                 self._flushed_end = target
+                if time.monotonic() - self._checkpointed_at >= CHECKPOINT_INTERVAL_S:
+                    self._save_checkpoint(target)
             return self._flushed_end
+
+    def check_files(self) -> None:
+        """Refuse appends from now on if a segment file of the log was deleted (the flusher
+        calls it periodically, so an idle partition is noticed too)."""
+        if self._vanished is None:
+            for segment in self._segments:
+                if not segment.closed and not segment.linked():
+                    self._note_vanished(segment)
+                    return
+
+    def _note_vanished(self, segment: LogSegment) -> SegmentVanished:
+        """Remember (and log, once) that ``segment``'s file is gone; return the error appends raise."""
+        if self._vanished is None:
+            message = (
+                f"segment file {segment.path} was deleted while in use: {self.directory.name} refuses puts;"
+                " restore the file and restart the broker"
+            )
+            self._vanished = SegmentVanished(errno.ENOENT, message)
+            log.error(
+                "%s; until the broker stops its bytes are readable at /proc/%d/fd/%d (copy them back to %s"
+                " before restarting, or the partition will refuse to open as its log end went backwards)",
+                message, os.getpid(), segment.fileno(), segment.path,
+            )
+        return self._vanished
+
+    def _save_checkpoint(self, flushed_end: int) -> None:
+        """Write the flushed-end checkpoint; lowering it is made durable before returning.
+
+        Called under ``_structure_lock`` (or before the log is shared, on open), so a
+        flush in a worker thread and a truncation never write it at the same time.
+        """
+        write_flushed_end(self.directory, flushed_end, durable=flushed_end < self._checkpointed)
+        self._checkpointed = flushed_end
+        self._checkpointed_at = time.monotonic()
+
+    def _lower_checkpoint(self, offset: int) -> None:
+        """Before bytes at and after ``offset`` are cut: the checkpoint must not claim them."""
+        if offset < self._checkpointed:
+            self._save_checkpoint(offset)
 
     def truncate_to(self, offset: int) -> Path | None:
         """Remove every byte at and after ``offset`` (a record boundary), keeping a copy.
@@ -311,6 +384,7 @@ class PartitionLog:
             index = self._segment_index(segments, offset)
             self._check_record_boundary(segments[index], offset)
             aside_path, copied = _save_aside(self._truncated_path(offset), segments[index:], offset)
+            self._lower_checkpoint(offset)
             for seg in segments[index + 1 :]:
                 seg.close()
                 seg.path.unlink()
@@ -338,6 +412,7 @@ class PartitionLog:
             aside_path = None
             if segments[-1].end > segments[0].start:
                 aside_path, _ = _save_aside(self._truncated_path(segments[0].start), segments, segments[0].start)
+            self._lower_checkpoint(offset)
             for seg in segments:
                 seg.close()
                 seg.path.unlink()
@@ -415,16 +490,12 @@ class PartitionLog:
         return 0
 
     def _last_record_start(self, segment: LogSegment) -> int | None:
-        pos, last = segment.start, None
-        while pos < segment.end:
-            ends = record.record_ends(segment.read(pos, _SCAN_CHUNK), pos)
-            if not ends:
-                # One record bigger than a chunk: hop over it using its header.
-                length = record.HEADER.unpack(segment.read(pos, record.HEADER_SIZE))[0]
-                ends = [pos + record.HEADER_SIZE + length]
-            last = pos if len(ends) == 1 else ends[-2]
-            pos = ends[-1]
-        return last
+        last_run = None
+        for last_run in record.walk_records(segment.read, segment.start, segment.end, boundaries_only=True):
+            pass
+        if last_run is None:
+            return None
+        return last_run.ends[-2] if last_run.count > 1 else last_run.offset
 
     # --- retention -----------------------------------------------------------------
 
@@ -447,29 +518,18 @@ class PartitionLog:
                 self._segments = segments[count:]
         return segments[:count]
 
-    def remove_old_segments(self, cutoff_mtime: float, dispose: Callable[[LogSegment], Path]) -> list[Path]:
-        """Detach old segments and let ``dispose`` delete or archive each file at once."""
-        results = []
-        for segment in self.detach_segments_older_than(cutoff_mtime):
-            results.append(dispose(segment))
-        return results
-
-    def delete_segments_older_than(self, cutoff_mtime: float) -> list[Path]:
-        return self.remove_old_segments(cutoff_mtime, delete_segment_file)
-
     # --- lifecycle -----------------------------------------------------------------
 
     def close(self) -> None:
         with self._structure_lock:
+            if self._flushed_end != self._checkpointed and not any(s.closed for s in self._segments):
+                try:
+                    self._save_checkpoint(self._flushed_end)
+                except OSError as exc:  # closing must still close every descriptor
+                    log.warning("%s: flushed-end checkpoint not written: %s", self.directory, exc)
             for segment in self._segments:
                 segment.close()
 
     def __repr__(self) -> str:
         return f"PartitionLog({self.directory}, [{self.min_offset}, {self.log_end}), flushed={self._flushed_end})"
 
-
-def delete_segment_file(segment: LogSegment) -> Path:
-    """Dispose of a detached segment by deleting it; returns the removed path."""
-    segment.close()
-    segment.path.unlink(missing_ok=True)
-    return segment.path

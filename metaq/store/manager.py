@@ -4,6 +4,10 @@ Logs are opened lazily (a master creates a partition on its first put) or all at
 once at start (``open_existing``, which also yields the largest msg id on disk so the
 broker can seed its ``MsgIdGenerator`` above it). A slave opens a partition it does
 not have yet at its master's oldest retained offset with ``get_or_create_log``.
+
+A partition whose files cannot be the log the broker knew (``LogCorruptError``) is
+refused alone: one error line, a ``RefusedLog`` in its place, and every other
+partition keeps serving.
 """
 
 from __future__ import annotations
@@ -16,9 +20,12 @@ from pathlib import Path
 from typing import Callable
 
 from metaq.config import TopicConfig
+from metaq.store.checkpoint import checkpoint_path
+from metaq.store.cron import QuartzCron
 from metaq.store.flush import LogFlusher
-from metaq.store.log import PartitionLog
-from metaq.store.retention import QuartzCron, dispose_segment, parse_delete_policy
+from metaq.store.log import LogCorruptError, PartitionLog
+from metaq.store.refused import RefusedLog
+from metaq.store.retention import dispose_segment, parse_delete_policy
 from metaq.store.segment import LogSegment, parse_segment_start
 
 log = logging.getLogger(__name__)
@@ -55,7 +62,7 @@ class MessageStoreManager:
         self._topics = dict(topics)
         self.max_message_size = max_message_size
         self.retention_grace_s = retention_grace_s
-        self._logs: dict[tuple[str, int], PartitionLog] = {}
+        self._logs: dict[tuple[str, int], PartitionLog | RefusedLog] = {}
         self._flushers: dict[tuple[str, int], LogFlusher] = {}
         self._retention_tasks: dict[str, asyncio.Task[None]] = {}
         self._started = False
@@ -83,15 +90,15 @@ class MessageStoreManager:
     def partition_dir(self, topic: str, partition: int) -> Path:
         return Path(self.topic_config(topic).data_path) / f"{topic}-{partition}"
 
-    def logs(self) -> dict[tuple[str, int], PartitionLog]:
+    def logs(self) -> dict[tuple[str, int], PartitionLog | RefusedLog]:
         """The logs open now, by ``(topic, partition)``."""
         return dict(self._logs)
 
-    def get_log(self, topic: str, partition: int) -> PartitionLog:
+    def get_log(self, topic: str, partition: int) -> PartitionLog | RefusedLog:
         """The log of a configured partition, created empty at offset 0 if it has none."""
         return self.get_or_create_log(topic, partition)
 
-    def get_or_create_log(self, topic: str, partition: int, start_offset: int = 0) -> PartitionLog:
+    def get_or_create_log(self, topic: str, partition: int, start_offset: int = 0) -> PartitionLog | RefusedLog:
         """Like ``get_log``; a new log starts at ``start_offset`` (existing logs ignore it)."""
         # Checked even for open logs: after a reload removed a topic its log stays
         # open (see update_topics) but must no longer be served.
@@ -100,12 +107,17 @@ class MessageStoreManager:
         existing = self._logs.get(key)
         if existing is not None:
             return existing
-        partition_log = PartitionLog(
-            self.partition_dir(topic, partition),
-            max_segment_size=config.max_segment_size,
-            start_offset=start_offset,
-            max_message_size=self.max_message_size,
-        )
+        directory = self.partition_dir(topic, partition)
+        try:
+            partition_log: PartitionLog | RefusedLog = PartitionLog(
+                directory,
+                max_segment_size=config.max_segment_size,
+                start_offset=start_offset,
+                max_message_size=self.max_message_size,
+            )
+        except LogCorruptError as exc:
+            log.error("%s-%d is not served: %s", topic, partition, exc)
+            partition_log = RefusedLog(directory, str(exc), exc.known_end, config.max_segment_size, self.max_message_size)
         flusher = LogFlusher(partition_log, config.unflush_threshold, config.unflush_interval_ms)
         flusher.on_flushed = lambda: self.on_flushed(topic, partition) if self.on_flushed is not None else None
         self._logs[key] = partition_log
@@ -116,10 +128,7 @@ class MessageStoreManager:
 
     def has_log(self, topic: str, partition: int) -> bool:
         """Whether the partition has a log, open or on disk (without creating one)."""
-        if (topic, partition) in self._logs:
-            return True
-        directory = self.partition_dir(topic, partition)
-        return directory.is_dir() and any(parse_segment_start(p) is not None for p in directory.iterdir())
+        return (topic, partition) in self._logs or _holds_a_log(self.partition_dir(topic, partition))
 
     def flusher(self, topic: str, partition: int) -> LogFlusher:
         self.get_log(topic, partition)
@@ -130,8 +139,7 @@ class MessageStoreManager:
         largest = 0
         for topic, config in self._topics.items():
             for partition in range(config.num_partitions):
-                directory = self.partition_dir(topic, partition)
-                if directory.is_dir() and any(parse_segment_start(p) is not None for p in directory.iterdir()):
+                if _holds_a_log(self.partition_dir(topic, partition)):
                     largest = max(largest, self.get_log(topic, partition).last_msg_id())
         return largest
 
@@ -230,6 +238,13 @@ class MessageStoreManager:
             partition_log.close()
         self._logs.clear()
         self._flushers.clear()
+
+
+def _holds_a_log(directory: Path) -> bool:
+    """Segment files, or a checkpoint saying there were some (all deleted: refused on open)."""
+    if not directory.is_dir():
+        return False
+    return checkpoint_path(directory).exists() or any(parse_segment_start(p) is not None for p in directory.iterdir())
 
 
 async def _shielded_to_thread(work):  # type: ignore[no-untyped-def]

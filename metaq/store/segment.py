@@ -76,8 +76,9 @@ class LogSegment:
     def fileno(self) -> int:
         return self._fd
 
-    def contains(self, offset: int) -> bool:
-        return self.start <= offset < self.end
+    def linked(self) -> bool:
+        """Whether the file still has a name (False once it was deleted while open)."""
+        return os.fstat(self._fd).st_nlink > 0
 
     def append(self, buf: bytes | bytearray | memoryview) -> int:
         """Write all of ``buf`` at the end; return the absolute offset it starts at."""

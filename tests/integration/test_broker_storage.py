@@ -202,3 +202,53 @@ def test_torn_tail_is_cut_moved_aside_and_puts_continue(broker_factory) -> None:
         whole = run(read_all(broker))
         end = reply["end_offset"]
     assert [r.data for r in whole[-3:]] == [b"next-1", b"next-2", b"next-3"]
+
+
+# --- segment files lost outside the broker ------------------------------------------------
+
+
+async def put_reply(broker: BrokerProcess, messages: list[bytes], partition: int = 0) -> Any:
+    """One batch put; the reply whatever its code."""
+    body = record.encode_batch([(m, None) for m in messages])
+    async with await connect(broker) as conn:
+        return await conn.request({"op": "put", "topic": TOPIC, "partition": partition}, body)
+
+
+async def get_reply(broker: BrokerProcess, partition: int = 0, offset: int = 0) -> Any:
+    async with await connect(broker) as conn:
+        return await conn.request({"op": "get", "topic": TOPIC, "partition": partition, "offset": offset, "max_size": 1 << 20})
+
+
+def test_a_deleted_active_segment_refuses_puts_instead_of_acking_them(broker_factory) -> None:
+    # Interval flushing: a put is acked right after its write, so only the check after
+    # each write keeps an ack from covering bytes that live in an unlinked inode.
+    broker = broker_factory(0, {TOPIC: 2})
+    run(put(broker, [f"kept-{i}".encode() for i in range(20)]))
+    active = partition_dir(broker) / segment_file_name(0)
+    active.unlink()
+
+    for attempt in range(2):
+        reply = run(put_reply(broker, [f"lost-{attempt}".encode()]))
+        assert reply.code == 500, f"a put into a deleted segment was answered {reply.code}: {reply.header}"
+        assert str(active) in reply.message and "deleted" in reply.message
+    assert run(put(broker, [b"other partition"], partition=1))["offset"] == 0, "the other partition keeps serving"
+    lines = [line for line in broker.log_text().splitlines() if str(active) in line and "refuses puts" in line]
+    assert len(lines) == 1, f"expected one log line naming the file, got {lines}"
+
+
+def test_restart_after_the_active_segment_was_deleted_refuses_the_partition(broker_factory) -> None:
+    broker = broker_factory(0, {TOPIC: 2}, system={"unflushThreshold": 0})
+    acked = run(put(broker, [f"acked-{i}".encode() for i in range(20)]))
+    assert broker.stop() == 0
+    (partition_dir(broker) / segment_file_name(0)).unlink()  # the partition's only segment
+    broker.start()
+
+    reply = run(put_reply(broker, [b"would reuse offset 0"]))
+    assert reply.code == 500, f"offset 0 would be reused: {reply.header}"
+    assert "went backwards" in reply.message
+    assert run(get_reply(broker)).code == 500, "nothing is served from the refused partition"
+    assert not list(partition_dir(broker).glob("*.meta")), "no new segment over the lost offsets"
+    assert run(put(broker, [b"other partition"], partition=1))["offset"] == 0, "the other partition keeps serving"
+    (line,) = [line for line in broker.log_text().splitlines() if "is not served" in line]
+    assert f"{TOPIC}-0" in line and f"offsets up to {acked['end_offset']} were flushed" in line
+    assert "no segment files" in line and "restore" in line and "restart" in line

@@ -13,9 +13,11 @@ from metaq.record import (
     encode_record,
     iter_records,
     record_ends,
+    buffer_reader,
     stamp_msg_ids,
     valid_prefix,
     validate_batch,
+    walk_records,
 )
 
 messages = st.lists(st.tuples(st.binary(max_size=64), st.one_of(st.none(), st.text(max_size=8))), min_size=1, max_size=20)
@@ -93,14 +95,71 @@ def test_iter_records_skips_partial_tail_and_reports_bad_crc():
 def test_regression_flag_flip_to_impossible_attribute_block_is_not_valid():
     """Found by tests/unit/test_fuzz_store.py: the flag is outside the CRC, so a flipped
     attribute bit passed recovery's scan and then failed to decode. Recovery and
-    replication (``scan_valid``) now treat an impossible attribute block as damage."""
-    from metaq.record import scan_valid
-
+    replication (``walk_records``) now treat an impossible attribute block as damage."""
     damaged = bytearray(encode_record(b"\x00\x00\x00\x01"))
     damaged[19] ^= FLAG_BIT0
-    assert scan_valid(damaged) == (0, 0) and valid_prefix(damaged) == 0
+    assert walk(damaged) == [] and valid_prefix(damaged) == 0
     good = encode_record(b"ok", "attr")
-    assert scan_valid(good + damaged) == (len(good), 1)
+    assert walk(good + damaged) == [(0, len(good), 1)]
+
+
+def walk(buf: bytes | bytearray, base: int = 0, **options) -> list[tuple[int, int, int]]:
+    """``(offset, end, count)`` of each run walk_records yields over ``buf``."""
+    runs = walk_records(buffer_reader(buf, base), base, base + len(buf), **options)
+    return [(run.offset, run.end, run.count) for run in runs]
+
+
+@settings(max_examples=200, deadline=None)
+@given(messages, st.data())
+def test_walk_records_covers_exactly_the_valid_prefix_in_bounded_runs(msgs, data):
+    buf = bytearray(encode_batch(msgs))
+    if data.draw(st.booleans()):
+        buf[data.draw(st.integers(min_value=0, max_value=len(buf) - 1))] ^= 0xFF
+    walked = buf[: data.draw(st.integers(min_value=0, max_value=len(buf)))]
+    chunk = data.draw(st.integers(min_value=1, max_value=len(buf) + 10))
+    boundaries_only = data.draw(st.booleans())
+    runs = list(walk_records(buffer_reader(walked, 1000), 1000, 1000 + len(walked), chunk_size=chunk,
+                             boundaries_only=boundaries_only))
+    # Boundaries only follow lengths; otherwise the walk stops where valid_prefix does.
+    limit = len(walked) if boundaries_only else valid_prefix(walked)
+    expected = [e for e in record_ends(walked, 1000) if e <= 1000 + limit]
+    assert [r.offset for r in runs] == [1000] + [r.end for r in runs[:-1]] if runs else not expected
+    assert (runs[-1].end if runs else 1000) == (expected[-1] if expected else 1000)
+    assert sum(r.count for r in runs) == len(expected)
+    for run in runs:
+        # A run is at most one chunk, unless it is one record bigger than a chunk.
+        assert len(run.data) <= chunk or run.count == 1
+        assert run.end in expected
+        assert run.ends == (expected[expected.index(run.end) - run.count + 1 : expected.index(run.end) + 1]
+                            if boundaries_only else None)
+
+
+def test_walk_records_boundaries_only_follows_lengths_and_lists_the_ends():
+    first, second = encode_record(b"first"), encode_record(b"second")
+    buf = bytearray(first + second)
+    buf[HEADER_SIZE] ^= 1  # the first payload's CRC no longer matches
+    assert walk(buf) == []
+    (run,) = walk_records(buffer_reader(buf, 10), 10, 10 + len(buf), boundaries_only=True)
+    assert (run.offset, run.end, run.count) == (10, 10 + len(buf), 2)
+    assert run.ends == [10 + len(first), 10 + len(buf)]
+
+
+def test_walk_records_reads_an_oversized_record_alone_and_follows_short_reads():
+    big, small = encode_record(b"x" * 1000), encode_record(b"y")
+    buf = small + big + small
+    reads = []
+
+    def read(offset: int, length: int) -> bytes:
+        reads.append((offset, length))
+        # Like a log: a read never crosses the "segment" boundary after the big record.
+        limit = len(small) + len(big) if offset < len(small) + len(big) else len(buf)
+        return buf[offset : min(offset + length, limit)]
+
+    runs = [(r.offset, r.end, r.count) for r in walk_records(read, 0, len(buf), chunk_size=100)]
+    assert runs == [(0, len(small), 1), (len(small), len(small) + len(big), 1), (len(small) + len(big), len(buf), 1)]
+    assert (len(small), len(big)) in reads, "the big record is read exactly, in one piece"
+    # A record longer than max_message_size stops the walk instead of being read.
+    assert walk(buf, chunk_size=100, max_message_size=500) == [(0, len(small), 1)]
 
 
 FLAG_BIT0 = 1

@@ -236,9 +236,7 @@ def test_recovery_of_a_clean_log_moves_nothing(tmp_path):
 
 
 def test_recovery_accepts_records_bigger_than_a_scan_chunk(tmp_path, monkeypatch):
-    import metaq.store.log as log_module
-
-    monkeypatch.setattr(log_module, "_SCAN_CHUNK", 64)
+    monkeypatch.setattr(record, "WALK_CHUNK", 64)
     big = record.encode_record(b"x" * 500, msg_id=7)
     log = open_log(tmp_path, max_segment_size=10_000, max_message_size=16)
     log.append(rec(0) + big + rec(1))
@@ -369,24 +367,27 @@ def test_flush_syncs_rolled_segments_and_advances(tmp_path, monkeypatch):
     assert log.flush() == 250 and synced == []  # nothing new: no fsync
 
 
-def test_delete_segments_older_than_only_touches_closed_old_segments(tmp_path):
+def test_detach_segments_older_than_only_takes_closed_old_segments(tmp_path):
     log = open_log(tmp_path, max_segment_size=100)
     for i in range(7):
         log.append(rec(i))
     starts = [s.start for s in log.segments]
     assert starts == [0, 100, 200, 300]
-    # Make the second segment newer than the cutoff: deletion stops there.
+    # Make the second segment newer than the cutoff: detaching stops there.
     os.utime(log.segments[0].path, (1000, 1000))
     os.utime(log.segments[1].path, (5000, 5000))
     os.utime(log.segments[2].path, (1000, 1000))
     os.utime(log.segments[3].path, (1000, 1000))
-    removed = log.delete_segments_older_than(2000)
-    assert removed == [tmp_path / segment_file_name(0)]
-    assert log.min_offset == 100 and not removed[0].exists()
-    removed = log.delete_segments_older_than(10_000)
-    assert [p.name for p in removed] == [segment_file_name(100), segment_file_name(200)]
+    (detached,) = log.detach_segments_older_than(2000)
+    assert detached.start == 0 and log.min_offset == 100
+    assert not detached.closed and detached.path.exists(), "the caller disposes of the file"
+    detached.close()
+    later = log.detach_segments_older_than(10_000)
+    assert [s.start for s in later] == [100, 200]
+    for segment in later:
+        segment.close()
     assert [s.start for s in log.segments] == [300]  # the active segment always stays
-    assert log.delete_segments_older_than(float("inf")) == []
+    assert log.detach_segments_older_than(float("inf")) == []
 
 
 def test_truncate_fully_and_start_at(tmp_path):

@@ -1,16 +1,22 @@
-"""deletePolicy parsing, Quartz cron schedules, delete and archive of closed segments."""
+"""deletePolicy parsing; delete and archive of closed segments through the retention pass
+the broker runs (``MessageStoreManager.run_retention``)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import zipfile
+from dataclasses import replace
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
 from metaq import record
+from metaq.config import TopicConfig
 from metaq.store.log import PartitionLog
-from metaq.store.retention import DeletePolicy, QuartzCron, apply_policy, parse_delete_policy
+from metaq.store.manager import MessageStoreManager
+from metaq.store.retention import DeletePolicy, parse_delete_policy
 from metaq.store.segment import segment_file_name
 
 REC = record.encode_record(b"x" * 30, msg_id=1)  # 50 bytes: two per 100-byte segment
@@ -36,40 +42,18 @@ def test_parse_delete_policy_rejects(text):
         parse_delete_policy(text)
 
 
-@pytest.mark.parametrize(
-    "expr, after, expected",
-    [
-        ("0 0 6,18 * * ?", "2024-03-10 05:59:59", "2024-03-10 06:00:00"),
-        ("0 0 6,18 * * ?", "2024-03-10 06:00:00", "2024-03-10 18:00:00"),
-        ("0 0 6,18 * * ?", "2024-12-31 18:00:00", "2025-01-01 06:00:00"),
-        ("*/15 * * * * ?", "2024-03-10 10:00:14", "2024-03-10 10:00:15"),
-        ("0 30 2 ? * MON-FRI", "2024-03-08 03:00:00", "2024-03-11 02:30:00"),  # Fri -> Mon
-        ("0 0 12 ? * 1", "2024-03-10 12:00:00", "2024-03-17 12:00:00"),  # 1 = Sunday
-        ("0 0 0 29 2 ?", "2024-03-01 00:00:00", "2028-02-29 00:00:00"),
-        ("0 0/20 8-9 * * ?", "2024-03-10 09:40:00", "2024-03-11 08:00:00"),
-        ("0 0 0 1 JAN ? 2030", "2024-01-01 00:00:00", "2030-01-01 00:00:00"),
-        ("5,10 59 23 31 12 ?", "2024-12-31 23:59:05", "2024-12-31 23:59:10"),
-    ],
-)
-def test_quartz_next_fire(expr, after, expected):
-    parse = datetime.fromisoformat
-    assert QuartzCron(expr).next_fire_after(parse(after)) == parse(expected)
+TOPIC = "orders"
 
 
-@pytest.mark.parametrize("expr", ["0 0 6 * *", "0 0 25 * * ?", "0 0 6 L * ?", "0 0 6 * * 2#1", "a b c d e f"])
-def test_quartz_rejects(expr):
-    with pytest.raises(ValueError, match="cron"):
-        QuartzCron(expr)
+def manager_for(tmp_path, policy: str) -> MessageStoreManager:
+    config = TopicConfig(name=TOPIC, data_path=str(tmp_path), num_partitions=1, max_segment_size=100,
+                         delete_policy=policy)
+    return MessageStoreManager({TOPIC: config}, max_message_size=1024, retention_grace_s=0)
 
 
-def test_quartz_that_never_fires_again():
-    with pytest.raises(ValueError, match="never fires"):
-        QuartzCron("0 0 0 1 1 ? 2020").next_fire_after(datetime(2024, 1, 1))
-
-
-def aged_log(tmp_path, count: int = 7) -> PartitionLog:
+def aged_log(manager: MessageStoreManager, count: int = 7) -> PartitionLog:
     """A log with closed segments at 0, 100, 200 and the active one, all mtimes old."""
-    log = PartitionLog(tmp_path, max_segment_size=100)
+    log = manager.get_log(TOPIC, 0)
     for _ in range(count):
         log.append(REC)
     for segment in log.segments:
@@ -80,32 +64,46 @@ def aged_log(tmp_path, count: int = 7) -> PartitionLog:
 NOW = 1_000 + 3 * 3600  # three hours after the segments were written
 
 
+def run_retention(manager: MessageStoreManager, now: float) -> list[Path]:
+    """One pass, as the broker's deleteWhen schedule runs it."""
+    return asyncio.run(manager.run_retention(TOPIC, now=datetime.fromtimestamp(now)))
+
+
+def with_policy(manager: MessageStoreManager, policy: str) -> MessageStoreManager:
+    manager.update_topics({TOPIC: replace(manager.topic_config(TOPIC), delete_policy=policy)})
+    return manager
+
+
 def test_delete_policy_removes_only_closed_segments_older_than_the_limit(tmp_path):
-    log = aged_log(tmp_path)
-    assert apply_policy(log, "delete,4h", NOW) == []  # not old enough
+    manager = manager_for(tmp_path, "delete,4h")
+    log = aged_log(manager)
+    assert run_retention(manager, NOW) == []  # not old enough
     os.utime(log.segments[2].path, (NOW, NOW))  # a recent closed segment stops the sweep
-    removed = apply_policy(log, "delete,2h", NOW)
-    assert [p.name for p in removed] == [segment_file_name(0), segment_file_name(100)]
+    removed = run_retention(with_policy(manager, "delete,2h"), NOW)
+    assert removed == [tmp_path / f"{TOPIC}-0" / segment_file_name(s) for s in (0, 100)]
+    assert not any(path.exists() for path in removed)
     assert [s.start for s in log.segments] == [200, 300]
-    assert apply_policy(log, "delete,1s", NOW + 10) == [tmp_path / segment_file_name(200)]
+    assert run_retention(with_policy(manager, "delete,1s"), NOW + 10) == [log.directory / segment_file_name(200)]
     assert [s.start for s in log.segments] == [300]  # the active segment is never touched
     assert log.read(300, 100) == REC
 
 
 def test_archive_renames_to_arc(tmp_path):
-    log = aged_log(tmp_path)
-    archived = apply_policy(log, "archive,2h", datetime.fromtimestamp(NOW))
+    manager = manager_for(tmp_path, "archive,2h")
+    log = aged_log(manager)
+    archived = run_retention(manager, NOW)
     assert [p.name for p in archived] == [f"{i:020d}.arc" for i in (0, 100, 200)]
     assert all(p.read_bytes() == REC * 2 for p in archived)
     assert log.min_offset == 300
-    log.close()
-    assert PartitionLog(tmp_path, max_segment_size=100).min_offset == 300  # .arc files are not segments
+    manager.close()
+    assert PartitionLog(log.directory, max_segment_size=100).min_offset == 300  # .arc files are not segments
 
 
 def test_archive_zips_when_asked(tmp_path):
-    log = aged_log(tmp_path, count=3)
-    (archived,) = apply_policy(log, "archive,2h,true", NOW)
+    manager = manager_for(tmp_path, "archive,2h,true")
+    log = aged_log(manager, count=3)
+    (archived,) = run_retention(manager, NOW)
     assert archived.name == f"{0:020d}.zip"
-    assert not (tmp_path / segment_file_name(0)).exists()
+    assert not (log.directory / segment_file_name(0)).exists()
     with zipfile.ZipFile(archived) as archive:
         assert archive.read(segment_file_name(0)) == REC * 2

@@ -1,0 +1,63 @@
+"""The flushed-end checkpoint of one partition log: the highest log end known durable.
+
+Stored as ``{partition dir}/flushed-end-checkpoint``: a version line, then the offset.
+``PartitionLog`` raises it after fsyncs (at most once a second, and on close) and
+lowers it before a truncation cuts bytes, so the invariant is:
+
+    the checkpoint never exceeds the bytes the segment files durably hold.
+
+On open, segment files that end before the checkpoint mean bytes were deleted or cut
+outside the broker (an active segment removed by hand, a restored old backup): the
+log refuses to open instead of silently reusing the lost offsets. A checkpoint that
+lags behind (a crash before the next write) only makes that check weaker, never wrong.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from metaq.store.segment import fsync_directory
+
+log = logging.getLogger(__name__)
+
+FILE_NAME = "flushed-end-checkpoint"
+_VERSION = "0"
+
+
+def checkpoint_path(directory: Path) -> Path:
+    return directory / FILE_NAME
+
+
+def read_flushed_end(directory: Path) -> int | None:
+    """The offset in the checkpoint; None if there is none or it cannot be read (logged)."""
+    path = checkpoint_path(directory)
+    try:
+        lines = path.read_text().split("\n")
+    except FileNotFoundError:
+        return None
+    if len(lines) >= 2 and lines[0] == _VERSION and lines[1].isdigit():
+        return int(lines[1])
+    # Never written half (see write_flushed_end), so this is a hand edit or disk damage:
+    # nothing to check against; the next write replaces it.
+    log.warning("%s: unreadable flushed-end checkpoint %r ignored", path, lines[:2])
+    return None
+
+
+def write_flushed_end(directory: Path, offset: int, *, durable: bool) -> None:
+    """Replace the checkpoint atomically (temporary file, fsync, rename).
+
+    ``durable`` also fsyncs the directory, so the new value survives a crash: needed
+    when lowering it before a truncation. Raising it needs no such wait: if the rename
+    is lost in a crash, the older, lower value is still true.
+    """
+    path = checkpoint_path(directory)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as handle:
+        handle.write(f"{_VERSION}\n{offset}\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    if durable:
+        fsync_directory(directory)
