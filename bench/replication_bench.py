@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from metaq.client.connection import BrokerConnection  # noqa: E402
-from metaq.local import BrokerFactory, wait_until  # noqa: E402
+from metaq.tools.launcher import BrokerFactory, wait_until  # noqa: E402
 from metaq.record import encode_batch  # noqa: E402
 from metaq.zk.embedded import EmbeddedZooKeeper  # noqa: E402
 

@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 from metaq.client.codec import decode_messages  # noqa: E402
 from metaq.client.connection import BrokerConnection  # noqa: E402
 from metaq.client.message import Partition  # noqa: E402
-from metaq.local import LocalCluster  # noqa: E402
+from metaq.tools.launcher import LocalCluster  # noqa: E402
 from metaq.record import encode_batch  # noqa: E402
 
 TOPIC = "bench"

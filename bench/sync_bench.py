@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from metaq.local import BrokerProcess, wait_until  # noqa: E402
+from metaq.tools.launcher import BrokerProcess, wait_until  # noqa: E402
 
 from metaq.client.connection import BrokerConnection
 from metaq.record import encode_batch
@@ -76,7 +76,7 @@ def percentile(values: list[float], q: float) -> float:
 def wait_sync_set(zk_connect: str, broker_id: int, timeout: float = 30) -> None:
     import json
 
-    from metaq.local import zk_session
+    from metaq.tools.launcher import zk_session
     from metaq.zk.paths import ZkPaths
 
     with zk_session(zk_connect) as client:

@@ -36,8 +36,8 @@ from typing import Any
 from kazoo.client import KazooClient
 
 from metaq.ha.election import decode_epoch
-from metaq.ha.verify import read_group
-from metaq.local import BrokerProcess, port_accepts, wait_until
+from metaq.tools.verify import read_group
+from metaq.tools.launcher import BrokerProcess, port_accepts, wait_until
 from metaq.record import iter_records
 from metaq.zk.embedded import EmbeddedZooKeeper, Peer, free_port
 from metaq.zk.paths import ZkPaths, parse_broker_url

@@ -72,7 +72,7 @@ def read_zk(zk_connect: str, zk_root: str, timeout: float) -> list[Member]:
 def _members(client: Any, paths: Any) -> list[Member]:
     from kazoo.exceptions import NoNodeError
 
-    from ..ha.verify import read_group
+    from ..tools.verify import read_group
 
     def get(path: str) -> str | None:
         try:

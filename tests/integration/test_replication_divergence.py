@@ -21,7 +21,7 @@ from metaq.protocol.frames import CLOSED, NEED_DATA, Frame, FrameDecoder, encode
 from metaq.record import encode_record
 from metaq.zk.paths import ZkPaths, broker_url
 from metaq.zk.embedded import free_port
-from metaq.local import read_segments
+from metaq.tools.launcher import read_segments
 from tests.integration.replication_support import replica_rows, wait_for
 
 TOPIC = "forged"

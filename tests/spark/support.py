@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 
 from metaq.client.connection import BrokerConnection
-from metaq.local import BrokerProcess
+from metaq.tools.launcher import BrokerProcess
 from metaq.record import encode_record
 from metaq.spark.fetch import ReplicaSession, parse_stats
 from metaq.client.routing import Replica

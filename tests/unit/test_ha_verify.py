@@ -1,4 +1,4 @@
-"""metaq/ha/verify.py against in-memory logs: bisection to the first differing byte, prefix rules."""
+"""metaq/tools/verify.py against in-memory logs: bisection to the first differing byte, prefix rules."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from metaq.ha.verify import compare_partition, first_difference
+from metaq.tools.verify import compare_partition, first_difference
 
 
 class FakeConn:

@@ -43,7 +43,7 @@ from ..errors import MetaqError
 from ..record import iter_records
 from ..zk.paths import ZkPaths, parse_broker_url, parse_host_port
 from ..zk.session import zk_session
-from .election import read_group_state
+from ..ha.election import read_group_state
 from .verify import VerifyError, read_group, verify_group
 
 

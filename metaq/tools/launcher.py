@@ -40,7 +40,7 @@ __all__ = [
 
 #: The directory holding the ``metaq`` package: put first on a child's PYTHONPATH so that
 #: the broker it runs is this very code, whatever else is installed.
-PACKAGE_PARENT = Path(__file__).resolve().parent.parent
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # metaq/tools/launcher.py -> the directory holding metaq/
 DEFAULT_SESSION_TIMEOUT_MS = 4000
 
 
