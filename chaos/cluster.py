@@ -40,7 +40,8 @@ from metaq.tools.verify import read_group
 from metaq.tools.launcher import BrokerProcess, port_accepts, wait_until
 from metaq.record import iter_records
 from metaq.zk.embedded import EmbeddedZooKeeper, Peer, free_port
-from metaq.zk.paths import ZkPaths, parse_broker_url
+from metaq.addresses import parse_broker_url
+from metaq.zk.paths import ZkPaths
 
 from .toxiproxy_client import FaultProxy
 

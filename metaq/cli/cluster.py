@@ -122,7 +122,7 @@ def _sync_set_text(raw: str) -> str:
 
 
 async def _stats(url: str, timeout: float) -> list[str] | None:
-    from ..zk.paths import parse_broker_url
+    from ..addresses import parse_broker_url
     from .stats import fetch_stats
 
     try:

@@ -26,7 +26,7 @@ from typing import Callable, Iterable
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
 
 from ..protocol import commands as c
-from ..zk.paths import parse_broker_url
+from ..addresses import parse_broker_url
 from .cluster import Cluster
 from .codec import encode_messages
 from .config import MetaClientConfig

@@ -34,7 +34,8 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from ..client.connection import BrokerConnection, ConnectionClosed
 from ..config import SlaveConfig
-from ..zk.paths import ZkPaths, parse_broker_node_name, parse_broker_url, slave_node_id
+from ..addresses import parse_broker_url
+from ..zk.paths import ZkPaths, parse_broker_node_name, slave_node_id
 from .election import ZK_CALL_TIMEOUT_S, GroupState, decode_epoch, eligibility, read_group_state, try_take_master
 from .epochs import EpochCache
 from .lease import ZkLease

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..client.connection import BrokerConnection, ConnectionClosed
 from ..config import SlaveConfig
-from ..zk.paths import ZkPaths, parse_broker_url
+from ..addresses import parse_broker_url
+from ..zk.paths import ZkPaths
 from .heartbeat import SlaveHeartbeat
 from .config_sync import adopt_master_topics, save_master_copy, topics_for_master_layout
 from .replica import PartitionReplica, ReplicaDiverged, StaleMaster

@@ -23,7 +23,7 @@ from ..ha.sync import SyncReplication
 from ..protocol import commands as c
 from ..store.manager import MessageStoreManager
 from ..store.msgid import MsgIdGenerator
-from ..zk.paths import parse_host_port
+from ..addresses import parse_host_port
 from .connection import ClientConnection
 from .handlers import RequestHandlers
 from .stats import BrokerStats

@@ -20,7 +20,7 @@ from typing import Any
 from ..client.connection import BrokerConnection, ConnectionClosed, Reply
 from ..client.routing import Replica
 from ..protocol import commands as c
-from ..zk.paths import broker_url
+from ..addresses import broker_url
 from ..record import FLAG_HAS_ATTRIBUTE, HEADER, HEADER_SIZE, KNOWN_FLAGS, RecordError, decode_payload
 
 _unpack_from = HEADER.unpack_from

@@ -27,7 +27,7 @@ import pyarrow as pa
 from ..client.routing import Replica
 from ..protocol import commands as c
 from ..record import RecordError
-from ..zk.paths import broker_url
+from ..addresses import broker_url
 from .fetch import ReplicaError, ReplicaSession, decode_chunk
 
 log = logging.getLogger(__name__)

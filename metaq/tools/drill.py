@@ -41,7 +41,8 @@ from ..client import AsyncMessageSessionFactory, Message, MetaClientConfig
 from ..client.connection import BrokerConnection
 from ..errors import MetaqError
 from ..record import iter_records
-from ..zk.paths import ZkPaths, parse_broker_url, parse_host_port
+from ..addresses import parse_broker_url, parse_host_port
+from ..zk.paths import ZkPaths
 from ..zk.session import zk_session
 from ..ha.election import read_group_state
 from .verify import VerifyError, read_group, verify_group

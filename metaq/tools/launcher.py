@@ -24,7 +24,8 @@ from typing import Any, Mapping
 from metaq.process import ChildProcess
 from metaq.store.segment import parse_segment_start
 from metaq.zk.embedded import EmbeddedZooKeeper, free_port
-from metaq.zk.paths import ZkPaths, broker_url
+from metaq.addresses import broker_url
+from metaq.zk.paths import ZkPaths
 from metaq.zk.session import zk_session
 
 __all__ = [

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..client.connection import BrokerConnection, ConnectionClosed
-from ..zk.paths import ZkPaths, parse_broker_url, slave_node_id
+from ..addresses import parse_broker_url
+from ..zk.paths import ZkPaths, slave_node_id
 
 CHUNK = 4 * 1024 * 1024
 FINE = 4096

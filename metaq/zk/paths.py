@@ -1,4 +1,4 @@
-"""The ZooKeeper layout of DESIGN.md, in one place, plus the value formats stored in it.
+"""The ZooKeeper layout, in one place, plus the value formats stored in it.
 
 Every component (broker registry, HA, clients, `metaq cluster`) builds its paths here so
 that the layout is defined once. The root is ``zk.zkRoot`` (MetaQ's default ``/meta``);
@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-
-URL_SCHEME = "meta://"
 
 # MetaQ's offset value when no message id is known (and what a pre-1.4 bare offset means).
 NO_MSG_ID = -1
@@ -114,7 +112,7 @@ class ZkPaths:
         return _join(self.offsets(group, topic), partition_name)
 
 
-# --- broker names and urls ------------------------------------------------------
+# --- broker node names ---------------------------------------------------------
 
 
 def slave_node_id(name: str) -> int | None:
@@ -145,50 +143,6 @@ def parse_broker_node_name(name: str) -> tuple[int, int | None]:
 def partition_name(broker_id: int, partition: int) -> str:
     """A partition's global name, the same on a master and all its slaves."""
     return f"{broker_id}-{partition}"
-
-
-def broker_url(host: str, port: int) -> str:
-    # IPv6 literals need brackets, or the port would be ambiguous.
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    return f"{URL_SCHEME}{host}:{port}"
-
-
-def parse_broker_url(url: str) -> tuple[str, int]:
-    """``meta://host:port`` -> ``(host, port)``; IPv6 comes back without brackets.
-
-    Readers in MetaQ append ``?slaveId=N`` to slave urls, so any query suffix is ignored.
-    """
-    text = url.strip()
-    if not text.startswith(URL_SCHEME):
-        raise ValueError(f"not a broker url (expected meta://host:port): {url!r}")
-    address = text[len(URL_SCHEME) :].split("?", 1)[0].rstrip("/")
-    if address.startswith("["):
-        host, bracket, rest = address[1:].partition("]")
-        if not bracket or not rest.startswith(":"):
-            raise ValueError(f"bad IPv6 broker url: {url!r}")
-        port_text = rest[1:]
-    else:
-        host, colon, port_text = address.rpartition(":")
-        if not colon or ":" in host:
-            raise ValueError(f"broker url needs host:port (IPv6 in brackets): {url!r}")
-    if not host:
-        raise ValueError(f"broker url has no host: {url!r}")
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ValueError(f"broker url has a bad port: {url!r}") from None
-    if not 0 < port < 65536:
-        raise ValueError(f"broker url port out of range: {url!r}")
-    return host, port
-
-
-def parse_host_port(text: str) -> tuple[str, int]:
-    """``host:port`` (IPv6 as ``[::1]:port``) -> ``(host, port)``, checked like a broker url."""
-    try:
-        return parse_broker_url(URL_SCHEME + text.strip())
-    except ValueError:
-        raise ValueError(f"expected host:port, got {text!r}") from None
 
 
 # --- topic node data -------------------------------------------------------------

@@ -6,10 +6,8 @@ from metaq.zk.paths import (
     TopicNodeData,
     ZkPaths,
     broker_node_name,
-    broker_url,
     format_offset,
     parse_broker_node_name,
-    parse_broker_url,
     parse_offset,
     parse_topic_node_data,
     partition_name,
@@ -68,28 +66,6 @@ def test_broker_node_names_round_trip() -> None:
     for bad in ("0", "m", "0-x", "a-m", "0-s"):
         with pytest.raises(ValueError):
             parse_broker_node_name(bad)
-
-
-@pytest.mark.parametrize(
-    "host, port, url",
-    [("127.0.0.1", 8123, "meta://127.0.0.1:8123"), ("::1", 8123, "meta://[::1]:8123"), ("broker.local", 1, "meta://broker.local:1")],
-)
-def test_broker_url_round_trip(host: str, port: int, url: str) -> None:
-    assert broker_url(host, port) == url
-    assert parse_broker_url(url) == (host, port)
-
-
-def test_parse_broker_url_ignores_slave_id_suffix() -> None:
-    assert parse_broker_url("meta://10.0.0.1:8123?slaveId=2") == ("10.0.0.1", 8123)
-    assert parse_broker_url("meta://[fe80::1]:9000?slaveId=0") == ("fe80::1", 9000)
-
-
-@pytest.mark.parametrize(
-    "bad", ["", "10.0.0.1:8123", "http://h:1", "meta://h", "meta://h:x", "meta://:1", "meta://::1:5", "meta://[::1]", "meta://h:0", "meta://h:70000"]
-)
-def test_parse_broker_url_rejects_garbage(bad: str) -> None:
-    with pytest.raises(ValueError):
-        parse_broker_url(bad)
 
 
 def test_topic_node_data_is_metaq_json() -> None:
