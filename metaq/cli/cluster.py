@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import re
 import sys
@@ -72,13 +71,7 @@ def read_zk(zk_connect: str, zk_root: str, timeout: float) -> list[Member]:
 def _members(client: Any, paths: Any) -> list[Member]:
     from kazoo.exceptions import NoNodeError
 
-    from ..tools.verify import read_group
-
-    def get(path: str) -> str | None:
-        try:
-            return client.get(path)[0].decode("utf-8", "replace")
-        except NoNodeError:
-            return None
+    from ..zk.group import read_group_state, read_members
 
     try:
         ids = sorted(int(child) for child in client.get_children(paths.broker_ids()) if child.isdigit())
@@ -87,38 +80,20 @@ def _members(client: Any, paths: Any) -> list[Member]:
     members: list[Member] = []
     for broker_id in ids:
         try:
-            master, slaves = read_group(client, paths, broker_id)
+            group = read_members(client, paths, broker_id)
         except NoNodeError:
             continue
-        epoch = _epoch_text(get(paths.epoch(broker_id)))
-        sync_set = get(paths.sync_set(broker_id))
-        sync_text = "-" if sync_set is None else _sync_set_text(sync_set)
-        if master is not None:
-            members.append(Member(broker_id, "master", master, epoch, sync_text))
-        for slave_id, url in slaves.items():
+        try:
+            state = read_group_state(client, paths, broker_id)
+            epoch = "-" if state.epoch_version < 0 else str(state.epoch)
+            sync_text = "-" if state.sync_set is None else ",".join(f"slave{s}" for s in sorted(state.sync_set)) or "(empty)"
+        except ValueError:  # a malformed epoch or sync set node: show the rest
+            epoch, sync_text = "?", "?"
+        if group.master_url is not None:
+            members.append(Member(broker_id, "master", group.master_url, epoch, sync_text))
+        for slave_id, url in group.slaves.items():
             members.append(Member(broker_id, f"slave{slave_id}", url, epoch, sync_text))
     return members
-
-
-def _epoch_text(raw: str | None) -> str:
-    """The epoch node holds JSON {"epoch": N, "leader": url}; show N."""
-    from ..ha.election import decode_epoch
-
-    if raw is None:
-        return "-"
-    try:
-        return str(decode_epoch(raw.encode())[0])
-    except (ValueError, KeyError, TypeError):
-        return raw.strip() or "-"
-
-
-def _sync_set_text(raw: str) -> str:
-    """The sync_set node holds JSON {"slaves": [...], ...}; show the slave ids."""
-    try:
-        slaves = json.loads(raw)["slaves"]
-        return ",".join(f"slave{s}" for s in slaves) or "(empty)"
-    except (ValueError, KeyError, TypeError):
-        return raw.strip() or "(empty)"
 
 
 async def _stats(url: str, timeout: float) -> list[str] | None:

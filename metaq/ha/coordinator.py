@@ -35,8 +35,9 @@ from kazoo.handlers.threading import KazooTimeoutError
 from ..client.connection import BrokerConnection, ConnectionClosed
 from ..config import SlaveConfig
 from ..addresses import parse_broker_url
-from ..zk.paths import ZkPaths, parse_broker_node_name, slave_node_id
-from .election import ZK_CALL_TIMEOUT_S, GroupState, decode_epoch, eligibility, read_group_state, try_take_master
+from ..zk.paths import ZkPaths, decode_epoch, parse_broker_node_name, slave_node_id
+from ..zk.group import ZK_CALL_TIMEOUT_S, GroupState, read_group_state
+from .election import eligibility, try_take_master
 from .epochs import EpochCache
 from .lease import ZkLease
 from .truncation import divergence_point

@@ -42,10 +42,10 @@ from ..client.connection import BrokerConnection
 from ..errors import MetaqError
 from ..record import iter_records
 from ..addresses import parse_broker_url, parse_host_port
+from ..zk.group import GroupMembers, GroupState, read_group_state, read_members
 from ..zk.paths import ZkPaths
 from ..zk.session import zk_session
-from ..ha.election import read_group_state
-from .verify import VerifyError, read_group, verify_group
+from .verify import VerifyError, verify_group
 
 
 @dataclass
@@ -249,7 +249,7 @@ class Drill:
         finally:
             await asyncio.to_thread(session.__exit__, None, None, None)
 
-    async def _group(self, zk: KazooClient) -> Any:
+    async def _group(self, zk: KazooClient) -> GroupState:
         return await asyncio.to_thread(read_group_state, zk, self.paths, self.broker_id)
 
     async def _run(self, zk: KazooClient) -> DrillReport:
@@ -432,12 +432,12 @@ class Drill:
         deadline = time.monotonic() + self.rejoin_timeout_s
         while time.monotonic() < deadline:
             try:
-                master, slaves = await asyncio.to_thread(read_group, zk, self.paths, self.broker_id)
+                group = await asyncio.to_thread(read_members, zk, self.paths, self.broker_id)
             except Exception:  # ZooKeeper busy or the group's node not there yet
-                master, slaves = None, {}
-            if master == old_url:
+                group = GroupMembers(None)
+            if group.master_url == old_url:
                 return "master"
-            for slave_id, url in slaves.items():
+            for slave_id, url in group.slaves.items():
                 if url == old_url:
                     return f"slave{slave_id}"
             await asyncio.sleep(0.1)

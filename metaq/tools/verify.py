@@ -23,11 +23,10 @@ from __future__ import annotations
 import asyncio
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..client.connection import BrokerConnection, ConnectionClosed
 from ..addresses import parse_broker_url
-from ..zk.paths import ZkPaths, slave_node_id
+from ..zk.group import GroupNotFound, read_live_group
 
 CHUNK = 4 * 1024 * 1024
 FINE = 4096
@@ -201,44 +200,6 @@ async def compare_partition(
 # --- a whole group ---------------------------------------------------------------------
 
 
-def read_group(
-    zk: Any, paths: ZkPaths, broker_id: int, timeout: float | None = None
-) -> tuple[str | None, dict[int, str]]:
-    """``(master url or None, {slave_id: url})`` of a broker group, from ZooKeeper (kazoo
-    client); raises kazoo's NoNodeError if the group is not registered at all, and its
-    timeout error if a call takes longer than ``timeout`` (None: wait like kazoo does)."""
-    from kazoo.exceptions import NoNodeError
-
-    def text(path: str) -> str | None:
-        try:
-            return zk.get_async(path).get(timeout=timeout)[0].decode("utf-8", "replace")
-        except NoNodeError:
-            return None  # an ephemeral node that just went away
-
-    base = paths.broker(broker_id)
-    children = zk.get_children_async(base).get(timeout=timeout)
-    master = text(paths.master(broker_id))
-    slaves: dict[int, str] = {}
-    for child in children:
-        slave_id = slave_node_id(child)
-        if slave_id is not None and (url := text(f"{base}/{child}")) is not None:
-            slaves[slave_id] = url
-    return master, dict(sorted(slaves.items()))
-
-
-def find_group(zk: Any, paths: ZkPaths, broker_id: int) -> tuple[str, dict[int, str]]:
-    """Like read_group, but a group without a registered master is a VerifyError."""
-    from kazoo.exceptions import NoNodeError
-
-    try:
-        master, slaves = read_group(zk, paths, broker_id)
-    except NoNodeError:
-        raise VerifyError(f"no broker {broker_id} in ZooKeeper ({paths.broker(broker_id)} does not exist)") from None
-    if master is None:
-        raise VerifyError(f"broker {broker_id} has no master registered ({paths.master(broker_id)})")
-    return master, slaves
-
-
 async def verify_urls(
     broker_id: int, master_url: str, slaves: dict[int, str], topic: str | None = None, chunk: int = CHUNK
 ) -> VerifyReport:
@@ -281,15 +242,9 @@ async def verify_group(
     chunk: int = CHUNK, timeout: float = 10.0,
 ) -> VerifyReport:
     """Find the group in ZooKeeper and compare every slave with the master."""
-    master_url, slaves = await asyncio.to_thread(_read_group, zk_connect, zk_root, broker_id, timeout)
-    return await verify_urls(broker_id, master_url, slaves, topic, chunk)
-
-
-def _read_group(zk_connect: str, zk_root: str, broker_id: int, timeout: float) -> tuple[str, dict[int, str]]:
-    from ..zk.session import ZooKeeperUnreachable, zk_session
-
     try:
-        with zk_session(zk_connect, timeout) as client:
-            return find_group(client, ZkPaths(zk_root), broker_id)
-    except ZooKeeperUnreachable as exc:  # callers retry VerifyError (drill, demo)
+        group = await asyncio.to_thread(read_live_group, zk_connect, zk_root, broker_id, timeout)
+    except GroupNotFound as exc:  # callers retry VerifyError (drill, demo)
         raise VerifyError(str(exc)) from None
+    assert group.master_url is not None  # read_live_group's promise
+    return await verify_urls(broker_id, group.master_url, group.slaves, topic, chunk)

@@ -199,3 +199,38 @@ def parse_offset(text: str | bytes) -> tuple[int, int]:
     if offset < 0:
         raise ValueError(f"bad consumer offset {value!r}: negative offset")
     return msg_id, offset
+
+
+# --- a group's epoch and sync set ----------------------------------------------------
+
+
+def encode_epoch(epoch: int, leader_url: str) -> bytes:
+    """The epoch node's value: ``{"epoch": N, "leader": url}`` (the master that took epoch N)."""
+    return json.dumps({"epoch": epoch, "leader": leader_url}).encode()
+
+
+def decode_epoch(data: bytes) -> tuple[int, str | None]:
+    """``(epoch, leader url or None)``; an old bare number is an epoch without a leader."""
+    text = data.decode("utf-8").strip()
+    try:
+        if text.startswith("{"):
+            value = json.loads(text)
+            return int(value["epoch"]), value.get("leader")
+        return int(text or 0), None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"bad epoch node value {text!r}: {exc}") from None
+
+
+def encode_sync_set(members: frozenset[int], epoch: int, min_sync_slaves: int) -> bytes:
+    """The sync_set node's value: the slaves counted for sync acks, and the epoch that chose them."""
+    return json.dumps({"slaves": sorted(members), "epoch": epoch, "min_sync_slaves": min_sync_slaves}).encode()
+
+
+def decode_sync_set(data: bytes) -> tuple[frozenset[int], int]:
+    """``(slave ids, epoch)`` of a sync_set node value."""
+    text = data.decode("utf-8")
+    try:
+        value = json.loads(text)
+        return frozenset(int(s) for s in value.get("slaves", [])), int(value.get("epoch", 0))
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ValueError(f"bad sync_set node value {text!r}: {exc}") from None

@@ -6,6 +6,10 @@ from metaq.zk.paths import (
     TopicNodeData,
     ZkPaths,
     broker_node_name,
+    decode_epoch,
+    decode_sync_set,
+    encode_epoch,
+    encode_sync_set,
     format_offset,
     parse_broker_node_name,
     parse_offset,
@@ -95,3 +99,17 @@ def test_offsets_split_on_last_dash() -> None:
 def test_parse_offset_rejects_garbage(bad: str) -> None:
     with pytest.raises(ValueError):
         parse_offset(bad)
+
+
+def test_epoch_value_round_trip_and_legacy_number() -> None:
+    assert decode_epoch(encode_epoch(5, "meta://h:1")) == (5, "meta://h:1")
+    assert decode_epoch(b"7") == (7, None)
+    with pytest.raises(ValueError, match="bad epoch node value"):
+        decode_epoch(b'{"leader": "x"}')
+
+
+def test_sync_set_value_round_trip() -> None:
+    assert decode_sync_set(encode_sync_set(frozenset({3, 1}), 2, 1)) == (frozenset({1, 3}), 2)
+    assert json.loads(encode_sync_set(frozenset({3, 1}), 2, 1)) == {"slaves": [1, 3], "epoch": 2, "min_sync_slaves": 1}
+    with pytest.raises(ValueError, match="bad sync_set node value"):
+        decode_sync_set(b"[1, 2]")
