@@ -278,13 +278,17 @@ class MasterFollower:
             lag = max(0, master_end - log_end)
             since = st.caught_up_at or st.extra.get("started_at", now)
             lag_ms = 0.0 if lag == 0 else max(0.0, now - since) * 1000
-            pairs.append(
-                (
-                    f"replica {topic}-{self.broker_id}-{partition}",
-                    f"state={st.state} log_end={log_end} master_log_end={master_end} lag_bytes={lag}"
-                    f" lag_ms={lag_ms:.0f} heartbeat_age_ms={-1 if hb_age is None else round(hb_age)}"
-                    f" appended_messages={st.appended_messages} divergences={st.divergences}"
-                    + (f" error={st.error!r}" if st.error else ""),
-                )
-            )
+            row: dict[str, object] = {
+                "state": st.state,
+                "log_end": log_end,
+                "master_log_end": master_end,
+                "lag_bytes": lag,
+                "lag_ms": round(lag_ms),
+                "heartbeat_age_ms": -1 if hb_age is None else round(hb_age),
+                "appended_messages": st.appended_messages,
+                "divergences": st.divergences,
+            }
+            if st.error:
+                row["error"] = st.error
+            pairs.append((f"replica {topic}-{self.broker_id}-{partition}", row))
         return pairs

@@ -3,7 +3,7 @@
 The invariant checked: **every slave's log is a byte-identical prefix of its
 master's log at the same offsets.** For each topic-partition and slave:
 
-1. read both logs' bounds (``stats {topic}``: ``min_offset`` and ``max_offset``,
+1. read both logs' bounds (``stats {topic}`` as data: ``min_offset`` and ``max_offset``,
    the log end); the slave first, so a master that keeps appending cannot make a
    healthy slave look ahead;
 2. the slave must not end past the master (``slave log_end <= master log_end``);
@@ -21,18 +21,17 @@ the failover drills.
 from __future__ import annotations
 
 import asyncio
-import re
 from dataclasses import dataclass, field
 
 from ..client.connection import BrokerConnection, ConnectionClosed
 from ..addresses import parse_broker_url
+from ..protocol.messages import ChecksumRequest, TopicsRequest
+from ..protocol.replies import ChecksumReply, ReplyError, TopicsReply, fetch_stats
 from ..zk.group import GroupNotFound, read_live_group
 
 CHUNK = 4 * 1024 * 1024
 FINE = 4096
 PIPELINE = 8
-
-_BOUNDS = re.compile(r"min_offset=(\d+) max_offset=(\d+)")
 
 
 class VerifyError(Exception):
@@ -88,28 +87,23 @@ class VerifyReport:
 
 async def log_bounds(conn: BrokerConnection, topic: str, partition: int, broker_id: int, timeout: float = 10) -> tuple[int, int] | None:
     """``(min_offset, log_end)`` of a partition on one broker, or None if it has no such log."""
-    reply = await conn.request({"op": "stats", "item": topic}, timeout=timeout)
-    if not reply.ok:
+    try:
+        stats = await fetch_stats(conn, topic, timeout)
+    except ReplyError:  # e.g. no such topic on this broker
         return None
-    name = f"{topic}-{broker_id}-{partition}"
-    for line in reply.body.decode("utf-8", "replace").splitlines():
-        key, _, rest = line.partition(" ")
-        if key == name:
-            found = _BOUNDS.search(rest)
-            if found:
-                return int(found.group(1)), int(found.group(2))
-    return None
+    row = stats.row(f"{topic}-{broker_id}-{partition}")
+    return None if row is None else (int(row["min_offset"]), int(row["max_offset"]))
 
 
 async def range_crc(conn: BrokerConnection, topic: str, partition: int, start: int, end: int, timeout: float = 60) -> int:
-    reply = await conn.request(
-        {"op": "checksum", "topic": topic, "partition": partition, "start": start, "end": end}, timeout=timeout
-    )
-    if not reply.ok:
-        raise VerifyError(f"checksum [{start}, {end}) of {topic}-{partition} on {conn.address}: {reply.code} {reply.message}")
-    if int(reply.get("end", end)) != end:
+    request = ChecksumRequest(topic=topic, partition=partition, start=start, end=end)
+    try:
+        reply = ChecksumReply.of(await conn.request(request.to_header(), timeout=timeout))
+    except ReplyError as exc:
+        raise VerifyError(f"checksum [{start}, {end}) of {topic}-{partition} on {conn.address}: {exc}") from None
+    if reply.end != end:
         raise VerifyError(f"{conn.address} no longer has bytes up to {end} of {topic}-{partition}")
-    return int(reply["crc"])
+    return reply.crc
 
 
 async def _differs(master: BrokerConnection, slave: BrokerConnection, topic: str, partition: int, start: int, end: int) -> bool:
@@ -209,10 +203,10 @@ async def verify_urls(
     except ConnectionClosed as exc:
         raise VerifyError(f"master of broker {broker_id}: {exc}") from None
     try:
-        reply = await master.request({"op": "topics"}, timeout=10)
-        if not reply.ok:
-            raise VerifyError(f"master {master_url} answered topics with {reply.code}: {reply.message}")
-        topics: dict[str, int] = dict(reply["topics"])
+        try:
+            topics = TopicsReply.of(await master.request(TopicsRequest().to_header(), timeout=10)).topics
+        except ReplyError as exc:
+            raise VerifyError(f"master {master_url} answered {exc}") from None
         if topic is not None:
             if topic not in topics:
                 raise VerifyError(f"the master of broker {broker_id} has no topic {topic!r}")
