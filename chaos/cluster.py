@@ -35,10 +35,10 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
-from metaq.tools.launcher import BrokerProcess, port_accepts, wait_until
-from metaq.record import iter_records
-from metaq.zk.embedded import EmbeddedZooKeeper, Peer, free_port
 from metaq.addresses import parse_broker_url
+from metaq.record import iter_records
+from metaq.tools.launcher import BrokerProcess, port_accepts, wait_until
+from metaq.zk.embedded import EmbeddedZooKeeper, Peer, free_port
 from metaq.zk.group import read_members
 from metaq.zk.paths import ZkPaths, decode_epoch
 

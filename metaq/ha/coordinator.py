@@ -32,9 +32,10 @@ from typing import TYPE_CHECKING, Any
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
+from ..addresses import parse_broker_url
 from ..client.connection import BrokerConnection, ConnectionClosed
 from ..config import SlaveConfig
-from ..addresses import parse_broker_url
+from ..protocol.messages import EpochsRequest
 from ..zk.paths import ZkPaths, decode_epoch, parse_broker_node_name, slave_node_id
 from ..zk.group import ZK_CALL_TIMEOUT_S, GroupState, read_group_state
 from .election import eligibility, try_take_master
@@ -430,7 +431,7 @@ class HaCoordinator:
 
     async def adopt_master_epochs(self, conn: BrokerConnection, topic: str, partition: int) -> None:
         """Copy the master's epoch history of a partition we follow (our bytes are its bytes)."""
-        reply = await conn.request({"op": "epochs", "topic": topic, "partition": partition}, timeout=10)
+        reply = await conn.request(EpochsRequest(topic=topic, partition=partition).to_header(), timeout=10)
         if not reply.ok:
             raise ConnectionError(f"epochs {topic}-{partition}: {reply.code} {reply.message}")
         cache = self.cache(topic, partition)

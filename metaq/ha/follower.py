@@ -25,9 +25,10 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from ..addresses import parse_broker_url
 from ..client.connection import BrokerConnection, ConnectionClosed
 from ..config import SlaveConfig
-from ..addresses import parse_broker_url
+from ..protocol.messages import ConfigRequest, OffsetRequest, TopicsRequest
 from ..zk.paths import ZkPaths
 from .heartbeat import SlaveHeartbeat
 from .config_sync import adopt_master_topics, save_master_copy, topics_for_master_layout
@@ -172,14 +173,14 @@ class MasterFollower:
 
     async def _sync_topics(self) -> None:
         conn = await self._connection()
-        reply = await conn.request({"op": "topics"}, timeout=10)
+        reply = await conn.request(TopicsRequest().to_header(), timeout=10)
         if not reply.ok:
             raise ConnectionError(f"master answered topics with {reply.code}: {reply.message}")
         master_topics: dict[str, int] = reply["topics"]
         self.master_mode = reply.get("replication_mode", "async")
         own = self.broker.config
         if self.slave.auto_sync_master_config:
-            config_reply = await conn.request({"op": "config"}, timeout=10)
+            config_reply = await conn.request(ConfigRequest().to_header(), timeout=10)
             if not config_reply.ok:
                 raise ConnectionError(f"master answered config with {config_reply.code}: {config_reply.message}")
             topics = adopt_master_topics(own, bytes(config_reply.body))
@@ -197,7 +198,7 @@ class MasterFollower:
         if not store.has_log(topic, partition):
             # An empty slave starts at the master's oldest retained offset, so its
             # offsets are the master's from the first byte (MetaQ's handleMassageFiles).
-            reply = await conn.request({"op": "offset", "topic": topic, "partition": partition, "offset": 0}, timeout=10)
+            reply = await conn.request(OffsetRequest(topic=topic, partition=partition, offset=0).to_header(), timeout=10)
             start = int(reply.get("min_offset", 0)) if reply.ok else 0
             store.get_or_create_log(topic, partition, start_offset=start)
         if self.broker.coordinator is not None:

@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any, Awaitable
 
 from .. import __version__
+from ..addresses import parse_host_port
 from ..config import BrokerConfig, ConfigError, SlaveConfig, TopicConfig
 from ..ha.progress import ReplicationProgress
 from ..ha.role import Role
@@ -23,7 +24,6 @@ from ..ha.sync import SyncReplication
 from ..protocol import commands as c
 from ..store.manager import MessageStoreManager
 from ..store.msgid import MsgIdGenerator
-from ..addresses import parse_host_port
 from .connection import ClientConnection
 from .handlers import RequestHandlers
 from .stats import BrokerStats

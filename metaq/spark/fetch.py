@@ -17,12 +17,12 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from ..addresses import broker_url
 from ..client.connection import BrokerConnection, ConnectionClosed, Reply
 from ..client.routing import Replica
 from ..protocol import commands as c
 from ..protocol.messages import GetRequest, OffsetRequest, StatsRequest
 from ..protocol.replies import OffsetReply, ReplyError, StatsReply
-from ..addresses import broker_url
 from ..record import FLAG_HAS_ATTRIBUTE, HEADER, HEADER_SIZE, KNOWN_FLAGS, RecordError, decode_payload
 
 _unpack_from = HEADER.unpack_from

@@ -37,13 +37,13 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
+from ..addresses import parse_broker_url, parse_host_port
 from ..client import AsyncMessageSessionFactory, Message, MetaClientConfig
 from ..client.connection import BrokerConnection
 from ..errors import MetaqError
 from ..protocol.messages import ConfigRequest, EpochsRequest, GetRequest, Request, StatsRequest, TopicsRequest
-from ..protocol.replies import ConfigReply, EpochsReply, ReplyError, StatsReply, TopicsReply
+from ..protocol.replies import ConfigReply, EpochsReply, FetchReply, ReplyError, StatsReply, TopicsReply
 from ..record import iter_records
-from ..addresses import parse_broker_url, parse_host_port
 from ..zk.group import GroupMembers, GroupState, read_group_state, read_members
 from ..zk.paths import ZkPaths
 from ..zk.session import zk_session
@@ -195,7 +195,7 @@ async def _read_partition(url: str, topic: str, partition: int, start: int, end:
                 continue
             if not reply.ok:
                 break
-            records = list(iter_records(reply.body, offset))
+            records = list(iter_records(FetchReply.of(reply).body, offset))
             if not records:
                 break
             for record in records:

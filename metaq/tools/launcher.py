@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from metaq.addresses import broker_url
 from metaq.process import ChildProcess
 from metaq.store.segment import parse_segment_start
 from metaq.zk.embedded import EmbeddedZooKeeper, free_port
-from metaq.addresses import broker_url
 from metaq.zk.paths import ZkPaths
 from metaq.zk.session import zk_session
 

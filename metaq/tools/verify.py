@@ -23,8 +23,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from ..client.connection import BrokerConnection, ConnectionClosed
 from ..addresses import parse_broker_url
+from ..client.connection import BrokerConnection, ConnectionClosed
 from ..protocol.messages import ChecksumRequest, TopicsRequest
 from ..protocol.replies import ChecksumReply, ReplyError, TopicsReply, fetch_stats
 from ..zk.group import GroupNotFound, read_live_group

@@ -17,9 +17,9 @@ import struct
 import threading
 from pathlib import Path
 
+from metaq.addresses import broker_url
 from metaq.protocol.frames import CLOSED, NEED_DATA, Frame, FrameDecoder, encode_frame
 from metaq.record import encode_record
-from metaq.addresses import broker_url
 from metaq.zk.paths import ZkPaths
 from metaq.zk.embedded import free_port
 from metaq.tools.launcher import read_segments
