@@ -8,8 +8,9 @@ branch on error codes (the replica fetcher on 301/404) check ``reply.code`` firs
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Awaitable, Protocol
+from typing import Any, Awaitable, Iterator, Protocol
 
 import msgpack
 
@@ -39,12 +40,19 @@ def _checked(reply: ReceivedReply, what: str) -> dict[str, Any]:
     return header
 
 
-def _ints(reply: ReceivedReply, what: str, *names: str) -> list[int]:
-    header = _checked(reply, what)
+@contextmanager
+def _well_formed(what: str) -> Iterator[None]:
+    """A missing or ill-typed field while reading a success reply: a ReplyError too."""
     try:
-        return [int(header[name]) for name in names]
+        yield
     except (KeyError, TypeError, ValueError) as exc:
         raise ReplyError(INTERNAL_ERROR, f"{what}: malformed reply ({type(exc).__name__}: {exc})") from None
+
+
+def _ints(reply: ReceivedReply, what: str, *names: str) -> list[int]:
+    header = _checked(reply, what)
+    with _well_formed(what):
+        return [int(header[name]) for name in names]
 
 
 @dataclass(frozen=True)
@@ -115,10 +123,8 @@ class EpochsReply:
     @classmethod
     def of(cls, reply: ReceivedReply) -> "EpochsReply":
         header = _checked(reply, "epochs")
-        try:
+        with _well_formed("epochs"):
             return cls([(int(epoch), int(start)) for epoch, start in header["entries"]])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ReplyError(INTERNAL_ERROR, f"epochs: malformed reply ({type(exc).__name__}: {exc})") from None
 
 
 @dataclass(frozen=True)
@@ -131,12 +137,10 @@ class TopicsReply:
     @classmethod
     def of(cls, reply: ReceivedReply) -> "TopicsReply":
         header = _checked(reply, "topics")
-        try:
+        with _well_formed("topics"):
             topics = {str(name): int(parts) for name, parts in dict(header["topics"]).items()}
             mode = str(header.get("replication_mode", "async"))
             return cls(topics, str(header.get("role", "")), int(header.get("epoch", 0)), mode)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ReplyError(INTERNAL_ERROR, f"topics: malformed reply ({type(exc).__name__}: {exc})") from None
 
 
 @dataclass(frozen=True)
