@@ -20,6 +20,7 @@ from kazoo.exceptions import NoNodeError
 
 from ..errors import MetaqError
 from .paths import ZkPaths, decode_epoch, decode_sync_set, slave_node_id
+from .session import ZooKeeperUnreachable, zk_session
 
 #: How long one ZooKeeper call may take.
 ZK_CALL_TIMEOUT_S = 5.0
@@ -110,8 +111,6 @@ def read_live_group(zk_connect: str, zk_root: str, broker_id: int, timeout: floa
 
     GroupNotFound if ZooKeeper is unreachable, the group is not registered or has no master.
     """
-    from .session import ZooKeeperUnreachable, zk_session
-
     paths = ZkPaths(zk_root)
     try:
         with zk_session(zk_connect, timeout) as client:
