@@ -5,14 +5,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from ..addresses import parse_host_port
 from ..errors import MetaqError
 
 
 def parse_address(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise MetaqError(f"expected HOST:PORT, got {text!r}")
-    return host.strip("[]"), int(port)
+    try:
+        return parse_host_port(text)
+    except ValueError:
+        raise MetaqError(f"expected HOST:PORT, got {text!r}") from None
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
