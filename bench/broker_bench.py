@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from metaq.client.connection import BrokerConnection  # noqa: E402
+from metaq.protocol.messages import GetRequest, PutRequest  # noqa: E402
 from metaq.record import encode_batch  # noqa: E402
 
 from bench.common import fetch_sequentially  # noqa: E402
@@ -97,7 +98,7 @@ async def produce(port: int, messages: int, size: int, batch: int) -> dict[str, 
     puts = messages // batch
     latencies: list[float] = []
     failures = 0
-    header = {"op": "put", "topic": "bench", "partition": 0}
+    header = PutRequest(topic="bench", partition=0).to_header()
     loop = asyncio.get_running_loop()
     finished = loop.create_future()
     sent = acked = 0
@@ -153,7 +154,7 @@ async def fetch(port: int, expected: int, decode: bool) -> dict[str, float]:
     # are committed by the next periodic flush. Wait for that outside the timed part,
     # so the figure is fetch throughput, not unflushInterval.
     while True:
-        probe = await conn.request({"op": "get", "topic": "bench", "partition": 0, "offset": 0, "max_size": 1})
+        probe = await conn.request(GetRequest(topic="bench", partition=0, offset=0, max_size=1).to_header())
         if probe.get("committed") == probe.get("log_end"):
             break
         await asyncio.sleep(0.05)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from metaq.client.connection import BrokerConnection
+from metaq.protocol.messages import GetRequest
 from metaq.record import iter_records, record_ends
 
 
@@ -17,7 +18,7 @@ async def fetch_sequentially(
     offset, got, nbytes = 0, 0, 0
     while got < expected:
         reply = await conn.request(
-            {"op": "get", "topic": topic, "partition": 0, "offset": offset, "max_size": max_size, "max_wait_ms": max_wait_ms}
+            GetRequest(topic=topic, partition=0, offset=offset, max_size=max_size, max_wait_ms=max_wait_ms).to_header()
         )
         if reply.code != 200:
             raise RuntimeError(f"fetch of {topic} at {offset}: {reply.code} {reply.message}")

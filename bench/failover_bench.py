@@ -22,8 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from metaq.cli.drill import render  # noqa: E402
-from metaq.ha.drill import Drill, summarize  # noqa: E402
-from metaq.local import LocalCluster  # noqa: E402
+from metaq.tools.drill import Drill, summarize  # noqa: E402
+from metaq.tools.launcher import LocalCluster  # noqa: E402
 from metaq.process import stop_pid  # noqa: E402
 
 

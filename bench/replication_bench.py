@@ -32,11 +32,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from metaq.client.connection import BrokerConnection  # noqa: E402
-from metaq.local import BrokerFactory, wait_until  # noqa: E402
+from metaq.protocol.messages import PutRequest  # noqa: E402
+from metaq.protocol.replies import PutReply, ReplyError, fetch_stats  # noqa: E402
+from metaq.tools.launcher import BrokerFactory, wait_until  # noqa: E402
 from metaq.record import encode_batch  # noqa: E402
 from metaq.zk.embedded import EmbeddedZooKeeper  # noqa: E402
 
 TOPIC = "bench"
+PUT = PutRequest(topic=TOPIC, partition=0).to_header()
 WINDOW = 32
 SIZE = 100
 BATCH = 100
@@ -49,7 +52,7 @@ def percentile(values: list[float], q: float) -> float:
 
 async def put_retrying(conn: BrokerConnection, body: bytes) -> object:
     while True:
-        reply = await conn.request({"op": "put", "topic": TOPIC, "partition": 0}, body, timeout=30)
+        reply = await conn.request(PUT, body, timeout=30)
         if reply.code != 503:
             if not reply.ok:
                 raise RuntimeError(f"put failed: {reply.code} {reply.message}")
@@ -71,7 +74,7 @@ async def produce_round(address: tuple[str, int], messages: int) -> float:
                 for future in done:
                     if not future.result().ok:
                         raise RuntimeError(future.result().message)
-            in_flight.add(conn.send({"op": "put", "topic": TOPIC, "partition": 0}, body))
+            in_flight.add(conn.send(PUT, body))
         for future in asyncio.as_completed(in_flight):
             reply = await future
             if not reply.ok:
@@ -84,13 +87,10 @@ async def produce_round(address: tuple[str, int], messages: int) -> float:
 async def log_end(address: tuple[str, int]) -> int:
     conn = await BrokerConnection.open(*address)
     try:
-        reply = await conn.request({"op": "stats", "item": TOPIC})
-        for line in reply.body.decode().splitlines():
-            if line.startswith(f"{TOPIC}-0-0 "):
-                return int(line.split("max_offset=")[1].split()[0])
+        row = (await fetch_stats(conn, TOPIC)).row(f"{TOPIC}-0-0")
     finally:
         conn.close()
-    return -1
+    return -1 if row is None else int(row["max_offset"])
 
 
 def caught_up(master, slave) -> None:  # noqa: ANN001
@@ -114,11 +114,10 @@ async def lag_run(master_addr: tuple[str, int], slave_addr: tuple[str, int], rat
         index = 0
         while not (stop.is_set() and index >= len(acks)):
             # The slave's log end, from its stats (slaves refuse replica fetches): polled every 2 ms.
-            reply = await watcher.request({"op": "stats", "item": TOPIC}, timeout=10)
+            row = (await fetch_stats(watcher, TOPIC, timeout=10)).row(f"{TOPIC}-0-0")
             now = time.perf_counter()
-            for line in reply.body.decode().splitlines():
-                if line.startswith(f"{TOPIC}-0-0 "):
-                    offset = int(line.split("max_offset=")[1].split()[0])
+            if row is not None:
+                offset = int(row["max_offset"])
             await asyncio.sleep(0.002)
             while index < len(acks) and acks[index][0] <= offset:
                 covered.append(now - acks[index][1])
@@ -134,12 +133,13 @@ async def lag_run(master_addr: tuple[str, int], slave_addr: tuple[str, int], rat
     deadline = started + seconds
 
     def acked(future: asyncio.Future) -> None:
-        reply = future.result()
-        if reply.ok:
-            acks.append((reply["end_offset"], time.perf_counter()))
+        try:
+            acks.append((PutReply.of(future.result()).end_offset, time.perf_counter()))
+        except ReplyError:
+            pass  # a refused put is no ack
 
     while time.perf_counter() < deadline:
-        future = producer.send({"op": "put", "topic": TOPIC, "partition": 0}, body)
+        future = producer.send(PUT, body)
         future.add_done_callback(acked)
         pending.add(future)
         sent += 1

@@ -34,7 +34,9 @@ sys.path.insert(0, str(REPO))
 from metaq.client.codec import decode_messages  # noqa: E402
 from metaq.client.connection import BrokerConnection  # noqa: E402
 from metaq.client.message import Partition  # noqa: E402
-from metaq.local import LocalCluster  # noqa: E402
+from metaq.protocol.messages import GetRequest, OffsetRequest, PutRequest  # noqa: E402
+from metaq.protocol.replies import OffsetReply, PutReply  # noqa: E402
+from metaq.tools.launcher import LocalCluster  # noqa: E402
 from metaq.record import encode_batch  # noqa: E402
 
 TOPIC = "bench"
@@ -51,17 +53,15 @@ async def produce(host: str, port: int, messages: int, size: int, partitions: in
         while sent < messages:
             count = min(batch, messages - sent)
             payload = body if count == batch else encode_batch([(b"x" * size, None)] * count)
-            pending.append(conn.send({"op": "put", "topic": TOPIC, "partition": n % partitions, "count": count}, payload))
+            pending.append(conn.send(PutRequest(topic=TOPIC, partition=n % partitions, count=count).to_header(), payload))
             sent += count
             n += 1
             if len(pending) >= in_flight:
-                reply = await pending.pop(0)
-                assert reply.ok, reply.header
-                ends[reply["partition"]] = max(ends.get(reply["partition"], 0), reply["end_offset"])
+                put = PutReply.of(await pending.pop(0))
+                ends[put.partition] = max(ends.get(put.partition, 0), put.end_offset)
         for fut in pending:
-            reply = await fut
-            assert reply.ok, reply.header
-            ends[reply["partition"]] = max(ends.get(reply["partition"], 0), reply["end_offset"])
+            put = PutReply.of(await fut)
+            ends[put.partition] = max(ends.get(put.partition, 0), put.end_offset)
     finally:
         conn.close()
     return ends
@@ -70,8 +70,8 @@ async def produce(host: str, port: int, messages: int, size: int, partitions: in
 async def committed(host: str, port: int, partition: int) -> int:
     conn = await BrokerConnection.open(host, port)
     try:
-        reply = await conn.request({"op": "offset", "topic": TOPIC, "partition": partition, "offset": 0})
-        return int(reply["max_offset"])
+        reply = await conn.request(OffsetRequest(topic=TOPIC, partition=partition, offset=0).to_header())
+        return OffsetReply.of(reply).max_offset
     finally:
         conn.close()
 
@@ -96,14 +96,14 @@ async def client_read(host: str, port: int, ends: dict[int, int], fetch: int = 1
             part = Partition(0, p)
             offset = fetch_at = 0
             carry = b""
-            future = conn.send({"op": "get", "topic": TOPIC, "partition": p, "offset": 0, "max_size": min(fetch, end)})
+            future = conn.send(GetRequest(topic=TOPIC, partition=p, offset=0, max_size=min(fetch, end)).to_header())
             while True:
                 reply = await future
                 assert reply.ok, reply.header
                 body = reply.body
                 fetch_at += len(body)
                 if fetch_at < end:
-                    future = conn.send({"op": "get", "topic": TOPIC, "partition": p, "offset": fetch_at, "max_size": min(fetch, end - fetch_at)})
+                    future = conn.send(GetRequest(topic=TOPIC, partition=p, offset=fetch_at, max_size=min(fetch, end - fetch_at)).to_header())
                 buf = carry + body if carry else bytes(body)
                 decoded, record_ends = decode_messages(buf, offset, TOPIC, part)
                 consumed = record_ends[-1] - offset if record_ends else 0

@@ -28,9 +28,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from metaq.local import BrokerProcess, wait_until  # noqa: E402
+from metaq.tools.launcher import BrokerProcess, wait_until  # noqa: E402
 
 from metaq.client.connection import BrokerConnection
+from metaq.protocol.messages import PutRequest
 from metaq.record import encode_batch
 from metaq.zk.embedded import EmbeddedZooKeeper
 
@@ -50,7 +51,7 @@ async def run_round(address: tuple[str, int], batch: int, size: int, window: int
         nonlocal acked, failures
         while time.perf_counter() < deadline:
             started = time.perf_counter()
-            reply = await conn.request({"op": "put", "topic": TOPIC, "partition": 0}, body, timeout=60)
+            reply = await conn.request(PutRequest(topic=TOPIC, partition=0).to_header(), body, timeout=60)
             if reply.code != 200:
                 failures += 1
                 if failures > 100:
@@ -76,7 +77,7 @@ def percentile(values: list[float], q: float) -> float:
 def wait_sync_set(zk_connect: str, broker_id: int, timeout: float = 30) -> None:
     import json
 
-    from metaq.local import zk_session
+    from metaq.tools.launcher import zk_session
     from metaq.zk.paths import ZkPaths
 
     with zk_session(zk_connect) as client:

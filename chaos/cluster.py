@@ -35,12 +35,12 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
-from metaq.ha.election import decode_epoch
-from metaq.ha.verify import read_group
-from metaq.local import BrokerProcess, port_accepts, wait_until
+from metaq.addresses import parse_broker_url
 from metaq.record import iter_records
+from metaq.tools.launcher import BrokerProcess, port_accepts, wait_until
 from metaq.zk.embedded import EmbeddedZooKeeper, Peer, free_port
-from metaq.zk.paths import ZkPaths, parse_broker_url
+from metaq.zk.group import read_members
+from metaq.zk.paths import ZkPaths, decode_epoch
 
 from .toxiproxy_client import FaultProxy
 
@@ -263,7 +263,8 @@ class ChaosCluster:
         epoch_data = self._get(self.paths.epoch(group))
         epoch = decode_epoch(epoch_data)[0] if epoch_data else 0
         try:
-            master, slaves = read_group(self.zk, self.paths, group, timeout=5)
+            members = read_members(self.zk, self.paths, group, timeout=5)
+            master, slaves = members.master_url, members.slaves
         except Exception:  # the group's node is not there yet, or ZooKeeper is busy
             data = self._get(self.paths.master(group))
             master, slaves = (data.decode() if data else None), {}

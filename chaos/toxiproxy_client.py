@@ -30,7 +30,7 @@ from toxiproxy import Toxiproxy
 from toxiproxy.api import APIConsumer
 
 from chaos.proxy import ProxyThread
-from metaq.local import port_accepts, wait_until
+from metaq.tools.launcher import port_accepts, wait_until
 from metaq.zk.embedded import free_port
 
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent

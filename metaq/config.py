@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from .zk.paths import parse_host_port
+from .addresses import parse_host_port
 
 DEFAULT_DELETE_POLICY = "delete,168"
 DEFAULT_DELETE_WHEN = "0 0 6,18 * * ?"

@@ -1,4 +1,4 @@
-"""Real processes for integration and chaos tests: a thin re-export of ``metaq.local``.
+"""Real processes for integration and chaos tests: a thin re-export of ``metaq.tools.launcher``.
 
 The launcher lives in the package (``metaq demo`` and the benchmarks use it too); the
 pytest-specific parts (broker logs attached to failed reports) live in ``conftest.py``.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from metaq.local import (  # noqa: F401  (re-exported for the tests)
+from metaq.tools.launcher import (  # noqa: F401  (re-exported for the tests)
     DEFAULT_SESSION_TIMEOUT_MS,
     BrokerFactory,
     BrokerProcess,

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
-import re
 import sys
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..protocol.replies import StatsReply
 
 
-_KV = re.compile(r"(\w+)=(\S+)")
 COLUMNS = ("broker", "role", "address", "state", "epoch", "sync set", "lag bytes", "lag msgs", "lag ms", "heartbeat age")
 
 
@@ -47,7 +47,6 @@ class Member:
     lag_messages: int | None = None
     lag_ms: float | None = None
     heartbeat_age_ms: float | None = None
-    stats: dict[str, str] = field(default_factory=dict)
 
     def row(self) -> tuple[str, ...]:
         def num(value: Any, unit: str = "") -> str:
@@ -72,13 +71,7 @@ def read_zk(zk_connect: str, zk_root: str, timeout: float) -> list[Member]:
 def _members(client: Any, paths: Any) -> list[Member]:
     from kazoo.exceptions import NoNodeError
 
-    from ..ha.verify import read_group
-
-    def get(path: str) -> str | None:
-        try:
-            return client.get(path)[0].decode("utf-8", "replace")
-        except NoNodeError:
-            return None
+    from ..zk.group import read_group_state, read_members
 
     try:
         ids = sorted(int(child) for child in client.get_children(paths.broker_ids()) if child.isdigit())
@@ -87,96 +80,74 @@ def _members(client: Any, paths: Any) -> list[Member]:
     members: list[Member] = []
     for broker_id in ids:
         try:
-            master, slaves = read_group(client, paths, broker_id)
+            group = read_members(client, paths, broker_id)
         except NoNodeError:
             continue
-        epoch = _epoch_text(get(paths.epoch(broker_id)))
-        sync_set = get(paths.sync_set(broker_id))
-        sync_text = "-" if sync_set is None else _sync_set_text(sync_set)
-        if master is not None:
-            members.append(Member(broker_id, "master", master, epoch, sync_text))
-        for slave_id, url in slaves.items():
+        try:
+            state = read_group_state(client, paths, broker_id)
+            epoch = "-" if state.epoch_version < 0 else str(state.epoch)
+            sync_text = "-" if state.sync_set is None else ",".join(f"slave{s}" for s in sorted(state.sync_set)) or "(empty)"
+        except ValueError:  # a malformed epoch or sync set node: show the rest
+            epoch, sync_text = "?", "?"
+        if group.master_url is not None:
+            members.append(Member(broker_id, "master", group.master_url, epoch, sync_text))
+        for slave_id, url in group.slaves.items():
             members.append(Member(broker_id, f"slave{slave_id}", url, epoch, sync_text))
     return members
 
 
-def _epoch_text(raw: str | None) -> str:
-    """The epoch node holds JSON {"epoch": N, "leader": url}; show N."""
-    from ..ha.election import decode_epoch
-
-    if raw is None:
-        return "-"
-    try:
-        return str(decode_epoch(raw.encode())[0])
-    except (ValueError, KeyError, TypeError):
-        return raw.strip() or "-"
-
-
-def _sync_set_text(raw: str) -> str:
-    """The sync_set node holds JSON {"slaves": [...], ...}; show the slave ids."""
-    try:
-        slaves = json.loads(raw)["slaves"]
-        return ",".join(f"slave{s}" for s in slaves) or "(empty)"
-    except (ValueError, KeyError, TypeError):
-        return raw.strip() or "(empty)"
-
-
-async def _stats(url: str, timeout: float) -> list[str] | None:
-    from ..zk.paths import parse_broker_url
-    from .stats import fetch_stats
+async def _stats(url: str, timeout: float) -> StatsReply | None:
+    from ..addresses import parse_broker_url
+    from ..client.connection import BrokerConnection
+    from ..protocol.replies import fetch_stats
 
     try:
-        return (await fetch_stats(*parse_broker_url(url), "", timeout)).splitlines()
+        conn = await BrokerConnection.open(*parse_broker_url(url), timeout)
+        try:
+            return await fetch_stats(conn, "", timeout)
+        finally:
+            conn.close()
     except Exception:  # unreachable or refusing: the table says "unreachable"
         return None
 
 
-def apply_stats(members: list[Member], stats: dict[str, list[str] | None]) -> None:
-    """Fill in states and lag from the brokers' stats texts (keyed by url)."""
+def apply_stats(members: list[Member], stats: dict[str, StatsReply | None]) -> None:
+    """Fill in states and lag from the brokers' stats (keyed by url)."""
     by_slave: dict[tuple[int, str], Member] = {(m.broker_id, m.role): m for m in members if m.role != "master"}
     for member in members:
-        lines = stats.get(member.url)
-        if lines is None:
+        reply = stats.get(member.url)
+        if reply is None:
             member.state = "unreachable"
             continue
         member.state = "up"
-        stopped = 0
-        for line in lines:
-            words = line.split(" ", 1)
-            if len(words) == 2 and "=" not in words[0]:
-                member.stats[words[0]] = words[1]
-            if member.role == "master" and line.startswith("slave") and " lag_bytes=" in line:
-                # "slave{k} {topic}-{id}-{p} log_end=... lag_bytes=... lag_messages=... lag_ms=... heartbeat_age_ms=..."
-                slave = by_slave.get((member.broker_id, line.split(" ", 1)[0]))
+        if member.role == "master":
+            for slave_id, _partition, row in reply.slave_rows():
+                slave = by_slave.get((member.broker_id, f"slave{slave_id}"))
                 if slave is None:
                     continue
-                values = dict(_KV.findall(line))
-                slave.lag_bytes = (slave.lag_bytes or 0) + int(values.get("lag_bytes", 0))
-                slave.lag_messages = (slave.lag_messages or 0) + int(values.get("lag_messages", 0))
-                slave.lag_ms = max(slave.lag_ms or 0.0, float(values.get("lag_ms", 0)))
-                if "heartbeat_age_ms" in values:
-                    slave.heartbeat_age_ms = float(values["heartbeat_age_ms"])
-            elif member.role != "master" and line.startswith("replica ") and "state=stopped" in line:
-                stopped += 1
-        if member.role != "master":
-            if stopped:
-                member.state = f"{stopped} partition(s) stopped"
-            if member.heartbeat_age_ms is None:
-                age = member.stats.get("master_heartbeat_age_ms")
-                member.heartbeat_age_ms = float(age) if age and age != "-" else None
-            if member.lag_bytes is None:
-                # The master did not list it (e.g. unreachable): the slave's own view.
-                own = [dict(_KV.findall(line)) for line in lines if line.startswith("replica ")]
-                if own:
-                    member.lag_bytes = sum(int(v.get("lag_bytes", 0)) for v in own)
-                    member.lag_ms = max(float(v.get("lag_ms", 0)) for v in own)
+                slave.lag_bytes = (slave.lag_bytes or 0) + int(row["lag_bytes"])
+                slave.lag_messages = (slave.lag_messages or 0) + int(row["lag_messages"])
+                slave.lag_ms = max(slave.lag_ms or 0.0, float(row["lag_ms"]))
+                slave.heartbeat_age_ms = float(row["heartbeat_age_ms"])
+            continue
+        own = list(reply.replica_rows().values())
+        stopped = sum(1 for row in own if row.get("state") == "stopped")
+        if stopped:
+            member.state = f"{stopped} partition(s) stopped"
+        if member.heartbeat_age_ms is None:
+            age = reply.get("master_heartbeat_age_ms")
+            member.heartbeat_age_ms = float(age) if age not in (None, "-") else None
+        if member.lag_bytes is None and own:
+            # The master did not list it (e.g. unreachable): the slave's own view.
+            member.lag_bytes = sum(int(row["lag_bytes"]) for row in own)
+            member.lag_ms = max(float(row["lag_ms"]) for row in own)
 
 
 async def collect(zk_connect: str, zk_root: str = "/meta", timeout: float = 5.0) -> list[Member]:
     members = await asyncio.to_thread(read_zk, zk_connect, zk_root, timeout)
     urls = sorted({m.url for m in members})
-    texts = await asyncio.gather(*(_stats(url, timeout) for url in urls))
-    apply_stats(members, dict(zip(urls, texts)))
+    replies = await asyncio.gather(*(_stats(url, timeout) for url in urls))
+    apply_stats(members, dict(zip(urls, replies)))
     return members
 
 

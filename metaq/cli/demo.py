@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 async def _demo(console: Any, work: Path, count: int, keep: bool) -> int:
     from rich.table import Table
 
-    from ..local import LocalCluster
+    from ..tools.launcher import LocalCluster
 
     step = _Steps(console)
     system = {
@@ -85,7 +85,7 @@ async def _demo(console: Any, work: Path, count: int, keep: bool) -> int:
             results["verify_before"] = await _verify(cluster.zk_connect)
             step.note("identical" if results["verify_before"] else "DIFFERENT")
         with step("failover drill: kill -9 the master under load"):
-            from ..ha.drill import Drill
+            from ..tools.drill import Drill
 
             report = await Drill(cluster.zk_connect, 0, "kill", topic=TOPIC, rate=200).run()
             if report.restarted_pid:
@@ -174,7 +174,7 @@ async def _consume_from_slave(zk_connect: str, count: int) -> tuple[int, float]:
 
 
 async def _verify(zk_connect: str) -> bool:
-    from ..ha.verify import VerifyError, verify_group
+    from ..tools.verify import VerifyError, verify_group
 
     deadline = time.monotonic() + 30
     while True:

@@ -1,4 +1,4 @@
-"""``metaq drill``: a failover drill against a running broker group (see metaq/ha/drill.py)."""
+"""``metaq drill``: a failover drill against a running broker group (see metaq/tools/drill.py)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def render(reports: list, first: int = 1) -> str:
     """The reports, numbered from ``first`` (drills printed one by one as they finish)."""
-    from ..ha.drill import DrillReport
+    from ..tools.drill import DrillReport
 
     lines = []
     for i, r in enumerate(reports, first):
@@ -69,7 +69,7 @@ def _s(value: float | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..ha.drill import Drill, summarize, to_json
+    from ..tools.drill import Drill, summarize, to_json
 
     if args.repeat < 1:
         raise MetaqError("--repeat must be >= 1")

@@ -5,14 +5,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from ..addresses import parse_host_port
 from ..errors import MetaqError
 
 
 def parse_address(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise MetaqError(f"expected HOST:PORT, got {text!r}")
-    return host.strip("[]"), int(port)
+    try:
+        return parse_host_port(text)
+    except ValueError:
+        raise MetaqError(f"expected HOST:PORT, got {text!r}") from None
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -23,13 +24,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-async def fetch_stats(host: str, port: int, item: str, timeout: float) -> str:
+async def fetch_stats_text(host: str, port: int, item: str, timeout: float) -> str:
+    """The text form, exactly as ``nc`` shows it (the data form is protocol.replies.fetch_stats)."""
     from ..client.connection import BrokerConnection, ConnectionClosed
+    from ..protocol.messages import StatsRequest
 
     try:
         conn = await BrokerConnection.open(host, port, timeout)
         try:
-            reply = await conn.request({"op": "stats", "item": item}, timeout=timeout)
+            reply = await conn.request(StatsRequest(item=item).to_header(), timeout=timeout)
         finally:
             conn.close()
     except (ConnectionClosed, asyncio.TimeoutError) as exc:
@@ -41,6 +44,6 @@ async def fetch_stats(host: str, port: int, item: str, timeout: float) -> str:
 
 def run(args: argparse.Namespace) -> int:
     host, port = parse_address(args.address)
-    text = asyncio.run(fetch_stats(host, port, args.item, args.timeout))
+    text = asyncio.run(fetch_stats_text(host, port, args.item, args.timeout))
     print(text, end="")
     return 1 if text.startswith("ERROR") else 0

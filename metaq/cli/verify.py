@@ -3,7 +3,7 @@
 Finds the group's master and slaves in ZooKeeper and compares, for every
 topic-partition (or only ``--topic``), each slave's log with the master's by
 CRC32 over byte ranges (the brokers compute them on their own disks; see
-``metaq/ha/verify.py``). Prints one line per slave and partition: OK, or the
+``metaq/tools/verify.py``). Prints one line per slave and partition: OK, or the
 first differing byte range. Exit 0 if every slave holds an identical prefix,
 1 otherwise (or if the group cannot be reached).
 """
@@ -29,7 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)  # errors are reported as one line below
-    from ..ha.verify import VerifyError, verify_group
+    from ..tools.verify import VerifyError, verify_group
 
     if args.chunk_mib <= 0:
         raise MetaqError("--chunk-mib must be positive")

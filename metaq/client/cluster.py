@@ -19,7 +19,8 @@ from typing import Any, Awaitable, Callable
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import NoNodeError
 
-from ..zk.paths import ZkPaths, parse_broker_node_name, parse_topic_node_data, slave_node_id
+from ..zk.group import GroupMembers, read_members
+from ..zk.paths import ZkPaths, parse_broker_node_name, parse_topic_node_data
 from .config import MetaClientConfig
 from .message import Partition
 from .routing import BrokerAddresses
@@ -223,15 +224,11 @@ class Cluster:
             if not name.isdigit():
                 continue
             broker_id = int(name)
-            master, slaves = None, []
-            for child in sorted(self._children(paths.broker(broker_id))):
-                if child == "master":
-                    master = self._data(paths.master(broker_id)) or None
-                elif (slave_id := slave_node_id(child)) is not None:
-                    url = self._data(paths.slave(broker_id, slave_id))
-                    if url:
-                        slaves.append((slave_id, url))
-            brokers[broker_id] = BrokerAddresses(broker_id, master, tuple(sorted(slaves)))
+            try:
+                group = read_members(self.zk, paths, broker_id, watch=self.threadsafe_trigger(self._dirty))
+            except NoNodeError:  # removed meanwhile; the watch on the broker ids sees it
+                group = GroupMembers(None)
+            brokers[broker_id] = BrokerAddresses(broker_id, group.master_url, tuple(group.slaves.items()))
         pub = {topic: self._topic_partitions(paths.topics_pub(topic), masters_only=True) for topic in pub_topics}
         sub = {topic: self._topic_partitions(paths.topics_sub(topic), masters_only=False) for topic in sub_topics}
         return ClusterSnapshot(brokers, pub, sub)

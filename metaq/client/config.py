@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..zk.paths import parse_host_port
+from ..addresses import parse_host_port
 
 READ_FROM_CHOICES = ("master", "slave", "prefer-slave")
 DEFAULT_CLIENT_DIR = Path.home() / ".metaq"

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Union
 
 from ..protocol import commands as c
+from ..protocol.messages import GetRequest, OffsetRequest
 from ..record import RecordError
 from .cluster import Cluster, ClusterSnapshot
 from .codec import decode_messages
@@ -176,7 +177,7 @@ class PartitionFetcher:
         """Where a partition without a stored offset starts: log start, or committed end."""
         reply = await self._wait(
             conn.request(
-                {"op": "offset", "topic": self.topic, "partition": self.partition.partition, "offset": 0},
+                OffsetRequest(topic=self.topic, partition=self.partition.partition, offset=0).to_header(),
                 timeout=self.consumer.client_config.request_timeout_s,
             )
         )
@@ -193,15 +194,14 @@ class PartitionFetcher:
     async def _fetch(self, conn: BrokerConnection, max_size: int):
         config = self.consumer.config
         assert self.state.position is not None
-        header = {
-            "op": "get",
-            "topic": self.topic,
-            "partition": self.partition.partition,
-            "offset": self.state.position.offset,
-            "max_size": max_size,
-            "group": config.group,
-            "max_wait_ms": config.fetch_wait_ms,
-        }
+        header = GetRequest(
+            topic=self.topic,
+            partition=self.partition.partition,
+            offset=self.state.position.offset,
+            max_size=max_size,
+            group=config.group,
+            max_wait_ms=config.fetch_wait_ms,
+        ).to_header()
         return await conn.request(header, timeout=self.consumer.client_config.request_timeout_s + config.fetch_wait_ms / 1000)
 
     async def _handle(self, reply, max_size: int) -> str:

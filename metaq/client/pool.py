@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ..zk.paths import parse_host_port
+from ..addresses import parse_host_port
 from .connection import BrokerConnection
 
 

@@ -25,8 +25,9 @@ from typing import Callable, Iterable
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
 
+from ..addresses import parse_broker_url
 from ..protocol import commands as c
-from ..zk.paths import parse_broker_url
+from ..protocol.messages import PutRequest
 from .cluster import Cluster
 from .codec import encode_messages
 from .config import MetaClientConfig
@@ -270,7 +271,7 @@ class AsyncMessageProducer:
         retry_unknown = self.config.retry_unknown_outcome
         try:
             conn = await self.pool.get(host, port)
-            future = conn.send({"op": "put", "topic": topic, "partition": partition.partition, "count": count}, body)
+            future = conn.send(PutRequest(topic=topic, partition=partition.partition, count=count).to_header(), body)
         except ConnectionClosed as exc:
             # Nothing was written: safe to retry, and skip this broker for a moment.
             self._suspects[partition.broker_id] = time.monotonic() + SUSPECT_SECONDS

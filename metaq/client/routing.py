@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from ..zk.paths import parse_broker_url
+from ..addresses import parse_broker_url
 
 
 @dataclass(frozen=True)

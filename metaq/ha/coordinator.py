@@ -41,12 +41,13 @@ from typing import Any, Awaitable, Callable, Union
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
+from ..addresses import parse_broker_url
 from ..client.connection import BrokerConnection, ConnectionClosed
 from ..config import SlaveConfig
-from ..zk.paths import ZkPaths, parse_broker_url, slave_node_id
-from .election import (
-    ZK_CALL_TIMEOUT_S, GroupState, decode_epoch, eligibility, publish_sync_set, read_group_state, try_take_master,
-)
+from ..protocol.messages import EpochsRequest
+from ..zk.group import ZK_CALL_TIMEOUT_S, GroupState, read_group_state
+from ..zk.paths import ZkPaths, decode_epoch, slave_node_id
+from .election import eligibility, publish_sync_set, try_take_master
 from .epochs import EpochCache
 from .follower import MasterFollower
 from .host import BrokerHost
@@ -502,7 +503,7 @@ class HaCoordinator:
 
     async def adopt_master_epochs(self, conn: BrokerConnection, topic: str, partition: int) -> None:
         """Copy the master's epoch history of a partition we follow (our bytes are its bytes)."""
-        reply = await conn.request({"op": "epochs", "topic": topic, "partition": partition}, timeout=10)
+        reply = await conn.request(EpochsRequest(topic=topic, partition=partition).to_header(), timeout=10)
         if not reply.ok:
             raise ConnectionError(f"epochs {topic}-{partition}: {reply.code} {reply.message}")
         cache = self.cache(topic, partition)

@@ -1,4 +1,4 @@
-"""Election in ZooKeeper: reading a group's state, and taking the master lock.
+"""Election in ZooKeeper: taking the master lock (the group's state is read by zk/group.py).
 
 The master znode ``/brokers/ids/{id}/master`` is the lock; ``/brokers/ids/{id}/epoch``
 numbers the masters. Taking over is one ZooKeeper transaction:
@@ -21,69 +21,14 @@ Functions here do blocking kazoo calls: run them in a worker thread.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
 
-from ..zk.paths import ZkPaths
-
-
-@dataclass(frozen=True)
-class GroupState:
-    """What ZooKeeper says about one broker group."""
-
-    master_url: str | None
-    epoch: int
-    epoch_version: int  # -1: no epoch node yet (a group that never had a master)
-    leader_url: str | None  # the master that took ``epoch``
-    sync_set: frozenset[int] | None
-    sync_set_epoch: int | None
-
-
-def decode_epoch(data: bytes) -> tuple[int, str | None]:
-    text = data.decode("utf-8").strip()
-    if text.startswith("{"):
-        value = json.loads(text)
-        return int(value["epoch"]), value.get("leader")
-    return int(text or 0), None
-
-
-def encode_epoch(epoch: int, leader_url: str) -> bytes:
-    return json.dumps({"epoch": epoch, "leader": leader_url}).encode()
-
-
-#: How long one ZooKeeper read may take. kazoo's blocking calls wait for a
-#: reconnection forever; an HA decision must rather fail and be retried.
-ZK_CALL_TIMEOUT_S = 5.0
+from ..zk.group import ZK_CALL_TIMEOUT_S, GroupState
+from ..zk.paths import ZkPaths, decode_epoch, encode_epoch, encode_sync_set
 
 
 def _get(client: KazooClient, path: str) -> tuple[bytes, object]:
     return client.get_async(path).get(timeout=ZK_CALL_TIMEOUT_S)
-
-
-def read_group_state(client: KazooClient, paths: ZkPaths, broker_id: int) -> GroupState:
-    """Raises NoNodeError-free results; KazooException or a timeout if ZooKeeper is unreachable."""
-    try:
-        data, _ = _get(client, paths.master(broker_id))
-        master_url: str | None = data.decode("utf-8")
-    except NoNodeError:
-        master_url = None
-    try:
-        data, stat = _get(client, paths.epoch(broker_id))
-        epoch, leader = decode_epoch(data)
-        version = stat.version
-    except NoNodeError:
-        epoch, leader, version = 0, None, -1
-    try:
-        data, _ = _get(client, paths.sync_set(broker_id))
-        value = json.loads(data.decode("utf-8"))
-        sync_set: frozenset[int] | None = frozenset(int(s) for s in value.get("slaves", []))
-        sync_epoch: int | None = int(value.get("epoch", 0))
-    except NoNodeError:
-        sync_set, sync_epoch = None, None
-    return GroupState(master_url, epoch, version, leader, sync_set, sync_epoch)
 
 
 def try_take_master(
@@ -160,7 +105,7 @@ def publish_sync_set(
     """
     path = paths.sync_set(broker_id)
     epoch_path = paths.epoch(broker_id)
-    data = json.dumps({"slaves": sorted(members), "epoch": epoch, "min_sync_slaves": min_sync_slaves}).encode()
+    data = encode_sync_set(members, epoch, min_sync_slaves)
     epoch_data, epoch_stat = _get(client, epoch_path)
     zk_epoch, leader = decode_epoch(epoch_data)
     if zk_epoch != epoch or (leader_url is not None and leader is not None and leader != leader_url):

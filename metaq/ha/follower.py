@@ -28,9 +28,11 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
+from ..addresses import parse_broker_url
 from ..client.connection import BrokerConnection, ConnectionClosed
 from ..config import SlaveConfig
-from ..zk.paths import ZkPaths, parse_broker_url
+from ..protocol.messages import ConfigRequest, OffsetRequest, TopicsRequest
+from ..zk.paths import ZkPaths
 from .heartbeat import SlaveHeartbeat
 from .host import BrokerHost
 from .config_sync import adopt_master_topics, save_master_copy, topics_for_master_layout
@@ -185,14 +187,14 @@ class MasterFollower:
 
     async def _sync_topics(self) -> None:
         conn = await self._connection()
-        reply = await conn.request({"op": "topics"}, timeout=10)
+        reply = await conn.request(TopicsRequest().to_header(), timeout=10)
         if not reply.ok:
             raise ConnectionError(f"master answered topics with {reply.code}: {reply.message}")
         master_topics: dict[str, int] = reply["topics"]
         self.master_mode = reply.get("replication_mode", "async")
         own = self.host.config
         if self.slave.auto_sync_master_config:
-            config_reply = await conn.request({"op": "config"}, timeout=10)
+            config_reply = await conn.request(ConfigRequest().to_header(), timeout=10)
             if not config_reply.ok:
                 raise ConnectionError(f"master answered config with {config_reply.code}: {config_reply.message}")
             topics = adopt_master_topics(own, bytes(config_reply.body))
@@ -210,7 +212,7 @@ class MasterFollower:
         if not store.has_log(topic, partition):
             # An empty slave starts at the master's oldest retained offset, so its
             # offsets are the master's from the first byte (MetaQ's handleMassageFiles).
-            reply = await conn.request({"op": "offset", "topic": topic, "partition": partition, "offset": 0}, timeout=10)
+            reply = await conn.request(OffsetRequest(topic=topic, partition=partition, offset=0).to_header(), timeout=10)
             start = int(reply.get("min_offset", 0)) if reply.ok else 0
             store.get_or_create_log(topic, partition, start_offset=start)
         await self._adopt_epochs(conn, topic, partition)
@@ -289,13 +291,17 @@ class MasterFollower:
             lag = max(0, master_end - log_end)
             since = st.caught_up_at or st.extra.get("started_at", now)
             lag_ms = 0.0 if lag == 0 else max(0.0, now - since) * 1000
-            pairs.append(
-                (
-                    f"replica {topic}-{self.broker_id}-{partition}",
-                    f"state={st.state} log_end={log_end} master_log_end={master_end} lag_bytes={lag}"
-                    f" lag_ms={lag_ms:.0f} heartbeat_age_ms={-1 if hb_age is None else round(hb_age)}"
-                    f" appended_messages={st.appended_messages} divergences={st.divergences}"
-                    + (f" error={st.error!r}" if st.error else ""),
-                )
-            )
+            row: dict[str, object] = {
+                "state": st.state,
+                "log_end": log_end,
+                "master_log_end": master_end,
+                "lag_bytes": lag,
+                "lag_ms": round(lag_ms),
+                "heartbeat_age_ms": -1 if hb_age is None else round(hb_age),
+                "appended_messages": st.appended_messages,
+                "divergences": st.divergences,
+            }
+            if st.error:
+                row["error"] = st.error
+            pairs.append((f"replica {topic}-{self.broker_id}-{partition}", row))
         return pairs

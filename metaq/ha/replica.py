@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..protocol import commands as c
+from ..protocol.messages import GetRequest, PositionRequest
 from ..record import HEADER, HEADER_SIZE, buffer_reader, walk_records
 
 if TYPE_CHECKING:
@@ -108,15 +109,14 @@ class PartitionReplica:
     async def fetch_once(self, conn: "BrokerConnection") -> bool:
         """One fetch round; returns True if it appended anything. Raises ReplicaDiverged."""
         offset = self.log.log_end
-        header = {
-            "op": "get",
-            "topic": self.topic,
-            "partition": self.partition,
-            "offset": offset,
-            "max_size": self.fetch_size,
-            "max_wait_ms": max(self.max_delay_ms, 1),
-            "replica": {**self.replica_info(), "log_end": offset},
-        }
+        header = GetRequest(
+            topic=self.topic,
+            partition=self.partition,
+            offset=offset,
+            max_size=self.fetch_size,
+            max_wait_ms=max(self.max_delay_ms, 1),
+            replica={**self.replica_info(), "log_end": offset},
+        ).to_header()
         reply = await conn.request(header, timeout=self.max_delay_ms / 1000 + 30)
         self.status.fetches += 1
         self.status.last_fetch_at = time.time()
@@ -146,8 +146,9 @@ class PartitionReplica:
 
     def _reporter(self, conn: "BrokerConnection") -> Callable[[int], None]:
         def report(log_end: int) -> None:
-            header = {"op": "position", "topic": self.topic, "partition": self.partition,
-                      "replica": {**self.replica_info(), "log_end": log_end}}
+            header = PositionRequest(
+                topic=self.topic, partition=self.partition, replica={**self.replica_info(), "log_end": log_end}
+            ).to_header()
             try:
                 conn.send(header).add_done_callback(_ignore_reply)
             except ConnectionError:

@@ -23,6 +23,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+from ..protocol.messages import ChecksumRequest, EpochEndRequest, OffsetRequest
 from ..record import walk_records
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ async def divergence_point(
     end = None
     if cache.entries:
         reply = await conn.request(
-            {"op": "epoch_end", "topic": topic, "partition": partition, "epoch": cache.latest_epoch}, timeout=10
+            EpochEndRequest(topic=topic, partition=partition, epoch=cache.latest_epoch).to_header(), timeout=10
         )
         if not reply.ok:
             raise ConnectionError(f"epoch_end {topic}-{partition}: {reply.code} {reply.message}")
@@ -69,7 +70,7 @@ async def _ranges_agree(conn: "BrokerConnection", topic: str, partition: int, lo
     while pos < end:
         stop = min(end, pos + CHECKSUM_CHUNK)
         reply = await conn.request(
-            {"op": "checksum", "topic": topic, "partition": partition, "start": pos, "end": stop}, timeout=60
+            ChecksumRequest(topic=topic, partition=partition, start=pos, end=stop).to_header(), timeout=60
         )
         if not reply.ok or int(reply["end"]) != stop:
             return False
@@ -81,7 +82,7 @@ async def _ranges_agree(conn: "BrokerConnection", topic: str, partition: int, lo
 
 
 async def _master_min_offset(conn: "BrokerConnection", topic: str, partition: int) -> int:
-    reply = await conn.request({"op": "offset", "topic": topic, "partition": partition, "offset": 0}, timeout=10)
+    reply = await conn.request(OffsetRequest(topic=topic, partition=partition, offset=0).to_header(), timeout=10)
     if not reply.ok:
         raise ConnectionError(f"offset {topic}-{partition}: {reply.code} {reply.message}")
     return int(reply["min_offset"])

@@ -19,15 +19,15 @@ import logging
 import os
 import signal
 from dataclasses import replace
-from typing import Awaitable
+from typing import Any, Awaitable
 
 from .. import __version__
+from ..addresses import parse_host_port
 from ..config import BrokerConfig, ConfigError, SlaveConfig, TopicConfig
 from ..ha.heartbeat import HeartbeatResponder
 from ..ha.node import HaNode
 from ..store.manager import MessageStoreManager
 from ..store.msgid import MsgIdGenerator
-from ..zk.paths import parse_host_port
 from .connection import ClientConnection
 from .handlers import RequestHandlers
 from .registry import BrokerRegistry
@@ -165,7 +165,7 @@ class Broker:
 
     # --- stats ------------------------------------------------------------------------
 
-    def general_pairs(self) -> list[tuple[str, object]]:
+    def general_pairs(self) -> list[tuple[str, Any]]:
         totals = self.stats.totals()
         return [
             ("pid", os.getpid()),
@@ -189,7 +189,7 @@ class Broker:
             ("bad_requests", self.stats.bad_requests),
         ] + self.ha.status_pairs() + self.replication_pairs()
 
-    def replication_pairs(self) -> list[tuple[str, object]]:
+    def replication_pairs(self) -> list[tuple[str, Any]]:
         pairs = self.heartbeats.status_pairs() if self.heartbeats is not None else []
         follower = self.ha.follower
         if not self.ha.acting_master and follower is not None:
@@ -200,26 +200,33 @@ class Broker:
         return pairs + [
             (
                 f"slave{row.slave_id} {row.topic}-{self.config.broker_id}-{row.partition}",
-                f"log_end={row.log_end} lag_bytes={row.bytes} lag_messages={row.messages}"
-                f" lag_ms={row.millis:.0f}{'' if row.exact else ' approx'} last_fetch_ms_ago={row.last_fetch_ms_ago:.0f}"
-                f" heartbeat_age_ms={hb_age.get(row.slave_id, -1):.0f}",
+                {
+                    "log_end": row.log_end,
+                    "lag_bytes": row.bytes,
+                    "lag_messages": row.messages,
+                    "lag_ms": round(row.millis),
+                    "approx": not row.exact,
+                    "last_fetch_ms_ago": round(row.last_fetch_ms_ago),
+                    "heartbeat_age_ms": round(hb_age.get(row.slave_id, -1)),
+                },
             )
             for row in progress.lag(ends)
         ]
 
-    def offset_pairs(self, only_topic: str | None = None) -> list[tuple[str, object]]:
-        pairs: list[tuple[str, object]] = []
+    def offset_pairs(self, only_topic: str | None = None) -> list[tuple[str, Any]]:
+        pairs: list[tuple[str, Any]] = []
         for name, topic in sorted(self.config.topics.items()):
             if only_topic is not None and name != only_topic:
                 continue
             for n in range(topic.num_partitions):
                 log_ = self.store.get_log(name, n)
-                pairs.append(
-                    (
-                        f"{name}-{self.config.broker_id}-{n}",
-                        f"min_offset={log_.min_offset} max_offset={log_.log_end} committed={self.ha.committed(name, n, log_)} flushed={log_.flushed_end}",
-                    )
-                )
+                row = {
+                    "min_offset": log_.min_offset,
+                    "max_offset": log_.log_end,
+                    "committed": self.ha.committed(name, n, log_),
+                    "flushed": log_.flushed_end,
+                }
+                pairs.append((f"{name}-{self.config.broker_id}-{n}", row))
         return pairs
 
 

@@ -86,7 +86,7 @@ class RequestHandlers:
     def handle_text(self, req: c.Request) -> bytes:
         if req.op == "version":
             return f"metaq-py {__version__}\r\n".encode()
-        return self.stats_body(req.args.get("item", "")).encode()
+        return self.stats_body(req.item).encode()
 
     # --- lookups ------------------------------------------------------------------
 
@@ -359,25 +359,33 @@ class RequestHandlers:
         item = req.item
         if item == "reset":
             self.stats.reset()
+        if req.format == "map":
+            if item == "config":
+                raise c.RequestError(c.BAD_REQUEST, "stats config is server.ini text: ask without format 'map'")
+            pairs = self.stats_pairs(item)
+            return c.reply_header(req.opaque, c.OK, format="map"), stats_text.encode_map(pairs)
         return c.reply_header(req.opaque, c.OK), self.stats_body(item).encode()
 
     def stats_body(self, item: str) -> str:
-        broker = self.broker
+        """The text form (``nc``, ``metaq stats``); an unknown item is an ``ERROR`` line, as in MetaQ."""
         if item == "config":
-            return broker.config.raw.decode("utf-8", "replace")
+            return self.broker.config.raw.decode("utf-8", "replace")
+        try:
+            return stats_text.render(self.stats_pairs(item))
+        except c.RequestError as exc:
+            return f"ERROR {exc.message}\r\n"
+
+    def stats_pairs(self, item: str) -> stats_text.StatsPairs:
+        """The stats of one item as data (RequestError 400 for an unknown item)."""
+        broker = self.broker
         if item == "help":
-            return stats_text.render(
-                [(name, "") for name in ("(empty)", "topics", "offsets", "realtime", "config", "reset", "help", "<topic>")]
-            )
+            return [(name, "") for name in ("(empty)", "topics", "offsets", "realtime", "config", "reset", "help", "<topic>")]
         if item == "topics":
-            pairs: list[tuple[str, object]] = []
-            for topic, t in sorted(self.stats.topic_totals().items()):
-                pairs.append((topic, f"put_messages={t.put_messages} put_bytes={t.put_bytes} get_requests={t.get_requests} get_bytes={t.get_bytes} get_miss={t.get_miss} replica_get_bytes={t.replica_get_bytes} replica_positions={t.replica_positions}"))
-            return stats_text.render(pairs)
+            return [(topic, stats_text.counters_row(t)) for topic, t in sorted(self.stats.topic_totals().items())]
         if item == "offsets":
-            return stats_text.render(broker.offset_pairs())
+            return broker.offset_pairs()
         if item in broker.config.topics:
-            return stats_text.render(broker.offset_pairs(item))
+            return broker.offset_pairs(item)
         if item and item not in ("realtime", "reset"):
-            return f"ERROR unknown stats item {item!r} (try: stats help)\r\n"
-        return stats_text.render(broker.general_pairs())
+            raise c.RequestError(c.BAD_REQUEST, f"unknown stats item {item!r} (try: stats help)")
+        return broker.general_pairs()

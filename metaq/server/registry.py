@@ -34,8 +34,9 @@ from kazoo.exceptions import (
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry, RetryFailedError
 
+from metaq.addresses import broker_url
 from metaq.config import TopicConfig, ZkConfig
-from metaq.zk.paths import ZkPaths, broker_url, topic_node_data
+from metaq.zk.paths import ZkPaths, topic_node_data
 
 log = logging.getLogger(__name__)
 

@@ -1,15 +1,20 @@
-"""Broker counters and MetaQ's ``stats`` text output.
+"""Broker counters, and the ``stats`` reply built as data and rendered as MetaQ's text.
 
-The text form follows MetaQ: ``STATS\\r\\n`` then ``name value`` lines, then
-``END\\r\\n``, so scripts written for MetaQ's ``echo stats | nc`` keep working.
+The broker builds its stats once, as ``(name, value)`` pairs (StatsPairs). A value is a
+scalar or a row: a dict of named fields, e.g. a slave's replication lag. Binary clients
+ask for ``format: "map"`` and get the pairs as msgpack; the text form follows MetaQ:
+``STATS\\r\\n`` then ``name value`` lines, then ``END\\r\\n``, so scripts written for
+MetaQ's ``echo stats | nc`` keep working. A row renders as ``field=value`` words.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
 
 
 @dataclass
@@ -71,12 +76,48 @@ class BrokerStats:
         return time.time() - self.started_at
 
 
-def render(pairs: list[tuple[str, object]]) -> str:
+#: ``(name, value)``; a value is a scalar or a row (a dict of named fields).
+StatsPairs = list[tuple[str, Any]]
+
+
+def render_field(name: str, value: Any) -> str:
+    """One field of a row in the text form.
+
+    A flag (bool) is its name when set and nothing when not (``approx``); free text
+    (whitespace, quotes, ``=``, or empty) is quoted, so a row stays split by spaces.
+    """
+    if isinstance(value, bool):
+        return name if value else ""
+    if isinstance(value, str) and (not value or any(ch.isspace() or ch in "'\"=" for ch in value)):
+        return f"{name}={value!r}"
+    return f"{name}={value}"
+
+
+def render_value(value: Any) -> str:
+    if isinstance(value, dict):
+        return " ".join(word for name, field_value in value.items() if (word := render_field(name, field_value)))
+    return str(value)
+
+
+def render(pairs: StatsPairs) -> str:
     lines = ["STATS"]
-    lines.extend(f"{name} {value}" for name, value in pairs)
+    lines.extend(f"{name} {render_value(value)}" for name, value in pairs)
     lines.append("END")
     return "\r\n".join(lines) + "\r\n"
 
 
-def process_pairs() -> list[tuple[str, object]]:
-    return [("pid", os.getpid())]
+def encode_map(pairs: StatsPairs) -> bytes:
+    """The body of a ``format: "map"`` stats reply: a msgpack array of ``[name, value]``."""
+    return msgpack.packb([[name, value] for name, value in pairs], use_bin_type=True)
+
+
+def counters_row(counters: PartitionCounters) -> dict[str, int]:
+    return {
+        "put_messages": counters.put_messages,
+        "put_bytes": counters.put_bytes,
+        "get_requests": counters.get_requests,
+        "get_bytes": counters.get_bytes,
+        "get_miss": counters.get_miss,
+        "replica_get_bytes": counters.replica_get_bytes,
+        "replica_positions": counters.replica_positions,
+    }

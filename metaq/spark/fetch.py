@@ -17,10 +17,12 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from ..addresses import broker_url
 from ..client.connection import BrokerConnection, ConnectionClosed, Reply
 from ..client.routing import Replica
 from ..protocol import commands as c
-from ..zk.paths import broker_url
+from ..protocol.messages import GetRequest, OffsetRequest, StatsRequest
+from ..protocol.replies import OffsetReply, ReplyError, StatsReply
 from ..record import FLAG_HAS_ATTRIBUTE, HEADER, HEADER_SIZE, KNOWN_FLAGS, RecordError, decode_payload
 
 _unpack_from = HEADER.unpack_from
@@ -111,36 +113,29 @@ class ReplicaSession:
 
     def offsets(self, topic: str, partition: int) -> OffsetInfo:
         """The replica's first offset and committed offset (what consumers may read)."""
-        reply = self.request({"op": "offset", "topic": topic, "partition": partition, "offset": 0})
-        if not reply.ok:
-            raise ReplicaError(f"{describe(self.replica)}: offset {topic}-{partition}: {reply.code} {reply.message}")
-        return OffsetInfo(int(reply["min_offset"]), int(reply["max_offset"]))
+        reply = self._offset(topic, partition, 0)
+        return OffsetInfo(reply.min_offset, reply.max_offset)
 
     def segment_start(self, topic: str, partition: int, offset: int) -> int:
         """Start of the segment holding ``offset`` (a message boundary, <= offset)."""
-        reply = self.request({"op": "offset", "topic": topic, "partition": partition, "offset": offset})
-        if not reply.ok:
-            raise ReplicaError(f"{describe(self.replica)}: offset {topic}-{partition}: {reply.code} {reply.message}")
-        return int(reply["offset"])
+        return self._offset(topic, partition, offset).offset
+
+    def _offset(self, topic: str, partition: int, offset: int) -> OffsetReply:
+        try:
+            return OffsetReply.of(self.request(OffsetRequest(topic=topic, partition=partition, offset=offset).to_header()))
+        except ReplyError as exc:
+            raise ReplicaError(f"{describe(self.replica)}: offset {topic}-{partition}: {exc}") from None
 
     def send_get(self, topic: str, partition: int, offset: int, max_size: int, max_wait_ms: int = 0) -> "asyncio.Future[Reply]":
         return self.send(
-            {"op": "get", "topic": topic, "partition": partition, "offset": offset, "max_size": max_size, "max_wait_ms": max_wait_ms}
+            GetRequest(topic=topic, partition=partition, offset=offset, max_size=max_size, max_wait_ms=max_wait_ms).to_header()
         )
 
-    def stats(self, item: str = "") -> dict[str, str]:
-        reply = self.request({"op": "stats", "item": item})
-        return parse_stats(bytes(reply.body).decode("utf-8", "replace"))
-
-
-def parse_stats(text: str) -> dict[str, str]:
-    """The ``name value`` lines of a ``stats`` reply (between ``STATS`` and ``END``) as a dict."""
-    result: dict[str, str] = {}
-    for line in text.splitlines():
-        parts = line.strip().split(None, 1)
-        if parts and parts[0] not in ("STATS", "END"):
-            result[parts[0]] = parts[1] if len(parts) > 1 else ""
-    return result
+    def stats(self, item: str = "") -> StatsReply:
+        try:
+            return StatsReply.of(self.request(StatsRequest(item=item, format="map").to_header()))
+        except ReplyError as exc:
+            raise ReplicaError(f"{describe(self.replica)}: stats: {exc}") from None
 
 
 # --- finding message boundaries ------------------------------------------------------------
@@ -160,9 +155,7 @@ def first_boundary_at_or_after(
     while pos < target:
         if pos >= limit:
             return limit
-        reply = session.request(
-            {"op": "get", "topic": topic, "partition": partition, "offset": pos, "max_size": min(chunk, limit - pos)}
-        )
+        reply = session.request(GetRequest(topic=topic, partition=partition, offset=pos, max_size=min(chunk, limit - pos)).to_header())
         if reply.code != c.OK:
             raise ReplicaError(f"{describe(session.replica)}: get {topic}-{partition}@{pos}: {reply.code} {reply.message}")
         body = reply.body

@@ -24,10 +24,10 @@ from typing import Iterator
 
 import pyarrow as pa
 
+from ..addresses import broker_url
 from ..client.routing import Replica
 from ..protocol import commands as c
 from ..record import RecordError
-from ..zk.paths import broker_url
 from .fetch import ReplicaError, ReplicaSession, decode_chunk
 
 log = logging.getLogger(__name__)

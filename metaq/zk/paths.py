@@ -1,4 +1,4 @@
-"""The ZooKeeper layout of DESIGN.md, in one place, plus the value formats stored in it.
+"""The ZooKeeper layout, in one place, plus the value formats stored in it.
 
 Every component (broker registry, HA, clients, `metaq cluster`) builds its paths here so
 that the layout is defined once. The root is ``zk.zkRoot`` (MetaQ's default ``/meta``);
@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-
-URL_SCHEME = "meta://"
 
 # MetaQ's offset value when no message id is known (and what a pre-1.4 bare offset means).
 NO_MSG_ID = -1
@@ -114,7 +112,7 @@ class ZkPaths:
         return _join(self.offsets(group, topic), partition_name)
 
 
-# --- broker names and urls ------------------------------------------------------
+# --- broker node names ---------------------------------------------------------
 
 
 def slave_node_id(name: str) -> int | None:
@@ -145,50 +143,6 @@ def parse_broker_node_name(name: str) -> tuple[int, int | None]:
 def partition_name(broker_id: int, partition: int) -> str:
     """A partition's global name, the same on a master and all its slaves."""
     return f"{broker_id}-{partition}"
-
-
-def broker_url(host: str, port: int) -> str:
-    # IPv6 literals need brackets, or the port would be ambiguous.
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    return f"{URL_SCHEME}{host}:{port}"
-
-
-def parse_broker_url(url: str) -> tuple[str, int]:
-    """``meta://host:port`` -> ``(host, port)``; IPv6 comes back without brackets.
-
-    Readers in MetaQ append ``?slaveId=N`` to slave urls, so any query suffix is ignored.
-    """
-    text = url.strip()
-    if not text.startswith(URL_SCHEME):
-        raise ValueError(f"not a broker url (expected meta://host:port): {url!r}")
-    address = text[len(URL_SCHEME) :].split("?", 1)[0].rstrip("/")
-    if address.startswith("["):
-        host, bracket, rest = address[1:].partition("]")
-        if not bracket or not rest.startswith(":"):
-            raise ValueError(f"bad IPv6 broker url: {url!r}")
-        port_text = rest[1:]
-    else:
-        host, colon, port_text = address.rpartition(":")
-        if not colon or ":" in host:
-            raise ValueError(f"broker url needs host:port (IPv6 in brackets): {url!r}")
-    if not host:
-        raise ValueError(f"broker url has no host: {url!r}")
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ValueError(f"broker url has a bad port: {url!r}") from None
-    if not 0 < port < 65536:
-        raise ValueError(f"broker url port out of range: {url!r}")
-    return host, port
-
-
-def parse_host_port(text: str) -> tuple[str, int]:
-    """``host:port`` (IPv6 as ``[::1]:port``) -> ``(host, port)``, checked like a broker url."""
-    try:
-        return parse_broker_url(URL_SCHEME + text.strip())
-    except ValueError:
-        raise ValueError(f"expected host:port, got {text!r}") from None
 
 
 # --- topic node data -------------------------------------------------------------
@@ -245,3 +199,38 @@ def parse_offset(text: str | bytes) -> tuple[int, int]:
     if offset < 0:
         raise ValueError(f"bad consumer offset {value!r}: negative offset")
     return msg_id, offset
+
+
+# --- a group's epoch and sync set ----------------------------------------------------
+
+
+def encode_epoch(epoch: int, leader_url: str) -> bytes:
+    """The epoch node's value: ``{"epoch": N, "leader": url}`` (the master that took epoch N)."""
+    return json.dumps({"epoch": epoch, "leader": leader_url}).encode()
+
+
+def decode_epoch(data: bytes) -> tuple[int, str | None]:
+    """``(epoch, leader url or None)``; an old bare number is an epoch without a leader."""
+    text = data.decode("utf-8").strip()
+    try:
+        if text.startswith("{"):
+            value = json.loads(text)
+            return int(value["epoch"]), value.get("leader")
+        return int(text or 0), None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"bad epoch node value {text!r}: {exc}") from None
+
+
+def encode_sync_set(members: frozenset[int], epoch: int, min_sync_slaves: int) -> bytes:
+    """The sync_set node's value: the slaves counted for sync acks, and the epoch that chose them."""
+    return json.dumps({"slaves": sorted(members), "epoch": epoch, "min_sync_slaves": min_sync_slaves}).encode()
+
+
+def decode_sync_set(data: bytes) -> tuple[frozenset[int], int]:
+    """``(slave ids, epoch)`` of a sync_set node value."""
+    text = data.decode("utf-8")
+    try:
+        value = json.loads(text)
+        return frozenset(int(s) for s in value.get("slaves", [])), int(value.get("epoch", 0))
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ValueError(f"bad sync_set node value {text!r}: {exc}") from None

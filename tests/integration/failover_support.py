@@ -28,7 +28,7 @@ from typing import Any
 from kazoo.client import KazooClient
 
 from metaq.client.connection import BrokerConnection
-from metaq.local import BrokerProcess, BrokerFactory, wait_until
+from metaq.tools.launcher import BrokerProcess, BrokerFactory, wait_until
 from metaq.record import encode_batch, iter_records, record_ends
 from metaq.zk.paths import ZkPaths
 

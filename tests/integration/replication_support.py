@@ -9,8 +9,8 @@ import time
 from typing import Any
 
 from metaq.client.connection import BrokerConnection
-from metaq.ha.verify import VerifyReport, log_bounds, verify_group
-from metaq.local import BrokerProcess, wait_until
+from metaq.tools.verify import VerifyReport, log_bounds, verify_group
+from metaq.tools.launcher import BrokerProcess, wait_until
 from metaq.record import encode_batch
 
 #: These tests are about replication, not failover: a stopped master must come back as master.

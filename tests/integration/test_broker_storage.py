@@ -14,7 +14,7 @@ from typing import Any
 
 from metaq import record
 from metaq.client.connection import BrokerConnection, ConnectionClosed
-from metaq.local import BrokerProcess
+from metaq.tools.launcher import BrokerProcess
 from metaq.store.segment import segment_file_name
 
 TOPIC = "t"

@@ -20,7 +20,7 @@ import pytest
 
 from metaq import record
 from metaq.client.connection import BrokerConnection
-from metaq.local import BrokerFactory, BrokerProcess
+from metaq.tools.launcher import BrokerFactory, BrokerProcess
 from metaq.protocol.frames import MAGIC, PREFIX, VERSION, FrameDecoder, Frame, encode_frame, CLOSED, NEED_DATA
 
 TOPIC = "t"

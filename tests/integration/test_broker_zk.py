@@ -90,7 +90,7 @@ def test_re_registers_after_its_zk_session_expired(broker_factory, zk_client, zk
 
 
 def test_local_cluster_starts_zk_master_and_slave_and_stops_them_by_pid(tmp_path) -> None:
-    from metaq.local import LocalCluster
+    from metaq.tools.launcher import LocalCluster
     from tests.harness import zk_session
 
     cluster = LocalCluster(tmp_path / "cluster", masters=1, slaves=1, topics={"demo": 2}, zk_root="/meta")

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from metaq.local import LocalCluster
+from metaq.tools.launcher import LocalCluster
 from metaq.process import stop_pid
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from metaq.local import wait_until
+from metaq.tools.launcher import wait_until
 
 from .failover_support import (
     Group,

@@ -17,11 +17,12 @@ import struct
 import threading
 from pathlib import Path
 
+from metaq.addresses import broker_url
 from metaq.protocol.frames import CLOSED, NEED_DATA, Frame, FrameDecoder, encode_frame
 from metaq.record import encode_record
-from metaq.zk.paths import ZkPaths, broker_url
+from metaq.zk.paths import ZkPaths
 from metaq.zk.embedded import free_port
-from metaq.local import read_segments
+from metaq.tools.launcher import read_segments
 from tests.integration.replication_support import replica_rows, wait_for
 
 TOPIC = "forged"

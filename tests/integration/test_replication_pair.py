@@ -1,7 +1,7 @@
 """Async master/slave pairs with real ZooKeeper and real broker processes.
 
 Each test proves one promise of DESIGN.md's Replication section, checked with
-the verify tool (metaq/ha/verify.py): the slave's log is a byte-identical prefix
+the verify tool (metaq/tools/verify.py): the slave's log is a byte-identical prefix
 of the master's, after catching up from empty, after kill -9 of the slave in the
 middle of a produce stream, and after kill -9 of the master.
 """

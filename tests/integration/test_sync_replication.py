@@ -23,7 +23,7 @@ import pytest
 
 from metaq.client.connection import BrokerConnection
 from metaq.ha.replica import REPORT_PIECE_BYTES
-from metaq.local import BrokerProcess, wait_until
+from metaq.tools.launcher import BrokerProcess, wait_until
 from metaq.protocol import commands as c
 from metaq.record import encode_batch
 from metaq.zk.paths import ZkPaths

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from metaq.client.connection import BrokerConnection
-from metaq.local import wait_until
+from metaq.tools.launcher import wait_until
 from metaq.protocol import commands as c
 from metaq.record import iter_records
 

@@ -8,9 +8,10 @@ import time
 from dataclasses import dataclass
 
 from metaq.client.connection import BrokerConnection
-from metaq.local import BrokerProcess
+from metaq.tools.launcher import BrokerProcess
 from metaq.record import encode_record
-from metaq.spark.fetch import ReplicaSession, parse_stats
+from metaq.protocol.replies import StatsReply
+from metaq.spark.fetch import ReplicaSession
 from metaq.client.routing import Replica
 
 
@@ -91,11 +92,11 @@ def partition_ends(produced: list[Produced]) -> dict[int, int]:
     return ends
 
 
-def stats(broker: BrokerProcess) -> dict[str, str]:
+def stats(broker: BrokerProcess) -> StatsReply:
     with ReplicaSession(replica(broker)) as session:
         return session.stats()
 
 
 def get_counters(broker: BrokerProcess) -> tuple[int, int]:
     s = stats(broker)
-    return int(s["get_requests"]), int(s["get_bytes"])
+    return int(s.get("get_requests")), int(s.get("get_bytes"))

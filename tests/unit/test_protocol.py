@@ -174,7 +174,7 @@ def test_parse_request_checks_fields():
 
 
 def test_text_request():
-    assert c.text_request(["stats", "topics", "12"]).args == {"item": "topics"}
+    assert c.text_request(["stats", "topics", "12"]).item == "topics"
     assert c.text_request(["VERSION"]).op == "version"
     with pytest.raises(c.RequestError, match="try: stats"):
         c.text_request(["put", "t"])

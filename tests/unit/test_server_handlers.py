@@ -14,6 +14,7 @@ import pytest
 from metaq import record
 from metaq.client.connection import BrokerConnection
 from metaq.config import parse_server_ini
+from metaq.protocol.replies import ReplyError, fetch_stats
 from metaq.server.broker import Broker
 
 SERVER_INI = """\
@@ -278,6 +279,27 @@ def test_stats_items(tmp_path: Path) -> None:
             assert after["put_messages"] == "0" and after["get_requests"] == "0"
             assert parse_stats(await stats(conn, "offsets"))["gc-7-0"].startswith("min_offset=0 max_offset=180"), \
                 "reset clears counters, never data"
+
+    run(scenario())
+
+
+def test_stats_as_a_map(tmp_path: Path) -> None:
+    """format "map": the same stats as data, read by the one reader (fetch_stats)."""
+
+    async def scenario() -> None:
+        async with running(tmp_path) as (broker, conn):
+            await conn.request(put_header("gc", 0), record.encode_batch([(b"x" * 10, None)] * 2))
+            general = await fetch_stats(conn)
+            assert (general.get("broker_id"), general.get("role"), general.get("put_messages")) == (7, "master", 2)
+            offsets = await fetch_stats(conn, "offsets")
+            assert offsets.row("gc-7-0") == {"min_offset": 0, "max_offset": 60, "committed": 60, "flushed": 60}
+            assert (await fetch_stats(conn, "topics")).row("gc")["put_bytes"] == 60
+            for item, word in (("bogus", "unknown stats item 'bogus'"), ("config", "server.ini text")):
+                with pytest.raises(ReplyError, match=word) as err:
+                    await fetch_stats(conn, item)
+                assert err.value.code == 400
+            text = await conn.request({"op": "stats", "item": "offsets"})
+            assert "gc-7-0 min_offset=0 max_offset=60 committed=60 flushed=60" in text.body.decode()
 
     run(scenario())
 

@@ -6,10 +6,12 @@ from metaq.zk.paths import (
     TopicNodeData,
     ZkPaths,
     broker_node_name,
-    broker_url,
+    decode_epoch,
+    decode_sync_set,
+    encode_epoch,
+    encode_sync_set,
     format_offset,
     parse_broker_node_name,
-    parse_broker_url,
     parse_offset,
     parse_topic_node_data,
     partition_name,
@@ -70,28 +72,6 @@ def test_broker_node_names_round_trip() -> None:
             parse_broker_node_name(bad)
 
 
-@pytest.mark.parametrize(
-    "host, port, url",
-    [("127.0.0.1", 8123, "meta://127.0.0.1:8123"), ("::1", 8123, "meta://[::1]:8123"), ("broker.local", 1, "meta://broker.local:1")],
-)
-def test_broker_url_round_trip(host: str, port: int, url: str) -> None:
-    assert broker_url(host, port) == url
-    assert parse_broker_url(url) == (host, port)
-
-
-def test_parse_broker_url_ignores_slave_id_suffix() -> None:
-    assert parse_broker_url("meta://10.0.0.1:8123?slaveId=2") == ("10.0.0.1", 8123)
-    assert parse_broker_url("meta://[fe80::1]:9000?slaveId=0") == ("fe80::1", 9000)
-
-
-@pytest.mark.parametrize(
-    "bad", ["", "10.0.0.1:8123", "http://h:1", "meta://h", "meta://h:x", "meta://:1", "meta://::1:5", "meta://[::1]", "meta://h:0", "meta://h:70000"]
-)
-def test_parse_broker_url_rejects_garbage(bad: str) -> None:
-    with pytest.raises(ValueError):
-        parse_broker_url(bad)
-
-
 def test_topic_node_data_is_metaq_json() -> None:
     assert topic_node_data(4, 0) == b'{"numParts":4,"broker":"0-m"}'
     assert json.loads(topic_node_data(2, 1, slave_id=0)) == {"numParts": 2, "broker": "1-s0"}
@@ -119,3 +99,17 @@ def test_offsets_split_on_last_dash() -> None:
 def test_parse_offset_rejects_garbage(bad: str) -> None:
     with pytest.raises(ValueError):
         parse_offset(bad)
+
+
+def test_epoch_value_round_trip_and_legacy_number() -> None:
+    assert decode_epoch(encode_epoch(5, "meta://h:1")) == (5, "meta://h:1")
+    assert decode_epoch(b"7") == (7, None)
+    with pytest.raises(ValueError, match="bad epoch node value"):
+        decode_epoch(b'{"leader": "x"}')
+
+
+def test_sync_set_value_round_trip() -> None:
+    assert decode_sync_set(encode_sync_set(frozenset({3, 1}), 2, 1)) == (frozenset({1, 3}), 2)
+    assert json.loads(encode_sync_set(frozenset({3, 1}), 2, 1)) == {"slaves": [1, 3], "epoch": 2, "min_sync_slaves": 1}
+    with pytest.raises(ValueError, match="bad sync_set node value"):
+        decode_sync_set(b"[1, 2]")

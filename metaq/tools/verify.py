@@ -3,7 +3,7 @@
 The invariant checked: **every slave's log is a byte-identical prefix of its
 master's log at the same offsets.** For each topic-partition and slave:
 
-1. read both logs' bounds (``stats {topic}``: ``min_offset`` and ``max_offset``,
+1. read both logs' bounds (``stats {topic}`` as data: ``min_offset`` and ``max_offset``,
    the log end); the slave first, so a master that keeps appending cannot make a
    healthy slave look ahead;
 2. the slave must not end past the master (``slave log_end <= master log_end``);
@@ -21,18 +21,17 @@ the failover drills.
 from __future__ import annotations
 
 import asyncio
-import re
 from dataclasses import dataclass, field
-from typing import Any
 
+from ..addresses import parse_broker_url
 from ..client.connection import BrokerConnection, ConnectionClosed
-from ..zk.paths import ZkPaths, parse_broker_url, slave_node_id
+from ..protocol.messages import ChecksumRequest, TopicsRequest
+from ..protocol.replies import ChecksumReply, ReplyError, TopicsReply, fetch_stats
+from ..zk.group import GroupNotFound, read_live_group
 
 CHUNK = 4 * 1024 * 1024
 FINE = 4096
 PIPELINE = 8
-
-_BOUNDS = re.compile(r"min_offset=(\d+) max_offset=(\d+)")
 
 
 class VerifyError(Exception):
@@ -88,28 +87,23 @@ class VerifyReport:
 
 async def log_bounds(conn: BrokerConnection, topic: str, partition: int, broker_id: int, timeout: float = 10) -> tuple[int, int] | None:
     """``(min_offset, log_end)`` of a partition on one broker, or None if it has no such log."""
-    reply = await conn.request({"op": "stats", "item": topic}, timeout=timeout)
-    if not reply.ok:
+    try:
+        stats = await fetch_stats(conn, topic, timeout)
+    except ReplyError:  # e.g. no such topic on this broker
         return None
-    name = f"{topic}-{broker_id}-{partition}"
-    for line in reply.body.decode("utf-8", "replace").splitlines():
-        key, _, rest = line.partition(" ")
-        if key == name:
-            found = _BOUNDS.search(rest)
-            if found:
-                return int(found.group(1)), int(found.group(2))
-    return None
+    row = stats.row(f"{topic}-{broker_id}-{partition}")
+    return None if row is None else (int(row["min_offset"]), int(row["max_offset"]))
 
 
 async def range_crc(conn: BrokerConnection, topic: str, partition: int, start: int, end: int, timeout: float = 60) -> int:
-    reply = await conn.request(
-        {"op": "checksum", "topic": topic, "partition": partition, "start": start, "end": end}, timeout=timeout
-    )
-    if not reply.ok:
-        raise VerifyError(f"checksum [{start}, {end}) of {topic}-{partition} on {conn.address}: {reply.code} {reply.message}")
-    if int(reply.get("end", end)) != end:
+    request = ChecksumRequest(topic=topic, partition=partition, start=start, end=end)
+    try:
+        reply = ChecksumReply.of(await conn.request(request.to_header(), timeout=timeout))
+    except ReplyError as exc:
+        raise VerifyError(f"checksum [{start}, {end}) of {topic}-{partition} on {conn.address}: {exc}") from None
+    if reply.end != end:
         raise VerifyError(f"{conn.address} no longer has bytes up to {end} of {topic}-{partition}")
-    return int(reply["crc"])
+    return reply.crc
 
 
 async def _differs(master: BrokerConnection, slave: BrokerConnection, topic: str, partition: int, start: int, end: int) -> bool:
@@ -200,44 +194,6 @@ async def compare_partition(
 # --- a whole group ---------------------------------------------------------------------
 
 
-def read_group(
-    zk: Any, paths: ZkPaths, broker_id: int, timeout: float | None = None
-) -> tuple[str | None, dict[int, str]]:
-    """``(master url or None, {slave_id: url})`` of a broker group, from ZooKeeper (kazoo
-    client); raises kazoo's NoNodeError if the group is not registered at all, and its
-    timeout error if a call takes longer than ``timeout`` (None: wait like kazoo does)."""
-    from kazoo.exceptions import NoNodeError
-
-    def text(path: str) -> str | None:
-        try:
-            return zk.get_async(path).get(timeout=timeout)[0].decode("utf-8", "replace")
-        except NoNodeError:
-            return None  # an ephemeral node that just went away
-
-    base = paths.broker(broker_id)
-    children = zk.get_children_async(base).get(timeout=timeout)
-    master = text(paths.master(broker_id))
-    slaves: dict[int, str] = {}
-    for child in children:
-        slave_id = slave_node_id(child)
-        if slave_id is not None and (url := text(f"{base}/{child}")) is not None:
-            slaves[slave_id] = url
-    return master, dict(sorted(slaves.items()))
-
-
-def find_group(zk: Any, paths: ZkPaths, broker_id: int) -> tuple[str, dict[int, str]]:
-    """Like read_group, but a group without a registered master is a VerifyError."""
-    from kazoo.exceptions import NoNodeError
-
-    try:
-        master, slaves = read_group(zk, paths, broker_id)
-    except NoNodeError:
-        raise VerifyError(f"no broker {broker_id} in ZooKeeper ({paths.broker(broker_id)} does not exist)") from None
-    if master is None:
-        raise VerifyError(f"broker {broker_id} has no master registered ({paths.master(broker_id)})")
-    return master, slaves
-
-
 async def verify_urls(
     broker_id: int, master_url: str, slaves: dict[int, str], topic: str | None = None, chunk: int = CHUNK
 ) -> VerifyReport:
@@ -247,10 +203,10 @@ async def verify_urls(
     except ConnectionClosed as exc:
         raise VerifyError(f"master of broker {broker_id}: {exc}") from None
     try:
-        reply = await master.request({"op": "topics"}, timeout=10)
-        if not reply.ok:
-            raise VerifyError(f"master {master_url} answered topics with {reply.code}: {reply.message}")
-        topics: dict[str, int] = dict(reply["topics"])
+        try:
+            topics = TopicsReply.of(await master.request(TopicsRequest().to_header(), timeout=10)).topics
+        except ReplyError as exc:
+            raise VerifyError(f"master {master_url} answered {exc}") from None
         if topic is not None:
             if topic not in topics:
                 raise VerifyError(f"the master of broker {broker_id} has no topic {topic!r}")
@@ -280,15 +236,9 @@ async def verify_group(
     chunk: int = CHUNK, timeout: float = 10.0,
 ) -> VerifyReport:
     """Find the group in ZooKeeper and compare every slave with the master."""
-    master_url, slaves = await asyncio.to_thread(_read_group, zk_connect, zk_root, broker_id, timeout)
-    return await verify_urls(broker_id, master_url, slaves, topic, chunk)
-
-
-def _read_group(zk_connect: str, zk_root: str, broker_id: int, timeout: float) -> tuple[str, dict[int, str]]:
-    from ..zk.session import ZooKeeperUnreachable, zk_session
-
     try:
-        with zk_session(zk_connect, timeout) as client:
-            return find_group(client, ZkPaths(zk_root), broker_id)
-    except ZooKeeperUnreachable as exc:  # callers retry VerifyError (drill, demo)
+        group = await asyncio.to_thread(read_live_group, zk_connect, zk_root, broker_id, timeout)
+    except GroupNotFound as exc:  # callers retry VerifyError (drill, demo)
         raise VerifyError(str(exc)) from None
+    assert group.master_url is not None  # read_live_group's promise
+    return await verify_urls(broker_id, group.master_url, group.slaves, topic, chunk)

@@ -1,4 +1,4 @@
-"""metaq/ha/verify.py against in-memory logs: bisection to the first differing byte, prefix rules."""
+"""metaq/tools/verify.py against in-memory logs: bisection to the first differing byte, prefix rules."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from metaq.ha.verify import compare_partition, first_difference
+from metaq.server.stats import encode_map
+from metaq.tools.verify import compare_partition, first_difference
 
 
 class FakeConn:
@@ -23,24 +24,12 @@ class FakeConn:
         self.calls += 1
         end_of_log = self.base + len(self.data)
         if header["op"] == "stats":
-            text = f"STATS\r\n{header['item']}-0-0 min_offset={self.base} max_offset={end_of_log} committed=0\r\nEND\r\n"
-            return SimpleNamespace(ok=True, code=200, message="", body=bytearray(text.encode()))
+            assert header["format"] == "map"
+            row = {"min_offset": self.base, "max_offset": end_of_log, "committed": 0, "flushed": 0}
+            return SimpleNamespace(header={"code": 200, "format": "map"}, body=encode_map([(f"{header['item']}-0-0", row)]))
         start, end = header["start"], min(header["end"], end_of_log)
         crc = zlib.crc32(self.data[start - self.base : end - self.base])
-        return _Reply({"crc": crc, "start": start, "end": end})
-
-
-class _Reply:
-    ok, code, message = True, 200, ""
-
-    def __init__(self, header):  # noqa: ANN001
-        self.header = header
-
-    def get(self, key, default=None):  # noqa: ANN001
-        return self.header.get(key, default)
-
-    def __getitem__(self, key):  # noqa: ANN001
-        return self.header[key]
+        return SimpleNamespace(header={"code": 200, "crc": crc, "start": start, "end": end}, body=b"")
 
 
 def run(coro):  # noqa: ANN001

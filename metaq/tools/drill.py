@@ -37,14 +37,17 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
+from ..addresses import parse_broker_url, parse_host_port
 from ..client import AsyncMessageSessionFactory, Message, MetaClientConfig
 from ..client.connection import BrokerConnection
 from ..errors import MetaqError
+from ..protocol.messages import ConfigRequest, EpochsRequest, GetRequest, Request, StatsRequest, TopicsRequest
+from ..protocol.replies import ConfigReply, EpochsReply, FetchReply, ReplyError, StatsReply, TopicsReply
 from ..record import iter_records
-from ..zk.paths import ZkPaths, parse_broker_url, parse_host_port
+from ..zk.group import GroupMembers, GroupState, read_group_state, read_members
+from ..zk.paths import ZkPaths
 from ..zk.session import zk_session
-from .election import read_group_state
-from .verify import VerifyError, read_group, verify_group
+from .verify import VerifyError, verify_group
 
 
 @dataclass
@@ -163,22 +166,19 @@ class _Process:
         return process.pid
 
 
-async def _request(url: str, header: dict[str, Any], timeout: float = 5.0) -> Any:
+async def _request(url: str, request: Request, timeout: float = 5.0) -> Any:
+    """One request over a connection of its own."""
     host, port = parse_broker_url(url)
     conn = await BrokerConnection.open(host, port, timeout)
     try:
-        return await conn.request(header, timeout=timeout)
+        return await conn.request(request.to_header(), timeout=timeout)
     finally:
         conn.close()
 
 
-async def _stats_value(url: str, key: str) -> str | None:
-    reply = await _request(url, {"op": "stats"})
-    for line in reply.body.decode().splitlines():
-        name, _, value = line.partition(" ")
-        if name == key:
-            return value
-    return None
+async def _pid(url: str) -> int:
+    """The broker's process id, from its stats."""
+    return int(StatsReply.of(await _request(url, StatsRequest(format="map"))).get("pid", 0))
 
 
 async def _read_partition(url: str, topic: str, partition: int, start: int, end: int) -> dict[int, bytes]:
@@ -189,15 +189,13 @@ async def _read_partition(url: str, topic: str, partition: int, start: int, end:
     try:
         offset = start
         while offset < end:
-            reply = await conn.request(
-                {"op": "get", "topic": topic, "partition": partition, "offset": offset, "max_size": 4 * 1024 * 1024}
-            )
+            reply = await conn.request(GetRequest(topic=topic, partition=partition, offset=offset, max_size=4 * 1024 * 1024).to_header())
             if reply.code == 301:
                 offset = int(reply["offset"])
                 continue
             if not reply.ok:
                 break
-            records = list(iter_records(reply.body, offset))
+            records = list(iter_records(FetchReply.of(reply).body, offset))
             if not records:
                 break
             for record in records:
@@ -248,7 +246,7 @@ class Drill:
         finally:
             await asyncio.to_thread(session.__exit__, None, None, None)
 
-    async def _group(self, zk: KazooClient) -> Any:
+    async def _group(self, zk: KazooClient) -> GroupState:
         return await asyncio.to_thread(read_group_state, zk, self.paths, self.broker_id)
 
     async def _run(self, zk: KazooClient) -> DrillReport:
@@ -256,13 +254,13 @@ class Drill:
         if state.master_url is None:
             raise MetaqError(f"broker group {self.broker_id} has no master registered under {self.zk_root}")
         old_url = state.master_url
-        topics_reply = await _request(old_url, {"op": "topics"})
-        topics: dict[str, int] = topics_reply["topics"]
+        topics_reply = TopicsReply.of(await _request(old_url, TopicsRequest()))
+        topics = topics_reply.topics
         topic = self.topic or (sorted(topics)[0] if topics else None)
         if topic is None or topic not in topics:
             raise MetaqError(f"topic {self.topic!r} is not served by broker group {self.broker_id}")
-        mode = topics_reply.get("replication_mode", "async")
-        pid = int(await _stats_value(old_url, "pid") or 0)
+        mode = topics_reply.replication_mode
+        pid = await _pid(old_url)
         process = _Process.inspect(pid)
         session_ms = await self._session_timeout_ms(old_url)
         report = DrillReport(self.fault, self.broker_id, old_url, mode=mode, epoch_before=state.epoch)
@@ -310,10 +308,10 @@ class Drill:
         return report
 
     async def _session_timeout_ms(self, url: str) -> int:
-        reply = await _request(url, {"op": "config"})
+        reply = ConfigReply.of(await _request(url, ConfigRequest()))
         from ..config import parse_server_ini
 
-        return parse_server_ini(bytes(reply.body), "master server.ini").zk.session_timeout_ms
+        return parse_server_ini(reply.raw, "master server.ini").zk.session_timeout_ms
 
     async def _inject(self, process: _Process, session_ms: int) -> Any:
         if self.fault == "kill":
@@ -373,10 +371,13 @@ class Drill:
         if url is None:
             return starts
         for partition in range(partitions):
-            reply = await _request(url, {"op": "epochs", "topic": topic, "partition": partition})
-            for entry_epoch, start in reply.get("entries", []):
+            try:
+                entries = EpochsReply.of(await _request(url, EpochsRequest(topic=topic, partition=partition))).entries
+            except ReplyError:
+                continue  # no epochs known there (yet): no start to tell acks apart by
+            for entry_epoch, start in entries:
                 if entry_epoch == epoch:
-                    starts[f"{self.broker_id}-{partition}"] = int(start)
+                    starts[f"{self.broker_id}-{partition}"] = start
         return starts
 
     async def _first_ack_after(self, load: _Load, since: float, starts: dict[str, int], timeout: float) -> _Ack | None:
@@ -431,12 +432,12 @@ class Drill:
         deadline = time.monotonic() + self.rejoin_timeout_s
         while time.monotonic() < deadline:
             try:
-                master, slaves = await asyncio.to_thread(read_group, zk, self.paths, self.broker_id)
+                group = await asyncio.to_thread(read_members, zk, self.paths, self.broker_id)
             except Exception:  # ZooKeeper busy or the group's node not there yet
-                master, slaves = None, {}
-            if master == old_url:
+                group = GroupMembers(None)
+            if group.master_url == old_url:
                 return "master"
-            for slave_id, url in slaves.items():
+            for slave_id, url in group.slaves.items():
                 if url == old_url:
                     return f"slave{slave_id}"
             await asyncio.sleep(0.1)

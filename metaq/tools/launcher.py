@@ -21,10 +21,11 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from metaq.addresses import broker_url
 from metaq.process import ChildProcess
 from metaq.store.segment import parse_segment_start
 from metaq.zk.embedded import EmbeddedZooKeeper, free_port
-from metaq.zk.paths import ZkPaths, broker_url
+from metaq.zk.paths import ZkPaths
 from metaq.zk.session import zk_session
 
 __all__ = [
@@ -40,7 +41,7 @@ __all__ = [
 
 #: The directory holding the ``metaq`` package: put first on a child's PYTHONPATH so that
 #: the broker it runs is this very code, whatever else is installed.
-PACKAGE_PARENT = Path(__file__).resolve().parent.parent
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # metaq/tools/launcher.py -> the directory holding metaq/
 DEFAULT_SESSION_TIMEOUT_MS = 4000
 
 

@@ -1,0 +1,229 @@
+"""Typed requests of the metaq protocol, for both sides of a connection.
+
+One small dataclass per command (the table is in commands.py). The sending side builds
+one and writes ``to_header()`` (the connection adds ``opaque``); the receiving side gets
+one from ``parse_request(frame)``, which checks every field against the class's
+declaration and turns a missing or ill-typed field into a 400 with a one-line message.
+Handlers read fields as attributes (``req.topic``, ``req.partition``, ``req.replica``).
+
+A field is declared with ``required(kind)`` or ``optional(kind, default)``. ``None``
+on the wire means "absent" (msgpack clients send it for unset optionals), and an absent
+optional field takes its default; ``to_header()`` leaves out fields that are None.
+Replies are read through the views in replies.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any, ClassVar, Hashable, Protocol
+
+from .codes import BAD_REQUEST, RequestError
+from .frames import Frame
+
+#: Commands that may be sent as a plain-text line.
+TEXT_COMMANDS = frozenset({"stats", "version", "quit"})
+STATS_FORMATS = ("text", "map")
+DEFAULT_MAX_SIZE = 1024 * 1024
+
+
+class Origin(Hashable, Protocol):
+    """The connection a request came on, as the broker uses it: a key (compared by
+    identity) under which it remembers the slaves fetching on it, dropped when it closes."""
+
+    peer: str
+
+
+def required(kind: type) -> Any:
+    return field(metadata={"kind": kind, "required": True})
+
+
+def optional(kind: type, default: Any) -> Any:
+    return field(default=default, metadata={"kind": kind, "required": False})
+
+
+@dataclass(kw_only=True, eq=False)
+class Request:
+    """A request: its command's fields, plus ``opaque``, ``body`` and (received) ``origin``."""
+
+    OP: ClassVar[str] = ""
+    opaque: int = -1
+    body: bytes | bytearray = field(default=b"", repr=False)
+    #: The connection it came on (set by the server; lets the broker notice a slave's
+    #: replication connection closing).
+    origin: Origin | None = field(default=None, repr=False)
+
+    @property
+    def op(self) -> str:
+        return self.OP
+
+    def to_header(self) -> dict[str, Any]:
+        """The frame header to send (without ``opaque``: the connection numbers requests)."""
+        header: dict[str, Any] = {"op": self.OP}
+        for name, _kind, _required, _default in _fields(type(self)):
+            value = getattr(self, name)
+            if value is not None:
+                header[name] = value
+        return header
+
+
+@cache
+def _fields(cls: type[Request]) -> tuple[tuple[str, type, bool, Any], ...]:
+    """``(name, kind, required, default)`` of a command's own fields."""
+    return tuple(
+        (f.name, f.metadata["kind"], f.metadata["required"], f.default)
+        for f in dataclasses.fields(cls)
+        if "kind" in f.metadata
+    )
+
+
+@dataclass(kw_only=True, eq=False)
+class PutRequest(Request):
+    OP = "put"
+    topic: str = required(str)
+    partition: int = optional(int, -1)  # -1: the broker picks
+    count: int | None = optional(int, None)  # checked against the records in the body
+
+
+@dataclass(kw_only=True, eq=False)
+class GetRequest(Request):
+    OP = "get"
+    topic: str = required(str)
+    partition: int = required(int)
+    offset: int = required(int)
+    max_size: int = optional(int, DEFAULT_MAX_SIZE)
+    group: str = optional(str, "")
+    max_wait_ms: int = optional(int, 0)
+    #: A slave's fetch: ``replica_field(slave_id, epoch, log_end)``.
+    replica: dict[str, Any] | None = optional(dict, None)
+
+
+@dataclass(kw_only=True, eq=False)
+class OffsetRequest(Request):
+    OP = "offset"
+    topic: str = required(str)
+    partition: int = required(int)
+    offset: int = required(int)
+
+
+@dataclass(kw_only=True, eq=False)
+class StatsRequest(Request):
+    OP = "stats"
+    item: str = optional(str, "")
+    format: str = optional(str, "text")  # "map": the stats as msgpack data (StatsReply)
+
+    def check(self) -> None:
+        if self.format not in STATS_FORMATS:
+            raise RequestError(BAD_REQUEST, f"stats: field 'format' must be one of {', '.join(STATS_FORMATS)}", self.opaque)
+
+
+@dataclass(kw_only=True, eq=False)
+class VersionRequest(Request):
+    OP = "version"
+
+
+@dataclass(kw_only=True, eq=False)
+class QuitRequest(Request):
+    OP = "quit"
+
+
+@dataclass(kw_only=True, eq=False)
+class ConfigRequest(Request):
+    OP = "config"
+
+
+@dataclass(kw_only=True, eq=False)
+class TopicsRequest(Request):
+    OP = "topics"
+
+
+@dataclass(kw_only=True, eq=False)
+class EpochEndRequest(Request):
+    OP = "epoch_end"
+    topic: str = required(str)
+    partition: int = required(int)
+    epoch: int = required(int)
+
+
+@dataclass(kw_only=True, eq=False)
+class EpochsRequest(Request):
+    OP = "epochs"
+    topic: str = required(str)
+    partition: int = required(int)
+
+
+@dataclass(kw_only=True, eq=False)
+class ChecksumRequest(Request):
+    OP = "checksum"
+    topic: str = required(str)
+    partition: int = required(int)
+    start: int = required(int)
+    end: int = required(int)
+
+
+@dataclass(kw_only=True, eq=False)
+class PositionRequest(Request):
+    OP = "position"
+    topic: str = required(str)
+    partition: int = required(int)
+    replica: dict[str, Any] = required(dict)
+
+
+REQUESTS: dict[str, type[Request]] = {
+    cls.OP: cls
+    for cls in (
+        PutRequest, GetRequest, OffsetRequest, StatsRequest, VersionRequest, QuitRequest, ConfigRequest,
+        TopicsRequest, EpochEndRequest, EpochsRequest, ChecksumRequest, PositionRequest,
+    )
+}
+
+
+def replica_field(slave_id: int, epoch: int, log_end: int) -> dict[str, int]:
+    """The ``replica`` field of a slave's fetch or position report."""
+    return {"slave_id": slave_id, "epoch": epoch, "log_end": log_end}
+
+
+def _is_kind(value: Any, kind: type) -> bool:
+    # bool is an int subclass, but True is never a partition or an offset.
+    return isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+
+
+def parse_request(frame: Frame) -> Request:
+    """The typed request of a frame; RequestError 400 (with the opaque, if readable) if it is not one."""
+    header = frame.header
+    opaque = header.get("opaque")
+    if not _is_kind(opaque, int):
+        raise RequestError(BAD_REQUEST, "request header needs an integer 'opaque'", None)
+    op = header.get("op")
+    if not isinstance(op, str):
+        raise RequestError(BAD_REQUEST, "request header needs a string 'op'", opaque)
+    cls = REQUESTS.get(op)
+    if cls is None:
+        raise RequestError(BAD_REQUEST, f"unknown command {op!r}", opaque)
+    values: dict[str, Any] = {}
+    for name, kind, is_required, default in _fields(cls):
+        value = header.get(name)
+        if value is None:
+            if is_required:
+                raise RequestError(BAD_REQUEST, f"{op}: missing field {name!r}", opaque)
+            value = default
+        elif not _is_kind(value, kind):
+            raise RequestError(BAD_REQUEST, f"{op}: field {name!r} must be {kind.__name__}", opaque)
+        values[name] = value
+    request = cls(opaque=opaque, body=frame.body, **values)
+    if isinstance(request, StatsRequest):
+        request.check()
+    return request
+
+
+def text_request(words: list[str]) -> Request:
+    """A plain-text line as a request (RequestError for a command with no text form)."""
+    op = words[0].lower() if words else ""
+    if op not in TEXT_COMMANDS:
+        raise RequestError(BAD_REQUEST, f"unknown text command {op!r} (try: stats, version, quit)")
+    if op == "stats":
+        # MetaQ's text form is "stats [item] [opaque]"; a trailing number is the opaque.
+        rest = [w for w in words[1:] if not w.isdigit()]
+        return StatsRequest(item=rest[0] if rest else "")
+    return REQUESTS[op]()
