@@ -1,4 +1,5 @@
-"""Consumer offsets in a real MariaDB: a consumer process is killed -9 and its successor resumes."""
+"""Consumer offsets in a real MariaDB: a consumer process and the master are killed -9, and
+the consumer's successor resumes from the offsets in MariaDB on the new master."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from metaq.client.message import Partition
 from metaq.client.offsets import Position
 from metaq.client.offsets_sql import DEFAULT_TABLE_NAME, SqlOffsetStore
 from tests.harness import REPO_ROOT, wait_until
+from tests.integration.failover_support import TOPIC, Group, make_pair, sync_system, wait_leads
 from tests.integration.mariadb_support import MariaDB
 
-TOPIC, GROUP = "orders", "billing"
+GROUP = "billing"
 
 
 @pytest.fixture
@@ -69,8 +71,10 @@ def test_store_round_trip_on_mariadb(mariadb) -> None:
     store.close()
 
 
-def test_consumer_killed_9_resumes_from_offsets_in_mariadb(broker_factory, zk, zk_root, mariadb, tmp_path) -> None:
-    broker_factory(0, {TOPIC: 2}, system={"unflushThreshold": 0})
+def test_consumer_killed_9_resumes_from_offsets_in_mariadb_after_failover(broker_factory, zk, zk_root, zk_client, mariadb, tmp_path) -> None:
+    group = Group(zk_client, zk_root)
+    # Sync replication: every acked message is on the slave, so the failover loses none.
+    master, slave = make_pair(broker_factory, sync_system(), group, partitions=2)
     sent = [f"m{i:05d}" for i in range(600)]
     with MessageSessionFactory(MetaClientConfig(zk_connect=zk.connect_string, zk_root=zk_root)) as factory:
         producer = factory.create_producer()
@@ -89,6 +93,10 @@ def test_consumer_killed_9_resumes_from_offsets_in_mariadb(broker_factory, zk, z
         by_first = first.consumed()
         committed = stored_offsets(mariadb)
         assert len(by_first) < len(sent), "killed before the end: the test must cover a resume"
+        # The master dies too: the successor reads from the promoted slave, at the same offsets.
+        epoch = group.epoch()
+        master.kill()
+        wait_leads(slave, group, epoch)
 
         second = ConsumerProcess(tmp_path, "second", zk.connect_string, zk_root, mariadb.url)
         wait_until(lambda: {d for _, _, d in by_first + second.consumed()} >= set(sent), 60,
