@@ -206,3 +206,29 @@ def test_cli_errors_are_one_line(zk) -> None:
     assert bad_port.returncode == 1 and bad_port.stderr.strip() == "metaq http: error: --port must be between 0 and 65535, got 70000"
     no_zk = metaq("--zk", "127.0.0.1:1", "--zk-connect-timeout", "1")
     assert no_zk.returncode == 1 and "cannot connect to ZooKeeper" in no_zk.stderr and "Traceback" not in no_zk.stderr
+
+
+def test_gateway_produces_and_fetches_across_a_master_kill(broker_factory, zk, zk_root, zk_client, tmp_path) -> None:
+    from tests.integration.failover_support import TOPIC as FO_TOPIC
+    from tests.integration.failover_support import Group, make_pair, sync_system, wait_leads
+
+    group = Group(zk_client, zk_root)
+    master, slave = make_pair(broker_factory, sync_system(), group)
+    gateway = GatewayProcess(zk.connect_string, zk_root, tmp_path / "gateway.log").start()
+    try:
+        produce = f"{gateway.url}/topics/{FO_TOPIC}/messages"
+        status, before = post_json(produce, {"data": "before"})
+        assert status == 200, before
+        epoch = group.epoch()
+        master.kill()
+        # Sent while the master is gone: the gateway's producer waits for the new one and retries.
+        status, after = post_json(produce, {"data": "after"})
+        assert status == 200, after
+        wait_leads(slave, group, epoch)
+        offset = before["results"][0]["offset"]
+        status, page = get_json(f"{gateway.url}/topics/{FO_TOPIC}/partitions/0-0/messages?offset={offset}&encoding=utf-8")
+        assert status == 200, page
+        assert page["broker"] == f"{slave.host}:{slave.port}"
+        assert [m["data"] for m in page["messages"]] == ["before", "after"]
+    finally:
+        gateway.stop()
