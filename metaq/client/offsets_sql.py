@@ -19,7 +19,8 @@ consumer group's ownership of partitions::
       UNIQUE KEY TOPIC_PART_GRP_IDX (topic, partition, group_id)
     )
 
-A table created by MetaQ itself works too (its rows are read and updated in place).
+A table created by MetaQ itself works too once its ``offset`` and ``msg_id`` columns are
+widened to BIGINT (msg ids here are 64-bit); its rows are read and updated in place.
 """
 
 from __future__ import annotations
@@ -70,9 +71,10 @@ def _make_sqlite_dir(url: str) -> None:
 class SqlOffsetStore:
     """An OffsetStore (see offsets.py) keeping a group's places in one SQL table.
 
-    ``commit`` writes all the positions it is given in **one transaction**, so a commit
-    (and the commit before a rebalance) is stored whole or not at all; a consumer killed
-    mid-commit leaves the previous commit. The database's own durability (InnoDB's
+    ``commit`` writes all the positions it is given (the consumer gives one topic's owned
+    partitions at a time) in **one transaction**, so a commit, periodic or before a
+    rebalance, is stored whole or not at all; a consumer killed mid-commit leaves the
+    previous commit. The database's own durability (InnoDB's
     redo log, SQLite's journal) makes a committed transaction survive ``kill -9``.
     Offsets are the same on a master and its slaves, so they survive broker failover
     unchanged, as with the ZooKeeper store.
