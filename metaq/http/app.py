@@ -12,6 +12,7 @@ Every error is ``{"error": "one line"}`` with a 4xx/5xx status.
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 from typing import Any, Awaitable, Callable
 from urllib.parse import quote
@@ -35,6 +36,8 @@ from .bodies import (
 )
 from .errors import HttpError
 from .gateway import MAX_WAIT_MS, FetchResult, Gateway
+
+log = logging.getLogger(__name__)
 
 GATEWAY = web.AppKey("gateway", Gateway)
 MAX_REQUEST_BYTES = web.AppKey("max_request_bytes", int)
@@ -75,6 +78,9 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         if exc.status < 400:
             raise
         return web.json_response({"error": exc.reason}, status=exc.status)
+    except Exception as exc:  # a bug: logged with its traceback; the client still gets one line
+        log.exception("%s %s failed", request.method, request.path)
+        return web.json_response(HttpError(500, f"internal error: {type(exc).__name__}: {exc}").body(), status=500)
 
 
 # --- handlers ---------------------------------------------------------------------------------

@@ -54,6 +54,7 @@ def cluster(broker_factory, zk, zk_root, tmp_path):
         yield gateway, master, slave
     finally:
         gateway.stop()
+    assert "Traceback" not in gateway.log_path.read_text()
 
 
 def messages_url(gateway: GatewayProcess, partition: str, **query: Any) -> str:
@@ -232,3 +233,4 @@ def test_gateway_produces_and_fetches_across_a_master_kill(broker_factory, zk, z
         assert [m["data"] for m in page["messages"]] == ["before", "after"]
     finally:
         gateway.stop()
+    assert "Traceback" not in gateway.log_path.read_text()

@@ -80,6 +80,9 @@ class _MovedGateway:
     async def fetch(self, topic, partition, offset, max_bytes, wait_ms, read_from):
         raise HttpError(301, f"offset {offset} is before the log start", offset=4096)
 
+    async def topic_names(self):
+        raise RuntimeError("a bug\nover two lines")
+
 
 def test_moved_is_a_301_to_the_same_request_at_the_new_offset() -> None:
     async def scenario():
@@ -124,3 +127,13 @@ def test_a_body_over_the_request_limit_is_413() -> None:
             return response.status, await response.json()
 
     assert asyncio.run(scenario()) == (413, {"error": "request body larger than 1000 bytes"})
+
+
+def test_an_unexpected_error_is_a_500_with_one_line() -> None:
+    async def scenario():
+        async with TestClient(TestServer(build_app(_MovedGateway()))) as client:  # type: ignore[arg-type]
+            response = await client.get("/topics")
+            return response.status, await response.json()
+
+    status, body = asyncio.run(scenario())
+    assert status == 500 and body["error"] == "internal error: RuntimeError: a bug over two lines"
