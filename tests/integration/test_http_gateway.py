@@ -234,3 +234,37 @@ def test_gateway_produces_and_fetches_across_a_master_kill(broker_factory, zk, z
     finally:
         gateway.stop()
     assert "Traceback" not in gateway.log_path.read_text()
+
+
+def test_fetch_sees_only_committed_messages(broker_factory, zk, zk_root, zk_client, tmp_path) -> None:
+    """Sync mode: a put waiting for its slave is in the master's log but not committed, and
+    the gateway does not show it; once the slave has it, it does."""
+    from tests.integration.failover_support import TOPIC as FO_TOPIC
+    from tests.integration.failover_support import Group, make_pair, sync_system
+
+    group = Group(zk_client, zk_root)
+    _, slave = make_pair(broker_factory, sync_system(onSyncSlaveLoss="reject", syncSlaveTimeoutMs=20000), group)
+    gateway = GatewayProcess(zk.connect_string, zk_root, tmp_path / "gateway.log").start()
+    poller = None
+    try:
+        produce = f"{gateway.url}/topics/{FO_TOPIC}/messages"
+        assert post_json(produce, {"data": "acked"})[0] == 200
+        end = get_json(f"{gateway.url}/topics/{FO_TOPIC}/partitions/0-0/offsets")[1]["max_offset"]
+        slave.pause()
+        outcome: dict[str, Any] = {}
+        poller = threading.Thread(target=lambda: outcome.update(reply=post_json(produce, {"data": "pending"})))
+        poller.start()
+        time.sleep(1.0)
+        assert poller.is_alive(), "the put waits for the stopped slave"
+        status, page = get_json(f"{gateway.url}/topics/{FO_TOPIC}/partitions/0-0/messages?offset={end}&wait_ms=300")
+        assert status == 200 and page["messages"] == [] and page["committed"] == end, page
+        slave.resume()
+        poller.join(20)
+        assert outcome["reply"][0] == 200, outcome
+        status, page = get_json(f"{gateway.url}/topics/{FO_TOPIC}/partitions/0-0/messages?offset={end}&encoding=utf-8")
+        assert [m["data"] for m in page["messages"]] == ["pending"]
+    finally:
+        slave.resume()
+        if poller is not None:
+            poller.join(20)
+        gateway.stop()
