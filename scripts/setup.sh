@@ -24,6 +24,7 @@ if [ "${1:-}" = "--test" ] && ! command -v mariadbd >/dev/null && [ ! -x /usr/sb
     $SUDO apt-get update -qq
     $SUDO apt-get install -y -qq mariadb-server >/dev/null
 fi
+
 log=$(mktemp)
 if ! python3 -m pip install -q --disable-pip-version-check -e ".${extras}" >"$log" 2>&1; then
     cat "$log" >&2
