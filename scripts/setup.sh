@@ -15,6 +15,16 @@ fi
 
 extras=""
 if [ "${1:-}" = "--test" ]; then extras="[test,spark]"; fi
+
+# The SQL offset store's integration tests start their own MariaDB server (never the system's).
+if [ "${1:-}" = "--test" ] && ! command -v mariadbd >/dev/null && [ ! -x /usr/sbin/mariadbd ]; then
+    echo "setup: installing Debian's mariadb-server package (for the SQL offset store tests)" >&2
+    if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq mariadb-server >/dev/null
+fi
+
 log=$(mktemp)
 if ! python3 -m pip install -q --disable-pip-version-check -e ".${extras}" >"$log" 2>&1; then
     cat "$log" >&2

@@ -25,6 +25,7 @@ COMMANDS = {
     "verify": "verify",
     "drill": "drill",
     "security": "security",
+    "http": "http",
 }
 
 

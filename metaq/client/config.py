@@ -88,6 +88,8 @@ class ConsumerConfig:
     max_retries: int = 5
     #: Store offsets in this JSON file instead of ZooKeeper (always used in broadcast mode).
     offset_store_path: str | None = None
+    #: Store offsets in a SQL database instead (SQLAlchemy URL; see offsets_sql.py).
+    offset_store_url: str | None = None
     recover_dir: str | None = None
     recover_interval_s: float = 5.0
     #: How long a rebalance waits for a previous owner to release a partition.

@@ -247,6 +247,10 @@ class AsyncMessageConsumer:
         self.config = config
         self.stats = ConsumerStats()
         path = config.resolved_offset_store_path()
+        if offset_store is None and config.offset_store_url:
+            from .offsets_sql import SqlOffsetStore  # imported on use: most consumers never need SQLAlchemy
+
+            offset_store = SqlOffsetStore(config.offset_store_url)
         self.offset_store: OffsetStore = offset_store or (LocalOffsetStore(path) if path else ZkOffsetStore(cluster))
         self.recover_store = RecoverStore(config.resolved_recover_dir())
         self.recover = RecoverManager(self.recover_store, config.recover_interval_s)

@@ -1,0 +1,57 @@
+"""``metaq http --zk Z [--host 127.0.0.1] [--port P]``: the HTTP gateway (docs/http.md), foreground."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from ..errors import MetaqError
+from .produce import add_zk_arguments, client_config
+
+DEFAULT_PORT = 8080
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("http", help="HTTP gateway: produce, fetch and list topics over HTTP/JSON")
+    add_zk_arguments(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default {DEFAULT_PORT}; 0 picks a free one)")
+    parser.add_argument("--max-message-size", type=int, default=None, metavar="BYTES",
+                        help="largest message accepted; keep it equal to the brokers' maxMessageSize (default 1048576)")
+    parser.add_argument("--max-request-bytes", type=int, default=None, metavar="BYTES",
+                        help="largest request body (default 16 MiB)")
+    parser.add_argument("--send-timeout", type=float, default=15.0, help="seconds a produce may retry before it fails (default 15)")
+    parser.set_defaults(run=run)
+
+
+async def serve(args: argparse.Namespace) -> int:
+    from ..http.app import DEFAULT_MAX_REQUEST_BYTES, serve
+    from ..http.gateway import DEFAULT_MAX_MESSAGE_SIZE, Gateway
+
+    max_message_size = args.max_message_size or DEFAULT_MAX_MESSAGE_SIZE
+    max_request_bytes = args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES
+    if not 0 <= args.port <= 65535:
+        raise MetaqError(f"--port must be between 0 and 65535, got {args.port}")
+    if max_message_size < 1 or max_request_bytes < 1 or args.send_timeout <= 0:
+        raise MetaqError("--max-message-size, --max-request-bytes and --send-timeout must be positive")
+    gateway = await Gateway(client_config(args, send_timeout_s=args.send_timeout), max_message_size).start()
+
+    def ready(url: str) -> None:
+        print(f"metaq http: serving {url} for the cluster at {args.zk}{args.zk_root}", flush=True)
+
+    try:
+        await serve(gateway, args.host, args.port, max_request_bytes, ready)
+    except OSError as exc:
+        raise MetaqError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    finally:
+        await gateway.close()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(serve(args))
+    except KeyboardInterrupt:
+        print("metaq http: stopped", file=sys.stderr)
+        return 0
