@@ -284,9 +284,6 @@ class ChaosCluster:
         master = self.view(group).master
         return [b for b in self.group_brokers(group) if b.url != master]
 
-    def partition_names(self) -> list[str]:
-        return [f"{self.topic}/{g}-{n}" for g in range(self.num_groups) for n in range(self.partitions)]
-
     # --- faults -----------------------------------------------------------------------------
 
     def kill(self, b: ChaosBroker) -> None:
