@@ -208,15 +208,17 @@ def table(records: list[dict]) -> dict[str, dict[str, Any]]:
 
 
 def render_table(rows: dict[str, dict[str, Any]], bound: float) -> list[str]:
-    """The unavailability table as text lines (seconds; recovery = first success after the heal)."""
+    """The unavailability table as text lines. Seconds; "max" = the longest time without a
+    success around the fault, "after end" = from the heal (or the start of a fault that never
+    heals) to the first success; "writes due" = whether writes must resume at all."""
     if not rows:
         return ["  unavailability: no faults"]
-    lines = [f"  unavailability per fault kind (seconds; liveness bound {bound:g}s after the heal):",
-             f"    {'fault':<26} {'n':>3} {'writes max':>10} {'w. recovery':>11} {'reads max':>9} {'r. recovery':>11}"]
+    lines = [f"  unavailability per fault kind (seconds; liveness bound {bound:g}s after each fault ends):",
+             f"    {'fault':<24} {'n':>3} {'writes due':>10} {'writes max':>10} {'after end':>9} "
+             f"{'reads max':>9} {'after end':>9}"]
     for kind, row in sorted(rows.items()):
-        recovery = "none" if row["write_recovery_s"] is None else f"{row['write_recovery_s']:.2f}"
-        if not row["writes_expected"]:
-            recovery += " (refused by design)"
-        lines.append(f"    {kind:<26} {row['faults']:>3} {row['write_unavailable_s']:>10.2f} {recovery:>11} "
-                     f"{row['read_unavailable_s']:>9.2f} {row['read_recovery_s']:>11.2f}")
+        after = "never" if row["write_recovery_s"] is None else f"{row['write_recovery_s']:.2f}"
+        due = "yes" if row["writes_expected"] else "no"
+        lines.append(f"    {kind:<24} {row['faults']:>3} {due:>10} {row['write_unavailable_s']:>10.2f} {after:>9} "
+                     f"{row['read_unavailable_s']:>9.2f} {row['read_recovery_s']:>9.2f}")
     return lines
