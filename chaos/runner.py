@@ -8,17 +8,22 @@ One run:
    producer through the real client (``c0``: ``AsyncMessageProducer`` with
    ``retry_unknown_outcome=False`` so that nothing is silently duplicated), and one reader
    per group reading every partition from every replica (master and slaves, through the
-   proxies); every put is recorded invoke -> ok / fail (definitely not written) / info
-   (unknown); every read with the replica it came from;
+   proxies), and one probe per group reading the newest acked message of each partition
+   back from the current master every 0.25 s (what the liveness check awaits); every put
+   is recorded invoke -> ok / fail (definitely not written) / info (unknown); every read
+   with the replica it came from;
 3. a monitor thread watches ZooKeeper and records every failover (with the old master's
    unreplicated tail: bytes and messages past the new master's epoch start, for async);
 4. the fault schedule (chaos/scenarios.py) runs for ``--seconds``: inject, hold, heal, wait
-   for the cluster to settle, a gap of plain load; each recorded as a fault;
+   for the cluster to settle, a gap of plain load; each recorded as a fault with its step
+   number, the groups it touches and what liveness expects of it. A fault that never heals
+   (a member lost for good) ends the schedule; the load goes on until ``--seconds`` are up,
+   and at least the liveness bound + 2 s;
 5. stop the load, heal everything, wait until settled (one master per group, every broker
    registered, slaves in the sync set and caught up), snapshot every replica's log from disk,
    write ``history.json``, ``check.json`` and ``report.txt``, run the checker.
 
-Exit 0 iff the checker found no violations and the cluster settled.
+Exit 0 iff the checker found no violations (safety and liveness) and the cluster settled.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Fault kinds and scenarios: a seeded, deterministic fault schedule.
 
 A *fault* is one step: inject, hold for ``hold_s``, heal; then the runner waits for the
-cluster to settle and for ``gap_s`` of fault-free load. Targets are roles ("the master of
-group 1"), resolved when the step runs. A *scenario* is a fixed list of fault kinds,
-repeated until the run's time is up; ``random`` draws each step from every fault kind
-(seeded). The whole schedule (kinds, groups, holds, gaps) is drawn from the seed up front,
+cluster to settle and for ``gap_s`` of fault-free load; a fault that never heals (a member
+lost for good) is the last step. Targets are roles ("the master of group 1"), resolved
+when the step runs. A *scenario* is a fixed list of fault kinds, repeated until the run's
+time is up; ``random`` draws each step from every fault kind that heals (seeded). The whole schedule (kinds, groups, holds, gaps) is drawn from the seed up front,
 so two runs with the same seed inject the same faults in the same order.
 """
 
