@@ -25,7 +25,10 @@ If the history ends before ``E + B`` without the awaited event, that is a warnin
 
 Unavailability of a fault, for writes and for reads separately, is the longest time
 without a success (acks of the group; reads of the partition) from the last success before
-``S`` to the first success after ``E``; ``table`` aggregates it per fault kind.
+``S`` to the first success after ``E``; ``table`` aggregates it per fault kind. Each
+per-fault record also names the times around the fault: the last ack before ``S`` and the
+first after ``E``, and per partition the last read before ``S`` and the first read of the
+awaited message after ``E``.
 """
 
 from __future__ import annotations
@@ -85,6 +88,11 @@ def _gap(times: list[float], start: float, until: float | None, history_end: flo
     i = bisect.bisect_right(times, start)
     points = ([times[i - 1]] if i else [start]) + [t for t in times[i:] if t <= stop] + [stop]
     return max((b - a for a, b in zip(points, points[1:])), default=0.0)
+
+
+def _last_at_or_before(times: list[float], t: float) -> float | None:
+    i = bisect.bisect_right(times, t)
+    return times[i - 1] if i else None
 
 
 def _first_at_or_after(times: list[float], t: float) -> float | None:
@@ -156,17 +164,22 @@ def check_liveness(history: History, present: dict[str, set[int]] | None = None)
 
             acks = timeline.acks.get(group, [])
             first_ack = _first_at_or_after(acks, w.end)
+            rec["last_ack_before"] = _last_at_or_before(acks, w.start)
+            rec["first_ack_after"] = first_ack
             rec["write_recovery_s"] = None if first_ack is None else round(first_ack - w.end, 3)
             rec["write_unavailable_s"] = round(_gap(acks, w.start, first_ack, timeline.end), 3)
             if rec["writes_expected"]:
                 late("writes_stalled", first_ack, "no write acked")
 
             read_recovery, read_gap = 0.0, 0.0
+            rec["last_read_before"], rec["first_read_after"] = {}, {}
             for partition in timeline.partitions_of(group):
                 newest = timeline.newest_acked(partition, w.end)
                 if newest is None:
                     continue
                 first_read = _first_at_or_after(timeline.read_times(partition, newest), w.end)
+                rec["first_read_after"][partition] = first_read
+                rec["last_read_before"][partition] = _last_at_or_before(timeline.read_times(partition), w.start)
                 late("reads_stalled", first_read, f"{partition}: acked offset {newest} not read back")
                 every_read = timeline.read_times(partition)
                 read_gap = max(read_gap, _gap(every_read, w.start, first_read, timeline.end))

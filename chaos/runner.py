@@ -439,7 +439,8 @@ class Run:
         no_failover = []
         faults_list = self.history.faults
         for i, f in enumerate(faults_list):
-            if f["kind"] in ("kill-master", "pause-master", "partition-master-zk") and f.get("target") != "none":
+            if f["kind"] in ("kill-master", "lose-master", "pause-master", "partition-master-zk") \
+                    and f.get("target") != "none":
                 heal_t = next((h["time"] for h in faults_list[i + 1:] if h["kind"] == "heal"), f["time"] + 60)
                 if not any(f["time"] <= fo["time"] <= heal_t + 1 and fo["group"] == f.get("group")
                            for fo in self.history.failovers):

@@ -336,6 +336,11 @@ def test_liveness_clean_faulted_history_passes_and_fills_the_table():
     assert row["write_unavailable_s"] == pytest.approx(3.0) and row["read_unavailable_s"] == pytest.approx(3.0)
     assert row["write_recovery_s"] == pytest.approx(1.0) and row["read_recovery_s"] == pytest.approx(1.0)
     assert "kill-master" in result.report() and "unavailability per fault kind" in result.report()
+    (record,) = result.stats["liveness_faults"]
+    assert (record["start"], record["end"]) == (10.2, 12.0)
+    assert record["last_ack_before"] == 10.0 and record["first_ack_after"] == 13.0
+    assert record["last_read_before"] == {"t/0-0": 10.0, "t/0-1": 10.0}
+    assert record["first_read_after"] == {"t/0-0": 13.0, "t/0-1": 13.0}
 
 
 def test_liveness_writes_not_resuming_within_the_bound_is_caught():
