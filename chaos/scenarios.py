@@ -132,8 +132,13 @@ def inject(cluster: ChaosCluster, step: Step, rng: random.Random) -> tuple[str, 
             cluster.kill_zk(index)
 
         def restart() -> None:
+            # The fault ends when ZooKeeper has a quorum again, not when the JVMs are
+            # forked: the liveness bound runs from there (a JVM start and a leader
+            # election take 1.5-3 s here, which no broker setting can shorten).
             for index in lost:
                 cluster.restart_zk(index)
+            for index in lost:
+                cluster.zks[index].wait_until_serving(60)
 
         return "+".join(f"zk{i + 1}" for i in lost), {}, restart
     if role == "zk":
