@@ -43,11 +43,18 @@ from chaos.history import History, group_of
 SKIPPED_KINDS = ("heal", "heal_all", "settle_timeout")
 
 
+def default_bound(session_ms: float) -> float:
+    """2 x the ZooKeeper session timeout + 1 s: one session for ZooKeeper to notice a lost
+    member, one for the successor's election and first ack, a second of slack for the
+    clients' retries."""
+    return 2 * float(session_ms) / 1000 + 1.0
+
+
 def liveness_bound(history: History) -> float:
     bound = history.meta.get("liveness_bound_s")
     if bound is not None:
         return float(bound)
-    return 2 * float(history.meta.get("session_ms", 1500)) / 1000 + 1.0
+    return default_bound(history.meta.get("session_ms", 1500))
 
 
 @dataclass

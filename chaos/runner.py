@@ -47,7 +47,7 @@ from metaq.record import encode_batch, iter_records
 from .checker import check
 from .cluster import ON_SYNC_SLAVE_LOSS, ChaosCluster
 from .history import History, value_of
-from .liveness import render_table
+from .liveness import default_bound, render_table
 from .scenarios import FAULTS, Step, inject, scenario_names, schedule, writes_expected
 
 log = logging.getLogger("chaos.runner")
@@ -145,10 +145,13 @@ class Workload:
             self.newest_acked[partition] = (offset, value)
 
     async def _conn(self, url: str) -> BrokerConnection:
-        conn = self.conns.get(url)
+        return await self._cached_conn(self.conns, url)
+
+    async def _cached_conn(self, conns: dict[str, BrokerConnection], url: str) -> BrokerConnection:
+        """An open connection to the broker registered as ``url`` (through its client proxy)."""
+        conn = conns.get(url)
         if conn is None or not conn.is_open:
-            conn = await BrokerConnection.open(*self.cluster.client_address(url), 1.0)
-            self.conns[url] = conn
+            conn = conns[url] = await BrokerConnection.open(*self.cluster.client_address(url), 1.0)
         return conn
 
     async def raw_producer(self, name: str) -> None:
@@ -234,9 +237,7 @@ class Workload:
                     key = (url, n)
                     offset = positions.get(key, 0)
                     try:
-                        conn = conns.get(url)
-                        if conn is None or not conn.is_open:
-                            conn = conns[url] = await BrokerConnection.open(*self.cluster.client_address(url), 1.0)
+                        conn = await self._cached_conn(conns, url)
                         reply = await conn.request({"op": "get", "topic": topic, "partition": n, "offset": offset,
                                                     "max_size": 256 * 1024}, timeout=2.0)
                     except (ConnectionClosed, asyncio.TimeoutError, OSError):
@@ -274,9 +275,7 @@ class Workload:
                     continue
                 offset, value = newest
                 try:
-                    conn = conns.get(url)
-                    if conn is None or not conn.is_open:
-                        conn = conns[url] = await BrokerConnection.open(*self.cluster.client_address(url), 1.0)
+                    conn = await self._cached_conn(conns, url)
                     reply = await conn.request({"op": "get", "topic": topic, "partition": n, "offset": offset,
                                                 "max_size": 4096}, timeout=1.0)
                 except (ConnectionClosed, asyncio.TimeoutError, OSError):
@@ -315,9 +314,7 @@ class Run:
         self.cluster = ChaosCluster(self.out / "cluster", groups=groups, mode=mode, zk_nodes=zk_nodes,
                                     slaves=slaves, on_sync_slave_loss=on_sync_slave_loss)
         session_ms = self.cluster.session_ms
-        # Two sessions: one for ZooKeeper to notice a lost member, one for the successor's
-        # election and first ack; plus a second of slack for the workload's own retries.
-        self.liveness_bound = liveness_bound if liveness_bound is not None else 2 * session_ms / 1000 + 1.0
+        self.liveness_bound = liveness_bound if liveness_bound is not None else default_bound(session_ms)
         self.history = History({"mode": mode, "scenario": scenario, "seed": seed, "seconds": seconds,
                                 "groups": groups, "zk_nodes": zk_nodes, "topic": self.cluster.topic,
                                 "slaves": slaves, "on_sync_slave_loss": on_sync_slave_loss,
