@@ -20,8 +20,8 @@ and for every group it touches:
   between ``S`` and ``E``; with ``master_fixed``: no failover of the group between ``S``
   and ``E``.
 
-If the history ends before ``E + B`` without the awaited event, that is a warning
-(inconclusive), not a violation.
+If the history ends, or the next fault begins, before ``E + B`` and before the awaited
+event, that is a warning (inconclusive), not a violation.
 
 Unavailability of a fault, for writes and for reads separately, is the longest time
 without a success (acks of the group; reads of the partition) from the last success before
@@ -64,6 +64,7 @@ class Window:
     fault: dict[str, Any]
     start: float
     end: float
+    next_start: float | None = None  # when the next fault was injected (it cuts this window short)
 
     @property
     def groups(self) -> list[int]:
@@ -79,12 +80,13 @@ def fault_windows(history: History) -> list[Window]:
     for i, f in enumerate(faults):
         if f.get("kind") in SKIPPED_KINDS or f.get("target") == "none" or "step" not in f:
             continue
+        following = next((g["time"] for g in faults[i + 1:] if "step" in g and g.get("kind") not in SKIPPED_KINDS), None)
         if not f.get("heals", True):
-            out.append(Window(f, f["time"], f["time"]))
+            out.append(Window(f, f["time"], f["time"], following))
             continue
         heal = next((h for h in faults[i + 1:] if h.get("kind") == "heal" and h.get("step") == f["step"]), None)
         if heal is not None:
-            out.append(Window(f, f["time"], heal["time"]))
+            out.append(Window(f, f["time"], heal["time"], following))
     return out
 
 
@@ -164,8 +166,12 @@ def check_liveness(history: History, present: dict[str, set[int]] | None = None)
                 entry = {**base, "kind": kind, "fault": f.get("kind"), "bound_s": bound,
                          "why": f"group {group}: {detail} within {bound:g}s after {what}"
                                 + (f"; first at +{first - w.end:.2f}s" if first is not None else "; none by the end")}
+                cut = w.next_start is not None and w.next_start < w.end + bound and (first is None or first > w.next_start)
                 if first is None and timeline.end < w.end + bound:
                     warnings.append({**entry, "why": entry["why"] + " (history ended before the bound: inconclusive)"})
+                elif cut:
+                    warnings.append({**entry, "why": entry["why"] + f" (the next fault began at {w.next_start:.1f}s, "
+                                                                    "before the bound: inconclusive)"})
                 else:
                     violations.append(entry)
 

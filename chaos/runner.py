@@ -46,7 +46,7 @@ from metaq.record import encode_batch, iter_records
 
 from .checker import check
 from .cluster import ON_SYNC_SLAVE_LOSS, ChaosCluster
-from .history import History, value_of
+from .history import History, group_of, value_of
 from .liveness import default_bound, render_table
 from .scenarios import FAULTS, Step, inject, scenario_names, schedule, writes_expected
 
@@ -356,14 +356,29 @@ class Run:
         self.steps_done.append({**step.to_json(), "target": target, "heals": False})
         time.sleep(max(stop_at - time.monotonic(), self.liveness_bound + 2.0))
 
+    def _await_acks(self, since: float, groups: Any) -> None:
+        """Settled is not serving: also wait (at most the liveness bound + 1 s) until every
+        group the fault touched acked a write after its heal, so that the next fault does not
+        cut the window in which the liveness check awaits that ack."""
+        wanted = set(groups)
+        deadline = time.monotonic() + self.liveness_bound + 1.0
+        while time.monotonic() < deadline:
+            acked = {group_of(op.get("partition")) for op in self.history.ops[-400:]
+                     if op["type"] == "ok" and op.get("f") == "put" and op["time"] >= since}
+            if wanted <= acked:
+                return
+            time.sleep(0.1)
+
     def _one(self, number: int, step: Step, rng: random.Random) -> None:
         cluster = self.cluster
         target, heal = self._record_fault(number, step, rng)
         time.sleep(step.hold_s)
         heal()
         self.history.fault("heal", target, of=step.kind, group=step.group, step=number)
+        healed_at = self.history.faults[-1]["time"]
         try:
             took = cluster.wait_settled(self.settle_timeout)
+            self._await_acks(healed_at, [step.group] if FAULTS[step.kind].role != "zk" else range(self.groups))
             self.steps_done.append({**step.to_json(), "target": target, "settle_s": round(took, 2)})
         except AssertionError as exc:
             self.settle_failures.append(f"after {step.kind} on {target}: {exc}")

@@ -437,3 +437,21 @@ def test_liveness_async_lost_acked_message_is_not_awaited():
     # Had the dropped message been in the final log, it would be awaited (and never read).
     assert check_liveness(run.h, present=None)[0]
     assert not check_liveness(run.h, present={"t/0-0": {survivor[0]}})[0]
+
+
+def test_liveness_window_cut_by_the_next_fault_is_a_warning_not_a_violation():
+    run = TimedRun()
+    run.load(1, 10)
+    run.fault("zk-majority", 10.2, 12.0)
+    run.fault("zk-majority", 13.0, 15.0)  # begins 1 s after the first heal, before anything recovered
+    run.load(16.5, 20)  # 4.5 s after the first heal, 1.5 s after the second
+    result = check(run.finish())
+    assert result.ok, result.report()
+    assert any("next fault began at 13.0s" in w["why"] for w in result.warnings)
+    # Without the second fault the same silence is a violation.
+    run = TimedRun()
+    run.load(1, 10)
+    run.fault("zk-majority", 10.2, 12.0)
+    run.load(16.5, 20)
+    assert {v["kind"] for v in check(run.finish()).violations()} == {"writes_stalled", "reads_stalled"}
+
