@@ -69,6 +69,10 @@ class Monitor(threading.Thread):
     def poll(self) -> None:
         for group in range(self.cluster.num_groups):
             view = self.cluster.view(group)
+            if not self.cluster.zk.connected:
+                # ZooKeeper unreachable (no quorum): the view is empty, not the group. Keep
+                # the last one, so that readers and probes go on asking the same master.
+                return
             self.masters[group] = view.master
             self.replicas[group] = [u for u in [view.master, *view.slaves.values()] if u]
             old = self._last.get(group)
