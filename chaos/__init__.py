@@ -1,9 +1,10 @@
 """Fault injection for metaq-py: a Toxiproxy-API proxy, histories, and the checker.
 
-* ``chaos.proxy``            the asyncio TCP fault proxy speaking Toxiproxy's HTTP API
+* ``chaos.proxy``            the asyncio TCP fault proxy speaking Toxiproxy's HTTP API (running it);
+                             ``chaos.toxics``, ``chaos.proxy_link`` (data path), ``chaos.proxy_api`` (HTTP)
 * ``chaos.toxiproxy_client`` which proxy server to use, and a toxiproxy-python client for it
 * ``chaos.history``          the recorded history of a run (operations, faults, log snapshots)
-* ``chaos.checker``          checks a history against the guarantees of DESIGN.md
+* ``chaos.checker``          checks a history for safety and liveness
 
 ``python -m chaos proxy`` runs the proxy; see docs/chaos.md.
 """

@@ -1,4 +1,4 @@
-"""Checks a chaos history (chaos.history) against the guarantees of DESIGN.md.
+"""Checks a chaos history (chaos.history) for safety (nothing acked lost) and liveness.
 
 Each check is a function ``history, index -> (violations, checked_count)``; the result
 of a run is every check's verdict plus run statistics. The final logs are the truth:
@@ -27,6 +27,10 @@ checks
 ``phantoms``        nothing is in a final log that was never written, and no put that
                     definitely failed (``fail``) is there.
 ``final_masters``   every group has exactly one master in the final snapshot.
+``liveness``        after every fault ends (heals, or starts when it never heals) acked
+                    messages are read back and, where the configuration allows, writes are
+                    acked again within the liveness bound (``chaos.liveness``); the per-kind
+                    unavailability table is in ``stats["unavailability"]``.
 """
 
 from __future__ import annotations
@@ -37,19 +41,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable
 
-from chaos.history import History
+from chaos.history import History, group_of
+from chaos.liveness import check_liveness, liveness_bound, render_table, table
 
 MAX_SHOWN = 20
-
-
-def group_of(partition: str | None) -> int | None:
-    """``"topic/3-0"`` -> 3."""
-    if not partition:
-        return None
-    try:
-        return int(partition.rsplit("/", 1)[-1].split("-", 1)[0])
-    except ValueError:
-        return None
 
 
 @dataclass
@@ -66,10 +61,15 @@ class Index:
     logs: dict[str, LogIndex]  # partition -> the final master's log
     puts: list[dict[str, Any]]  # completed puts (with invoke_time)
     gets: list[dict[str, Any]]
+    history: History
 
     def where(self, partition: str, value: Any) -> list[int]:
         log = self.logs.get(partition)
         return [] if log is None else log.by_value.get(value, [])
+
+    @cached_property
+    def liveness(self) -> "Liveness":
+        return _liveness(self.history, self)
 
     @cached_property
     def lost_and_moved(self) -> tuple[list[dict], list[dict], int]:
@@ -99,6 +99,7 @@ def build_index(history: History) -> Index:
         logs=logs,
         puts=[op for op in completions if op.get("f") == "put"],
         gets=[op for op in completions if op.get("f") == "get" and op["type"] == "ok"],
+        history=history,
     )
 
 
@@ -342,6 +343,27 @@ def check_phantoms(history: History, index: Index) -> tuple[list[dict], int]:
     return out, checked
 
 
+def acked_in_final_log(index: Index) -> dict[str, set[int]]:
+    """partition -> offsets of acked puts whose message is at that offset in the final log."""
+    present: dict[str, set[int]] = defaultdict(set)
+    for op in index.puts:
+        offset = op.get("offset")
+        if op["type"] == "ok" and offset is not None and offset in index.where(op.get("partition"), op.get("value")):
+            present[op.get("partition")].add(offset)
+    return present
+
+
+@dataclass
+class Liveness:
+    violations: list[dict]
+    warnings: list[dict]
+    faults: list[dict]  # one record per (fault, group): recovery and unavailability times
+
+
+def _liveness(history: History, index: Index) -> Liveness:
+    return Liveness(*check_liveness(history, acked_in_final_log(index)))
+
+
 CHECKS: dict[str, Callable[[History, Index], tuple[list[dict], int]]] = {
     "final_masters": check_final_masters,
     "acked_lost": check_acked_lost,
@@ -352,6 +374,7 @@ CHECKS: dict[str, Callable[[History, Index], tuple[list[dict], int]]] = {
     "replica_prefix": check_replica_prefix,
     "duplicates": check_duplicates,
     "phantoms": check_phantoms,
+    "liveness": lambda history, index: (index.liveness.violations, len(index.liveness.faults)),
 }
 
 
@@ -391,6 +414,7 @@ class CheckResult:
                 lines.append(f"         - {v['why']}")
             if len(c["violations"]) > MAX_SHOWN:
                 lines.append(f"         ... and {len(c['violations']) - MAX_SHOWN} more")
+        lines += render_table(s.get("unavailability", {}), s.get("liveness_bound_s", 0.0))
         for w in self.warnings[:MAX_SHOWN]:
             lines.append(f"  warning: {w['why']}")
         return "\n".join(lines)
@@ -416,6 +440,9 @@ def _stats(history: History, index: Index) -> dict[str, Any]:
         "failovers": len(history.failovers),
         "max_unavailable_s": round(gap, 3),
         "lost_acked": len(lost),
+        "liveness_bound_s": liveness_bound(history),
+        "unavailability": table(index.liveness.faults),
+        "liveness_faults": index.liveness.faults,
     }
 
 
@@ -427,4 +454,5 @@ def check(history: History, only: list[str] | None = None) -> CheckResult:
             continue
         violations, checked = fn(history, index)
         checks[name] = {"ok": not violations, "checked": checked, "violations": violations}
-    return CheckResult(history.meta.get("mode", "sync"), checks, _stats(history, index), stale_acks(history, index))
+    warnings = stale_acks(history, index) + index.liveness.warnings
+    return CheckResult(history.meta.get("mode", "sync"), checks, _stats(history, index), warnings)

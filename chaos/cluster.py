@@ -10,8 +10,9 @@
 * ZooKeeper: ``zk_nodes=3`` runs a 3-node ensemble of EmbeddedZooKeeper peers (ZK-node
   faults are survivable), ``zk_nodes=1`` a standalone server.
 * ``groups`` broker groups, each a master ``g{id}-a`` (started without ``--slave``, so it
-  founds the group) and a slave ``g{id}-b`` (``slaveId=1``), in ``sync`` mode
-  (``onSyncSlaveLoss=degrade``) or ``async`` mode (``autoFailover=true``).
+  founds the group) and ``slaves`` slaves ``g{id}-b`` (``slaveId=1``), ``g{id}-c``
+  (``slaveId=2``), in ``sync`` mode (``onSyncSlaveLoss`` ``degrade``, the default here, or
+  ``reject``; ``minSyncSlaves=1``) or ``async`` mode (``autoFailover=true``).
 * A broker registers its *advertised* address, so brokers reach each other through
   ``peer-{broker}``. The workload's clients map each advertised address to the broker's
   ``client-{broker}`` proxy instead (``MetaClientConfig.address_map``; the raw producers and
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -50,11 +52,16 @@ TOPIC = "chaos"
 SESSION_MS = 1500
 
 
-def mode_system(mode: str) -> dict[str, Any]:
+ON_SYNC_SLAVE_LOSS = ("degrade", "reject")
+
+
+def mode_system(mode: str, on_sync_slave_loss: str = "degrade") -> dict[str, Any]:
     common = {"unflushThreshold": 0}
+    if on_sync_slave_loss not in ON_SYNC_SLAVE_LOSS:
+        raise ValueError(f"onSyncSlaveLoss must be degrade or reject, got {on_sync_slave_loss!r}")
     if mode == "sync":
-        return {**common, "replicationMode": "sync", "onSyncSlaveLoss": "degrade", "syncSlaveTimeoutMs": 1000,
-                "minSyncSlaves": 1}
+        return {**common, "replicationMode": "sync", "onSyncSlaveLoss": on_sync_slave_loss,
+                "syncSlaveTimeoutMs": 1000, "minSyncSlaves": 1}
     if mode == "async":
         return {**common, "replicationMode": "async", "autoFailover": True}
     raise ValueError(f"mode must be sync or async, got {mode!r}")
@@ -123,9 +130,16 @@ class ChaosCluster:
         session_ms: int = SESSION_MS,
         tick_ms: int = 100,
         proxy_mode: str = "auto",
+        slaves: int = 1,
+        on_sync_slave_loss: str = "degrade",
     ) -> None:
         if zk_nodes not in (1, 3):
             raise ValueError("zk_nodes must be 1 or 3")
+        if slaves not in (1, 2):
+            raise ValueError("slaves must be 1 or 2")
+        self.slaves_per_group = slaves
+        self.on_sync_slave_loss = on_sync_slave_loss
+        mode_system(mode, on_sync_slave_loss)  # a bad mode or policy fails here, before any process starts
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.num_groups = groups
@@ -183,9 +197,9 @@ class ChaosCluster:
         self._zk = KazooClient(hosts=self.zk_connect, timeout=10)
         self._zk.start(timeout=30)
         client = self.proxy.client
-        system = mode_system(self.mode)
+        system = mode_system(self.mode, self.on_sync_slave_loss)
         for group in range(self.num_groups):
-            for role in ("a", "b"):
+            for slave_id, role in enumerate("abc"[: 1 + self.slaves_per_group]):
                 name = f"g{group}-{role}"
                 zk_names, zk_ports = [], []
                 for i, zk in enumerate(self.zks, 1):
@@ -201,12 +215,12 @@ class ChaosCluster:
                 process = BrokerProcess(
                     self.work_dir, zk_connect, group, {self.topic: self.partitions},
                     {**system, "serverPort": server_port, "advertisedAddress": f"127.0.0.1:{peer_port}"},
-                    {"slaveId": 1} if role == "b" else None, self.zk_root,
+                    {"slaveId": slave_id} if slave_id else None, self.zk_root,
                     name=name, zookeeper={"zk.zkSessionTimeoutMs": self.session_ms},
                 )
                 self.brokers.append(ChaosBroker(process, group, peer_port, client_port, zk_names))
         masters = [b for b in self.brokers if b.name.endswith("-a")]
-        slaves = [b for b in self.brokers if b.name.endswith("-b")]
+        slaves = [b for b in self.brokers if not b.name.endswith("-a")]
         for b in masters:
             b.process.start(wait=False)
         for b in masters:
@@ -285,9 +299,6 @@ class ChaosCluster:
         master = self.view(group).master
         return [b for b in self.group_brokers(group) if b.url != master]
 
-    def partition_names(self) -> list[str]:
-        return [f"{self.topic}/{g}-{n}" for g in range(self.num_groups) for n in range(self.partitions)]
-
     # --- faults -----------------------------------------------------------------------------
 
     def kill(self, b: ChaosBroker) -> None:
@@ -297,6 +308,12 @@ class ChaosCluster:
     def restart(self, b: ChaosBroker) -> None:
         if not b.process.alive:
             b.process.start(wait=False)
+
+    def wipe(self, b: ChaosBroker) -> None:
+        """Empty a stopped broker's data directory: it comes back as a new, empty member."""
+        if b.process.alive:
+            raise RuntimeError(f"{b.name} must be stopped before its data is wiped")
+        shutil.rmtree(b.data_dir(), ignore_errors=True)
 
     def pause(self, b: ChaosBroker) -> None:
         b.process.pause()

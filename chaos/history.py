@@ -70,6 +70,16 @@ def value_of(data: bytes) -> str:
         return "hex:" + data.hex()
 
 
+def group_of(partition: str | None) -> int | None:
+    """The broker group of a partition name: ``"topic/3-0"`` -> 3."""
+    if not partition:
+        return None
+    try:
+        return int(partition.rsplit("/", 1)[-1].split("-", 1)[0])
+    except ValueError:
+        return None
+
+
 def snapshot_partition(log_bytes: bytes, base: int = 0) -> dict[str, Any]:
     """The snapshot of one partition log (bytes from offset ``base``) for ``final``."""
     from metaq.record import HEADER, HEADER_SIZE, decode_payload

@@ -8,17 +8,22 @@ One run:
    producer through the real client (``c0``: ``AsyncMessageProducer`` with
    ``retry_unknown_outcome=False`` so that nothing is silently duplicated), and one reader
    per group reading every partition from every replica (master and slaves, through the
-   proxies); every put is recorded invoke -> ok / fail (definitely not written) / info
-   (unknown); every read with the replica it came from;
+   proxies), and one probe per group reading the newest acked message of each partition
+   back from the current master every 0.25 s (what the liveness check awaits); every put
+   is recorded invoke -> ok / fail (definitely not written) / info (unknown); every read
+   with the replica it came from;
 3. a monitor thread watches ZooKeeper and records every failover (with the old master's
    unreplicated tail: bytes and messages past the new master's epoch start, for async);
 4. the fault schedule (chaos/scenarios.py) runs for ``--seconds``: inject, hold, heal, wait
-   for the cluster to settle, a gap of plain load; each recorded as a fault;
+   for the cluster to settle, a gap of plain load; each recorded as a fault with its step
+   number, the groups it touches and what liveness expects of it. A fault that never heals
+   (a member lost for good) ends the schedule; the load goes on until ``--seconds`` are up,
+   and at least the liveness bound + 2 s;
 5. stop the load, heal everything, wait until settled (one master per group, every broker
    registered, slaves in the sync set and caught up), snapshot every replica's log from disk,
    write ``history.json``, ``check.json`` and ``report.txt``, run the checker.
 
-Exit 0 iff the checker found no violations and the cluster settled.
+Exit 0 iff the checker found no violations (safety and liveness) and the cluster settled.
 """
 
 from __future__ import annotations
@@ -40,9 +45,10 @@ from metaq.protocol import commands as c
 from metaq.record import encode_batch, iter_records
 
 from .checker import check
-from .cluster import ChaosCluster
-from .history import History, value_of
-from .scenarios import Step, inject, scenario_names, schedule
+from .cluster import ON_SYNC_SLAVE_LOSS, ChaosCluster
+from .history import History, group_of, value_of
+from .liveness import default_bound, render_table
+from .scenarios import FAULTS, Step, inject, scenario_names, schedule, writes_expected
 
 log = logging.getLogger("chaos.runner")
 
@@ -63,6 +69,10 @@ class Monitor(threading.Thread):
     def poll(self) -> None:
         for group in range(self.cluster.num_groups):
             view = self.cluster.view(group)
+            if not self.cluster.zk.connected:
+                # ZooKeeper unreachable (no quorum): the view is empty, not the group. Keep
+                # the last one, so that readers and probes go on asking the same master.
+                return
             self.masters[group] = view.master
             self.replicas[group] = [u for u in [view.master, *view.slaves.values()] if u]
             old = self._last.get(group)
@@ -129,12 +139,23 @@ class Workload:
         self.rate = rate
         self.stopping = asyncio.Event()
         self.conns: dict[str, BrokerConnection] = {}
+        self.newest_acked: dict[str, tuple[int, str]] = {}  # partition -> (offset, value) of the newest ack
+
+    def acked(self, partition: str | None, offset: int | None, value: str) -> None:
+        if partition is None or offset is None:
+            return
+        known = self.newest_acked.get(partition)
+        if known is None or offset > known[0]:
+            self.newest_acked[partition] = (offset, value)
 
     async def _conn(self, url: str) -> BrokerConnection:
-        conn = self.conns.get(url)
+        return await self._cached_conn(self.conns, url)
+
+    async def _cached_conn(self, conns: dict[str, BrokerConnection], url: str) -> BrokerConnection:
+        """An open connection to the broker registered as ``url`` (through its client proxy)."""
+        conn = conns.get(url)
         if conn is None or not conn.is_open:
-            conn = await BrokerConnection.open(*self.cluster.client_address(url), 1.0)
-            self.conns[url] = conn
+            conn = conns[url] = await BrokerConnection.open(*self.cluster.client_address(url), 1.0)
         return conn
 
     async def raw_producer(self, name: str) -> None:
@@ -170,6 +191,7 @@ class Workload:
                 continue
             if reply.ok:
                 self.history.ok(op, int(reply["offset"]), reply.get("epoch"), url)
+                self.acked(partition, int(reply["offset"]), value)
             elif reply.code in c.RETRIABLE_CODES or reply.code in (c.BAD_REQUEST, c.NOT_FOUND):
                 self.history.fail(op, f"{reply.code} {reply.message}")
                 await asyncio.sleep(0.05)
@@ -196,6 +218,7 @@ class Workload:
                 part = f"{topic}/{result.partition}" if result.partition is not None else None
                 if result.success:
                     self.history.ok(op, result.offset, partition=part, msg_id=result.msg_id)
+                    self.acked(part, result.offset, value)
                 elif result.outcome_unknown:
                     self.history.info(op, result.error_message or "unknown", partition=part)
                     await asyncio.sleep(0.1)
@@ -218,9 +241,7 @@ class Workload:
                     key = (url, n)
                     offset = positions.get(key, 0)
                     try:
-                        conn = conns.get(url)
-                        if conn is None or not conn.is_open:
-                            conn = conns[url] = await BrokerConnection.open(*self.cluster.client_address(url), 1.0)
+                        conn = await self._cached_conn(conns, url)
                         reply = await conn.request({"op": "get", "topic": topic, "partition": n, "offset": offset,
                                                     "max_size": 256 * 1024}, timeout=2.0)
                     except (ConnectionClosed, asyncio.TimeoutError, OSError):
@@ -243,10 +264,41 @@ class Workload:
         for conn in conns.values():
             conn.close()
 
+    async def prober(self, group: int, every: float = 0.25) -> None:
+        """Reads the newest acked message of every partition of the group back from its
+        current master, every ``every`` seconds; each success is recorded as a read. This is
+        what the liveness check awaits after a fault: acked messages readable again."""
+        topic = self.cluster.topic
+        conns: dict[str, BrokerConnection] = {}
+        while not self.stopping.is_set():
+            url = self.monitor.masters.get(group)
+            for n in range(self.cluster.partitions):
+                partition = f"{topic}/{group}-{n}"
+                newest = self.newest_acked.get(partition)
+                if url is None or newest is None or self.stopping.is_set():
+                    continue
+                offset, value = newest
+                try:
+                    conn = await self._cached_conn(conns, url)
+                    reply = await conn.request({"op": "get", "topic": topic, "partition": n, "offset": offset,
+                                                "max_size": 4096}, timeout=1.0)
+                except (ConnectionClosed, asyncio.TimeoutError, OSError):
+                    conns.pop(url, None)
+                    continue
+                if not reply.ok:
+                    continue
+                first = next(iter(iter_records(bytes(reply.body), offset)), None)
+                if first is not None and first.offset == offset and value_of(bytes(first.data)) == value:
+                    self.history.read(f"probe-g{group}", partition, [(offset, value)], replica=url)
+            await asyncio.sleep(every)
+        for conn in conns.values():
+            conn.close()
+
     async def run(self) -> None:
         tasks = [asyncio.create_task(self.raw_producer("r0")), asyncio.create_task(self.raw_producer("r1")),
                  asyncio.create_task(self.client_producer("c0"))]
         tasks += [asyncio.create_task(self.reader(g)) for g in range(self.cluster.num_groups)]
+        tasks += [asyncio.create_task(self.prober(g)) for g in range(self.cluster.num_groups)]
         results = await asyncio.gather(*tasks, return_exceptions=True)
         for conn in self.conns.values():
             conn.close()
@@ -257,13 +309,20 @@ class Workload:
 
 class Run:
     def __init__(self, scenario: str, seconds: float, seed: int, out: Path, *, mode: str = "sync", groups: int = 1,
-                 zk_nodes: int = 3, rate: float = 20.0, settle_timeout: float = 60.0) -> None:
+                 zk_nodes: int = 3, rate: float = 20.0, settle_timeout: float = 60.0, slaves: int = 1,
+                 on_sync_slave_loss: str = "degrade", liveness_bound: float | None = None) -> None:
         self.scenario, self.seconds, self.seed, self.out = scenario, seconds, seed, Path(out)
         self.mode, self.groups, self.zk_nodes, self.rate = mode, groups, zk_nodes, rate
+        self.slaves, self.on_sync_slave_loss = slaves, on_sync_slave_loss
         self.settle_timeout = settle_timeout
-        self.cluster = ChaosCluster(self.out / "cluster", groups=groups, mode=mode, zk_nodes=zk_nodes)
+        self.cluster = ChaosCluster(self.out / "cluster", groups=groups, mode=mode, zk_nodes=zk_nodes,
+                                    slaves=slaves, on_sync_slave_loss=on_sync_slave_loss)
+        session_ms = self.cluster.session_ms
+        self.liveness_bound = liveness_bound if liveness_bound is not None else default_bound(session_ms)
         self.history = History({"mode": mode, "scenario": scenario, "seed": seed, "seconds": seconds,
-                                "groups": groups, "zk_nodes": zk_nodes, "topic": self.cluster.topic})
+                                "groups": groups, "zk_nodes": zk_nodes, "topic": self.cluster.topic,
+                                "slaves": slaves, "on_sync_slave_loss": on_sync_slave_loss,
+                                "session_ms": session_ms, "liveness_bound_s": self.liveness_bound})
         self.steps_done: list[dict[str, Any]] = []
         self.settle_failures: list[str] = []
         self.unavailable: list[float] = []
@@ -274,21 +333,56 @@ class Run:
         self.history.meta["schedule"] = [s.to_json() for s in plan[:50]]
         rng = random.Random(f"targets/{self.seed}")
         time.sleep(1.5)  # plain load first
-        for step in plan:
+        for number, step in enumerate(plan):
             if time.monotonic() >= stop_at or stopping.is_set():
                 break
-            self._one(step, rng)
+            if not FAULTS[step.kind].heals:
+                self._lasting(number, step, rng, stop_at)
+                break  # the group stays one member short: no further step
+            self._one(number, step, rng)
 
-    def _one(self, step: Step, rng: random.Random) -> None:
+    def _record_fault(self, number: int, step: Step, rng: random.Random) -> tuple[str, Any]:
+        kind = FAULTS[step.kind]
+        target, details, heal = inject(self.cluster, step, rng)
+        groups = list(range(self.groups)) if kind.role == "zk" else [step.group]
+        self.history.fault(step.kind, target, group=step.group, groups=groups, step=number, hold_s=step.hold_s,
+                           heals=kind.heals, reads_during=kind.reads_during, master_fixed=kind.master_fixed,
+                           writes_expected=writes_expected(step.kind, self.mode, self.on_sync_slave_loss,
+                                                           self.slaves), **details)
+        log.info("fault %s on %s (%s)", step.kind, target,
+                 f"hold {step.hold_s:.1f}s" if kind.heals else "never healed")
+        return target, heal
+
+    def _lasting(self, number: int, step: Step, rng: random.Random, stop_at: float) -> None:
+        """A fault that never heals: load goes on until the run ends, and at least the
+        liveness bound plus a margin, so that the liveness check can decide."""
+        target, _heal = self._record_fault(number, step, rng)
+        self.steps_done.append({**step.to_json(), "target": target, "heals": False})
+        time.sleep(max(stop_at - time.monotonic(), self.liveness_bound + 2.0))
+
+    def _await_acks(self, since: float, groups: Any) -> None:
+        """Settled is not serving: also wait (at most the liveness bound + 1 s) until every
+        group the fault touched acked a write after its heal, so that the next fault does not
+        cut the window in which the liveness check awaits that ack."""
+        wanted = set(groups)
+        deadline = time.monotonic() + self.liveness_bound + 1.0
+        while time.monotonic() < deadline:
+            acked = {group_of(op.get("partition")) for op in self.history.ops[-400:]
+                     if op["type"] == "ok" and op.get("f") == "put" and op["time"] >= since}
+            if wanted <= acked:
+                return
+            time.sleep(0.1)
+
+    def _one(self, number: int, step: Step, rng: random.Random) -> None:
         cluster = self.cluster
-        target, details, heal = inject(cluster, step, rng)
-        self.history.fault(step.kind, target, group=step.group, hold_s=step.hold_s, **details)
-        log.info("fault %s on %s (hold %.1fs)", step.kind, target, step.hold_s)
+        target, heal = self._record_fault(number, step, rng)
         time.sleep(step.hold_s)
         heal()
-        self.history.fault("heal", target, of=step.kind, group=step.group)
+        self.history.fault("heal", target, of=step.kind, group=step.group, step=number)
+        healed_at = self.history.faults[-1]["time"]
         try:
             took = cluster.wait_settled(self.settle_timeout)
+            self._await_acks(healed_at, [step.group] if FAULTS[step.kind].role != "zk" else range(self.groups))
             self.steps_done.append({**step.to_json(), "target": target, "settle_s": round(took, 2)})
         except AssertionError as exc:
             self.settle_failures.append(f"after {step.kind} on {target}: {exc}")
@@ -361,7 +455,8 @@ class Run:
         no_failover = []
         faults_list = self.history.faults
         for i, f in enumerate(faults_list):
-            if f["kind"] in ("kill-master", "pause-master", "partition-master-zk") and f.get("target") != "none":
+            if f["kind"] in ("kill-master", "lose-master", "pause-master", "partition-master-zk") \
+                    and f.get("target") != "none":
                 heal_t = next((h["time"] for h in faults_list[i + 1:] if h["kind"] == "heal"), f["time"] + 60)
                 if not any(f["time"] <= fo["time"] <= heal_t + 1 and fo["group"] == f.get("group")
                            for fo in self.history.failovers):
@@ -371,13 +466,15 @@ class Run:
             f"chaos run: scenario={self.scenario} seed={self.seed} mode={self.mode} groups={self.groups} "
             f"zk_nodes={self.zk_nodes} seconds={self.seconds} (wall {elapsed:.0f}s)",
             f"command: python -m chaos run --scenario {self.scenario} --seconds {self.seconds:g} --seed {self.seed} "
-            f"--mode {self.mode} --groups {self.groups} --zk-nodes {self.zk_nodes} --out {self.out}",
+            f"--mode {self.mode} --groups {self.groups} --zk-nodes {self.zk_nodes} --slaves {self.slaves} "
+            f"--on-sync-slave-loss {self.on_sync_slave_loss} --liveness-bound {self.liveness_bound:g} --out {self.out}",
             f"faults: {sum(faults.values())} {dict(sorted(faults.items()))}",
             f"operations: puts {s['puts_ok']} ok / {s['puts_fail']} failed / {s['puts_info']} unknown; "
             f"reads {s['reads']} messages in {s['gets']} fetches",
             f"failovers: {s['failovers']}; master faults without a failover (liveness): {len(no_failover)}"
             + (f" {no_failover[:5]}" if no_failover else ""),
             f"max unavailability (longest gap between acks): {s['max_unavailable_s']:.2f}s",
+            *render_table(s.get("unavailability", {}), s.get("liveness_bound_s", self.liveness_bound)),
             f"lost acked messages: {s['lost_acked']}" + (" (must be 0 in sync mode)" if self.mode == "sync" else ""),
             f"settle failures: {len(self.settle_failures)}",
             *[f"  - {x}" for x in self.settle_failures[:10]],
@@ -399,6 +496,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--groups", type=int, default=1, choices=(1, 2))
     p.add_argument("--zk-nodes", type=int, default=3, choices=(1, 3))
     p.add_argument("--rate", type=float, default=20.0, help="puts per second per producer (3 producers)")
+    p.add_argument("--slaves", type=int, default=1, choices=(1, 2), help="slaves per group")
+    p.add_argument("--on-sync-slave-loss", choices=ON_SYNC_SLAVE_LOSS, default="degrade",
+                   help="sync mode: what a master does without a sync slave (default degrade)")
+    p.add_argument("--liveness-bound", type=float, default=None,
+                   help="seconds within which reads and writes must resume after a fault "
+                        "(default 2 x zk.zkSessionTimeoutMs + 1 s)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -406,6 +509,15 @@ def main(args: argparse.Namespace) -> int:
         print(f"error: unknown scenario {args.scenario!r}; choose from {', '.join(scenario_names())}", file=sys.stderr)
         return 2
     out = Path(args.out or f"/tmp/chaos-{args.scenario}-{args.seed}")
+    if args.liveness_bound is not None and args.liveness_bound <= 0:
+        print(f"error: --liveness-bound must be positive, got {args.liveness_bound:g}", file=sys.stderr)
+        return 2
+    try:
+        schedule(args.scenario, args.seed, args.groups, args.zk_nodes, 1.0, steps=1)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     run = Run(args.scenario, args.seconds, args.seed, out, mode=args.mode, groups=args.groups,
-              zk_nodes=args.zk_nodes, rate=args.rate)
+              zk_nodes=args.zk_nodes, rate=args.rate, slaves=args.slaves,
+              on_sync_slave_loss=args.on_sync_slave_loss, liveness_bound=args.liveness_bound)
     return run.execute()

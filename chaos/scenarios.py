@@ -1,10 +1,10 @@
 """Fault kinds and scenarios: a seeded, deterministic fault schedule.
 
 A *fault* is one step: inject, hold for ``hold_s``, heal; then the runner waits for the
-cluster to settle and for ``gap_s`` of fault-free load. Targets are roles ("the master of
-group 1"), resolved when the step runs. A *scenario* is a fixed list of fault kinds,
-repeated until the run's time is up; ``random`` draws each step from every fault kind
-(seeded). The whole schedule (kinds, groups, holds, gaps) is drawn from the seed up front,
+cluster to settle and for ``gap_s`` of fault-free load; a fault that never heals (a member
+lost for good) is the last step. Targets are roles ("the master of group 1"), resolved
+when the step runs. A *scenario* is a fixed list of fault kinds, repeated until the run's
+time is up; ``random`` draws each step from every fault kind that heals (seeded). The whole schedule (kinds, groups, holds, gaps) is drawn from the seed up front,
 so two runs with the same seed inject the same faults in the same order.
 """
 
@@ -28,20 +28,38 @@ class Step:
         return asdict(self)
 
 
-# kind -> (role: "master"|"slave"|"zk", hold range as multiples of the session timeout)
-FAULTS: dict[str, tuple[str, tuple[float, float]]] = {
-    "kill-master": ("master", (1.0, 3.0)),          # kill -9, restarted after the hold
-    "kill-slave": ("slave", (1.0, 3.0)),
-    "pause-master": ("master", (2.5, 4.0)),         # SIGSTOP past the session timeout, then SIGCONT
-    "pause-slave": ("slave", (2.5, 4.0)),
-    "partition-master-zk": ("master", (2.5, 4.0)),  # master cut from ZooKeeper only: split brain
-    "partition-master-peers": ("master", (2.0, 4.0)),  # master cut from clients and slaves
-    "partition-master-slave": ("master", (2.0, 4.0)),  # master cut from its slaves only
-    "partition-client-master": ("master", (2.0, 4.0)),  # master cut from its clients only
-    "partition-slave-peers": ("slave", (2.0, 4.0)),
-    "latency-master": ("master", (2.0, 4.0)),       # 150 ms ± 50 each way on all its TCP peers
-    "bandwidth-master": ("master", (2.0, 4.0)),     # 20 KB/s each way
-    "kill-zk-node": ("zk", (2.0, 4.0)),             # one ZooKeeper node of the ensemble
+@dataclass(frozen=True)
+class FaultKind:
+    role: str                       # whom it hits: "master" | "slave" | "zk"
+    hold: tuple[float, float]       # hold range, as multiples of the session timeout
+    heals: bool = True              # False: never healed during the run (a member lost for good)
+    reads_during: bool = False      # reads must go on while the fault holds
+    master_fixed: bool = False      # no failover while the fault holds
+
+
+FAULTS: dict[str, FaultKind] = {
+    "kill-master": FaultKind("master", (1.0, 3.0)),          # kill -9, restarted after the hold
+    "kill-slave": FaultKind("slave", (1.0, 3.0)),
+    "pause-master": FaultKind("master", (2.5, 4.0)),         # SIGSTOP past the session timeout, then SIGCONT
+    "pause-slave": FaultKind("slave", (2.5, 4.0)),
+    "partition-master-zk": FaultKind("master", (2.5, 4.0)),  # master cut from ZooKeeper only: split brain
+    "partition-master-peers": FaultKind("master", (2.0, 4.0)),  # master cut from clients and slaves
+    "partition-master-slave": FaultKind("master", (2.0, 4.0)),  # master cut from its slaves only
+    "partition-client-master": FaultKind("master", (2.0, 4.0)),  # master cut from its clients only
+    "partition-slave-peers": FaultKind("slave", (2.0, 4.0)),
+    "latency-master": FaultKind("master", (2.0, 4.0)),       # 150 ms ± 50 each way on all its TCP peers
+    "bandwidth-master": FaultKind("master", (2.0, 4.0)),     # 20 KB/s each way
+    "kill-zk-node": FaultKind("zk", (2.0, 4.0)),             # one ZooKeeper node of the ensemble
+    # A slave killed, its data directory emptied, restarted after the hold: a new member
+    # that re-syncs the whole log from its master while the group serves.
+    "replace-slave": FaultKind("slave", (1.0, 2.0)),
+    # Two of three ZooKeeper nodes killed, restarted after the hold: no quorum. Reads go on
+    # and the master stays the master (nobody can be elected without ZooKeeper).
+    "zk-majority": FaultKind("zk", (2.0, 3.0), reads_during=True, master_fixed=True),
+    # kill -9 and never restarted while the run lasts (the final heal brings it back for the
+    # snapshot): the group must serve on without it.
+    "lose-master": FaultKind("master", (0.0, 0.0), heals=False),
+    "lose-slave": FaultKind("slave", (0.0, 0.0), heals=False),
 }
 
 SCENARIOS: dict[str, list[str]] = {
@@ -57,7 +75,26 @@ SCENARIOS: dict[str, list[str]] = {
     "slow-links": ["latency-master", "bandwidth-master"],
     "kill-zk-node": ["kill-zk-node"],
     "mixed": ["kill-master", "partition-master-zk", "pause-master", "partition-master-peers", "kill-slave"],
+    "replace-slave": ["replace-slave"],
+    "zk-majority": ["zk-majority"],
+    "lose-master": ["lose-master"],
+    "lose-slave": ["lose-slave"],
 }
+# ``random`` draws from every fault that heals (a fault that never heals ends the schedule).
+RANDOM_KINDS = [k for k, f in FAULTS.items() if f.heals]
+
+
+def writes_expected(kind: str, mode: str, on_sync_slave_loss: str, slaves: int) -> bool:
+    """Whether writes must resume after the fault ends (for a lasting fault: while it holds).
+
+    A healed fault leaves a whole group: writes resume. A member lost for good leaves
+    ``slaves - 1`` slaves beside the master; in sync mode with ``onSyncSlaveLoss=reject`` and
+    ``minSyncSlaves=1`` the master refuses writes by design when no slave is left to join
+    its sync set. Async groups and ``degrade`` write on alone.
+    """
+    if FAULTS[kind].heals:
+        return True
+    return not (mode == "sync" and on_sync_slave_loss == "reject" and slaves < 2)
 
 
 def scenario_names() -> list[str]:
@@ -68,26 +105,42 @@ def schedule(scenario: str, seed: int, groups: int, zk_nodes: int, session_s: fl
     """The first ``steps`` fault steps of a scenario (the runner stops when time is up)."""
     rng = random.Random(f"schedule/{scenario}/{seed}")
     if scenario == "random":
-        kinds = [k for k in FAULTS if k != "kill-zk-node" or zk_nodes >= 3]
+        kinds = [k for k in RANDOM_KINDS if FAULTS[k].role != "zk" or zk_nodes >= 3]
         sequence = [rng.choice(kinds) for _ in range(steps)]
     elif scenario in SCENARIOS:
         base = SCENARIOS[scenario]
-        if "kill-zk-node" in base and zk_nodes < 3:
-            raise ValueError("scenario kill-zk-node needs --zk-nodes 3")
+        if any(FAULTS[k].role == "zk" for k in base) and zk_nodes < 3:
+            raise ValueError(f"scenario {scenario} needs --zk-nodes 3")
         sequence = [base[i % len(base)] for i in range(steps)]
     else:
         raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(scenario_names())}")
     out = []
     for kind in sequence:
-        low, high = FAULTS[kind][1]
+        low, high = FAULTS[kind].hold
         out.append(Step(kind, rng.randrange(groups), round(rng.uniform(low, high) * session_s, 2),
                         round(rng.uniform(0.5, 2.0), 2)))
     return out
 
 
 def inject(cluster: ChaosCluster, step: Step, rng: random.Random) -> tuple[str, dict[str, Any], Callable[[], None]]:
-    """Carry out a step's fault now; returns (target name, details, heal)."""
-    role = FAULTS[step.kind][0]
+    """Carry out a step's fault now; returns (target name, details, heal). For a fault that
+    never heals, ``heal`` does nothing (the run's final heal restarts everything)."""
+    role = FAULTS[step.kind].role
+    if step.kind == "zk-majority":
+        lost = sorted(rng.sample(range(len(cluster.zks)), len(cluster.zks) // 2 + 1))
+        for index in lost:
+            cluster.kill_zk(index)
+
+        def restart() -> None:
+            # The fault ends when ZooKeeper has a quorum again, not when the JVMs are
+            # forked: the liveness bound runs from there (a JVM start and a leader
+            # election take 1.5-3 s here, which no broker setting can shorten).
+            for index in lost:
+                cluster.restart_zk(index)
+            for index in lost:
+                cluster.zks[index].wait_until_serving(60)
+
+        return "+".join(f"zk{i + 1}" for i in lost), {}, restart
     if role == "zk":
         index = rng.randrange(len(cluster.zks))
         cluster.kill_zk(index)
@@ -102,6 +155,13 @@ def inject(cluster: ChaosCluster, step: Step, rng: random.Random) -> tuple[str, 
         return "none", {"skipped": f"group {step.group} has no {role}"}, lambda: None
     b = target
     kind = step.kind
+    if kind.startswith("lose-"):
+        cluster.kill(b)
+        return b.name, {}, lambda: None
+    if kind == "replace-slave":
+        cluster.kill(b)
+        cluster.wipe(b)
+        return b.name, {"data": "wiped"}, lambda: cluster.restart(b)
     if kind.startswith("kill-"):
         cluster.kill(b)
         return b.name, {}, lambda: cluster.restart(b)

@@ -1,6 +1,6 @@
 """Where the fault proxy lives, and a ``toxiproxy-python`` client pointed at it.
 
-Order of preference (DESIGN.md, Faults):
+Order of preference:
 
 1. ``TOXIPROXY_URL`` is set: use that server (not started, not stopped by us);
 2. a real ``toxiproxy-server`` is on PATH: start it on a free port, stop it by pid;

@@ -12,6 +12,7 @@ import pytest
 
 from chaos.checker import check
 from chaos.history import History
+from chaos.liveness import check_liveness
 from metaq.record import encode_record
 
 
@@ -75,7 +76,9 @@ def test_clean_history_passes_every_check(mode):
     assert result.ok, result.report()
     assert failing(result) == set()
     assert result.stats["puts_ok"] == 10 and result.stats["puts_info"] == 2 and result.stats["puts_fail"] == 1
-    assert all(c["checked"] > 0 for n, c in result.checks.items() if n != "async_loss_bound" or mode == "async")
+    # No faults in this history: liveness has nothing to check (see the liveness tests below).
+    assert all(c["checked"] > 0 for n, c in result.checks.items()
+               if n != "liveness" and (n != "async_loss_bound" or mode == "async"))
     assert "PASS" in result.report()
 
 
@@ -270,3 +273,185 @@ def test_history_roundtrip_and_cli(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     assert subprocess.run([sys.executable, "-m", "chaos", "check", str(bad)], capture_output=True).returncode == 2
+
+
+# --- liveness: per fault, reads and writes resume within the bound --------------------
+
+BOUND = 4.0
+
+
+class TimedRun(Run):
+    """A Run whose clock the test sets: ``at(t)`` then record."""
+
+    def __init__(self, mode: str = "sync") -> None:
+        super().__init__(mode)
+        self.now = 0.0
+        self.h._clock = lambda: self.now
+        self.h.meta["liveness_bound_s"] = BOUND
+        self.step = 0
+
+    def at(self, t: float) -> "TimedRun":
+        self.now = float(t)
+        return self
+
+    def load(self, start: float, stop: float, every: float = 0.5, reads: bool = True, writes: bool = True,
+             partitions=("t/0-0", "t/0-1")) -> None:
+        """Acked puts and reads of the newest acked message of each partition, every ``every`` s."""
+        t = start
+        while t <= stop:
+            for partition in partitions:
+                self.at(t)
+                if writes:
+                    self.put(f"p0-{partition}-{t}", partition=partition)
+                if reads:
+                    self.read_newest(partition)
+            t = round(t + every, 6)
+
+    def read_newest(self, partition: str) -> None:
+        acked = [(op["offset"], op["value"]) for op in self.h.ops
+                 if op["type"] == "ok" and op.get("f") == "put" and op.get("partition") == partition]
+        if acked:
+            self.read(partition, [max(acked)], replica="meta://m0")
+
+    def fault(self, kind: str, start: float, heal: float | None, **flags) -> None:
+        """Inject at ``start``; heal at ``heal`` (None: never heals)."""
+        self.step += 1
+        self.at(start)
+        self.h.fault(kind, "b0-m", group=0, step=self.step, heals=heal is not None, **flags)
+        if heal is not None:
+            self.at(heal)
+            self.h.fault("heal", "b0-m", of=kind, group=0, step=self.step)
+
+
+def test_liveness_clean_faulted_history_passes_and_fills_the_table():
+    run = TimedRun()
+    run.load(1, 10)
+    run.fault("kill-master", 10.2, 12.0)
+    run.load(13, 20)  # 3 s without any success: unavailable 10 -> 13, recovered 1 s after the heal
+    result = check(run.finish())
+    assert result.ok, result.report()
+    assert result.checks["liveness"]["checked"] == 1
+    row = result.stats["unavailability"]["kill-master"]
+    assert row["faults"] == 1
+    assert row["write_unavailable_s"] == pytest.approx(3.0) and row["read_unavailable_s"] == pytest.approx(3.0)
+    assert row["write_recovery_s"] == pytest.approx(1.0) and row["read_recovery_s"] == pytest.approx(1.0)
+    assert "kill-master" in result.report() and "unavailability per fault kind" in result.report()
+    (record,) = result.stats["liveness_faults"]
+    assert (record["start"], record["end"]) == (10.2, 12.0)
+    assert record["last_ack_before"] == 10.0 and record["first_ack_after"] == 13.0
+    assert record["last_read_before"] == {"t/0-0": 10.0, "t/0-1": 10.0}
+    assert record["first_read_after"] == {"t/0-0": 13.0, "t/0-1": 13.0}
+
+
+def test_liveness_writes_not_resuming_within_the_bound_is_caught():
+    run = TimedRun()
+    run.load(1, 10)
+    run.fault("pause-master", 10.2, 12.0)
+    run.load(12.5, 30, writes=False)      # reads go on, writes stall ...
+    run.load(16.5, 20, reads=False)       # ... until 4.5 s after the heal (> 4 s)
+    result = check(run.finish())
+    assert failing(result) == {"liveness"}
+    assert {v["kind"] for v in result.violations()} == {"writes_stalled"}
+    assert "+4.50s" in result.violations()[0]["why"]
+
+
+def test_liveness_acked_message_unreadable_after_a_fault_that_never_heals_is_caught():
+    """Issue 13 finding 1 in miniature: the master is lost for good, the new master refuses
+    writes by design (reject, no eligible slave) and never serves the last acked messages."""
+    run = TimedRun()
+    run.load(1, 10)
+    run.fault("lose-master", 10.2, None, writes_expected=False)
+    for t in range(11, 20):  # the new master serves only older messages
+        run.at(t).read("t/0-0", [(0, "p0-t/0-0-1")])
+        run.at(t).read("t/0-1", [(0, "p0-t/0-1-1")])
+    result = check(run.finish())
+    assert failing(result) == {"liveness"}
+    kinds = {v["kind"] for v in result.violations()}
+    assert kinds == {"reads_stalled"}, result.report()  # no writes_stalled: they are not expected
+    assert len(result.violations()) == 2  # one per partition
+    assert result.stats["unavailability"]["lose-master"]["write_recovery_s"] is None
+    assert "lose-master                1         no" in result.report()
+
+
+def test_liveness_refused_writes_pass_when_not_expected_and_fail_when_expected():
+    for expected in (False, True):
+        run = TimedRun()
+        run.load(1, 10)
+        run.fault("lose-slave", 10.2, None, writes_expected=expected)
+        run.load(11, 20, writes=False)
+        result = check(run.finish())
+        assert result.ok is not expected, result.report()
+        if expected:
+            assert {v["kind"] for v in result.violations()} == {"writes_stalled"}
+
+
+def test_liveness_reads_stopping_during_a_zookeeper_majority_loss_is_caught():
+    for gap_end in (13.0, 16.0):  # 2.5 s and 5.5 s without reads while ZooKeeper is gone
+        run = TimedRun()
+        run.load(1, 10)
+        run.fault("zk-majority", 10.2, 18.0, reads_during=True, master_fixed=True)
+        run.load(gap_end, 20, writes=False)
+        run.load(18.5, 20, reads=False)
+        result = check(run.finish())
+        if gap_end == 13.0:
+            assert result.ok, result.report()
+        else:
+            assert {v["kind"] for v in result.violations()} == {"reads_stopped"}
+
+
+def test_liveness_master_change_while_zookeeper_majority_is_lost_is_caught():
+    run = TimedRun()
+    run.load(1, 10)
+    run.fault("zk-majority", 10.2, 14.0, reads_during=True, master_fixed=True)
+    run.at(12).h.failover(0, "meta://m0", "meta://s1", 2)
+    run.load(10.5, 20)
+    result = check(run.finish())
+    assert {v["kind"] for v in result.violations()} == {"master_changed"}
+
+
+def test_liveness_history_ending_before_the_bound_is_a_warning_not_a_violation():
+    run = TimedRun()
+    run.load(1, 10)
+    run.fault("lose-master", 10.2, None)
+    run.at(12).read("t/0-0", [(0, "p0-t/0-0-1")])
+    result = check(run.finish())
+    assert result.ok, result.report()
+    assert any("inconclusive" in w["why"] for w in result.warnings)
+
+
+def test_liveness_async_lost_acked_message_is_not_awaited():
+    """An async failover may drop acked messages (bounded by the lag): reads resume from the
+    newest acked message that survived, not from the dropped one."""
+    run = TimedRun("async")
+    run.load(1, 10, partitions=("t/0-0",))
+    survivor = max((op["offset"], op["value"]) for op in run.h.ops if op["type"] == "ok" and op.get("f") == "put")
+    run.at(10.1)
+    offset = run.put("p0-dropped")
+    del run.logs["t/0-0"][offset:]
+    run.h.failover(0, "meta://m0", "meta://s1", 2, lag={"t/0-0": {"messages": 1}})
+    run.fault("lose-master", 10.2, None, writes_expected=False)
+    for t in range(11, 20):
+        run.at(t).read("t/0-0", [survivor])
+    result = check(run.finish())
+    assert result.ok, result.report()
+    # Had the dropped message been in the final log, it would be awaited (and never read).
+    assert check_liveness(run.h, present=None)[0]
+    assert not check_liveness(run.h, present={"t/0-0": {survivor[0]}})[0]
+
+
+def test_liveness_window_cut_by_the_next_fault_is_a_warning_not_a_violation():
+    run = TimedRun()
+    run.load(1, 10)
+    run.fault("zk-majority", 10.2, 12.0)
+    run.fault("zk-majority", 13.0, 15.0)  # begins 1 s after the first heal, before anything recovered
+    run.load(16.5, 20)  # 4.5 s after the first heal, 1.5 s after the second
+    result = check(run.finish())
+    assert result.ok, result.report()
+    assert any("next fault began at 13.0s" in w["why"] for w in result.warnings)
+    # Without the second fault the same silence is a violation.
+    run = TimedRun()
+    run.load(1, 10)
+    run.fault("zk-majority", 10.2, 12.0)
+    run.load(16.5, 20)
+    assert {v["kind"] for v in check(run.finish()).violations()} == {"writes_stalled", "reads_stalled"}
+

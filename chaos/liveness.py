@@ -1,0 +1,250 @@
+"""Liveness of a chaos history: after every fault, reads and writes resume within a bound.
+
+The safety checks (``chaos.checker``) prove nothing acked is lost; this module proves the
+service comes back. For every injected fault (an entry of ``history.faults`` carrying a
+``step``; see ``chaos.runner``)::
+
+    start  S = the fault's time
+    end    E = its heal's time, or S when the fault never heals (``heals: false``)
+    bound  B = history.meta["liveness_bound_s"], default 2 x session timeout + 1 s
+
+and for every group it touches:
+
+* **writes** (only when the fault entry says ``writes_expected``; a sync group with
+  ``onSyncSlaveLoss=reject`` and no eligible slave left refuses writes by design): an acked
+  put of the group completes within ``[E, E + B]``;
+* **reads**: for every partition of the group, the newest message acked by ``E`` that is in
+  the final log (an async failover may legitimately drop acked messages, bounded by the
+  lag: ``async_loss_bound``) is read back, or a later one, within ``[E, E + B]``;
+* with ``reads_during`` (ZooKeeper majority lost): reads never stop for longer than ``B``
+  between ``S`` and ``E``; with ``master_fixed``: no failover of the group between ``S``
+  and ``E``.
+
+If the history ends, or the next fault begins, before ``E + B`` and before the awaited
+event, that is a warning (inconclusive), not a violation.
+
+Unavailability of a fault, for writes and for reads separately, is the longest time
+without a success (acks of the group; reads of the partition) from the last success before
+``S`` to the first success after ``E``; ``table`` aggregates it per fault kind. Each
+per-fault record also names the times around the fault: the last ack before ``S`` and the
+first after ``E``, and per partition the last read before ``S`` and the first read of the
+awaited message after ``E``.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from chaos.history import History, group_of
+
+SKIPPED_KINDS = ("heal", "heal_all", "settle_timeout")
+
+
+def default_bound(session_ms: float) -> float:
+    """2 x the ZooKeeper session timeout + 1 s: one session for ZooKeeper to notice a lost
+    member, one for the successor's election and first ack, a second of slack for the
+    clients' retries."""
+    return 2 * float(session_ms) / 1000 + 1.0
+
+
+def liveness_bound(history: History) -> float:
+    bound = history.meta.get("liveness_bound_s")
+    if bound is not None:
+        return float(bound)
+    return default_bound(history.meta.get("session_ms", 1500))
+
+
+@dataclass
+class Window:
+    """One fault: when it started, when it ended (healed, or started if it never heals)."""
+
+    fault: dict[str, Any]
+    start: float
+    end: float
+    next_start: float | None = None  # when the next fault was injected (it cuts this window short)
+
+    @property
+    def groups(self) -> list[int]:
+        if self.fault.get("groups") is not None:
+            return list(self.fault["groups"])
+        return [int(self.fault["group"])] if self.fault.get("group") is not None else []
+
+
+def fault_windows(history: History) -> list[Window]:
+    """Every injected fault with its window; a healing fault whose heal is missing is left out."""
+    out = []
+    faults = history.faults
+    for i, f in enumerate(faults):
+        if f.get("kind") in SKIPPED_KINDS or f.get("target") == "none" or "step" not in f:
+            continue
+        following = next((g["time"] for g in faults[i + 1:] if "step" in g and g.get("kind") not in SKIPPED_KINDS), None)
+        if not f.get("heals", True):
+            out.append(Window(f, f["time"], f["time"], following))
+            continue
+        heal = next((h for h in faults[i + 1:] if h.get("kind") == "heal" and h.get("step") == f["step"]), None)
+        if heal is not None:
+            out.append(Window(f, f["time"], heal["time"], following))
+    return out
+
+
+def _gap(times: list[float], start: float, until: float | None, history_end: float) -> float:
+    """Longest time without a success from the last success at or before ``start`` to ``until``
+    (the recovery; the end of the history when there is none)."""
+    stop = history_end if until is None else until
+    i = bisect.bisect_right(times, start)
+    points = ([times[i - 1]] if i else [start]) + [t for t in times[i:] if t <= stop] + [stop]
+    return max((b - a for a, b in zip(points, points[1:])), default=0.0)
+
+
+def _last_at_or_before(times: list[float], t: float) -> float | None:
+    i = bisect.bisect_right(times, t)
+    return times[i - 1] if i else None
+
+
+def _first_at_or_after(times: list[float], t: float) -> float | None:
+    i = bisect.bisect_left(times, t)
+    return times[i] if i < len(times) else None
+
+
+class Timeline:
+    """Success times of a history: acks per group, reads per partition (with what they reached)."""
+
+    def __init__(self, history: History, present: dict[str, set[int]] | None) -> None:
+        self.acks: dict[int | None, list[float]] = defaultdict(list)
+        self.acked: dict[str, list[tuple[float, int]]] = defaultdict(list)  # partition -> (ack time, offset)
+        self.reads: dict[str, list[tuple[float, int]]] = defaultdict(list)  # partition -> (time, max offset read)
+        for op in history.completions():
+            if op.get("type") != "ok":
+                continue
+            partition = op.get("partition")
+            if op.get("f") == "put":
+                self.acks[group_of(partition)].append(op["time"])
+                offset = op.get("offset")
+                if offset is not None and (present is None or offset in present.get(partition, set())):
+                    self.acked[partition].append((op["time"], int(offset)))
+            elif op.get("f") == "get" and op.get("reads"):
+                self.reads[partition].append((op["time"], max(int(o) for o, _v in op["reads"])))
+        for lists in (self.acks, self.acked, self.reads):
+            for key in lists:
+                lists[key].sort()
+        self.end = max((op["time"] for op in history.ops), default=0.0)
+
+    def partitions_of(self, group: int) -> list[str]:
+        return sorted(p for p in set(self.acked) | set(self.reads) if group_of(p) == group)
+
+    def newest_acked(self, partition: str, by: float) -> int | None:
+        offsets = [o for t, o in self.acked.get(partition, []) if t <= by]
+        return max(offsets) if offsets else None
+
+    def read_times(self, partition: str, reaching: int | None = None) -> list[float]:
+        return [t for t, top in self.reads.get(partition, []) if reaching is None or top >= reaching]
+
+
+def check_liveness(history: History, present: dict[str, set[int]] | None = None) -> tuple[list[dict], list[dict], list[dict]]:
+    """Returns (violations, warnings, per-fault records). ``present``: partition -> offsets of
+    acked messages still in the final log (None: take every acked offset as present)."""
+    bound = liveness_bound(history)
+    timeline = Timeline(history, present)
+    violations: list[dict] = []
+    warnings: list[dict] = []
+    records: list[dict] = []
+    for w in fault_windows(history):
+        f = w.fault
+        for group in w.groups:
+            base = {"step": f.get("step"), "kind": f.get("kind"), "target": f.get("target"), "group": group,
+                    "start": w.start, "end": w.end, "heals": f.get("heals", True)}
+            rec = {**base, "writes_expected": bool(f.get("writes_expected", True))}
+            what = f"{f.get('kind')} on {f.get('target')} at {w.start:.1f}s" + (
+                f" (healed at {w.end:.1f}s)" if rec["heals"] else " (never healed)")
+
+            def late(kind: str, first: float | None, detail: str) -> None:
+                if first is not None and first - w.end <= bound:
+                    return
+                entry = {**base, "kind": kind, "fault": f.get("kind"), "bound_s": bound,
+                         "why": f"group {group}: {detail} within {bound:g}s after {what}"
+                                + (f"; first at +{first - w.end:.2f}s" if first is not None else "; none by the end")}
+                cut = w.next_start is not None and w.next_start < w.end + bound and (first is None or first > w.next_start)
+                if first is None and timeline.end < w.end + bound:
+                    warnings.append({**entry, "why": entry["why"] + " (history ended before the bound: inconclusive)"})
+                elif cut:
+                    warnings.append({**entry, "why": entry["why"] + f" (the next fault began at {w.next_start:.1f}s, "
+                                                                    "before the bound: inconclusive)"})
+                else:
+                    violations.append(entry)
+
+            acks = timeline.acks.get(group, [])
+            first_ack = _first_at_or_after(acks, w.end)
+            rec["last_ack_before"] = _last_at_or_before(acks, w.start)
+            rec["first_ack_after"] = first_ack
+            rec["write_recovery_s"] = None if first_ack is None else round(first_ack - w.end, 3)
+            rec["write_unavailable_s"] = round(_gap(acks, w.start, first_ack, timeline.end), 3)
+            if rec["writes_expected"]:
+                late("writes_stalled", first_ack, "no write acked")
+
+            read_recovery, read_gap = 0.0, 0.0
+            rec["last_read_before"], rec["first_read_after"] = {}, {}
+            for partition in timeline.partitions_of(group):
+                newest = timeline.newest_acked(partition, w.end)
+                if newest is None:
+                    continue
+                first_read = _first_at_or_after(timeline.read_times(partition, newest), w.end)
+                rec["first_read_after"][partition] = first_read
+                rec["last_read_before"][partition] = _last_at_or_before(timeline.read_times(partition), w.start)
+                late("reads_stalled", first_read, f"{partition}: acked offset {newest} not read back")
+                every_read = timeline.read_times(partition)
+                read_gap = max(read_gap, _gap(every_read, w.start, first_read, timeline.end))
+                read_recovery = max(read_recovery, (first_read if first_read is not None else timeline.end) - w.end)
+                if f.get("reads_during"):
+                    during = _gap(every_read, w.start, w.end, timeline.end)
+                    if during > bound:
+                        violations.append({**base, "kind": "reads_stopped", "fault": f.get("kind"), "bound_s": bound,
+                                           "why": f"group {group}: reads of {partition} stopped for {during:.2f}s "
+                                                  f"(> {bound:g}s) during {what}"})
+            rec["read_recovery_s"] = round(read_recovery, 3)
+            rec["read_unavailable_s"] = round(read_gap, 3)
+            if f.get("master_fixed"):
+                moved = [fo for fo in history.failovers if fo.get("group") == group and w.start <= fo["time"] <= w.end]
+                if moved:
+                    violations.append({**base, "kind": "master_changed", "fault": f.get("kind"),
+                                       "why": f"group {group}: master changed during {what}: "
+                                              f"{moved[0].get('old_master')} -> {moved[0].get('new_master')}"})
+            records.append(rec)
+    return violations, warnings, records
+
+
+def table(records: list[dict]) -> dict[str, dict[str, Any]]:
+    """Per fault kind: how many, the max unavailability and recovery after the end, writes and reads."""
+    out: dict[str, dict[str, Any]] = {}
+    for rec in records:
+        row = out.setdefault(rec["kind"], {"faults": 0, "write_unavailable_s": 0.0, "write_recovery_s": 0.0,
+                                           "read_unavailable_s": 0.0, "read_recovery_s": 0.0,
+                                           "writes_expected": rec["writes_expected"]})
+        row["faults"] += 1
+        row["writes_expected"] = row["writes_expected"] and rec["writes_expected"]
+        for key in ("write_unavailable_s", "read_unavailable_s", "read_recovery_s"):
+            row[key] = max(row[key], rec[key])
+        if rec["write_recovery_s"] is None:
+            row["write_recovery_s"] = None
+        elif row["write_recovery_s"] is not None:
+            row["write_recovery_s"] = max(row["write_recovery_s"], rec["write_recovery_s"])
+    return out
+
+
+def render_table(rows: dict[str, dict[str, Any]], bound: float) -> list[str]:
+    """The unavailability table as text lines. Seconds; "max" = the longest time without a
+    success around the fault, "after end" = from the heal (or the start of a fault that never
+    heals) to the first success; "writes due" = whether writes must resume at all."""
+    if not rows:
+        return ["  unavailability: no faults"]
+    lines = [f"  unavailability per fault kind (seconds; liveness bound {bound:g}s after each fault ends):",
+             f"    {'fault':<24} {'n':>3} {'writes due':>10} {'writes max':>10} {'after end':>9} "
+             f"{'reads max':>9} {'after end':>9}"]
+    for kind, row in sorted(rows.items()):
+        after = "never" if row["write_recovery_s"] is None else f"{row['write_recovery_s']:.2f}"
+        due = "yes" if row["writes_expected"] else "no"
+        lines.append(f"    {kind:<24} {row['faults']:>3} {due:>10} {row['write_unavailable_s']:>10.2f} {after:>9} "
+                     f"{row['read_unavailable_s']:>9.2f} {row['read_recovery_s']:>9.2f}")
+    return lines
