@@ -1,4 +1,4 @@
-"""A real broker process in a real ZooKeeper: the registration layout of DESIGN.md,
+"""A real broker process in a real ZooKeeper: the registration layout of docs/zookeeper.md,
 deregistration on a clean stop, re-registration after the session expired."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""BrokerRegistry against a real ZooKeeper: the nodes and values of DESIGN.md's layout."""
+"""BrokerRegistry against a real ZooKeeper: the nodes and values of the ZooKeeper layout (docs/zookeeper.md)."""
 
 from __future__ import annotations
 

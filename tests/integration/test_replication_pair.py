@@ -1,6 +1,6 @@
 """Async master/slave pairs with real ZooKeeper and real broker processes.
 
-Each test proves one promise of DESIGN.md's Replication section, checked with
+Each test proves one promise of docs/replication.md, checked with
 the verify tool (metaq/tools/verify.py): the slave's log is a byte-identical prefix
 of the master's, after catching up from empty, after kill -9 of the slave in the
 middle of a produce stream, and after kill -9 of the master.
