@@ -1,9 +1,10 @@
 """The synchronous facade: the asyncio client running on an event loop in a background thread.
 
 Every blocking method hands a coroutine to that loop and waits for its result, so the
-synchronous and the asyncio API behave the same. Listeners run in the loop's thread,
-one message at a time per partition; a slow listener delays only the consumer's own
-fetching (ZooKeeper's heartbeats run in kazoo's thread).
+synchronous and the asyncio API behave the same; the exception is the first attempt of a
+blocking ``send_message``, made on the calling thread (see ``direct.py``). Listeners run
+in the loop's thread, one message at a time per partition; a slow listener delays only
+the consumer's own fetching (ZooKeeper's heartbeats run in kazoo's thread).
 """
 
 from __future__ import annotations
@@ -13,11 +14,15 @@ import concurrent.futures
 import threading
 from typing import Any, Callable, Coroutine, Iterable, TypeVar
 
+from ..zk.paths import parse_broker_url
+from .accumulator import record_size
+from .codec import encode_messages
 from .config import ConsumerConfig, MetaClientConfig
 from .consumer import AsyncMessageConsumer, ConsumerStats, Listener
 from .message import Message, Partition, SendResult
 from .offsets import OffsetStore
-from .producer import AsyncMessageProducer
+from .direct import DirectConnections, NoReply, NotSent
+from .producer import AsyncMessageProducer, SendFailure, classify_reply, stored_results, unknown_outcome
 from .selector import PartitionSelector
 from .session import AsyncMessageSessionFactory
 
@@ -56,35 +61,126 @@ class LoopThread:
 
 
 class MessageProducer:
-    """Blocking producer; see AsyncMessageProducer for the semantics."""
+    """Blocking producer; see AsyncMessageProducer for the semantics. Also a context manager.
+
+    ``send_message`` puts the message on the calling thread's own connection to the
+    broker (``direct.py``) and waits for the reply there: one round trip, no hop to the
+    client's loop thread. Only a failed first attempt, or a message that must stay
+    behind ones queued by ``send_message_async``, goes through the loop thread.
+    """
 
     def __init__(self, runner: LoopThread, producer: AsyncMessageProducer) -> None:
         self._runner = runner
         self.aio = producer
+        config = producer.config
+        self._direct = DirectConnections(config.connect_timeout_s, config.request_timeout_s)
+        # Bytes and messages handed to the loop by send_message_async and not yet answered:
+        # bounded by buffer_memory, and while any are out send_message queues behind them.
+        self._queued = threading.Condition()
+        self._queued_bytes = 0
+        self._queued_count = 0
 
     def publish(self, topic: str) -> None:
         self._runner.run(self.aio.publish(topic))
 
     def send_message(self, message: Message, timeout: float | None = None) -> SendResult:
+        """Send one message and wait for its SendResult (never raises for a failed send)."""
+        if timeout is None and not self._queued_count and not self.aio._closed:
+            result = self._send_direct(message)
+            if result is not None:
+                return result
         return self._runner.run(self.aio.send_message(message, timeout))
 
     def send_message_async(
         self, message: Message, callback: Callable[[SendResult], object] | None = None
     ) -> "concurrent.futures.Future[SendResult]":
-        """Returns at once; the future's result (and the callback's argument) is the SendResult.
+        """Queue the message for a batched put; the future's result (and the callback's argument) is the SendResult.
 
-        The callback runs in the client's event-loop thread.
+        Waits (up to ``send_timeout_s``) while ``buffer_memory`` bytes are queued. The
+        callback runs in the client's event-loop thread: keep it quick.
         """
-        future = self._runner.submit(self.aio.send_message(message))
-        if callback is not None:
-            future.add_done_callback(lambda f: None if f.cancelled() else callback(f.result()))
+        size = record_size(message)
+        future: concurrent.futures.Future[SendResult] = concurrent.futures.Future()
+        limit = self.aio.config.buffer_memory
+        with self._queued:
+            if self._queued_bytes + size > limit and self._queued_bytes:
+                room = self._queued.wait_for(lambda: self._queued_bytes + size <= limit or not self._queued_bytes,
+                                             self.aio.config.send_timeout_s)
+                if not room:
+                    future.set_result(SendResult(False, error_message=f"producer buffer full for {self.aio.config.send_timeout_s}s",
+                                                 topic=message.topic))
+                    return future
+            self._queued_bytes += size
+            self._queued_count += 1
+        self._runner.call_soon(self._enqueue, message, size, future, callback)
         return future
+
+    def _enqueue(self, message: Message, size: int, future: "concurrent.futures.Future[SendResult]",
+                 callback: Callable[[SendResult], object] | None) -> None:
+        def done(result_future: "asyncio.Future[SendResult]") -> None:
+            with self._queued:
+                self._queued_bytes -= size
+                self._queued_count -= 1
+                self._queued.notify_all()
+            result = result_future.result()
+            future.set_result(result)
+            if callback is not None:
+                callback(result)
+
+        self.aio.send_message_async(message).add_done_callback(done)
 
     def send_batch(self, messages: Iterable[Message], timeout: float | None = None) -> list[SendResult]:
         return self._runner.run(self.aio.send_batch(list(messages), timeout))
 
+    def flush(self) -> None:
+        """Send everything queued and wait until every message sent so far has its result."""
+        self._runner.run(self.aio.flush())
+
     def close(self) -> None:
-        self._runner.run(self.aio.close())
+        """Send everything queued, wait for the results, refuse new sends."""
+        try:
+            self._runner.run(self.aio.close())
+        finally:
+            self._direct.close_all()
+
+    def __enter__(self) -> "MessageProducer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _send_direct(self, message: Message) -> SendResult | None:
+        """The first attempt on this thread's connection; None when the loop thread must do it all."""
+        aio = self.aio
+        topic = message.topic
+        snapshot = aio.cluster.snapshot
+        if topic not in snapshot.pub or aio._suspects:
+            return None  # unknown topic, or a broker being skipped: the loop's logic decides
+        partitions = snapshot.writable_partitions(topic)
+        try:
+            partition = aio.selector.select(topic, partitions, message)
+            broker = snapshot.brokers[partition.broker_id]
+            host, port = aio.pool.resolve(*parse_broker_url(broker.master))  # type: ignore[arg-type]
+        except Exception:
+            return None  # no partition, a failing selector...: reported by the loop's path
+        body, starts = encode_messages([message])
+        config = aio.config
+        try:
+            conn = self._direct.get(host, port)
+            header = conn.request({"op": "put", "topic": topic, "partition": partition.partition, "count": 1}, body)
+        except NotSent as exc:
+            failure = SendFailure(f"broker {partition.broker_id} ({host}:{port}) unreachable: {exc}", retriable=True)
+        except NoReply as exc:
+            failure = unknown_outcome(f"outcome unknown: {exc} after sending to partition {partition}", config.retry_unknown_outcome)
+        else:
+            code = int(header.get("code", 500))
+            failure = classify_reply(code, f"{code} {header.get('msg', '')} (partition {partition})", config.retry_unknown_outcome)
+            if failure is None:
+                return stored_results(topic, partition, header, starts, 1)[0]
+        if not failure.retriable:
+            return aio._not_stored(topic, partition, [message], failure, 1)[0]
+        (result,) = self._runner.run(aio.retry_chunk(topic, partition, [message], body, starts, None, failure))
+        return result
 
 
 class MessageConsumer:
