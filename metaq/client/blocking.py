@@ -18,7 +18,7 @@ from ..zk.paths import parse_broker_url
 from .accumulator import record_size
 from .codec import encode_messages
 from .config import ConsumerConfig, MetaClientConfig
-from .consumer import AsyncMessageConsumer, ConsumerStats, Listener
+from .consumer import AsyncMessageConsumer, BatchListener, ConsumerStats, Listener
 from .message import Message, Partition, SendResult
 from .offsets import OffsetStore
 from .direct import DirectConnections, NoReply, NotSent
@@ -184,18 +184,61 @@ class MessageProducer:
 
 
 class MessageConsumer:
-    """Blocking consumer; see AsyncMessageConsumer. Listeners run in the client's loop thread."""
+    """Blocking consumer; see AsyncMessageConsumer. Listeners run in the client's loop thread.
+
+    Subscribed without a listener, it is iterated on the caller's thread::
+
+        with factory.create_consumer(ConsumerConfig(group="g")).subscribe("orders") as consumer:
+            for message in consumer:
+                handle(message)
+
+    Messages cross from the loop thread one fetch at a time, not one by one.
+    """
 
     def __init__(self, runner: LoopThread, consumer: AsyncMessageConsumer) -> None:
         self._runner = runner
         self.aio = consumer
+        self._batch: list[Message] = []  # the fetch being iterated, and how far
+        self._index = 0
 
-    def subscribe(self, topic: str, max_size: int | None = None, listener: Listener | None = None) -> "MessageConsumer":
-        self.aio.subscribe(topic, max_size, listener)
+    def subscribe(
+        self,
+        topic: str,
+        max_size: int | None = None,
+        listener: Listener | None = None,
+        *,
+        batch_listener: BatchListener | None = None,
+    ) -> "MessageConsumer":
+        self.aio.subscribe(topic, max_size, listener, batch_listener=batch_listener)
         return self
 
     def complete_subscribe(self) -> None:
         self._runner.run(self.aio.complete_subscribe())
+
+    def __enter__(self) -> "MessageConsumer":
+        self.complete_subscribe()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __iter__(self) -> "MessageConsumer":
+        return self
+
+    def __next__(self) -> Message:
+        if self._index < len(self._batch):
+            self._index += 1
+            return self._batch[self._index - 1]
+        self._batch = self.getmany(self.aio.config.iterator_timeout_s)
+        if not self._batch:
+            raise StopIteration
+        self._index = 1
+        return self._batch[0]
+
+    def getmany(self, timeout_s: float | None = None) -> list[Message]:
+        """The messages of the next fetch; the previous ones count as consumed. [] after ``timeout_s`` or at shutdown."""
+        self._batch, self._index = [], 0
+        return self._runner.run(self.aio.getmany(timeout_s))
 
     def commit(self) -> None:
         self._runner.run(self.aio.commit())
@@ -217,7 +260,13 @@ class MessageConsumer:
         return self.aio.stats
 
     def shutdown(self) -> None:
-        self._runner.run(self.aio.shutdown())
+        """Stop; a fetch being iterated counts as consumed up to the last message handed out."""
+        async def stop() -> None:
+            if self._batch:
+                self.aio._current_index = self._index
+            await self.aio.shutdown()
+
+        self._runner.run(stop())
 
 
 class MessageSessionFactory:

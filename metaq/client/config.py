@@ -112,6 +112,9 @@ class ConsumerConfig:
     recover_interval_s: float = 5.0
     #: How long a rebalance waits for a previous owner to release a partition.
     claim_timeout_s: float = 60.0
+    #: Iterating the consumer (``for message in consumer``) ends after this many seconds
+    #: without a message (kafka-python's ``consumer_timeout_ms``); None: it waits until shutdown.
+    iterator_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.group or "/" in self.group:
