@@ -136,7 +136,7 @@ class Accumulator:
 
     def append(self, topic: str, partition: Partition, message: Message, future: "asyncio.Future[SendResult]",
                size: int, linger: bool = True) -> bool:
-        """Queue one message (its size already checked with has_room). True if its batch is now full.
+        """Queue one message; ``size`` is its ``record_size``, already checked with has_room. True if its batch is now full.
 
         ``linger=False`` makes the batch ready at once (a caller that waits for the result
         gains nothing from lingering).
