@@ -55,6 +55,9 @@ class Cluster:
             timeout=config.zk_session_timeout_ms / 1000,
             connection_retry={"max_tries": -1, "max_delay": 1.0},
             command_retry={"max_tries": 3, "max_delay": 1.0},
+            # Under metaq.client, whose NullHandler keeps kazoo's reconnect chatter off an
+            # application's stderr unless it configures logging.
+            logger=logging.getLogger("metaq.client.zookeeper"),
         )
         self.snapshot = ClusterSnapshot()
         self._pub_topics: set[str] = set()
