@@ -48,6 +48,8 @@ from metaq.client import (  # noqa: E402
     Message,
     MessageSessionFactory,
     MetaClientConfig,
+    NoPartitionAvailable,
+    Partition,
 )
 from metaq.local import BrokerProcess, wait_until  # noqa: E402
 from metaq.zk.embedded import EmbeddedZooKeeper, free_port  # noqa: E402
@@ -181,13 +183,12 @@ class MetaqPairs:
 def with_selector(broker_id: int):
     """A selector that sends to partition 0 of one broker group (async or sync)."""
 
+    wanted = Partition(broker_id, 0)
+
     class OneGroup:
         per_message = False
 
         def select(self, topic, partitions, message):
-            from metaq.client import NoPartitionAvailable, Partition
-
-            wanted = Partition(broker_id, 0)
             if wanted not in partitions:
                 raise NoPartitionAvailable(f"{wanted} has no master")
             return wanted

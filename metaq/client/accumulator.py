@@ -29,11 +29,14 @@ Invariants (enforced here, relied on by callers):
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from .message import Message, Partition, SendResult
+
+log = logging.getLogger(__name__)
 
 #: The broker takes at most this many messages in one put.
 MAX_BATCH_COUNT = 4096
@@ -41,12 +44,26 @@ MAX_BATCH_COUNT = 4096
 RECORD_OVERHEAD = 24
 
 SendChunk = Callable[[str, Partition, list[Message]], Awaitable[list[SendResult]]]
+Callback = Callable[[SendResult], object]
+#: One queued message: the message, its result's future, its record_size, the sender's callback.
+Entry = tuple[Message, "asyncio.Future[SendResult]", int, "Callback | None"]
 
 
 def record_size(message: Message) -> int:
     """Bytes a message holds against ``batch_size`` and ``buffer_memory`` (close to its wire size)."""
     attribute = message.attribute
     return len(message.data) + RECORD_OVERHEAD + (len(attribute) * 4 if attribute else 0)
+
+
+def resolve(future: "asyncio.Future[SendResult]", callback: Callback | None, result: SendResult) -> None:
+    """Set a send's result and call its callback (a failing callback is logged, nothing else)."""
+    if not future.done():
+        future.set_result(result)
+    if callback is not None:
+        try:
+            callback(result)
+        except Exception:
+            log.exception("send callback %r failed", callback)
 
 
 @dataclass
@@ -57,32 +74,33 @@ class AccumulatorConfig:
     max_in_flight_per_connection: int
 
 
-class _PartitionQueue:
-    __slots__ = ("topic", "partition", "messages", "futures", "nbytes", "in_flight", "ready", "timer")
+class PartitionQueue:
+    """The messages waiting for one partition, oldest first."""
+
+    __slots__ = ("topic", "partition", "entries", "nbytes", "in_flight", "ready", "timer")
 
     def __init__(self, topic: str, partition: Partition) -> None:
         self.topic = topic
         self.partition = partition
-        self.messages: list[Message] = []
-        self.futures: list[asyncio.Future[SendResult]] = []
+        self.entries: list[Entry] = []
         self.nbytes = 0
         self.in_flight = False  # muted: a put of this partition is in flight (or retrying)
         self.ready = False
         self.timer: asyncio.TimerHandle | None = None
 
-    def take(self, batch_size: int) -> tuple[list[Message], list["asyncio.Future[SendResult]"], int]:
-        """The oldest messages up to ``batch_size`` bytes (at least one), removed from the queue."""
+    def take(self, batch_size: int) -> tuple[list[Entry], int]:
+        """The oldest entries up to ``batch_size`` bytes (at least one), removed from the queue."""
         count, nbytes = 0, 0
-        for message in self.messages:
-            size = record_size(message)
+        for entry in self.entries:
+            size = entry[2]
             if count and (nbytes + size > batch_size or count == MAX_BATCH_COUNT):
                 break
             count += 1
             nbytes += size
-        messages, futures = self.messages[:count], self.futures[:count]
-        del self.messages[:count], self.futures[:count]
+        taken = self.entries[:count]
+        del self.entries[:count]
         self.nbytes -= nbytes
-        return messages, futures, nbytes
+        return taken, nbytes
 
 
 class _BrokerSender:
@@ -92,18 +110,18 @@ class _BrokerSender:
 
     def __init__(self) -> None:
         self.in_flight = 0
-        self.waiting: list[_PartitionQueue] = []
+        self.waiting: list[PartitionQueue] = []
 
 
 class Accumulator:
     def __init__(self, config: AccumulatorConfig, send_chunk: SendChunk) -> None:
         self.config = config
         self._send_chunk = send_chunk
-        self._queues: dict[tuple[str, Partition], _PartitionQueue] = {}
+        self._queues: dict[tuple[str, Partition], PartitionQueue] = {}
         self._senders: dict[int, _BrokerSender] = {}
-        self._ready: list[_PartitionQueue] = []
+        self._ready: list[PartitionQueue] = []
         self._drain_scheduled = False
-        self._puts: set[asyncio.Task[None]] = set()
+        self._puts: dict[asyncio.Task[None], list[Entry]] = {}
         self.buffered = 0  # bytes held by queued and in-flight messages
         self._room = asyncio.Event()
         self._room.set()
@@ -127,56 +145,55 @@ class Accumulator:
                 return False
         return True
 
-    def _release(self, nbytes: int) -> None:
+    def hold(self, nbytes: int) -> None:
+        """Count bytes of a message sent outside the queues against the buffer."""
+        self.buffered += nbytes
+
+    def release(self, nbytes: int) -> None:
         self.buffered -= nbytes
         if not self._room.is_set() and self.buffered < self.config.buffer_memory:
             self._room.set()
 
     # --- appending ---------------------------------------------------------------------------
 
-    def append(self, topic: str, partition: Partition, message: Message, future: "asyncio.Future[SendResult]",
-               size: int, linger: bool = True) -> bool:
-        """Queue one message; ``size`` is its ``record_size``, already checked with has_room. True if its batch is now full.
+    def queue(self, topic: str, partition: Partition) -> PartitionQueue:
+        """The queue of ``partition`` (callers may keep it: it lives as long as the accumulator)."""
+        key = (topic, partition)
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = PartitionQueue(topic, partition)
+        return queue
+
+    def append(self, queue: PartitionQueue, entry: Entry, linger: bool = True) -> None:
+        """Queue one message; its size (``entry[2]``, its record_size) was checked with has_room.
 
         ``linger=False`` makes the batch ready at once (a caller that waits for the result
         gains nothing from lingering).
         """
-        key = (topic, partition)
-        queue = self._queues.get(key)
-        if queue is None:
-            queue = self._queues[key] = _PartitionQueue(topic, partition)
-        queue.messages.append(message)
-        queue.futures.append(future)
+        size = entry[2]
+        queue.entries.append(entry)
         queue.nbytes += size
         self.buffered += size
-        full = queue.nbytes >= self.config.batch_size or len(queue.messages) >= MAX_BATCH_COUNT
-        if full or not linger or self.config.linger_ms <= 0:
+        if queue.ready:
+            return  # already due to go out in this loop turn's drain
+        if queue.nbytes >= self.config.batch_size or len(queue.entries) >= MAX_BATCH_COUNT or not linger \
+                or self.config.linger_ms <= 0:
             self._make_ready(queue)
         elif queue.timer is None and not queue.in_flight and not queue.ready:
             queue.timer = asyncio.get_running_loop().call_later(self.config.linger_ms / 1000, self._make_ready, queue)
-        return full
 
     def flush_all(self) -> list["asyncio.Future[SendResult]"]:
         """Make every queue ready now; the futures of every message queued or in flight."""
-        futures: list[asyncio.Future[SendResult]] = list(self._in_flight_futures())
+        futures = [entry[1] for entries in self._puts.values() for entry in entries]
         for queue in self._queues.values():
-            futures.extend(queue.futures)
-            if queue.messages:
+            futures.extend(entry[1] for entry in queue.entries)
+            if queue.entries:
                 self._make_ready(queue)
         return futures
 
-    def _in_flight_futures(self):
-        for task in self._puts:
-            yield from getattr(task, "metaq_futures", ())
-
-    def queued(self, topic: str, partition: Partition) -> int:
-        """Messages waiting (not yet in a put) for ``partition``."""
-        queue = self._queues.get((topic, partition))
-        return len(queue.messages) if queue is not None else 0
-
     # --- draining ------------------------------------------------------------------------------
 
-    def _make_ready(self, queue: _PartitionQueue) -> None:
+    def _make_ready(self, queue: PartitionQueue) -> None:
         if queue.timer is not None:
             queue.timer.cancel()
             queue.timer = None
@@ -193,10 +210,10 @@ class Accumulator:
         ready, self._ready = self._ready, []
         for queue in ready:
             queue.ready = False
-            if queue.messages and not queue.in_flight:
+            if queue.entries and not queue.in_flight:
                 self._start_put(queue)
 
-    def _start_put(self, queue: _PartitionQueue) -> None:
+    def _start_put(self, queue: PartitionQueue) -> None:
         sender = self._senders.get(queue.partition.broker_id)
         if sender is None:
             sender = self._senders[queue.partition.broker_id] = _BrokerSender()
@@ -204,37 +221,34 @@ class Accumulator:
             if queue not in sender.waiting:
                 sender.waiting.append(queue)
             return
-        messages, futures, nbytes = queue.take(self.config.batch_size)
+        entries, nbytes = queue.take(self.config.batch_size)
         queue.in_flight = True
         sender.in_flight += 1
-        task = asyncio.get_running_loop().create_task(self._put(queue, sender, messages, futures, nbytes))
-        task.metaq_futures = futures  # type: ignore[attr-defined]
-        self._puts.add(task)
-        task.add_done_callback(self._puts.discard)
+        task = asyncio.get_running_loop().create_task(self._put(queue, sender, entries, nbytes))
+        self._puts[task] = entries
+        task.add_done_callback(self._puts.pop)
 
-    async def _put(self, queue: _PartitionQueue, sender: _BrokerSender, messages: list[Message],
-                   futures: list["asyncio.Future[SendResult]"], nbytes: int) -> None:
+    async def _put(self, queue: PartitionQueue, sender: _BrokerSender, entries: list[Entry], nbytes: int) -> None:
         try:
-            results = await self._send_chunk(queue.topic, queue.partition, messages)
+            results = await self._send_chunk(queue.topic, queue.partition, [entry[0] for entry in entries])
         except BaseException as exc:  # never a message without a result, even on a bug or a cancel
             error = f"send failed: {exc!r}"
-            failed = [SendResult(False, queue.partition, error_message=error, topic=queue.topic) for _ in messages]
-            self._finish(queue, sender, nbytes, futures, failed)
+            failed = [SendResult(False, queue.partition, error_message=error, topic=queue.topic) for _ in entries]
+            self._finish(queue, sender, nbytes, entries, failed)
             if isinstance(exc, Exception):
                 return
             raise
-        self._finish(queue, sender, nbytes, futures, results)
+        self._finish(queue, sender, nbytes, entries, results)
 
-    def _finish(self, queue: _PartitionQueue, sender: _BrokerSender, nbytes: int,
-                futures: list["asyncio.Future[SendResult]"], results: list[SendResult]) -> None:
+    def _finish(self, queue: PartitionQueue, sender: _BrokerSender, nbytes: int, entries: list[Entry],
+                results: list[SendResult]) -> None:
         queue.in_flight = False
         sender.in_flight -= 1
-        self._release(nbytes)
+        self.release(nbytes)
         # Messages appended during the put already waited one round trip: send them now.
-        if queue.messages:
+        if queue.entries:
             self._make_ready(queue)
         while sender.waiting and sender.in_flight < self.config.max_in_flight_per_connection:
             self._make_ready(sender.waiting.pop(0))
-        for future, result in zip(futures, results):
-            if not future.done():
-                future.set_result(result)
+        for (_, future, _, callback), result in zip(entries, results):
+            resolve(future, callback, result)

@@ -14,8 +14,10 @@ import concurrent.futures
 import threading
 from typing import Any, Callable, Coroutine, Iterable, TypeVar
 
+from ..protocol.commands import OK
 from ..zk.paths import parse_broker_url
 from .accumulator import record_size
+from .cluster import ClusterSnapshot
 from .codec import encode_messages
 from .config import ConsumerConfig, MetaClientConfig
 from .consumer import AsyncMessageConsumer, BatchListener, ConsumerStats, Listener
@@ -74,6 +76,8 @@ class MessageProducer:
         self.aio = producer
         config = producer.config
         self._direct = DirectConnections(config.connect_timeout_s, config.request_timeout_s)
+        self._routes: dict[str, tuple[ClusterSnapshot, list[Partition]]] = {}  # topic -> writable partitions
+        self._addresses: dict[str, tuple[str, int]] = {}
         # Bytes and messages handed to the loop by send_message_async and not yet answered:
         # bounded by buffer_memory, and while any are out send_message queues behind them.
         self._queued = threading.Condition()
@@ -117,17 +121,16 @@ class MessageProducer:
 
     def _enqueue(self, message: Message, size: int, future: "concurrent.futures.Future[SendResult]",
                  callback: Callable[[SendResult], object] | None) -> None:
-        def done(result_future: "asyncio.Future[SendResult]") -> None:
+        def done(result: SendResult) -> None:
             with self._queued:
                 self._queued_bytes -= size
                 self._queued_count -= 1
                 self._queued.notify_all()
-            result = result_future.result()
             future.set_result(result)
             if callback is not None:
                 callback(result)
 
-        self.aio.send_message_async(message).add_done_callback(done)
+        self.aio.send_message_async(message, done)
 
     def send_batch(self, messages: Iterable[Message], timeout: float | None = None) -> list[SendResult]:
         return self._runner.run(self.aio.send_batch(list(messages), timeout))
@@ -154,13 +157,16 @@ class MessageProducer:
         aio = self.aio
         topic = message.topic
         snapshot = aio.cluster.snapshot
-        if topic not in snapshot.pub or aio._suspects:
-            return None  # unknown topic, or a broker being skipped: the loop's logic decides
-        partitions = snapshot.writable_partitions(topic)
+        route = self._routes.get(topic)
+        if route is None or route[0] is not snapshot:
+            if topic not in snapshot.pub:
+                return None  # not published yet: the loop's path reads ZooKeeper first
+            route = self._routes[topic] = (snapshot, snapshot.writable_partitions(topic))
+        if aio._suspects:
+            return None  # a broker is being skipped: the loop's logic decides
         try:
-            partition = aio.selector.select(topic, partitions, message)
-            broker = snapshot.brokers[partition.broker_id]
-            host, port = aio.pool.resolve(*parse_broker_url(broker.master))  # type: ignore[arg-type]
+            partition = aio.selector.select(topic, route[1], message)
+            host, port = self._address(snapshot.brokers[partition.broker_id].master)  # type: ignore[arg-type]
         except Exception:
             return None  # no partition, a failing selector...: reported by the loop's path
         body, starts = encode_messages([message])
@@ -173,14 +179,22 @@ class MessageProducer:
         except NoReply as exc:
             failure = unknown_outcome(f"outcome unknown: {exc} after sending to partition {partition}", config.retry_unknown_outcome)
         else:
-            code = int(header.get("code", 500))
-            failure = classify_reply(code, f"{code} {header.get('msg', '')} (partition {partition})", config.retry_unknown_outcome)
-            if failure is None:
+            code = header.get("code")
+            if code == OK:
                 return stored_results(topic, partition, header, starts, 1)[0]
+            failure = classify_reply(int(code or 500), f"{code} {header.get('msg', '')} (partition {partition})",  # type: ignore[assignment]
+                                     config.retry_unknown_outcome)
         if not failure.retriable:
             return aio._not_stored(topic, partition, [message], failure, 1)[0]
         (result,) = self._runner.run(aio.retry_chunk(topic, partition, [message], body, starts, None, failure))
         return result
+
+    def _address(self, url: str) -> tuple[str, int]:
+        """Where to connect for a master registered as ``url`` (parsed once per url)."""
+        address = self._addresses.get(url)
+        if address is None:
+            address = self._addresses[url] = self.aio.pool.resolve(*parse_broker_url(url))
+        return address
 
 
 class MessageConsumer:

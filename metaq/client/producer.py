@@ -26,13 +26,22 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
 
 from ..protocol import commands as c
 from ..zk.paths import parse_broker_url
-from .accumulator import MAX_BATCH_COUNT, Accumulator, AccumulatorConfig, record_size
+from .accumulator import (
+    MAX_BATCH_COUNT,
+    Accumulator,
+    AccumulatorConfig,
+    Callback,
+    Entry,
+    PartitionQueue,
+    record_size,
+    resolve,
+)
 from .cluster import Cluster, ClusterSnapshot
 from .codec import encode_messages
 from .config import MetaClientConfig
@@ -100,8 +109,8 @@ class AsyncMessageProducer:
         self._suspects: dict[int, float] = {}  # broker id -> monotonic time until skipped
         self._probes: dict[int, asyncio.Task[None]] = {}  # broker id -> reconnect probe
         self._candidates_cache: dict[str, tuple[ClusterSnapshot, float, list[Partition]]] = {}
-        self._sticky: dict[str, Partition] = {}  # topic -> partition of the batch being filled
-        self._unpublished: dict[str, list[tuple[Message, asyncio.Future[SendResult], int, bool]]] = {}
+        self._sticky: dict[str, PartitionQueue] = {}  # topic -> queue of the batch being filled
+        self._unpublished: dict[str, list[tuple[Entry, bool]]] = {}  # topic -> sends waiting for its masters
         self._in_flight: set[asyncio.Future[Any]] = set()
         self.accumulator = Accumulator(
             AccumulatorConfig(config.linger_ms, config.batch_size, config.buffer_memory, config.max_in_flight_per_connection),
@@ -121,29 +130,29 @@ class AsyncMessageProducer:
 
     # --- sending --------------------------------------------------------------------------
 
-    def send_message_async(
-        self, message: Message, callback: Callable[[SendResult], object] | None = None
-    ) -> "asyncio.Future[SendResult]":
+    def send_message_async(self, message: Message, callback: Callback | None = None) -> "asyncio.Future[SendResult]":
         """Queue one message for a batched put; returns the future of its SendResult at once.
 
-        ``callback(result)`` runs in the event loop when the result is known. With the
-        buffer full (``buffer_memory``) the result is at once a failure saying so: use
-        ``await send()`` to wait for room instead.
+        ``callback(result)`` runs in the event loop when the result is known (never inside
+        this call). With the buffer full (``buffer_memory``) the result is at once a
+        failure saying so: use ``await send()`` to wait for room instead.
         """
         future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
-        if callback is not None:
-            future.add_done_callback(lambda f: None if f.cancelled() else callback(f.result()))
         size = record_size(message)
+        accumulator = self.accumulator
         if self._closed:
-            future.set_result(self._failed(message, "producer is closed"))
-        elif not self.accumulator.has_room(size):
-            future.set_result(self._failed(message, f"producer buffer full ({self.config.buffer_memory} bytes buffered); "
-                                                    "wait for results or raise buffer_memory"))
+            self._refuse(message, future, callback, "producer is closed")
+        elif accumulator.buffered + size > self.config.buffer_memory and not accumulator.has_room(size):
+            self._refuse(message, future, callback, f"producer buffer full ({self.config.buffer_memory} bytes buffered); "
+                                                    "wait for results or raise buffer_memory")
+        elif not self._per_message and (queue := self._sticky.get(message.topic)) is not None and queue.entries:
+            # The hot path: the batch being filled for this topic (sticky partitioning).
+            accumulator.append(queue, (message, future, size, callback))
         else:
-            self._enqueue(message, future, size, linger=True)
+            self._enqueue((message, future, size, callback), linger=True)
         return future
 
-    async def send(self, message: Message) -> "asyncio.Future[SendResult]":
+    async def send(self, message: Message, callback: Callback | None = None) -> "asyncio.Future[SendResult]":
         """Queue one message, waiting for room in the buffer if it is full; returns its result's future.
 
         Like aiokafka's ``send``: ``await (await producer.send(message))`` is the result.
@@ -152,9 +161,9 @@ class AsyncMessageProducer:
         if not self._closed and not self.accumulator.has_room(size):
             if not await self.accumulator.wait_for_room(size, self.config.send_timeout_s):
                 future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
-                future.set_result(self._failed(message, f"producer buffer full for {self.config.send_timeout_s}s"))
+                self._refuse(message, future, callback, f"producer buffer full for {self.config.send_timeout_s}s")
                 return future
-        return self.send_message_async(message)
+        return self.send_message_async(message, callback)
 
     async def send_message(self, message: Message, timeout: float | None = None) -> SendResult:
         """Send one message and wait for its result (never raises for a failed send).
@@ -168,16 +177,16 @@ class AsyncMessageProducer:
         size = record_size(message)
         if not self._closed and not self.accumulator.has_room(size):
             await self.accumulator.wait_for_room(size, self.config.send_timeout_s)
-        future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
         if self._closed:
             return self._failed(message, "producer is closed")
-        self._enqueue(message, future, size, linger=False)
+        future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+        self._enqueue((message, future, size, None), linger=False)
         return await future
 
     async def flush(self) -> None:
         """Send everything queued now, and wait until every message sent so far has its result."""
         waiting = self.accumulator.flush_all()
-        waiting.extend(f for entries in self._unpublished.values() for _, f, _, _ in entries)
+        waiting.extend(entry[1] for entries in self._unpublished.values() for entry, _ in entries)
         waiting.extend(self._in_flight)
         if waiting:
             await asyncio.wait(waiting)
@@ -234,8 +243,9 @@ class AsyncMessageProducer:
 
     # --- the accumulator's side -------------------------------------------------------------
 
-    def _enqueue(self, message: Message, future: "asyncio.Future[SendResult]", size: int, linger: bool) -> None:
+    def _enqueue(self, entry: Entry, linger: bool) -> None:
         """File a message with the partition it goes to (its topic's masters are known, or soon)."""
+        message, future, size, callback = entry
         topic = message.topic
         waiting = self._unpublished.get(topic)
         if waiting is not None or topic not in self.cluster.snapshot.pub:
@@ -243,56 +253,51 @@ class AsyncMessageProducer:
             if waiting is None:
                 waiting = self._unpublished[topic] = []
                 self._track(asyncio.ensure_future(self._publish_then_enqueue(topic)))
-            waiting.append((message, future, size, linger))
+            waiting.append((entry, linger))
             return
-        partition = self._pick(topic, message)
+        partitions = self._candidates(topic)
+        try:
+            partition = self.selector.select(topic, partitions, message) if partitions else None
+        except NoPartitionAvailable:
+            partition = None
+        except Exception as exc:  # a user selector's bug fails its message only
+            self._refuse(message, future, callback, f"partition selector failed: {exc}")
+            return
         if partition is None:
             # No master right now: this message takes the retry path on its own.
-            self.accumulator.buffered += size
+            self.accumulator.hold(size)
             task = asyncio.ensure_future(self._send_chunk(topic, None, [message]))
-            task.add_done_callback(lambda t: self._resolve_alone(t, future, message, size))
+            task.add_done_callback(lambda t: self._resolve_alone(t, entry))
             self._track(task)
-        elif isinstance(partition, str):
-            future.set_result(self._failed(message, partition))
-        else:
-            self.accumulator.append(topic, partition, message, future, size, linger)
-
-    def _pick(self, topic: str, message: Message) -> Partition | str | None:
-        """The partition for the next message of ``topic``: None if no master, an error text if the selector failed."""
+            return
+        queue = self.accumulator.queue(topic, partition)
         if not self._per_message:
-            # Sticky, like Kafka's partitioner: fill one partition's batch, pick anew for the next.
-            sticky = self._sticky.get(topic)
-            if sticky is not None and self.accumulator.queued(topic, sticky):
-                return sticky
-        partitions = self._candidates(topic)
-        if not partitions:
-            return None
-        try:
-            partition = self.selector.select(topic, partitions, message)
-        except NoPartitionAvailable:
-            return None
-        except Exception as exc:  # a user selector's bug fails its message only
-            return f"partition selector failed: {exc}"
-        if not self._per_message:
-            self._sticky[topic] = partition
-        return partition
+            # Sticky, like Kafka's partitioner: fill this partition's batch; pick anew for the next.
+            self._sticky[topic] = queue
+        self.accumulator.append(queue, entry, linger)
 
     async def _publish_then_enqueue(self, topic: str) -> None:
         try:
             await self.publish(topic)
         finally:
-            for message, future, size, linger in self._unpublished.pop(topic, []):
-                self._enqueue(message, future, size, linger)
+            for entry, linger in self._unpublished.pop(topic, []):
+                self._enqueue(entry, linger)
 
-    def _resolve_alone(self, task: "asyncio.Future[list[SendResult]]", future: "asyncio.Future[SendResult]",
-                       message: Message, size: int) -> None:
-        self.accumulator._release(size)
-        if future.done():
-            return
+    def _resolve_alone(self, task: "asyncio.Future[list[SendResult]]", entry: Entry) -> None:
+        message, future, size, callback = entry
+        self.accumulator.release(size)
         if task.cancelled() or task.exception() is not None:
-            future.set_result(self._failed(message, f"send failed: {task.exception() if not task.cancelled() else 'cancelled'}"))
+            failure = "cancelled" if task.cancelled() else task.exception()
+            resolve(future, callback, self._failed(message, f"send failed: {failure}"))
         else:
-            future.set_result(task.result()[0])
+            resolve(future, callback, task.result()[0])
+
+    def _refuse(self, message: Message, future: "asyncio.Future[SendResult]", callback: Callback | None, error: str) -> None:
+        """A send that ends before it starts: its result now, its callback soon (not inside the caller's call)."""
+        result = self._failed(message, error)
+        future.set_result(result)
+        if callback is not None:
+            asyncio.get_running_loop().call_soon(resolve, future, callback, result)
 
     # --- internals ------------------------------------------------------------------------
 

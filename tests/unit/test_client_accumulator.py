@@ -171,7 +171,7 @@ def test_puts_in_flight_per_connection_are_bounded() -> None:
             futures.append(p.send_message_async(Message("t", b"x")))
             await asyncio.sleep(0.01)
         assert pool.open_puts == 2  # ...but only two puts at a time on the connection
-        assert p.accumulator.queued("t", Partition(0, 2)) == 2  # the last two share the waiting batch
+        assert len(p.accumulator.queue("t", Partition(0, 2)).entries) == 2  # the last two share the waiting batch
         while pool.release_all():
             await asyncio.sleep(0.01)
         return await asyncio.gather(*futures)
@@ -204,8 +204,9 @@ def test_a_send_path_bug_still_ends_each_message_in_a_result() -> None:
         accumulator = Accumulator(AccumulatorConfig(0, 1 << 20, 1 << 20, 5), broken)
         loop = asyncio.get_running_loop()
         futures = [loop.create_future() for _ in range(3)]
+        queue = accumulator.queue("t", Partition(0, 0))
         for future in futures:
-            accumulator.append("t", Partition(0, 0), Message("t", b"x"), future, record_size(Message("t", b"x")))
+            accumulator.append(queue, (Message("t", b"x"), future, record_size(Message("t", b"x")), None))
         results = await asyncio.gather(*futures)
         return results, accumulator.buffered
 
