@@ -51,6 +51,7 @@ from metaq.client import (  # noqa: E402
     NoPartitionAvailable,
     Partition,
 )
+from metaq.client.connection import BrokerConnection  # noqa: E402
 from metaq.local import BrokerProcess, wait_until  # noqa: E402
 from metaq.zk.embedded import EmbeddedZooKeeper, free_port  # noqa: E402
 
@@ -133,9 +134,28 @@ def redis_per_message(r, key: str, seconds: float, payload: bytes, wait: bool) -
     return sent / (time.perf_counter() - started)
 
 
+class Clock:
+    """Times a read from its first batch on, so that neither side's start-up (a consumer
+    joining its group, the first round trip) counts: messages after the first batch / time."""
+
+    def __init__(self) -> None:
+        self.started: float | None = None
+        self.counted = 0
+
+    def batch(self, size: int) -> None:
+        if self.started is None:
+            self.started = time.perf_counter()
+        else:
+            self.counted += size
+
+    def rate(self) -> float:
+        assert self.started is not None
+        return self.counted / (time.perf_counter() - self.started)
+
+
 def redis_consume(replica, key: str, n: int) -> float:
     got, last = 0, "0"
-    started = time.perf_counter()
+    clock = Clock()
     while got < n:
         reply = replica.xread({key: last}, count=1000)
         if not reply:
@@ -143,9 +163,10 @@ def redis_consume(replica, key: str, n: int) -> float:
         entries = reply[0][1]
         for _entry_id, fields in entries:
             fields[b"d"]  # what a reader looks at
+        clock.batch(len(entries))
         got += len(entries)
         last = entries[-1][0]
-    return got / (time.perf_counter() - started)
+    return clock.rate()
 
 
 # --- metaq ---------------------------------------------------------------------------------
@@ -253,43 +274,59 @@ async def metaq_async_per_message(config: MetaClientConfig, broker_id: int, n: i
             return n / (time.perf_counter() - started)
 
 
+def slave_config(group: str, work: Path) -> ConsumerConfig:
+    return ConsumerConfig(group=group, read_from="slave", from_beginning=True, fetch_size=1 << 20,
+                          offset_store_path=str(work / f"{group}.json"), recover_dir=str(work / "recover"))
+
+
 def metaq_consume_iterating(factory: MessageSessionFactory, n: int, group: str, work: Path) -> float:
-    config = ConsumerConfig(group=group, read_from="slave", from_beginning=True, fetch_size=1 << 20,
-                            offset_store_path=str(work / f"{group}.json"), recover_dir=str(work / "recover"))
-    consumer = factory.create_consumer(config).subscribe(CONSUME_TOPIC)
-    got = 0
-    started = time.perf_counter()
-    with consumer:
+    """``for message in consumer``: what an application loop writes."""
+    clock = Clock()
+    with factory.create_consumer(slave_config(group, work)).subscribe(CONSUME_TOPIC) as consumer:
+        first = consumer.getmany()  # the clock starts after the first fetch, as for Redis
+        clock.batch(len(first))
+        got = len(first)
         for message in consumer:
             message.data  # what a reader looks at
             got += 1
             if got >= n:
                 break
-    return got / (time.perf_counter() - started)
+        clock.counted = got - len(first)
+        return clock.rate()
 
 
-def metaq_consume_batches(factory: MessageSessionFactory, n: int, group: str, work: Path) -> float:
-    config = ConsumerConfig(group=group, read_from="slave", from_beginning=True, fetch_size=1 << 20,
-                            offset_store_path=str(work / f"{group}.json"), recover_dir=str(work / "recover"))
+def metaq_consume_listening(factory: MessageSessionFactory, n: int, group: str, work: Path, batches: bool) -> float:
+    """A listener per message (MetaQ's API) or per fetch (``batch_listener``)."""
     finished = threading.Event()
+    clock = Clock()
     got = 0
 
     def on_batch(messages: list[Message]) -> None:
         nonlocal got
         for message in messages:
             message.data
+        clock.batch(len(messages))
         got += len(messages)
         if got >= n:
             finished.set()
 
-    consumer = factory.create_consumer(config)
-    consumer.subscribe(CONSUME_TOPIC, batch_listener=on_batch)
-    started = time.perf_counter()
-    consumer.complete_subscribe()
-    finished.wait(300)
-    elapsed = time.perf_counter() - started
-    consumer.shutdown()
-    return got / elapsed
+    def on_message(message: Message) -> None:
+        nonlocal got
+        message.data
+        got += 1
+        if got == 1 or got % 1000 == 0:
+            clock.batch(1 if got == 1 else 1000)
+        if got >= n:
+            finished.set()
+
+    consumer = factory.create_consumer(slave_config(group, work))
+    if batches:
+        consumer.subscribe(CONSUME_TOPIC, batch_listener=on_batch)
+    else:
+        consumer.subscribe(CONSUME_TOPIC, listener=on_message)
+    with consumer:
+        finished.wait(300)
+        return clock.rate()
 
 
 # --- the run -------------------------------------------------------------------------------
@@ -301,12 +338,28 @@ def fill_for_consuming(factory: MessageSessionFactory, redis_pair: RedisPair, n:
         results = producer.send_batch([Message(CONSUME_TOPIC, payload) for _ in range(min(1000, n - start))])
         assert all(results)
     producer.close()
+    wait_until(lambda: asyncio.run(slave_caught_up(factory.aio.cluster.snapshot.brokers[0])), 120, interval=0.5,
+               message="the slave to replicate the messages to consume")
     for start in range(0, n, 1000):
         pipe = redis_pair.master.pipeline(transaction=False)
         for _ in range(min(1000, n - start)):
             pipe.xadd(CONSUME_TOPIC, {"d": payload})
         pipe.execute()
     redis_pair.master.execute_command("WAIT", 1, 0)
+
+
+async def slave_caught_up(broker) -> bool:
+    """The slave of ``broker`` (a group's addresses) exposes as much of the topic as its master."""
+    ends = []
+    for url in (broker.master, broker.slaves[0][1]):
+        host, port = url.removeprefix("meta://").rsplit(":", 1)
+        conn = await BrokerConnection.open(host, int(port))
+        try:
+            reply = await conn.request({"op": "offset", "topic": CONSUME_TOPIC, "partition": 0, "offset": 0})
+            ends.append(int(reply["max_offset"]))
+        finally:
+            conn.close()
+    return ends[0] == ends[1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -359,7 +412,10 @@ def main(argv: list[str] | None = None) -> int:
                      lambda: metaq_consume_iterating(factory, consume_n, f"it{round_no}", work),
                      lambda: redis_consume(redis_pair.replica, CONSUME_TOPIC, consume_n)),
                     ("consume all from the slave: batch listener vs XREAD COUNT 1000",
-                     lambda: metaq_consume_batches(factory, consume_n, f"bl{round_no}", work),
+                     lambda: metaq_consume_listening(factory, consume_n, f"bl{round_no}", work, batches=True),
+                     lambda: redis_consume(redis_pair.replica, CONSUME_TOPIC, consume_n)),
+                    ("consume all from the slave: listener per message vs XREAD COUNT 1000",
+                     lambda: metaq_consume_listening(factory, consume_n, f"ml{round_no}", work, batches=False),
                      lambda: redis_consume(redis_pair.replica, CONSUME_TOPIC, consume_n)),
                 ]
                 for name, run_metaq, run_redis in workloads:

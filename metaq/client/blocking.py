@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import operator
 import threading
-from typing import Any, Callable, Coroutine, Iterable, TypeVar
+from typing import Any, Callable, Coroutine, Iterable, Iterator, TypeVar
 
 from ..protocol.commands import OK
 from ..zk.paths import parse_broker_url
@@ -212,8 +213,8 @@ class MessageConsumer:
     def __init__(self, runner: LoopThread, consumer: AsyncMessageConsumer) -> None:
         self._runner = runner
         self.aio = consumer
-        self._batch: list[Message] = []  # the fetch being iterated, and how far
-        self._index = 0
+        self._batch: list[Message] = []  # the fetch being iterated, and what is left of it
+        self._rest: Iterator[Message] | None = None
 
     def subscribe(
         self,
@@ -236,22 +237,27 @@ class MessageConsumer:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
-    def __iter__(self) -> "MessageConsumer":
-        return self
+    def __iter__(self) -> Iterator[Message]:
+        """The messages of topics subscribed without a listener, as they come (see AsyncMessageConsumer).
 
-    def __next__(self) -> Message:
-        if self._index < len(self._batch):
-            self._index += 1
-            return self._batch[self._index - 1]
-        self._batch = self.getmany(self.aio.config.iterator_timeout_s)
-        if not self._batch:
-            raise StopIteration
-        self._index = 1
-        return self._batch[0]
+        Ends at shutdown or after ``iterator_timeout_s`` without a message. Breaking out
+        and iterating again goes on where it stopped.
+        """
+        while True:
+            if self._rest is not None:
+                yield from self._rest
+            batch = self._runner.run(self.aio.getmany(self.aio.config.iterator_timeout_s))
+            if not batch:
+                self._rest = None
+                return
+            self._batch, self._rest = batch, iter(batch)
 
     def getmany(self, timeout_s: float | None = None) -> list[Message]:
         """The messages of the next fetch; the previous ones count as consumed. [] after ``timeout_s`` or at shutdown."""
-        self._batch, self._index = [], 0
+        if self._rest is not None:
+            rest, self._rest = list(self._rest), None
+            if rest:
+                return rest  # what an interrupted iteration had not handed out yet
         return self._runner.run(self.aio.getmany(timeout_s))
 
     def commit(self) -> None:
@@ -276,8 +282,8 @@ class MessageConsumer:
     def shutdown(self) -> None:
         """Stop; a fetch being iterated counts as consumed up to the last message handed out."""
         async def stop() -> None:
-            if self._batch:
-                self.aio._current_index = self._index
+            if self._rest is not None:
+                self.aio._current_index = len(self._batch) - operator.length_hint(self._rest)
             await self.aio.shutdown()
 
         self._runner.run(stop())

@@ -377,6 +377,11 @@ class AsyncMessageConsumer:
         """
         if not self._started:
             await self.complete_subscribe()
+        batch = self._current
+        if batch is not None and self._current_index < len(batch.messages) and not batch.fetcher._stopping:
+            rest = batch.messages[self._current_index:]  # what an interrupted iteration had not handed out
+            self._current_index = len(batch.messages)
+            return rest
         self._finish_current()
         while not self._closed:
             try:
