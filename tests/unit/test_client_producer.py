@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
-
 import asyncio
 from typing import Any
 
+import pytest
 
 from metaq.client.cluster import ClusterSnapshot
 from metaq.client.config import MetaClientConfig
