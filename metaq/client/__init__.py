@@ -6,8 +6,6 @@ Layers, bottom up (as in aiokafka): ``connection`` (one pipelined socket) and ``
 ``session`` (the asyncio factory) and ``blocking`` (the blocking facade). See docs/client.md.
 """
 
-import logging
-
 from .config import ConsumerConfig, MetaClientConfig
 from .consumer import AsyncMessageConsumer, ConsumerStats
 from .message import Message, Partition, SendResult
@@ -19,10 +17,6 @@ from .routing import choose_replica
 from .selector import KeyHashPartitionSelector, NoPartitionAvailable, PartitionSelector, RoundRobinPartitionSelector
 from .session import AsyncMessageSessionFactory
 from .blocking import MessageConsumer, MessageProducer, MessageSessionFactory
-
-# A library's logging: records reach the application's handlers if it configures any,
-# and stderr stays quiet if it does not (no "last resort" printing of warnings).
-logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "AsyncMessageConsumer",
