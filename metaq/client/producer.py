@@ -465,7 +465,8 @@ class AsyncMessageProducer:
 
 def stored_results(topic: str, partition: Partition, header: dict, starts: list[int], attempts: int) -> list[SendResult]:
     """One SendResult per record of a put the broker stored (``header`` is its 200 reply)."""
-    stored_in = Partition(partition.broker_id, int(header["partition"]))
+    number = header["partition"]
+    stored_in = partition if number == partition.partition else Partition(partition.broker_id, int(number))
     first_offset, first_id = int(header["offset"]), int(header["msg_id"])
     return [
         SendResult(True, stored_in, first_offset + start, first_id + i, None, topic, c.OK, False, attempts)
