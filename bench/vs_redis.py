@@ -36,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -392,32 +393,27 @@ def main(argv: list[str] | None = None) -> int:
                 fill_for_consuming(factory, redis_pair, consume_n, payload)
             for round_no in range(args.rounds):
                 metaq_first = round_no % 2 == 0
-                workloads: list[tuple[str, Callable[[], float] | None, Callable[[], float] | None]] = [
-                    ("batches of 100, one in flight, async replication",
-                     lambda: metaq_batches(factory, 0, batched_n, payload),
-                     lambda: redis_batches(redis_pair.master, "s-async", batched_n, payload, wait=False)),
-                    ("batches of 100, one in flight, sync replication",
-                     lambda: metaq_batches(factory, 1, batched_n, payload),
-                     lambda: redis_batches(redis_pair.master, "s-sync", batched_n, payload, wait=True)),
-                    ("per-message send_message_async, 1,000 outstanding",
-                     lambda: asyncio.run(metaq_async_per_message(metaq.config(), 0, async_n, payload, 1000)),
-                     None),
-                    ("blocking per-message send, async replication",
-                     lambda: metaq_per_message(factory, 0, seconds, payload),
-                     lambda: redis_per_message(redis_pair.master, "p-async", seconds, payload, wait=False)),
-                    ("blocking per-message send, sync replication",
-                     lambda: metaq_per_message(factory, 1, seconds, payload),
-                     lambda: redis_per_message(redis_pair.master, "p-sync", seconds, payload, wait=True)),
-                    ("consume all from the slave: iterator vs XREAD COUNT 1000",
-                     lambda: metaq_consume_iterating(factory, consume_n, f"it{round_no}", work),
-                     lambda: redis_consume(redis_pair.replica, CONSUME_TOPIC, consume_n)),
-                    ("consume all from the slave: batch listener vs XREAD COUNT 1000",
-                     lambda: metaq_consume_listening(factory, consume_n, f"bl{round_no}", work, batches=True),
-                     lambda: redis_consume(redis_pair.replica, CONSUME_TOPIC, consume_n)),
-                    ("consume all from the slave: listener per message vs XREAD COUNT 1000",
-                     lambda: metaq_consume_listening(factory, consume_n, f"ml{round_no}", work, batches=False),
-                     lambda: redis_consume(redis_pair.replica, CONSUME_TOPIC, consume_n)),
-                ]
+                workloads: list[tuple[str, Callable[[], float] | None, Callable[[], float] | None]] = []
+                replications = (("async", 0, False), ("sync", 1, True))  # metaq group, Redis WAIT 1
+                for mode, group_id, wait in replications:
+                    workloads.append((f"batches of 100, one in flight, {mode} replication",
+                                      partial(metaq_batches, factory, group_id, batched_n, payload),
+                                      partial(redis_batches, redis_pair.master, f"s-{mode}", batched_n, payload, wait)))
+                workloads.append(("per-message send_message_async, 1,000 outstanding",
+                                  lambda: asyncio.run(metaq_async_per_message(metaq.config(), 0, async_n, payload, 1000)),
+                                  None))
+                for mode, group_id, wait in replications:
+                    workloads.append((f"blocking per-message send, {mode} replication",
+                                      partial(metaq_per_message, factory, group_id, seconds, payload),
+                                      partial(redis_per_message, redis_pair.master, f"p-{mode}", seconds, payload, wait)))
+                readers = (
+                    ("iterator", partial(metaq_consume_iterating, factory, consume_n, f"it{round_no}", work)),
+                    ("batch listener", partial(metaq_consume_listening, factory, consume_n, f"bl{round_no}", work, True)),
+                    ("listener per message", partial(metaq_consume_listening, factory, consume_n, f"ml{round_no}", work, False)),
+                )
+                for label, read in readers:
+                    workloads.append((f"consume all from the slave: {label} vs XREAD COUNT 1000", read,
+                                      partial(redis_consume, redis_pair.replica, CONSUME_TOPIC, consume_n)))
                 for name, run_metaq, run_redis in workloads:
                     if args.only and args.only not in name:
                         continue

@@ -79,8 +79,7 @@ def test_linger_gathers_messages_into_one_put_after_the_linger_time() -> None:
 
 def test_a_full_batch_goes_out_without_waiting_for_the_linger() -> None:
     pool = FakePool({0: [], 1: []})
-    size = record_size(Message("t", b"x" * 100))
-    p = producer(pool, linger_ms=10_000, batch_size=3 * size)
+    p = producer(pool, linger_ms=10_000, batch_size=3 * SIZE)
 
     async def scenario():
         futures = [p.send_message_async(Message("t", b"x" * 100)) for _ in range(3)]
@@ -90,11 +89,17 @@ def test_a_full_batch_goes_out_without_waiting_for_the_linger() -> None:
     assert all(r.success for r in results) and len(pool.log) == 1
 
 
-def test_a_put_carries_at_most_batch_size_bytes() -> None:
+SIZE = record_size(Message("t", b"x" * 100))
+
+
+def one_partition(**config: Any) -> tuple[HeldPool, AsyncMessageProducer]:
+    """A producer of one broker with one partition, whose puts wait for ``release_all``."""
     pool = HeldPool({0: []})
-    cluster = FakeCluster(brokers=1, parts=1)
-    size = record_size(Message("t", b"x" * 100))
-    p = producer(pool, cluster, batch_size=4 * size)
+    return pool, producer(pool, FakeCluster(brokers=1, parts=1), **config)
+
+
+def test_a_put_carries_at_most_batch_size_bytes() -> None:
+    pool, p = one_partition(batch_size=4 * SIZE)
 
     async def scenario():
         futures = [p.send_message_async(Message("t", b"x" * 100)) for _ in range(10)]
@@ -109,10 +114,8 @@ def test_a_put_carries_at_most_batch_size_bytes() -> None:
 
 
 def test_backpressure_fails_fast_or_waits_for_room() -> None:
-    pool = HeldPool({0: []})
-    cluster = FakeCluster(brokers=1, parts=1)
-    size = record_size(Message("t", b"x" * 100))
-    p = producer(pool, cluster, buffer_memory=3 * size)
+    size = SIZE
+    pool, p = one_partition(buffer_memory=3 * size)
 
     async def scenario():
         first = [p.send_message_async(Message("t", b"x" * 100)) for _ in range(3)]
