@@ -44,7 +44,9 @@ BatchListener = Callable[[list[Message]], Union[None, Awaitable[None]]]
 
 @dataclass
 class ConsumerStats:
-    delivered: int = 0  # listener calls that succeeded (redeliveries from the recover store included)
+    #: Messages a listener took (redeliveries from the recover store included), or that
+    #: were handed to an iterating application.
+    delivered: int = 0
     listener_failures: int = 0
     recovered: int = 0  # messages moved to the recover store
     redelivered: int = 0  # messages from the recover store that finally succeeded
@@ -396,6 +398,7 @@ class AsyncMessageConsumer:
                 batch.consumed.set()
                 continue
             self._current, self._current_index = batch, len(batch.messages)
+            self.stats.delivered += len(batch.messages)
             return batch.messages
         return []
 
