@@ -18,7 +18,7 @@ from typing import Any, Callable, Coroutine, Iterable, Iterator, TypeVar
 
 from ..protocol.commands import OK
 from ..zk.paths import parse_broker_url
-from .accumulator import record_size
+from .accumulator import MAX_BATCH_COUNT, record_size
 from .cluster import ClusterSnapshot
 from .codec import encode_messages
 from .config import ConsumerConfig, MetaClientConfig
@@ -105,9 +105,9 @@ class MessageProducer:
     def send_message(self, message: Message, timeout: float | None = None) -> SendResult:
         """Send one message and wait for its SendResult (never raises for a failed send)."""
         if timeout is None and not self._queued_count and not self.aio._closed:
-            result = self._send_direct(message)
-            if result is not None:
-                return result
+            results = self._send_direct([message])
+            if results is not None:
+                return results[0]
         return self._runner.run(self.aio.send_message(message, timeout))
 
     def send_message_async(
@@ -166,7 +166,14 @@ class MessageProducer:
         return done
 
     def send_batch(self, messages: Iterable[Message], timeout: float | None = None) -> list[SendResult]:
-        return self._runner.run(self.aio.send_batch(list(messages), timeout))
+        """Send a batch; one put on this thread's connection when it fits one (see send_message)."""
+        messages = list(messages)
+        if (timeout is None and 0 < len(messages) <= MAX_BATCH_COUNT and not self.aio._per_message
+                and not self._queued_count and not self.aio._closed and all(m.topic == messages[0].topic for m in messages)):
+            results = self._send_direct(messages)
+            if results is not None:
+                return results
+        return self._runner.run(self.aio.send_batch(messages, timeout))
 
     def flush(self) -> None:
         """Send everything queued and wait until every message sent so far has its result."""
@@ -185,28 +192,33 @@ class MessageProducer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _send_direct(self, message: Message) -> SendResult | None:
-        """The first attempt on this thread's connection; None when the loop thread must do it all."""
+    def _send_direct(self, messages: list[Message]) -> list[SendResult] | None:
+        """The first attempt at one put of ``messages`` (one topic) on this thread's connection.
+
+        The selector picks once, with the first message. None when the loop thread must do
+        it all (topic not read yet, a broker being skipped, no partition, a failing selector).
+        """
         aio = self.aio
-        topic = message.topic
+        first = messages[0]
+        topic = first.topic
         snapshot = aio.cluster.snapshot
         route = self._routes.get(topic)
         if route is None or route[0] is not snapshot:
             if topic not in snapshot.pub:
-                return None  # not published yet: the loop's path reads ZooKeeper first
+                return None
             route = self._routes[topic] = (snapshot, snapshot.writable_partitions(topic))
         if aio._suspects:
-            return None  # a broker is being skipped: the loop's logic decides
+            return None
         try:
-            partition = aio.selector.select(topic, route[1], message)
+            partition = aio.selector.select(topic, route[1], first)
             host, port = self._address(snapshot.brokers[partition.broker_id].master)  # type: ignore[arg-type]
         except Exception:
-            return None  # no partition, a failing selector...: reported by the loop's path
-        body, starts = encode_messages([message])
+            return None  # reported by the loop's path, which retries or explains
+        body, starts = encode_messages(messages)
         config = aio.config
         try:
             conn = self._direct.get(host, port)
-            header = conn.request({"op": "put", "topic": topic, "partition": partition.partition, "count": 1}, body)
+            header = conn.request({"op": "put", "topic": topic, "partition": partition.partition, "count": len(messages)}, body)
         except NotSent as exc:
             failure = SendFailure(f"broker {partition.broker_id} ({host}:{port}) unreachable: {exc}", retriable=True)
         except NoReply as exc:
@@ -214,13 +226,12 @@ class MessageProducer:
         else:
             code = header.get("code")
             if code == OK:
-                return stored_results(topic, partition, header, starts, 1)[0]
+                return stored_results(topic, partition, header, starts, 1)
             failure = classify_reply(int(code or 500), f"{code} {header.get('msg', '')} (partition {partition})",  # type: ignore[assignment]
                                      config.retry_unknown_outcome)
         if not failure.retriable:
-            return aio._not_stored(topic, partition, [message], failure, 1)[0]
-        (result,) = self._runner.run(aio.retry_chunk(topic, partition, [message], body, starts, None, failure))
-        return result
+            return aio._not_stored(topic, partition, messages, failure, 1)
+        return self._runner.run(aio.retry_chunk(topic, partition, messages, body, starts, None, failure))
 
     def _address(self, url: str) -> tuple[str, int]:
         """Where to connect for a master registered as ``url`` (parsed once per url)."""
