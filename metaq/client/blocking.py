@@ -17,7 +17,6 @@ import threading
 from typing import Any, Callable, Coroutine, Iterable, Iterator, TypeVar
 
 from ..protocol.commands import OK
-from ..zk.paths import parse_broker_url
 from .accumulator import MAX_BATCH_COUNT, record_size
 from .cluster import ClusterSnapshot
 from .codec import encode_messages
@@ -237,7 +236,7 @@ class MessageProducer:
         """Where to connect for a master registered as ``url`` (parsed once per url)."""
         address = self._addresses.get(url)
         if address is None:
-            address = self._addresses[url] = self.aio.pool.resolve(*parse_broker_url(url))
+            address = self._addresses[url] = self.aio.master_address(url)
         return address
 
 

@@ -111,7 +111,7 @@ class AsyncMessageProducer:
         self._candidates_cache: dict[str, tuple[ClusterSnapshot, float, list[Partition]]] = {}
         self._sticky: dict[str, PartitionQueue] = {}  # topic -> queue of the batch being filled
         self._unpublished: dict[str, list[tuple[Entry, bool]]] = {}  # topic -> sends waiting for its masters
-        self._in_flight: set[asyncio.Future[Any]] = set()
+        self._in_flight: set[asyncio.Future[Any]] = set()  # sends outside the queues: publishing a topic, no master yet
         self.accumulator = Accumulator(
             AccumulatorConfig(config.linger_ms, config.batch_size, config.buffer_memory, config.max_in_flight_per_connection),
             self._send_chunk,
@@ -355,6 +355,10 @@ class AsyncMessageProducer:
             self._candidates_cache.clear()
 
         self._probes[broker_id] = asyncio.create_task(probe())
+
+    def master_address(self, url: str) -> tuple[str, int]:
+        """Where to connect for a master registered as ``url`` (after ``address_map``)."""
+        return self.pool.resolve(*parse_broker_url(url))
 
     def _failed(self, message: Message, error: str, **fields: object) -> SendResult:
         return SendResult(False, error_message=error, topic=message.topic, **fields)  # type: ignore[arg-type]
