@@ -105,8 +105,8 @@ async def client_read(host: str, port: int, ends: dict[int, int], fetch: int = 1
                 if fetch_at < end:
                     future = conn.send(GetRequest(topic=TOPIC, partition=p, offset=fetch_at, max_size=min(fetch, end - fetch_at)).to_header())
                 buf = carry + body if carry else bytes(body)
-                decoded, record_ends = decode_messages(buf, offset, TOPIC, part)
-                consumed = record_ends[-1] - offset if record_ends else 0
+                decoded, decoded_end = decode_messages(buf, offset, TOPIC, part)
+                consumed = decoded_end - offset
                 carry = buf[consumed:]
                 offset += consumed
                 messages += len(decoded)

@@ -1,30 +1,36 @@
 #!/usr/bin/env bash
 # Install what metaq-py needs on a Debian machine (idempotent).
 #   bash scripts/setup.sh          the package and its runtime needs (ZooKeeper from Debian)
-#   bash scripts/setup.sh --test   also the test and Spark extras
+#   bash scripts/setup.sh --test   also the test and Spark extras, and MariaDB (the SQL offset store tests)
+#   bash scripts/setup.sh --bench  also what bench/vs_redis.py compares against (Debian's redis-server, redis-py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mode="${1:-}"
 
-if [ ! -f /usr/share/java/zookeeper.jar ]; then
-    echo "setup: installing Debian's zookeeper package (for the embedded ZooKeeper)" >&2
+# apt_install PACKAGE WHY: install a Debian package non-interactively (root or sudo).
+apt_updated=""
+apt_install() {
+    echo "setup: installing Debian's $1 package ($2)" >&2
     if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
     export DEBIAN_FRONTEND=noninteractive
-    $SUDO apt-get update -qq
-    $SUDO apt-get install -y -qq zookeeper >/dev/null
+    if [ -z "$apt_updated" ]; then $SUDO apt-get update -qq; apt_updated=1; fi
+    $SUDO apt-get install -y -qq "$1" >/dev/null
+}
+
+if [ ! -f /usr/share/java/zookeeper.jar ]; then
+    apt_install zookeeper "for the embedded ZooKeeper"
+fi
+# The SQL offset store's integration tests start their own MariaDB server (never the system's).
+if [ "$mode" = "--test" ] && ! command -v mariadbd >/dev/null && [ ! -x /usr/sbin/mariadbd ]; then
+    apt_install mariadb-server "for the SQL offset store tests"
+fi
+if [ "$mode" = "--bench" ] && ! command -v redis-server >/dev/null; then
+    apt_install redis-server "for bench/vs_redis.py"
 fi
 
 extras=""
-if [ "${1:-}" = "--test" ]; then extras="[test,spark]"; fi
-
-# The SQL offset store's integration tests start their own MariaDB server (never the system's).
-if [ "${1:-}" = "--test" ] && ! command -v mariadbd >/dev/null && [ ! -x /usr/sbin/mariadbd ]; then
-    echo "setup: installing Debian's mariadb-server package (for the SQL offset store tests)" >&2
-    if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
-    export DEBIAN_FRONTEND=noninteractive
-    $SUDO apt-get update -qq
-    $SUDO apt-get install -y -qq mariadb-server >/dev/null
-fi
-
+if [ "$mode" = "--test" ]; then extras="[test,spark]"; fi
+if [ "$mode" = "--bench" ]; then extras="[bench]"; fi
 log=$(mktemp)
 if ! python3 -m pip install -q --disable-pip-version-check -e ".${extras}" >"$log" 2>&1; then
     cat "$log" >&2

@@ -3,7 +3,7 @@
 Layers, bottom up (as in aiokafka): ``connection`` (one pipelined socket) and ``pool``;
 ``cluster`` (ZooKeeper metadata) and ``routing`` (which replica to read);
 ``producer`` / ``consumer`` with ``selector``, ``rebalance``, ``offsets``, ``recover``;
-``session`` (the asyncio factory) and ``sync`` (the blocking facade). See docs/client.md.
+``session`` (the asyncio factory) and ``blocking`` (the blocking facade). See docs/client.md.
 """
 
 from .config import ConsumerConfig, MetaClientConfig
@@ -16,7 +16,7 @@ from .recover import RecoverStore
 from .routing import choose_replica
 from .selector import KeyHashPartitionSelector, NoPartitionAvailable, PartitionSelector, RoundRobinPartitionSelector
 from .session import AsyncMessageSessionFactory
-from .sync import MessageConsumer, MessageProducer, MessageSessionFactory
+from .blocking import MessageConsumer, MessageProducer, MessageSessionFactory
 
 __all__ = [
     "AsyncMessageConsumer",

@@ -27,6 +27,12 @@ from .routing import BrokerAddresses
 
 log = logging.getLogger(__name__)
 
+#: kazoo's log for the client's session: under "kazoo" (so settings for kazoo apply), with
+#: a NullHandler so that an application without logging set up does not get kazoo's
+#: reconnect warnings on stderr (a failed start is reported as one MetaqError instead).
+ZK_LOG = logging.getLogger("kazoo.client.metaq")
+ZK_LOG.addHandler(logging.NullHandler())
+
 SnapshotListener = Callable[["ClusterSnapshot"], Awaitable[None] | None]
 
 
@@ -56,6 +62,7 @@ class Cluster:
             timeout=config.zk_session_timeout_ms / 1000,
             connection_retry={"max_tries": -1, "max_delay": 1.0},
             command_retry={"max_tries": 3, "max_delay": 1.0},
+            logger=ZK_LOG,
         )
         self.snapshot = ClusterSnapshot()
         self._pub_topics: set[str] = set()

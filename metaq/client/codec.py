@@ -38,29 +38,33 @@ def encode_messages(messages: Sequence[Message]) -> tuple[bytes, list[int]]:
     return b"".join(parts), starts
 
 
-def decode_messages(buf: bytes | bytearray, base_offset: int, topic: str, partition: Partition) -> tuple[list[Message], list[int]]:
-    """Whole records of a fetched range as Messages, and each one's end offset.
+def decode_messages(buf: bytes | bytearray, base_offset: int, topic: str, partition: Partition) -> tuple[list[Message], int]:
+    """Whole records of a fetched range as Messages, in one pass; and the end offset of the last.
 
-    A trailing partial record is left out; a checksum mismatch raises RecordError.
+    A record's end is the next one's ``offset`` (the last one's is the returned end), so
+    no second list is built. A trailing partial record is left out; a checksum mismatch
+    raises RecordError.
     """
     data = bytes(buf)
     messages: list[Message] = []
-    ends: list[int] = []
+    append = messages.append
+    new = tuple.__new__
     pos, end = 0, len(data)
     while end - pos >= HEADER_SIZE:
         length, crc, msg_id, flag = _unpack_from(data, pos)
         if length < 0:
             raise RecordError(f"record at offset {base_offset + pos}: negative length {length}")
-        stop = pos + HEADER_SIZE + length
+        start = pos + HEADER_SIZE
+        stop = start + length
         if stop > end:
             break
-        payload = data[pos + HEADER_SIZE : stop]
+        payload = data[start:stop]
         if _crc32(payload) & 0x7FFFFFFF != crc:
             raise RecordError(f"record at offset {base_offset + pos}: checksum mismatch")
-        attribute = None
         if flag:
             attribute, payload = decode_payload(flag, payload)
-        messages.append(Message(topic, payload, attribute, msg_id, partition, base_offset + pos))
-        ends.append(base_offset + stop)
+            append(new(Message, (topic, payload, attribute, msg_id, partition, base_offset + pos)))
+        else:
+            append(new(Message, (topic, payload, None, msg_id, partition, base_offset + pos)))
         pos = stop
-    return messages, ends
+    return messages, base_offset + pos

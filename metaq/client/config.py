@@ -38,6 +38,21 @@ class MetaClientConfig:
     #: resent message may be stored twice; the drill counts such duplicates). Off gives
     #: at-most-once: the SendResult says outcome_unknown and the application decides.
     retry_unknown_outcome: bool = True
+    #: Per-message sends are gathered into one put per partition (Kafka's producer batching;
+    #: MetaQ's producer has no such settings). A partition's batch is sent when it holds
+    #: ``batch_size`` bytes, when its oldest message has waited ``linger_ms``, or as soon as
+    #: the partition's previous put returns. 0 (Kafka's default before 4.0): no added wait;
+    #: messages sent while a put is in flight still share the next one.
+    linger_ms: float = 0.0
+    #: Bytes per put at most (one message larger than this goes alone). Larger than Kafka's
+    #: 16 KiB because a partition has one put in flight at a time (that is what keeps its
+    #: order across retries), so a put carries what arrived during one round trip.
+    batch_size: int = 256 * 1024
+    #: Bytes of messages queued or in flight, at most; beyond it ``send_message_async``
+    #: fails the message at once and ``send`` / ``send_message`` / the blocking facade wait.
+    buffer_memory: int = 32 * 1024 * 1024
+    #: Puts in flight on one broker's connection at most (each to a different partition).
+    max_in_flight_per_connection: int = 5
     #: Connect somewhere else than a broker registered: ``{"registered host:port": "host:port"}``
     #: (port forwarding, NAT, a proxy in front of some brokers). Addresses not listed are used as is.
     address_map: dict[str, str] = field(default_factory=dict)
@@ -45,6 +60,11 @@ class MetaClientConfig:
     def __post_init__(self) -> None:
         if not self.zk_root.startswith("/"):
             raise ValueError(f"zk_root must start with '/', got {self.zk_root!r}")
+        if self.linger_ms < 0:
+            raise ValueError(f"linger_ms must be >= 0, got {self.linger_ms}")
+        for name in ("batch_size", "buffer_memory", "max_in_flight_per_connection"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for address in (*self.address_map, *self.address_map.values()):
             try:
                 parse_host_port(address)
@@ -94,6 +114,9 @@ class ConsumerConfig:
     recover_interval_s: float = 5.0
     #: How long a rebalance waits for a previous owner to release a partition.
     claim_timeout_s: float = 60.0
+    #: Iterating the consumer (``for message in consumer``) ends after this many seconds
+    #: without a message (kafka-python's ``consumer_timeout_ms``); None: it waits until shutdown.
+    iterator_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.group or "/" in self.group:

@@ -1,8 +1,17 @@
 """The consumer: one fetch loop per owned partition, long-poll, listener retries, offset commits.
 
-Delivery is at least once. A message's offset is advanced only after its listener
-returned (or, after ``max_retries`` failures, after it was written to the recover store),
-and offsets are committed every ``commit_interval_s``, before every rebalance and at
+Three ways to receive, per subscribed topic:
+
+* a ``listener(message)``, called per message (MetaQ's API);
+* a ``batch_listener(messages)``, called with the messages of one fetch;
+* no listener: the application iterates, ``async for message in consumer`` (or
+  ``getmany()`` for a fetch's messages at once), as with aiokafka or kafka-python.
+
+Delivery is at least once. A partition's position is advanced only after its listener
+returned for a message (a batch listener: for the batch; or, after ``max_retries``
+failures, after the messages were written to the recover store). An iterated batch
+counts as consumed when the application asks for the next one or shuts the consumer
+down. Positions are committed every ``commit_interval_s``, before every rebalance and at
 shutdown. A consumer that dies redelivers at most what it consumed since its last commit.
 """
 
@@ -31,11 +40,14 @@ from .routing import Replica, choose_replica
 log = logging.getLogger(__name__)
 
 Listener = Callable[[Message], Union[None, Awaitable[None]]]
+BatchListener = Callable[[list[Message]], Union[None, Awaitable[None]]]
 
 
 @dataclass
 class ConsumerStats:
-    delivered: int = 0  # listener calls that succeeded (redeliveries from the recover store included)
+    #: Messages a listener took (redeliveries from the recover store included), or that
+    #: were handed to an iterating application.
+    delivered: int = 0
     listener_failures: int = 0
     recovered: int = 0  # messages moved to the recover store
     redelivered: int = 0  # messages from the recover store that finally succeeded
@@ -45,14 +57,37 @@ class ConsumerStats:
 
 @dataclass
 class Subscription:
+    """A topic's receiver: ``listener`` per message, ``batch_listener`` per fetch, or neither (iterated)."""
+
     topic: str
     max_size: int
-    listener: Listener
+    listener: Listener | None = None
+    batch_listener: BatchListener | None = None
 
     def __post_init__(self) -> None:
-        self.is_async = inspect.iscoroutinefunction(self.listener) or inspect.iscoroutinefunction(
-            getattr(self.listener, "__call__", None)
+        target = self.listener or self.batch_listener
+        self.is_async = target is not None and (
+            inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(getattr(target, "__call__", None))
         )
+
+    def call(self, message: Message) -> object:
+        """Deliver one message (a redelivery from the recover store, or a retry)."""
+        if self.listener is not None:
+            return self.listener(message)
+        assert self.batch_listener is not None
+        return self.batch_listener([message])
+
+
+class _HandedBatch:
+    """The messages of one fetch, handed to the iterating application."""
+
+    __slots__ = ("fetcher", "messages", "end", "consumed")
+
+    def __init__(self, fetcher: "PartitionFetcher", messages: list[Message], end: int) -> None:
+        self.fetcher = fetcher
+        self.messages = messages
+        self.end = end
+        self.consumed = asyncio.Event()
 
 
 class _FetcherState:
@@ -65,6 +100,9 @@ class _FetcherState:
     def __init__(self, position: Position | None) -> None:
         self.next_offset: int | None = position.offset if position else None
         self.last_msg_id: int = position.msg_id if position else -1
+        #: Where the next fetch starts when it is ahead of next_offset: an iterated
+        #: consumer fetches the next batch while the application works through this one.
+        self.fetch_offset: int | None = None
         self.committed: Position | None = position
         self.replica: Replica | None = None
         self.failed_replica: Replica | None = None
@@ -76,6 +114,17 @@ class _FetcherState:
     @position.setter
     def position(self, value: Position) -> None:
         self.last_msg_id, self.next_offset = value.msg_id, value.offset
+        self.fetch_offset = None
+
+    def advance(self, messages: list[Message], done: int, end: int) -> None:
+        """The first ``done`` messages of a fetch (ending at ``end``) are consumed."""
+        if done:
+            self.last_msg_id = messages[done - 1].id  # type: ignore[assignment]
+            self.next_offset = messages[done].offset if done < len(messages) else end
+
+    @property
+    def fetch_from(self) -> int | None:
+        return self.fetch_offset if self.fetch_offset is not None else self.next_offset
 
 
 class PartitionFetcher:
@@ -90,6 +139,7 @@ class PartitionFetcher:
         self._stopping = False
         self._in_wait = False
         self._task: asyncio.Task[None] | None = None
+        self.handed: _HandedBatch | None = None  # the last batch handed to the iterating application
 
     @property
     def position(self) -> Position | None:
@@ -197,7 +247,7 @@ class PartitionFetcher:
         header = GetRequest(
             topic=self.topic,
             partition=self.partition.partition,
-            offset=self.state.position.offset,
+            offset=self.state.fetch_from,
             max_size=max_size,
             group=config.group,
             max_wait_ms=config.fetch_wait_ms,
@@ -209,9 +259,9 @@ class PartitionFetcher:
         assert self.state.position is not None
         if reply.code == c.OK:
             base = int(reply["offset"])
-            messages, ends = decode_messages(reply.body, base, self.topic, self.partition)
+            messages, end = decode_messages(reply.body, base, self.topic, self.partition)
             if messages:
-                delivered = await self.consumer._deliver_batch(self, messages, ends)
+                delivered = await self.consumer._deliver_batch(self, messages, end)
                 return "data" if delivered else "idle"
             if len(reply.body) >= max_size and max_size < self.consumer.config.max_fetch_size:
                 return "grow"
@@ -224,8 +274,8 @@ class PartitionFetcher:
         if reply.code == c.NOT_FOUND and "committed" in reply.header:
             # No data yet; the broker already held the request for fetch_wait_ms. A replica
             # behind our offset (a lagging slave) answers at once: back off, maybe switch.
-            if self.state.position.offset > int(reply.get("log_end", 0)):
-                raise _FetchError(f"{self.state.replica.role if self.state.replica else 'replica'} is behind offset {self.state.position.offset}", replica_failed=True)
+            if self.state.fetch_from > int(reply.get("log_end", 0)):  # type: ignore[operator]
+                raise _FetchError(f"{self.state.replica.role if self.state.replica else 'replica'} is behind offset {self.state.fetch_from}", replica_failed=True)
             return "data" if self.consumer.config.fetch_wait_ms > 0 else "idle"
         raise _FetchError(f"fetch failed: {reply.code} {reply.message}", replica_failed=True)
 
@@ -266,23 +316,95 @@ class AsyncMessageConsumer:
         self._last_partitions: dict[str, tuple[Partition, ...]] = {}
         self._started = False
         self._closed = False
+        # Iteration: fetched batches waiting for the application (None: shut down), the
+        # batch being iterated and how many of its messages were handed out.
+        self._handed_queue: asyncio.Queue[_HandedBatch | None] = asyncio.Queue()
+        self._current: _HandedBatch | None = None
+        self._current_index = 0
 
     # --- public API --------------------------------------------------------------------------
 
-    def subscribe(self, topic: str, max_size: int | None = None, listener: Listener | None = None) -> "AsyncMessageConsumer":
-        """Register ``listener`` for ``topic`` (call complete_subscribe() once all are registered).
+    def subscribe(
+        self,
+        topic: str,
+        max_size: int | None = None,
+        listener: Listener | None = None,
+        *,
+        batch_listener: BatchListener | None = None,
+    ) -> "AsyncMessageConsumer":
+        """Receive ``topic`` (call complete_subscribe() once all are registered, or just iterate).
 
-        ``listener(message)`` may be a plain function (called in the event loop: keep it
-        quick) or a coroutine function. If it raises, it is called again, up to
-        ``max_retries`` times, then the message goes to the recover store.
+        ``listener(message)`` is called per message, ``batch_listener(messages)`` with the
+        messages of one fetch (in order, all of one partition); either may be a plain
+        function (called in the event loop: keep it quick) or a coroutine function. If it
+        raises, it is called again with the same message(s), up to ``max_retries`` times,
+        then the message(s) go to the recover store. With neither, iterate the consumer.
         """
         if self._started:
             raise RuntimeError("subscribe() must come before complete_subscribe()")
-        if listener is None:
-            raise ValueError("subscribe() needs a listener")
-        self.subscriptions[topic] = Subscription(topic, max_size or self.config.fetch_size, listener)
-        self.recover.register(topic, lambda m, s=self.subscriptions[topic]: self._deliver(s, m, redelivery=True))
+        if listener is not None and batch_listener is not None:
+            raise ValueError("subscribe() takes a listener or a batch_listener, not both")
+        subscription = Subscription(topic, max_size or self.config.fetch_size, listener, batch_listener)
+        self.subscriptions[topic] = subscription
+        if listener is not None or batch_listener is not None:
+            self.recover.register(topic, lambda m, s=subscription: self._deliver(s, m, redelivery=True))
         return self
+
+    async def __aenter__(self) -> "AsyncMessageConsumer":
+        await self.complete_subscribe()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    def __aiter__(self) -> "AsyncMessageConsumer":
+        return self
+
+    async def __anext__(self) -> Message:
+        """The next message of a topic subscribed without a listener (``async for``).
+
+        Ends when the consumer shuts down, or after ``iterator_timeout_s`` without a message.
+        """
+        batch = self._current
+        if batch is not None and self._current_index < len(batch.messages) and not batch.fetcher._stopping:
+            self._current_index += 1
+            return batch.messages[self._current_index - 1]
+        messages = await self.getmany(self.config.iterator_timeout_s)
+        if not messages:
+            raise StopAsyncIteration
+        self._current_index = 1
+        return messages[0]
+
+    async def getmany(self, timeout_s: float | None = None) -> list[Message]:
+        """The messages of the next fetch (all of one partition, in order); [] after ``timeout_s`` or at shutdown.
+
+        The messages returned by the previous call (or iterated) count as consumed now:
+        the partition's position moves past them.
+        """
+        if not self._started:
+            await self.complete_subscribe()
+        batch = self._current
+        if batch is not None and self._current_index < len(batch.messages) and not batch.fetcher._stopping:
+            rest = batch.messages[self._current_index:]  # what an interrupted iteration had not handed out
+            self._current_index = len(batch.messages)
+            return rest
+        self._finish_current()
+        while not self._closed:
+            try:
+                batch = await asyncio.wait_for(self._handed_queue.get(), timeout_s) if timeout_s is not None \
+                    else await self._handed_queue.get()
+            except asyncio.TimeoutError:
+                return []
+            if batch is None:
+                self._handed_queue.put_nowait(None)  # wake any other waiter too
+                break
+            if batch.fetcher._stopping:  # its partition went to another member meanwhile
+                batch.consumed.set()
+                continue
+            self._current, self._current_index = batch, len(batch.messages)
+            self.stats.delivered += len(batch.messages)
+            return batch.messages
+        return []
 
     async def complete_subscribe(self) -> None:
         """Join the group, get partitions, start fetching."""
@@ -326,6 +448,8 @@ class AsyncMessageConsumer:
         if self._closed:
             return
         self._closed = True
+        self._finish_current()
+        self._handed_queue.put_nowait(None)
         self.cluster.remove_listener(self._on_cluster_change)
         for task in self._tasks:
             task.cancel()
@@ -337,44 +461,99 @@ class AsyncMessageConsumer:
 
     # --- delivery ----------------------------------------------------------------------------
 
-    async def _deliver_batch(self, fetcher: PartitionFetcher, messages: list[Message], ends: list[int]) -> int:
-        """Deliver a fetched batch in order, advancing the fetcher's position after each message.
-
-        A plain-function listener is called inline (no coroutine per message: this loop is
-        the consumer's hot path); only a failure takes the retry/recover path.
-        """
+    async def _deliver_batch(self, fetcher: PartitionFetcher, messages: list[Message], end: int) -> int:
+        """Deliver one fetch's messages in order; returns how many were consumed (or handed over)."""
         subscription = fetcher.subscription
-        listener = subscription.listener
+        if subscription.listener is None:
+            if subscription.batch_listener is None:
+                return await self._hand_over(fetcher, messages, end)
+            return await self._deliver_whole(fetcher, messages, end)
         state = fetcher.state
         stats = self.stats
-        delivered = 0
-        for message, end in zip(messages, ends):
-            if fetcher._stopping or self.paused:
+        listener = subscription.listener
+        is_async = subscription.is_async
+        done = counted_elsewhere = 0  # delivered; and deliveries that _deliver counted itself
+        # The position is written only before an await and at the end: nothing else runs
+        # in between (one event loop), so a commit never sees it lag behind a delivery.
+        for message in messages:
+            if self.paused or fetcher._stopping:
                 break
-            if subscription.is_async:
+            if is_async:
+                state.advance(messages, done, end)
                 await self._deliver_or_recover(subscription, message)
+                counted_elsewhere += 1
             else:
                 try:
                     result = listener(message)
-                    if asyncio.iscoroutine(result):  # a plain callable may still return a coroutine
+                    if result is not None and asyncio.iscoroutine(result):  # a plain callable may return one
+                        state.advance(messages, done, end)
                         await result
-                    stats.delivered += 1
                 except Exception as exc:
+                    state.advance(messages, done, end)
+                    counted_elsewhere += 1
                     stats.listener_failures += 1
                     log.warning("listener failed on %s-%s@%s (attempt 1 of %d): %s", message.topic, message.partition,
                                 message.offset, self.config.max_retries, exc)
                     await self._deliver_or_recover(subscription, message, failed=1)
-            state.last_msg_id = message.id  # type: ignore[assignment]
-            state.next_offset = end
-            delivered += 1
-        return delivered
+            done += 1
+        stats.delivered += done - counted_elsewhere
+        state.advance(messages, done, end)
+        return done
+
+    async def _deliver_whole(self, fetcher: PartitionFetcher, messages: list[Message], end: int) -> int:
+        """A batch listener's delivery: the whole fetch, retried as a whole, then parked message by message."""
+        if self.paused or fetcher._stopping:
+            return 0
+        subscription = fetcher.subscription
+        batch_listener = subscription.batch_listener
+        assert batch_listener is not None
+        for attempt in range(1, self.config.max_retries + 1):
+            try:
+                result = batch_listener(messages)
+                if result is not None and asyncio.iscoroutine(result):
+                    await result
+            except Exception as exc:
+                self.stats.listener_failures += 1
+                log.warning("batch listener failed on %d messages of %s-%s from %s (attempt %d of %d): %s", len(messages),
+                            fetcher.topic, fetcher.partition, messages[0].offset, attempt, self.config.max_retries, exc)
+                continue
+            self.stats.delivered += len(messages)
+            break
+        else:
+            for message in messages:  # one bad batch must not stall the partition
+                await self._recover(message)
+        fetcher.state.advance(messages, len(messages), end)
+        return len(messages)
+
+    async def _hand_over(self, fetcher: PartitionFetcher, messages: list[Message], end: int) -> int:
+        """Queue a fetch for the iterating application, once the previous one of this partition is consumed.
+
+        So a partition has at most one batch with the application and one fetched ahead.
+        """
+        previous = fetcher.handed
+        if previous is not None and not previous.consumed.is_set():
+            await fetcher._wait(previous.consumed.wait())
+        batch = fetcher.handed = _HandedBatch(fetcher, messages, end)
+        fetcher.state.fetch_offset = end
+        self._handed_queue.put_nowait(batch)
+        return len(messages)
+
+    def _finish_current(self) -> None:
+        """The batch with the application is consumed as far as it was handed out."""
+        batch, self._current = self._current, None
+        if batch is not None:
+            if not batch.fetcher._stopping:
+                batch.fetcher.state.advance(batch.messages, self._current_index, batch.end)
+                if self._current_index < len(batch.messages):
+                    batch.fetcher.state.fetch_offset = None  # only at shutdown: the rest is fetched again
+            batch.consumed.set()
 
     async def _deliver(self, subscription: Subscription, message: Message, redelivery: bool = False, failed: int = 0) -> bool:
         """Call the listener up to max_retries times (minus ``failed``); True once it returned normally."""
         attempts = 1 if redelivery else self.config.max_retries
         for attempt in range(failed + 1, attempts + 1):
             try:
-                result = subscription.listener(message)
+                result = subscription.call(message)
                 if asyncio.iscoroutine(result):
                     await result
             except Exception as exc:
@@ -391,6 +570,9 @@ class AsyncMessageConsumer:
     async def _deliver_or_recover(self, subscription: Subscription, message: Message, failed: int = 0) -> None:
         if await self._deliver(subscription, message, failed=failed):
             return
+        await self._recover(message)
+
+    async def _recover(self, message: Message) -> None:
         # One bad message must not stall the partition: park it on disk and move on.
         await asyncio.to_thread(self.recover_store.append, message)
         self.stats.recovered += 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import total_ordering
+from typing import NamedTuple
 
 
 @total_ordering
@@ -35,16 +36,7 @@ class Partition:
         raise ValueError(f"not a partition name (expected 'BROKER-N'): {name!r}")
 
 
-@dataclass(slots=True)
-class Message:
-    """A message to send, or one received.
-
-    ``topic``, ``data`` and the optional ``attribute`` (a string stored with the message,
-    MetaQ's way to tag messages) are what a producer sets. A received message also carries
-    where it came from: ``partition``, ``offset`` (its byte position in the partition log)
-    and ``id`` (the msg id the master gave it).
-    """
-
+class _MessageFields(NamedTuple):
     topic: str
     data: bytes
     attribute: str | None = None
@@ -52,9 +44,36 @@ class Message:
     partition: Partition | None = None
     offset: int | None = None
 
-    def __post_init__(self) -> None:
-        if type(self.data) is not bytes:  # noqa: E721 - the common case must stay cheap
-            self.data = self.data.encode("utf-8") if isinstance(self.data, str) else bytes(self.data)
+
+class Message(_MessageFields):
+    """A message to send, or one received (immutable).
+
+    ``topic``, ``data`` (bytes) and the optional ``attribute`` (a string stored with the
+    message, MetaQ's way to tag messages) are what a producer sets. A received message
+    also carries where it came from: ``partition``, ``offset`` (its byte position in the
+    partition log) and ``id`` (the msg id the master gave it).
+
+    A tuple underneath: a consumer builds one per received record, and a tuple is the
+    cheapest Python object to build (``codec.decode_messages`` skips the checks below,
+    its fields come from a checked record).
+    """
+
+    __slots__ = ()
+
+    def __new__(
+        cls,
+        topic: str,
+        data: bytes,
+        attribute: str | None = None,
+        id: int | None = None,
+        partition: Partition | None = None,
+        offset: int | None = None,
+    ) -> "Message":
+        if type(data) is not bytes:  # noqa: E721 - the common case must stay cheap
+            if isinstance(data, str):
+                raise TypeError("Message data must be bytes, not str: encode it first, e.g. text.encode()")
+            data = bytes(data)  # bytearray, memoryview...
+        return tuple.__new__(cls, (topic, data, attribute, id, partition, offset))
 
 
 # Not frozen: a frozen dataclass costs several times more to build, and a batch send

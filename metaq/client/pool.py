@@ -19,9 +19,13 @@ class ConnectionPool:
         # Concurrent callers for a new address wait on the same connect.
         self._connecting: dict[tuple[str, int], asyncio.Future[BrokerConnection]] = {}
 
+    def resolve(self, host: str, port: int) -> tuple[str, int]:
+        """Where to connect for a broker registered at ``host:port`` (after ``address_map``)."""
+        return self._redirects.get((host, port), (host, port))
+
     async def get(self, host: str, port: int) -> BrokerConnection:
         """An open connection to ``host:port`` (raises ConnectionClosed if it cannot connect)."""
-        key = self._redirects.get((host, port), (host, port))
+        key = self.resolve(host, port)
         conn = self._connections.get(key)
         if conn is not None and conn.is_open:
             return conn

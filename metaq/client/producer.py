@@ -12,7 +12,12 @@ Failure classes (see ``classify_reply``):
 
 Retries are bounded by attempts and total time (tenacity, exponential back-off), and a
 send that runs out of either ends in a SendResult saying why, so nothing is dropped in
-silence.
+silence. The retry machinery is entered only after a failed first attempt: a put that
+succeeds costs one request and no retry bookkeeping.
+
+Per-message sends (``send_message_async``, ``send``, ``send_message``) go through the
+accumulator (``accumulator.py``), which gathers them into puts per partition;
+``send_batch`` sends the caller's batch as it is.
 """
 
 from __future__ import annotations
@@ -21,14 +26,24 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from typing import Callable, Iterable
+from typing import Any, Iterable
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
 
 from ..addresses import parse_broker_url
 from ..protocol import commands as c
 from ..protocol.messages import PutRequest
-from .cluster import Cluster
+from .accumulator import (
+    MAX_BATCH_COUNT,
+    Accumulator,
+    AccumulatorConfig,
+    Callback,
+    Entry,
+    PartitionQueue,
+    record_size,
+    resolve,
+)
+from .cluster import Cluster, ClusterSnapshot
 from .codec import encode_messages
 from .config import MetaClientConfig
 from .connection import ConnectionClosed
@@ -38,8 +53,6 @@ from .selector import NoPartitionAvailable, PartitionSelector, RoundRobinPartiti
 
 log = logging.getLogger(__name__)
 
-#: The broker takes at most this many messages in one put.
-MAX_BATCH_COUNT = 4096
 #: How long a broker that refused a connection is skipped when choosing partitions,
 #: unless a background probe reaches it again sooner.
 SUSPECT_SECONDS = 2.0
@@ -76,7 +89,11 @@ def unknown_outcome(message: str, retry_unknown_outcome: bool = False) -> SendFa
 
 
 class AsyncMessageProducer:
-    """Sends messages to the masters of a topic's partitions. Create with ``factory.create_producer()``."""
+    """Sends messages to the masters of a topic's partitions. Create with ``factory.create_producer()``.
+
+    Also an async context manager: ``async with factory.create_producer() as producer:``
+    closes it (sending everything queued) on the way out.
+    """
 
     def __init__(
         self,
@@ -89,31 +106,91 @@ class AsyncMessageProducer:
         self.pool = pool
         self.config = config
         self.selector: PartitionSelector = selector or RoundRobinPartitionSelector()
+        self._per_message = getattr(self.selector, "per_message", True)
         self._suspects: dict[int, float] = {}  # broker id -> monotonic time until skipped
         self._probes: dict[int, asyncio.Task[None]] = {}  # broker id -> reconnect probe
-        self._in_flight: set[asyncio.Task[object]] = set()
+        self._candidates_cache: dict[str, tuple[ClusterSnapshot, float, list[Partition]]] = {}
+        self._sticky: dict[str, PartitionQueue] = {}  # topic -> queue of the batch being filled
+        self._unpublished: dict[str, list[tuple[Entry, bool]]] = {}  # topic -> sends waiting for its masters
+        self._in_flight: set[asyncio.Future[Any]] = set()  # sends outside the queues: publishing a topic, no master yet
+        self.accumulator = Accumulator(
+            AccumulatorConfig(config.linger_ms, config.batch_size, config.buffer_memory, config.max_in_flight_per_connection),
+            self._send_chunk,
+        )
         self._closed = False
 
     async def publish(self, topic: str) -> None:
         """Start tracking the topic's masters (MetaQ's ``publish``); sending also does this lazily."""
         await self.cluster.watch_topic(topic, publish=True)
 
+    async def __aenter__(self) -> "AsyncMessageProducer":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
     # --- sending --------------------------------------------------------------------------
 
-    async def send_message(self, message: Message, timeout: float | None = None) -> SendResult:
-        """Send one message; always returns a SendResult (never raises for a failed send)."""
-        (result,) = await self.send_batch([message], timeout)
-        return result
+    def send_message_async(self, message: Message, callback: Callback | None = None) -> "asyncio.Future[SendResult]":
+        """Queue one message for a batched put; returns the future of its SendResult at once.
 
-    def send_message_async(
-        self, message: Message, callback: Callable[[SendResult], object] | None = None
-    ) -> "asyncio.Task[SendResult]":
-        """Start sending; the task's result (and ``callback``'s argument) is the SendResult."""
-        task = asyncio.create_task(self.send_message(message))
-        self._track(task)
-        if callback is not None:
-            task.add_done_callback(lambda t: None if t.cancelled() else callback(t.result()))
-        return task
+        ``callback(result)`` runs in the event loop when the result is known (never inside
+        this call). With the buffer full (``buffer_memory``) the result is at once a
+        failure saying so: use ``await send()`` to wait for room instead.
+        """
+        future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+        size = record_size(message)
+        accumulator = self.accumulator
+        if self._closed:
+            self._refuse(message, future, callback, "producer is closed")
+        elif accumulator.buffered + size > self.config.buffer_memory and not accumulator.has_room(size):
+            self._refuse(message, future, callback, f"producer buffer full ({self.config.buffer_memory} bytes buffered); "
+                                                    "wait for results or raise buffer_memory")
+        elif not self._per_message and (queue := self._sticky.get(message.topic)) is not None and queue.entries:
+            # The hot path: the batch being filled for this topic (sticky partitioning).
+            accumulator.append(queue, (message, future, size, callback))
+        else:
+            self._enqueue((message, future, size, callback), linger=True)
+        return future
+
+    async def send(self, message: Message, callback: Callback | None = None) -> "asyncio.Future[SendResult]":
+        """Queue one message, waiting for room in the buffer if it is full; returns its result's future.
+
+        Like aiokafka's ``send``: ``await (await producer.send(message))`` is the result.
+        """
+        size = record_size(message)
+        if not self._closed and not self.accumulator.has_room(size):
+            if not await self.accumulator.wait_for_room(size, self.config.send_timeout_s):
+                future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+                self._refuse(message, future, callback, f"producer buffer full for {self.config.send_timeout_s}s")
+                return future
+        return self.send_message_async(message, callback)
+
+    async def send_message(self, message: Message, timeout: float | None = None) -> SendResult:
+        """Send one message and wait for its result (never raises for a failed send).
+
+        It joins the put of its partition that is being filled, without lingering (its
+        caller waits for it); with ``timeout`` it is sent on its own with that retry budget.
+        """
+        if timeout is not None:
+            (result,) = await self.send_batch([message], timeout)
+            return result
+        size = record_size(message)
+        if not self._closed and not self.accumulator.has_room(size):
+            await self.accumulator.wait_for_room(size, self.config.send_timeout_s)
+        if self._closed:
+            return self._failed(message, "producer is closed")
+        future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+        self._enqueue((message, future, size, None), linger=False)
+        return await future
+
+    async def flush(self) -> None:
+        """Send everything queued now, and wait until every message sent so far has its result."""
+        waiting = self.accumulator.flush_all()
+        waiting.extend(entry[1] for entries in self._unpublished.values() for entry, _ in entries)
+        waiting.extend(self._in_flight)
+        if waiting:
+            await asyncio.wait(waiting)
 
     async def send_batch(self, messages: Iterable[Message], timeout: float | None = None) -> list[SendResult]:
         """Send many messages with as few puts as possible: one SendResult each, in order.
@@ -135,7 +212,7 @@ class AsyncMessageProducer:
                 await self.publish(topic)
             partitions = self._candidates(topic)
             # One pick per message, or (per_message = False) one per put-sized chunk.
-            step = 1 if getattr(self.selector, "per_message", True) else MAX_BATCH_COUNT
+            step = 1 if self._per_message else MAX_BATCH_COUNT
             for start in range(0, len(indexes), step):
                 chunk = indexes[start : start + step]
                 try:
@@ -159,28 +236,100 @@ class AsyncMessageProducer:
         return results  # type: ignore[return-value]
 
     async def close(self) -> None:
-        """Wait for sends in flight (each still ends in its SendResult), then refuse new ones."""
+        """Refuse new sends, send everything queued and wait for every result, stop probing."""
         self._closed = True
-        if self._in_flight:
-            await asyncio.gather(*list(self._in_flight), return_exceptions=True)
+        await self.flush()
         for probe in list(self._probes.values()):
             probe.cancel()
 
+    # --- the accumulator's side -------------------------------------------------------------
+
+    def _enqueue(self, entry: Entry, linger: bool) -> None:
+        """File a message with the partition it goes to (its topic's masters are known, or soon)."""
+        message, future, size, callback = entry
+        topic = message.topic
+        waiting = self._unpublished.get(topic)
+        if waiting is not None or topic not in self.cluster.snapshot.pub:
+            # Keep order: everything for this topic waits until its masters have been read.
+            if waiting is None:
+                waiting = self._unpublished[topic] = []
+                self._track(asyncio.ensure_future(self._publish_then_enqueue(topic)))
+            waiting.append((entry, linger))
+            return
+        partitions = self._candidates(topic)
+        try:
+            partition = self.selector.select(topic, partitions, message) if partitions else None
+        except NoPartitionAvailable:
+            partition = None
+        except Exception as exc:  # a user selector's bug fails its message only
+            self._refuse(message, future, callback, f"partition selector failed: {exc}")
+            return
+        if partition is None:
+            # No master right now: this message takes the retry path on its own.
+            self.accumulator.hold(size)
+            task = asyncio.ensure_future(self._send_chunk(topic, None, [message]))
+            task.add_done_callback(lambda t: self._resolve_alone(t, entry))
+            self._track(task)
+            return
+        queue = self.accumulator.queue(topic, partition)
+        if not self._per_message:
+            # Sticky, like Kafka's partitioner: fill this partition's batch; pick anew for the next.
+            self._sticky[topic] = queue
+        self.accumulator.append(queue, entry, linger)
+
+    async def _publish_then_enqueue(self, topic: str) -> None:
+        try:
+            await self.publish(topic)
+        finally:
+            for entry, linger in self._unpublished.pop(topic, []):
+                self._enqueue(entry, linger)
+
+    def _resolve_alone(self, task: "asyncio.Future[list[SendResult]]", entry: Entry) -> None:
+        message, future, size, callback = entry
+        self.accumulator.release(size)
+        if task.cancelled() or task.exception() is not None:
+            failure = "cancelled" if task.cancelled() else task.exception()
+            resolve(future, callback, self._failed(message, f"send failed: {failure}"))
+        else:
+            resolve(future, callback, task.result()[0])
+
+    def _refuse(self, message: Message, future: "asyncio.Future[SendResult]", callback: Callback | None, error: str) -> None:
+        """A send that ends before it starts: its result now, its callback soon (not inside the caller's call)."""
+        result = self._failed(message, error)
+        future.set_result(result)
+        if callback is not None:
+            asyncio.get_running_loop().call_soon(resolve, future, callback, result)
+
     # --- internals ------------------------------------------------------------------------
 
-    def _track(self, task: "asyncio.Task[SendResult]") -> None:
-        self._in_flight.add(task)  # type: ignore[arg-type]
-        task.add_done_callback(self._in_flight.discard)  # type: ignore[arg-type]
+    def _track(self, task: "asyncio.Future[Any]") -> None:
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
 
     def _candidates(self, topic: str) -> list[Partition]:
-        """Writable partitions, minus those of brokers that just refused us (if others remain)."""
-        partitions = self.cluster.snapshot.writable_partitions(topic)
+        """Writable partitions, minus those of brokers that just refused us (if others remain).
+
+        Cached per topic until the cluster snapshot changes or a broker's skip ends: this
+        runs for every message a per-message selector places.
+        """
+        snapshot = self.cluster.snapshot
+        cached = self._candidates_cache.get(topic)
         now = time.monotonic()
+        if cached is not None and cached[0] is snapshot and now < cached[1]:
+            return cached[2]
+        partitions = snapshot.writable_partitions(topic)
         suspects = {p.broker_id for p in partitions if self._suspects.get(p.broker_id, 0) > now}
         for broker_id in suspects:
             self._start_probe(broker_id)
         healthy = [p for p in partitions if p.broker_id not in suspects]
-        return healthy or partitions
+        until = min((self._suspects[b] for b in suspects), default=float("inf"))
+        result = healthy or partitions
+        self._candidates_cache[topic] = (snapshot, until, result)
+        return result
+
+    def _suspect(self, broker_id: int) -> None:
+        self._suspects[broker_id] = time.monotonic() + SUSPECT_SECONDS
+        self._candidates_cache.clear()
 
     def _start_probe(self, broker_id: int) -> None:
         """Reconnect to a skipped broker in the background; success ends its suspicion.
@@ -204,25 +353,60 @@ class AsyncMessageProducer:
             finally:
                 self._probes.pop(broker_id, None)
             self._suspects.pop(broker_id, None)
+            self._candidates_cache.clear()
 
         self._probes[broker_id] = asyncio.create_task(probe())
+
+    def master_address(self, url: str) -> tuple[str, int]:
+        """Where to connect for a master registered as ``url`` (after ``address_map``)."""
+        return self.pool.resolve(*parse_broker_url(url))
 
     def _failed(self, message: Message, error: str, **fields: object) -> SendResult:
         return SendResult(False, error_message=error, topic=message.topic, **fields)  # type: ignore[arg-type]
 
     async def _send_chunk(
-        self, topic: str, partition: Partition | None, messages: list[Message], timeout: float | None
+        self, topic: str, partition: Partition | None, messages: list[Message], timeout: float | None = None
     ) -> list[SendResult]:
+        """One put of ``messages``; only if it fails, the retries (see the module's table)."""
         body, starts = encode_messages(messages)
+        if partition is None or partition not in self._candidates(topic):
+            return await self.retry_chunk(topic, partition, messages, body, starts, timeout)
+        try:
+            header = await self._put(topic, partition, body, len(messages))
+        except SendFailure as failure:
+            if not failure.retriable:
+                return self._not_stored(topic, partition, messages, failure, 1)
+            return await self.retry_chunk(topic, partition, messages, body, starts, timeout, failure)
+        return stored_results(topic, partition, header, starts, 1)
+
+    async def retry_chunk(
+        self,
+        topic: str,
+        partition: Partition | None,
+        messages: list[Message],
+        body: bytes,
+        starts: list[int],
+        timeout: float | None = None,
+        failed: SendFailure | None = None,
+    ) -> list[SendResult]:
+        """The failure path: retries with back-off, each on a partition picked anew.
+
+        ``failed`` is the outcome of a first attempt already made (here or by the
+        blocking facade's direct put); it counts against ``send_max_attempts``.
+        """
         config = self.config
         total = timeout if timeout is not None else config.send_timeout_s
+        attempts = 0 if failed is None else 1
+        if attempts >= config.send_max_attempts:
+            return self._not_stored(topic, partition, messages, failed, attempts)  # type: ignore[arg-type]
+        if failed is not None:
+            await asyncio.sleep(config.send_retry_min_wait_s)
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(config.send_max_attempts) | stop_after_delay(total),
+            stop=stop_after_attempt(config.send_max_attempts - attempts) | stop_after_delay(total),
             wait=wait_exponential(multiplier=config.send_retry_min_wait_s, max=config.send_retry_max_wait_s),
             retry=retry_if_exception(lambda exc: isinstance(exc, SendFailure) and exc.retriable),
             reraise=True,
         )
-        attempts = 0
         try:
             async for attempt in retrying:
                 with attempt:
@@ -233,23 +417,16 @@ class AsyncMessageProducer:
         except SendFailure as failure:
             if attempts > 1:
                 log.debug("send to %s gave up after %d attempts: %s", topic, attempts, failure.message)
-            return [
-                SendResult(
-                    False,
-                    partition=partition,
-                    error_message=failure.message + (f" (after {attempts} attempts)" if attempts > 1 else ""),
-                    topic=topic,
-                    code=failure.code,
-                    outcome_unknown=failure.outcome_unknown,
-                    attempts=attempts,
-                )
-                for _ in messages
-            ]
-        stored_in = Partition(partition.broker_id, int(header["partition"]))  # type: ignore[union-attr]
-        first_offset, first_id = int(header["offset"]), int(header["msg_id"])
+            return self._not_stored(topic, partition, messages, failure, attempts)
+        return stored_results(topic, partition, header, starts, attempts)  # type: ignore[arg-type]
+
+    def _not_stored(self, topic: str, partition: Partition | None, messages: list[Message], failure: SendFailure,
+                    attempts: int) -> list[SendResult]:
+        error = failure.message + (f" (after {attempts} attempts)" if attempts > 1 else "")
         return [
-            SendResult(True, stored_in, first_offset + start, first_id + i, None, topic, c.OK, False, attempts)
-            for i, start in enumerate(starts)
+            SendResult(False, partition=partition, error_message=error, topic=topic, code=failure.code,
+                       outcome_unknown=failure.outcome_unknown, attempts=attempts)
+            for _ in messages
         ]
 
     def _reselect(self, topic: str, message: Message) -> Partition:
@@ -274,12 +451,12 @@ class AsyncMessageProducer:
             future = conn.send(PutRequest(topic=topic, partition=partition.partition, count=count).to_header(), body)
         except ConnectionClosed as exc:
             # Nothing was written: safe to retry, and skip this broker for a moment.
-            self._suspects[partition.broker_id] = time.monotonic() + SUSPECT_SECONDS
+            self._suspect(partition.broker_id)
             raise SendFailure(f"broker {partition.broker_id} ({host}:{port}) unreachable: {exc}", retriable=True) from None
         try:
             reply = await asyncio.wait_for(future, self.config.request_timeout_s)
         except ConnectionClosed as exc:
-            self._suspects[partition.broker_id] = time.monotonic() + SUSPECT_SECONDS
+            self._suspect(partition.broker_id)
             raise unknown_outcome(f"outcome unknown: {exc} after sending to partition {partition}", retry_unknown) from None
         except asyncio.TimeoutError:
             raise unknown_outcome(
@@ -289,3 +466,14 @@ class AsyncMessageProducer:
         if failure is not None:
             raise failure
         return reply.header
+
+
+def stored_results(topic: str, partition: Partition, header: dict, starts: list[int], attempts: int) -> list[SendResult]:
+    """One SendResult per record of a put the broker stored (``header`` is its 200 reply)."""
+    number = header["partition"]
+    stored_in = partition if number == partition.partition else Partition(partition.broker_id, int(number))
+    first_offset, first_id = int(header["offset"]), int(header["msg_id"])
+    return [
+        SendResult(True, stored_in, first_offset + start, first_id + i, None, topic, c.OK, False, attempts)
+        for i, start in enumerate(starts)
+    ]

@@ -204,3 +204,70 @@ def test_a_plain_listener_returning_a_coroutine_is_awaited(two_brokers, zk, zk_r
             return sorted(m.data for m in got)
 
     assert asyncio.run(scenario()) == sorted(f"q{i}".encode() for i in range(6))
+
+
+def test_iterating_a_consumer_resumes_where_it_stopped(two_brokers, factory, tmp_path) -> None:
+    """``for message in consumer``: an interrupted iteration goes on with the next message;
+    at shutdown what was handed out counts as consumed, and a new member starts after it."""
+    producer = factory.create_producer()
+    results = producer.send_batch([Message(TOPIC, f"it{i:02d}".encode()) for i in range(40)])
+    assert all(results) and len({r.partition for r in results}) == 1  # one put: one partition, in order
+    config = consumer_config(tmp_path, iterator_timeout_s=3)
+    seen: list[bytes] = []
+    with factory.create_consumer(config).subscribe(TOPIC) as consumer:
+        for message in consumer:
+            seen.append(message.data)
+            if len(seen) == 15:
+                break
+        for message in consumer:  # goes on where the first loop stopped
+            seen.append(message.data)
+            if len(seen) == 25:
+                break
+    assert seen == [f"it{i:02d}".encode() for i in range(25)]
+    with factory.create_consumer(config).subscribe(TOPIC) as again:
+        rest = [m.data for m in again]  # ends after iterator_timeout_s without a message
+    assert rest == [f"it{i:02d}".encode() for i in range(25, 40)]
+
+
+def test_batch_listener_gets_whole_fetches_and_retries_them(two_brokers, factory, tmp_path) -> None:
+    producer = factory.create_producer()
+    assert all(producer.send_batch([Message(TOPIC, f"b{i}".encode()) for i in range(30)]))
+    batches: list[list[bytes]] = []
+    failures = 0
+
+    def on_batch(messages: list[Message]) -> None:
+        nonlocal failures
+        if failures < 2:  # the first two calls fail: the same batch comes again
+            failures += 1
+            raise RuntimeError("not yet")
+        batches.append([m.data for m in messages])
+
+    consumer = factory.create_consumer(consumer_config(tmp_path))
+    consumer.subscribe(TOPIC, batch_listener=on_batch)
+    consumer.complete_subscribe()
+    wait_until(lambda: sum(map(len, batches)) >= 30, 15, message="30 messages in batches")
+    consumer.shutdown()
+    assert len(batches) == 1 and batches[0] == [f"b{i}".encode() for i in range(30)]
+    assert consumer.stats.listener_failures == 2 and consumer.stats.delivered == 30
+
+
+def test_async_iteration_and_getmany(two_brokers, zk, zk_root, tmp_path) -> None:
+    import asyncio
+
+    from metaq.client import AsyncMessageSessionFactory
+
+    async def scenario() -> list[bytes]:
+        config = MetaClientConfig(zk_connect=zk.connect_string, zk_root=zk_root, zk_session_timeout_ms=4000)
+        async with AsyncMessageSessionFactory(config) as factory:
+            async with factory.create_producer() as producer:
+                futures = [producer.send_message_async(Message(TOPIC, f"a{i:02d}".encode())) for i in range(20)]
+            assert all(f.result().success for f in futures)
+            got = []
+            async with factory.create_consumer(consumer_config(tmp_path, iterator_timeout_s=2)).subscribe(TOPIC) as consumer:
+                got += [m.data for m in await consumer.getmany(timeout_s=10)]
+                async for message in consumer:
+                    got.append(message.data)
+            return got
+
+    got = asyncio.run(scenario())
+    assert sorted(got) == [f"a{i:02d}".encode() for i in range(20)]

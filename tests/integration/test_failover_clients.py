@@ -15,11 +15,19 @@ SendResult names, and the consumer delivers it at that same offset.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import Counter
 
-from metaq.client import ConsumerConfig, Message, MessageSessionFactory, MetaClientConfig
+from metaq.client import (
+    AsyncMessageSessionFactory,
+    ConsumerConfig,
+    Message,
+    MessageSessionFactory,
+    MetaClientConfig,
+    SendResult,
+)
 
 from .failover_support import TOPIC, Group, fetch_all, make_pair, sync_system, wait_leads, wait_until
 
@@ -115,3 +123,56 @@ def test_producer_reroutes_and_consumer_keeps_offsets(broker_factory, zk, zk_cli
         assert sorted(set(offsets)) == sorted(set(offsets) & set(on_b))
         consumer.shutdown()
         producer.close()
+
+
+def test_100k_per_message_sends_through_a_kill_9_failover(broker_factory, zk, zk_client, zk_root):
+    """One ``send_message_async`` call per message, batched by the accumulator, while the
+    sync master is killed with SIGKILL: every send ends in a SendResult, none fails
+    outright, and every acked message is on the new master at the offset it was acked at."""
+    group = Group(zk_client, zk_root)
+    a, b = make_pair(broker_factory, sync_system(), group)
+    epoch_before = group.epoch()
+    total, kill_after = 100_000, 30_000
+    config = MetaClientConfig(
+        zk_connect=zk.connect_string, zk_root=zk_root, zk_session_timeout_ms=4000, request_timeout_s=5,
+        send_max_attempts=60, send_timeout_s=25, send_retry_max_wait_s=0.5, buffer_memory=512 * 1024,
+    )
+
+    async def produce() -> tuple[list[SendResult], int]:
+        async with AsyncMessageSessionFactory(config) as factory:
+            async with factory.create_producer() as producer:
+                await producer.publish(TOPIC)
+                acked = 0
+                killed = asyncio.Event()
+
+                def count(result: SendResult) -> None:
+                    nonlocal acked
+                    acked += result.success
+                    if acked >= kill_after and not killed.is_set():
+                        killed.set()
+                        a.kill()  # SIGKILL, right from the ack callback: puts are in flight
+
+                futures = []
+                for n in range(total):
+                    # send() waits while buffer_memory is full: the application's loop is paced.
+                    future = await producer.send(Message(TOPIC, f"m-{n:06d}".encode()))
+                    future.add_done_callback(lambda f: count(f.result()))
+                    futures.append(future)
+                await producer.flush()
+                assert killed.is_set(), "the kill happened before the last send"
+                return [f.result() for f in futures], acked
+
+    started = time.monotonic()
+    results, acked = asyncio.run(produce())
+    elapsed = time.monotonic() - started
+    wait_leads(b, group, epoch_before)
+    outcomes = Counter("ok" if r.success else ("unknown" if r.outcome_unknown else f"failed {r.code}") for r in results)
+    print(f"\n{total} per-message sends across a kill -9 failover in {elapsed:.1f}s: {dict(outcomes)}; "
+          f"max attempts {max(r.attempts for r in results)}")
+    failed = [r for r in results if not r.success and not r.outcome_unknown]
+    assert not failed, [r.error_message for r in failed[:3]]
+    assert sum(r.attempts > 1 for r in results) > 0, "some puts should have been retried across the kill"
+    on_b = fetch_all(b)
+    missing = [(n, r) for n, r in enumerate(results) if r.success and on_b.get(r.offset) != f"m-{n:06d}".encode()]
+    assert not missing, missing[:3]
+    assert acked == outcomes["ok"] and outcomes["ok"] >= total - outcomes["unknown"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 
 from metaq.client.cluster import ClusterSnapshot
 from metaq.client.config import MetaClientConfig
@@ -183,3 +184,9 @@ def test_a_broken_selector_fails_the_message_not_the_batch() -> None:
     p = AsyncMessageProducer(FakeCluster(), FakePool({}), CONFIG, Broken())  # type: ignore[arg-type]
     (result,) = asyncio.run(p.send_batch([Message("t", b"x")]))
     assert not result.success and "boom" in result.error_message
+
+
+def test_message_refuses_str_data_and_copies_other_bytes_likes() -> None:
+    with pytest.raises(TypeError, match="bytes, not str"):
+        Message("t", "text")  # type: ignore[arg-type]
+    assert Message("t", bytearray(b"ab")).data == b"ab" and type(Message("t", memoryview(b"ab")).data) is bytes
