@@ -1,0 +1,153 @@
+"""One partition's transaction state, rebuilt from its log, and the snapshot file that bounds the walk.
+
+``PartitionTxnState`` holds the producer table and the transaction index of one
+partition plus ``position``, the log offset up to which both have seen every
+record. ``catch_up(read, end)`` walks [position, end) with ``record.walk_records``
+and feeds every control record to both. The walk stops *before* a batch whose
+records are not all below ``end`` (a BATCH header is appended together with its
+records, so that is either the half of a batch a slave has fetched so far, or, at
+start, a torn tail): ``position`` then stays at that header, the next call
+resumes there, and ``incomplete_tail`` tells a starting broker to cut the log
+back to it.
+
+Snapshot: ``{partition dir}/txn-state-checkpoint``, JSON with a CRC, written
+atomically (temporary file, fsync, rename). It records ``position`` and an
+*anchor*: the offset, msg id and CRC of the last record below ``position``. On
+load the anchor must still be in the log, so a snapshot taken before an HA
+truncation cut the log (and the log grew again past it) is refused instead of
+reused; the state is then rebuilt from the log start.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import zlib
+from pathlib import Path
+from typing import Any, Callable
+
+from metaq.record import HEADER, HEADER_SIZE, walk_records
+from metaq.txn.control import ControlError, Kind, control_at
+from metaq.txn.index import TransactionIndex
+from metaq.txn.producer_state import ProducerStateTable
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_FILE = "txn-state-checkpoint"
+_SNAPSHOT_VERSION = 1
+Reader = Callable[[int, int], "bytes | memoryview"]
+
+
+class PartitionTxnState:
+    def __init__(self, producers: ProducerStateTable | None = None, index: TransactionIndex | None = None,
+                 position: int = 0) -> None:
+        self.producers = producers if producers is not None else ProducerStateTable()
+        self.index = index if index is not None else TransactionIndex()
+        self.position = position
+        #: (offset, msg id, crc) of the last record below ``position``; None at a log start.
+        self.anchor: tuple[int, int, int] | None = None
+
+    def catch_up(self, read: Reader, end: int) -> int:
+        """Follow every record in [position, end); return the new position."""
+        for run in walk_records(read, self.position, end, boundaries_only=True):
+            pos = run.offset
+            assert run.ends is not None
+            for stop in run.ends:
+                at = pos - run.offset
+                try:
+                    control = control_at(run.data, at)
+                except ControlError as exc:
+                    raise ControlError(f"record at {pos}: {exc}") from None
+                if control is not None and control.kind is Kind.BATCH and stop + control.data_bytes > end:
+                    return self.position  # the batch is not all here yet
+                if control is not None:
+                    self.producers.apply(control, pos, stop - pos)
+                    self.index.observe(control, pos, stop - pos)
+                _length, crc, msg_id, _flag = HEADER.unpack_from(run.data, at)
+                self.anchor = (pos, msg_id, crc)
+                self.position = pos = stop
+        return self.position
+
+    def incomplete_tail(self, log_end: int) -> int | None:
+        """After ``catch_up(read, log_end)`` at start: the offset to cut a torn batch back to, or None."""
+        return self.position if self.position < log_end else None
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, PartitionTxnState) and self.position == other.position
+                and self.producers == other.producers and self.index == other.index)
+
+
+def _canonical(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def write_snapshot(directory: Path, state: PartitionTxnState) -> None:
+    body = {"version": _SNAPSHOT_VERSION, "position": state.position, "anchor": state.anchor,
+            "producers": state.producers.to_json(), "index": state.index.to_json()}
+    raw = _canonical(body)
+    path = directory / SNAPSHOT_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(b"%d\n" % zlib.crc32(raw) + raw)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def discard_snapshot(directory: Path) -> None:
+    """Before an HA truncation cuts the log: the snapshot may describe bytes about to go."""
+    (directory / SNAPSHOT_FILE).unlink(missing_ok=True)
+
+
+def load_state(directory: Path, read: Reader, log_start: int, log_end: int,
+               producers: Callable[[], ProducerStateTable] = ProducerStateTable,
+               index: Callable[[], TransactionIndex] = TransactionIndex) -> PartitionTxnState:
+    """The state at ``log_end``: the snapshot if it still fits the log, then a walk of the rest.
+
+    The caller cuts the log back to ``incomplete_tail(log_end)`` if that is not None.
+    """
+    state = PartitionTxnState(producers(), index(), log_start)
+    snapshot = _read_snapshot(directory / SNAPSHOT_FILE)
+    if snapshot is not None and _fits(snapshot, read, log_start, log_end):
+        state.producers.load_json(snapshot["producers"])
+        state.index.load_json(snapshot["index"])
+        state.position = max(snapshot["position"], log_start)
+        state.anchor = tuple(snapshot["anchor"]) if snapshot["anchor"] else None  # type: ignore[assignment]
+        state.index.forget_before(log_start)
+    state.catch_up(read, log_end)
+    return state
+
+
+def _read_snapshot(path: Path) -> dict[str, Any] | None:
+    try:
+        crc_line, _, raw = path.read_bytes().partition(b"\n")
+    except FileNotFoundError:
+        return None
+    try:
+        if int(crc_line) != zlib.crc32(raw):
+            raise ValueError("checksum mismatch")
+        body = json.loads(raw)
+        if body.get("version") != _SNAPSHOT_VERSION:
+            raise ValueError(f"version {body.get('version')!r}")
+        return body
+    except ValueError as exc:
+        log.warning("%s: transaction snapshot ignored (%s); rebuilding from the log", path, exc)
+        return None
+
+
+def _fits(snapshot: dict[str, Any], read: Reader, log_start: int, log_end: int) -> bool:
+    """Does the log still hold the record the snapshot ends with?"""
+    position, anchor = snapshot["position"], snapshot["anchor"]
+    if position > log_end:
+        return False
+    if anchor is None:
+        return position <= log_start  # an empty state taken at a log start
+    offset, msg_id, crc = anchor
+    if offset < log_start:
+        return True  # retention took the anchor's segment; nothing below log start can change
+    header = bytes(read(offset, HEADER_SIZE))
+    if len(header) < HEADER_SIZE:
+        return False
+    length, found_crc, found_id, _flag = HEADER.unpack(header)
+    return (found_id, found_crc) == (msg_id, crc) and offset + HEADER_SIZE + length == position
