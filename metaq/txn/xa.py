@@ -119,6 +119,7 @@ class Code(enum.IntEnum):
     XAER_PROTO = -6
     XAER_NOTA = -4
     XAER_DUPID = -8
+    XAER_RMERR = -3  # the coordinator's own refusal (timeout capacity), never a table row
 
 
 class Marker(enum.Enum):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from metaq.record import buffer_reader, encode_batch
+from metaq.record import buffer_reader, encode_batch, record_ends
 from metaq.txn.control import AbortReason, Kind, frame_batch, marker
 from metaq.txn.producer_state import Verdict
 from metaq.txn.rebuild import PartitionTxnState
@@ -43,11 +43,9 @@ class ModelLog:
             body = encode_batch([(f"{txid}|{pid}|{seq + i}".encode(), None) for i in range(count)])
             at = self._append(frame_batch(bytearray(body), count, producer_id=pid, producer_epoch=epoch,
                                           first_seq=seq, timestamp_ms=self.clock, txid=txid))
-            header = len(self.log) - at - len(body)
-            pos = at + header
-            for i in range(count):
-                self.owner[pos] = txid
-                pos += len(body) // count
+            data_start = len(self.log) - len(body)
+            for start in [data_start] + record_ends(body, data_start)[:-1]:
+                self.owner[start] = txid
             self.next_seq[pid] = seq + count
             if txid:
                 self.status.setdefault(txid, "open")
