@@ -45,7 +45,7 @@ import enum
 import struct
 from typing import NamedTuple
 
-from metaq.record import FLAG_HAS_ATTRIBUTE, HEADER, HEADER_SIZE, Record, encode_record, iter_records
+from metaq.record import FLAG_HAS_ATTRIBUTE, HEADER, HEADER_SIZE, Record, encode_record, record_ends
 
 #: The reserved attribute. The leading NUL keeps it apart from any printable attribute.
 CONTROL_ATTRIBUTE = "\x00metaq.control"
@@ -191,9 +191,12 @@ def control_of(record: Record) -> Control | None:
 
 def find_forged_control(batch: bytes | bytearray | memoryview) -> int | None:
     """Index of the first record of a producer's batch that carries the reserved attribute, or None."""
-    for index, record in enumerate(iter_records(batch, verify=False)):
-        if record.attribute == CONTROL_ATTRIBUTE:
+    view = memoryview(batch)
+    pos = 0
+    for index, end in enumerate(record_ends(view)):
+        if is_control(view, pos):
             return index
+        pos = end
     return None
 
 

@@ -12,7 +12,8 @@ back to it.
 
 Snapshot: ``{partition dir}/txn-state-checkpoint``, JSON with a CRC, written
 atomically (temporary file, fsync, rename). It records ``position`` and an
-*anchor*: the offset, msg id and CRC of the last record below ``position``. On
+*anchor*: the offset, msg id and CRC of the record that ends the state's bytes
+(the last record outside a batch, or the header of the last batch). On
 load the anchor must still be in the log, so a snapshot taken before an HA
 truncation cut the log (and the log grew again past it) is refused instead of
 reused; the state is then rebuilt from the log start.
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from metaq.record import HEADER, HEADER_SIZE, walk_records
-from metaq.txn.control import ControlError, Kind, control_at
+from metaq.txn.control import Control, ControlError, Kind, control_at
 from metaq.txn.index import TransactionIndex
 from metaq.txn.producer_state import ProducerStateTable
 
@@ -49,25 +50,53 @@ class PartitionTxnState:
         self.anchor: tuple[int, int, int] | None = None
 
     def catch_up(self, read: Reader, end: int) -> int:
-        """Follow every record in [position, end); return the new position."""
+        """Follow every record in [position, end); return the new position.
+
+        The records of a batch follow its header and are never control records (a
+        put carrying one is refused), so the walk checks only the records outside
+        batches and jumps ``position`` from a BATCH header to its batch's end.
+        """
+        batch_end = self.position
         for run in walk_records(read, self.position, end, boundaries_only=True):
             pos = run.offset
             assert run.ends is not None
             for stop in run.ends:
-                at = pos - run.offset
-                try:
-                    control = control_at(run.data, at)
-                except ControlError as exc:
-                    raise ControlError(f"record at {pos}: {exc}") from None
-                if control is not None and control.kind is Kind.BATCH and stop + control.data_bytes > end:
-                    return self.position  # the batch is not all here yet
-                if control is not None:
-                    self.producers.apply(control, pos, stop - pos)
-                    self.index.observe(control, pos, stop - pos)
-                _length, crc, msg_id, _flag = HEADER.unpack_from(run.data, at)
-                self.anchor = (pos, msg_id, crc)
-                self.position = pos = stop
+                if stop > batch_end:
+                    at = pos - run.offset
+                    try:
+                        control = control_at(run.data, at)
+                    except ControlError as exc:
+                        raise ControlError(f"record at {pos}: {exc}") from None
+                    if control is not None and control.kind is Kind.BATCH and stop + control.data_bytes > end:
+                        return self.position  # the batch is not all here yet
+                    _length, crc, msg_id, _flag = HEADER.unpack_from(run.data, at)
+                    self._observe(control, pos, stop, (pos, msg_id, crc))
+                    batch_end = self.position
+                pos = stop
         return self.position
+
+    def appended(self, offset: int, framed: bytes | bytearray | memoryview, header: Control | None = None) -> None:
+        """The master appended ``framed`` (a BATCH header and its records, msg ids stamped) at ``offset``.
+
+        The same result as ``catch_up`` over those bytes, without walking the records;
+        ``header`` (``PutPlan.header``) saves decoding the header again.
+        """
+        if offset != self.position:
+            raise ValueError(f"append at {offset}, but the state stands at {self.position}: catch up first")
+        length, crc, msg_id, _flag = HEADER.unpack_from(framed, 0)
+        control = header if header is not None else control_at(framed, 0)
+        header_end = offset + HEADER_SIZE + length
+        if control is None or control.kind is not Kind.BATCH or header_end + control.data_bytes != offset + len(framed):
+            raise ValueError("appended bytes do not start with the BATCH header of exactly these records")
+        self._observe(control, offset, header_end, (offset, msg_id, crc))
+
+    def _observe(self, control: Control | None, offset: int, stop: int, anchor: tuple[int, int, int]) -> None:
+        """One record at [offset, stop): a BATCH header moves ``position`` past its whole batch."""
+        if control is not None:
+            self.producers.apply(control, offset, stop - offset)
+            self.index.observe(control, offset, stop - offset)
+        self.anchor = anchor
+        self.position = stop + control.data_bytes if control is not None and control.kind is Kind.BATCH else stop
 
     def incomplete_tail(self, log_end: int) -> int | None:
         """After ``catch_up(read, log_end)`` at start: the offset to cut a torn batch back to, or None."""
@@ -150,4 +179,9 @@ def _fits(snapshot: dict[str, Any], read: Reader, log_start: int, log_end: int) 
     if len(header) < HEADER_SIZE:
         return False
     length, found_crc, found_id, _flag = HEADER.unpack(header)
-    return (found_id, found_crc) == (msg_id, crc) and offset + HEADER_SIZE + length == position
+    if (found_id, found_crc) != (msg_id, crc):
+        return False
+    # The anchor is the last record outside a batch, or a batch's header: either ends the state's bytes.
+    control = control_at(bytes(read(offset, HEADER_SIZE + length)))
+    batch_bytes = control.data_bytes if control is not None and control.kind is Kind.BATCH else 0
+    return offset + HEADER_SIZE + length + batch_bytes == position
