@@ -11,6 +11,7 @@ Modules, lowest first (none imports the broker, HA or client layers):
 * ``xa``  the XA branch state machine (pure transition table)
 * ``txlog``  the broker's transaction journal with checkpoints and flush modes
 * ``coordinator``  branches, timeouts, markers to write, reconcile at start/promotion
+* ``crcfile``  small CRC-guarded state files, replaced atomically
 * ``config``  the MetaQ transaction settings from server.ini
 
 docs/transactions.md is the design; its "Wiring contract" says what the broker,

@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import zlib
 from pathlib import Path
 from typing import Any, Callable
 
 from metaq.record import HEADER, HEADER_SIZE, walk_records
 from metaq.txn.control import Control, ControlError, Kind, control_at
+from metaq.txn.crcfile import read_crc_file, write_crc_file
 from metaq.txn.index import TransactionIndex
 from metaq.txn.producer_state import ProducerStateTable
 
@@ -114,14 +113,7 @@ def _canonical(body: dict[str, Any]) -> bytes:
 def write_snapshot(directory: Path, state: PartitionTxnState) -> None:
     body = {"version": _SNAPSHOT_VERSION, "position": state.position, "anchor": state.anchor,
             "producers": state.producers.to_json(), "index": state.index.to_json()}
-    raw = _canonical(body)
-    path = directory / SNAPSHOT_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(b"%d\n" % zlib.crc32(raw) + raw)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    write_crc_file(directory / SNAPSHOT_FILE, _canonical(body))
 
 
 def discard_snapshot(directory: Path) -> None:
@@ -150,12 +142,9 @@ def load_state(directory: Path, read: Reader, log_start: int, log_end: int,
 
 def _read_snapshot(path: Path) -> dict[str, Any] | None:
     try:
-        crc_line, _, raw = path.read_bytes().partition(b"\n")
-    except FileNotFoundError:
-        return None
-    try:
-        if int(crc_line) != zlib.crc32(raw):
-            raise ValueError("checksum mismatch")
+        raw = read_crc_file(path)
+        if raw is None:
+            return None
         body = json.loads(raw)
         if body.get("version") != _SNAPSHOT_VERSION:
             raise ValueError(f"version {body.get('version')!r}")

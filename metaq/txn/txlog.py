@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from metaq.txn.config import FlushTxLog, TxnSettings
+from metaq.txn.crcfile import read_crc_file, write_crc_file
 
 log = logging.getLogger(__name__)
 
@@ -140,13 +141,7 @@ class TxLog:
         self._redo.close()
         self._redo_number += 1
         raw = json.dumps({"version": _VERSION, "branches": self.branches}, sort_keys=True).encode()
-        path = self.directory / _checkpoint_name(self._redo_number)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as handle:
-            handle.write(b"%d\n" % zlib.crc32(raw) + raw)
-            handle.flush()
-            self._fsync(handle.fileno())
-        os.replace(tmp, path)
+        write_crc_file(self.directory / _checkpoint_name(self._redo_number), raw, self._fsync)
         self._redo = open(self.directory / _redo_name(self._redo_number), "ab")
         self._dirty_since_ms = None
         self._last_checkpoint_ms = now_ms
@@ -167,12 +162,11 @@ class TxLog:
 
 def _load_checkpoint(directory: Path) -> tuple[Branches, int]:
     for n, path in reversed(_numbered(directory, _CHECKPOINT)):
-        crc_line, _, raw = path.read_bytes().partition(b"\n")
         try:
-            body = json.loads(raw) if crc_line.isdigit() and int(crc_line) == zlib.crc32(raw) else None
-        except ValueError:
+            body = json.loads(read_crc_file(path) or b"null")
+        except ValueError:  # DamagedFile, or a body that is not JSON
             body = None
-        if body is not None and body.get("version") == _VERSION:
+        if isinstance(body, dict) and body.get("version") == _VERSION:
             return body["branches"], n
         log.warning("%s: damaged transaction checkpoint skipped; trying an older one", path)
     return {}, 0

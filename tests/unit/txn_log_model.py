@@ -41,7 +41,7 @@ class ModelLog:
         verdict = self.state.producers.check(pid, epoch, seq, count).verdict
         if verdict is Verdict.NEW:
             body = encode_batch([(f"{txid}|{pid}|{seq + i}".encode(), None) for i in range(count)])
-            at = self._append(frame_batch(bytearray(body), count, producer_id=pid, producer_epoch=epoch,
+            self._append(frame_batch(bytearray(body), count, producer_id=pid, producer_epoch=epoch,
                                           first_seq=seq, timestamp_ms=self.clock, txid=txid))
             data_start = len(self.log) - len(body)
             for start in [data_start] + record_ends(body, data_start)[:-1]:
