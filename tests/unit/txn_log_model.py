@@ -42,7 +42,7 @@ class ModelLog:
         if verdict is Verdict.NEW:
             body = encode_batch([(f"{txid}|{pid}|{seq + i}".encode(), None) for i in range(count)])
             self._append(frame_batch(bytearray(body), count, producer_id=pid, producer_epoch=epoch,
-                                          first_seq=seq, timestamp_ms=self.clock, txid=txid))
+                                   first_seq=seq, timestamp_ms=self.clock, txid=txid))
             data_start = len(self.log) - len(body)
             for start in [data_start] + record_ends(body, data_start)[:-1]:
                 self.owner[start] = txid
