@@ -42,32 +42,27 @@ Where this machine goes beyond plain XA (each says why):
 * a finished branch (COMMITTED, ROLLED_BACK) is a tombstone: its id may start
   a new branch (START), every other request is answered from the outcome.
 
-Transition table. ``X/code`` means: move to X and reply code; ``.`` keeps the
-state; ``+P``, ``+C``, ``+A`` mean append a PREPARE, COMMIT or ABORT marker to
-every partition the branch wrote to (before replying). Blank = XAER_PROTO.
-Columns: START, START_JOIN, SEND, END, END_FAIL, PREPARE, PREPARE_READ_ONLY,
-COMMIT_ONE_PHASE, COMMIT, ROLLBACK, TIMEOUT, FAILOVER, FORGET.
+Transition table. A cell ``X/code`` means: move to X and reply code; ``.`` for X
+keeps the state; ``+P``, ``+C``, ``+A``: append a PREPARE, COMMIT or ABORT marker
+to every partition the branch wrote to (before replying); ``-`` is XAER_PROTO
+(state kept). States: NX nonexistent, AC active, ID idle, RO rollback-only,
+PR prepared, CM committed, RB rolled back, HR heuristically rolled back. Codes:
+ok, rdonly, rb (XA_RBROLLBACK), rbto (XA_RBTIMEOUT), heur (XA_HEURRB), nota,
+dup (XAER_DUPID).
 
-    NONEXISTENT    START=ACTIVE/OK; every request else ./NOTA; TIMEOUT, FAILOVER ./OK
-    ACTIVE         START ./DUPID; SEND ./OK; END IDLE/OK; END_FAIL ROLLBACK_ONLY/OK;
-                   TIMEOUT ROLLED_BACK/RBTIMEOUT+A; FAILOVER ROLLED_BACK/RBROLLBACK+A
-    IDLE           START ./DUPID; START_JOIN ACTIVE/OK; PREPARE PREPARED/OK+P;
-                   PREPARE_READ_ONLY NONEXISTENT/RDONLY; COMMIT_ONE_PHASE COMMITTED/OK+C;
-                   ROLLBACK ROLLED_BACK/OK+A; TIMEOUT ROLLED_BACK/RBTIMEOUT+A;
-                   FAILOVER ROLLED_BACK/RBROLLBACK+A
-    ROLLBACK_ONLY  START ./DUPID; START_JOIN, SEND ./RBROLLBACK;
-                   PREPARE, PREPARE_READ_ONLY, COMMIT_ONE_PHASE ROLLED_BACK/RBROLLBACK+A;
-                   ROLLBACK ROLLED_BACK/OK+A; TIMEOUT ROLLED_BACK/RBTIMEOUT+A;
-                   FAILOVER ROLLED_BACK/RBROLLBACK+A
-    PREPARED       START ./DUPID; COMMIT COMMITTED/OK+C; ROLLBACK ROLLED_BACK/OK+A;
-                   TIMEOUT HEURISTIC_ROLLED_BACK/HEURRB+A; FAILOVER ./OK (it is in the log)
-    COMMITTED      START ACTIVE/OK; COMMIT, COMMIT_ONE_PHASE ./OK; TIMEOUT, FAILOVER ./OK;
-                   FORGET ./NOTA
-    ROLLED_BACK    START ACTIVE/OK; START_JOIN, SEND, END, END_FAIL, PREPARE,
-                   PREPARE_READ_ONLY, COMMIT_ONE_PHASE, COMMIT ./RBROLLBACK;
-                   ROLLBACK ./OK; TIMEOUT, FAILOVER ./OK; FORGET ./NOTA
-    HEURISTIC_RB   START ./DUPID; COMMIT, ROLLBACK ./HEURRB; TIMEOUT, FAILOVER ./OK;
-                   FORGET NONEXISTENT/OK
+         START   JOIN    SEND    END     END_FAIL PREPARE  PREP_RO    COMMIT_1P COMMIT   ROLLBACK TIMEOUT    FAILOVER FORGET
+    NX   AC/ok   ./nota  ./nota  ./nota  ./nota   ./nota   ./nota     ./nota    ./nota   ./nota   ./ok       ./ok     ./nota
+    AC   ./dup   -       ./ok    ID/ok   RO/ok    -        -          -         -        -        RB/rbto+A  RB/rb+A  -
+    ID   ./dup   AC/ok   -       -       -        PR/ok+P  NX/rdonly  CM/ok+C   -        RB/ok+A  RB/rbto+A  RB/rb+A  -
+    RO   ./dup   ./rb    ./rb    -       -        RB/rb+A  RB/rb+A    RB/rb+A   -        RB/ok+A  RB/rbto+A  RB/rb+A  -
+    PR   ./dup   -       -       -       -        -        -          -         CM/ok+C  RB/ok+A  HR/heur+A  ./ok     -
+    CM   AC/ok   -       -       -       -        -        -          ./ok      ./ok     -        ./ok       ./ok     ./nota
+    RB   AC/ok   ./rb    ./rb    ./rb    ./rb     ./rb     ./rb       ./rb      ./rb     ./ok     ./ok       ./ok     ./nota
+    HR   ./dup   -       -       -       -        -        -          -         ./heur   ./heur   ./ok       ./ok     NX/ok
+
+JOIN is xa_start(TMJOIN or TMRESUME); PREP_RO is a prepare of a branch that wrote
+nothing; FAILOVER is posted by ``reconcile`` for a branch found unprepared when a
+broker starts or takes over.
 
 Guarantees the coordinator keeps with it: a branch's records become readable
 only through a COMMIT marker (``+C``), which is appended only by a COMMIT or

@@ -80,3 +80,11 @@ def test_a_local_transaction_is_start_send_end_commit_one_phase() -> None:
         state = row.state
         markers.append(row.marker)
     assert state is S.COMMITTED and markers == [None] * 4 + [Marker.COMMIT]
+
+
+def test_the_grid_in_the_modules_docstring_is_the_table() -> None:
+    import metaq.txn.xa as xa
+
+    rows = {line.split()[0]: line.split()[1:] for line in xa.__doc__.splitlines()
+            if line.startswith("    ") and line.split() and line.split()[0] in SHORT}
+    assert rows == EXPECTED
