@@ -30,7 +30,9 @@ Reconcile rules, per transaction id, from what the partition logs show:
 4. else (open, not prepared everywhere): the FAILOVER row: rolled back, ABORT
    markers with reason FAILOVER (the client's session is gone; XA lets a resource
    manager roll back an unprepared branch);
-5. a branch only the journal knows (no open record in any log) takes the
+5. a transaction the logs show finished (and open nowhere) is remembered as
+   committed or rolled back, so a retried commit or rollback gets its outcome;
+6. a branch only the journal knows (no open record in any log) takes the
    outcome the logs show if there is one, else keeps its journaled state if it is
    PREPARED or HEURISTIC_ROLLED_BACK, else gets the FAILOVER row; no markers.
 """
@@ -168,7 +170,7 @@ class TransactionCoordinator:
     # --- start and promotion ---------------------------------------------------------
 
     def reconcile(self, indexes: Mapping[Partition, TransactionIndex], now_ms: int) -> list[tuple[str, Reply]]:
-        """Merge what the partition logs show into the branches; return the markers to write (rules 1-5)."""
+        """Merge what the partition logs show into the branches; return the markers to write (rules 1-6)."""
         open_in: dict[str, dict[Partition, Any]] = {}
         decided: dict[str, tuple[Kind, AbortReason | None]] = {}
         for part, index in indexes.items():
@@ -200,6 +202,10 @@ class TransactionCoordinator:
                 self._journal(branch, decision=True, now_ms=now_ms)
             else:
                 results.append((xid, self._apply(xid, Event.FAILOVER, now_ms)))
+        for xid, (kind, _reason) in decided.items():
+            if xid not in open_in and xid not in self.branches:
+                # finished before the crash: a retried commit or rollback gets the outcome
+                self._remember(xid, State.COMMITTED if kind is Kind.COMMIT else State.ROLLED_BACK)
         for xid in [x for x in self.branches if x not in open_in]:
             branch = self.branches[xid]
             branch.partitions = []  # no log holds an open record of it: nothing to mark
@@ -247,9 +253,13 @@ class TransactionCoordinator:
         del self.branches[branch.xid]
         self.tombstones.pop(branch.xid, None)
         if final is not State.NONEXISTENT:  # read-only and forgotten branches leave no tombstone
-            self.tombstones[branch.xid] = final
-            while len(self.tombstones) > self.max_tombstones:
-                self.tombstones.popitem(last=False)
+            self._remember(branch.xid, final)
+
+    def _remember(self, xid: str, final: State) -> None:
+        self.tombstones[xid] = final
+        self.tombstones.move_to_end(xid)
+        while len(self.tombstones) > self.max_tombstones:
+            self.tombstones.popitem(last=False)
 
     @staticmethod
     def _markers(branch: Branch, marker: Marker | None, reason: AbortReason) -> list[MarkerWrite]:

@@ -173,3 +173,17 @@ def test_markers_written_from_replies_are_valid_control_records() -> None:
     state = PartitionTxnState()
     state.catch_up(buffer_reader(record, 0), len(record))
     assert state.position == len(record)
+
+
+def test_a_commit_retried_on_the_new_master_gets_the_outcome_from_the_logs() -> None:
+    log = ModelLog()
+    log.put(7, 1, XID)
+    log.mark(Kind.PREPARE, XID)
+    log.mark(Kind.COMMIT, XID)  # the old master wrote it, then died before replying
+    log.put(7, 1, "TX:7:5")
+    log.mark(Kind.ABORT, "TX:7:5")
+    promoted = TransactionCoordinator(TxnSettings())
+    assert promoted.reconcile({("t", 0): log.state.index}, 10) == []
+    assert promoted.commit(XID, 11, one_phase=False) == (Code.XA_OK, [])
+    assert promoted.rollback("TX:7:5", 11) == (Code.XA_OK, [])
+    assert promoted.commit("TX:7:5", 11, one_phase=True).code is Code.XA_RBROLLBACK
