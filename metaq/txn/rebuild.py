@@ -1,0 +1,176 @@
+"""One partition's transaction state, rebuilt from its log, and the snapshot file that bounds the walk.
+
+``PartitionTxnState`` holds the producer table and the transaction index of one
+partition plus ``position``, the log offset up to which both have seen every
+record. ``catch_up(read, end)`` walks [position, end) with ``record.walk_records``
+and feeds every control record to both. The walk stops *before* a batch whose
+records are not all below ``end`` (a BATCH header is appended together with its
+records, so that is either the half of a batch a slave has fetched so far, or, at
+start, a torn tail): ``position`` then stays at that header, the next call
+resumes there, and ``incomplete_tail`` tells a starting broker to cut the log
+back to it.
+
+Snapshot: ``{partition dir}/txn-state-checkpoint``, JSON with a CRC, written
+atomically (temporary file, fsync, rename). It records ``position`` and an
+*anchor*: the offset, msg id and CRC of the record that ends the state's bytes
+(the last record outside a batch, or the header of the last batch). On
+load the anchor must still be in the log, so a snapshot taken before an HA
+truncation cut the log (and the log grew again past it) is refused instead of
+reused; the state is then rebuilt from the log start.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Callable
+
+from metaq.record import HEADER, HEADER_SIZE, walk_records
+from metaq.txn.control import Control, ControlError, Kind, control_at
+from metaq.txn.crcfile import read_crc_file, write_crc_file
+from metaq.txn.index import TransactionIndex
+from metaq.txn.producer_state import ProducerStateTable
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_FILE = "txn-state-checkpoint"
+_SNAPSHOT_VERSION = 1
+Reader = Callable[[int, int], "bytes | memoryview"]
+
+
+class PartitionTxnState:
+    def __init__(self, producers: ProducerStateTable | None = None, index: TransactionIndex | None = None,
+                 position: int = 0) -> None:
+        self.producers = producers if producers is not None else ProducerStateTable()
+        self.index = index if index is not None else TransactionIndex()
+        self.position = position
+        #: (offset, msg id, crc) of the last record below ``position``; None at a log start.
+        self.anchor: tuple[int, int, int] | None = None
+
+    def catch_up(self, read: Reader, end: int) -> int:
+        """Follow every record in [position, end); return the new position.
+
+        The records of a batch follow its header and are never control records (a
+        put carrying one is refused), so the walk checks only the records outside
+        batches and jumps ``position`` from a BATCH header to its batch's end.
+        """
+        batch_end = self.position
+        for run in walk_records(read, self.position, end, boundaries_only=True):
+            pos = run.offset
+            assert run.ends is not None
+            for stop in run.ends:
+                if stop > batch_end:
+                    at = pos - run.offset
+                    try:
+                        control = control_at(run.data, at)
+                    except ControlError as exc:
+                        raise ControlError(f"record at {pos}: {exc}") from None
+                    if control is not None and control.kind is Kind.BATCH and stop + control.data_bytes > end:
+                        return self.position  # the batch is not all here yet
+                    _length, crc, msg_id, _flag = HEADER.unpack_from(run.data, at)
+                    self._observe(control, pos, stop, (pos, msg_id, crc))
+                    batch_end = self.position
+                pos = stop
+        return self.position
+
+    def appended(self, offset: int, framed: bytes | bytearray | memoryview, header: Control | None = None) -> None:
+        """The master appended ``framed`` (a BATCH header and its records, msg ids stamped) at ``offset``.
+
+        The same result as ``catch_up`` over those bytes, without walking the records;
+        ``header`` (``PutPlan.header``) saves decoding the header again.
+        """
+        if offset != self.position:
+            raise ValueError(f"append at {offset}, but the state stands at {self.position}: catch up first")
+        length, crc, msg_id, _flag = HEADER.unpack_from(framed, 0)
+        control = header if header is not None else control_at(framed, 0)
+        header_end = offset + HEADER_SIZE + length
+        if control is None or control.kind is not Kind.BATCH or header_end + control.data_bytes != offset + len(framed):
+            raise ValueError("appended bytes do not start with the BATCH header of exactly these records")
+        self._observe(control, offset, header_end, (offset, msg_id, crc))
+
+    def _observe(self, control: Control | None, offset: int, stop: int, anchor: tuple[int, int, int]) -> None:
+        """One record at [offset, stop): a BATCH header moves ``position`` past its whole batch."""
+        if control is not None:
+            self.producers.apply(control, offset, stop - offset)
+            self.index.observe(control, offset, stop - offset)
+        self.anchor = anchor
+        self.position = stop + control.data_bytes if control is not None and control.kind is Kind.BATCH else stop
+
+    def incomplete_tail(self, log_end: int) -> int | None:
+        """After ``catch_up(read, log_end)`` at start: the offset to cut a torn batch back to, or None."""
+        return self.position if self.position < log_end else None
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, PartitionTxnState) and self.position == other.position
+                and self.producers == other.producers and self.index == other.index)
+
+
+def _canonical(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def write_snapshot(directory: Path, state: PartitionTxnState) -> None:
+    body = {"version": _SNAPSHOT_VERSION, "position": state.position, "anchor": state.anchor,
+            "producers": state.producers.to_json(), "index": state.index.to_json()}
+    write_crc_file(directory / SNAPSHOT_FILE, _canonical(body))
+
+
+def discard_snapshot(directory: Path) -> None:
+    """Before an HA truncation cuts the log: the snapshot may describe bytes about to go."""
+    (directory / SNAPSHOT_FILE).unlink(missing_ok=True)
+
+
+def load_state(directory: Path, read: Reader, log_start: int, log_end: int,
+               producers: Callable[[], ProducerStateTable] = ProducerStateTable,
+               index: Callable[[], TransactionIndex] = TransactionIndex) -> PartitionTxnState:
+    """The state at ``log_end``: the snapshot if it still fits the log, then a walk of the rest.
+
+    The caller cuts the log back to ``incomplete_tail(log_end)`` if that is not None.
+    """
+    state = PartitionTxnState(producers(), index(), log_start)
+    snapshot = _read_snapshot(directory / SNAPSHOT_FILE)
+    if snapshot is not None and _fits(snapshot, read, log_start, log_end):
+        state.producers.load_json(snapshot["producers"])
+        state.index.load_json(snapshot["index"])
+        state.position = max(snapshot["position"], log_start)
+        state.anchor = tuple(snapshot["anchor"]) if snapshot["anchor"] else None  # type: ignore[assignment]
+        state.index.forget_before(log_start)
+    state.catch_up(read, log_end)
+    return state
+
+
+def _read_snapshot(path: Path) -> dict[str, Any] | None:
+    try:
+        raw = read_crc_file(path)
+        if raw is None:
+            return None
+        body = json.loads(raw)
+        if body.get("version") != _SNAPSHOT_VERSION:
+            raise ValueError(f"version {body.get('version')!r}")
+        return body
+    except ValueError as exc:
+        log.warning("%s: transaction snapshot ignored (%s); rebuilding from the log", path, exc)
+        return None
+
+
+def _fits(snapshot: dict[str, Any], read: Reader, log_start: int, log_end: int) -> bool:
+    """Does the log still hold the record the snapshot ends with?"""
+    position, anchor = snapshot["position"], snapshot["anchor"]
+    if position > log_end:
+        return False
+    if anchor is None:
+        return position <= log_start  # an empty state taken at a log start
+    offset, msg_id, crc = anchor
+    if offset < log_start:
+        return True  # retention took the anchor's segment; nothing below log start can change
+    header = bytes(read(offset, HEADER_SIZE))
+    if len(header) < HEADER_SIZE:
+        return False
+    length, found_crc, found_id, _flag = HEADER.unpack(header)
+    if (found_id, found_crc) != (msg_id, crc):
+        return False
+    # The anchor is the last record outside a batch, or a batch's header: either ends the state's bytes.
+    control = control_at(bytes(read(offset, HEADER_SIZE + length)))
+    batch_bytes = control.data_bytes if control is not None and control.kind is Kind.BATCH else 0
+    return offset + HEADER_SIZE + length + batch_bytes == position

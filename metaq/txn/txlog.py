@@ -1,0 +1,203 @@
+"""The broker's transaction journal: a redo log of branch states, with MetaQ's checkpoints.
+
+What it is for
+--------------
+The partition logs are the replicated truth about transactions (BATCH headers,
+PREPARE, COMMIT and ABORT markers: see index.py). This journal is the broker's
+own memory of its coordinator state (branch states, which partitions each
+branch wrote to, timeouts) so that a restarted broker gets its branches back
+without waiting for a client; ``coordinator.reconcile`` merges both, and where
+they disagree the partition markers win. A new master after a failover starts
+from an empty journal and learns the branches from the partition logs.
+
+Files, in ``{dataLogPath}/transactions/``:
+
+* ``redo.{n:020d}.log``: one line per change, ``{crc32:08x} {json}``, the json
+  being ``{"xid": ..., "branch": {...}}`` (the branch's whole new record) or
+  ``{"xid": ..., "branch": null}`` (forgotten). Replay applies them in order.
+* ``checkpoint.{n:020d}.json``: ``{crc32}\\n{json}``, every live branch, and
+  ``n`` = the first redo file the checkpoint does not cover.
+
+Settings (MetaQ's): a checkpoint every ``checkpointInterval`` ms (``tick``),
+the newest ``maxCheckpoints`` kept (so a damaged newest one falls back to an
+older one, whose redo files are kept too); ``flushTxLogAtCommit``: 0 the OS
+flushes, 1 every decision record (prepare, commit, rollback) is fsynced before
+``record`` returns, 2 ``tick`` fsyncs at most one second after a write.
+
+Recovery (``TxLog.open``): the newest checkpoint with a valid CRC, then the redo
+files from its ``n`` on, each up to its first line that is torn or fails its
+CRC (a crash mid-write), which is cut off as in the partition logs. Appends
+then go to a new redo file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import zlib
+from pathlib import Path
+from typing import Any, Callable
+
+from metaq.txn.config import FlushTxLog, TxnSettings
+from metaq.txn.crcfile import read_crc_file, write_crc_file
+
+log = logging.getLogger(__name__)
+
+DIRECTORY = "transactions"
+_REDO = re.compile(r"^redo\.(\d{20})\.log$")
+_CHECKPOINT = re.compile(r"^checkpoint\.(\d{20})\.json$")
+_VERSION = 1
+#: fsync delay bound of flushTxLogAtCommit=2 (MetaQ: once a second)
+EVERY_SECOND_MS = 1000
+Branches = dict[str, dict[str, Any]]
+
+
+def _redo_name(n: int) -> str:
+    return f"redo.{n:020d}.log"
+
+
+def _checkpoint_name(n: int) -> str:
+    return f"checkpoint.{n:020d}.json"
+
+
+def _numbered(directory: Path, pattern: re.Pattern[str]) -> list[tuple[int, Path]]:
+    found = []
+    for path in directory.iterdir():
+        match = pattern.match(path.name)
+        if match:
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def _encode_line(entry: dict[str, Any]) -> bytes:
+    raw = json.dumps(entry, sort_keys=True, separators=(",", ":")).encode()
+    return b"%08x %s\n" % (zlib.crc32(raw), raw)
+
+
+def _decode_line(line: bytes) -> dict[str, Any] | None:
+    if not line.endswith(b"\n") or len(line) < 10 or line[8:9] != b" ":
+        return None
+    raw = line[9:-1]
+    try:
+        if int(line[:8], 16) != zlib.crc32(raw):
+            return None
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+class TxLog:
+    def __init__(self, directory: Path, settings: TxnSettings, branches: Branches, redo_number: int,
+                 now_ms: int, fsync: Callable[[int], None] = os.fsync) -> None:
+        self.directory = directory
+        self.settings = settings
+        self.branches = branches
+        self._fsync = fsync
+        self._redo_number = redo_number
+        self._redo = open(directory / _redo_name(redo_number), "ab")
+        self._dirty_since_ms: int | None = None
+        self._last_checkpoint_ms = now_ms
+        _fsync_directory(directory, fsync)
+
+    @classmethod
+    def open(cls, base: Path, settings: TxnSettings, now_ms: int,
+             fsync: Callable[[int], None] = os.fsync) -> TxLog:
+        directory = base / DIRECTORY
+        directory.mkdir(parents=True, exist_ok=True)
+        branches, first_redo = _load_checkpoint(directory)
+        redo_files = [(n, p) for n, p in _numbered(directory, _REDO) if n >= first_redo]
+        for _n, path in redo_files:
+            _replay(path, branches)
+        next_number = max([first_redo - 1] + [n for n, _ in redo_files]) + 1
+        return cls(directory, settings, branches, next_number, now_ms, fsync)
+
+    def record(self, xid: str, branch: dict[str, Any] | None, *, decision: bool, now_ms: int) -> None:
+        """Journal a branch's new record (None: forgotten); a decision is fsynced under flushTxLogAtCommit=1."""
+        if branch is None:
+            self.branches.pop(xid, None)
+        else:
+            self.branches[xid] = branch
+        self._redo.write(_encode_line({"xid": xid, "branch": branch}))
+        self._redo.flush()  # to the OS: mode 0 durability, and what a reader of the file sees
+        if decision and self.settings.flush_tx_log_at_commit is FlushTxLog.AT_COMMIT:
+            self._fsync(self._redo.fileno())
+        elif self._dirty_since_ms is None:
+            self._dirty_since_ms = now_ms
+
+    def tick(self, now_ms: int) -> None:
+        """Run by a timer (at least every few hundred ms): mode-2 fsyncs and periodic checkpoints."""
+        if (self._dirty_since_ms is not None and self.settings.flush_tx_log_at_commit is FlushTxLog.EVERY_SECOND
+                and now_ms - self._dirty_since_ms >= EVERY_SECOND_MS):
+            self._fsync(self._redo.fileno())
+            self._dirty_since_ms = None
+        if now_ms - self._last_checkpoint_ms >= self.settings.checkpoint_interval_ms:
+            self.checkpoint(now_ms)
+
+    def checkpoint(self, now_ms: int) -> None:
+        """Write every live branch, start a new redo file, keep the newest maxCheckpoints checkpoints."""
+        self._fsync(self._redo.fileno())
+        self._redo.close()
+        self._redo_number += 1
+        raw = json.dumps({"version": _VERSION, "branches": self.branches}, sort_keys=True).encode()
+        write_crc_file(self.directory / _checkpoint_name(self._redo_number), raw, self._fsync)
+        self._redo = open(self.directory / _redo_name(self._redo_number), "ab")
+        self._dirty_since_ms = None
+        self._last_checkpoint_ms = now_ms
+        checkpoints = _numbered(self.directory, _CHECKPOINT)
+        for _n, old in checkpoints[: -self.settings.max_checkpoints]:
+            old.unlink()
+        oldest_kept = checkpoints[-self.settings.max_checkpoints:][0][0]
+        for n, redo in _numbered(self.directory, _REDO):
+            if n < oldest_kept:
+                redo.unlink()
+        _fsync_directory(self.directory, self._fsync)
+
+    def close(self) -> None:
+        if not self._redo.closed:
+            self._fsync(self._redo.fileno())
+            self._redo.close()
+
+
+def _load_checkpoint(directory: Path) -> tuple[Branches, int]:
+    for n, path in reversed(_numbered(directory, _CHECKPOINT)):
+        try:
+            body = json.loads(read_crc_file(path) or b"null")
+        except ValueError:  # DamagedFile, or a body that is not JSON
+            body = None
+        if isinstance(body, dict) and body.get("version") == _VERSION:
+            return body["branches"], n
+        log.warning("%s: damaged transaction checkpoint skipped; trying an older one", path)
+    return {}, 0
+
+
+def _replay(path: Path, branches: Branches) -> None:
+    """Apply one redo file up to its first torn or damaged line, and cut the file there.
+
+    Only the newest file can end torn (every open starts a new one), so the cut
+    loses nothing that was complete; it keeps later files replayable after it.
+    """
+    good = 0
+    with open(path, "rb") as handle:
+        for line in handle:
+            entry = _decode_line(line)
+            if entry is None:
+                break
+            if entry["branch"] is None:
+                branches.pop(entry["xid"], None)
+            else:
+                branches[entry["xid"]] = entry["branch"]
+            good += len(line)
+    size = path.stat().st_size
+    if good < size:
+        log.warning("%s: %d bytes after offset %d are a torn or damaged entry; cut off", path, size - good, good)
+        os.truncate(path, good)
+
+
+def _fsync_directory(directory: Path, fsync: Callable[[int], None]) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fsync(fd)
+    finally:
+        os.close(fd)
