@@ -143,14 +143,16 @@ class Gateway:
 
     def _decoded(self, topic: str, partition: Partition, offset: int, replica: Replica, reply: Reply) -> FetchResult:
         try:
-            messages, ends = decode_messages(reply.body, offset, topic, partition)
+            messages, end = decode_messages(reply.body, offset, topic, partition)
         except RecordError as exc:
             if str(exc).startswith(f"record at offset {offset}:"):
                 raise HttpError(400, f"offset {offset} is not the start of a message in {topic} {partition}") from None
             raise HttpError(502, f"{_name(replica)} returned damaged data: {exc}") from None
         if not messages:
             raise HttpError(502, f"{_name(replica)} returned no whole message at offset {offset} (is maxTransferSize below the message size?)")
-        return FetchResult(replica, offset, ends[-1], int(reply["committed"]), messages, ends)
+        # A message ends where the next one starts; the last one ends at ``end``.
+        ends = [message.offset for message in messages[1:]] + [end]
+        return FetchResult(replica, offset, end, int(reply["committed"]), messages, ends)
 
     async def _request(
         self, topic: str, partition: Partition, read_from: str, header: dict[str, Any], extra_timeout: float = 0.0
