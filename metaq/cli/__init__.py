@@ -28,7 +28,6 @@ COMMANDS = {
     "security": "security",
     "http": "http",
     "topics": "topics",
-    "groups": "groups",
 }
 
 
