@@ -28,6 +28,7 @@ COMMANDS = {
     "security": "security",
     "http": "http",
     "topics": "topics",
+    "groups": "groups",
 }
 
 

@@ -4,10 +4,9 @@ Masters and slaves alike watch ``{root}/brokers/topic-config/{id}``
 (metaq/zk/topic_config.py, where the precedence rule is written) and apply each new
 version without a restart: new topics and partitions are served, changed flush,
 segment and retention settings take effect, deleted topics stop being served (their
-files stay on disk). A slave's replication of new partitions follows through the
-master's ``master_config_checksum``, which covers the applied configuration: the
-master bumps it once it serves the new version, and its slaves then re-read its
-topics (metaq/ha/follower.py).
+files stay on disk). A slave starts replicating new partitions once its master
+serves them: after applying a version it asks the master's ``topics`` until they
+are there, then has its follower re-read them (metaq/ha/follower.py).
 
 Whatever else offers the broker a topic map (a slave adopting its master's
 server.ini sections) goes through ``overlay``, so the group's configuration wins
@@ -18,15 +17,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import zlib
+import time
 from typing import Any
 
+from ..addresses import parse_broker_url
+from ..client.connection import BrokerConnection
 from ..config import ConfigError, TopicConfig, topic_settings
+from ..protocol.messages import TopicsRequest
+from ..protocol.replies import TopicsReply
 from ..zk.paths import ZkPaths
 from ..zk.topic_config import GroupTopics, decode_group_topics, publish_with, read_group_topics, seed_with, serve_group_topics, update_group_topics
 
 
 log = logging.getLogger(__name__)
+
+#: How long a slave waits for its master to serve a new topic configuration.
+CATCH_UP_S = 30
 
 
 class GroupTopicsApplier:
@@ -40,6 +46,7 @@ class GroupTopicsApplier:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = asyncio.Lock()
         self._stopped = False
+        self._catch_up: asyncio.Task[None] | None = None
 
     @property
     def client(self) -> Any:
@@ -57,6 +64,8 @@ class GroupTopicsApplier:
 
     def stop(self) -> None:
         self._stopped = True
+        if self._catch_up is not None:
+            self._catch_up.cancel()
 
     def _watch(self, data: bytes | None, stat: Any, *_: Any) -> bool:
         # kazoo's thread: hand the new value to the event loop, nothing else.
@@ -96,13 +105,34 @@ class GroupTopicsApplier:
             before = self.broker.config.topics
             self.group = group
             await self.broker.update_topics(topics)
-            registry = self.broker.registry
-            if registry is not None:
-                await registry.set_checksum(zlib.crc32(group.encode(), self.broker.config.checksum))
+            if self._catch_up is not None:
+                self._catch_up.cancel()
+            self._catch_up = asyncio.ensure_future(self._follow_new_partitions(topics))
             change = describe_change(before, topics)
             if change:
                 log.info("topics: %s (broker group %d's topic configuration in ZooKeeper, version %d)",
                          change, self.broker.config.broker_id, group.version)
+
+    async def _follow_new_partitions(self, topics: dict[str, TopicConfig]) -> None:
+        """On a slave: once the master serves these partitions too, replicate the new ones.
+
+        The master applies the same version at about the same moment; until it has,
+        its topics reply lacks them and the follower would skip them.
+        """
+        wanted = {name: topic.num_partitions for name, topic in topics.items()}
+        deadline = time.monotonic() + CATCH_UP_S
+        while not self._stopped and time.monotonic() < deadline:
+            follower = self.broker.ha.follower
+            master_url = follower.master_url if follower is not None and not self.broker.ha.acting_master else None
+            if master_url is None:
+                return  # a master, or a slave between masters: following (re)reads the topics itself
+            served = await _master_topics(master_url)
+            if served is not None and all(served.get(name, 0) >= n for name, n in wanted.items()):
+                follower.resync_topics()
+                return
+            await asyncio.sleep(0.1)
+        if not self._stopped:
+            log.warning("the master did not serve version %d of the topic configuration within %d s", self.group.version, CATCH_UP_S)
 
     async def publish(self, changed: dict[str, TopicConfig]) -> GroupTopics:
         """Write these topics' settings to the group's configuration (a SIGHUP'd server.ini edit)."""
@@ -128,3 +158,15 @@ def describe_change(before: dict[str, TopicConfig], after: dict[str, TopicConfig
     if removed:
         parts.append("no longer serving " + ", ".join(removed) + " (files kept on disk)")
     return "; ".join(parts)
+
+
+async def _master_topics(url: str) -> dict[str, int] | None:
+    """The master's topics and partition counts, or None if it cannot answer now."""
+    try:
+        conn = await BrokerConnection.open(*parse_broker_url(url), 3)
+        try:
+            return TopicsReply.of(await conn.request(TopicsRequest().to_header(), timeout=3)).topics
+        finally:
+            conn.close()
+    except Exception:  # unreachable, restarting, refusing: asked again shortly
+        return None

@@ -59,6 +59,8 @@ async def reload_config(broker: Any) -> str:
     removed = sorted(set(broker.local_topics) - set(new.topics))
     broker.local_topics = dict(new.topics)
     broker.config = running
+    if broker.registry is not None and new.checksum != old.checksum:
+        await broker.registry.set_checksum(new.checksum)  # slaves with autoSyncMasterConfig re-read it
     applied += await _apply_topics(broker, new, edited, removed)
     if removed and broker.group_topics is not None and broker.group_topics.group.exists:
         restart.append(f"nothing: removed sections {', '.join(removed)} stay in the group (metaq topics delete)")
