@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import signal
 import sys
+from typing import Any
 
 from ..errors import MetaqError
 from .produce import add_zk_arguments, client_config
@@ -81,6 +82,7 @@ async def consume(args: argparse.Namespace) -> int:
         consumer = factory.create_consumer(consumer_config)
         consumer.subscribe(args.topic, None, listener)
         await consumer.complete_subscribe()
+        await _warn_if_unserved(factory, args.topic)
         while not done.is_set():
             activity.clear()
             waiters = [asyncio.ensure_future(done.wait()), asyncio.ensure_future(activity.wait())]
@@ -98,6 +100,14 @@ async def consume(args: argparse.Namespace) -> int:
         summary += f"; {stats.recovered} moved to the recover store"
     print(summary, file=sys.stderr)
     return 0
+
+
+async def _warn_if_unserved(factory: Any, topic: str) -> None:
+    """A topic no broker serves (a typo?) would otherwise just print nothing, forever."""
+    snapshot = await factory.cluster.refresh()
+    if not snapshot.readable_partitions(topic):
+        print(f"metaq consume: warning: no broker serves topic {topic!r} (yet); waiting for it "
+              "(metaq topics list shows the topics)", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
