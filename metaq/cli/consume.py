@@ -22,9 +22,9 @@ from .progress import Progress
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("consume", help="print a topic's messages as a member of a consumer group")
     add_zk_arguments(parser)
-    parser.add_argument("--topic", required=True)
-    parser.add_argument("--group", required=True)
-    parser.add_argument("--read-from", choices=("master", "slave", "prefer-slave"), default="master")
+    parser.add_argument("--topic", required=True, help="the topic to read")
+    parser.add_argument("--group", required=True, help="the consumer group (its offsets live in ZooKeeper)")
+    parser.add_argument("--read-from", choices=("master", "slave", "prefer-slave"), default="master", help="which replica serves the reads (default master)")
     parser.add_argument("--max", type=int, help="stop after N messages")
     parser.add_argument("--from-beginning", action="store_true", help="partitions without a stored offset start at the log start (default: at the end)")
     parser.add_argument("--broadcast", action="store_true", help="get every message, whatever the group's other members get")

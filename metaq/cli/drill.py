@@ -14,9 +14,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="fault the master of a running group under load; measure failover; check for lost messages",
     )
     parser.add_argument("--zk", required=True, help="ZooKeeper connect string")
-    parser.add_argument("--zk-root", default="/meta")
-    parser.add_argument("--broker-id", type=int, required=True)
-    parser.add_argument("--fault", choices=("kill", "stop", "partition"), default="kill")
+    parser.add_argument("--zk-root", default="/meta", help="ZooKeeper root of the cluster (default /meta)")
+    parser.add_argument("--broker-id", type=int, required=True, help="the broker group to drill")
+    parser.add_argument("--fault", choices=("kill", "stop", "partition"), default="kill", help="kill -9, SIGSTOP, or a network partition through a fault proxy (default kill)")
     parser.add_argument("--topic", help="topic to load (default: the group's first topic)")
     parser.add_argument("--rate", type=float, default=200.0, help="messages per second during the drill")
     parser.add_argument("--repeat", type=int, default=1, help="run N drills back to back (p50/p99 over them)")
