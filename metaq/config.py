@@ -453,6 +453,8 @@ def _read_properties(text: str) -> dict[str, str]:
         stripped = line.strip()
         if not stripped or stripped[0] in "#!":
             continue
+        # A trailing comment after whitespace (``slaveId=0   # unique``), as in server.ini.
+        stripped = re.sub(r"\s+[#!].*$", "", stripped)
         match = re.match(r"^([^=:\s]+)\s*[=:\s]\s*(.*)$", stripped)
         if not match:
             values[stripped] = ""

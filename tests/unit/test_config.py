@@ -150,3 +150,22 @@ def test_shared_topic_settings_round_trip():
         topic_from_settings(config.topic_defaults, "a", {"numPartitions": 0}, "zk")
     with pytest.raises(ConfigError, match="dataPath: not a shared topic key"):
         topic_from_settings(config.topic_defaults, "a", {"dataPath": "/x"}, "zk")
+
+
+def test_every_shipped_and_documented_config_loads_and_keeps_data_outside_the_checkout():
+    import re as _re
+
+    for path in sorted(REPO.glob("conf/**/*.ini")):
+        config = load_server_ini(path)
+        for data_path in {config.data_path} | {t.data_path for t in config.topics.values()}:
+            assert not Path(data_path).resolve().is_relative_to(REPO), f"{path} writes data into the checkout: {data_path}"
+    blocks = 0
+    for doc in sorted(REPO.glob("docs/*.md")) + [REPO / "README.md"]:
+        for lang, body in _re.findall(r"```(ini|properties)\n(.*?)```", doc.read_text(), _re.S):
+            if lang == "ini" and "brokerId" in body:  # complete files, not fragments
+                parse_server_ini(body.encode(), f"{doc.name} example")
+                blocks += 1
+            elif lang == "properties" and "slaveId" in body:
+                parse_slave_properties(body, f"{doc.name} example")
+                blocks += 1
+    assert blocks >= 2
