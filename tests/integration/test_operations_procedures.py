@@ -1,10 +1,14 @@
-"""docs/operations.md's rolling restart, run as written: slaves first, one at a time, each back
-in the sync set before the next; then a switchover by stopping the master (SIGTERM); the old
-master comes back as a slave. Group 0 in sync mode with ``onSyncSlaveLoss=reject`` and two
+"""docs/operations.md's procedures, run as written.
+
+The rolling restart: slaves first, one at a time, each back in the sync set before the
+next; then a switchover by stopping the master (SIGTERM); the old master comes back as a
+slave. Group 0 in sync mode with ``onSyncSlaveLoss=reject`` and two
 slaves, so writes never stop for lack of a sync slave; no acked put is lost.
 """
 
 from __future__ import annotations
+
+import shutil
 
 from metaq.tools.launcher import wait_until
 
@@ -55,3 +59,27 @@ def test_rolling_restart_slaves_first_then_a_switchover(broker_factory, zk_clien
     wait_caught_up(leader, a, [("fo", 0)])
     assert not missing_acks(stream.acked, disk_records(leader))
     assert_identical(leader, slaves=2)
+
+
+def test_replacing_a_dead_masters_disk(broker_factory, zk_client, zk_root):
+    """docs/operations.md, "Replacing a dead disk" on the master: the slave takes over, the
+    old master starts on an empty data dir, comes back as a slave and copies the whole log."""
+    group = Group(zk_client, zk_root)
+    system = sync_system()
+    a = broker_factory(GROUP, {"fo": 1}, system, name="A", zookeeper=ZK_SETTINGS)
+    b = broker_factory(GROUP, {"fo": 1}, system, {"slaveId": 1}, name="B", zookeeper=ZK_SETTINGS)
+    wait_follows(b, a, group)
+    wait_in_sync_set(group, 1)
+    stream = PutStream(a.address, tag="disk").start()
+    stream.wait_acked(200)
+    stream.stop()
+
+    epoch = group.epoch()
+    a.kill()  # the disk died under it
+    shutil.rmtree(a.dir / "data")
+    wait_leads(b, group, epoch)
+    a.start(wait_zk=False)
+    wait_follows(a, b, group)
+    wait_caught_up(b, a, [("fo", 0)])
+    assert not missing_acks(stream.acked, disk_records(a))
+    assert_identical(b, slaves=1)
