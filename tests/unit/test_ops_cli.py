@@ -106,3 +106,16 @@ def test_describe_change_names_what_an_operator_sees():
         "now serving c; changed a (unflushThreshold 1000 -> 0); no longer serving b (files kept on disk)"
     )
     assert describe_change({"a": a}, {"a": a}) == ""
+
+
+def test_grafana_dashboard_uses_only_series_the_broker_exports():
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    dashboard = json.loads((repo / "docs" / "grafana-dashboard.json").read_text())
+    used = {name for panel in dashboard["panels"] for target in panel["targets"] for name in re.findall(r"metaq_\w+", target["expr"])}
+    exported = set(re.findall(r'"(metaq_\w+)"', (repo / "metaq" / "server" / "metrics.py").read_text()))
+    suffixes = ("_total", "_bucket", "_count", "_sum")
+    unknown = {n for n in used if n not in exported and not any(n.endswith(s) and n[: -len(s)] in exported for s in suffixes)}
+    assert used and not unknown, unknown
