@@ -17,6 +17,22 @@ def add_zk_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds per ZooKeeper or broker request (default 5)")
 
 
+def add_actions(sub: argparse._SubParsersAction, command: str, helptext: str) -> argparse._SubParsersAction:
+    """``metaq COMMAND ACTION ...``: the command's parser, returning its actions."""
+    parser = sub.add_parser(command, help=helptext)
+    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+    actions.required = True
+    return actions
+
+
+def add_action(actions: argparse._SubParsersAction, name: str, helptext: str, run: Any) -> argparse.ArgumentParser:
+    """One action, with the ZooKeeper options every action takes."""
+    action = actions.add_parser(name, help=helptext)
+    add_zk_options(action)
+    action.set_defaults(run=run)
+    return action
+
+
 @contextmanager
 def zk_client(args: argparse.Namespace) -> Iterator[tuple[Any, Any]]:
     """``(kazoo client, ZkPaths)`` for the command's ``--zk`` and ``--zk-root``."""

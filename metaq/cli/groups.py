@@ -25,26 +25,18 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import MetaqError
-from .admin import add_zk_options, ask, render_table, zk_client
+from .admin import add_action, add_actions, ask, render_table, zk_client
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("groups", help="list, describe (lag) or reset the offsets of consumer groups")
-    actions = parser.add_subparsers(dest="action", metavar="ACTION")
-    actions.required = True
+    actions = add_actions(sub, "groups", "list, describe (lag) or reset the offsets of consumer groups")
+    add_action(actions, "list", "consumer groups with their live members and topics", run_list)
 
-    listing = actions.add_parser("list", help="consumer groups with their live members and topics")
-    add_zk_options(listing)
-    listing.set_defaults(run=run_list)
-
-    describe = actions.add_parser("describe", help="per partition: committed offset, log end, lag in bytes and messages")
-    add_zk_options(describe)
+    describe = add_action(actions, "describe", "per partition: committed offset, log end, lag in bytes and messages", run_describe)
     describe.add_argument("--group", required=True, help="the consumer group")
     describe.add_argument("--topic", help="only this topic")
-    describe.set_defaults(run=run_describe)
 
-    reset = actions.add_parser("reset-offsets", help="move a group's offsets (dry run unless --execute)")
-    add_zk_options(reset)
+    reset = add_action(actions, "reset-offsets", "move a group's offsets (dry run unless --execute)", run_reset)
     reset.add_argument("--group", required=True, help="the consumer group")
     reset.add_argument("--topic", required=True, help="the topic")
     reset.add_argument("--partition", metavar="BROKER-N", help="only this partition, e.g. 0-1 (default: all)")
@@ -55,7 +47,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     target.add_argument("--to-offset", type=int, metavar="OFFSET", help="this byte offset (must start a message)")
     reset.add_argument("--execute", action="store_true", help="write the new offsets (default: only show them)")
     reset.add_argument("--force", action="store_true", help="even while the group has live consumers (they may overwrite it)")
-    reset.set_defaults(run=run_reset)
 
 
 @dataclass

@@ -17,32 +17,24 @@ import time
 from typing import Any
 
 from ..errors import MetaqError
-from .admin import add_zk_options, ask, parse_settings, render_table, stats_map, zk_client
+from .admin import add_action, add_actions, ask, parse_settings, render_table, stats_map, zk_client
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("topics", help="list, describe, create, alter or delete topics of a broker group")
-    actions = parser.add_subparsers(dest="action", metavar="ACTION")
-    actions.required = True
-
-    listing = actions.add_parser("list", help="every group's topics and their settings")
-    add_zk_options(listing)
+    actions = add_actions(sub, "topics", "list, describe, create, alter or delete topics of a broker group")
+    listing = add_action(actions, "list", "every group's topics and their settings", run_list)
     listing.add_argument("--broker-id", type=int, metavar="ID", help="only this broker group")
-    listing.set_defaults(run=run_list)
 
-    describe = actions.add_parser("describe", help="partitions, master, slaves, sync set, committed offsets, lag per slave")
-    add_zk_options(describe)
+    describe = add_action(actions, "describe", "partitions, master, slaves, sync set, committed offsets, lag per slave", run_describe)
     describe.add_argument("--topic", required=True, help="the topic")
     describe.add_argument("--broker-id", type=int, metavar="ID", help="only this broker group")
-    describe.set_defaults(run=run_describe)
 
     for name, helptext, runner in (
         ("create", "add a topic to a broker group (every member serves it at once)", run_create),
         ("alter", "change a topic's partitions (only more) or settings", run_alter),
         ("delete", "stop serving a topic in a broker group (its files stay on disk)", run_delete),
     ):
-        action = actions.add_parser(name, help=helptext)
-        add_zk_options(action)
+        action = add_action(actions, name, helptext, runner)
         action.add_argument("--broker-id", type=int, required=True, metavar="ID", help="the broker group")
         action.add_argument("--topic", required=True, help="the topic")
         if name != "delete":
@@ -50,7 +42,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             action.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                                 help="a topic key in MetaQ's name (unflushThreshold, deletePolicy, acceptPublish, ...); repeatable")
         action.add_argument("--wait", type=float, default=15.0, metavar="S", help="seconds to wait for every live member to apply it (0: do not wait; default 15)")
-        action.set_defaults(run=runner)
 
 
 # --- reading -----------------------------------------------------------------------------------

@@ -54,11 +54,16 @@ def test_rolling_restart_slaves_first_then_a_switchover(broker_factory, zk_clien
     wait_leads(leader, group, epoch)
 
     # 3. The old master comes back as a slave of the new one and catches up.
-    a.start(wait_zk=False)
-    wait_follows(a, leader, group)
-    wait_caught_up(leader, a, [("fo", 0)])
-    assert not missing_acks(stream.acked, disk_records(leader))
-    assert_identical(leader, slaves=2)
+    rejoin(a, leader, group, stream, slaves=2)
+
+
+def rejoin(old, leader, group: Group, stream: PutStream, slaves: int) -> None:
+    """Start the old master; it follows ``leader``, copies its log and holds every acked put."""
+    old.start(wait_zk=False)
+    wait_follows(old, leader, group)
+    wait_caught_up(leader, old, [("fo", 0)])
+    assert not missing_acks(stream.acked, disk_records(old))
+    assert_identical(leader, slaves=slaves)
 
 
 def test_replacing_a_dead_masters_disk(broker_factory, zk_client, zk_root):
@@ -78,8 +83,4 @@ def test_replacing_a_dead_masters_disk(broker_factory, zk_client, zk_root):
     a.kill()  # the disk died under it
     shutil.rmtree(a.dir / "data")
     wait_leads(b, group, epoch)
-    a.start(wait_zk=False)
-    wait_follows(a, b, group)
-    wait_caught_up(b, a, [("fo", 0)])
-    assert not missing_acks(stream.acked, disk_records(a))
-    assert_identical(b, slaves=1)
+    rejoin(a, b, group, stream, slaves=1)
