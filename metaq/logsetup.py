@@ -61,12 +61,9 @@ def configure(
     handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
     old = getattr(root, _HANDLER_ATTR, None)
-    if old is not None:
+    if old is not None:  # only our own: handlers others installed (pytest's, an embedding app's) stay
         root.removeHandler(old)
         old.close()
-    else:
-        for existing in list(root.handlers):  # basicConfig's, or a previous run's
-            root.removeHandler(existing)
     root.addHandler(handler)
     setattr(root, _HANDLER_ATTR, handler)
     set_level(level)

@@ -44,11 +44,16 @@ def zk_client(args: argparse.Namespace) -> Iterator[tuple[Any, Any]]:
         paths = ZkPaths(args.zk_root)
     except ValueError as exc:
         raise MetaqError(str(exc)) from None
+    from kazoo.exceptions import KazooException
+    from kazoo.handlers.threading import KazooTimeoutError
+
     try:
         with zk_session(args.zk, args.timeout) as client:
             yield client, paths
     except ZooKeeperUnreachable as exc:
         raise MetaqError(str(exc)) from None
+    except (KazooException, KazooTimeoutError, RuntimeError) as exc:  # mid-command: one line, no traceback
+        raise MetaqError(f"ZooKeeper at {args.zk}: {exc!r}") from None
 
 
 async def ask(url: str, header: dict[str, Any], timeout: float) -> Any | None:

@@ -75,8 +75,12 @@ async def _apply_topics(broker: Any, new: BrokerConfig, edited: dict, removed: l
     if group is not None and group.group.exists:
         notes = []
         if edited and group.seeds:
-            await group.publish(edited)
-            notes.append(f"topic sections {', '.join(sorted(edited))} (published to the group's topic configuration)")
+            try:
+                await group.publish(edited)
+            except Exception as exc:  # ZooKeeper away: the operator sends SIGHUP again later
+                notes.append(f"nothing from sections {', '.join(sorted(edited))} (cannot write the group's topic configuration: {exc!r}; send SIGHUP again)")
+            else:
+                notes.append(f"topic sections {', '.join(sorted(edited))} (published to the group's topic configuration)")
         elif edited:
             notes.append(f"nothing from sections {', '.join(sorted(edited))} (a slave serves the group's topic configuration)")
         await group.apply(group.group)  # the [system] defaults may have changed

@@ -7,22 +7,16 @@ import sys
 import time
 from datetime import datetime, timezone
 
-from metaq.cli import main
 from metaq.record import HEADER_SIZE
 from metaq.zk.paths import ZkPaths, parse_offset
 
 from .replication_support import put
 from .test_client_cli import metaq as metaq_process
+from .test_topics_cli import metaq
 
 TOPIC = "g"
 SIZE = 100  # payload bytes of each message `put` sends
 RECORD = HEADER_SIZE + SIZE
-
-
-def metaq(capsys, zk, zk_root, *argv: str) -> tuple[int, str]:
-    code = main([*argv[:2], "--zk", zk.connect_string, "--zk-root", zk_root, *argv[2:]])
-    captured = capsys.readouterr()
-    return code, captured.out + captured.err
 
 
 def consume(zk, zk_root, *extra: str) -> list[str]:

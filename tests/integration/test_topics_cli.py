@@ -6,6 +6,7 @@ Group 0: A (master) and B (``--slave``, slaveId 1), sync mode, ZK session 1500 m
 
 from __future__ import annotations
 
+import logging
 import signal
 
 from metaq.cli import main
@@ -15,8 +16,20 @@ from .replication_support import assert_identical, put, request, wait_caught_up,
 
 
 def metaq(capsys, zk, zk_root, *argv: str) -> tuple[int, str]:
-    code = main([*argv[:2], "--zk", zk.connect_string, "--zk-root", zk_root, *argv[2:]])
-    return code, capsys.readouterr().out
+    """``metaq COMMAND ACTION --zk … --zk-root … ARGS`` in this process: (exit code, stdout + stderr)."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        code = main([*argv[:2], "--zk", zk.connect_string, "--zk-root", zk_root, *argv[2:]])
+    finally:  # main() sets up logging for a process; the test session's stays as it was
+        ours = getattr(root, "_metaq_handler", None)
+        if ours is not None:
+            ours.close()
+            delattr(root, "_metaq_handler")
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
 
 
 def serves(broker, topic: str) -> int | None:

@@ -33,21 +33,34 @@ def test_every_option_of_every_command_has_help():
     assert missing == []
 
 
-def test_version(capsys):
+def test_version(capsys, root_logging):
     with pytest.raises(SystemExit) as done:
         main(["--version"])
     assert done.value.code == 0 and capsys.readouterr().out.strip() == f"metaq-py {__version__}"
 
 
-def test_json_log_lines_and_rotating_file(tmp_path):
+@pytest.fixture
+def root_logging():
+    """configure() changes the process's root logger: put it back for the next tests."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    ours = getattr(root, "_metaq_handler", None)
+    if ours is not None:
+        root.removeHandler(ours)
+        ours.close()
+        delattr(root, "_metaq_handler")
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def test_json_log_lines_and_rotating_file(tmp_path, root_logging):
     target = tmp_path / "broker.log"
     configure("INFO", str(target), "json", max_bytes=400, backup_count=2)
-    try:
-        for i in range(20):
-            logging.getLogger("metaq.test").info("line %d", i)
-        logging.getLogger("kazoo.client").warning("Connection dropped")  # muted: outages are reported once
-    finally:
-        configure("INFO")
+    for i in range(20):
+        logging.getLogger("metaq.test").info("line %d", i)
+    logging.getLogger("kazoo.client").warning("Connection dropped")  # muted: outages are reported once
+    logging.getLogger().handlers[-1].flush()
     entries = [json.loads(line) for line in target.read_text().splitlines()]
     assert entries[-1]["msg"] == "line 19" and entries[-1]["level"] == "INFO" and entries[-1]["logger"] == "metaq.test"
     assert entries[-1]["ts"].endswith("Z")
