@@ -46,12 +46,18 @@ def configure(
     log_format: str = "text",
     max_bytes: int = 100 * 1024 * 1024,
     backup_count: int = 5,
+    force: bool = False,
 ) -> None:
     """Send every log record to one handler: stderr, or ``log_file`` rotated at ``max_bytes``.
 
     ``max_bytes=0`` never rotates (for logrotate with copytruncate). Calling it again
     replaces the handler (a broker re-configures once it has read its server.ini).
+    Like ``logging.basicConfig``, it leaves a process whose logging someone else set up
+    (pytest, an application embedding the CLI) alone unless ``force``.
     """
+    root = logging.getLogger()
+    if not force and any(h is not getattr(root, _HANDLER_ATTR, None) for h in root.handlers):
+        return
     if log_file:
         handler: logging.Handler = logging.handlers.RotatingFileHandler(
             log_file, maxBytes=max_bytes, backupCount=backup_count, encoding="utf-8"
@@ -59,7 +65,6 @@ def configure(
     else:
         handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
-    root = logging.getLogger()
     old = getattr(root, _HANDLER_ATTR, None)
     if old is not None:  # only our own: handlers others installed (pytest's, an embedding app's) stay
         root.removeHandler(old)

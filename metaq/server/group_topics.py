@@ -20,12 +20,16 @@ import logging
 import time
 from typing import Any
 
+from kazoo.exceptions import KazooException
+from kazoo.handlers.threading import KazooTimeoutError
+
 from ..addresses import parse_broker_url
 from ..client.connection import BrokerConnection
 from ..config import ConfigError, TopicConfig, topic_settings
 from ..protocol.messages import TopicsRequest
 from ..protocol.replies import TopicsReply
 from ..zk.paths import ZkPaths
+from .registry import RegistryError
 from ..zk.topic_config import GroupTopics, decode_group_topics, publish_with, read_group_topics, seed_with, serve_group_topics, update_group_topics
 
 
@@ -55,12 +59,16 @@ class GroupTopicsApplier:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         broker_id = self.broker.config.broker_id
-        if self.seeds:
-            group = await asyncio.to_thread(update_group_topics, self.client, self.paths, broker_id, seed_with(self.broker.local_topics))
-        else:
-            group = await asyncio.to_thread(read_group_topics, self.client, self.paths, broker_id)
+        try:
+            if self.seeds:
+                group = await asyncio.to_thread(update_group_topics, self.client, self.paths, broker_id, seed_with(self.broker.local_topics))
+            else:
+                group = await asyncio.to_thread(read_group_topics, self.client, self.paths, broker_id)
+            await asyncio.to_thread(self.client.DataWatch, self.node, self._watch)
+        except (KazooException, KazooTimeoutError, RuntimeError, ValueError) as exc:
+            # Serving server.ini's topics instead could contradict the rest of the group.
+            raise RegistryError(f"cannot read the group's topic configuration {self.node}: {exc!r}") from None
         await self.apply(group)
-        await asyncio.to_thread(self.client.DataWatch, self.node, self._watch)
 
     def stop(self) -> None:
         self._stopped = True

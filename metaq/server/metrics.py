@@ -11,6 +11,7 @@ Series (all prefixed ``metaq_``): see docs/operations.md, "Metrics".
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import time
@@ -27,6 +28,8 @@ log = logging.getLogger(__name__)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 ROLES = ("master", "slave", "starting", "following", "orphaned", "electing", "fenced", "stopped")
 ZK_STATES = ("CONNECTED", "SUSPENDED", "LOST")
+#: A scrape waits this long for the event loop to read the broker's state.
+SCRAPE_TIMEOUT_S = 5.0
 
 
 class BrokerMetrics:
@@ -42,11 +45,13 @@ class BrokerMetrics:
         self.rejected_puts = Counter(
             "metaq_put_rejected", "Puts answered with an error, by result code", ["code"], registry=self.registry
         )
-        self.registry.register(BrokerCollector(broker))
+        self.collector = BrokerCollector(broker)
+        self.registry.register(self.collector)
         self._server: Any = None
         self.port: int | None = None
 
     def start(self, host: str, port: int) -> int:
+        self.collector.loop = asyncio.get_running_loop()
         server, _thread = start_http_server(port, addr=host, registry=self.registry)
         self._server = server
         self.port = server.server_address[1]
@@ -95,12 +100,27 @@ class InstrumentedHandlers:
 
 
 class BrokerCollector(Collector):
-    """Counters and gauges read from the broker when Prometheus scrapes."""
+    """Counters and gauges read from the broker when Prometheus scrapes.
+
+    The HTTP server runs in its own thread; the broker's state belongs to the event
+    loop, so the values are read there (a scrape never sees a dict mid-update).
+    """
 
     def __init__(self, broker: Any) -> None:
         self.broker = broker
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     def collect(self) -> Iterator[Any]:
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            return iter(())
+
+        async def on_loop() -> list[Any]:
+            return list(self._families())
+
+        return iter(asyncio.run_coroutine_threadsafe(on_loop(), loop).result(SCRAPE_TIMEOUT_S))
+
+    def _families(self) -> Iterator[Any]:
         broker = self.broker
         yield from self._traffic()
         connections = GaugeMetricFamily("metaq_connections", "Client connections open now")

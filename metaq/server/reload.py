@@ -95,7 +95,7 @@ def apply_logging(config: BrokerConfig) -> None:
     if config.log_file or config.log_format:
         configure_logging(
             config.log_level or logging.getLogger().level, config.log_file, config.log_format or "text",
-            config.log_max_bytes, config.log_backup_count,
+            config.log_max_bytes, config.log_backup_count, force=True,  # the server.ini asked for it
         )
     elif config.log_level:
         logging.getLogger().setLevel(config.log_level)

@@ -56,7 +56,7 @@ def root_logging():
 
 def test_json_log_lines_and_rotating_file(tmp_path, root_logging):
     target = tmp_path / "broker.log"
-    configure("INFO", str(target), "json", max_bytes=400, backup_count=2)
+    configure("INFO", str(target), "json", max_bytes=400, backup_count=2, force=True)
     for i in range(20):
         logging.getLogger("metaq.test").info("line %d", i)
     logging.getLogger("kazoo.client").warning("Connection dropped")  # muted: outages are reported once
