@@ -132,3 +132,24 @@ def test_grafana_dashboard_uses_only_series_the_broker_exports():
     suffixes = ("_total", "_bucket", "_count", "_sum")
     unknown = {n for n in used if n not in exported and not any(n.endswith(s) and n[: -len(s)] in exported for s in suffixes)}
     assert used and not unknown, unknown
+
+
+def test_drill_shows_a_live_status_on_a_terminal_only(capsys):
+    import asyncio
+    import io
+    import re
+
+    from rich.console import Console
+
+    from metaq.cli.drill import drill_status
+
+    async def run(console):
+        with drill_status("drill 1 of 1: kill", console=console):
+            await asyncio.sleep(0.7)
+
+    screen = io.StringIO()
+    asyncio.run(run(Console(file=screen, force_terminal=True, width=120)))
+    assert "drill 1 of 1: kill" in screen.getvalue()
+    assert re.search(r"drill 1 of 1: kill \(\d+ s\)", screen.getvalue()), "the elapsed time ticks"
+    asyncio.run(run(None))  # stderr is not a terminal under pytest: nothing
+    assert capsys.readouterr().err == ""
