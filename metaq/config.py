@@ -103,6 +103,14 @@ class BrokerConfig:
     checksum: int = 0
     # The raw file, served to slaves for config auto-sync.
     raw: bytes = b""
+    # Prometheus metrics over HTTP on this port (None: off; 0: a free port, logged).
+    metrics_port: int | None = None
+    # Logging (metaq/logsetup.py); None: as the command line set it (stderr, text, INFO).
+    log_file: str | None = None
+    log_format: str | None = None
+    log_level: str | None = None
+    log_max_bytes: int = 100 * 1024 * 1024
+    log_backup_count: int = 5
 
     def topic(self, name: str) -> TopicConfig | None:
         return self.topics.get(name)
@@ -119,7 +127,7 @@ class SlaveConfig:
 # --- value parsers ---------------------------------------------------------------
 
 
-def _int(minimum: int | None = None) -> Callable[[str], int]:
+def _int(minimum: int | None = None, maximum: int | None = None) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(text.strip())
@@ -127,6 +135,8 @@ def _int(minimum: int | None = None) -> Callable[[str], int]:
             raise ValueError(f"expected an integer, got {text!r}") from None
         if minimum is not None and value < minimum:
             raise ValueError(f"must be >= {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise ValueError(f"must be <= {maximum}, got {value}")
         return value
 
     return parse
@@ -200,11 +210,53 @@ _TOPIC_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "acceptSubscribe": ("accept_subscribe", _bool),
 }
 
+#: The topic keys a broker group's shared topic configuration may set: every topic key
+#: but ``dataPath``, which names a directory on each broker's own disk.
+SHARED_TOPIC_KEYS = tuple(key for key in _TOPIC_KEYS if key != "dataPath")
+
+
+def setting_text(value: Any) -> str:
+    """A setting as MetaQ spells it in server.ini (booleans in lower case)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def topic_settings(topic: TopicConfig) -> dict[str, str]:
+    """A topic's shared settings under MetaQ key names, as server.ini text."""
+    return {key: setting_text(getattr(topic, _TOPIC_KEYS[key][0])) for key in SHARED_TOPIC_KEYS}
+
+
+def topic_from_settings(base: TopicConfig, name: str, settings: dict[str, Any], where: str) -> TopicConfig:
+    """``base`` (a broker's ``[system]`` defaults, its dataPath) with ``settings`` applied.
+
+    Every value is checked by the same parser as in server.ini; a bad one raises
+    ConfigError naming ``where`` and the key.
+    """
+    values: dict[str, Any] = {}
+    for key, raw in settings.items():
+        if key not in SHARED_TOPIC_KEYS:
+            raise ConfigError(f"{where}: topic {name}: {key}: not a shared topic key (one of {', '.join(SHARED_TOPIC_KEYS)})")
+        attr, parse = _TOPIC_KEYS[key]
+        values[attr] = _convert(where, f"topic={name}", key, setting_text(raw), parse)
+    return replace(base, name=name, **values)
+
+
+def check_topic_name(name: str) -> str:
+    """The name, or ValueError saying which characters a topic name may use."""
+    return _topic_name(name)
+
+
 # [system]-only keys.
 _SYSTEM_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "brokerId": ("broker_id", _int(0)),
     "hostName": ("host_name", _text),
-    "serverPort": ("server_port", _int(0)),
+    # A TCP port: 0 picks a free one; above 65535 the OS would silently wrap it.
+    "serverPort": ("server_port", _int(0, 65535)),
+    "metricsPort": ("metrics_port", _int(0, 65535)),
+    "logFile": ("log_file", _text),
+    "logFormat": ("log_format", _choice("text", "json")),
+    "logLevel": ("log_level", _choice("DEBUG", "INFO", "WARNING", "ERROR")),
+    "logMaxBytes": ("log_max_bytes", _int(0)),
+    "logBackupCount": ("log_backup_count", _int(0)),
     "maxMessageSize": ("max_message_size", _int(1)),
     "replicationMode": ("replication_mode", _choice("async", "sync")),
     "minSyncSlaves": ("min_sync_slaves", _int(0)),
@@ -266,12 +318,19 @@ def _convert(path: str, section: str | None, key: str, raw: str, parse: Callable
 
 
 def _read_ini(text: str, path: str) -> configparser.ConfigParser:
-    parser = configparser.ConfigParser(interpolation=None, strict=True, delimiters=("=",))
+    # MetaQ's files carry trailing comments (``brokerId=0 ; the master's id``): a ';'
+    # or '#' after whitespace ends the value, as in Java's ini4j.
+    parser = configparser.ConfigParser(
+        interpolation=None, strict=True, delimiters=("=",), inline_comment_prefixes=(";", "#")
+    )
     parser.optionxform = str  # MetaQ keys are camelCase
     try:
         parser.read_string(text, source=path)
+    except configparser.MissingSectionHeaderError as exc:
+        raise ConfigError(f"{path}: line {exc.lineno}: {exc.line.strip()!r} comes before any section (the file starts with [system])") from None
     except configparser.Error as exc:
-        raise ConfigError(f"{path}: not a valid INI file: {exc.message if hasattr(exc, 'message') else exc}") from None
+        message = exc.message if hasattr(exc, "message") else str(exc)
+        raise ConfigError(f"{path}: not a valid INI file: {' '.join(message.split())}") from None
     return parser
 
 
@@ -315,6 +374,10 @@ def parse_server_ini(data: bytes, path: str = "server.ini") -> BrokerConfig:
     zk_config = ZkConfig(**zk)
     if not zk_config.root.startswith("/"):
         raise ConfigError(f"{path}: [zookeeper] zk.zkRoot: must start with '/', got {zk_config.root!r}")
+
+    log_file = system.get("log_file")
+    if log_file and not Path(log_file).is_absolute() and Path(path).parent != Path(""):
+        system["log_file"] = str(Path(path).parent / log_file)  # like dataPath: beside the file
 
     data_path = topic_defaults.get("data_path", "data")
     if not Path(data_path).is_absolute() and path and Path(path).parent != Path(""):
@@ -390,6 +453,8 @@ def _read_properties(text: str) -> dict[str, str]:
         stripped = line.strip()
         if not stripped or stripped[0] in "#!":
             continue
+        # A trailing comment after whitespace (``slaveId=0   # unique``), as in server.ini.
+        stripped = re.sub(r"\s+[#!].*$", "", stripped)
         match = re.match(r"^([^=:\s]+)\s*[=:\s]\s*(.*)$", stripped)
         if not match:
             values[stripped] = ""
@@ -421,3 +486,16 @@ def load_slave_properties(path: str | Path) -> SlaveConfig:
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text") from None
     return parse_slave_properties(text, str(path))
+
+
+def changed_keys(old: BrokerConfig, new: BrokerConfig) -> list[str]:
+    """The ``[system]`` and ``[zookeeper]`` keys (MetaQ names) whose values differ.
+
+    Topic keys in ``[system]`` compare the topic defaults; ``[topic=NAME]`` sections
+    are not included (a reload compares topics itself).
+    """
+    keys = [key for key, (attr, _) in _SYSTEM_KEYS.items() if getattr(old, attr) != getattr(new, attr)]
+    keys += [key for key, (attr, _) in _TOPIC_KEYS.items() if getattr(old.topic_defaults, attr) != getattr(new.topic_defaults, attr)]
+    keys += [key for key, (attr, _) in _ZK_KEYS.items() if getattr(old.zk, attr) != getattr(new.zk, attr)]
+    keys += [key for key, (attr, _) in _SECURITY_KEYS.items() if getattr(old.security, attr) != getattr(new.security, attr)]
+    return keys

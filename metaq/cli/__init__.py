@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 
+from .. import __version__
 from ..errors import MetaqError
+from ..logsetup import configure as configure_logging
 
 #: subcommand -> module under metaq.cli
 COMMANDS = {
@@ -26,12 +27,17 @@ COMMANDS = {
     "drill": "drill",
     "security": "security",
     "http": "http",
+    "topics": "topics",
+    "groups": "groups",
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="metaq", description="metaq-py: a replicated message broker in the line of MetaQ")
+    parser.add_argument("--version", action="version", version=f"metaq-py {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--log-file", metavar="FILE", help="log to FILE (rotated at 100 MiB, 5 kept) instead of stderr")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text", help="text lines (default) or one JSON object per line")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, module_name in COMMANDS.items():
@@ -43,12 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    logging.getLogger("kazoo").setLevel(logging.WARNING)
+    try:
+        configure_logging("DEBUG" if args.verbose else "INFO", args.log_file, args.log_format)
+    except OSError as exc:
+        print(f"metaq: error: --log-file {args.log_file}: {exc.strerror}", file=sys.stderr)
+        return 2
     try:
         return int(args.run(args) or 0)
     except MetaqError as exc:

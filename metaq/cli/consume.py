@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import signal
 import sys
+from typing import Any
 
 from ..errors import MetaqError
 from .produce import add_zk_arguments, client_config
@@ -21,9 +22,9 @@ from .progress import Progress
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("consume", help="print a topic's messages as a member of a consumer group")
     add_zk_arguments(parser)
-    parser.add_argument("--topic", required=True)
-    parser.add_argument("--group", required=True)
-    parser.add_argument("--read-from", choices=("master", "slave", "prefer-slave"), default="master")
+    parser.add_argument("--topic", required=True, help="the topic to read")
+    parser.add_argument("--group", required=True, help="the consumer group (its offsets live in ZooKeeper)")
+    parser.add_argument("--read-from", choices=("master", "slave", "prefer-slave"), default="master", help="which replica serves the reads (default master)")
     parser.add_argument("--max", type=int, help="stop after N messages")
     parser.add_argument("--from-beginning", action="store_true", help="partitions without a stored offset start at the log start (default: at the end)")
     parser.add_argument("--broadcast", action="store_true", help="get every message, whatever the group's other members get")
@@ -81,6 +82,7 @@ async def consume(args: argparse.Namespace) -> int:
         consumer = factory.create_consumer(consumer_config)
         consumer.subscribe(args.topic, None, listener)
         await consumer.complete_subscribe()
+        await _warn_if_unserved(factory, args.topic)
         while not done.is_set():
             activity.clear()
             waiters = [asyncio.ensure_future(done.wait()), asyncio.ensure_future(activity.wait())]
@@ -98,6 +100,14 @@ async def consume(args: argparse.Namespace) -> int:
         summary += f"; {stats.recovered} moved to the recover store"
     print(summary, file=sys.stderr)
     return 0
+
+
+async def _warn_if_unserved(factory: Any, topic: str) -> None:
+    """A topic no broker serves (a typo?) would otherwise just print nothing, forever."""
+    snapshot = await factory.cluster.refresh()
+    if not snapshot.readable_partitions(topic):
+        print(f"metaq consume: warning: no broker serves topic {topic!r} (yet); waiting for it "
+              "(metaq topics list shows the topics)", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:

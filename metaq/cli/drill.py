@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from ..errors import MetaqError
 
@@ -14,9 +18,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="fault the master of a running group under load; measure failover; check for lost messages",
     )
     parser.add_argument("--zk", required=True, help="ZooKeeper connect string")
-    parser.add_argument("--zk-root", default="/meta")
-    parser.add_argument("--broker-id", type=int, required=True)
-    parser.add_argument("--fault", choices=("kill", "stop", "partition"), default="kill")
+    parser.add_argument("--zk-root", default="/meta", help="ZooKeeper root of the cluster (default /meta)")
+    parser.add_argument("--broker-id", type=int, required=True, help="the broker group to drill")
+    parser.add_argument("--fault", choices=("kill", "stop", "partition"), default="kill", help="kill -9, SIGSTOP, or a network partition through a fault proxy (default kill)")
     parser.add_argument("--topic", help="topic to load (default: the group's first topic)")
     parser.add_argument("--rate", type=float, default=200.0, help="messages per second during the drill")
     parser.add_argument("--repeat", type=int, default=1, help="run N drills back to back (p50/p99 over them)")
@@ -24,6 +28,32 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--proxy-name", help="the proxy carrying the master's ZooKeeper link")
     parser.add_argument("--json", action="store_true", help="print the reports as JSON")
     parser.set_defaults(run=run)
+
+
+@contextmanager
+def drill_status(text: str, console: Any = None) -> Iterator[None]:
+    """A spinner with the elapsed time on stderr while a drill runs (a drill takes seconds to
+    minutes); nothing when stderr is not a terminal, so pipes and logs get the reports alone."""
+    if console is None:
+        if not sys.stderr.isatty():
+            yield
+            return
+        from rich.console import Console
+
+        console = Console(stderr=True)
+    started = time.monotonic()
+    with console.status(text) as status:
+        ticker = asyncio.ensure_future(_tick(status, text, started))
+        try:
+            yield
+        finally:
+            ticker.cancel()
+
+
+async def _tick(status: Any, text: str, started: float) -> None:
+    while True:
+        await asyncio.sleep(0.5)
+        status.update(f"{text} ({time.monotonic() - started:.0f} s)")
 
 
 def render(reports: list, first: int = 1) -> str:
@@ -81,7 +111,9 @@ def run(args: argparse.Namespace) -> int:
         reports = []
         for i in range(args.repeat):
             drill = Drill(args.zk, args.broker_id, args.fault, zk_root=args.zk_root, topic=args.topic, rate=args.rate, proxy=proxy)
-            report = await drill.run()
+            with drill_status(f"drill {i + 1} of {args.repeat}: {args.fault} the master of group {args.broker_id} under load, "
+                              "wait for the new master, check every acked message"):
+                report = await drill.run()
             reports.append(report)
             if not args.json:
                 print(render([report], first=i + 1), flush=True)

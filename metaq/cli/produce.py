@@ -22,7 +22,7 @@ MAX_ERRORS_SHOWN = 5
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("produce", help="send stdin lines (or N generated messages) to a topic")
     add_zk_arguments(parser)
-    parser.add_argument("--topic", required=True)
+    parser.add_argument("--topic", required=True, help="the topic to send to")
     parser.add_argument("--count", type=int, help="send N generated messages instead of reading stdin")
     parser.add_argument("--size", type=int, default=100, help="bytes per generated message (default 100)")
     parser.add_argument("--sync", action="store_true", help="one message at a time, each acknowledged before the next")

@@ -47,7 +47,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     passwd.set_defaults(run=run_passwd)
 
     remove = with_file("remove-user", "remove a user")
-    remove.add_argument("--user", required=True)
+    remove.add_argument("--user", required=True, help="user name")
     remove.set_defaults(run=run_remove_user)
 
     listing = with_file("list", "list users and their ACLs (never secrets)")

@@ -17,10 +17,10 @@ def parse_address(text: str) -> tuple[str, int]:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("stats", help="print a broker's stats")
-    parser.add_argument("address", metavar="HOST:PORT")
+    parser = sub.add_parser("stats", help="print a broker's stats (metaq stats HOST:PORT help explains the items)")
+    parser.add_argument("address", metavar="HOST:PORT", help="the broker's address")
     parser.add_argument("item", nargs="?", default="", help="topics, offsets, realtime, config, help, reset or a topic name")
-    parser.add_argument("--timeout", type=float, default=5.0)
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer (default 5)")
     parser.set_defaults(run=run)
 
 

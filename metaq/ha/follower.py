@@ -132,6 +132,11 @@ class MasterFollower:
             self.heartbeat.retarget(None)
         await self._restart_following()
 
+    def resync_topics(self) -> None:
+        """Re-read the master's topics now (the group's topic configuration changed)."""
+        if self.master_url is not None and not self._stopped:
+            self._schedule_topic_sync()
+
     def _on_checksum(self, data: bytes | None) -> None:
         checksum = data.decode("utf-8") if data else None
         changed = checksum is not None and checksum != self.master_config_checksum

@@ -23,14 +23,18 @@ from typing import Any, Awaitable
 
 from .. import __version__
 from ..addresses import parse_host_port
-from ..config import BrokerConfig, ConfigError, SlaveConfig, TopicConfig
+from ..config import BrokerConfig, ConfigError, SlaveConfig, TopicConfig, topic_settings
 from ..ha.heartbeat import HeartbeatResponder
 from ..ha.node import HaNode
 from ..store.manager import MessageStoreManager
 from ..store.msgid import MsgIdGenerator
+from ..zk.monitor import OutageReporter
 from .connection import ClientConnection
+from .group_topics import GroupTopicsApplier
 from .handlers import RequestHandlers
+from .metrics import BrokerMetrics, InstrumentedHandlers
 from .registry import BrokerRegistry
+from .reload import apply_logging, reload_config
 from .stats import BrokerStats
 from .waiters import EndWaiters
 
@@ -52,6 +56,10 @@ class Broker:
         self.ha = HaNode(self, slave, in_zookeeper=self.register_in_zk)
         self.handlers = RequestHandlers(self)
         self.ids: MsgIdGenerator | None = None
+        #: The topic sections of server.ini as last loaded (the group's configuration may differ).
+        self.local_topics = dict(config.topics)
+        self.group_topics: GroupTopicsApplier | None = None
+        self.metrics: BrokerMetrics | None = None
         self.registry: BrokerRegistry | None = None
         self.heartbeats: HeartbeatResponder | None = None  # UDP, same port as TCP
         self._server: asyncio.AbstractServer | None = None
@@ -67,7 +75,9 @@ class Broker:
         self.waiters.notify(topic, partition)
 
     async def update_topics(self, topics: dict[str, TopicConfig]) -> None:
-        """Adopt a new topic map (a slave learning its master's topics)."""
+        """Adopt a new topic map (a slave learning its master's topics, a reload)."""
+        if self.group_topics is not None:
+            topics = self.group_topics.overlay(topics)  # the group's configuration wins
         if topics == self.config.topics:
             return
         added = sorted(set(topics) - set(self.config.topics))
@@ -75,8 +85,8 @@ class Broker:
         self.store.update_topics(topics)
         if self.registry is not None:
             await self.registry.update_topics(topics)
-        if added:
-            log.info("now serving topics %s", ", ".join(added))
+        if added and (self.group_topics is None or not self.group_topics.group.exists):
+            log.info("now serving topics %s", ", ".join(added))  # else the applier says what changed
 
     def durability_wait(self, topic: str, partition: int, end: int, count: int) -> Awaitable[None] | None:
         """What a put ending at ``end`` must wait for before its ack, or None to ack now."""
@@ -101,6 +111,7 @@ class Broker:
 
     async def start(self) -> None:
         config = self.config
+        apply_logging(config)
         if not self.register_in_zk:
             if config.replication_mode == "sync" and self.slave is None:
                 raise ConfigError(f"{config.source_path}: replicationMode=sync needs ZooKeeper (zk.zkEnable=false)")
@@ -109,11 +120,16 @@ class Broker:
         floor = self.store.open_existing()
         self.ids = MsgIdGenerator(config.broker_id, floor)
         self.store.on_flushed = self.notify
+        served: Any = self.handlers
+        if config.metrics_port is not None:
+            self.metrics = BrokerMetrics(self)
+            self.store.on_fsync_seconds = self.metrics.fsync_seconds.observe
+            served = InstrumentedHandlers(self.handlers, self.metrics)
         self.store.start()
         max_body = min(64 * 1024 * 1024, config.max_message_size * 16 + FRAME_OVERHEAD)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: ClientConnection(self.handlers, max_body),
+            lambda: ClientConnection(served, max_body),
             host=config.host_name,
             port=config.server_port,
             reuse_address=True,
@@ -122,6 +138,10 @@ class Broker:
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
         log.info("broker %d (%s) listening on %s:%d", config.broker_id, self.ha.role_name, config.host_name, self.port)
+        if self.metrics is not None:
+            assert config.metrics_port is not None
+            metrics_port = self.metrics.start(config.host_name, config.metrics_port)
+            log.info("metrics on http://%s:%d/metrics", config.host_name, metrics_port)
         self.heartbeats = HeartbeatResponder(config.broker_id, self.ha, self.store.logs, config.host_name, self.port)
         await self.heartbeats.start()
         if self.register_in_zk:
@@ -131,10 +151,16 @@ class Broker:
                 host, port = parse_host_port(config.advertised_address)
             self.registry = BrokerRegistry(config.zk, config.broker_id, host, port, config.topics, config.checksum, None)
             await self.registry.start()
+            self.registry.client.add_listener(OutageReporter())
             log.info("broker %d connected to ZooKeeper at %s%s", config.broker_id, config.zk.zk_connect, config.zk.root)
+            # A broker started without --slave seeds the group's topics from its server.ini.
+            self.group_topics = GroupTopicsApplier(self, seeds=self.slave is None)
+            await self.group_topics.start()
         await self.ha.start()
 
     async def stop(self) -> None:
+        if self.group_topics is not None:
+            self.group_topics.stop()
         await self.ha.stop()
         if self.registry is not None:
             try:
@@ -148,6 +174,8 @@ class Broker:
         self.waiters.notify_all()
         await self.store.stop()
         self.store.close()
+        if self.metrics is not None:
+            self.metrics.stop()
         self._stopped.set()
         log.info("broker %d stopped", self.config.broker_id)
 
@@ -158,12 +186,33 @@ class Broker:
         # must lead to a clean stop (deregister, final flush), not the default death.
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        started = False
+        # SIGHUP reloads server.ini (metaq/server/reload.py) instead of killing the broker.
+        loop.add_signal_handler(
+            signal.SIGHUP,
+            lambda: asyncio.ensure_future(reload_config(self)) if started else log.warning("reload ignored: still starting"),
+        )
         await self.start()
+        started = True
         await stop.wait()
         log.info("signal received, stopping")
         await self.stop()
 
     # --- stats ------------------------------------------------------------------------
+
+    def config_text(self) -> str:
+        """``stats config``: the server.ini as loaded, then the topics served now (comments)."""
+        text = self.config.raw.decode("utf-8", "replace")
+        group = self.group_topics.group if self.group_topics is not None else None
+        source = (
+            f"broker group {self.config.broker_id}'s topic configuration in ZooKeeper (version {group.version})"
+            if group is not None and group.exists else "this server.ini and what the master's config sync adopted"
+        )
+        lines = [f"; ---- topics served now, from {source} ----"]
+        for name, topic in sorted(self.config.topics.items()):
+            settings = " ".join(f"{key}={value}" for key, value in topic_settings(topic).items())
+            lines.append(f"; [topic={name}] {settings} dataPath={topic.data_path}")
+        return text.rstrip("\n") + "\n" + "\n".join(lines) + "\n"
 
     def general_pairs(self) -> list[tuple[str, Any]]:
         totals = self.stats.totals()

@@ -77,6 +77,10 @@ class ClientConnection(asyncio.Protocol):
         # Replies produced while one batch of received bytes is processed: written with
         # one transport.write at the end instead of one send() per reply (pipelined puts).
         self._out: list[bytes] | None = None
+        # Plain text is for one-shot `echo stats | nc HOST PORT`: Debian's nc keeps the
+        # socket open after stdin ends, so the broker closes it once it has answered
+        # every line received so far.
+        self._text_answered = False
 
     # --- asyncio.Protocol -------------------------------------------------------
 
@@ -107,6 +111,8 @@ class ClientConnection(asyncio.Protocol):
             self._process_events()
         finally:
             self._flush_out()
+        if self._text_answered and not self._closing:
+            self.close()
 
     def eof_received(self) -> bool | None:
         self.decoder.receive_data(b"")
@@ -167,6 +173,7 @@ class ClientConnection(asyncio.Protocol):
     def _dispatch_text(self, line: TextLine) -> None:
         if not line.words:
             return
+        self._text_answered = True
         try:
             request = c.text_request(line.words)
         except c.RequestError as exc:

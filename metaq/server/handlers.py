@@ -64,6 +64,8 @@ class ServedBroker(Protocol):
 
     def offset_pairs(self, only_topic: str | None = None) -> list[tuple[str, object]]: ...
 
+    def config_text(self) -> str: ...
+
 
 class RequestHandlers:
     def __init__(self, broker: ServedBroker) -> None:
@@ -369,7 +371,7 @@ class RequestHandlers:
     def stats_body(self, item: str) -> str:
         """The text form (``nc``, ``metaq stats``); an unknown item is an ``ERROR`` line, as in MetaQ."""
         if item == "config":
-            return self.broker.config.raw.decode("utf-8", "replace")
+            return self.broker.config_text()
         try:
             return stats_text.render(self.stats_pairs(item))
         except c.RequestError as exc:
@@ -379,7 +381,7 @@ class RequestHandlers:
         """The stats of one item as data (RequestError 400 for an unknown item)."""
         broker = self.broker
         if item == "help":
-            return [(name, "") for name in ("(empty)", "topics", "offsets", "realtime", "config", "reset", "help", "<topic>")]
+            return list(stats_text.ITEM_HELP.items())
         if item == "topics":
             return [(topic, stats_text.counters_row(t)) for topic, t in sorted(self.stats.topic_totals().items())]
         if item == "offsets":

@@ -46,6 +46,10 @@ MASTER = "master"
 REREGISTER_RETRY_S = 1.0
 
 
+#: What the registry is before the HA layer decides a role (it registers no node then).
+UNDECIDED = "nothing (role undecided)"
+
+
 class RegistryError(RuntimeError):
     """ZooKeeper could not be reached or a node could not be registered."""
 
@@ -172,7 +176,8 @@ class BrokerRegistry:
             await self._run(self._close_client)
             raise
         self._started = True
-        log.info("broker %s registered in ZooKeeper as %s (%s)", self.broker_id, self._role_name(), self.url)
+        if self.role is not None:  # else nothing is registered yet: the HA layer's decision says it
+            log.info("broker %s registered in ZooKeeper as %s (%s)", self.broker_id, self._role_name(), self.url)
 
     async def set_role(self, role: str | int | None) -> None:
         """Register as master, as slave ``k``, or (None) as nothing; old-role nodes go first.
@@ -183,10 +188,11 @@ class BrokerRegistry:
         role = _validate_role(role)
         if role == self.role:
             return
-        previous = self.role
+        previous = self._role_name()
         self.role = role
         await self._run(self._sync_role_change)
-        log.info("broker %s is now registered as %s (was %s)", self.broker_id, self._role_name(), previous)
+        was = "" if previous == UNDECIDED else f" (was {previous})"
+        log.info("broker %s is now registered in ZooKeeper as %s%s", self.broker_id, self._role_name(), was)
 
     def _sync_role_change(self) -> None:
         self._ensure_broker_parent()
@@ -226,7 +232,7 @@ class BrokerRegistry:
 
     def _role_name(self) -> str:
         if self.role is None:
-            return "nothing (role undecided)"
+            return UNDECIDED
         return MASTER if self._registers_master else f"slave{self.role}"
 
     def _desired_nodes(self) -> dict[str, bytes]:

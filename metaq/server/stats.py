@@ -76,6 +76,18 @@ class BrokerStats:
         return time.time() - self.started_at
 
 
+#: ``stats help``: each item and what it shows (docs/operations.md, "Stats", says the same).
+ITEM_HELP = {
+    "(empty)": "pid, broker id, role, epoch, version, uptime, connections, put/get counters, HA state, replication lag",
+    "realtime": "the same as (empty)",
+    "topics": "per topic: put_messages put_bytes get_requests get_bytes get_miss replica_get_bytes replica_positions",
+    "offsets": "per partition {topic}-{brokerId}-{n}: min_offset max_offset committed flushed",
+    "<topic>": "offsets for one topic",
+    "config": "the server.ini as loaded, then the topics served now (from the group's configuration in ZooKeeper)",
+    "reset": "clear the counters (never data), then show the general stats",
+    "help": "this list",
+}
+
 #: ``(name, value)``; a value is a scalar or a row (a dict of named fields).
 StatsPairs = list[tuple[str, Any]]
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Callable
 
 from metaq.store.log import PartitionLog, SegmentVanished
@@ -44,6 +45,8 @@ class LogFlusher:
         #: Called on the event loop after each successful fsync (the broker wakes
         #: consumers waiting for the committed offset, which follows flushed_end).
         self.on_flushed: Callable[[], None] | None = None
+        #: Called with the seconds each successful fsync took (the broker's metrics).
+        self.on_fsync_seconds: Callable[[float], None] | None = None
 
     @property
     def group_commit(self) -> bool:
@@ -85,13 +88,13 @@ class LogFlusher:
     def _current_or_new_flush(self) -> asyncio.Future[int]:
         """The fsync in flight, or a new one if none is. One at a time per log."""
         if self._inflight is None or self._inflight.done():
-            counted = self._unflushed_messages
+            counted, started = self._unflushed_messages, time.perf_counter()
             future = asyncio.ensure_future(asyncio.to_thread(self.log.flush))
-            future.add_done_callback(lambda f: self._flush_done(f, counted))
+            future.add_done_callback(lambda f: self._flush_done(f, counted, started))
             self._inflight = future
         return self._inflight
 
-    def _flush_done(self, future: asyncio.Future[int], counted: int) -> None:
+    def _flush_done(self, future: asyncio.Future[int], counted: int, started: float) -> None:
         if future.cancelled():
             return
         error = future.exception()  # also marks it retrieved for background flushes
@@ -100,6 +103,8 @@ class LogFlusher:
                 log.error("%s: fsync failed: %s", self.log.directory, error)
             return
         self.fsyncs += 1
+        if self.on_fsync_seconds is not None:
+            self.on_fsync_seconds(time.perf_counter() - started)
         if self.on_flushed is not None:
             self.on_flushed()
         # Messages counted after this flush started may or may not be covered; keep

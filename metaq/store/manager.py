@@ -68,6 +68,8 @@ class MessageStoreManager:
         self._started = False
         #: Called with (topic, partition) after each successful fsync of that log.
         self.on_flushed: Callable[[str, int], None] | None = None
+        #: Called with the seconds each fsync of any log took (the broker's metrics).
+        self.on_fsync_seconds: Callable[[float], None] | None = None
 
     # --- lookup --------------------------------------------------------------------
 
@@ -120,6 +122,7 @@ class MessageStoreManager:
             partition_log = RefusedLog(directory, str(exc), exc.known_end, config.max_segment_size, self.max_message_size)
         flusher = LogFlusher(partition_log, config.unflush_threshold, config.unflush_interval_ms)
         flusher.on_flushed = lambda: self.on_flushed(topic, partition) if self.on_flushed is not None else None
+        flusher.on_fsync_seconds = lambda seconds: self.on_fsync_seconds(seconds) if self.on_fsync_seconds is not None else None
         self._logs[key] = partition_log
         self._flushers[key] = flusher
         if self._started:

@@ -267,7 +267,8 @@ class Drill:
 
         config = MetaClientConfig(
             zk_connect=self.zk_connect, zk_root=self.zk_root, retry_unknown_outcome=True,
-            send_timeout_s=max(30.0, session_ms / 1000 * 4), send_max_attempts=100, send_retry_max_wait_s=0.2,
+            # The retry budget outlasts a failover: the session timeout to notice, then an election.
+            send_timeout_s=max(30.0, session_ms / 1000 * 4), send_max_attempts=max(100, int((session_ms / 1000 * 2 + 10) / 0.2)), send_retry_max_wait_s=0.2,
         )
         async with AsyncMessageSessionFactory(config) as factory:
             load = _Load(factory, topic, self.rate, f"drill-{uuid.uuid4().hex[:8]}")
@@ -282,7 +283,7 @@ class Drill:
             report.new_master = new_state.master_url
             report.epoch_after = new_state.epoch
             epoch_starts = await self._epoch_starts(new_state.master_url, topic, topics[topic], new_state.epoch)
-            first_ack = await self._first_ack_after(load, fault_at, epoch_starts, timeout=30)
+            first_ack = await self._first_ack_after(load, fault_at, epoch_starts, timeout=max(30.0, session_ms / 1000 * 2 + 10))
             if first_ack is not None:
                 report.first_ack_s = first_ack.at - fault_at
                 report.first_read_s = await self._first_read(new_state.master_url, first_ack, fault_at)

@@ -10,6 +10,7 @@ tests give each case its own root so that many cases can share one ZooKeeper ser
     {root}/brokers/ids/{id}/master_config_checksum   ephemeral  CRC32 of server.ini, decimal
     {root}/brokers/ids/{id}/epoch                    persistent current master epoch (CAS only)
     {root}/brokers/ids/{id}/sync_set                 the slaves counted for sync acks
+    {root}/brokers/topic-config/{id}                 persistent the group's topic configuration (JSON)
     {root}/brokers/topics-pub/{topic}/{id}-m         ephemeral  {"numParts":N,"broker":"0-m"}
     {root}/brokers/topics-sub/{topic}/{id}-m|-s{k}   ephemeral  same JSON
     {root}/consumers/{group}/ids/{group}_{cid}       ephemeral  comma-separated topics
@@ -67,6 +68,10 @@ class ZkPaths:
 
     def sync_set(self, broker_id: int) -> str:
         return _join(self.broker(broker_id), "sync_set")
+
+    def topic_config(self, broker_id: int) -> str:
+        """A broker group's shared topic configuration (metaq/zk/topic_config.py)."""
+        return f"{self.root}/brokers/topic-config/{broker_id}"
 
     # --- topics ----------------------------------------------------------------
 

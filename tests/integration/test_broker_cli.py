@@ -79,7 +79,7 @@ def test_missing_broker_id_and_non_ini_files(tmp_path: Path) -> None:
 
     not_ini = tmp_path / "not.ini"
     not_ini.write_text("brokerId=0\n")
-    assert_one_line_error(metaq_broker("-c", str(not_ini)), str(not_ini), "not a valid INI file")
+    assert_one_line_error(metaq_broker("-c", str(not_ini)), str(not_ini), "comes before any section")
 
     binary = tmp_path / "binary.ini"
     binary.write_bytes(b"\xff\xfe\x00[system]")

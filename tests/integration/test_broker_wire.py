@@ -313,6 +313,12 @@ def test_plain_text_stats_version_unknown_and_quit(broker) -> None:
     # Several commands on one connection, as `printf 'version\nstats\nquit\n' | nc` sends them.
     out, closed = text_exchange(broker, b"version\nstats topics\nquit\n", until=None)
     assert closed and out.startswith(b"metaq-py ") and out.endswith(b"END\r\n")
+
+    # `echo stats | nc HOST PORT`: Debian's nc does not half-close after stdin ends, so the
+    # broker closes the connection once it has answered (the exchange sends no EOF).
+    for line in (b"stats\n", b"flush all\n"):
+        out, closed = text_exchange(broker, line, until=None)
+        assert closed and (out.endswith(b"END\r\n") or out.startswith(b"ERROR "))
     assert_healthy(broker)
 
 

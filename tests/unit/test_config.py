@@ -65,7 +65,7 @@ def test_relative_data_path_is_relative_to_the_file(tmp_path):
         (b"[system]\nbrokerId=0\ndeleteWhen=daily\n", r"deleteWhen: expected a 6-field Quartz"),
         (b"[system]\nbrokerId=0\n[zookeeper]\nzk.zkRoot=meta\n", r"zk.zkRoot: must start with '/'"),
         (b"[zookeeper]\nzk.zkConnect=x\n", r"missing section \[system\]"),
-        (b"brokerId=0\n", r"not a valid INI file"),
+        (b"brokerId=0\n", r"line 1: .brokerId=0. comes before any section"),
         (b"[system]\nbrokerId=0\n[system]\n", r"not a valid INI file"),
         (b"\xff\xfe", r"not UTF-8"),
     ],
@@ -99,3 +99,73 @@ def test_slave_properties():
         parse_slave_properties("slaveid=1\n")
     with pytest.raises(ConfigError, match="autoSyncMasterConfig: expected true or false"):
         parse_slave_properties("slaveId=1\nautoSyncMasterConfig=maybe\n")
+
+
+# --- operator fixes (trailing comments, port range, one-line errors, shared topic settings) ---
+
+
+def test_metaq_style_trailing_comments_are_accepted():
+    config = parse_server_ini(
+        b"[system]\nbrokerId=0 ; the master's id\nserverPort=8123   # its port\ndeleteWhen=0 0 6,18 * * ?\n"
+        b"[topic=a]\nnumPartitions=3 ; three\n",
+        "c.ini",
+    )
+    assert config.broker_id == 0 and config.server_port == 8123
+    assert config.topics["a"].num_partitions == 3 and config.topics["a"].delete_when == "0 0 6,18 * * ?"
+
+
+@pytest.mark.parametrize("port", ["99999", "65536", "-1"])
+def test_server_port_outside_the_tcp_range_is_refused(port):
+    with pytest.raises(ConfigError, match=r"c.ini: \[system\] serverPort: must be"):
+        parse_server_ini(f"[system]\nbrokerId=0\nserverPort={port}\n".encode(), "c.ini")
+
+
+def test_missing_system_header_is_one_line():
+    with pytest.raises(ConfigError) as info:
+        parse_server_ini(b"brokerId=0\nserverPort=8123\n", "c.ini")
+    assert "\n" not in str(info.value)
+    assert str(info.value) == "c.ini: line 1: 'brokerId=0' comes before any section (the file starts with [system])"
+
+
+def test_logging_and_metrics_keys():
+    config = parse_server_ini(
+        b"[system]\nbrokerId=0\nmetricsPort=9404\nlogFile=broker.log\nlogFormat=json\nlogLevel=DEBUG\n", "c.ini"
+    )
+    assert config.metrics_port == 9404 and config.log_file == "broker.log"
+    assert config.log_format == "json" and config.log_level == "DEBUG"
+    assert parse_server_ini(b"[system]\nbrokerId=0\n", "c.ini").metrics_port is None
+    with pytest.raises(ConfigError, match="logFormat: expected one of text, json"):
+        parse_server_ini(b"[system]\nbrokerId=0\nlogFormat=xml\n", "c.ini")
+
+
+def test_shared_topic_settings_round_trip():
+    from metaq.config import topic_from_settings, topic_settings
+
+    config = parse_server_ini(b"[system]\nbrokerId=0\ndataPath=/d\n[topic=a]\nnumPartitions=3\nacceptPublish=false\n", "c.ini")
+    settings = topic_settings(config.topics["a"])
+    assert settings["numPartitions"] == "3" and settings["acceptPublish"] == "false" and "dataPath" not in settings
+    again = topic_from_settings(config.topic_defaults, "a", settings, "zk")
+    assert again == config.topics["a"]
+    with pytest.raises(ConfigError, match="numPartitions: must be >= 1"):
+        topic_from_settings(config.topic_defaults, "a", {"numPartitions": 0}, "zk")
+    with pytest.raises(ConfigError, match="dataPath: not a shared topic key"):
+        topic_from_settings(config.topic_defaults, "a", {"dataPath": "/x"}, "zk")
+
+
+def test_every_shipped_and_documented_config_loads_and_keeps_data_outside_the_checkout():
+    import re as _re
+
+    for path in sorted(REPO.glob("conf/**/*.ini")):
+        config = load_server_ini(path)
+        for data_path in {config.data_path} | {t.data_path for t in config.topics.values()}:
+            assert not Path(data_path).resolve().is_relative_to(REPO), f"{path} writes data into the checkout: {data_path}"
+    blocks = 0
+    for doc in sorted(REPO.glob("docs/*.md")) + [REPO / "README.md"]:
+        for lang, body in _re.findall(r"```(ini|properties)\n(.*?)```", doc.read_text(), _re.S):
+            if lang == "ini" and "brokerId" in body:  # complete files, not fragments
+                parse_server_ini(body.encode(), f"{doc.name} example")
+                blocks += 1
+            elif lang == "properties" and "slaveId" in body:
+                parse_slave_properties(body, f"{doc.name} example")
+                blocks += 1
+    assert blocks >= 2

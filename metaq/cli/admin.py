@@ -1,0 +1,99 @@
+"""What the admin commands (``metaq topics``, ``metaq groups``) share: options, a ZooKeeper
+session, asking a broker over the protocol, and a plain table."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+
+from ..errors import MetaqError
+
+
+def add_zk_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--zk", required=True, metavar="HOST:PORT[,...]", help="ZooKeeper connect string")
+    parser.add_argument("--zk-root", default="/meta", metavar="PATH", help="ZooKeeper root of the cluster (default /meta)")
+    parser.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds per ZooKeeper or broker request (default 5)")
+
+
+def add_actions(sub: argparse._SubParsersAction, command: str, helptext: str) -> argparse._SubParsersAction:
+    """``metaq COMMAND ACTION ...``: the command's parser, returning its actions."""
+    parser = sub.add_parser(command, help=helptext)
+    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+    actions.required = True
+    return actions
+
+
+def add_action(actions: argparse._SubParsersAction, name: str, helptext: str, run: Any) -> argparse.ArgumentParser:
+    """One action, with the ZooKeeper options every action takes."""
+    action = actions.add_parser(name, help=helptext)
+    add_zk_options(action)
+    action.set_defaults(run=run)
+    return action
+
+
+@contextmanager
+def zk_client(args: argparse.Namespace) -> Iterator[tuple[Any, Any]]:
+    """``(kazoo client, ZkPaths)`` for the command's ``--zk`` and ``--zk-root``."""
+    from ..zk.paths import ZkPaths
+    from ..zk.session import ZooKeeperUnreachable, zk_session
+
+    logging.getLogger("kazoo").setLevel(logging.CRITICAL)  # failures are reported as one line
+    try:
+        paths = ZkPaths(args.zk_root)
+    except ValueError as exc:
+        raise MetaqError(str(exc)) from None
+    from kazoo.exceptions import KazooException
+    from kazoo.handlers.threading import KazooTimeoutError
+
+    try:
+        with zk_session(args.zk, args.timeout) as client:
+            yield client, paths
+    except ZooKeeperUnreachable as exc:
+        raise MetaqError(str(exc)) from None
+    except (KazooException, KazooTimeoutError, RuntimeError) as exc:  # mid-command: one line, no traceback
+        raise MetaqError(f"ZooKeeper at {args.zk}: {exc!r}") from None
+
+
+async def ask(url: str, header: dict[str, Any], timeout: float) -> Any | None:
+    """One request to the broker at ``url`` (``meta://host:port``); None if it cannot answer."""
+    from ..addresses import parse_broker_url
+    from ..client.connection import BrokerConnection
+
+    try:
+        conn = await BrokerConnection.open(*parse_broker_url(url), timeout)
+        try:
+            reply = await conn.request(header, timeout=timeout)
+        finally:
+            conn.close()
+    except Exception:  # unreachable or closing: the caller reports the member as unreachable
+        return None
+    return reply if reply.ok else None
+
+
+async def stats_map(url: str, item: str, timeout: float) -> Any | None:
+    """A broker's stats for ``item`` as a StatsReply, or None if it cannot answer."""
+    from ..protocol.messages import StatsRequest
+    from ..protocol.replies import StatsReply
+
+    reply = await ask(url, StatsRequest(item=item, format="map").to_header(), timeout)
+    return None if reply is None else StatsReply.of(reply)
+
+
+def render_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Aligned plain text (what scripts and tests read; also fine on a terminal)."""
+    table = [tuple(columns)] + [tuple("-" if cell is None else str(cell) for cell in row) for row in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(columns))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table)
+
+
+def parse_settings(pairs: Sequence[str]) -> dict[str, str]:
+    """``KEY=VALUE`` words -> dict; MetaqError on a word without ``=``."""
+    settings: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise MetaqError(f"--set expects KEY=VALUE, got {pair!r}")
+        settings[key.strip()] = value.strip()
+    return settings

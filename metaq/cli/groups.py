@@ -1,0 +1,288 @@
+"""``metaq groups list|describe|reset-offsets``: consumer groups, their lag, and moving them.
+
+A group's offsets are MetaQ's: ``{root}/consumers/{group}/offsets/{topic}/{brokerId}-{n}``
+holds ``{msgId}-{offset}`` (the byte offset the group reads next). Live consumers are
+the ephemeral ``{root}/consumers/{group}/ids/*`` nodes.
+
+``describe``: per partition the group's committed offset, the log end a consumer may
+read up to (the master's committed offset), and the lag in bytes and in messages
+(counted exactly, by walking the records in between through the master).
+
+``reset-offsets``: to the earliest retained offset, to the latest, to the first message
+at or after a time, or to an explicit offset (which must start a message). A dry run
+prints the plan; ``--execute`` writes it. Refused while the group has live members
+(they would overwrite it at their next commit) unless ``--force``. The time of a
+message is the timestamp in its msg id (metaq/store/msgid.py: the append time on
+the master, in ms, never earlier than the true time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from ..errors import MetaqError
+from .admin import add_action, add_actions, ask, render_table, zk_client
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    actions = add_actions(sub, "groups", "list, describe (lag) or reset the offsets of consumer groups")
+    add_action(actions, "list", "consumer groups with their live members and topics", run_list)
+
+    describe = add_action(actions, "describe", "per partition: committed offset, log end, lag in bytes and messages", run_describe)
+    describe.add_argument("--group", required=True, help="the consumer group")
+    describe.add_argument("--topic", help="only this topic")
+
+    reset = add_action(actions, "reset-offsets", "move a group's offsets (dry run unless --execute)", run_reset)
+    reset.add_argument("--group", required=True, help="the consumer group")
+    reset.add_argument("--topic", required=True, help="the topic")
+    reset.add_argument("--partition", metavar="BROKER-N", help="only this partition, e.g. 0-1 (default: all)")
+    target = reset.add_mutually_exclusive_group(required=True)
+    target.add_argument("--to-earliest", action="store_true", help="the oldest retained message")
+    target.add_argument("--to-latest", action="store_true", help="after the last readable message")
+    target.add_argument("--to-datetime", metavar="TIME", help="the first message at or after TIME (ISO 8601, e.g. 2026-11-23T09:30:00Z; no zone: local time)")
+    target.add_argument("--to-offset", type=int, metavar="OFFSET", help="this byte offset (must start a message)")
+    reset.add_argument("--execute", action="store_true", help="write the new offsets (default: only show them)")
+    reset.add_argument("--force", action="store_true", help="even while the group has live consumers (they may overwrite it)")
+
+
+@dataclass
+class PartitionRow:
+    topic: str
+    broker_id: int
+    partition: int
+    master_url: str | None
+    committed: int | None = None  # the group's offset; None: never committed
+    msg_id: int | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.broker_id}-{self.partition}"
+
+
+# --- ZooKeeper ---------------------------------------------------------------------------------
+
+
+def _children(client: Any, path: str) -> list[str]:
+    from kazoo.exceptions import NoNodeError
+
+    try:
+        return sorted(client.get_children(path))
+    except NoNodeError:
+        return []
+
+
+def _topic_partitions(client: Any, paths: Any, topic: str) -> dict[int, int]:
+    """broker id -> partitions of ``topic``, from the brokers' topic nodes and group configurations."""
+    from ..zk.paths import parse_topic_node_data
+    from ..zk.topic_config import read_group_topics
+
+    found: dict[int, int] = {}
+    for parent in (paths.topics_pub(topic), paths.topics_sub(topic)):
+        for child in _children(client, parent):
+            try:
+                data = parse_topic_node_data(client.get(f"{parent}/{child}")[0])
+            except Exception:  # gone meanwhile, or not ours to read
+                continue
+            found[data.broker_id] = max(found.get(data.broker_id, 0), data.num_parts)
+    for broker_id in {int(c) for c in _children(client, paths.topic_config(0).rsplit("/", 1)[0]) if c.isdigit()}:
+        settings = read_group_topics(client, paths, broker_id).topics.get(topic)
+        if settings is not None:
+            found[broker_id] = max(found.get(broker_id, 0), int(settings.get("numPartitions", "1")))
+    return dict(sorted(found.items()))
+
+
+def read_rows(client: Any, paths: Any, group: str, topic: str) -> list[PartitionRow]:
+    from kazoo.exceptions import NoNodeError
+
+    from ..zk.group import read_members
+    from ..zk.paths import parse_offset
+
+    rows = []
+    for broker_id, partitions in _topic_partitions(client, paths, topic).items():
+        try:
+            master = read_members(client, paths, broker_id).master_url
+        except NoNodeError:
+            master = None
+        for n in range(partitions):
+            row = PartitionRow(topic, broker_id, n, master)
+            try:
+                row.msg_id, row.committed = parse_offset(client.get(paths.offset(group, topic, row.name))[0])
+            except NoNodeError:
+                pass
+            rows.append(row)
+    return rows
+
+
+def live_members(client: Any, paths: Any, group: str) -> list[str]:
+    return _children(client, paths.consumer_ids(group))
+
+
+# --- brokers -----------------------------------------------------------------------------------
+
+
+async def _bounds(row: PartitionRow, timeout: float) -> tuple[int, int] | None:
+    """``(earliest, readable end)`` of a partition on its master; None if it cannot answer."""
+    from ..protocol.messages import OffsetRequest
+
+    if row.master_url is None:
+        return None
+    reply = await ask(row.master_url, OffsetRequest(topic=row.topic, partition=row.partition, offset=0).to_header(), timeout)
+    return None if reply is None else (int(reply["min_offset"]), int(reply["max_offset"]))
+
+
+async def _walk(row: PartitionRow, start: int, end: int, timeout: float, stop_at_ms: int | None = None) -> tuple[int, int | None, int]:
+    """Walk the messages starting in [start, end) through the master.
+
+    Returns ``(count, found, reached)``: the messages walked, the offset of the first one
+    whose msg-id time is at or after ``stop_at_ms`` (the walk stops there; None if none
+    is), and the offset after the last message walked.
+    """
+    from ..addresses import parse_broker_url
+    from ..client.connection import BrokerConnection
+    from ..protocol.messages import GetRequest
+    from ..record import iter_records
+    from ..store.msgid import msg_id_timestamp_ms
+
+    assert row.master_url is not None
+    count, offset, max_size = 0, start, 1024 * 1024
+    conn = await BrokerConnection.open(*parse_broker_url(row.master_url), timeout)
+    try:
+        while offset < end:
+            request = GetRequest(topic=row.topic, partition=row.partition, offset=offset, max_size=max_size)
+            reply = await conn.request(request.to_header(), timeout=timeout)
+            if not reply.ok:
+                raise MetaqError(f"{row.topic}-{row.name}: the master answered {reply.code} at offset {offset}: {reply.message}")
+            moved = False
+            for record in iter_records(bytes(reply.body), offset, verify=False):
+                if record.offset >= end:
+                    return count, None, offset
+                if stop_at_ms is not None and msg_id_timestamp_ms(record.msg_id) >= stop_at_ms:
+                    return count, record.offset, offset
+                count += 1
+                offset, moved = record.offset + record.size, True
+            if not moved:
+                if max_size >= 64 * 1024 * 1024:
+                    raise MetaqError(f"{row.topic}-{row.name}: no whole message at offset {offset}")
+                max_size *= 4  # one message larger than the fetch size
+    finally:
+        conn.close()
+    return count, None, offset
+
+
+# --- commands --------------------------------------------------------------------------------
+
+
+def run_list(args: argparse.Namespace) -> int:
+    rows = []
+    with zk_client(args) as (client, paths):
+        for group in _children(client, paths.consumers()):
+            topics = _children(client, f"{paths.consumer_group(group)}/offsets")
+            rows.append((group, len(live_members(client, paths, group)), ",".join(topics) or "-"))
+    if not rows:
+        print(f"no consumer groups under {args.zk_root}")
+        return 0
+    print(render_table(("group", "live members", "topics with offsets"), rows))
+    return 0
+
+
+def run_describe(args: argparse.Namespace) -> int:
+    with zk_client(args) as (client, paths):
+        topics = [args.topic] if args.topic else _children(client, f"{paths.consumer_group(args.group)}/offsets")
+        if not topics and not _children(client, paths.consumer_group(args.group)):
+            raise MetaqError(f"no consumer group {args.group!r} under {args.zk_root} (see metaq groups list)")
+        rows = [row for topic in topics for row in read_rows(client, paths, args.group, topic)]
+        members = live_members(client, paths, args.group)
+    table = asyncio.run(_describe(rows, args.timeout))
+    print(f"group {args.group}: {len(members)} live member(s){': ' + ', '.join(members) if members else ''}")
+    print(render_table(("topic", "partition", "committed", "log end", "lag bytes", "lag messages"), table))
+    return 0
+
+
+async def _describe(rows: list[PartitionRow], timeout: float) -> list[tuple[Any, ...]]:
+    async def one(row: PartitionRow) -> tuple[Any, ...]:
+        bounds = await _bounds(row, timeout)
+        if bounds is None:
+            return (row.topic, row.name, row.committed, "unreachable", None, None)
+        earliest, end = bounds
+        start = earliest if row.committed is None else max(row.committed, earliest)
+        messages = (await _walk(row, start, end, timeout))[0] if start < end else 0
+        return (row.topic, row.name, row.committed, end, max(0, end - start), messages)
+
+    return list(await asyncio.gather(*(one(row) for row in rows)))
+
+
+def run_reset(args: argparse.Namespace) -> int:
+    from ..zk.paths import NO_MSG_ID, format_offset
+
+    stop_at_ms = _parse_time(args.to_datetime) if args.to_datetime else None
+    with zk_client(args) as (client, paths):
+        rows = read_rows(client, paths, args.group, args.topic)
+        if args.partition:
+            rows = [row for row in rows if row.name == args.partition]
+        if not rows:
+            raise MetaqError(f"topic {args.topic!r} has no partition {args.partition or ''} registered under {args.zk_root}".replace("  ", " "))
+        members = live_members(client, paths, args.group)
+        plan = asyncio.run(_plan(rows, args, stop_at_ms))
+        print(render_table(("topic", "partition", "current", "new"), [(r.topic, r.name, r.committed, new) for r, new in plan]))
+        if not args.execute:
+            print("dry run: nothing written (add --execute to apply)")
+            return 0
+        if members and not args.force:
+            raise MetaqError(f"group {args.group} has {len(members)} live member(s) ({', '.join(members)}): stop them, or add --force")
+        for row, new in plan:
+            path = paths.offset(args.group, row.topic, row.name)
+            value = format_offset(NO_MSG_ID, new).encode()
+            if client.exists(path):
+                client.set(path, value)
+            else:
+                client.create(path, value, makepath=True)
+    print(f"group {args.group}: {len(plan)} offset(s) written")
+    return 0
+
+
+async def _plan(rows: list[PartitionRow], args: argparse.Namespace, stop_at_ms: int | None) -> list[tuple[PartitionRow, int]]:
+    async def one(row: PartitionRow) -> tuple[PartitionRow, int]:
+        bounds = await _bounds(row, args.timeout)
+        if bounds is None:
+            raise MetaqError(f"{row.topic}-{row.name}: its master cannot be reached; nothing was written")
+        earliest, end = bounds
+        if args.to_earliest:
+            return row, earliest
+        if args.to_latest:
+            return row, end
+        if stop_at_ms is not None:
+            _, found, _ = await _walk(row, earliest, end, args.timeout, stop_at_ms)
+            return row, end if found is None else found
+        return row, await _checked_offset(row, args.to_offset, earliest, end, args.timeout)
+
+    return list(await asyncio.gather(*(one(row) for row in rows)))
+
+
+async def _checked_offset(row: PartitionRow, offset: int, earliest: int, end: int, timeout: float) -> int:
+    if not earliest <= offset <= end:
+        raise MetaqError(f"{row.topic}-{row.name}: offset {offset} is outside [{earliest}, {end}]")
+    if offset in (earliest, end):
+        return offset
+    from ..protocol.messages import OffsetRequest
+
+    # Walk from the start of the segment holding it: a message boundary is where a walk lands.
+    reply = await ask(row.master_url or "", OffsetRequest(topic=row.topic, partition=row.partition, offset=offset).to_header(), timeout)
+    segment_start = int(reply["offset"]) if reply is not None else earliest
+    _, _, reached = await _walk(row, segment_start, offset, timeout)
+    if reached != offset:
+        raise MetaqError(f"{row.topic}-{row.name}: offset {offset} does not start a message (the nearest boundary after it is {reached})")
+    return offset
+
+
+def _parse_time(text: str) -> int:
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise MetaqError(f"--to-datetime: expected ISO 8601 like 2026-11-23T09:30:00Z, got {text!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.astimezone()  # local time, as the operator typed it
+    return int(moment.astimezone(timezone.utc).timestamp() * 1000)

@@ -1,0 +1,245 @@
+"""``metaq topics list|describe|create|alter|delete``: a broker group's topics, without restarts.
+
+Topics live in each broker group's topic configuration in ZooKeeper
+(``{root}/brokers/topic-config/{id}``, metaq/zk/topic_config.py); every member of the
+group, master and slaves, applies a change within moments, and the configuration
+outlives any role swap. ``create``, ``alter`` and ``delete`` write it (compare-and-set),
+then wait until every live member serves the change (``--wait``, default 15 s; exit 1
+if one does not). ``describe`` asks the members themselves: per partition, each
+member's log end and committed offset, and each slave's lag behind the master.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+from ..errors import MetaqError
+from .admin import add_action, add_actions, ask, parse_settings, render_table, stats_map, zk_client
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    actions = add_actions(sub, "topics", "list, describe, create, alter or delete topics of a broker group")
+    listing = add_action(actions, "list", "every group's topics and their settings", run_list)
+    listing.add_argument("--broker-id", type=int, metavar="ID", help="only this broker group")
+
+    describe = add_action(actions, "describe", "partitions, master, slaves, sync set, committed offsets, lag per slave", run_describe)
+    describe.add_argument("--topic", required=True, help="the topic")
+    describe.add_argument("--broker-id", type=int, metavar="ID", help="only this broker group")
+
+    for name, helptext, runner in (
+        ("create", "add a topic to a broker group (every member serves it at once)", run_create),
+        ("alter", "change a topic's partitions (only more) or settings", run_alter),
+        ("delete", "stop serving a topic in a broker group (its files stay on disk)", run_delete),
+    ):
+        action = add_action(actions, name, helptext, runner)
+        action.add_argument("--broker-id", type=int, required=True, metavar="ID", help="the broker group")
+        action.add_argument("--topic", required=True, help="the topic")
+        if name != "delete":
+            action.add_argument("--partitions", type=int, metavar="N", help="number of partitions" + (" (default 1)" if name == "create" else " (can only grow)"))
+            action.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                                help="a topic key in MetaQ's name (unflushThreshold, deletePolicy, acceptPublish, ...); repeatable")
+        action.add_argument("--wait", type=float, default=15.0, metavar="S", help="seconds to wait for every live member to apply it (0: do not wait; default 15)")
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+
+def _group_ids(client: Any, paths: Any) -> list[int]:
+    from kazoo.exceptions import NoNodeError
+
+    ids: set[int] = set()
+    for parent in (paths.broker_ids(), paths.topic_config(0).rsplit("/", 1)[0]):
+        try:
+            ids.update(int(child) for child in client.get_children(parent) if child.isdigit())
+        except NoNodeError:
+            pass
+    return sorted(ids)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from ..config import TopicConfig, topic_settings
+    from ..zk.topic_config import read_group_topics
+
+    defaults = topic_settings(TopicConfig(name=""))
+    rows = []
+    with zk_client(args) as (client, paths):
+        ids = [args.broker_id] if args.broker_id is not None else _group_ids(client, paths)
+        for broker_id in ids:
+            group = read_group_topics(client, paths, broker_id, args.timeout)
+            if not group.exists:
+                rows.append((broker_id, "(no topic configuration in ZooKeeper)", "", ""))
+            for name, settings in sorted(group.topics.items()):
+                other = " ".join(f"{k}={v}" for k, v in sorted(settings.items()) if k != "numPartitions" and defaults.get(k) != v)
+                rows.append((broker_id, name, settings.get("numPartitions", "1"), other))
+    if not rows:
+        print(f"no broker groups under {args.zk_root}")
+        return 0
+    print(render_table(("broker", "topic", "partitions", "settings (other than the defaults)"), rows))
+    return 0
+
+
+def run_describe(args: argparse.Namespace) -> int:
+    from ..zk.group import read_group_state, read_members
+    from ..zk.topic_config import read_group_topics
+    from kazoo.exceptions import NoNodeError
+
+    groups = []
+    with zk_client(args) as (client, paths):
+        ids = [args.broker_id] if args.broker_id is not None else _group_ids(client, paths)
+        for broker_id in ids:
+            config = read_group_topics(client, paths, broker_id, args.timeout)
+            if args.topic not in config.topics and args.broker_id is None:
+                continue
+            try:
+                members = read_members(client, paths, broker_id)
+            except NoNodeError:
+                members = None
+            groups.append((broker_id, config, members, read_group_state(client, paths, broker_id)))
+    if not groups:
+        raise MetaqError(f"no broker group has a topic {args.topic!r} (see metaq topics list)")
+    blocks = [asyncio.run(_describe_group(args, *group)) for group in groups]
+    print("\n\n".join(blocks))
+    return 0
+
+
+async def _describe_group(args: argparse.Namespace, broker_id: int, config: Any, members: Any, state: Any) -> str:
+    settings = config.topics.get(args.topic)
+    partitions = int(settings.get("numPartitions", "1")) if settings else 0
+    sync_set = "-" if state.sync_set is None else ",".join(f"slave{s}" for s in sorted(state.sync_set)) or "(empty)"
+    roles = [] if members is None else ([("master", members.master_url)] if members.master_url else [])
+    roles += [] if members is None else [(f"slave{k}", url) for k, url in members.slaves.items()]
+    head = (
+        f"topic {args.topic}, broker group {broker_id}: {partitions} partitions, epoch {state.epoch}, "
+        f"master {members.master_url.removeprefix('meta://') if members and members.master_url else '-'}, "
+        f"slaves {','.join(r for r, _ in roles if r != 'master') or '-'}, sync set {sync_set}"
+    )
+    replies = await asyncio.gather(*(stats_map(url, args.topic, args.timeout) for _, url in roles))
+    offsets = {role: (reply.pairs if reply is not None else None) for (role, _), reply in zip(roles, replies)}
+    rows = []
+    for partition in range(partitions):
+        name = f"{args.topic}-{broker_id}-{partition}"
+        master_end = None
+        for role, url in roles:
+            pairs = offsets[role]
+            row = dict(pairs).get(name) if pairs is not None else None
+            end = row["max_offset"] if isinstance(row, dict) else None
+            if role == "master":
+                master_end = end
+            lag = master_end - end if role != "master" and master_end is not None and end is not None else None
+            in_sync = "-" if role == "master" or state.sync_set is None else ("yes" if int(role[5:]) in state.sync_set else "no")
+            state_text = "unreachable" if pairs is None else ("up" if row is not None else "not served")
+            rows.append((partition, role, url.removeprefix("meta://"), state_text, end,
+                         row["committed"] if isinstance(row, dict) else None, lag, in_sync))
+    table = render_table(("partition", "member", "address", "state", "log end", "committed", "lag bytes", "in sync set"), rows)
+    return head + "\n" + table
+
+
+# --- writing -----------------------------------------------------------------------------------
+
+
+def run_create(args: argparse.Namespace) -> int:
+    def change(group: Any) -> Any:
+        if args.topic in group.topics:
+            raise MetaqError(f"broker group {args.broker_id} already has a topic {args.topic!r} (use metaq topics alter)")
+        settings = {**_settings(args), "numPartitions": str(args.partitions or 1)}
+        return group.with_topic(args.topic, settings)
+
+    return _write(args, change, f"created {args.topic}")
+
+
+def run_alter(args: argparse.Namespace) -> int:
+    def change(group: Any) -> Any:
+        current = group.topics.get(args.topic)
+        if current is None:
+            raise MetaqError(f"broker group {args.broker_id} has no topic {args.topic!r} (see metaq topics list)")
+        updated = {**current, **_settings(args)}
+        if args.partitions is not None:
+            have = int(current.get("numPartitions", "1"))
+            if args.partitions < have:
+                raise MetaqError(f"{args.topic} has {have} partitions; partitions can only be added (their logs hold data)")
+            updated["numPartitions"] = str(args.partitions)
+        if updated == current:
+            raise MetaqError("nothing to change: give --partitions or --set KEY=VALUE")
+        return group.with_topic(args.topic, updated)
+
+    return _write(args, change, f"altered {args.topic}")
+
+
+def run_delete(args: argparse.Namespace) -> int:
+    def change(group: Any) -> Any:
+        if args.topic not in group.topics:
+            raise MetaqError(f"broker group {args.broker_id} has no topic {args.topic!r} (see metaq topics list)")
+        return group.without_topic(args.topic)
+
+    return _write(args, change, f"deleted {args.topic} (its partition files stay on each broker's disk)")
+
+
+def _settings(args: argparse.Namespace) -> dict[str, str]:
+    from ..config import ConfigError
+    from ..zk.topic_config import check_settings
+
+    settings = parse_settings(args.set)
+    if args.partitions is not None and args.partitions < 1:
+        raise MetaqError(f"--partitions must be >= 1, got {args.partitions}")
+    try:
+        check_settings(settings, "--set")
+    except ConfigError as exc:
+        raise MetaqError(str(exc)) from None
+    return settings
+
+
+def _write(args: argparse.Namespace, change: Any, done: str) -> int:
+    from ..config import check_topic_name
+    from ..zk.group import read_members
+    from ..zk.topic_config import read_group_topics, update_group_topics
+    from kazoo.exceptions import NoNodeError
+
+    try:
+        check_topic_name(args.topic)
+    except ValueError as exc:
+        raise MetaqError(str(exc)) from None
+    with zk_client(args) as (client, paths):
+        try:
+            members = read_members(client, paths, args.broker_id)
+        except NoNodeError:
+            members = None
+        urls = ([members.master_url] if members and members.master_url else []) + (list(members.slaves.values()) if members else [])
+        if urls and not read_group_topics(client, paths, args.broker_id, args.timeout).exists:
+            # Members serving server.ini topics would drop them for a configuration naming only this one.
+            raise MetaqError(f"broker group {args.broker_id} is running but has no topic configuration in ZooKeeper "
+                             f"({paths.topic_config(args.broker_id)}); restart its master with this version first")
+        group = update_group_topics(client, paths, args.broker_id, change)
+    expected = group.topics.get(args.topic)
+    partitions = int(expected.get("numPartitions", "1")) if expected else None
+    print(f"broker group {args.broker_id}: {done} (topic configuration version {group.version})")
+    if args.wait <= 0 or not urls:
+        return 0
+    late = asyncio.run(_wait_applied(urls, args.topic, partitions, args.wait, args.timeout))
+    if late:
+        print(f"not applied within {args.wait:g} s by: {', '.join(u.removeprefix('meta://') for u in late)}")
+        return 1
+    print(f"applied by every live member: {', '.join(u.removeprefix('meta://') for u in urls)}")
+    return 0
+
+
+async def _wait_applied(urls: list[str], topic: str, partitions: int | None, wait: float, timeout: float) -> list[str]:
+    """The members that do not serve ``topic`` with ``partitions`` (None: not at all) in time."""
+    from ..protocol.messages import TopicsRequest
+    from ..protocol.replies import TopicsReply
+
+    async def applied(url: str) -> bool:
+        reply = await ask(url, TopicsRequest().to_header(), timeout)
+        return reply is not None and TopicsReply.of(reply).topics.get(topic) == partitions
+
+    deadline = time.monotonic() + wait
+    pending = list(urls)
+    while pending:
+        done = await asyncio.gather(*(applied(url) for url in pending))
+        pending = [url for url, ok in zip(pending, done) if not ok]
+        if not pending or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    return pending

@@ -1,0 +1,180 @@
+"""Keeps a running broker serving its group's topic configuration from ZooKeeper.
+
+Masters and slaves alike watch ``{root}/brokers/topic-config/{id}``
+(metaq/zk/topic_config.py, where the precedence rule is written) and apply each new
+version without a restart: new topics and partitions are served, changed flush,
+segment and retention settings take effect, deleted topics stop being served (their
+files stay on disk). A slave starts replicating new partitions once its master
+serves them: after applying a version it asks the master's ``topics`` until they
+are there, then has its follower re-read them (metaq/ha/follower.py).
+
+Whatever else offers the broker a topic map (a slave adopting its master's
+server.ini sections) goes through ``overlay``, so the group's configuration wins
+there too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from kazoo.exceptions import KazooException
+from kazoo.handlers.threading import KazooTimeoutError
+
+from ..addresses import parse_broker_url
+from ..client.connection import BrokerConnection
+from ..config import ConfigError, TopicConfig, topic_settings
+from ..protocol.messages import TopicsRequest
+from ..protocol.replies import TopicsReply
+from ..zk.paths import ZkPaths
+from .registry import RegistryError
+from ..zk.topic_config import GroupTopics, decode_group_topics, publish_with, read_group_topics, seed_with, serve_group_topics, update_group_topics
+
+
+log = logging.getLogger(__name__)
+
+#: How long a slave waits for its master to serve a new topic configuration.
+CATCH_UP_S = 30
+
+
+class GroupTopicsApplier:
+    def __init__(self, broker: Any, seeds: bool) -> None:  # the Broker; broker.py imports this module
+        self.broker = broker
+        #: A broker started without --slave adds its server.ini topics the group lacks.
+        self.seeds = seeds
+        self.paths = ZkPaths(broker.config.zk.root)
+        self.node = self.paths.topic_config(broker.config.broker_id)
+        self.group = GroupTopics()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = asyncio.Lock()
+        self._stopped = False
+        self._catch_up: asyncio.Task[None] | None = None
+
+    @property
+    def client(self) -> Any:
+        return self.broker.registry.client  # type: ignore[union-attr]
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        broker_id = self.broker.config.broker_id
+        try:
+            if self.seeds:
+                group = await asyncio.to_thread(update_group_topics, self.client, self.paths, broker_id, seed_with(self.broker.local_topics))
+            else:
+                group = await asyncio.to_thread(read_group_topics, self.client, self.paths, broker_id)
+            await asyncio.to_thread(self.client.DataWatch, self.node, self._watch)
+        except (KazooException, KazooTimeoutError, RuntimeError, ValueError) as exc:
+            # Serving server.ini's topics instead could contradict the rest of the group.
+            raise RegistryError(f"cannot read the group's topic configuration {self.node}: {exc!r}") from None
+        await self.apply(group)
+
+    def stop(self) -> None:
+        self._stopped = True
+        if self._catch_up is not None:
+            self._catch_up.cancel()
+
+    def _watch(self, data: bytes | None, stat: Any, *_: Any) -> bool:
+        # kazoo's thread: hand the new value to the event loop, nothing else.
+        loop = self._loop
+        if self._stopped or loop is None or loop.is_closed():
+            return False
+        if data is not None and stat is not None:
+            try:
+                group = decode_group_topics(data, stat.version)
+            except ValueError as exc:
+                log.error("ignoring %s: %s", self.node, exc)
+                return True
+            loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.apply(group)))
+        return True
+
+    # --- applying ------------------------------------------------------------------------
+
+    def overlay(self, topics: dict[str, TopicConfig]) -> dict[str, TopicConfig]:
+        """The topic map to serve when something offers ``topics``: the group's, once it has one."""
+        if not self.group.exists:
+            return topics
+        return self.served(self.group)
+
+    def served(self, group: GroupTopics) -> dict[str, TopicConfig]:
+        broker = self.broker
+        return serve_group_topics(broker.config, broker.local_topics, group, self.node)
+
+    async def apply(self, group: GroupTopics) -> None:
+        async with self._lock:
+            if not group.exists or group.version < self.group.version:
+                return  # no node yet, or an older value overtaken by a newer one
+            try:
+                topics = self.served(group)
+            except ConfigError as exc:
+                log.error("not applying version %d of the group's topic configuration: %s", group.version, exc)
+                return
+            before = self.broker.config.topics
+            self.group = group
+            await self.broker.update_topics(topics)
+            if self._catch_up is not None:
+                self._catch_up.cancel()
+            self._catch_up = asyncio.ensure_future(self._follow_new_partitions(topics))
+            change = describe_change(before, topics)
+            if change:
+                log.info("topics: %s (broker group %d's topic configuration in ZooKeeper, version %d)",
+                         change, self.broker.config.broker_id, group.version)
+
+    async def _follow_new_partitions(self, topics: dict[str, TopicConfig]) -> None:
+        """On a slave: once the master serves these partitions too, replicate the new ones.
+
+        The master applies the same version at about the same moment; until it has,
+        its topics reply lacks them and the follower would skip them.
+        """
+        wanted = {name: topic.num_partitions for name, topic in topics.items()}
+        deadline = time.monotonic() + CATCH_UP_S
+        while not self._stopped and time.monotonic() < deadline:
+            follower = self.broker.ha.follower
+            master_url = follower.master_url if follower is not None and not self.broker.ha.acting_master else None
+            if master_url is None:
+                return  # a master, or a slave between masters: following (re)reads the topics itself
+            served = await _master_topics(master_url)
+            if served is not None and all(served.get(name, 0) >= n for name, n in wanted.items()):
+                follower.resync_topics()
+                return
+            await asyncio.sleep(0.1)
+        if not self._stopped:
+            log.warning("the master did not serve version %d of the topic configuration within %d s", self.group.version, CATCH_UP_S)
+
+    async def publish(self, changed: dict[str, TopicConfig]) -> GroupTopics:
+        """Write these topics' settings to the group's configuration (a SIGHUP'd server.ini edit)."""
+        broker_id = self.broker.config.broker_id
+        return await asyncio.to_thread(update_group_topics, self.client, self.paths, broker_id, publish_with(changed))
+
+
+def describe_change(before: dict[str, TopicConfig], after: dict[str, TopicConfig]) -> str:
+    """``added a; changed b (unflushThreshold 0 -> 5); removed c``, or "" when nothing changed."""
+    parts = []
+    added = sorted(set(after) - set(before))
+    removed = sorted(set(before) - set(after))
+    changed = []
+    for name in sorted(set(before) & set(after)):
+        old, new = topic_settings(before[name]), topic_settings(after[name])
+        diffs = [f"{key} {old[key]} -> {new[key]}" for key in old if old[key] != new[key]]
+        if diffs:
+            changed.append(f"{name} ({', '.join(diffs)})")
+    if added:
+        parts.append("now serving " + ", ".join(added))
+    if changed:
+        parts.append("changed " + "; ".join(changed))
+    if removed:
+        parts.append("no longer serving " + ", ".join(removed) + " (files kept on disk)")
+    return "; ".join(parts)
+
+
+async def _master_topics(url: str) -> dict[str, int] | None:
+    """The master's topics and partition counts, or None if it cannot answer now."""
+    try:
+        conn = await BrokerConnection.open(*parse_broker_url(url), 3)
+        try:
+            return TopicsReply.of(await conn.request(TopicsRequest().to_header(), timeout=3)).topics
+        finally:
+            conn.close()
+    except Exception:  # unreachable, restarting, refusing: asked again shortly
+        return None

@@ -1,0 +1,194 @@
+"""Prometheus metrics of one broker over HTTP (``[system] metricsPort``; off when unset).
+
+Built on ``prometheus-client``: a registry of its own per broker, served by the
+library's HTTP server on ``hostName:metricsPort``. Counters and gauges are read from
+the broker's own state at scrape time (``BrokerCollector``), so nothing on the hot
+path changes for them; the latency histograms are fed by ``InstrumentedHandlers``
+(wrapping the request handlers the connections call) and by the store's fsync hook.
+
+Series (all prefixed ``metaq_``): see docs/operations.md, "Metrics".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from typing import Any, Awaitable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+
+log = logging.getLogger(__name__)
+
+#: Seconds; from a fast in-memory ack to a slow sync replication wait.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+ROLES = ("master", "slave", "starting", "following", "orphaned", "electing", "fenced", "stopped")
+ZK_STATES = ("CONNECTED", "SUSPENDED", "LOST")
+#: A scrape waits this long for the event loop to read the broker's state.
+SCRAPE_TIMEOUT_S = 5.0
+
+
+class BrokerMetrics:
+    def __init__(self, broker: Any) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.request_seconds = Histogram(
+            "metaq_request_seconds", "Time from a put or get request to its reply (puts: including the durability wait)",
+            ["op"], buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.fsync_seconds = Histogram(
+            "metaq_fsync_seconds", "Time one fsync of a partition log took", buckets=LATENCY_BUCKETS, registry=self.registry
+        )
+        self.rejected_puts = Counter(
+            "metaq_put_rejected", "Puts answered with an error, by result code", ["code"], registry=self.registry
+        )
+        self.collector = BrokerCollector(broker)
+        self.registry.register(self.collector)
+        self._server: Any = None
+        self.port: int | None = None
+
+    def start(self, host: str, port: int) -> int:
+        self.collector.loop = asyncio.get_running_loop()
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        self._server = server
+        self.port = server.server_address[1]
+        return self.port
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def observe_reply(self, op: str, started: float, reply: Any) -> None:
+        self.request_seconds.labels(op).observe(time.perf_counter() - started)
+        if op == "put" and isinstance(reply, tuple) and isinstance(reply[0], dict):
+            code = reply[0].get("code")
+            if code is not None and code != 200:
+                self.rejected_puts.labels(str(code)).inc()
+
+
+class InstrumentedHandlers:
+    """The request handlers as the connections see them, with puts and gets timed."""
+
+    TIMED = ("put", "get")
+
+    def __init__(self, handlers: Any, metrics: BrokerMetrics) -> None:
+        self._handlers = handlers
+        self._metrics = metrics
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._handlers, name)
+
+    def handle(self, req: Any) -> Any:
+        if req.op not in self.TIMED:
+            return self._handlers.handle(req)
+        started = time.perf_counter()
+        result = self._handlers.handle(req)
+        if inspect.isawaitable(result):
+            return self._timed(req.op, started, result)
+        self._metrics.observe_reply(req.op, started, result)
+        return result
+
+    async def _timed(self, op: str, started: float, result: Awaitable[Any]) -> Any:
+        reply = await result
+        self._metrics.observe_reply(op, started, reply)
+        return reply
+
+
+class BrokerCollector(Collector):
+    """Counters and gauges read from the broker when Prometheus scrapes.
+
+    The HTTP server runs in its own thread; the broker's state belongs to the event
+    loop, so the values are read there (a scrape never sees a dict mid-update).
+    """
+
+    def __init__(self, broker: Any) -> None:
+        self.broker = broker
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def collect(self) -> Iterator[Any]:
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            return iter(())
+
+        async def on_loop() -> list[Any]:
+            return list(self._families())
+
+        return iter(asyncio.run_coroutine_threadsafe(on_loop(), loop).result(SCRAPE_TIMEOUT_S))
+
+    def _families(self) -> Iterator[Any]:
+        broker = self.broker
+        yield from self._traffic()
+        connections = GaugeMetricFamily("metaq_connections", "Client connections open now")
+        connections.add_metric([], broker.stats.connections)
+        yield connections
+        opened = CounterMetricFamily("metaq_connections_opened", "Client connections accepted since start")
+        opened.add_metric([], broker.stats.total_connections)
+        yield opened
+        role = GaugeMetricFamily("metaq_role", "1 for the role this broker has now", labels=["role"])
+        current = broker.ha.role_name
+        current = "slave" if current.startswith("slave") else current  # slave{k}: the id is not a role
+        for name in ROLES if current in ROLES else (*ROLES, current):
+            role.add_metric([name], 1.0 if name == current else 0.0)
+        yield role
+        epoch = GaugeMetricFamily("metaq_epoch", "The master epoch this broker serves in")
+        epoch.add_metric([], broker.ha.epoch)
+        yield epoch
+        yield from self._replication()
+        yield self._zookeeper()
+
+    def _traffic(self) -> Iterator[Any]:
+        families = {
+            "put_messages": CounterMetricFamily("metaq_put_messages", "Messages appended by puts", labels=["topic"]),
+            "put_bytes": CounterMetricFamily("metaq_put_bytes", "Bytes appended by puts", labels=["topic"]),
+            "put_failed": CounterMetricFamily("metaq_put_failed_messages", "Messages of puts that failed validation or append", labels=["topic"]),
+            "get_requests": CounterMetricFamily("metaq_get_requests", "Consumer fetches", labels=["topic"]),
+            "get_bytes": CounterMetricFamily("metaq_get_bytes", "Bytes sent to consumers", labels=["topic"]),
+            "get_miss": CounterMetricFamily("metaq_get_miss", "Consumer fetches that found nothing new", labels=["topic"]),
+            "replica_get_bytes": CounterMetricFamily("metaq_replica_get_bytes", "Bytes sent to replicating slaves", labels=["topic"]),
+        }
+        for topic, counters in sorted(self.broker.stats.topic_totals().items()):
+            for name, family in families.items():
+                family.add_metric([topic], getattr(counters, name))
+        yield from families.values()
+
+    def _replication(self) -> Iterator[Any]:
+        broker = self.broker
+        lag_bytes = GaugeMetricFamily("metaq_replication_lag_bytes", "Bytes a slave is behind this master", labels=["slave", "topic", "partition"])
+        lag_messages = GaugeMetricFamily("metaq_replication_lag_messages", "Messages a slave is behind this master", labels=["slave", "topic", "partition"])
+        lag_seconds = GaugeMetricFamily("metaq_replication_lag_seconds", "Age of the oldest message a slave lacks", labels=["slave", "topic", "partition"])
+        sync_set = GaugeMetricFamily("metaq_sync_set_size", "Slaves in the sync set (sync mode, on the master)")
+        under = GaugeMetricFamily(
+            "metaq_under_replicated_partitions",
+            "Partitions a known slave has lagged on for longer than syncSlaveTimeoutMs, or, in sync mode, "
+            "all partitions while the sync set is smaller than minSyncSlaves",
+        )
+        lagging: set[tuple[str, int]] = set()
+        if broker.ha.acting_master:
+            ends = {key: log_.log_end for key, log_ in broker.store.logs().items()}
+            for row in broker.ha.progress.lag(ends):
+                labels = [str(row.slave_id), row.topic, str(row.partition)]
+                lag_bytes.add_metric(labels, row.bytes)
+                lag_messages.add_metric(labels, row.messages)
+                lag_seconds.add_metric(labels, row.millis / 1000)
+                if row.millis > broker.config.sync_slave_timeout_ms:
+                    lagging.add((row.topic, row.partition))
+            members = broker.ha.sync_set
+            if members is not None:
+                sync_set.add_metric([], len(members.members))
+                if members.too_small:
+                    lagging.update(ends)
+        under.add_metric([], len(lagging))
+        yield from (lag_bytes, lag_messages, lag_seconds, sync_set, under)
+
+    def _zookeeper(self) -> Any:
+        state = GaugeMetricFamily("metaq_zookeeper_state", "1 for the state of the broker's ZooKeeper session", labels=["state"])
+        registry = self.broker.registry
+        current = str(registry.client.state) if registry is not None else "DISABLED"
+        for name in (*ZK_STATES, "DISABLED"):
+            state.add_metric([name], 1.0 if name == current else 0.0)
+        return state

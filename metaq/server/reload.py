@@ -1,0 +1,106 @@
+"""SIGHUP: re-read server.ini, apply what can change in a running broker, say the rest.
+
+Applied live: topic sections (new topics, partitions, per-topic flush policy and
+retention), the ``[system]`` topic defaults except ``dataPath`` (flush policy,
+retention, segment size), and logging (``logLevel``, ``logFile``, ``logFormat``).
+Everything else (ports, ids, replication mode, ZooKeeper, security, ``dataPath``)
+needs a restart; the broker keeps running with the old values and says so.
+
+In a broker group with a topic configuration in ZooKeeper (metaq/zk/topic_config.py)
+topic sections go through it: a broker started without ``--slave`` publishes the
+sections the edit changed, so the whole group applies them; a slave's sections do
+not override the group's. The outcome is one log line:
+``reload: applied ...; needs a restart: ...``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any
+
+from ..config import BrokerConfig, ConfigError, changed_keys, load_server_ini
+from ..logsetup import configure as configure_logging
+
+
+log = logging.getLogger(__name__)
+
+#: Keys a running broker takes over from a reloaded server.ini.
+LIVE_KEYS = {
+    "numPartitions", "unflushThreshold", "unflushInterval", "maxSegmentSize", "maxTransferSize",
+    "deletePolicy", "deleteWhen", "acceptPublish", "acceptSubscribe",
+    "logLevel", "logFile", "logFormat", "logMaxBytes", "logBackupCount",
+}
+
+
+async def reload_config(broker: Any) -> str:
+    """Apply the server.ini on disk; return (and log) the one-line outcome."""
+    path = broker.config.source_path
+    if not path:
+        return _say("reload: nothing to do (this broker was not started from a file)")
+    try:
+        new = load_server_ini(path)
+    except ConfigError as exc:
+        return _say(f"reload refused, still running the old configuration: {exc}", logging.ERROR)
+    old = broker.config
+    keys = changed_keys(old, new)
+    restart = [key for key in keys if key not in LIVE_KEYS]
+    applied = [key for key in keys if key in LIVE_KEYS]
+    running = replace(
+        old,
+        topic_defaults=replace(new.topic_defaults, data_path=old.topic_defaults.data_path),
+        raw=new.raw, checksum=new.checksum,
+        log_file=new.log_file, log_format=new.log_format, log_level=new.log_level,
+        log_max_bytes=new.log_max_bytes, log_backup_count=new.log_backup_count,
+    )
+    if any(key.startswith("log") for key in applied):
+        apply_logging(running)
+    edited = {name: topic for name, topic in new.topics.items() if broker.local_topics.get(name) != topic}
+    removed = sorted(set(broker.local_topics) - set(new.topics))
+    broker.local_topics = dict(new.topics)
+    broker.config = running
+    if broker.registry is not None and new.checksum != old.checksum:
+        await broker.registry.set_checksum(new.checksum)  # slaves with autoSyncMasterConfig re-read it
+    applied += await _apply_topics(broker, new, edited, removed)
+    if removed and broker.group_topics is not None and broker.group_topics.group.exists:
+        restart.append(f"nothing: removed sections {', '.join(removed)} stay in the group (metaq topics delete)")
+    line = "reload: applied " + (", ".join(applied) if applied else "nothing (no live setting changed)")
+    if restart:
+        line += "; needs a restart: " + ", ".join(restart)
+    return _say(line)
+
+
+async def _apply_topics(broker: Any, new: BrokerConfig, edited: dict, removed: list[str]) -> list[str]:
+    group = broker.group_topics
+    if group is not None and group.group.exists:
+        notes = []
+        if edited and group.seeds:
+            try:
+                await group.publish(edited)
+            except Exception as exc:  # ZooKeeper away: the operator sends SIGHUP again later
+                notes.append(f"nothing from sections {', '.join(sorted(edited))} (cannot write the group's topic configuration: {exc!r}; send SIGHUP again)")
+            else:
+                notes.append(f"topic sections {', '.join(sorted(edited))} (published to the group's topic configuration)")
+        elif edited:
+            notes.append(f"nothing from sections {', '.join(sorted(edited))} (a slave serves the group's topic configuration)")
+        await group.apply(group.group)  # the [system] defaults may have changed
+        return notes
+    await broker.update_topics(new.topics)
+    changed = sorted(set(edited) | set(removed))
+    return [f"topic sections {', '.join(changed)}"] if changed else []
+
+
+def apply_logging(config: BrokerConfig) -> None:
+    """The broker's ``[system]`` logging keys; unset ones leave the command line's choice."""
+    if config.log_file or config.log_format:
+        configure_logging(
+            config.log_level or logging.getLogger().level, config.log_file, config.log_format or "text",
+            config.log_max_bytes, config.log_backup_count, force=True,  # the server.ini asked for it
+        )
+    elif config.log_level:
+        logging.getLogger().setLevel(config.log_level)
+
+
+def _say(line: str, level: int = logging.INFO) -> str:
+    log.log(level, "%s", line)
+    return line

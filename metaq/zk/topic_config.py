@@ -1,0 +1,171 @@
+"""A broker group's topic configuration in ZooKeeper: what every member of the group serves.
+
+One persistent node per group, ``{root}/brokers/topic-config/{id}``, JSON::
+
+    {"topics": {"audit": {"numPartitions": "3", "unflushThreshold": "7"}}, "deleted": ["old"]}
+
+Values are server.ini text under MetaQ's key names (``config.SHARED_TOPIC_KEYS``); a
+key a topic leaves out takes the applying broker's ``[system]`` default. ``dataPath``
+is never shared: each broker keeps its topics on its own disk.
+
+Precedence (one rule, applied by ``serve_group_topics``): once the node exists, every
+member of the group, master or slave, serves exactly the topics it names with its
+settings; ``server.ini``'s topic sections only seed it. A broker started without
+``--slave`` adds each of its server.ini topics that the node does not name yet (and
+that no ``metaq topics delete`` removed), so the MetaQ way, a topic section in the
+master's server.ini, still works; it never changes or removes a topic the node has.
+``metaq topics create|alter|delete`` and a SIGHUP'd server.ini edit change it.
+
+Every write is a compare-and-set on the node's version, so two writers never lose
+each other's change.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+from ..config import (
+    SHARED_TOPIC_KEYS,
+    BrokerConfig,
+    ConfigError,
+    TopicConfig,
+    setting_text,
+    topic_from_settings,
+    topic_settings,
+)
+from .paths import ZkPaths
+
+#: How long one ZooKeeper call may take.
+ZK_CALL_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class GroupTopics:
+    """The decoded node: topic -> settings (MetaQ keys, text), and the names deleted by operators."""
+
+    topics: dict[str, dict[str, str]] = field(default_factory=dict)
+    deleted: frozenset[str] = frozenset()
+    #: The node's version (-1: the node does not exist yet).
+    version: int = -1
+
+    @property
+    def exists(self) -> bool:
+        return self.version >= 0
+
+    def encode(self) -> bytes:
+        value = {"topics": {name: dict(sorted(s.items())) for name, s in sorted(self.topics.items())}, "deleted": sorted(self.deleted)}
+        return json.dumps(value, separators=(",", ":")).encode()
+
+    def with_topic(self, name: str, settings: dict[str, str]) -> "GroupTopics":
+        topics = dict(self.topics)
+        topics[name] = dict(settings)
+        return replace(self, topics=topics, deleted=self.deleted - {name})
+
+    def without_topic(self, name: str) -> "GroupTopics":
+        topics = dict(self.topics)
+        topics.pop(name, None)
+        return replace(self, topics=topics, deleted=self.deleted | {name})
+
+
+def decode_group_topics(data: bytes, version: int) -> GroupTopics:
+    text = data.decode("utf-8", "replace")
+    try:
+        value = json.loads(text) if text.strip() else {}
+        topics = {str(name): {str(k): setting_text(v) for k, v in settings.items()} for name, settings in value.get("topics", {}).items()}
+        deleted = frozenset(str(name) for name in value.get("deleted", []))
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise ValueError(f"bad topic configuration node value {text[:200]!r}: {exc}") from None
+    return GroupTopics(topics, deleted, version)
+
+
+def read_group_topics(client: KazooClient, paths: ZkPaths, broker_id: int, timeout: float = ZK_CALL_TIMEOUT_S) -> GroupTopics:
+    try:
+        data, stat = client.get_async(paths.topic_config(broker_id)).get(timeout=timeout)
+    except NoNodeError:
+        return GroupTopics()
+    return decode_group_topics(data, stat.version)
+
+
+def update_group_topics(
+    client: KazooClient,
+    paths: ZkPaths,
+    broker_id: int,
+    change: Callable[[GroupTopics], GroupTopics | None],
+    attempts: int = 20,
+) -> GroupTopics:
+    """Apply ``change`` by compare-and-set, retrying on a concurrent write.
+
+    ``change`` returns the new value, or None to leave the node as it is. Returns what
+    the node holds afterwards (with its new version).
+    """
+    path = paths.topic_config(broker_id)
+    for _ in range(attempts):
+        current = read_group_topics(client, paths, broker_id)
+        wanted = change(current)
+        if wanted is None or (wanted.exists and wanted.encode() == current.encode()):
+            return current
+        try:
+            if current.exists:
+                stat = client.set_async(path, wanted.encode(), version=current.version).get(timeout=ZK_CALL_TIMEOUT_S)
+                return replace(wanted, version=stat.version)
+            client.create_async(path, wanted.encode(), makepath=True).get(timeout=ZK_CALL_TIMEOUT_S)
+            return replace(wanted, version=0)
+        except (BadVersionError, NodeExistsError, NoNodeError):
+            continue  # someone else wrote first: look again
+    raise RuntimeError(f"{path}: too many concurrent writers; try again")
+
+
+# --- what a broker does with it -------------------------------------------------------------
+
+
+def seed_with(local: dict[str, TopicConfig]) -> Callable[[GroupTopics], GroupTopics | None]:
+    """A change adding each local topic the group does not name yet and no operator deleted."""
+
+    def change(group: GroupTopics) -> GroupTopics | None:
+        added = {name: topic for name, topic in local.items() if name not in group.topics and name not in group.deleted}
+        if not added and group.exists:
+            return None
+        result = replace(group, version=max(group.version, 0))
+        for name, topic in added.items():
+            result = result.with_topic(name, topic_settings(topic))
+        return result
+
+    return change
+
+
+def publish_with(changed: dict[str, TopicConfig]) -> Callable[[GroupTopics], GroupTopics | None]:
+    """A change writing these topics' settings (an operator edited their sections)."""
+
+    def change(group: GroupTopics) -> GroupTopics | None:
+        result = replace(group, version=max(group.version, 0))
+        for name, topic in changed.items():
+            result = result.with_topic(name, topic_settings(topic))
+        return result
+
+    return change
+
+
+def serve_group_topics(own: BrokerConfig, local: dict[str, TopicConfig], group: GroupTopics, where: str) -> dict[str, TopicConfig]:
+    """The topic map a member serves: the group's topics over its own defaults and dataPath.
+
+    ``local`` is the broker's own server.ini topics (a topic section's dataPath stays the
+    broker's). Raises ConfigError (naming ``where``) on a value the parsers refuse.
+    """
+    served: dict[str, TopicConfig] = {}
+    for name, settings in sorted(group.topics.items()):
+        data_path = local[name].data_path if name in local else own.topic_defaults.data_path
+        served[name] = topic_from_settings(replace(own.topic_defaults, data_path=data_path), name, settings, where)
+    return served
+
+
+def check_settings(settings: dict[str, str], where: str = "topic settings") -> None:
+    """ConfigError unless every key is a shared topic key with a valid value."""
+    unknown = [key for key in settings if key not in SHARED_TOPIC_KEYS]
+    if unknown:
+        raise ConfigError(f"{where}: {unknown[0]}: not a shared topic key (one of {', '.join(SHARED_TOPIC_KEYS)})")
+    topic_from_settings(TopicConfig(name=""), "", settings, where)

@@ -1,0 +1,132 @@
+"""Topics in a broker group's ZooKeeper configuration: added on a running pair, served by
+master and slave without a restart, and kept across role swaps (real ZooKeeper, real processes).
+
+Group 0: A (master) and B (``--slave``, slaveId 1), sync mode, ZK session 1500 ms.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+from metaq.cli import main
+
+from .failover_support import Group, make_pair, stat, sync_system, topics_reply, wait_follows, wait_leads
+from .replication_support import assert_identical, put, request, wait_caught_up, wait_for
+
+
+def metaq(capsys, zk, zk_root, *argv: str) -> tuple[int, str]:
+    """``metaq COMMAND ACTION --zk … --zk-root … ARGS`` in this process: (exit code, stdout + stderr)."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        code = main([*argv[:2], "--zk", zk.connect_string, "--zk-root", zk_root, *argv[2:]])
+    finally:  # main() sets up logging for a process; the test session's stays as it was
+        ours = getattr(root, "_metaq_handler", None)
+        if ours is not None:
+            ours.close()
+            delattr(root, "_metaq_handler")
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def serves(broker, topic: str) -> int | None:
+    return topics_reply(broker)["topics"].get(topic)
+
+
+def test_topic_created_on_a_running_pair_survives_role_swaps(broker_factory, zk, zk_root, zk_client, capsys):
+    group = Group(zk_client, zk_root)
+    a, b = make_pair(broker_factory, sync_system(), group)
+
+    code, out = metaq(capsys, zk, zk_root, "topics", "create", "--broker-id", "0", "--topic", "audit",
+                      "--partitions", "3", "--set", "unflushThreshold=0")
+    assert code == 0, out
+    assert "applied by every live member" in out
+    assert serves(a, "audit") == 3 and serves(b, "audit") == 3
+    for partition in range(3):
+        put(a, "audit", partition, 20)
+    wait_caught_up(a, b, [("audit", p) for p in range(3)])
+
+    # describe: both members, the sync set, exact lag (0 once caught up)
+    code, out = metaq(capsys, zk, zk_root, "topics", "describe", "--topic", "audit")
+    assert code == 0, out
+    assert "topic audit, broker group 0: 3 partitions" in out and "sync set slave1" in out
+    rows = [line.split() for line in out.splitlines() if line[:1].isdigit()]
+    assert {(r[0], r[1]) for r in rows} == {(str(p), m) for p in range(3) for m in ("master", "slave1")}
+    assert all(r[6] == "0" and r[7] == "yes" for r in rows if r[1] == "slave1"), out
+
+    # Role swap: A stops, B leads and still serves audit; A comes back as B's slave with audit.
+    epoch = group.epoch()
+    a.stop()
+    wait_leads(b, group, epoch)
+    assert serves(b, "audit") == 3
+    a.start(wait_zk=False)
+    wait_follows(a, b, group)
+    put(b, "audit", 1, 10)
+    wait_caught_up(b, a, [("audit", p) for p in range(3)])
+    assert serves(a, "audit") == 3
+
+    # Alter on the swapped pair: both apply it; describe and stats config say so.
+    code, out = metaq(capsys, zk, zk_root, "topics", "alter", "--broker-id", "0", "--topic", "audit", "--partitions", "4")
+    assert code == 0, out
+    assert serves(a, "audit") == 4 and serves(b, "audit") == 4
+    put(b, "audit", 3, 5)
+    wait_caught_up(b, a, [("audit", 3)])
+    slave_config = bytes(request(a, {"op": "stats", "item": "config"}).body).decode()
+    assert "; [topic=audit] numPartitions=4 unflushThreshold=0" in slave_config
+    assert_identical(b, slaves=1)
+
+    # Shrinking is refused; delete stops both serving it.
+    code, out = metaq(capsys, zk, zk_root, "topics", "alter", "--broker-id", "0", "--topic", "audit", "--partitions", "2")
+    assert code == 1
+    code, out = metaq(capsys, zk, zk_root, "topics", "delete", "--broker-id", "0", "--topic", "audit")
+    assert code == 0, out
+    assert serves(a, "audit") is None and serves(b, "audit") is None
+    code, out = metaq(capsys, zk, zk_root, "topics", "list", "--broker-id", "0")
+    assert "fo" in out and "audit" not in out
+
+
+def test_topic_added_to_the_masters_server_ini_survives_the_restart_role_swap(broker_factory, zk_root, zk_client):
+    """The MetaQ way (Issue 13 finding 6): edit the master's server.ini and restart it.
+
+    Leadership moves to the slave during the restart; the restarted broker comes back as a
+    slave and seeds the new topic into the group's configuration, which the new master applies.
+    """
+    group = Group(zk_client, zk_root)
+    a, b = make_pair(broker_factory, sync_system(), group)
+    with a.config_path.open("a") as ini:
+        ini.write("[topic=added]\nnumPartitions=2 ; MetaQ-style trailing comment\n\n")
+    epoch = group.epoch()
+    a.stop()
+    wait_leads(b, group, epoch)
+    a.start(wait_zk=False)
+    wait_follows(a, b, group)
+    wait_for(lambda: serves(b, "added") == 2, 15, "the new master to serve the topic from the slave's server.ini")
+    wait_for(lambda: serves(a, "added") == 2, 15, "the restarted broker to serve it")
+    put(b, "added", 1, 10)
+    wait_caught_up(b, a, [("added", 0), ("added", 1)])
+
+
+def test_sighup_reloads_without_dying_and_says_what_needs_a_restart(broker_factory, zk_root, zk_client):
+    group = Group(zk_client, zk_root)
+    a, b = make_pair(broker_factory, sync_system(), group)
+    text = a.config_path.read_text()
+    a.config_path.write_text(
+        text.replace("unflushThreshold=0", "unflushThreshold=5").replace("[system]\n", "[system]\nlogLevel=DEBUG\n", 1)
+        + "[topic=hup]\nnumPartitions=2\n\n"
+    )
+    a._signal(signal.SIGHUP)
+    wait_for(lambda: "reload: applied" in a.log_text(), 10, "the reload line")
+    line = next(line for line in a.log_text().splitlines() if "reload: applied" in line)
+    assert "unflushThreshold" in line and "logLevel" in line and "hup" in line, line
+    assert a.alive and stat(a, "ha_state") == "leading"
+    wait_for(lambda: serves(b, "hup") == 2, 15, "the slave to apply the published topic")
+
+    # A key that needs a restart is named, and the broker keeps running.
+    a.config_path.write_text(a.config_path.read_text().replace(f"serverPort={a.port}", f"serverPort={a.port + 1}"))
+    a._signal(signal.SIGHUP)
+    wait_for(lambda: "needs a restart: serverPort" in a.log_text(), 10, "the restart note")
+    assert a.alive and serves(a, "hup") == 2
+    assert a.stop() == 0  # a clean stop after reloads (SIGHUP used to kill it with exit 129)
