@@ -97,6 +97,12 @@ class BrokerConfig:
     # "host:port" that other brokers and clients are told to use (registered in
     # ZooKeeper) instead of hostName:serverPort: for NAT, proxies and fault injection.
     advertised_address: str | None = None
+    # Bounded resources per broker and per connection (see docs/security.md, "Limits").
+    max_connections: int = 1024
+    max_requests_in_flight: int = 1000
+    max_queued_reply_bytes: int = 16 * 1024 * 1024
+    request_body_timeout_ms: int = 30_000
+    connection_idle_timeout_ms: int = 600_000
     source_path: str | None = None
     security: SecurityConfig = field(default_factory=SecurityConfig)
     # CRC32 of the file's bytes, published as master_config_checksum.
@@ -212,6 +218,11 @@ _SYSTEM_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "onSyncSlaveLoss": ("on_sync_slave_loss", _choice("reject", "degrade")),
     "autoFailover": ("auto_failover", _bool),
     "advertisedAddress": ("advertised_address", _host_port),
+    "maxConnections": ("max_connections", _int(1)),
+    "maxRequestsInFlight": ("max_requests_in_flight", _int(1)),
+    "maxQueuedReplyBytes": ("max_queued_reply_bytes", _int(64 * 1024)),
+    "requestBodyTimeoutMs": ("request_body_timeout_ms", _int(100)),
+    "connectionIdleTimeoutMs": ("connection_idle_timeout_ms", _int(0)),
 }
 
 # [system] security keys -> SecurityConfig fields.

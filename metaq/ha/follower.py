@@ -35,6 +35,7 @@ from ..protocol.messages import ConfigRequest, OffsetRequest, TopicsRequest
 from ..zk.paths import ZkPaths
 from .heartbeat import SlaveHeartbeat
 from .host import BrokerHost
+from .peers import open_peer
 from .config_sync import adopt_master_topics, save_master_copy, topics_for_master_layout
 from .replica import PartitionReplica, ReplicaDiverged, StaleMaster
 
@@ -181,8 +182,8 @@ class MasterFollower:
                 return self._conn
             if self.master_url is None:
                 raise ConnectionClosed("no master registered")
-            host, port = parse_broker_url(self.master_url)
-            self._conn = await BrokerConnection.open(host, port)
+            # Authenticated as a broker of our group (security on) before we fetch a byte.
+            self._conn = await open_peer(self.host, self.master_url, self.slave.slave_id)
             return self._conn
 
     async def _sync_topics(self) -> None:

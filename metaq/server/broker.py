@@ -26,9 +26,10 @@ from ..addresses import parse_host_port
 from ..config import BrokerConfig, ConfigError, SlaveConfig, TopicConfig
 from ..ha.heartbeat import HeartbeatResponder
 from ..ha.node import HaNode
+from ..security.settings import load_broker_security
 from ..store.manager import MessageStoreManager
 from ..store.msgid import MsgIdGenerator
-from .connection import ClientConnection
+from .connection import ClientConnection, ConnectionLimits
 from .handlers import RequestHandlers
 from .registry import BrokerRegistry
 from .stats import BrokerStats
@@ -47,6 +48,8 @@ class Broker:
         self.slave = slave
         self.register_in_zk = config.zk.enabled if register_in_zk is None else register_in_zk
         self.stats = BrokerStats()
+        # Read every security file now: a wrong one stops the broker before it listens.
+        self.security = load_broker_security(config)
         self.waiters = EndWaiters()
         self.store = MessageStoreManager(config.topics, config.max_message_size)
         self.ha = HaNode(self, slave, in_zookeeper=self.register_in_zk)
@@ -56,6 +59,7 @@ class Broker:
         self.heartbeats: HeartbeatResponder | None = None  # UDP, same port as TCP
         self._server: asyncio.AbstractServer | None = None
         self._stopped = asyncio.Event()
+        self._tls_reload: asyncio.Future[None] | None = None
 
     # --- what the HA layer and the handlers use ---------------------------------------
 
@@ -112,13 +116,18 @@ class Broker:
         self.store.start()
         max_body = min(64 * 1024 * 1024, config.max_message_size * 16 + FRAME_OVERHEAD)
         loop = asyncio.get_running_loop()
+        limits = ConnectionLimits.from_config(config)
+        tls = self.security.tls
         self._server = await loop.create_server(
-            lambda: ClientConnection(self.handlers, max_body),
+            lambda: ClientConnection(self.handlers, max_body, limits, self.security),
             host=config.host_name,
             port=config.server_port,
             reuse_address=True,
             backlog=512,
+            ssl=tls.context if tls is not None else None,
         )
+        if tls is not None and config.security.tls_reload_interval_ms > 0:
+            self._tls_reload = asyncio.ensure_future(self._reload_certificates(config.security.tls_reload_interval_ms / 1000))
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
         log.info("broker %d (%s) listening on %s:%d", config.broker_id, self.ha.role_name, config.host_name, self.port)
@@ -129,12 +138,24 @@ class Broker:
             host, port = config.host_name, self.port
             if config.advertised_address:
                 host, port = parse_host_port(config.advertised_address)
-            self.registry = BrokerRegistry(config.zk, config.broker_id, host, port, config.topics, config.checksum, None)
+            self.registry = BrokerRegistry(
+                config.zk, config.broker_id, host, port, config.topics, config.checksum, None,
+                security=self.security.zookeeper,
+            )
             await self.registry.start()
             log.info("broker %d connected to ZooKeeper at %s%s", config.broker_id, config.zk.zk_connect, config.zk.root)
         await self.ha.start()
 
+    async def _reload_certificates(self, interval_s: float) -> None:
+        """New handshakes present renewed certificate files without a restart."""
+        assert self.security.tls is not None
+        while True:
+            await asyncio.sleep(interval_s)
+            self.security.tls.maybe_reload()  # logs; a half-written renewal keeps the old pair
+
     async def stop(self) -> None:
+        if self._tls_reload is not None:
+            self._tls_reload.cancel()
         await self.ha.stop()
         if self.registry is not None:
             try:

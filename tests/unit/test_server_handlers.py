@@ -67,6 +67,16 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
+class RegisteredSlaves:
+    """Stands in for the ZooKeeper registry of a broker started without ZooKeeper: which slaves it names."""
+
+    def __init__(self, *slave_ids: int) -> None:
+        self.slave_ids = frozenset(slave_ids)
+
+    async def stop(self, sync_time_ms: int | None = None) -> None:
+        pass
+
+
 def put_header(topic: str, partition: int = 0) -> dict[str, Any]:
     return {"op": "put", "topic": topic, "partition": partition}
 
@@ -186,6 +196,7 @@ def test_offset_below_the_log_start_is_a_301_with_the_log_start(tmp_path: Path) 
 def test_consumers_see_only_flushed_bytes_in_interval_mode_but_replicas_see_the_log_end(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with running(tmp_path) as (broker, conn):
+            broker.registry = RegisteredSlaves(0)
             put = await conn.request(put_header("lazy"), record.encode_record(b"not yet flushed"))
             assert put.code == 200, "interval mode acks at once"
             get = {"op": "get", "topic": "lazy", "partition": 0, "offset": 0}
@@ -210,6 +221,7 @@ def test_consumers_see_only_flushed_bytes_in_interval_mode_but_replicas_see_the_
 def test_position_reports_a_slaves_log_end_and_refuses_bad_reports(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with running(tmp_path) as (broker, conn):
+            broker.registry = RegisteredSlaves(4)
             put = await conn.request(put_header("gc"), record.encode_batch([(b"x" * 10, None)] * 3))
             end = put["end_offset"]
             position = {"op": "position", "topic": "gc", "partition": 0}
@@ -223,6 +235,8 @@ def test_position_reports_a_slaves_log_end_and_refuses_bad_reports(tmp_path: Pat
                 ({**position, "replica": {"slave_id": 4, "epoch": 0, "log_end": -1}}, 400, "log_end"),
                 ({**position, "replica": {"slave_id": 4, "log_end": 0}}, 400, "epoch"),
                 ({**position, "replica": {"slave_id": 4, "epoch": 9, "log_end": 0}}, 403, "epoch"),
+                ({**position, "replica": {"slave_id": 99, "epoch": 0, "log_end": 0}}, 403, "not registered"),
+                ({**position, "replica": {"slave_id": "4", "epoch": 0, "log_end": 0}}, 400, "slave_id"),
                 ({**position, "topic": "nope", "replica": {"slave_id": 4, "epoch": 0, "log_end": 0}}, 404, "nope"),
             ]
             for header, code, word in bad:
