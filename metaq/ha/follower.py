@@ -84,7 +84,9 @@ class MasterFollower:
         self._sync_task: asyncio.Task[None] | None = None
         self._stopped = False
         # UDP heartbeats to the current master: lag figures only (roles are ZooKeeper's).
-        self.heartbeat = SlaveHeartbeat(self.broker_id, slave.slave_id, epoch, self._log_ends)
+        self.heartbeat = SlaveHeartbeat(
+            self.broker_id, slave.slave_id, epoch, self._log_ends, key=host.security.heartbeat_key
+        )
 
     def _log_ends(self) -> dict[tuple[str, int], int]:
         return {key: replica.log.log_end for key, replica in self.replicas.items()}

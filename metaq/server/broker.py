@@ -82,6 +82,16 @@ class Broker:
         if added:
             log.info("now serving topics %s", ", ".join(added))
 
+    def _slave_registered(self, slave_id: int) -> bool:
+        """Does ZooKeeper name ``slave{slave_id}`` in our group (heartbeats from others are ignored)?"""
+        return self.registry is not None and slave_id in self.registry.slave_ids
+
+    def slaves_changed(self, slave_ids: frozenset[int]) -> None:
+        """ZooKeeper's slave list changed: forget the progress of slaves that left (bounded state)."""
+        for slave_id in list(self.ha.progress.slaves):
+            if slave_id not in slave_ids:
+                self.ha.progress.forget(slave_id)
+
     def durability_wait(self, topic: str, partition: int, end: int, count: int) -> Awaitable[None] | None:
         """What a put ending at ``end`` must wait for before its ack, or None to ack now."""
         flusher = self.store.flusher(topic, partition)
@@ -131,7 +141,10 @@ class Broker:
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
         log.info("broker %d (%s) listening on %s:%d", config.broker_id, self.ha.role_name, config.host_name, self.port)
-        self.heartbeats = HeartbeatResponder(config.broker_id, self.ha, self.store.logs, config.host_name, self.port)
+        self.heartbeats = HeartbeatResponder(
+            config.broker_id, self.ha, self.store.logs, config.host_name, self.port,
+            key=self.security.heartbeat_key, known_slave=self._slave_registered,
+        )
         await self.heartbeats.start()
         if self.register_in_zk:
             # The HA coordinator decides the role (and takes the master lock by election).
@@ -140,7 +153,7 @@ class Broker:
                 host, port = parse_host_port(config.advertised_address)
             self.registry = BrokerRegistry(
                 config.zk, config.broker_id, host, port, config.topics, config.checksum, None,
-                security=self.security.zookeeper,
+                security=self.security.zookeeper, on_slaves_changed=self.slaves_changed,
             )
             await self.registry.start()
             log.info("broker %d connected to ZooKeeper at %s%s", config.broker_id, config.zk.zk_connect, config.zk.root)

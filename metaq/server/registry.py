@@ -93,6 +93,7 @@ class BrokerRegistry:
         *,
         paths: ZkPaths | None = None,
         security: ZkSecurity | None = None,
+        on_slaves_changed: Callable[[frozenset[int]], Any] | None = None,
     ) -> None:
         self.zk = zk
         self.broker_id = broker_id
@@ -107,6 +108,7 @@ class BrokerRegistry:
         #: The slave ids registered under our group node now (a ZooKeeper children watch).
         self.slave_ids: frozenset[int] = frozenset()
         self._slaves_watched = False
+        self.on_slaves_changed = on_slaves_changed
 
         self.on_session_lost: Callable[[], Any] | None = None
         self.on_session_suspended: Callable[[], Any] | None = None
@@ -296,6 +298,7 @@ class BrokerRegistry:
 
         def update(children: list[str]) -> None:
             self.slave_ids = frozenset(k for k in map(slave_node_id, children) if k is not None)
+            self._notify(self.on_slaves_changed, self.slave_ids)
 
         self._client.ChildrenWatch(self.paths.broker(self.broker_id), update)
 
