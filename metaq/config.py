@@ -192,6 +192,16 @@ def _topic_name(text: str) -> str:
     return text
 
 
+def check_topic_name(name: object) -> str:
+    """The ``[topic=NAME]`` rule for a name from anywhere else (a peer's reply): ValueError if it breaks it.
+
+    A topic name becomes a directory name: no separators, no ``..``, ever.
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"topic name must be a string, got {type(name).__name__}")
+    return _topic_name(name)
+
+
 # Topic-level keys, allowed in [system] (as defaults) and in [topic=NAME].
 _TOPIC_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "numPartitions": ("num_partitions", _int(1)),

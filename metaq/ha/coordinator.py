@@ -493,7 +493,8 @@ class HaCoordinator:
 
     async def _truncate_partition(self, conn: BrokerConnection, topic: str, partition: int, log_: Any) -> None:
         cache = self.cache(topic, partition)
-        end = await divergence_point(conn, topic, partition, log_, cache)
+        floor = self.follower.committed_seen(topic, partition) if self.follower is not None else 0
+        end = await divergence_point(conn, topic, partition, log_, cache, floor)
         if end < log_.log_end:
             removed = log_.log_end - end
             aside = log_.truncate_to(end)
