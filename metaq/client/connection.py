@@ -11,7 +11,8 @@ import asyncio
 import itertools
 import logging
 import ssl as ssl_module
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from ..protocol import commands as c
@@ -62,6 +63,32 @@ class Reply:
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.header.get(key, default)
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """How a client logs in to brokers with security on: a user and password (SCRAM), over TLS with ``tls_ca_file``."""
+
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    #: CA bundle that signed the brokers' certificates: connect over TLS and verify them.
+    tls_ca_file: str | None = None
+
+    @cached_property
+    def ssl_context(self) -> ssl_module.SSLContext | None:
+        if self.tls_ca_file is None:
+            return None
+        from ..security.tls import client_context
+
+        return client_context(self.tls_ca_file)
+
+    def authenticator(self) -> "ClientAuthenticator | None":
+        """A fresh handshake for one connection (None without a user)."""
+        if self.user is None:
+            return None
+        from ..security.handshake import ClientAuthenticator
+
+        return ClientAuthenticator(self.user, self.password or "")
 
 
 def _expire(future: "asyncio.Future[Reply]", address: str) -> None:
