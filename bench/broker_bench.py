@@ -173,12 +173,17 @@ async def fetch(port: int, expected: int, decode: bool, connect: Connect = plain
     return {"msgs_per_s": expected / elapsed, "mb_per_s": nbytes / elapsed / 1e6}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def message_count(description: str | None) -> int:
+    """``--messages N`` (default 200,000) or ``--quick`` (20,000) from the command line."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--quick", action="store_true", help="20,000 messages per case (a smoke run)")
     args = parser.parse_args()
-    messages = 20_000 if args.quick else args.messages
+    return 20_000 if args.quick else args.messages
+
+
+def main() -> None:
+    messages = message_count(__doc__)
     try:
         import uvloop
 

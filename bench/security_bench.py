@@ -17,7 +17,6 @@ gets, records delimited. Connect: new connections per second including the hands
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 import tempfile
@@ -31,7 +30,7 @@ from metaq.client.connection import BrokerConnection, Credentials  # noqa: E402
 from metaq.security.credentials import SecurityFile  # noqa: E402
 from metaq.security.group import write_group_secret  # noqa: E402
 
-from bench.broker_bench import BrokerUnderTest, fetch, produce  # noqa: E402
+from bench.broker_bench import BrokerUnderTest, fetch, message_count, produce  # noqa: E402
 from tests.security_support import TestCA  # noqa: E402
 
 USER, PASSWORD = "bench", "bench-password"
@@ -72,11 +71,7 @@ async def connections_per_second(port: int, connect, count: int) -> float:  # ty
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages", type=int, default=200_000)
-    parser.add_argument("--quick", action="store_true", help="20,000 messages per case (a smoke run)")
-    args = parser.parse_args()
-    messages = 20_000 if args.quick else args.messages
+    messages = message_count(__doc__)
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="metaq-security-bench-") as tmp:
         scram, tls, ca_file = security_files(Path(tmp))
