@@ -26,7 +26,7 @@ from ..ha.node import HaNode
 from ..ha.sync_set import SyncWaitFailed
 from ..protocol import commands as c
 from ..record import RecordError, stamp_msg_ids, validate_batch
-from ..store.log import OffsetOutOfRange
+from ..store.log import OffsetOutOfRange, SegmentVanished
 from ..store.manager import MessageStoreManager, UnknownPartition, UnknownTopic
 from ..store.msgid import MsgIdGenerator
 from ..store.refused import RefusedLog
@@ -145,7 +145,8 @@ class RequestHandlers:
             offset = log.append(body)
         except OSError as exc:
             self.stats.partition(req.topic, partition).put_failed += count
-            logger.error("append of %d messages to %s-%d failed: %s", count, req.topic, partition, exc)
+            if not isinstance(exc, SegmentVanished):  # that one the store has logged, once
+                logger.error("append of %d messages to %s-%d failed: %s", count, req.topic, partition, exc)
             raise c.RequestError(c.INTERNAL_ERROR, f"append to {req.topic}-{partition} failed: {exc.strerror}") from None
         end = offset + len(body)
         counters = self.stats.partition(req.topic, partition)

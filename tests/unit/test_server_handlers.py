@@ -4,6 +4,8 @@ loopback socket, driven by the client's BrokerConnection."""
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
 import contextlib
 import time
 from pathlib import Path
@@ -347,3 +349,20 @@ def test_stats_over_a_fresh_broker_create_no_surprises(tmp_path: Path, item: str
             assert reply.code == 200 and bytes(reply.body).endswith(b"END\r\n")
 
     run(scenario())
+
+
+def test_a_failed_append_is_answered_500_and_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> None:
+        async with running(tmp_path) as (broker, conn):
+            log = broker.store.get_log("gc", 0)
+
+            def disk_full(_body: bytes) -> int:
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+            log.append = disk_full  # type: ignore[method-assign]
+            reply = await conn.request(put_header("gc"), record.encode_record(b"x"))
+            assert reply.code == 500 and "No space left" in reply.message
+
+    with caplog.at_level(logging.ERROR, logger="metaq.server.handlers"):
+        run(scenario())
+    assert any("append of 1 messages to gc-0 failed" in r.getMessage() for r in caplog.records)
