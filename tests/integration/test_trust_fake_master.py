@@ -5,7 +5,9 @@ registered in ZooKeeper (security off: anyone may) and a real slave process foll
 
 * a ``topics`` reply naming ``../../../../tmp/x`` creates nothing outside the data path;
 * a ``config`` the slave cannot parse does not end config auto-sync: the slave logs it,
-  shows ``config_sync_error`` in stats, retries, and adopts the config once it is fixed.
+  shows ``config_sync_error`` in stats, retries, and adopts the config once it is fixed;
+* with security on, a master ZooKeeper names but that cannot prove the group secret gets
+  asked nothing but ``auth``.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ from metaq.protocol import commands as c
 from metaq.protocol.frames import Frame, FrameDecoder, encode_frame
 from metaq.tools.launcher import wait_until
 from metaq.zk.embedded import free_port
+from metaq.zk.acl import ZkSecurity
 from metaq.zk.paths import ZkPaths, encode_epoch
+from metaq.zk.session import zk_session
 
 from .replication_support import stats_lines
+from .trust_support import SecuredGroup
 
 
 class FakeMaster:
@@ -32,6 +37,7 @@ class FakeMaster:
         self.url = f"meta://127.0.0.1:{self.port}"
         self.topics: dict[str, int] = {"t": 1}
         self.config = b"this is [not an ini file"
+        self.asked: set[str] = set()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -54,6 +60,7 @@ class FakeMaster:
 
     def answer(self, header: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
         op, opaque = header.get("op"), header.get("opaque")
+        self.asked.add(str(op))
         if op == "topics":
             return c.reply_header(opaque, c.OK, topics=self.topics, role="master", epoch=1, replication_mode="async"), b""
         if op == "config":
@@ -104,3 +111,19 @@ def test_topic_names_from_a_master_never_leave_the_data_path(broker_factory, zk_
         wait_until(lambda: any(l.startswith("config_sync_error") for l in stats_lines(slave)), 15, message="the refusal in stats")
     assert not list(Path(tmp_path).glob("escaped*")), "a directory was created outside dataPath"
     assert "may only use letters" in slave.log_text()
+
+
+def test_a_secured_slave_takes_nothing_from_a_master_without_the_group_secret(broker_factory, zk, zk_root, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """ZooKeeper names a master (written with the group's ZooKeeper login), but the broker there
+    cannot prove the group secret in the SCRAM handshake: the slave never asks it for a byte."""
+    group = SecuredGroup(tmp_path / "security")
+    security = ZkSecurity(zk_root, 0, group.zk_password())
+    with FakeMaster() as fake, zk_session(zk.connect_string, security=security) as client:
+        security.ensure_tree(client)
+        security.create(client, ZkPaths(zk_root).epoch(0), encode_epoch(1, fake.url))
+        security.create(client, ZkPaths(zk_root).master(0), fake.url.encode(), ephemeral=True)
+        fake.topics = {"t": 1, "planted": 1}
+        slave = broker_factory(0, {}, group.system, {"slaveId": 0, "autoSyncMasterConfig": False})
+        wait_until(lambda: slave.log_text().count("auth reply") >= 3, 20, message="the slave to refuse the master's handshake")
+        assert fake.asked == {"auth"}, f"the slave asked an unauthenticated master for {fake.asked}"
+    assert not (slave.dir / "data" / "planted-0").exists()
