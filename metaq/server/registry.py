@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
 from kazoo.client import KazooClient, KazooState
+from kazoo.protocol.states import EventType, WatchedEvent
 from kazoo.exceptions import (
     ConnectionLoss,
     KazooException,
@@ -391,6 +392,31 @@ class BrokerRegistry:
         else:
             # Each missing parent gets the ACL of its kind (makepath would lock shared ones to us).
             self._retry(self.security.create, self._client, path, data, ephemeral=True)
+        self._retry(self._client.exists, path, watch=self._node_event)
+
+    def _node_event(self, event: WatchedEvent) -> None:
+        """One of our nodes was deleted: by us (nothing to do), or by another client (ZooKeeper
+        lets any client withdraw an entry of a shared directory). Runs on kazoo's thread, so
+        the check runs on the registry's worker, after whatever step deleted it."""
+        if event.type != EventType.DELETED or self._stopping:
+            return
+        try:
+            self._worker.submit(self._restore, event.path)
+        except RuntimeError:
+            pass  # worker shut down: we are stopping
+
+    def _restore(self, path: str) -> None:
+        """Register ``path`` again if it is still ours to have and someone else removed it."""
+        if self._stopping or path not in self._registered:
+            return  # withdrawn by us (the step that deleted it also forgot it)
+        try:
+            if self._retry(self._client.exists, path) is not None:
+                return
+        except KazooException:
+            return  # ZooKeeper away: the reconnection re-registers everything
+        log.warning("%s was deleted by another ZooKeeper client; registering it again", path)
+        del self._registered[path]
+        self._sync_or_defer()
 
     def _delete_own(self, path: str) -> None:
         """Delete ``path`` only if this session owns it: never remove another broker's node."""

@@ -122,3 +122,13 @@ def test_zookeeper_nodes_of_the_group_are_read_only_without_its_credentials(secu
     with pytest.raises(NoAuthError):
         zk_client.delete(paths.slave(0, 0))
     assert put_as(master, "app").code == 200
+
+
+def test_a_topic_registration_deleted_by_someone_else_comes_back(secured_pair, zk_client, zk_root) -> None:  # type: ignore[no-untyped-def]
+    """ZooKeeper lets anyone withdraw an entry from a shared directory; the broker puts it back."""
+    _group, master, _slave = secured_pair
+    node = ZkPaths(zk_root).topic_pub_node(TOPIC, 0)
+    assert zk_client.exists(node)
+    zk_client.delete(node)
+    wait_until(lambda: zk_client.exists(node) is not None, 10, message="the registration to come back")
+    assert "registering it again" in master.log_text()
