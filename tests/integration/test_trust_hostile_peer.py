@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-from pathlib import Path
 
 from metaq.client.connection import BrokerConnection
 from metaq.ha.heartbeat import encode
@@ -32,13 +31,8 @@ from .failover_support import (
     sync_system,
     wait_leads,
 )
+from .trust_support import rss_mb
 
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 class RoguePeer:

@@ -13,21 +13,15 @@ from __future__ import annotations
 
 import socket
 import time
-from pathlib import Path
 
 from metaq.protocol.frames import encode_frame, encode_frame_head
 from metaq.tools.launcher import BrokerProcess, wait_until
 
 from .replication_support import put
+from .trust_support import rss_mb
 
 TOPIC = "t"
 
-
-def rss_mb(broker: BrokerProcess) -> float:
-    for line in Path(f"/proc/{broker.pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 def closed_by_peer(sock: socket.socket, timeout: float) -> bool:
@@ -46,7 +40,7 @@ def closed_by_peer(sock: socket.socket, timeout: float) -> bool:
 def test_a_client_that_never_reads_cannot_grow_the_broker(broker_factory) -> None:  # type: ignore[no-untyped-def]
     broker = broker_factory(0, {TOPIC: 1}, {"maxQueuedReplyBytes": 1024 * 1024})
     put(broker, TOPIC, 0, 20)  # something for stats to say
-    before = rss_mb(broker)
+    before = rss_mb(broker.pid)
     frames = b"".join(encode_frame({"op": "stats", "opaque": n}) for n in range(400_000))
     with socket.create_connection(broker.address) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -56,7 +50,7 @@ def test_a_client_that_never_reads_cannot_grow_the_broker(broker_factory) -> Non
         except socket.timeout:
             pass
         time.sleep(1)
-        grown = rss_mb(broker) - before
+        grown = rss_mb(broker.pid) - before
     assert grown < 40, f"RSS grew by {grown:.0f} MB for a client that reads nothing"
     with socket.create_connection(broker.address, timeout=5) as other:
         other.sendall(b"version\r\n")

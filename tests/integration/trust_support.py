@@ -57,5 +57,13 @@ async def request_as(broker: BrokerProcess, user: str | None, header: dict[str, 
         conn.close()
 
 
+def rss_mb(pid: int) -> float:
+    """A process's resident set size, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
 def run(coro: Any) -> Any:
     return asyncio.run(coro)
