@@ -15,7 +15,7 @@ import socket
 import time
 
 from metaq.protocol.frames import encode_frame, encode_frame_head
-from metaq.tools.launcher import BrokerProcess, wait_until
+from metaq.tools.launcher import wait_until
 
 from .replication_support import put
 from .trust_support import rss_mb
