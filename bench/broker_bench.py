@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Awaitable, Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -92,8 +93,15 @@ numPartitions=1
             self.proc.wait()
 
 
-async def produce(port: int, messages: int, size: int, batch: int) -> dict[str, float]:
-    conn = await BrokerConnection.open("127.0.0.1", port)
+Connect = Callable[[int], Awaitable[BrokerConnection]]
+
+
+async def plain_connection(port: int) -> BrokerConnection:
+    return await BrokerConnection.open("127.0.0.1", port)
+
+
+async def produce(port: int, messages: int, size: int, batch: int, connect: Connect = plain_connection) -> dict[str, float]:
+    conn = await connect(port)
     payload = encode_batch([(os.urandom(size), None)] * batch)
     puts = messages // batch
     latencies: list[float] = []
@@ -148,8 +156,8 @@ async def produce(port: int, messages: int, size: int, batch: int) -> dict[str, 
     }
 
 
-async def fetch(port: int, expected: int, decode: bool) -> dict[str, float]:
-    conn = await BrokerConnection.open("127.0.0.1", port)
+async def fetch(port: int, expected: int, decode: bool, connect: Connect = plain_connection) -> dict[str, float]:
+    conn = await connect(port)
     # Consumers read up to the committed offset; with interval flushing the last puts
     # are committed by the next periodic flush. Wait for that outside the timed part,
     # so the figure is fetch throughput, not unflushInterval.
@@ -165,12 +173,17 @@ async def fetch(port: int, expected: int, decode: bool) -> dict[str, float]:
     return {"msgs_per_s": expected / elapsed, "mb_per_s": nbytes / elapsed / 1e6}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def message_count(description: str | None) -> int:
+    """``--messages N`` (default 200,000) or ``--quick`` (20,000) from the command line."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--quick", action="store_true", help="20,000 messages per case (a smoke run)")
     args = parser.parse_args()
-    messages = 20_000 if args.quick else args.messages
+    return 20_000 if args.quick else args.messages
+
+
+def main() -> None:
+    messages = message_count(__doc__)
     try:
         import uvloop
 

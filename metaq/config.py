@@ -97,6 +97,12 @@ class BrokerConfig:
     # "host:port" that other brokers and clients are told to use (registered in
     # ZooKeeper) instead of hostName:serverPort: for NAT, proxies and fault injection.
     advertised_address: str | None = None
+    # Bounded resources per broker and per connection (see docs/security.md, "Limits").
+    max_connections: int = 1024
+    max_requests_in_flight: int = 1000
+    max_queued_reply_bytes: int = 16 * 1024 * 1024
+    request_body_timeout_ms: int = 30_000
+    connection_idle_timeout_ms: int = 600_000
     source_path: str | None = None
     security: SecurityConfig = field(default_factory=SecurityConfig)
     # CRC32 of the file's bytes, published as master_config_checksum.
@@ -196,6 +202,16 @@ def _topic_name(text: str) -> str:
     return text
 
 
+def check_topic_name(name: object) -> str:
+    """The ``[topic=NAME]`` rule for a name from anywhere else (a peer's reply): ValueError if it breaks it.
+
+    A topic name becomes a directory name: no separators, no ``..``, ever.
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"topic name must be a string, got {type(name).__name__}")
+    return _topic_name(name)
+
+
 # Topic-level keys, allowed in [system] (as defaults) and in [topic=NAME].
 _TOPIC_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "numPartitions": ("num_partitions", _int(1)),
@@ -264,6 +280,11 @@ _SYSTEM_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "onSyncSlaveLoss": ("on_sync_slave_loss", _choice("reject", "degrade")),
     "autoFailover": ("auto_failover", _bool),
     "advertisedAddress": ("advertised_address", _host_port),
+    "maxConnections": ("max_connections", _int(1)),
+    "maxRequestsInFlight": ("max_requests_in_flight", _int(1)),
+    "maxQueuedReplyBytes": ("max_queued_reply_bytes", _int(64 * 1024)),
+    "requestBodyTimeoutMs": ("request_body_timeout_ms", _int(100)),
+    "connectionIdleTimeoutMs": ("connection_idle_timeout_ms", _int(0)),
 }
 
 # [system] security keys -> SecurityConfig fields.

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..addresses import parse_host_port
+from .connection import Credentials
 
 READ_FROM_CHOICES = ("master", "slave", "prefer-slave")
 DEFAULT_CLIENT_DIR = Path.home() / ".metaq"
@@ -56,6 +57,8 @@ class MetaClientConfig:
     #: Connect somewhere else than a broker registered: ``{"registered host:port": "host:port"}``
     #: (port forwarding, NAT, a proxy in front of some brokers). Addresses not listed are used as is.
     address_map: dict[str, str] = field(default_factory=dict)
+    #: User, password and CA for brokers with security on (docs/security.md); none by default.
+    credentials: Credentials = field(default_factory=Credentials)
 
     def __post_init__(self) -> None:
         if not self.zk_root.startswith("/"):

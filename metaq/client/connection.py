@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from dataclasses import dataclass
-from typing import Any
+import ssl as ssl_module
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 from ..protocol import commands as c
 from ..protocol.frames import (
@@ -25,11 +27,18 @@ from ..protocol.frames import (
     encode_frame,
 )
 
+if TYPE_CHECKING:
+    from ..security.handshake import ClientAuthenticator
+
 log = logging.getLogger(__name__)
 
 
 class ConnectionClosed(ConnectionError):
     """The connection to a broker went away (or could not be made)."""
+
+
+class AuthenticationFailed(ConnectionClosed):
+    """The broker refused our credentials, or could not prove it holds the secret (not our broker)."""
 
 
 @dataclass
@@ -54,6 +63,32 @@ class Reply:
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.header.get(key, default)
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """How a client logs in to brokers with security on: a user and password (SCRAM), over TLS with ``tls_ca_file``."""
+
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    #: CA bundle that signed the brokers' certificates: connect over TLS and verify them.
+    tls_ca_file: str | None = None
+
+    @cached_property
+    def ssl_context(self) -> ssl_module.SSLContext | None:
+        if self.tls_ca_file is None:
+            return None
+        from ..security.tls import client_context
+
+        return client_context(self.tls_ca_file)
+
+    def authenticator(self) -> "ClientAuthenticator | None":
+        """A fresh handshake for one connection (None without a user)."""
+        if self.user is None:
+            return None
+        from ..security.handshake import ClientAuthenticator
+
+        return ClientAuthenticator(self.user, self.password or "")
 
 
 def _expire(future: "asyncio.Future[Reply]", address: str) -> None:
@@ -105,17 +140,49 @@ class BrokerConnection:
         return self._transport is not None and not self._closed and not self._transport.is_closing()
 
     @classmethod
-    async def open(cls, host: str, port: int, timeout: float = 5.0) -> "BrokerConnection":
+    async def open(
+        cls,
+        host: str,
+        port: int,
+        timeout: float = 5.0,
+        *,
+        ssl: ssl_module.SSLContext | None = None,
+        authenticator: "ClientAuthenticator | None" = None,
+    ) -> "BrokerConnection":
+        """Connect (over TLS with ``ssl``) and, given an ``authenticator``, log in before returning."""
         conn = cls(host, port)
         loop = asyncio.get_running_loop()
         try:
             transport, _ = await asyncio.wait_for(
-                loop.create_connection(lambda: _ReplyProtocol(conn), host, port), timeout
+                loop.create_connection(lambda: _ReplyProtocol(conn), host, port, ssl=ssl), timeout
             )
         except (OSError, asyncio.TimeoutError) as exc:
             raise ConnectionClosed(f"cannot connect to {host}:{port}: {exc or 'timed out'}") from None
         conn._transport = transport  # type: ignore[assignment]
+        if authenticator is not None:
+            try:
+                await conn.authenticate(authenticator, timeout)
+            except BaseException:
+                conn.close()
+                raise
         return conn
+
+    async def authenticate(self, authenticator: "ClientAuthenticator", timeout: float = 5.0) -> None:
+        """Run the SCRAM handshake (metaq/security/handshake.py); AuthenticationFailed if it fails."""
+        from ..security import handshake
+        from ..security.messages import auth_request
+
+        events = authenticator.start()
+        while events:
+            event = events.pop(0)
+            if isinstance(event, handshake.SendRequest):
+                reply = await self.request(auth_request(event.message, 0), timeout=timeout)
+                events += authenticator.receive(reply.header)
+            elif isinstance(event, handshake.Failed):
+                raise AuthenticationFailed(f"{self.address}: {event.error}")
+            elif isinstance(event, handshake.Authenticated):
+                return
+        raise AuthenticationFailed(f"{self.address}: the handshake ended without a result")
 
     async def request(
         self, header: dict[str, Any], body: bytes | bytearray | memoryview = b"", timeout: float | None = 30.0

@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 
 from ..addresses import parse_host_port
-from .connection import BrokerConnection
+from .connection import BrokerConnection, Credentials
 
 
 class ConnectionPool:
-    def __init__(self, connect_timeout: float = 5.0, address_map: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, connect_timeout: float = 5.0, address_map: dict[str, str] | None = None, credentials: Credentials | None = None
+    ) -> None:
         self.connect_timeout = connect_timeout
+        self.credentials = credentials or Credentials()
         # (host, port) as registered -> (host, port) to connect to (MetaClientConfig.address_map).
         self._redirects = {
             parse_host_port(registered): parse_host_port(actual) for registered, actual in (address_map or {}).items()
@@ -35,7 +38,10 @@ class ConnectionPool:
         future: asyncio.Future[BrokerConnection] = asyncio.get_running_loop().create_future()
         self._connecting[key] = future
         try:
-            conn = await BrokerConnection.open(*key, self.connect_timeout)
+            creds = self.credentials
+            conn = await BrokerConnection.open(
+                *key, self.connect_timeout, ssl=creds.ssl_context, authenticator=creds.authenticator()
+            )
         except BaseException as exc:
             future.set_exception(exc)
             future.exception()  # mark retrieved: nobody else may be waiting

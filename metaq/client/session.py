@@ -25,7 +25,7 @@ class AsyncMessageSessionFactory:
     def __init__(self, config: MetaClientConfig | None = None, **overrides: Any) -> None:
         self.config = config or MetaClientConfig(**overrides)
         self.cluster = Cluster(self.config)
-        self.pool = ConnectionPool(self.config.connect_timeout_s, self.config.address_map)
+        self.pool = ConnectionPool(self.config.connect_timeout_s, self.config.address_map, self.config.credentials)
         self._producers: list[AsyncMessageProducer] = []
         self._consumers: list[AsyncMessageConsumer] = []
         self._started = False

@@ -41,7 +41,6 @@ from typing import Any, Awaitable, Callable, Union
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
-from ..addresses import parse_broker_url
 from ..client.connection import BrokerConnection, ConnectionClosed
 from ..config import SlaveConfig
 from ..protocol.messages import EpochsRequest
@@ -52,6 +51,7 @@ from .epochs import EpochCache
 from .follower import MasterFollower
 from .host import BrokerHost
 from .lease import ZkLease
+from .peers import open_peer
 from .progress import ReplicationProgress
 from .role import Event, Role, RoleMachine, master_event, reconnected_event
 from .sync_set import SyncReplication
@@ -240,7 +240,11 @@ class HaCoordinator:
         if state.master_url is None:
             self.post(Event.MASTER_GONE)
         elif state.master_url == self.my_url:
-            if self.machine.state is not Role.LEADING:
+            if self.machine.state is Role.FENCED:
+                # Fenced while our lock still stands (a claimed epoch, a blip): ZooKeeper
+                # decides whether we still lead our epoch, as after a reconnect.
+                self.post(self._reconnected)
+            elif self.machine.state is not Role.LEADING:
                 # Our own node from a previous life (kill -9, quick restart): wait it out.
                 log.info("the master node still names this broker (a previous run); waiting for it to expire")
                 await asyncio.sleep(0.5)
@@ -471,11 +475,10 @@ class HaCoordinator:
 
     async def _truncate_against(self, url: str) -> None:
         """Cut every local log back to where it stops agreeing with the master's."""
-        host, port = parse_broker_url(url)
         deadline = time.monotonic() + 30
         while True:
             try:
-                conn = await BrokerConnection.open(host, port, timeout=3)
+                conn = await open_peer(self.host, url, self.registry.slave_id, timeout=3)
                 break
             except ConnectionClosed as exc:
                 if time.monotonic() > deadline:
@@ -490,7 +493,8 @@ class HaCoordinator:
 
     async def _truncate_partition(self, conn: BrokerConnection, topic: str, partition: int, log_: Any) -> None:
         cache = self.cache(topic, partition)
-        end = await divergence_point(conn, topic, partition, log_, cache)
+        floor = self.follower.committed_seen(topic, partition) if self.follower is not None else 0
+        end = await divergence_point(conn, topic, partition, log_, cache, floor)
         if end < log_.log_end:
             removed = log_.log_end - end
             aside = log_.truncate_to(end)

@@ -30,11 +30,12 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ..addresses import parse_broker_url
 from ..client.connection import BrokerConnection, ConnectionClosed
-from ..config import SlaveConfig
+from ..config import ConfigError, SlaveConfig, check_topic_name
 from ..protocol.messages import ConfigRequest, OffsetRequest, TopicsRequest
 from ..zk.paths import ZkPaths
 from .heartbeat import SlaveHeartbeat
 from .host import BrokerHost
+from .peers import open_peer
 from .config_sync import adopt_master_topics, save_master_copy, topics_for_master_layout
 from .replica import PartitionReplica, ReplicaDiverged, StaleMaster
 
@@ -47,6 +48,26 @@ RETRIABLE = (ConnectionClosed, ConnectionError, asyncio.TimeoutError, OSError)
 #: Async mode: after a fetch smaller than this, wait LINGER_S before the next one.
 BATCH_BYTES = 256 * 1024
 LINGER_S = 0.002
+
+
+#: Longest wait between attempts to adopt a master config that failed to parse.
+CONFIG_RETRY_MAX_S = 5.0
+#: More partitions than this in a topics reply is not a broker talking.
+MAX_PARTITIONS = 10_000
+
+
+def checked_topics(topics: Any) -> dict[str, int]:
+    """A master's ``topics`` reply, every name a valid topic name (ValueError otherwise).
+
+    Names become directories on this broker: a name with a path in it must never get that far.
+    """
+    if not isinstance(topics, dict):
+        raise ValueError(f"the master's topics reply is not a map: {type(topics).__name__}")
+    for name, partitions in topics.items():
+        check_topic_name(name)
+        if not isinstance(partitions, int) or isinstance(partitions, bool) or not 1 <= partitions <= MAX_PARTITIONS:
+            raise ValueError(f"topic {name!r}: partition count must be 1..{MAX_PARTITIONS}, got {partitions!r}")
+    return topics
 
 
 #: Copies the master's epoch history of one partition over an open connection.
@@ -82,8 +103,12 @@ class MasterFollower:
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._sync_task: asyncio.Task[None] | None = None
         self._stopped = False
+        #: Why the master's config could not be adopted (None: it was); shown in stats.
+        self.config_sync_error: str | None = None
         # UDP heartbeats to the current master: lag figures only (roles are ZooKeeper's).
-        self.heartbeat = SlaveHeartbeat(self.broker_id, slave.slave_id, epoch, self._log_ends)
+        self.heartbeat = SlaveHeartbeat(
+            self.broker_id, slave.slave_id, epoch, self._log_ends, key=host.security.heartbeat_key
+        )
 
     def _log_ends(self) -> dict[tuple[str, int], int]:
         return {key: replica.log.log_end for key, replica in self.replicas.items()}
@@ -170,15 +195,25 @@ class MasterFollower:
             self._sync_task = asyncio.ensure_future(self._sync_topics_until_done())
 
     async def _sync_topics_until_done(self) -> None:
+        """Read (and adopt) the master's topics until it works; nothing the master sends ends this task."""
         delay = 0.05
         while not self._stopped and self.master_url is not None:
             try:
                 await self._sync_topics()
+                self.config_sync_error = None
                 return
             except RETRIABLE as exc:
                 log.warning("cannot read the master's topics yet: %s", exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, max(self.slave.slave_max_delay_ms, 50) / 1000)
+                max_delay = max(self.slave.slave_max_delay_ms, 50) / 1000
+            except (ConfigError, ValueError, KeyError, TypeError) as exc:
+                # A config (or topic list) we cannot use: keep replicating what we have,
+                # say so in stats, and try again (the master may fix its file).
+                if str(exc) != self.config_sync_error:
+                    log.error("cannot adopt the master's config, retrying: %s", exc)
+                self.config_sync_error = str(exc)
+                max_delay = CONFIG_RETRY_MAX_S
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, max_delay)
 
     async def _connection(self) -> BrokerConnection:
         async with self._conn_lock:
@@ -186,8 +221,8 @@ class MasterFollower:
                 return self._conn
             if self.master_url is None:
                 raise ConnectionClosed("no master registered")
-            host, port = parse_broker_url(self.master_url)
-            self._conn = await BrokerConnection.open(host, port)
+            # Authenticated as a broker of our group (security on) before we fetch a byte.
+            self._conn = await open_peer(self.host, self.master_url, self.slave.slave_id)
             return self._conn
 
     async def _sync_topics(self) -> None:
@@ -195,7 +230,7 @@ class MasterFollower:
         reply = await conn.request(TopicsRequest().to_header(), timeout=10)
         if not reply.ok:
             raise ConnectionError(f"master answered topics with {reply.code}: {reply.message}")
-        master_topics: dict[str, int] = reply["topics"]
+        master_topics = checked_topics(reply.get("topics"))
         self.master_mode = reply.get("replication_mode", "async")
         own = self.host.config
         if self.slave.auto_sync_master_config:
@@ -271,6 +306,11 @@ class MasterFollower:
 
     # --- status -------------------------------------------------------------------------
 
+    def committed_seen(self, topic: str, partition: int) -> int:
+        """The highest committed offset a master we followed has told us for this partition."""
+        replica = self.replicas.get((topic, partition))
+        return replica.status.master_committed if replica is not None else 0
+
     def committed(self, topic: str, partition: int, log_end: int) -> int:
         """What consumers of this slave may read of a partition."""
         replica = self.replicas.get((topic, partition))
@@ -284,6 +324,8 @@ class MasterFollower:
 
     def status_pairs(self) -> list[tuple[str, object]]:
         pairs: list[tuple[str, object]] = [("master", self.master_url or "-")]
+        if self.config_sync_error is not None:
+            pairs.append(("config_sync_error", self.config_sync_error))
         pairs += self.heartbeat.status_pairs()
         hb = self.heartbeat.master
         hb_age = self.heartbeat.heartbeat_age_ms()

@@ -26,11 +26,20 @@ Robustness: a datagram that is not msgpack, not a map, not a heartbeat, of the
 wrong broker group, or with badly typed fields is counted in ``bad`` and
 ignored; nothing here can take the broker down. A failed UDP bind is logged and
 leaves the broker running without heartbeats.
+
+Trust: with security on every heartbeat carries ``mac``, an HMAC-SHA256 of the rest
+keyed by a key derived from the group secret, and one without a valid ``mac`` is
+ignored (a forged heartbeat could otherwise keep a dead slave counted or move its
+position). In any mode the master records heartbeats only from slave ids ZooKeeper
+names (``known_slave``) and only for partitions it has, so the state a stream of
+datagrams can create is bounded by the group's real slaves and partitions.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import logging
 import time
 from dataclasses import dataclass, field
@@ -82,8 +91,12 @@ def _ends(message: dict[str, Any], name: str) -> dict[tuple[str, int], int]:
     return ends
 
 
-def decode(data: bytes, expect_role: str) -> dict[str, Any]:
-    """Decode and check one heartbeat datagram (raises BadHeartbeat)."""
+def _mac(key: bytes, message: dict[str, Any]) -> bytes:
+    return hmac.new(key, encode(message), hashlib.sha256).digest()
+
+
+def decode(data: bytes, expect_role: str, key: bytes | None = None) -> dict[str, Any]:
+    """Decode and check one heartbeat datagram (raises BadHeartbeat); with ``key``, its MAC too."""
     if len(data) > MAX_DATAGRAM:
         raise BadHeartbeat(f"datagram of {len(data)} bytes is too big")
     try:
@@ -92,6 +105,10 @@ def decode(data: bytes, expect_role: str) -> dict[str, Any]:
         raise BadHeartbeat(f"not msgpack: {exc}") from None
     if not isinstance(message, dict) or message.get("kind") != "hb":
         raise BadHeartbeat("not a heartbeat")
+    if key is not None:
+        mac = message.pop("mac", None)
+        if not isinstance(mac, bytes) or not hmac.compare_digest(mac, _mac(key, message)):
+            raise BadHeartbeat("missing or wrong MAC (not a broker of this group)")
     if message.get("role") != expect_role:
         raise BadHeartbeat(f"expected role {expect_role!r}, got {message.get('role')!r}")
     _int(message, "broker_id")
@@ -109,6 +126,13 @@ def decode(data: bytes, expect_role: str) -> dict[str, Any]:
 
 def encode(message: dict[str, Any]) -> bytes:
     return msgpack.packb(message, use_bin_type=True)
+
+
+def encode_signed(message: dict[str, Any], key: bytes | None) -> bytes:
+    """The datagram of ``message``, with its ``mac`` when the group has a key."""
+    if key is None:
+        return encode(message)
+    return encode({**message, "mac": _mac(key, message)})
 
 
 # --- the answering side (every broker; records progress when it is the master) -------
@@ -133,9 +157,19 @@ class HeartbeatResponder:
     """Binds UDP on the broker's address and answers heartbeats."""
 
     def __init__(
-        self, broker_id: int, ha: HaView, logs: Callable[[], dict[tuple[str, int], Any]], host: str, port: int
+        self,
+        broker_id: int,
+        ha: HaView,
+        logs: Callable[[], dict[tuple[str, int], Any]],
+        host: str,
+        port: int,
+        *,
+        key: bytes | None = None,
+        known_slave: Callable[[int], bool] = lambda slave_id: True,
     ) -> None:
         self.broker_id = broker_id
+        self.key = key
+        self.known_slave = known_slave
         self.ha = ha
         self.logs = logs
         self.host = host
@@ -200,9 +234,11 @@ class HeartbeatResponder:
         """Record one slave heartbeat; the answer to send back, or None (ignored)."""
         ha = self.ha
         try:
-            message = decode(data, "slave")
+            message = decode(data, "slave", self.key)
             if message["broker_id"] != self.broker_id:
                 raise BadHeartbeat(f"heartbeat for broker {message['broker_id']}, this is broker {self.broker_id}")
+            if not self.known_slave(message["slave_id"]):
+                raise BadHeartbeat(f"slave{message['slave_id']} is not registered in ZooKeeper")
         except BadHeartbeat as exc:
             self.bad += 1
             self.last_bad = str(exc)
@@ -210,11 +246,14 @@ class HeartbeatResponder:
             return None
         self.received += 1
         master = ha.acting_master
+        logs = self.logs()
         if master:
             address = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) and len(addr) >= 2 else None
-            ha.slave_heartbeat(message["slave_id"], address, message["_log_ends"], message["epoch"])
+            # Only partitions we have: made-up keys must not grow the progress table.
+            ends = {key: end for key, end in message["_log_ends"].items() if key in logs}
+            ha.slave_heartbeat(message["slave_id"], address, ends, message["epoch"])
         log_ends, committed = {}, {}
-        for (topic, partition), log_ in self.logs().items():
+        for (topic, partition), log_ in logs.items():
             key = partition_key(topic, partition)
             log_ends[key] = log_.log_end
             committed[key] = ha.committed(topic, partition, log_)
@@ -228,10 +267,10 @@ class HeartbeatResponder:
             "sent_at": time.time(),
             "echo": message["sent_at"],
         }
-        encoded = encode(reply)
+        encoded = encode_signed(reply, self.key)
         if len(encoded) > MAX_DATAGRAM:
             reply["log_ends"], reply["committed"] = {}, {}
-            encoded = encode(reply)
+            encoded = encode_signed(reply, self.key)
         return encoded
 
     def status_pairs(self) -> list[tuple[str, object]]:
@@ -269,8 +308,10 @@ class SlaveHeartbeat:
         log_ends: Callable[[], dict[tuple[str, int], int]],
         interval: float = HEARTBEAT_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
+        key: bytes | None = None,
     ) -> None:
         self.broker_id = broker_id
+        self.key = key
         self.slave_id = slave_id
         self.epoch = epoch
         self.log_ends = log_ends
@@ -331,15 +372,15 @@ class SlaveHeartbeat:
             "log_ends": ends,
             "sent_at": time.time(),
         }
-        encoded = encode(message)
+        encoded = encode_signed(message, self.key)
         if len(encoded) > MAX_DATAGRAM:
             message["log_ends"] = {}
-            encoded = encode(message)
+            encoded = encode_signed(message, self.key)
         return encoded
 
     def handle(self, data: bytes) -> None:
         try:
-            message = decode(data, "master")
+            message = decode(data, "master", self.key)
             if message["broker_id"] != self.broker_id:
                 raise BadHeartbeat(f"answer from broker {message['broker_id']}, expected {self.broker_id}")
         except BadHeartbeat as exc:

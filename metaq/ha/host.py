@@ -12,6 +12,7 @@ from typing import Any, Callable, Protocol
 from kazoo.client import KazooClient
 
 from ..config import BrokerConfig, TopicConfig
+from ..security.settings import BrokerSecurity
 
 
 class LogStore(Protocol):
@@ -62,6 +63,10 @@ class BrokerHost(Protocol):
 
     @property
     def registry(self) -> Registry: ...
+
+    @property
+    def security(self) -> BrokerSecurity:
+        """Credentials and TLS for talking to the group's other brokers (metaq/ha/peers.py)."""
 
     def notify(self, topic: str, partition: int) -> None:
         """Wake fetches parked on a partition (its log end or committed offset moved)."""

@@ -18,15 +18,20 @@ sync set reads it from there.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any, Awaitable
 
 from ..config import SlaveConfig
 from ..protocol import commands as c
-from .coordinator import HaCoordinator
+from ..zk.group import read_group_state
+from .coordinator import ZK_ERRORS, HaCoordinator
 from .host import BrokerHost
 from .progress import ReplicationProgress
 from .role import Event, Role
 from .sync_set import SyncReplication
+
+log = logging.getLogger(__name__)
 
 
 class HaNode:
@@ -40,6 +45,7 @@ class HaNode:
         self.ready = False
         self._slave = slave
         self._replica_connections: dict[Any, set[int]] = {}
+        self._epoch_check_pending = False
 
     async def start(self) -> None:
         """Take part in the group's HA (with ZooKeeper), then accept puts."""
@@ -164,10 +170,32 @@ class HaNode:
                 sync_set.slave_disconnected(slave_id)
             self.progress.forget(slave_id)
 
-    def saw_higher_epoch(self) -> None:
-        """A slave knows a newer epoch than ours: someone else leads; stop acking now."""
-        if self.coordinator is not None:
-            self.coordinator.post(Event.HIGHER_EPOCH)
+    def saw_higher_epoch(self, claimed: int) -> None:
+        """A peer claims an epoch newer than ours: ask ZooKeeper, and fence only if it agrees.
+
+        Invariant: a claim never fences a master by itself (any peer can make one); the
+        epoch node in ZooKeeper, writable only by the group's brokers, is the word. One
+        check at a time, so a peer repeating the claim costs one ZooKeeper read, not many.
+        """
+        coordinator = self.coordinator
+        if coordinator is None or self._epoch_check_pending:
+            return
+        self._epoch_check_pending = True
+        serving = coordinator.serving_epoch
+
+        async def confirm() -> Event:
+            try:
+                state = await asyncio.to_thread(read_group_state, coordinator.zk, coordinator.paths, coordinator.broker_id)
+            except ZK_ERRORS:
+                return Event.REEVALUATE  # cannot confirm: the lease decides, as without the claim
+            finally:
+                self._epoch_check_pending = False
+            if state.epoch > serving:
+                return Event.HIGHER_EPOCH
+            log.warning("a peer claimed epoch %d, but ZooKeeper says %d: not fencing", claimed, state.epoch)
+            return Event.REEVALUATE
+
+        coordinator.post(confirm)
 
     def status_pairs(self) -> list[tuple[str, object]]:
         pairs = self.coordinator.status_pairs() if self.coordinator is not None else []

@@ -15,6 +15,12 @@ retention may have deleted what we still hold). Slower, but it needs nothing but
 
 The cut point is always a record boundary of our log, and our log up to it is
 byte-identical to the master's: after truncation the prefix invariant holds.
+
+Defense in depth (issue 14): a cut is trusted only when a checksum over a non-empty
+range ending at it agreed (an empty range verifies nothing), and a cut that no
+agreeing range backs is refused (TruncationRefused) when it would go below ``floor``,
+the committed offset a master has told us: a peer that answers as master but does
+not hold our committed bytes (a fake, or a wrong config) never makes us throw them away.
 """
 
 from __future__ import annotations
@@ -39,8 +45,12 @@ CROSS_CHECK_BYTES = 1024 * 1024
 CHECKSUM_CHUNK = 64 * 1024 * 1024
 
 
+class TruncationRefused(ConnectionError):
+    """The master proposes a cut below our committed offset that no byte comparison backs."""
+
+
 async def divergence_point(
-    conn: "BrokerConnection", topic: str, partition: int, log_: "PartitionLog", cache: "EpochCache"
+    conn: "BrokerConnection", topic: str, partition: int, log_: "PartitionLog", cache: "EpochCache", floor: int = 0
 ) -> int:
     """The offset to truncate our log to (== log_end if nothing diverges)."""
     if log_.log_end <= log_.min_offset:
@@ -61,7 +71,13 @@ async def divergence_point(
     if end is not None and await _agrees_before(conn, topic, partition, log_, end):
         return end
     log.warning("%s-%d: epochs give no trustworthy cut point; comparing bytes with the master", topic, partition)
-    return await _longest_common_prefix(conn, topic, partition, log_)
+    cut, verified = await _longest_common_prefix(conn, topic, partition, log_)
+    if not verified and cut < min(floor, log_.log_end):
+        raise TruncationRefused(
+            f"{topic}-{partition}: the master at {conn.address} shares none of our bytes, and cutting at {cut} "
+            f"would drop committed bytes up to {floor}; refusing to truncate (is it really our group's master?)"
+        )
+    return cut
 
 
 async def _ranges_agree(conn: "BrokerConnection", topic: str, partition: int, log_: "PartitionLog", start: int, end: int) -> bool:
@@ -93,11 +109,16 @@ async def _agrees_before(conn: "BrokerConnection", topic: str, partition: int, l
     if master_min > end:
         return False  # the master no longer has these bytes: nothing to check against
     start = max(log_.min_offset, end - CROSS_CHECK_BYTES, master_min)
+    if start >= end:
+        return False  # an empty range verifies nothing
     return await _ranges_agree(conn, topic, partition, log_, start, end)
 
 
-async def _longest_common_prefix(conn: "BrokerConnection", topic: str, partition: int, log_: "PartitionLog") -> int:
-    """Largest record boundary b of ours with our [s, b) == the master's [s, b).
+async def _longest_common_prefix(
+    conn: "BrokerConnection", topic: str, partition: int, log_: "PartitionLog"
+) -> tuple[int, bool]:
+    """Largest record boundary b of ours with our [s, b) == the master's [s, b), and whether a
+    non-empty range verified it (False: nothing in common was found, b is our log start).
 
     s is where both logs still have bytes: the master's retention may have deleted
     segments that we still hold, and what lies before s can no longer be compared
@@ -113,7 +134,7 @@ async def _longest_common_prefix(conn: "BrokerConnection", topic: str, partition
             low = mid
         else:
             high = mid - 1
-    return boundaries[low]
+    return boundaries[low], low > 0
 
 
 def _record_boundaries(log_: "PartitionLog") -> list[int]:

@@ -62,6 +62,10 @@ class GroupSecret:
     def zookeeper_password(self) -> str:
         return self._derive(f"metaq zookeeper group {self.broker_id}")
 
+    def heartbeat_key(self) -> bytes:
+        """The HMAC key of the group's UDP heartbeats (metaq/ha/heartbeat.py)."""
+        return bytes.fromhex(self._derive(f"metaq heartbeat group {self.broker_id}"))
+
     def decoy_key(self) -> bytes:
         return bytes.fromhex(self._derive("metaq scram decoy"))
 

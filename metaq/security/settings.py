@@ -50,6 +50,11 @@ class BrokerSecurity:
         assert self.group is not None, "authentication is off"
         return ClientAuthenticator(self.group.username(member), self.group.scram_password())
 
+    @property
+    def heartbeat_key(self) -> bytes | None:
+        """The HMAC key of the group's UDP heartbeats; None with security off (unsigned)."""
+        return self.group.heartbeat_key() if self.group is not None else None
+
     def peer_client_context(self) -> ssl.SSLContext | None:
         """The context for connecting to another broker of the group (TLS on), verifying it by the CA."""
         if not self.config.tls_enabled:

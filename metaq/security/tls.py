@@ -30,8 +30,10 @@ CLIENT_AUTH_MODES = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "requ
 def _load_chain(context: ssl.SSLContext, cert_file: str, key_file: str) -> None:
     try:
         context.load_cert_chain(cert_file, key_file)
-    except FileNotFoundError as exc:
-        raise SecurityError(f"TLS: cannot read {exc.filename}: no such file") from None
+    except FileNotFoundError:
+        # ssl does not say which of the two is missing (its filename is None).
+        missing = [path for path in (cert_file, key_file) if not os.path.exists(path)] or [cert_file]
+        raise SecurityError(f"TLS: cannot read {', '.join(missing)}: no such file") from None
     except (ssl.SSLError, OSError) as exc:
         raise SecurityError(f"TLS: cannot load certificate {cert_file} with key {key_file}: {exc}") from None
 

@@ -26,10 +26,11 @@ from ..addresses import parse_host_port
 from ..config import BrokerConfig, ConfigError, SlaveConfig, TopicConfig, topic_settings
 from ..ha.heartbeat import HeartbeatResponder
 from ..ha.node import HaNode
+from ..security.settings import load_broker_security
 from ..store.manager import MessageStoreManager
 from ..store.msgid import MsgIdGenerator
 from ..zk.monitor import OutageReporter
-from .connection import ClientConnection
+from .connection import ClientConnection, ConnectionLimits
 from .group_topics import GroupTopicsApplier
 from .handlers import RequestHandlers
 from .metrics import BrokerMetrics, InstrumentedHandlers
@@ -51,6 +52,8 @@ class Broker:
         self.slave = slave
         self.register_in_zk = config.zk.enabled if register_in_zk is None else register_in_zk
         self.stats = BrokerStats()
+        # Read every security file now: a wrong one stops the broker before it listens.
+        self.security = load_broker_security(config)
         self.waiters = EndWaiters()
         self.store = MessageStoreManager(config.topics, config.max_message_size)
         self.ha = HaNode(self, slave, in_zookeeper=self.register_in_zk)
@@ -64,6 +67,7 @@ class Broker:
         self.heartbeats: HeartbeatResponder | None = None  # UDP, same port as TCP
         self._server: asyncio.AbstractServer | None = None
         self._stopped = asyncio.Event()
+        self._tls_reload: asyncio.Future[None] | None = None
 
     # --- what the HA layer and the handlers use ---------------------------------------
 
@@ -87,6 +91,16 @@ class Broker:
             await self.registry.update_topics(topics)
         if added and (self.group_topics is None or not self.group_topics.group.exists):
             log.info("now serving topics %s", ", ".join(added))  # else the applier says what changed
+
+    def _slave_registered(self, slave_id: int) -> bool:
+        """Does ZooKeeper name ``slave{slave_id}`` in our group (heartbeats from others are ignored)?"""
+        return self.registry is not None and slave_id in self.registry.slave_ids
+
+    def slaves_changed(self, slave_ids: frozenset[int]) -> None:
+        """ZooKeeper's slave list changed: forget the progress of slaves that left (bounded state)."""
+        for slave_id in list(self.ha.progress.slaves):
+            if slave_id not in slave_ids:
+                self.ha.progress.forget(slave_id)
 
     def durability_wait(self, topic: str, partition: int, end: int, count: int) -> Awaitable[None] | None:
         """What a put ending at ``end`` must wait for before its ack, or None to ack now."""
@@ -128,13 +142,18 @@ class Broker:
         self.store.start()
         max_body = min(64 * 1024 * 1024, config.max_message_size * 16 + FRAME_OVERHEAD)
         loop = asyncio.get_running_loop()
+        limits = ConnectionLimits.from_config(config)
+        tls = self.security.tls
         self._server = await loop.create_server(
-            lambda: ClientConnection(served, max_body),
+            lambda: ClientConnection(served, max_body, limits, self.security),
             host=config.host_name,
             port=config.server_port,
             reuse_address=True,
             backlog=512,
+            ssl=tls.context if tls is not None else None,
         )
+        if tls is not None and config.security.tls_reload_interval_ms > 0:
+            self._tls_reload = asyncio.ensure_future(self._reload_certificates(config.security.tls_reload_interval_ms / 1000))
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
         log.info("broker %d (%s) listening on %s:%d", config.broker_id, self.ha.role_name, config.host_name, self.port)
@@ -142,14 +161,20 @@ class Broker:
             assert config.metrics_port is not None
             metrics_port = self.metrics.start(config.host_name, config.metrics_port)
             log.info("metrics on http://%s:%d/metrics", config.host_name, metrics_port)
-        self.heartbeats = HeartbeatResponder(config.broker_id, self.ha, self.store.logs, config.host_name, self.port)
+        self.heartbeats = HeartbeatResponder(
+            config.broker_id, self.ha, self.store.logs, config.host_name, self.port,
+            key=self.security.heartbeat_key, known_slave=self._slave_registered,
+        )
         await self.heartbeats.start()
         if self.register_in_zk:
             # The HA coordinator decides the role (and takes the master lock by election).
             host, port = config.host_name, self.port
             if config.advertised_address:
                 host, port = parse_host_port(config.advertised_address)
-            self.registry = BrokerRegistry(config.zk, config.broker_id, host, port, config.topics, config.checksum, None)
+            self.registry = BrokerRegistry(
+                config.zk, config.broker_id, host, port, config.topics, config.checksum, None,
+                security=self.security.zookeeper, on_slaves_changed=self.slaves_changed,
+            )
             await self.registry.start()
             self.registry.client.add_listener(OutageReporter())
             log.info("broker %d connected to ZooKeeper at %s%s", config.broker_id, config.zk.zk_connect, config.zk.root)
@@ -158,9 +183,18 @@ class Broker:
             await self.group_topics.start()
         await self.ha.start()
 
+    async def _reload_certificates(self, interval_s: float) -> None:
+        """New handshakes present renewed certificate files without a restart."""
+        assert self.security.tls is not None
+        while True:
+            await asyncio.sleep(interval_s)
+            self.security.tls.maybe_reload()  # logs; a half-written renewal keeps the old pair
+
     async def stop(self) -> None:
         if self.group_topics is not None:
             self.group_topics.stop()
+        if self._tls_reload is not None:
+            self._tls_reload.cancel()
         await self.ha.stop()
         if self.registry is not None:
             try:

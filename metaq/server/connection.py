@@ -8,13 +8,26 @@ their replies go out in completion order, matched by ``opaque``.
 
 Replies are written whole: a reply whose body is sent from a file holds the
 connection's write lock between its header and its last body byte.
+
+Trust (docs/security.md): with security on, a connection starts unauthenticated; the
+``auth`` op runs the SCRAM handshake here, and every other request is checked against
+the Authorizer before a handler sees it (``required_operation``), so a handler never
+runs for a peer that may not make its request.
+
+Bounded resources: a connection stops reading (``pause_reading``) while it has
+``maxRequestsInFlight`` requests unanswered or ``maxQueuedReplyBytes`` of replies its
+peer has not read, as Kafka's ``queued.max.requests``; it resumes when the client
+drains. A frame that does not complete within ``requestBodyTimeoutMs`` (slowloris) and
+a connection idle for ``connectionIdleTimeoutMs`` are closed, each with a log line.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Awaitable, Protocol
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Awaitable, Protocol
 
 from ..protocol import commands as c
 from ..protocol.frames import (
@@ -29,13 +42,48 @@ from ..protocol.frames import (
     encode_frame,
     encode_frame_head,
 )
+from ..security import handshake
+from ..security.acl import required_operation
+from ..security.messages import OP as AUTH_OP
+from ..security.messages import auth_reply
 from .stats import BrokerStats
+
+if TYPE_CHECKING:
+    from ..config import BrokerConfig
+    from ..security.principals import Principal
+    from ..security.settings import BrokerSecurity
 
 log = logging.getLogger(__name__)
 
 # Replies smaller than this are copied (pread) instead of sent with sendfile;
 # below it the copy is cheaper than the extra round through the event loop.
 SENDFILE_MIN_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What one connection may hold of the broker's memory and time (server.ini keys in brackets)."""
+
+    max_in_flight: int = 1000  # [maxRequestsInFlight] requests received and not yet answered
+    max_queued_reply_bytes: int = 16 * 1024 * 1024  # [maxQueuedReplyBytes] replies the peer has not read
+    body_timeout_s: float = 30.0  # [requestBodyTimeoutMs] one frame must arrive whole within this
+    idle_timeout_s: float = 600.0  # [connectionIdleTimeoutMs] 0: never
+    max_connections: int = 1024  # [maxConnections] per broker; more are refused with a log line
+
+    @classmethod
+    def from_config(cls, config: "BrokerConfig") -> "ConnectionLimits":
+        return cls(
+            config.max_requests_in_flight,
+            config.max_queued_reply_bytes,
+            config.request_body_timeout_ms / 1000,
+            config.connection_idle_timeout_ms / 1000,
+            config.max_connections,
+        )
+
+    @property
+    def watchdog_interval_s(self) -> float:
+        timeouts = [t for t in (self.body_timeout_s, self.idle_timeout_s) if t > 0]
+        return max(0.05, min(1.0, min(timeouts) / 4)) if timeouts else 1.0
 
 
 class FileBody:
@@ -63,11 +111,28 @@ class Handlers(Protocol):
 
 
 class ClientConnection(asyncio.Protocol):
-    def __init__(self, handlers: Handlers, max_body: int) -> None:
+    def __init__(
+        self,
+        handlers: Handlers,
+        max_body: int,
+        limits: ConnectionLimits | None = None,
+        security: "BrokerSecurity | None" = None,
+    ) -> None:
         self.handlers = handlers
         self.decoder = FrameDecoder(max_body=max_body)
+        self.limits = limits or ConnectionLimits()
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
+        self.security = security
+        #: Who the peer proved to be (None: not authenticated, or security off).
+        self.principal: "Principal | None" = None
+        self._auth = security.server_authenticator() if security is not None and security.authentication_required else None
+        self._reading_paused = False
+        self._out_bytes = 0
+        self._partial_since: float | None = None
+        self._last_activity = time.monotonic()
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._counted = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._write_lock = asyncio.Lock()
         self._closing = False
@@ -84,14 +149,32 @@ class ClientConnection(asyncio.Protocol):
 
     # --- asyncio.Protocol -------------------------------------------------------
 
+    @property
+    def authentication_required(self) -> bool:
+        return self._auth is not None
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        self.handlers.stats.connection_opened()
+        stats = self.handlers.stats
+        if stats.connections >= self.limits.max_connections:
+            _log_refusal(self.peer, stats.connections, self.limits.max_connections)
+            self._closing = True
+            transport.close()
+            return
+        stats.connection_opened()
+        self._counted = True
+        # pause_writing fires once this much is queued: reading stops until the peer drains.
+        self.transport.set_write_buffer_limits(high=self.limits.max_queued_reply_bytes)
+        self._arm_watchdog()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        if not self._counted:
+            return  # refused in connection_made: it never was a connection of ours
         self.handlers.stats.connection_closed()
         self.handlers.connection_closed(self)
         for task in list(self._tasks):
@@ -100,36 +183,102 @@ class ClientConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._drained.clear()
+        self._update_flow()
 
     def resume_writing(self) -> None:
         self._drained.set()
+        self._update_flow()
 
     def data_received(self, data: bytes) -> None:
+        self._last_activity = time.monotonic()
         self.decoder.receive_data(data)
+        self._process_batch()
+
+    def _process_batch(self) -> None:
         self._out = []
+        self._out_bytes = 0
         try:
             self._process_events()
         finally:
             self._flush_out()
         if self._text_answered and not self._closing:
             self.close()
+            return
+        self._update_flow()
+
+    # --- bounded resources ------------------------------------------------------------
+
+    def _over_limits(self) -> bool:
+        """Too much of this peer's work is pending: answer what we have before reading more."""
+        if len(self._tasks) >= self.limits.max_in_flight:
+            return True
+        queued = self._out_bytes + (self.transport.get_write_buffer_size() if self.transport is not None else 0)
+        return queued >= self.limits.max_queued_reply_bytes
+
+    def _update_flow(self) -> None:
+        """Pause reading over the limits; below them resume, and process what is already buffered."""
+        transport = self.transport
+        if transport is None or self._closing or transport.is_closing():
+            return
+        if self._over_limits():
+            if not self._reading_paused:
+                self._reading_paused = True
+                transport.pause_reading()
+            return
+        if self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+            if self.decoder.buffered:
+                self._process_batch()
+
+    def _task_done(self, task: "asyncio.Task[None]") -> None:
+        self._tasks.discard(task)
+        self._last_activity = time.monotonic()
+        if self._reading_paused:
+            self._update_flow()
+
+    def _arm_watchdog(self) -> None:
+        self._watchdog = asyncio.get_running_loop().call_later(self.limits.watchdog_interval_s, self._check_timeouts)
+
+    def _check_timeouts(self) -> None:
+        if self._closing:
+            return
+        now = time.monotonic()
+        limits = self.limits
+        if self._partial_since is not None and limits.body_timeout_s > 0 and now - self._partial_since > limits.body_timeout_s:
+            log.warning(
+                "closing connection from %s: a request has been arriving for over %.0f s (%d bytes so far; requestBodyTimeoutMs)",
+                self.peer, limits.body_timeout_s, self.decoder.buffered,
+            )
+            self.close()
+            return
+        idle = not self._tasks and self._partial_since is None
+        if idle and limits.idle_timeout_s > 0 and now - self._last_activity > limits.idle_timeout_s:
+            log.info("closing connection from %s: idle for %.0f s (connectionIdleTimeoutMs)", self.peer, limits.idle_timeout_s)
+            self.close()
+            return
+        self._arm_watchdog()
 
     def eof_received(self) -> bool | None:
         self.decoder.receive_data(b"")
-        self._out = []
-        try:
-            self._process_events()
-        finally:
-            self._flush_out()
+        self._process_batch()
         return False
 
     # --- dispatch -------------------------------------------------------------------
 
     def _process_events(self) -> None:
         while not self._closing:
+            if self._over_limits():
+                return  # the rest stays in the decoder until the peer drains (_update_flow)
             event = self.decoder.next_event()
             if event is NEED_DATA:
+                # Bytes of an incomplete frame wait here: they must complete in time (slowloris).
+                if not self.decoder.buffered:
+                    self._partial_since = None
+                elif self._partial_since is None:
+                    self._partial_since = time.monotonic()
                 return
+            self._partial_since = None
             if event is CLOSED:
                 self.close()
                 return
@@ -158,6 +307,16 @@ class ClientConnection(asyncio.Protocol):
                 return
 
     def _dispatch_frame(self, frame: Frame) -> None:
+        header = frame.header
+        if header.get("op") == AUTH_OP:
+            self._authenticate(header)
+            return
+        if self.security is not None and self.security.authorizer is not None:
+            denial = self._denial(header)
+            if denial is not None:
+                opaque = header.get("opaque") if isinstance(header.get("opaque"), int) else None
+                self.send_reply(c.reply_header(opaque, c.FORBIDDEN, denial))
+                return
         try:
             request = c.parse_request(frame)
         except c.RequestError as exc:
@@ -169,6 +328,33 @@ class ClientConnection(asyncio.Protocol):
             return
         request.origin = self
         self._run(request, self.handlers.handle(request))
+
+    def _denial(self, header: dict[str, Any]) -> str | None:
+        """Why this connection's principal may not make this request, or None."""
+        assert self.security is not None and self.security.authorizer is not None
+        need = required_operation(header)
+        if need is None:
+            return None
+        return self.security.authorizer.denial(self.principal, *need)
+
+    def _authenticate(self, header: dict[str, Any]) -> None:
+        """One step of the SCRAM handshake (metaq/security/handshake.py)."""
+        opaque = header.get("opaque") if isinstance(header.get("opaque"), int) else -1
+        if self._auth is None:
+            self.send_reply(c.reply_header(opaque, c.BAD_REQUEST, "auth: security is not enabled on this broker"))
+            return
+        failed = False
+        for event in self._auth.receive(header):
+            if isinstance(event, handshake.SendReply):
+                self.send_reply(auth_reply(event.reply, opaque))
+            elif isinstance(event, handshake.Authenticated):
+                self.principal = event.principal
+                log.info("connection from %s authenticated as %s", self.peer, event.principal)
+            elif isinstance(event, handshake.Failed):
+                log.warning("authentication from %s failed: %s", self.peer, event.error)
+                failed = True
+        if failed:
+            self.close()
 
     def _dispatch_text(self, line: TextLine) -> None:
         if not line.words:
@@ -182,6 +368,12 @@ class ClientConnection(asyncio.Protocol):
         if request.op == "quit":
             self.close()
             return
+        if self.security is not None and self.security.authorizer is not None:
+            # A text line cannot authenticate: with security on only `version` answers.
+            denial = self._denial({"op": request.op, "item": getattr(request, "item", "")})
+            if denial is not None:
+                self._write(f"ERROR {denial}\r\n".encode())
+                return
         self._run(request, self.handlers.handle_text(request), text=True)
 
     def _run(self, request: c.Request, result: Any, text: bool = False) -> None:
@@ -189,7 +381,7 @@ class ClientConnection(asyncio.Protocol):
         if isinstance(result, Awaitable):
             task = asyncio.ensure_future(self._finish(request, result, text))
             self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(self._task_done)
         else:
             self._emit(request, result, text)
 
@@ -216,7 +408,7 @@ class ClientConnection(asyncio.Protocol):
         if isinstance(body, FileBody):
             task = asyncio.ensure_future(self.send_file_reply(header, body))
             self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(self._task_done)
         else:
             self.send_reply(header, body)
 
@@ -225,6 +417,7 @@ class ClientConnection(asyncio.Protocol):
     def _write(self, data: bytes) -> None:
         if self._out is not None:
             self._out.append(data)
+            self._out_bytes += len(data)
         elif self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
 
@@ -238,7 +431,7 @@ class ClientConnection(asyncio.Protocol):
             # A file body is on its way out; queue behind it to keep frames whole.
             task = asyncio.ensure_future(self._locked_send(header, body))
             self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(self._task_done)
         else:
             self._write(encode_frame(header, body))
 
@@ -272,6 +465,18 @@ class ClientConnection(asyncio.Protocol):
         self._flush_out()  # replies (e.g. the 400 before a close) go out first
         if self.transport is not None:
             self.transport.close()
+
+
+_last_refusal_log = 0.0
+
+
+def _log_refusal(peer: str, open_now: int, limit: int) -> None:
+    """One line per second at most: a connection flood must not become a log flood."""
+    global _last_refusal_log
+    now = time.monotonic()
+    if now - _last_refusal_log >= 1.0:
+        _last_refusal_log = now
+        log.warning("refusing connection from %s: %d connections open (maxConnections=%d)", peer, open_now, limit)
 
 
 def _loop_has_sendfile(loop: asyncio.AbstractEventLoop) -> bool:

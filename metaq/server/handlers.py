@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Protocol
 
 from .. import __version__
@@ -25,17 +26,20 @@ from ..ha.node import HaNode
 from ..ha.sync_set import SyncWaitFailed
 from ..protocol import commands as c
 from ..record import RecordError, stamp_msg_ids, validate_batch
-from ..store.log import OffsetOutOfRange
+from ..store.log import OffsetOutOfRange, SegmentVanished
 from ..store.manager import MessageStoreManager, UnknownPartition, UnknownTopic
 from ..store.msgid import MsgIdGenerator
 from ..store.refused import RefusedLog
 from . import stats as stats_text
 from .connection import FileBody
+from .registry import BrokerRegistry
 from .stats import BrokerStats
 from .waiters import EndWaiters
 
 if TYPE_CHECKING:
     from ..store.log import PartitionLog
+
+logger = logging.getLogger(__name__)
 
 MAX_BATCH_COUNT = 4096
 MAX_CHECKSUM_RANGE = 256 * 1024 * 1024
@@ -53,6 +57,7 @@ class ServedBroker(Protocol):
     waiters: EndWaiters
     ids: MsgIdGenerator | None
     ha: HaNode
+    registry: BrokerRegistry | None
 
     def topic_config(self, topic: str) -> TopicConfig | None: ...
 
@@ -142,6 +147,8 @@ class RequestHandlers:
             offset = log.append(body)
         except OSError as exc:
             self.stats.partition(req.topic, partition).put_failed += count
+            if not isinstance(exc, SegmentVanished):  # that one the store has logged, once
+                logger.error("append of %d messages to %s-%d failed: %s", count, req.topic, partition, exc)
             raise c.RequestError(c.INTERNAL_ERROR, f"append to {req.topic}-{partition} failed: {exc.strerror}") from None
         end = offset + len(body)
         counters = self.stats.partition(req.topic, partition)
@@ -167,6 +174,7 @@ class RequestHandlers:
         except SyncWaitFailed as exc:
             return c.reply_header(req.opaque, exc.code, exc.message, partition=partition), b""
         except OSError as exc:
+            logger.error("flush of %s-%d failed, put not acked: %s", req.topic, partition, exc)
             return c.reply_header(req.opaque, c.INTERNAL_ERROR, f"flush of {req.topic}-{partition} failed: {exc}"), b""
         return reply, b""
 
@@ -209,12 +217,28 @@ class RequestHandlers:
         return header, b""
 
     def _replica_progress(self, req: c.Request, log_end: int) -> None:
-        """A slave's fetch or position report: fence by epoch, then record where it is."""
+        """A slave's fetch or position report: check who sends it, fence by epoch, record where it is."""
         replica = req.replica
-        self._check_replica_epoch(replica)
         slave_id = replica.get("slave_id")
-        if isinstance(slave_id, int):
-            self.broker.ha.replica_fetched(slave_id, replica["epoch"], req.topic, req.partition, log_end, req.origin)
+        if not isinstance(slave_id, int) or isinstance(slave_id, bool) or slave_id < 0:
+            raise c.RequestError(c.BAD_REQUEST, "replica needs a non-negative integer 'slave_id'")
+        self._check_registered_slave(slave_id)
+        self._check_replica_epoch(replica)
+        self.broker.ha.replica_fetched(slave_id, replica["epoch"], req.topic, req.partition, log_end, req.origin)
+
+    def _check_registered_slave(self, slave_id: int) -> None:
+        """Replication progress and reads past the committed offset only for a slave ZooKeeper names.
+
+        With security on the connection has already proved it is a broker of this group
+        (connection.py); this holds with security off too: a phantom slave id (one that is
+        not registered as ``slave{k}`` of this group) is refused, so it never joins the sync
+        set and never reads bytes that a failover may take back.
+        """
+        registry = self.broker.registry
+        if registry is None or slave_id not in registry.slave_ids:
+            raise c.RequestError(
+                c.FORBIDDEN, f"slave{slave_id} is not registered in ZooKeeper for broker {self.broker.config.broker_id}"
+            )
 
     def _check_replica_epoch(self, replica: dict[str, Any]) -> None:
         """Replication only between a master and slaves of the same epoch (fencing)."""
@@ -225,7 +249,7 @@ class RequestHandlers:
         if not isinstance(epoch, int):
             raise c.RequestError(c.BAD_REQUEST, "replica fetch needs an integer 'epoch'")
         if epoch > ha.epoch:
-            ha.saw_higher_epoch()
+            ha.saw_higher_epoch(epoch)  # checked against ZooKeeper: a claim alone never fences
             raise c.RequestError(c.FORBIDDEN, f"stale master: epoch {ha.epoch} < the slave's epoch {epoch}")
         if epoch < ha.epoch:
             raise c.RequestError(c.FORBIDDEN, f"stale epoch {epoch}: the master is in epoch {ha.epoch}; re-sync")

@@ -9,6 +9,14 @@ One idea does all the writing: the registry knows which ephemeral nodes should e
 (``desired``) and which it has created in the current session (``registered``), and
 ``_sync`` makes ZooKeeper match. Start, topic changes, checksum changes, re-registration
 after a session expiry and deregistration are all that one step with different inputs.
+
+With security on (``ZkSecurity``) the session logs in with the group's digest
+credentials, ``ensure_tree`` runs once per session (the shared directories and the
+group node with their ACLs), and every node is created with the ACL of its kind, its
+missing parents too: only the group's brokers can write the group's nodes.
+
+The registry also watches which slaves are registered (``slave_ids``): the master
+accepts replication progress only from those (server/handlers.py).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
 from kazoo.client import KazooClient, KazooState
+from kazoo.protocol.states import EventType, WatchedEvent
 from kazoo.exceptions import (
     ConnectionLoss,
     KazooException,
@@ -36,7 +45,8 @@ from kazoo.retry import KazooRetry, RetryFailedError
 
 from metaq.addresses import broker_url
 from metaq.config import TopicConfig, ZkConfig
-from metaq.zk.paths import ZkPaths, topic_node_data
+from metaq.zk.acl import ZkSecurity, client_kwargs
+from metaq.zk.paths import ZkPaths, slave_node_id, topic_node_data
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +97,8 @@ class BrokerRegistry:
         role: str | int | None = MASTER,
         *,
         paths: ZkPaths | None = None,
+        security: ZkSecurity | None = None,
+        on_slaves_changed: Callable[[frozenset[int]], Any] | None = None,
     ) -> None:
         self.zk = zk
         self.broker_id = broker_id
@@ -97,6 +109,11 @@ class BrokerRegistry:
         self.url = broker_url(host, port)
         self._topics = dict(topics)
         self._checksum = config_checksum
+        self.security = security
+        #: The slave ids registered under our group node now (a ZooKeeper children watch).
+        self.slave_ids: frozenset[int] = frozenset()
+        self._slaves_watched = False
+        self.on_slaves_changed = on_slaves_changed
 
         self.on_session_lost: Callable[[], Any] | None = None
         self.on_session_suspended: Callable[[], Any] | None = None
@@ -112,6 +129,7 @@ class BrokerRegistry:
             timeout=session_timeout_s,
             # Reconnect quickly and forever: a broker must not give up on ZooKeeper.
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=1.5, max_delay=1.0),
+            **client_kwargs(security),
         )
         # Retries single operations over connection loss, but lets an expiry through:
         # a new session means a full re-registration, not a retried call.
@@ -271,14 +289,32 @@ class BrokerRegistry:
             return False
         # Nodes of an expired session are gone: start from nothing.
         self._registered = {}
+        if self.security is not None:
+            self.security.ensure_tree(self._client)
         self._ensure_broker_parent()
+        self._watch_slaves()
         self._sync()
         self._registered_session = session
         return True
 
+    def _watch_slaves(self) -> None:
+        """Keep ``slave_ids`` equal to the ``slave{k}`` children of our group node (kazoo re-arms it)."""
+        if self._slaves_watched:
+            return
+        self._slaves_watched = True
+
+        def update(children: list[str]) -> None:
+            self.slave_ids = frozenset(k for k in map(slave_node_id, children) if k is not None)
+            self._notify(self.on_slaves_changed, self.slave_ids)
+
+        self._client.ChildrenWatch(self.paths.broker(self.broker_id), update)
+
     def _ensure_broker_parent(self) -> None:
         parent = self.paths.broker(self.broker_id)
-        self._retry(self._client.ensure_path, parent)
+        if self.security is not None:
+            self._retry(self.security.ensure_parents, self._client, parent + "/x")
+        else:
+            self._retry(self._client.ensure_path, parent)
         if self._registers_master:
             # MetaQ writes the master url here too, for clients older than 1.4.
             self._retry(self._client.set, parent, self.url.encode())
@@ -327,7 +363,7 @@ class BrokerRegistry:
         deadline: float | None = None
         while not self._stopping:
             try:
-                self._retry(self._client.create, path, data, ephemeral=True, makepath=True)
+                self._create_ephemeral(path, data)
                 return
             except NodeExistsError:
                 pass
@@ -355,6 +391,38 @@ class BrokerRegistry:
             gone = threading.Event()
             if self._retry(self._client.exists, path, watch=lambda event: gone.set()) is not None:
                 gone.wait(min(0.5, deadline - now))
+
+    def _create_ephemeral(self, path: str, data: bytes) -> None:
+        if self.security is None:
+            self._retry(self._client.create, path, data, ephemeral=True, makepath=True)
+        else:
+            # Each missing parent gets the ACL of its kind (makepath would lock shared ones to us).
+            self._retry(self.security.create, self._client, path, data, ephemeral=True)
+        self._retry(self._client.exists, path, watch=self._node_event)
+
+    def _node_event(self, event: WatchedEvent) -> None:
+        """One of our nodes was deleted: by us (nothing to do), or by another client (ZooKeeper
+        lets any client withdraw an entry of a shared directory). Runs on kazoo's thread, so
+        the check runs on the registry's worker, after whatever step deleted it."""
+        if event.type != EventType.DELETED or self._stopping:
+            return
+        try:
+            self._worker.submit(self._restore, event.path)
+        except RuntimeError:
+            pass  # worker shut down: we are stopping
+
+    def _restore(self, path: str) -> None:
+        """Register ``path`` again if it is still ours to have and someone else removed it."""
+        if self._stopping or path not in self._registered:
+            return  # withdrawn by us (the step that deleted it also forgot it)
+        try:
+            if self._retry(self._client.exists, path) is not None:
+                return
+        except KazooException:
+            return  # ZooKeeper away: the reconnection re-registers everything
+        log.warning("%s was deleted by another ZooKeeper client; registering it again", path)
+        del self._registered[path]
+        self._sync_or_defer()
 
     def _delete_own(self, path: str) -> None:
         """Delete ``path`` only if this session owns it: never remove another broker's node."""

@@ -61,8 +61,10 @@ def test_consumers_never_see_uncommitted_bytes(broker_factory):
 
     # A replica fetch reads up to the log end...
     epoch = request(master, {"op": "topics"}).get("epoch", 0)
-    replica = request(master, {**get, "replica": {"slave_id": 9, "epoch": epoch, "log_end": 0}})
+    replica = request(master, {**get, "replica": {"slave_id": 0, "epoch": epoch, "log_end": 0}})
     assert replica.code == c.OK and len(replica.body) == end
+    # ...for a slave ZooKeeper names only: a phantom slave id reads nothing.
+    assert request(master, {**get, "replica": {"slave_id": 9, "epoch": epoch, "log_end": 0}}).code == c.FORBIDDEN
     # ...the slave has the bytes, but consumers of either broker get nothing yet.
     wait_for(lambda: bounds(slave, "orders", 0)[1] == end, 10, "the slave to copy the bytes")
     for broker in (master, slave):

@@ -193,3 +193,36 @@ def test_a_promoted_broker_started_with_slave_answers_as_the_master():
     assert slave.master is not None and slave.master.role == "master" and slave.master.epoch == 5
     assert node.role_name == "master" and node.acting_master
     assert node.progress.position(1, "t", 0) == 400, "the promoted master records its slaves' progress"
+
+
+# --- trust: signed heartbeats, unknown slaves, made-up partitions -----------------------------
+
+KEY = b"k" * 32
+
+
+def test_with_a_group_key_only_signed_heartbeats_count_and_answers_are_signed() -> None:
+    ha = fake_ha()
+    responder = HeartbeatResponder(3, ha, lambda: LOGS, "127.0.0.1", 0, key=KEY)
+    assert responder.handle(slave_message(), ("127.0.0.1", 9)) is None, "unsigned"
+    forged = msgpack.unpackb(slave_message(), raw=False)
+    assert responder.handle(encode({**forged, "mac": b"x" * 32}), ("127.0.0.1", 9)) is None, "wrong MAC"
+    assert ha.heard == [] and "MAC" in str(responder.last_bad)
+    slave = SlaveHeartbeat(3, 1, lambda: 2, lambda: {("t", 0): 400}, key=KEY)
+    answer = responder.handle(slave.message(), ("127.0.0.1", 9))
+    assert ha.heard == [1] and answer is not None
+    slave.handle(answer)
+    assert slave.master is not None and slave.bad == 0
+    other_group = SlaveHeartbeat(3, 1, lambda: 2, lambda: {}, key=b"o" * 32)
+    other_group.handle(answer)
+    assert other_group.master is None and other_group.bad == 1
+
+
+def test_heartbeats_from_unregistered_slaves_or_for_unknown_partitions_leave_no_state() -> None:
+    ha = fake_ha()
+    responder = HeartbeatResponder(3, ha, lambda: LOGS, "127.0.0.1", 0, known_slave=lambda slave_id: slave_id == 1)
+    for slave_id in range(2, 500):
+        assert responder.handle(slave_message(slave_id=slave_id), ("127.0.0.1", 9)) is None
+    junk = {f"fake{n}/0": n for n in range(2000)}
+    responder.handle(slave_message(log_ends={**junk, "t/0": 400}), ("127.0.0.1", 9))
+    assert set(ha.progress.slaves) == {1}
+    assert set(ha.progress.positions) == {(1, "t", 0)}

@@ -7,9 +7,11 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from metaq import record
 from metaq.client.connection import Reply
-from metaq.ha.truncation import divergence_point
+from metaq.ha.truncation import TruncationRefused, divergence_point
 from metaq.protocol import commands as c
 from metaq.store.log import PartitionLog
 
@@ -21,13 +23,18 @@ class NoEpochs:
 class FakeMaster:
     """Answers like the broker's handlers: checksum refuses ranges before the log start."""
 
-    def __init__(self, log: PartitionLog) -> None:
+    address = "127.0.0.1:1"
+
+    def __init__(self, log: PartitionLog, epoch_end: int | None = None) -> None:
         self.log = log
+        self.epoch_end = epoch_end  # answers epoch_end with this offset (a master of epoch 1)
 
     async def request(self, header: dict[str, Any], body: bytes = b"", timeout: float | None = None) -> Reply:
         log = self.log
         if header["op"] == "offset":
             return Reply({"code": c.OK, "offset": log.min_offset, "min_offset": log.min_offset, "max_offset": log.log_end}, bytearray())
+        if header["op"] == "epoch_end":
+            return Reply({"code": c.OK, "epoch": 1, "end_offset": self.epoch_end}, bytearray())
         assert header["op"] == "checksum", header
         start, end = header["start"], min(header["end"], log.log_end)
         if start < log.min_offset or start > end:
@@ -45,8 +52,8 @@ def new_log(path: Path, chunks: list[bytes], start: int = 0) -> PartitionLog:
     return log
 
 
-def cut(ours: PartitionLog, master: PartitionLog) -> int:
-    return asyncio.run(divergence_point(FakeMaster(master), "t", 0, ours, NoEpochs()))  # type: ignore[arg-type]
+def cut(ours: PartitionLog, master: PartitionLog, floor: int = 0) -> int:
+    return asyncio.run(divergence_point(FakeMaster(master), "t", 0, ours, NoEpochs(), floor))  # type: ignore[arg-type]
 
 
 def test_the_cut_is_the_end_of_the_longest_common_prefix(tmp_path: Path) -> None:
@@ -69,3 +76,32 @@ def test_nothing_in_common_cuts_everything(tmp_path: Path) -> None:
     ours = new_log(tmp_path / "ours", records("ours", 20))
     master = new_log(tmp_path / "master", records("master", 20))
     assert cut(ours, master) == 0
+
+
+# --- defense in depth: a master that does not hold our committed bytes ---------------------------
+
+
+class OneEpoch:
+    entries = [(1, 0)]
+    latest_epoch = 1
+
+    def end_offset_for(self, epoch: int, log_end: int) -> tuple[int, int]:
+        return 1, log_end
+
+
+def test_nothing_in_common_below_the_committed_offset_is_refused(tmp_path: Path) -> None:
+    ours = new_log(tmp_path / "ours", records("ours", 20))
+    master = new_log(tmp_path / "master", records("master", 20))
+    committed = len(b"".join(records("ours", 20)[:10]))
+    with pytest.raises(TruncationRefused, match="refusing to truncate"):
+        cut(ours, master, floor=committed)
+    assert ours.log_end == len(b"".join(records("ours", 20)))
+
+
+def test_an_epoch_end_of_zero_is_not_verified_by_an_empty_range(tmp_path: Path) -> None:
+    """A fake master answering epoch_end 0 once made a slave drop its whole log (the empty CRC check passed)."""
+    ours = new_log(tmp_path / "ours", records("ours", 20))
+    fake = new_log(tmp_path / "fake", [])
+    refused = divergence_point(FakeMaster(fake, epoch_end=0), "t", 0, ours, OneEpoch(), 500)  # type: ignore[arg-type]
+    with pytest.raises(TruncationRefused):
+        asyncio.run(refused)

@@ -133,10 +133,15 @@ def test_missing_files_refuse_to_start_with_one_line(secured: Path) -> None:
         load_broker_security(load_server_ini(secured / "server.ini"))
 
 
-@pytest.mark.parametrize("extra", ["securityEnabled=true", "tlsCertFile=a.crt\ntlsKeyFile=a.key"])
-def test_broker_fails_closed_while_security_is_not_enforced(tmp_path: Path, extra: str, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "extra, named", [("securityEnabled=true", "group.secret: cannot read"), ("tlsCertFile=a.crt\ntlsKeyFile=a.key", "a.crt")]
+)
+def test_broker_with_a_missing_security_file_stops_with_one_line(
+    tmp_path: Path, extra: str, named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     from metaq.cli import main
 
     (tmp_path / "server.ini").write_bytes(ini(extra))
     assert main(["broker", "-c", str(tmp_path / "server.ini")]) == 1
-    assert "does not enforce them yet" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert named in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err

@@ -4,6 +4,8 @@ loopback socket, driven by the client's BrokerConnection."""
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
 import contextlib
 import time
 from pathlib import Path
@@ -65,6 +67,16 @@ async def running(tmp_path: Path, before_start=None) -> AsyncIterator[tuple[Brok
 
 def run(coro: Any) -> Any:
     return asyncio.run(coro)
+
+
+class RegisteredSlaves:
+    """Stands in for the ZooKeeper registry of a broker started without ZooKeeper: which slaves it names."""
+
+    def __init__(self, *slave_ids: int) -> None:
+        self.slave_ids = frozenset(slave_ids)
+
+    async def stop(self, sync_time_ms: int | None = None) -> None:
+        pass
 
 
 def put_header(topic: str, partition: int = 0) -> dict[str, Any]:
@@ -186,6 +198,7 @@ def test_offset_below_the_log_start_is_a_301_with_the_log_start(tmp_path: Path) 
 def test_consumers_see_only_flushed_bytes_in_interval_mode_but_replicas_see_the_log_end(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with running(tmp_path) as (broker, conn):
+            broker.registry = RegisteredSlaves(0)
             put = await conn.request(put_header("lazy"), record.encode_record(b"not yet flushed"))
             assert put.code == 200, "interval mode acks at once"
             get = {"op": "get", "topic": "lazy", "partition": 0, "offset": 0}
@@ -210,6 +223,7 @@ def test_consumers_see_only_flushed_bytes_in_interval_mode_but_replicas_see_the_
 def test_position_reports_a_slaves_log_end_and_refuses_bad_reports(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with running(tmp_path) as (broker, conn):
+            broker.registry = RegisteredSlaves(4)
             put = await conn.request(put_header("gc"), record.encode_batch([(b"x" * 10, None)] * 3))
             end = put["end_offset"]
             position = {"op": "position", "topic": "gc", "partition": 0}
@@ -223,6 +237,8 @@ def test_position_reports_a_slaves_log_end_and_refuses_bad_reports(tmp_path: Pat
                 ({**position, "replica": {"slave_id": 4, "epoch": 0, "log_end": -1}}, 400, "log_end"),
                 ({**position, "replica": {"slave_id": 4, "log_end": 0}}, 400, "epoch"),
                 ({**position, "replica": {"slave_id": 4, "epoch": 9, "log_end": 0}}, 403, "epoch"),
+                ({**position, "replica": {"slave_id": 99, "epoch": 0, "log_end": 0}}, 403, "not registered"),
+                ({**position, "replica": {"slave_id": "4", "epoch": 0, "log_end": 0}}, 400, "slave_id"),
                 ({**position, "topic": "nope", "replica": {"slave_id": 4, "epoch": 0, "log_end": 0}}, 404, "nope"),
             ]
             for header, code, word in bad:
@@ -337,3 +353,20 @@ def test_stats_over_a_fresh_broker_create_no_surprises(tmp_path: Path, item: str
             assert reply.code == 200 and bytes(reply.body).endswith(b"END\r\n")
 
     run(scenario())
+
+
+def test_a_failed_append_is_answered_500_and_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> None:
+        async with running(tmp_path) as (broker, conn):
+            log = broker.store.get_log("gc", 0)
+
+            def disk_full(_body: bytes) -> int:
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+            log.append = disk_full  # type: ignore[method-assign]
+            reply = await conn.request(put_header("gc"), record.encode_record(b"x"))
+            assert reply.code == 500 and "No space left" in reply.message
+
+    with caplog.at_level(logging.ERROR, logger="metaq.server.handlers"):
+        run(scenario())
+    assert any("append of 1 messages to gc-0 failed" in r.getMessage() for r in caplog.records)

@@ -1,0 +1,38 @@
+"""Connections from one broker of a group to another (a slave to its master): TLS and authentication.
+
+With security on, a slave trusts a master only once the SCRAM handshake has succeeded:
+SCRAM is mutual, and the server's final signature proves it holds the group secret, so a
+fake master registered in ZooKeeper (or a stray process at the master's address) fails
+here, before a single byte of it is appended, truncated against or adopted as config.
+Which broker is master is ZooKeeper's word (the master node, writable only by the group
+with ZooKeeper ACLs on); this module proves the broker at that address is of the group.
+"""
+
+from __future__ import annotations
+
+from ..addresses import parse_broker_url
+from ..client.connection import BrokerConnection
+from .host import BrokerHost
+
+
+def member_name(slave_id: int | None) -> str:
+    """How this broker names itself to its group (logged by the peer; the group secret is the proof)."""
+    return f"slave{slave_id}" if slave_id is not None else "master"
+
+
+async def open_peer(host: BrokerHost, url: str, slave_id: int | None, timeout: float = 5.0) -> BrokerConnection:
+    """A connection to the group's broker at ``url``, over TLS and authenticated when security is on.
+
+    Raises ConnectionClosed (AuthenticationFailed when the peer is not a broker of our group).
+    """
+    address, port = parse_broker_url(url)
+    security = host.security
+    if not security.authentication_required:
+        return await BrokerConnection.open(address, port, timeout, ssl=security.peer_client_context())
+    return await BrokerConnection.open(
+        address,
+        port,
+        timeout,
+        ssl=security.peer_client_context(),
+        authenticator=security.broker_authenticator(member_name(slave_id)),
+    )

@@ -1,0 +1,69 @@
+"""Helpers for the trust tests (test_trust_*.py): a secured group's files, and a hostile peer's tools."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from metaq.client.connection import BrokerConnection, Reply
+from metaq.security.credentials import SecurityFile
+from metaq.security.group import GroupSecret, write_group_secret
+from metaq.security.handshake import ClientAuthenticator
+from metaq.tools.launcher import BrokerProcess
+
+PASSWORDS = {"app": "app-password", "ops": "ops-password", "reader": "reader-password"}
+
+
+@dataclass
+class SecuredGroup:
+    """The security file and group secret of one group, and the server.ini keys that point at them."""
+
+    directory: Path
+    broker_id: int = 0
+
+    def __post_init__(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.secret_file = self.directory / "group.secret"
+        self.users_file = self.directory / "security.ini"
+        if not self.secret_file.exists():
+            write_group_secret(self.secret_file)
+        users = SecurityFile({}, str(self.users_file))
+        users.add_user("app", PASSWORDS["app"], produce="*", consume="*", iterations=4096)
+        users.add_user("ops", PASSWORDS["ops"], admin=True, iterations=4096)
+        users.add_user("reader", PASSWORDS["reader"], consume="t", iterations=4096)
+        users.save()
+
+    @property
+    def system(self) -> dict[str, Any]:
+        return {"securityEnabled": True, "securityConfig": str(self.users_file), "groupSecretFile": str(self.secret_file)}
+
+    def zk_password(self) -> str:
+        return GroupSecret.load(self.secret_file, self.broker_id).zookeeper_password()
+
+
+async def open_as(broker: BrokerProcess, user: str | None) -> BrokerConnection:
+    """A connection to ``broker``, logged in as ``user`` (None: not authenticated)."""
+    authenticator = ClientAuthenticator(user, PASSWORDS[user]) if user else None
+    return await BrokerConnection.open(*broker.address, authenticator=authenticator)
+
+
+async def request_as(broker: BrokerProcess, user: str | None, header: dict[str, Any], body: bytes = b"") -> Reply:
+    conn = await open_as(broker, user)
+    try:
+        return await conn.request(header, body, timeout=30)
+    finally:
+        conn.close()
+
+
+def rss_mb(pid: int) -> float:
+    """A process's resident set size, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
