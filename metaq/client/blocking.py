@@ -199,6 +199,9 @@ class MessageProducer:
         it all (topic not read yet, a broker being skipped, no partition, a failing selector).
         """
         aio = self.aio
+        credentials = aio.config.credentials
+        if credentials.user is not None or credentials.tls_ca_file is not None:
+            return None  # this thread's plain socket cannot log in or speak TLS: the pooled path does
         first = messages[0]
         topic = first.topic
         snapshot = aio.cluster.snapshot

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from metaq.client.blocking import LoopThread, MessageProducer
+from metaq.client.connection import Credentials
 from metaq.client.direct import NoReply, NotSent
 from metaq.client.message import Message
 from metaq.client.producer import AsyncMessageProducer
@@ -84,3 +85,13 @@ def test_send_message_queues_behind_pending_send_message_async() -> None:
     assert all(f.result(timeout=5).success for f in futures) and last.success
     # Not put directly ahead of them: it went through the loop, after them in the partition.
     assert direct.puts == [] and last.offset > max(f.result().offset for f in futures)
+
+
+def test_with_credentials_every_send_takes_the_pooled_path() -> None:
+    """The direct path's plain per-thread socket cannot log in or speak TLS: it is skipped."""
+    producer, direct, pool, runner = blocking_producer([], credentials=Credentials(user="app", password="pw"))
+    try:
+        result = producer.send_message(Message("t", b"x"))
+    finally:
+        runner.stop()
+    assert result.success and direct.puts == [] and len(pool.log) == 1
