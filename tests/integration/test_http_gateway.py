@@ -262,7 +262,10 @@ def test_fetch_sees_only_committed_messages(broker_factory, zk, zk_root, zk_clie
         poller.join(20)
         assert outcome["reply"][0] == 200, outcome
         status, page = get_json(f"{gateway.url}/topics/{FO_TOPIC}/partitions/0-0/messages?offset={end}&encoding=utf-8")
-        assert [m["data"] for m in page["messages"]] == ["pending"]
+        # At least once: if the paused slave's ZooKeeper session lapsed under load, the put's
+        # outcome was unknown and the client resent it; the visibility rule is what is tested.
+        data = [m["data"] for m in page["messages"]]
+        assert data and set(data) == {"pending"}, data
     finally:
         slave.resume()
         if poller is not None:

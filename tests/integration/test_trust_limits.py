@@ -14,7 +14,9 @@ from __future__ import annotations
 import socket
 import time
 
-from metaq.protocol.frames import encode_frame, encode_frame_head
+from metaq.protocol.frames import NEED_DATA, Frame, FrameDecoder, encode_frame, encode_frame_head
+from metaq.protocol.messages import StatsRequest
+from metaq.protocol.replies import StatsReply
 from metaq.tools.launcher import wait_until
 
 from .replication_support import put
@@ -72,7 +74,7 @@ def test_connections_past_the_limit_are_refused_with_a_log_line(broker_factory) 
     broker = broker_factory(0, {TOPIC: 1}, {"maxConnections": 4})
     held = [socket.create_connection(broker.address) for _ in range(4)]
     try:
-        wait_until(lambda: "curr_connections 4" in _stats_via(held[0]), 5, message="4 connections counted")
+        wait_until(lambda: _connections_counted(held[0]) == 4, 5, message="4 connections counted")
         extra = socket.create_connection(broker.address)
         assert closed_by_peer(extra, 5)
         extra.close()
@@ -85,8 +87,15 @@ def test_connections_past_the_limit_are_refused_with_a_log_line(broker_factory) 
         assert again.recv(100).startswith(b"metaq-py"), "freed slots are usable again"
 
 
-def _stats_via(sock: socket.socket) -> str:
+def _connections_counted(sock: socket.socket) -> int:
+    """``curr_connections`` asked over a held connection (binary stats: a plain-text answer would close it)."""
     sock.settimeout(5)
-    sock.sendall(b"stats\r\n")
-    time.sleep(0.2)
-    return sock.recv(65536).decode(errors="replace")
+    sock.sendall(encode_frame(StatsRequest(format="map").to_header() | {"opaque": 1}))
+    decoder = FrameDecoder(max_body=1 << 20)
+    while True:
+        event = decoder.next_event()
+        if isinstance(event, Frame):
+            return int(StatsReply.of(event).get("curr_connections"))
+        if event is not NEED_DATA:
+            raise AssertionError(f"unexpected reply event {event!r}")
+        decoder.receive_data(sock.recv(65536))
