@@ -7,6 +7,9 @@ Three ways to receive, per subscribed topic:
 * no listener: the application iterates, ``async for message in consumer`` (or
   ``getmany()`` for a fetch's messages at once), as with aiokafka or kafka-python.
 
+A subscription's message filter (filters.py) drops messages before any of these; the
+position still moves past them.
+
 Delivery is at least once. A partition's position is advanced only after its listener
 returned for a message (a batch listener: for the batch; or, after ``max_retries``
 failures, after the messages were written to the recover store). An iterated batch
