@@ -1,4 +1,8 @@
-"""``metaq consume --zk Z --topic T --group G [--read-from ...] [--max N] [--from-beginning]``.
+"""``metaq consume --zk Z --topic T --group G [--read-from ...] [--max N] [--from-max-offset]``.
+
+A group without stored offsets starts at the oldest message (MetaQ's rule), at ``--offset``,
+or at the newest with ``--from-max-offset`` (``--always-from-max-offset``: even with stored
+offsets). ``--from-beginning`` is accepted for old scripts: it is the default now.
 
 Prints each message's data on its own line on stdout (flushed per message, so a reader
 of the pipe sees every message whose offset may have been committed), a summary on
@@ -26,9 +30,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--group", required=True, help="the consumer group (its offsets live in ZooKeeper)")
     parser.add_argument("--read-from", choices=("master", "slave", "prefer-slave"), default="master", help="which replica serves the reads (default master)")
     parser.add_argument("--max", type=int, help="stop after N messages")
-    parser.add_argument("--from-beginning", action="store_true", help="partitions without a stored offset start at the log start (default: at the end)")
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument("--from-beginning", action="store_true", help="the default now (a new group starts at the oldest message); kept for old scripts")
+    start.add_argument("--from-max-offset", action="store_true", help="a group without stored offsets starts at the newest message")
+    start.add_argument("--always-from-max-offset", action="store_true", help="start at the newest message even if the group has stored offsets")
+    start.add_argument("--offset", type=int, default=0, help="a group without stored offsets starts at this message offset (default 0: the oldest)")
+    parser.add_argument("--attribute", action="append", help="print only messages with this attribute (repeatable); the others are skipped, offsets move past them")
     parser.add_argument("--broadcast", action="store_true", help="get every message, whatever the group's other members get")
     parser.add_argument("--offset-file", help="keep offsets in this JSON file instead of ZooKeeper")
+    parser.add_argument("--offset-url", help="keep offsets in this SQL database (SQLAlchemy URL, e.g. sqlite:///offsets.db) instead of ZooKeeper")
     parser.add_argument("--commit-interval", type=float, default=5.0, help="seconds between offset commits (default 5)")
     parser.add_argument("--idle-timeout", type=float, help="stop after this many seconds without a message")
     parser.add_argument("--print-offsets", action="store_true", help="prefix each line with partition and offset (tab-separated)")
@@ -38,7 +48,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 async def consume(args: argparse.Namespace) -> int:
-    from ..client import AsyncMessageSessionFactory, ConsumerConfig, Message
+    from ..client import AsyncMessageSessionFactory, AttributeFilter, ConsumerConfig, Message
 
     if args.max is not None and args.max < 1:
         raise MetaqError("--max must be positive")
@@ -46,9 +56,12 @@ async def consume(args: argparse.Namespace) -> int:
         consumer_config = ConsumerConfig(
             group=args.group,
             read_from=args.read_from,
-            from_beginning=args.from_beginning,
+            offset=args.offset,
+            consume_from_max_offset=args.from_max_offset,
+            always_consume_from_max_offset=args.always_from_max_offset,
             broadcast=args.broadcast,
             offset_store_path=args.offset_file,
+            offset_store_url=args.offset_url,
             commit_interval_s=args.commit_interval,
             recover_dir=args.recover_dir,
             **({"consumer_id": args.consumer_id} if args.consumer_id else {}),
@@ -80,7 +93,7 @@ async def consume(args: argparse.Namespace) -> int:
     factory = await AsyncMessageSessionFactory(config).start()
     try:
         consumer = factory.create_consumer(consumer_config)
-        consumer.subscribe(args.topic, None, listener)
+        consumer.subscribe(args.topic, None, listener, message_filter=AttributeFilter(*args.attribute) if args.attribute else None)
         await consumer.complete_subscribe()
         await _warn_if_unserved(factory, args.topic)
         while not done.is_set():

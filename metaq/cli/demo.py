@@ -163,7 +163,7 @@ async def _consume_from_slave(zk_connect: str, count: int) -> tuple[int, float]:
 
     start = time.perf_counter()
     async with AsyncMessageSessionFactory(MetaClientConfig(zk_connect=zk_connect)) as factory:
-        consumer = factory.create_consumer(ConsumerConfig(group="demo-readers", read_from="slave", from_beginning=True))
+        consumer = factory.create_consumer(ConsumerConfig(group="demo-readers", read_from="slave"))
         consumer.subscribe(TOPIC, 1024 * 1024, on_message)
         await consumer.complete_subscribe()
         try:

@@ -8,6 +8,7 @@ Layers, bottom up (as in aiokafka): ``connection`` (one pipelined socket) and ``
 
 from .config import ConsumerConfig, MetaClientConfig
 from .consumer import AsyncMessageConsumer, ConsumerStats
+from .filters import AttributeFilter, ConsumerMessageFilter
 from .message import Message, Partition, SendResult
 from .offsets import LocalOffsetStore, OffsetStore, Position, ZkOffsetStore
 from .producer import AsyncMessageProducer
@@ -22,7 +23,9 @@ __all__ = [
     "AsyncMessageConsumer",
     "AsyncMessageProducer",
     "AsyncMessageSessionFactory",
+    "AttributeFilter",
     "ConsumerConfig",
+    "ConsumerMessageFilter",
     "ConsumerStats",
     "KeyHashPartitionSelector",
     "LocalOffsetStore",

@@ -24,6 +24,7 @@ from .codec import encode_messages
 from .config import ConsumerConfig, MetaClientConfig
 from .consumer import AsyncMessageConsumer, BatchListener, ConsumerStats, Listener
 from .message import Message, Partition, SendResult
+from .filters import MessageFilter
 from .offsets import OffsetStore
 from .direct import DirectConnections, NoReply, NotSent
 from .producer import AsyncMessageProducer, SendFailure, classify_reply, stored_results, unknown_outcome
@@ -269,8 +270,9 @@ class MessageConsumer:
         listener: Listener | None = None,
         *,
         batch_listener: BatchListener | None = None,
+        message_filter: MessageFilter | None = None,
     ) -> "MessageConsumer":
-        self.aio.subscribe(topic, max_size, listener, batch_listener=batch_listener)
+        self.aio.subscribe(topic, max_size, listener, batch_listener=batch_listener, message_filter=message_filter)
         return self
 
     def complete_subscribe(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,8 +88,13 @@ class ConsumerConfig:
     ``read_from`` (see routing.choose_replica): ``master`` (MetaQ's rule: the master if
     present, else a slave), ``slave`` (slaves only: the master is never read) or
     ``prefer-slave`` (a slave if present, else the master).
-    ``from_beginning``: where a partition without a stored offset starts; the log start,
-    or else its committed end (messages sent before the consumer started are skipped).
+    Where a partition starts (MetaQ's rule, see ``start_offset``): at the group's stored
+    offset; a group without one starts at ``offset`` (default 0: the oldest message the
+    broker still has), or at the newest with ``consume_from_max_offset``. With
+    ``always_consume_from_max_offset`` stored offsets are ignored as well: every partition
+    this consumer takes starts at the newest (messages sent meanwhile are skipped).
+    ``from_beginning`` is deprecated: True is now the default, False means
+    ``consume_from_max_offset=True``.
     ``broadcast``: every consumer of the group gets every message; offsets are kept in
     a local file (``offset_store_path``) instead of ZooKeeper and no owners are taken.
     """
@@ -96,7 +102,12 @@ class ConsumerConfig:
     group: str
     read_from: str = "master"
     consumer_id: str = field(default_factory=default_consumer_id)
-    from_beginning: bool = False
+    #: Where a group without a stored offset starts: a message's offset (as SendResult
+    #: reports it), moved into the partition's [oldest, newest] range. MetaQ's default 0.
+    offset: int = 0
+    consume_from_max_offset: bool = False
+    always_consume_from_max_offset: bool = False
+    from_beginning: bool | None = None  # deprecated, see the class docstring
     broadcast: bool = False
     #: Bytes asked per fetch; doubled for a record larger than this (up to max_fetch_size).
     fetch_size: int = 256 * 1024
@@ -128,6 +139,35 @@ class ConsumerConfig:
             raise ValueError(f"read_from must be one of {', '.join(READ_FROM_CHOICES)}, got {self.read_from!r}")
         if self.max_retries < 1:
             raise ValueError("max_retries must be >= 1")
+        if self.offset < 0:
+            raise ValueError(f"offset must be >= 0, got {self.offset}")
+        if self.from_beginning is not None:
+            warnings.warn(
+                "ConsumerConfig(from_beginning=...) is deprecated: a new group now starts at the oldest message "
+                "(MetaQ's rule); use consume_from_max_offset=True to start at the newest",
+                DeprecationWarning, stacklevel=3,
+            )
+            if not self.from_beginning:
+                self.consume_from_max_offset = True
+        if self.always_consume_from_max_offset:
+            self.consume_from_max_offset = True
+
+    def set_consume_from_max_offset(self, always: bool = False) -> "ConsumerConfig":
+        """MetaQ's ``setConsumeFromMaxOffset``: start at the newest message; ``always``: even with a stored offset."""
+        self.consume_from_max_offset = True
+        self.always_consume_from_max_offset = always
+        return self
+
+    def start_offset(self, min_offset: int, max_offset: int) -> int:
+        """Where a partition without a (usable) stored offset starts, given its oldest and newest offsets."""
+        if self.consume_from_max_offset:
+            return max_offset
+        return min(max(self.offset, min_offset), max_offset)
+
+    def describe_start(self) -> str:
+        if self.consume_from_max_offset:
+            return "the newest message" + (" (always)" if self.always_consume_from_max_offset else "")
+        return "the oldest message" if self.offset == 0 else f"offset {self.offset}"
 
     def resolved_offset_store_path(self) -> Path | None:
         if self.offset_store_path:

@@ -7,6 +7,9 @@ Three ways to receive, per subscribed topic:
 * no listener: the application iterates, ``async for message in consumer`` (or
   ``getmany()`` for a fetch's messages at once), as with aiokafka or kafka-python.
 
+A subscription's message filter (filters.py) drops messages before any of these; the
+position still moves past them.
+
 Delivery is at least once. A partition's position is advanced only after its listener
 returned for a message (a batch listener: for the batch; or, after ``max_retries``
 failures, after the messages were written to the recover store). An iterated batch
@@ -30,6 +33,7 @@ from .cluster import Cluster, ClusterSnapshot
 from .codec import decode_messages
 from .config import ConsumerConfig, MetaClientConfig
 from .connection import BrokerConnection, ConnectionClosed
+from .filters import MessageFilter, accept_function, accepted
 from .message import Message, Partition
 from .offsets import LocalOffsetStore, OffsetStore, Position, ZkOffsetStore, initial_position
 from .pool import ConnectionPool
@@ -53,6 +57,7 @@ class ConsumerStats:
     redelivered: int = 0  # messages from the recover store that finally succeeded
     rebalances: int = 0
     commits: int = 0
+    filtered: int = 0  # messages a filter rejected (skipped, offsets moved past them)
 
 
 @dataclass
@@ -63,6 +68,7 @@ class Subscription:
     max_size: int
     listener: Listener | None = None
     batch_listener: BatchListener | None = None
+    accept: Callable[[str, Message], bool] | None = None  # the message filter, if any
 
     def __post_init__(self) -> None:
         target = self.listener or self.batch_listener
@@ -224,7 +230,7 @@ class PartitionFetcher:
         log.debug("%s-%s: fetch failed: %s", self.topic, self.partition, message)
 
     async def _init_position(self, conn: BrokerConnection) -> None:
-        """Where a partition without a stored offset starts: log start, or committed end."""
+        """Where a partition without a stored offset starts: ``ConsumerConfig.start_offset``."""
         reply = await self._wait(
             conn.request(
                 OffsetRequest(topic=self.topic, partition=self.partition.partition, offset=0).to_header(),
@@ -233,13 +239,13 @@ class PartitionFetcher:
         )
         if not reply.ok:
             raise _FetchError(f"offset query failed: {reply.code} {reply.message}", replica_failed=True)
-        offset = int(reply["min_offset"] if self.consumer.config.from_beginning else reply["max_offset"])
+        config = self.consumer.config
+        offset = config.start_offset(int(reply["min_offset"]), int(reply["max_offset"]))
         self.state.position = initial_position(offset)
         # Commit the starting point at once: if we die before the first periodic commit, the
         # next owner must not start again from the (by then later) end and skip messages.
         await self.consumer.commit_partition(self)
-        log.info("%s-%s: no stored offset, starting at %d (%s)", self.topic, self.partition, offset,
-                 "log start" if self.consumer.config.from_beginning else "committed end")
+        log.info("%s-%s: no stored offset, starting at %d (%s)", self.topic, self.partition, offset, config.describe_start())
 
     async def _fetch(self, conn: BrokerConnection, max_size: int):
         config = self.consumer.config
@@ -260,6 +266,13 @@ class PartitionFetcher:
         if reply.code == c.OK:
             base = int(reply["offset"])
             messages, end = decode_messages(reply.body, base, self.topic, self.partition)
+            if messages and self.subscription.accept is not None:
+                kept = accepted(self.subscription.accept, self.consumer.config.group, messages)
+                self.consumer.stats.filtered += len(messages) - len(kept)
+                if not kept:
+                    await self._skip_to(end)
+                    return "data"
+                messages = kept  # a consumed prefix of kept moves the position past the rejected ones too
             if messages:
                 delivered = await self.consumer._deliver_batch(self, messages, end)
                 return "data" if delivered else "idle"
@@ -278,6 +291,15 @@ class PartitionFetcher:
                 raise _FetchError(f"{self.state.replica.role if self.state.replica else 'replica'} is behind offset {self.state.fetch_from}", replica_failed=True)
             return "data" if self.consumer.config.fetch_wait_ms > 0 else "idle"
         raise _FetchError(f"fetch failed: {reply.code} {reply.message}", replica_failed=True)
+
+
+    async def _skip_to(self, end: int) -> None:
+        """Everything fetched up to ``end`` was filtered out: consume it without delivering."""
+        previous = self.handed
+        if previous is not None and not previous.consumed.is_set():
+            # Iterated: the batch before is still with the application; moving past it would lose it.
+            await self._wait(previous.consumed.wait())
+        self.state.position = Position(self.state.last_msg_id, end)
 
 
 class _FetchError(Exception):
@@ -331,6 +353,7 @@ class AsyncMessageConsumer:
         listener: Listener | None = None,
         *,
         batch_listener: BatchListener | None = None,
+        message_filter: MessageFilter | None = None,
     ) -> "AsyncMessageConsumer":
         """Receive ``topic`` (call complete_subscribe() once all are registered, or just iterate).
 
@@ -339,12 +362,15 @@ class AsyncMessageConsumer:
         function (called in the event loop: keep it quick) or a coroutine function. If it
         raises, it is called again with the same message(s), up to ``max_retries`` times,
         then the message(s) go to the recover store. With neither, iterate the consumer.
+        ``message_filter`` (MetaQ's ConsumerMessageFilter: ``accept(group, message)``, or a
+        callable) drops messages before any of these; offsets still move past them.
         """
         if self._started:
             raise RuntimeError("subscribe() must come before complete_subscribe()")
         if listener is not None and batch_listener is not None:
             raise ValueError("subscribe() takes a listener or a batch_listener, not both")
-        subscription = Subscription(topic, max_size or self.config.fetch_size, listener, batch_listener)
+        accept = accept_function(message_filter) if message_filter is not None else None
+        subscription = Subscription(topic, max_size or self.config.fetch_size, listener, batch_listener, accept)
         self.subscriptions[topic] = subscription
         if listener is not None or batch_listener is not None:
             self.recover.register(topic, lambda m, s=subscription: self._deliver(s, m, redelivery=True))
@@ -656,7 +682,8 @@ class AsyncMessageConsumer:
         return complete
 
     async def _start_fetcher(self, topic: str, partition: Partition) -> None:
-        position = await self.offset_store.load(self.config.group, topic, partition)
+        # MetaQ's setConsumeFromMaxOffset(always=True): stored offsets are ignored.
+        position = None if self.config.always_consume_from_max_offset else await self.offset_store.load(self.config.group, topic, partition)
         fetcher = PartitionFetcher(self, self.subscriptions[topic], partition, position)
         self.fetchers[(topic, partition)] = fetcher
         fetcher.start()

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from typing import Any, Iterable
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
@@ -113,6 +113,8 @@ class AsyncMessageProducer:
         self._sticky: dict[str, PartitionQueue] = {}  # topic -> queue of the batch being filled
         self._unpublished: dict[str, list[tuple[Entry, bool]]] = {}  # topic -> sends waiting for its masters
         self._in_flight: set[asyncio.Future[Any]] = set()  # sends outside the queues: publishing a topic, no master yet
+        #: topic -> sends waiting for a master, in send order, with the time each gives up (see _park).
+        self._parked: dict[str, deque[tuple[Entry, bool, float]]] = {}
         self.accumulator = Accumulator(
             AccumulatorConfig(config.linger_ms, config.batch_size, config.buffer_memory, config.max_in_flight_per_connection),
             self._send_chunk,
@@ -188,6 +190,7 @@ class AsyncMessageProducer:
         """Send everything queued now, and wait until every message sent so far has its result."""
         waiting = self.accumulator.flush_all()
         waiting.extend(entry[1] for entries in self._unpublished.values() for entry, _ in entries)
+        waiting.extend(entry[1] for parked in self._parked.values() for entry, _, _ in parked)
         waiting.extend(self._in_flight)
         if waiting:
             await asyncio.wait(waiting)
@@ -256,20 +259,16 @@ class AsyncMessageProducer:
                 self._track(asyncio.ensure_future(self._publish_then_enqueue(topic)))
             waiting.append((entry, linger))
             return
-        partitions = self._candidates(topic)
+        if topic in self._parked:
+            self._park(topic, entry, linger)  # behind the earlier sends of the topic still waiting for a master
+            return
         try:
-            partition = self.selector.select(topic, partitions, message) if partitions else None
-        except NoPartitionAvailable:
-            partition = None
+            partition = self._place(topic, message)
         except Exception as exc:  # a user selector's bug fails its message only
             self._refuse(message, future, callback, f"partition selector failed: {exc}")
             return
         if partition is None:
-            # No master right now: this message takes the retry path on its own.
-            self.accumulator.hold(size)
-            task = asyncio.ensure_future(self._send_chunk(topic, None, [message]))
-            task.add_done_callback(lambda t: self._resolve_alone(t, entry))
-            self._track(task)
+            self._park(topic, entry, linger)
             return
         queue = self.accumulator.queue(topic, partition)
         if not self._per_message:
@@ -284,14 +283,60 @@ class AsyncMessageProducer:
             for entry, linger in self._unpublished.pop(topic, []):
                 self._enqueue(entry, linger)
 
-    def _resolve_alone(self, task: "asyncio.Future[list[SendResult]]", entry: Entry) -> None:
-        message, future, size, callback = entry
-        self.accumulator.release(size)
-        if task.cancelled() or task.exception() is not None:
-            failure = "cancelled" if task.cancelled() else task.exception()
-            resolve(future, callback, self._failed(message, f"send failed: {failure}"))
-        else:
-            resolve(future, callback, task.result()[0])
+    def _place(self, topic: str, message: Message) -> Partition | None:
+        """The selector's partition for ``message``; None while it has no master."""
+        partitions = self._candidates(topic)
+        try:
+            return self.selector.select(topic, partitions, message) if partitions else None
+        except NoPartitionAvailable:
+            return None
+
+    def _park(self, topic: str, entry: Entry, linger: bool) -> None:
+        """Hold a send whose partition has no master, and every later send of the topic behind it.
+
+        Invariant (per-key order): parked sends reach their partition queues in the order
+        they were sent, and no later send of the topic overtakes them. Retrying each one on
+        its own would let a later message of a key reach the new master first.
+        """
+        parked = self._parked.get(topic)
+        if parked is None:
+            parked = self._parked[topic] = deque()
+            self._track(asyncio.ensure_future(self._file_parked(topic, parked)))
+        self.accumulator.hold(entry[2])
+        parked.append((entry, linger, time.monotonic() + self.config.send_timeout_s))
+
+    async def _file_parked(self, topic: str, parked: deque[tuple[Entry, bool, float]]) -> None:
+        """File parked sends in order as masters come back; fail those older than send_timeout_s."""
+        config = self.config
+        wait = config.send_retry_min_wait_s
+        try:
+            while parked:
+                (message, future, size, callback), linger, deadline = parked[0]
+                try:
+                    partition = self._place(topic, message)
+                except Exception as exc:
+                    partition, error = None, f"partition selector failed: {exc}"
+                else:
+                    error = None
+                if partition is None and error is None and time.monotonic() < deadline and not self._closed:
+                    self.cluster.request_refresh()
+                    await asyncio.sleep(wait)
+                    wait = min(wait * 2, config.send_retry_max_wait_s)
+                    continue
+                parked.popleft()
+                self.accumulator.release(size)
+                wait = config.send_retry_min_wait_s
+                if partition is None:
+                    resolve(future, callback, self._failed(message, error or f"no available partition for topic {topic!r} "
+                                                                             f"(no master) for {config.send_timeout_s}s; not sent"))
+                else:
+                    self.accumulator.append(self.accumulator.queue(topic, partition), (message, future, size, callback), linger)
+        finally:
+            # No await between the last popleft and here: no send can slip in behind an empty deque.
+            self._parked.pop(topic, None)
+            for (message, future, size, callback), _, _ in parked:  # only when cancelled
+                self.accumulator.release(size)
+                resolve(future, callback, self._failed(message, "send cancelled; not sent"))
 
     def _refuse(self, message: Message, future: "asyncio.Future[SendResult]", callback: Callback | None, error: str) -> None:
         """A send that ends before it starts: its result now, its callback soon (not inside the caller's call)."""

@@ -30,7 +30,7 @@ async def main(zk: str, zk_root: str, topic: str, group: str, url: str) -> None:
     config = MetaClientConfig(zk_connect=zk, zk_root=zk_root, zk_session_timeout_ms=4000)
     async with AsyncMessageSessionFactory(config) as factory:
         consumer = factory.create_consumer(ConsumerConfig(
-            group=group, from_beginning=True, offset_store_url=url, commit_interval_s=0.3, fetch_size=4096,
+            group=group, offset_store_url=url, commit_interval_s=0.3, fetch_size=4096,
         ))
         consumer.subscribe(topic, listener=listener)
         await consumer.complete_subscribe()

@@ -31,7 +31,7 @@ def factory(zk, zk_root):
 
 
 def consumer_config(tmp_path, **overrides: Any) -> ConsumerConfig:
-    settings = dict(group="g", from_beginning=True, commit_interval_s=0.5, recover_dir=str(tmp_path / "recover"),
+    settings = dict(group="g", commit_interval_s=0.5, recover_dir=str(tmp_path / "recover"),
                     fetch_wait_ms=200, recover_interval_s=0.2)
     settings.update(overrides)
     return ConsumerConfig(**settings)
@@ -114,7 +114,7 @@ def test_consume_from_the_end_skips_earlier_messages(two_brokers, factory, tmp_p
     producer = factory.create_producer()
     assert all(r.success for r in producer.send_batch([Message(TOPIC, b"old") for _ in range(10)]))
     collector = Collector()
-    consumer = factory.create_consumer(consumer_config(tmp_path, from_beginning=False))
+    consumer = factory.create_consumer(consumer_config(tmp_path, consume_from_max_offset=True))
     consumer.subscribe(TOPIC, None, collector)
     consumer.complete_subscribe()
     wait_until(lambda: consumer.stats.commits >= 1, 10, message="start positions committed")

@@ -58,7 +58,7 @@ def test_producer_reroutes_and_consumer_keeps_offsets(broker_factory, zk, zk_cli
         producer = factory.create_producer()
         producer.publish(TOPIC)
         consumer = factory.create_consumer(
-            ConsumerConfig(group="fo-readers", from_beginning=True, offset_store_path=None, recover_dir=str(tmp_path / "rec"))
+            ConsumerConfig(group="fo-readers", offset_store_path=None, recover_dir=str(tmp_path / "rec"))
         )
         consumer.subscribe(TOPIC, 1 << 20, on_message)
         consumer.complete_subscribe()

@@ -46,7 +46,7 @@ def test_consumer_finishes_the_topic_from_the_slave_after_the_master_dies(broker
 
     with MessageSessionFactory(config) as factory:
         consumer = factory.create_consumer(
-            ConsumerConfig(group="to-the-slave", read_from="master", from_beginning=True, recover_dir=str(tmp_path / "rec"))
+            ConsumerConfig(group="to-the-slave", read_from="master", recover_dir=str(tmp_path / "rec"))
         )
         consumer.subscribe(TOPIC, 4096, on_message)
         consumer.complete_subscribe()

@@ -190,3 +190,24 @@ def test_message_refuses_str_data_and_copies_other_bytes_likes() -> None:
     with pytest.raises(TypeError, match="bytes, not str"):
         Message("t", "text")  # type: ignore[arg-type]
     assert Message("t", bytearray(b"ab")).data == b"ab" and type(Message("t", memoryview(b"ab")).data) is bytes
+
+
+def test_sends_without_a_master_wait_in_order_and_later_sends_queue_behind_them() -> None:
+    cluster = FakeCluster()
+    full = cluster.snapshot
+    cluster.snapshot = ClusterSnapshot(full.brokers, {"t": ()}, {})  # the topic's master is gone
+    pool = FakePool({0: [], 1: []})
+    p = AsyncMessageProducer(cluster, pool, CONFIG, KeyHashPartitionSelector())  # type: ignore[arg-type]
+
+    async def run() -> list:
+        first = [p.send_message_async(Message("t", f"{i}".encode(), attribute="k")) for i in range(5)]
+        await asyncio.sleep(0.01)
+        assert not any(f.done() for f in first) and "t" in p._parked
+        cluster.snapshot = full  # the master is back: the parked sends go first, in order
+        later = [p.send_message_async(Message("t", f"{i}".encode(), attribute="k")) for i in range(5, 8)]
+        return [await f for f in first + later]
+
+    results = asyncio.run(run())
+    assert all(r.success for r in results) and len({r.partition for r in results}) == 1
+    assert [r.offset for r in results] == sorted(r.offset for r in results)  # stored in send order
+    assert not p._parked and p.accumulator.buffered == 0
