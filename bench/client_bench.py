@@ -123,7 +123,7 @@ async def client_consume(factory: AsyncMessageSessionFactory, n: int, workdir: P
         if count >= n:
             done.set()
 
-    consumer = factory.create_consumer(ConsumerConfig(group="bench", from_beginning=True, fetch_size=1 << 20, recover_dir=str(workdir / "recover")))
+    consumer = factory.create_consumer(ConsumerConfig(group="bench", fetch_size=1 << 20, recover_dir=str(workdir / "recover")))
     consumer.subscribe("client", 1 << 20, listener)
     started = time.perf_counter()
     await consumer.complete_subscribe()

@@ -278,7 +278,7 @@ async def metaq_async_per_message(config: MetaClientConfig, broker_id: int, n: i
 
 
 def slave_config(group: str, work: Path) -> ConsumerConfig:
-    return ConsumerConfig(group=group, read_from="slave", from_beginning=True, fetch_size=1 << 20,
+    return ConsumerConfig(group=group, read_from="slave", fetch_size=1 << 20,
                           offset_store_path=str(work / f"{group}.json"), recover_dir=str(work / "recover"))
 
 
