@@ -157,7 +157,7 @@ class Gateway:
             raise HttpError(502, f"{_name(replica)} returned damaged data: {exc}") from None
         if not messages:
             raise HttpError(502, f"{_name(replica)} returned no whole message at offset {offset} (is maxTransferSize below the message size?)")
-        # A record ends where the next one starts; the last one where the decoded range ends.
+        # A message ends where the next one starts; the last one ends at ``end``.
         ends = [message.offset for message in messages[1:]] + [end]
         return FetchResult(replica, offset, end, int(reply["committed"]), messages, ends)
 
