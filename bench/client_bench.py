@@ -32,6 +32,7 @@ sys.path.insert(0, str(REPO))
 
 from metaq.client import AsyncMessageSessionFactory, ConsumerConfig, Message, MetaClientConfig  # noqa: E402
 from metaq.client.connection import BrokerConnection  # noqa: E402
+from metaq.protocol.messages import PutRequest  # noqa: E402
 from metaq.record import encode_batch  # noqa: E402
 from metaq.zk.embedded import EmbeddedZooKeeper, free_port  # noqa: E402
 from metaq.zk.paths import ZkPaths  # noqa: E402
@@ -74,10 +75,11 @@ async def raw_produce(port: int, n: int, size: int, batch: int, in_flight: int) 
     body = encode_batch([(b"x" * size, None)] * batch)
     conn = await BrokerConnection.open("127.0.0.1", port)
     sem = asyncio.Semaphore(in_flight)
+    header = PutRequest(topic="raw", partition=0, count=batch).to_header()
 
     async def put() -> None:
         async with sem:
-            reply = await conn.request({"op": "put", "topic": "raw", "partition": 0, "count": batch}, body)
+            reply = await conn.request(header, body)
             assert reply.ok, reply.header
 
     started = time.perf_counter()

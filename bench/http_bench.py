@@ -38,6 +38,7 @@ from metaq.client.codec import decode_messages  # noqa: E402
 from metaq.client.message import Partition  # noqa: E402
 from metaq.client.routing import choose_replica  # noqa: E402
 from metaq.http.process import GatewayProcess  # noqa: E402
+from metaq.protocol.messages import GetRequest  # noqa: E402
 from metaq.tools.launcher import BrokerFactory  # noqa: E402
 from metaq.zk.embedded import EmbeddedZooKeeper  # noqa: E402
 
@@ -95,11 +96,10 @@ class Bench:
         offset = got = 0
         partition = Partition(0, 0)
         while got < self.args.fetch_messages:
-            reply = await conn.request({"op": "get", "topic": TOPIC, "partition": 0, "offset": offset, "max_size": PAGE})
+            reply = await conn.request(GetRequest(topic=TOPIC, partition=0, offset=offset, max_size=PAGE).to_header())
             assert reply.ok, reply.header
-            messages, ends = decode_messages(reply.body, offset, TOPIC, partition)
+            messages, offset = decode_messages(reply.body, offset, TOPIC, partition)
             got += len(messages)
-            offset = ends[-1]
         return got
 
     async def http_fetch(self) -> int:

@@ -42,6 +42,7 @@ from typing import Any
 from metaq.client import AsyncMessageSessionFactory, Message, MetaClientConfig
 from metaq.client.connection import BrokerConnection, ConnectionClosed
 from metaq.protocol import commands as c
+from metaq.protocol.messages import EpochsRequest, GetRequest, PutRequest
 from metaq.record import encode_batch, iter_records
 
 from .checker import check
@@ -116,7 +117,7 @@ def _epoch_start(address: tuple[str, int], topic: str, partition: int, epoch: in
     async def ask() -> int | None:
         conn = await BrokerConnection.open(*address, 2)
         try:
-            reply = await conn.request({"op": "epochs", "topic": topic, "partition": partition}, timeout=2)
+            reply = await conn.request(EpochsRequest(topic=topic, partition=partition).to_header(), timeout=2)
         finally:
             conn.close()
         for entry_epoch, start in reply.get("entries", []) or []:
@@ -175,7 +176,7 @@ class Workload:
             op = self.history.invoke(name, "put", value, partition)
             try:
                 conn = await self._conn(url)
-                future = conn.send({"op": "put", "topic": topic, "partition": n, "count": 1},
+                future = conn.send(PutRequest(topic=topic, partition=n, count=1).to_header(),
                                    encode_batch([(value.encode(), None)]))
             except ConnectionClosed as exc:
                 self.history.fail(op, f"not sent: {exc}")
@@ -242,8 +243,8 @@ class Workload:
                     offset = positions.get(key, 0)
                     try:
                         conn = await self._cached_conn(conns, url)
-                        reply = await conn.request({"op": "get", "topic": topic, "partition": n, "offset": offset,
-                                                    "max_size": 256 * 1024}, timeout=2.0)
+                        get = GetRequest(topic=topic, partition=n, offset=offset, max_size=256 * 1024)
+                        reply = await conn.request(get.to_header(), timeout=2.0)
                     except (ConnectionClosed, asyncio.TimeoutError, OSError):
                         conns.pop(url, None)
                         continue
@@ -280,8 +281,8 @@ class Workload:
                 offset, value = newest
                 try:
                     conn = await self._cached_conn(conns, url)
-                    reply = await conn.request({"op": "get", "topic": topic, "partition": n, "offset": offset,
-                                                "max_size": 4096}, timeout=1.0)
+                    get = GetRequest(topic=topic, partition=n, offset=offset, max_size=4096)
+                    reply = await conn.request(get.to_header(), timeout=1.0)
                 except (ConnectionClosed, asyncio.TimeoutError, OSError):
                     conns.pop(url, None)
                     continue

@@ -1,21 +1,21 @@
 """Messages to records and back, on the client's hot paths.
 
-The format is metaq.record's; these loops only avoid its per-record generality
-(memoryviews, a Record tuple per message, a second pass for offsets), which costs more
-than the broker's own work per message. Records with an attribute go through
-record.encode_payload / decode_payload, so the attribute rules live in one place.
+The format is metaq.record's; encoding avoids its per-record generality (a Record tuple
+per message), which costs more than the broker's own work per message, and decoding is
+record.decode_columns. Records with an attribute go through record.encode_payload /
+decode_payload, so the attribute rules live in one place.
 """
 
 from __future__ import annotations
 
 import zlib
+from itertools import repeat
 from typing import Sequence
 
-from ..record import HEADER, HEADER_SIZE, RecordError, decode_payload, encode_payload
+from ..record import HEADER, HEADER_SIZE, decode_columns, encode_payload
 from .message import Message, Partition
 
 _pack = HEADER.pack
-_unpack_from = HEADER.unpack_from
 _crc32 = zlib.crc32
 
 
@@ -39,32 +39,12 @@ def encode_messages(messages: Sequence[Message]) -> tuple[bytes, list[int]]:
 
 
 def decode_messages(buf: bytes | bytearray, base_offset: int, topic: str, partition: Partition) -> tuple[list[Message], int]:
-    """Whole records of a fetched range as Messages, in one pass; and the end offset of the last.
+    """Whole records of a fetched range as Messages; and the end offset of the last.
 
-    A record's end is the next one's ``offset`` (the last one's is the returned end), so
-    no second list is built. A trailing partial record is left out; a checksum mismatch
-    raises RecordError.
+    A record's end is the next one's ``offset`` (the last one's is the returned end). A trailing partial record is left out; a damaged record
+    raises RecordError naming its offset.
     """
-    data = bytes(buf)
-    messages: list[Message] = []
-    append = messages.append
-    new = tuple.__new__
-    pos, end = 0, len(data)
-    while end - pos >= HEADER_SIZE:
-        length, crc, msg_id, flag = _unpack_from(data, pos)
-        if length < 0:
-            raise RecordError(f"record at offset {base_offset + pos}: negative length {length}")
-        start = pos + HEADER_SIZE
-        stop = start + length
-        if stop > end:
-            break
-        payload = data[start:stop]
-        if _crc32(payload) & 0x7FFFFFFF != crc:
-            raise RecordError(f"record at offset {base_offset + pos}: checksum mismatch")
-        if flag:
-            attribute, payload = decode_payload(flag, payload)
-            append(new(Message, (topic, payload, attribute, msg_id, partition, base_offset + pos)))
-        else:
-            append(new(Message, (topic, payload, None, msg_id, partition, base_offset + pos)))
-        pos = stop
-    return messages, base_offset + pos
+    offsets, ids, attributes, datas, consumed = decode_columns(bytes(buf), base_offset)
+    # tuple.__new__ mapped over zip builds each Message in C, without NamedTuple.__new__.
+    fields = zip(repeat(topic), datas, attributes, ids, repeat(partition), offsets)
+    return list(map(tuple.__new__, repeat(Message), fields)), base_offset + consumed

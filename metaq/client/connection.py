@@ -16,16 +16,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from ..protocol import commands as c
-from ..protocol.frames import (
-    CLOSED,
-    NEED_DATA,
-    BadFrame,
-    Frame,
-    FrameDecoder,
-    OversizedFrame,
-    ProtocolError,
-    encode_frame,
-)
+from ..protocol.frames import CLOSED, ERROR_EVENTS, NEED_DATA, Frame, FrameDecoder, encode_frame
 
 if TYPE_CHECKING:
     from ..security.handshake import ClientAuthenticator
@@ -113,7 +104,9 @@ class _ReplyProtocol(asyncio.Protocol):
                 return
             if isinstance(event, Frame):
                 self._conn._resolve(event.header, event.body)
-            elif isinstance(event, (ProtocolError, BadFrame, OversizedFrame)):
+            elif isinstance(event, ERROR_EVENTS):
+                # A reply that cannot be read loses its opaque, so no pending request can be
+                # matched any more: every parse error ends the connection.
                 message = getattr(event, "message", "oversized reply")
                 self._conn._fail_all(ConnectionClosed(f"bad reply from {self._conn.address}: {message}"))
                 self._conn.close()

@@ -11,6 +11,7 @@ further, on a master and on a slave alike.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,7 @@ from ..client.connection import ConnectionClosed, Reply
 from ..client.message import Partition
 from ..client.routing import Replica, choose_replica
 from ..protocol import commands as c
+from ..protocol.messages import GetRequest, OffsetRequest, Request
 from ..record import HEADER_SIZE, RecordError
 from .errors import HttpError
 
@@ -113,7 +115,8 @@ class Gateway:
     # --- fetch -------------------------------------------------------------------------------
 
     async def offsets(self, topic: str, partition: Partition, read_from: str) -> tuple[Replica, Reply]:
-        replica, reply = await self._request(topic, partition, read_from, {"op": "offset", "offset": 0})
+        request = OffsetRequest(topic=topic, partition=partition.partition, offset=0)
+        replica, reply = await self._request(topic, partition, read_from, request)
         if not reply.ok:
             raise _broker_error(reply, replica)
         return replica, reply
@@ -121,15 +124,19 @@ class Gateway:
     async def fetch(
         self, topic: str, partition: Partition, offset: int, max_bytes: int, wait_ms: int, read_from: str
     ) -> FetchResult:
-        header = {"op": "get", "offset": offset, "max_size": max_bytes, "max_wait_ms": wait_ms, "group": "http"}
-        replica, reply = await self._request(topic, partition, read_from, header, wait_ms / 1000)
+        request = GetRequest(
+            topic=topic, partition=partition.partition, offset=offset, max_size=max_bytes, max_wait_ms=wait_ms, group="http"
+        )
+        replica, reply = await self._request(topic, partition, read_from, request, wait_ms / 1000)
         if reply.ok and not _whole_record(reply.body):
             # The record at ``offset`` is larger than max_bytes: fetch exactly it (as Kafka
             # returns a first record larger than the limit rather than nothing).
             needed = _record_size(reply.body)
             if needed is None or needed > self.max_message_size + HEADER_SIZE:
                 raise HttpError(400, f"offset {offset} is not the start of a message in {topic} {partition}")
-            replica, reply = await self._request(topic, partition, read_from, {**header, "max_size": needed, "max_wait_ms": 0})
+            replica, reply = await self._request(
+                topic, partition, read_from, dataclasses.replace(request, max_size=needed, max_wait_ms=0)
+            )
         if reply.code == c.OK:
             return self._decoded(topic, partition, offset, replica, reply)
         if reply.code == c.MOVED:
@@ -155,9 +162,9 @@ class Gateway:
         return FetchResult(replica, offset, end, int(reply["committed"]), messages, ends)
 
     async def _request(
-        self, topic: str, partition: Partition, read_from: str, header: dict[str, Any], extra_timeout: float = 0.0
+        self, topic: str, partition: Partition, read_from: str, request: Request, extra_timeout: float = 0.0
     ) -> tuple[Replica, Reply]:
-        """Send ``header`` to a replica of ``partition`` chosen by ``read_from``; one retry elsewhere."""
+        """Send ``request`` (for ``topic`` and ``partition``) to a replica of ``partition`` chosen by ``read_from``; one retry elsewhere."""
         await self.require_topic(topic)
         snapshot = self.cluster.snapshot
         if partition not in snapshot.readable_partitions(topic):
@@ -172,7 +179,7 @@ class Gateway:
                 raise HttpError(503, f"no {read_from} replica of broker {partition.broker_id} is registered")
             try:
                 conn = await self.factory.pool.get(replica.host, replica.port)
-                reply = await conn.request({**header, "topic": topic, "partition": partition.partition}, timeout=timeout)
+                reply = await conn.request(request.to_header(), timeout=timeout)
                 return replica, reply
             except (ConnectionClosed, OSError, asyncio.TimeoutError) as exc:
                 failed, error = replica, exc

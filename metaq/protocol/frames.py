@@ -123,6 +123,10 @@ CLOSED = _Sentinel("CLOSED")
 
 Event = Union[Frame, TextLine, BadFrame, OversizedFrame, ProtocolError, _Sentinel]
 
+#: The events that say the input was not a well-formed frame: for
+#: ``isinstance(event, ERROR_EVENTS)`` where a side treats every parse error alike.
+ERROR_EVENTS = (BadFrame, OversizedFrame, ProtocolError)
+
 _FRAME_START, _SKIPPING, _BROKEN = "FRAME_START", "SKIPPING", "BROKEN"
 
 

@@ -6,14 +6,13 @@ and drives the ordinary ``BrokerConnection`` with ``run_until_complete`` one ste
 time: between two steps the loop is idle and the kernel buffers whatever the broker sends,
 so a fetch issued before Spark consumes the previous batch overlaps with that work.
 
-Also here: decoding a fetched byte range into a pyarrow RecordBatch (CRC-checked), and the
-header walk that finds message boundaries for splitting a partition.
+Also here: the header walk that finds message boundaries for splitting a partition
+(decoding a fetched range is record.decode_columns).
 """
 
 from __future__ import annotations
 
 import asyncio
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,10 +22,9 @@ from ..client.routing import Replica
 from ..protocol import commands as c
 from ..protocol.messages import GetRequest, OffsetRequest, StatsRequest
 from ..protocol.replies import OffsetReply, ReplyError, StatsReply
-from ..record import FLAG_HAS_ATTRIBUTE, HEADER, HEADER_SIZE, KNOWN_FLAGS, RecordError, decode_payload
+from ..record import HEADER, HEADER_SIZE, KNOWN_FLAGS, RecordError
 
 _unpack_from = HEADER.unpack_from
-_crc32 = zlib.crc32
 
 
 class ReplicaError(Exception):
@@ -168,45 +166,3 @@ def first_boundary_at_or_after(
                 raise RecordError(f"record at offset {pos} of {topic}-{partition}: bad header (not a message boundary?)")
             pos += HEADER_SIZE + length
     return min(pos, limit)
-
-
-# --- decoding -------------------------------------------------------------------------------------
-
-
-def decode_chunk(buf: bytes, base: int, stop: int | None = None) -> tuple[list[int], list[int], list[str | None], list[bytes], int]:
-    """Decode whole records of ``buf`` (log bytes starting at offset ``base``), CRC-checked.
-
-    Returns ``(offsets, msg_ids, attributes, datas, consumed)``: ``consumed`` is the number
-    of bytes of whole records (a trailing partial record is left for the next fetch).
-    """
-    offsets: list[int] = []
-    ids: list[int] = []
-    attrs: list[str | None] = []
-    datas: list[bytes] = []
-    o_app, i_app, a_app, d_app = offsets.append, ids.append, attrs.append, datas.append
-    pos, end = 0, len(buf)
-    while end - pos >= HEADER_SIZE:
-        length, crc, msg_id, flag = _unpack_from(buf, pos)
-        if length < 0 or flag & ~KNOWN_FLAGS:
-            raise RecordError(f"record at offset {base + pos}: bad header (length {length}, flag {flag:#x})")
-        start = pos + HEADER_SIZE
-        nxt = start + length
-        if nxt > end:
-            break
-        payload = buf[start:nxt]
-        if _crc32(payload) & 0x7FFFFFFF != crc:
-            raise RecordError(f"record at offset {base + pos}: checksum mismatch")
-        o_app(base + pos)
-        i_app(msg_id)
-        if flag & FLAG_HAS_ATTRIBUTE:  # the rare path: the attribute rules live in record.py
-            try:
-                attribute, data = decode_payload(flag, payload)
-            except RecordError as exc:
-                raise RecordError(f"record at offset {base + pos}: {exc}") from None
-            a_app(attribute)
-            d_app(data)
-        else:
-            a_app(None)
-            d_app(payload)
-        pos = nxt
-    return offsets, ids, attrs, datas, pos

@@ -27,8 +27,8 @@ import pyarrow as pa
 from ..addresses import broker_url
 from ..client.routing import Replica
 from ..protocol import commands as c
-from ..record import RecordError
-from .fetch import ReplicaError, ReplicaSession, decode_chunk
+from ..record import RecordError, decode_columns
+from .fetch import ReplicaError, ReplicaSession
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ class RangeReader:
                 if fetch_at < end:  # keep one get in flight while this chunk is decoded
                     future = session.send_get(topic, n, fetch_at, min(size, end - fetch_at))
                 buf = carry + body if carry else bytes(body)
-                offsets, ids, attrs, datas, consumed = decode_chunk(buf, position)
+                offsets, ids, attrs, datas, consumed = decode_columns(buf, position)
                 carry = buf[consumed:]
                 if offsets:
                     position += consumed

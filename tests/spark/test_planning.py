@@ -7,8 +7,8 @@ import random
 import pytest
 
 from metaq.client.routing import BrokerAddresses, Replica
-from metaq.record import RecordError, encode_record, record_ends
-from metaq.spark.fetch import OffsetInfo, decode_chunk
+from metaq.record import RecordError, decode_columns, encode_record, record_ends
+from metaq.spark.fetch import OffsetInfo
 from metaq.spark.options import OffsetSpec, OptionError, SourceOptions, parse_offsets
 from metaq.spark.planning import check_partition_names, ordered_replicas, resolve_offset, split_range
 from metaq.zk.embedded import free_port
@@ -147,16 +147,16 @@ def test_replica_order_follows_read_from():
 # --- decoding -------------------------------------------------------------------------------------
 
 
-def test_decode_chunk_keeps_a_partial_tail_and_checks_crc():
+def test_decode_columns_keeps_a_partial_tail_and_checks_crc():
     records = [encode_record(b"x" * 30, "tag"), encode_record(b"", None), encode_record(b"yz", "")]
     buf = b"".join(records)
-    offsets, ids, attrs, datas, consumed = decode_chunk(buf[:-3], 1000)
+    offsets, ids, attrs, datas, consumed = decode_columns(buf[:-3], 1000)
     assert offsets == [1000, 1000 + len(records[0])] and attrs == ["tag", None] and datas == [b"x" * 30, b""]
     assert consumed == len(records[0]) + len(records[1])
     corrupt = bytearray(buf)
     corrupt[len(records[0]) - 1] ^= 0xFF
     with pytest.raises(RecordError, match="record at offset 1000: checksum mismatch"):
-        decode_chunk(bytes(corrupt), 1000)
+        decode_columns(bytes(corrupt), 1000)
 
 
 # --- with real processes -----------------------------------------------------------------------------
