@@ -29,6 +29,7 @@ sys.path.insert(0, str(REPO))
 from metaq.client.connection import BrokerConnection, Credentials  # noqa: E402
 from metaq.security.credentials import SecurityFile  # noqa: E402
 from metaq.security.group import write_group_secret  # noqa: E402
+from metaq.protocol.messages import VersionRequest  # noqa: E402
 
 from bench.broker_bench import BrokerUnderTest, fetch, message_count, produce  # noqa: E402
 from tests.security_support import TestCA  # noqa: E402
@@ -64,7 +65,7 @@ async def connections_per_second(port: int, connect, count: int) -> float:  # ty
     start = time.perf_counter()
     for _ in range(count):
         conn = await connect(port)
-        reply = await conn.request({"op": "version"})
+        reply = await conn.request(VersionRequest().to_header())
         assert reply.code == 200
         conn.close()
     return count / (time.perf_counter() - start)

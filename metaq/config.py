@@ -256,11 +256,6 @@ def topic_from_settings(base: TopicConfig, name: str, settings: dict[str, Any], 
     return replace(base, name=name, **values)
 
 
-def check_topic_name(name: str) -> str:
-    """The name, or ValueError saying which characters a topic name may use."""
-    return _topic_name(name)
-
-
 # [system]-only keys.
 _SYSTEM_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "brokerId": ("broker_id", _int(0)),
