@@ -93,6 +93,7 @@ class HaCoordinator:
         #: The replication follower, created the first time this broker follows.
         self.follower: MasterFollower | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._flushing: asyncio.Future[None] | None = None
 
     # --- wiring -----------------------------------------------------------------------
 
@@ -357,6 +358,14 @@ class HaCoordinator:
         # writes before they appear.
         await self.registry.set_role("master")
         log.info("leading broker group %d in epoch %d", self.broker_id, self.epoch)
+        # What we inherited as a slave may not be fsynced yet; the committed offset of a
+        # master alone is its flushed end, so flush now: every acked message we hold is
+        # readable at once, not after the next periodic flush.
+        self._flushing = asyncio.ensure_future(self._flush_all())
+
+    async def _flush_all(self) -> None:
+        store = self.host.store
+        await asyncio.gather(*(store.flusher(t, p).flush_now() for t, p in store.logs()), return_exceptions=True)
 
     async def _start_sync_set(self) -> None:
         """On becoming master in sync mode: start the sync set (published before any ack)."""

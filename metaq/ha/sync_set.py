@@ -29,8 +29,8 @@ The rules that keep it:
   are acked by the master alone and the state shows in stats and the log.
 
 Committed offset (what consumers may read) per partition: the highest offset
-that ``minSyncSlaves`` members have, never decreasing; while degraded, the
-master's flushed end (the async rule).
+that ``minSyncSlaves`` members have, never decreasing; with nobody counted
+(a master alone, in either mode) the master's flushed end: it holds the only copy.
 
 A slave's position is not stored here: the injected ``position`` reads the one
 record of it (``ReplicationProgress``, limited to the current epoch, so a
@@ -165,7 +165,13 @@ class SyncReplication:
         key = (topic, partition)
         current = self._committed.get(key, 0)
         if not self.counted:
-            candidate = self._flushed_end(topic, partition) if self.on_loss == "degrade" else current
+            # Invariant: committed = the lowest end over the counted slaves; with nobody
+            # counted, the flushed end in either onSyncSlaveLoss mode. An empty set is
+            # published before the first ack and before any waiter is released, so ZooKeeper
+            # names no slave that could be elected instead of us: nothing in our log can be
+            # taken back by a failover, and every acked message must stay readable (reject
+            # mode refuses new writes, never reads).
+            candidate = self._flushed_end(topic, partition)
         else:
             candidate = self._replicated_end(topic, partition)
         if candidate > current:

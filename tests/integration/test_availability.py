@@ -1,0 +1,64 @@
+"""Availability after failures that never heal (Issue 13), with real processes.
+
+Each test keeps the failed broker down for good and checks what stays readable
+and writable, and within what time (the bound: 2 x zk.zkSessionTimeoutMs + 1 s
+from the failure).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from metaq.protocol import commands as c
+from metaq.tools.launcher import wait_until
+
+from .failover_support import (
+    SESSION_MS,
+    Group,
+    PutStream,
+    fetch_all,
+    make_pair,
+    put_one,
+    sync_system,
+    wait_leads,
+)
+
+BOUND_S = 2 * SESSION_MS / 1000 + 1
+
+
+@pytest.mark.parametrize("on_loss", ["reject", "degrade"])
+def test_promoted_master_alone_serves_every_acked_message(broker_factory, zk_client, zk_root, on_loss):
+    """Finding 1: after kill -9 of the master of a sync pair, the promoted slave is alone
+    and holds the only copy; every acked message is readable at once, in both modes.
+    With reject, writes stay refused (the sync set is below minSyncSlaves)."""
+    group = Group(zk_client, zk_root)
+    a, b = make_pair(broker_factory, sync_system(onSyncSlaveLoss=on_loss), group, partitions=2)
+    epoch_before = group.epoch()
+    stream = PutStream(a.address, tag="alone", partitions=2).start()
+    stream.wait_acked(400)
+    # Mid-stream: the last acks' committed offset never reaches the slave.
+    killed_at = time.monotonic()
+    a.kill()
+    stream.stop()
+
+    wait_leads(b, group, epoch_before, timeout=BOUND_S + 5)
+    acked = {(ack.partition, ack.offset): ack.payload for ack in stream.acked}
+
+    def all_readable() -> bool:
+        seen = {}
+        for partition in (0, 1):
+            seen.update({(partition, offset): data for offset, data in fetch_all(b, partition=partition).items()})
+        return all(seen.get(key) == payload for key, payload in acked.items())
+
+    wait_until(all_readable, BOUND_S + 5, interval=0.1, message="every acked message readable on the new master")
+    readable_after = time.monotonic() - killed_at
+    assert readable_after < BOUND_S, f"acked messages readable only {readable_after:.2f}s after the kill (bound {BOUND_S}s)"
+
+    reply = put_one(b, b"after-failover")
+    if on_loss == "reject":
+        assert reply.code == c.SERVICE_UNAVAILABLE, reply.header
+        assert "minSyncSlaves" in reply.message
+    else:
+        assert reply.code == 200, reply.header
