@@ -45,6 +45,7 @@ from ..addresses import parse_broker_url
 from ..client.connection import BrokerConnection, ConnectionClosed
 from ..config import SlaveConfig
 from ..protocol.messages import EpochsRequest
+from ..store.datadirs import broker_identity
 from ..zk.group import ZK_CALL_TIMEOUT_S, GroupState, read_group_state
 from ..zk.paths import ZkPaths, decode_epoch, slave_node_id
 from .election import eligibility, publish_sync_set, try_take_master
@@ -94,6 +95,10 @@ class HaCoordinator:
         self.follower: MasterFollower | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._flushing: asyncio.Future[None] | None = None
+        #: Why this broker may not lead (it failed to take up leading), or None.
+        self.cannot_lead: str | None = None
+        #: This broker's stable identity (datadirs.broker_identity), recorded with each epoch it takes.
+        self.identity: str | None = None
 
     # --- wiring -----------------------------------------------------------------------
 
@@ -118,6 +123,7 @@ class HaCoordinator:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self.identity = await asyncio.to_thread(broker_identity, self.config.data_path)
         self.lease = ZkLease(self.zk, self.config.zk.session_timeout_ms)
         registry = self.registry
         registry.on_session_suspended = lambda: self.post(Event.SUSPENDED)
@@ -148,7 +154,10 @@ class HaCoordinator:
         """The master znode names ``url`` (another broker): SEEN or CHANGED, decided in turn."""
 
         async def decide() -> Event:
-            return master_event(url, self.master_url)
+            event = master_event(url, self.master_url)
+            if event is Event.MASTER_CHANGED and await self._names_previous_life(url):
+                return Event.REEVALUATE  # not a master to follow: wait for its node to expire
+            return event
 
         self.post(decide, url)
 
@@ -215,9 +224,12 @@ class HaCoordinator:
             log.info("role: %s --%s--> %s", before.value, event.value, new.value)
             try:
                 await self._enter(new, detail)
-            except Exception:
-                log.exception("entering %s failed; re-evaluating", new.value)
-                await asyncio.sleep(0.2)
+            except Exception as exc:
+                if new is Role.LEADING:
+                    await self._step_down(exc)
+                else:
+                    log.exception("entering %s failed; re-evaluating", new.value)
+                    await asyncio.sleep(0.2)
                 self.post(Event.REEVALUATE)
             if new is Role.STOPPED:
                 return
@@ -240,7 +252,7 @@ class HaCoordinator:
         self.epoch = max(self.epoch, state.epoch)
         if state.master_url is None:
             self.post(Event.MASTER_GONE)
-        elif state.master_url == self.my_url:
+        elif state.master_url == self.my_url or self._previous_life(state):
             if self.machine.state is not Role.LEADING:
                 # Our own node from a previous life (kill -9, quick restart): wait it out.
                 log.info("the master node still names this broker (a previous run); waiting for it to expire")
@@ -248,6 +260,20 @@ class HaCoordinator:
                 self.post(Event.REEVALUATE)
         else:
             self._post_master(state.master_url)
+
+    async def _names_previous_life(self, url: str) -> bool:
+        state = await self._read_state()
+        return state is not None and state.master_url == url and self._previous_life(state)
+
+    def _previous_life(self, state: GroupState) -> bool:
+        """The registered master is this broker's previous run on another address (its
+        session has not expired yet): recognised by the identity recorded with its epoch."""
+        return (
+            self.machine.state is not Role.LEADING
+            and state.master_url == state.leader_url
+            and state.leader_identity is not None
+            and state.leader_identity == self.identity
+        )
 
     # --- entry actions --------------------------------------------------------------------
 
@@ -264,6 +290,32 @@ class HaCoordinator:
             await self._fence()
         elif role is Role.STOPPED:
             await self._shutdown()
+
+    async def _step_down(self, exc: Exception) -> None:
+        """We won the lock but cannot serve (a log that cannot open, say): give the lock back.
+
+        Invariant: the master lock is held only by a broker that serves its group. A
+        broker that failed to take up leading never tries again until restarted, so the
+        group is left to an eligible slave instead of a master that serves nothing.
+        """
+        self.cannot_lead = f"{type(exc).__name__}: {exc}"
+        log.error(
+            "cannot lead broker group %d: %s; releasing the master lock (this broker will not take over"
+            " again until it is restarted with the cause fixed)", self.broker_id, self.cannot_lead,
+        )
+        await self._stop_leading()
+        try:
+            await self.registry.set_role(None)
+            await asyncio.to_thread(self._release_lock)
+        except ZK_ERRORS as lock_error:
+            log.error("could not release the master lock (%s); it goes when our session ends", lock_error)
+
+    def _release_lock(self) -> None:
+        """Delete the master node if our session holds it (never another broker's)."""
+        path = self.paths.master(self.broker_id)
+        stat = self.zk.exists_async(path).get(timeout=ZK_CALL_TIMEOUT_S)
+        if stat is not None and stat.ephemeralOwner == self.registry.session_id:
+            self.zk.delete_async(path, version=stat.version).get(timeout=ZK_CALL_TIMEOUT_S)
 
     async def _fence(self) -> None:
         await self._stop_leading()
@@ -314,11 +366,13 @@ class HaCoordinator:
             mode=self.config.replication_mode,
             auto_failover=self.config.auto_failover,
             my_url=self.my_url,
+            my_identity=self.identity,
             my_slave_id=self.registry.slave_id,
             prefers_master=self.prefers_master,
             followed_epoch=self.followed_epoch,
             replicas_healthy=healthy,
             state=state,
+            cannot_lead=self.cannot_lead,
         )
         if ok:
             log.info("may take over: %s", why)
@@ -329,7 +383,7 @@ class HaCoordinator:
 
     async def _elect(self, seen: GroupState) -> None:
         try:
-            epoch = await asyncio.to_thread(try_take_master, self.zk, self.paths, self.broker_id, self.my_url, seen)
+            epoch = await asyncio.to_thread(try_take_master, self.zk, self.paths, self.broker_id, self.my_url, seen, self.identity)
         except ZK_ERRORS as exc:
             log.warning("election transaction failed: %s", exc)
             epoch = None

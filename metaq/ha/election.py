@@ -32,17 +32,18 @@ def _get(client: KazooClient, path: str) -> tuple[bytes, object]:
 
 
 def try_take_master(
-    client: KazooClient, paths: ZkPaths, broker_id: int, url: str, seen: GroupState
+    client: KazooClient, paths: ZkPaths, broker_id: int, url: str, seen: GroupState, identity: str | None = None
 ) -> int | None:
     """Atomically take the lock and the next epoch; the new epoch, or None if someone else did."""
     new_epoch = seen.epoch + 1
+    value = encode_epoch(new_epoch, url, identity)
     epoch_path = paths.epoch(broker_id)
     tx = client.transaction()
     if seen.epoch_version < 0:
-        tx.create(epoch_path, encode_epoch(new_epoch, url))
+        tx.create(epoch_path, value)
     else:
         tx.check(epoch_path, seen.epoch_version)
-        tx.set_data(epoch_path, encode_epoch(new_epoch, url), version=seen.epoch_version)
+        tx.set_data(epoch_path, value, version=seen.epoch_version)
     tx.create(paths.master(broker_id), url.encode(), ephemeral=True)
     results = tx.commit_async().get(timeout=ZK_CALL_TIMEOUT_S)
     # A failed transaction reports an exception per operation (the culprit, and
@@ -57,21 +58,25 @@ def eligibility(
     mode: str,
     auto_failover: bool,
     my_url: str,
+    my_identity: str | None = None,
     my_slave_id: int | None,
     prefers_master: bool,
     followed_epoch: int,
     replicas_healthy: bool,
     state: GroupState,
+    cannot_lead: str | None = None,
 ) -> tuple[bool, str]:
     """May this broker try to take the master lock now? ``(yes, why)``."""
     if state.master_url is not None:
         return False, f"a master is registered ({state.master_url})"
+    if cannot_lead is not None:
+        return False, f"this broker failed to take up leading ({cannot_lead}); restart it once fixed"
     if state.epoch_version < 0:
         # A group that never had a master: only a broker started as master founds it.
         if prefers_master:
             return True, "the group has no epoch yet; founding it"
         return False, "the group never had a master; waiting for one"
-    if state.leader_url == my_url:
+    if was_last_leader(state, my_url, my_identity):
         return True, f"this broker was the master of epoch {state.epoch}"
     if mode == "sync":
         if state.sync_set is None:
@@ -86,6 +91,14 @@ def eligibility(
     if not replicas_healthy:
         return False, "a replicated partition is stopped (diverged); not a safe master"
     return True, f"async failover from the master of epoch {state.epoch}"
+
+
+def was_last_leader(state: GroupState, my_url: str, my_identity: str | None) -> bool:
+    """Did this broker take the current epoch? Known by its identity (kept in its data dir, so
+    a restart on another address keeps it), or by its url for epochs written without one."""
+    if state.leader_identity is not None and my_identity is not None:
+        return state.leader_identity == my_identity
+    return state.leader_url == my_url
 
 
 def publish_sync_set(

@@ -26,6 +26,7 @@ from ..addresses import parse_host_port
 from ..config import BrokerConfig, ConfigError, SlaveConfig, TopicConfig
 from ..ha.heartbeat import HeartbeatResponder
 from ..ha.node import HaNode
+from ..store.datadirs import check_data_dirs
 from ..store.manager import MessageStoreManager
 from ..store.msgid import MsgIdGenerator
 from .connection import ClientConnection
@@ -106,6 +107,8 @@ class Broker:
                 raise ConfigError(f"{config.source_path}: replicationMode=sync needs ZooKeeper (zk.zkEnable=false)")
             if self.slave is not None:
                 raise ConfigError(f"{config.source_path}: a slave needs ZooKeeper to find its master (zk.zkEnable=false)")
+        # Before anything else: a broker that cannot keep logs must never hold the master lock.
+        check_data_dirs(config.data_path, config.topics.values(), str(config.source_path))
         floor = self.store.open_existing()
         self.ids = MsgIdGenerator(config.broker_id, floor)
         self.store.on_flushed = self.notify

@@ -204,9 +204,26 @@ def parse_offset(text: str | bytes) -> tuple[int, int]:
 # --- a group's epoch and sync set ----------------------------------------------------
 
 
-def encode_epoch(epoch: int, leader_url: str) -> bytes:
-    """The epoch node's value: ``{"epoch": N, "leader": url}`` (the master that took epoch N)."""
-    return json.dumps({"epoch": epoch, "leader": leader_url}).encode()
+def encode_epoch(epoch: int, leader_url: str, leader_identity: str | None = None) -> bytes:
+    """The epoch node's value: ``{"epoch": N, "leader": url, "identity": id}`` (the master that
+    took epoch N; ``identity`` is the broker's stable identity from its data dir, which a
+    restart on another address keeps)."""
+    value: dict[str, object] = {"epoch": epoch, "leader": leader_url}
+    if leader_identity is not None:
+        value["identity"] = leader_identity
+    return json.dumps(value).encode()
+
+
+def decode_epoch_identity(data: bytes) -> str | None:
+    """The leader identity in an epoch node's value, or None (older values have none)."""
+    text = data.decode("utf-8").strip()
+    if not text.startswith("{"):
+        return None
+    try:
+        identity = json.loads(text).get("identity")
+    except ValueError:
+        return None
+    return identity if isinstance(identity, str) else None
 
 
 def decode_epoch(data: bytes) -> tuple[int, str | None]:

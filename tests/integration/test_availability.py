@@ -62,3 +62,47 @@ def test_promoted_master_alone_serves_every_acked_message(broker_factory, zk_cli
         assert "minSyncSlaves" in reply.message
     else:
         assert reply.code == 200, reply.header
+
+
+def test_broker_whose_store_cannot_open_never_holds_the_master_lock(broker_factory, zk_client, zk_root):
+    """Finding 4: dataPath=/proc/x. The broker exits non-zero with one clear line before it
+    registers; the group never shows a master that serves nothing."""
+    group = Group(zk_client, zk_root)
+    broker = broker_factory(0, {"fo": 1}, {"dataPath": "/proc/x"}, name="badstore", zookeeper={"zk.zkSessionTimeoutMs": SESSION_MS}, start=False)
+    broker.start(wait=False)
+    code = broker._process.wait(30)
+    assert code != 0
+    errors = [line for line in broker.log_text().splitlines() if "error" in line.lower()]
+    assert len(errors) == 1, broker.log_text()
+    assert "dataPath /proc/x is not a writable directory" in errors[0], errors
+    assert "Traceback" not in broker.log_text()
+    assert group.master() is None and group.epoch() == 0
+
+
+def _move_to_new_port(broker) -> None:
+    from metaq.zk.embedded import free_port
+
+    old = broker.port
+    broker.port = free_port(broker.host)
+    text = broker.config_path.read_text().replace(f"serverPort={old}\n", f"serverPort={broker.port}\n")
+    broker.config_path.write_text(text)
+
+
+@pytest.mark.parametrize("how", ["stop", "kill"])
+def test_standalone_master_restarted_on_a_new_port_takes_its_group_back(broker_factory, zk_client, zk_root, how):
+    """Finding 5: the last leader is recognised by the identity kept in its data dir, not
+    by its url: a standalone master restarted with a new serverPort leads again (after a
+    kill -9, once its old session's node expired)."""
+    group = Group(zk_client, zk_root)
+    a = broker_factory(0, {"fo": 1}, {"replicationMode": "async"}, name="solo", zookeeper={"zk.zkSessionTimeoutMs": SESSION_MS})
+    assert put_one(a, b"before-restart").code == 200
+    epoch_before = group.epoch()
+    if how == "kill":
+        a.kill()
+    else:
+        a.stop()
+    _move_to_new_port(a)
+    a.start(wait=False)
+    wait_leads(a, group, epoch_before, timeout=BOUND_S + 10)
+    assert put_one(a, b"after-restart").code == 200
+    assert b"before-restart" in fetch_all(a).values()
