@@ -25,8 +25,9 @@ from .. import __version__
 from ..addresses import parse_host_port
 from ..config import BrokerConfig, ConfigError, SlaveConfig, TopicConfig
 from ..ha.heartbeat import HeartbeatResponder
+from ..ha.joining import check_join
 from ..ha.node import HaNode
-from ..store.datadirs import check_data_dirs
+from ..store.datadirs import broker_identity, check_data_dirs
 from ..store.manager import MessageStoreManager
 from ..store.msgid import MsgIdGenerator
 from .connection import ClientConnection
@@ -135,6 +136,12 @@ class Broker:
             self.registry = BrokerRegistry(config.zk, config.broker_id, host, port, config.topics, config.checksum, None)
             await self.registry.start()
             log.info("broker %d connected to ZooKeeper at %s%s", config.broker_id, config.zk.zk_connect, config.zk.root)
+            try:
+                identity = await asyncio.to_thread(broker_identity, config.data_path)
+                await check_join(config, self.slave, self.registry.client, self.registry.url, identity)
+            except BaseException:
+                await self.registry.stop(sync_time_ms=0)
+                raise
         await self.ha.start()
 
     async def stop(self) -> None:

@@ -106,3 +106,37 @@ def test_standalone_master_restarted_on_a_new_port_takes_its_group_back(broker_f
     wait_leads(a, group, epoch_before, timeout=BOUND_S + 10)
     assert put_one(a, b"after-restart").code == 200
     assert b"before-restart" in fetch_all(a).values()
+
+
+def _exits_with_one_error(broker) -> str:
+    broker.start(wait=False)
+    code = broker._process.wait(30)
+    assert code != 0, broker.log_text()
+    errors = [line for line in broker.log_text().splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and "Traceback" not in broker.log_text(), broker.log_text()
+    return errors[0]
+
+
+def test_second_broker_with_an_id_in_use_is_refused_or_joins_loudly(broker_factory, zk_client, zk_root):
+    """Finding 7 (first half): a broker started without --slave while its group has a master
+    refuses if joining would drop its own topics, and otherwise joins with a WARNING; a
+    slave id held by another broker is refused."""
+    group = Group(zk_client, zk_root)
+    zk = {"zk.zkSessionTimeoutMs": SESSION_MS}
+    a = broker_factory(0, {"fo": 1}, {"replicationMode": "async"}, name="first", zookeeper=zk)
+    b = broker_factory(0, {"fo": 1}, {"replicationMode": "async"}, {"slaveId": 1}, name="slave1", zookeeper=zk)
+
+    own_topic = broker_factory(0, {"fo": 1, "mine": 2}, {"replicationMode": "async"}, name="own", zookeeper=zk, start=False)
+    line = _exits_with_one_error(own_topic)
+    assert "brokerId=0 is in use" in line and "mine" in line, line
+
+    same_slave = broker_factory(0, {"fo": 1}, {"replicationMode": "async"}, {"slaveId": 1}, name="dup-slave", zookeeper=zk, start=False)
+    line = _exits_with_one_error(same_slave)
+    assert "slaveId=1 of brokerId=0 is in use by " + b.url in line, line
+
+    joiner = broker_factory(0, {"fo": 1}, {"replicationMode": "async"}, name="joiner", zookeeper=zk, start=False)
+    joiner.start(wait=False)
+    wait_until(lambda: group.slave_id_of(joiner) is not None, 20, message="the joiner registered as a slave")
+    warnings = [l for l in joiner.log_text().splitlines() if "WARNING" in l and "started without --slave" in l]
+    assert warnings and "joins it as a slave" in warnings[0], joiner.log_text()
+    assert group.master() == a.url
