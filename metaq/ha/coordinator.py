@@ -48,7 +48,17 @@ from ..protocol.messages import EpochsRequest
 from ..store.datadirs import broker_identity
 from ..zk.group import ZK_CALL_TIMEOUT_S, GroupState, read_group_state
 from ..zk.paths import ZkPaths, decode_epoch, slave_node_id
-from .election import eligibility, publish_sync_set, try_take_master
+from .election import (
+    Candidate,
+    candidate_turn,
+    eligibility,
+    post_candidacy,
+    publish_sync_set,
+    read_candidates,
+    try_take_master,
+    was_last_leader,
+    withdraw_candidacy,
+)
 from .epochs import EpochCache
 from .follower import MasterFollower
 from .host import BrokerHost
@@ -99,6 +109,9 @@ class HaCoordinator:
         self.cannot_lead: str | None = None
         #: This broker's stable identity (datadirs.broker_identity), recorded with each epoch it takes.
         self.identity: str | None = None
+        #: When this broker first posted its candidacy in the current orphaned period.
+        self._candidate_since: float | None = None
+        self._last_turn: str | None = None
 
     # --- wiring -----------------------------------------------------------------------
 
@@ -221,7 +234,8 @@ class HaCoordinator:
                 continue
             new = step.state
             self.last_transition_at = time.time()
-            log.info("role: %s --%s--> %s", before.value, event.value, new.value)
+            # Re-entries (an orphan looking again while waiting its turn) would flood the log.
+            log.log(logging.DEBUG if new is before else logging.INFO, "role: %s --%s--> %s", before.value, event.value, new.value)
             try:
                 await self._enter(new, detail)
             except Exception as exc:
@@ -374,12 +388,65 @@ class HaCoordinator:
             state=state,
             cannot_lead=self.cannot_lead,
         )
+        if self._ranks_candidates(state):
+            ok, why = await self._candidacy(state, ok, why)
+            if why is None:
+                return False  # waiting for our turn; a re-evaluation is scheduled
         if ok:
             log.info("may take over: %s", why)
             self.post(Event.ELIGIBLE, state)
         else:
             log.info("not taking over: %s", why)
         return ok
+
+    def _ranks_candidates(self, state: GroupState) -> bool:
+        """Async failover by a slave: the most caught-up one goes first (election.candidate_turn)."""
+        return (
+            self.config.replication_mode == "async"
+            and self.registry.slave_id is not None
+            and not was_last_leader(state, self.my_url, self.identity)
+        )
+
+    async def _candidacy(self, state: GroupState, eligible: bool, why: str) -> tuple[bool, str | None]:
+        """Post our log end; ``(ok, why)``, or ``(False, None)`` while waiting for our turn."""
+        slave_id = self.registry.slave_id
+        now = time.monotonic()
+        if self._candidate_since is None:
+            self._candidate_since = now
+        me = Candidate(slave_id, sum(l.log_end for l in self.host.store.logs().values()), state.epoch, eligible)
+        try:
+            await asyncio.to_thread(post_candidacy, self.zk, self.paths, self.broker_id, me)
+            candidates, live = await asyncio.to_thread(read_candidates, self.zk, self.paths, self.broker_id)
+        except ZK_ERRORS as exc:
+            log.warning("cannot post or read election candidates (%s); retrying", exc)
+            self._look_again_in(0.2)
+            return False, None
+        if not eligible:
+            return False, why
+        ok, turn, retry_after = candidate_turn(slave_id, state.epoch, candidates, live, now - self._candidate_since)
+        if ok:
+            return True, f"{why}; {turn}"
+        if turn != self._last_turn:
+            log.info("not taking over yet: %s", turn)
+            self._last_turn = turn
+        # Poll: a better candidate may post, win, or vanish in the meantime.
+        self._look_again_in(min(retry_after, 0.05))
+        return False, None
+
+    def _look_again_in(self, seconds: float) -> None:
+        asyncio.get_running_loop().call_later(seconds, self.post, Event.REEVALUATE)
+
+    async def _withdraw_candidacy(self) -> None:
+        """Leaving the orphaned state: our candidacy (if any) is over."""
+        if self._candidate_since is None:
+            return
+        self._candidate_since, self._last_turn = None, None
+        slave_id = self.registry.slave_id
+        if slave_id is not None:
+            try:
+                await asyncio.to_thread(withdraw_candidacy, self.zk, self.paths, self.broker_id, slave_id)
+            except ZK_ERRORS as exc:
+                log.debug("candidacy not withdrawn (%s); it goes with our session", exc)
 
     async def _elect(self, seen: GroupState) -> None:
         try:
@@ -396,6 +463,7 @@ class HaCoordinator:
 
     async def _lead(self) -> None:
         host = self.host
+        await self._withdraw_candidacy()
         await self._unfollow()
         self.serving_epoch = self.epoch
         for name, topic in host.config.topics.items():
@@ -459,6 +527,7 @@ class HaCoordinator:
         )
 
     async def _become_follower(self, url: str) -> None:
+        await self._withdraw_candidacy()
         await self._stop_leading()
         await self._unfollow()
         self.master_url = url

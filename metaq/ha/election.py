@@ -14,17 +14,22 @@ Who may try (``eligibility``) is decided from what ZooKeeper says, never from
 heartbeats: in sync mode only the last master itself or a member of the sync
 set it published (those hold every acked message); in async mode any slave
 that was following the last master without a stopped partition, and only with
-``autoFailover=true``.
+``autoFailover=true``; among several such slaves, the most caught-up one first
+(``candidate_turn``).
 
 Functions here do blocking kazoo calls: run them in a worker thread.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+
 from kazoo.client import KazooClient
+from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from ..zk.group import ZK_CALL_TIMEOUT_S, GroupState
-from ..zk.paths import ZkPaths, decode_epoch, encode_epoch, encode_sync_set
+from ..zk.paths import ZkPaths, decode_epoch, encode_epoch, encode_sync_set, slave_node_id
 
 
 def _get(client: KazooClient, path: str) -> tuple[bytes, object]:
@@ -133,3 +138,89 @@ def publish_sync_set(
     failed = [r for r in results if isinstance(r, Exception)]
     if failed:
         raise RuntimeError(f"sync set not written (the epoch changed?): {failed[0]!r}")
+
+
+# --- async mode: the most caught-up slave takes over ---------------------------------------
+#
+# In async mode an eligible slave holds every message the master acked up to its own log
+# end, so the slave with the highest log end loses the fewest acked messages (as Redis
+# Sentinel and RocketMQ's controller choose). Every orphaned slave posts its log end in
+# ``candidates/slave{k}`` (ephemeral); the best eligible candidate (highest total log end,
+# ties to the lowest slave id) tries the election. The others wait: until every live slave
+# (a registered ``slave{k}``) has posted, or CANDIDATE_WAIT_S; and a candidate ranked r may
+# try anyway once it has waited r x CANDIDATE_WAIT_S (the better ones did not take over:
+# they died, or hang).
+
+#: How long a candidate waits for a silent live slave, and for each better candidate to win.
+CANDIDATE_WAIT_S = 1.0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    slave_id: int
+    log_end: int  # the sum of its partitions' log ends
+    epoch: int  # the epoch whose master is gone (the election round it posted in)
+    eligible: bool  # whether the election rules let it take over at all
+
+
+def post_candidacy(client: KazooClient, paths: ZkPaths, broker_id: int, me: Candidate) -> None:
+    path = paths.candidate(broker_id, me.slave_id)
+    data = json.dumps({"log_end": me.log_end, "epoch": me.epoch, "eligible": me.eligible}).encode()
+    try:
+        client.create_async(path, data, ephemeral=True, makepath=True).get(timeout=ZK_CALL_TIMEOUT_S)
+    except NodeExistsError:
+        client.set_async(path, data).get(timeout=ZK_CALL_TIMEOUT_S)
+
+
+def withdraw_candidacy(client: KazooClient, paths: ZkPaths, broker_id: int, slave_id: int) -> None:
+    try:
+        client.delete_async(paths.candidate(broker_id, slave_id)).get(timeout=ZK_CALL_TIMEOUT_S)
+    except NoNodeError:
+        pass
+
+
+def read_candidates(client: KazooClient, paths: ZkPaths, broker_id: int) -> tuple[dict[int, Candidate], set[int]]:
+    """The posted candidacies, and the slave ids registered now (live sessions)."""
+    live = {
+        slave_id
+        for child in client.get_children_async(paths.broker(broker_id)).get(timeout=ZK_CALL_TIMEOUT_S)
+        if (slave_id := slave_node_id(child)) is not None
+    }
+    found: dict[int, Candidate] = {}
+    try:
+        children = client.get_children_async(paths.candidates(broker_id)).get(timeout=ZK_CALL_TIMEOUT_S)
+    except NoNodeError:
+        children = []
+    for child in children:
+        slave_id = slave_node_id(child)
+        if slave_id is None:
+            continue
+        try:
+            data, _ = client.get_async(f"{paths.candidates(broker_id)}/{child}").get(timeout=ZK_CALL_TIMEOUT_S)
+            value = json.loads(data)
+            found[slave_id] = Candidate(slave_id, int(value["log_end"]), int(value["epoch"]), bool(value["eligible"]))
+        except (NoNodeError, ValueError, KeyError, TypeError):
+            continue  # gone meanwhile, or not ours to read
+    return found, live
+
+
+def candidate_turn(me: int, epoch: int, candidates: dict[int, Candidate], live: set[int], waited_s: float) -> tuple[bool, str, float]:
+    """May candidate ``me`` try the election now? ``(yes, why, retry after seconds)``."""
+    eligible = sorted(
+        (c for c in candidates.values() if c.eligible and c.epoch == epoch), key=lambda c: (-c.log_end, c.slave_id)
+    )
+    ranks = [c.slave_id for c in eligible]
+    if me not in ranks:
+        return False, "not a posted candidate", CANDIDATE_WAIT_S
+    rank = ranks.index(me)
+    standing = ", ".join(f"slave{c.slave_id}={c.log_end}" for c in eligible)
+    posted = {c.slave_id for c in candidates.values() if c.epoch == epoch}
+    silent = sorted(live - posted - {me})
+    if silent and waited_s < CANDIDATE_WAIT_S:
+        return False, f"waiting for live slaves {silent} to post their log ends (candidates: {standing})", CANDIDATE_WAIT_S - waited_s
+    if rank == 0:
+        return True, f"the most caught-up candidate (log ends: {standing})", 0.0
+    turn_at = rank * CANDIDATE_WAIT_S
+    if waited_s >= turn_at:
+        return True, f"candidates ahead ({ranks[:rank]}) did not take over within {turn_at:.1f}s (log ends: {standing})", 0.0
+    return False, f"slave{ranks[0]} is more caught up (log ends: {standing})", turn_at - waited_s

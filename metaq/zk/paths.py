@@ -10,6 +10,7 @@ tests give each case its own root so that many cases can share one ZooKeeper ser
     {root}/brokers/ids/{id}/master_config_checksum   ephemeral  CRC32 of server.ini, decimal
     {root}/brokers/ids/{id}/epoch                    persistent current master epoch (CAS only)
     {root}/brokers/ids/{id}/sync_set                 the slaves counted for sync acks
+    {root}/brokers/ids/{id}/candidates/slave{k}      ephemeral  an orphaned slave's log end (async election)
     {root}/brokers/topics-pub/{topic}/{id}-m         ephemeral  {"numParts":N,"broker":"0-m"}
     {root}/brokers/topics-sub/{topic}/{id}-m|-s{k}   ephemeral  same JSON
     {root}/consumers/{group}/ids/{group}_{cid}       ephemeral  comma-separated topics
@@ -67,6 +68,12 @@ class ZkPaths:
 
     def sync_set(self, broker_id: int) -> str:
         return _join(self.broker(broker_id), "sync_set")
+
+    def candidates(self, broker_id: int) -> str:
+        return _join(self.broker(broker_id), "candidates")
+
+    def candidate(self, broker_id: int, slave_id: int) -> str:
+        return _join(self.candidates(broker_id), f"slave{slave_id}")
 
     # --- topics ----------------------------------------------------------------
 

@@ -140,3 +140,44 @@ def test_second_broker_with_an_id_in_use_is_refused_or_joins_loudly(broker_facto
     warnings = [l for l in joiner.log_text().splitlines() if "WARNING" in l and "started without --slave" in l]
     assert warnings and "joins it as a slave" in warnings[0], joiner.log_text()
     assert group.master() == a.url
+
+
+def test_async_failover_elects_the_most_caught_up_slave(broker_factory, zk_client, zk_root):
+    """Async election: a master and two slaves at different lags. The lagging slave C sees
+    the master's loss first (B is paused through it), yet the more caught-up B takes over,
+    so no acked message is lost."""
+    from .failover_support import async_system, wait_follows
+    from .replication_support import put, wait_caught_up
+
+    group = Group(zk_client, zk_root)
+    system = async_system()
+    a = broker_factory(0, {"fo": 1}, system, name="A", zookeeper={"zk.zkSessionTimeoutMs": 1000})
+    # B's longer session outlives its pause below.
+    b = broker_factory(0, {"fo": 1}, system, {"slaveId": 1}, name="B", zookeeper={"zk.zkSessionTimeoutMs": 4000})
+    c = broker_factory(0, {"fo": 1}, system, {"slaveId": 2}, name="C", zookeeper={"zk.zkSessionTimeoutMs": SESSION_MS})
+    wait_follows(b, a, group)
+    wait_follows(c, a, group)
+    put(a, "fo", 0, 100)
+    wait_caught_up(a, b, [("fo", 0)])
+    wait_caught_up(a, c, [("fo", 0)])
+    epoch_before = group.epoch()
+
+    c.pause()  # C lags by everything acked from here
+    try:
+        put(a, "fo", 0, 200)
+        wait_caught_up(a, b, [("fo", 0)])
+        b.pause()
+    finally:
+        c.resume()
+    a.kill()
+    # Nobody can replicate from here: the log ends the election must compare.
+    b_end, c_end = (sum(map(len, broker.disk_log("fo", 0)[1:])) for broker in (b, c))
+    try:
+        wait_until(lambda: group.master() is None, 10, interval=0.02, message="the master's node to expire")
+        time.sleep(0.3)  # C, alone awake, sees the loss first
+    finally:
+        b.resume()
+    wait_leads(b, group, epoch_before, timeout=15)
+    assert c_end < b_end, "C did not lag: the test proves nothing"
+    assert len(fetch_all(b)) == 300
+    assert "waiting for live slaves [1]" in c.log_text() or "slave1 is more caught up" in c.log_text(), c.log_text(40)

@@ -44,3 +44,34 @@ def test_epoch_value_keeps_the_identity_and_old_values_still_decode():
     assert decode_epoch_identity(data) == "id-a"
     assert decode_epoch_identity(encode_epoch(5, "meta://h:1")) is None
     assert decode_epoch_identity(b"7") is None
+
+
+from metaq.ha.election import CANDIDATE_WAIT_S, Candidate, candidate_turn  # noqa: E402
+
+
+def _cands(**ends: int) -> dict[int, Candidate]:
+    return {int(k[1:]): Candidate(int(k[1:]), end, 3, True) for k, end in ends.items()}
+
+
+def test_most_caught_up_candidate_goes_first_ties_to_lowest_slave_id():
+    cands = _cands(s1=500, s2=900)
+    assert candidate_turn(2, 3, cands, {1, 2}, 0.0)[0]
+    ok, why, retry = candidate_turn(1, 3, cands, {1, 2}, 0.0)
+    assert not ok and "slave2 is more caught up" in why and retry == CANDIDATE_WAIT_S
+    tie = _cands(s1=700, s2=700)
+    assert candidate_turn(1, 3, tie, {1, 2}, 0.0)[0] and not candidate_turn(2, 3, tie, {1, 2}, 0.0)[0]
+
+
+def test_a_silent_live_slave_is_waited_for_then_the_next_best_may_try():
+    cands = _cands(s1=500)
+    ok, why, retry = candidate_turn(1, 3, cands, {1, 2}, 0.2)
+    assert not ok and "[2]" in why and abs(retry - (CANDIDATE_WAIT_S - 0.2)) < 1e-9
+    assert candidate_turn(1, 3, cands, {1, 2}, CANDIDATE_WAIT_S)[0]
+    # the best did not win within its turn: the second may try
+    cands = _cands(s1=500, s2=900)
+    assert candidate_turn(1, 3, cands, {1, 2}, CANDIDATE_WAIT_S)[0]
+
+
+def test_ineligible_and_stale_candidacies_do_not_rank():
+    cands = {1: Candidate(1, 500, 3, True), 2: Candidate(2, 900, 3, False), 4: Candidate(4, 999, 2, True)}
+    assert candidate_turn(1, 3, cands, {1, 2}, 0.0)[0]  # slave2 not eligible, slave4 posted in an old round
