@@ -171,5 +171,9 @@ class HaNode:
 
     def status_pairs(self) -> list[tuple[str, object]]:
         pairs = self.coordinator.status_pairs() if self.coordinator is not None else []
+        if self.acting_master:
+            # What a producer gets now (``metaq cluster`` marks a refusing master).
+            refusal = self.write_refusal()
+            pairs.append(("writes", "accepted" if refusal is None else f"refused: {refusal[1]}"))
         sync_set = self.sync_set
         return pairs + (sync_set.status_pairs() if sync_set is not None else [])

@@ -7,9 +7,12 @@ from the failure).
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
+
+from metaq.cli.cluster import collect, unhealthy
 
 from metaq.protocol import commands as c
 from metaq.tools.launcher import wait_until
@@ -57,11 +60,19 @@ def test_promoted_master_alone_serves_every_acked_message(broker_factory, zk_cli
     assert readable_after < BOUND_S, f"acked messages readable only {readable_after:.2f}s after the kill (bound {BOUND_S}s)"
 
     reply = put_one(b, b"after-failover")
+    problems = unhealthy(asyncio.run(collect(a.zk_connect, zk_root)))
     if on_loss == "reject":
         assert reply.code == c.SERVICE_UNAVAILABLE, reply.header
         assert "minSyncSlaves" in reply.message
+        assert problems == [f"UNHEALTHY broker group 0: master writes refused ({b.url})"], problems
     else:
         assert reply.code == 200, reply.header
+        assert problems == [], problems
+
+    b.kill()
+    wait_until(lambda: group.master() is None, BOUND_S + 5, message="the master's node to expire")
+    problems = unhealthy(asyncio.run(collect(a.zk_connect, zk_root)))
+    assert problems == ["UNHEALTHY broker group 0: master NO MASTER"], problems
 
 
 def test_broker_whose_store_cannot_open_never_holds_the_master_lock(broker_factory, zk_client, zk_root):
