@@ -24,6 +24,7 @@ COMMANDS = {
     "cluster": "cluster",
     "verify": "verify",
     "drill": "drill",
+    "promote": "promote",
     "security": "security",
     "http": "http",
 }

@@ -49,8 +49,12 @@ from ..store.datadirs import broker_identity
 from ..zk.group import ZK_CALL_TIMEOUT_S, GroupState, read_group_state
 from ..zk.paths import ZkPaths, decode_epoch, slave_node_id
 from .election import (
+    HANDOVER_TIMEOUT_S,
     Candidate,
     candidate_turn,
+    clear_handover,
+    decode_handover,
+    read_handover,
     eligibility,
     post_candidacy,
     publish_sync_set,
@@ -111,6 +115,8 @@ class HaCoordinator:
         self.identity: str | None = None
         #: When this broker first posted its candidacy in the current orphaned period.
         self._candidate_since: float | None = None
+        #: The slave a `metaq promote` hand-over goes to while we pause writes, or None.
+        self.handing_over: int | None = None
         self._last_turn: str | None = None
 
     # --- wiring -----------------------------------------------------------------------
@@ -145,6 +151,7 @@ class HaCoordinator:
         self._worker = asyncio.ensure_future(self._run())
         await asyncio.to_thread(self.zk.DataWatch, self.paths.master(self.broker_id), self._zk_watch(self._master_changed))
         await asyncio.to_thread(self.zk.DataWatch, self.paths.epoch(self.broker_id), self._zk_watch(self._epoch_changed))
+        await asyncio.to_thread(self.zk.DataWatch, self.paths.handover(self.broker_id), self._zk_watch(self._handover_changed))
 
     async def stop(self) -> None:
         self.post(Event.STOP)
@@ -197,6 +204,47 @@ class HaCoordinator:
             self.post(Event.MASTER_GONE)
         elif url != self.my_url:
             self._post_master(url)
+
+    def _handover_changed(self, data: bytes | None) -> None:
+        handover = decode_handover(data) if data else None
+        if handover is None:
+            return
+        if self.machine.state is Role.LEADING and handover.epoch == self.serving_epoch and not handover.unclean:
+            if self.handing_over is None:
+                self.handing_over = handover.slave_id
+                asyncio.ensure_future(self._hand_over(handover.slave_id))
+        else:
+            self.post(Event.REEVALUATE)  # an orphan may now be the one named (or no longer)
+
+    async def _hand_over(self, slave_id: int) -> None:
+        """``metaq promote``: pause writes, wait for the target to hold our whole log, give up the lock.
+
+        Writes are refused (503, nothing stored) from the first line on, so the log ends
+        stop moving; once the target's reported position reaches every log end it holds
+        every acked message, and we release the master node: only the target may elect
+        (election.eligibility reads the hand-over node), and it wins the next epoch.
+        """
+        paused_at = time.monotonic()
+        log.warning("handing broker group %d over to slave %d (metaq promote): writes paused", self.broker_id, slave_id)
+        store = self.host.store
+        deadline = paused_at + HANDOVER_TIMEOUT_S
+        while True:
+            behind = [
+                (t, p) for (t, p), l in store.logs().items()
+                if (self.progress.position(slave_id, t, p, epoch=self.serving_epoch) or 0) < l.log_end
+            ]
+            if not behind:
+                break
+            if time.monotonic() > deadline or self.machine.state is not Role.LEADING:
+                log.error("hand-over to slave %d abandoned: it did not catch up on %s within %.0fs; writes resume",
+                          slave_id, behind[:3], HANDOVER_TIMEOUT_S)
+                self.handing_over = None
+                await asyncio.to_thread(clear_handover, self.zk, self.paths, self.broker_id)
+                return
+            await asyncio.sleep(0.002)
+        log.warning("slave %d holds our whole log after %.0f ms; releasing the master lock",
+                    slave_id, (time.monotonic() - paused_at) * 1000)
+        await self._release_master()
 
     def _epoch_changed(self, data: bytes | None) -> None:
         if not data:
@@ -317,12 +365,16 @@ class HaCoordinator:
             "cannot lead broker group %d: %s; releasing the master lock (this broker will not take over"
             " again until it is restarted with the cause fixed)", self.broker_id, self.cannot_lead,
         )
+        await self._release_master()
+
+    async def _release_master(self) -> None:
+        """Stop acking, withdraw our master registration and give the lock back."""
         await self._stop_leading()
         try:
             await self.registry.set_role(None)
             await asyncio.to_thread(self._release_lock)
-        except ZK_ERRORS as lock_error:
-            log.error("could not release the master lock (%s); it goes when our session ends", lock_error)
+        except ZK_ERRORS as exc:
+            log.error("could not release the master lock (%s); it goes when our session ends", exc)
 
     def _release_lock(self) -> None:
         """Delete the master node if our session holds it (never another broker's)."""
@@ -376,6 +428,12 @@ class HaCoordinator:
             return False
         follower = self.follower
         healthy = follower is None or not any(r.stopped for r in follower.replicas.values())
+        try:
+            handover = await asyncio.to_thread(read_handover, self.zk, self.paths, self.broker_id)
+        except ZK_ERRORS:
+            handover = None
+        if handover is not None and handover.epoch != state.epoch:
+            handover = None  # a stale request, for an earlier master
         ok, why = eligibility(
             mode=self.config.replication_mode,
             auto_failover=self.config.auto_failover,
@@ -387,8 +445,9 @@ class HaCoordinator:
             replicas_healthy=healthy,
             state=state,
             cannot_lead=self.cannot_lead,
+            handover=handover,
         )
-        if self._ranks_candidates(state):
+        if handover is None and self._ranks_candidates(state):
             ok, why = await self._candidacy(state, ok, why)
             if why is None:
                 return False  # waiting for our turn; a re-evaluation is scheduled
@@ -464,6 +523,13 @@ class HaCoordinator:
     async def _lead(self) -> None:
         host = self.host
         await self._withdraw_candidacy()
+        self.handing_over = None
+        try:
+            handover = await asyncio.to_thread(read_handover, self.zk, self.paths, self.broker_id)
+            if handover is not None and handover.epoch < self.epoch:
+                await asyncio.to_thread(clear_handover, self.zk, self.paths, self.broker_id)  # done: it was for us
+        except ZK_ERRORS as exc:
+            log.warning("could not clear the hand-over node (%s)", exc)
         await self._unfollow()
         self.serving_epoch = self.epoch
         for name, topic in host.config.topics.items():
@@ -528,6 +594,7 @@ class HaCoordinator:
 
     async def _become_follower(self, url: str) -> None:
         await self._withdraw_candidacy()
+        self.handing_over = None
         await self._stop_leading()
         await self._unfollow()
         self.master_url = url

@@ -70,12 +70,20 @@ def eligibility(
     replicas_healthy: bool,
     state: GroupState,
     cannot_lead: str | None = None,
+    handover: "Handover | None" = None,
 ) -> tuple[bool, str]:
     """May this broker try to take the master lock now? ``(yes, why)``."""
     if state.master_url is not None:
         return False, f"a master is registered ({state.master_url})"
     if cannot_lead is not None:
         return False, f"this broker failed to take up leading ({cannot_lead}); restart it once fixed"
+    if handover is not None and handover.epoch == state.epoch:
+        # An operator's `metaq promote`: only the named slave may take this epoch's successor.
+        if my_slave_id != handover.slave_id:
+            return False, f"an operator hands broker group over to slave {handover.slave_id} (metaq promote)"
+        if handover.unclean:
+            return True, f"UNCLEAN election requested by an operator for slave {handover.slave_id}: acked messages this broker lacks are lost"
+        return True, f"an operator hands the group over to this broker (slave {handover.slave_id})"
     if state.epoch_version < 0:
         # A group that never had a master: only a broker started as master founds it.
         if prefers_master:
@@ -96,6 +104,51 @@ def eligibility(
     if not replicas_healthy:
         return False, "a replicated partition is stopped (diverged); not a safe master"
     return True, f"async failover from the master of epoch {state.epoch}"
+
+
+#: How long a master hands over (writes paused) before it gives up and resumes writes.
+HANDOVER_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Handover:
+    """``metaq promote``: the slave that alone may succeed the master of ``epoch``."""
+
+    slave_id: int
+    epoch: int
+    unclean: bool = False
+
+
+def write_handover(client: KazooClient, paths: ZkPaths, broker_id: int, handover: Handover) -> None:
+    path = paths.handover(broker_id)
+    data = json.dumps({"slave": handover.slave_id, "epoch": handover.epoch, "unclean": handover.unclean}).encode()
+    try:
+        client.create_async(path, data, makepath=True).get(timeout=ZK_CALL_TIMEOUT_S)
+    except NodeExistsError:
+        client.set_async(path, data).get(timeout=ZK_CALL_TIMEOUT_S)
+
+
+def read_handover(client: KazooClient, paths: ZkPaths, broker_id: int) -> Handover | None:
+    try:
+        data, _ = client.get_async(paths.handover(broker_id)).get(timeout=ZK_CALL_TIMEOUT_S)
+    except NoNodeError:
+        return None
+    return decode_handover(data)
+
+
+def decode_handover(data: bytes | None) -> Handover | None:
+    try:
+        value = json.loads(data or b"")
+        return Handover(int(value["slave"]), int(value["epoch"]), bool(value.get("unclean", False)))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def clear_handover(client: KazooClient, paths: ZkPaths, broker_id: int) -> None:
+    try:
+        client.delete_async(paths.handover(broker_id)).get(timeout=ZK_CALL_TIMEOUT_S)
+    except NoNodeError:
+        pass
 
 
 def was_last_leader(state: GroupState, my_url: str, my_identity: str | None) -> bool:

@@ -105,6 +105,8 @@ class HaNode:
             return c.SERVICE_UNAVAILABLE, f"broker {broker_id} is {role.value}; no master here right now, retry"
         if not self.ready:
             return c.SERVICE_UNAVAILABLE, f"broker {broker_id} is starting; retry shortly"
+        if coordinator is not None and coordinator.handing_over is not None:
+            return c.SERVICE_UNAVAILABLE, f"broker {broker_id} is handing over to slave {coordinator.handing_over} (metaq promote); nothing stored, retry"
         sync_set = self.sync_set
         return sync_set.refusal() if sync_set is not None else None
 

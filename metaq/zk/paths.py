@@ -11,6 +11,7 @@ tests give each case its own root so that many cases can share one ZooKeeper ser
     {root}/brokers/ids/{id}/epoch                    persistent current master epoch (CAS only)
     {root}/brokers/ids/{id}/sync_set                 the slaves counted for sync acks
     {root}/brokers/ids/{id}/candidates/slave{k}      ephemeral  an orphaned slave's log end (async election)
+    {root}/brokers/ids/{id}/handover                 persistent `metaq promote`: the one slave that may take over
     {root}/brokers/topics-pub/{topic}/{id}-m         ephemeral  {"numParts":N,"broker":"0-m"}
     {root}/brokers/topics-sub/{topic}/{id}-m|-s{k}   ephemeral  same JSON
     {root}/consumers/{group}/ids/{group}_{cid}       ephemeral  comma-separated topics
@@ -68,6 +69,9 @@ class ZkPaths:
 
     def sync_set(self, broker_id: int) -> str:
         return _join(self.broker(broker_id), "sync_set")
+
+    def handover(self, broker_id: int) -> str:
+        return _join(self.broker(broker_id), "handover")
 
     def candidates(self, broker_id: int) -> str:
         return _join(self.broker(broker_id), "candidates")

@@ -22,6 +22,7 @@ from .failover_support import (
     Group,
     PutStream,
     fetch_all,
+    first_ack_after,
     make_pair,
     put_one,
     sync_system,
@@ -192,3 +193,53 @@ def test_async_failover_elects_the_most_caught_up_slave(broker_factory, zk_clien
     assert c_end < b_end, "C did not lag: the test proves nothing"
     assert len(fetch_all(b)) == 300
     assert "waiting for live slaves [1]" in c.log_text() or "slave1 is more caught up" in c.log_text(), c.log_text(40)
+
+
+def test_promote_hands_a_sync_pair_over_with_writes_paused_under_a_second(broker_factory, zk, zk_client, zk_root):
+    """`metaq promote`: the master pauses writes, waits for the target, gives up the lock; the
+    target leads the next epoch holding every acked message, and writes resume within 1 s."""
+    from metaq.cli.promote import promote
+    from .failover_support import SLAVE_B, wait_follows
+
+    group = Group(zk_client, zk_root)
+    a, b = make_pair(broker_factory, sync_system(), group)
+    epoch_before = group.epoch()
+    stream = PutStream(a.address, tag="promote").start()
+    stream.wait_acked(200)
+    lines = promote(zk_client, zk_root, 0, SLAVE_B, unclean=False, timeout=15)
+    _, first_on_b = first_ack_after(b, b"first-after-promote")
+    stream.stop()
+    assert "leads broker group 0" in lines[-1], lines
+    assert group.master() == b.url and group.epoch() == epoch_before + 1
+    last_on_a = max(stream.ack_times)
+    paused = first_on_b - last_on_a
+    assert paused < 1.0, f"writes paused {paused:.3f}s"
+    stored = fetch_all(b)
+    assert all(stored.get(ack.offset) == ack.payload for ack in stream.acked)
+    wait_follows(a, b, group)
+    assert zk_client.exists(f"{zk_root}/brokers/ids/0/handover") is None
+
+
+def test_promote_unclean_elects_a_slave_that_is_not_eligible(broker_factory, zk_client, zk_root):
+    """`metaq promote --unclean`: a sync group whose master died while its only slave was out
+    of the sync set has no eligible slave; the operator elects it explicitly, and the report
+    says what may be lost."""
+    from metaq.cli.promote import promote
+    from .failover_support import SLAVE_B
+
+    group = Group(zk_client, zk_root)
+    a, b = make_pair(broker_factory, sync_system(), group)
+    b.kill()  # leaves the sync set (degrade: A acks alone)
+    wait_until(lambda: group.sync_set() == set(), 15, message="the sync set to shrink")
+    assert put_one(a, b"only-on-a").code == 200
+    a.kill()
+    wait_until(lambda: group.master() is None, 10, message="the master's node to expire")
+    b.start()
+    time.sleep(1.0)
+    assert group.master() is None, "B took over although it was not in the sync set"
+    lines = promote(zk_client, zk_root, 0, SLAVE_B, unclean=True, timeout=15)
+    assert lines[0].startswith("UNCLEAN election of slave 1"), lines
+    assert any("fo-0-0" in line or "fo-0" in line for line in lines[1:]), lines
+    assert group.master() == b.url
+    assert "UNCLEAN election requested by an operator" in b.log_text()
+    assert put_one(b, b"after-unclean").code == 200
