@@ -86,7 +86,8 @@ def promote(client: Any, zk_root: str, broker_id: int, slave_id: int, unclean: b
     try:
         while True:
             now_state = read_group_state(client, paths, broker_id)
-            if now_state.master_url == target and now_state.epoch > state.epoch:
+            # The checksum node comes last, once the new master takes writes.
+            if now_state.master_url == target and now_state.epoch > state.epoch and client.exists(paths.master_config_checksum(broker_id)):
                 break
             if time.monotonic() - started > timeout:
                 raise MetaqError(f"slave {slave_id} ({target}) did not take over within {timeout:.0f}s; see the brokers' logs (master stays {now_state.master_url})")

@@ -455,8 +455,19 @@ class HaCoordinator:
             log.info("may take over: %s", why)
             self.post(Event.ELIGIBLE, state)
         else:
-            log.info("not taking over: %s", why)
+            log.warning("not taking over: %s; %s", why, self._recovery_hint(state))
         return ok
+
+    def _recovery_hint(self, state: GroupState) -> str:
+        """How an operator gets a group without an eligible broker going again."""
+        if state.epoch_version < 0:
+            return "start a broker of this group without --slave to found it"
+        slave_id = self.registry.slave_id
+        who = f"--slave {slave_id}" if slave_id is not None else "--slave K"
+        return (
+            f"to recover, start the last master ({state.leader_url}, with its data dir) again, or elect this broker"
+            f" with `metaq promote --zk ZK --broker-id {self.broker_id} {who} --unclean` (it may lose acked messages)"
+        )
 
     def _ranks_candidates(self, state: GroupState) -> bool:
         """Async failover by a slave: the most caught-up one goes first (election.candidate_turn)."""

@@ -242,4 +242,4 @@ def test_promote_unclean_elects_a_slave_that_is_not_eligible(broker_factory, zk_
     assert any("fo-0-0" in line or "fo-0" in line for line in lines[1:]), lines
     assert group.master() == b.url
     assert "UNCLEAN election requested by an operator" in b.log_text()
-    assert put_one(b, b"after-unclean").code == 200
+    first_ack_after(b, b"after-unclean", timeout=5)
