@@ -25,6 +25,7 @@ COMMANDS = {
     "cluster": "cluster",
     "verify": "verify",
     "drill": "drill",
+    "promote": "promote",
     "security": "security",
     "http": "http",
     "topics": "topics",

@@ -7,8 +7,12 @@ over the protocol: per-slave replication lag as the master sees it (bytes and
 messages summed over partitions, the worst partition's milliseconds), the age of
 the slave's last UDP heartbeat, and the slave's own view (stopped partitions).
 
-A rich table on a terminal, plain aligned text otherwise. Exit 1 if ZooKeeper
-cannot be reached.
+A group with no master shows a ``(none)`` master row in state ``NO MASTER``; a
+master that refuses writes (lease expired, fenced, or a sync set below
+minSyncSlaves with ``onSyncSlaveLoss=reject``) shows ``writes refused``. A rich
+table on a terminal, plain aligned text otherwise, then one line per unhealthy
+group. Exit 1 if ZooKeeper cannot be reached or any group is unhealthy (no
+master, an unreachable master, or refused writes).
 """
 
 from __future__ import annotations
@@ -23,6 +27,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..protocol.replies import StatsReply
 
+
+NO_MASTER = "NO MASTER"
+NO_MASTER_URL = "(none)"
+WRITES_REFUSED = "writes refused"
 
 COLUMNS = ("broker", "role", "address", "state", "epoch", "sync set", "lag bytes", "lag msgs", "lag ms", "heartbeat age")
 
@@ -91,6 +99,8 @@ def _members(client: Any, paths: Any) -> list[Member]:
             epoch, sync_text = "?", "?"
         if group.master_url is not None:
             members.append(Member(broker_id, "master", group.master_url, epoch, sync_text))
+        else:
+            members.append(Member(broker_id, "master", NO_MASTER_URL, epoch, sync_text, state=NO_MASTER))
         for slave_id, url in group.slaves.items():
             members.append(Member(broker_id, f"slave{slave_id}", url, epoch, sync_text))
     return members
@@ -115,12 +125,16 @@ def apply_stats(members: list[Member], stats: dict[str, StatsReply | None]) -> N
     """Fill in states and lag from the brokers' stats (keyed by url)."""
     by_slave: dict[tuple[int, str], Member] = {(m.broker_id, m.role): m for m in members if m.role != "master"}
     for member in members:
+        if member.state == NO_MASTER:
+            continue
         reply = stats.get(member.url)
         if reply is None:
             member.state = "unreachable"
             continue
         member.state = "up"
         if member.role == "master":
+            if str(reply.get("writes", "accepted")).startswith("refused"):
+                member.state = WRITES_REFUSED
             for slave_id, _partition, row in reply.slave_rows():
                 slave = by_slave.get((member.broker_id, f"slave{slave_id}"))
                 if slave is None:
@@ -145,7 +159,7 @@ def apply_stats(members: list[Member], stats: dict[str, StatsReply | None]) -> N
 
 async def collect(zk_connect: str, zk_root: str = "/meta", timeout: float = 5.0) -> list[Member]:
     members = await asyncio.to_thread(read_zk, zk_connect, zk_root, timeout)
-    urls = sorted({m.url for m in members})
+    urls = sorted({m.url for m in members if m.state != NO_MASTER})
     replies = await asyncio.gather(*(_stats(url, timeout) for url in urls))
     apply_stats(members, dict(zip(urls, replies)))
     return members
@@ -186,4 +200,16 @@ def run(args: argparse.Namespace) -> int:
         render_rich(members, args.zk, args.zk_root)
     else:
         print(render_plain(members))
-    return 0
+    problems = unhealthy(members)
+    for line in problems:
+        print(line)
+    return 1 if problems else 0
+
+
+def unhealthy(members: list[Member]) -> list[str]:
+    """One line per group that cannot take writes now: no master, unreachable, or refusing."""
+    return [
+        f"UNHEALTHY broker group {m.broker_id}: master {m.state}" + ("" if m.state == NO_MASTER else f" ({m.url})")
+        for m in members
+        if m.role == "master" and m.state != "up"
+    ]

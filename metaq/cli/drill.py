@@ -73,6 +73,7 @@ def render(reports: list, first: int = 1) -> str:
         lines.append(
             f"  acked before fault {r.acked_before_fault}, found after {r.found_after}; acked in all {r.acked_total};"
             f" lost {r.lost}; duplicates {r.duplicates}; failed sends {r.failed_sends}; unknown outcome {r.unknown_outcome_sends}"
+            + (f"; acked by other groups of the topic {r.acked_other_groups} (not checked)" if r.acked_other_groups else "")
         )
         lines.append(
             f"  old master rejoined as {r.rejoined_as or 'nothing (yet)'}; logs identical: "

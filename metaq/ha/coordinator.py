@@ -44,9 +44,24 @@ from kazoo.handlers.threading import KazooTimeoutError
 from ..client.connection import BrokerConnection, ConnectionClosed
 from ..config import SlaveConfig
 from ..protocol.messages import EpochsRequest
+from ..store.datadirs import broker_identity
 from ..zk.group import ZK_CALL_TIMEOUT_S, GroupState, read_group_state
 from ..zk.paths import ZkPaths, decode_epoch, slave_node_id
-from .election import eligibility, publish_sync_set, try_take_master
+from .election import (
+    HANDOVER_TIMEOUT_S,
+    Candidate,
+    candidate_turn,
+    clear_handover,
+    decode_handover,
+    read_handover,
+    eligibility,
+    post_candidacy,
+    publish_sync_set,
+    read_candidates,
+    try_take_master,
+    was_last_leader,
+    withdraw_candidacy,
+)
 from .epochs import EpochCache
 from .follower import MasterFollower
 from .host import BrokerHost
@@ -93,6 +108,16 @@ class HaCoordinator:
         #: The replication follower, created the first time this broker follows.
         self.follower: MasterFollower | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._flushing: asyncio.Future[None] | None = None
+        #: Why this broker may not lead (it failed to take up leading), or None.
+        self.cannot_lead: str | None = None
+        #: This broker's stable identity (datadirs.broker_identity), recorded with each epoch it takes.
+        self.identity: str | None = None
+        #: When this broker first posted its candidacy in the current orphaned period.
+        self._candidate_since: float | None = None
+        #: The slave a `metaq promote` hand-over goes to while we pause writes, or None.
+        self.handing_over: int | None = None
+        self._last_turn: str | None = None
 
     # --- wiring -----------------------------------------------------------------------
 
@@ -117,6 +142,7 @@ class HaCoordinator:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self.identity = await asyncio.to_thread(broker_identity, self.config.data_path)
         self.lease = ZkLease(self.zk, self.config.zk.session_timeout_ms)
         registry = self.registry
         registry.on_session_suspended = lambda: self.post(Event.SUSPENDED)
@@ -125,6 +151,7 @@ class HaCoordinator:
         self._worker = asyncio.ensure_future(self._run())
         await asyncio.to_thread(self.zk.DataWatch, self.paths.master(self.broker_id), self._zk_watch(self._master_changed))
         await asyncio.to_thread(self.zk.DataWatch, self.paths.epoch(self.broker_id), self._zk_watch(self._epoch_changed))
+        await asyncio.to_thread(self.zk.DataWatch, self.paths.handover(self.broker_id), self._zk_watch(self._handover_changed))
 
     async def stop(self) -> None:
         self.post(Event.STOP)
@@ -147,7 +174,10 @@ class HaCoordinator:
         """The master znode names ``url`` (another broker): SEEN or CHANGED, decided in turn."""
 
         async def decide() -> Event:
-            return master_event(url, self.master_url)
+            event = master_event(url, self.master_url)
+            if event is Event.MASTER_CHANGED and await self._names_previous_life(url):
+                return Event.REEVALUATE  # not a master to follow: wait for its node to expire
+            return event
 
         self.post(decide, url)
 
@@ -174,6 +204,47 @@ class HaCoordinator:
             self.post(Event.MASTER_GONE)
         elif url != self.my_url:
             self._post_master(url)
+
+    def _handover_changed(self, data: bytes | None) -> None:
+        handover = decode_handover(data) if data else None
+        if handover is None:
+            return
+        if self.machine.state is Role.LEADING and handover.epoch == self.serving_epoch and not handover.unclean:
+            if self.handing_over is None:
+                self.handing_over = handover.slave_id
+                asyncio.ensure_future(self._hand_over(handover.slave_id))
+        else:
+            self.post(Event.REEVALUATE)  # an orphan may now be the one named (or no longer)
+
+    async def _hand_over(self, slave_id: int) -> None:
+        """``metaq promote``: pause writes, wait for the target to hold our whole log, give up the lock.
+
+        Writes are refused (503, nothing stored) from the first line on, so the log ends
+        stop moving; once the target's reported position reaches every log end it holds
+        every acked message, and we release the master node: only the target may elect
+        (election.eligibility reads the hand-over node), and it wins the next epoch.
+        """
+        paused_at = time.monotonic()
+        log.warning("handing broker group %d over to slave %d (metaq promote): writes paused", self.broker_id, slave_id)
+        store = self.host.store
+        deadline = paused_at + HANDOVER_TIMEOUT_S
+        while True:
+            behind = [
+                (t, p) for (t, p), l in store.logs().items()
+                if (self.progress.position(slave_id, t, p, epoch=self.serving_epoch) or 0) < l.log_end
+            ]
+            if not behind:
+                break
+            if time.monotonic() > deadline or self.machine.state is not Role.LEADING:
+                log.error("hand-over to slave %d abandoned: it did not catch up on %s within %.0fs; writes resume",
+                          slave_id, behind[:3], HANDOVER_TIMEOUT_S)
+                self.handing_over = None
+                await asyncio.to_thread(clear_handover, self.zk, self.paths, self.broker_id)
+                return
+            await asyncio.sleep(0.002)
+        log.warning("slave %d holds our whole log after %.0f ms; releasing the master lock",
+                    slave_id, (time.monotonic() - paused_at) * 1000)
+        await self._release_master()
 
     def _epoch_changed(self, data: bytes | None) -> None:
         if not data:
@@ -211,12 +282,16 @@ class HaCoordinator:
                 continue
             new = step.state
             self.last_transition_at = time.time()
-            log.info("role: %s --%s--> %s", before.value, event.value, new.value)
+            # Re-entries (an orphan looking again while waiting its turn) would flood the log.
+            log.log(logging.DEBUG if new is before else logging.INFO, "role: %s --%s--> %s", before.value, event.value, new.value)
             try:
                 await self._enter(new, detail)
-            except Exception:
-                log.exception("entering %s failed; re-evaluating", new.value)
-                await asyncio.sleep(0.2)
+            except Exception as exc:
+                if new is Role.LEADING:
+                    await self._step_down(exc)
+                else:
+                    log.exception("entering %s failed; re-evaluating", new.value)
+                    await asyncio.sleep(0.2)
                 self.post(Event.REEVALUATE)
             if new is Role.STOPPED:
                 return
@@ -239,7 +314,7 @@ class HaCoordinator:
         self.epoch = max(self.epoch, state.epoch)
         if state.master_url is None:
             self.post(Event.MASTER_GONE)
-        elif state.master_url == self.my_url:
+        elif state.master_url == self.my_url or self._previous_life(state):
             if self.machine.state is Role.FENCED:
                 # Fenced while our lock still stands (a claimed epoch, a blip): ZooKeeper
                 # decides whether we still lead our epoch, as after a reconnect.
@@ -251,6 +326,20 @@ class HaCoordinator:
                 self.post(Event.REEVALUATE)
         else:
             self._post_master(state.master_url)
+
+    async def _names_previous_life(self, url: str) -> bool:
+        state = await self._read_state()
+        return state is not None and state.master_url == url and self._previous_life(state)
+
+    def _previous_life(self, state: GroupState) -> bool:
+        """The registered master is this broker's previous run on another address (its
+        session has not expired yet): recognised by the identity recorded with its epoch."""
+        return (
+            self.machine.state is not Role.LEADING
+            and state.master_url == state.leader_url
+            and state.leader_identity is not None
+            and state.leader_identity == self.identity
+        )
 
     # --- entry actions --------------------------------------------------------------------
 
@@ -267,6 +356,36 @@ class HaCoordinator:
             await self._fence()
         elif role is Role.STOPPED:
             await self._shutdown()
+
+    async def _step_down(self, exc: Exception) -> None:
+        """We won the lock but cannot serve (a log that cannot open, say): give the lock back.
+
+        Invariant: the master lock is held only by a broker that serves its group. A
+        broker that failed to take up leading never tries again until restarted, so the
+        group is left to an eligible slave instead of a master that serves nothing.
+        """
+        self.cannot_lead = f"{type(exc).__name__}: {exc}"
+        log.error(
+            "cannot lead broker group %d: %s; releasing the master lock (this broker will not take over"
+            " again until it is restarted with the cause fixed)", self.broker_id, self.cannot_lead,
+        )
+        await self._release_master()
+
+    async def _release_master(self) -> None:
+        """Stop acking, withdraw our master registration and give the lock back."""
+        await self._stop_leading()
+        try:
+            await self.registry.set_role(None)
+            await asyncio.to_thread(self._release_lock)
+        except ZK_ERRORS as exc:
+            log.error("could not release the master lock (%s); it goes when our session ends", exc)
+
+    def _release_lock(self) -> None:
+        """Delete the master node if our session holds it (never another broker's)."""
+        path = self.paths.master(self.broker_id)
+        stat = self.zk.exists_async(path).get(timeout=ZK_CALL_TIMEOUT_S)
+        if stat is not None and stat.ephemeralOwner == self.registry.session_id:
+            self.zk.delete_async(path, version=stat.version).get(timeout=ZK_CALL_TIMEOUT_S)
 
     async def _fence(self) -> None:
         await self._stop_leading()
@@ -313,26 +432,99 @@ class HaCoordinator:
             return False
         follower = self.follower
         healthy = follower is None or not any(r.stopped for r in follower.replicas.values())
+        try:
+            handover = await asyncio.to_thread(read_handover, self.zk, self.paths, self.broker_id)
+        except ZK_ERRORS:
+            handover = None
+        if handover is not None and handover.epoch != state.epoch:
+            handover = None  # a stale request, for an earlier master
         ok, why = eligibility(
             mode=self.config.replication_mode,
             auto_failover=self.config.auto_failover,
             my_url=self.my_url,
+            my_identity=self.identity,
             my_slave_id=self.registry.slave_id,
             prefers_master=self.prefers_master,
             followed_epoch=self.followed_epoch,
             replicas_healthy=healthy,
             state=state,
+            cannot_lead=self.cannot_lead,
+            handover=handover,
         )
+        if handover is None and self._ranks_candidates(state):
+            ok, why = await self._candidacy(state, ok, why)
+            if why is None:
+                return False  # waiting for our turn; a re-evaluation is scheduled
         if ok:
             log.info("may take over: %s", why)
             self.post(Event.ELIGIBLE, state)
         else:
-            log.info("not taking over: %s", why)
+            log.warning("not taking over: %s; %s", why, self._recovery_hint(state))
         return ok
+
+    def _recovery_hint(self, state: GroupState) -> str:
+        """How an operator gets a group without an eligible broker going again."""
+        if state.epoch_version < 0:
+            return "start a broker of this group without --slave to found it"
+        slave_id = self.registry.slave_id
+        who = f"--slave {slave_id}" if slave_id is not None else "--slave K"
+        return (
+            f"to recover, start the last master ({state.leader_url}, with its data dir) again, or elect this broker"
+            f" with `metaq promote --zk ZK --broker-id {self.broker_id} {who} --unclean` (it may lose acked messages)"
+        )
+
+    def _ranks_candidates(self, state: GroupState) -> bool:
+        """Async failover by a slave: the most caught-up one goes first (election.candidate_turn)."""
+        return (
+            self.config.replication_mode == "async"
+            and self.registry.slave_id is not None
+            and not was_last_leader(state, self.my_url, self.identity)
+        )
+
+    async def _candidacy(self, state: GroupState, eligible: bool, why: str) -> tuple[bool, str | None]:
+        """Post our log end; ``(ok, why)``, or ``(False, None)`` while waiting for our turn."""
+        slave_id = self.registry.slave_id
+        now = time.monotonic()
+        if self._candidate_since is None:
+            self._candidate_since = now
+        me = Candidate(slave_id, sum(l.log_end for l in self.host.store.logs().values()), state.epoch, eligible)
+        try:
+            await asyncio.to_thread(post_candidacy, self.zk, self.paths, self.broker_id, me)
+            candidates, live = await asyncio.to_thread(read_candidates, self.zk, self.paths, self.broker_id)
+        except ZK_ERRORS as exc:
+            log.warning("cannot post or read election candidates (%s); retrying", exc)
+            self._look_again_in(0.2)
+            return False, None
+        if not eligible:
+            return False, why
+        ok, turn, retry_after = candidate_turn(slave_id, state.epoch, candidates, live, now - self._candidate_since)
+        if ok:
+            return True, f"{why}; {turn}"
+        if turn != self._last_turn:
+            log.info("not taking over yet: %s", turn)
+            self._last_turn = turn
+        # Poll: a better candidate may post, win, or vanish in the meantime.
+        self._look_again_in(min(retry_after, 0.05))
+        return False, None
+
+    def _look_again_in(self, seconds: float) -> None:
+        asyncio.get_running_loop().call_later(seconds, self.post, Event.REEVALUATE)
+
+    async def _withdraw_candidacy(self) -> None:
+        """Leaving the orphaned state: our candidacy (if any) is over."""
+        if self._candidate_since is None:
+            return
+        self._candidate_since, self._last_turn = None, None
+        slave_id = self.registry.slave_id
+        if slave_id is not None:
+            try:
+                await asyncio.to_thread(withdraw_candidacy, self.zk, self.paths, self.broker_id, slave_id)
+            except ZK_ERRORS as exc:
+                log.debug("candidacy not withdrawn (%s); it goes with our session", exc)
 
     async def _elect(self, seen: GroupState) -> None:
         try:
-            epoch = await asyncio.to_thread(try_take_master, self.zk, self.paths, self.broker_id, self.my_url, seen)
+            epoch = await asyncio.to_thread(try_take_master, self.zk, self.paths, self.broker_id, self.my_url, seen, self.identity)
         except ZK_ERRORS as exc:
             log.warning("election transaction failed: %s", exc)
             epoch = None
@@ -345,6 +537,14 @@ class HaCoordinator:
 
     async def _lead(self) -> None:
         host = self.host
+        await self._withdraw_candidacy()
+        self.handing_over = None
+        try:
+            handover = await asyncio.to_thread(read_handover, self.zk, self.paths, self.broker_id)
+            if handover is not None and handover.epoch < self.epoch:
+                await asyncio.to_thread(clear_handover, self.zk, self.paths, self.broker_id)  # done: it was for us
+        except ZK_ERRORS as exc:
+            log.warning("could not clear the hand-over node (%s)", exc)
         await self._unfollow()
         self.serving_epoch = self.epoch
         for name, topic in host.config.topics.items():
@@ -361,6 +561,14 @@ class HaCoordinator:
         # writes before they appear.
         await self.registry.set_role("master")
         log.info("leading broker group %d in epoch %d", self.broker_id, self.epoch)
+        # What we inherited as a slave may not be fsynced yet; the committed offset of a
+        # master alone is its flushed end, so flush now: every acked message we hold is
+        # readable at once, not after the next periodic flush.
+        self._flushing = asyncio.ensure_future(self._flush_all())
+
+    async def _flush_all(self) -> None:
+        store = self.host.store
+        await asyncio.gather(*(store.flusher(t, p).flush_now() for t, p in store.logs()), return_exceptions=True)
 
     async def _start_sync_set(self) -> None:
         """On becoming master in sync mode: start the sync set (published before any ack)."""
@@ -400,6 +608,8 @@ class HaCoordinator:
         )
 
     async def _become_follower(self, url: str) -> None:
+        await self._withdraw_candidacy()
+        self.handing_over = None
         await self._stop_leading()
         await self._unfollow()
         self.master_url = url

@@ -111,6 +111,8 @@ class HaNode:
             return c.SERVICE_UNAVAILABLE, f"broker {broker_id} is {role.value}; no master here right now, retry"
         if not self.ready:
             return c.SERVICE_UNAVAILABLE, f"broker {broker_id} is starting; retry shortly"
+        if coordinator is not None and coordinator.handing_over is not None:
+            return c.SERVICE_UNAVAILABLE, f"broker {broker_id} is handing over to slave {coordinator.handing_over} (metaq promote); nothing stored, retry"
         sync_set = self.sync_set
         return sync_set.refusal() if sync_set is not None else None
 
@@ -199,5 +201,9 @@ class HaNode:
 
     def status_pairs(self) -> list[tuple[str, object]]:
         pairs = self.coordinator.status_pairs() if self.coordinator is not None else []
+        if self.acting_master:
+            # What a producer gets now (``metaq cluster`` marks a refusing master).
+            refusal = self.write_refusal()
+            pairs.append(("writes", "accepted" if refusal is None else f"refused: {refusal[1]}"))
         sync_set = self.sync_set
         return pairs + (sync_set.status_pairs() if sync_set is not None else [])

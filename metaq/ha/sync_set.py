@@ -29,8 +29,9 @@ The rules that keep it:
   are acked by the master alone and the state shows in stats and the log.
 
 Committed offset (what consumers may read) per partition: the highest offset
-that ``minSyncSlaves`` members have, never decreasing; while degraded, the
-master's flushed end (the async rule).
+that ``minSyncSlaves`` members have, never decreasing; with nobody counted
+(a master alone) what it holds that no failover can take back: degrade, its
+flushed end; reject, the flushed part of the log it took over with.
 
 A slave's position is not stored here: the injected ``position`` reads the one
 record of it (``ReplicationProgress``, limited to the current epoch, so a
@@ -108,6 +109,7 @@ class SyncReplication:
         self.joining: set[int] = set()
         self._slaves: dict[int, _Member] = {}
         self._committed: dict[tuple[str, int], int] = {}
+        self._term_start: dict[tuple[str, int], int] = {}
         self._waiters: dict[tuple[str, int], list[_Waiter]] = {}
         self._publish_lock = asyncio.Lock()
         self._pending_changes = False
@@ -122,6 +124,8 @@ class SyncReplication:
     # --- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
+        # What this master took over with: readable even before a slave joins.
+        self._term_start = {key: self._log_end(*key) for key in self._partitions()}
         # Whatever a previous master wrote is not ours to trust: start empty, and
         # publish that before the first ack (acks in degrade mode count on it).
         await self._publish(frozenset())
@@ -165,7 +169,16 @@ class SyncReplication:
         key = (topic, partition)
         current = self._committed.get(key, 0)
         if not self.counted:
-            candidate = self._flushed_end(topic, partition) if self.on_loss == "degrade" else current
+            # Invariant: committed = the lowest end over the counted slaves; with nobody
+            # counted, what no failover can take back and (reject) no ack is pending on.
+            # An empty set is published before the first ack and before any waiter is
+            # released, so ZooKeeper names no slave that could be elected instead of us.
+            # degrade: the flushed end (the master alone acks). reject: the flushed part
+            # of the log we took over with (it holds every message acked before this
+            # term), never past it: puts of this term that ended in 504 stay invisible
+            # until a slave holds them. Reject mode refuses writes, never reads.
+            flushed = self._flushed_end(topic, partition)
+            candidate = flushed if self.on_loss == "degrade" else min(flushed, self._term_start.get(key, 0))
         else:
             candidate = self._replicated_end(topic, partition)
         if candidate > current:

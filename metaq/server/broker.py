@@ -25,8 +25,10 @@ from .. import __version__
 from ..addresses import parse_host_port
 from ..config import BrokerConfig, ConfigError, SlaveConfig, TopicConfig, topic_settings
 from ..ha.heartbeat import HeartbeatResponder
+from ..ha.joining import check_join
 from ..ha.node import HaNode
 from ..security.settings import load_broker_security
+from ..store.datadirs import broker_identity, check_data_dirs
 from ..store.manager import MessageStoreManager
 from ..store.msgid import MsgIdGenerator
 from ..zk.monitor import OutageReporter
@@ -131,6 +133,8 @@ class Broker:
                 raise ConfigError(f"{config.source_path}: replicationMode=sync needs ZooKeeper (zk.zkEnable=false)")
             if self.slave is not None:
                 raise ConfigError(f"{config.source_path}: a slave needs ZooKeeper to find its master (zk.zkEnable=false)")
+        # Before anything else: a broker that cannot keep logs must never hold the master lock.
+        check_data_dirs(config.data_path, config.topics.values(), str(config.source_path))
         floor = self.store.open_existing()
         self.ids = MsgIdGenerator(config.broker_id, floor)
         self.store.on_flushed = self.notify
@@ -178,6 +182,12 @@ class Broker:
             await self.registry.start()
             self.registry.client.add_listener(OutageReporter())
             log.info("broker %d connected to ZooKeeper at %s%s", config.broker_id, config.zk.zk_connect, config.zk.root)
+            try:
+                identity = await asyncio.to_thread(broker_identity, config.data_path)
+                await check_join(config, self.slave, self.registry.client, self.registry.url, identity)
+            except BaseException:
+                await self.registry.stop(sync_time_ms=0)
+                raise
             # A broker started without --slave seeds the group's topics from its server.ini.
             self.group_topics = GroupTopicsApplier(self, seeds=self.slave is None)
             await self.group_topics.start()

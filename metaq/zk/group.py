@@ -19,7 +19,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from ..errors import MetaqError
-from .paths import ZkPaths, decode_epoch, decode_sync_set, slave_node_id
+from .paths import ZkPaths, decode_epoch, decode_epoch_identity, decode_sync_set, slave_node_id
 from .session import ZooKeeperUnreachable, zk_session
 
 #: How long one ZooKeeper call may take.
@@ -48,6 +48,7 @@ class GroupState:
     leader_url: str | None  # the master that took ``epoch``
     sync_set: frozenset[int] | None
     sync_set_epoch: int | None
+    leader_identity: str | None = None  # the stable identity of the master that took ``epoch``
 
 
 def _get(client: KazooClient, path: str, timeout: float | None) -> tuple[bytes, Any] | None:
@@ -98,12 +99,13 @@ def read_group_state(
     master_url = found[0].decode("utf-8") if found else None
     found = _get(client, paths.epoch(broker_id), timeout)
     if found is None:
-        epoch, leader, version = 0, None, -1
+        epoch, leader, version, identity = 0, None, -1, None
     else:
         (epoch, leader), version = decode_epoch(found[0]), found[1].version
+        identity = decode_epoch_identity(found[0])
     found = _get(client, paths.sync_set(broker_id), timeout)
     sync_set, sync_epoch = decode_sync_set(found[0]) if found else (None, None)
-    return GroupState(master_url, epoch, version, leader, sync_set, sync_epoch)
+    return GroupState(master_url, epoch, version, leader, sync_set, sync_epoch, identity)
 
 
 def read_live_group(zk_connect: str, zk_root: str, broker_id: int, timeout: float = 10.0) -> GroupMembers:

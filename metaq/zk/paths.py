@@ -11,6 +11,8 @@ tests give each case its own root so that many cases can share one ZooKeeper ser
     {root}/brokers/ids/{id}/epoch                    persistent current master epoch (CAS only)
     {root}/brokers/ids/{id}/sync_set                 the slaves counted for sync acks
     {root}/brokers/topic-config/{id}                 persistent the group's topic configuration (JSON)
+    {root}/brokers/ids/{id}/candidates/slave{k}      ephemeral  an orphaned slave's log end (async election)
+    {root}/brokers/ids/{id}/handover                 persistent `metaq promote`: the one slave that may take over
     {root}/brokers/topics-pub/{topic}/{id}-m         ephemeral  {"numParts":N,"broker":"0-m"}
     {root}/brokers/topics-sub/{topic}/{id}-m|-s{k}   ephemeral  same JSON
     {root}/consumers/{group}/ids/{group}_{cid}       ephemeral  comma-separated topics
@@ -72,6 +74,15 @@ class ZkPaths:
     def topic_config(self, broker_id: int) -> str:
         """A broker group's shared topic configuration (metaq/zk/topic_config.py)."""
         return f"{self.root}/brokers/topic-config/{broker_id}"
+
+    def handover(self, broker_id: int) -> str:
+        return _join(self.broker(broker_id), "handover")
+
+    def candidates(self, broker_id: int) -> str:
+        return _join(self.broker(broker_id), "candidates")
+
+    def candidate(self, broker_id: int, slave_id: int) -> str:
+        return _join(self.candidates(broker_id), f"slave{slave_id}")
 
     # --- topics ----------------------------------------------------------------
 
@@ -209,9 +220,26 @@ def parse_offset(text: str | bytes) -> tuple[int, int]:
 # --- a group's epoch and sync set ----------------------------------------------------
 
 
-def encode_epoch(epoch: int, leader_url: str) -> bytes:
-    """The epoch node's value: ``{"epoch": N, "leader": url}`` (the master that took epoch N)."""
-    return json.dumps({"epoch": epoch, "leader": leader_url}).encode()
+def encode_epoch(epoch: int, leader_url: str, leader_identity: str | None = None) -> bytes:
+    """The epoch node's value: ``{"epoch": N, "leader": url, "identity": id}`` (the master that
+    took epoch N; ``identity`` is the broker's stable identity from its data dir, which a
+    restart on another address keeps)."""
+    value: dict[str, object] = {"epoch": epoch, "leader": leader_url}
+    if leader_identity is not None:
+        value["identity"] = leader_identity
+    return json.dumps(value).encode()
+
+
+def decode_epoch_identity(data: bytes) -> str | None:
+    """The leader identity in an epoch node's value, or None (older values have none)."""
+    text = data.decode("utf-8").strip()
+    if not text.startswith("{"):
+        return None
+    try:
+        identity = json.loads(text).get("identity")
+    except ValueError:
+        return None
+    return identity if isinstance(identity, str) else None
 
 
 def decode_epoch(data: bytes) -> tuple[int, str | None]:

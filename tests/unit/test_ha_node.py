@@ -20,7 +20,8 @@ HOST = SimpleNamespace(config=SimpleNamespace(broker_id=2), registry=SimpleNames
 def node_in(state: Role, slave: SlaveConfig | None = None) -> HaNode:
     node = HaNode(HOST, slave, in_zookeeper=True)
     node.coordinator = SimpleNamespace(
-        state=state, serving_epoch=4, sync_set=None, follower=None, master_url="m:1", may_ack=lambda: state is Role.LEADING
+        state=state, serving_epoch=4, sync_set=None, follower=None, master_url="m:1", may_ack=lambda: state is Role.LEADING,
+        handing_over=None,
     )
     node.ready = True
     return node
@@ -53,3 +54,10 @@ def test_a_departed_slave_is_forgotten_once_its_last_connection_closes() -> None
     assert node.progress.position(3, "t", 0) == 150, "still replicating over another connection"
     node.connection_closed(second)
     assert node.progress.position(3, "t", 0) is None and node.progress.slaves == {}
+
+
+def test_a_master_handing_over_refuses_writes_before_storing_anything() -> None:
+    node = node_in(Role.LEADING)
+    node.coordinator.handing_over = 1
+    code, message = node.write_refusal()
+    assert code == 503 and "handing over to slave 1" in message

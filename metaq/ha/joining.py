@@ -1,0 +1,131 @@
+"""May this broker join its group as started? Checked once, before it takes part in HA.
+
+A broker id names a group; a second broker started with an id already in use must
+not silently become a slave and drop its own topics (a slave serves its master's
+topics), nor wait forever for a slave id another broker holds. So, before the HA
+coordinator starts:
+
+* started with ``--slave`` (slave id ``k``): if ``slave{k}`` is registered by another
+  broker (another url) and does not go within the session timeout (a previous run
+  of this broker on another address would expire by then), refuse;
+* started without ``--slave`` while another broker is the registered master (not
+  this broker's previous run, recognised by the identity kept in its data dir):
+  if this broker has a topic the master does not serve, or with another partition
+  count, refuse (joining would stop serving it); otherwise join as a slave with a
+  WARNING that says so (the normal case after a failover: the old master rejoins).
+  Once the group's topic configuration lives in ZooKeeper (zk/topic_config.py), it is
+  what the group serves and this broker's missing topics are seeded into it, so only
+  a topic with another partition count than the group's refuses.
+
+A refusal is a ``JoinRefused`` (a ConfigError): the broker exits with one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from ..addresses import parse_broker_url
+from ..client.connection import BrokerConnection
+from ..config import BrokerConfig, ConfigError, SlaveConfig
+from ..protocol.messages import TopicsRequest
+from ..protocol.replies import TopicsReply
+from ..zk.group import ZK_CALL_TIMEOUT_S, read_group_state
+from ..zk.paths import ZkPaths
+from ..zk.topic_config import read_group_topics, serve_group_topics
+
+log = logging.getLogger(__name__)
+
+
+class JoinRefused(ConfigError):
+    """This broker would take a place in its group that another broker holds."""
+
+
+async def check_join(config: BrokerConfig, slave: SlaveConfig | None, zk: KazooClient, my_url: str, identity: str) -> None:
+    """Raise JoinRefused, log a WARNING, or return quietly (see the module docstring)."""
+    paths = ZkPaths(config.zk.root)
+    group = config.broker_id
+    if slave is not None:
+        await _check_slave_id_free(config, slave.slave_id, zk, paths, my_url)
+        return
+    state = await asyncio.to_thread(read_group_state, zk, paths, group)
+    master = state.master_url
+    if master is None or master == my_url:
+        return
+    if state.leader_url == master and state.leader_identity == identity:
+        return  # our own previous run on another address: the coordinator waits for it to expire
+    group_topics = await asyncio.to_thread(read_group_topics, zk, paths, group)
+    # Once the group keeps its topic configuration in ZooKeeper, that is what every member
+    # serves; a topic of ours it lacks is seeded into it when we start (never dropped), so
+    # only a topic it has with another partition count is a clash.
+    seeded = group_topics.exists
+    if seeded:
+        served = serve_group_topics(config, config.topics, group_topics, f"{paths.topic_config(group)}")
+        master_topics: dict[str, int] | None = {name: topic.num_partitions for name, topic in served.items()}
+    else:
+        master_topics = await _served_topics(master)
+    if master_topics is None:
+        log.warning(
+            "broker group %d already has a master at %s (epoch %d) that does not answer; this broker was"
+            " started without --slave and will follow whoever leads", group, master, state.epoch,
+        )
+        return
+    missing = [] if seeded else sorted(t for t in config.topics if t not in master_topics)
+    differing = sorted(
+        f"{t} (numPartitions {c.num_partitions} here, {master_topics[t]} on the master)"
+        for t, c in config.topics.items() if t in master_topics and master_topics[t] != c.num_partitions
+    )
+    if missing or differing:
+        what = "; ".join(filter(None, [
+            f"topics not on the master: {', '.join(missing)}" if missing else "",
+            "; ".join(differing),
+        ]))
+        raise JoinRefused(
+            f"{config.source_path}: brokerId={group} is in use: its group already has a master at {master}"
+            f" (epoch {state.epoch}); started without --slave, this broker would join as a slave and stop serving"
+            f" its own {what}. Give it a free brokerId, or stop the other master, or add the topics to the master first"
+        )
+    log.warning(
+        "broker group %d already has a master at %s (epoch %d): this broker was started without --slave and"
+        " joins it as a slave (every topic it has is served by the master)", group, master, state.epoch,
+    )
+
+
+async def _check_slave_id_free(config: BrokerConfig, slave_id: int, zk: KazooClient, paths: ZkPaths, my_url: str) -> None:
+    path = paths.slave(config.broker_id, slave_id)
+    # A previous run of this broker (killed, perhaps on another address) holds it until
+    # its session expires: wait that long before calling it another broker's.
+    deadline = time.monotonic() + config.zk.session_timeout_ms / 1000 * 1.5 + 1
+    while True:
+        try:
+            data, _ = await asyncio.to_thread(lambda: zk.get_async(path).get(timeout=ZK_CALL_TIMEOUT_S))
+        except NoNodeError:
+            return
+        holder = data.decode("utf-8", "replace")
+        if holder == my_url:
+            return  # our own previous run at this address: the registry waits for it
+        if time.monotonic() > deadline:
+            raise JoinRefused(
+                f"{config.source_path}: slaveId={slave_id} of brokerId={config.broker_id} is in use by {holder}:"
+                " give this broker a free slaveId in its --slave properties, or stop the other slave"
+            )
+        await asyncio.sleep(0.2)
+
+
+async def _served_topics(url: str) -> dict[str, int] | None:
+    """The master's topics (name -> partitions), or None if it cannot be asked."""
+    try:
+        host, port = parse_broker_url(url)
+        conn = await BrokerConnection.open(host, port, timeout=2)
+    except (OSError, ConnectionError, ValueError):
+        return None
+    try:
+        return TopicsReply.of(await conn.request(TopicsRequest().to_header(), timeout=3)).topics
+    except Exception:  # a master going away mid-request: same as unreachable
+        return None
+    finally:
+        conn.close()
