@@ -139,9 +139,6 @@ def unavailability(result: dict, kind: str) -> dict:
     return row
 
 
-@pytest.mark.xfail(strict=True, reason="Issue 13 finding 1: after a sync master is lost for good with the "
-                                       "default reject, the promoted slave's committed offset does not advance, "
-                                       "so its last acked messages are never served")
 def test_chaos_lose_master_sync_reject(tmp_path: Path) -> None:
     result = run_chaos(tmp_path, "lose-master", 1, 8, "sync", 1, "--on-sync-slave-loss", "reject")
     row = unavailability(result, "lose-master")
