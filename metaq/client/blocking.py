@@ -22,9 +22,8 @@ from .accumulator import MAX_BATCH_COUNT, record_size
 from .cluster import ClusterSnapshot
 from .codec import encode_messages
 from .config import ConsumerConfig, MetaClientConfig
-from .consumer import AsyncMessageConsumer, BatchListener, ConsumerStats, Listener
+from .consumer import AsyncMessageConsumer, ConsumerStats
 from .message import Message, Partition, SendResult
-from .filters import MessageFilter
 from .offsets import OffsetStore
 from .direct import DirectConnections, NoReply, NotSent
 from .producer import AsyncMessageProducer, SendFailure, classify_reply, stored_results, unknown_outcome
@@ -263,16 +262,9 @@ class MessageConsumer:
         self._batch: list[Message] = []  # the fetch being iterated, and what is left of it
         self._rest: Iterator[Message] | None = None
 
-    def subscribe(
-        self,
-        topic: str,
-        max_size: int | None = None,
-        listener: Listener | None = None,
-        *,
-        batch_listener: BatchListener | None = None,
-        message_filter: MessageFilter | None = None,
-    ) -> "MessageConsumer":
-        self.aio.subscribe(topic, max_size, listener, batch_listener=batch_listener, message_filter=message_filter)
+    def subscribe(self, topic: str, *args: Any, **kwargs: Any) -> "MessageConsumer":
+        """Receive ``topic``: the arguments and rules of ``AsyncMessageConsumer.subscribe``."""
+        self.aio.subscribe(topic, *args, **kwargs)
         return self
 
     def complete_subscribe(self) -> None:
