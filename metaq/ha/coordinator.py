@@ -93,6 +93,8 @@ class HaCoordinator:
         self.broker_id = self.config.broker_id
         #: The newest epoch seen in ZooKeeper (or won).
         self.epoch = 0
+        #: The last election verdict logged, (may take over, why): each is logged once.
+        self._last_verdict: tuple[bool, str | None] | None = None
         #: The epoch this broker leads or follows in: put replies and replica fetches carry it.
         self.serving_epoch = 0
         self.followed_epoch = 0
@@ -455,11 +457,15 @@ class HaCoordinator:
             ok, why = await self._candidacy(state, ok, why)
             if why is None:
                 return False  # waiting for our turn; a re-evaluation is scheduled
+        # Each decision is logged once: an orphan re-evaluates on every ZooKeeper event, and
+        # the same verdict again tells the operator nothing new.
+        repeated = (ok, why) == self._last_verdict
+        self._last_verdict = (ok, why)
         if ok:
-            log.info("may take over: %s", why)
+            log.log(logging.DEBUG if repeated else logging.INFO, "may take over: %s", why)
             self.post(Event.ELIGIBLE, state)
         else:
-            log.warning("not taking over: %s; %s", why, self._recovery_hint(state))
+            log.log(logging.DEBUG if repeated else logging.WARNING, "not taking over: %s; %s", why, self._recovery_hint(state))
         return ok
 
     def _recovery_hint(self, state: GroupState) -> str:

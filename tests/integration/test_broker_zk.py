@@ -110,3 +110,12 @@ def test_local_cluster_starts_zk_master_and_slave_and_stops_them_by_pid(tmp_path
         except ProcessLookupError:
             continue
         raise AssertionError(f"pid {pid} still exists after stop()")
+
+
+def test_a_founding_master_logs_each_role_decision_once(broker_factory) -> None:
+    """An orphan re-evaluates on every ZooKeeper event; the operator reads each verdict once."""
+    broker = broker_factory(5, {"orders": 1})
+    wait_until(lambda: "leading broker group 5" in broker.log_text(), 10, message="the broker leads")
+    text = broker.log_text()
+    assert text.count("may take over:") == 1, text
+    assert text.count("--eligible--> electing") == 1 and text.count("--won--> leading") == 1, text
