@@ -267,11 +267,7 @@ class Drill:
         session_ms = await self._session_timeout_ms(old_url)
         report = DrillReport(self.fault, self.broker_id, old_url, mode=mode, epoch_before=state.epoch)
 
-        config = MetaClientConfig(
-            zk_connect=self.zk_connect, zk_root=self.zk_root, retry_unknown_outcome=True,
-            # The retry budget outlasts a failover: the session timeout to notice, then an election.
-            send_timeout_s=max(30.0, session_ms / 1000 * 4), send_max_attempts=max(100, int((session_ms / 1000 * 2 + 10) / 0.2)), send_retry_max_wait_s=0.2,
-        )
+        config = load_client_config(self.zk_connect, self.zk_root, session_ms)
         async with AsyncMessageSessionFactory(config) as factory:
             load = _Load(factory, topic, self.rate, f"drill-{uuid.uuid4().hex[:8]}")
             load.start()
@@ -284,7 +280,7 @@ class Drill:
             report.new_master = new_state.master_url
             report.epoch_after = new_state.epoch
             epoch_starts = await self._epoch_starts(new_state.master_url, topic, topics[topic], new_state.epoch)
-            first_ack = await self._first_ack_after(load, fault_at, epoch_starts, timeout=max(30.0, session_ms / 1000 * 2 + 10))
+            first_ack = await self._first_ack_after(load, fault_at, epoch_starts, timeout=failover_budget_s(session_ms))
             if first_ack is not None:
                 report.first_ack_s = first_ack.at - fault_at
                 report.first_read_s = await self._first_read(new_state.master_url, first_ack, fault_at)
@@ -499,3 +495,26 @@ def summarize(reports: list[DrillReport]) -> dict[str, Any]:
 
 def to_json(reports: list[DrillReport]) -> str:
     return json.dumps({"runs": [asdict(r) for r in reports], "summary": summarize(reports)}, indent=2)
+
+
+#: The pause between a drill load's retries of one send.
+LOAD_RETRY_WAIT_S = 0.2
+
+
+def failover_budget_s(session_ms: int) -> float:
+    """How long a failover may take before the drill gives up on it: two session timeouts
+    (the old master's session expiring, then perhaps a candidate's), plus 10 s for the
+    election, truncation and the first put; never under 30 s."""
+    return max(30.0, session_ms / 1000 * 2 + 10)
+
+
+def load_client_config(zk_connect: str, zk_root: str, session_ms: int) -> MetaClientConfig:
+    """The drill load's client: its sends keep retrying for longer than a failover may take,
+    so an acked-or-failed verdict is never cut short by the client's own retry budget."""
+    budget = failover_budget_s(session_ms)
+    return MetaClientConfig(
+        zk_connect=zk_connect, zk_root=zk_root, retry_unknown_outcome=True,
+        send_timeout_s=max(budget, session_ms / 1000 * 4),
+        send_max_attempts=max(100, int(budget / LOAD_RETRY_WAIT_S)),
+        send_retry_max_wait_s=LOAD_RETRY_WAIT_S,
+    )
