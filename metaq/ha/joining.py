@@ -14,8 +14,9 @@ coordinator starts:
   count, refuse (joining would stop serving it); otherwise join as a slave with a
   WARNING that says so (the normal case after a failover: the old master rejoins).
   Once the group's topic configuration lives in ZooKeeper (zk/topic_config.py), it is
-  what the group serves and this broker's missing topics are seeded into it, so only
-  a topic with another partition count than the group's refuses.
+  what the group serves: a broker that has been a member of the group (its logs carry
+  the group's epoch history) seeds its missing topics into it; one that never was
+  refuses them, and a topic with another partition count than the group's refuses.
 
 A refusal is a ``JoinRefused`` (a ConfigError): the broker exits with one line.
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
@@ -37,6 +39,8 @@ from ..protocol.replies import TopicsReply
 from ..zk.group import ZK_CALL_TIMEOUT_S, read_group_state
 from ..zk.paths import ZkPaths
 from ..zk.topic_config import read_group_topics, serve_group_topics
+from .epochs import FILE_NAME as EPOCHS_FILE
+from .epochs import EpochCache
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +78,13 @@ async def check_join(config: BrokerConfig, slave: SlaveConfig | None, zk: KazooC
             " started without --slave and will follow whoever leads", group, master, state.epoch,
         )
         return
-    missing = [] if seeded else sorted(t for t in config.topics if t not in master_topics)
+    # A topic the group lacks is seeded into the group's configuration when a member of the
+    # group (a broker that has led or followed it: the old master back after an edit of its
+    # server.ini) starts; a broker that never was one refuses instead of adding topics to a
+    # group it joined by mistake.
+    missing = sorted(t for t in config.topics if t not in master_topics)
+    if seeded and _has_been_member(config):
+        missing = []
     differing = sorted(
         f"{t} (numPartitions {c.num_partitions} here, {master_topics[t]} on the master)"
         for t, c in config.topics.items() if t in master_topics and master_topics[t] != c.num_partitions
@@ -129,3 +139,13 @@ async def _served_topics(url: str) -> dict[str, int] | None:
         return None
     finally:
         conn.close()
+
+
+def _has_been_member(config: BrokerConfig) -> bool:
+    """Whether this broker's logs carry an epoch history, i.e. it has led or followed its group."""
+    for name, topic in config.topics.items():
+        for partition in range(topic.num_partitions):
+            directory = Path(topic.data_path) / f"{name}-{partition}"
+            if (directory / EPOCHS_FILE).exists() and EpochCache.load(directory).entries:
+                return True
+    return False
