@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +15,7 @@ from metaq.security.credentials import SecurityFile
 from metaq.security.group import GroupSecret, write_group_secret
 from metaq.security.handshake import ClientAuthenticator
 from metaq.tools.launcher import BrokerProcess
+from tests.harness import REPO_ROOT
 
 PASSWORDS = {"app": "app-password", "ops": "ops-password", "reader": "reader-password"}
 
@@ -67,3 +71,9 @@ def rss_mb(pid: int) -> float:
 
 def run(coro: Any) -> Any:
     return asyncio.run(coro)
+
+
+def metaq(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``python -m metaq ARGS`` from this checkout, output captured."""
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    return subprocess.run([sys.executable, "-m", "metaq", *args], capture_output=True, timeout=timeout, cwd=REPO_ROOT, env=env)
