@@ -17,7 +17,7 @@ from metaq.security.handshake import ClientAuthenticator
 from metaq.tools.launcher import BrokerProcess
 from tests.harness import REPO_ROOT
 
-PASSWORDS = {"app": "app-password", "ops": "ops-password", "reader": "reader-password"}
+PASSWORDS = {"app": "app-password", "ops": "ops-password", "reader": "reader-password", "operator": "operator-password"}
 
 
 @dataclass
@@ -37,6 +37,8 @@ class SecuredGroup:
         users.add_user("app", PASSWORDS["app"], produce="*", consume="*", iterations=4096)
         users.add_user("ops", PASSWORDS["ops"], admin=True, iterations=4096)
         users.add_user("reader", PASSWORDS["reader"], consume="t", iterations=4096)
+        # What metaq drill needs: load (produce, consume) and the brokers' config (admin).
+        users.add_user("operator", PASSWORDS["operator"], produce="*", consume="*", admin=True, iterations=4096)
         users.save()
 
     @property
