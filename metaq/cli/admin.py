@@ -9,12 +9,14 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
 from ..errors import MetaqError
+from .login import add_login_arguments, zk_security
 
 
 def add_zk_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--zk", required=True, metavar="HOST:PORT[,...]", help="ZooKeeper connect string")
     parser.add_argument("--zk-root", default="/meta", metavar="PATH", help="ZooKeeper root of the cluster (default /meta)")
     parser.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds per ZooKeeper or broker request (default 5)")
+    add_login_arguments(parser)
 
 
 def add_actions(sub: argparse._SubParsersAction, command: str, helptext: str) -> argparse._SubParsersAction:
@@ -48,7 +50,7 @@ def zk_client(args: argparse.Namespace) -> Iterator[tuple[Any, Any]]:
     from kazoo.handlers.threading import KazooTimeoutError
 
     try:
-        with zk_session(args.zk, args.timeout) as client:
+        with zk_session(args.zk, args.timeout, security=zk_security(args, getattr(args, "broker_id", None))) as client:
             yield client, paths
     except ZooKeeperUnreachable as exc:
         raise MetaqError(str(exc)) from None
@@ -56,13 +58,14 @@ def zk_client(args: argparse.Namespace) -> Iterator[tuple[Any, Any]]:
         raise MetaqError(f"ZooKeeper at {args.zk}: {exc!r}") from None
 
 
-async def ask(url: str, header: dict[str, Any], timeout: float) -> Any | None:
-    """One request to the broker at ``url`` (``meta://host:port``); None if it cannot answer."""
+async def ask(url: str, header: dict[str, Any], timeout: float, creds: Any = None) -> Any | None:
+    """One request to the broker at ``url`` (``meta://host:port``), logged in as ``creds``
+    (client Credentials; None: not logged in); None if it cannot answer."""
     from ..addresses import parse_broker_url
-    from ..client.connection import BrokerConnection
+    from ..client.connection import Credentials
 
     try:
-        conn = await BrokerConnection.open(*parse_broker_url(url), timeout)
+        conn = await (creds or Credentials()).open(*parse_broker_url(url), timeout)
         try:
             reply = await conn.request(header, timeout=timeout)
         finally:
@@ -72,12 +75,12 @@ async def ask(url: str, header: dict[str, Any], timeout: float) -> Any | None:
     return reply if reply.ok else None
 
 
-async def stats_map(url: str, item: str, timeout: float) -> Any | None:
+async def stats_map(url: str, item: str, timeout: float, creds: Any = None) -> Any | None:
     """A broker's stats for ``item`` as a StatsReply, or None if it cannot answer."""
     from ..protocol.messages import StatsRequest
     from ..protocol.replies import StatsReply
 
-    reply = await ask(url, StatsRequest(item=item, format="map").to_header(), timeout)
+    reply = await ask(url, StatsRequest(item=item, format="map").to_header(), timeout, creds)
     return None if reply is None else StatsReply.of(reply)
 
 

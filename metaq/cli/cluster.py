@@ -24,6 +24,9 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .admin import stats_map
+from .login import add_login_arguments, credentials
+
 if TYPE_CHECKING:
     from ..protocol.replies import StatsReply
 
@@ -40,6 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--zk", required=True, metavar="HOST:PORT[,...]", help="ZooKeeper connect string")
     parser.add_argument("--zk-root", default="/meta", help="ZooKeeper root of the cluster (default /meta)")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds per ZooKeeper/broker request (default 5)")
+    add_login_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -106,21 +110,6 @@ def _members(client: Any, paths: Any) -> list[Member]:
     return members
 
 
-async def _stats(url: str, timeout: float) -> StatsReply | None:
-    from ..addresses import parse_broker_url
-    from ..client.connection import BrokerConnection
-    from ..protocol.replies import fetch_stats
-
-    try:
-        conn = await BrokerConnection.open(*parse_broker_url(url), timeout)
-        try:
-            return await fetch_stats(conn, "", timeout)
-        finally:
-            conn.close()
-    except Exception:  # unreachable or refusing: the table says "unreachable"
-        return None
-
-
 def apply_stats(members: list[Member], stats: dict[str, StatsReply | None]) -> None:
     """Fill in states and lag from the brokers' stats (keyed by url)."""
     by_slave: dict[tuple[int, str], Member] = {(m.broker_id, m.role): m for m in members if m.role != "master"}
@@ -157,10 +146,11 @@ def apply_stats(members: list[Member], stats: dict[str, StatsReply | None]) -> N
             member.lag_ms = max(float(row["lag_ms"]) for row in own)
 
 
-async def collect(zk_connect: str, zk_root: str = "/meta", timeout: float = 5.0) -> list[Member]:
+async def collect(zk_connect: str, zk_root: str = "/meta", timeout: float = 5.0, creds: Any = None) -> list[Member]:
+    """Members from ZooKeeper, with each broker's stats (asked as ``creds``, when security is on)."""
     members = await asyncio.to_thread(read_zk, zk_connect, zk_root, timeout)
     urls = sorted({m.url for m in members if m.state != NO_MASTER})
-    replies = await asyncio.gather(*(_stats(url, timeout) for url in urls))
+    replies = await asyncio.gather(*(stats_map(url, "", timeout, creds) for url in urls))
     apply_stats(members, dict(zip(urls, replies)))
     return members
 
@@ -192,7 +182,7 @@ def render_rich(members: list[Member], zk_connect: str, zk_root: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)  # errors are reported as one line below
-    members = asyncio.run(collect(args.zk, args.zk_root, args.timeout))
+    members = asyncio.run(collect(args.zk, args.zk_root, args.timeout, credentials(args)))
     if not members:
         print(f"no brokers registered under {args.zk_root}")
         return 0

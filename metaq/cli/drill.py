@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from ..errors import MetaqError
+from .login import add_login_arguments, credentials
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -27,6 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--proxy-url", help="Toxiproxy API url, for --fault partition")
     parser.add_argument("--proxy-name", help="the proxy carrying the master's ZooKeeper link")
     parser.add_argument("--json", action="store_true", help="print the reports as JSON")
+    add_login_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -108,10 +110,12 @@ def run(args: argparse.Namespace) -> int:
     if proxy is not None and not (args.proxy_url and args.proxy_name):
         raise MetaqError("--proxy-url and --proxy-name go together")
 
+    creds = credentials(args)  # before the loop: a password prompt must not block it
+
     async def drills() -> list:
         reports = []
         for i in range(args.repeat):
-            drill = Drill(args.zk, args.broker_id, args.fault, zk_root=args.zk_root, topic=args.topic, rate=args.rate, proxy=proxy)
+            drill = Drill(args.zk, args.broker_id, args.fault, zk_root=args.zk_root, topic=args.topic, rate=args.rate, proxy=proxy, creds=creds)
             with drill_status(f"drill {i + 1} of {args.repeat}: {args.fault} the master of group {args.broker_id} under load, "
                               "wait for the new master, check every acked message"):
                 report = await drill.run()

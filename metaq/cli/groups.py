@@ -26,6 +26,7 @@ from typing import Any
 
 from ..errors import MetaqError
 from .admin import add_action, add_actions, ask, render_table, zk_client
+from .login import credentials
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -124,17 +125,17 @@ def live_members(client: Any, paths: Any, group: str) -> list[str]:
 # --- brokers -----------------------------------------------------------------------------------
 
 
-async def _bounds(row: PartitionRow, timeout: float) -> tuple[int, int] | None:
+async def _bounds(row: PartitionRow, timeout: float, creds: Any) -> tuple[int, int] | None:
     """``(earliest, readable end)`` of a partition on its master; None if it cannot answer."""
     from ..protocol.messages import OffsetRequest
 
     if row.master_url is None:
         return None
-    reply = await ask(row.master_url, OffsetRequest(topic=row.topic, partition=row.partition, offset=0).to_header(), timeout)
+    reply = await ask(row.master_url, OffsetRequest(topic=row.topic, partition=row.partition, offset=0).to_header(), timeout, creds)
     return None if reply is None else (int(reply["min_offset"]), int(reply["max_offset"]))
 
 
-async def _walk(row: PartitionRow, start: int, end: int, timeout: float, stop_at_ms: int | None = None) -> tuple[int, int | None, int]:
+async def _walk(row: PartitionRow, start: int, end: int, timeout: float, creds: Any, stop_at_ms: int | None = None) -> tuple[int, int | None, int]:
     """Walk the messages starting in [start, end) through the master.
 
     Returns ``(count, found, reached)``: the messages walked, the offset of the first one
@@ -142,14 +143,14 @@ async def _walk(row: PartitionRow, start: int, end: int, timeout: float, stop_at
     is), and the offset after the last message walked.
     """
     from ..addresses import parse_broker_url
-    from ..client.connection import BrokerConnection
+    from ..client.connection import Credentials
     from ..protocol.messages import GetRequest
     from ..record import iter_records
     from ..store.msgid import msg_id_timestamp_ms
 
     assert row.master_url is not None
     count, offset, max_size = 0, start, 1024 * 1024
-    conn = await BrokerConnection.open(*parse_broker_url(row.master_url), timeout)
+    conn = await (creds or Credentials()).open(*parse_broker_url(row.master_url), timeout)
     try:
         while offset < end:
             request = GetRequest(topic=row.topic, partition=row.partition, offset=offset, max_size=max_size)
@@ -196,20 +197,20 @@ def run_describe(args: argparse.Namespace) -> int:
             raise MetaqError(f"no consumer group {args.group!r} under {args.zk_root} (see metaq groups list)")
         rows = [row for topic in topics for row in read_rows(client, paths, args.group, topic)]
         members = live_members(client, paths, args.group)
-    table = asyncio.run(_describe(rows, args.timeout))
+    table = asyncio.run(_describe(rows, args.timeout, credentials(args)))
     print(f"group {args.group}: {len(members)} live member(s){': ' + ', '.join(members) if members else ''}")
     print(render_table(("topic", "partition", "committed", "log end", "lag bytes", "lag messages"), table))
     return 0
 
 
-async def _describe(rows: list[PartitionRow], timeout: float) -> list[tuple[Any, ...]]:
+async def _describe(rows: list[PartitionRow], timeout: float, creds: Any) -> list[tuple[Any, ...]]:
     async def one(row: PartitionRow) -> tuple[Any, ...]:
-        bounds = await _bounds(row, timeout)
+        bounds = await _bounds(row, timeout, creds)
         if bounds is None:
             return (row.topic, row.name, row.committed, "unreachable", None, None)
         earliest, end = bounds
         start = earliest if row.committed is None else max(row.committed, earliest)
-        messages = (await _walk(row, start, end, timeout))[0] if start < end else 0
+        messages = (await _walk(row, start, end, timeout, creds))[0] if start < end else 0
         return (row.topic, row.name, row.committed, end, max(0, end - start), messages)
 
     return list(await asyncio.gather(*(one(row) for row in rows)))
@@ -245,8 +246,10 @@ def run_reset(args: argparse.Namespace) -> int:
 
 
 async def _plan(rows: list[PartitionRow], args: argparse.Namespace, stop_at_ms: int | None) -> list[tuple[PartitionRow, int]]:
+    creds = credentials(args)
+
     async def one(row: PartitionRow) -> tuple[PartitionRow, int]:
-        bounds = await _bounds(row, args.timeout)
+        bounds = await _bounds(row, args.timeout, creds)
         if bounds is None:
             raise MetaqError(f"{row.topic}-{row.name}: its master cannot be reached; nothing was written")
         earliest, end = bounds
@@ -255,14 +258,14 @@ async def _plan(rows: list[PartitionRow], args: argparse.Namespace, stop_at_ms: 
         if args.to_latest:
             return row, end
         if stop_at_ms is not None:
-            _, found, _ = await _walk(row, earliest, end, args.timeout, stop_at_ms)
+            _, found, _ = await _walk(row, earliest, end, args.timeout, creds, stop_at_ms)
             return row, end if found is None else found
-        return row, await _checked_offset(row, args.to_offset, earliest, end, args.timeout)
+        return row, await _checked_offset(row, args.to_offset, earliest, end, args.timeout, creds)
 
     return list(await asyncio.gather(*(one(row) for row in rows)))
 
 
-async def _checked_offset(row: PartitionRow, offset: int, earliest: int, end: int, timeout: float) -> int:
+async def _checked_offset(row: PartitionRow, offset: int, earliest: int, end: int, timeout: float, creds: Any) -> int:
     if not earliest <= offset <= end:
         raise MetaqError(f"{row.topic}-{row.name}: offset {offset} is outside [{earliest}, {end}]")
     if offset in (earliest, end):
@@ -270,9 +273,9 @@ async def _checked_offset(row: PartitionRow, offset: int, earliest: int, end: in
     from ..protocol.messages import OffsetRequest
 
     # Walk from the start of the segment holding it: a message boundary is where a walk lands.
-    reply = await ask(row.master_url or "", OffsetRequest(topic=row.topic, partition=row.partition, offset=offset).to_header(), timeout)
+    reply = await ask(row.master_url or "", OffsetRequest(topic=row.topic, partition=row.partition, offset=offset).to_header(), timeout, creds)
     segment_start = int(reply["offset"]) if reply is not None else earliest
-    _, _, reached = await _walk(row, segment_start, offset, timeout)
+    _, _, reached = await _walk(row, segment_start, offset, timeout, creds)
     if reached != offset:
         raise MetaqError(f"{row.topic}-{row.name}: offset {offset} does not start a message (the nearest boundary after it is {reached})")
     return offset

@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from pathlib import Path
 from typing import AsyncIterator
 
 from ..errors import MetaqError
+from .login import add_login_arguments, credentials
 from .progress import Progress
 
 MAX_ERRORS_SHOWN = 5
@@ -40,9 +40,7 @@ def add_zk_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--zk-root", default="/meta", help="ZooKeeper root of the cluster (default /meta)")
     parser.add_argument("--zk-session-timeout-ms", type=int, default=30000, help=argparse.SUPPRESS)
     parser.add_argument("--zk-connect-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper (default 10)")
-    parser.add_argument("--user", help="log in as this user (brokers with securityEnabled=true)")
-    parser.add_argument("--password-file", help="the user's password: first line of this file (default: prompt)")
-    parser.add_argument("--tls-ca", metavar="CA_PEM", help="connect over TLS, verifying brokers with this CA bundle")
+    add_login_arguments(parser)
 
 
 def client_config(args: argparse.Namespace, **settings):
@@ -57,28 +55,6 @@ def client_config(args: argparse.Namespace, **settings):
         zk_connect=args.zk, zk_root=args.zk_root, zk_session_timeout_ms=args.zk_session_timeout_ms,
         zk_connection_timeout_ms=int(args.zk_connect_timeout * 1000), credentials=credentials(args), **settings,
     )
-
-
-def credentials(args: argparse.Namespace):
-    """--user/--password-file/--tls-ca as client Credentials (MetaqError naming a bad file)."""
-    from ..client.connection import Credentials
-
-    user = getattr(args, "user", None)
-    password = None
-    if user is not None:
-        if getattr(args, "password_file", None):
-            try:
-                password = Path(args.password_file).read_text().splitlines()[0]
-            except (OSError, IndexError) as exc:
-                raise MetaqError(f"--password-file {args.password_file}: cannot read a password: {exc or 'empty file'}") from None
-        else:
-            import getpass
-
-            password = getpass.getpass(f"password for {user}: ")
-    ca = getattr(args, "tls_ca", None)
-    if ca is not None and not Path(ca).is_file():
-        raise MetaqError(f"--tls-ca {ca}: no such file")
-    return Credentials(user, password, ca)
 
 
 def generated(count: int, size: int) -> list[bytes]:

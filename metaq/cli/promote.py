@@ -25,6 +25,8 @@ import time
 from typing import Any
 
 from ..errors import MetaqError
+from .admin import stats_map
+from .login import add_group_secret_argument, add_login_arguments, credentials, zk_security
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -35,24 +37,30 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--slave", type=int, required=True, metavar="N", help="the slave id to promote")
     parser.add_argument("--unclean", action="store_true", help="elect it although it may lack acked messages (no master, no eligible slave)")
     parser.add_argument("--timeout", type=float, default=15.0, help="seconds to wait for it to lead (default 15)")
+    add_login_arguments(parser)
+    add_group_secret_argument(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)
+    from kazoo.exceptions import NoAuthError
+
     from ..zk.session import ZooKeeperUnreachable, zk_session
 
     try:
-        with zk_session(args.zk, 10) as client:
-            lines = promote(client, args.zk_root, args.broker_id, args.slave, args.unclean, args.timeout)
+        with zk_session(args.zk, 10, security=zk_security(args, args.broker_id)) as client:
+            lines = promote(client, args.zk_root, args.broker_id, args.slave, args.unclean, args.timeout, credentials(args))
     except ZooKeeperUnreachable as exc:
         raise MetaqError(str(exc)) from None
+    except NoAuthError:
+        raise MetaqError(f"ZooKeeper refused the hand-over: broker group {args.broker_id} has ACLs on; pass --group-secret FILE") from None
     print("\n".join(lines))
     return 0
 
 
-def promote(client: Any, zk_root: str, broker_id: int, slave_id: int, unclean: bool, timeout: float) -> list[str]:
-    """Run the hand-over; the report's lines (MetaqError with one line if it cannot)."""
+def promote(client: Any, zk_root: str, broker_id: int, slave_id: int, unclean: bool, timeout: float, creds: Any = None) -> list[str]:
+    """Run the hand-over; the report's lines (MetaqError with one line if it cannot); brokers are asked as ``creds``."""
     from kazoo.exceptions import NoNodeError
 
     from ..ha.election import Handover, clear_handover, write_handover
@@ -72,7 +80,7 @@ def promote(client: Any, zk_root: str, broker_id: int, slave_id: int, unclean: b
     if unclean:
         if state.master_url is not None:
             raise MetaqError(f"broker group {broker_id} has a master ({state.master_url}); --unclean is only for a group without one")
-        report += _unclean_report(broker_id, slave_id, target, members)
+        report += _unclean_report(broker_id, slave_id, target, members, creds)
     else:
         if state.master_url is None:
             raise MetaqError(
@@ -99,9 +107,9 @@ def promote(client: Any, zk_root: str, broker_id: int, slave_id: int, unclean: b
     return report
 
 
-def _unclean_report(broker_id: int, slave_id: int, target: str, members: Any) -> list[str]:
+def _unclean_report(broker_id: int, slave_id: int, target: str, members: Any, creds: Any) -> list[str]:
     """Per partition: the target's log end against the highest end another live member holds."""
-    ends = {url: asyncio.run(_log_ends(url)) for url in members.slaves.values()}
+    ends = {url: asyncio.run(_log_ends(url, creds)) for url in members.slaves.values()}
     mine = ends.get(target) or {}
     lines = [f"UNCLEAN election of slave {slave_id} ({target}) in broker group {broker_id}: acked messages it lacks are lost"]
     for partition in sorted(set().union(*(e.keys() for e in ends.values() if e))):
@@ -112,17 +120,8 @@ def _unclean_report(broker_id: int, slave_id: int, target: str, members: Any) ->
     return lines
 
 
-async def _log_ends(url: str) -> dict[str, int] | None:
-    from ..addresses import parse_broker_url
-    from ..client.connection import BrokerConnection
-    from ..protocol.replies import fetch_stats
-
-    try:
-        conn = await BrokerConnection.open(*parse_broker_url(url), 3)
-        try:
-            reply = await fetch_stats(conn, "offsets", 5)
-        finally:
-            conn.close()
-    except Exception:
+async def _log_ends(url: str, creds: Any) -> dict[str, int] | None:
+    reply = await stats_map(url, "offsets", 5, creds)
+    if reply is None:
         return None
     return {name: int(row["max_offset"]) for name, row in reply.pairs if isinstance(row, dict) and "max_offset" in row}

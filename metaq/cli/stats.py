@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from typing import TYPE_CHECKING
 
 from ..addresses import parse_host_port
 from ..errors import MetaqError
+from .login import add_login_arguments, credentials
+
+if TYPE_CHECKING:
+    from ..client.connection import Credentials
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -21,16 +26,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("address", metavar="HOST:PORT", help="the broker's address")
     parser.add_argument("item", nargs="?", default="", help="topics, offsets, realtime, config, help, reset or a topic name")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer (default 5)")
+    add_login_arguments(parser)
     parser.set_defaults(run=run)
 
 
-async def fetch_stats_text(host: str, port: int, item: str, timeout: float) -> str:
+async def fetch_stats_text(host: str, port: int, item: str, timeout: float, creds: "Credentials | None" = None) -> str:
     """The text form, exactly as ``nc`` shows it (the data form is protocol.replies.fetch_stats)."""
-    from ..client.connection import BrokerConnection, ConnectionClosed
+    from ..client.connection import ConnectionClosed, Credentials
     from ..protocol.messages import StatsRequest
 
     try:
-        conn = await BrokerConnection.open(host, port, timeout)
+        conn = await (creds or Credentials()).open(host, port, timeout)
         try:
             reply = await conn.request(StatsRequest(item=item).to_header(), timeout=timeout)
         finally:
@@ -44,6 +50,6 @@ async def fetch_stats_text(host: str, port: int, item: str, timeout: float) -> s
 
 def run(args: argparse.Namespace) -> int:
     host, port = parse_address(args.address)
-    text = asyncio.run(fetch_stats_text(host, port, args.item, args.timeout))
+    text = asyncio.run(fetch_stats_text(host, port, args.item, args.timeout, credentials(args)))
     print(text, end="")
     return 1 if text.startswith("ERROR") else 0

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..errors import MetaqError
 from .admin import add_action, add_actions, ask, parse_settings, render_table, stats_map, zk_client
+from .login import add_group_secret_argument, credentials
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -41,6 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             action.add_argument("--partitions", type=int, metavar="N", help="number of partitions" + (" (default 1)" if name == "create" else " (can only grow)"))
             action.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                                 help="a topic key in MetaQ's name (unflushThreshold, deletePolicy, acceptPublish, ...); repeatable")
+        add_group_secret_argument(action)
         action.add_argument("--wait", type=float, default=15.0, metavar="S", help="seconds to wait for every live member to apply it (0: do not wait; default 15)")
 
 
@@ -116,7 +118,7 @@ async def _describe_group(args: argparse.Namespace, broker_id: int, config: Any,
         f"master {members.master_url.removeprefix('meta://') if members and members.master_url else '-'}, "
         f"slaves {','.join(r for r, _ in roles if r != 'master') or '-'}, sync set {sync_set}"
     )
-    replies = await asyncio.gather(*(stats_map(url, args.topic, args.timeout) for _, url in roles))
+    replies = await asyncio.gather(*(stats_map(url, args.topic, args.timeout, credentials(args)) for _, url in roles))
     offsets = {role: (reply.pairs if reply is not None else None) for (role, _), reply in zip(roles, replies)}
     rows = []
     for partition in range(partitions):
@@ -217,7 +219,7 @@ def _write(args: argparse.Namespace, change: Any, done: str) -> int:
     print(f"broker group {args.broker_id}: {done} (topic configuration version {group.version})")
     if args.wait <= 0 or not urls:
         return 0
-    late = asyncio.run(_wait_applied(urls, args.topic, partitions, args.wait, args.timeout))
+    late = asyncio.run(_wait_applied(urls, args.topic, partitions, args.wait, args.timeout, credentials(args)))
     if late:
         print(f"not applied within {args.wait:g} s by: {', '.join(u.removeprefix('meta://') for u in late)}")
         return 1
@@ -225,13 +227,13 @@ def _write(args: argparse.Namespace, change: Any, done: str) -> int:
     return 0
 
 
-async def _wait_applied(urls: list[str], topic: str, partitions: int | None, wait: float, timeout: float) -> list[str]:
+async def _wait_applied(urls: list[str], topic: str, partitions: int | None, wait: float, timeout: float, creds: Any) -> list[str]:
     """The members that do not serve ``topic`` with ``partitions`` (None: not at all) in time."""
     from ..protocol.messages import TopicsRequest
     from ..protocol.replies import TopicsReply
 
     async def applied(url: str) -> bool:
-        reply = await ask(url, TopicsRequest().to_header(), timeout)
+        reply = await ask(url, TopicsRequest().to_header(), timeout, creds)
         return reply is not None and TopicsReply.of(reply).topics.get(topic) == partitions
 
     deadline = time.monotonic() + wait

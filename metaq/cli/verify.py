@@ -15,6 +15,7 @@ import asyncio
 import logging
 
 from ..errors import MetaqError
+from .login import add_login_arguments, credentials
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -24,6 +25,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--broker-id", type=int, required=True, help="the broker group (master's brokerId)")
     parser.add_argument("--topic", help="only this topic")
     parser.add_argument("--chunk-mib", type=int, default=4, help="CRC chunk size in MiB (default 4)")
+    add_login_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -35,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         raise MetaqError("--chunk-mib must be positive")
     try:
         report = asyncio.run(
-            verify_group(args.zk, args.broker_id, args.zk_root, args.topic, chunk=args.chunk_mib * 1024 * 1024)
+            verify_group(args.zk, args.broker_id, args.zk_root, args.topic, chunk=args.chunk_mib * 1024 * 1024, creds=credentials(args))
         )
     except VerifyError as exc:
         raise MetaqError(str(exc)) from None

@@ -81,6 +81,10 @@ class Credentials:
 
         return ClientAuthenticator(self.user, self.password or "")
 
+    async def open(self, host: str, port: int, timeout: float = 5.0) -> "BrokerConnection":
+        """A connection of its own to one broker, over TLS and logged in as these credentials say."""
+        return await BrokerConnection.open(host, port, timeout, ssl=self.ssl_context, authenticator=self.authenticator())
+
 
 def _expire(future: "asyncio.Future[Reply]", address: str) -> None:
     if not future.done():

@@ -39,7 +39,7 @@ from kazoo.client import KazooClient
 
 from ..addresses import parse_broker_url, parse_host_port
 from ..client import AsyncMessageSessionFactory, Message, MetaClientConfig
-from ..client.connection import BrokerConnection
+from ..client.connection import Credentials
 from ..errors import MetaqError
 from ..protocol.messages import ConfigRequest, EpochsRequest, GetRequest, Request, StatsRequest, TopicsRequest
 from ..protocol.replies import ConfigReply, EpochsReply, FetchReply, ReplyError, StatsReply, TopicsReply
@@ -168,25 +168,25 @@ class _Process:
         return process.pid
 
 
-async def _request(url: str, request: Request, timeout: float = 5.0) -> Any:
-    """One request over a connection of its own."""
+async def _request(url: str, request: Request, creds: Credentials, timeout: float = 5.0) -> Any:
+    """One request over a connection of its own, logged in as ``creds``."""
     host, port = parse_broker_url(url)
-    conn = await BrokerConnection.open(host, port, timeout)
+    conn = await creds.open(host, port, timeout)
     try:
         return await conn.request(request.to_header(), timeout=timeout)
     finally:
         conn.close()
 
 
-async def _pid(url: str) -> int:
+async def _pid(url: str, creds: Credentials) -> int:
     """The broker's process id, from its stats."""
-    return int(StatsReply.of(await _request(url, StatsRequest(format="map"))).get("pid", 0))
+    return int(StatsReply.of(await _request(url, StatsRequest(format="map"), creds)).get("pid", 0))
 
 
-async def _read_partition(url: str, topic: str, partition: int, start: int, end: int) -> dict[int, bytes]:
+async def _read_partition(url: str, topic: str, partition: int, start: int, end: int, creds: Credentials) -> dict[int, bytes]:
     """offset -> payload of every record in [start, end) on the broker at ``url``."""
     host, port = parse_broker_url(url)
-    conn = await BrokerConnection.open(host, port)
+    conn = await creds.open(host, port)
     found: dict[int, bytes] = {}
     try:
         offset = start
@@ -221,6 +221,7 @@ class Drill:
         proxy: tuple[str, str] | None = None,
         settle_s: float = 2.0,
         rejoin_timeout_s: float = 60.0,
+        creds: Credentials | None = None,
     ) -> None:
         if fault not in ("kill", "stop", "partition"):
             raise MetaqError(f"unknown fault {fault!r} (kill, stop or partition)")
@@ -230,6 +231,7 @@ class Drill:
                 " give --proxy-url and --proxy-name (see docs/chaos.md)"
             )
         self.zk_connect = zk_connect
+        self.creds = creds or Credentials()
         self.broker_id = broker_id
         self.fault = fault
         self.paths = ZkPaths(zk_root)
@@ -256,18 +258,18 @@ class Drill:
         if state.master_url is None:
             raise MetaqError(f"broker group {self.broker_id} has no master registered under {self.zk_root}")
         old_url = state.master_url
-        topics_reply = TopicsReply.of(await _request(old_url, TopicsRequest()))
+        topics_reply = TopicsReply.of(await _request(old_url, TopicsRequest(), self.creds))
         topics = topics_reply.topics
         topic = self.topic or (sorted(topics)[0] if topics else None)
         if topic is None or topic not in topics:
             raise MetaqError(f"topic {self.topic!r} is not served by broker group {self.broker_id}")
         mode = topics_reply.replication_mode
-        pid = await _pid(old_url)
+        pid = await _pid(old_url, self.creds)
         process = _Process.inspect(pid)
         session_ms = await self._session_timeout_ms(old_url)
         report = DrillReport(self.fault, self.broker_id, old_url, mode=mode, epoch_before=state.epoch)
 
-        config = load_client_config(self.zk_connect, self.zk_root, session_ms)
+        config = load_client_config(self.zk_connect, self.zk_root, session_ms, self.creds)
         async with AsyncMessageSessionFactory(config) as factory:
             load = _Load(factory, topic, self.rate, f"drill-{uuid.uuid4().hex[:8]}")
             load.start()
@@ -315,7 +317,7 @@ class Drill:
         return [a for a in acks if a.partition.split("-")[0] == str(self.broker_id)]
 
     async def _session_timeout_ms(self, url: str) -> int:
-        reply = ConfigReply.of(await _request(url, ConfigRequest()))
+        reply = ConfigReply.of(await _request(url, ConfigRequest(), self.creds))
         from ..config import parse_server_ini
 
         return parse_server_ini(reply.raw, "master server.ini").zk.session_timeout_ms
@@ -379,7 +381,7 @@ class Drill:
             return starts
         for partition in range(partitions):
             try:
-                entries = EpochsReply.of(await _request(url, EpochsRequest(topic=topic, partition=partition))).entries
+                entries = EpochsReply.of(await _request(url, EpochsRequest(topic=topic, partition=partition), self.creds)).entries
             except ReplyError:
                 continue  # no epochs known there (yet): no start to tell acks apart by
             for entry_epoch, start in entries:
@@ -406,7 +408,7 @@ class Drill:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             try:
-                found = await _read_partition(url, ack.topic, partition, ack.offset, ack.offset + 1)
+                found = await _read_partition(url, ack.topic, partition, ack.offset, ack.offset + 1, self.creds)
                 if found.get(ack.offset) == ack.payload:
                     return time.monotonic() - since
             except (OSError, ConnectionError):
@@ -424,7 +426,7 @@ class Drill:
             start = min(a.offset for a in items)
             end = max(a.offset for a in items) + 1
             # Read a little past the last ack to see duplicates written by retries.
-            stored[name] = await _read_partition(url, topic, number, start, end + 1024 * 1024)
+            stored[name] = await _read_partition(url, topic, number, start, end + 1024 * 1024, self.creds)
         report.found_after = sum(1 for a in before if stored.get(a.partition, {}).get(a.offset) == a.payload)
         report.lost = sum(1 for a in acks if stored.get(a.partition, {}).get(a.offset) != a.payload)
         tag_prefix = acks[0].payload.rsplit(b"-", 1)[0] if acks else b""
@@ -455,7 +457,7 @@ class Drill:
         deadline = time.monotonic() + 30
         while True:
             try:
-                report = await verify_group(self.zk_connect, self.broker_id, zk_root=self.zk_root)
+                report = await verify_group(self.zk_connect, self.broker_id, zk_root=self.zk_root, creds=self.creds)
                 if report.ok or time.monotonic() > deadline:
                     return report.ok
             except VerifyError:
@@ -508,12 +510,12 @@ def failover_budget_s(session_ms: int) -> float:
     return max(30.0, session_ms / 1000 * 2 + 10)
 
 
-def load_client_config(zk_connect: str, zk_root: str, session_ms: int) -> MetaClientConfig:
+def load_client_config(zk_connect: str, zk_root: str, session_ms: int, creds: Credentials | None = None) -> MetaClientConfig:
     """The drill load's client: its sends keep retrying for longer than a failover may take,
     so an acked-or-failed verdict is never cut short by the client's own retry budget."""
     budget = failover_budget_s(session_ms)
     return MetaClientConfig(
-        zk_connect=zk_connect, zk_root=zk_root, retry_unknown_outcome=True,
+        zk_connect=zk_connect, zk_root=zk_root, retry_unknown_outcome=True, credentials=creds or Credentials(),
         send_timeout_s=max(budget, session_ms / 1000 * 4),
         send_max_attempts=max(100, int(budget / LOAD_RETRY_WAIT_S)),
         send_retry_max_wait_s=LOAD_RETRY_WAIT_S,

@@ -24,7 +24,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from ..addresses import parse_broker_url
-from ..client.connection import BrokerConnection, ConnectionClosed
+from ..client.connection import BrokerConnection, ConnectionClosed, Credentials
 from ..protocol.messages import ChecksumRequest, TopicsRequest
 from ..protocol.replies import ChecksumReply, ReplyError, TopicsReply, fetch_stats
 from ..zk.group import GroupNotFound, read_live_group
@@ -195,11 +195,13 @@ async def compare_partition(
 
 
 async def verify_urls(
-    broker_id: int, master_url: str, slaves: dict[int, str], topic: str | None = None, chunk: int = CHUNK
+    broker_id: int, master_url: str, slaves: dict[int, str], topic: str | None = None, chunk: int = CHUNK,
+    creds: Credentials | None = None,
 ) -> VerifyReport:
+    creds = creds or Credentials()
     report = VerifyReport(broker_id, master_url, slaves)
     try:
-        master = await BrokerConnection.open(*parse_broker_url(master_url))
+        master = await creds.open(*parse_broker_url(master_url))
     except ConnectionClosed as exc:
         raise VerifyError(f"master of broker {broker_id}: {exc}") from None
     try:
@@ -214,7 +216,7 @@ async def verify_urls(
         for slave_id, url in slaves.items():
             name = f"slave{slave_id}"
             try:
-                slave = await BrokerConnection.open(*parse_broker_url(url))
+                slave = await creds.open(*parse_broker_url(url))
             except (ConnectionClosed, ValueError) as exc:
                 for name_, parts in sorted(topics.items()):
                     for p in range(parts):
@@ -233,7 +235,7 @@ async def verify_urls(
 
 async def verify_group(
     zk_connect: str, broker_id: int, zk_root: str = "/meta", topic: str | None = None,
-    chunk: int = CHUNK, timeout: float = 10.0,
+    chunk: int = CHUNK, timeout: float = 10.0, creds: Credentials | None = None,
 ) -> VerifyReport:
     """Find the group in ZooKeeper and compare every slave with the master."""
     try:
@@ -241,4 +243,4 @@ async def verify_group(
     except GroupNotFound as exc:  # callers retry VerifyError (drill, demo)
         raise VerifyError(str(exc)) from None
     assert group.master_url is not None  # read_live_group's promise
-    return await verify_urls(broker_id, group.master_url, group.slaves, topic, chunk)
+    return await verify_urls(broker_id, group.master_url, group.slaves, topic, chunk, creds)

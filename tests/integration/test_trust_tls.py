@@ -9,26 +9,17 @@ and a TLS client without credentials, get nothing.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from metaq.client.connection import BrokerConnection, ConnectionClosed, Credentials
 from metaq.tools.launcher import wait_until
 from metaq.zk.paths import ZkPaths
-from tests.harness import REPO_ROOT
 from tests.security_support import TestCA
 
-from .trust_support import PASSWORDS, SecuredGroup, run
+from .trust_support import PASSWORDS, SecuredGroup, metaq, run
 
 TOPIC = "t"
-
-
-def metaq(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    return subprocess.run([sys.executable, "-m", "metaq", *args], capture_output=True, timeout=timeout, cwd=REPO_ROOT, env=env)
 
 
 def test_tls_and_scram_end_to_end_with_the_cli(broker_factory, zk, zk_client, zk_root, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,8 +15,9 @@ from metaq.security.credentials import SecurityFile
 from metaq.security.group import GroupSecret, write_group_secret
 from metaq.security.handshake import ClientAuthenticator
 from metaq.tools.launcher import BrokerProcess
+from tests.harness import REPO_ROOT
 
-PASSWORDS = {"app": "app-password", "ops": "ops-password", "reader": "reader-password"}
+PASSWORDS = {"app": "app-password", "ops": "ops-password", "reader": "reader-password", "operator": "operator-password"}
 
 
 @dataclass
@@ -33,6 +37,8 @@ class SecuredGroup:
         users.add_user("app", PASSWORDS["app"], produce="*", consume="*", iterations=4096)
         users.add_user("ops", PASSWORDS["ops"], admin=True, iterations=4096)
         users.add_user("reader", PASSWORDS["reader"], consume="t", iterations=4096)
+        # What metaq drill needs: load (produce, consume) and the brokers' config (admin).
+        users.add_user("operator", PASSWORDS["operator"], produce="*", consume="*", admin=True, iterations=4096)
         users.save()
 
     @property
@@ -67,3 +73,9 @@ def rss_mb(pid: int) -> float:
 
 def run(coro: Any) -> Any:
     return asyncio.run(coro)
+
+
+def metaq(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``python -m metaq ARGS`` from this checkout, output captured."""
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    return subprocess.run([sys.executable, "-m", "metaq", *args], capture_output=True, timeout=timeout, cwd=REPO_ROOT, env=env)

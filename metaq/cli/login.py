@@ -1,0 +1,53 @@
+"""How a command logs in to brokers with ``securityEnabled=true``: ``--user``,
+``--password-file`` and ``--tls-ca``, shared by produce/consume and the operator tools."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import MetaqError
+
+
+def add_login_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--user", help="log in as this user (brokers with securityEnabled=true)")
+    parser.add_argument("--password-file", help="the user's password: first line of this file (default: prompt)")
+    parser.add_argument("--tls-ca", metavar="CA_PEM", help="connect over TLS, verifying brokers with this CA bundle")
+
+
+def credentials(args: argparse.Namespace):
+    """--user/--password-file/--tls-ca as client Credentials (MetaqError naming a bad file)."""
+    from ..client.connection import Credentials
+
+    user = getattr(args, "user", None)
+    password = None
+    if user is not None:
+        if getattr(args, "password_file", None):
+            try:
+                password = Path(args.password_file).read_text().splitlines()[0]
+            except (OSError, IndexError) as exc:
+                raise MetaqError(f"--password-file {args.password_file}: cannot read a password: {exc or 'empty file'}") from None
+        else:
+            import getpass
+
+            password = getpass.getpass(f"password for {user}: ")
+    ca = getattr(args, "tls_ca", None)
+    if ca is not None and not Path(ca).is_file():
+        raise MetaqError(f"--tls-ca {ca}: no such file")
+    return Credentials(user, password, ca)
+
+
+def add_group_secret_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--group-secret", metavar="FILE",
+                        help="the group's secret file (groupSecretFile): log in to ZooKeeper as the group, to write its nodes when ACLs are on")
+
+
+def zk_security(args: argparse.Namespace, broker_id: int | None):
+    """The ZooKeeper login of group ``broker_id`` from ``--group-secret`` (None without it)."""
+    secret_file = getattr(args, "group_secret", None)
+    if secret_file is None or broker_id is None:
+        return None
+    from ..security.group import GroupSecret
+    from ..zk.acl import ZkSecurity
+
+    return ZkSecurity(args.zk_root, broker_id, GroupSecret.load(secret_file, broker_id).zookeeper_password())
