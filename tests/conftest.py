@@ -15,7 +15,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from metaq.zk.embedded import EmbeddedZooKeeper
-from tests.harness import BrokerFactory
+from tests.harness import BrokerFactory, kazoo_client
 
 TESTS_DIR = Path(__file__).resolve().parent
 # Short ticks let tests use short sessions (the server's floor is 2 ticks).
@@ -78,13 +78,8 @@ def zk_root(zk: EmbeddedZooKeeper) -> Iterator[str]:
 @pytest.fixture
 def zk_client(zk: EmbeddedZooKeeper) -> Iterator[KazooClient]:
     """A connected kazoo client for inspecting ZooKeeper from the test."""
-    client = KazooClient(hosts=zk.connect_string, timeout=10)
-    client.start(timeout=10)
-    try:
+    with kazoo_client(zk.connect_string) as client:
         yield client
-    finally:
-        client.stop()
-        client.close()
 
 
 @pytest.fixture

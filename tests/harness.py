@@ -6,7 +6,11 @@ pytest-specific parts (broker logs attached to failed reports) live in ``conftes
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
+from typing import Any, Iterator
+
+from kazoo.client import KazooClient
 
 from metaq.tools.launcher import (  # noqa: F401  (re-exported for the tests)
     DEFAULT_SESSION_TIMEOUT_MS,
@@ -20,3 +24,15 @@ from metaq.tools.launcher import (  # noqa: F401  (re-exported for the tests)
 from metaq.zk.embedded import free_port  # noqa: F401
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextlib.contextmanager
+def kazoo_client(connect_string: str, **kwargs: Any) -> Iterator[KazooClient]:
+    """A started kazoo client for a test to look at (or, with auth_data, write to) ZooKeeper."""
+    client = KazooClient(hosts=connect_string, timeout=10, **kwargs)
+    client.start(timeout=10)
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()

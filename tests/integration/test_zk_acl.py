@@ -18,17 +18,11 @@ from metaq.zk.acl import ZkAclError, ZkSecurity, digest_user, super_digest
 from metaq.zk.embedded import EmbeddedZooKeeper
 from metaq.zk.paths import ZkPaths
 from metaq.zk.session import zk_session
+from tests.harness import kazoo_client
 
 
-@contextlib.contextmanager
-def connected(server: EmbeddedZooKeeper, **kwargs) -> Iterator[KazooClient]:  # type: ignore[no-untyped-def]
-    client = KazooClient(hosts=server.connect_string, timeout=10, **kwargs)
-    client.start(timeout=10)
-    try:
-        yield client
-    finally:
-        client.stop()
-        client.close()
+def connected(server: EmbeddedZooKeeper, **kwargs) -> "contextlib.AbstractContextManager[KazooClient]":  # type: ignore[no-untyped-def]
+    return kazoo_client(server.connect_string, **kwargs)
 
 
 @pytest.fixture
