@@ -1,4 +1,5 @@
-"""``metaq http --zk Z [--host 127.0.0.1] [--port P]``: the HTTP gateway (docs/http.md), foreground."""
+"""``metaq http --zk Z [--host 127.0.0.1] [--port P] [--tls-cert PEM --tls-key PEM]``: the HTTP
+gateway (docs/http.md), foreground; it logs in to brokers with --user/--password-file/--tls-ca."""
 
 from __future__ import annotations
 
@@ -22,7 +23,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-request-bytes", type=int, default=None, metavar="BYTES",
                         help="largest request body (default 16 MiB)")
     parser.add_argument("--send-timeout", type=float, default=15.0, help="seconds a produce may retry before it fails (default 15)")
+    parser.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS with this certificate chain (needs --tls-key)")
+    parser.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
     parser.set_defaults(run=run)
+
+
+def https_context(args: argparse.Namespace):
+    """The listener's TLS context from --tls-cert/--tls-key (None: plain HTTP); MetaqError on a bad pair."""
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise MetaqError("--tls-cert and --tls-key go together")
+    if args.tls_cert is None:
+        return None
+    from ..security.errors import SecurityError
+    from ..security.tls import server_context
+
+    try:
+        return server_context(args.tls_cert, args.tls_key)
+    except SecurityError as exc:
+        raise MetaqError(str(exc)) from None
 
 
 async def serve(args: argparse.Namespace) -> int:
@@ -35,13 +53,14 @@ async def serve(args: argparse.Namespace) -> int:
         raise MetaqError(f"--port must be between 0 and 65535, got {args.port}")
     if max_message_size < 1 or max_request_bytes < 1 or args.send_timeout <= 0:
         raise MetaqError("--max-message-size, --max-request-bytes and --send-timeout must be positive")
+    ssl_context = https_context(args)
     gateway = await Gateway(client_config(args, send_timeout_s=args.send_timeout), max_message_size).start()
 
     def ready(url: str) -> None:
         print(f"metaq http: serving {url} for the cluster at {args.zk}{args.zk_root}", flush=True)
 
     try:
-        await serve(gateway, args.host, args.port, max_request_bytes, ready)
+        await serve(gateway, args.host, args.port, max_request_bytes, ready, ssl_context=ssl_context)
     except OSError as exc:
         raise MetaqError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
     finally:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import ssl
 from typing import Any, Awaitable, Callable
 from urllib.parse import quote
 
@@ -170,16 +171,16 @@ def _raw_message(result: FetchResult, partition: Any) -> web.Response:
 
 
 async def serve(gateway: Gateway, host: str, port: int, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-                ready: Callable[[str], None] | None = None) -> None:
-    """Serve until SIGINT/SIGTERM; ``ready`` gets the URL once the port is open."""
+                ready: Callable[[str], None] | None = None, *, ssl_context: ssl.SSLContext | None = None) -> None:
+    """Serve until SIGINT/SIGTERM (HTTPS with ``ssl_context``); ``ready`` gets the URL once the port is open."""
     runner = web.AppRunner(build_app(gateway, max_request_bytes), access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
         await site.start()
         if ready is not None:
             bound_host, bound_port = runner.addresses[0][:2]
-            ready(f"http://{bound_host}:{bound_port}/")
+            ready(f"{'https' if ssl_context else 'http'}://{bound_host}:{bound_port}/")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
