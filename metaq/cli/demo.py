@@ -33,7 +33,7 @@ TOPIC = "demo"
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("demo", help="showcase: ZooKeeper + a sync pair, produce, slave reads, a failover drill")
     parser.add_argument("--messages", type=int, default=5000, help="messages to produce (default 5000)")
-    parser.add_argument("--dir", help="work directory (default: a temporary one, removed afterwards)")
+    parser.add_argument("--dir", help="work directory, new or empty (default: a temporary one, removed afterwards)")
     parser.add_argument("--keep", action="store_true", help="leave the cluster running until Ctrl-C")
     parser.set_defaults(run=run)
 
@@ -47,6 +47,9 @@ def run(args: argparse.Namespace) -> int:
     # The story is told by the steps below; the components' own info lines would drown it.
     for name in ("metaq", "kazoo"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    if args.dir and Path(args.dir).is_dir() and any(Path(args.dir).iterdir()):
+        # A previous run's brokers, roles swapped by its drill, would not start as a fresh pair.
+        raise MetaqError(f"--dir {args.dir} is not empty: the demo starts a fresh cluster; give a new or empty directory")
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="metaq-demo-"))
     try:
         return asyncio.run(_demo(console, work, args.messages, args.keep))

@@ -33,15 +33,13 @@ class DemoSecurity:
 
     @classmethod
     def create(cls, directory: Path, topic: str) -> "DemoSecurity":
-        """Write the group secret (kept if the directory already has one), the users and their
-        password files (mode 0600) into ``directory``."""
+        """Write the group secret, the users and their password files (mode 0600) into ``directory``."""
         from ..security.credentials import SecurityFile
         from ..security.files import write_private
         from ..security.group import write_group_secret
 
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if not (directory / "group.secret").exists():
-            write_group_secret(directory / "group.secret")
+        write_group_secret(directory / "group.secret")
         users = SecurityFile({}, str(directory / "security.ini"))
         passwords = {APP_USER: secrets.token_urlsafe(16), OPS_USER: secrets.token_urlsafe(16)}
         users.add_user(APP_USER, passwords[APP_USER], produce=topic, consume=topic)

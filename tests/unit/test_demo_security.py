@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +13,7 @@ import pytest
 from metaq.cli.demo_security import DemoSecurity, Refusal, check_refused
 from metaq.errors import MetaqError
 from metaq.security.credentials import SecurityFile
-from metaq.security.group import GroupSecret
+from tests.harness import REPO_ROOT
 
 
 def test_the_files_are_private_and_the_users_have_their_acls(tmp_path: Path) -> None:
@@ -24,15 +27,15 @@ def test_the_files_are_private_and_the_users_have_their_acls(tmp_path: Path) -> 
     assert security.system["securityEnabled"] is True
 
 
-def test_a_second_run_in_the_same_directory_keeps_the_group_secret(tmp_path: Path) -> None:
-    first = DemoSecurity.create(tmp_path, "demo")
-    secret = GroupSecret.load(first.directory / "group.secret", 0).zookeeper_password()
-    second = DemoSecurity.create(tmp_path, "demo")
-    assert GroupSecret.load(second.directory / "group.secret", 0).zookeeper_password() == secret
-    assert second.app.password != first.app.password
-
-
 def test_an_accepted_attempt_fails_the_demo() -> None:
     check_refused([Refusal("anonymous put", True, "403")])
     with pytest.raises(MetaqError, match=r"accepted: anonymous put \(200\)"):
         check_refused([Refusal("anonymous put", False, "200"), Refusal("other", True, "403")])
+
+
+def test_a_used_work_directory_is_refused_with_one_line(tmp_path: Path) -> None:
+    (tmp_path / "left-over").write_text("a previous run")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run([sys.executable, "-m", "metaq", "demo", "--dir", str(tmp_path)], capture_output=True, text=True, env=env, timeout=60)
+    err = done.stderr.strip()
+    assert done.returncode == 1 and "is not empty" in err and len(err.splitlines()) == 1, err
