@@ -87,7 +87,7 @@ async def _demo(console: Any, work: Path, count: int, keep: bool) -> int:
             step.note(f"securityEnabled=true: users {security.app.user} (produce/consume {TOPIC}) and {security.ops.user} (admin),"
                       f" group secret and password files in {security.directory}")
         with step("try what an outsider would: each attempt must be refused"):
-            refusals = await try_as_outsider(security, master.url, cluster.zk_connect, TOPIC)
+            refusals = await try_as_outsider(security, master.url, cluster.zk_connect, cluster.zk_root, TOPIC)
             for refusal in refusals:
                 step.note(f"{refusal.attempt}: {'refused' if refusal.refused else 'ACCEPTED'} ({refusal.answer})")
             check_refused(refusals)

@@ -71,7 +71,7 @@ class Refusal:
     answer: str
 
 
-async def try_as_outsider(security: DemoSecurity, master_url: str, zk_connect: str, topic: str) -> list[Refusal]:
+async def try_as_outsider(security: DemoSecurity, master_url: str, zk_connect: str, zk_root: str, topic: str) -> list[Refusal]:
     """An anonymous put, a user's ``stats config`` and forged replication position, and a
     ZooKeeper write to the group's epoch without its credentials: each must be refused."""
     from ..record import encode_batch
@@ -85,7 +85,7 @@ async def try_as_outsider(security: DemoSecurity, master_url: str, zk_connect: s
         (f"forged position by {APP_USER}", security.app, position, b""),
     ]
     results = [await _broker_attempt(master_url, *attempt) for attempt in attempts]
-    results.append(await asyncio.to_thread(_zookeeper_attempt, zk_connect))
+    results.append(await asyncio.to_thread(_zookeeper_attempt, zk_connect, zk_root))
     return results
 
 
@@ -100,7 +100,7 @@ async def _broker_attempt(url: str, attempt: str, creds: Credentials, header: di
     return Refusal(attempt, reply.code == 403, f"{reply.code} {reply.message}".strip())
 
 
-def _zookeeper_attempt(zk_connect: str) -> Refusal:
+def _zookeeper_attempt(zk_connect: str, zk_root: str) -> Refusal:
     from kazoo.exceptions import NoAuthError
 
     from ..zk.paths import ZkPaths
@@ -109,7 +109,7 @@ def _zookeeper_attempt(zk_connect: str) -> Refusal:
     attempt = "ZooKeeper epoch write, no group secret"
     with zk_session(zk_connect) as client:
         try:
-            client.set(ZkPaths("/meta").epoch(0), b"999")
+            client.set(ZkPaths(zk_root).epoch(0), b"999")
         except NoAuthError:
             return Refusal(attempt, True, "NoAuth (the node's ACL admits only the group)")
     return Refusal(attempt, False, "written")
