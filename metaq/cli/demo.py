@@ -1,9 +1,12 @@
 """``metaq demo``: the whole story on an embedded default, in about half a minute.
 
 An embedded ZooKeeper and a sync master/slave pair (real processes) on
-127.0.0.1; produce through the client; consume from the slave; verify the
-logs are byte-identical; a kill -9 failover drill (the slave takes over under
-a new epoch, the old master comes back as its slave); verify again; a summary.
+127.0.0.1, with security on (``securityEnabled=true``: logins, ACLs, an
+authenticated slave, ZooKeeper ACLs; metaq/cli/demo_security.py); what an
+outsider tries is refused; produce through the client; consume from the slave;
+verify the logs are byte-identical; a kill -9 failover drill (the slave takes
+over under a new epoch, the old master comes back as its slave); verify again;
+a summary. Every client and tool logs in.
 """
 
 from __future__ import annotations
@@ -16,10 +19,13 @@ import signal
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import MetaqError
 from ..process import stop_pid
+
+if TYPE_CHECKING:
+    from ..client.connection import Credentials
 
 TOPIC = "demo"
 
@@ -27,7 +33,7 @@ TOPIC = "demo"
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("demo", help="showcase: ZooKeeper + a sync pair, produce, slave reads, a failover drill")
     parser.add_argument("--messages", type=int, default=5000, help="messages to produce (default 5000)")
-    parser.add_argument("--dir", help="work directory (default: a temporary one, removed afterwards)")
+    parser.add_argument("--dir", help="work directory, new or empty (default: a temporary one, removed afterwards)")
     parser.add_argument("--keep", action="store_true", help="leave the cluster running until Ctrl-C")
     parser.set_defaults(run=run)
 
@@ -41,6 +47,9 @@ def run(args: argparse.Namespace) -> int:
     # The story is told by the steps below; the components' own info lines would drown it.
     for name in ("metaq", "kazoo"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    if args.dir and Path(args.dir).is_dir() and any(Path(args.dir).iterdir()):
+        # A previous run's brokers, roles swapped by its drill, would not start as a fresh pair.
+        raise MetaqError(f"--dir {args.dir} is not empty: the demo starts a fresh cluster; give a new or empty directory")
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="metaq-demo-"))
     try:
         return asyncio.run(_demo(console, work, args.messages, args.keep))
@@ -53,13 +62,16 @@ async def _demo(console: Any, work: Path, count: int, keep: bool) -> int:
     from rich.table import Table
 
     from ..tools.launcher import LocalCluster
+    from .demo_security import DemoSecurity, check_refused, try_as_outsider
 
     step = _Steps(console)
+    security = DemoSecurity.create(work / "security", TOPIC)
     system = {
         "unflushThreshold": 0,
         "replicationMode": "sync",
         "onSyncSlaveLoss": "degrade",
         "syncSlaveTimeoutMs": 1000,
+        **security.system,
     }
     cluster = LocalCluster(
         work, masters=1, slaves=1, topics={TOPIC: 2}, system=system, tick_ms=100,
@@ -68,26 +80,33 @@ async def _demo(console: Any, work: Path, count: int, keep: bool) -> int:
     extra_pids: list[int] = []
     results: dict[str, Any] = {}
     try:
-        with step("start an embedded ZooKeeper and a sync master/slave pair"):
+        with step("start an embedded ZooKeeper and a sync master/slave pair, security on"):
             await asyncio.to_thread(cluster.start)
             master, slave = cluster.masters[0], cluster.slaves[0][0]
             step.note(f"ZooKeeper {cluster.zk_connect}; master {master.url}; slave {slave.url} (slave0)")
-        with step(f"produce {count} messages through the client"):
-            results["produce"] = await _produce(cluster.zk_connect, count)
+            step.note(f"securityEnabled=true: users {security.app.user} (produce/consume {TOPIC}) and {security.ops.user} (admin),"
+                      f" group secret and password files in {security.directory}")
+        with step("try what an outsider would: each attempt must be refused"):
+            refusals = await try_as_outsider(security, master.url, cluster.zk_connect, cluster.zk_root, TOPIC)
+            for refusal in refusals:
+                step.note(f"{refusal.attempt}: {'refused' if refusal.refused else 'ACCEPTED'} ({refusal.answer})")
+            check_refused(refusals)
+        with step(f"produce {count} messages through the client (logged in as {security.app.user})"):
+            results["produce"] = await _produce(cluster.zk_connect, count, security.app)
             step.note(f"{count} acked in {results['produce']:.2f}s ({count / results['produce']:,.0f} msgs/s), each on master and slave")
         with step("consume them from the slave (read_from=slave)"):
-            got, seconds = await _consume_from_slave(cluster.zk_connect, count)
+            got, seconds = await _consume_from_slave(cluster.zk_connect, count, security.app)
             results["consumed"] = got
             step.note(f"{got} messages read from the slave in {seconds:.2f}s")
             if got != count:
                 raise MetaqError(f"read {got} messages from the slave, expected {count}")
         with step("verify: the slave's log is a byte-identical prefix of the master's"):
-            results["verify_before"] = await _verify(cluster.zk_connect)
+            results["verify_before"] = await _verify(cluster.zk_connect, security.ops)
             step.note("identical" if results["verify_before"] else "DIFFERENT")
-        with step("failover drill: kill -9 the master under load"):
+        with step(f"failover drill: kill -9 the master under load (logged in as {security.ops.user})"):
             from ..tools.drill import Drill
 
-            report = await Drill(cluster.zk_connect, 0, "kill", topic=TOPIC, rate=200).run()
+            report = await Drill(cluster.zk_connect, 0, "kill", topic=TOPIC, rate=200, creds=security.ops).run()
             if report.restarted_pid:
                 extra_pids.append(report.restarted_pid)
             results["drill"] = report
@@ -97,13 +116,16 @@ async def _demo(console: Any, work: Path, count: int, keep: bool) -> int:
             )
             step.note(f"the old master came back as {report.rejoined_as or '?'} and follows the new one")
         with step("verify again, after the role swap"):
-            results["verify_after"] = await _verify(cluster.zk_connect)
+            results["verify_after"] = await _verify(cluster.zk_connect, security.ops)
             step.note("identical" if results["verify_after"] else "DIFFERENT")
 
         report = results["drill"]
         table = Table(title="metaq demo: summary", show_header=True)
         table.add_column("what")
         table.add_column("result", justify="right")
+        table.add_row("security", "on (logins, ACLs, authenticated slave, ZooKeeper ACLs)")
+        for refusal in refusals:
+            table.add_row(refusal.attempt, "refused")
         table.add_row("messages produced (sync acks)", f"{count}")
         table.add_row("produce rate", f"{count / results['produce']:,.0f} msgs/s")
         table.add_row("read back from the slave", f"{results['consumed']}")
@@ -121,6 +143,7 @@ async def _demo(console: Any, work: Path, count: int, keep: bool) -> int:
         ok = results["verify_before"] and results["verify_after"] and report.lost == 0 and report.new_master
         if keep:
             console.print(f"cluster left running: ZooKeeper {cluster.zk_connect}, work dir {work}; Ctrl-C (or SIGTERM) stops it")
+            console.print(f"log in with: {security.login_hint()} (e.g. metaq cluster --zk {cluster.zk_connect} {security.login_hint()})")
             await _wait_forever()
         return 0 if ok else 1
     finally:
@@ -129,10 +152,10 @@ async def _demo(console: Any, work: Path, count: int, keep: bool) -> int:
         await asyncio.to_thread(cluster.stop)
 
 
-async def _produce(zk_connect: str, count: int) -> float:
+async def _produce(zk_connect: str, count: int, creds: Credentials) -> float:
     from ..client import AsyncMessageSessionFactory, Message, MetaClientConfig
 
-    async with AsyncMessageSessionFactory(MetaClientConfig(zk_connect=zk_connect)) as factory:
+    async with AsyncMessageSessionFactory(MetaClientConfig(zk_connect=zk_connect, credentials=creds)) as factory:
         producer = factory.create_producer()
         start = time.perf_counter()
         batch = 100
@@ -150,7 +173,7 @@ async def _produce(zk_connect: str, count: int) -> float:
         return time.perf_counter() - start
 
 
-async def _consume_from_slave(zk_connect: str, count: int) -> tuple[int, float]:
+async def _consume_from_slave(zk_connect: str, count: int, creds: Credentials) -> tuple[int, float]:
     from ..client import AsyncMessageSessionFactory, ConsumerConfig, Message, MetaClientConfig
 
     seen: set[bytes] = set()
@@ -162,7 +185,7 @@ async def _consume_from_slave(zk_connect: str, count: int) -> tuple[int, float]:
             done.set()
 
     start = time.perf_counter()
-    async with AsyncMessageSessionFactory(MetaClientConfig(zk_connect=zk_connect)) as factory:
+    async with AsyncMessageSessionFactory(MetaClientConfig(zk_connect=zk_connect, credentials=creds)) as factory:
         consumer = factory.create_consumer(ConsumerConfig(group="demo-readers", read_from="slave"))
         consumer.subscribe(TOPIC, 1024 * 1024, on_message)
         await consumer.complete_subscribe()
@@ -173,13 +196,13 @@ async def _consume_from_slave(zk_connect: str, count: int) -> tuple[int, float]:
     return len(seen), time.perf_counter() - start
 
 
-async def _verify(zk_connect: str) -> bool:
+async def _verify(zk_connect: str, creds: Credentials) -> bool:
     from ..tools.verify import VerifyError, verify_group
 
     deadline = time.monotonic() + 30
     while True:
         try:
-            report = await verify_group(zk_connect, 0)
+            report = await verify_group(zk_connect, 0, creds=creds)
             if report.ok and report.slaves:
                 return True
         except VerifyError:

@@ -1,4 +1,5 @@
-"""``metaq http --zk Z [--host 127.0.0.1] [--port P]``: the HTTP gateway (docs/http.md), foreground."""
+"""``metaq http --zk Z [--host 127.0.0.1] [--port P] [--tls-cert PEM --tls-key PEM]``: the HTTP
+gateway (docs/http.md), foreground; it logs in to brokers with --user/--password-file/--tls-ca."""
 
 from __future__ import annotations
 
@@ -22,7 +23,41 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-request-bytes", type=int, default=None, metavar="BYTES",
                         help="largest request body (default 16 MiB)")
     parser.add_argument("--send-timeout", type=float, default=15.0, help="seconds a produce may retry before it fails (default 15)")
+    parser.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS with this certificate chain (needs --tls-key)")
+    parser.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
+    parser.add_argument("--http-users", metavar="FILE",
+                        help="require HTTP Basic logins of this security file's users and apply their ACLs (needs --tls-cert)")
     parser.set_defaults(run=run)
+
+
+def http_users(args: argparse.Namespace, https: bool):
+    """The users HTTP clients log in as (--http-users), or None; MetaqError on a bad file."""
+    if args.http_users is None:
+        return None
+    if not https:
+        raise MetaqError("--http-users needs --tls-cert and --tls-key: Basic logins must not cross the network in the clear")
+    from ..http.auth import HttpUsers
+    from ..security.errors import SecurityError
+
+    try:
+        return HttpUsers.load(args.http_users)
+    except SecurityError as exc:
+        raise MetaqError(str(exc)) from None
+
+
+def https_context(args: argparse.Namespace):
+    """The listener's TLS context from --tls-cert/--tls-key (None: plain HTTP); MetaqError on a bad pair."""
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise MetaqError("--tls-cert and --tls-key go together")
+    if args.tls_cert is None:
+        return None
+    from ..security.errors import SecurityError
+    from ..security.tls import server_context
+
+    try:
+        return server_context(args.tls_cert, args.tls_key)
+    except SecurityError as exc:
+        raise MetaqError(str(exc)) from None
 
 
 async def serve(args: argparse.Namespace) -> int:
@@ -35,13 +70,15 @@ async def serve(args: argparse.Namespace) -> int:
         raise MetaqError(f"--port must be between 0 and 65535, got {args.port}")
     if max_message_size < 1 or max_request_bytes < 1 or args.send_timeout <= 0:
         raise MetaqError("--max-message-size, --max-request-bytes and --send-timeout must be positive")
+    ssl_context = https_context(args)
+    users = http_users(args, ssl_context is not None)
     gateway = await Gateway(client_config(args, send_timeout_s=args.send_timeout), max_message_size).start()
 
     def ready(url: str) -> None:
         print(f"metaq http: serving {url} for the cluster at {args.zk}{args.zk_root}", flush=True)
 
     try:
-        await serve(gateway, args.host, args.port, max_request_bytes, ready)
+        await serve(gateway, args.host, args.port, max_request_bytes, ready, ssl_context=ssl_context, users=users)
     except OSError as exc:
         raise MetaqError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
     finally:

@@ -51,3 +51,10 @@ def zk_security(args: argparse.Namespace, broker_id: int | None):
     from ..zk.acl import ZkSecurity
 
     return ZkSecurity(args.zk_root, broker_id, GroupSecret.load(secret_file, broker_id).zookeeper_password())
+
+
+def zk_write_refused(args: argparse.Namespace, what: str) -> MetaqError:
+    """The one line for a write to group ``args.broker_id``'s ZooKeeper nodes that its ACL refused."""
+    if getattr(args, "group_secret", None):
+        return MetaqError(f"ZooKeeper refused {what}: {args.group_secret} is not broker group {args.broker_id}'s secret")
+    return MetaqError(f"ZooKeeper refused {what}: broker group {args.broker_id} has ACLs on; pass --group-secret FILE (its groupSecretFile)")

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import MetaqError
 from .admin import stats_map
-from .login import add_group_secret_argument, add_login_arguments, credentials, zk_security
+from .login import add_group_secret_argument, add_login_arguments, credentials, zk_security, zk_write_refused
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     except ZooKeeperUnreachable as exc:
         raise MetaqError(str(exc)) from None
     except NoAuthError:
-        raise MetaqError(f"ZooKeeper refused the hand-over: broker group {args.broker_id} has ACLs on; pass --group-secret FILE") from None
+        raise zk_write_refused(args, "the hand-over") from None
     print("\n".join(lines))
     return 0
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import MetaqError
 from .admin import add_action, add_actions, ask, parse_settings, render_table, stats_map, zk_client
-from .login import add_group_secret_argument, credentials
+from .login import add_group_secret_argument, credentials, zk_security, zk_write_refused
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -197,7 +197,7 @@ def _write(args: argparse.Namespace, change: Any, done: str) -> int:
     from ..config import check_topic_name
     from ..zk.group import read_members
     from ..zk.topic_config import read_group_topics, update_group_topics
-    from kazoo.exceptions import NoNodeError
+    from kazoo.exceptions import NoAuthError, NoNodeError
 
     try:
         check_topic_name(args.topic)
@@ -213,7 +213,10 @@ def _write(args: argparse.Namespace, change: Any, done: str) -> int:
             # Members serving server.ini topics would drop them for a configuration naming only this one.
             raise MetaqError(f"broker group {args.broker_id} is running but has no topic configuration in ZooKeeper "
                              f"({paths.topic_config(args.broker_id)}); restart its master with this version first")
-        group = update_group_topics(client, paths, args.broker_id, change)
+        try:
+            group = update_group_topics(client, paths, args.broker_id, change, security=zk_security(args, args.broker_id))
+        except NoAuthError:
+            raise zk_write_refused(args, f"the write of {paths.topic_config(args.broker_id)}") from None
     expected = group.topics.get(args.topic)
     partitions = int(expected.get("numPartitions", "1")) if expected else None
     print(f"broker group {args.broker_id}: {done} (topic configuration version {group.version})")

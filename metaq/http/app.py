@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import ssl
 from typing import Any, Awaitable, Callable
 from urllib.parse import quote
 
@@ -34,6 +35,7 @@ from .bodies import (
     produce_status,
     send_result_json,
 )
+from .auth import HttpUsers
 from .errors import HttpError
 from .gateway import MAX_WAIT_MS, FetchResult, Gateway
 
@@ -50,8 +52,10 @@ RAW = "application/octet-stream"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def build_app(gateway: Gateway, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> web.Application:
-    app = web.Application(client_max_size=max_request_bytes, middlewares=[_errors])
+def build_app(gateway: Gateway, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, users: HttpUsers | None = None) -> web.Application:
+    """The routes; with ``users``, every request must log in and pass the user's ACL (http/auth.py)."""
+    middlewares = [_errors] if users is None else [_errors, users.middleware()]
+    app = web.Application(client_max_size=max_request_bytes, middlewares=middlewares)
     app[GATEWAY] = gateway
     app[MAX_REQUEST_BYTES] = max_request_bytes
     app.router.add_get("/topics", list_topics)
@@ -170,16 +174,17 @@ def _raw_message(result: FetchResult, partition: Any) -> web.Response:
 
 
 async def serve(gateway: Gateway, host: str, port: int, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-                ready: Callable[[str], None] | None = None) -> None:
-    """Serve until SIGINT/SIGTERM; ``ready`` gets the URL once the port is open."""
-    runner = web.AppRunner(build_app(gateway, max_request_bytes), access_log=None)
+                ready: Callable[[str], None] | None = None, *, ssl_context: ssl.SSLContext | None = None,
+                users: HttpUsers | None = None) -> None:
+    """Serve until SIGINT/SIGTERM (HTTPS with ``ssl_context``; logins with ``users``); ``ready`` gets the URL once the port is open."""
+    runner = web.AppRunner(build_app(gateway, max_request_bytes, users), access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
         await site.start()
         if ready is not None:
             bound_host, bound_port = runner.addresses[0][:2]
-            ready(f"http://{bound_host}:{bound_port}/")
+            ready(f"{'https' if ssl_context else 'http'}://{bound_host}:{bound_port}/")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):

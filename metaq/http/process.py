@@ -26,7 +26,8 @@ class GatewayProcess(ChildProcess):
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if "--tls-cert" in self.extra_args else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "metaq", "http", "--zk", self.zk_connect, "--zk-root", self.zk_root,

@@ -6,9 +6,11 @@ Operations and who holds them:
     consume      users, per topic pattern
     describe     every authenticated principal (topics, plain stats, offsets)
     admin        users with ``admin=true``, and the group's own brokers
-                 (stats reset, stats config, the config fetch, checksums)
+                 (stats reset, stats config, the config fetch, checksums, and the
+                 ``epochs`` history: a read that changes nothing, which a drill needs
+                 to tell the new master's acks apart)
     replication  only brokers of this broker's group: a replica ``get``, ``position``,
-                 ``epochs``, ``epoch_end``; no rule can give it to a user
+                 ``epoch_end`` (the truncation answer); no rule can give it to a user
 
 Patterns are topic names with ``*`` (any run of characters) and ``?`` (one character).
 Unknown principals and unauthenticated connections are denied with a message that
@@ -105,8 +107,9 @@ class Authorizer:
 #: Ops a connection may send before it has authenticated.
 UNAUTHENTICATED_OPS = frozenset({"auth", "version", "quit"})
 _ADMIN_STATS_ITEMS = frozenset({"reset", "config"})
-_REPLICATION_OPS = frozenset({"position", "epochs", "epoch_end"})
-_ADMIN_OPS = frozenset({"config", "checksum"})
+_REPLICATION_OPS = frozenset({"position", "epoch_end"})
+#: Reads for operators only; ``epochs`` carries no epoch claim, so it can never fence.
+_ADMIN_OPS = frozenset({"config", "checksum", "epochs"})
 _DESCRIBE_OPS = frozenset({"topics", "stats"})
 
 
@@ -127,7 +130,7 @@ def required_operation(header: Mapping[str, Any]) -> tuple[Operation, str | None
         return Operation.CONSUME, topic
     if op in _REPLICATION_OPS:
         return Operation.REPLICATION, topic
-    if op == "stats" and str(header.get("item") or "").strip() in _ADMIN_STATS_ITEMS:
+    if op in _ADMIN_OPS or (op == "stats" and str(header.get("item") or "").strip() in _ADMIN_STATS_ITEMS):
         return Operation.ADMIN, None
     if op in _DESCRIBE_OPS:
         return Operation.DESCRIBE, None

@@ -42,6 +42,14 @@ class ScramSecret:
         """The tuple scramp's server asks its ``auth_fn`` for."""
         return self.salt, self.stored_key, self.server_key, self.iterations
 
+    def verifies(self, password: str) -> bool:
+        """Whether ``password`` is the one this secret was derived from (a full PBKDF2: slow on purpose)."""
+        try:
+            derived = make_secret(password, self.iterations, self.salt)
+        except SecurityError:
+            return False  # empty, or not SASLprep-able: no password matches
+        return hmac.compare_digest(derived.stored_key, self.stored_key)
+
     def encode(self) -> str:
         b64 = lambda raw: base64.b64encode(raw).decode("ascii")  # noqa: E731
         return f"{MECHANISM}:{self.iterations}:{b64(self.salt)}:{b64(self.stored_key)}:{b64(self.server_key)}"

@@ -61,7 +61,7 @@ class GroupTopicsApplier:
         broker_id = self.broker.config.broker_id
         try:
             if self.seeds:
-                group = await asyncio.to_thread(update_group_topics, self.client, self.paths, broker_id, seed_with(self.broker.local_topics))
+                group = await asyncio.to_thread(self._update, seed_with(self.broker.local_topics))
             else:
                 group = await asyncio.to_thread(read_group_topics, self.client, self.paths, broker_id)
             await asyncio.to_thread(self.client.DataWatch, self.node, self._watch)
@@ -144,8 +144,12 @@ class GroupTopicsApplier:
 
     async def publish(self, changed: dict[str, TopicConfig]) -> GroupTopics:
         """Write these topics' settings to the group's configuration (a SIGHUP'd server.ini edit)."""
-        broker_id = self.broker.config.broker_id
-        return await asyncio.to_thread(update_group_topics, self.client, self.paths, broker_id, publish_with(changed))
+        return await asyncio.to_thread(self._update, publish_with(changed))
+
+    def _update(self, change: Any) -> GroupTopics:
+        """A compare-and-set write of the group's node, with the group's ZooKeeper ACL when security is on."""
+        security = self.broker.registry.security  # type: ignore[union-attr]
+        return update_group_topics(self.client, self.paths, self.broker.config.broker_id, change, security=security)
 
 
 def describe_change(before: dict[str, TopicConfig], after: dict[str, TopicConfig]) -> str:

@@ -5,8 +5,12 @@ Who may do what, by kind of path (``{root}`` is ``zk.zkRoot``):
     kind          paths                                            world            the group's brokers
     shared        {root}, /brokers, /brokers/ids,                   read, create,    (as world)
                   /brokers/topics-pub|sub and their {topic} nodes   delete
-    group         /brokers/ids/{id} and everything below it         read             all
-                  (master, slave{k}, epoch, sync_set, checksum)
+    group         /brokers/ids/{id} and everything below it,        read             all
+                  /brokers/topic-config/{id}
+                  (master, slave{k}, epoch, sync_set, checksum,
+                  the group's topic configuration)
+    per-group     /brokers/topic-config                             read, create     (as world)
+    directory
     registration  /brokers/topics-pub|sub/{topic}/{id}-m|-s{k}      read             all
     consumers     /consumers and everything below it                all              all
 
@@ -16,7 +20,9 @@ or delete its master lock, epoch and sync set. Anyone can read, so clients and t
 no credentials. Shared directories must let every group add and withdraw its own entries;
 ZooKeeper's DELETE permission is per parent, not per child, so a client without credentials
 can withdraw a registration (an availability problem the owning broker repairs by
-re-registering, never a way to change who is master or what is committed).
+re-registering, never a way to change who is master or what is committed). A group's
+topic configuration is never withdrawn, so its directory grants no DELETE at all: nobody
+but the group can remove the topics its members serve.
 
 Turning ACLs on for a running cluster: ``ensure_tree`` tightens every node of the group
 that is still open (world holds ADMIN) and refuses to start on a group node that someone
@@ -26,6 +32,7 @@ else has locked (squatting), with the path and its ACL in the message.
 from __future__ import annotations
 
 import enum
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +42,8 @@ from kazoo.security import ACL, OPEN_ACL_UNSAFE, Id, Permissions, make_acl, make
 
 from ..errors import MetaqError
 from .paths import ZkPaths, parse_broker_node_name
+
+log = logging.getLogger(__name__)
 
 WORLD = Id("world", "anyone")
 DIGEST_USER_PREFIX = "metaq-group-"
@@ -47,6 +56,7 @@ class ZkAclError(MetaqError):
 class PathKind(enum.Enum):
     SHARED = "shared"
     GROUP = "group"
+    PER_GROUP_DIRECTORY = "per-group directory"
     REGISTRATION = "registration"
     CONSUMERS = "consumers"
     OUTSIDE = "outside"  # above or beside the root (the ancestors of a root like /a/b)
@@ -66,6 +76,11 @@ def classify(paths: ZkPaths, path: str) -> tuple[PathKind, int | None]:
         return PathKind.CONSUMERS, None
     if parts[:2] == ["brokers", "ids"] and len(parts) >= 3 and parts[2].isdigit():
         return PathKind.GROUP, int(parts[2])
+    if parts[:2] == ["brokers", "topic-config"]:
+        if len(parts) == 2:
+            return PathKind.PER_GROUP_DIRECTORY, None
+        if parts[2].isdigit():
+            return PathKind.GROUP, int(parts[2])
     if parts[:1] == ["brokers"] and len(parts) >= 4 and parts[1] in ("topics-pub", "topics-sub"):
         try:
             group, _slave = parse_broker_node_name(parts[3])
@@ -76,6 +91,8 @@ def classify(paths: ZkPaths, path: str) -> tuple[PathKind, int | None]:
 
 
 _SHARED_ACL = [make_acl("world", "anyone", read=True, create=True, delete=True)]
+#: Every group adds its own node; none is ever withdrawn, so nobody may delete one.
+_PER_GROUP_DIRECTORY_ACL = [make_acl("world", "anyone", read=True, create=True)]
 
 
 @dataclass(frozen=True)
@@ -110,6 +127,8 @@ class ZkSecurity:
             return self.group_acl()
         if kind is PathKind.CONSUMERS:
             return list(OPEN_ACL_UNSAFE)
+        if kind is PathKind.PER_GROUP_DIRECTORY:
+            return list(_PER_GROUP_DIRECTORY_ACL)
         # Shared directories, and the ancestors of a root like /a/b: nobody may lock them.
         return list(_SHARED_ACL)
 
@@ -156,6 +175,21 @@ class ZkSecurity:
         self._tighten(client, group_node)
         for child in client.get_children(group_node):
             self._tighten(client, f"{group_node}/{child}")
+        topic_config = paths.topic_config(self.broker_id)
+        self.ensure_parents(client, topic_config)
+        self._correct_directory(client, topic_config.rsplit("/", 1)[0])
+        self._tighten(client, topic_config)
+
+    def _correct_directory(self, client: KazooClient, path: str) -> None:
+        """Give a directory made by an older version (world DELETE, or one group's ACL) its ACL,
+        when our credentials may; otherwise say what is wrong and go on (it still works)."""
+        try:
+            acl, stat = client.get_acls(path)
+            if sorted(acl, key=repr) != sorted(self.acl_for(path), key=repr):
+                client.set_acls(path, self.acl_for(path), version=stat.aversion)
+        except NoAuthError:
+            log.warning("ZooKeeper node %s has ACL %s, not %s; the ZooKeeper admin should set it",
+                        path, _describe(client, path), _describe_acl(self.acl_for(path)))
 
     def _tighten(self, client: KazooClient, path: str) -> None:
         try:
@@ -185,6 +219,10 @@ def _describe(client: KazooClient, path: str) -> str:
         return "not readable without its owner's credentials"
     except NoNodeError:
         return "node gone"
+    return _describe_acl(acl)
+
+
+def _describe_acl(acl: list[ACL]) -> str:
     return ", ".join(f"{entry.id.scheme}:{entry.id.id.split(':')[0]}={entry.perms}" for entry in acl)
 
 

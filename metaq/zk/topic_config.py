@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
@@ -39,6 +39,9 @@ from ..config import (
     topic_settings,
 )
 from .paths import ZkPaths
+
+if TYPE_CHECKING:
+    from .acl import ZkSecurity
 
 #: How long one ZooKeeper call may take.
 ZK_CALL_TIMEOUT_S = 5.0
@@ -97,11 +100,13 @@ def update_group_topics(
     broker_id: int,
     change: Callable[[GroupTopics], GroupTopics | None],
     attempts: int = 20,
+    security: "ZkSecurity | None" = None,
 ) -> GroupTopics:
     """Apply ``change`` by compare-and-set, retrying on a concurrent write.
 
     ``change`` returns the new value, or None to leave the node as it is. Returns what
-    the node holds afterwards (with its new version).
+    the node holds afterwards (with its new version). With ``security`` (ZooKeeper ACLs
+    on), a node created here and its missing directory get their own ACLs (zk/acl.py).
     """
     path = paths.topic_config(broker_id)
     for _ in range(attempts):
@@ -113,7 +118,11 @@ def update_group_topics(
             if current.exists:
                 stat = client.set_async(path, wanted.encode(), version=current.version).get(timeout=ZK_CALL_TIMEOUT_S)
                 return replace(wanted, version=stat.version)
-            client.create_async(path, wanted.encode(), makepath=True).get(timeout=ZK_CALL_TIMEOUT_S)
+            if security is not None:
+                security.ensure_parents(client, path)
+                client.create_async(path, wanted.encode(), acl=security.acl_for(path)).get(timeout=ZK_CALL_TIMEOUT_S)
+            else:
+                client.create_async(path, wanted.encode(), makepath=True).get(timeout=ZK_CALL_TIMEOUT_S)
             return replace(wanted, version=0)
         except (BadVersionError, NodeExistsError, NoNodeError):
             continue  # someone else wrote first: look again

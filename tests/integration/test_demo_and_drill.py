@@ -1,5 +1,6 @@
 """The two operator-facing showcases, end to end as a user runs them: ``metaq demo`` (the
-README's first command) and ``metaq drill`` against a running sync pair."""
+README's first command, security on: every client and tool logs in, and an outsider's
+attempts are refused) and ``metaq drill`` against a running sync pair."""
 
 from __future__ import annotations
 
@@ -31,10 +32,16 @@ def test_demo_fails_over_and_loses_nothing() -> None:
     proc = metaq("demo")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
+    assert row(out, "security").startswith("on (logins, ACLs")
+    for attempt in ("anonymous put", "stats config by app (not an admin)", "forged position by app", "ZooKeeper epoch write, no group secret"):
+        assert row(out, attempt) == "refused"
+    assert "anonymous put: refused (403 not authenticated" in out
     assert row(out, "messages produced (sync acks)") == row(out, "read back from the slave") == "5000"
     assert row(out, "acked messages lost") == "0"
     assert row(out, "logs identical before failover") == row(out, "logs identical after role swap") == "True"
     assert row(out, "epoch") == "1 -> 2"
+    # The drill logged in as an admin, so it read the new master's epoch history.
+    assert row(out, "failover: first acked write on new master").endswith("s")
 
 
 def test_drill_repeated_against_a_sync_pair(tmp_path: Path) -> None:

@@ -75,7 +75,7 @@ def test_denials_say_what_is_missing() -> None:
         ({"op": "offset", "topic": "t"}, (Operation.CONSUME, "t")),
         ({"op": "position", "topic": "t"}, (Operation.REPLICATION, "t")),
         ({"op": "epoch_end", "topic": "t"}, (Operation.REPLICATION, "t")),
-        ({"op": "epochs", "topic": "t"}, (Operation.REPLICATION, "t")),
+        ({"op": "epochs", "topic": "t"}, (Operation.ADMIN, None)),
         ({"op": "stats"}, (Operation.DESCRIBE, None)),
         ({"op": "stats", "item": "reset"}, (Operation.ADMIN, None)),
         ({"op": "stats", "item": " config "}, (Operation.ADMIN, None)),

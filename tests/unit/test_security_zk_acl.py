@@ -18,6 +18,8 @@ def test_paths_are_classified() -> None:
     assert classify(paths, "/meta/brokers/topics-sub/t") == (PathKind.SHARED, None)
     assert classify(paths, "/meta/brokers/topics-sub/t/3-s1") == (PathKind.REGISTRATION, 3)
     assert classify(paths, "/meta/consumers/g/offsets/t/0-0") == (PathKind.CONSUMERS, None)
+    assert classify(paths, "/meta/brokers/topic-config") == (PathKind.PER_GROUP_DIRECTORY, None)
+    assert classify(paths, "/meta/brokers/topic-config/3") == (PathKind.GROUP, 3)
     assert classify(paths, "/other/x") == (PathKind.OUTSIDE, None)
     assert classify(paths, "/metax") == (PathKind.OUTSIDE, None)
     security = ZkSecurity("/meta", 0, "pw")
@@ -27,6 +29,9 @@ def test_paths_are_classified() -> None:
         classify(paths, "/meta/brokers/topics-pub/t/garbage")
     assert security.acl_for("/other") == security.acl_for("/meta/brokers")  # ancestors of a deep root
     assert security.acl_for("/meta/consumers/g") != security.acl_for("/meta/brokers")
+    assert security.acl_for(paths.topic_config(0)) == security.group_acl()
+    # Nobody may delete a group's topic configuration: its directory grants no DELETE.
+    assert [entry.perms for entry in security.acl_for("/meta/brokers/topic-config")] == [Permissions.READ | Permissions.CREATE]
 
 
 def test_client_kwargs_log_in_as_the_group_and_default_to_its_acl() -> None:
