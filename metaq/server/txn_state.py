@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..record import buffer_reader
+from ..record import HEADER
 from ..store.refused import RefusedLog
 from ..txn import rebuild
 from ..txn.index import TransactionIndex
@@ -85,11 +85,12 @@ class TxnStates:
     def note_plain_append(self, topic: str, partition: int, offset: int, data: bytes | bytearray) -> None:
         """A put without a producer id appended ``data`` (no control record in it) at ``offset``.
 
-        Walks the bytes in memory instead of reading them back from the log.
+        No walk: the handler checked there is no control record in them.
         """
         state = self.partition_if_loaded(topic, partition)
         if state is not None and state.position == offset:
-            state.catch_up(buffer_reader(data, offset), offset + len(data))
+            _length, crc, msg_id, _flag = HEADER.unpack_from(data, 0)
+            state.passed_plain(offset, offset + len(data), (msg_id, crc))
         # else: the next ``partition`` call walks them from the log
 
     def partition_if_loaded(self, topic: str, partition: int) -> PartitionTxnState | None:
@@ -143,6 +144,10 @@ class TxnStates:
                 log.info("%s-%d: log truncated; transaction state rebuilt from the log", topic, partition)
             state = rebuild.load_state(directory, partition_log.read, partition_log.min_offset,
                                        partition_log.log_end, producers=self._new_table)
+        if not isinstance(partition_log, RefusedLog):
+            # Before any cut: a snapshot must never describe bytes that are gone (a crash between
+            # the cut and the rebuild then finds no snapshot, and walks the log).
+            partition_log.before_truncate = lambda: rebuild.discard_snapshot(directory)
         entry = _Entry(state, partition_log, partition_log.truncations)
         self._entries[(topic, partition)] = entry
         return entry

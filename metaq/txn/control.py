@@ -189,8 +189,18 @@ def control_of(record: Record) -> Control | None:
     return decode_body(record.data)
 
 
+def drop_control_columns(offsets: list, ids: list, attributes: list, datas: list) -> tuple[list, list, list, list]:
+    """``record.decode_columns``' columns without the control records' rows (readers that deliver messages)."""
+    if CONTROL_ATTRIBUTE not in attributes:  # the common case: one C-speed scan, nothing copied
+        return offsets, ids, attributes, datas
+    keep = [i for i, attribute in enumerate(attributes) if attribute != CONTROL_ATTRIBUTE]
+    return [offsets[i] for i in keep], [ids[i] for i in keep], [attributes[i] for i in keep], [datas[i] for i in keep]
+
+
 def find_forged_control(batch: bytes | bytearray | memoryview) -> int | None:
     """Index of the first record of a producer's batch that carries the reserved attribute, or None."""
+    if _ATTR_BLOCK not in batch:  # one C-speed search: no record can carry it (the put hot path)
+        return None
     view = memoryview(batch)
     pos = 0
     for index, end in enumerate(record_ends(view)):

@@ -12,11 +12,14 @@ back to it.
 
 Snapshot: ``{partition dir}/txn-state-checkpoint``, JSON with a CRC, written
 atomically (temporary file, fsync, rename). It records ``position`` and an
-*anchor*: the offset, msg id and CRC of the record that ends the state's bytes
-(the last record outside a batch, or the header of the last batch). On
-load the anchor must still be in the log, so a snapshot taken before an HA
-truncation cut the log (and the log grew again past it) is refused instead of
-reused; the state is then rebuilt from the log start.
+*anchor*: the offset, msg id and CRC of a record from which whole records run
+exactly to ``position`` (the last record outside a batch, the header of the last
+batch, or the first record of the last plain put, see ``passed_plain``). On load
+the anchor must still be in the log and the records from it must end at
+``position``, so a snapshot taken before an HA truncation cut the log (and the log
+grew again past it) is refused instead of reused; the state is then rebuilt from
+the log start. (The broker also deletes the snapshot before any truncation:
+metaq/server/txn_state.py.)
 """
 
 from __future__ import annotations
@@ -88,6 +91,18 @@ class PartitionTxnState:
         if control is None or control.kind is not Kind.BATCH or header_end + control.data_bytes != offset + len(framed):
             raise ValueError("appended bytes do not start with the BATCH header of exactly these records")
         self._observe(control, offset, header_end, (offset, msg_id, crc))
+
+    def passed_plain(self, offset: int, end: int, first_record: tuple[int, int]) -> None:
+        """The master appended whole records at [offset, end), none a control record (checked by the
+        put handler with ``control.find_forged_control``): nothing to record but the new position.
+
+        Costs nothing per record, unlike a walk; ``first_record`` is (msg id, CRC) of the first one,
+        the snapshot's anchor.
+        """
+        if offset != self.position:
+            raise ValueError(f"append at {offset}, but the state stands at {self.position}: catch up first")
+        self.anchor = (offset, *first_record)
+        self.position = end
 
     def _observe(self, control: Control | None, offset: int, stop: int, anchor: tuple[int, int, int]) -> None:
         """One record at [offset, stop): a BATCH header moves ``position`` past its whole batch."""
@@ -179,7 +194,9 @@ def _fits(snapshot: dict[str, Any], read: Reader, log_start: int, log_end: int) 
     length, found_crc, found_id, _flag = HEADER.unpack(header)
     if (found_id, found_crc) != (msg_id, crc):
         return False
-    # The anchor is the last record outside a batch, or a batch's header: either ends the state's bytes.
-    control = control_at(bytes(read(offset, HEADER_SIZE + length)))
-    batch_bytes = control.data_bytes if control is not None and control.kind is Kind.BATCH else 0
-    return offset + HEADER_SIZE + length + batch_bytes == position
+    # Whole records run from the anchor to the state's position (a batch's records after its header).
+    reached = offset
+    for run in walk_records(read, offset, position, boundaries_only=True):
+        assert run.ends is not None
+        reached = run.ends[-1] if run.ends else reached
+    return reached == position
