@@ -122,7 +122,6 @@ class TxnStates:
         aside = partition_log.truncate_to(cut)
         log.warning("%s-%d: cut an incomplete batch %s at %d: %d bytes moved aside to %s",
                     topic, partition, when, cut, removed, aside)
-        self.partition(topic, partition)  # rebuilt: the log was truncated
         return cut
 
     # --- loading and snapshots --------------------------------------------------------------------
@@ -144,13 +143,26 @@ class TxnStates:
                 log.info("%s-%d: log truncated; transaction state rebuilt from the log", topic, partition)
             state = rebuild.load_state(directory, partition_log.read, partition_log.min_offset,
                                        partition_log.log_end, producers=self._new_table)
-        if not isinstance(partition_log, RefusedLog):
-            # Before any cut: a snapshot must never describe bytes that are gone (a crash between
-            # the cut and the rebuild then finds no snapshot, and walks the log).
-            partition_log.before_truncate = lambda: rebuild.discard_snapshot(directory)
         entry = _Entry(state, partition_log, partition_log.truncations)
+        if not isinstance(partition_log, RefusedLog):
+            partition_log.before_truncate = lambda offset: self._before_truncate(entry, directory, offset)
         self._entries[(topic, partition)] = entry
         return entry
+
+    @staticmethod
+    def _before_truncate(entry: _Entry, directory: Path, offset: int) -> None:
+        """The log is about to be cut at ``offset`` (-1: all of it).
+
+        The snapshot goes first: it must never describe bytes that are gone (a crash between
+        the cut and the rebuild then finds none, and walks the log). A state that has seen
+        nothing past the cut stays valid (a pure function of bytes that stay): it is marked
+        as knowing this truncation, so ``partition`` does not rebuild it (no walk of the
+        whole log at promotion); any other is rebuilt on its next use.
+        """
+        rebuild.discard_snapshot(directory)
+        if 0 <= offset and entry.state.position <= offset and entry.truncations == entry.log.truncations:
+            entry.truncations += 1  # the log's count moves to this right after the cut
+            entry.snapshot_position = -1
 
     def snapshot_all(self) -> None:
         """Write the snapshot of every state that moved since its last one (blocking: fsync)."""

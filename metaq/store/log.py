@@ -166,8 +166,9 @@ class PartitionLog:
         #: Bumped by every truncation: state derived from the bytes (metaq/server/txn_state.py)
         #: compares it to know that bytes it has seen may be gone.
         self.truncations = 0
-        #: Called before bytes are cut (state derived from them drops its snapshot first).
-        self.before_truncate: Callable[[], None] | None = None
+        #: Called with the cut offset before bytes are cut (-1: the whole log goes), so state
+        #: derived from the bytes can drop its snapshot first.
+        self.before_truncate: Callable[[int], None] | None = None
         if checkpointed != self._flushed_end:
             self._save_checkpoint(self._flushed_end)
 
@@ -390,7 +391,7 @@ class PartitionLog:
             index = self._segment_index(segments, offset)
             self._check_record_boundary(segments[index], offset)
             if self.before_truncate is not None:
-                self.before_truncate()
+                self.before_truncate(offset)
             aside_path, copied = _save_aside(self._truncated_path(offset), segments[index:], offset)
             self._lower_checkpoint(offset)
             for seg in segments[index + 1 :]:
@@ -419,7 +420,7 @@ class PartitionLog:
         with self._structure_lock:
             segments = self._segments
             if self.before_truncate is not None:
-                self.before_truncate()
+                self.before_truncate(-1)
             aside_path = None
             if segments[-1].end > segments[0].start:
                 aside_path, _ = _save_aside(self._truncated_path(segments[0].start), segments, segments[0].start)

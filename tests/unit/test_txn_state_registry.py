@@ -147,3 +147,23 @@ def test_a_snapshot_ending_in_plain_puts_is_reused_and_one_from_before_a_cut_is_
     reloaded = load_state(snapshot.parent, log.read, 0, log.log_end)
     assert reloaded == fresh(manager) and 2 in reloaded.producers.producers
     manager.close()
+
+
+def test_cutting_a_half_replicated_batch_keeps_the_state_without_a_rebuild(tmp_path: Path) -> None:
+    """Promotion's cut: the state has seen nothing past the cut, so it stays (no walk of the log)."""
+    manager = store(tmp_path)
+    states = TxnStates(manager)
+    idempotent_put(manager, states, 1, 0, 2)
+    state = states.partition(TOPIC, 0)
+    header_at = state.position
+    plan = plan_put(state.producers, encode_batch([(b"m" * 30, None)] * 3), 3, producer_id=1, producer_epoch=0,
+                    first_seq=2, timestamp_ms=2)
+    assert plan.append is not None
+    half = record_ends(plan.append)[1]  # the BATCH header and the first record: what a slave fetched so far
+    log = manager.get_log(TOPIC, 0)
+    log.append(plan.append[:half])  # a replica append
+    assert states.partition(TOPIC, 0).position == header_at  # stops before the incomplete batch
+    assert states.cut_incomplete_tail(TOPIC, 0, "at promotion") == header_at
+    assert log.log_end == header_at and states.partition(TOPIC, 0) is state
+    assert states.cut_incomplete_tail(TOPIC, 0, "at promotion") is None
+    manager.close()
