@@ -5,9 +5,8 @@ transaction index and ``position``) per partition log, loaded on first use from
 its snapshot plus a walk of the rest of the log, and kept caught up with the log:
 
 * the master's put path records each idempotent batch it appends (``appended``)
-  and each plain put (``note_plain_append``);
-* a slave catches up after every replica append (``partition`` walks whatever is
-  new; the replica calls it);
+  and each plain put (``note_append``);
+* a slave follows every replica append (``note_append``, called by the replica);
 * at start, and at promotion, a batch whose records are not all in the log (a torn
   write, or the half of a batch a slave had fetched when its master died) is cut
   off (``cut_incomplete_tail``) before anything is served or appended;
@@ -35,6 +34,7 @@ from typing import Any
 from ..record import HEADER
 from ..store.refused import RefusedLog
 from ..txn import rebuild
+from ..txn.control import may_hold_control
 from ..txn.index import TransactionIndex
 from ..txn.producer_state import DEFAULT_EXPIRY_MS, DEFAULT_MAX_BATCHES, ProducerStateTable
 from ..txn.rebuild import PartitionTxnState
@@ -82,16 +82,20 @@ class TxnStates:
 
     # --- the master's put path ----------------------------------------------------------------
 
-    def note_plain_append(self, topic: str, partition: int, offset: int, data: bytes | bytearray) -> None:
-        """A put without a producer id appended ``data`` (no control record in it) at ``offset``.
+    def note_append(self, topic: str, partition: int, offset: int, data: bytes | bytearray | memoryview,
+                    end: int | None = None) -> None:
+        """Whole records ``data`` were appended at ``offset`` (a plain put, or a replica append).
 
-        No walk: the handler checked there is no control record in them.
+        Without a control record among them (one substring search) the state just moves
+        to their end; else it follows them (``partition``'s catch-up).
         """
+        end = offset + len(data) if end is None else end
         state = self.partition_if_loaded(topic, partition)
-        if state is not None and state.position == offset:
+        if state is not None and state.position == offset and not may_hold_control(data):
             _length, crc, msg_id, _flag = HEADER.unpack_from(data, 0)
-            state.passed_plain(offset, offset + len(data), (msg_id, crc))
-        # else: the next ``partition`` call walks them from the log
+            state.passed_plain(offset, end, (msg_id, crc))
+        else:
+            self.partition(topic, partition)
 
     def partition_if_loaded(self, topic: str, partition: int) -> PartitionTxnState | None:
         entry = self._entries.get((topic, partition))

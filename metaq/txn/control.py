@@ -197,9 +197,14 @@ def drop_control_columns(offsets: list, ids: list, attributes: list, datas: list
     return [offsets[i] for i in keep], [ids[i] for i in keep], [attributes[i] for i in keep], [datas[i] for i in keep]
 
 
+def may_hold_control(data: bytes | bytearray | memoryview) -> bool:
+    """False only if no record in ``data`` can be a control record: its attribute block is nowhere."""
+    return _ATTR_BLOCK in (data if isinstance(data, (bytes, bytearray)) else bytes(data))
+
+
 def find_forged_control(batch: bytes | bytearray | memoryview) -> int | None:
     """Index of the first record of a producer's batch that carries the reserved attribute, or None."""
-    if _ATTR_BLOCK not in batch:  # one C-speed search: no record can carry it (the put hot path)
+    if not may_hold_control(batch):  # the put hot path: one C-speed search, no walk
         return None
     view = memoryview(batch)
     pos = 0

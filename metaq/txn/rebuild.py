@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from metaq.record import HEADER, HEADER_SIZE, walk_records
-from metaq.txn.control import Control, ControlError, Kind, control_at
+from metaq.txn.control import Control, ControlError, Kind, control_at, may_hold_control
 from metaq.txn.crcfile import read_crc_file, write_crc_file
 from metaq.txn.index import TransactionIndex
 from metaq.txn.producer_state import ProducerStateTable
@@ -56,26 +56,61 @@ class PartitionTxnState:
 
         The records of a batch follow its header and are never control records (a
         put carrying one is refused), so the walk checks only the records outside
-        batches and jumps ``position`` from a BATCH header to its batch's end.
+        batches: from a BATCH header it starts again at its batch's end, and a run of
+        records without the control attribute anywhere is passed in one step.
         """
-        batch_end = self.position
-        for run in walk_records(read, self.position, end, boundaries_only=True):
-            pos = run.offset
-            assert run.ends is not None
-            for stop in run.ends:
-                if stop > batch_end:
-                    at = pos - run.offset
-                    try:
-                        control = control_at(run.data, at)
-                    except ControlError as exc:
-                        raise ControlError(f"record at {pos}: {exc}") from None
-                    if control is not None and control.kind is Kind.BATCH and stop + control.data_bytes > end:
-                        return self.position  # the batch is not all here yet
-                    _length, crc, msg_id, _flag = HEADER.unpack_from(run.data, at)
-                    self._observe(control, pos, stop, (pos, msg_id, crc))
-                    batch_end = self.position
-                pos = stop
+        while self.position < end and (self._pass_batch_at_position(read, end) or self._walk_to_next_batch(read, end)):
+            pass
         return self.position
+
+    def _pass_batch_at_position(self, read: Reader, end: int) -> bool:
+        """A whole batch starting at ``position``: pass it without reading its records (True)."""
+        pos = self.position
+        head = bytes(read(pos, HEADER_SIZE))
+        if len(head) < HEADER_SIZE:
+            return False
+        length, crc, msg_id, _flag = HEADER.unpack(head)
+        stop = pos + HEADER_SIZE + length
+        if length < 0 or stop > end:
+            return False
+        record = bytes(read(pos, HEADER_SIZE + length))
+        if len(record) < HEADER_SIZE + length:
+            return False  # not all readable at once (a segment's end): the walk follows it
+        try:
+            control = control_at(record)
+        except ControlError as exc:
+            raise ControlError(f"record at {pos}: {exc}") from None
+        if control is None or control.kind is not Kind.BATCH or stop + control.data_bytes > end:
+            return False  # a marker (the walk follows it), or a batch not all here yet
+        self._observe(control, pos, stop, (pos, msg_id, crc))
+        return True
+
+    def _walk_to_next_batch(self, read: Reader, end: int) -> bool:
+        """Follow records from ``position``; True after passing a whole batch (walk again from its end)."""
+        for run in walk_records(read, self.position, end, boundaries_only=True):
+            assert run.ends is not None
+            if not run.ends:
+                return False
+            if not may_hold_control(run.data):  # no control record in this run: jump to its end
+                last = run.ends[-2] if len(run.ends) > 1 else run.offset
+                _length, crc, msg_id, _flag = HEADER.unpack_from(run.data, last - run.offset)
+                self._observe(None, last, run.ends[-1], (last, msg_id, crc))
+                continue
+            pos = run.offset
+            for stop in run.ends:
+                at = pos - run.offset
+                try:
+                    control = control_at(run.data, at)
+                except ControlError as exc:
+                    raise ControlError(f"record at {pos}: {exc}") from None
+                if control is not None and control.kind is Kind.BATCH and stop + control.data_bytes > end:
+                    return False  # the batch is not all here yet
+                _length, crc, msg_id, _flag = HEADER.unpack_from(run.data, at)
+                self._observe(control, pos, stop, (pos, msg_id, crc))
+                if control is not None and control.kind is Kind.BATCH:
+                    return True
+                pos = stop
+        return False
 
     def appended(self, offset: int, framed: bytes | bytearray | memoryview, header: Control | None = None) -> None:
         """The master appended ``framed`` (a BATCH header and its records, msg ids stamped) at ``offset``.

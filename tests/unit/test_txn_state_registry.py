@@ -38,7 +38,7 @@ def idempotent_put(manager: MessageStoreManager, states: TxnStates, pid: int, se
 def plain_put(manager: MessageStoreManager, states: TxnStates, count: int) -> None:
     body = encode_batch([(b"p" * 30, None)] * count)
     offset = manager.get_log(TOPIC, 0).append(body)
-    states.note_plain_append(TOPIC, 0, offset, body)
+    states.note_append(TOPIC, 0, offset, body)
 
 
 def fresh(manager: MessageStoreManager) -> PartitionTxnState:
