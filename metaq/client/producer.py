@@ -19,7 +19,7 @@ Per-message sends (``send_message_async``, ``send``, ``send_message``) go throug
 accumulator (``accumulator.py``), which gathers them into puts per partition;
 ``send_batch`` sends the caller's batch as it is.
 
-Idempotent (``idempotence``, the default): each put is numbered (``idempotence.py``)
+Idempotent (``idempotence=True``, opt-in): each put is numbered (``idempotence.py``)
 and every retry, an unknown outcome's included, resends it with the same numbers to the
 same partition (its new master after a failover), which stores it at most once and
 answers a resend of a stored batch with the original offsets: the table's "unknown"

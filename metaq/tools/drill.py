@@ -15,8 +15,8 @@ A drill, against a group that is already running (it never starts one):
 5. check: every message acked before the fault is in the new master's log at
    its acked offset (lost = those that are not; must be 0 in sync mode),
    duplicates (a payload stored twice: a resent put the broker stored again;
-   0 with the idempotent producer, the default, whose resends are answered as
-   duplicates); wait for the old master to rejoin as a slave, and compare logs
+   0 with the idempotent producer, which the drill's load uses unless told
+   otherwise, whose resends are answered as duplicates); wait for the old master to rejoin as a slave, and compare logs
    (``verify``).
 
 The drill process must run on the master's machine (it signals a pid).

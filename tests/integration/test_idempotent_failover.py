@@ -1,7 +1,7 @@
 """Exactly once through a kill -9 failover of a sync pair, with the idempotent producer.
 
 Group 0: A (master) and B (``--slave``), ``replicationMode=sync``, group commit, ZK
-session 1500 ms (failover_support). The ordinary client, idempotent by default, sends a
+session 1500 ms (failover_support). The ordinary client with ``idempotence=True`` sends a
 steady stream; A is killed with SIGKILL mid-stream, puts in flight on A have an unknown
 outcome and are resent, with the same producer id and sequence, to B once it leads.
 
@@ -90,8 +90,7 @@ def test_every_acked_message_is_on_the_new_master_exactly_once_at_its_offset(bro
 
     config = MetaClientConfig(zk_connect=zk.connect_string, zk_root=zk_root, zk_session_timeout_ms=4000,
                               request_timeout_s=3, send_timeout_s=60, send_max_attempts=10_000,
-                              send_retry_max_wait_s=0.2)
-    assert config.idempotence  # the default
+                              send_retry_max_wait_s=0.2, idempotence=True)
     with MessageSessionFactory(config) as factory:
         load = Load(factory, interval=0.001).start()
         wait_until(lambda: load.acked() >= 300, 30, message="300 acks from A")
