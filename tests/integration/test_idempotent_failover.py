@@ -9,7 +9,9 @@ outcome and are resent, with the same producer id and sequence, to B once it lea
   had stored, and B had from replication, is answered as a duplicate with the original
   offsets instead of being stored again);
 * a batch acked by A and resent by hand to B is answered ``duplicate`` with A's offset
-  and msg id, and nothing is appended.
+  and msg id, and nothing is appended;
+* (one broker) a consumer gets exactly the idempotent producers' messages, at their
+  acked offsets: the BATCH records in the log are never delivered.
 """
 
 from __future__ import annotations
@@ -120,3 +122,26 @@ def test_every_acked_message_is_on_the_new_master_exactly_once_at_its_offset(bro
     assert (resent["offset"], resent["msg_id"], resent["end_offset"]) == (
         original["offset"], original["msg_id"], original["end_offset"])
     assert max(fetch_all(b)) == end_before  # nothing appended
+
+
+def test_consumers_get_exactly_the_idempotent_producers_messages(broker_factory, zk, zk_root, tmp_path):
+    """Both producers (blocking direct path and batches) with idempotence; a consumer sees no BATCH record."""
+    from .test_client_basic import SYSTEM, Collector, consumer_config
+
+    broker_factory(0, {"plain": 2}, system=SYSTEM)
+    config = MetaClientConfig(zk_connect=zk.connect_string, zk_root=zk_root, zk_session_timeout_ms=4000, idempotence=True)
+    with MessageSessionFactory(config) as factory:
+        producer = factory.create_producer()
+        producer.publish("plain")
+        results = [producer.send_message(Message("plain", f"m{i}".encode())) for i in range(20)]
+        results += producer.send_batch([Message("plain", f"b{i}".encode()) for i in range(30)])
+        assert all(r.success for r in results), [r.error_message for r in results if not r.success]
+        collector = Collector()
+        consumer = factory.create_consumer(consumer_config(tmp_path))
+        consumer.subscribe("plain", 64 * 1024, collector)
+        consumer.complete_subscribe()
+        collector.wait_for(50)
+        time.sleep(0.3)
+        consumer.shutdown()
+    assert Counter(collector.data()) == Counter([f"m{i}".encode() for i in range(20)] + [f"b{i}".encode() for i in range(30)])
+    assert sorted((str(r.partition), r.offset) for r in results) == sorted((str(m.partition), m.offset) for m in collector.messages)
