@@ -177,6 +177,8 @@ def test_the_brokers_verdicts_and_producer_ids_from_zookeeper(broker_factory, zk
             assert again["duplicate"] is True and (again["offset"], again["msg_id"]) == (first["offset"], first["msg_id"])
             half = await _put_numbered(conn, "v", [b"x"], producer_id=pid)
             assert half["code"] == 400 and "producer_epoch and sequence" in half["msg"]
+            huge = await _put_numbered(conn, "v", [b"x"], producer_id=pid, producer_epoch=1 << 20, sequence=0)
+            assert huge["code"] == 400 and "out of range" in huge["msg"]
             # A producer may not write a control record (a forged BATCH header or marker).
             forged = encode_control(Control(Kind.COMMIT, 1, 0, 0, "TX:1:0"))
             reply = await conn.request(PutRequest(topic="v", partition=0).to_header(), forged, timeout=10)
