@@ -276,6 +276,9 @@ class PartitionFetcher:
             if messages:
                 delivered = await self.consumer._deliver_batch(self, messages, end)
                 return "data" if delivered else "idle"
+            if end > base:  # only control records (batch headers, markers): consumed, nothing delivered
+                await self._skip_to(end)
+                return "data"
             if len(reply.body) >= max_size and max_size < self.consumer.config.max_fetch_size:
                 return "grow"
             raise _FetchError(f"fetch at {base} returned {len(reply.body)} bytes without a whole record")

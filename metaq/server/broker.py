@@ -39,6 +39,8 @@ from .metrics import BrokerMetrics, InstrumentedHandlers
 from .registry import BrokerRegistry
 from .reload import apply_logging, reload_config
 from .stats import BrokerStats
+from .producer_ids import ProducerIdAllocator, local_blocks, zookeeper_blocks
+from .txn_state import TxnStates
 from .waiters import EndWaiters
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,10 @@ class Broker:
         self.security = load_broker_security(config)
         self.waiters = EndWaiters()
         self.store = MessageStoreManager(config.topics, config.max_message_size)
+        #: Every partition's producer table and transaction index, derived from its log.
+        self.txn_states = TxnStates(self.store)
+        #: Ids for idempotent producers (``init_producer``); set in start.
+        self.producer_ids: ProducerIdAllocator | None = None
         self.ha = HaNode(self, slave, in_zookeeper=self.register_in_zk)
         self.handlers = RequestHandlers(self)
         self.ids: MsgIdGenerator | None = None
@@ -136,6 +142,8 @@ class Broker:
         # Before anything else: a broker that cannot keep logs must never hold the master lock.
         check_data_dirs(config.data_path, config.topics.values(), str(config.source_path))
         floor = self.store.open_existing()
+        # Before serving: each log's transaction state, and no batch half in a log.
+        self.txn_states.open_all()
         self.ids = MsgIdGenerator(config.broker_id, floor)
         self.store.on_flushed = self.notify
         served: Any = self.handlers
@@ -144,6 +152,7 @@ class Broker:
             self.store.on_fsync_seconds = self.metrics.fsync_seconds.observe
             served = InstrumentedHandlers(self.handlers, self.metrics)
         self.store.start()
+        self.txn_states.start()
         max_body = min(64 * 1024 * 1024, config.max_message_size * 16 + FRAME_OVERHEAD)
         loop = asyncio.get_running_loop()
         limits = ConnectionLimits.from_config(config)
@@ -191,7 +200,20 @@ class Broker:
             # A broker started without --slave seeds the group's topics from its server.ini.
             self.group_topics = GroupTopicsApplier(self, seeds=self.slave is None)
             await self.group_topics.start()
+        self.producer_ids = ProducerIdAllocator(config.broker_id, self._producer_id_blocks())
         await self.ha.start()
+
+    def _producer_id_blocks(self) -> Any:
+        """Where producer id blocks come from: the group's ZooKeeper counter, or a local file."""
+        registry = self.registry
+        if registry is None:
+            return local_blocks(self.config.data_path)
+        client, security = registry.client, registry.security
+        if security is not None:
+            return zookeeper_blocks(client, registry.paths, self.config.broker_id,
+                                    lambda path, value: security.create(client, path, value))
+        return zookeeper_blocks(client, registry.paths, self.config.broker_id,
+                                lambda path, value: client.create(path, value, makepath=True))
 
     async def _reload_certificates(self, interval_s: float) -> None:
         """New handshakes present renewed certificate files without a restart."""
@@ -216,7 +238,9 @@ class Broker:
         if self.heartbeats is not None:
             await self.heartbeats.stop()
         self.waiters.notify_all()
+        await self.txn_states.stop()
         await self.store.stop()
+        self.txn_states.close()
         self.store.close()
         if self.metrics is not None:
             self.metrics.stop()
@@ -274,6 +298,7 @@ class Broker:
             ("put_messages", totals.put_messages),
             ("put_bytes", totals.put_bytes),
             ("put_failed", totals.put_failed),
+            ("put_duplicates", totals.put_duplicates),
             ("get_requests", totals.get_requests),
             ("get_bytes", totals.get_bytes),
             ("get_miss", totals.get_miss),

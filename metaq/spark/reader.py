@@ -28,6 +28,7 @@ from ..addresses import broker_url
 from ..client.routing import Replica
 from ..protocol import commands as c
 from ..record import RecordError, decode_columns
+from ..txn.control import drop_control_columns
 from .fetch import ReplicaError, ReplicaSession
 
 log = logging.getLogger(__name__)
@@ -179,8 +180,9 @@ class RangeReader:
                 buf = carry + body if carry else bytes(body)
                 offsets, ids, attrs, datas, consumed = decode_columns(buf, position)
                 carry = buf[consumed:]
+                position += consumed
+                offsets, ids, attrs, datas = drop_control_columns(offsets, ids, attrs, datas)  # batch headers: no rows
                 if offsets:
-                    position += consumed
                     yield _batch(topic, part.name, url, offsets, ids, attrs, datas), position
                 if fetch_at >= end:
                     if carry:
