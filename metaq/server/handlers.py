@@ -9,8 +9,10 @@ looked at.
 Invariants kept here:
 * nothing is appended unless the whole batch validated (lengths, CRCs, flags),
   so a malformed put never leaves a partial message in a log;
-* a consumer fetch never returns bytes past the partition's committed offset;
-  only a slave's replica fetch reads up to the log end.
+* a consumer fetch never returns bytes past the partition's last stable offset
+  (the committed offset, capped before the first open transaction), and carries
+  the aborted transaction spans of its range; only a slave's replica fetch reads
+  up to the log end.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from . import stats as stats_text
 from .connection import FileBody
 from .registry import BrokerRegistry
 from .stats import BrokerStats
+from .transactions import TransactionService, aborted_spans, stable_end
 from .waiters import EndWaiters
 
 if TYPE_CHECKING:
@@ -58,6 +61,8 @@ class ServedBroker(Protocol):
     ids: MsgIdGenerator | None
     ha: HaNode
     registry: BrokerRegistry | None
+    transactions: TransactionService
+    txn_states: Any  # metaq.server.txn_state.TxnStates
 
     def topic_config(self, topic: str) -> TopicConfig | None: ...
 
@@ -269,7 +274,11 @@ class RequestHandlers:
     def _visible_end(self, req: c.Request, log: "PartitionLog") -> int:
         if req.replica is not None:
             return log.log_end
-        return self.broker.ha.committed(req.topic, req.partition, log)
+        return self._consumer_end(req.topic, req.partition, log)
+
+    def _consumer_end(self, topic: str, partition: int, log: "PartitionLog") -> int:
+        """The last stable offset: committed, and before the first open transaction."""
+        return stable_end(self.broker, topic, partition, self.broker.ha.committed(topic, partition, log))
 
     def _read(self, req: c.Request, log: "PartitionLog", max_bytes: int) -> Reply | None:
         """The reply for data at ``req.offset``, or None when there is none yet."""
@@ -292,14 +301,22 @@ class RequestHandlers:
         else:
             counters.get_requests += 1
             counters.get_bytes += length
+        committed = self.broker.ha.committed(req.topic, req.partition, log)
         header = c.reply_header(
             req.opaque,
             c.OK,
             offset=offset,
-            committed=self.broker.ha.committed(req.topic, req.partition, log),
+            committed=committed,
             log_end=log.log_end,
             epoch=self.broker.ha.epoch,
         )
+        if req.replica is None:
+            # Only partitions with transactions carry these: plain topics' replies stay byte-identical.
+            if upto < committed:
+                header["lso"] = upto
+            aborted = aborted_spans(self.broker, req.topic, req.partition, offset, offset + length)
+            if aborted:
+                header["aborted"] = aborted
         return header, FileBody(segment.fileno(), position, length, lambda: segment.read(offset, length))
 
     def _no_data(self, req: c.Request, log: "PartitionLog") -> Reply:
@@ -318,15 +335,21 @@ class RequestHandlers:
             b"",
         )
 
+    # --- transactions -----------------------------------------------------------------
+
+    def _transaction(self, req: c.Request) -> Awaitable[Reply]:
+        """A local or XA transaction step (metaq/server/transactions.py)."""
+        return self.broker.transactions.serve(req, getattr(req.origin, "principal", None))  # type: ignore[arg-type]
+
     # --- offset, topics, config, version, stats -------------------------------------
 
     def _offset(self, req: c.Request) -> Reply:
         self._topic(req.topic)
         log = self._log(req.topic, req.partition)
-        committed = self.broker.ha.committed(req.topic, req.partition, log)
-        nearest = min(log.nearest_offset(req.offset), committed) if req.offset >= log.min_offset else log.min_offset
+        readable = self._consumer_end(req.topic, req.partition, log)
+        nearest = min(log.nearest_offset(req.offset), readable) if req.offset >= log.min_offset else log.min_offset
         return (
-            c.reply_header(req.opaque, c.OK, offset=nearest, min_offset=log.min_offset, max_offset=committed),
+            c.reply_header(req.opaque, c.OK, offset=nearest, min_offset=log.min_offset, max_offset=readable),
             b"",
         )
 

@@ -21,6 +21,9 @@ from typing import Iterable, NamedTuple, Sequence
 from metaq.record import Record, iter_records
 from metaq.txn.control import CONTROL_ATTRIBUTE
 
+#: Every control record's attribute block holds these bytes (control.py).
+_CONTROL_MARK = CONTROL_ATTRIBUTE.encode("utf-8")
+
 
 class Filtered(NamedTuple):
     records: list[Record]
@@ -55,3 +58,45 @@ def committed_records(
             continue
         records.append(record)
     return Filtered(records, next_offset)
+
+
+def may_hold_control(buf: bytes | bytearray | memoryview) -> bool:
+    """Could ``buf`` contain a control record? A C-speed substring test: False means surely not.
+
+    Lets readers of plain topics skip the per-record check entirely.
+    """
+    return _CONTROL_MARK in (bytes(buf) if isinstance(buf, memoryview) else buf)
+
+
+class VisibleRecords:
+    """The per-record form of ``committed_records`` for readers that decode records themselves.
+
+    The client consumer and the Spark source decode a fetched range column-wise
+    (``record.decode_columns``); they ask ``visible(offset, attribute)`` of each record
+    instead: False for a control record and for a record inside an aborted span.
+    ``add`` merges the spans of a later fetch reply (spans are absolute offsets).
+    """
+
+    def __init__(self, aborted: Iterable[Sequence[int]] = ()) -> None:
+        self._spans: set[tuple[int, int]] = set()
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.add(aborted)
+
+    def add(self, aborted: Iterable[Sequence[int]]) -> None:
+        new = {(int(s), int(e)) for s, e in aborted} - self._spans
+        if new:
+            self._spans |= new
+            self.starts, self.ends = _sorted_spans(self._spans)
+
+    def forget_before(self, offset: int) -> None:
+        """Spans wholly below ``offset`` can hide nothing a reader will still decode."""
+        if self.ends and self.ends[0] <= offset:
+            self._spans = {span for span in self._spans if span[1] > offset}
+            self.starts, self.ends = _sorted_spans(self._spans)
+
+    def visible(self, offset: int, attribute: str | None) -> bool:
+        if attribute == CONTROL_ATTRIBUTE:
+            return False
+        i = bisect.bisect_right(self.starts, offset) - 1
+        return not (i >= 0 and offset < self.ends[i])
