@@ -557,6 +557,12 @@ class HaCoordinator:
             for partition in range(topic.num_partitions):
                 log_ = host.store.get_log(name, partition)
                 cache = self.cache(name, partition)
+                # Before the epoch's start offset is recorded and before any put: a batch the
+                # old master had only partly replicated to us was never acked; cut it, so no
+                # batch is ever half in the log we now serve and extend.
+                cut = host.txn_states.cut_incomplete_tail(name, partition, "at promotion")
+                if cut is not None:
+                    cache.truncate_from_end(cut)
                 if cache.assign(self.epoch, log_.log_end):
                     cache.save()
         assert self.lease is not None

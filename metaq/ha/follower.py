@@ -266,6 +266,7 @@ class MasterFollower:
                 self._replica_info,
                 self.host.notify,
                 self.slave.slave_max_delay_ms,
+                after_append=self.host.txn_states.partition,
             )
             replica.status.extra["started_at"] = time.time()
             self.replicas[(topic, partition)] = replica

@@ -68,6 +68,11 @@ class BrokerHost(Protocol):
     def security(self) -> BrokerSecurity:
         """Credentials and TLS for talking to the group's other brokers (metaq/ha/peers.py)."""
 
+    @property
+    def txn_states(self) -> Any:
+        """Per-partition transaction state (metaq/server/txn_state.TxnStates): caught up after
+        replica appends, its incomplete batch cut at promotion."""
+
     def notify(self, topic: str, partition: int) -> None:
         """Wake fetches parked on a partition (its log end or committed offset moved)."""
 

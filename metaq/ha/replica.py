@@ -81,6 +81,7 @@ class PartitionReplica:
         on_appended: Callable[[str, int], None],
         max_delay_ms: int,
         fetch_size: int = DEFAULT_FETCH_SIZE,
+        after_append: Callable[[str, int], object] | None = None,
     ) -> None:
         self.topic = topic
         self.partition = partition
@@ -90,6 +91,8 @@ class PartitionReplica:
         self.on_appended = on_appended
         self.max_delay_ms = max_delay_ms
         self.fetch_size = fetch_size
+        #: Called after bytes were appended (the broker's transaction state catches up).
+        self.after_append = after_append
         self.status = ReplicaStatus()
         #: Report progress within large replies (the follower sets it for sync masters).
         self.report_positions = False
@@ -187,6 +190,8 @@ class PartitionReplica:
         if whole < len(body):
             self._check_tail(offset, body, whole)
         if whole:
+            if self.after_append is not None:
+                self.after_append(self.topic, self.partition)
             self.status.appended_bytes += whole
             self.status.appended_messages += count
             self._schedule_flush(offset + whole, count)

@@ -39,6 +39,7 @@ from .metrics import BrokerMetrics, InstrumentedHandlers
 from .registry import BrokerRegistry
 from .reload import apply_logging, reload_config
 from .stats import BrokerStats
+from .txn_state import TxnStates
 from .waiters import EndWaiters
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,8 @@ class Broker:
         self.security = load_broker_security(config)
         self.waiters = EndWaiters()
         self.store = MessageStoreManager(config.topics, config.max_message_size)
+        #: Every partition's producer table and transaction index, derived from its log.
+        self.txn_states = TxnStates(self.store)
         self.ha = HaNode(self, slave, in_zookeeper=self.register_in_zk)
         self.handlers = RequestHandlers(self)
         self.ids: MsgIdGenerator | None = None
@@ -136,6 +139,8 @@ class Broker:
         # Before anything else: a broker that cannot keep logs must never hold the master lock.
         check_data_dirs(config.data_path, config.topics.values(), str(config.source_path))
         floor = self.store.open_existing()
+        # Before serving: each log's transaction state, and no batch half in a log.
+        self.txn_states.open_all()
         self.ids = MsgIdGenerator(config.broker_id, floor)
         self.store.on_flushed = self.notify
         served: Any = self.handlers
@@ -144,6 +149,7 @@ class Broker:
             self.store.on_fsync_seconds = self.metrics.fsync_seconds.observe
             served = InstrumentedHandlers(self.handlers, self.metrics)
         self.store.start()
+        self.txn_states.start()
         max_body = min(64 * 1024 * 1024, config.max_message_size * 16 + FRAME_OVERHEAD)
         loop = asyncio.get_running_loop()
         limits = ConnectionLimits.from_config(config)
@@ -216,7 +222,9 @@ class Broker:
         if self.heartbeats is not None:
             await self.heartbeats.stop()
         self.waiters.notify_all()
+        await self.txn_states.stop()
         await self.store.stop()
+        self.txn_states.close()
         self.store.close()
         if self.metrics is not None:
             self.metrics.stop()

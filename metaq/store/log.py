@@ -162,6 +162,9 @@ class PartitionLog:
         self._vanished: SegmentVanished | None = None
         self._checkpointed = checkpointed if checkpointed is not None else 0
         self._checkpointed_at = time.monotonic()
+        #: Bumped by every truncation: state derived from the bytes (metaq/server/txn_state.py)
+        #: compares it to know that bytes it has seen may be gone.
+        self.truncations = 0
         if checkpointed != self._flushed_end:
             self._save_checkpoint(self._flushed_end)
 
@@ -395,6 +398,7 @@ class PartitionLog:
             self._segments = segments[: index + 1]
             fsync_directory(self.directory)
             self._flushed_end = min(self._flushed_end, offset)
+            self.truncations += 1
         log.warning("%s: truncated to offset %d; %d bytes moved to %s", self.directory, offset, copied, aside_path)
         return aside_path
 
@@ -419,6 +423,7 @@ class PartitionLog:
             self._segments = [LogSegment.create(self.directory, offset)]
             fsync_directory(self.directory)
             self._flushed_end = offset
+            self.truncations += 1
         log.warning("%s: log reset to start at offset %d; old bytes moved to %s", self.directory, offset, aside_path)
         return aside_path
 

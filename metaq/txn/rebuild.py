@@ -110,10 +110,19 @@ def _canonical(body: dict[str, Any]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
-def write_snapshot(directory: Path, state: PartitionTxnState) -> None:
+def snapshot_bytes(state: PartitionTxnState) -> bytes:
+    """The snapshot's content now (cheap; ``write_snapshot_bytes`` may then run in a thread)."""
     body = {"version": _SNAPSHOT_VERSION, "position": state.position, "anchor": state.anchor,
             "producers": state.producers.to_json(), "index": state.index.to_json()}
-    write_crc_file(directory / SNAPSHOT_FILE, _canonical(body))
+    return _canonical(body)
+
+
+def write_snapshot_bytes(directory: Path, content: bytes) -> None:
+    write_crc_file(directory / SNAPSHOT_FILE, content)
+
+
+def write_snapshot(directory: Path, state: PartitionTxnState) -> None:
+    write_snapshot_bytes(directory, snapshot_bytes(state))
 
 
 def discard_snapshot(directory: Path) -> None:

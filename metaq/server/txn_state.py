@@ -1,0 +1,196 @@
+"""Every partition's transaction state on this broker (master or slave): the registry.
+
+One ``PartitionTxnState`` (metaq/txn/rebuild.py: the producer dedup table, the
+transaction index and ``position``) per partition log, loaded on first use from
+its snapshot plus a walk of the rest of the log, and kept caught up with the log:
+
+* the master's put path records each idempotent batch it appends (``appended``)
+  and each plain put (``note_plain_append``);
+* a slave catches up after every replica append (``partition`` walks whatever is
+  new; the replica calls it);
+* at start, and at promotion, a batch whose records are not all in the log (a torn
+  write, or the half of a batch a slave had fetched when its master died) is cut
+  off (``cut_incomplete_tail``) before anything is served or appended;
+* a truncation of the log (HA rejoin, a slave reset) is seen through the log's
+  ``truncations`` counter: the snapshot is discarded and the state rebuilt from the
+  log, because the bytes it had seen may be gone;
+* snapshots are written on close and every ``SNAPSHOT_INTERVAL_S``.
+
+Invariant (kept by ``partition``, which every reader goes through): a state's
+``position`` is at a batch boundary and <= its log's end, and the state is a pure
+function of the log bytes below ``position``. Master and slaves hold byte-identical
+logs, so they derive the same state, and a promoted slave knows every batch its
+master acked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..record import buffer_reader
+from ..store.refused import RefusedLog
+from ..txn import rebuild
+from ..txn.index import TransactionIndex
+from ..txn.producer_state import DEFAULT_EXPIRY_MS, DEFAULT_MAX_BATCHES, ProducerStateTable
+from ..txn.rebuild import PartitionTxnState
+
+log = logging.getLogger(__name__)
+
+#: How often the snapshots of the states that moved are rewritten (bounds the walk at a restart).
+SNAPSHOT_INTERVAL_S = 60.0
+Key = tuple[str, int]
+
+
+@dataclass
+class _Entry:
+    state: PartitionTxnState
+    log: Any  # PartitionLog | RefusedLog: the log object the state was derived from
+    truncations: int  # log.truncations when the state was derived
+    snapshot_position: int = -1  # position of the last snapshot written (-1: none)
+
+
+class TxnStates:
+    """``partition(topic, partition)`` and ``all()``: the per-partition states of one broker."""
+
+    def __init__(self, store: Any, *, max_batches: int = DEFAULT_MAX_BATCHES, expiry_ms: int = DEFAULT_EXPIRY_MS) -> None:
+        self.store = store  # MessageStoreManager: get_log, logs, partition_dir
+        self.max_batches = max_batches
+        self.expiry_ms = expiry_ms
+        self._entries: dict[Key, _Entry] = {}
+        self._snapshots: asyncio.Task[None] | None = None
+
+    # --- the API ---------------------------------------------------------------------------
+
+    def partition(self, topic: str, partition: int) -> PartitionTxnState:
+        """The partition's state, caught up to its log end (loaded, or rebuilt after a truncation)."""
+        partition_log = self.store.get_log(topic, partition)
+        entry = self._entries.get((topic, partition))
+        if entry is None or entry.log is not partition_log or entry.truncations != partition_log.truncations:
+            entry = self._load(topic, partition, partition_log, rebuilt=entry is not None)
+        elif entry.state.position < partition_log.log_end:
+            entry.state.catch_up(partition_log.read, partition_log.log_end)
+        return entry.state
+
+    def all(self) -> dict[Key, PartitionTxnState]:
+        """The state of every open partition log, each caught up."""
+        return {key: self.partition(*key) for key in sorted(self.store.logs())}
+
+    # --- the master's put path ----------------------------------------------------------------
+
+    def note_plain_append(self, topic: str, partition: int, offset: int, data: bytes | bytearray) -> None:
+        """A put without a producer id appended ``data`` (no control record in it) at ``offset``.
+
+        Walks the bytes in memory instead of reading them back from the log.
+        """
+        state = self.partition_if_loaded(topic, partition)
+        if state is not None and state.position == offset:
+            state.catch_up(buffer_reader(data, offset), offset + len(data))
+        # else: the next ``partition`` call walks them from the log
+
+    def partition_if_loaded(self, topic: str, partition: int) -> PartitionTxnState | None:
+        entry = self._entries.get((topic, partition))
+        if entry is None or entry.truncations != entry.log.truncations:
+            return None
+        return entry.state
+
+    # --- start and promotion --------------------------------------------------------------------
+
+    def open_all(self) -> None:
+        """At start, before serving: load every open log's state and cut torn batches."""
+        for topic, partition in sorted(self.store.logs()):
+            self.cut_incomplete_tail(topic, partition, "at start")
+
+    def cut_incomplete_tail(self, topic: str, partition: int, when: str) -> int | None:
+        """Cut a batch whose records are not all in the log (never acked); return the cut offset.
+
+        At start (a torn write) and at promotion (the part of a batch the old master had
+        not finished replicating): a batch is never half-there when the log is appended to.
+        The removed bytes are kept aside by ``truncate_to`` (``truncated-*`` file).
+        """
+        state = self.partition(topic, partition)
+        partition_log = self.store.get_log(topic, partition)
+        cut = state.incomplete_tail(partition_log.log_end)
+        if cut is None:
+            return None
+        removed = partition_log.log_end - cut
+        aside = partition_log.truncate_to(cut)
+        log.warning("%s-%d: cut an incomplete batch %s at %d: %d bytes moved aside to %s",
+                    topic, partition, when, cut, removed, aside)
+        self.partition(topic, partition)  # rebuilt: the log was truncated
+        return cut
+
+    # --- loading and snapshots --------------------------------------------------------------------
+
+    def _dir(self, topic: str, partition: int) -> Path:
+        return Path(self.store.partition_dir(topic, partition))
+
+    def _new_table(self) -> ProducerStateTable:
+        return ProducerStateTable(self.max_batches, self.expiry_ms)
+
+    def _load(self, topic: str, partition: int, partition_log: Any, rebuilt: bool) -> _Entry:
+        directory = self._dir(topic, partition)
+        if isinstance(partition_log, RefusedLog):  # no bytes to derive anything from
+            state = PartitionTxnState(self._new_table(), TransactionIndex(), partition_log.log_end)
+        else:
+            if rebuilt:
+                # The log was cut under the state: its snapshot may describe bytes that are gone.
+                rebuild.discard_snapshot(directory)
+                log.info("%s-%d: log truncated; transaction state rebuilt from the log", topic, partition)
+            state = rebuild.load_state(directory, partition_log.read, partition_log.min_offset,
+                                       partition_log.log_end, producers=self._new_table)
+        entry = _Entry(state, partition_log, partition_log.truncations)
+        self._entries[(topic, partition)] = entry
+        return entry
+
+    def snapshot_all(self) -> None:
+        """Write the snapshot of every state that moved since its last one (blocking: fsync)."""
+        for topic, partition, body in self._changed_snapshots():
+            rebuild.write_snapshot_bytes(self._dir(topic, partition), body)
+
+    def _changed_snapshots(self) -> list[tuple[str, int, bytes]]:
+        changed = []
+        for (topic, partition), entry in list(self._entries.items()):
+            if isinstance(entry.log, RefusedLog) or entry.truncations != entry.log.truncations:
+                continue
+            if entry.state.position != entry.snapshot_position:
+                changed.append((topic, partition, rebuild.snapshot_bytes(entry.state)))
+                entry.snapshot_position = entry.state.position
+        return changed
+
+    def start(self, interval_s: float = SNAPSHOT_INTERVAL_S) -> None:
+        self._snapshots = asyncio.ensure_future(self._snapshot_loop(interval_s))
+
+    async def _snapshot_loop(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            # Serialized on the event loop (the states change there), written in a thread.
+            bodies = self._changed_snapshots()
+            try:
+                await asyncio.to_thread(self._write_all, bodies)
+            except OSError as exc:
+                log.warning("transaction state snapshot failed (rebuilt from the log at start): %s", exc)
+
+    def _write_all(self, bodies: list[tuple[str, int, bytes]]) -> None:
+        for topic, partition, body in bodies:
+            rebuild.write_snapshot_bytes(self._dir(topic, partition), body)
+
+    async def stop(self) -> None:
+        if self._snapshots is not None:
+            self._snapshots.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._snapshots
+            self._snapshots = None
+
+    def close(self) -> None:
+        """Before the logs close: snapshot every state (a restart then walks only what is new)."""
+        try:
+            self.snapshot_all()
+        except OSError as exc:
+            log.warning("transaction state snapshot at close failed (rebuilt from the log at start): %s", exc)
+        self._entries.clear()
+

@@ -1,0 +1,121 @@
+"""The broker's per-partition transaction state registry (metaq/server/txn_state.py) over real logs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from metaq.config import TopicConfig
+from metaq.record import encode_batch, stamp_msg_ids
+from metaq.server.txn_state import TxnStates
+from metaq.store.manager import MessageStoreManager
+from metaq.txn.put import plan_put
+from metaq.txn.rebuild import SNAPSHOT_FILE, PartitionTxnState
+from metaq.txn.producer_state import Verdict
+
+TOPIC = "t"
+
+
+def store(tmp_path: Path) -> MessageStoreManager:
+    config = TopicConfig(name=TOPIC, data_path=str(tmp_path), num_partitions=2, max_segment_size=400)
+    return MessageStoreManager({TOPIC: config}, max_message_size=1024)
+
+
+def idempotent_put(manager: MessageStoreManager, states: TxnStates, pid: int, seq: int, count: int) -> int:
+    """What the put handler does for a batch with a producer id: returns the first record's offset."""
+    state = states.partition(TOPIC, 0)
+    plan = plan_put(state.producers, encode_batch([(b"m" * 30, None)] * count), count, producer_id=pid,
+                    producer_epoch=0, first_seq=seq, timestamp_ms=1000 + seq)
+    assert plan.append is not None
+    log = manager.get_log(TOPIC, 0)
+    stamp_msg_ids(plan.append, 1 + log.log_end)
+    offset = log.append(plan.append)
+    state.appended(offset, plan.append, plan.header)
+    return offset + plan.data_start
+
+
+def plain_put(manager: MessageStoreManager, states: TxnStates, count: int) -> None:
+    body = encode_batch([(b"p" * 30, None)] * count)
+    offset = manager.get_log(TOPIC, 0).append(body)
+    states.note_plain_append(TOPIC, 0, offset, body)
+
+
+def fresh(manager: MessageStoreManager) -> PartitionTxnState:
+    log = manager.get_log(TOPIC, 0)
+    state = PartitionTxnState(position=log.min_offset)
+    state.catch_up(log.read, log.log_end)
+    return state
+
+
+def test_the_state_follows_plain_and_idempotent_puts_and_equals_a_walk_of_the_log(tmp_path: Path) -> None:
+    manager = store(tmp_path)
+    states = TxnStates(manager)
+    plain_put(manager, states, 2)
+    first = idempotent_put(manager, states, 7, 0, 3)
+    plain_put(manager, states, 1)
+    idempotent_put(manager, states, 7, 3, 2)
+    state = states.partition(TOPIC, 0)
+    assert state.position == manager.get_log(TOPIC, 0).log_end
+    assert state == fresh(manager)
+    decision = state.producers.check(7, 0, 0, 3)
+    assert (decision.verdict, decision.first_offset) == (Verdict.DUPLICATE, first)
+    assert set(states.all()) == {(TOPIC, 0)}
+    manager.close()
+
+
+def test_a_slave_style_append_is_seen_on_the_next_lookup(tmp_path: Path) -> None:
+    """Bytes appended without telling the registry (a replica append) are walked lazily."""
+    manager = store(tmp_path)
+    states = TxnStates(manager)
+    other = store(tmp_path / "master")
+    other_states = TxnStates(other)
+    idempotent_put(other, other_states, 3, 0, 4)
+    master_log = other.get_log(TOPIC, 0)
+    manager.get_log(TOPIC, 0).append(master_log.read(0, master_log.log_end))
+    assert states.partition(TOPIC, 0) == other_states.partition(TOPIC, 0)
+    manager.close()
+    other.close()
+
+
+def test_a_truncation_rebuilds_the_state_and_discards_the_snapshot(tmp_path: Path) -> None:
+    manager = store(tmp_path)
+    states = TxnStates(manager)
+    idempotent_put(manager, states, 1, 0, 2)
+    cut_at = manager.get_log(TOPIC, 0).log_end
+    idempotent_put(manager, states, 1, 2, 2)
+    states.snapshot_all()
+    snapshot = tmp_path / f"{TOPIC}-0" / SNAPSHOT_FILE
+    assert snapshot.exists()
+    manager.get_log(TOPIC, 0).truncate_to(cut_at)
+    # The log grows again with other bytes: position alone could not tell the state is stale.
+    idempotent_put_after_cut = plan_put(states.partition(TOPIC, 0).producers, encode_batch([(b"x" * 30, None)] * 2), 2,
+                                        producer_id=1, producer_epoch=0, first_seq=2, timestamp_ms=5)
+    assert idempotent_put_after_cut.decision.verdict is Verdict.NEW  # seq 2..3 is gone with the cut
+    assert not snapshot.exists()
+    assert states.partition(TOPIC, 0) == fresh(manager)
+    manager.close()
+
+
+def test_open_all_cuts_a_torn_batch_and_a_reopen_loads_the_snapshot(tmp_path: Path) -> None:
+    manager = store(tmp_path)
+    states = TxnStates(manager)
+    idempotent_put(manager, states, 1, 0, 2)
+    before = states.partition(TOPIC, 0).position
+    state = states.partition(TOPIC, 0)
+    plan = plan_put(state.producers, encode_batch([(b"m" * 30, None)] * 3), 3, producer_id=1, producer_epoch=0,
+                    first_seq=2, timestamp_ms=2)
+    assert plan.append is not None
+    torn = plan.data_start + (len(plan.append) - plan.data_start) // 2  # the header and part of the records
+    manager.get_log(TOPIC, 0).append(plan.append[:torn])
+    states.close()
+    manager.close()
+
+    reopened = store(tmp_path)
+    reopened.open_existing()
+    assert reopened.get_log(TOPIC, 0).log_end > before  # the header and part of the records survived
+    again = TxnStates(reopened)
+    again.open_all()
+    log = reopened.get_log(TOPIC, 0)
+    assert log.log_end == before and again.partition(TOPIC, 0).position == before
+    assert list((tmp_path / f"{TOPIC}-0").glob("truncated-*")), "the cut bytes are kept aside"
+    assert again.partition(TOPIC, 0).producers.check(1, 0, 0, 2).verdict is Verdict.DUPLICATE
+    reopened.close()
