@@ -220,10 +220,18 @@ class MessageProducer:
         except Exception:
             return None  # reported by the loop's path, which retries or explains
         body, starts = encode_messages(messages)
+        numbered = None
+        if aio.sequencer is not None:
+            # Numbered here, on the caller's thread; None: the partition's previous batch is
+            # still out, or there is no producer id yet (the loop's path gets one).
+            numbered = aio.sequencer.try_begin((topic, partition.broker_id, partition.partition), len(messages))
+            if numbered is None:
+                return None
         config = aio.config
+        numbers = numbered.put_fields() if numbered is not None else {}
         try:
             conn = self._direct.get(host, port)
-            header = conn.request(PutRequest(topic=topic, partition=partition.partition, count=len(messages)).to_header(), body)
+            header = conn.request(PutRequest(topic=topic, partition=partition.partition, count=len(messages), **numbers).to_header(), body)
         except NotSent as exc:
             failure = SendFailure(f"broker {partition.broker_id} ({host}:{port}) unreachable: {exc}", retriable=True)
         except NoReply as exc:
@@ -231,9 +239,14 @@ class MessageProducer:
         else:
             code = header.get("code")
             if code == OK:
+                if numbered is not None:
+                    aio.sequencer.end(numbered, True)  # type: ignore[union-attr]
                 return stored_results(topic, partition, header, starts, 1)
             failure = classify_reply(int(code or 500), f"{code} {header.get('msg', '')} (partition {partition})",  # type: ignore[assignment]
                                      config.retry_unknown_outcome)
+            failure.renumber = "expected_seq" in header
+        if numbered is not None:  # retried (or ended) with the same numbers in the loop thread
+            return self._runner.run(aio.send_numbered(topic, partition, messages, body, starts, None, numbered, failure))
         if not failure.retriable:
             return aio._not_stored(topic, partition, messages, failure, 1)
         return self._runner.run(aio.retry_chunk(topic, partition, messages, body, starts, None, failure))

@@ -13,6 +13,7 @@ from itertools import repeat
 from typing import Sequence
 
 from ..record import HEADER, HEADER_SIZE, decode_columns, encode_payload
+from ..txn.control import CONTROL_ATTRIBUTE
 from .message import Message, Partition
 
 _pack = HEADER.pack
@@ -42,9 +43,14 @@ def decode_messages(buf: bytes | bytearray, base_offset: int, topic: str, partit
     """Whole records of a fetched range as Messages; and the end offset of the last.
 
     A record's end is the next one's ``offset`` (the last one's is the returned end). A trailing partial record is left out; a damaged record
-    raises RecordError naming its offset.
+    raises RecordError naming its offset. Control records (the broker's batch headers and
+    transaction markers, docs/storage.md) are no messages: they are left out, and the end
+    still moves past them.
     """
     offsets, ids, attributes, datas, consumed = decode_columns(bytes(buf), base_offset)
     # tuple.__new__ mapped over zip builds each Message in C, without NamedTuple.__new__.
     fields = zip(repeat(topic), datas, attributes, ids, repeat(partition), offsets)
-    return list(map(tuple.__new__, repeat(Message), fields)), base_offset + consumed
+    messages = list(map(tuple.__new__, repeat(Message), fields))
+    if CONTROL_ATTRIBUTE in attributes:  # one C-speed scan; rebuilt only when there is one
+        messages = [m for m in messages if m.attribute != CONTROL_ATTRIBUTE]
+    return messages, base_offset + consumed

@@ -40,6 +40,11 @@ class MetaClientConfig:
     #: resent message may be stored twice; the drill counts such duplicates). Off gives
     #: at-most-once: the SendResult says outcome_unknown and the application decides.
     retry_unknown_outcome: bool = True
+    #: Idempotent producer: every put carries a producer id and a sequence number per
+    #: partition, and a resent put that the broker already stored is answered with its
+    #: original offsets instead of being stored again, also through a failover (exactly
+    #: once in the log; docs/transactions.md). Retries then stay on the batch's partition.
+    idempotence: bool = True
     #: Per-message sends are gathered into one put per partition (Kafka's producer batching;
     #: MetaQ's producer has no such settings). A partition's batch is sent when it holds
     #: ``batch_size`` bytes, when its oldest message has waited ``linger_ms``, or as soon as

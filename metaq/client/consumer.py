@@ -33,7 +33,7 @@ from ..protocol import commands as c
 from ..protocol.messages import GetRequest, OffsetRequest
 from ..protocol.replies import aborted_spans
 from ..record import RecordError
-from ..txn.reader import VisibleRecords, may_hold_control
+from ..txn.reader import VisibleRecords
 from .cluster import Cluster, ClusterSnapshot
 from .codec import decode_messages
 from .config import ConsumerConfig, MetaClientConfig
@@ -271,9 +271,9 @@ class PartitionFetcher:
         if reply.code == c.OK:
             base = int(reply["offset"])
             messages, end = decode_messages(reply.body, base, self.topic, self.partition)
-            if messages and (reply.get("aborted") or may_hold_control(reply.body)):
-                # Read committed: the broker stopped at the last stable offset; skip batch headers,
-                # transaction markers and records of rolled-back transactions.
+            if messages and reply.get("aborted"):
+                # Read committed: the broker stopped at the last stable offset (decode_messages left
+                # out the control records); skip the records of rolled-back transactions.
                 visible = VisibleRecords(aborted_spans(reply.header))
                 messages = [m for m in messages if visible.visible(m.offset, m.attribute)]  # type: ignore[arg-type]
                 if not messages:
@@ -289,6 +289,9 @@ class PartitionFetcher:
             if messages:
                 delivered = await self.consumer._deliver_batch(self, messages, end)
                 return "data" if delivered else "idle"
+            if end > base:  # only control records (batch headers, markers): consumed, nothing delivered
+                await self._skip_to(end)
+                return "data"
             if len(reply.body) >= max_size and max_size < self.consumer.config.max_fetch_size:
                 return "grow"
             raise _FetchError(f"fetch at {base} returned {len(reply.body)} bytes without a whole record")

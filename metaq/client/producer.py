@@ -18,6 +18,12 @@ succeeds costs one request and no retry bookkeeping.
 Per-message sends (``send_message_async``, ``send``, ``send_message``) go through the
 accumulator (``accumulator.py``), which gathers them into puts per partition;
 ``send_batch`` sends the caller's batch as it is.
+
+Idempotent (``idempotence``, the default): each put is numbered (``idempotence.py``)
+and every retry, an unknown outcome's included, resends it with the same numbers to the
+same partition (its new master after a failover), which stores it at most once and
+answers a resend of a stored batch with the original offsets: the table's "unknown"
+row becomes "stored exactly once" as long as a retry gets through.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop
 
 from ..addresses import parse_broker_url
 from ..protocol import commands as c
-from ..protocol.messages import PutRequest
+from ..protocol.messages import InitProducerRequest, PutRequest
 from .accumulator import (
     MAX_BATCH_COUNT,
     Accumulator,
@@ -47,6 +53,7 @@ from .cluster import Cluster, ClusterSnapshot
 from .codec import encode_messages
 from .config import MetaClientConfig
 from .connection import ConnectionClosed
+from .idempotence import Numbered, Sequencer
 from .message import Message, Partition, SendResult
 from .pool import ConnectionPool
 from .selector import NoPartitionAvailable, PartitionSelector, RoundRobinPartitionSelector
@@ -64,13 +71,16 @@ class SendFailure(Exception):
     """One failed put attempt, classified."""
 
     def __init__(
-        self, message: str, *, code: int | None = None, retriable: bool = False, outcome_unknown: bool = False
+        self, message: str, *, code: int | None = None, retriable: bool = False, outcome_unknown: bool = False,
+        renumber: bool = False,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
         self.retriable = retriable
         self.outcome_unknown = outcome_unknown
+        #: The broker's numbering differs from ours (out of order): number anew under a new id.
+        self.renumber = renumber
 
 
 def classify_reply(code: int, message: str, retry_unknown_outcome: bool = False) -> SendFailure | None:
@@ -120,6 +130,9 @@ class AsyncMessageProducer:
             self._send_chunk,
         )
         self._closed = False
+        #: Numbers idempotent puts (None: idempotence off).
+        self.sequencer: Sequencer | None = Sequencer() if config.idempotence else None
+        self._producer_id_request: asyncio.Future[None] | None = None
 
     async def publish(self, topic: str) -> None:
         """Start tracking the topic's masters (MetaQ's ``publish``); sending also does this lazily."""
@@ -414,6 +427,8 @@ class AsyncMessageProducer:
     ) -> list[SendResult]:
         """One put of ``messages``; only if it fails, the retries (see the module's table)."""
         body, starts = encode_messages(messages)
+        if self.sequencer is not None:
+            return await self.send_numbered(topic, partition, messages, body, starts, timeout)
         if partition is None or partition not in self._candidates(topic):
             return await self.retry_chunk(topic, partition, messages, body, starts, timeout)
         try:
@@ -465,6 +480,92 @@ class AsyncMessageProducer:
             return self._not_stored(topic, partition, messages, failure, attempts)
         return stored_results(topic, partition, header, starts, attempts)  # type: ignore[arg-type]
 
+    async def send_numbered(
+        self,
+        topic: str,
+        partition: Partition | None,
+        messages: list[Message],
+        body: bytes,
+        starts: list[int],
+        timeout: float | None = None,
+        numbered: Numbered | None = None,
+        failed: SendFailure | None = None,
+    ) -> list[SendResult]:
+        """An idempotent put with its retries: numbered once, then resent as is to the same partition.
+
+        ``numbered`` and ``failed``: a first attempt already made (the blocking facade's direct
+        put). The partition may change only before the batch is numbered.
+        """
+        config, sequencer = self.config, self.sequencer
+        assert sequencer is not None
+        deadline = time.monotonic() + (timeout if timeout is not None else config.send_timeout_s)
+        attempts = 0 if failed is None else 1
+        failure, unknown = failed, failed is not None and (failed.outcome_unknown or failed.renumber)
+        wait = config.send_retry_min_wait_s
+        try:
+            while True:
+                if failure is not None:
+                    if not failure.retriable or attempts >= config.send_max_attempts or time.monotonic() + wait > deadline:
+                        break
+                    await asyncio.sleep(wait)
+                    wait = min(wait * 2, config.send_retry_max_wait_s)
+                attempts += 1
+                try:
+                    if numbered is None:
+                        if partition is None or partition not in self._candidates(topic):
+                            partition = self._reselect(topic, messages[0])
+                        numbered = await self._number(topic, partition, len(messages))
+                    assert partition is not None
+                    header = await self._put(topic, partition, body, len(messages), numbered)
+                except SendFailure as exc:
+                    failure = exc
+                    unknown = unknown or (numbered is not None and (exc.outcome_unknown or exc.renumber))
+                    continue
+                sequencer.end(numbered, True)
+                return stored_results(topic, partition, header, starts, attempts)
+        except BaseException:
+            if numbered is not None:
+                sequencer.end(numbered, None)  # cancelled mid-put: maybe stored
+            raise
+        if numbered is not None:
+            sequencer.end(numbered, None if unknown else False)
+        assert failure is not None
+        return self._not_stored(topic, partition, messages, failure, attempts)
+
+    async def _number(self, topic: str, partition: Partition, count: int) -> Numbered:
+        """Numbers for a batch to ``partition`` (waits while the partition's previous batch is out)."""
+        sequencer = self.sequencer
+        assert sequencer is not None
+        while True:
+            numbered = await sequencer.begin((topic, partition.broker_id, partition.partition), count)
+            if numbered is not None:
+                return numbered
+            await self._producer_id(partition)
+
+    async def _producer_id(self, partition: Partition) -> None:
+        """Ask the partition's master for a producer id (one request at a time for the whole producer)."""
+        if self._producer_id_request is None or self._producer_id_request.done():
+            self._producer_id_request = asyncio.ensure_future(self._init_producer(partition))
+        request = self._producer_id_request
+        await asyncio.shield(request)
+
+    async def _init_producer(self, partition: Partition) -> None:
+        assert self.sequencer is not None
+        broker = self.cluster.snapshot.brokers.get(partition.broker_id)
+        if broker is None or not broker.master:
+            raise SendFailure(f"broker {partition.broker_id} has no master to get a producer id from", retriable=True)
+        host, port = parse_broker_url(broker.master)
+        try:
+            conn = await self.pool.get(host, port)
+            reply = await conn.request(InitProducerRequest().to_header(), timeout=self.config.request_timeout_s)
+        except (ConnectionClosed, asyncio.TimeoutError) as exc:
+            raise SendFailure(f"no producer id from {host}:{port}: {exc or type(exc).__name__}", retriable=True) from None
+        if reply.code != c.OK:
+            raise SendFailure(f"no producer id from {host}:{port}: {reply.code} {reply.message}",
+                              code=reply.code, retriable=reply.code in c.RETRIABLE_CODES)
+        self.sequencer.set_id(int(reply.header["producer_id"]), int(reply.header["epoch"]))
+        log.debug("idempotent producer id %s from %s:%d", reply.header["producer_id"], host, port)
+
     def _not_stored(self, topic: str, partition: Partition | None, messages: list[Message], failure: SendFailure,
                     attempts: int) -> list[SendResult]:
         error = failure.message + (f" (after {attempts} attempts)" if attempts > 1 else "")
@@ -485,7 +586,8 @@ class AsyncMessageProducer:
         except Exception as exc:
             raise SendFailure(f"partition selector failed: {exc}") from None
 
-    async def _put(self, topic: str, partition: Partition, body: bytes, count: int) -> dict:
+    async def _put(self, topic: str, partition: Partition, body: bytes, count: int,
+                   numbered: Numbered | None = None) -> dict:
         broker = self.cluster.snapshot.brokers.get(partition.broker_id)
         if broker is None or not broker.master:
             raise SendFailure(f"broker {partition.broker_id} has no master for partition {partition}", retriable=True)
@@ -493,7 +595,8 @@ class AsyncMessageProducer:
         retry_unknown = self.config.retry_unknown_outcome
         try:
             conn = await self.pool.get(host, port)
-            future = conn.send(PutRequest(topic=topic, partition=partition.partition, count=count).to_header(), body)
+            numbers = numbered.put_fields() if numbered is not None else {}
+            future = conn.send(PutRequest(topic=topic, partition=partition.partition, count=count, **numbers).to_header(), body)
         except ConnectionClosed as exc:
             # Nothing was written: safe to retry, and skip this broker for a moment.
             self._suspect(partition.broker_id)
@@ -509,6 +612,7 @@ class AsyncMessageProducer:
             ) from None
         failure = classify_reply(reply.code, f"{reply.code} {reply.message} (partition {partition})", retry_unknown)
         if failure is not None:
+            failure.renumber = "expected_seq" in reply.header
             raise failure
         return reply.header
 
@@ -518,6 +622,8 @@ def stored_results(topic: str, partition: Partition, header: dict, starts: list[
     number = header["partition"]
     stored_in = partition if number == partition.partition else Partition(partition.broker_id, int(number))
     first_offset, first_id = int(header["offset"]), int(header["msg_id"])
+    if first_offset < 0:  # a duplicate of a batch stored so long ago that the broker no longer knows where
+        return [SendResult(True, stored_in, -1, -1, None, topic, c.OK, False, attempts) for _ in starts]
     return [
         SendResult(True, stored_in, first_offset + start, first_id + i, None, topic, c.OK, False, attempts)
         for i, start in enumerate(starts)

@@ -155,6 +155,8 @@ class Gateway:
             if str(exc).startswith(f"record at offset {offset}:"):
                 raise HttpError(400, f"offset {offset} is not the start of a message in {topic} {partition}") from None
             raise HttpError(502, f"{_name(replica)} returned damaged data: {exc}") from None
+        if not messages and end > offset:  # only control records (batch headers): move past them
+            return FetchResult(replica, offset, end, int(reply["committed"]))
         if not messages:
             raise HttpError(502, f"{_name(replica)} returned no whole message at offset {offset} (is maxTransferSize below the message size?)")
         # A message ends where the next one starts; the last one ends at ``end``.

@@ -8,7 +8,9 @@ carries ``code`` (MetaQ's HTTP-like result codes) and, on errors, ``msg``.
 
     op         request fields (besides op, opaque)                  body            reply
     ---------  ---------------------------------------------------  --------------  -------------------------------------------
-    put        topic, partition (-1 = broker picks), [count]        records         200 partition offset msg_id count end_offset epoch
+    put        topic, partition (-1 = broker picks), [count],       records         200 partition offset msg_id count end_offset epoch
+               [producer_id, producer_epoch, sequence], [txid]                      [duplicate] (a retry of a stored batch)
+    init_producer  -                                                -               200 producer_id epoch
     get        topic, partition, offset, max_size, [group],         -               200 offset committed log_end + log bytes;
                [max_wait_ms], [replica: {slave_id, epoch, log_end}]                 301 offset (moved); 404 (no data yet)
     offset     topic, partition, offset                             -               200 offset min_offset max_offset

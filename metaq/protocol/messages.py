@@ -84,6 +84,20 @@ class PutRequest(Request):
     topic: str = required(str)
     partition: int = optional(int, -1)  # -1: the broker picks
     count: int | None = optional(int, None)  # checked against the records in the body
+    #: An idempotent producer's put (all three or none): its id from ``init_producer``, its
+    #: epoch, and the sequence number of the batch's first message in this partition.
+    producer_id: int | None = optional(int, None)
+    producer_epoch: int | None = optional(int, None)
+    sequence: int | None = optional(int, None)
+    #: The transaction the batch belongs to (a transactional producer's put).
+    txid: str | None = optional(str, None)
+
+
+@dataclass(kw_only=True, eq=False)
+class InitProducerRequest(Request):
+    """A new producer id, unique in the cluster, for an idempotent producer (reply: producer_id, epoch)."""
+
+    OP = "init_producer"
 
 
 @dataclass(kw_only=True, eq=False)
@@ -201,7 +215,8 @@ REQUESTS: dict[str, type[Request]] = {
     cls.OP: cls
     for cls in (
         PutRequest, GetRequest, OffsetRequest, StatsRequest, VersionRequest, QuitRequest, ConfigRequest,
-        TopicsRequest, EpochEndRequest, EpochsRequest, ChecksumRequest, PositionRequest, TransactionRequest,
+        TopicsRequest, EpochEndRequest, EpochsRequest, ChecksumRequest, PositionRequest,
+        InitProducerRequest, TransactionRequest,
     )
 }
 

@@ -107,7 +107,8 @@ UNAUTHENTICATED_OPS = frozenset({"auth", "version", "quit"})
 _ADMIN_STATS_ITEMS = frozenset({"reset", "config"})
 _REPLICATION_OPS = frozenset({"position", "epochs", "epoch_end"})
 _ADMIN_OPS = frozenset({"config", "checksum"})
-_DESCRIBE_OPS = frozenset({"topics", "stats"})
+#: ``init_producer`` hands out a producer id (no topic yet): anyone who may look at the cluster.
+_DESCRIBE_OPS = frozenset({"topics", "stats", "init_producer"})
 
 
 def required_operation(header: Mapping[str, Any]) -> tuple[Operation, str | None] | None:

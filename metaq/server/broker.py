@@ -39,6 +39,7 @@ from .metrics import BrokerMetrics, InstrumentedHandlers
 from .registry import BrokerRegistry
 from .reload import apply_logging, reload_config
 from .stats import BrokerStats
+from .producer_ids import ProducerIdAllocator, local_blocks, zookeeper_blocks
 from .transactions import TransactionService
 from .txn_state import TxnStates
 from .waiters import EndWaiters
@@ -64,6 +65,8 @@ class Broker:
         self.txn_states = TxnStates(self.store)
         #: Local and XA transactions: the coordinator, its journal, markers and timeouts.
         self.transactions = TransactionService(self)
+        #: Ids for idempotent producers (``init_producer``); set in start.
+        self.producer_ids: ProducerIdAllocator | None = None
         self.ha = HaNode(self, slave, in_zookeeper=self.register_in_zk)
         self.handlers = RequestHandlers(self)
         self.ids: MsgIdGenerator | None = None
@@ -202,7 +205,20 @@ class Broker:
             # A broker started without --slave seeds the group's topics from its server.ini.
             self.group_topics = GroupTopicsApplier(self, seeds=self.slave is None)
             await self.group_topics.start()
+        self.producer_ids = ProducerIdAllocator(config.broker_id, self._producer_id_blocks())
         await self.ha.start()
+
+    def _producer_id_blocks(self) -> Any:
+        """Where producer id blocks come from: the group's ZooKeeper counter, or a local file."""
+        registry = self.registry
+        if registry is None:
+            return local_blocks(self.config.data_path)
+        client, security = registry.client, registry.security
+        if security is not None:
+            return zookeeper_blocks(client, registry.paths, self.config.broker_id,
+                                    lambda path, value: security.create(client, path, value))
+        return zookeeper_blocks(client, registry.paths, self.config.broker_id,
+                                lambda path, value: client.create(path, value, makepath=True))
 
     async def _reload_certificates(self, interval_s: float) -> None:
         """New handshakes present renewed certificate files without a restart."""
@@ -288,6 +304,7 @@ class Broker:
             ("put_messages", totals.put_messages),
             ("put_bytes", totals.put_bytes),
             ("put_failed", totals.put_failed),
+            ("put_duplicates", totals.put_duplicates),
             ("get_requests", totals.get_requests),
             ("get_bytes", totals.get_bytes),
             ("get_miss", totals.get_miss),

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from typing import TYPE_CHECKING, Any, Awaitable, Protocol
 
 from .. import __version__
@@ -27,7 +28,7 @@ from ..config import BrokerConfig, TopicConfig
 from ..ha.node import HaNode
 from ..ha.sync_set import SyncWaitFailed
 from ..protocol import commands as c
-from ..record import RecordError, stamp_msg_ids, validate_batch
+from ..record import HEADER, HEADER_SIZE, RecordError, stamp_msg_ids, validate_batch
 from ..store.log import OffsetOutOfRange, SegmentVanished
 from ..store.manager import MessageStoreManager, UnknownPartition, UnknownTopic
 from ..store.msgid import MsgIdGenerator
@@ -35,9 +36,14 @@ from ..store.refused import RefusedLog
 from . import stats as stats_text
 from .connection import FileBody
 from .registry import BrokerRegistry
+from .producer_ids import ProducerIdAllocator
 from .stats import BrokerStats
+from .txn_state import TxnStates
 from .transactions import TransactionService, aborted_spans, stable_end
 from .waiters import EndWaiters
+from ..txn.control import find_forged_control
+from ..txn.producer_state import Decision, Verdict
+from ..txn.put import PutRefused, plan_put
 
 if TYPE_CHECKING:
     from ..store.log import PartitionLog
@@ -61,8 +67,9 @@ class ServedBroker(Protocol):
     ids: MsgIdGenerator | None
     ha: HaNode
     registry: BrokerRegistry | None
+    txn_states: TxnStates
+    producer_ids: ProducerIdAllocator | None
     transactions: TransactionService
-    txn_states: Any  # metaq.server.txn_state.TxnStates
 
     def topic_config(self, topic: str) -> TopicConfig | None: ...
 
@@ -145,32 +152,109 @@ class RequestHandlers:
             raise c.RequestError(c.BAD_REQUEST, f"put announced {req.count} messages but carries {count}")
         if count > MAX_BATCH_COUNT:
             raise c.RequestError(c.BAD_REQUEST, f"a put carries at most {MAX_BATCH_COUNT} messages, got {count}")
+        if req.txid is not None and req.producer_id is None:
+            raise c.RequestError(c.BAD_REQUEST, "put: a transactional put (txid) needs producer_id, producer_epoch and sequence")
+        if req.producer_id is not None:
+            return self._put_idempotent(req, partition, log, body, count)
+        # Control records are the broker's own: a producer that sends one would forge a
+        # batch header or a transaction outcome in the replicated log.
+        forged = find_forged_control(body)
+        if forged is not None:
+            raise c.RequestError(c.BAD_REQUEST, f"bad message batch: record {forged} uses the reserved control attribute")
         assert broker.ids is not None  # set in Broker.start, before the server listens
         first_id = broker.ids.allocate(count)
         stamp_msg_ids(body, first_id)
+        offset = self._append(req, partition, log, body, count)
+        broker.txn_states.note_plain_append(req.topic, partition, offset, body)
+        return self._ack(req, partition, offset, offset + len(body), first_id, count, count)
+
+    def _append(self, req: c.Request, partition: int, log: "PartitionLog", data: bytes | bytearray, count: int) -> int:
+        """Append a put's bytes (msg ids stamped); RequestError 500 if the store fails."""
         try:
-            offset = log.append(body)
+            return log.append(data)
         except OSError as exc:
             self.stats.partition(req.topic, partition).put_failed += count
             if not isinstance(exc, SegmentVanished):  # that one the store has logged, once
                 logger.error("append of %d messages to %s-%d failed: %s", count, req.topic, partition, exc)
             raise c.RequestError(c.INTERNAL_ERROR, f"append to {req.topic}-{partition} failed: {exc.strerror}") from None
-        end = offset + len(body)
+
+    def _ack(self, req: c.Request, partition: int, offset: int, end: int, first_id: int, count: int,
+             records: int) -> Reply | Awaitable[Reply]:
+        """Account an appended put ([offset, end) holds its ``count`` messages; ``records`` with a
+        BATCH header) and ack it once it is as durable as the flush and replication settings say."""
+        broker = self.broker
         counters = self.stats.partition(req.topic, partition)
         counters.put_messages += count
-        counters.put_bytes += len(body)
-        broker.appended(req.topic, partition, end, count)
+        counters.put_bytes += end - offset
+        broker.appended(req.topic, partition, end, records)
         reply = c.reply_header(
             req.opaque, c.OK, partition=partition, offset=offset, msg_id=first_id, count=count, end_offset=end,
             epoch=broker.ha.epoch,
         )
+        return self._ack_durable(req, partition, end, records, reply)
+
+    def _ack_durable(self, req: c.Request, partition: int, end: int, records: int,
+                     reply: dict[str, Any]) -> Reply | Awaitable[Reply]:
         try:
-            wait = broker.durability_wait(req.topic, partition, end, count)
+            wait = self.broker.durability_wait(req.topic, partition, end, records)
         except SyncWaitFailed as exc:
             raise c.RequestError(exc.code, exc.message) from None
         if wait is None:
             return reply, b""
         return self._ack_after(wait, req, partition, reply)
+
+    def _put_idempotent(self, req: c.Request, partition: int, log: "PartitionLog", body: bytearray,
+                        count: int) -> Reply | Awaitable[Reply]:
+        """A put from an idempotent producer: appended once behind its BATCH header, or re-acked.
+
+        Between the state's catch-up (``partition``) and ``appended`` nothing yields to the
+        event loop, so no other append can slip in: the state stays at the log end.
+        """
+        broker = self.broker
+        if req.producer_epoch is None or req.sequence is None:
+            raise c.RequestError(c.BAD_REQUEST, "put: producer_id needs producer_epoch and sequence too")
+        state = broker.txn_states.partition(req.topic, partition)
+        try:
+            plan = plan_put(state.producers, body, count, producer_id=req.producer_id, producer_epoch=req.producer_epoch,
+                            first_seq=req.sequence, timestamp_ms=int(time.time() * 1000), txid=req.txid or "")
+        except (PutRefused, ValueError) as exc:
+            raise c.RequestError(c.BAD_REQUEST, f"bad message batch: {exc}") from None
+        decision = plan.decision
+        if decision.verdict is Verdict.DUPLICATE:
+            return self._ack_duplicate(req, partition, log, decision, count)
+        if decision.verdict is Verdict.OUT_OF_ORDER:
+            message = (f"out of order: producer {req.producer_id} sent sequence {req.sequence} to "
+                       f"{req.topic}-{partition}, expected {decision.expected_seq}")
+            return c.reply_header(req.opaque, c.BAD_REQUEST, message, expected_seq=decision.expected_seq), b""
+        if decision.verdict is Verdict.FENCED:
+            message = (f"fenced: producer {req.producer_id} epoch {req.producer_epoch} is older than its "
+                       f"current epoch {decision.current_epoch}")
+            return c.reply_header(req.opaque, c.FORBIDDEN, message, current_epoch=decision.current_epoch), b""
+        if req.txid:
+            # The branch must be ACTIVE on this master (RequestError if not); a DUPLICATE above
+            # needs no check: it appends nothing.
+            broker.transactions.enlist(req.txid, req.topic, partition)
+        framed = plan.append
+        assert framed is not None and broker.ids is not None
+        first_id = broker.ids.allocate(count + 1)  # the BATCH header is a record and takes an id too
+        stamp_msg_ids(framed, first_id)
+        offset = self._append(req, partition, log, framed, count)
+        state.appended(offset, framed, plan.header)
+        return self._ack(req, partition, offset + plan.data_start, offset + len(framed), first_id + 1, count, count + 1)
+
+    def _ack_duplicate(self, req: c.Request, partition: int, log: "PartitionLog", decision: Decision,
+                       count: int) -> Reply | Awaitable[Reply]:
+        """A retry of a batch already in the log: its original offsets, once it is as durable as its first ack."""
+        self.stats.partition(req.topic, partition).put_duplicates += 1
+        first, end = decision.first_offset, decision.end_offset
+        epoch = self.broker.ha.epoch
+        if first is None or end is None:  # older than the producer's cached batches: acked long ago
+            return c.reply_header(req.opaque, c.OK, partition=partition, offset=-1, msg_id=-1, count=count,
+                                  end_offset=-1, epoch=epoch, duplicate=True), b""
+        _length, _crc, msg_id, _flag = HEADER.unpack(log.read(first, HEADER_SIZE))
+        reply = c.reply_header(req.opaque, c.OK, partition=partition, offset=first, msg_id=msg_id, count=count,
+                               end_offset=end, epoch=epoch, duplicate=True)
+        return self._ack_durable(req, partition, end, 0, reply)
 
     async def _ack_after(self, wait: Awaitable[None], req: c.Request, partition: int, reply: dict[str, Any]) -> Reply:
         """Acks follow durability: the flush policy's wait, then (sync mode) the replication wait."""
@@ -182,6 +266,22 @@ class RequestHandlers:
             logger.error("flush of %s-%d failed, put not acked: %s", req.topic, partition, exc)
             return c.reply_header(req.opaque, c.INTERNAL_ERROR, f"flush of {req.topic}-{partition} failed: {exc}"), b""
         return reply, b""
+
+    # --- init_producer --------------------------------------------------------------
+
+    def _init_producer(self, req: c.Request) -> Reply | Awaitable[Reply]:
+        allocator = self.broker.producer_ids
+        if allocator is None:
+            raise c.RequestError(c.SERVICE_UNAVAILABLE, "this broker is still starting: no producer ids yet")
+        return self._allocate_producer_id(req, allocator)
+
+    async def _allocate_producer_id(self, req: c.Request, allocator: ProducerIdAllocator) -> Reply:
+        try:
+            producer_id = await allocator.allocate()
+        except Exception as exc:  # ZooKeeper unreachable, a full disk: the producer asks again
+            logger.warning("producer id allocation failed: %s", exc)
+            return c.reply_header(req.opaque, c.SERVICE_UNAVAILABLE, f"cannot allocate a producer id: {exc}"), b""
+        return c.reply_header(req.opaque, c.OK, producer_id=producer_id, epoch=0), b""
 
     # --- get ----------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ class PartitionCounters:
     replica_get_requests: int = 0
     replica_get_bytes: int = 0
     replica_positions: int = 0  # position reports of sync slaves between fetches
+    put_duplicates: int = 0  # idempotent retries re-acked without an append
 
 
 @dataclass

@@ -13,6 +13,7 @@ tests give each case its own root so that many cases can share one ZooKeeper ser
     {root}/brokers/topic-config/{id}                 persistent the group's topic configuration (JSON)
     {root}/brokers/ids/{id}/candidates/slave{k}      ephemeral  an orphaned slave's log end (async election)
     {root}/brokers/ids/{id}/handover                 persistent `metaq promote`: the one slave that may take over
+    {root}/brokers/ids/{id}/producer_ids             persistent next free producer id block (CAS; metaq/server/producer_ids.py)
     {root}/brokers/topics-pub/{topic}/{id}-m         ephemeral  {"numParts":N,"broker":"0-m"}
     {root}/brokers/topics-sub/{topic}/{id}-m|-s{k}   ephemeral  same JSON
     {root}/consumers/{group}/ids/{group}_{cid}       ephemeral  comma-separated topics
@@ -74,6 +75,10 @@ class ZkPaths:
     def topic_config(self, broker_id: int) -> str:
         """A broker group's shared topic configuration (metaq/zk/topic_config.py)."""
         return f"{self.root}/brokers/topic-config/{broker_id}"
+
+    def producer_ids(self, broker_id: int) -> str:
+        """The group's producer id counter (metaq/server/producer_ids.py)."""
+        return _join(self.broker(broker_id), "producer_ids")
 
     def handover(self, broker_id: int) -> str:
         return _join(self.broker(broker_id), "handover")

@@ -77,7 +77,8 @@ class FakePool:
         return self.conns.setdefault(port, FakeConnection(port, [], self.log))
 
 
-CONFIG = MetaClientConfig(send_retry_min_wait_s=0.001, send_retry_max_wait_s=0.002, send_timeout_s=2)
+# The plain (non-idempotent) producer: these tests pin its retry rules; test_client_idempotence the other.
+CONFIG = MetaClientConfig(send_retry_min_wait_s=0.001, send_retry_max_wait_s=0.002, send_timeout_s=2, idempotence=False)
 
 
 def producer(pool: FakePool, cluster: FakeCluster | None = None, **config: Any) -> AsyncMessageProducer:
