@@ -33,7 +33,7 @@ from ..protocol import commands as c
 from ..protocol.messages import GetRequest, OffsetRequest
 from ..protocol.replies import aborted_spans
 from ..record import RecordError
-from ..txn.reader import VisibleRecords
+from ..txn.reader import drop_aborted
 from .cluster import Cluster, ClusterSnapshot
 from .codec import decode_messages
 from .config import ConsumerConfig, MetaClientConfig
@@ -274,8 +274,7 @@ class PartitionFetcher:
             if messages and reply.get("aborted"):
                 # Read committed: the broker stopped at the last stable offset (decode_messages left
                 # out the control records); skip the records of rolled-back transactions.
-                visible = VisibleRecords(aborted_spans(reply.header))
-                messages = [m for m in messages if visible.visible(m.offset, m.attribute)]  # type: ignore[arg-type]
+                messages = drop_aborted(messages, aborted_spans(reply.header))
                 if not messages:
                     await self._skip_to(end)
                     return "data"

@@ -16,7 +16,7 @@ transactions never reach it; ``stable_end`` lets a caller enforce that too.
 from __future__ import annotations
 
 import bisect
-from typing import Iterable, NamedTuple, Sequence
+from typing import Iterable, NamedTuple, Protocol, Sequence, TypeVar
 
 from metaq.record import Record, iter_records
 from metaq.txn.control import CONTROL_ATTRIBUTE
@@ -100,3 +100,23 @@ class VisibleRecords:
             return False
         i = bisect.bisect_right(self.starts, offset) - 1
         return not (i >= 0 and offset < self.ends[i])
+
+
+class _Decoded(Protocol):
+    @property
+    def offset(self) -> int | None: ...
+
+    @property
+    def attribute(self) -> str | None: ...
+
+
+M = TypeVar("M", bound=_Decoded)
+
+
+def drop_aborted(messages: list[M], aborted: Iterable[Sequence[int]]) -> list[M]:
+    """The decoded messages (a fetch reply's, with its ``aborted`` spans) a read-committed reader delivers."""
+    spans = list(aborted)
+    if not spans:
+        return messages
+    visible = VisibleRecords(spans)
+    return [m for m in messages if visible.visible(m.offset, m.attribute)]  # type: ignore[arg-type]
