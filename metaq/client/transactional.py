@@ -48,6 +48,12 @@ from .selector import NoPartitionAvailable, PartitionSelector, RoundRobinPartiti
 
 #: XA codes that mean the branch was rolled back (XA_RBBASE..XA_RBEND).
 ROLLED_BACK_CODES = frozenset(range(100, 108))
+#: What a step answers when our own earlier attempt of it already took effect (its reply
+#: lost): a second start finds the branch (DUPID), a second end or prepare finds it already
+#: idle or prepared (PROTO: nothing else this client did can have moved it there).
+#: Commit and rollback need no entry: the XA table answers their repeats XA_OK.
+_RETRIED_ANSWERS = frozenset({("start", Code.XAER_DUPID), ("end", Code.XAER_PROTO), ("end_fail", Code.XAER_PROTO),
+                              ("prepare", Code.XAER_PROTO)})
 #: Replies after which the same request may go again to the group's (new) master.
 _RETRY_CODES = frozenset({c.FORBIDDEN, c.SERVICE_UNAVAILABLE, c.GATEWAY_TIMEOUT})
 
@@ -153,8 +159,8 @@ class TransactionalSender:
         if reply.code != c.OK:
             raise TransactionError(f"transaction {action} {branch.xid}: {reply.code} {reply.message}")
         code = int(reply["xa_code"])
-        if action == "start" and code == Code.XAER_DUPID and attempts > 1:
-            return int(Code.XA_OK)  # our own first attempt arrived; its reply was lost
+        if attempts > 1 and (action, code) in _RETRIED_ANSWERS:
+            return int(Code.XA_OK)  # our own first attempt arrived and did it; its reply was lost
         return code
 
     async def start(self, branch: Branch) -> None:
