@@ -137,13 +137,15 @@ async def call(service: TransactionService, action: str, xid: str = "", principa
     return header
 
 
-async def local_transaction(broker: FakeBroker, service: TransactionService, xid: str, outcome: str) -> None:
-    assert (await call(service, "start", xid))["xa_code"] == Code.XA_OK
-    for topic in TOPICS:
+async def branch(broker: FakeBroker, service: TransactionService, xid: str, then: str, topics: tuple[str, ...] = TOPICS,
+                 principal: Principal | None = None) -> int:
+    """start, one put per topic, end, then ``then`` (prepare, commit_one_phase, rollback); its XA code."""
+    assert (await call(service, "start", xid, principal))["xa_code"] == Code.XA_OK
+    for topic in topics:
         service.enlist(xid, topic, 0)
         broker.put(topic, xid, f"{xid} {topic}".encode())
-    await call(service, "end", xid)
-    assert (await call(service, outcome, xid))["xa_code"] == Code.XA_OK
+    await call(service, "end", xid, principal)
+    return (await call(service, then, xid, principal))["xa_code"]
 
 
 @in_loop
@@ -157,9 +159,9 @@ async def test_a_local_transaction_is_invisible_until_commit_and_never_after_rol
     assert (await call(service, "commit_one_phase", "TX:7:1"))["xa_code"] == Code.XA_OK
     assert broker.visible("orders") == [b"one"]
 
-    await local_transaction(broker, service, "TX:7:2", "rollback")
+    assert await branch(broker, service, "TX:7:2", "rollback") == Code.XA_OK
     assert broker.visible("orders") == [b"one"] and broker.visible("payments") == []
-    await local_transaction(broker, service, "TX:7:3", "commit_one_phase")
+    assert await branch(broker, service, "TX:7:3", "commit_one_phase") == Code.XA_OK
     assert broker.visible("payments") == [b"TX:7:3 payments"]
 
 
@@ -251,15 +253,10 @@ async def test_a_timeout_rolls_the_branch_back_with_abort_markers(tmp_path: Path
 @in_loop
 async def test_a_new_master_learns_a_prepared_branch_from_the_log_and_commits_it(tmp_path: Path, clock: list[int]) -> None:
     broker, service = make(tmp_path, clock)
-    await call(service, "start", "XID:1:01:02")
-    for topic in TOPICS:
-        service.enlist("XID:1:01:02", topic, 0)
-        broker.put(topic, "XID:1:01:02", b"prepared " + topic.encode())
     await call(service, "start", "TX:7:5")  # unprepared work of the old master: rolled back
     service.enlist("TX:7:5", "orders", 0)
     broker.put("orders", "TX:7:5", b"never")
-    await call(service, "end", "XID:1:01:02")
-    assert (await call(service, "prepare", "XID:1:01:02"))["xa_code"] == Code.XA_OK
+    assert await branch(broker, service, "XID:1:01:02", "prepare") == Code.XA_OK
 
     # The same logs, a fresh service without the old journal: as a promoted slave has them.
     (tmp_path / "transactions").rename(tmp_path / "old-journal")
@@ -271,19 +268,15 @@ async def test_a_new_master_learns_a_prepared_branch_from_the_log_and_commits_it
     await asyncio.sleep(0)
     assert broker.visible("orders") == [] and broker.visible("payments") == []
     assert (await call(successor, "commit", "XID:1:01:02"))["xa_code"] == Code.XA_OK
-    assert broker.visible("orders") == [b"prepared orders"]
-    assert broker.visible("payments") == [b"prepared payments"]
+    assert broker.visible("orders") == [b"XID:1:01:02 orders"]
+    assert broker.visible("payments") == [b"XID:1:01:02 payments"]
     assert (await call(successor, "end", "TX:7:5"))["xa_code"] == Code.XA_RBROLLBACK
 
 
 @in_loop
 async def test_a_restart_keeps_a_prepared_branch(tmp_path: Path, clock: list[int]) -> None:
     broker, service = make(tmp_path, clock)
-    await call(service, "start", "XID:1:aa:bb")
-    service.enlist("XID:1:aa:bb", "orders", 0)
-    broker.put("orders", "XID:1:aa:bb", b"kept")
-    await call(service, "end", "XID:1:aa:bb")
-    await call(service, "prepare", "XID:1:aa:bb")
+    assert await branch(broker, service, "XID:1:aa:bb", "prepare", ("orders",)) == Code.XA_OK
     await service.stop()
 
     restarted = FakeBroker(tmp_path)  # the same directories: logs and journal reopened
@@ -300,11 +293,7 @@ async def test_deciding_a_branch_needs_produce_on_its_topics(tmp_path: Path, clo
                                 "ops": UserAcl(admin=True)})
     broker, service = make(tmp_path, clock, authorizer=authorizer)
     app, other, ops = Principal("app"), Principal("other"), Principal("ops")
-    await call(service, "start", "TX:7:1", app)
-    service.enlist("TX:7:1", "orders", 0)
-    broker.put("orders", "TX:7:1", b"one")
-    await call(service, "end", "TX:7:1", app)
-    await call(service, "prepare", "TX:7:1", app)
+    assert await branch(broker, service, "TX:7:1", "prepare", ("orders",), app) == Code.XA_OK
     with pytest.raises(c.RequestError, match="may not decide transaction TX:7:1: it needs produce .* \\(orders\\)"):
         await call(service, "commit", "TX:7:1", other)
     assert (await call(service, "recover", principal=other))["xids"] == []
