@@ -136,15 +136,20 @@ def test_random_interleavings_keep_the_lso_before_every_open_transaction(ops, da
         assert lso <= first, txid
 
 
-@settings(max_examples=150, deadline=None)
-@given(OPS, st.data())
-def test_the_filter_never_yields_an_aborted_open_or_control_record(ops, data) -> None:
+def random_fetch(ops: list[tuple], data: st.DataObject) -> tuple[ModelLog, TransactionIndex, int, int, int]:
+    """A random history, and a fetch range up to its LSO: (model, index, lso, start, end)."""
     model = run(ops)
     index, end = model.state.index, len(model.log)
     lso = index.last_stable_offset(end, end)
     boundaries = [r.offset for r in iter_records(model.log)] + [end]
     start = data.draw(st.sampled_from([b for b in boundaries if b <= lso]))
-    fetch_end = data.draw(st.integers(start, lso))  # a fetch may end mid-record
+    return model, index, lso, start, data.draw(st.integers(start, lso))  # a fetch may end mid-record
+
+
+@settings(max_examples=150, deadline=None)
+@given(OPS, st.data())
+def test_the_filter_never_yields_an_aborted_open_or_control_record(ops, data) -> None:
+    model, index, lso, start, fetch_end = random_fetch(ops, data)
     got = committed_records(model.log[start:fetch_end], start, index.aborted_between(start, fetch_end))
     for record in got.records:
         assert record.attribute != CONTROL_ATTRIBUTE

@@ -13,21 +13,17 @@ from hypothesis import strategies as st
 
 from metaq.client.codec import decode_messages
 from metaq.client.message import Partition
-from metaq.record import decode_columns, encode_record, iter_records
+from metaq.record import decode_columns, encode_record
 from metaq.txn.control import Kind, marker
 from metaq.txn.reader import VisibleRecords, committed_records, drop_aborted, may_hold_control
-from tests.unit.test_txn_rebuild import OPS, run
+from tests.unit.test_txn_index import random_fetch
+from tests.unit.test_txn_rebuild import OPS
 
 
 @settings(max_examples=150, deadline=None)
 @given(OPS, st.data())
 def test_column_filters_deliver_what_committed_records_delivers(ops, data) -> None:
-    model = run(ops)
-    index, end = model.state.index, len(model.log)
-    lso = index.last_stable_offset(end, end)
-    boundaries = [r.offset for r in iter_records(model.log)] + [end]
-    start = data.draw(st.sampled_from([b for b in boundaries if b <= lso]))
-    fetch_end = data.draw(st.integers(start, lso))
+    model, index, _lso, start, fetch_end = random_fetch(ops, data)
     buf, spans = model.log[start:fetch_end], index.aborted_between(start, fetch_end)
     expected = [(r.offset, bytes(r.data)) for r in committed_records(buf, start, spans).records]
 

@@ -137,6 +137,14 @@ async def call(service: TransactionService, action: str, xid: str = "", principa
     return header
 
 
+async def opened(broker: FakeBroker, service: TransactionService, xid: str, data: bytes, topic: str = "orders",
+                 **start: Any) -> None:
+    """A started branch with one message put in ``topic``."""
+    assert (await call(service, "start", xid, **start))["xa_code"] == Code.XA_OK
+    service.enlist(xid, topic, 0)
+    broker.put(topic, xid, data)
+
+
 async def branch(broker: FakeBroker, service: TransactionService, xid: str, then: str, topics: tuple[str, ...] = TOPICS,
                  principal: Principal | None = None) -> int:
     """start, one put per topic, end, then ``then`` (prepare, commit_one_phase, rollback); its XA code."""
@@ -151,9 +159,7 @@ async def branch(broker: FakeBroker, service: TransactionService, xid: str, then
 @in_loop
 async def test_a_local_transaction_is_invisible_until_commit_and_never_after_rollback(tmp_path: Path, clock: list[int]) -> None:
     broker, service = make(tmp_path, clock)
-    await call(service, "start", "TX:7:1")
-    service.enlist("TX:7:1", "orders", 0)
-    broker.put("orders", "TX:7:1", b"one")
+    await opened(broker, service, "TX:7:1", b"one")
     assert broker.visible("orders") == []
     await call(service, "end", "TX:7:1")
     assert (await call(service, "commit_one_phase", "TX:7:1"))["xa_code"] == Code.XA_OK
@@ -168,9 +174,7 @@ async def test_a_local_transaction_is_invisible_until_commit_and_never_after_rol
 @in_loop
 async def test_an_open_transaction_holds_back_later_plain_records(tmp_path: Path, clock: list[int]) -> None:
     broker, service = make(tmp_path, clock)
-    await call(service, "start", "TX:7:1")
-    service.enlist("TX:7:1", "orders", 0)
-    broker.put("orders", "TX:7:1", b"in txn")
+    await opened(broker, service, "TX:7:1", b"in txn")
     broker.store.get_log("orders", 0).append(encode_record(b"plain, after"))
     assert broker.visible("orders") == []
     await call(service, "end", "TX:7:1")
@@ -203,9 +207,7 @@ async def test_only_a_writable_master_serves_and_a_slave_answers_like_for_puts(t
 @in_loop
 async def test_the_reply_waits_until_the_markers_are_durable_and_a_retry_waits_too(tmp_path: Path, clock: list[int]) -> None:
     broker, service = make(tmp_path, clock, hold_acks=True)
-    await call(service, "start", "TX:7:1")
-    service.enlist("TX:7:1", "orders", 0)
-    broker.put("orders", "TX:7:1", b"one")
+    await opened(broker, service, "TX:7:1", b"one")
     await call(service, "end", "TX:7:1")
     commit = asyncio.ensure_future(call(service, "commit_one_phase", "TX:7:1"))
     retry = asyncio.ensure_future(call(service, "commit_one_phase", "TX:7:1"))
@@ -239,9 +241,7 @@ async def test_a_marker_that_fails_to_replicate_fails_the_reply_and_the_retry_wa
 @in_loop
 async def test_a_timeout_rolls_the_branch_back_with_abort_markers(tmp_path: Path, clock: list[int]) -> None:
     broker, service = make(tmp_path, clock, settings=TxnSettings(max_tx_timeout_s=5))
-    await call(service, "start", "TX:7:1", timeout_s=2)
-    service.enlist("TX:7:1", "orders", 0)
-    broker.put("orders", "TX:7:1", b"late")
+    await opened(broker, service, "TX:7:1", b"late", timeout_s=2)
     broker.store.get_log("orders", 0).append(encode_record(b"plain"))
     clock[0] += 2_001
     service.tick()
@@ -253,9 +253,7 @@ async def test_a_timeout_rolls_the_branch_back_with_abort_markers(tmp_path: Path
 @in_loop
 async def test_a_new_master_learns_a_prepared_branch_from_the_log_and_commits_it(tmp_path: Path, clock: list[int]) -> None:
     broker, service = make(tmp_path, clock)
-    await call(service, "start", "TX:7:5")  # unprepared work of the old master: rolled back
-    service.enlist("TX:7:5", "orders", 0)
-    broker.put("orders", "TX:7:5", b"never")
+    await opened(broker, service, "TX:7:5", b"never")  # unprepared work of the old master: rolled back
     assert await branch(broker, service, "XID:1:01:02", "prepare") == Code.XA_OK
 
     # The same logs, a fresh service without the old journal: as a promoted slave has them.
