@@ -1,6 +1,6 @@
 """Failover time over many drills: kill -9 of the master -> first acked write on the new master.
 
-    python bench/failover_bench.py [--drills 20] [--session-timeout-ms 1500] [--mode sync]
+    python bench/failover_bench.py [--drills 20] [--session-timeout-ms 1500] [--mode sync] [--no-idempotence]
 
 Starts an embedded ZooKeeper and a master/slave pair (real processes), then runs
 ``--drills`` kill -9 drills back to back (each drill kills whichever broker is the
@@ -33,6 +33,8 @@ def main() -> None:
     parser.add_argument("--session-timeout-ms", type=int, default=1500)
     parser.add_argument("--mode", choices=("sync", "async"), default="sync")
     parser.add_argument("--fault", choices=("kill", "stop"), default="kill")
+    parser.add_argument("--no-idempotence", dest="idempotence", action="store_false",
+                        help="load with a plain (at-least-once) producer, to count the duplicates it stores")
     parser.add_argument("--dir", help="keep the cluster's files (logs) here instead of a temporary directory")
     args = parser.parse_args()
     system = {"unflushThreshold": 0, "replicationMode": args.mode, "onSyncSlaveLoss": "degrade", "syncSlaveTimeoutMs": 1000}
@@ -47,7 +49,8 @@ def main() -> None:
             reports = []
             try:
                 for i in range(args.drills):
-                    report = asyncio.run(Drill(cluster.zk_connect, 0, args.fault, topic="bench", rate=200).run())
+                    report = asyncio.run(Drill(cluster.zk_connect, 0, args.fault, topic="bench", rate=200,
+                                                   idempotence=args.idempotence).run())
                     if report.restarted_pid:
                         restarted.append(report.restarted_pid)
                     reports.append(report)
@@ -57,7 +60,9 @@ def main() -> None:
                     stop_pid(pid)
     s = summarize(reports)
     print()
-    print(f"mode {args.mode}, fault {args.fault}, zk.zkSessionTimeoutMs={args.session_timeout_ms}, {s['drills']} drills, {s['failovers']} failovers")
+    producer = "idempotent" if args.idempotence else "plain"
+    print(f"mode {args.mode}, fault {args.fault}, zk.zkSessionTimeoutMs={args.session_timeout_ms}, {producer} producer, "
+          f"{s['drills']} drills, {s['failovers']} failovers")
     print(f"first acked write on the new master: p50 {s['first_ack_p50_s']:.2f}s  p99 {s['first_ack_p99_s']:.2f}s  max {s['first_ack_max_s']:.2f}s")
     print(f"detection p50 {s['detection_p50_s']:.2f}s; first read p50 {s['first_read_p50_s']:.2f}s")
     print(f"lost (acked, missing after failover): {s['lost_total']}; duplicates from retried unknown outcomes: {s['duplicates_total']}")

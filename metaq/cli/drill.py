@@ -28,6 +28,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--proxy-url", help="Toxiproxy API url, for --fault partition")
     parser.add_argument("--proxy-name", help="the proxy carrying the master's ZooKeeper link")
     parser.add_argument("--json", action="store_true", help="print the reports as JSON")
+    parser.add_argument("--no-idempotence", dest="idempotence", action="store_false",
+                        help="load with a plain (at-least-once) producer: resends after the fault may be stored twice")
     add_login_arguments(parser)
     parser.set_defaults(run=run)
 
@@ -74,7 +76,7 @@ def render(reports: list, first: int = 1) -> str:
         )
         lines.append(
             f"  acked before fault {r.acked_before_fault}, found after {r.found_after}; acked in all {r.acked_total};"
-            f" lost {r.lost}; duplicates {r.duplicates}; failed sends {r.failed_sends}; unknown outcome {r.unknown_outcome_sends}"
+            f" lost {r.lost}; duplicates {r.duplicates} ({'idempotent' if r.idempotent else 'plain'} producer); failed sends {r.failed_sends}; unknown outcome {r.unknown_outcome_sends}"
             + (f"; acked by other groups of the topic {r.acked_other_groups} (not checked)" if r.acked_other_groups else "")
         )
         lines.append(
@@ -115,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
     async def drills() -> list:
         reports = []
         for i in range(args.repeat):
-            drill = Drill(args.zk, args.broker_id, args.fault, zk_root=args.zk_root, topic=args.topic, rate=args.rate, proxy=proxy, creds=creds)
+            drill = Drill(args.zk, args.broker_id, args.fault, zk_root=args.zk_root, topic=args.topic, rate=args.rate, proxy=proxy, creds=creds,
+                          idempotence=args.idempotence)
             with drill_status(f"drill {i + 1} of {args.repeat}: {args.fault} the master of group {args.broker_id} under load, "
                               "wait for the new master, check every acked message"):
                 report = await drill.run()

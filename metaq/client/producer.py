@@ -17,9 +17,10 @@ succeeds costs one request and no retry bookkeeping.
 
 Per-message sends (``send_message_async``, ``send``, ``send_message``) go through the
 accumulator (``accumulator.py``), which gathers them into puts per partition;
-``send_batch`` sends the caller's batch as it is.
+``send_batch`` sends the caller's batch as it is (an idempotent producer's joins its
+partitions' queues, so that concurrent batches share the one numbered put in flight).
 
-Idempotent (``idempotence``, the default): each put is numbered (``idempotence.py``)
+Idempotent (``idempotence=True``, opt-in): each put is numbered (``idempotence.py``)
 and every retry, an unknown outcome's included, resends it with the same numbers to the
 same partition (its new master after a failover), which stores it at most once and
 answers a resend of a stored batch with the original offsets: the table's "unknown"
@@ -242,6 +243,9 @@ class AsyncMessageProducer:
                 groups[(topic, partition)].extend(chunk)
         jobs = []
         for (topic, partition), indexes in groups.items():
+            if self.sequencer is not None and partition is not None and timeout is None:
+                jobs.append((indexes, self._queue_all(topic, partition, [messages[i] for i in indexes])))
+                continue
             for start in range(0, len(indexes), MAX_BATCH_COUNT):
                 chunk = indexes[start : start + MAX_BATCH_COUNT]
                 jobs.append((chunk, self._send_chunk(topic, partition, [messages[i] for i in chunk], timeout)))
@@ -250,6 +254,21 @@ class AsyncMessageProducer:
             for i, result in zip(chunk, chunk_results):
                 results[i] = result
         return results  # type: ignore[return-value]
+
+    async def _queue_all(self, topic: str, partition: Partition, messages: list[Message]) -> list[SendResult]:
+        """An idempotent producer's batch joins its partition's queue instead of a put of its own.
+
+        Only one numbered put per partition is in flight; batches of concurrent callers
+        queued behind it then leave together in the next put, instead of one after the other.
+        """
+        loop = asyncio.get_running_loop()
+        queue = self.accumulator.queue(topic, partition)
+        futures: list[asyncio.Future[SendResult]] = []
+        for message in messages:
+            future: asyncio.Future[SendResult] = loop.create_future()
+            self.accumulator.append(queue, (message, future, record_size(message), None), linger=False)
+            futures.append(future)
+        return list(await asyncio.gather(*futures))
 
     async def close(self) -> None:
         """Refuse new sends, send everything queued and wait for every result, stop probing."""

@@ -266,7 +266,7 @@ class MasterFollower:
                 self._replica_info,
                 self.host.notify,
                 self.slave.slave_max_delay_ms,
-                after_append=self.host.txn_states.partition,
+                after_append=self.host.txn_states.note_append,
             )
             replica.status.extra["started_at"] = time.time()
             self.replicas[(topic, partition)] = replica

@@ -81,7 +81,7 @@ class PartitionReplica:
         on_appended: Callable[[str, int], None],
         max_delay_ms: int,
         fetch_size: int = DEFAULT_FETCH_SIZE,
-        after_append: Callable[[str, int], object] | None = None,
+        after_append: Callable[[str, int, int, bytes | memoryview, int], object] | None = None,
     ) -> None:
         self.topic = topic
         self.partition = partition
@@ -91,7 +91,8 @@ class PartitionReplica:
         self.on_appended = on_appended
         self.max_delay_ms = max_delay_ms
         self.fetch_size = fetch_size
-        #: Called after bytes were appended (the broker's transaction state catches up).
+        #: Called with (topic, partition, offset, whole records, their end) after each append
+        #: (the broker's transaction state follows the log).
         self.after_append = after_append
         self.status = ReplicaStatus()
         #: Report progress within large replies (the follower sets it for sync masters).
@@ -183,6 +184,8 @@ class PartitionReplica:
         for run in runs:
             start = self.log.append(run.data)
             assert start == run.offset, "append must continue the log exactly where the fetch started"
+            if self.after_append is not None:
+                self.after_append(self.topic, self.partition, run.offset, run.data, run.offset + len(run.data))
             whole += len(run.data)
             count += run.count
             if report is not None and whole < len(body):
@@ -190,8 +193,6 @@ class PartitionReplica:
         if whole < len(body):
             self._check_tail(offset, body, whole)
         if whole:
-            if self.after_append is not None:
-                self.after_append(self.topic, self.partition)
             self.status.appended_bytes += whole
             self.status.appended_messages += count
             self._schedule_flush(offset + whole, count)

@@ -62,7 +62,9 @@ class Broker:
         self.waiters = EndWaiters()
         self.store = MessageStoreManager(config.topics, config.max_message_size)
         #: Every partition's producer table and transaction index, derived from its log.
-        self.txn_states = TxnStates(self.store)
+        self.txn_states = TxnStates(
+            self.store, max_batches=config.txn.producer_state_max_batches, expiry_ms=config.txn.producer_expiry_ms
+        )
         #: Local and XA transactions: the coordinator, its journal, markers and timeouts.
         self.transactions = TransactionService(self)
         #: Ids for idempotent producers (``init_producer``); set in start.

@@ -165,7 +165,7 @@ class RequestHandlers:
         first_id = broker.ids.allocate(count)
         stamp_msg_ids(body, first_id)
         offset = self._append(req, partition, log, body, count)
-        broker.txn_states.note_plain_append(req.topic, partition, offset, body)
+        broker.txn_states.note_append(req.topic, partition, offset, body)
         return self._ack(req, partition, offset, offset + len(body), first_id, count, count)
 
     def _append(self, req: c.Request, partition: int, log: "PartitionLog", data: bytes | bytearray, count: int) -> int:

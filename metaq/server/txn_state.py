@@ -5,9 +5,8 @@ transaction index and ``position``) per partition log, loaded on first use from
 its snapshot plus a walk of the rest of the log, and kept caught up with the log:
 
 * the master's put path records each idempotent batch it appends (``appended``)
-  and each plain put (``note_plain_append``);
-* a slave catches up after every replica append (``partition`` walks whatever is
-  new; the replica calls it);
+  and each plain put (``note_append``);
+* a slave follows every replica append (``note_append``, called by the replica);
 * at start, and at promotion, a batch whose records are not all in the log (a torn
   write, or the half of a batch a slave had fetched when its master died) is cut
   off (``cut_incomplete_tail``) before anything is served or appended;
@@ -32,9 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..record import buffer_reader
+from ..record import HEADER
 from ..store.refused import RefusedLog
 from ..txn import rebuild
+from ..txn.control import may_hold_control
 from ..txn.index import TransactionIndex
 from ..txn.producer_state import DEFAULT_EXPIRY_MS, DEFAULT_MAX_BATCHES, ProducerStateTable
 from ..txn.rebuild import PartitionTxnState
@@ -82,15 +82,20 @@ class TxnStates:
 
     # --- the master's put path ----------------------------------------------------------------
 
-    def note_plain_append(self, topic: str, partition: int, offset: int, data: bytes | bytearray) -> None:
-        """A put without a producer id appended ``data`` (no control record in it) at ``offset``.
+    def note_append(self, topic: str, partition: int, offset: int, data: bytes | bytearray | memoryview,
+                    end: int | None = None) -> None:
+        """Whole records ``data`` were appended at ``offset`` (a plain put, or a replica append).
 
-        Walks the bytes in memory instead of reading them back from the log.
+        Without a control record among them (one substring search) the state just moves
+        to their end; else it follows them (``partition``'s catch-up).
         """
+        end = offset + len(data) if end is None else end
         state = self.partition_if_loaded(topic, partition)
-        if state is not None and state.position == offset:
-            state.catch_up(buffer_reader(data, offset), offset + len(data))
-        # else: the next ``partition`` call walks them from the log
+        if state is not None and state.position == offset and not may_hold_control(data):
+            _length, crc, msg_id, _flag = HEADER.unpack_from(data, 0)
+            state.passed_plain(offset, end, (msg_id, crc))
+        else:
+            self.partition(topic, partition)
 
     def partition_if_loaded(self, topic: str, partition: int) -> PartitionTxnState | None:
         entry = self._entries.get((topic, partition))
@@ -121,7 +126,6 @@ class TxnStates:
         aside = partition_log.truncate_to(cut)
         log.warning("%s-%d: cut an incomplete batch %s at %d: %d bytes moved aside to %s",
                     topic, partition, when, cut, removed, aside)
-        self.partition(topic, partition)  # rebuilt: the log was truncated
         return cut
 
     # --- loading and snapshots --------------------------------------------------------------------
@@ -144,8 +148,25 @@ class TxnStates:
             state = rebuild.load_state(directory, partition_log.read, partition_log.min_offset,
                                        partition_log.log_end, producers=self._new_table)
         entry = _Entry(state, partition_log, partition_log.truncations)
+        if not isinstance(partition_log, RefusedLog):
+            partition_log.before_truncate = lambda offset: self._before_truncate(entry, directory, offset)
         self._entries[(topic, partition)] = entry
         return entry
+
+    @staticmethod
+    def _before_truncate(entry: _Entry, directory: Path, offset: int) -> None:
+        """The log is about to be cut at ``offset`` (-1: all of it).
+
+        The snapshot goes first: it must never describe bytes that are gone (a crash between
+        the cut and the rebuild then finds none, and walks the log). A state that has seen
+        nothing past the cut stays valid (a pure function of bytes that stay): it is marked
+        as knowing this truncation, so ``partition`` does not rebuild it (no walk of the
+        whole log at promotion); any other is rebuilt on its next use.
+        """
+        rebuild.discard_snapshot(directory)
+        if 0 <= offset and entry.state.position <= offset and entry.truncations == entry.log.truncations:
+            entry.truncations += 1  # the log's count moves to this right after the cut
+            entry.snapshot_position = -1
 
     def snapshot_all(self) -> None:
         """Write the snapshot of every state that moved since its last one (blocking: fsync)."""

@@ -31,7 +31,8 @@ from ..client.routing import Replica
 from ..protocol import commands as c
 from ..protocol.replies import aborted_spans
 from ..record import RecordError, decode_columns
-from ..txn.reader import VisibleRecords, may_hold_control
+from ..txn.control import drop_control_columns
+from ..txn.reader import VisibleRecords
 from .fetch import ReplicaError, ReplicaSession
 
 log = logging.getLogger(__name__)
@@ -184,8 +185,9 @@ class RangeReader:
                 buf = carry + body if carry else bytes(body)
                 offsets, ids, attrs, datas, consumed = decode_columns(buf, position)
                 carry = buf[consumed:]
+                offsets, ids, attrs, datas = drop_control_columns(offsets, ids, attrs, datas)  # batch headers, markers: no rows
                 visible.add(aborted_spans(reply.header))
-                if offsets and (visible.starts or may_hold_control(buf)):
+                if offsets and visible.starts:  # records of rolled-back transactions: no rows either
                     offsets, ids, attrs, datas = _committed_columns(visible, offsets, ids, attrs, datas)
                 position += consumed
                 visible.forget_before(position)
@@ -214,7 +216,7 @@ class RangeReader:
 
 
 def _committed_columns(visible: VisibleRecords, offsets: list, ids: list, attrs: list, datas: list) -> tuple[list, list, list, list]:
-    """Only the columns' rows a read-committed reader delivers (no control, no aborted record)."""
+    """Only the columns' rows outside the aborted spans."""
     keep = [i for i, (offset, attribute) in enumerate(zip(offsets, attrs)) if visible.visible(offset, attribute)]
     if len(keep) == len(offsets):
         return offsets, ids, attrs, datas

@@ -37,6 +37,7 @@ import threading
 import time
 import zlib
 from pathlib import Path
+from typing import Callable
 
 from metaq import record
 from metaq.store.checkpoint import checkpoint_path, read_flushed_end, write_flushed_end
@@ -165,6 +166,9 @@ class PartitionLog:
         #: Bumped by every truncation: state derived from the bytes (metaq/server/txn_state.py)
         #: compares it to know that bytes it has seen may be gone.
         self.truncations = 0
+        #: Called with the cut offset before bytes are cut (-1: the whole log goes), so state
+        #: derived from the bytes can drop its snapshot first.
+        self.before_truncate: Callable[[int], None] | None = None
         if checkpointed != self._flushed_end:
             self._save_checkpoint(self._flushed_end)
 
@@ -386,6 +390,8 @@ class PartitionLog:
                 return None
             index = self._segment_index(segments, offset)
             self._check_record_boundary(segments[index], offset)
+            if self.before_truncate is not None:
+                self.before_truncate(offset)
             aside_path, copied = _save_aside(self._truncated_path(offset), segments[index:], offset)
             self._lower_checkpoint(offset)
             for seg in segments[index + 1 :]:
@@ -413,6 +419,8 @@ class PartitionLog:
             raise ValueError(f"offset must be >= 0, got {offset}")
         with self._structure_lock:
             segments = self._segments
+            if self.before_truncate is not None:
+                self.before_truncate(-1)
             aside_path = None
             if segments[-1].end > segments[0].start:
                 aside_path, _ = _save_aside(self._truncated_path(segments[0].start), segments, segments[0].start)

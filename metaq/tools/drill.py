@@ -14,8 +14,10 @@ A drill, against a group that is already running (it never starts one):
    fault (necessarily on the new master), first read of a post-fault message;
 5. check: every message acked before the fault is in the new master's log at
    its acked offset (lost = those that are not; must be 0 in sync mode),
-   duplicates (a payload stored twice); wait for the old master to rejoin as a
-   slave, and compare logs (``verify``).
+   duplicates (a payload stored twice: a resent put the broker stored again;
+   0 with the idempotent producer, which the drill's load uses unless told
+   otherwise, whose resends are answered as duplicates); wait for the old master to rejoin as a slave, and compare logs
+   (``verify``).
 
 The drill process must run on the master's machine (it signals a pid).
 """
@@ -71,6 +73,8 @@ class DrillReport:
     failed_sends: int = 0
     unknown_outcome_sends: int = 0
     duplicates: int = 0
+    #: The load's producer was idempotent (resends never stored twice).
+    idempotent: bool = True
     rejoined_as: str | None = None
     restarted_pid: int | None = None
     logs_identical: bool | None = None
@@ -222,6 +226,7 @@ class Drill:
         settle_s: float = 2.0,
         rejoin_timeout_s: float = 60.0,
         creds: Credentials | None = None,
+        idempotence: bool = True,
     ) -> None:
         if fault not in ("kill", "stop", "partition"):
             raise MetaqError(f"unknown fault {fault!r} (kill, stop or partition)")
@@ -241,6 +246,7 @@ class Drill:
         self.proxy = proxy
         self.settle_s = settle_s
         self.rejoin_timeout_s = rejoin_timeout_s
+        self.idempotence = idempotence
 
     async def run(self) -> DrillReport:
         session = zk_session(self.zk_connect)
@@ -269,7 +275,8 @@ class Drill:
         session_ms = await self._session_timeout_ms(old_url)
         report = DrillReport(self.fault, self.broker_id, old_url, mode=mode, epoch_before=state.epoch)
 
-        config = load_client_config(self.zk_connect, self.zk_root, session_ms, self.creds)
+        config = load_client_config(self.zk_connect, self.zk_root, session_ms, self.creds, self.idempotence)
+        report.idempotent = self.idempotence
         async with AsyncMessageSessionFactory(config) as factory:
             load = _Load(factory, topic, self.rate, f"drill-{uuid.uuid4().hex[:8]}")
             load.start()
@@ -510,7 +517,8 @@ def failover_budget_s(session_ms: int) -> float:
     return max(30.0, session_ms / 1000 * 2 + 10)
 
 
-def load_client_config(zk_connect: str, zk_root: str, session_ms: int, creds: Credentials | None = None) -> MetaClientConfig:
+def load_client_config(zk_connect: str, zk_root: str, session_ms: int, creds: Credentials | None = None,
+                       idempotence: bool = True) -> MetaClientConfig:
     """The drill load's client: its sends keep retrying for longer than a failover may take,
     so an acked-or-failed verdict is never cut short by the client's own retry budget."""
     budget = failover_budget_s(session_ms)
@@ -518,5 +526,5 @@ def load_client_config(zk_connect: str, zk_root: str, session_ms: int, creds: Cr
         zk_connect=zk_connect, zk_root=zk_root, retry_unknown_outcome=True, credentials=creds or Credentials(),
         send_timeout_s=max(budget, session_ms / 1000 * 4),
         send_max_attempts=max(100, int(budget / LOAD_RETRY_WAIT_S)),
-        send_retry_max_wait_s=LOAD_RETRY_WAIT_S,
+        send_retry_max_wait_s=LOAD_RETRY_WAIT_S, idempotence=idempotence,
     )

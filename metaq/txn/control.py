@@ -189,8 +189,23 @@ def control_of(record: Record) -> Control | None:
     return decode_body(record.data)
 
 
+def drop_control_columns(offsets: list, ids: list, attributes: list, datas: list) -> tuple[list, list, list, list]:
+    """``record.decode_columns``' columns without the control records' rows (readers that deliver messages)."""
+    if CONTROL_ATTRIBUTE not in attributes:  # the common case: one C-speed scan, nothing copied
+        return offsets, ids, attributes, datas
+    keep = [i for i, attribute in enumerate(attributes) if attribute != CONTROL_ATTRIBUTE]
+    return [offsets[i] for i in keep], [ids[i] for i in keep], [attributes[i] for i in keep], [datas[i] for i in keep]
+
+
+def may_hold_control(data: bytes | bytearray | memoryview) -> bool:
+    """False only if no record in ``data`` can be a control record: its attribute block is nowhere."""
+    return _ATTR_BLOCK in (data if isinstance(data, (bytes, bytearray)) else bytes(data))
+
+
 def find_forged_control(batch: bytes | bytearray | memoryview) -> int | None:
     """Index of the first record of a producer's batch that carries the reserved attribute, or None."""
+    if not may_hold_control(batch):  # the put hot path: one C-speed search, no walk
+        return None
     view = memoryview(batch)
     pos = 0
     for index, end in enumerate(record_ends(view)):

@@ -21,9 +21,6 @@ from typing import Iterable, NamedTuple, Protocol, Sequence, TypeVar
 from metaq.record import Record, iter_records
 from metaq.txn.control import CONTROL_ATTRIBUTE
 
-#: Every control record's attribute block holds these bytes (control.py).
-_CONTROL_MARK = CONTROL_ATTRIBUTE.encode("utf-8")
-
 
 class Filtered(NamedTuple):
     records: list[Record]
@@ -58,14 +55,6 @@ def committed_records(
             continue
         records.append(record)
     return Filtered(records, next_offset)
-
-
-def may_hold_control(buf: bytes | bytearray | memoryview) -> bool:
-    """Could ``buf`` contain a control record? A C-speed substring test: False means surely not.
-
-    Lets readers of plain topics skip the per-record check entirely.
-    """
-    return _CONTROL_MARK in (bytes(buf) if isinstance(buf, memoryview) else buf)
 
 
 class VisibleRecords:

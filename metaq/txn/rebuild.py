@@ -12,11 +12,14 @@ back to it.
 
 Snapshot: ``{partition dir}/txn-state-checkpoint``, JSON with a CRC, written
 atomically (temporary file, fsync, rename). It records ``position`` and an
-*anchor*: the offset, msg id and CRC of the record that ends the state's bytes
-(the last record outside a batch, or the header of the last batch). On
-load the anchor must still be in the log, so a snapshot taken before an HA
-truncation cut the log (and the log grew again past it) is refused instead of
-reused; the state is then rebuilt from the log start.
+*anchor*: the offset, msg id and CRC of a record from which whole records run
+exactly to ``position`` (the last record outside a batch, the header of the last
+batch, or the first record of the last plain put, see ``passed_plain``). On load
+the anchor must still be in the log and the records from it must end at
+``position``, so a snapshot taken before an HA truncation cut the log (and the log
+grew again past it) is refused instead of reused; the state is then rebuilt from
+the log start. (The broker also deletes the snapshot before any truncation:
+metaq/server/txn_state.py.)
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from metaq.record import HEADER, HEADER_SIZE, walk_records
-from metaq.txn.control import Control, ControlError, Kind, control_at
+from metaq.txn.control import Control, ControlError, Kind, control_at, may_hold_control
 from metaq.txn.crcfile import read_crc_file, write_crc_file
 from metaq.txn.index import TransactionIndex
 from metaq.txn.producer_state import ProducerStateTable
@@ -53,26 +56,61 @@ class PartitionTxnState:
 
         The records of a batch follow its header and are never control records (a
         put carrying one is refused), so the walk checks only the records outside
-        batches and jumps ``position`` from a BATCH header to its batch's end.
+        batches: from a BATCH header it starts again at its batch's end, and a run of
+        records without the control attribute anywhere is passed in one step.
         """
-        batch_end = self.position
-        for run in walk_records(read, self.position, end, boundaries_only=True):
-            pos = run.offset
-            assert run.ends is not None
-            for stop in run.ends:
-                if stop > batch_end:
-                    at = pos - run.offset
-                    try:
-                        control = control_at(run.data, at)
-                    except ControlError as exc:
-                        raise ControlError(f"record at {pos}: {exc}") from None
-                    if control is not None and control.kind is Kind.BATCH and stop + control.data_bytes > end:
-                        return self.position  # the batch is not all here yet
-                    _length, crc, msg_id, _flag = HEADER.unpack_from(run.data, at)
-                    self._observe(control, pos, stop, (pos, msg_id, crc))
-                    batch_end = self.position
-                pos = stop
+        while self.position < end and (self._pass_batch_at_position(read, end) or self._walk_to_next_batch(read, end)):
+            pass
         return self.position
+
+    def _pass_batch_at_position(self, read: Reader, end: int) -> bool:
+        """A whole batch starting at ``position``: pass it without reading its records (True)."""
+        pos = self.position
+        head = bytes(read(pos, HEADER_SIZE))
+        if len(head) < HEADER_SIZE:
+            return False
+        length, crc, msg_id, _flag = HEADER.unpack(head)
+        stop = pos + HEADER_SIZE + length
+        if length < 0 or stop > end:
+            return False
+        record = bytes(read(pos, HEADER_SIZE + length))
+        if len(record) < HEADER_SIZE + length:
+            return False  # not all readable at once (a segment's end): the walk follows it
+        try:
+            control = control_at(record)
+        except ControlError as exc:
+            raise ControlError(f"record at {pos}: {exc}") from None
+        if control is None or control.kind is not Kind.BATCH or stop + control.data_bytes > end:
+            return False  # a marker (the walk follows it), or a batch not all here yet
+        self._observe(control, pos, stop, (pos, msg_id, crc))
+        return True
+
+    def _walk_to_next_batch(self, read: Reader, end: int) -> bool:
+        """Follow records from ``position``; True after passing a whole batch (walk again from its end)."""
+        for run in walk_records(read, self.position, end, boundaries_only=True):
+            assert run.ends is not None
+            if not run.ends:
+                return False
+            if not may_hold_control(run.data):  # no control record in this run: jump to its end
+                last = run.ends[-2] if len(run.ends) > 1 else run.offset
+                _length, crc, msg_id, _flag = HEADER.unpack_from(run.data, last - run.offset)
+                self._observe(None, last, run.ends[-1], (last, msg_id, crc))
+                continue
+            pos = run.offset
+            for stop in run.ends:
+                at = pos - run.offset
+                try:
+                    control = control_at(run.data, at)
+                except ControlError as exc:
+                    raise ControlError(f"record at {pos}: {exc}") from None
+                if control is not None and control.kind is Kind.BATCH and stop + control.data_bytes > end:
+                    return False  # the batch is not all here yet
+                _length, crc, msg_id, _flag = HEADER.unpack_from(run.data, at)
+                self._observe(control, pos, stop, (pos, msg_id, crc))
+                if control is not None and control.kind is Kind.BATCH:
+                    return True
+                pos = stop
+        return False
 
     def appended(self, offset: int, framed: bytes | bytearray | memoryview, header: Control | None = None) -> None:
         """The master appended ``framed`` (a BATCH header and its records, msg ids stamped) at ``offset``.
@@ -88,6 +126,18 @@ class PartitionTxnState:
         if control is None or control.kind is not Kind.BATCH or header_end + control.data_bytes != offset + len(framed):
             raise ValueError("appended bytes do not start with the BATCH header of exactly these records")
         self._observe(control, offset, header_end, (offset, msg_id, crc))
+
+    def passed_plain(self, offset: int, end: int, first_record: tuple[int, int]) -> None:
+        """The master appended whole records at [offset, end), none a control record (checked by the
+        put handler with ``control.find_forged_control``): nothing to record but the new position.
+
+        Costs nothing per record, unlike a walk; ``first_record`` is (msg id, CRC) of the first one,
+        the snapshot's anchor.
+        """
+        if offset != self.position:
+            raise ValueError(f"append at {offset}, but the state stands at {self.position}: catch up first")
+        self.anchor = (offset, *first_record)
+        self.position = end
 
     def _observe(self, control: Control | None, offset: int, stop: int, anchor: tuple[int, int, int]) -> None:
         """One record at [offset, stop): a BATCH header moves ``position`` past its whole batch."""
@@ -179,7 +229,9 @@ def _fits(snapshot: dict[str, Any], read: Reader, log_start: int, log_end: int) 
     length, found_crc, found_id, _flag = HEADER.unpack(header)
     if (found_id, found_crc) != (msg_id, crc):
         return False
-    # The anchor is the last record outside a batch, or a batch's header: either ends the state's bytes.
-    control = control_at(bytes(read(offset, HEADER_SIZE + length)))
-    batch_bytes = control.data_bytes if control is not None and control.kind is Kind.BATCH else 0
-    return offset + HEADER_SIZE + length + batch_bytes == position
+    # Whole records run from the anchor to the state's position (a batch's records after its header).
+    reached = offset
+    for run in walk_records(read, offset, position, boundaries_only=True):
+        assert run.ends is not None
+        reached = run.ends[-1] if run.ends else reached
+    return reached == position

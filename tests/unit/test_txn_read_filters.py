@@ -13,9 +13,8 @@ from hypothesis import strategies as st
 
 from metaq.client.codec import decode_messages
 from metaq.client.message import Partition
-from metaq.record import decode_columns, encode_record
-from metaq.txn.control import Kind, marker
-from metaq.txn.reader import VisibleRecords, committed_records, drop_aborted, may_hold_control
+from metaq.record import decode_columns
+from metaq.txn.reader import VisibleRecords, committed_records, drop_aborted
 from tests.unit.test_txn_index import random_fetch
 from tests.unit.test_txn_rebuild import OPS
 
@@ -41,9 +40,3 @@ def test_spans_merge_across_replies_and_are_forgotten_behind_the_reader() -> Non
     assert [visible.visible(o, None) for o in (9, 10, 19, 20, 45)] == [True, False, False, True, False]
     visible.forget_before(30)
     assert visible.starts == [40] and not visible.visible(40, None)
-
-
-def test_may_hold_control_is_false_for_plain_bytes_and_true_for_a_marker() -> None:
-    plain = encode_record(b"plain") + encode_record(b"with attribute", "k=v")
-    assert not may_hold_control(plain) and not may_hold_control(memoryview(plain))
-    assert may_hold_control(plain + marker(Kind.COMMIT, "TX:1:1", producer_id=1, producer_epoch=0, timestamp_ms=1))

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from metaq.config import TopicConfig
-from metaq.record import encode_batch, stamp_msg_ids
+from metaq.record import encode_batch, record_ends, stamp_msg_ids
 from metaq.server.txn_state import TxnStates
 from metaq.store.manager import MessageStoreManager
 from metaq.txn.put import plan_put
-from metaq.txn.rebuild import SNAPSHOT_FILE, PartitionTxnState
+from metaq.txn import rebuild
+from metaq.txn.rebuild import SNAPSHOT_FILE, PartitionTxnState, load_state
 from metaq.txn.producer_state import Verdict
 
 TOPIC = "t"
@@ -36,7 +38,7 @@ def idempotent_put(manager: MessageStoreManager, states: TxnStates, pid: int, se
 def plain_put(manager: MessageStoreManager, states: TxnStates, count: int) -> None:
     body = encode_batch([(b"p" * 30, None)] * count)
     offset = manager.get_log(TOPIC, 0).append(body)
-    states.note_plain_append(TOPIC, 0, offset, body)
+    states.note_append(TOPIC, 0, offset, body)
 
 
 def fresh(manager: MessageStoreManager) -> PartitionTxnState:
@@ -119,3 +121,49 @@ def test_open_all_cuts_a_torn_batch_and_a_reopen_loads_the_snapshot(tmp_path: Pa
     assert list((tmp_path / f"{TOPIC}-0").glob("truncated-*")), "the cut bytes are kept aside"
     assert again.partition(TOPIC, 0).producers.check(1, 0, 0, 2).verdict is Verdict.DUPLICATE
     reopened.close()
+
+
+def test_a_snapshot_ending_in_plain_puts_is_reused_and_one_from_before_a_cut_is_not(tmp_path: Path) -> None:
+    manager = store(tmp_path)
+    states = TxnStates(manager)
+    idempotent_put(manager, states, 1, 0, 2)
+    plain_put(manager, states, 3)
+    cut_at = manager.get_log(TOPIC, 0).log_end
+    plain_put(manager, states, 2)
+    states.snapshot_all()
+    snapshot = tmp_path / f"{TOPIC}-0" / SNAPSHOT_FILE
+    taken = snapshot.read_bytes()
+    log = manager.get_log(TOPIC, 0)
+    assert load_state(snapshot.parent, log.read, 0, log.log_end) == states.partition(TOPIC, 0)
+    assert rebuild._fits(json.loads(taken.partition(b"\n")[2]), log.read, 0, log.log_end)
+
+    # Cut after the last plain put's first record and grow again with an idempotent batch:
+    # the old snapshot's anchor (that first record) is still there, but the records from it
+    # no longer end at the snapshot's position, so it is refused (had it survived the cut).
+    log.before_truncate = None
+    log.truncate_to(record_ends(log.read(cut_at, 1 << 16), cut_at)[0])
+    idempotent_put(manager, states, 2, 0, 1)
+    snapshot.write_bytes(taken)
+    reloaded = load_state(snapshot.parent, log.read, 0, log.log_end)
+    assert reloaded == fresh(manager) and 2 in reloaded.producers.producers
+    manager.close()
+
+
+def test_cutting_a_half_replicated_batch_keeps_the_state_without_a_rebuild(tmp_path: Path) -> None:
+    """Promotion's cut: the state has seen nothing past the cut, so it stays (no walk of the log)."""
+    manager = store(tmp_path)
+    states = TxnStates(manager)
+    idempotent_put(manager, states, 1, 0, 2)
+    state = states.partition(TOPIC, 0)
+    header_at = state.position
+    plan = plan_put(state.producers, encode_batch([(b"m" * 30, None)] * 3), 3, producer_id=1, producer_epoch=0,
+                    first_seq=2, timestamp_ms=2)
+    assert plan.append is not None
+    half = record_ends(plan.append)[1]  # the BATCH header and the first record: what a slave fetched so far
+    log = manager.get_log(TOPIC, 0)
+    log.append(plan.append[:half])  # a replica append
+    assert states.partition(TOPIC, 0).position == header_at  # stops before the incomplete batch
+    assert states.cut_incomplete_tail(TOPIC, 0, "at promotion") == header_at
+    assert log.log_end == header_at and states.partition(TOPIC, 0) is state
+    assert states.cut_incomplete_tail(TOPIC, 0, "at promotion") is None
+    manager.close()

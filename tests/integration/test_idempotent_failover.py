@@ -1,0 +1,147 @@
+"""Exactly once through a kill -9 failover of a sync pair, with the idempotent producer.
+
+Group 0: A (master) and B (``--slave``), ``replicationMode=sync``, group commit, ZK
+session 1500 ms (failover_support). The ordinary client with ``idempotence=True`` sends a
+steady stream; A is killed with SIGKILL mid-stream, puts in flight on A have an unknown
+outcome and are resent, with the same producer id and sequence, to B once it leads.
+
+* every acked message is on B exactly once, at its acked offset (a resent batch that A
+  had stored, and B had from replication, is answered as a duplicate with the original
+  offsets instead of being stored again);
+* a batch acked by A and resent by hand to B is answered ``duplicate`` with A's offset
+  and msg id, and nothing is appended;
+* (one broker) a consumer gets exactly the idempotent producers' messages, at their
+  acked offsets: the BATCH records in the log are never delivered.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+from metaq.client import Message, MessageSessionFactory, MetaClientConfig
+from metaq.client.codec import encode_messages
+from metaq.client.connection import BrokerConnection
+from metaq.protocol.messages import InitProducerRequest, PutRequest
+from metaq.tools.launcher import wait_until
+
+from .failover_support import TOPIC, Group, fetch_all, make_pair, run, stat, sync_system, wait_leads
+
+PARTITIONS = 4
+
+
+async def _numbered_put(address: tuple[str, int], producer_id: int | None, payloads: list[bytes]) -> tuple[int, dict]:
+    """Put ``payloads`` as one batch numbered (producer_id or a new one, epoch 0, sequence 0)."""
+    conn = await BrokerConnection.open(*address, timeout=2)
+    try:
+        if producer_id is None:
+            reply = await conn.request(InitProducerRequest().to_header(), timeout=10)
+            assert reply.code == 200, reply.message
+            producer_id = int(reply["producer_id"])
+        body, _ = encode_messages([Message(TOPIC, p) for p in payloads])
+        header = PutRequest(topic=TOPIC, partition=0, count=len(payloads), producer_id=producer_id,
+                            producer_epoch=0, sequence=0).to_header()
+        reply = await conn.request(header, body, timeout=10)
+        return producer_id, reply.header
+    finally:
+        conn.close()
+
+
+class Load:
+    """One message every ``interval`` s through the blocking producer, from a thread."""
+
+    def __init__(self, factory: MessageSessionFactory, interval: float = 0.002) -> None:
+        self.producer = factory.create_producer()
+        self.interval = interval
+        self.sent: list[tuple[bytes, object]] = []  # (payload, future of its SendResult)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        n = 0
+        while not self._stop.is_set():
+            payload = f"idem-{n}".encode()
+            self.sent.append((payload, self.producer.send_message_async(Message(TOPIC, payload))))
+            n += 1
+            time.sleep(self.interval)
+
+    def start(self) -> "Load":
+        self._thread.start()
+        return self
+
+    def acked(self) -> int:
+        return sum(1 for _, f in self.sent if f.done() and f.result().success)  # type: ignore[attr-defined]
+
+    def stop(self) -> list[tuple[bytes, object]]:
+        self._stop.set()
+        self._thread.join()
+        self.producer.flush()
+        return [(payload, future.result()) for payload, future in self.sent]  # type: ignore[attr-defined]
+
+
+def test_every_acked_message_is_on_the_new_master_exactly_once_at_its_offset(broker_factory, zk, zk_client, zk_root):
+    group = Group(zk_client, zk_root)
+    # Four partitions: at the kill, up to four batches are in flight, each resent to B.
+    a, b = make_pair(broker_factory, sync_system(), group, partitions=PARTITIONS)
+    epoch_before = group.epoch()
+
+    # A batch acked by A (sync: B holds it), to be resent to B after the failover.
+    producer_id, original = run(_numbered_put(a.address, None, [b"by-hand-0", b"by-hand-1"]))
+    assert original["code"] == 200 and not original.get("duplicate")
+
+    config = MetaClientConfig(zk_connect=zk.connect_string, zk_root=zk_root, zk_session_timeout_ms=4000,
+                              request_timeout_s=3, send_timeout_s=60, send_max_attempts=10_000,
+                              send_retry_max_wait_s=0.2, idempotence=True)
+    with MessageSessionFactory(config) as factory:
+        load = Load(factory, interval=0.001).start()
+        wait_until(lambda: load.acked() >= 300, 30, message="300 acks from A")
+        a.kill()
+        wait_leads(b, group, epoch_before)
+        acked_before = load.acked()
+        wait_until(lambda: load.acked() >= acked_before + 300, 60, message="300 more acks from B")
+        results = load.stop()
+
+    failed = [(p, r.error_message) for p, r in results if not r.success]  # type: ignore[attr-defined]
+    assert not failed, failed[:3]
+    on_b = {n: fetch_all(b, partition=n) for n in range(PARTITIONS)}
+    wrong_place = [(p, r.partition, r.offset) for p, r in results  # type: ignore[attr-defined]
+                   if on_b[r.partition.partition].get(r.offset) != p]  # type: ignore[attr-defined]
+    assert not wrong_place, wrong_place[:3]
+    copies = Counter(data for records in on_b.values() for data in records.values() if data.startswith(b"idem-"))
+    duplicated = {p: n for p, n in copies.items() if n > 1}
+    assert not duplicated, list(duplicated.items())[:3]
+    assert len(copies) == len(results)
+    print(f"\nidempotent failover: {len(results)} acked, 0 lost, 0 duplicated; "
+          f"retries B answered as duplicates: {stat(b, 'put_duplicates')}")
+
+    # The hand-made batch, resent to the new master: a duplicate, with A's offsets.
+    end_before = max(on_b[0])
+    _, resent = run(_numbered_put(b.address, producer_id, [b"by-hand-0", b"by-hand-1"]))
+    assert resent["code"] == 200 and resent["duplicate"] is True
+    assert (resent["offset"], resent["msg_id"], resent["end_offset"]) == (
+        original["offset"], original["msg_id"], original["end_offset"])
+    assert max(fetch_all(b)) == end_before  # nothing appended
+
+
+def test_consumers_get_exactly_the_idempotent_producers_messages(broker_factory, zk, zk_root, tmp_path):
+    """Both producers (blocking direct path and batches) with idempotence; a consumer sees no BATCH record."""
+    from .test_client_basic import SYSTEM, Collector, consumer_config
+
+    broker_factory(0, {"plain": 2}, system=SYSTEM)
+    config = MetaClientConfig(zk_connect=zk.connect_string, zk_root=zk_root, zk_session_timeout_ms=4000, idempotence=True)
+    with MessageSessionFactory(config) as factory:
+        producer = factory.create_producer()
+        producer.publish("plain")
+        results = [producer.send_message(Message("plain", f"m{i}".encode())) for i in range(20)]
+        results += producer.send_batch([Message("plain", f"b{i}".encode()) for i in range(30)])
+        assert all(r.success for r in results), [r.error_message for r in results if not r.success]
+        collector = Collector()
+        consumer = factory.create_consumer(consumer_config(tmp_path))
+        consumer.subscribe("plain", 64 * 1024, collector)
+        consumer.complete_subscribe()
+        collector.wait_for(50)
+        time.sleep(0.3)
+        consumer.shutdown()
+    assert Counter(collector.data()) == Counter([f"m{i}".encode() for i in range(20)] + [f"b{i}".encode() for i in range(30)])
+    assert sorted((str(r.partition), r.offset) for r in results) == sorted((str(m.partition), m.offset) for m in collector.messages)
