@@ -14,7 +14,7 @@ each transaction size N (1, 10, 100 messages of 100 B), R rounds of N messages e
     per message  plain: N x ``send_message``, each awaited (one put each)
                  txn:   ``begin_transaction``; N x ``send_message``; ``commit``
 
-The plain producer is the default one (idempotent). The rounds interleave the four
+The plain producer is the default one (not idempotent: that is opt-in). The rounds interleave the four
 cases. Prints msgs/s of each and the txn/plain ratio, side by side in the same run.
 """
 
