@@ -16,6 +16,9 @@ each transaction size N (1, 10, 100 messages of 100 B), R rounds of N messages e
 
 The plain producer is the default one (not idempotent: that is opt-in). The rounds interleave the four
 cases. Prints msgs/s of each and the txn/plain ratio, side by side in the same run.
+
+Then the read side's cost on a plain partition, in-process: what the broker adds to each
+consumer fetch (the last stable offset and the aborted spans of the range), in us.
 """
 
 from __future__ import annotations
@@ -25,12 +28,19 @@ import asyncio
 import sys
 import tempfile
 import time
+import timeit
+from types import SimpleNamespace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from metaq.client import Message, MetaClientConfig  # noqa: E402
+from metaq.config import TopicConfig  # noqa: E402
+from metaq.record import encode_batch  # noqa: E402
+from metaq.server.transactions import aborted_spans, stable_end  # noqa: E402
+from metaq.server.txn_state import TxnStates  # noqa: E402
+from metaq.store.manager import MessageStoreManager  # noqa: E402
 from metaq.client.session import AsyncMessageSessionFactory  # noqa: E402
 from metaq.tools.launcher import BrokerFactory  # noqa: E402
 from metaq.zk.embedded import EmbeddedZooKeeper  # noqa: E402
@@ -79,6 +89,21 @@ async def measure(config: MetaClientConfig, n: int, rounds: int) -> dict[str, fl
     return {name: n * rounds / seconds for name, seconds in spent.items()}
 
 
+def read_side_us(directory: Path, calls: int = 100_000) -> float:
+    """Microseconds the fetch path spends on transactions for a plain partition of 10,000 messages."""
+    store = MessageStoreManager({TOPIC: TopicConfig(name=TOPIC, num_partitions=1, data_path=str(directory))}, 1 << 20)
+    store.open_existing()
+    log = store.get_log(TOPIC, 0)
+    for _ in range(1000):
+        log.append(encode_batch([(PAYLOAD, None)] * 10))
+    broker = SimpleNamespace(txn_states=TxnStates(store))
+    end = log.log_end
+    seconds = timeit.timeit(lambda: (stable_end(broker, TOPIC, 0, end), aborted_spans(broker, TOPIC, 0, 0, end)),
+                            number=calls)
+    store.close()
+    return seconds / calls * 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200, help="transactions per case and size (default 200)")
@@ -100,6 +125,7 @@ def main() -> None:
         finally:
             factory.stop_all()
             zk.stop()
+        print(f"read side, plain partition: {read_side_us(Path(tmp) / 'read-side'):.1f} us per consumer fetch")
 
 
 if __name__ == "__main__":
