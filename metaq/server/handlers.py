@@ -33,17 +33,17 @@ from ..store.log import OffsetOutOfRange, SegmentVanished
 from ..store.manager import MessageStoreManager, UnknownPartition, UnknownTopic
 from ..store.msgid import MsgIdGenerator
 from ..store.refused import RefusedLog
-from . import stats as stats_text
-from .connection import FileBody
-from .registry import BrokerRegistry
-from .producer_ids import ProducerIdAllocator
-from .stats import BrokerStats
-from .txn_state import TxnStates
-from .transactions import TransactionService, aborted_spans, stable_end
-from .waiters import EndWaiters
 from ..txn.control import find_forged_control
 from ..txn.producer_state import Decision, Verdict
 from ..txn.put import PutRefused, plan_put
+from . import stats as stats_text
+from .connection import FileBody
+from .producer_ids import ProducerIdAllocator
+from .registry import BrokerRegistry
+from .stats import BrokerStats
+from .transactions import TransactionService, aborted_spans, stable_end
+from .txn_state import TxnStates
+from .waiters import EndWaiters
 
 if TYPE_CHECKING:
     from ..store.log import PartitionLog
@@ -213,6 +213,10 @@ class RequestHandlers:
         broker = self.broker
         if req.producer_epoch is None or req.sequence is None:
             raise c.RequestError(c.BAD_REQUEST, "put: producer_id needs producer_epoch and sequence too")
+        # The BATCH record stores them as int64 and int16.
+        if not 0 <= req.producer_id < 1 << 63 or not 0 <= req.producer_epoch < 1 << 15:
+            raise c.RequestError(c.BAD_REQUEST, f"put: producer_id {req.producer_id} or producer_epoch "
+                                                f"{req.producer_epoch} out of range (0..2^63-1, 0..32767)")
         state = broker.txn_states.partition(req.topic, partition)
         try:
             plan = plan_put(state.producers, body, count, producer_id=req.producer_id, producer_epoch=req.producer_epoch,

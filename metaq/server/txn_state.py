@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ class _Entry:
     log: Any  # PartitionLog | RefusedLog: the log object the state was derived from
     truncations: int  # log.truncations when the state was derived
     snapshot_position: int = -1  # position of the last snapshot written (-1: none)
+    cuts: int = 0  # truncations announced (before_truncate): a snapshot serialized before one is stale
 
 
 class TxnStates:
@@ -63,6 +65,9 @@ class TxnStates:
         self.expiry_ms = expiry_ms
         self._entries: dict[Key, _Entry] = {}
         self._snapshots: asyncio.Task[None] | None = None
+        #: Orders snapshot writes (a worker thread) and deletions before a cut (the loop), so
+        #: a snapshot serialized before a cut is never written after it.
+        self._files = threading.Lock()
 
     # --- the API ---------------------------------------------------------------------------
 
@@ -153,8 +158,7 @@ class TxnStates:
         self._entries[(topic, partition)] = entry
         return entry
 
-    @staticmethod
-    def _before_truncate(entry: _Entry, directory: Path, offset: int) -> None:
+    def _before_truncate(self, entry: _Entry, directory: Path, offset: int) -> None:
         """The log is about to be cut at ``offset`` (-1: all of it).
 
         The snapshot goes first: it must never describe bytes that are gone (a crash between
@@ -163,23 +167,25 @@ class TxnStates:
         as knowing this truncation, so ``partition`` does not rebuild it (no walk of the
         whole log at promotion); any other is rebuilt on its next use.
         """
-        rebuild.discard_snapshot(directory)
+        with self._files:
+            entry.cuts += 1
+            rebuild.discard_snapshot(directory)
         if 0 <= offset and entry.state.position <= offset and entry.truncations == entry.log.truncations:
             entry.truncations += 1  # the log's count moves to this right after the cut
             entry.snapshot_position = -1
 
     def snapshot_all(self) -> None:
         """Write the snapshot of every state that moved since its last one (blocking: fsync)."""
-        for topic, partition, body in self._changed_snapshots():
-            rebuild.write_snapshot_bytes(self._dir(topic, partition), body)
+        self._write_all(self._changed_snapshots())
 
-    def _changed_snapshots(self) -> list[tuple[str, int, bytes]]:
+    def _changed_snapshots(self) -> list[tuple[_Entry, int, Path, bytes]]:
+        """(entry, its cuts, directory, content) of each state that moved: serialized now, on the loop."""
         changed = []
         for (topic, partition), entry in list(self._entries.items()):
             if isinstance(entry.log, RefusedLog) or entry.truncations != entry.log.truncations:
                 continue
             if entry.state.position != entry.snapshot_position:
-                changed.append((topic, partition, rebuild.snapshot_bytes(entry.state)))
+                changed.append((entry, entry.cuts, self._dir(topic, partition), rebuild.snapshot_bytes(entry.state)))
                 entry.snapshot_position = entry.state.position
         return changed
 
@@ -196,9 +202,11 @@ class TxnStates:
             except OSError as exc:
                 log.warning("transaction state snapshot failed (rebuilt from the log at start): %s", exc)
 
-    def _write_all(self, bodies: list[tuple[str, int, bytes]]) -> None:
-        for topic, partition, body in bodies:
-            rebuild.write_snapshot_bytes(self._dir(topic, partition), body)
+    def _write_all(self, bodies: list[tuple[_Entry, int, Path, bytes]]) -> None:
+        for entry, cuts, directory, body in bodies:
+            with self._files:
+                if entry.cuts == cuts:  # else the log was cut since: this content may describe gone bytes
+                    rebuild.write_snapshot_bytes(directory, body)
 
     async def stop(self) -> None:
         if self._snapshots is not None:

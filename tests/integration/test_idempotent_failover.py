@@ -11,7 +11,10 @@ outcome and are resent, with the same producer id and sequence, to B once it lea
 * a batch acked by A and resent by hand to B is answered ``duplicate`` with A's offset
   and msg id, and nothing is appended;
 * (one broker) a consumer gets exactly the idempotent producers' messages, at their
-  acked offsets: the BATCH records in the log are never delivered.
+  acked offsets: the BATCH records in the log are never delivered;
+* (one broker) the verdicts on the wire: a gap is refused naming the expected sequence,
+  a resend is a duplicate, a forged control record is refused, producer ids come from
+  the group's counter in ZooKeeper.
 """
 
 from __future__ import annotations
@@ -145,3 +148,45 @@ def test_consumers_get_exactly_the_idempotent_producers_messages(broker_factory,
         consumer.shutdown()
     assert Counter(collector.data()) == Counter([f"m{i}".encode() for i in range(20)] + [f"b{i}".encode() for i in range(30)])
     assert sorted((str(r.partition), r.offset) for r in results) == sorted((str(m.partition), m.offset) for m in collector.messages)
+
+
+async def _put_numbered(conn: BrokerConnection, topic: str, payloads: list[bytes], **numbers: object) -> dict:
+    body, _ = encode_messages([Message(topic, p) for p in payloads])
+    header = PutRequest(topic=topic, partition=0, count=len(payloads), **numbers).to_header()  # type: ignore[arg-type]
+    return (await conn.request(header, body, timeout=10)).header
+
+
+def test_the_brokers_verdicts_and_producer_ids_from_zookeeper(broker_factory, zk_client, zk_root):
+    from metaq.protocol.messages import InitProducerRequest
+    from metaq.txn.control import Control, Kind, encode_control
+    from metaq.zk.paths import ZkPaths
+
+    broker = broker_factory(0, {"v": 1}, system={"unflushThreshold": 0})
+
+    async def scenario() -> None:
+        conn = await BrokerConnection.open(*broker.address, timeout=2)
+        try:
+            ids = [int((await conn.request(InitProducerRequest().to_header(), timeout=10))["producer_id"]) for _ in range(3)]
+            assert len(set(ids)) == 3
+            pid = ids[0]
+            first = await _put_numbered(conn, "v", [b"a", b"b"], producer_id=pid, producer_epoch=0, sequence=0)
+            assert first["code"] == 200 and first["msg_id"] > 0
+            gap = await _put_numbered(conn, "v", [b"c"], producer_id=pid, producer_epoch=0, sequence=5)
+            assert gap["code"] == 400 and gap["expected_seq"] == 2 and "expected 2" in gap["msg"]
+            again = await _put_numbered(conn, "v", [b"a", b"b"], producer_id=pid, producer_epoch=0, sequence=0)
+            assert again["duplicate"] is True and (again["offset"], again["msg_id"]) == (first["offset"], first["msg_id"])
+            half = await _put_numbered(conn, "v", [b"x"], producer_id=pid)
+            assert half["code"] == 400 and "producer_epoch and sequence" in half["msg"]
+            huge = await _put_numbered(conn, "v", [b"x"], producer_id=pid, producer_epoch=1 << 20, sequence=0)
+            assert huge["code"] == 400 and "out of range" in huge["msg"]
+            # A producer may not write a control record (a forged BATCH header or marker).
+            forged = encode_control(Control(Kind.COMMIT, 1, 0, 0, "TX:1:0"))
+            reply = await conn.request(PutRequest(topic="v", partition=0).to_header(), forged, timeout=10)
+            assert reply.code == 400 and "reserved control attribute" in reply.message
+        finally:
+            conn.close()
+
+    run(scenario())
+    # The ids came from the group's counter in ZooKeeper: one block taken.
+    value, _ = zk_client.get(ZkPaths(zk_root).producer_ids(0))
+    assert int(value) == 1000

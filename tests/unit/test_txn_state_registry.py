@@ -167,3 +167,17 @@ def test_cutting_a_half_replicated_batch_keeps_the_state_without_a_rebuild(tmp_p
     assert log.log_end == header_at and states.partition(TOPIC, 0) is state
     assert states.cut_incomplete_tail(TOPIC, 0, "at promotion") is None
     manager.close()
+
+
+def test_a_snapshot_serialized_before_a_cut_is_not_written_after_it(tmp_path: Path) -> None:
+    """The periodic snapshot is serialized on the loop and written in a thread; a cut in between wins."""
+    manager = store(tmp_path)
+    states = TxnStates(manager)
+    idempotent_put(manager, states, 1, 0, 2)
+    cut_at = manager.get_log(TOPIC, 0).log_end
+    idempotent_put(manager, states, 1, 2, 2)
+    serialized = states._changed_snapshots()
+    manager.get_log(TOPIC, 0).truncate_to(cut_at)
+    states._write_all(serialized)
+    assert not (tmp_path / f"{TOPIC}-0" / SNAPSHOT_FILE).exists()
+    manager.close()
