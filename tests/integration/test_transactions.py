@@ -17,11 +17,12 @@ spans.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
 
-from metaq.client import Message, MetaClientConfig, TransactionRolledBack, Xid
+from metaq.client import ConsumerConfig, Message, MessageSessionFactory, MetaClientConfig, TransactionRolledBack, Xid
 from metaq.client.connection import BrokerConnection
 from metaq.client.session import AsyncMessageSessionFactory
 from metaq.client.xa import XAError
@@ -89,7 +90,7 @@ def pair(broker_factory: Any, zk_client: Any, zk_root: str) -> tuple[BrokerProce
     return a, b, group
 
 
-def test_local_transactions_are_all_or_nothing_on_master_and_slave(broker_factory: Any, pair: Any) -> None:
+def test_local_transactions_are_all_or_nothing_on_master_and_slave(broker_factory: Any, pair: Any, tmp_path: Any) -> None:
     a, b, _group = pair
 
     async def scenario() -> None:
@@ -134,6 +135,18 @@ def test_local_transactions_are_all_or_nothing_on_master_and_slave(broker_factor
                                         10, 0.1, f"{broker.name} to show exactly the committed messages")
 
     asyncio.run(scenario())
+    # The blocking consumer, reading the slave: exactly the committed and plain messages, once each.
+    expected = sorted(payloads("commit", 6) + [b"plain after the open transaction", b"plain at the end"])
+    got: list[bytes] = []
+    with MessageSessionFactory(client_config(broker_factory)) as factory:
+        consumer = factory.create_consumer(ConsumerConfig(group="readers", read_from="slave", fetch_wait_ms=200,
+                                                          recover_dir=str(tmp_path / "recover")))
+        consumer.subscribe(TOPIC, 64 * 1024, lambda message: got.append(message.data))
+        consumer.complete_subscribe()
+        wait_until(lambda: len(got) >= len(expected), 15, message=f"{len(expected)} messages from the slave")
+        time.sleep(0.5)  # nothing more may come
+        consumer.shutdown()
+    assert sorted(got) == expected
 
 
 def test_kill_master_between_prepare_and_commit_then_commit_on_the_new_master(broker_factory: Any, pair: Any) -> None:
@@ -154,6 +167,11 @@ def test_kill_master_between_prepare_and_commit_then_commit_on_the_new_master(br
             await replicated(a, b)  # acked in sync mode: it already is; this only checks it
             for broker in (a, b):
                 assert await visible_all(broker) == [], f"{broker.name} shows a prepared, uncommitted branch"
+            # Only the master takes transaction steps; the slave answers like it does for puts.
+            conn = await BrokerConnection.open(*b.address, timeout=5)
+            refused = await conn.request({"op": "transaction", "action": "recover"}, timeout=10)
+            conn.close()
+            assert refused.code == c.FORBIDDEN and "is a slave" in refused.message, refused.header
 
     asyncio.run(prepare())
     a.kill()
