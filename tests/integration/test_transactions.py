@@ -27,10 +27,10 @@ from metaq.client.connection import BrokerConnection
 from metaq.client.session import AsyncMessageSessionFactory
 from metaq.client.xa import XAError
 from metaq.protocol import commands as c
-from metaq.protocol.replies import aborted_spans
 from metaq.tools.launcher import BrokerProcess, wait_until
-from metaq.txn.reader import committed_records
 from metaq.txn.xa import Code
+
+from chaos.transactions import read_committed
 
 from .failover_support import GROUP, TOPIC, ZK_SETTINGS, Group, make_pair, sync_system, wait_leads
 
@@ -39,24 +39,7 @@ PARTITIONS = 2
 
 async def visible(broker: BrokerProcess, partition: int) -> list[bytes]:
     """Every message a read-committed consumer of ``broker`` gets from ``partition`` now."""
-    conn = await BrokerConnection.open(*broker.address, timeout=5)
-    found: list[bytes] = []
-    offset = 0
-    try:
-        while True:
-            reply = await conn.request({"op": "get", "topic": TOPIC, "partition": partition, "offset": offset,
-                                        "max_size": 1 << 20}, timeout=10)
-            if reply.code != c.OK:
-                assert reply.code == c.NOT_FOUND, reply.header
-                return found
-            if "lso" in reply.header:
-                assert offset + len(reply.body) <= reply["lso"], reply.header
-            filtered = committed_records(reply.body, offset, aborted_spans(reply.header))
-            found += [bytes(r.data) for r in filtered.records]
-            assert filtered.next_offset > offset, f"no progress at {offset}"
-            offset = filtered.next_offset
-    finally:
-        conn.close()
+    return await read_committed(broker.address, TOPIC, partition)
 
 
 async def visible_all(broker: BrokerProcess) -> list[bytes]:
