@@ -17,7 +17,7 @@ import pytest
 from metaq.protocol import commands as c
 from metaq.protocol.messages import TransactionRequest
 from metaq.record import encode_record, iter_records
-from metaq.security.acl import Authorizer, UserAcl
+from metaq.security.acl import Authorizer, Operation, UserAcl, required_operation
 from metaq.security.principals import Principal
 from metaq.server.transactions import TransactionService, aborted_spans, stable_end
 from metaq.store.log import PartitionLog
@@ -292,6 +292,8 @@ async def test_deciding_a_branch_needs_produce_on_its_topics(tmp_path: Path, clo
     broker, service = make(tmp_path, clock, authorizer=authorizer)
     app, other, ops = Principal("app"), Principal("other"), Principal("ops")
     assert await branch(broker, service, "TX:7:1", "prepare", ("orders",), app) == Code.XA_OK
+    # The connection lets any authenticated principal reach the coordinator; the coordinator decides.
+    assert required_operation({"op": "transaction", "action": "commit", "xid": "TX:7:1"}) == (Operation.DESCRIBE, None)
     with pytest.raises(c.RequestError, match="may not decide transaction TX:7:1: it needs produce .* \\(orders\\)"):
         await call(service, "commit", "TX:7:1", other)
     assert (await call(service, "recover", principal=other))["xids"] == []
