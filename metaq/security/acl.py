@@ -107,8 +107,7 @@ UNAUTHENTICATED_OPS = frozenset({"auth", "version", "quit"})
 _ADMIN_STATS_ITEMS = frozenset({"reset", "config"})
 _REPLICATION_OPS = frozenset({"position", "epochs", "epoch_end"})
 _ADMIN_OPS = frozenset({"config", "checksum"})
-#: ``init_producer`` hands out a producer id (no topic yet): anyone who may look at the cluster.
-_DESCRIBE_OPS = frozenset({"topics", "stats", "init_producer"})
+_DESCRIBE_OPS = frozenset({"topics", "stats"})
 
 
 def required_operation(header: Mapping[str, Any]) -> tuple[Operation, str | None] | None:
@@ -131,6 +130,8 @@ def required_operation(header: Mapping[str, Any]) -> tuple[Operation, str | None
     if op == "stats" and str(header.get("item") or "").strip() in _ADMIN_STATS_ITEMS:
         return Operation.ADMIN, None
     if op in _DESCRIBE_OPS:
+        return Operation.DESCRIBE, None
+    if op == "init_producer":  # a producer id, no topic yet: anyone who may look at the cluster
         return Operation.DESCRIBE, None
     if op == "transaction":
         # Any authenticated principal may reach the coordinator; the broker then requires
