@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .addresses import parse_host_port
+from .txn import config as txn_config
+from .txn.config import TxnSettings
 
 DEFAULT_DELETE_POLICY = "delete,168"
 DEFAULT_DELETE_WHEN = "0 0 6,18 * * ?"
@@ -105,6 +107,8 @@ class BrokerConfig:
     connection_idle_timeout_ms: int = 600_000
     source_path: str | None = None
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    # MetaQ's transaction settings (maxCheckpoints, flushTxLogAtCommit, ...; metaq/txn/config.py).
+    txn: TxnSettings = field(default_factory=TxnSettings)
     # CRC32 of the file's bytes, published as master_config_checksum.
     checksum: int = 0
     # The raw file, served to slaves for config auto-sync.
@@ -312,11 +316,6 @@ _IGNORED_SYSTEM_KEYS = {
     "putProcessThreadCount",
     "statTopicSet",
     "appClassPath",
-    "flushTxLogAtCommit",
-    "maxTxTimeoutTimerCapacity",
-    "maxTxTimeoutInSeconds",
-    "maxCheckpoints",
-    "checkpointInterval",
     "quartzThreadCount",
     "slaveId",
     "stat",
@@ -363,10 +362,14 @@ def parse_server_ini(data: bytes, path: str = "server.ini") -> BrokerConfig:
     system: dict[str, Any] = {}
     topic_defaults: dict[str, Any] = {}
     security: dict[str, Any] = {}
+    txn: dict[str, Any] = {}
     for key, raw in parser.items("system"):
         if key in _SECURITY_KEYS:
             name, parse = _SECURITY_KEYS[key]
             security[name] = _convert(path, "system", key, raw, parse)
+        elif key in txn_config.KEYS:
+            name, parse = txn_config.KEYS[key]
+            txn[name] = _convert(path, "system", key, raw, parse)
         elif key in _SYSTEM_KEYS:
             name, parse = _SYSTEM_KEYS[key]
             system[name] = _convert(path, "system", key, raw, parse)
@@ -424,9 +427,14 @@ def parse_server_ini(data: bytes, path: str = "server.ini") -> BrokerConfig:
     if mode == "sync" and system.get("min_sync_slaves", 1) < 1:
         raise ConfigError(f"{path}: [system] minSyncSlaves: must be >= 1 in sync mode")
 
+    data_log_path = txn.get("data_log_path")
+    if data_log_path and not Path(data_log_path).is_absolute() and Path(path).parent != Path(""):
+        txn["data_log_path"] = str(Path(path).parent / data_log_path)  # like dataPath: beside the file
+
     return BrokerConfig(
         data_path=default_topic.data_path,
         security=_security_config(security, path),
+        txn=TxnSettings(**txn),
         zk=zk_config,
         topics=topics,
         topic_defaults=default_topic,
@@ -514,4 +522,5 @@ def changed_keys(old: BrokerConfig, new: BrokerConfig) -> list[str]:
     keys += [key for key, (attr, _) in _TOPIC_KEYS.items() if getattr(old.topic_defaults, attr) != getattr(new.topic_defaults, attr)]
     keys += [key for key, (attr, _) in _ZK_KEYS.items() if getattr(old.zk, attr) != getattr(new.zk, attr)]
     keys += [key for key, (attr, _) in _SECURITY_KEYS.items() if getattr(old.security, attr) != getattr(new.security, attr)]
+    keys += [key for key, (attr, _) in txn_config.KEYS.items() if getattr(old.txn, attr) != getattr(new.txn, attr)]
     return keys

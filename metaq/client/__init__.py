@@ -17,9 +17,20 @@ from .recover import RecoverStore
 from .routing import choose_replica
 from .selector import KeyHashPartitionSelector, NoPartitionAvailable, PartitionSelector, RoundRobinPartitionSelector
 from .session import AsyncMessageSessionFactory
-from .blocking import MessageConsumer, MessageProducer, MessageSessionFactory
+from .transactional import AsyncTransactionalProducer, TransactionError, TransactionRolledBack
+from .xa import AsyncXAProducer, AsyncXAResource, XAError, Xid
+from .blocking import MessageConsumer, MessageProducer, MessageSessionFactory, TransactionalProducer, XAProducer
 
 __all__ = [
+    "AsyncTransactionalProducer",
+    "AsyncXAProducer",
+    "AsyncXAResource",
+    "TransactionError",
+    "TransactionRolledBack",
+    "TransactionalProducer",
+    "XAError",
+    "XAProducer",
+    "Xid",
     "AsyncMessageConsumer",
     "AsyncMessageProducer",
     "AsyncMessageSessionFactory",

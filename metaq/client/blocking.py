@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import functools
+import inspect
 import operator
 import threading
 from typing import Any, Callable, Coroutine, Iterable, Iterator, TypeVar
@@ -342,6 +344,42 @@ class MessageConsumer:
         self._runner.run(stop())
 
 
+class BlockingCalls:
+    """A blocking face for an asyncio object: its coroutine methods run on the loop thread."""
+
+    def __init__(self, runner: LoopThread, aio: Any) -> None:
+        self._runner = runner
+        self.aio = aio
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.aio, name)
+        if not inspect.iscoroutinefunction(attr):
+            return attr
+
+        @functools.wraps(attr)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._runner.run(attr(*args, **kwargs))
+
+        return call
+
+
+class TransactionalProducer(BlockingCalls):
+    """Blocking AsyncTransactionalProducer: begin_transaction, send_message, send_batch, commit, rollback."""
+
+    def __enter__(self) -> "TransactionalProducer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._runner.run(self.aio.close())
+
+
+class XAProducer(BlockingCalls):
+    """Blocking AsyncXAProducer; ``xa_resource()`` is a blocking XA resource."""
+
+    def xa_resource(self) -> BlockingCalls:
+        return BlockingCalls(self._runner, self.aio.xa_resource())
+
+
 class MessageSessionFactory:
     """MetaQ's MessageSessionFactory, blocking::
 
@@ -373,6 +411,12 @@ class MessageSessionFactory:
 
     def create_consumer(self, config: ConsumerConfig, offset_store: OffsetStore | None = None) -> MessageConsumer:
         return MessageConsumer(self._runner, self.aio.create_consumer(config, offset_store))
+
+    def create_transactional_producer(self, selector: PartitionSelector | None = None) -> TransactionalProducer:
+        return TransactionalProducer(self._runner, self.aio.create_transactional_producer(selector))
+
+    def create_xa_producer(self, broker_id: int | None = None, selector: PartitionSelector | None = None) -> XAProducer:
+        return XAProducer(self._runner, self.aio.create_xa_producer(broker_id, selector))
 
     def shutdown(self) -> None:
         try:

@@ -8,7 +8,10 @@ Three ways to receive, per subscribed topic:
   ``getmany()`` for a fetch's messages at once), as with aiokafka or kafka-python.
 
 A subscription's message filter (filters.py) drops messages before any of these; the
-position still moves past them.
+position still moves past them. So does the read-committed filter, always on: the broker
+serves only up to the last stable offset, and the consumer skips control records (batch
+headers, transaction markers) and records of rolled-back transactions (the fetch reply's
+``aborted`` spans; metaq/txn/reader.py).
 
 Delivery is at least once. A partition's position is advanced only after its listener
 returned for a message (a batch listener: for the batch; or, after ``max_retries``
@@ -28,7 +31,9 @@ from typing import Any, Awaitable, Callable, Union
 
 from ..protocol import commands as c
 from ..protocol.messages import GetRequest, OffsetRequest
+from ..protocol.replies import aborted_spans
 from ..record import RecordError
+from ..txn.reader import drop_aborted
 from .cluster import Cluster, ClusterSnapshot
 from .codec import decode_messages
 from .config import ConsumerConfig, MetaClientConfig
@@ -266,6 +271,13 @@ class PartitionFetcher:
         if reply.code == c.OK:
             base = int(reply["offset"])
             messages, end = decode_messages(reply.body, base, self.topic, self.partition)
+            if messages and reply.get("aborted"):
+                # Read committed: the broker stopped at the last stable offset (decode_messages left
+                # out the control records); skip the records of rolled-back transactions.
+                messages = drop_aborted(messages, aborted_spans(reply.header))
+                if not messages:
+                    await self._skip_to(end)
+                    return "data"
             if messages and self.subscription.accept is not None:
                 kept = accepted(self.subscription.accept, self.consumer.config.group, messages)
                 self.consumer.stats.filtered += len(messages) - len(kept)

@@ -12,6 +12,8 @@ from .offsets import OffsetStore
 from .pool import ConnectionPool
 from .producer import AsyncMessageProducer
 from .selector import PartitionSelector
+from .transactional import AsyncTransactionalProducer, TransactionalSender
+from .xa import AsyncXAProducer
 
 
 class AsyncMessageSessionFactory:
@@ -28,6 +30,7 @@ class AsyncMessageSessionFactory:
         self.pool = ConnectionPool(self.config.connect_timeout_s, self.config.address_map, self.config.credentials)
         self._producers: list[AsyncMessageProducer] = []
         self._consumers: list[AsyncMessageConsumer] = []
+        self._transactional: list[AsyncTransactionalProducer] = []
         self._started = False
 
     async def start(self) -> "AsyncMessageSessionFactory":
@@ -42,6 +45,16 @@ class AsyncMessageSessionFactory:
         self._producers.append(producer)
         return producer
 
+    def create_transactional_producer(self, selector: PartitionSelector | None = None) -> AsyncTransactionalProducer:
+        """MetaQ's TransactionalProducer: local transactions over one broker group (transactional.py)."""
+        producer = AsyncTransactionalProducer(TransactionalSender(self.cluster, self.pool, self.config, selector))
+        self._transactional.append(producer)
+        return producer
+
+    def create_xa_producer(self, broker_id: int | None = None, selector: PartitionSelector | None = None) -> AsyncXAProducer:
+        """An XA producer and its resource (xa.py); ``broker_id`` names the group (else: the first send's)."""
+        return AsyncXAProducer(TransactionalSender(self.cluster, self.pool, self.config, selector, broker_id))
+
     def create_consumer(self, config: ConsumerConfig, offset_store: OffsetStore | None = None) -> AsyncMessageConsumer:
         consumer = AsyncMessageConsumer(self.cluster, self.pool, self.config, config, offset_store)
         self._consumers.append(consumer)
@@ -50,6 +63,8 @@ class AsyncMessageSessionFactory:
     async def shutdown(self) -> None:
         """Finish sends in flight, stop consumers (committing their offsets), close everything."""
         await asyncio.gather(*(p.close() for p in self._producers), return_exceptions=True)
+        # A local transaction left open is rolled back; an XA branch is the transaction manager's.
+        await asyncio.gather(*(p.close() for p in self._transactional), return_exceptions=True)
         for consumer in self._consumers:
             await consumer.shutdown()
         self.pool.close_all()

@@ -24,7 +24,9 @@ from ..client.message import Partition
 from ..client.routing import Replica, choose_replica
 from ..protocol import commands as c
 from ..protocol.messages import GetRequest, OffsetRequest, Request
+from ..protocol.replies import aborted_spans
 from ..record import HEADER_SIZE, RecordError
+from ..txn.reader import drop_aborted
 from .errors import HttpError
 
 #: The brokers' default maxMessageSize; the gateway refuses larger messages before sending.
@@ -155,6 +157,7 @@ class Gateway:
             if str(exc).startswith(f"record at offset {offset}:"):
                 raise HttpError(400, f"offset {offset} is not the start of a message in {topic} {partition}") from None
             raise HttpError(502, f"{_name(replica)} returned damaged data: {exc}") from None
+        messages = drop_aborted(messages, aborted_spans(reply.header))  # records of rolled-back transactions
         if not messages and end > offset:  # only control records (batch headers): move past them
             return FetchResult(replica, offset, end, int(reply["committed"]))
         if not messages:

@@ -184,12 +184,39 @@ class PositionRequest(Request):
     replica: dict[str, Any] = required(dict)
 
 
+#: ``transaction`` actions, MetaQ's TransactionalProducer and XAResource calls (metaq/txn/xa.py's events):
+#: begin = start, send = a put carrying ``txid``, commit = end + commit_one_phase, rollback = end + rollback.
+TRANSACTION_ACTIONS = (
+    "start", "start_join", "end", "end_fail", "prepare", "commit", "commit_one_phase", "rollback", "forget", "recover",
+)
+
+
+@dataclass(kw_only=True, eq=False)
+class TransactionRequest(Request):
+    """One step of a local or XA transaction branch on the master of a broker group."""
+
+    OP = "transaction"
+    action: str = required(str)
+    xid: str = optional(str, "")  # every action but recover
+    timeout_s: int = optional(int, 0)  # start: the branch's timeout (0: maxTxTimeoutInSeconds)
+    producer_id: int = optional(int, -1)  # start: the producer whose puts carry this xid
+    producer_epoch: int = optional(int, 0)
+
+    def check(self) -> None:
+        if self.action not in TRANSACTION_ACTIONS:
+            raise RequestError(
+                BAD_REQUEST, f"transaction: action {self.action!r} is not one of {', '.join(TRANSACTION_ACTIONS)}", self.opaque
+            )
+        if self.action != "recover" and not self.xid:
+            raise RequestError(BAD_REQUEST, f"transaction: action {self.action!r} needs an 'xid'", self.opaque)
+
+
 REQUESTS: dict[str, type[Request]] = {
     cls.OP: cls
     for cls in (
         PutRequest, GetRequest, OffsetRequest, StatsRequest, VersionRequest, QuitRequest, ConfigRequest,
         TopicsRequest, EpochEndRequest, EpochsRequest, ChecksumRequest, PositionRequest,
-        InitProducerRequest,
+        InitProducerRequest, TransactionRequest,
     )
 }
 
@@ -227,7 +254,7 @@ def parse_request(frame: Frame) -> Request:
             raise RequestError(BAD_REQUEST, f"{op}: field {name!r} must be {kind.__name__}", opaque)
         values[name] = value
     request = cls(opaque=opaque, body=frame.body, **values)
-    if isinstance(request, StatsRequest):
+    if isinstance(request, (StatsRequest, TransactionRequest)):
         request.check()
     return request
 

@@ -71,17 +71,48 @@ class PutReply:
 
 @dataclass(frozen=True)
 class FetchReply:
-    """A ``get`` that returned log bytes from ``offset`` on."""
+    """A ``get`` that returned log bytes from ``offset`` on.
+
+    ``aborted``: byte spans ``(start, end)`` of records of rolled-back transactions that
+    overlap the returned range (empty for a partition without transactions); a reader
+    skips them and every control record (metaq/txn/reader.py).
+    """
 
     offset: int
     committed: int
     log_end: int
     epoch: int
     body: Any
+    aborted: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def of(cls, reply: ReceivedReply) -> "FetchReply":
-        return cls(*_ints(reply, "get", "offset", "committed", "log_end", "epoch"), reply.body)
+        ints = _ints(reply, "get", "offset", "committed", "log_end", "epoch")
+        return cls(*ints, reply.body, aborted_spans(reply.header))
+
+
+def aborted_spans(header: dict[str, Any]) -> tuple[tuple[int, int], ...]:
+    """The ``aborted`` field of a ``get`` reply: ``[[start, end], ...]`` (absent: none)."""
+    with _well_formed("get"):
+        return tuple((int(start), int(end)) for start, end in header.get("aborted") or ())
+
+
+@dataclass(frozen=True)
+class TransactionReply:
+    """A ``transaction`` the coordinator answered: its XA code (metaq/txn/xa.py ``Code``).
+
+    The code is the branch's outcome, not a protocol error: XA_OK, XA_RDONLY, XA_RB*,
+    XA_HEUR* and XAER_* all come in a 200 reply. ``xids``: what ``recover`` lists.
+    """
+
+    xa_code: int
+    xids: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, reply: ReceivedReply) -> "TransactionReply":
+        header = _checked(reply, "transaction")
+        with _well_formed("transaction"):
+            return cls(int(header["xa_code"]), tuple(str(x) for x in header.get("xids") or ()))
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from .registry import BrokerRegistry
 from .reload import apply_logging, reload_config
 from .stats import BrokerStats
 from .producer_ids import ProducerIdAllocator, local_blocks, zookeeper_blocks
+from .transactions import TransactionService
 from .txn_state import TxnStates
 from .waiters import EndWaiters
 
@@ -61,7 +62,11 @@ class Broker:
         self.waiters = EndWaiters()
         self.store = MessageStoreManager(config.topics, config.max_message_size)
         #: Every partition's producer table and transaction index, derived from its log.
-        self.txn_states = TxnStates(self.store)
+        self.txn_states = TxnStates(
+            self.store, max_batches=config.txn.producer_state_max_batches, expiry_ms=config.txn.producer_expiry_ms
+        )
+        #: Local and XA transactions: the coordinator, its journal, markers and timeouts.
+        self.transactions = TransactionService(self)
         #: Ids for idempotent producers (``init_producer``); set in start.
         self.producer_ids: ProducerIdAllocator | None = None
         self.ha = HaNode(self, slave, in_zookeeper=self.register_in_zk)
@@ -144,6 +149,7 @@ class Broker:
         floor = self.store.open_existing()
         # Before serving: each log's transaction state, and no batch half in a log.
         self.txn_states.open_all()
+        self.transactions.open()
         self.ids = MsgIdGenerator(config.broker_id, floor)
         self.store.on_flushed = self.notify
         served: Any = self.handlers
@@ -153,6 +159,7 @@ class Broker:
             served = InstrumentedHandlers(self.handlers, self.metrics)
         self.store.start()
         self.txn_states.start()
+        self.transactions.start()
         max_body = min(64 * 1024 * 1024, config.max_message_size * 16 + FRAME_OVERHEAD)
         loop = asyncio.get_running_loop()
         limits = ConnectionLimits.from_config(config)
@@ -239,6 +246,7 @@ class Broker:
             await self.heartbeats.stop()
         self.waiters.notify_all()
         await self.txn_states.stop()
+        await self.transactions.stop()
         await self.store.stop()
         self.txn_states.close()
         self.store.close()

@@ -9,8 +9,10 @@ looked at.
 Invariants kept here:
 * nothing is appended unless the whole batch validated (lengths, CRCs, flags),
   so a malformed put never leaves a partial message in a log;
-* a consumer fetch never returns bytes past the partition's committed offset;
-  only a slave's replica fetch reads up to the log end.
+* a consumer fetch never returns bytes past the partition's last stable offset
+  (the committed offset, capped before the first open transaction), and carries
+  the aborted transaction spans of its range; only a slave's replica fetch reads
+  up to the log end.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from .connection import FileBody
 from .producer_ids import ProducerIdAllocator
 from .registry import BrokerRegistry
 from .stats import BrokerStats
+from .transactions import TransactionService, aborted_spans, stable_end
 from .txn_state import TxnStates
 from .waiters import EndWaiters
 
@@ -66,6 +69,7 @@ class ServedBroker(Protocol):
     registry: BrokerRegistry | None
     txn_states: TxnStates
     producer_ids: ProducerIdAllocator | None
+    transactions: TransactionService
 
     def topic_config(self, topic: str) -> TopicConfig | None: ...
 
@@ -148,6 +152,8 @@ class RequestHandlers:
             raise c.RequestError(c.BAD_REQUEST, f"put announced {req.count} messages but carries {count}")
         if count > MAX_BATCH_COUNT:
             raise c.RequestError(c.BAD_REQUEST, f"a put carries at most {MAX_BATCH_COUNT} messages, got {count}")
+        if req.txid is not None and req.producer_id is None:
+            raise c.RequestError(c.BAD_REQUEST, "put: a transactional put (txid) needs producer_id, producer_epoch and sequence")
         if req.producer_id is not None:
             return self._put_idempotent(req, partition, log, body, count)
         # Control records are the broker's own: a producer that sends one would forge a
@@ -228,6 +234,10 @@ class RequestHandlers:
             message = (f"fenced: producer {req.producer_id} epoch {req.producer_epoch} is older than its "
                        f"current epoch {decision.current_epoch}")
             return c.reply_header(req.opaque, c.FORBIDDEN, message, current_epoch=decision.current_epoch), b""
+        if req.txid:
+            # The branch must be ACTIVE on this master (RequestError if not); a DUPLICATE above
+            # needs no check: it appends nothing.
+            broker.transactions.enlist(req.txid, req.topic, partition)
         framed = plan.append
         assert framed is not None and broker.ids is not None
         first_id = broker.ids.allocate(count + 1)  # the BATCH header is a record and takes an id too
@@ -368,7 +378,11 @@ class RequestHandlers:
     def _visible_end(self, req: c.Request, log: "PartitionLog") -> int:
         if req.replica is not None:
             return log.log_end
-        return self.broker.ha.committed(req.topic, req.partition, log)
+        return self._consumer_end(req.topic, req.partition, log)
+
+    def _consumer_end(self, topic: str, partition: int, log: "PartitionLog") -> int:
+        """The last stable offset: committed, and before the first open transaction."""
+        return stable_end(self.broker, topic, partition, self.broker.ha.committed(topic, partition, log))
 
     def _read(self, req: c.Request, log: "PartitionLog", max_bytes: int) -> Reply | None:
         """The reply for data at ``req.offset``, or None when there is none yet."""
@@ -391,14 +405,22 @@ class RequestHandlers:
         else:
             counters.get_requests += 1
             counters.get_bytes += length
+        committed = self.broker.ha.committed(req.topic, req.partition, log)
         header = c.reply_header(
             req.opaque,
             c.OK,
             offset=offset,
-            committed=self.broker.ha.committed(req.topic, req.partition, log),
+            committed=committed,
             log_end=log.log_end,
             epoch=self.broker.ha.epoch,
         )
+        if req.replica is None:
+            # Only partitions with transactions carry these: plain topics' replies stay byte-identical.
+            if upto < committed:
+                header["lso"] = upto
+            aborted = aborted_spans(self.broker, req.topic, req.partition, offset, offset + length)
+            if aborted:
+                header["aborted"] = aborted
         return header, FileBody(segment.fileno(), position, length, lambda: segment.read(offset, length))
 
     def _no_data(self, req: c.Request, log: "PartitionLog") -> Reply:
@@ -417,15 +439,21 @@ class RequestHandlers:
             b"",
         )
 
+    # --- transactions -----------------------------------------------------------------
+
+    def _transaction(self, req: c.Request) -> Awaitable[Reply]:
+        """A local or XA transaction step (metaq/server/transactions.py)."""
+        return self.broker.transactions.serve(req, getattr(req.origin, "principal", None))  # type: ignore[arg-type]
+
     # --- offset, topics, config, version, stats -------------------------------------
 
     def _offset(self, req: c.Request) -> Reply:
         self._topic(req.topic)
         log = self._log(req.topic, req.partition)
-        committed = self.broker.ha.committed(req.topic, req.partition, log)
-        nearest = min(log.nearest_offset(req.offset), committed) if req.offset >= log.min_offset else log.min_offset
+        readable = self._consumer_end(req.topic, req.partition, log)
+        nearest = min(log.nearest_offset(req.offset), readable) if req.offset >= log.min_offset else log.min_offset
         return (
-            c.reply_header(req.opaque, c.OK, offset=nearest, min_offset=log.min_offset, max_offset=committed),
+            c.reply_header(req.opaque, c.OK, offset=nearest, min_offset=log.min_offset, max_offset=readable),
             b"",
         )
 

@@ -2,8 +2,10 @@
 
 A task gets a ``MetaQInputPartition`` (pickled from the driver), opens its own connection
 inside ``read()``, and fetches ``[start, end)`` with large gets, one get always in flight
-while the previous chunk is decoded and handed to Spark. Records are CRC-checked. The
-broker never returns bytes past the replica's committed offset, and the reader never asks
+while the previous chunk is decoded and handed to Spark. Records are CRC-checked. Read
+committed: control records (batch headers, transaction markers) and records of rolled-back
+transactions (the replies' ``aborted`` spans) are left out. The
+broker never returns bytes past the replica's last stable offset, and the reader never asks
 past ``end`` (itself at most the committed offset of the replica planning asked).
 
 Failover: when the replica fails (connection lost or refused, no reply in time, an error
@@ -27,8 +29,10 @@ import pyarrow as pa
 from ..addresses import broker_url
 from ..client.routing import Replica
 from ..protocol import commands as c
+from ..protocol.replies import aborted_spans
 from ..record import RecordError, decode_columns
 from ..txn.control import drop_control_columns
+from ..txn.reader import VisibleRecords
 from .fetch import ReplicaError, ReplicaSession
 
 log = logging.getLogger(__name__)
@@ -164,6 +168,7 @@ class RangeReader:
         position = self.position  # first byte of ``carry``
         fetch_at = position
         carry = b""
+        visible = VisibleRecords()  # aborted spans of the replies so far (a record may span two)
         future = session.send_get(topic, n, fetch_at, min(size, end - fetch_at))
         behind_since: float | None = None
         while True:
@@ -180,9 +185,13 @@ class RangeReader:
                 buf = carry + body if carry else bytes(body)
                 offsets, ids, attrs, datas, consumed = decode_columns(buf, position)
                 carry = buf[consumed:]
+                offsets, ids, attrs, datas = drop_control_columns(offsets, ids, attrs, datas)  # batch headers, markers: no rows
+                visible.add(aborted_spans(reply.header))
+                if offsets and visible.starts:  # records of rolled-back transactions: no rows either
+                    offsets, ids, attrs, datas = _committed_columns(visible, offsets, ids, attrs, datas)
                 position += consumed
-                offsets, ids, attrs, datas = drop_control_columns(offsets, ids, attrs, datas)  # batch headers: no rows
-                if offsets:
+                visible.forget_before(position)
+                if offsets:  # a failover re-reads (and skips again) what was skipped since the last batch
                     yield _batch(topic, part.name, url, offsets, ids, attrs, datas), position
                 if fetch_at >= end:
                     if carry:
@@ -204,6 +213,14 @@ class RangeReader:
                 raise ReplicaError(f"offset {fetch_at} is no longer in this replica's log (moved to {reply.get('offset')})")
             else:
                 raise ReplicaError(f"get at {fetch_at}: {code} {reply.message}")
+
+
+def _committed_columns(visible: VisibleRecords, offsets: list, ids: list, attrs: list, datas: list) -> tuple[list, list, list, list]:
+    """Only the columns' rows outside the aborted spans."""
+    keep = [i for i, (offset, attribute) in enumerate(zip(offsets, attrs)) if visible.visible(offset, attribute)]
+    if len(keep) == len(offsets):
+        return offsets, ids, attrs, datas
+    return [offsets[i] for i in keep], [ids[i] for i in keep], [attrs[i] for i in keep], [datas[i] for i in keep]
 
 
 def read_partition(part: MetaQInputPartition) -> Iterator[pa.RecordBatch]:

@@ -16,21 +16,33 @@ follows those control records in log order (``observe``) and keeps:
   so a commit retried after a failover is answered from the log.
 
 The last stable offset (LSO) is ``min(committed, position, first offset of the
-earliest open transaction)``. Consumers read only below it, so they never see a
-record of a transaction that may still abort, and records of a committed
-transaction become visible together, when its COMMIT marker moves the LSO.
+earliest open transaction)``, lowered further by two rules about transactions the index
+has seen closed (``closing`` keeps the recent ones, with their first offset, the end of
+their last batch and the end of their marker):
+
+* a transaction counts as open for a reader until its COMMIT or ABORT marker lies below
+  the reader's bound (``committed``): the index follows the log to its end, past what
+  readers may see, and a marker past ``committed`` may still be taken back;
+* the LSO never cuts through a closed transaction: when it falls between such a
+  transaction's first record and its last (another producer's transaction, still open,
+  began between them), it moves back to that transaction's first record.
+
+Consumers read only below the LSO, so they never see a record of a transaction that
+may still abort, and a committed transaction's records in a partition become visible
+together, when the LSO moves past all of them.
 (``position`` is where the index's walk of the log stopped: bytes past it are not
 accounted for yet, e.g. half a batch a slave has only partly fetched.)
 
 Invariant (enforced here, tested on random interleavings): LSO <= first offset of
-every open transaction. Like the producer table, the index is a pure function of
+every open transaction, and of every closed one whose marker ends past ``committed``;
+no transaction has records on both sides of the LSO. Like the producer table, the index is a pure function of
 the control records in the log, so every replica derives the same one.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -71,6 +83,9 @@ class TransactionIndex:
         self.open: dict[str, OpenTransaction] = {}
         self.aborted: list[Span] = []
         self.outcomes: OrderedDict[str, Outcome] = OrderedDict()
+        #: (marker end, first offset, end of its last batch) of the transactions closed most
+        #: recently, in log order.
+        self.closing: deque[tuple[int, int, int]] = deque(maxlen=max_outcomes)
 
     def observe(self, control: Control, offset: int, size: int) -> None:
         """Follow one control record of ``size`` bytes at ``offset`` (log order)."""
@@ -94,6 +109,7 @@ class TransactionIndex:
                 for span in txn.spans:
                     bisect.insort(self.aborted, span)
             self.outcomes[txid] = Outcome(control.kind, control.reason if aborted else None, offset)
+            self.closing.append((offset + size, txn.first_offset, txn.spans[-1].end))
             while len(self.outcomes) > self.max_outcomes:
                 self.outcomes.popitem(last=False)
 
@@ -102,8 +118,19 @@ class TransactionIndex:
 
     def last_stable_offset(self, committed: int, position: int) -> int:
         first_open = self.first_open_offset()
-        lso = min(committed, position)
-        return lso if first_open is None else min(lso, first_open)
+        bound = lso = min(committed, position)
+        if first_open is not None:
+            lso = min(lso, first_open)
+        moved = True
+        while moved:  # a step back can land inside an older closed transaction: until none is cut
+            moved = False
+            # Markers are in log order: only transactions whose marker ends past the LSO can reach over it.
+            for marker_end, first, last_end in reversed(self.closing):
+                if marker_end <= lso:
+                    break
+                if first < lso and (marker_end > bound or last_end > lso):
+                    lso, moved = first, True
+        return lso
 
     def aborted_between(self, start: int, end: int) -> list[Span]:
         """Aborted spans that overlap [start, end): what a fetch of that range must carry."""
@@ -132,6 +159,7 @@ class TransactionIndex:
             "aborted": [list(s) for s in self.aborted],
             "outcomes": [[txid, o.kind.value, None if o.reason is None else o.reason.value, o.marker_offset]
                          for txid, o in self.outcomes.items()],
+            "closing": [list(c) for c in self.closing],
         }
 
     def load_json(self, data: dict[str, Any]) -> None:
@@ -144,6 +172,7 @@ class TransactionIndex:
             (txid, Outcome(Kind(kind), None if reason is None else AbortReason(reason), at))
             for txid, kind, reason, at in data["outcomes"]
         )
+        self.closing = deque((tuple(c) for c in data.get("closing", [])), maxlen=self.max_outcomes)  # type: ignore[misc]
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, TransactionIndex) and self.to_json() == other.to_json()

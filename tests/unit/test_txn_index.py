@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metaq.record import iter_records
-from metaq.txn.control import CONTROL_ATTRIBUTE, AbortReason, Control, Kind
+from metaq.txn.control import CONTROL_ATTRIBUTE, AbortReason, Control, Kind, control_of
 from metaq.txn.index import Outcome, Span, TransactionIndex
 from metaq.txn.reader import committed_records
 from tests.unit.test_txn_rebuild import OPS, run
@@ -25,6 +25,58 @@ def test_the_lso_stops_at_the_first_open_transaction_and_moves_on_commit() -> No
     assert index.last_stable_offset(len(model.log), len(model.log)) == len(model.log)
     assert index.last_stable_offset(t_start - 1, len(model.log)) == t_start - 1  # never past committed
     assert index.outcomes["TX:2:0"].kind is Kind.COMMIT
+
+
+def test_a_transaction_stays_open_for_readers_until_its_marker_is_below_committed() -> None:
+    model = ModelLog()
+    t_start = len(model.log)
+    model.put(2, 1, "TX:2:0")
+    between = len(model.log)  # committed may stop here: the first batch in, the second not yet
+    model.put(1, 1)
+    model.put(2, 1, "TX:2:0")
+    before_marker = len(model.log)
+    model.mark(Kind.COMMIT, "TX:2:0")
+    index, end = model.state.index, len(model.log)
+    assert "TX:2:0" not in index.open  # the index follows the log to its end
+    assert index.last_stable_offset(between, end) == t_start
+    assert index.last_stable_offset(before_marker, end) == t_start
+    assert index.last_stable_offset(end, end) == end
+    model.mark(Kind.ABORT, "TX:9:9")  # no records here: nothing to hold back
+    assert index.last_stable_offset(len(model.log), len(model.log)) == len(model.log)
+
+
+@settings(max_examples=200, deadline=None)
+@given(OPS, st.data())
+def test_at_any_committed_offset_no_transaction_is_visible_before_its_marker(ops, data) -> None:
+    model = run(ops)
+    index, end = model.state.index, len(model.log)
+    boundaries = [r.offset for r in iter_records(model.log)] + [end]
+    committed = data.draw(st.sampled_from(boundaries))
+    lso = index.last_stable_offset(committed, end)
+    markers = {}
+    for record in iter_records(model.log):
+        control = control_of(record)
+        if control is not None and control.kind in (Kind.COMMIT, Kind.ABORT) and record.offset + record.size <= committed:
+            markers.setdefault(control.txid, record.offset)
+    for offset, txid in model.owner.items():
+        if txid and offset < lso:
+            assert txid in markers and markers[txid] > offset, (txid, offset, lso, committed)
+    for txid in {t for t in model.owner.values() if t}:  # never a transaction on both sides of the LSO
+        sides = {offset < lso for offset, t in model.owner.items() if t == txid}
+        assert len(sides) == 1, (txid, lso, committed)
+
+
+def test_the_lso_does_not_cut_a_committed_transaction_that_interleaves_with_an_open_one() -> None:
+    model = ModelLog()
+    t1 = len(model.log)
+    model.put(1, 1, "TX:1:0")
+    model.put(2, 1, "TX:2:0")  # opens between TX:1:0's two batches
+    model.put(1, 1, "TX:1:0")
+    model.mark(Kind.COMMIT, "TX:1:0")
+    index, end = model.state.index, len(model.log)
+    assert index.last_stable_offset(end, end) == t1  # not TX:2:0's first offset: TX:1:0 would be cut
+    model.mark(Kind.COMMIT, "TX:2:0")
+    assert index.last_stable_offset(len(model.log), len(model.log)) == len(model.log)
 
 
 def test_a_prepared_transaction_stays_open_and_is_listed() -> None:
@@ -84,15 +136,20 @@ def test_random_interleavings_keep_the_lso_before_every_open_transaction(ops, da
         assert lso <= first, txid
 
 
-@settings(max_examples=150, deadline=None)
-@given(OPS, st.data())
-def test_the_filter_never_yields_an_aborted_open_or_control_record(ops, data) -> None:
+def random_fetch(ops: list[tuple], data: st.DataObject) -> tuple[ModelLog, TransactionIndex, int, int, int]:
+    """A random history, and a fetch range up to its LSO: (model, index, lso, start, end)."""
     model = run(ops)
     index, end = model.state.index, len(model.log)
     lso = index.last_stable_offset(end, end)
     boundaries = [r.offset for r in iter_records(model.log)] + [end]
     start = data.draw(st.sampled_from([b for b in boundaries if b <= lso]))
-    fetch_end = data.draw(st.integers(start, lso))  # a fetch may end mid-record
+    return model, index, lso, start, data.draw(st.integers(start, lso))  # a fetch may end mid-record
+
+
+@settings(max_examples=150, deadline=None)
+@given(OPS, st.data())
+def test_the_filter_never_yields_an_aborted_open_or_control_record(ops, data) -> None:
+    model, index, lso, start, fetch_end = random_fetch(ops, data)
     got = committed_records(model.log[start:fetch_end], start, index.aborted_between(start, fetch_end))
     for record in got.records:
         assert record.attribute != CONTROL_ATTRIBUTE

@@ -1,0 +1,306 @@
+"""The broker's transaction service: the coordinator, its journal, markers in the logs, timers.
+
+It owns one ``TransactionCoordinator`` (metaq/txn/coordinator.py) and the broker's
+``TxLog`` journal (metaq/txn/txlog.py, in ``{dataLogPath or dataPath}/transactions``)
+and does what the coordinator asks of its caller:
+
+* ``serve(req)`` answers a ``transaction`` request (start, end, prepare, commit,
+  rollback, forget, recover): it applies the XA table, appends every PREPARE /
+  COMMIT / ABORT marker the step names to its partition through the ordinary
+  append path (msg ids, the flush policy, sync replication), and replies only when
+  each marker is as durable as an acked put would be;
+* ``enlist(txid, topic, partition)`` is the put path's check before it appends a
+  transactional batch (the branch must be ACTIVE);
+* a timer (every ``TICK_S``) fires due timeouts (their ABORT markers), runs the
+  journal's checkpoints and ``flushTxLogAtCommit=2`` fsyncs;
+* ``reconcile``: the first time this broker acts as master in an epoch (at start, at
+  promotion), before it answers any transaction request or enlists any batch, the
+  coordinator merges what the replicated partition logs show (open, prepared,
+  committed or aborted transactions: their control records) with its journal, and
+  the markers that decides (roll a half-written commit forward, abort unprepared
+  work of the old master) are appended.
+
+Invariants kept here:
+
+* only the acting master that has reconciled in its current epoch serves a
+  transaction request or enlists a batch (a slave answers like it does for puts:
+  403 naming its master; a master still reconciling: 503, retry);
+* an answer that depends on markers is sent only after those markers are durable
+  and replicated like a sync put; a request on a branch whose markers are still
+  settling (or failed to settle: a sync timeout) waits for them first, so a retried
+  commit never gets XA_OK before its COMMIT markers are safe;
+* who may decide a branch's fate: any authenticated principal may start one; every
+  other action on a branch needs ``produce`` on every topic the branch wrote to
+  (``admin`` may act on any branch); ``recover`` lists only such branches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from ..protocol import commands as c
+from ..protocol.messages import TransactionRequest
+from ..record import stamp_msg_ids
+from ..security.acl import Operation
+from ..txn import control
+from ..txn.coordinator import MarkerWrite, Reply, TransactionCoordinator
+from ..txn.txlog import TxLog
+from ..txn.xa import Code
+
+if TYPE_CHECKING:
+    from ..security.principals import Principal
+
+log = logging.getLogger(__name__)
+
+#: The timer's period: timeouts fire at most this late; flushTxLogAtCommit=2 needs < 1 s.
+TICK_S = 0.1
+#: (topic, partition, end offset) of one appended marker.
+MarkerEnd = tuple[str, int, int]
+Served = tuple[dict[str, Any], bytes]
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class TransactionService:
+    """One per broker; see the module's docstring. ``broker`` is metaq.server.broker.Broker."""
+
+    def __init__(self, broker: Any, clock_ms: Callable[[], int] = _now_ms) -> None:
+        self.broker = broker
+        self.settings = broker.config.txn
+        self.clock_ms = clock_ms
+        self.journal: TxLog | None = None
+        self.coordinator: TransactionCoordinator | None = None
+        #: The epoch whose reconcile has run (None: not yet as master in any).
+        self.reconciled_epoch: int | None = None
+        #: Branches whose markers are appended but not yet known durable (xid -> their ends).
+        self._unsettled: dict[str, list[MarkerEnd]] = {}
+        self._timer: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Future[Any]] = set()
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def open(self) -> None:
+        """At start, after the logs are open and before serving: open the journal."""
+        base = Path(self.settings.data_log_path or self.broker.config.data_path)
+        self.journal = TxLog.open(base, self.settings, self.clock_ms())
+        self.coordinator = TransactionCoordinator(self.settings, self.journal)
+        if self.coordinator.branches:
+            log.info("transaction journal %s: %d branches", self.journal.directory, len(self.coordinator.branches))
+
+    def start(self) -> None:
+        self._timer = asyncio.ensure_future(self._tick_loop())
+
+    async def stop(self) -> None:
+        for task in [self._timer, *self._background]:
+            if task is not None:
+                task.cancel()
+        for task in [self._timer, *self._background]:
+            if task is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self._timer = None
+        if self.journal is not None:
+            self.journal.close()
+
+    # --- who may serve -------------------------------------------------------------------
+
+    def refusal(self) -> tuple[int, str] | None:
+        """Why this broker must not take a transaction step now (as for puts), or None."""
+        refusal = self.broker.ha.write_refusal()
+        if refusal is not None:
+            return refusal
+        if not self._reconciled():
+            return c.SERVICE_UNAVAILABLE, "transactions are being recovered from the logs after a start or take-over; retry"
+        return None
+
+    def _reconciled(self) -> bool:
+        """Reconcile now if this broker is the writable master of an epoch it has not reconciled."""
+        ha = self.broker.ha
+        if self.reconciled_epoch == ha.epoch:
+            return True
+        if self.coordinator is None or not ha.acting_master or ha.write_refusal() is not None:
+            return False
+        self._reconcile(ha.epoch)
+        return True
+
+    def _reconcile(self, epoch: int) -> None:
+        assert self.coordinator is not None
+        states = self.broker.txn_states.all()
+        now = self.clock_ms()
+        replies = self.coordinator.reconcile({key: state.index for key, state in states.items()}, now)
+        self.reconciled_epoch = epoch
+        prepared = self.coordinator.recover()
+        log.info("transactions reconciled in epoch %d: %d markers to write, %d branches in doubt",
+                 epoch, sum(len(r.markers) for _x, r in replies), len(prepared))
+        self._write_in_background(replies, now)
+
+    # --- the put path --------------------------------------------------------------------------
+
+    def enlist(self, txid: str, topic: str, partition: int) -> None:
+        """Before a transactional batch is appended: its branch must take work (RequestError if not)."""
+        refusal = self.refusal()
+        if refusal is not None:
+            raise c.RequestError(*refusal)
+        assert self.coordinator is not None
+        if txid in self._unsettled:
+            raise c.RequestError(c.SERVICE_UNAVAILABLE, f"transaction {txid} is being decided; retry")
+        reply = self.coordinator.send(txid, topic, partition, self.clock_ms())
+        if reply.code is not Code.XA_OK:
+            raise c.RequestError(
+                c.BAD_REQUEST, f"transaction {txid} takes no more messages: {reply.code.name} (start it first; it may have ended or timed out)"
+            )
+
+    # --- the transaction command ---------------------------------------------------------------
+
+    def serve(self, req: TransactionRequest, principal: "Principal | None") -> Awaitable[Served]:
+        refusal = self.refusal()
+        if refusal is not None:
+            raise c.RequestError(*refusal)
+        return self._serve(req, principal)
+
+    async def _serve(self, req: TransactionRequest, principal: "Principal | None") -> Served:
+        coordinator = self.coordinator
+        assert coordinator is not None
+        if req.action == "recover":
+            xids = [xid for xid in coordinator.recover() if self._may_decide(principal, xid)]
+            return c.reply_header(req.opaque, c.OK, xa_code=int(Code.XA_OK), xids=xids), b""
+        xid = req.xid
+        if xid in self._unsettled:
+            await self._settle(xid)  # the previous decision's markers first (raises if they still fail)
+        if req.action != "start" and not self._may_decide(principal, xid):
+            raise c.RequestError(c.FORBIDDEN, f"{principal} may not decide transaction {xid}: it needs produce on "
+                                              f"every topic the transaction wrote to ({', '.join(self._topics(xid))})")
+        refusal = self.refusal()  # the role may have changed while we waited
+        if refusal is not None:
+            raise c.RequestError(*refusal)
+        now = self.clock_ms()
+        reply = self._step(req, now)
+        if reply.markers:
+            self._unsettled[xid] = self._append_markers(reply.markers, now)
+            await self._settle(xid)
+        return c.reply_header(req.opaque, c.OK, xa_code=int(reply.code)), b""
+
+    def _step(self, req: TransactionRequest, now: int) -> Reply:
+        coordinator = self.coordinator
+        assert coordinator is not None
+        xid, action = req.xid, req.action
+        if action in ("start", "start_join"):
+            return coordinator.start(xid, now, req.timeout_s, join=action == "start_join",
+                                     producer_id=req.producer_id, producer_epoch=req.producer_epoch)
+        if action in ("end", "end_fail"):
+            return coordinator.end(xid, now, fail=action == "end_fail")
+        if action == "prepare":
+            return coordinator.prepare(xid, now)
+        if action in ("commit", "commit_one_phase"):
+            return coordinator.commit(xid, now, one_phase=action == "commit_one_phase")
+        if action == "rollback":
+            return coordinator.rollback(xid, now)
+        assert action == "forget", action  # TransactionRequest.check admits no other
+        return coordinator.forget(xid, now)
+
+    def _topics(self, xid: str) -> list[str]:
+        assert self.coordinator is not None
+        branch = self.coordinator.branches.get(xid)
+        return sorted({topic for topic, _n in branch.partitions}) if branch is not None else []
+
+    def _may_decide(self, principal: "Principal | None", xid: str) -> bool:
+        authorizer = self.broker.security.authorizer
+        if authorizer is None or authorizer.allowed(principal, Operation.ADMIN):
+            return True
+        return all(authorizer.allowed(principal, Operation.PRODUCE, topic) for topic in self._topics(xid))
+
+    # --- markers ---------------------------------------------------------------------------------
+
+    def _append_markers(self, markers: list[MarkerWrite], now: int) -> list[MarkerEnd]:
+        """Append each marker to its partition, now, in order (no await: nothing runs in between)."""
+        broker = self.broker
+        ends = []
+        for m in markers:
+            data = bytearray(control.marker(m.kind, m.xid, producer_id=m.producer_id, producer_epoch=m.producer_epoch,
+                                            timestamp_ms=now, timeout_s=m.timeout_s, reason=m.reason))
+            assert broker.ids is not None
+            stamp_msg_ids(data, broker.ids.allocate(1))
+            partition_log = broker.store.get_log(m.topic, m.partition)
+            offset = partition_log.append(data)
+            end = offset + len(data)
+            broker.txn_states.partition(m.topic, m.partition)  # the index follows its own marker at once
+            broker.appended(m.topic, m.partition, end, 1)
+            ends.append((m.topic, m.partition, end))
+        return ends
+
+    async def _settle(self, xid: str) -> None:
+        """Wait until the branch's markers are durable and replicated; RequestError if that fails."""
+        ends = self._unsettled.get(xid, [])
+        waits = []
+        try:
+            for topic, partition, end in ends:
+                wait = self.broker.durability_wait(topic, partition, end, 0)
+                if wait is not None:
+                    waits.append(wait)
+            if waits:
+                await asyncio.gather(*waits)
+        except Exception as exc:
+            code, message = getattr(exc, "code", c.INTERNAL_ERROR), getattr(exc, "message", str(exc))
+            raise c.RequestError(code, f"transaction {xid}: its markers are not yet safe ({message}); retry") from None
+        if self._unsettled.get(xid) is ends:
+            del self._unsettled[xid]
+
+    def _write_in_background(self, replies: list[tuple[str, Reply]], now: int) -> None:
+        """Markers nobody waits on (timeouts, reconcile): appended now, settled by a task."""
+        for xid, reply in replies:
+            if reply.markers:
+                self._unsettled[xid] = self._append_markers(reply.markers, now)
+                task = asyncio.ensure_future(self._settle(xid))
+                self._background.add(task)
+                task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Future[Any]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("%s", task.exception())
+
+    # --- the timer ---------------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Fire due timeouts, fsync/checkpoint the journal; only on the writable master."""
+        if self.coordinator is None or self.journal is None or self.refusal() is not None:
+            return
+        now = self.clock_ms()
+        self.journal.tick(now)
+        fired = self.coordinator.expire(now)
+        for xid, reply in fired:
+            log.info("transaction %s timed out: %s", xid, reply.code.name)
+        self._write_in_background(fired, now)
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            try:
+                self.tick()
+            except Exception:  # the timer must outlive one bad tick (a full disk, a refused log)
+                log.exception("transaction timer")
+
+
+def stable_end(broker: Any, topic: str, partition: int, committed: int) -> int:
+    """What a consumer may read up to: the last stable offset (LSO).
+
+    min(committed, the state's position, the first offset of the earliest open
+    transaction): a record of a transaction that may still roll back is never served.
+    """
+    state = broker.txn_states.partition(topic, partition)
+    return state.index.last_stable_offset(committed, state.position)
+
+
+def aborted_spans(broker: Any, topic: str, partition: int, start: int, end: int) -> list[list[int]]:
+    """The aborted spans overlapping [start, end), as a fetch reply's ``aborted`` field."""
+    index = broker.txn_states.partition(topic, partition).index
+    if not index.aborted:
+        return []
+    return [[span.start, span.end] for span in index.aborted_between(start, end)]

@@ -1,0 +1,319 @@
+"""The broker's transaction service (metaq/server/transactions.py) over real logs and a real journal.
+
+The broker around it is a small fake (role, durability wait, ACLs); the partition logs,
+the per-partition states rebuilt from them, the coordinator and the journal are real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from metaq.protocol import commands as c
+from metaq.protocol.messages import TransactionRequest
+from metaq.record import encode_record, iter_records
+from metaq.security.acl import Authorizer, Operation, UserAcl, required_operation
+from metaq.security.principals import Principal
+from metaq.server.transactions import TransactionService, aborted_spans, stable_end
+from metaq.store.log import PartitionLog
+from metaq.store.msgid import MsgIdGenerator
+from metaq.txn import control
+from metaq.txn.config import TxnSettings
+from metaq.txn.reader import committed_records
+from metaq.txn.rebuild import PartitionTxnState
+from metaq.txn.xa import Code
+
+TOPICS = ("orders", "payments")
+
+
+def in_loop(test: Any) -> Any:
+    """Run an async test in a fresh event loop (fixtures still come by name)."""
+    @functools.wraps(test)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return asyncio.run(test(*args, **kwargs))
+    return run
+
+
+class FakeHa:
+    def __init__(self) -> None:
+        self.acting_master = True
+        self.epoch = 1
+        self.refusing: tuple[int, str] | None = None
+
+    def write_refusal(self) -> tuple[int, str] | None:
+        return self.refusing
+
+
+class States:
+    """The registry's API over real logs: ``partition`` catches the state up to the log end."""
+
+    def __init__(self, store: "Store") -> None:
+        self.store = store
+        self.states: dict[tuple[str, int], PartitionTxnState] = {}
+
+    def partition(self, topic: str, partition: int) -> PartitionTxnState:
+        log = self.store.get_log(topic, partition)
+        state = self.states.setdefault((topic, partition), PartitionTxnState())
+        state.catch_up(log.read, log.log_end)
+        return state
+
+    def all(self) -> dict[tuple[str, int], PartitionTxnState]:
+        return {key: self.partition(*key) for key in self.store.logs}
+
+
+class Store:
+    def __init__(self, base: Path) -> None:
+        self.logs = {(t, 0): PartitionLog(base / f"{t}-0", max_segment_size=1 << 20) for t in TOPICS}
+
+    def get_log(self, topic: str, partition: int) -> PartitionLog:
+        return self.logs[(topic, partition)]
+
+
+@dataclass
+class FakeBroker:
+    base: Path
+    settings: TxnSettings = field(default_factory=TxnSettings)
+    authorizer: Authorizer | None = None
+    waits: list[asyncio.Future[None]] = field(default_factory=list)
+    hold_acks: bool = False
+
+    def __post_init__(self) -> None:
+        self.config = type("Config", (), {"txn": self.settings, "data_path": str(self.base)})()
+        self.security = type("Security", (), {"authorizer": self.authorizer})()
+        self.store = Store(self.base)
+        self.txn_states = States(self.store)
+        self.ha = FakeHa()
+        self.ids = MsgIdGenerator(1)
+
+    def appended(self, topic: str, partition: int, end: int, count: int) -> None:
+        pass
+
+    def durability_wait(self, topic: str, partition: int, end: int, count: int) -> Any:
+        if not self.hold_acks:
+            return None
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waits.append(future)
+        return future
+
+    def put(self, topic: str, txid: str, data: bytes, seq: int = 0) -> None:
+        """What the put path does for a transactional batch (after ``enlist``)."""
+        body = encode_record(data)
+        framed = control.frame_batch(body, 1, producer_id=7, producer_epoch=0, first_seq=seq, timestamp_ms=1, txid=txid)
+        self.store.get_log(topic, 0).append(framed)
+
+    def visible(self, topic: str) -> list[bytes]:
+        """What a read-committed consumer gets: up to the LSO, aborted spans and control records skipped."""
+        log = self.store.get_log(topic, 0)
+        upto = stable_end(self, topic, 0, log.log_end)
+        buf = log.read(0, upto, upto)
+        spans = aborted_spans(self, topic, 0, 0, upto)
+        return [r.data for r in committed_records(buf, 0, spans).records]
+
+
+def request(action: str, xid: str = "", **fields: Any) -> TransactionRequest:
+    return TransactionRequest(action=action, xid=xid, opaque=1, **fields)
+
+
+@pytest.fixture
+def clock() -> list[int]:
+    return [1_000_000]
+
+
+def make(tmp_path: Path, clock: list[int], **kwargs: Any) -> tuple[FakeBroker, TransactionService]:
+    broker = FakeBroker(tmp_path, **kwargs)
+    service = TransactionService(broker, clock_ms=lambda: clock[0])
+    service.open()
+    return broker, service
+
+
+async def call(service: TransactionService, action: str, xid: str = "", principal: Principal | None = None,
+               **fields: Any) -> dict[str, Any]:
+    header, _body = await service.serve(request(action, xid, **fields), principal)
+    return header
+
+
+async def opened(broker: FakeBroker, service: TransactionService, xid: str, data: bytes, topic: str = "orders",
+                 **start: Any) -> None:
+    """A started branch with one message put in ``topic``."""
+    assert (await call(service, "start", xid, **start))["xa_code"] == Code.XA_OK
+    service.enlist(xid, topic, 0)
+    broker.put(topic, xid, data)
+
+
+async def branch(broker: FakeBroker, service: TransactionService, xid: str, then: str, topics: tuple[str, ...] = TOPICS,
+                 principal: Principal | None = None) -> int:
+    """start, one put per topic, end, then ``then`` (prepare, commit_one_phase, rollback); its XA code."""
+    assert (await call(service, "start", xid, principal))["xa_code"] == Code.XA_OK
+    for topic in topics:
+        service.enlist(xid, topic, 0)
+        broker.put(topic, xid, f"{xid} {topic}".encode())
+    await call(service, "end", xid, principal)
+    return (await call(service, then, xid, principal))["xa_code"]
+
+
+@in_loop
+async def test_a_local_transaction_is_invisible_until_commit_and_never_after_rollback(tmp_path: Path, clock: list[int]) -> None:
+    broker, service = make(tmp_path, clock)
+    await opened(broker, service, "TX:7:1", b"one")
+    assert broker.visible("orders") == []
+    await call(service, "end", "TX:7:1")
+    assert (await call(service, "commit_one_phase", "TX:7:1"))["xa_code"] == Code.XA_OK
+    assert broker.visible("orders") == [b"one"]
+
+    assert await branch(broker, service, "TX:7:2", "rollback") == Code.XA_OK
+    assert broker.visible("orders") == [b"one"] and broker.visible("payments") == []
+    assert await branch(broker, service, "TX:7:3", "commit_one_phase") == Code.XA_OK
+    assert broker.visible("payments") == [b"TX:7:3 payments"]
+
+
+@in_loop
+async def test_an_open_transaction_holds_back_later_plain_records(tmp_path: Path, clock: list[int]) -> None:
+    broker, service = make(tmp_path, clock)
+    await opened(broker, service, "TX:7:1", b"in txn")
+    broker.store.get_log("orders", 0).append(encode_record(b"plain, after"))
+    assert broker.visible("orders") == []
+    await call(service, "end", "TX:7:1")
+    await call(service, "rollback", "TX:7:1")
+    assert broker.visible("orders") == [b"plain, after"]
+
+
+@in_loop
+async def test_enlist_refuses_work_outside_an_active_branch(tmp_path: Path, clock: list[int]) -> None:
+    broker, service = make(tmp_path, clock)
+    with pytest.raises(c.RequestError, match="TX:7:9 takes no more messages: XAER_NOTA"):
+        service.enlist("TX:7:9", "orders", 0)
+    await call(service, "start", "TX:7:9")
+    await call(service, "end", "TX:7:9")
+    with pytest.raises(c.RequestError, match="XAER_PROTO"):
+        service.enlist("TX:7:9", "orders", 0)
+
+
+@in_loop
+async def test_only_a_writable_master_serves_and_a_slave_answers_like_for_puts(tmp_path: Path, clock: list[int]) -> None:
+    broker, service = make(tmp_path, clock)
+    broker.ha.refusing = (c.FORBIDDEN, "broker 1 slave1 is a slave; writes go to its master")
+    with pytest.raises(c.RequestError) as refused:
+        service.serve(request("start", "x"), None)
+    assert refused.value.code == c.FORBIDDEN
+    with pytest.raises(c.RequestError):
+        service.enlist("x", "orders", 0)
+
+
+@in_loop
+async def test_the_reply_waits_until_the_markers_are_durable_and_a_retry_waits_too(tmp_path: Path, clock: list[int]) -> None:
+    broker, service = make(tmp_path, clock, hold_acks=True)
+    await opened(broker, service, "TX:7:1", b"one")
+    await call(service, "end", "TX:7:1")
+    commit = asyncio.ensure_future(call(service, "commit_one_phase", "TX:7:1"))
+    retry = asyncio.ensure_future(call(service, "commit_one_phase", "TX:7:1"))
+    await asyncio.sleep(0.01)
+    assert not commit.done() and not retry.done()  # the COMMIT marker is appended, not yet safe
+    for wait in broker.waits:
+        wait.set_result(None)
+    assert (await commit)["xa_code"] == Code.XA_OK
+    assert (await retry)["xa_code"] == Code.XA_OK
+
+
+@in_loop
+async def test_a_marker_that_fails_to_replicate_fails_the_reply_and_the_retry_waits_again(tmp_path: Path, clock: list[int]) -> None:
+    broker, service = make(tmp_path, clock, hold_acks=True)
+    await call(service, "start", "TX:7:1")
+    await call(service, "end", "TX:7:1")
+    service.coordinator.branches["TX:7:1"].partitions.append(("orders", 0))  # as if it had written there
+    commit = asyncio.ensure_future(call(service, "commit_one_phase", "TX:7:1"))
+    await asyncio.sleep(0.01)
+    broker.waits[0].set_exception(c.RequestError(c.GATEWAY_TIMEOUT, "sync slaves did not confirm in time"))
+    with pytest.raises(c.RequestError) as failed:
+        await commit
+    assert failed.value.code == c.GATEWAY_TIMEOUT
+    retry = asyncio.ensure_future(call(service, "commit_one_phase", "TX:7:1"))
+    await asyncio.sleep(0.01)
+    assert not retry.done() and len(broker.waits) == 2
+    broker.waits[1].set_result(None)
+    assert (await retry)["xa_code"] == Code.XA_OK
+
+
+@in_loop
+async def test_a_timeout_rolls_the_branch_back_with_abort_markers(tmp_path: Path, clock: list[int]) -> None:
+    broker, service = make(tmp_path, clock, settings=TxnSettings(max_tx_timeout_s=5))
+    await opened(broker, service, "TX:7:1", b"late", timeout_s=2)
+    broker.store.get_log("orders", 0).append(encode_record(b"plain"))
+    clock[0] += 2_001
+    service.tick()
+    await asyncio.sleep(0)
+    assert broker.visible("orders") == [b"plain"]
+    assert (await call(service, "end", "TX:7:1"))["xa_code"] == Code.XA_RBROLLBACK
+
+
+@in_loop
+async def test_a_new_master_learns_a_prepared_branch_from_the_log_and_commits_it(tmp_path: Path, clock: list[int]) -> None:
+    broker, service = make(tmp_path, clock)
+    await opened(broker, service, "TX:7:5", b"never")  # unprepared work of the old master: rolled back
+    assert await branch(broker, service, "XID:1:01:02", "prepare") == Code.XA_OK
+
+    # The same logs, a fresh service without the old journal: as a promoted slave has them.
+    (tmp_path / "transactions").rename(tmp_path / "old-journal")
+    successor = TransactionService(broker, clock_ms=lambda: clock[0])
+    successor.open()
+    broker.ha.epoch = 2
+    assert successor.refusal() is None  # reconciles on first use in the new epoch
+    assert (await call(successor, "recover"))["xids"] == ["XID:1:01:02"]
+    await asyncio.sleep(0)
+    assert broker.visible("orders") == [] and broker.visible("payments") == []
+    assert (await call(successor, "commit", "XID:1:01:02"))["xa_code"] == Code.XA_OK
+    assert broker.visible("orders") == [b"XID:1:01:02 orders"]
+    assert broker.visible("payments") == [b"XID:1:01:02 payments"]
+    assert (await call(successor, "end", "TX:7:5"))["xa_code"] == Code.XA_RBROLLBACK
+
+
+@in_loop
+async def test_a_restart_keeps_a_prepared_branch(tmp_path: Path, clock: list[int]) -> None:
+    broker, service = make(tmp_path, clock)
+    assert await branch(broker, service, "XID:1:aa:bb", "prepare", ("orders",)) == Code.XA_OK
+    await service.stop()
+
+    restarted = FakeBroker(tmp_path)  # the same directories: logs and journal reopened
+    again = TransactionService(restarted, clock_ms=lambda: clock[0])
+    again.open()
+    assert (await call(again, "recover"))["xids"] == ["XID:1:aa:bb"]
+    assert (await call(again, "rollback", "XID:1:aa:bb"))["xa_code"] == Code.XA_OK
+    assert restarted.visible("orders") == []
+
+
+@in_loop
+async def test_deciding_a_branch_needs_produce_on_its_topics(tmp_path: Path, clock: list[int]) -> None:
+    authorizer = Authorizer(1, {"app": UserAcl(produce=("orders",)), "other": UserAcl(produce=("payments",)),
+                                "ops": UserAcl(admin=True)})
+    broker, service = make(tmp_path, clock, authorizer=authorizer)
+    app, other, ops = Principal("app"), Principal("other"), Principal("ops")
+    assert await branch(broker, service, "TX:7:1", "prepare", ("orders",), app) == Code.XA_OK
+    # The connection lets any authenticated principal reach the coordinator; the coordinator decides.
+    assert required_operation({"op": "transaction", "action": "commit", "xid": "TX:7:1"}) == (Operation.DESCRIBE, None)
+    with pytest.raises(c.RequestError, match="may not decide transaction TX:7:1: it needs produce .* \\(orders\\)"):
+        await call(service, "commit", "TX:7:1", other)
+    assert (await call(service, "recover", principal=other))["xids"] == []
+    assert (await call(service, "recover", principal=app))["xids"] == ["TX:7:1"]
+    assert (await call(service, "commit", "TX:7:1", ops))["xa_code"] == Code.XA_OK
+
+
+def test_bad_transaction_requests_get_one_line_errors() -> None:
+    from metaq.protocol.frames import Frame
+    from metaq.protocol.messages import parse_request
+
+    with pytest.raises(c.RequestError, match="action 'begin' is not one of start, "):
+        parse_request(Frame({"op": "transaction", "opaque": 1, "action": "begin", "xid": "x"}, b""))
+    with pytest.raises(c.RequestError, match="action 'commit' needs an 'xid'"):
+        parse_request(Frame({"op": "transaction", "opaque": 1, "action": "commit"}, b""))
+    assert parse_request(Frame({"op": "transaction", "opaque": 1, "action": "recover"}, b"")).action == "recover"
+
+
+def test_markers_in_the_log_are_ordinary_records_readers_skip(tmp_path: Path) -> None:
+    log = PartitionLog(tmp_path, max_segment_size=1 << 20)
+    log.append(control.marker(control.Kind.COMMIT, "TX:1:1", producer_id=1, producer_epoch=0, timestamp_ms=1))
+    records = list(iter_records(log.read(0, log.log_end), 0))
+    assert len(records) == 1 and records[0].attribute == control.CONTROL_ATTRIBUTE
