@@ -186,8 +186,14 @@ class HaCoordinator:
     async def _reconnected(self) -> Event:
         try:
             state = await asyncio.to_thread(read_group_state, self.zk, self.paths, self.broker_id)
-        except ZK_ERRORS:
-            return Event.RECONNECTED_EPOCH_LOST  # cannot confirm: treat our epoch as gone
+        except ZK_ERRORS as exc:
+            # Unanswered is not "lost": a server losing its quorum accepts our session and
+            # drops it again before the read. Giving up the epoch here made a master whose
+            # session lived through a quorum loss re-register as a slave (reads stopped,
+            # then a new epoch). Stay as we are and look again: FENCED acks nothing, and an
+            # expired session still ends our epoch through SESSION_LOST.
+            log.warning("reconnected, but ZooKeeper did not answer (%s); looking again", str(exc) or type(exc).__name__)
+            return Event.REEVALUATE
         return reconnected_event(state.epoch, state.master_url, self.epoch, self.my_url)
 
     def _zk_watch(self, handler: Any) -> Any:
