@@ -67,3 +67,41 @@ def test_a_reconnect_that_finds_another_master_still_ends_the_epoch(monkeypatch:
     assert event is Event.RECONNECTED_EPOCH_LOST
     coordinator.machine.handle(event)
     assert coordinator.machine.state is Role.ORPHANED
+
+
+def queued_events(coordinator: HaCoordinator) -> list[object]:
+    events = []
+    while not coordinator._events.empty():
+        events.append(coordinator._events.get_nowait()[0])
+    return events
+
+
+def test_regression_zookeeper_dropping_a_new_leader_fences_it_instead_of_retiring_it() -> None:
+    """The same 300 s run after the fix above: the reconnect read was answered, the master
+    led again, and then publishing its sync set met the dropped connection (ConnectionLoss).
+    Any failure to take up leading counted as "this broker cannot serve": it released the
+    lock and refused to lead until restarted, while the slave was not eligible (an empty
+    sync set): the group had no master for the rest of the run."""
+    coordinator = fenced_master()
+    coordinator.machine.state = Role.LEADING
+
+    async def fail() -> list[object]:
+        await coordinator._entry_failed(Role.LEADING, ConnectionLoss())
+        return queued_events(coordinator)
+
+    assert asyncio.run(fail()) == [Event.SUSPENDED]
+    assert coordinator.cannot_lead is None, "a ZooKeeper blip is no reason to never lead again"
+    coordinator.machine.handle(Event.SUSPENDED)
+    assert coordinator.machine.state is Role.FENCED
+
+
+def test_regression_a_failed_start_of_following_follows_the_same_master_again() -> None:
+    """Found by python -m chaos run --scenario kill-master --secure: the returning old
+    master's truncation check failed (its new master refused the offset query); the
+    coordinator had already noted the master as followed, so the next look at ZooKeeper saw
+    "the master we follow" and did nothing: a slave that replicated nothing, for good."""
+    coordinator = fenced_master()
+    coordinator.machine.state = Role.FOLLOWING
+    coordinator.master_url = "meta://127.0.0.1:9002"
+    asyncio.run(coordinator._entry_failed(Role.FOLLOWING, ConnectionError("offset chaos-0: 403")))
+    assert coordinator.master_url is None, "the master seen next must count as changed, to be followed again"
