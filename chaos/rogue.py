@@ -28,7 +28,7 @@ from typing import Any, Callable
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
-from metaq.client.connection import BrokerConnection, Credentials
+from metaq.client.connection import Credentials
 from metaq.ha.heartbeat import encode
 from metaq.zk.paths import ZkPaths
 
