@@ -5,6 +5,10 @@
 * ``chaos.toxiproxy_client`` which proxy server to use, and a toxiproxy-python client for it
 * ``chaos.history``          the recorded history of a run (operations, faults, log snapshots)
 * ``chaos.checker``          checks a history for safety and liveness
+* ``chaos.cluster``, ``chaos.scenarios``, ``chaos.runner``  the topology (optionally secured),
+                             the faults, and ``python -m chaos run``
+* ``chaos.rogue``            hostile peers (forged replication requests, heartbeats, ZooKeeper
+                             writes); ``chaos.hostile`` runs them for ``--rogue`` and watches RSS
 
 ``python -m chaos proxy`` runs the proxy; see docs/chaos.md.
 """

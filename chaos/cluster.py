@@ -38,6 +38,7 @@ from typing import Any
 from kazoo.client import KazooClient
 
 from metaq.addresses import parse_broker_url
+from metaq.client.connection import BrokerConnection, Credentials
 from metaq.record import iter_records
 from metaq.tools.launcher import BrokerProcess, port_accepts, wait_until
 from metaq.zk.embedded import EmbeddedZooKeeper, Peer, free_port
@@ -50,6 +51,8 @@ log = logging.getLogger(__name__)
 
 TOPIC = "chaos"
 SESSION_MS = 1500
+#: The workload's user with ``secure``: produce and consume on every topic, no admin.
+CLIENT_USER = "app"
 
 
 ON_SYNC_SLAVE_LOSS = ("degrade", "reject")
@@ -132,6 +135,7 @@ class ChaosCluster:
         proxy_mode: str = "auto",
         slaves: int = 1,
         on_sync_slave_loss: str = "degrade",
+        secure: bool = False,
     ) -> None:
         if zk_nodes not in (1, 3):
             raise ValueError("zk_nodes must be 1 or 3")
@@ -158,6 +162,12 @@ class ChaosCluster:
         self.proxy_mode = proxy_mode
         self.brokers: list[ChaosBroker] = []
         self._zk: KazooClient | None = None
+        #: With ``secure``: every group has its own group secret (brokers authenticate to
+        #: each other, and their ZooKeeper nodes get the group's digest ACL) and the brokers
+        #: a security file of users; the workload logs in as a client user.
+        self.secure = secure
+        self.credentials = Credentials()
+        self._group_security: dict[int, dict[str, Any]] = {}
         # ZooKeeper JVMs die with the *thread* that forked them (PR_SET_PDEATHSIG, see
         # metaq/zk/embedded.py): start them all from this one long-lived thread, never from
         # the short-lived worker threads the runner's fault schedule runs in.
@@ -188,7 +198,17 @@ class ChaosCluster:
             raise
         return self
 
+    def _secure_groups(self) -> None:
+        """Security files per group, made as the trust tests make them (one secret per group)."""
+        from tests.integration.trust_support import PASSWORDS, SecuredGroup
+
+        for group in range(self.num_groups):
+            self._group_security[group] = SecuredGroup(self.work_dir / "security" / f"g{group}", group).system
+        self.credentials = Credentials(CLIENT_USER, PASSWORDS[CLIENT_USER])
+
     def _start(self, timeout: float) -> None:
+        if self.secure:
+            self._secure_groups()
         self.proxy.start()
         for zk in self.zks:
             self._start_zk(zk)
@@ -214,7 +234,8 @@ class ChaosCluster:
                 zk_connect = ",".join(f"127.0.0.1:{p}" for p in zk_ports)
                 process = BrokerProcess(
                     self.work_dir, zk_connect, group, {self.topic: self.partitions},
-                    {**system, "serverPort": server_port, "advertisedAddress": f"127.0.0.1:{peer_port}"},
+                    {**system, **self._group_security.get(group, {}), "serverPort": server_port,
+                     "advertisedAddress": f"127.0.0.1:{peer_port}"},
                     {"slaveId": slave_id} if slave_id else None, self.zk_root,
                     name=name, zookeeper={"zk.zkSessionTimeoutMs": self.session_ms},
                 )
@@ -369,6 +390,10 @@ class ChaosCluster:
         """Where a workload client connects for the broker registered as ``url``."""
         b = self.by_url(url)
         return ("127.0.0.1", b.client_port) if b is not None else parse_broker_url(url)
+
+    async def connect(self, url: str, timeout: float) -> BrokerConnection:
+        """A workload connection to the broker registered as ``url`` (logged in with ``secure``)."""
+        return await self.credentials.open(*self.client_address(url), timeout)
 
     def kill_zk(self, index: int) -> None:
         self.zks[index].kill()

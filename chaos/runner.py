@@ -23,7 +23,8 @@ One run:
    registered, slaves in the sync set and caught up), snapshot every replica's log from disk,
    write ``history.json``, ``check.json`` and ``report.txt``, run the checker.
 
-Exit 0 iff the checker found no violations (safety and liveness) and the cluster settled.
+Exit 0 iff the checker found no violations (safety and liveness), the cluster settled and (``--rogue``)
+no forgery was accepted and no broker's memory grew past the bound (chaos/hostile.py).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from metaq.record import encode_batch, iter_records
 from .checker import check
 from .cluster import ON_SYNC_SLAVE_LOSS, ChaosCluster
 from .history import History, group_of, value_of
+from .hostile import HostileLoad
 from .liveness import default_bound, render_table
 from .scenarios import FAULTS, Step, inject, scenario_names, schedule, writes_expected
 
@@ -156,7 +158,7 @@ class Workload:
         """An open connection to the broker registered as ``url`` (through its client proxy)."""
         conn = conns.get(url)
         if conn is None or not conn.is_open:
-            conn = conns[url] = await BrokerConnection.open(*self.cluster.client_address(url), 1.0)
+            conn = conns[url] = await self.cluster.connect(url, 1.0)
         return conn
 
     async def raw_producer(self, name: str) -> None:
@@ -206,7 +208,7 @@ class Workload:
                                   zk_session_timeout_ms=10_000, retry_unknown_outcome=False,
                                   request_timeout_s=3.0, send_timeout_s=5.0, send_max_attempts=20,
                                   send_retry_max_wait_s=0.3, connect_timeout_s=1.0,
-                                  address_map=self.cluster.client_address_map)
+                                  address_map=self.cluster.client_address_map, credentials=self.cluster.credentials)
         topic = self.cluster.topic
         async with AsyncMessageSessionFactory(config) as factory:
             producer = factory.create_producer()
@@ -311,19 +313,23 @@ class Workload:
 class Run:
     def __init__(self, scenario: str, seconds: float, seed: int, out: Path, *, mode: str = "sync", groups: int = 1,
                  zk_nodes: int = 3, rate: float = 20.0, settle_timeout: float = 60.0, slaves: int = 1,
-                 on_sync_slave_loss: str = "degrade", liveness_bound: float | None = None) -> None:
+                 on_sync_slave_loss: str = "degrade", liveness_bound: float | None = None,
+                 secure: bool = False, rogue: bool = False) -> None:
         self.scenario, self.seconds, self.seed, self.out = scenario, seconds, seed, Path(out)
         self.mode, self.groups, self.zk_nodes, self.rate = mode, groups, zk_nodes, rate
         self.slaves, self.on_sync_slave_loss = slaves, on_sync_slave_loss
         self.settle_timeout = settle_timeout
+        self.secure, self.rogue = secure, rogue
         self.cluster = ChaosCluster(self.out / "cluster", groups=groups, mode=mode, zk_nodes=zk_nodes,
-                                    slaves=slaves, on_sync_slave_loss=on_sync_slave_loss)
+                                    slaves=slaves, on_sync_slave_loss=on_sync_slave_loss, secure=secure)
+        self.hostile = HostileLoad(self.cluster) if rogue else None
         session_ms = self.cluster.session_ms
         self.liveness_bound = liveness_bound if liveness_bound is not None else default_bound(session_ms)
         self.history = History({"mode": mode, "scenario": scenario, "seed": seed, "seconds": seconds,
                                 "groups": groups, "zk_nodes": zk_nodes, "topic": self.cluster.topic,
                                 "slaves": slaves, "on_sync_slave_loss": on_sync_slave_loss,
-                                "session_ms": session_ms, "liveness_bound_s": self.liveness_bound})
+                                "session_ms": session_ms, "liveness_bound_s": self.liveness_bound,
+                                "secure": secure, "rogue": rogue})
         self.steps_done: list[dict[str, Any]] = []
         self.settle_failures: list[str] = []
         self.unavailable: list[float] = []
@@ -398,12 +404,17 @@ class Run:
         monitor.start()
         workload = Workload(self.cluster, self.history, monitor, self.seed, self.rate)
         load = asyncio.create_task(workload.run())
+        if self.hostile is not None:
+            self.hostile.start()
         stop_at = time.monotonic() + self.seconds
         stopping = threading.Event()
         try:
             await asyncio.to_thread(self._fault_loop, stop_at, stopping)
         finally:
             stopping.set()
+            if self.hostile is not None:
+                await asyncio.to_thread(self.hostile.stop)
+                self.history.meta["rogue"] = self.hostile.summary()
             await asyncio.sleep(1.0)
             workload.stopping.set()
             await load
@@ -437,13 +448,21 @@ class Run:
         faults: dict[str, int] = {}
         for f in self.history.faults:
             faults[f["kind"]] = faults.get(f["kind"], 0) + 1
-        summary = {"ok": result.ok and not self.settle_failures, "scenario": self.scenario, "seed": self.seed,
+        summary = {"ok": self.passed(result), "scenario": self.scenario, "seed": self.seed,
                    "mode": self.mode, "faults": faults, "stats": result.stats, "settle_failures": self.settle_failures,
                    "master_faults_without_failover": self.no_failover, "violations": len(result.violations()),
-                   "steps": self.steps_done}
+                   "steps": self.steps_done, "hostile_problems": self.hostile_problems,
+                   "rogue": self.hostile.summary() if self.hostile is not None else None}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
         print(report)
-        return 0 if result.ok and not self.settle_failures else 1
+        return 0 if self.passed(result) else 1
+
+    @property
+    def hostile_problems(self) -> list[str]:
+        return self.hostile.problems() if self.hostile is not None else []
+
+    def passed(self, result: Any) -> bool:
+        return result.ok and not self.settle_failures and not self.hostile_problems
 
     def report(self, result: Any, elapsed: float) -> str:
         s = result.stats
@@ -468,7 +487,8 @@ class Run:
             f"zk_nodes={self.zk_nodes} seconds={self.seconds} (wall {elapsed:.0f}s)",
             f"command: python -m chaos run --scenario {self.scenario} --seconds {self.seconds:g} --seed {self.seed} "
             f"--mode {self.mode} --groups {self.groups} --zk-nodes {self.zk_nodes} --slaves {self.slaves} "
-            f"--on-sync-slave-loss {self.on_sync_slave_loss} --liveness-bound {self.liveness_bound:g} --out {self.out}",
+            f"--on-sync-slave-loss {self.on_sync_slave_loss} --liveness-bound {self.liveness_bound:g}"
+            + (" --secure" if self.secure else "") + (" --rogue" if self.rogue else "") + f" --out {self.out}",
             f"faults: {sum(faults.values())} {dict(sorted(faults.items()))}",
             f"operations: puts {s['puts_ok']} ok / {s['puts_fail']} failed / {s['puts_info']} unknown; "
             f"reads {s['reads']} messages in {s['gets']} fetches",
@@ -479,8 +499,10 @@ class Run:
             f"lost acked messages: {s['lost_acked']}" + (" (must be 0 in sync mode)" if self.mode == "sync" else ""),
             f"settle failures: {len(self.settle_failures)}",
             *[f"  - {x}" for x in self.settle_failures[:10]],
+            *(self.hostile.report_lines() if self.hostile is not None else []),
+            *[f"  - {x}" for x in self.hostile_problems[:10]],
             f"violations: {len(result.violations())}",
-            f"VERDICT: {'PASS' if result.ok and not self.settle_failures else 'FAIL'}",
+            f"VERDICT: {'PASS' if self.passed(result) else 'FAIL'}",
             "",
             result.report(),
         ]
@@ -500,6 +522,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--slaves", type=int, default=1, choices=(1, 2), help="slaves per group")
     p.add_argument("--on-sync-slave-loss", choices=ON_SYNC_SLAVE_LOSS, default="degrade",
                    help="sync mode: what a master does without a sync slave (default degrade)")
+    p.add_argument("--secure", action="store_true",
+                   help="brokers with security on: a group secret per group (brokers authenticate to each other, "
+                        "ZooKeeper digest ACLs on the group's nodes), SCRAM users; the workload logs in")
+    p.add_argument("--rogue", action="store_true",
+                   help="hostile peers for the whole run: forged positions, epoch claims, phantom joins, replica "
+                        "reads and heartbeats at every broker (and, with --secure, ZooKeeper writes without "
+                        "credentials); fails on any accepted forgery or a broker RSS growth over the limit")
     p.add_argument("--liveness-bound", type=float, default=None,
                    help="seconds within which reads and writes must resume after a fault "
                         "(default 2 x zk.zkSessionTimeoutMs + 1 s)")
@@ -520,5 +549,6 @@ def main(args: argparse.Namespace) -> int:
         return 2
     run = Run(args.scenario, args.seconds, args.seed, out, mode=args.mode, groups=args.groups,
               zk_nodes=args.zk_nodes, rate=args.rate, slaves=args.slaves,
-              on_sync_slave_loss=args.on_sync_slave_loss, liveness_bound=args.liveness_bound)
+              on_sync_slave_loss=args.on_sync_slave_loss, liveness_bound=args.liveness_bound,
+              secure=args.secure, rogue=args.rogue)
     return run.execute()

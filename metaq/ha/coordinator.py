@@ -186,8 +186,14 @@ class HaCoordinator:
     async def _reconnected(self) -> Event:
         try:
             state = await asyncio.to_thread(read_group_state, self.zk, self.paths, self.broker_id)
-        except ZK_ERRORS:
-            return Event.RECONNECTED_EPOCH_LOST  # cannot confirm: treat our epoch as gone
+        except ZK_ERRORS as exc:
+            # Unanswered is not "lost": a server losing its quorum accepts our session and
+            # drops it again before the read. Giving up the epoch here made a master whose
+            # session lived through a quorum loss re-register as a slave (reads stopped,
+            # then a new epoch). Stay as we are and look again: FENCED acks nothing, and an
+            # expired session still ends our epoch through SESSION_LOST.
+            log.warning("reconnected, but ZooKeeper did not answer (%s); looking again", str(exc) or type(exc).__name__)
+            return Event.REEVALUATE
         return reconnected_event(state.epoch, state.master_url, self.epoch, self.my_url)
 
     def _zk_watch(self, handler: Any) -> Any:
@@ -289,14 +295,31 @@ class HaCoordinator:
             try:
                 await self._enter(new, detail)
             except Exception as exc:
-                if new is Role.LEADING:
-                    await self._step_down(exc)
-                else:
-                    log.exception("entering %s failed; re-evaluating", new.value)
-                    await asyncio.sleep(0.2)
+                await self._entry_failed(new, exc)
                 self.post(Event.REEVALUATE)
             if new is Role.STOPPED:
                 return
+
+    async def _entry_failed(self, role: Role, exc: Exception) -> None:
+        """An entry action raised: tell a blip of ZooKeeper from a broker that cannot serve."""
+        if role is Role.LEADING and isinstance(exc, ZK_ERRORS):
+            # ZooKeeper dropped us while we took up leading (a server losing its quorum
+            # let our session back in, then closed it): nothing is wrong with this broker.
+            # Fence, as on any lost connection; ZooKeeper decides again once it answers.
+            # Stepping down for good here left a group with no master at all.
+            log.warning("ZooKeeper went away while taking up leading (%s); fenced until it answers",
+                        str(exc) or type(exc).__name__)
+            self.post(Event.SUSPENDED)
+        elif role is Role.LEADING:
+            await self._step_down(exc)
+        else:
+            log.exception("entering %s failed; re-evaluating", role.value)
+            if role is Role.FOLLOWING:
+                # Forget the master, so that the next look sees it as changed and follows it
+                # again: otherwise it counts as the one we already follow, and the broker
+                # stays a slave that replicates nothing (seen after a failed truncation check).
+                self.master_url = None
+            await asyncio.sleep(0.2)
 
     async def _read_state(self) -> GroupState | None:
         """The group's state in ZooKeeper; None (and a re-evaluation queued) if it cannot be read."""

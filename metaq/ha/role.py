@@ -33,7 +33,8 @@ decision is a row below or one of the two pure functions here):
 * WON / LOST: the outcome of the election transaction.
 * SUSPENDED: the ZooKeeper connection dropped; the session may be alive.
 * RECONNECTED_SAME_EPOCH / RECONNECTED_EPOCH_LOST: the same session is back;
-  ``reconnected_event`` says whether ZooKeeper still names us master of our epoch.
+  ``reconnected_event`` says whether ZooKeeper still names us master of our epoch
+  (if ZooKeeper does not answer, it says nothing: the coordinator looks again).
 * SESSION_LOST: the session expired (a new one was created).
 * HIGHER_EPOCH: ZooKeeper or a slave knows a newer epoch than ours.
 * STALE_MASTER: the master we follow disagrees with us on the epoch.

@@ -3,7 +3,9 @@
 Operations and who holds them:
 
     produce      users, per topic pattern (``produce=orders, logs.*``)
-    consume      users, per topic pattern
+    consume      users, per topic pattern, and the group's own brokers (a returning
+                 master's truncation cross-check and an empty slave ask its master for
+                 offsets; a replica ``get`` already gives them every byte)
     describe     every authenticated principal (topics, plain stats, offsets)
     admin        users with ``admin=true``, and the group's own brokers
                  (stats reset, stats config, the config fetch, checksums, and the
@@ -86,9 +88,9 @@ class Authorizer:
         if principal.is_broker:
             if principal.group != self.broker_id:
                 return f"{principal} is not a broker of group {self.broker_id}"
-            if operation in (Operation.REPLICATION, Operation.ADMIN):
+            if operation in (Operation.REPLICATION, Operation.ADMIN, Operation.CONSUME):
                 return None
-            return f"{principal} may not {operation.value} (brokers only replicate)"
+            return f"{principal} may not {operation.value} (brokers only replicate and read)"
         if operation is Operation.REPLICATION:
             return f"{principal} may not replicate: only brokers of group {self.broker_id} may"
         acl = self.users.get(principal.name)

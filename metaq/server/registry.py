@@ -282,9 +282,9 @@ class BrokerRegistry:
 
     # --- worker-thread steps (all kazoo calls happen here) -------------------------------
 
-    def _register_session(self) -> bool:
+    def _register_session(self, session: int | None = None) -> bool:
         """Register everything if the current session has not been; True if it did."""
-        session = self.session_id
+        session = session if session is not None else self.session_id
         if session is not None and session == self._registered_session:
             return False
         # Nodes of an expired session are gone: start from nothing.
@@ -465,13 +465,21 @@ class BrokerRegistry:
     def _after_reconnect(self) -> None:
         if self._stopping:
             return
+        # The session is judged once, here. On a flapping link the connection can drop
+        # again before this runs; kazoo then reports no session at all, and taking that for
+        # a new session dropped the master role and told the coordinator its lock was gone
+        # (its own live session still held it: the broker then waited for it forever). No
+        # session now: nothing to judge; the next CONNECTED brings us back.
+        session = self.session_id
+        if session is None:
+            return
         try:
-            if self._registers_master and self.session_id != self._registered_session:
+            if self._registers_master and session != self._registered_session:
                 # The master node was the election lock of the expired session: it is
                 # gone, and only a new election may take it again (the HA coordinator
                 # decides). Register nothing until then.
                 self.role = None
-            new_session = self._register_session()
+            new_session = self._register_session(session)
             if not new_session:
                 # Same session: apply changes that could not be written while disconnected.
                 self._sync()

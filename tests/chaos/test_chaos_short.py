@@ -1,4 +1,4 @@
-"""The short chaos set: each safety and availability promise under real faults, ~5 minutes in all.
+"""The short chaos set: each safety and availability promise under real faults, ~6 minutes in all.
 
 Every test runs ``python -m chaos run`` (real ZooKeeper, real broker processes, every
 link through the fault proxy) for one scenario with a fixed seed, then asserts that the
@@ -28,6 +28,10 @@ bound after every fault) and reads its verdicts from ``check.json``. What each p
   resume after the restore.
 * replace-slave: a slave comes back with an empty data dir and re-syncs the whole log while
   the group serves.
+* ``--secure --rogue`` (kill-master) and ``--rogue`` (pause-master, security off): hostile
+  peers forge positions, epoch claims, phantom joins, replica reads and heartbeats (and,
+  secured, ZooKeeper writes without credentials) for the whole run: nothing accepted, no
+  loss, the brokers' memory bounded; with security on, the old master rejoins its group.
 """
 
 from __future__ import annotations
@@ -177,6 +181,36 @@ def test_chaos_replace_slave_with_empty_data_dir(tmp_path: Path) -> None:
     result = run_chaos(tmp_path, "replace-slave", 1, 10)
     unavailability(result, "replace-slave")
     assert result["checks"]["replica_prefix"]["ok"] and result["checks"]["replica_prefix"]["checked"] >= 2
+
+
+def rogue_summary(result: dict) -> dict:
+    """What the hostile peers of a ``--rogue`` run sent and what got through (the run fails
+    on any accepted forgery or an RSS growth over the limit; these assert it was exercised)."""
+    rogue = result["history"]["meta"]["rogue"]
+    assert all(peer["sent"] > 100 and peer["accepted"] == 0 for peer in rogue["peers"].values()), rogue["peers"]
+    assert rogue["rss_mb"] and all(r["growth"] <= rogue["rss_growth_limit_mb"] for r in rogue["rss_mb"]), rogue["rss_mb"]
+    return rogue
+
+
+def test_chaos_secure_group_with_rogue_peers_kill_master(tmp_path: Path) -> None:
+    # Security on (group secrets, ZooKeeper digest ACLs, SCRAM users; the workload logs in)
+    # while rogue peers forge positions, epoch claims, phantom joins, replica reads and
+    # heartbeats at both brokers, and a ZooKeeper client without credentials writes the
+    # group's nodes; the master is killed: failover, the old master rejoins, 0 lost.
+    result = run_chaos(tmp_path, "kill-master", 1, 10, "sync", 1, "--secure", "--rogue")
+    assert result["stats"]["failovers"] >= 1 and result["stats"]["lost_acked"] == 0
+    zk = rogue_summary(result)["zookeeper"]
+    assert zk["refused"] > 0 and zk["accepted"] == 0, zk
+    assert result["checks"]["replica_prefix"]["ok"] and result["checks"]["replica_prefix"]["checked"] >= 2
+
+
+def test_chaos_rogue_peers_pause_master_security_off(tmp_path: Path) -> None:
+    # The default (security off): the brokers alone refuse every TCP forgery (a replica
+    # claim needs a slave ZooKeeper names; a claimed epoch never fences) and ignore the
+    # heartbeats of unknown slaves, through a fencing failover.
+    result = run_chaos(tmp_path, "pause-master", 3, 10, "sync", 1, "--rogue")
+    assert result["stats"]["failovers"] >= 1 and result["stats"]["lost_acked"] == 0
+    assert isinstance(rogue_summary(result)["zookeeper"], str)  # not run: ZooKeeper is open without security
 
 
 def test_writes_expected_only_where_the_configuration_allows() -> None:

@@ -1,0 +1,107 @@
+"""Regression found by the chaos suite (python -m chaos run --scenario random --seconds 300
+--seed 21 --zk-nodes 3): reads stopped for 4.75 s while ZooKeeper had no quorum.
+
+Two of three ZooKeeper nodes were killed. The master's connection dropped (FENCED), kazoo
+reconnected at once to the surviving node, which had not yet noticed it had lost its
+quorum and took the session back, and then closed the connection before answering the
+master's read of the group's state. The coordinator took that unanswered read for "our
+epoch is gone": FENCED -> ORPHANED. An orphaned former master serves no reads (it never
+followed anyone, so it knows of nothing committed), and once the quorum was back it
+re-registered as a slave and took a new epoch: reads stopped for the whole quorum loss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+from kazoo.exceptions import ConnectionLoss
+
+from metaq.ha import coordinator as coordinator_module
+from metaq.ha.coordinator import HaCoordinator
+from metaq.ha.progress import ReplicationProgress
+from metaq.ha.role import Event, Role
+from metaq.zk.group import GroupState
+
+MY_URL = "meta://127.0.0.1:9001"
+
+
+def fenced_master() -> HaCoordinator:
+    config = SimpleNamespace(broker_id=0, zk=SimpleNamespace(root="/meta"))
+    host = SimpleNamespace(config=config, registry=SimpleNamespace(client=object(), url=MY_URL))
+    coordinator = HaCoordinator(host, None, ReplicationProgress())  # type: ignore[arg-type]
+    coordinator.machine.state = Role.FENCED
+    coordinator.epoch = 1
+    return coordinator
+
+
+def test_regression_an_unanswered_read_after_a_reconnect_does_not_end_the_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
+    answers: list[object] = [ConnectionLoss(), SimpleNamespace(epoch=1, master_url=MY_URL)]
+
+    def read_group_state(*_: object) -> GroupState:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer  # type: ignore[return-value]
+
+    monkeypatch.setattr(coordinator_module, "read_group_state", read_group_state)
+    coordinator = fenced_master()
+
+    unanswered = asyncio.run(coordinator._reconnected())
+    assert unanswered is not Event.RECONNECTED_EPOCH_LOST, "an unanswered read must not end our epoch"
+    coordinator.machine.handle(unanswered)
+    assert coordinator.machine.state is Role.FENCED, "fenced (acking nothing) until ZooKeeper answers"
+
+    answered = asyncio.run(coordinator._reconnected())
+    assert answered is Event.RECONNECTED_SAME_EPOCH
+    coordinator.machine.handle(answered)
+    assert coordinator.machine.state is Role.LEADING
+
+
+def test_a_reconnect_that_finds_another_master_still_ends_the_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(coordinator_module, "read_group_state",
+                        lambda *_: SimpleNamespace(epoch=2, master_url="meta://127.0.0.1:9002"))
+    coordinator = fenced_master()
+    event = asyncio.run(coordinator._reconnected())
+    assert event is Event.RECONNECTED_EPOCH_LOST
+    coordinator.machine.handle(event)
+    assert coordinator.machine.state is Role.ORPHANED
+
+
+def queued_events(coordinator: HaCoordinator) -> list[object]:
+    events = []
+    while not coordinator._events.empty():
+        events.append(coordinator._events.get_nowait()[0])
+    return events
+
+
+def test_regression_zookeeper_dropping_a_new_leader_fences_it_instead_of_retiring_it() -> None:
+    """The same 300 s run after the fix above: the reconnect read was answered, the master
+    led again, and then publishing its sync set met the dropped connection (ConnectionLoss).
+    Any failure to take up leading counted as "this broker cannot serve": it released the
+    lock and refused to lead until restarted, while the slave was not eligible (an empty
+    sync set): the group had no master for the rest of the run."""
+    coordinator = fenced_master()
+    coordinator.machine.state = Role.LEADING
+
+    async def fail() -> list[object]:
+        await coordinator._entry_failed(Role.LEADING, ConnectionLoss())
+        return queued_events(coordinator)
+
+    assert asyncio.run(fail()) == [Event.SUSPENDED]
+    assert coordinator.cannot_lead is None, "a ZooKeeper blip is no reason to never lead again"
+    coordinator.machine.handle(Event.SUSPENDED)
+    assert coordinator.machine.state is Role.FENCED
+
+
+def test_regression_a_failed_start_of_following_follows_the_same_master_again() -> None:
+    """Found by python -m chaos run --scenario kill-master --secure: the returning old
+    master's truncation check failed (its new master refused the offset query); the
+    coordinator had already noted the master as followed, so the next look at ZooKeeper saw
+    "the master we follow" and did nothing: a slave that replicated nothing, for good."""
+    coordinator = fenced_master()
+    coordinator.machine.state = Role.FOLLOWING
+    coordinator.master_url = "meta://127.0.0.1:9002"
+    asyncio.run(coordinator._entry_failed(Role.FOLLOWING, ConnectionError("offset chaos-0: 403")))
+    assert coordinator.master_url is None, "the master seen next must count as changed, to be followed again"
