@@ -10,7 +10,7 @@ How it talks to the broker (docs/transactions.md, docs/protocol.md ``transaction
 
 * the producer asks any broker for a producer id once (``init_producer``); every put
   of a transaction carries that id, its epoch, a sequence number per partition and
-  the transaction id ``TX:{producerId}:{n}``, so a put retried through a failover is
+  the transaction id ``TX:{producerId}.{epoch}:{n}``, so a put retried through a failover is
   appended once;
 * the branch is started on the group's master before the first put (``start``),
   ended and committed in one phase (``end``, ``commit_one_phase``) or rolled back;
@@ -293,7 +293,8 @@ class AsyncTransactionalProducer:
         batch = list(messages)
         if batch and not branch.xid:
             await self.sender.ensure_producer_id(batch[0].topic)
-            branch.xid = f"TX:{self.sender.producer_id}:{next(self._numbers)}"
+            # The epoch keeps a newer instance of a transactional id (same producer id) off the older one's ids.
+            branch.xid = f"TX:{self.sender.producer_id}.{self.sender.producer_epoch}:{next(self._numbers)}"
         return await self.sender.send(branch, batch)
 
     async def commit(self) -> None:

@@ -1,0 +1,175 @@
+"""Transactional ids with real brokers and ZooKeeper: a new instance fences its zombie.
+
+Two producers with the same ``transactional_id`` stand for an application instance
+that hangs (the "old" one, a zombie) and the instance restarted in its place (the
+"new" one). Checked, on a sync pair, across a kill -9 restart of a master, and across
+a kill -9 failover of the pair:
+
+* the new instance's ``init_producer`` answers the old one's producer id with the
+  epoch + 1 (from the group's mapping in ZooKeeper, so also after a restart or a
+  failover), and the old instance's open transaction is rolled back: no consumer, on
+  the master or the slave, ever sees a message of it;
+* the old instance's next put and its transaction steps get 403 ``fenced: ...``
+  (``ProducerFenced`` in the client), on the master that served the init, after its
+  restart, and on the slave that took over;
+* the new instance's transactions commit;
+* concurrent inits of one name get distinct epochs; a bad name gets 400.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from metaq.client import Message, ProducerFenced, TransactionError
+from metaq.client.connection import BrokerConnection, Reply
+from metaq.client.session import AsyncMessageSessionFactory
+from metaq.client.transactional import AsyncTransactionalProducer
+from metaq.protocol import commands as c
+from metaq.tools.launcher import BrokerProcess, wait_until
+from metaq.zk.paths import ZkPaths
+
+from .failover_support import GROUP, TOPIC, ZK_SETTINGS, Group, make_pair, sync_system, wait_leads
+from .test_transactions import PARTITIONS, client_config, payloads, replicated, visible_all
+
+NAME = "app-1"
+
+
+async def raw(broker: BrokerProcess, header: dict[str, Any]) -> Reply:
+    conn = await BrokerConnection.open(*broker.address, timeout=5)
+    try:
+        return await conn.request(header, timeout=10)
+    finally:
+        conn.close()
+
+
+async def assert_zombie_refused(broker: BrokerProcess, producer_id: int, epoch: int) -> None:
+    """A transaction step of ``epoch`` (a fresh start, as a zombie would try next) is refused as fenced."""
+    reply = await raw(broker, {"op": "transaction", "action": "start", "xid": f"TX:{producer_id}.{epoch}:99",
+                               "producer_id": producer_id, "producer_epoch": epoch})
+    assert reply.code == c.FORBIDDEN and reply.message.startswith("fenced: a newer instance"), reply.header
+
+
+async def committed(factory: AsyncMessageSessionFactory, data: bytes) -> AsyncTransactionalProducer:
+    """A new instance of NAME that commits one transaction of ``data``."""
+    producer = factory.create_transactional_producer(transactional_id=NAME)
+    await producer.begin_transaction()
+    await producer.send_message(Message(TOPIC, data))
+    await producer.commit()
+    return producer
+
+
+async def zombie_and_successor(factory: AsyncMessageSessionFactory) -> tuple[AsyncTransactionalProducer, AsyncTransactionalProducer]:
+    """The old instance with an open transaction, then the new one (its init fences the old), which commits."""
+    old = factory.create_transactional_producer(transactional_id=NAME)
+    await old.begin_transaction()
+    for data in payloads("zombie", 3):
+        await old.send_message(Message(TOPIC, data))
+    new = await committed(factory, b"new-1")
+    assert new.sender.producer_id == old.sender.producer_id
+    assert new.sender.producer_epoch == old.sender.producer_epoch + 1
+    return old, new
+
+
+def test_a_new_instance_fences_the_old_one_and_its_open_transaction_is_never_seen(
+        broker_factory: Any, zk_client: Any, zk_root: str) -> None:
+    group = Group(zk_client, zk_root)
+    a, b = make_pair(broker_factory, sync_system(maxTxTimeoutInSeconds=30), group, partitions=PARTITIONS)
+
+    async def scenario() -> None:
+        async with AsyncMessageSessionFactory(client_config(broker_factory)) as factory:
+            old, new = await zombie_and_successor(factory)
+            pid, epoch = new.sender.producer_id, new.sender.producer_epoch
+            assert pid is not None
+            with pytest.raises(ProducerFenced, match=f"a newer instance of transactional id {NAME} exists"):
+                await old.send_message(Message(TOPIC, b"zombie-late"))
+            with pytest.raises(ProducerFenced):
+                await old.commit()  # the client stops for good once fenced
+            refused = await raw(a, {"op": "transaction", "action": "end", "xid": f"TX:{pid}.{epoch - 1}:1",
+                                    "producer_id": pid, "producer_epoch": epoch - 1})
+            assert refused.code == c.FORBIDDEN and "fenced" in refused.message, refused.header
+
+            await new.begin_transaction()
+            await new.send_message(Message(TOPIC, b"new-2"))
+            await new.commit()
+            await replicated(a, b)
+            for broker in (a, b):
+                await asyncio.to_thread(
+                    wait_until, lambda broker=broker: asyncio.run(visible_all(broker)) == [b"new-1", b"new-2"], 10, 0.1,
+                    f"{broker.name} to show the new instance's transactions and nothing of the zombie's")
+
+            node = f"{ZkPaths(zk_root).broker(GROUP)}/transactional_ids/{NAME}"
+            assert json.loads(zk_client.get(node)[0]) == {"producer_id": pid, "epoch": epoch}
+
+            inits = await asyncio.gather(*(raw(a, {"op": "init_producer", "transactional_id": "race"}) for _ in range(6)))
+            assert sorted(reply["epoch"] for reply in inits) == list(range(6))
+            assert len({reply["producer_id"] for reply in inits}) == 1
+            bad = await raw(a, {"op": "init_producer", "transactional_id": "../etc"})
+            assert bad.code == c.BAD_REQUEST and "transactional id" in bad.message, bad.header
+
+    asyncio.run(scenario())
+
+
+def test_a_restarted_broker_still_fences_from_its_logs_and_the_zookeeper_mapping(
+        broker_factory: Any, zk_client: Any, zk_root: str) -> None:
+    group = Group(zk_client, zk_root)
+    master = broker_factory(GROUP, {TOPIC: PARTITIONS}, {"unflushThreshold": 0}, zookeeper=ZK_SETTINGS)
+    producer: dict[str, int] = {}
+
+    async def before() -> None:
+        async with AsyncMessageSessionFactory(client_config(broker_factory)) as factory:
+            _old, new = await zombie_and_successor(factory)
+            # A third instance inits and sends nothing: only the mapping knows its epoch.
+            quiet = factory.create_transactional_producer(transactional_id=NAME)
+            await quiet.sender.ensure_producer_id(TOPIC)
+            assert new.sender.producer_id is not None
+            producer.update(pid=new.sender.producer_id, epoch=quiet.sender.producer_epoch)
+
+    asyncio.run(before())
+    epoch = group.epoch()
+    master.restart(kill=True)
+    wait_leads(master, group, epoch - 1)
+
+    async def after() -> None:
+        pid, quiet_epoch = producer["pid"], producer["epoch"]
+        await assert_zombie_refused(master, pid, quiet_epoch - 2)  # the first instance: BATCH records and mapping
+        await assert_zombie_refused(master, pid, quiet_epoch - 1)  # the second: the mapping alone
+        async with AsyncMessageSessionFactory(client_config(broker_factory)) as factory:
+            newest = await committed(factory, b"after restart")
+            assert (newest.sender.producer_id, newest.sender.producer_epoch) == (pid, quiet_epoch + 1)
+        assert await visible_all(master) == sorted([b"new-1", b"after restart"])
+
+    asyncio.run(after())
+
+
+def test_after_a_kill_9_failover_the_new_master_fences_the_zombie_and_continues_the_epochs(
+        broker_factory: Any, zk_client: Any, zk_root: str) -> None:
+    group = Group(zk_client, zk_root)
+    a, b = make_pair(broker_factory, sync_system(maxTxTimeoutInSeconds=30), group, partitions=PARTITIONS)
+
+    async def scenario() -> None:
+        async with AsyncMessageSessionFactory(client_config(broker_factory)) as factory:
+            _old, new = await zombie_and_successor(factory)
+            pid, epoch = new.sender.producer_id, new.sender.producer_epoch
+            assert pid is not None
+            await new.begin_transaction()
+            await new.send_message(Message(TOPIC, b"open at the crash"))
+
+            master_epoch = group.epoch()
+            a.kill()
+            await asyncio.to_thread(wait_leads, b, group, master_epoch)
+            await assert_zombie_refused(b, pid, epoch - 1)
+            with pytest.raises(TransactionError):
+                await new.commit()  # unprepared at the crash: the new master rolled it back
+
+            newest = await committed(factory, b"after failover")
+            assert (newest.sender.producer_id, newest.sender.producer_epoch) == (pid, epoch + 1)
+            await new.begin_transaction()
+            with pytest.raises(ProducerFenced):
+                await new.send_message(Message(TOPIC, b"now a zombie too"))
+            assert await visible_all(b) == sorted([b"new-1", b"after failover"])
+
+    asyncio.run(scenario())
