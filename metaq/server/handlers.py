@@ -29,6 +29,8 @@ from ..ha.node import HaNode
 from ..ha.sync_set import SyncWaitFailed
 from ..protocol import commands as c
 from ..record import HEADER, HEADER_SIZE, RecordError, stamp_msg_ids, validate_batch
+from ..security.acl import Operation
+from ..security.settings import BrokerSecurity
 from ..store.log import OffsetOutOfRange, SegmentVanished
 from ..store.manager import MessageStoreManager, UnknownPartition, UnknownTopic
 from ..store.msgid import MsgIdGenerator
@@ -39,7 +41,7 @@ from ..txn.put import PutRefused, plan_put
 from . import stats as stats_text
 from .connection import FileBody
 from .producer_ids import ProducerIdAllocator
-from .transactional_ids import TransactionalIds, check_transactional_id
+from .transactional_ids import NotOwner, TransactionalIds, check_transactional_id
 from .registry import BrokerRegistry
 from .stats import BrokerStats
 from .transactions import TransactionService, aborted_spans, stable_end
@@ -72,6 +74,7 @@ class ServedBroker(Protocol):
     producer_ids: ProducerIdAllocator | None
     transactional_ids: TransactionalIds | None
     transactions: TransactionService
+    security: BrokerSecurity
 
     def topic_config(self, topic: str) -> TopicConfig | None: ...
 
@@ -290,11 +293,18 @@ class RequestHandlers:
         refusal = self.broker.transactions.refusal()
         if refusal is not None:
             raise c.RequestError(*refusal)
-        return self._init_transactional(req, names, name)
+        principal = getattr(req.origin, "principal", None)
+        authorizer = self.broker.security.authorizer
+        user = None if authorizer is None or principal is None else principal.name  # None: security off
+        admin = authorizer is not None and authorizer.allowed(principal, Operation.ADMIN)
+        return self._init_transactional(req, names, name, user, admin)
 
-    async def _init_transactional(self, req: c.Request, names: TransactionalIds, name: str) -> Reply:
+    async def _init_transactional(self, req: c.Request, names: TransactionalIds, name: str, user: str | None,
+                                  admin: bool) -> Reply:
         try:
-            owner, previous = await names.init(name)
+            owner, previous = await names.init(name, user, admin=admin)
+        except NotOwner as exc:
+            return c.reply_header(req.opaque, c.FORBIDDEN, f"init_producer: {exc}"), b""
         except Exception as exc:  # ZooKeeper unreachable, a full disk: the producer asks again
             logger.warning("init of transactional id %s failed: %s", name, exc)
             return c.reply_header(req.opaque, c.SERVICE_UNAVAILABLE, f"cannot init transactional id {name}: {exc}"), b""

@@ -13,13 +13,16 @@ Rules kept here:
 * **the epoch fits the BATCH record's int16**: an epoch past ``MAX_EPOCH`` is never
   handed out; the name takes a new producer id at epoch 0 instead (as Kafka does),
   and the old producer id is fenced as a whole;
+* **a name belongs to the user who first inited it** (with security on): another
+  user's init of it is refused (``NotOwner``), or anyone could fence another
+  application's producer; ``admin`` may init any name (the owner stays);
 * **a name is checked like a topic name** (letters, digits, ``.``, ``_``, ``-``,
   1..200 characters): it becomes a ZooKeeper node name.
 
 Where the mapping lives:
 
 * with ZooKeeper: ``{root}/brokers/ids/{id}/transactional_ids/{name}`` (persistent, JSON
-  ``{"producer_id": P, "epoch": E}``), under the group's node with the group's ACL,
+  ``{"producer_id": P, "epoch": E}``, plus ``"principal"`` with security on), under the group's node with the group's ACL,
   so a new master (or a restarted one) continues from the epoch the old one handed out;
 * without ZooKeeper: ``{dataPath}/transactional-ids`` (CRC-guarded JSON map, replaced
   atomically, fsynced before the answer).
@@ -53,12 +56,22 @@ def check_transactional_id(name: object) -> str:
     return name
 
 
+class NotOwner(PermissionError):
+    """The name belongs to another user."""
+
+
 class Owner(NamedTuple):
     producer_id: int
     epoch: int
+    #: The user the name belongs to (None: security off, anyone's).
+    principal: str | None = None
 
-    def to_json(self) -> list[int]:
-        return [self.producer_id, self.epoch]
+    def to_json(self) -> dict[str, Any]:
+        return {key: value for key, value in self._asdict().items() if value is not None}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Owner:
+        return cls(int(data["producer_id"]), int(data["epoch"]), data.get("principal"))
 
 
 class MappingStore(Protocol):
@@ -71,11 +84,16 @@ class MappingStore(Protocol):
     def read_all(self) -> dict[str, Owner]: ...
 
 
-def next_owner(current: Owner | None, fresh_id: int | None) -> Owner | None:
-    """The owner after one more init: the epoch + 1, or ``fresh_id`` at epoch 0 (None: a fresh id is needed)."""
-    if current is not None and current.epoch < MAX_EPOCH:
-        return Owner(current.producer_id, current.epoch + 1)
-    return None if fresh_id is None else Owner(fresh_id, 0)
+def next_owner(current: Owner | None, fresh_id: int | None, principal: str | None = None) -> Owner | None:
+    """The owner after one more init: the epoch + 1, or ``fresh_id`` at epoch 0 (None: a fresh id is needed).
+
+    The name keeps the user it belongs to; a new name belongs to ``principal``.
+    """
+    if current is not None:
+        principal = current.principal or principal
+        if current.epoch < MAX_EPOCH:
+            return Owner(current.producer_id, current.epoch + 1, principal)
+    return None if fresh_id is None else Owner(fresh_id, 0, principal)
 
 
 class TransactionalIds:
@@ -88,17 +106,21 @@ class TransactionalIds:
         # the compare-and-set below keeps inits on different brokers apart.
         self._lock = asyncio.Lock()
 
-    async def init(self, name: str) -> tuple[Owner, Owner | None]:
+    async def init(self, name: str, principal: str | None = None, *, admin: bool = False) -> tuple[Owner, Owner | None]:
+        """``principal``: the requesting user (None: security off); ``admin`` may init any name."""
         check_transactional_id(name)
         async with self._lock:
-            return await self._init(name)
+            return await self._init(name, principal, admin)
 
-    async def _init(self, name: str) -> tuple[Owner, Owner | None]:
+    async def _init(self, name: str, principal: str | None, admin: bool) -> tuple[Owner, Owner | None]:
         for _ in range(CAS_ATTEMPTS):
             current, version = await asyncio.to_thread(self.store.read, name)
-            owner = next_owner(current, None)
+            if current is not None and current.principal not in (None, principal) and not admin:
+                raise NotOwner(f"transactional id {name} belongs to user {current.principal!r}; "
+                               f"only that user (or admin) may init it")
+            owner = next_owner(current, None, principal)
             if owner is None:  # new name or epoch overflow; an id taken and then lost to a race is skipped
-                owner = next_owner(current, await self.allocator.allocate())
+                owner = next_owner(current, await self.allocator.allocate(), principal)
             assert owner is not None
             if await asyncio.to_thread(self.store.write, name, owner, version):
                 return owner, current
@@ -119,10 +141,10 @@ class ZooKeeperMapping:
             value, stat = self.client.get(f"{self.directory}/{name}")
         except NoNodeError:
             return None, None
-        return _owner(value), stat.version
+        return Owner.from_json(json.loads(value.decode())), stat.version
 
     def write(self, name: str, owner: Owner, version: Any) -> bool:
-        path, value = f"{self.directory}/{name}", json.dumps(owner._asdict()).encode()
+        path, value = f"{self.directory}/{name}", json.dumps(owner.to_json()).encode()
         try:
             if version is None:
                 self.create(path, value)
@@ -145,11 +167,6 @@ class ZooKeeperMapping:
         return owners
 
 
-def _owner(value: bytes) -> Owner:
-    data = json.loads(value.decode())
-    return Owner(int(data["producer_id"]), int(data["epoch"]))
-
-
 class LocalMapping:
     """A broker without ZooKeeper: one process serves every init, so the file needs no version."""
 
@@ -168,4 +185,4 @@ class LocalMapping:
 
     def read_all(self) -> dict[str, Owner]:
         raw = read_crc_file(self.path)
-        return {} if not raw else {name: Owner(*map(int, pair)) for name, pair in json.loads(raw.decode()).items()}
+        return {} if not raw else {name: Owner.from_json(data) for name, data in json.loads(raw.decode()).items()}

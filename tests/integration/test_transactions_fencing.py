@@ -13,7 +13,8 @@ a kill -9 failover of the pair:
   (``ProducerFenced`` in the client), on the master that served the init, after its
   restart, and on the slave that took over;
 * the new instance's transactions commit;
-* concurrent inits of one name get distinct epochs; a bad name gets 400.
+* concurrent inits of one name get distinct epochs; a bad name gets 400;
+* with security on, a name belongs to the user who first inited it (admin may init any).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from metaq.zk.paths import ZkPaths
 
 from .failover_support import GROUP, TOPIC, ZK_SETTINGS, Group, make_pair, sync_system, wait_leads
 from .test_transactions import PARTITIONS, client_config, payloads, replicated, visible_all
+from .trust_support import SecuredGroup, request_as, run
 
 NAME = "app-1"
 
@@ -48,8 +50,14 @@ async def raw(broker: BrokerProcess, header: dict[str, Any]) -> Reply:
 
 async def assert_zombie_refused(broker: BrokerProcess, producer_id: int, epoch: int) -> None:
     """A transaction step of ``epoch`` (a fresh start, as a zombie would try next) is refused as fenced."""
-    reply = await raw(broker, {"op": "transaction", "action": "start", "xid": f"TX:{producer_id}.{epoch}:99",
-                               "producer_id": producer_id, "producer_epoch": epoch})
+    step = {"op": "transaction", "action": "start", "xid": f"TX:{producer_id}.{epoch}:99",
+            "producer_id": producer_id, "producer_epoch": epoch}
+    reply = await raw(broker, step)
+    for _ in range(100):  # a master just started or promoted answers 503 until it has recovered transactions
+        if reply.code != c.SERVICE_UNAVAILABLE:
+            break
+        await asyncio.sleep(0.1)
+        reply = await raw(broker, step)
     assert reply.code == c.FORBIDDEN and reply.message.startswith("fenced: a newer instance"), reply.header
 
 
@@ -173,3 +181,15 @@ def test_after_a_kill_9_failover_the_new_master_fences_the_zombie_and_continues_
             assert await visible_all(b) == sorted([b"new-1", b"after failover"])
 
     asyncio.run(scenario())
+
+
+def test_with_security_on_a_name_belongs_to_the_user_who_first_inited_it(broker_factory: Any, tmp_path: Any) -> None:
+    secured = SecuredGroup(tmp_path / "security")
+    master = broker_factory(GROUP, {TOPIC: 1}, {"unflushThreshold": 0, **secured.system})
+    init = {"op": "init_producer", "transactional_id": "billing"}
+    first = run(request_as(master, "app", init))
+    assert first.code == c.OK and first["epoch"] == 0, first.header
+    refused = run(request_as(master, "reader", init))  # a user may not fence another user's producer
+    assert refused.code == c.FORBIDDEN and "belongs to user 'app'" in refused.message, refused.header
+    by_admin = run(request_as(master, "ops", init))
+    assert by_admin.code == c.OK and (by_admin["producer_id"], by_admin["epoch"]) == (first["producer_id"], 1)

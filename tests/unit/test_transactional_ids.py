@@ -10,7 +10,7 @@ import pytest
 
 from metaq.server.producer_ids import ProducerIdAllocator, local_blocks, producer_id
 from metaq.server.transactional_ids import (
-    MAX_EPOCH, LocalMapping, Owner, TransactionalIds, check_transactional_id, next_owner,
+    MAX_EPOCH, LocalMapping, NotOwner, Owner, TransactionalIds, check_transactional_id, next_owner,
 )
 
 
@@ -75,3 +75,16 @@ def test_a_name_from_the_network_is_checked_like_a_topic_name(bad: object) -> No
     with pytest.raises(ValueError, match="transactional id"):
         check_transactional_id(bad)
     assert check_transactional_id("App_1.orders-eu") == "App_1.orders-eu"
+
+
+def test_a_name_belongs_to_the_user_who_first_inited_it(tmp_path: Path) -> None:
+    ids = names(tmp_path)
+    first, _ = asyncio.run(ids.init("billing", "alice"))
+    assert first.principal == "alice"
+    with pytest.raises(NotOwner, match="belongs to user 'alice'"):
+        asyncio.run(ids.init("billing", "mallory"))
+    again, _ = asyncio.run(ids.init("billing", "alice"))
+    by_admin, _ = asyncio.run(ids.init("billing", "root", admin=True))
+    assert (again.epoch, by_admin.epoch, by_admin.principal) == (1, 2, "alice")
+    open_name, _ = asyncio.run(ids.init("shared"))  # security off: nobody's
+    assert open_name.principal is None and asyncio.run(ids.init("shared", "bob"))[0].principal == "bob"
