@@ -70,28 +70,36 @@ async def committed(factory: AsyncMessageSessionFactory, data: bytes) -> AsyncTr
     return producer
 
 
-async def zombie_and_successor(factory: AsyncMessageSessionFactory) -> tuple[AsyncTransactionalProducer, AsyncTransactionalProducer]:
-    """The old instance with an open transaction, then the new one (its init fences the old), which commits."""
+Instances = tuple[AsyncTransactionalProducer, AsyncTransactionalProducer, int, int]
+
+
+async def zombie_and_successor(factory: AsyncMessageSessionFactory) -> Instances:
+    """The old instance with an open transaction, then the new one (its init fences the old), which
+    commits; and the new one's producer id and epoch."""
     old = factory.create_transactional_producer(transactional_id=NAME)
     await old.begin_transaction()
     for data in payloads("zombie", 3):
         await old.send_message(Message(TOPIC, data))
     new = await committed(factory, b"new-1")
-    assert new.sender.producer_id == old.sender.producer_id
-    assert new.sender.producer_epoch == old.sender.producer_epoch + 1
-    return old, new
+    pid, epoch = new.sender.producer_id, new.sender.producer_epoch
+    assert pid is not None and pid == old.sender.producer_id and epoch == old.sender.producer_epoch + 1
+    return old, new, pid, epoch
+
+
+@pytest.fixture
+def pair(broker_factory: Any, zk_client: Any, zk_root: str) -> tuple[BrokerProcess, BrokerProcess, Group]:
+    group = Group(zk_client, zk_root)
+    a, b = make_pair(broker_factory, sync_system(maxTxTimeoutInSeconds=30), group, partitions=PARTITIONS)
+    return a, b, group
 
 
 def test_a_new_instance_fences_the_old_one_and_its_open_transaction_is_never_seen(
-        broker_factory: Any, zk_client: Any, zk_root: str) -> None:
-    group = Group(zk_client, zk_root)
-    a, b = make_pair(broker_factory, sync_system(maxTxTimeoutInSeconds=30), group, partitions=PARTITIONS)
+        broker_factory: Any, zk_client: Any, zk_root: str, pair: Any) -> None:
+    a, b, _group = pair
 
     async def scenario() -> None:
         async with AsyncMessageSessionFactory(client_config(broker_factory)) as factory:
-            old, new = await zombie_and_successor(factory)
-            pid, epoch = new.sender.producer_id, new.sender.producer_epoch
-            assert pid is not None
+            old, new, pid, epoch = await zombie_and_successor(factory)
             with pytest.raises(ProducerFenced, match=f"a newer instance of transactional id {NAME} exists"):
                 await old.send_message(Message(TOPIC, b"zombie-late"))
             with pytest.raises(ProducerFenced):
@@ -129,12 +137,11 @@ def test_a_restarted_broker_still_fences_from_its_logs_and_the_zookeeper_mapping
 
     async def before() -> None:
         async with AsyncMessageSessionFactory(client_config(broker_factory)) as factory:
-            _old, new = await zombie_and_successor(factory)
+            _old, _new, pid, _epoch = await zombie_and_successor(factory)
             # A third instance inits and sends nothing: only the mapping knows its epoch.
             quiet = factory.create_transactional_producer(transactional_id=NAME)
             await quiet.sender.ensure_producer_id(TOPIC)
-            assert new.sender.producer_id is not None
-            producer.update(pid=new.sender.producer_id, epoch=quiet.sender.producer_epoch)
+            producer.update(pid=pid, epoch=quiet.sender.producer_epoch)
 
     asyncio.run(before())
     epoch = group.epoch()
@@ -154,15 +161,12 @@ def test_a_restarted_broker_still_fences_from_its_logs_and_the_zookeeper_mapping
 
 
 def test_after_a_kill_9_failover_the_new_master_fences_the_zombie_and_continues_the_epochs(
-        broker_factory: Any, zk_client: Any, zk_root: str) -> None:
-    group = Group(zk_client, zk_root)
-    a, b = make_pair(broker_factory, sync_system(maxTxTimeoutInSeconds=30), group, partitions=PARTITIONS)
+        broker_factory: Any, pair: Any) -> None:
+    a, b, group = pair
 
     async def scenario() -> None:
         async with AsyncMessageSessionFactory(client_config(broker_factory)) as factory:
-            _old, new = await zombie_and_successor(factory)
-            pid, epoch = new.sender.producer_id, new.sender.producer_epoch
-            assert pid is not None
+            _old, new, pid, epoch = await zombie_and_successor(factory)
             await new.begin_transaction()
             await new.send_message(Message(TOPIC, b"open at the crash"))
 
