@@ -30,6 +30,8 @@ from metaq.client.connection import BrokerConnection, Reply
 from metaq.client.session import AsyncMessageSessionFactory
 from metaq.client.transactional import AsyncTransactionalProducer
 from metaq.protocol import commands as c
+from metaq.server.producer_ids import ProducerIdAllocator, zookeeper_blocks
+from metaq.server.transactional_ids import Owner, TransactionalIds, ZooKeeperMapping
 from metaq.tools.launcher import BrokerProcess, wait_until
 from metaq.zk.paths import ZkPaths
 
@@ -197,3 +199,25 @@ def test_with_security_on_a_name_belongs_to_the_user_who_first_inited_it(broker_
     assert refused.code == c.FORBIDDEN and "belongs to user 'app'" in refused.message, refused.header
     by_admin = run(request_as(master, "ops", init))
     assert by_admin.code == c.OK and (by_admin["producer_id"], by_admin["epoch"]) == (first["producer_id"], 1)
+
+
+def test_two_brokers_of_a_group_racing_on_one_name_in_zookeeper_get_distinct_epochs(zk_client: Any, zk_root: str) -> None:
+    """The compare-and-set on the real znode: e.g. an old master still answering while the new one inits."""
+    paths = ZkPaths(zk_root)
+
+    def create(path: str, value: bytes) -> Any:
+        return zk_client.create(path, value, makepath=True)
+
+    def broker_side() -> TransactionalIds:
+        allocator = ProducerIdAllocator(GROUP, zookeeper_blocks(zk_client, paths, GROUP, create))
+        return TransactionalIds(allocator, ZooKeeperMapping(zk_client, paths, GROUP, create))
+
+    async def race() -> list[Owner]:
+        brokers = [broker_side(), broker_side()]
+        inits = await asyncio.gather(*(brokers[i % 2].init("raced") for i in range(10)))
+        return [owner for owner, _previous in inits]
+
+    owners = asyncio.run(race())
+    assert sorted(owner.epoch for owner in owners) == list(range(10))
+    assert len({owner.producer_id for owner in owners}) == 1
+    assert ZooKeeperMapping(zk_client, paths, GROUP, zk_client.create).read_all() == {"raced": Owner(owners[0].producer_id, 9)}
