@@ -41,9 +41,9 @@ from ..txn.put import PutRefused, plan_put
 from . import stats as stats_text
 from .connection import FileBody
 from .producer_ids import ProducerIdAllocator
-from .transactional_ids import NotOwner, TransactionalIds, check_transactional_id
 from .registry import BrokerRegistry
 from .stats import BrokerStats
+from .transactional_ids import NotOwner, TransactionalIds, check_transactional_id
 from .transactions import TransactionService, aborted_spans, stable_end
 from .txn_state import TxnStates
 from .waiters import EndWaiters

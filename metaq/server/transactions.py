@@ -59,10 +59,9 @@ from ..txn.control import NO_PRODUCER
 from ..txn.coordinator import MarkerWrite, Reply, TransactionCoordinator
 from ..txn.txlog import TxLog
 from ..txn.xa import Code
-from .transactional_ids import MAX_EPOCH, Owner
+from .transactional_ids import MAX_EPOCH, Owner, TransactionalIds
 
 if TYPE_CHECKING:
-    from .transactional_ids import TransactionalIds
     from ..security.principals import Principal
 
 log = logging.getLogger(__name__)
@@ -205,7 +204,7 @@ class TransactionService:
                 if entry.epoch > 0:
                     self._raise_fence(producer_id, entry.epoch, None)
 
-    async def _load_owners(self, mapping: "TransactionalIds") -> None:
+    async def _load_owners(self, mapping: TransactionalIds) -> None:
         """The group's transactional id mapping, read once per take-over (a newer instance may not have put yet)."""
         while True:
             try:
