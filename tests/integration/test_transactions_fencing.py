@@ -14,6 +14,8 @@ a kill -9 failover of the pair:
   restart, and on the slave that took over;
 * the new instance's transactions commit;
 * concurrent inits of one name get distinct epochs; a bad name gets 400;
+* XA with a transactional id: the old instance's unprepared branch is rolled back, its
+  prepared one stays in ``recover`` and can be committed;
 * with security on, a name belongs to the user who first inited it (admin may init any).
 """
 
@@ -25,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from metaq.client import Message, ProducerFenced, TransactionError
+from metaq.client import Message, ProducerFenced, TransactionError, Xid
 from metaq.client.connection import BrokerConnection, Reply
 from metaq.client.session import AsyncMessageSessionFactory
 from metaq.client.transactional import AsyncTransactionalProducer
@@ -221,3 +223,33 @@ def test_two_brokers_of_a_group_racing_on_one_name_in_zookeeper_get_distinct_epo
     assert sorted(owner.epoch for owner in owners) == list(range(10))
     assert len({owner.producer_id for owner in owners}) == 1
     assert ZooKeeperMapping(zk_client, paths, GROUP, zk_client.create).read_all() == {"raced": Owner(owners[0].producer_id, 9)}
+
+
+def test_an_xa_instance_fences_the_old_ones_unprepared_branch_and_leaves_its_prepared_one(
+        broker_factory: Any, pair: Any) -> None:
+    a, _b, _group = pair
+    prepared, unprepared, fresh = Xid(3, b"prepared"), Xid(3, b"unprepared"), Xid(3, b"fresh")
+
+    async def scenario() -> None:
+        async with AsyncMessageSessionFactory(client_config(broker_factory)) as factory:
+            old = factory.create_xa_producer(transactional_id="tm-1")
+            old_resource = old.xa_resource()
+            for xid in (prepared, unprepared):
+                await old_resource.start(xid)
+                await old.send_message(Message(TOPIC, str(xid).encode()))
+                await old_resource.end(xid)
+            assert await old_resource.prepare(prepared) == old_resource.XA_OK
+
+            new = factory.create_xa_producer(transactional_id="tm-1")
+            resource = new.xa_resource()
+            await resource.start(fresh)
+            await new.send_message(Message(TOPIC, str(fresh).encode()))  # the init: the old instance is fenced
+            await resource.end(fresh)
+            await resource.commit(fresh, one_phase=True)
+            with pytest.raises(ProducerFenced):
+                await old_resource.prepare(unprepared)
+            assert await resource.recover() == [prepared]  # the prepared branch waits for its transaction manager
+            await resource.commit(prepared, one_phase=False)
+            assert await visible_all(a) == sorted([str(fresh).encode(), str(prepared).encode()])
+
+    asyncio.run(scenario())
