@@ -17,7 +17,7 @@ from .recover import RecoverStore
 from .routing import choose_replica
 from .selector import KeyHashPartitionSelector, NoPartitionAvailable, PartitionSelector, RoundRobinPartitionSelector
 from .session import AsyncMessageSessionFactory
-from .transactional import AsyncTransactionalProducer, TransactionError, TransactionRolledBack
+from .transactional import AsyncTransactionalProducer, ProducerFenced, TransactionError, TransactionRolledBack
 from .xa import AsyncXAProducer, AsyncXAResource, XAError, Xid
 from .blocking import MessageConsumer, MessageProducer, MessageSessionFactory, TransactionalProducer, XAProducer
 
@@ -27,6 +27,7 @@ __all__ = [
     "AsyncXAResource",
     "TransactionError",
     "TransactionRolledBack",
+    "ProducerFenced",
     "TransactionalProducer",
     "XAError",
     "XAProducer",

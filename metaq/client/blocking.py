@@ -412,11 +412,15 @@ class MessageSessionFactory:
     def create_consumer(self, config: ConsumerConfig, offset_store: OffsetStore | None = None) -> MessageConsumer:
         return MessageConsumer(self._runner, self.aio.create_consumer(config, offset_store))
 
-    def create_transactional_producer(self, selector: PartitionSelector | None = None) -> TransactionalProducer:
-        return TransactionalProducer(self._runner, self.aio.create_transactional_producer(selector))
+    def create_transactional_producer(self, selector: PartitionSelector | None = None, *,
+                                      transactional_id: str | None = None,
+                                      broker_id: int | None = None) -> TransactionalProducer:
+        return TransactionalProducer(self._runner, self.aio.create_transactional_producer(
+            selector, transactional_id=transactional_id, broker_id=broker_id))
 
-    def create_xa_producer(self, broker_id: int | None = None, selector: PartitionSelector | None = None) -> XAProducer:
-        return XAProducer(self._runner, self.aio.create_xa_producer(broker_id, selector))
+    def create_xa_producer(self, broker_id: int | None = None, selector: PartitionSelector | None = None, *,
+                           transactional_id: str | None = None) -> XAProducer:
+        return XAProducer(self._runner, self.aio.create_xa_producer(broker_id, selector, transactional_id=transactional_id))
 
     def shutdown(self) -> None:
         try:

@@ -45,15 +45,21 @@ class AsyncMessageSessionFactory:
         self._producers.append(producer)
         return producer
 
-    def create_transactional_producer(self, selector: PartitionSelector | None = None) -> AsyncTransactionalProducer:
-        """MetaQ's TransactionalProducer: local transactions over one broker group (transactional.py)."""
-        producer = AsyncTransactionalProducer(TransactionalSender(self.cluster, self.pool, self.config, selector))
+    def create_transactional_producer(self, selector: PartitionSelector | None = None, *,
+                                      transactional_id: str | None = None,
+                                      broker_id: int | None = None) -> AsyncTransactionalProducer:
+        """MetaQ's TransactionalProducer: local transactions over one broker group (transactional.py);
+        with ``transactional_id`` a new instance fences the older ones of the same name."""
+        producer = AsyncTransactionalProducer(TransactionalSender(self.cluster, self.pool, self.config, selector,
+                                                                  broker_id, transactional_id))
         self._transactional.append(producer)
         return producer
 
-    def create_xa_producer(self, broker_id: int | None = None, selector: PartitionSelector | None = None) -> AsyncXAProducer:
+    def create_xa_producer(self, broker_id: int | None = None, selector: PartitionSelector | None = None, *,
+                           transactional_id: str | None = None) -> AsyncXAProducer:
         """An XA producer and its resource (xa.py); ``broker_id`` names the group (else: the first send's)."""
-        return AsyncXAProducer(TransactionalSender(self.cluster, self.pool, self.config, selector, broker_id))
+        return AsyncXAProducer(TransactionalSender(self.cluster, self.pool, self.config, selector, broker_id,
+                                                   transactional_id))
 
     def create_consumer(self, config: ConsumerConfig, offset_store: OffsetStore | None = None) -> AsyncMessageConsumer:
         consumer = AsyncMessageConsumer(self.cluster, self.pool, self.config, config, offset_store)

@@ -10,7 +10,7 @@ How it talks to the broker (docs/transactions.md, docs/protocol.md ``transaction
 
 * the producer asks any broker for a producer id once (``init_producer``); every put
   of a transaction carries that id, its epoch, a sequence number per partition and
-  the transaction id ``TX:{producerId}:{n}``, so a put retried through a failover is
+  the transaction id ``TX:{producerId}.{epoch}:{n}``, so a put retried through a failover is
   appended once;
 * the branch is started on the group's master before the first put (``start``),
   ended and committed in one phase (``end``, ``commit_one_phase``) or rolled back;
@@ -19,6 +19,14 @@ How it talks to the broker (docs/transactions.md, docs/protocol.md ``transaction
   recovers transactions, 504 or a lost reply): until ``send_timeout_s``. A retried
   step is safe: a put is deduplicated, and a commit or rollback retried on a decided
   branch answers its outcome.
+
+With a ``transactional_id`` (Kafka's ``transactional.id``), the producer id belongs to
+that name: every new instance's ``init_producer`` gets the same id with the epoch
+raised by one, and the broker rolls back the older instance's open, unprepared
+transaction before it answers. The name's transactions run on the broker group that
+holds the name (the one given, else the first group of the first topic sent to), so
+every instance must use the same topic first or the same ``broker_id``. The older
+instance's next put or step is refused with ``ProducerFenced``; it stops for good.
 
 ``metaq/client/xa.py`` builds the XA resource on the same sender.
 """
@@ -66,6 +74,15 @@ class TransactionError(MetaqError):
         self.code = code
 
 
+class ProducerFenced(TransactionError):
+    """A newer instance of this producer's transactional id exists: this one may do nothing more."""
+
+
+def _fenced(reply: Reply) -> bool:
+    """The broker's refusal of an older epoch (403 ``fenced: ...``): final, never retried."""
+    return reply.code == c.FORBIDDEN and reply.message.startswith("fenced:")
+
+
 class TransactionRolledBack(TransactionError):
     """The broker rolled the transaction back (timeout, failover, end(TMFAIL)); nothing of it is visible."""
 
@@ -92,7 +109,8 @@ class TransactionalSender:
     """Puts and transaction steps for branches of one broker group (shared by both producers)."""
 
     def __init__(self, cluster: Cluster, pool: ConnectionPool, config: MetaClientConfig,
-                 selector: PartitionSelector | None = None, broker_id: int | None = None) -> None:
+                 selector: PartitionSelector | None = None, broker_id: int | None = None,
+                 transactional_id: str | None = None) -> None:
         self.cluster = cluster
         self.pool = pool
         self.config = config
@@ -101,6 +119,9 @@ class TransactionalSender:
         self.broker_id = broker_id
         self.producer_id: int | None = None
         self.producer_epoch = 0
+        self.transactional_id = transactional_id
+        #: Why this sender was fenced (None: it was not); set once, never cleared.
+        self.fenced: str | None = None
         self._sequences: dict[tuple[str, Partition], int] = {}
         self._lock = asyncio.Lock()  # one put at a time: sequences stay in order on every partition
 
@@ -108,12 +129,18 @@ class TransactionalSender:
 
     async def request(self, broker_id: int, header: dict[str, Any], body: bytes = b"") -> tuple[Reply, int]:
         """The reply of the group's master (any code but the retried ones), and the attempts it took."""
+        if self.fenced is not None:
+            raise ProducerFenced(self.fenced)
         config = self.config
         deadline = time.monotonic() + config.send_timeout_s
         delay = config.send_retry_min_wait_s
         for attempt in itertools.count(1):
             why = await self._try(broker_id, header, body)
             if isinstance(why, Reply):
+                if _fenced(why):
+                    name = self.transactional_id
+                    self.fenced = why.message if not name or name in why.message else f"{why.message} (transactional id {name})"
+                    raise ProducerFenced(self.fenced, why.code)
                 return why, attempt
             if time.monotonic() + delay > deadline:
                 raise TransactionError(f"{header['op']} to broker group {broker_id} gave up after {attempt} attempts: {why}")
@@ -132,7 +159,7 @@ class TransactionalSender:
             reply = await conn.request(header, body, timeout=self.config.request_timeout_s)
         except (ConnectionClosed, OSError, asyncio.TimeoutError) as exc:
             return f"{broker.master}: {exc or type(exc).__name__}"
-        if reply.code in _RETRY_CODES:
+        if reply.code in _RETRY_CODES and not _fenced(reply):
             return f"{reply.code} {reply.message}"
         return reply
 
@@ -142,18 +169,28 @@ class TransactionalSender:
         raise AssertionError("partitions() never returns an empty list")
 
     async def ensure_producer_id(self, topic: str) -> None:
-        """A producer id from the cluster (once): every transactional put carries it."""
+        """A producer id from the cluster (once, and again after an unknown outcome): every
+        transactional put carries it; a new id or epoch numbers every partition from 0."""
         if self.producer_id is not None:
             return
-        reply, _ = await self.request(self.broker_id if self.broker_id is not None else await self.any_master(topic),
-                                      {"op": "init_producer"})
+        group = self.broker_id if self.broker_id is not None else await self.any_master(topic)
+        header: dict[str, Any] = {"op": "init_producer"}
+        if self.transactional_id is not None:
+            header["transactional_id"] = self.transactional_id
+            self.broker_id = group  # the name's mapping and its transactions live on this group
+        reply, _ = await self.request(group, header)
         if reply.code != c.OK:
             raise TransactionError(f"init_producer: {reply.code} {reply.message}")
         self.producer_id, self.producer_epoch = int(reply["producer_id"]), int(reply["epoch"])
+        self._sequences.clear()
 
     async def step(self, branch: Branch, action: str, **fields: Any) -> int:
         """One transaction step on the branch's master; its XA code."""
         assert branch.broker_id is not None
+        if self.producer_id is not None and self.transactional_id is not None:
+            # so the broker can refuse a step of a fenced (older) instance
+            fields.setdefault("producer_id", self.producer_id)
+            fields.setdefault("producer_epoch", self.producer_epoch)
         header = TransactionRequest(action=action, xid=branch.xid, **fields).to_header()
         reply, attempts = await self.request(branch.broker_id, header)
         if reply.code != c.OK:
@@ -216,6 +253,8 @@ class TransactionalSender:
                             producer_epoch=self.producer_epoch, sequence=sequence, txid=branch.xid).to_header()
         try:
             reply, attempts = await self.request(partition.broker_id, header, body)
+        except ProducerFenced:
+            raise
         except TransactionError:
             # Stored or not, nobody knows: the transaction cannot be committed as the caller sent it.
             self.producer_id = None  # and the numbering under this id is unknown: start over with a new one
@@ -254,7 +293,8 @@ class AsyncTransactionalProducer:
         batch = list(messages)
         if batch and not branch.xid:
             await self.sender.ensure_producer_id(batch[0].topic)
-            branch.xid = f"TX:{self.sender.producer_id}:{next(self._numbers)}"
+            # The epoch keeps a newer instance of a transactional id (same producer id) off the older one's ids.
+            branch.xid = f"TX:{self.sender.producer_id}.{self.sender.producer_epoch}:{next(self._numbers)}"
         return await self.sender.send(branch, batch)
 
     async def commit(self) -> None:

@@ -95,9 +95,15 @@ class PutRequest(Request):
 
 @dataclass(kw_only=True, eq=False)
 class InitProducerRequest(Request):
-    """A new producer id, unique in the cluster, for an idempotent producer (reply: producer_id, epoch)."""
+    """A new producer id, unique in the cluster, for an idempotent producer (reply: producer_id, epoch).
+
+    With ``transactional_id``: that name's producer id with its epoch raised by one, once
+    every unprepared transaction of the older epochs is rolled back
+    (metaq/server/transactional_ids.py).
+    """
 
     OP = "init_producer"
+    transactional_id: str | None = optional(str, None)
 
 
 @dataclass(kw_only=True, eq=False)

@@ -19,7 +19,7 @@ import logging
 import os
 import signal
 from dataclasses import replace
-from typing import Any, Awaitable
+from typing import Any, Awaitable, Callable
 
 from .. import __version__
 from ..addresses import parse_host_port
@@ -40,6 +40,7 @@ from .registry import BrokerRegistry
 from .reload import apply_logging, reload_config
 from .stats import BrokerStats
 from .producer_ids import ProducerIdAllocator, local_blocks, zookeeper_blocks
+from .transactional_ids import LocalMapping, MappingStore, TransactionalIds, ZooKeeperMapping
 from .transactions import TransactionService
 from .txn_state import TxnStates
 from .waiters import EndWaiters
@@ -69,6 +70,8 @@ class Broker:
         self.transactions = TransactionService(self)
         #: Ids for idempotent producers (``init_producer``); set in start.
         self.producer_ids: ProducerIdAllocator | None = None
+        #: Transactional id -> (producer id, epoch) (``init_producer`` with a name); set in start.
+        self.transactional_ids: TransactionalIds | None = None
         self.ha = HaNode(self, slave, in_zookeeper=self.register_in_zk)
         self.handlers = RequestHandlers(self)
         self.ids: MsgIdGenerator | None = None
@@ -208,6 +211,7 @@ class Broker:
             self.group_topics = GroupTopicsApplier(self, seeds=self.slave is None)
             await self.group_topics.start()
         self.producer_ids = ProducerIdAllocator(config.broker_id, self._producer_id_blocks())
+        self.transactional_ids = TransactionalIds(self.producer_ids, self._transactional_id_mapping())
         await self.ha.start()
 
     def _producer_id_blocks(self) -> Any:
@@ -215,12 +219,23 @@ class Broker:
         registry = self.registry
         if registry is None:
             return local_blocks(self.config.data_path)
+        return zookeeper_blocks(registry.client, registry.paths, self.config.broker_id, self._create_group_node())
+
+    def _transactional_id_mapping(self) -> MappingStore:
+        """Where transactional id -> (producer id, epoch) lives: under the group's node, or a local file."""
+        registry = self.registry
+        if registry is None:
+            return LocalMapping(self.config.data_path)
+        return ZooKeeperMapping(registry.client, registry.paths, self.config.broker_id, self._create_group_node())
+
+    def _create_group_node(self) -> Callable[[str, bytes], Any]:
+        """``create(path, value)`` for a persistent node under the group's node, with the group's ACL."""
+        registry = self.registry
+        assert registry is not None
         client, security = registry.client, registry.security
         if security is not None:
-            return zookeeper_blocks(client, registry.paths, self.config.broker_id,
-                                    lambda path, value: security.create(client, path, value))
-        return zookeeper_blocks(client, registry.paths, self.config.broker_id,
-                                lambda path, value: client.create(path, value, makepath=True))
+            return lambda path, value: security.create(client, path, value)
+        return lambda path, value: client.create(path, value, makepath=True)
 
     async def _reload_certificates(self, interval_s: float) -> None:
         """New handshakes present renewed certificate files without a restart."""

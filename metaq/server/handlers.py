@@ -29,6 +29,8 @@ from ..ha.node import HaNode
 from ..ha.sync_set import SyncWaitFailed
 from ..protocol import commands as c
 from ..record import HEADER, HEADER_SIZE, RecordError, stamp_msg_ids, validate_batch
+from ..security.acl import Operation
+from ..security.settings import BrokerSecurity
 from ..store.log import OffsetOutOfRange, SegmentVanished
 from ..store.manager import MessageStoreManager, UnknownPartition, UnknownTopic
 from ..store.msgid import MsgIdGenerator
@@ -41,6 +43,7 @@ from .connection import FileBody
 from .producer_ids import ProducerIdAllocator
 from .registry import BrokerRegistry
 from .stats import BrokerStats
+from .transactional_ids import NotOwner, TransactionalIds, check_transactional_id
 from .transactions import TransactionService, aborted_spans, stable_end
 from .txn_state import TxnStates
 from .waiters import EndWaiters
@@ -69,7 +72,9 @@ class ServedBroker(Protocol):
     registry: BrokerRegistry | None
     txn_states: TxnStates
     producer_ids: ProducerIdAllocator | None
+    transactional_ids: TransactionalIds | None
     transactions: TransactionService
+    security: BrokerSecurity
 
     def topic_config(self, topic: str) -> TopicConfig | None: ...
 
@@ -217,6 +222,7 @@ class RequestHandlers:
         if not 0 <= req.producer_id < 1 << 63 or not 0 <= req.producer_epoch < 1 << 15:
             raise c.RequestError(c.BAD_REQUEST, f"put: producer_id {req.producer_id} or producer_epoch "
                                                 f"{req.producer_epoch} out of range (0..2^63-1, 0..32767)")
+        broker.transactions.check_fenced(req.producer_id, req.producer_epoch)  # a newer instance of its transactional id
         state = broker.txn_states.partition(req.topic, partition)
         try:
             plan = plan_put(state.producers, body, count, producer_id=req.producer_id, producer_epoch=req.producer_epoch,
@@ -274,10 +280,36 @@ class RequestHandlers:
     # --- init_producer --------------------------------------------------------------
 
     def _init_producer(self, req: c.Request) -> Reply | Awaitable[Reply]:
-        allocator = self.broker.producer_ids
-        if allocator is None:
+        allocator, names = self.broker.producer_ids, self.broker.transactional_ids
+        if allocator is None or names is None:
             raise c.RequestError(c.SERVICE_UNAVAILABLE, "this broker is still starting: no producer ids yet")
-        return self._allocate_producer_id(req, allocator)
+        if req.transactional_id is None:
+            return self._allocate_producer_id(req, allocator)
+        try:
+            name = check_transactional_id(req.transactional_id)
+        except ValueError as exc:
+            raise c.RequestError(c.BAD_REQUEST, f"init_producer: {exc}") from None
+        # Only the master that serves the name's transactions may fence them (a slave: 403, retry there).
+        refusal = self.broker.transactions.refusal()
+        if refusal is not None:
+            raise c.RequestError(*refusal)
+        principal = getattr(req.origin, "principal", None)
+        authorizer = self.broker.security.authorizer
+        user = None if authorizer is None or principal is None else principal.name  # None: security off
+        admin = authorizer is not None and authorizer.allowed(principal, Operation.ADMIN)
+        return self._init_transactional(req, names, name, user, admin)
+
+    async def _init_transactional(self, req: c.Request, names: TransactionalIds, name: str, user: str | None,
+                                  admin: bool) -> Reply:
+        try:
+            owner, previous = await names.init(name, user, admin=admin)
+        except NotOwner as exc:
+            return c.reply_header(req.opaque, c.FORBIDDEN, f"init_producer: {exc}"), b""
+        except Exception as exc:  # ZooKeeper unreachable, a full disk: the producer asks again
+            logger.warning("init of transactional id %s failed: %s", name, exc)
+            return c.reply_header(req.opaque, c.SERVICE_UNAVAILABLE, f"cannot init transactional id {name}: {exc}"), b""
+        await self.broker.transactions.fence(name, owner, previous)  # RequestError: the producer asks again
+        return c.reply_header(req.opaque, c.OK, producer_id=owner.producer_id, epoch=owner.epoch), b""
 
     async def _allocate_producer_id(self, req: c.Request, allocator: ProducerIdAllocator) -> Reply:
         try:

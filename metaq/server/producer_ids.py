@@ -17,7 +17,9 @@ Where the counter lives:
   block is used).
 
 The epoch of an idempotent producer is always 0: a restarted producer asks for a
-new id instead (its old id's state expires with ``producerExpiryMs``).
+new id instead (its old id's state expires with ``producerExpiryMs``). A producer
+with a transactional id keeps its id and raises the epoch instead
+(transactional_ids.py), which is what fences its older instances.
 """
 
 from __future__ import annotations

@@ -29,6 +29,13 @@ Invariants kept here:
   and replicated like a sync put; a request on a branch whose markers are still
   settling (or failed to settle: a sync timeout) waits for them first, so a retried
   commit never gets XA_OK before its COMMIT markers are safe;
+* fencing (transactional ids): a producer id's epochs below its newest known one are
+  zombies: their puts and transaction steps get 403 ``fenced: ...``. The newest epoch
+  is learned from ``init_producer`` with a transactional id on this broker, from the
+  group's mapping (loaded when this broker takes up mastership; transaction requests
+  wait for it with 503) and from the BATCH records in the replicated logs. An init
+  answers only after the older epochs' unprepared branches are rolled back and their
+  ABORT markers are as durable as a put's;
 * who may decide a branch's fate: any authenticated principal may start one; every
   other action on a branch needs ``produce`` on every topic the branch wrote to
   (``admin`` may act on any branch); ``recover`` lists only such branches.
@@ -41,16 +48,18 @@ import contextlib
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, NamedTuple
 
 from ..protocol import commands as c
 from ..protocol.messages import TransactionRequest
 from ..record import stamp_msg_ids
 from ..security.acl import Operation
 from ..txn import control
+from ..txn.control import NO_PRODUCER
 from ..txn.coordinator import MarkerWrite, Reply, TransactionCoordinator
 from ..txn.txlog import TxLog
 from ..txn.xa import Code
+from .transactional_ids import MAX_EPOCH, Owner, TransactionalIds
 
 if TYPE_CHECKING:
     from ..security.principals import Principal
@@ -62,6 +71,21 @@ TICK_S = 0.1
 #: (topic, partition, end offset) of one appended marker.
 MarkerEnd = tuple[str, int, int]
 Served = tuple[dict[str, Any], bytes]
+#: How long to wait before reading the transactional id mapping again after a failure.
+OWNERS_RETRY_S = 0.5
+
+
+class Fence(NamedTuple):
+    """A producer id's lowest epoch still allowed, and its transactional id when known."""
+
+    epoch: int
+    name: str | None = None
+
+
+def fenced_message(producer_id: int, epoch: int, fence: Fence) -> str:
+    name = f"transactional id {fence.name}" if fence.name else "its transactional id"
+    return (f"fenced: a newer instance of {name} exists (producer {producer_id} epoch {epoch}, "
+            f"current epoch {fence.epoch}); this producer must stop")
 
 
 def _now_ms() -> int:
@@ -83,6 +107,10 @@ class TransactionService:
         self._unsettled: dict[str, list[MarkerEnd]] = {}
         self._timer: asyncio.Task[None] | None = None
         self._background: set[asyncio.Future[Any]] = set()
+        #: Producer id -> the fence on its older epochs (see the module's docstring).
+        self.fences: dict[int, Fence] = {}
+        #: Reads the group's transactional id mapping after a take-over (None: nothing to read).
+        self._owners_loaded: asyncio.Future[None] | None = None
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -98,10 +126,11 @@ class TransactionService:
         self._timer = asyncio.ensure_future(self._tick_loop())
 
     async def stop(self) -> None:
-        for task in [self._timer, *self._background]:
+        tasks = [self._timer, self._owners_loaded, *self._background]
+        for task in tasks:
             if task is not None:
                 task.cancel()
-        for task in [self._timer, *self._background]:
+        for task in tasks:
             if task is not None:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
@@ -116,7 +145,7 @@ class TransactionService:
         refusal = self.broker.ha.write_refusal()
         if refusal is not None:
             return refusal
-        if not self._reconciled():
+        if not self._reconciled() or (self._owners_loaded is not None and not self._owners_loaded.done()):
             return c.SERVICE_UNAVAILABLE, "transactions are being recovered from the logs after a start or take-over; retry"
         return None
 
@@ -136,10 +165,75 @@ class TransactionService:
         now = self.clock_ms()
         replies = self.coordinator.reconcile({key: state.index for key, state in states.items()}, now)
         self.reconciled_epoch = epoch
+        self._fence_from_batches(states.values())
+        if self._owners_loaded is not None:
+            self._owners_loaded.cancel()
+        mapping = self.broker.transactional_ids  # None: a broker not started (unit tests drive the service alone)
+        self._owners_loaded = None if mapping is None else asyncio.ensure_future(self._load_owners(mapping))
         prepared = self.coordinator.recover()
         log.info("transactions reconciled in epoch %d: %d markers to write, %d branches in doubt",
                  epoch, sum(len(r.markers) for _x, r in replies), len(prepared))
         self._write_in_background(replies, now)
+
+    # --- fencing ---------------------------------------------------------------------------
+
+    def check_fenced(self, producer_id: int, epoch: int) -> None:
+        """RequestError 403 if ``epoch`` of ``producer_id`` is older than its newest instance's."""
+        fence = self.fences.get(producer_id)
+        if fence is not None and epoch < fence.epoch:
+            raise c.RequestError(c.FORBIDDEN, fenced_message(producer_id, epoch, fence))
+
+    def _raise_fence(self, producer_id: int, epoch: int, name: str | None) -> None:
+        old = self.fences.get(producer_id)
+        if old is None or epoch >= old.epoch:
+            self.fences[producer_id] = Fence(epoch, name or (old.name if old else None))
+
+    def _fence_owner(self, name: str, owner: Owner, previous: Owner | None) -> list[int]:
+        """Raise the fences an init of ``name`` implies; the producer ids whose zombies to roll back."""
+        self._raise_fence(owner.producer_id, owner.epoch, name)
+        if previous is not None and previous.producer_id != owner.producer_id:
+            # The epoch overflowed and the name moved to a new id: every epoch of the old one is a zombie.
+            self._raise_fence(previous.producer_id, MAX_EPOCH + 1, name)
+            return [owner.producer_id, previous.producer_id]
+        return [owner.producer_id]
+
+    def _fence_from_batches(self, states: Any) -> None:
+        """The replicated BATCH records: a producer's newest epoch in any partition fences its older ones."""
+        for state in states:
+            for producer_id, entry in state.producers.producers.items():
+                if entry.epoch > 0:
+                    self._raise_fence(producer_id, entry.epoch, None)
+
+    async def _load_owners(self, mapping: TransactionalIds) -> None:
+        """The group's transactional id mapping, read once per take-over (a newer instance may not have put yet)."""
+        while True:
+            try:
+                owners = await mapping.all()
+            except Exception as exc:  # ZooKeeper away: transaction requests keep getting 503 meanwhile
+                log.warning("reading the transactional id mapping failed, retrying: %s", exc)
+                await asyncio.sleep(OWNERS_RETRY_S)
+                continue
+            for name, owner in owners.items():
+                self._raise_fence(owner.producer_id, owner.epoch, name)
+            return
+
+    async def fence(self, name: str, owner: Owner, previous: Owner | None) -> None:
+        """After ``init_producer`` of ``name`` took ``owner``: fence the older epochs and roll back
+        their unprepared branches; returns once their ABORT markers are safe (RequestError if not)."""
+        fenced = self._fence_owner(name, owner, previous)
+        refusal = self.refusal()  # the init awaited ZooKeeper: the role may have changed
+        if refusal is not None:
+            raise c.RequestError(*refusal)
+        coordinator = self.coordinator
+        assert coordinator is not None
+        now = self.clock_ms()
+        zombies = [z for pid in fenced for z in coordinator.fence(pid, self.fences[pid].epoch, now)]
+        for xid, reply in zombies:
+            log.info("transaction %s of a fenced instance of transactional id %s rolled back", xid, name)
+            if reply.markers:
+                self._unsettled[xid] = self._append_markers(reply.markers, now)
+        for xid, _reply in zombies:
+            await self._settle(xid)
 
     # --- the put path --------------------------------------------------------------------------
 
@@ -172,6 +266,8 @@ class TransactionService:
             xids = [xid for xid in coordinator.recover() if self._may_decide(principal, xid)]
             return c.reply_header(req.opaque, c.OK, xa_code=int(Code.XA_OK), xids=xids), b""
         xid = req.xid
+        if req.producer_id != NO_PRODUCER:
+            self.check_fenced(req.producer_id, req.producer_epoch)
         if xid in self._unsettled:
             await self._settle(xid)  # the previous decision's markers first (raises if they still fail)
         if req.action != "start" and not self._may_decide(principal, xid):

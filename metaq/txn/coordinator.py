@@ -144,6 +144,17 @@ class TransactionCoordinator:
     def forget(self, xid: str, now_ms: int) -> Reply:
         return self._apply(xid, Event.FORGET, now_ms)
 
+    def fence(self, producer_id: int, epoch: int, now_ms: int) -> list[tuple[str, Reply]]:
+        """A newer instance of the producer exists: roll back its branches under a lower epoch.
+
+        Only unprepared ones (the FAILOVER row: ABORT markers): a prepared branch belongs to
+        its transaction manager now, which commits or rolls it back through ``recover``.
+        """
+        zombies = [xid for xid, b in self.branches.items()
+                   if b.producer_id == producer_id and b.producer_epoch < epoch and b.state in IN_FLIGHT
+                   and b.state is not State.PREPARED]
+        return [(xid, self._apply(xid, Event.FAILOVER, now_ms)) for xid in zombies]
+
     def recover(self) -> list[str]:
         """In-doubt branches: prepared, or heuristically rolled back and not yet forgotten."""
         return sorted(xid for xid, b in self.branches.items() if b.state in IN_DOUBT)

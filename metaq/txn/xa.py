@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 Every transaction this broker group takes part in is one *branch* with an id
 (``xid``: an application XA ``Xid`` rendered as ``XID:{formatId}:{gtrid hex}:{bqual hex}``,
-or ``TX:{producerId}:{n}`` for a local transaction). The transaction
+or ``TX:{producerId}.{epoch}:{n}`` for a local transaction). The transaction
 coordinator (coordinator.py) keeps one state per branch, turns every client
 request and every timer into an event, looks the pair up in ``TRANSITIONS`` and
 carries out the row: reply with its XA code, and append the marker the row names

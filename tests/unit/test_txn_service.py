@@ -19,6 +19,7 @@ from metaq.protocol.messages import TransactionRequest
 from metaq.record import encode_record, iter_records
 from metaq.security.acl import Authorizer, Operation, UserAcl, required_operation
 from metaq.security.principals import Principal
+from metaq.server.transactional_ids import MAX_EPOCH, Owner
 from metaq.server.transactions import TransactionService, aborted_spans, stable_end
 from metaq.store.log import PartitionLog
 from metaq.store.msgid import MsgIdGenerator
@@ -26,7 +27,7 @@ from metaq.txn import control
 from metaq.txn.config import TxnSettings
 from metaq.txn.reader import committed_records
 from metaq.txn.rebuild import PartitionTxnState
-from metaq.txn.xa import Code
+from metaq.txn.xa import Code, State
 
 TOPICS = ("orders", "payments")
 
@@ -89,6 +90,7 @@ class FakeBroker:
         self.txn_states = States(self.store)
         self.ha = FakeHa()
         self.ids = MsgIdGenerator(1)
+        self.transactional_ids = None  # no init_producer here: the service fences only from the logs
 
     def appended(self, topic: str, partition: int, end: int, count: int) -> None:
         pass
@@ -317,3 +319,55 @@ def test_markers_in_the_log_are_ordinary_records_readers_skip(tmp_path: Path) ->
     log.append(control.marker(control.Kind.COMMIT, "TX:1:1", producer_id=1, producer_epoch=0, timestamp_ms=1))
     records = list(iter_records(log.read(0, log.log_end), 0))
     assert len(records) == 1 and records[0].attribute == control.CONTROL_ATTRIBUTE
+
+
+@in_loop
+async def test_an_init_of_a_newer_instance_rolls_back_the_zombies_open_branch_and_refuses_its_steps(
+        tmp_path: Path, clock: list[int]) -> None:
+    broker, service = make(tmp_path, clock)
+    await opened(broker, service, "TX:7:1", b"zombie's", producer_id=7, producer_epoch=0)
+    await opened(broker, service, "XA:prepared", b"prepared", topic="payments", producer_id=7, producer_epoch=0)
+    await call(service, "end", "XA:prepared")
+    assert (await call(service, "prepare", "XA:prepared"))["xa_code"] == Code.XA_OK
+    await opened(broker, service, "TX:8:1", b"another producer's", producer_id=8, producer_epoch=0)
+
+    await service.fence("app", Owner(7, 1), Owner(7, 0))
+    assert service.coordinator is not None
+    assert service.coordinator.state_of("TX:7:1") is State.ROLLED_BACK  # its ABORT marker is in the log
+    assert service.coordinator.state_of("XA:prepared") is State.PREPARED  # left to its transaction manager
+    assert service.coordinator.state_of("TX:8:1") is State.ACTIVE
+    with pytest.raises(c.RequestError, match="fenced: a newer instance of transactional id app exists") as refused:
+        await call(service, "end", "TX:7:1", producer_id=7, producer_epoch=0)
+    assert refused.value.code == c.FORBIDDEN
+    with pytest.raises(c.RequestError, match="fenced"):
+        service.check_fenced(7, 0)  # the put path's check
+    service.check_fenced(7, 1)
+    service.check_fenced(8, 0)
+    await call(service, "end", "TX:8:1")
+    await call(service, "commit_one_phase", "TX:8:1")
+    assert broker.visible("orders") == [b"another producer's"]
+
+
+@in_loop
+async def test_an_overflowed_name_fences_every_epoch_of_its_old_producer_id(tmp_path: Path, clock: list[int]) -> None:
+    broker, service = make(tmp_path, clock)
+    await opened(broker, service, "TX:7:1", b"zombie's", producer_id=7, producer_epoch=MAX_EPOCH)
+    await service.fence("app", Owner(9, 0), Owner(7, MAX_EPOCH))
+    assert service.coordinator is not None and service.coordinator.state_of("TX:7:1") is State.ROLLED_BACK
+    with pytest.raises(c.RequestError, match="fenced"):
+        service.check_fenced(7, MAX_EPOCH)
+    assert broker.visible("orders") == []
+
+
+@in_loop
+async def test_a_new_master_fences_from_the_batch_records_in_its_logs(tmp_path: Path, clock: list[int]) -> None:
+    broker = FakeBroker(tmp_path)
+    body = encode_record(b"newer instance")
+    broker.store.get_log("orders", 0).append(
+        control.frame_batch(body, 1, producer_id=7, producer_epoch=3, first_seq=0, timestamp_ms=1, txid="TX:7:9"))
+    promoted = TransactionService(broker, clock_ms=lambda: clock[0])  # a slave taking over: the log is all it knows
+    promoted.open()
+    assert promoted.refusal() is None
+    with pytest.raises(c.RequestError, match="epoch 2, current epoch 3"):
+        promoted.check_fenced(7, 2)
+    promoted.check_fenced(7, 3)

@@ -1,0 +1,188 @@
+"""Transactional ids: a stable name for a producer, so a restarted instance fences its zombie.
+
+``init_producer`` with a ``transactional_id`` answers the id's producer id with its
+epoch raised by one (the first init of a name takes a fresh producer id, epoch 0).
+The broker then treats every lower epoch of that producer id as a zombie
+(metaq/server/transactions.py ``fence``).
+
+Rules kept here:
+
+* **one owner per name, epochs only rise**: the mapping name -> (producer id, epoch)
+  is changed only by a compare-and-set, so two concurrent inits of one name get
+  distinct epochs and the later one wins;
+* **the epoch fits the BATCH record's int16**: an epoch past ``MAX_EPOCH`` is never
+  handed out; the name takes a new producer id at epoch 0 instead (as Kafka does),
+  and the old producer id is fenced as a whole;
+* **a name belongs to the user who first inited it** (with security on): another
+  user's init of it is refused (``NotOwner``), or anyone could fence another
+  application's producer; ``admin`` may init any name (the owner stays);
+* **a name is checked like a topic name** (letters, digits, ``.``, ``_``, ``-``,
+  1..200 characters): it becomes a ZooKeeper node name.
+
+Where the mapping lives:
+
+* with ZooKeeper: ``{root}/brokers/ids/{id}/transactional_ids/{name}`` (persistent, JSON
+  ``{"producer_id": P, "epoch": E}``, plus ``"principal"`` with security on), under the group's node with the group's ACL,
+  so a new master (or a restarted one) continues from the epoch the old one handed out;
+* without ZooKeeper: ``{dataPath}/transactional-ids`` (CRC-guarded JSON map, replaced
+  atomically, fsynced before the answer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+from typing import Any, Callable, NamedTuple, Protocol
+
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+from ..txn.crcfile import read_crc_file, write_crc_file
+from ..zk.paths import ZkPaths
+from .producer_ids import CAS_ATTEMPTS, ProducerIdAllocator
+
+#: The BATCH record stores the epoch as a signed int16.
+MAX_EPOCH = (1 << 15) - 1
+LOCAL_FILE = "transactional-ids"
+ZK_DIRECTORY = "transactional_ids"
+_NAME = re.compile(r"[A-Za-z0-9._\-]{1,200}")
+
+
+def check_transactional_id(name: object) -> str:
+    """The name, or ValueError saying the rule it breaks (it comes from the network)."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or name in (".", ".."):
+        raise ValueError(f"transactional id {name!r} must be 1..200 letters, digits, '.', '_' or '-'")
+    return name
+
+
+class NotOwner(PermissionError):
+    """The name belongs to another user."""
+
+
+class Owner(NamedTuple):
+    producer_id: int
+    epoch: int
+    #: The user the name belongs to (None: security off, anyone's).
+    principal: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {key: value for key, value in self._asdict().items() if value is not None}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Owner:
+        return cls(int(data["producer_id"]), int(data["epoch"]), data.get("principal"))
+
+
+class MappingStore(Protocol):
+    """Blocking I/O; ``version`` is the compare-and-set token (None: the name is new)."""
+
+    def read(self, name: str) -> tuple[Owner | None, Any]: ...
+
+    def write(self, name: str, owner: Owner, version: Any) -> bool: ...
+
+    def read_all(self) -> dict[str, Owner]: ...
+
+
+def next_owner(current: Owner | None, fresh_id: int | None, principal: str | None = None) -> Owner | None:
+    """The owner after one more init: the epoch + 1, or ``fresh_id`` at epoch 0 (None: a fresh id is needed).
+
+    The name keeps the user it belongs to; a new name belongs to ``principal``.
+    """
+    if current is not None:
+        principal = current.principal or principal
+        if current.epoch < MAX_EPOCH:
+            return Owner(current.producer_id, current.epoch + 1, principal)
+    return None if fresh_id is None else Owner(fresh_id, 0, principal)
+
+
+class TransactionalIds:
+    """``init(name)``: the new owner and the one it replaces (None for a new name)."""
+
+    def __init__(self, allocator: ProducerIdAllocator, store: MappingStore) -> None:
+        self.allocator = allocator
+        self.store = store
+        # Inits served by this broker go one at a time (the local file has no other guard);
+        # the compare-and-set below keeps inits on different brokers apart.
+        self._lock = asyncio.Lock()
+
+    async def init(self, name: str, principal: str | None = None, *, admin: bool = False) -> tuple[Owner, Owner | None]:
+        """``principal``: the requesting user (None: security off); ``admin`` may init any name."""
+        check_transactional_id(name)
+        async with self._lock:
+            return await self._init(name, principal, admin)
+
+    async def _init(self, name: str, principal: str | None, admin: bool) -> tuple[Owner, Owner | None]:
+        for _ in range(CAS_ATTEMPTS):
+            current, version = await asyncio.to_thread(self.store.read, name)
+            if current is not None and current.principal not in (None, principal) and not admin:
+                raise NotOwner(f"transactional id {name} belongs to user {current.principal!r}; "
+                               f"only that user (or admin) may init it")
+            owner = next_owner(current, None, principal)
+            if owner is None:  # new name or epoch overflow; an id taken and then lost to a race is skipped
+                owner = next_owner(current, await self.allocator.allocate(), principal)
+            assert owner is not None
+            if await asyncio.to_thread(self.store.write, name, owner, version):
+                return owner, current
+        raise RuntimeError(f"transactional id {name}: too many concurrent inits")
+
+    async def all(self) -> dict[str, Owner]:
+        return await asyncio.to_thread(self.store.read_all)
+
+
+class ZooKeeperMapping:
+    def __init__(self, client: Any, paths: ZkPaths, group: int, create: Callable[[str, bytes], Any]) -> None:
+        self.client = client
+        self.directory = f"{paths.broker(group)}/{ZK_DIRECTORY}"
+        self.create = create  # makes a node (and its parents) with the group's ACL
+
+    def read(self, name: str) -> tuple[Owner | None, Any]:
+        try:
+            value, stat = self.client.get(f"{self.directory}/{name}")
+        except NoNodeError:
+            return None, None
+        return Owner.from_json(json.loads(value.decode())), stat.version
+
+    def write(self, name: str, owner: Owner, version: Any) -> bool:
+        path, value = f"{self.directory}/{name}", json.dumps(owner.to_json()).encode()
+        try:
+            if version is None:
+                self.create(path, value)
+            else:
+                self.client.set(path, value, version=version)
+        except (NodeExistsError, BadVersionError):
+            return False  # another init of the same name came first: read again
+        return True
+
+    def read_all(self) -> dict[str, Owner]:
+        try:
+            names = self.client.get_children(self.directory)
+        except NoNodeError:
+            return {}
+        owners = {}
+        for name in names:
+            owner, _version = self.read(name)
+            if owner is not None:
+                owners[name] = owner
+        return owners
+
+
+class LocalMapping:
+    """A broker without ZooKeeper: one process serves every init, so the file needs no version."""
+
+    def __init__(self, data_path: str | Path) -> None:
+        self.path = Path(data_path) / LOCAL_FILE
+
+    def read(self, name: str) -> tuple[Owner | None, Any]:
+        return self.read_all().get(name), None
+
+    def write(self, name: str, owner: Owner, version: Any) -> bool:
+        owners = self.read_all()
+        owners[name] = owner
+        body = json.dumps({n: o.to_json() for n, o in sorted(owners.items())}).encode()
+        write_crc_file(self.path, body)  # fsynced before the producer learns its epoch
+        return True
+
+    def read_all(self) -> dict[str, Owner]:
+        raw = read_crc_file(self.path)
+        return {} if not raw else {name: Owner.from_json(data) for name, data in json.loads(raw.decode()).items()}

@@ -1,0 +1,90 @@
+"""Transactional ids (metaq/server/transactional_ids.py): same producer id, epoch + 1, overflow, names."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from metaq.server.producer_ids import ProducerIdAllocator, local_blocks, producer_id
+from metaq.server.transactional_ids import (
+    MAX_EPOCH, LocalMapping, NotOwner, Owner, TransactionalIds, check_transactional_id, next_owner,
+)
+
+
+def names(tmp_path: Path) -> TransactionalIds:
+    return TransactionalIds(ProducerIdAllocator(2, local_blocks(tmp_path)), LocalMapping(tmp_path))
+
+
+def test_every_init_of_a_name_keeps_its_producer_id_and_raises_the_epoch_even_after_a_restart(tmp_path: Path) -> None:
+    first, previous = asyncio.run(names(tmp_path).init("app-1"))
+    assert previous is None and first == Owner(producer_id(2, 0), 0)
+    second, previous = asyncio.run(names(tmp_path).init("app-1"))  # a new TransactionalIds: a restarted broker
+    assert previous == first and second == Owner(first.producer_id, 1)
+    other, _ = asyncio.run(names(tmp_path).init("app-2"))
+    assert other.producer_id != first.producer_id and other.epoch == 0
+    assert LocalMapping(tmp_path).read_all() == {"app-1": second, "app-2": other}
+
+
+def test_concurrent_inits_of_one_name_get_distinct_epochs(tmp_path: Path) -> None:
+    async def inits() -> list[tuple[Owner, Owner | None]]:
+        ids = names(tmp_path)
+        return list(await asyncio.gather(*(ids.init("app") for _ in range(8))))
+
+    results = asyncio.run(inits())
+    assert sorted(owner.epoch for owner, _ in results) == list(range(8))
+    assert len({owner.producer_id for owner, _ in results}) == 1
+
+
+def test_an_epoch_never_passes_int16_the_name_takes_a_new_producer_id(tmp_path: Path) -> None:
+    assert next_owner(Owner(5, MAX_EPOCH - 1), None) == Owner(5, MAX_EPOCH)
+    assert next_owner(Owner(5, MAX_EPOCH), None) is None  # a fresh id is needed
+    assert next_owner(Owner(5, MAX_EPOCH), 9) == Owner(9, 0)
+    LocalMapping(tmp_path).write("app", Owner(producer_id(2, 500_000), MAX_EPOCH), None)
+    owner, previous = asyncio.run(names(tmp_path).init("app"))
+    assert previous == Owner(producer_id(2, 500_000), MAX_EPOCH)
+    assert owner.epoch == 0 and owner.producer_id != previous.producer_id
+
+
+class RacingStore(LocalMapping):
+    """A compare-and-set that loses once: another broker of the group inited the name in between."""
+
+    def __init__(self, data_path: Path) -> None:
+        super().__init__(data_path)
+        self.lost = False
+
+    def write(self, name: str, owner: Owner, version: Any) -> bool:
+        if not self.lost:
+            self.lost = True
+            super().write(name, Owner(owner.producer_id, owner.epoch), None)  # the other broker's init
+            return False
+        return super().write(name, owner, version)
+
+
+def test_an_init_that_loses_the_compare_and_set_reads_again_and_takes_the_next_epoch(tmp_path: Path) -> None:
+    LocalMapping(tmp_path).write("app", Owner(77, 3), None)
+    ids = TransactionalIds(ProducerIdAllocator(2, local_blocks(tmp_path)), RacingStore(tmp_path))
+    owner, previous = asyncio.run(ids.init("app"))
+    assert previous == Owner(77, 4) and owner == Owner(77, 5)
+
+
+@pytest.mark.parametrize("bad", ["", "a/b", "..", ".", "x" * 201, "white space", "ü", 7, None])
+def test_a_name_from_the_network_is_checked_like_a_topic_name(bad: object) -> None:
+    with pytest.raises(ValueError, match="transactional id"):
+        check_transactional_id(bad)
+    assert check_transactional_id("App_1.orders-eu") == "App_1.orders-eu"
+
+
+def test_a_name_belongs_to_the_user_who_first_inited_it(tmp_path: Path) -> None:
+    ids = names(tmp_path)
+    first, _ = asyncio.run(ids.init("billing", "alice"))
+    assert first.principal == "alice"
+    with pytest.raises(NotOwner, match="belongs to user 'alice'"):
+        asyncio.run(ids.init("billing", "mallory"))
+    again, _ = asyncio.run(ids.init("billing", "alice"))
+    by_admin, _ = asyncio.run(ids.init("billing", "root", admin=True))
+    assert (again.epoch, by_admin.epoch, by_admin.principal) == (1, 2, "alice")
+    open_name, _ = asyncio.run(ids.init("shared"))  # security off: nobody's
+    assert open_name.principal is None and asyncio.run(ids.init("shared", "bob"))[0].principal == "bob"
