@@ -479,6 +479,40 @@ async def test_committed_is_what_every_counted_slave_has(h: Harness) -> None:
 
 
 @scenario()
+async def test_committed_stops_at_the_start_of_a_batch_a_slave_holds_only_in_part(h: Harness) -> None:
+    """A slave's fetch (or a piece of a large reply) ends inside a batch: readers stop before
+    the batch, the plain put before it is acked, and the batch is acked and readable once whole."""
+    await h.join(0)
+    plain = h.put(100)
+    batch = h.put(300, batch=True)  # [100, 400)
+    h.report(0, 250)
+    await settle()
+    assert plain.code == c.OK and batch.code is None
+    assert h.sync.committed(*T0) == 100
+    h.report(0, 399)
+    assert h.sync.committed(*T0) == 100
+    h.report(0, 400)
+    await settle()
+    assert batch.code == c.OK and h.sync.committed(*T0) == 400
+
+
+@scenario()
+async def test_a_slave_joins_at_what_is_acked_even_when_committed_is_held_at_a_batch_start(h: Harness) -> None:
+    """The join bar is what no failover can take back, not the (lower) readers' bound."""
+    await h.join(0)
+    h.put(100, batch=True)
+    h.put(100, batch=True)  # [100, 200)
+    h.report(0, 150)
+    assert h.sync.committed(*T0) == 100
+    h.report(1, 120)  # below what slave 0 has: would lack bytes a failover keeps
+    await settle()
+    assert 1 not in h.sync.counted
+    h.report(1, 150)
+    await settle()
+    assert 1 in h.sync.members
+
+
+@scenario()
 async def test_stop_ends_waiting_puts_with_504(h: Harness) -> None:
     await h.join(0)
     waiting = h.put()
