@@ -74,6 +74,8 @@ class BatchSpans:
 
         Committed offsets never decrease, so the batches ending by ``committed`` are dropped first.
         """
+        if not self._starts and offset >= self.known_from:
+            return offset  # no batch since what it knows (a partition of plain puts): nothing to look up
         self.forget_ending_by(committed)
         boundary = self.boundary_at_or_below(offset)
         return committed if boundary is None else boundary
