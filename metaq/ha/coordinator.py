@@ -622,6 +622,8 @@ class HaCoordinator:
             # Only positions reported in this term count (progress outlives terms).
             position=lambda slave_id, t, p: self.progress.position(slave_id, t, p, epoch=self.serving_epoch),
             on_committed=self.host.notify,
+            # Committed never stops inside a batch (idempotent/transactional put).
+            batch_boundary=self.host.txn_states.batch_boundary,
         )
         await self.sync_set.start()
         log.info(

@@ -11,8 +11,9 @@ Invariant: **every slave named in the sync set in ZooKeeper holds every acked
 message.** Failover elects only from that set, so it can never lose an ack.
 The rules that keep it:
 
-* **Join** (two steps): a slave whose log end has reached every partition's
-  committed offset becomes *joining*: from that moment acks wait for it too.
+* **Join** (two steps): a slave whose log end has reached, on every partition,
+  what no failover can take back (``_safe_end``: the committed offset before it is
+  moved down to a batch boundary) becomes *joining*: from that moment acks wait for it too.
   Then the set including it is written to ZooKeeper and it is a member. It had
   everything acked before it became joining, and every ack since waited for
   it, so it holds every acked message when ZooKeeper first names it.
@@ -32,6 +33,14 @@ Committed offset (what consumers may read) per partition: the highest offset
 that ``minSyncSlaves`` members have, never decreasing; with nobody counted
 (a master alone) what it holds that no failover can take back: degrade, its
 flushed end; reject, the flushed part of the log it took over with.
+Then **the committed offset is never inside a batch** (an idempotent or
+transactional put: a BATCH header and its records, appended at once): a slave
+reports record boundaries, and its fetch (or a 256 KiB piece of a large reply)
+may stop inside a batch, so the candidate is moved down to the start of the batch
+it falls in (the injected ``batch_boundary``). Readers, on the master and on the
+slaves that learn it, then never see part of a batch that is not acked; a failover
+cuts such a part and the producer's resend stores it again. Acks are unaffected:
+they compare a put's end (never inside another batch) with the slaves' positions.
 
 A slave's position is not stored here: the injected ``position`` reads the one
 record of it (``ReplicationProgress``, limited to the current epoch, so a
@@ -92,6 +101,7 @@ class SyncReplication:
         position: Callable[[int, str, int], int | None],
         on_committed: Callable[[str, int], None] = lambda topic, partition: None,
         clock: Callable[[], float] = time.monotonic,
+        batch_boundary: Callable[[str, int, int, int], int] = lambda topic, partition, offset, committed: offset,
     ) -> None:
         self.min_sync_slaves = min_sync_slaves
         self.timeout = timeout_ms / 1000
@@ -103,12 +113,17 @@ class SyncReplication:
         self._position = position
         self._on_committed = on_committed
         self._clock = clock
+        #: (topic, partition, offset, committed) -> the highest offset <= offset not inside a
+        #: batch, or ``committed`` when that cannot be told (metaq/server/txn_state.py).
+        self._batch_boundary = batch_boundary
         #: Members as published in ZooKeeper.
         self.members: frozenset[int] = frozenset()
         #: Caught-up slaves on their way into ZooKeeper; acks already wait for them.
         self.joining: set[int] = set()
         self._slaves: dict[int, _Member] = {}
+        #: What readers may read (``committed``) and what no failover can take back (``_safe_end``).
         self._committed: dict[tuple[str, int], int] = {}
+        self._safe: dict[tuple[str, int], int] = {}
         self._term_start: dict[tuple[str, int], int] = {}
         self._waiters: dict[tuple[str, int], list[_Waiter]] = {}
         self._publish_lock = asyncio.Lock()
@@ -166,10 +181,30 @@ class SyncReplication:
         return None
 
     def committed(self, topic: str, partition: int) -> int:
+        """What consumers may read: ``_safe_end`` moved down to a batch boundary; never decreases."""
         key = (topic, partition)
         current = self._committed.get(key, 0)
+        candidate = self._safe_end(topic, partition)
+        if candidate > current:
+            # Invariant: committed is never inside a batch (see the module docstring). Only
+            # a candidate that would move it is looked at: one lookup per advance, and none
+            # of a partition's batches to look at if it has only plain puts.
+            candidate = self._batch_boundary(topic, partition, candidate, current)
+            if candidate > current:
+                self._committed[key] = candidate
+                return candidate
+        return current
+
+    def _safe_end(self, topic: str, partition: int) -> int:
+        """What no failover can take back (a record boundary); never decreases. The join bar.
+
+        Unlike ``committed`` it is not moved down to a batch boundary, so a slave joins
+        exactly when it holds everything acked, whatever the batches.
+        """
+        key = (topic, partition)
+        current = self._safe.get(key, 0)
         if not self.counted:
-            # Invariant: committed = the lowest end over the counted slaves; with nobody
+            # Invariant: the safe end = the lowest end over the counted slaves; with nobody
             # counted, what no failover can take back and (reject) no ack is pending on.
             # An empty set is published before the first ack and before any waiter is
             # released, so ZooKeeper names no slave that could be elected instead of us.
@@ -182,7 +217,7 @@ class SyncReplication:
         else:
             candidate = self._replicated_end(topic, partition)
         if candidate > current:
-            self._committed[key] = candidate
+            self._safe[key] = candidate
             return candidate
         return current
 
@@ -262,7 +297,7 @@ class SyncReplication:
         # name a slave that lacks an acked message.
         alone = not self.counted
         for topic, partition in self._partitions():
-            target = self._log_end(topic, partition) if alone else self.committed(topic, partition)
+            target = self._log_end(topic, partition) if alone else self._safe_end(topic, partition)
             if self._replica_end(slave_id, topic, partition) < target:
                 return False
             if self._position(slave_id, topic, partition) is None and self._log_end(topic, partition) > 0:

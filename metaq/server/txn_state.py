@@ -13,7 +13,10 @@ its snapshot plus a walk of the rest of the log, and kept caught up with the log
 * a truncation of the log (HA rejoin, a slave reset) is seen through the log's
   ``truncations`` counter: the snapshot is discarded and the state rebuilt from the
   log, because the bytes it had seen may be gone;
-* snapshots are written on close and every ``SNAPSHOT_INTERVAL_S``.
+* snapshots are written on close and every ``SNAPSHOT_INTERVAL_S``;
+* a sync master's committed offset is moved down to a batch boundary here
+  (``batch_boundary``, from the batches each state has seen), so readers never get
+  part of a batch that is not acked.
 
 Invariant (kept by ``partition``, which every reader goes through): a state's
 ``position`` is at a batch boundary and <= its log's end, and the state is a pure
@@ -101,6 +104,16 @@ class TxnStates:
             state.passed_plain(offset, end, (msg_id, crc))
         else:
             self.partition(topic, partition)
+
+    # --- the sync master's committed offset ---------------------------------------------------
+
+    def batch_boundary(self, topic: str, partition: int, offset: int, committed: int) -> int:
+        """The highest offset <= ``offset`` that is not inside a batch; ``committed`` if unknown.
+
+        A sync master's committed offset goes through here (``SyncReplication``): the
+        positions its slaves report are record boundaries, not batch boundaries.
+        """
+        return self.partition(topic, partition).committed_bound(offset, committed)
 
     def partition_if_loaded(self, topic: str, partition: int) -> PartitionTxnState | None:
         entry = self._entries.get((topic, partition))

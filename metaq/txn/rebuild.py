@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from metaq.record import HEADER, HEADER_SIZE, walk_records
+from metaq.txn.batch_spans import BatchSpans
 from metaq.txn.control import Control, ControlError, Kind, control_at, may_hold_control
 from metaq.txn.crcfile import read_crc_file, write_crc_file
 from metaq.txn.index import TransactionIndex
@@ -50,6 +51,9 @@ class PartitionTxnState:
         self.position = position
         #: (offset, msg id, crc) of the last record below ``position``; None at a log start.
         self.anchor: tuple[int, int, int] | None = None
+        #: The batches seen from ``position`` on (not in the snapshot, not part of ``==``:
+        #: a cache for ``committed_bound``, which cannot tell below what it has seen).
+        self.batches = BatchSpans(position)
 
     def catch_up(self, read: Reader, end: int) -> int:
         """Follow every record in [position, end); return the new position.
@@ -145,7 +149,20 @@ class PartitionTxnState:
             self.producers.apply(control, offset, stop - offset)
             self.index.observe(control, offset, stop - offset)
         self.anchor = anchor
-        self.position = stop + control.data_bytes if control is not None and control.kind is Kind.BATCH else stop
+        if control is not None and control.kind is Kind.BATCH:
+            self.position = stop + control.data_bytes
+            self.batches.add(offset, self.position)
+        else:
+            self.position = stop
+
+    def committed_bound(self, offset: int, committed: int) -> int:
+        """Where a committed offset at ``committed`` may move towards ``offset`` without ending inside
+        a batch (``BatchSpans.committed_bound``).
+
+        Past ``position`` the state has not seen the bytes (the part of a batch a slave has
+        fetched so far): ``position`` is the last boundary it can vouch for.
+        """
+        return self.batches.committed_bound(min(offset, self.position), committed)
 
     def incomplete_tail(self, log_end: int) -> int | None:
         """After ``catch_up(read, log_end)`` at start: the offset to cut a torn batch back to, or None."""
@@ -195,6 +212,7 @@ def load_state(directory: Path, read: Reader, log_start: int, log_end: int,
         state.position = max(snapshot["position"], log_start)
         state.anchor = tuple(snapshot["anchor"]) if snapshot["anchor"] else None  # type: ignore[assignment]
         state.index.forget_before(log_start)
+        state.batches = BatchSpans(state.position)  # the snapshot's batches are not listed
     state.catch_up(read, log_end)
     return state
 

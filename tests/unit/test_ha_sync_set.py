@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from metaq.ha.progress import ReplicationProgress
 from metaq.ha.sync_set import SyncReplication, SyncWaitFailed
 from metaq.protocol import commands as c
+from metaq.txn.batch_spans import BatchSpans
 
 T0 = ("t", 0)
 T1 = ("t", 1)
@@ -62,6 +63,8 @@ class Harness:
         self.ends = {key: 0 for key in self.partitions}
         self.flushed = {key: 0 for key in self.partitions}
         self.committed_events = 0
+        #: Where the batches (idempotent puts: ``put(batch=True)``) lie, as the txn state knows them.
+        self.batches = {key: BatchSpans() for key in self.partitions}
         #: The one record of slave positions (the master's ReplicationProgress).
         self.progress = ReplicationProgress(clock=lambda: self.now)
         self.sync = SyncReplication(
@@ -75,6 +78,7 @@ class Harness:
             position=lambda slave, t, p: self.progress.position(slave, t, p, epoch=EPOCH),
             on_committed=self._on_committed,
             clock=lambda: self.now,
+            batch_boundary=lambda t, p, offset, committed: self.batches[(t, p)].committed_bound(offset, committed),
         )
 
     def _on_committed(self, topic: str, partition: int) -> None:
@@ -97,11 +101,13 @@ class Harness:
 
     # --- the put path of handlers.py: refusal, append, wait -----------------------------
 
-    def put(self, size: int = 100, key: tuple[str, int] = T0) -> Put:
+    def put(self, size: int = 100, key: tuple[str, int] = T0, batch: bool = False) -> Put:
         refusal = self.sync.refusal()
         if refusal is not None:
             self.events.append(("refused", key))
             return Put(key, self.ends[key], refusal[0], appended=False, message=refusal[1])
+        if batch:
+            self.batches[key].add(self.ends[key], self.ends[key] + size)
         self.ends[key] += size
         if self.flush_at_once:
             self.flushed[key] = self.ends[key]  # group commit done at once: only the sync wait matters here
@@ -473,6 +479,40 @@ async def test_committed_is_what_every_counted_slave_has(h: Harness) -> None:
 
 
 @scenario()
+async def test_committed_stops_at_the_start_of_a_batch_a_slave_holds_only_in_part(h: Harness) -> None:
+    """A slave's fetch (or a piece of a large reply) ends inside a batch: readers stop before
+    the batch, the plain put before it is acked, and the batch is acked and readable once whole."""
+    await h.join(0)
+    plain = h.put(100)
+    batch = h.put(300, batch=True)  # [100, 400)
+    h.report(0, 250)
+    await settle()
+    assert plain.code == c.OK and batch.code is None
+    assert h.sync.committed(*T0) == 100
+    h.report(0, 399)
+    assert h.sync.committed(*T0) == 100
+    h.report(0, 400)
+    await settle()
+    assert batch.code == c.OK and h.sync.committed(*T0) == 400
+
+
+@scenario()
+async def test_a_slave_joins_at_what_is_acked_even_when_committed_is_held_at_a_batch_start(h: Harness) -> None:
+    """The join bar is what no failover can take back, not the (lower) readers' bound."""
+    await h.join(0)
+    h.put(100, batch=True)
+    h.put(100, batch=True)  # [100, 200)
+    h.report(0, 150)
+    assert h.sync.committed(*T0) == 100
+    h.report(1, 120)  # below what slave 0 has: would lack bytes a failover keeps
+    await settle()
+    assert 1 not in h.sync.counted
+    h.report(1, 150)
+    await settle()
+    assert 1 in h.sync.members
+
+
+@scenario()
 async def test_stop_ends_waiting_puts_with_504(h: Harness) -> None:
     await h.join(0)
     waiting = h.put()
@@ -487,7 +527,7 @@ SLAVES = (0, 1, 2)
 KEYS = (T0, T1)
 
 step = st.one_of(
-    st.tuples(st.just("put"), st.sampled_from(KEYS), st.integers(1, 300)),
+    st.tuples(st.just("put"), st.sampled_from(KEYS), st.integers(1, 300), st.booleans()),
     st.tuples(st.just("fetch"), st.sampled_from(SLAVES), st.sampled_from(KEYS), st.floats(0, 1)),
     st.tuples(st.just("disconnect"), st.sampled_from(SLAVES)),
     st.tuples(st.just("advance"), st.floats(0, 0.02)),
@@ -507,15 +547,18 @@ step = st.one_of(
 def test_property_no_ack_beyond_a_published_slaves_position(
     min_sync: int, on_loss: str, flush_at_once: bool, steps: list
 ) -> None:
-    """Random puts, fetches, disconnects, clock jumps and ZK failures: whenever a put is acked
-    every slave then named in ZooKeeper has reported at least its end, whenever a set is
-    published every slave in it holds every acked put, committed never decreases, and nobody
-    named in ZooKeeper lacks anything below committed."""
+    """Random puts (plain, or batches), fetches that stop anywhere, disconnects, clock jumps and
+    ZK failures: whenever a put is acked every slave then named in ZooKeeper has reported at
+    least its end, whenever a set is published every slave in it holds every acked put,
+    committed never decreases, nobody named in ZooKeeper lacks anything below committed, and
+    committed is what no failover can take back moved down to a batch boundary (unchanged
+    when no batch contains it) while no put waits for bytes every counted slave has."""
 
     async def body() -> None:
         h = Harness(min_sync=min_sync, timeout_ms=8, on_loss=on_loss, partitions=KEYS, flush_at_once=flush_at_once)
         have: dict[tuple[int, tuple[str, int]], int] = {}  # what each slave holds (never shrinks)
         acked: list[Put] = []
+        waiting: list[Put] = []
         last_committed = {key: 0 for key in KEYS}
 
         def holds(slave: int, key: tuple[str, int]) -> int:
@@ -549,7 +592,7 @@ def test_property_no_ack_beyond_a_published_slaves_position(
             for s in steps:
                 kind = s[0]
                 if kind == "put":
-                    h.put(s[2], s[1])
+                    waiting.append(h.put(s[2], s[1], batch=s[3]))
                 elif kind == "fetch":
                     _, slave, key, frac = s
                     # Report what it holds, then receive part of what the master has beyond it.
@@ -575,6 +618,14 @@ def test_property_no_ack_beyond_a_published_slaves_position(
                     assert committed <= h.ends[key]
                     for slave in h.zk_set:
                         assert holds(slave, key) >= committed, (slave, key, committed, h.events)
+                    # Readers' bound: what no failover takes back, moved down to a batch boundary
+                    # (the same offset when no batch contains it), never inside a batch.
+                    safe, batches = h.sync._safe_end(*key), h.batches[key]
+                    assert committed == batches.boundary_at_or_below(safe), (committed, safe, h.events)
+                    assert not any(s_ < committed < e for s_, e in zip(batches._starts, batches._ends))
+                    # Acks do not wait for batch boundaries: no put waits for bytes every counted slave has.
+                    replicated = h.sync._replicated_end(*key)
+                    assert all(p.end > replicated for p in waiting if p.code is None and p.key == key and p.appended)
         finally:
             await h.sync.stop()
 
