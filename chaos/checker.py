@@ -461,7 +461,8 @@ def duplicates_line(stats: dict[str, Any]) -> str:
 def resends_line(stats: dict[str, Any]) -> str:
     return (f"unknown outcomes resent: {stats.get('unknown_outcomes_resent', 0)} resends of "
             f"{stats.get('puts_resent_after_unknown', 0)} puts ({stats.get('puts_resent_after_unknown_acked', 0)} "
-            f"then acked); client puts retried: {stats.get('client_puts_retried', 0)}")
+            f"then acked, {stats.get('resends_acked_as_duplicate', 0)} of them as a duplicate of a stored attempt); "
+            f"client puts retried: {stats.get('client_puts_retried', 0)}")
 
 
 def _stats(history: History, index: Index) -> dict[str, Any]:
@@ -496,6 +497,8 @@ def _stats(history: History, index: Index) -> dict[str, Any]:
         "puts_resent_after_unknown": len(raw_resends),
         "puts_resent_after_unknown_acked": sum(op["type"] == "ok" for op in raw_resends),
         "unknown_outcomes_resent": sum(int(op["resent_after_unknown"]) for op in raw_resends),
+        # Resends the broker answered as a duplicate: an earlier attempt had been stored.
+        "resends_acked_as_duplicate": sum(bool(op.get("duplicate")) for op in raw_resends),
         "client_puts_retried": sum(resent(op) for op in puts if "resent_after_unknown" not in op),
         "liveness_bound_s": liveness_bound(history),
         "unavailability": table(index.liveness.faults),
