@@ -67,6 +67,9 @@ class Attempt:
 
 
 class RawProducer:
+    """One put at a time, each resent (per ``settings``) until its outcome is known: so a
+    numbered batch is alone in flight for its partition, as the broker's dedup requires."""
+
     def __init__(self, workload: "Workload", name: str, settings: ProducerSettings, resend_budget_s: float) -> None:
         self.workload = workload
         self.name = name
@@ -93,6 +96,7 @@ class RawProducer:
             await asyncio.sleep(1 / w.rate)
 
     async def put(self, op: int, group: int, n: int, partition: str, body: bytes, value: str) -> None:
+        """Send ``body`` to partition ``n`` of ``group`` and record how the put ``op`` ended."""
         w = self.workload
         deadline = time.monotonic() + self.resend_budget_s
         numbered: Numbered | None = None
@@ -145,7 +149,7 @@ class RawProducer:
         assert self.sequencer is not None
         if not self.sequencer.has_id:
             try:
-                conn = await self.workload._conn(url)
+                conn = await self.workload.producer_conn(url)
                 reply = await conn.request(InitProducerRequest().to_header(), timeout=3.0)
             except (ConnectionClosed, asyncio.TimeoutError, OSError):
                 return None
@@ -158,7 +162,7 @@ class RawProducer:
         w = self.workload
         numbers = numbered.put_fields() if numbered is not None else {}
         try:
-            conn: BrokerConnection = await w._conn(url)
+            conn: BrokerConnection = await w.producer_conn(url)
             future = conn.send(PutRequest(topic=w.cluster.topic, partition=n, count=1, **numbers).to_header(), body)
         except (ConnectionClosed, OSError, asyncio.TimeoutError) as exc:
             return Attempt("fail", f"not sent: {exc}", retriable=True)

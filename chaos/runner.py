@@ -159,7 +159,8 @@ class Workload:
         if known is None or offset > known[0]:
             self.newest_acked[partition] = (offset, value)
 
-    async def _conn(self, url: str) -> BrokerConnection:
+    async def producer_conn(self, url: str) -> BrokerConnection:
+        """The raw producers' shared connection to the master registered as ``url``."""
         return await self._cached_conn(self.conns, url)
 
     async def _cached_conn(self, conns: dict[str, BrokerConnection], url: str) -> BrokerConnection:
