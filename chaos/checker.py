@@ -23,7 +23,11 @@ checks
                     prefix of its master's (equal record lists: offset, size, CRC32 of the
                     whole record, value; no torn tail; not longer than the master).
 ``duplicates``      no value appears twice in the final logs (unknown-outcome writes appear at
-                    most once, never twice at different offsets).
+                    most once, never twice at different offsets), unless the producers resend
+                    unknown outcomes without idempotence (at least once, ``--retry-unknown``):
+                    then a resent put's copies are expected and only counted; a copy of a
+                    put that was never resent is still a violation. With ``--idempotent``
+                    every duplicate is a violation.
 ``phantoms``        nothing is in a final log that was never written, and no put that
                     definitely failed (``fail``) is there.
 ``final_masters``   every group has exactly one master in the final snapshot.
@@ -41,7 +45,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable
 
-from chaos.history import History, group_of
+from chaos.history import History, group_of, is_control
 from chaos.liveness import check_liveness, liveness_bound, render_table, table
 
 MAX_SHOWN = 20
@@ -308,20 +312,44 @@ def check_replica_prefix(history: History, index: Index) -> tuple[list[dict], in
     return out, checked
 
 
-def check_duplicates(history: History, index: Index) -> tuple[list[dict], int]:
-    out, seen = [], Counter()
+def resent(op: dict[str, Any]) -> bool:
+    """Whether a put may have been sent more than once (its producer retried it).
+
+    The raw producers resend only after an unknown outcome; the real client does not say
+    why it retried, so any retry of it counts (the cautious reading for duplicates)."""
+    return int(op.get("attempts") or 1) > 1
+
+
+def duplicates_expected(history: History) -> bool:
+    """At least once: the producers resend unknown outcomes without idempotence, so a resent
+    put may be stored twice. Otherwise (no resends, or an idempotent producer) never."""
+    producers = history.meta.get("producers") or {}
+    return bool(producers.get("retry_unknown")) and not producers.get("idempotent")
+
+
+def stored_twice(index: Index) -> dict[Any, list[tuple[str, int]]]:
+    """value -> every (partition, offset) of a value that the final logs hold more than once."""
     where: dict[Any, list[tuple[str, int]]] = defaultdict(list)
     for partition, log in index.logs.items():
         for offset, _size, _crc, value in log.records:
-            if value is None:
-                continue
-            seen[value] += 1
-            where[value].append((partition, offset))
-    for value, count in seen.items():
-        if count > 1:
-            out.append({"kind": "duplicate", "value": value, "at": where[value],
-                        "why": f"{value!r} appears {count} times in the final logs: {where[value]}"})
-    return out, sum(seen.values())
+            if value is not None and not is_control(value):
+                where[value].append((partition, offset))
+    return {value: at for value, at in where.items() if len(at) > 1}
+
+
+def check_duplicates(history: History, index: Index) -> tuple[list[dict], int]:
+    """A value stored twice is a violation, except a resent put's under at-least-once
+    (``duplicates_expected``): those are counted in ``stats["duplicates_expected"]``."""
+    out = []
+    tolerated = duplicates_expected(history)
+    resent_values = {op.get("value") for op in index.puts if resent(op)}
+    for value, at in stored_twice(index).items():
+        if tolerated and value in resent_values:
+            continue
+        why = "" if not tolerated else " (its put was never resent)"
+        out.append({"kind": "duplicate", "value": value, "at": at,
+                    "why": f"{value!r} appears {len(at)} times in the final logs{why}: {at}"})
+    return out, sum(len(log.records) for log in index.logs.values())
 
 
 def check_phantoms(history: History, index: Index) -> tuple[list[dict], int]:
@@ -332,6 +360,8 @@ def check_phantoms(history: History, index: Index) -> tuple[list[dict], int]:
     checked = 0
     for partition, log in index.logs.items():
         for offset, _size, _crc, value in log.records:
+            if is_control(value):
+                continue  # the broker's own record (an idempotent put's BATCH header)
             checked += 1
             if value not in invoked and not history.meta.get("foreign_values_ok"):
                 out.append({"kind": "phantom", "partition": partition, "offset": offset, "value": value,
@@ -407,6 +437,7 @@ class CheckResult:
                      f"reads: {s['reads']} messages in {s['gets']} fetches")
         lines.append(f"  faults: {s['faults_by_kind'] or 'none'}; failovers: {s['failovers']}; "
                      f"max gap between acks: {s['max_unavailable_s']:.2f}s; lost acked: {s['lost_acked']}")
+        lines.append(f"  {duplicates_line(s)}; {resends_line(s)}")
         for name, c in self.checks.items():
             mark = "ok  " if c["ok"] else "FAIL"
             lines.append(f"  [{mark}] {name}: {c['checked']} checked, {len(c['violations'])} violations")
@@ -420,6 +451,20 @@ class CheckResult:
         return "\n".join(lines)
 
 
+def duplicates_line(stats: dict[str, Any]) -> str:
+    """Duplicates, next to lost in every report: how many, and how many at-least-once allows."""
+    expected = stats.get("duplicates_expected", 0)
+    return (f"duplicates: {stats.get('duplicates', 0)}"
+            + (f" ({expected} expected: resent unknown outcomes without idempotence)" if expected else ""))
+
+
+def resends_line(stats: dict[str, Any]) -> str:
+    return (f"unknown outcomes resent: {stats.get('unknown_outcomes_resent', 0)} resends of "
+            f"{stats.get('puts_resent_after_unknown', 0)} puts ({stats.get('puts_resent_after_unknown_acked', 0)} "
+            f"then acked, {stats.get('resends_acked_as_duplicate', 0)} of them as a duplicate of a stored attempt); "
+            f"client puts retried: {stats.get('client_puts_retried', 0)}")
+
+
 def _stats(history: History, index: Index) -> dict[str, Any]:
     puts = index.puts
     ok_times = sorted(op["time"] for op in puts if op["type"] == "ok")
@@ -429,6 +474,9 @@ def _stats(history: History, index: Index) -> dict[str, Any]:
         points = [min(invoke_times)] + ok_times + [max(op["time"] for op in puts)] if puts else []
         gap = max((b - a for a, b in zip(points, points[1:])), default=0.0)
     lost, _moved, _n = index.lost_and_moved
+    copies = stored_twice(index)
+    resent_values = {op.get("value") for op in puts if resent(op)}
+    raw_resends = [op for op in puts if op.get("resent_after_unknown")]
     return {
         "puts_ok": sum(op["type"] == "ok" for op in puts),
         "puts_fail": sum(op["type"] == "fail" for op in puts),
@@ -440,6 +488,18 @@ def _stats(history: History, index: Index) -> dict[str, Any]:
         "failovers": len(history.failovers),
         "max_unavailable_s": round(gap, 3),
         "lost_acked": len(lost),
+        # Extra copies: a value stored n times counts n - 1.
+        "duplicates": sum(len(at) - 1 for at in copies.values()),
+        "duplicates_expected": sum(len(at) - 1 for value, at in copies.items()
+                                   if duplicates_expected(history) and value in resent_values),
+        # Puts resent after an unknown outcome (raw producers, which know why they resend),
+        # and how many of those ended acked; the client's retried puts (any reason).
+        "puts_resent_after_unknown": len(raw_resends),
+        "puts_resent_after_unknown_acked": sum(op["type"] == "ok" for op in raw_resends),
+        "unknown_outcomes_resent": sum(int(op["resent_after_unknown"]) for op in raw_resends),
+        # Resends the broker answered as a duplicate: an earlier attempt had been stored.
+        "resends_acked_as_duplicate": sum(bool(op.get("duplicate")) for op in raw_resends),
+        "client_puts_retried": sum(resent(op) for op in puts if "resent_after_unknown" not in op),
         "liveness_bound_s": liveness_bound(history),
         "unavailability": table(index.liveness.faults),
         "liveness_faults": index.liveness.faults,

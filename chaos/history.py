@@ -70,6 +70,24 @@ def value_of(data: bytes) -> str:
         return "hex:" + data.hex()
 
 
+#: How a control record (an idempotent put's BATCH header, a transaction marker: the
+#: broker's own records, never a workload message) is named: this prefix and its data in hex.
+CONTROL_PREFIX = "control:"
+
+
+def record_value(attribute: str | None, data: bytes) -> str:
+    """How a record is named in a history: ``value_of`` its data, or ``control:...``."""
+    from metaq.txn.control import CONTROL_ATTRIBUTE
+
+    if attribute == CONTROL_ATTRIBUTE:
+        return CONTROL_PREFIX + bytes(data).hex()
+    return value_of(data)
+
+
+def is_control(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith(CONTROL_PREFIX)
+
+
 def group_of(partition: str | None) -> int | None:
     """The broker group of a partition name: ``"topic/3-0"`` -> 3."""
     if not partition:
@@ -93,8 +111,8 @@ def snapshot_partition(log_bytes: bytes, base: int = 0) -> dict[str, Any]:
         if length < 0 or stop > end:
             break
         try:
-            _attr, data = decode_payload(flag, view[pos + HEADER_SIZE : stop])
-            value = value_of(data)
+            attribute, data = decode_payload(flag, view[pos + HEADER_SIZE : stop])
+            value = record_value(attribute, data)
         except ValueError:
             value = None
         records.append([base + pos, stop - pos, zlib.crc32(view[pos:stop]), value])

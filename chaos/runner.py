@@ -4,14 +4,18 @@ One run:
 
 1. start the topology (chaos/cluster.py) in ``{out}/cluster``;
 2. start the workload: raw producers (``r0``, ``r1``: ``BrokerConnection`` puts to the
-   master registered in ZooKeeper; their acks carry the broker's ``epoch`` and url), one
-   producer through the real client (``c0``: ``AsyncMessageProducer`` with
-   ``retry_unknown_outcome=False`` so that nothing is silently duplicated), and one reader
+   master registered in ZooKeeper; their acks carry the broker's ``epoch`` and url;
+   chaos/raw_producer.py), one producer through the real client (``c0``:
+   ``AsyncMessageProducer``), and one reader
    per group reading every partition from every replica (master and slaves, through the
    proxies), and one probe per group reading the newest acked message of each partition
    back from the current master every 0.25 s (what the liveness check awaits); every put
    is recorded invoke -> ok / fail (definitely not written) / info (unknown); every read
-   with the replica it came from;
+   with the replica it came from. By default no producer resends an unknown outcome
+   (``retry_unknown_outcome=False``), so nothing is duplicated; ``--retry-unknown`` makes
+   every producer resend unknown outcomes (at least once: duplicates are counted, and
+   expected), ``--idempotent`` makes them idempotent producers that resend unknown outcomes
+   (exactly once: a duplicate is a violation);
 3. a monitor thread watches ZooKeeper and records every failover (with the old master's
    unreplicated tail: bytes and messages past the new master's epoch start, for async);
 4. the fault schedule (chaos/scenarios.py) runs for ``--seconds``: inject, hold, heal, wait
@@ -43,14 +47,15 @@ from typing import Any
 from metaq.client import AsyncMessageSessionFactory, Message, MetaClientConfig
 from metaq.client.connection import BrokerConnection, ConnectionClosed
 from metaq.protocol import commands as c
-from metaq.protocol.messages import EpochsRequest, GetRequest, PutRequest
-from metaq.record import encode_batch, iter_records
+from metaq.protocol.messages import EpochsRequest, GetRequest
+from metaq.record import iter_records
 
-from .checker import check
+from .checker import check, duplicates_line, resends_line
 from .cluster import ON_SYNC_SLAVE_LOSS, ChaosCluster
-from .history import History, group_of, value_of
+from .history import History, group_of, record_value, value_of
 from .hostile import HostileLoad
 from .liveness import default_bound, render_table
+from .raw_producer import ProducerSettings, RawProducer
 from .scenarios import FAULTS, Step, inject, scenario_names, schedule, writes_expected
 
 log = logging.getLogger("chaos.runner")
@@ -134,8 +139,11 @@ def _epoch_start(address: tuple[str, int], topic: str, partition: int, epoch: in
 
 
 class Workload:
-    def __init__(self, cluster: ChaosCluster, history: History, monitor: Monitor, seed: int, rate: float) -> None:
+    def __init__(self, cluster: ChaosCluster, history: History, monitor: Monitor, seed: int, rate: float,
+                 producers: ProducerSettings = ProducerSettings(), resend_budget_s: float = 20.0) -> None:
         self.cluster = cluster
+        self.producers = producers
+        self.resend_budget_s = resend_budget_s
         self.history = history
         self.monitor = monitor
         self.seed = seed
@@ -151,7 +159,8 @@ class Workload:
         if known is None or offset > known[0]:
             self.newest_acked[partition] = (offset, value)
 
-    async def _conn(self, url: str) -> BrokerConnection:
+    async def producer_conn(self, url: str) -> BrokerConnection:
+        """The raw producers' shared connection to the master registered as ``url``."""
         return await self._cached_conn(self.conns, url)
 
     async def _cached_conn(self, conns: dict[str, BrokerConnection], url: str) -> BrokerConnection:
@@ -161,52 +170,13 @@ class Workload:
             conn = conns[url] = await self.cluster.connect(url, 1.0)
         return conn
 
-    async def raw_producer(self, name: str) -> None:
-        rng = random.Random(f"workload/{name}/{self.seed}")
-        topic = self.cluster.topic
-        seq = 0
-        while not self.stopping.is_set():
-            group = rng.randrange(self.cluster.num_groups)
-            n = rng.randrange(self.cluster.partitions)
-            url = self.monitor.masters.get(group)
-            if not url:
-                await asyncio.sleep(0.05)
-                continue
-            value = f"{name}-{seq}"
-            seq += 1
-            partition = f"{topic}/{group}-{n}"
-            op = self.history.invoke(name, "put", value, partition)
-            try:
-                conn = await self._conn(url)
-                future = conn.send(PutRequest(topic=topic, partition=n, count=1).to_header(),
-                                   encode_batch([(value.encode(), None)]))
-            except ConnectionClosed as exc:
-                self.history.fail(op, f"not sent: {exc}")
-                await asyncio.sleep(0.05)
-                continue
-            try:
-                reply = await asyncio.wait_for(future, 3.0)
-            except (ConnectionClosed, asyncio.TimeoutError) as exc:
-                self.history.info(op, f"unknown: {exc or 'timeout'}")
-                conn.close()
-                self.conns.pop(url, None)
-                await asyncio.sleep(0.1)
-                continue
-            if reply.ok:
-                self.history.ok(op, int(reply["offset"]), reply.get("epoch"), url)
-                self.acked(partition, int(reply["offset"]), value)
-            elif reply.code in c.RETRIABLE_CODES or reply.code in (c.BAD_REQUEST, c.NOT_FOUND):
-                self.history.fail(op, f"{reply.code} {reply.message}")
-                await asyncio.sleep(0.05)
-            else:  # 504, 500: may or may not be stored
-                self.history.info(op, f"{reply.code} {reply.message}")
-                await asyncio.sleep(0.1)
-            await asyncio.sleep(1 / self.rate)
-
     async def client_producer(self, name: str) -> None:
         config = MetaClientConfig(zk_connect=self.cluster.zk_connect, zk_root=self.cluster.zk_root,
-                                  zk_session_timeout_ms=10_000, retry_unknown_outcome=False,
-                                  request_timeout_s=3.0, send_timeout_s=5.0, send_max_attempts=20,
+                                  zk_session_timeout_ms=10_000,
+                                  retry_unknown_outcome=self.producers.retry_unknown,
+                                  idempotence=self.producers.idempotent, request_timeout_s=3.0,
+                                  send_timeout_s=self.resend_budget_s if self.producers.retry_unknown else 5.0,
+                                  send_max_attempts=200 if self.producers.retry_unknown else 20,
                                   send_retry_max_wait_s=0.3, connect_timeout_s=1.0,
                                   address_map=self.cluster.client_address_map, credentials=self.cluster.credentials)
         topic = self.cluster.topic
@@ -219,14 +189,17 @@ class Workload:
                 op = self.history.invoke(name, "put", value, None)
                 result = await producer.send_message(Message(topic, value.encode()))
                 part = f"{topic}/{result.partition}" if result.partition is not None else None
+                # The client does not say why it retried: attempts > 1 may include a resend
+                # after an unknown outcome (the checker counts it so, see check_duplicates).
                 if result.success:
-                    self.history.ok(op, result.offset, partition=part, msg_id=result.msg_id)
-                    self.acked(part, result.offset, value)
+                    offset = result.offset if result.offset >= 0 else None
+                    self.history.ok(op, offset, partition=part, msg_id=result.msg_id, attempts=result.attempts)
+                    self.acked(part, offset, value)
                 elif result.outcome_unknown:
-                    self.history.info(op, result.error_message or "unknown", partition=part)
+                    self.history.info(op, result.error_message or "unknown", partition=part, attempts=result.attempts)
                     await asyncio.sleep(0.1)
                 else:
-                    self.history.fail(op, result.error_message or "failed", partition=part)
+                    self.history.fail(op, result.error_message or "failed", partition=part, attempts=result.attempts)
                     await asyncio.sleep(0.05)
                 await asyncio.sleep(1 / self.rate)
             await producer.close()
@@ -261,7 +234,7 @@ class Workload:
                     records = list(iter_records(bytes(reply.body), offset))
                     if records:
                         self.history.read(f"reader-g{group}", f"{topic}/{group}-{n}",
-                                          [(r.offset, value_of(bytes(r.data))) for r in records], replica=url)
+                                          [(r.offset, record_value(r.attribute, r.data)) for r in records], replica=url)
                         positions[key] = records[-1].offset + records[-1].size
             await asyncio.sleep(0.3)
         for conn in conns.values():
@@ -298,8 +271,8 @@ class Workload:
             conn.close()
 
     async def run(self) -> None:
-        tasks = [asyncio.create_task(self.raw_producer("r0")), asyncio.create_task(self.raw_producer("r1")),
-                 asyncio.create_task(self.client_producer("c0"))]
+        raw = [RawProducer(self, name, self.producers, self.resend_budget_s) for name in ("r0", "r1")]
+        tasks = [*(asyncio.create_task(p.run()) for p in raw), asyncio.create_task(self.client_producer("c0"))]
         tasks += [asyncio.create_task(self.reader(g)) for g in range(self.cluster.num_groups)]
         tasks += [asyncio.create_task(self.prober(g)) for g in range(self.cluster.num_groups)]
         results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -314,12 +287,13 @@ class Run:
     def __init__(self, scenario: str, seconds: float, seed: int, out: Path, *, mode: str = "sync", groups: int = 1,
                  zk_nodes: int = 3, rate: float = 20.0, settle_timeout: float = 60.0, slaves: int = 1,
                  on_sync_slave_loss: str = "degrade", liveness_bound: float | None = None,
-                 secure: bool = False, rogue: bool = False) -> None:
+                 secure: bool = False, rogue: bool = False, producers: ProducerSettings = ProducerSettings()) -> None:
         self.scenario, self.seconds, self.seed, self.out = scenario, seconds, seed, Path(out)
         self.mode, self.groups, self.zk_nodes, self.rate = mode, groups, zk_nodes, rate
         self.slaves, self.on_sync_slave_loss = slaves, on_sync_slave_loss
         self.settle_timeout = settle_timeout
         self.secure, self.rogue = secure, rogue
+        self.producers = producers
         self.cluster = ChaosCluster(self.out / "cluster", groups=groups, mode=mode, zk_nodes=zk_nodes,
                                     slaves=slaves, on_sync_slave_loss=on_sync_slave_loss, secure=secure)
         self.hostile = HostileLoad(self.cluster) if rogue else None
@@ -329,7 +303,7 @@ class Run:
                                 "groups": groups, "zk_nodes": zk_nodes, "topic": self.cluster.topic,
                                 "slaves": slaves, "on_sync_slave_loss": on_sync_slave_loss,
                                 "session_ms": session_ms, "liveness_bound_s": self.liveness_bound,
-                                "secure": secure, "rogue": rogue})
+                                "secure": secure, "rogue": rogue, "producers": producers.to_json()})
         self.steps_done: list[dict[str, Any]] = []
         self.settle_failures: list[str] = []
         self.unavailable: list[float] = []
@@ -402,7 +376,9 @@ class Run:
         monitor = Monitor(self.cluster, self.history)
         monitor.poll()
         monitor.start()
-        workload = Workload(self.cluster, self.history, monitor, self.seed, self.rate)
+        # A resend keeps going through a failover: past the liveness bound, by which writes resume.
+        workload = Workload(self.cluster, self.history, monitor, self.seed, self.rate, self.producers,
+                            resend_budget_s=self.liveness_bound + 5.0)
         load = asyncio.create_task(workload.run())
         if self.hostile is not None:
             self.hostile.start()
@@ -464,6 +440,13 @@ class Run:
     def passed(self, result: Any) -> bool:
         return result.ok and not self.settle_failures and not self.hostile_problems
 
+    def producers_text(self) -> str:
+        if self.producers.idempotent:
+            return "idempotent, unknown outcomes resent (exactly once: no duplicate allowed)"
+        if self.producers.retry_unknown:
+            return "plain, unknown outcomes resent (at least once: a resent put may be stored twice)"
+        return "plain, unknown outcomes not resent (nothing is sent twice: no duplicate allowed)"
+
     def report(self, result: Any, elapsed: float) -> str:
         s = result.stats
         faults: dict[str, int] = {}
@@ -488,7 +471,10 @@ class Run:
             f"command: python -m chaos run --scenario {self.scenario} --seconds {self.seconds:g} --seed {self.seed} "
             f"--mode {self.mode} --groups {self.groups} --zk-nodes {self.zk_nodes} --slaves {self.slaves} "
             f"--on-sync-slave-loss {self.on_sync_slave_loss} --liveness-bound {self.liveness_bound:g}"
-            + (" --secure" if self.secure else "") + (" --rogue" if self.rogue else "") + f" --out {self.out}",
+            + (" --secure" if self.secure else "") + (" --rogue" if self.rogue else "")
+            + (" --idempotent" if self.producers.idempotent else " --retry-unknown" if self.producers.retry_unknown else "")
+            + f" --out {self.out}",
+            f"producers: {self.producers_text()}",
             f"faults: {sum(faults.values())} {dict(sorted(faults.items()))}",
             f"operations: puts {s['puts_ok']} ok / {s['puts_fail']} failed / {s['puts_info']} unknown; "
             f"reads {s['reads']} messages in {s['gets']} fetches",
@@ -497,6 +483,9 @@ class Run:
             f"max unavailability (longest gap between acks): {s['max_unavailable_s']:.2f}s",
             *render_table(s.get("unavailability", {}), s.get("liveness_bound_s", self.liveness_bound)),
             f"lost acked messages: {s['lost_acked']}" + (" (must be 0 in sync mode)" if self.mode == "sync" else ""),
+            duplicates_line(s) + ("" if self.producers.retry_unknown and not self.producers.idempotent
+                                  else " (must be 0)"),
+            resends_line(s),
             f"settle failures: {len(self.settle_failures)}",
             *[f"  - {x}" for x in self.settle_failures[:10]],
             *(self.hostile.report_lines() if self.hostile is not None else []),
@@ -529,6 +518,12 @@ def add_parser(sub: Any) -> None:
                    help="hostile peers for the whole run: forged positions, epoch claims, phantom joins, replica "
                         "reads and heartbeats at every broker (and, with --secure, ZooKeeper writes without "
                         "credentials); fails on any accepted forgery or a broker RSS growth over the limit")
+    p.add_argument("--retry-unknown", action="store_true",
+                   help="every producer resends a put whose outcome is unknown until it is acked or surely refused "
+                        "(at least once: a resent put stored twice is counted, not a violation)")
+    p.add_argument("--idempotent", action="store_true",
+                   help="idempotent producers (numbered puts) that resend unknown outcomes (exactly once: any "
+                        "duplicate is a violation); implies --retry-unknown")
     p.add_argument("--liveness-bound", type=float, default=None,
                    help="seconds within which reads and writes must resume after a fault "
                         "(default 2 x zk.zkSessionTimeoutMs + 1 s)")
@@ -550,5 +545,6 @@ def main(args: argparse.Namespace) -> int:
     run = Run(args.scenario, args.seconds, args.seed, out, mode=args.mode, groups=args.groups,
               zk_nodes=args.zk_nodes, rate=args.rate, slaves=args.slaves,
               on_sync_slave_loss=args.on_sync_slave_loss, liveness_bound=args.liveness_bound,
-              secure=args.secure, rogue=args.rogue)
+              secure=args.secure, rogue=args.rogue,
+              producers=ProducerSettings(idempotent=args.idempotent, retry_unknown=args.retry_unknown))
     return run.execute()

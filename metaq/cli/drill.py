@@ -87,6 +87,8 @@ def render(reports: list, first: int = 1) -> str:
             lines.append(f"  note: {note}")
         if r.lost and r.mode == "sync":
             lines.append("  VIOLATION: acked messages lost in sync mode")
+        if r.duplicates and r.idempotent:
+            lines.append("  VIOLATION: messages stored twice with the idempotent producer")
     return "\n".join(lines)
 
 

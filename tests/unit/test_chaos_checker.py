@@ -204,6 +204,53 @@ def test_duplicate_of_unknown_outcome_write_is_caught():
     assert len(result.violations("duplicates")[0]["at"]) == 2
 
 
+def _resent_duplicate(producers: dict | None, attempts: int) -> History:
+    """A put whose first attempt timed out but was stored, resent and stored again."""
+    run = clean()
+    if producers is not None:
+        run.h.meta["producers"] = producers
+    run.append("t/0-0", "r0-dup")  # the first attempt, stored although its reply was lost
+    op = run.h.invoke("r0", "put", "r0-dup", "t/0-0")
+    offset = run.append("t/0-0", "r0-dup")  # the resend, stored again
+    run.h.ok(op, offset=offset, epoch=1, master="meta://m0", attempts=attempts,
+             resent_after_unknown=attempts - 1)
+    return run.finish()
+
+
+def test_resent_duplicate_is_counted_under_at_least_once_and_a_violation_otherwise():
+    at_least_once = check(_resent_duplicate({"idempotent": False, "retry_unknown": True}, attempts=2))
+    assert at_least_once.ok
+    assert at_least_once.stats["duplicates"] == at_least_once.stats["duplicates_expected"] == 1
+    assert at_least_once.stats["puts_resent_after_unknown"] == 1
+    assert "duplicates: 1 (1 expected" in at_least_once.report()
+    idempotent = check(_resent_duplicate({"idempotent": True, "retry_unknown": True}, attempts=2))
+    assert failing(idempotent) == {"duplicates"}
+    assert idempotent.stats["duplicates"] == 1 and idempotent.stats["duplicates_expected"] == 0
+    # At least once excuses only a put that was resent: one sent once and stored twice is a bug.
+    never_resent = check(_resent_duplicate({"idempotent": False, "retry_unknown": True}, attempts=1))
+    assert failing(never_resent) == {"duplicates"}
+    assert "never resent" in never_resent.violations("duplicates")[0]["why"]
+
+
+def test_control_records_are_neither_phantoms_nor_duplicates_and_reads_name_them_alike():
+    from chaos.history import is_control, record_value
+    from metaq.record import iter_records
+    from metaq.txn.control import CONTROL_ATTRIBUTE
+
+    run = clean()
+    for partition in ("t/0-0", "t/0-1"):
+        for _ in range(2):  # two identical control records: not a duplicate
+            run.logs[partition] += encode_record(b"\x01batch", attribute=CONTROL_ATTRIBUTE)
+    history = run.finish()
+    result = check(history)
+    assert result.ok, result.report()
+    values = [r[3] for r in history.final["replicas"]["b0-m"]["partitions"]["t/0-0"]["records"]]
+    assert sum(map(is_control, values)) == 2
+    # A reader names a fetched control record as the snapshot does (read_lost compares them).
+    (record,) = iter_records(encode_record(b"\x01batch", attribute=CONTROL_ATTRIBUTE))
+    assert record_value(record.attribute, record.data) == values[-1]
+
+
 def test_phantom_and_failed_write_present_are_caught():
     run = clean()
     run.append("t/0-0", "never-sent")
