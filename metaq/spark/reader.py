@@ -34,6 +34,7 @@ from ..record import RecordError, decode_columns
 from ..txn.control import drop_control_columns
 from ..txn.reader import VisibleRecords
 from .fetch import ReplicaError, ReplicaSession
+from .login import SparkLogin
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,8 @@ class MetaQInputPartition(_InputPartition):  # type: ignore[misc]
     timeout_ms: int
     #: Which split of the partition this is (0 when not split), for logs.
     split: int = 0
+    #: Paths only: the task reads the password file when it connects (login.py).
+    login: SparkLogin = SparkLogin()
     value: object = field(default=None, repr=False)  # InputPartition's own attribute
 
 
@@ -112,6 +115,7 @@ class RangeReader:
         candidates = list(part.replicas)
         dead: set[Replica] = set()
         deadline: float | None = None
+        credentials = part.login.credentials()
         while self.position < part.end:
             replica = next((r for r in candidates if r not in dead), None)
             if replica is None:
@@ -128,7 +132,7 @@ class RangeReader:
                 dead.clear()
                 continue
             try:
-                session = ReplicaSession(replica, timeout=min(timeout, 10.0))
+                session = ReplicaSession(replica, timeout=min(timeout, 10.0), credentials=credentials)
             except ReplicaError as exc:
                 self._failed(replica, exc, dead)
                 continue
