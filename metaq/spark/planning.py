@@ -215,7 +215,9 @@ class Planner:
                 continue
             self._serving[tp.name] = replica
             return result
-        raise MetaqError(f"no replica of partition {tp.name} answered: {'; '.join(errors)}")
+        # Brokers with TLS drop a plaintext connection like a dead broker would: say so.
+        hint = "" if self.options.login.tls_ca else " (if its brokers use TLS, set option tlsCa)"
+        raise MetaqError(f"no replica of partition {tp.name} answered{hint}: {'; '.join(errors)}")
 
     def no_replica_message(self, tp: TopicPartition) -> str:
         hint = {

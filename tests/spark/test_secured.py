@@ -88,6 +88,9 @@ def test_no_login_or_a_wrong_password_fails_at_once_naming_the_options(spark, zk
 
     with pytest.raises(Exception, match="the cluster has security on: log in with options user and passwordFile"):
         _batch(spark, zk, zk_root, tlsCa=login["tlsCa"]).collect()
+    with pytest.raises(Exception, match=r"no replica of partition 0-\d answered \(if its brokers use TLS, set option tlsCa\)"):
+        # A TLS broker waits for the rest of what it takes for a TLS hello: timeoutMs bounds that wait.
+        _batch(spark, zk, zk_root, user=login["user"], passwordFile=login["passwordFile"], timeoutMs="2000").collect()
     wrong = tmp_path / "wrong.password"
     wrong.write_text("guess\n")
     with pytest.raises(Exception, match=r"refused the login: .*check options user \('reader'\) and passwordFile"):
