@@ -9,12 +9,14 @@ broker never returns bytes past the replica's last stable offset, and the reader
 past ``end`` (itself at most the committed offset of the replica planning asked).
 
 Failover: when the replica fails (connection lost or refused, no reply in time, an error
-reply, a corrupt record), the reader switches to the next replica the read-from policy
+reply other than 403, a corrupt record), the reader switches to the next replica the read-from policy
 allows and continues at the same offset: the offset of the first record not yet handed to
 Spark. Offsets and bytes are identical on every replica, so nothing is lost or repeated.
 A replica that is behind (its committed offset below what we need) is waited for with
 long-polls, up to ``timeoutMs``; then the next one is tried. When every planned replica
 has failed, the reader re-reads ZooKeeper (a restarted or new slave) until ``timeoutMs``.
+A refused login or ACL (``AccessRefused``) is not failed over: the group's replicas share
+one users file, so the task fails at once with the options to fix.
 """
 
 from __future__ import annotations

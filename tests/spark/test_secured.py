@@ -9,7 +9,6 @@ the options, not after ``timeoutMs`` of failovers.
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
@@ -19,34 +18,18 @@ from metaq.client.connection import Credentials
 from metaq.spark.fetch import AccessRefused
 from metaq.spark.reader import MetaQInputPartition, RangeReader
 from metaq.spark.login import SparkLogin
-from metaq.tools.launcher import wait_until
 from metaq.zk.paths import ZkPaths
-from tests.integration.trust_support import PASSWORDS, SecuredGroup
-from tests.security_support import TestCA
+from tests.integration.trust_support import PASSWORDS, start_tls_pair
 from tests.spark.support import digest, partition_ends, produce, replica, wait_caught_up
 
 pytestmark = pytest.mark.spark
 TOPIC = "t"  # the one topic user "reader" may consume
-SYNC = {"replicationMode": "sync", "unflushThreshold": 0, "syncSlaveTimeoutMs": 1000}
 
 
 @pytest.fixture
 def secured(broker_factory, zk_client, zk_root, tmp_path):  # type: ignore[no-untyped-def]
     """(master, slave, login options of the consume-only user "reader", the app user's Credentials)."""
-    group = SecuredGroup(tmp_path / "security")
-    ca = TestCA.create(tmp_path / "tls")
-
-    def tls(name: str) -> dict[str, str]:
-        cert, key = ca.issue(name)
-        return {"tlsCertFile": str(cert), "tlsKeyFile": str(key), "tlsCaFile": str(ca.cert_file)}
-
-    master = broker_factory(0, {TOPIC: 2}, {**SYNC, **group.system, **tls("master")})
-    slave = broker_factory(0, {TOPIC: 2}, {"unflushThreshold": 0, **group.system, **tls("slave")}, {"slaveId": 0})
-    sync_set = ZkPaths(zk_root).sync_set(0)
-    wait_until(
-        lambda: zk_client.exists(sync_set) and json.loads(zk_client.get(sync_set)[0])["slaves"] == [0],
-        30, message="the authenticated slave in the sync set",
-    )
+    _group, ca, master, slave = start_tls_pair(broker_factory, zk_client, zk_root, tmp_path, {TOPIC: 2})
     password_file = tmp_path / "reader.password"
     password_file.write_text(PASSWORDS["reader"] + "\n")
     login = {"user": "reader", "passwordFile": str(password_file), "tlsCa": str(ca.cert_file)}
