@@ -18,7 +18,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from pyspark.sql.types import StructType
 
 from .fetch import AccessRefused
-from .options import SourceOptions
+from .options import OptionError, SourceOptions
 from ..client.message import Partition
 from .planning import Planner, TopicPartition, discover, offsets_json_map, resolve_ranges
 from .reader import SPARK_SCHEMA, MetaQInputPartition, read_partition
@@ -127,8 +127,8 @@ class MetaQStreamReader(DataSourceStreamReader):
                     continue
                 try:
                     info = planner.offsets(tp)
-                except AccessRefused:
-                    raise  # a refused login never heals by itself: fail the query, do not stall it
+                except (AccessRefused, OptionError):
+                    raise  # a refused login (or an unreadable passwordFile) never heals by itself: fail, do not stall
                 except Exception:
                     continue  # no replica reachable now: no new data from it in this batch
                 previous = latest.get(tp.name)
