@@ -1,6 +1,6 @@
 """Spark reads from a slave vs the plain client's read rate, in one run.
 
-    python bench/spark_bench.py [--messages 1000000] [--size 100] [--partitions 2] [--rounds 2]
+    python bench/spark_bench.py [--messages 1000000] [--size 100] [--partitions 2] [--rounds 2] [--secure]
 
 Starts an embedded ZooKeeper, one master and one slave (real ``metaq broker`` processes,
 async replication), produces ``--messages`` messages of ``--size`` bytes to the master with
@@ -13,6 +13,10 @@ against the slave:
   (CRC check, a Message per record) -- one process, one core, partitions one after the other;
 * spark: ``spark.read.format("metaq")`` from the slave, every row materialised by the
   ``noop`` sink, local[2] (one task per partition, two cores).
+
+With ``--secure`` the pair runs with security and TLS on (bench/security_bench.py's files)
+and both readers log in over TLS (the client with ``Credentials``, Spark with the options
+``user``/``passwordFile``/``tlsCa``).
 
 Reported: rows/s and MB/s (log bytes: 20-byte header + payload), and the ratio of Spark's
 rate per core to the client's (target >= 0.5). Spark's first query includes starting the
@@ -32,7 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from metaq.client.codec import decode_messages  # noqa: E402
-from metaq.client.connection import BrokerConnection  # noqa: E402
+from metaq.client.connection import Credentials  # noqa: E402
 from metaq.client.message import Partition  # noqa: E402
 from metaq.protocol.messages import GetRequest, OffsetRequest, PutRequest  # noqa: E402
 from metaq.protocol.replies import OffsetReply, PutReply  # noqa: E402
@@ -42,8 +46,10 @@ from metaq.record import encode_batch  # noqa: E402
 TOPIC = "bench"
 
 
-async def produce(host: str, port: int, messages: int, size: int, partitions: int, batch: int = 1000, in_flight: int = 16) -> dict[int, int]:
-    conn = await BrokerConnection.open(host, port)
+async def produce(
+    host: str, port: int, messages: int, size: int, partitions: int, creds: Credentials, batch: int = 1000, in_flight: int = 16
+) -> dict[int, int]:
+    conn = await creds.open(host, port)
     body = encode_batch([(bytes([i % 251]) * size, None) for i in range(batch)])
     ends: dict[int, int] = {}
     pending: list = []
@@ -67,8 +73,8 @@ async def produce(host: str, port: int, messages: int, size: int, partitions: in
     return ends
 
 
-async def committed(host: str, port: int, partition: int) -> int:
-    conn = await BrokerConnection.open(host, port)
+async def committed(host: str, port: int, partition: int, creds: Credentials) -> int:
+    conn = await creds.open(host, port)
     try:
         reply = await conn.request(OffsetRequest(topic=TOPIC, partition=partition, offset=0).to_header())
         return OffsetReply.of(reply).max_offset
@@ -76,10 +82,10 @@ async def committed(host: str, port: int, partition: int) -> int:
         conn.close()
 
 
-async def wait_committed(host: str, port: int, ends: dict[int, int], timeout: float = 300) -> None:
+async def wait_committed(host: str, port: int, ends: dict[int, int], creds: Credentials, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while True:
-        values = {p: await committed(host, port, p) for p in ends}
+        values = {p: await committed(host, port, p, creds) for p in ends}
         if all(values[p] >= end for p, end in ends.items()):
             return
         if time.monotonic() > deadline:
@@ -87,9 +93,9 @@ async def wait_committed(host: str, port: int, ends: dict[int, int], timeout: fl
         await asyncio.sleep(0.2)
 
 
-async def client_read(host: str, port: int, ends: dict[int, int], fetch: int = 1 << 20) -> tuple[int, int]:
+async def client_read(host: str, port: int, ends: dict[int, int], creds: Credentials, fetch: int = 1 << 20) -> tuple[int, int]:
     """Every partition from 0 to its end: (messages, log bytes)."""
-    conn = await BrokerConnection.open(host, port)
+    conn = await creds.open(host, port)
     messages = total = 0
     try:
         for p, end in sorted(ends.items()):
@@ -130,16 +136,29 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--secure", action="store_true", help="security and TLS on; every reader logs in over TLS")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="metaq-spark-bench-") as work:
-        cluster = LocalCluster(Path(work), slaves=1, topics={TOPIC: args.partitions}, system={"unflushInterval": 100})
+        system: dict[str, object] = {"unflushInterval": 100}
+        creds, login = Credentials(), {}
+        if args.secure:
+            from bench.security_bench import PASSWORD, USER, security_files
+
+            (Path(work) / "security").mkdir()
+            scram, tls, ca_file = security_files(Path(work) / "security")
+            system.update(line.split("=", 1) for line in (scram + tls).splitlines())
+            password_file = Path(work) / "security" / "bench.password"
+            password_file.write_text(PASSWORD + "\n")
+            creds = Credentials(USER, PASSWORD, ca_file)
+            login = {"user": USER, "passwordFile": str(password_file), "tlsCa": ca_file}
+        cluster = LocalCluster(Path(work), slaves=1, topics={TOPIC: args.partitions}, system=system)
         with cluster:
             master, slave = cluster.masters[0], cluster.slaves[0][0]
             t0 = time.perf_counter()
-            ends = asyncio.run(produce(master.host, master.port, args.messages, args.size, args.partitions))
+            ends = asyncio.run(produce(master.host, master.port, args.messages, args.size, args.partitions, creds))
             produce_s = time.perf_counter() - t0
-            asyncio.run(wait_committed(slave.host, slave.port, ends))
+            asyncio.run(wait_committed(slave.host, slave.port, ends, creds))
             caught_up_s = time.perf_counter() - t0
             total_bytes = sum(ends.values())
             print(f"produced {args.messages:,} x {args.size} B to {args.partitions} partitions in {produce_s:.1f}s; "
@@ -148,7 +167,7 @@ def main() -> int:
             client_rounds = []
             for _ in range(args.rounds):
                 t = time.perf_counter()
-                n, _b = asyncio.run(client_read(slave.host, slave.port, ends))
+                n, _b = asyncio.run(client_read(slave.host, slave.port, ends, creds))
                 client_rounds.append(time.perf_counter() - t)
                 assert n == args.messages, (n, args.messages)
             spark = spark_session()
@@ -159,6 +178,7 @@ def main() -> int:
                         spark.read.format("metaq")
                         .option("zkConnect", cluster.zk_connect)
                         .option("topic", TOPIC)
+                        .options(**login)
                         .load()
                     )
                     t = time.perf_counter()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..addresses import broker_url
-from ..client.connection import BrokerConnection, ConnectionClosed, Reply
+from ..client.connection import AuthenticationFailed, BrokerConnection, ConnectionClosed, Credentials, Reply
 from ..client.routing import Replica
 from ..protocol import commands as c
 from ..protocol.messages import GetRequest, OffsetRequest, StatsRequest
@@ -29,6 +29,23 @@ _unpack_from = HEADER.unpack_from
 
 class ReplicaError(Exception):
     """This replica cannot serve the request now (down, refusing, corrupt): try another."""
+
+
+class AccessRefused(Exception):
+    """The broker refused our login or its ACL refused the request.
+
+    Not a ReplicaError: every replica of a group checks the same users and ACLs, so trying
+    another (or waiting ``timeoutMs``) cannot help; the query fails at once, naming the
+    options to fix.
+    """
+
+
+def _login_hint(credentials: Credentials, refusal: str) -> str:
+    if credentials.user is None:
+        if refusal.startswith("not authenticated"):
+            return "the cluster has security on: log in with options user and passwordFile (and tlsCa if its brokers use TLS)"
+        return "no login given (options user and passwordFile)"
+    return f"check options user ({credentials.user!r}) and passwordFile"
 
 
 def describe(replica: Replica) -> str:
@@ -44,17 +61,21 @@ class OffsetInfo:
 class ReplicaSession:
     """A connection to one replica with its own event loop; every call blocks."""
 
-    def __init__(self, replica: Replica, timeout: float = 10.0) -> None:
+    def __init__(self, replica: Replica, timeout: float = 10.0, credentials: Credentials = Credentials()) -> None:
         self.replica = replica
         self.timeout = timeout
+        self.credentials = credentials
         self._loop = asyncio.new_event_loop()
         self._conn: BrokerConnection | None = None
         self._inflight: set[asyncio.Future[Reply]] = set()
         try:
-            self._conn = self._loop.run_until_complete(BrokerConnection.open(replica.host, replica.port, timeout))
-        except ConnectionClosed as exc:
+            self._conn = self._loop.run_until_complete(credentials.open(replica.host, replica.port, timeout))
+        except AuthenticationFailed as exc:
             self.close()
-            raise ReplicaError(f"{describe(replica)}: {exc}") from None
+            raise AccessRefused(f"{describe(replica)} refused the login: {exc}; {_login_hint(credentials, str(exc))}") from None
+        except (ConnectionClosed, asyncio.TimeoutError, OSError) as exc:
+            self.close()
+            raise ReplicaError(f"{describe(replica)}: {exc or type(exc).__name__}") from None
 
     def close(self) -> None:
         # A get still in flight (a reader that failed over, or stopped early) must not
@@ -102,9 +123,15 @@ class ReplicaSession:
     def wait(self, future: "asyncio.Future[Reply]", timeout: float | None = None) -> Reply:
         self._inflight.discard(future)
         try:
-            return self._loop.run_until_complete(asyncio.wait_for(future, timeout or self.timeout))
+            reply = self._loop.run_until_complete(asyncio.wait_for(future, timeout or self.timeout))
         except (ConnectionClosed, asyncio.TimeoutError, OSError) as exc:
             raise ReplicaError(f"{describe(self.replica)}: {exc or type(exc).__name__}") from None
+        if reply.code == c.FORBIDDEN:
+            raise AccessRefused(
+                f"{describe(self.replica)} refused the request: {reply.code} {reply.message}; "
+                f"{_login_hint(self.credentials, reply.message)}"
+            )
+        return reply
 
     def request(self, header: dict[str, Any], timeout: float | None = None) -> Reply:
         return self.wait(self.send(header), timeout)

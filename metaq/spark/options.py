@@ -11,6 +11,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from .login import LOGIN_OPTIONS, SparkLogin
+from .options_error import OptionError
+
 READ_FROM_CHOICES = ("slave", "prefer-slave", "master")
 EARLIEST = "earliest"
 LATEST = "latest"
@@ -31,12 +34,9 @@ KNOWN_OPTIONS = (
     "maxBytesPerPartition",
     "fetchBytes",
     "timeoutMs",
+    *LOGIN_OPTIONS,
 )
 _CANONICAL = {name.lower(): name for name in KNOWN_OPTIONS}
-
-
-class OptionError(ValueError):
-    """A bad or missing option of the metaq source."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,7 @@ class SourceOptions:
     max_bytes_per_partition: int | None = None
     fetch_bytes: int = DEFAULT_FETCH_BYTES
     timeout_ms: int = DEFAULT_TIMEOUT_MS
+    login: SparkLogin = SparkLogin()
 
     @classmethod
     def parse(cls, options: Mapping[str, str], streaming: bool = False) -> "SourceOptions":
@@ -155,4 +156,5 @@ class SourceOptions:
             max_bytes_per_partition=_positive_int(opts, "maxBytesPerPartition", None),
             fetch_bytes=_positive_int(opts, "fetchBytes", DEFAULT_FETCH_BYTES) or DEFAULT_FETCH_BYTES,
             timeout_ms=_positive_int(opts, "timeoutMs", DEFAULT_TIMEOUT_MS) or DEFAULT_TIMEOUT_MS,
+            login=SparkLogin.parse(opts),
         )

@@ -31,6 +31,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from ..client.cluster import Cluster
 from ..client.config import MetaClientConfig
+from ..client.connection import Credentials
 from ..client.message import Partition
 from ..client.routing import BrokerAddresses, Replica, choose_replica
 from ..errors import MetaqError
@@ -175,6 +176,7 @@ class Planner:
         self.options = options
         self._sessions: dict[Replica, ReplicaSession] = {}
         self._serving: dict[str, Replica] = {}
+        self._credentials: Credentials | None = None  # read from the password file at the first connection
 
     def close(self) -> None:
         for session in self._sessions.values():
@@ -190,7 +192,9 @@ class Planner:
     def _session(self, replica: Replica) -> ReplicaSession:
         session = self._sessions.get(replica)
         if session is None:
-            session = ReplicaSession(replica, timeout=min(self.options.timeout_ms / 1000, 10.0))
+            if self._credentials is None:
+                self._credentials = self.options.login.credentials()
+            session = ReplicaSession(replica, timeout=min(self.options.timeout_ms / 1000, 10.0), credentials=self._credentials)
             self._sessions[replica] = session
         return session
 
@@ -211,7 +215,9 @@ class Planner:
                 continue
             self._serving[tp.name] = replica
             return result
-        raise MetaqError(f"no replica of partition {tp.name} answered: {'; '.join(errors)}")
+        # Brokers with TLS drop a plaintext connection like a dead broker would: say so.
+        hint = "" if self.options.login.tls_ca else " (if its brokers use TLS, set option tlsCa)"
+        raise MetaqError(f"no replica of partition {tp.name} answered{hint}: {'; '.join(errors)}")
 
     def no_replica_message(self, tp: TopicPartition) -> str:
         hint = {

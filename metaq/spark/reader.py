@@ -9,12 +9,14 @@ broker never returns bytes past the replica's last stable offset, and the reader
 past ``end`` (itself at most the committed offset of the replica planning asked).
 
 Failover: when the replica fails (connection lost or refused, no reply in time, an error
-reply, a corrupt record), the reader switches to the next replica the read-from policy
+reply other than 403, a corrupt record), the reader switches to the next replica the read-from policy
 allows and continues at the same offset: the offset of the first record not yet handed to
 Spark. Offsets and bytes are identical on every replica, so nothing is lost or repeated.
 A replica that is behind (its committed offset below what we need) is waited for with
 long-polls, up to ``timeoutMs``; then the next one is tried. When every planned replica
 has failed, the reader re-reads ZooKeeper (a restarted or new slave) until ``timeoutMs``.
+A refused login or ACL (``AccessRefused``) is not failed over: the group's replicas share
+one users file, so the task fails at once with the options to fix.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from ..record import RecordError, decode_columns
 from ..txn.control import drop_control_columns
 from ..txn.reader import VisibleRecords
 from .fetch import ReplicaError, ReplicaSession
+from .login import SparkLogin
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +81,8 @@ class MetaQInputPartition(_InputPartition):  # type: ignore[misc]
     timeout_ms: int
     #: Which split of the partition this is (0 when not split), for logs.
     split: int = 0
+    #: Paths only: the task reads the password file when it connects (login.py).
+    login: SparkLogin = SparkLogin()
     value: object = field(default=None, repr=False)  # InputPartition's own attribute
 
 
@@ -112,6 +117,7 @@ class RangeReader:
         candidates = list(part.replicas)
         dead: set[Replica] = set()
         deadline: float | None = None
+        credentials = part.login.credentials()
         while self.position < part.end:
             replica = next((r for r in candidates if r not in dead), None)
             if replica is None:
@@ -128,7 +134,7 @@ class RangeReader:
                 dead.clear()
                 continue
             try:
-                session = ReplicaSession(replica, timeout=min(timeout, 10.0))
+                session = ReplicaSession(replica, timeout=min(timeout, 10.0), credentials=credentials)
             except ReplicaError as exc:
                 self._failed(replica, exc, dead)
                 continue

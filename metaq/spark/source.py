@@ -17,7 +17,8 @@ from typing import Iterator, Sequence
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
-from .options import SourceOptions
+from .fetch import AccessRefused
+from .options import OptionError, SourceOptions
 from ..client.message import Partition
 from .planning import Planner, TopicPartition, discover, offsets_json_map, resolve_ranges
 from .reader import SPARK_SCHEMA, MetaQInputPartition, read_partition
@@ -51,6 +52,7 @@ def _input_partitions(
                     fetch_bytes=options.fetch_bytes,
                     timeout_ms=options.timeout_ms,
                     split=i,
+                    login=options.login,
                 )
             )
     return result
@@ -125,6 +127,8 @@ class MetaQStreamReader(DataSourceStreamReader):
                     continue
                 try:
                     info = planner.offsets(tp)
+                except (AccessRefused, OptionError):
+                    raise  # a refused login (or an unreadable passwordFile) never heals by itself: fail, do not stall
                 except Exception:
                     continue  # no replica reachable now: no new data from it in this batch
                 previous = latest.get(tp.name)

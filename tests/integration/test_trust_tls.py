@@ -8,36 +8,17 @@ and a TLS client without credentials, get nothing.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from metaq.client.connection import BrokerConnection, ConnectionClosed, Credentials
-from metaq.tools.launcher import wait_until
-from metaq.zk.paths import ZkPaths
-from tests.security_support import TestCA
 
-from .trust_support import PASSWORDS, SecuredGroup, metaq, run
+from .trust_support import PASSWORDS, metaq, run, start_tls_pair
 
 TOPIC = "t"
 
 
 def test_tls_and_scram_end_to_end_with_the_cli(broker_factory, zk, zk_client, zk_root, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    group = SecuredGroup(tmp_path / "security")
-    ca = TestCA.create(tmp_path / "tls")
-
-    def tls(name: str) -> dict[str, str]:
-        cert, key = ca.issue(name)
-        return {"tlsCertFile": str(cert), "tlsKeyFile": str(key), "tlsCaFile": str(ca.cert_file)}
-
-    sync = {"replicationMode": "sync", "unflushThreshold": 0, "syncSlaveTimeoutMs": 1000}
-    master = broker_factory(0, {TOPIC: 2}, {**sync, **group.system, **tls("master")})
-    broker_factory(0, {TOPIC: 2}, {"unflushThreshold": 0, **group.system, **tls("slave")}, {"slaveId": 0})
-    sync_set = ZkPaths(zk_root).sync_set(0)
-    wait_until(
-        lambda: zk_client.exists(sync_set) and json.loads(zk_client.get(sync_set)[0])["slaves"] == [0],
-        30, message="the slave in the sync set, over TLS",
-    )
+    _group, ca, master, _slave = start_tls_pair(broker_factory, zk_client, zk_root, tmp_path, {TOPIC: 2})
 
     password_file = tmp_path / "app.password"
     password_file.write_text(PASSWORDS["app"] + "\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -14,8 +15,10 @@ from metaq.client.connection import BrokerConnection, Reply
 from metaq.security.credentials import SecurityFile
 from metaq.security.group import GroupSecret, write_group_secret
 from metaq.security.handshake import ClientAuthenticator
-from metaq.tools.launcher import BrokerProcess
+from metaq.tools.launcher import BrokerProcess, wait_until
+from metaq.zk.paths import ZkPaths
 from tests.harness import REPO_ROOT
+from tests.security_support import TestCA
 
 PASSWORDS = {"app": "app-password", "ops": "ops-password", "reader": "reader-password", "operator": "operator-password"}
 
@@ -79,3 +82,26 @@ def metaq(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     """``python -m metaq ARGS`` from this checkout, output captured."""
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     return subprocess.run([sys.executable, "-m", "metaq", *args], capture_output=True, timeout=timeout, cwd=REPO_ROOT, env=env)
+
+
+def start_tls_pair(
+    broker_factory: Any, zk_client: Any, zk_root: str, directory: Path, topics: dict[str, int]
+) -> tuple[SecuredGroup, TestCA, BrokerProcess, BrokerProcess]:
+    """A sync master and slave of group 0, security on and TLS on every link (certificates of
+    a test CA), returned once the slave, authenticated over TLS, is in the sync set."""
+    group = SecuredGroup(directory / "security")
+    ca = TestCA.create(directory / "tls")
+
+    def tls(name: str) -> dict[str, str]:
+        cert, key = ca.issue(name)
+        return {"tlsCertFile": str(cert), "tlsKeyFile": str(key), "tlsCaFile": str(ca.cert_file)}
+
+    sync = {"replicationMode": "sync", "unflushThreshold": 0, "syncSlaveTimeoutMs": 1000}
+    master = broker_factory(0, topics, {**sync, **group.system, **tls("master")})
+    slave = broker_factory(0, topics, {"unflushThreshold": 0, **group.system, **tls("slave")}, {"slaveId": 0})
+    sync_set = ZkPaths(zk_root).sync_set(0)
+    wait_until(
+        lambda: zk_client.exists(sync_set) and json.loads(zk_client.get(sync_set)[0])["slaves"] == [0],
+        30, message="the slave in the sync set, over TLS",
+    )
+    return group, ca, master, slave

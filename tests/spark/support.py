@@ -7,7 +7,7 @@ import hashlib
 import time
 from dataclasses import dataclass
 
-from metaq.client.connection import BrokerConnection
+from metaq.client.connection import Credentials
 from metaq.tools.launcher import BrokerProcess
 from metaq.record import encode_record
 from metaq.protocol.replies import StatsReply
@@ -28,12 +28,15 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(bytes(data)).hexdigest()
 
 
-def produce(master: BrokerProcess, topic: str, partitions: int, count: int, size: int = 100, batch: int = 200, tag: str = "") -> list[Produced]:
+def produce(
+    master: BrokerProcess, topic: str, partitions: int, count: int, size: int = 100, batch: int = 200, tag: str = "",
+    credentials: Credentials = Credentials(),
+) -> list[Produced]:
     """``count`` messages spread over ``partitions``, with attributes a0..a2; returns them with
     the offsets the master assigned (from the put replies)."""
 
     async def run() -> list[Produced]:
-        conn = await BrokerConnection.open(master.host, master.port)
+        conn = await credentials.open(master.host, master.port)
         produced: list[Produced] = []
         try:
             i = 0
@@ -66,16 +69,20 @@ def replica(broker: BrokerProcess) -> Replica:
     return Replica(broker.broker_id, role, broker.host, broker.port)
 
 
-def committed(broker: BrokerProcess, topic: str, partition: int) -> int:
-    with ReplicaSession(replica(broker)) as session:
+def committed(broker: BrokerProcess, topic: str, partition: int, credentials: Credentials = Credentials()) -> int:
+    with ReplicaSession(replica(broker), credentials=credentials) as session:
         return session.offsets(topic, partition).committed
 
 
-def wait_caught_up(brokers: list[BrokerProcess], topic: str, ends: dict[int, int], timeout: float = 30.0) -> None:
+def wait_caught_up(
+    brokers: list[BrokerProcess], topic: str, ends: dict[int, int], timeout: float = 30.0, credentials: Credentials = Credentials()
+) -> None:
     """Until every broker's committed offset of each partition n reaches ends[n]."""
     deadline = time.monotonic() + timeout
     while True:
-        lagging = [(b.name, n, committed(b, topic, n), end) for b in brokers for n, end in ends.items() if committed(b, topic, n) < end]
+        lagging = [
+            (b.name, n, at, end) for b in brokers for n, end in ends.items() if (at := committed(b, topic, n, credentials)) < end
+        ]
         if not lagging:
             return
         if time.monotonic() > deadline:

@@ -101,7 +101,12 @@ def test_processing_time_trigger_follows_new_messages(spark, zk, zk_root, broker
         .start()
     )
     try:
-        time.sleep(3)  # let the query start and pin its initial offsets
+        # Produce only after the first micro-batch pinned the initial offsets ("latest"): a
+        # query slow to start (a loaded machine) would otherwise count the new messages as old.
+        started = time.monotonic()
+        while query.lastProgress is None:
+            assert query.exception() is None and time.monotonic() - started < 60, "the query made no first batch"
+            time.sleep(0.2)
         new = produce(master, TOPIC, partitions=2, count=800, tag="new-")
         expected = {(m.partition, m.offset) for m in new}
         deadline = time.monotonic() + 60
