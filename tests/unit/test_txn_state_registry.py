@@ -191,10 +191,10 @@ def test_idle_producers_are_forgotten_by_the_log_clock_and_the_snapshot_loop_sur
     idempotent_put(manager, states, pid=1, seq=0, count=1)  # timestamp 1000
     idempotent_put(manager, states, pid=2, seq=40, count=1)  # timestamp 1040: 1 is idle 40 ms by the log
     assert states.expire_producers() == 0
-    idempotent_put(manager, states, pid=2, seq=51, count=1)  # timestamp 1051
+    idempotent_put(manager, states, pid=3, seq=51, count=1)  # timestamp 1051
     state = states.partition(TOPIC, 0)
     assert states.expire_producers() == 1  # 1000 + 50 < 1051, whatever this machine's clock says
-    assert sorted(state.producers.producers) == [2]
+    assert sorted(state.producers.producers) == [2, 3]
 
     rounds = []
 
