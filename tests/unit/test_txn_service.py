@@ -147,6 +147,13 @@ async def opened(broker: FakeBroker, service: TransactionService, xid: str, data
     broker.put(topic, xid, data)
 
 
+async def commit_in_flight(broker: FakeBroker, service: TransactionService, xid: str) -> "asyncio.Future[dict[str, Any]]":
+    """A branch with one message in orders, ended, its commit_one_phase sent (not awaited)."""
+    await opened(broker, service, xid, b"one")
+    await call(service, "end", xid)
+    return asyncio.ensure_future(call(service, "commit_one_phase", xid))
+
+
 async def branch(broker: FakeBroker, service: TransactionService, xid: str, then: str, topics: tuple[str, ...] = TOPICS,
                  principal: Principal | None = None) -> int:
     """start, one put per topic, end, then ``then`` (prepare, commit_one_phase, rollback); its XA code."""
@@ -209,9 +216,7 @@ async def test_only_a_writable_master_serves_and_a_slave_answers_like_for_puts(t
 @in_loop
 async def test_the_reply_waits_until_the_markers_are_durable_and_a_retry_waits_too(tmp_path: Path, clock: list[int]) -> None:
     broker, service = make(tmp_path, clock, hold_acks=True)
-    await opened(broker, service, "TX:7:1", b"one")
-    await call(service, "end", "TX:7:1")
-    commit = asyncio.ensure_future(call(service, "commit_one_phase", "TX:7:1"))
+    commit = await commit_in_flight(broker, service, "TX:7:1")
     retry = asyncio.ensure_future(call(service, "commit_one_phase", "TX:7:1"))
     await asyncio.sleep(0.01)
     assert not commit.done() and not retry.done()  # the COMMIT marker is appended, not yet safe
@@ -478,9 +483,7 @@ async def test_a_tick_whose_first_timed_out_branch_fails_to_append_still_aborts_
 @in_loop
 async def test_a_new_epoch_forgets_the_marker_ends_of_the_previous_mastership(tmp_path: Path, clock: list[int]) -> None:
     broker, service = make(tmp_path, clock, hold_acks=True)
-    await opened(broker, service, "TX:7:1", b"one")
-    await call(service, "end", "TX:7:1")
-    commit = asyncio.ensure_future(call(service, "commit_one_phase", "TX:7:1"))
+    commit = await commit_in_flight(broker, service, "TX:7:1")
     await asyncio.sleep(0.01)
     assert "TX:7:1" in service._unsettled  # its marker's end: it may be truncated away as a slave
     commit.cancel()
