@@ -117,7 +117,8 @@ class TransactionService:
         self._unsettled: dict[str, list[MarkerEnd]] = {}
         #: Branches whose decision is journaled but some of whose markers could not be appended
         #: yet (a full disk, a refused log): re-appended on the client's retry and by every tick,
-        #: so a decided transaction never pins the LSO (xid -> its markers still to append, in order).
+        #: so a decided transaction never pins the LSO (xid -> its markers still to append, in
+        #: order). Dropped by a reconcile: in a new epoch the logs decide.
         self._pending: dict[str, list[PendingMarker]] = {}
         self._timer: asyncio.Task[None] | None = None
         self._background: set[asyncio.Future[Any]] = set()
@@ -177,15 +178,18 @@ class TransactionService:
         assert self.coordinator is not None
         states = self.broker.txn_states.all()
         now = self.clock_ms()
-        replies = self.coordinator.reconcile({key: state.index for key, state in states.items()}, now)
-        self.reconciled_epoch = epoch
         # Marker ends of an earlier mastership refer to logs that may have been truncated since:
-        # waiting for them could stall a branch until the log grows back. Markers still pending
-        # are decisions not yet written: kept (the tick appends them), never forgotten.
+        # waiting for them could stall a branch until the log grows back. Markers still queued
+        # from then are dropped too: in a new epoch the logs decide (the reconcile below does,
+        # as any other new master would: a commit none of whose COMMIT markers landed, never
+        # answered XA_OK, is rolled back; a prepared one stays in doubt).
         for task in self._background:
             task.cancel()
         self._background.clear()
         self._unsettled.clear()
+        self._pending.clear()
+        replies = self.coordinator.reconcile({key: state.index for key, state in states.items()}, now)
+        self.reconciled_epoch = epoch
         self._fence_from_batches(states.values())
         if self._owners_loaded is not None:
             self._owners_loaded.cancel()

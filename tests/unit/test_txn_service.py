@@ -492,3 +492,20 @@ async def test_a_new_epoch_forgets_the_marker_ends_of_the_previous_mastership(tm
     assert service.refusal() is None
     assert service._unsettled == {} and service._background == set()
     assert (await call(service, "commit_one_phase", "TX:7:1"))["xa_code"] == Code.XA_OK  # no wait on the old end
+
+
+@in_loop
+async def test_a_new_epoch_drops_queued_markers_and_the_logs_decide(tmp_path: Path, clock: list[int]) -> None:
+    broker, service = make(tmp_path, clock)
+    await opened(broker, service, "TX:7:1", b"one")
+    await call(service, "end", "TX:7:1")
+    fail_appends(broker, "orders")
+    with pytest.raises(c.RequestError):
+        await call(service, "commit_one_phase", "TX:7:1")  # never answered XA_OK: its outcome is unknown
+    broker.ha.epoch = 2
+    assert service.refusal() is None
+    await asyncio.sleep(0)
+    assert service._pending == {}
+    assert broker.visible("orders") == []  # no COMMIT landed: rolled back, as on any other new master
+    assert markers_in(broker, "orders", control.Kind.COMMIT) == 0 and markers_in(broker, "orders", control.Kind.ABORT) == 1
+    assert (await call(service, "commit_one_phase", "TX:7:1"))["xa_code"] != Code.XA_OK
