@@ -422,14 +422,20 @@ async def test_a_failed_second_marker_stays_pending_and_the_retry_writes_it_once
     assert markers_in(broker, "orders", control.Kind.COMMIT) == 1 and markers_in(broker, "payments", control.Kind.COMMIT) == 1
 
 
-@in_loop
-async def test_the_tick_appends_a_marker_an_earlier_failure_left_pending(tmp_path: Path, clock: list[int]) -> None:
+async def commit_that_fails_to_append(tmp_path: Path, clock: list[int]) -> tuple[FakeBroker, TransactionService]:
+    """TX:7:1 with one message in orders, ended; its commit_one_phase failed to append the COMMIT marker."""
     broker, service = make(tmp_path, clock)
     await opened(broker, service, "TX:7:1", b"one")
     await call(service, "end", "TX:7:1")
     fail_appends(broker, "orders")
     with pytest.raises(c.RequestError):
         await call(service, "commit_one_phase", "TX:7:1")
+    return broker, service
+
+
+@in_loop
+async def test_the_tick_appends_a_marker_an_earlier_failure_left_pending(tmp_path: Path, clock: list[int]) -> None:
+    broker, service = await commit_that_fails_to_append(tmp_path, clock)
     with pytest.raises(c.RequestError, match="TX:7:1 is being decided"):
         service.enlist("TX:7:1", "orders", 0)
     service.tick()
@@ -496,12 +502,7 @@ async def test_a_new_epoch_forgets_the_marker_ends_of_the_previous_mastership(tm
 
 @in_loop
 async def test_a_new_epoch_drops_queued_markers_and_the_logs_decide(tmp_path: Path, clock: list[int]) -> None:
-    broker, service = make(tmp_path, clock)
-    await opened(broker, service, "TX:7:1", b"one")
-    await call(service, "end", "TX:7:1")
-    fail_appends(broker, "orders")
-    with pytest.raises(c.RequestError):
-        await call(service, "commit_one_phase", "TX:7:1")  # never answered XA_OK: its outcome is unknown
+    broker, service = await commit_that_fails_to_append(tmp_path, clock)  # never answered XA_OK: outcome unknown
     broker.ha.epoch = 2
     assert service.refusal() is None
     await asyncio.sleep(0)
