@@ -80,6 +80,8 @@ class PendingMarker(NamedTuple):
     partition: int
     kind: control.Kind
     data: bytes
+
+
 Served = tuple[dict[str, Any], bytes]
 #: How long to wait before reading the transactional id mapping again after a failure.
 OWNERS_RETRY_S = 0.5
@@ -431,13 +433,16 @@ class TransactionService:
             del self._unsettled[xid]
 
     def _write_in_background(self, replies: list[tuple[str, Reply]], now: int) -> None:
-        """Markers nobody waits on (timeouts, reconcile, fences): appended now, settled by a task.
+        """Markers nobody waits on (timeouts, reconcile): appended now, settled by a task.
 
         Each branch on its own: one whose append fails keeps its markers queued (the next tick
         retries them) and the others' are still written."""
         for xid, reply in replies:
             if reply.markers:
-                self._queue_markers(xid, reply.markers, now)
+                try:
+                    self._queue_markers(xid, reply.markers, now)
+                except Exception:  # not expected (the request check keeps fields encodable); never the others' loss
+                    log.exception("transaction %s: its markers could not be encoded", xid)
         self._append_all_pending(xid for xid, reply in replies if reply.markers)
 
     def _append_all_pending(self, xids: Any) -> None:
