@@ -40,8 +40,9 @@ class HaNode:
         self.in_zookeeper = in_zookeeper
         self.progress = ReplicationProgress()
         self.coordinator: HaCoordinator | None = None
-        # Puts are refused until the broker is registered (and, in sync mode, has
-        # published its sync set): no ack may precede the state failover relies on.
+        # Puts are refused until the broker is registered; in sync mode a master also
+        # refuses them until it has published its term's sync set (SyncReplication.refusal,
+        # at every promotion): no ack may precede the state failover relies on.
         self.ready = False
         self._slave = slave
         self._replica_connections: dict[Any, set[int]] = {}

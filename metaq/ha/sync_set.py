@@ -132,6 +132,8 @@ class SyncReplication:
         #: Set by stop(): a fenced or stopping master must never publish a sync set again
         #: (a publish retried after losing the ZK session would overwrite the new master's).
         self._stopped = False
+        #: Set once ``start`` published this term's (empty) sync set; see ``refusal``.
+        self._term_published = False
         self.degraded_since: float | None = None
         self.removals = 0
         self.joins = 0
@@ -145,6 +147,7 @@ class SyncReplication:
         # publish that before the first ack (acks in degrade mode count on it).
         await self._publish(frozenset())
         self.members = frozenset()
+        self._term_published = True
         self._update_degraded()
         self._checker = asyncio.ensure_future(self._check_periodically())
 
@@ -171,7 +174,16 @@ class SyncReplication:
         return set(self.members) | self.joining
 
     def refusal(self) -> tuple[int, str] | None:
-        """Why a new put must be refused before it is written, or None."""
+        """Why a new put must be refused before it is written, or None.
+
+        Invariant (enforced here; ``wait`` asks this first): an ack in term E implies
+        ZooKeeper names term E's sync set. Until ``start`` has published it, ZooKeeper
+        may still name the previous term's set: a slave from it could be elected and
+        lose a put this master acked alone (degrade mode, nobody counted).
+        """
+        if not self._term_published:
+            return (c.SERVICE_UNAVAILABLE,
+                    "sync replication: this master's sync set is not yet published in ZooKeeper; nothing was stored, retry")
         if self.too_small and self.on_loss == "reject":
             return (
                 c.SERVICE_UNAVAILABLE,

@@ -215,6 +215,15 @@ class TransactionRequest(Request):
             )
         if self.action != "recover" and not self.xid:
             raise RequestError(BAD_REQUEST, f"transaction: action {self.action!r} needs an 'xid'", self.opaque)
+        # The fields packed into the branch's markers: one that does not fit would let a decision
+        # be journaled whose markers cannot be written (the LSO would stay pinned).
+        if self.producer_id != -1 and not 0 <= self.producer_id < 1 << 63 or not 0 <= self.producer_epoch < 1 << 15:
+            raise RequestError(BAD_REQUEST, f"transaction: producer_id {self.producer_id} or producer_epoch "
+                                            f"{self.producer_epoch} out of range (-1 or 0..2^63-1, 0..32767)", self.opaque)
+        if not 0 <= self.timeout_s < 1 << 31:
+            raise RequestError(BAD_REQUEST, f"transaction: timeout_s {self.timeout_s} out of range (0..2^31-1)", self.opaque)
+        if len(self.xid.encode("utf-8", "surrogatepass")) >= 1 << 16:
+            raise RequestError(BAD_REQUEST, "transaction: xid longer than 65535 bytes", self.opaque)
 
 
 REQUESTS: dict[str, type[Request]] = {

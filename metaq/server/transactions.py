@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import struct
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, NamedTuple
@@ -70,6 +71,17 @@ log = logging.getLogger(__name__)
 TICK_S = 0.1
 #: (topic, partition, end offset) of one appended marker.
 MarkerEnd = tuple[str, int, int]
+
+
+class PendingMarker(NamedTuple):
+    """A decided marker, encoded, not yet in its partition's log (msg id stamped at append)."""
+
+    topic: str
+    partition: int
+    kind: control.Kind
+    data: bytes
+
+
 Served = tuple[dict[str, Any], bytes]
 #: How long to wait before reading the transactional id mapping again after a failure.
 OWNERS_RETRY_S = 0.5
@@ -105,6 +117,11 @@ class TransactionService:
         self.reconciled_epoch: int | None = None
         #: Branches whose markers are appended but not yet known durable (xid -> their ends).
         self._unsettled: dict[str, list[MarkerEnd]] = {}
+        #: Branches whose decision is journaled but some of whose markers could not be appended
+        #: yet (a full disk, a refused log): re-appended on the client's retry and by every tick,
+        #: so a decided transaction never pins the LSO (xid -> its markers still to append, in
+        #: order). Dropped by a reconcile: in a new epoch the logs decide.
+        self._pending: dict[str, list[PendingMarker]] = {}
         self._timer: asyncio.Task[None] | None = None
         self._background: set[asyncio.Future[Any]] = set()
         #: Producer id -> the fence on its older epochs (see the module's docstring).
@@ -163,6 +180,16 @@ class TransactionService:
         assert self.coordinator is not None
         states = self.broker.txn_states.all()
         now = self.clock_ms()
+        # Marker ends of an earlier mastership refer to logs that may have been truncated since:
+        # waiting for them could stall a branch until the log grows back. Markers still queued
+        # from then are dropped too: in a new epoch the logs decide (the reconcile below does,
+        # as any other new master would: a commit none of whose COMMIT markers landed, never
+        # answered XA_OK, is rolled back; a prepared one stays in doubt).
+        for task in self._background:
+            task.cancel()
+        self._background.clear()
+        self._unsettled.clear()
+        self._pending.clear()
         replies = self.coordinator.reconcile({key: state.index for key, state in states.items()}, now)
         self.reconciled_epoch = epoch
         self._fence_from_batches(states.values())
@@ -231,8 +258,12 @@ class TransactionService:
         for xid, reply in zombies:
             log.info("transaction %s of a fenced instance of transactional id %s rolled back", xid, name)
             if reply.markers:
-                self._unsettled[xid] = self._append_markers(reply.markers, now)
+                self._queue_markers(xid, reply.markers, now)
         for xid, _reply in zombies:
+            with contextlib.suppress(c.RequestError):  # every branch gets its try; the first failure is raised below
+                self._append_pending(xid)
+        for xid, _reply in zombies:
+            self._append_pending(xid)
             await self._settle(xid)
 
     # --- the put path --------------------------------------------------------------------------
@@ -243,7 +274,7 @@ class TransactionService:
         if refusal is not None:
             raise c.RequestError(*refusal)
         assert self.coordinator is not None
-        if txid in self._unsettled:
+        if txid in self._unsettled or txid in self._pending:
             raise c.RequestError(c.SERVICE_UNAVAILABLE, f"transaction {txid} is being decided; retry")
         reply = self.coordinator.send(txid, topic, partition, self.clock_ms())
         if reply.code is not Code.XA_OK:
@@ -268,8 +299,11 @@ class TransactionService:
         xid = req.xid
         if req.producer_id != NO_PRODUCER:
             self.check_fenced(req.producer_id, req.producer_epoch)
-        if xid in self._unsettled:
-            await self._settle(xid)  # the previous decision's markers first (raises if they still fail)
+        if xid in self._pending or xid in self._unsettled:
+            self._append_pending(xid)  # the previous decision's markers first (raises if they still fail)
+            await self._settle(xid)
+            if req.producer_id != NO_PRODUCER:  # an init may have fenced this epoch while we waited
+                self.check_fenced(req.producer_id, req.producer_epoch)
         if req.action != "start" and not self._may_decide(principal, xid):
             raise c.RequestError(c.FORBIDDEN, f"{principal} may not decide transaction {xid}: it needs produce on "
                                               f"every topic the transaction wrote to ({', '.join(self._topics(xid))})")
@@ -277,11 +311,25 @@ class TransactionService:
         if refusal is not None:
             raise c.RequestError(*refusal)
         now = self.clock_ms()
+        self._check_encodable(req)
         reply = self._step(req, now)
         if reply.markers:
-            self._unsettled[xid] = self._append_markers(reply.markers, now)
+            self._queue_markers(xid, reply.markers, now)
+            self._append_pending(xid)
             await self._settle(xid)
         return c.reply_header(req.opaque, c.OK, xa_code=int(reply.code)), b""
+
+    def _check_encodable(self, req: TransactionRequest) -> None:
+        """Encode a marker of the branch before its state changes: a decision is journaled only if
+        its markers can be written (RequestError 400 and no change if a field does not fit)."""
+        assert self.coordinator is not None
+        branch = self.coordinator.branches.get(req.xid)
+        producer_id, epoch = (req.producer_id, req.producer_epoch) if branch is None else (branch.producer_id, branch.producer_epoch)
+        try:
+            control.marker(control.Kind.PREPARE, req.xid, producer_id=producer_id, producer_epoch=epoch,
+                           timestamp_ms=self.clock_ms(), timeout_s=self.settings.max_tx_timeout_s)
+        except (control.ControlError, struct.error, OverflowError) as exc:
+            raise c.RequestError(c.BAD_REQUEST, f"transaction {req.xid}: its markers cannot be encoded ({exc})") from None
 
     def _step(self, req: TransactionRequest, now: int) -> Reply:
         coordinator = self.coordinator
@@ -314,22 +362,58 @@ class TransactionService:
 
     # --- markers ---------------------------------------------------------------------------------
 
-    def _append_markers(self, markers: list[MarkerWrite], now: int) -> list[MarkerEnd]:
-        """Append each marker to its partition, now, in order (no await: nothing runs in between)."""
+    def _queue_markers(self, xid: str, markers: list[MarkerWrite], now: int) -> None:
+        """Encode every marker of a decision (all of them before any is appended) and queue them."""
+        queued = [PendingMarker(m.topic, m.partition, m.kind,
+                                control.marker(m.kind, m.xid, producer_id=m.producer_id, producer_epoch=m.producer_epoch,
+                                               timestamp_ms=now, timeout_s=m.timeout_s, reason=m.reason))
+                  for m in markers]
+        self._pending[xid] = self._pending.get(xid, []) + queued
+
+    def _append_pending(self, xid: str) -> None:
+        """Append the branch's queued markers, in order (no await: nothing runs in between).
+
+        Invariant: a marker leaves ``_pending`` only once it is in its log, so a decided branch
+        whose append failed keeps its markers until a retry or a tick appends them; a marker
+        its partition's index already shows (an append that failed after writing) is not
+        written twice. RequestError 503 if an append fails (the rest stay queued)."""
         broker = self.broker
-        ends = []
-        for m in markers:
-            data = bytearray(control.marker(m.kind, m.xid, producer_id=m.producer_id, producer_epoch=m.producer_epoch,
-                                            timestamp_ms=now, timeout_s=m.timeout_s, reason=m.reason))
-            assert broker.ids is not None
-            stamp_msg_ids(data, broker.ids.allocate(1))
-            partition_log = broker.store.get_log(m.topic, m.partition)
-            offset = partition_log.append(data)
-            end = offset + len(data)
-            broker.txn_states.partition(m.topic, m.partition)  # the index follows its own marker at once
-            broker.appended(m.topic, m.partition, end, 1)
-            ends.append((m.topic, m.partition, end))
-        return ends
+        queued = self._pending.get(xid)
+        if queued is None:
+            return
+        ends = list(self._unsettled.get(xid, []))
+        try:
+            while queued:
+                marker = queued[0]
+                if not self._in_log(xid, marker):
+                    data = bytearray(marker.data)
+                    assert broker.ids is not None
+                    stamp_msg_ids(data, broker.ids.allocate(1))
+                    offset = broker.store.get_log(marker.topic, marker.partition).append(data)
+                    end = offset + len(data)
+                    broker.txn_states.partition(marker.topic, marker.partition)  # the index follows its own marker at once
+                    broker.appended(marker.topic, marker.partition, end, 1)
+                    ends.append((marker.topic, marker.partition, end))
+                queued.pop(0)
+        except Exception as exc:
+            log.warning("transaction %s: appending its %s marker to %s-%d failed, kept for a retry: %s",
+                        xid, queued[0].kind.name, queued[0].topic, queued[0].partition, exc)
+            raise c.RequestError(c.SERVICE_UNAVAILABLE, f"transaction {xid}: a marker could not be written "
+                                                        f"({exc}); it is retried, retry") from None
+        finally:
+            if ends:
+                self._unsettled[xid] = ends  # a new list: a _settle still waiting on the old one keeps it
+            if not queued:
+                self._pending.pop(xid, None)
+
+    def _in_log(self, xid: str, marker: PendingMarker) -> bool:
+        """Whether the partition's index already shows this marker of ``xid``."""
+        index = self.broker.txn_states.partition(marker.topic, marker.partition).index
+        if marker.kind is control.Kind.PREPARE:
+            txn = index.open.get(xid)
+            return txn is not None and txn.prepared
+        outcome = index.outcomes.get(xid)
+        return outcome is not None and outcome.kind is marker.kind and xid not in index.open
 
     async def _settle(self, xid: str) -> None:
         """Wait until the branch's markers are durable and replicated; RequestError if that fails."""
@@ -349,13 +433,27 @@ class TransactionService:
             del self._unsettled[xid]
 
     def _write_in_background(self, replies: list[tuple[str, Reply]], now: int) -> None:
-        """Markers nobody waits on (timeouts, reconcile): appended now, settled by a task."""
+        """Markers nobody waits on (timeouts, reconcile): appended now, settled by a task.
+
+        Each branch on its own: one whose append fails keeps its markers queued (the next tick
+        retries them) and the others' are still written."""
         for xid, reply in replies:
             if reply.markers:
-                self._unsettled[xid] = self._append_markers(reply.markers, now)
-                task = asyncio.ensure_future(self._settle(xid))
-                self._background.add(task)
-                task.add_done_callback(self._background_done)
+                try:
+                    self._queue_markers(xid, reply.markers, now)
+                except Exception:  # not expected (the request check keeps fields encodable); never the others' loss
+                    log.exception("transaction %s: its markers could not be encoded", xid)
+        self._append_all_pending(xid for xid, reply in replies if reply.markers)
+
+    def _append_all_pending(self, xids: Any) -> None:
+        for xid in list(xids):
+            try:
+                self._append_pending(xid)
+            except c.RequestError:
+                continue  # logged by _append_pending; still queued
+            task = asyncio.ensure_future(self._settle(xid))
+            self._background.add(task)
+            task.add_done_callback(self._background_done)
 
     def _background_done(self, task: asyncio.Future[Any]) -> None:
         self._background.discard(task)
@@ -370,6 +468,7 @@ class TransactionService:
             return
         now = self.clock_ms()
         self.journal.tick(now)
+        self._append_all_pending(self._pending)  # markers an earlier failure left queued
         fired = self.coordinator.expire(now)
         for xid, reply in fired:
             log.info("transaction %s timed out: %s", xid, reply.code.name)

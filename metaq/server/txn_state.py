@@ -13,14 +13,17 @@ its snapshot plus a walk of the rest of the log, and kept caught up with the log
 * a truncation of the log (HA rejoin, a slave reset) is seen through the log's
   ``truncations`` counter: the snapshot is discarded and the state rebuilt from the
   log, because the bytes it had seen may be gone;
-* snapshots are written on close and every ``SNAPSHOT_INTERVAL_S``;
+* snapshots are written on close and every ``SNAPSHOT_INTERVAL_S``; each round first
+  forgets the producers idle for ``producerExpiryMs`` (``expire_producers``);
 * a sync master's committed offset is moved down to a batch boundary here
   (``batch_boundary``, from the batches each state has seen), so readers never get
   part of a batch that is not acked.
 
 Invariant (kept by ``partition``, which every reader goes through): a state's
 ``position`` is at a batch boundary and <= its log's end, and the state is a pure
-function of the log bytes below ``position``. Master and slaves hold byte-identical
+function of the log bytes below ``position`` (but for the idle producers forgotten,
+which is judged by the newest batch timestamp in those bytes, never the wall clock, so
+every replica forgets the same ones once it has read as far). Master and slaves hold byte-identical
 logs, so they derive the same state, and a promoted slave knows every batch its
 master acked.
 """
@@ -202,18 +205,39 @@ class TxnStates:
                 entry.snapshot_position = entry.state.position
         return changed
 
+    def expire_producers(self) -> int:
+        """Forget, in every loaded state, the producers idle for ``expiry_ms``; how many.
+
+        Idle by the log's clock (the newest batch timestamp the state has seen), not this
+        broker's: replicas with the same bytes forget the same producers.
+        """
+        gone = 0
+        for entry in list(self._entries.values()):
+            if isinstance(entry.log, RefusedLog) or entry.truncations != entry.log.truncations:
+                continue
+            table = entry.state.producers
+            log_clock = max((p.last_timestamp_ms for p in table.producers.values()), default=0)
+            gone += len(table.expire(log_clock))
+        return gone
+
     def start(self, interval_s: float = SNAPSHOT_INTERVAL_S) -> None:
         self._snapshots = asyncio.ensure_future(self._snapshot_loop(interval_s))
 
     async def _snapshot_loop(self, interval_s: float) -> None:
         while True:
             await asyncio.sleep(interval_s)
-            # Serialized on the event loop (the states change there), written in a thread.
-            bodies = self._changed_snapshots()
             try:
-                await asyncio.to_thread(self._write_all, bodies)
-            except OSError as exc:
-                log.warning("transaction state snapshot failed (rebuilt from the log at start): %s", exc)
+                await self._snapshot_round()
+            except Exception as exc:  # the loop must outlive one bad round; the next one tries again
+                log.warning("transaction state snapshot failed (rebuilt from the log at start): %r", exc)
+
+    async def _snapshot_round(self) -> None:
+        gone = self.expire_producers()
+        if gone:
+            log.info("forgot %d producers idle for %d ms", gone, self.expiry_ms)
+        # Serialized on the event loop (the states change there), written in a thread.
+        bodies = self._changed_snapshots()
+        await asyncio.to_thread(self._write_all, bodies)
 
     def _write_all(self, bodies: list[tuple[_Entry, int, Path, bytes]]) -> None:
         for entry, cuts, directory, body in bodies:

@@ -15,14 +15,18 @@ the highest offset at or below a given one that is not strictly inside a batch;
 ``committed_bound`` is the question a sync master asks before it moves its
 committed offset (metaq/ha/sync_set.py).
 
-Invariant (kept by ``add``, ``forget_ending_by`` and the cap): every batch that
-ends past ``known_from`` is in the lists, and ``known_from`` is itself a batch
-boundary. An offset below ``known_from`` may lie inside a batch that is no longer
-listed: the answer is then ``None`` ("cannot tell"), and the caller keeps the
-bound it already has. Dropped are the batches that a caller's committed offset
-has passed (no later question is about them) and, past ``max_spans``, the oldest
-half (a broker that never asks, such as an async master or a slave, stays
-bounded; a sync master asks about a handful above its committed offset).
+Invariant (kept by ``add``, ``forget_ending_by`` and the cap): every offset
+strictly inside a batch that ends past ``known_from`` is strictly inside a listed
+span, every listed span starts where a batch starts, and ``known_from`` is itself
+a batch boundary. An offset below ``known_from`` may lie inside a batch that is no
+longer listed: the answer is then ``None`` ("cannot tell"), and the caller keeps
+the bound it already has. Dropped are only the batches that a caller's committed
+offset has passed (no later question is about them). Past ``max_spans`` the
+spans are coarsened instead, the shorter pairs of neighbouring spans merged into
+one: an offset in between then gets the first one's start, a lower but still safe bound
+(a broker that never asks, such as an async master or a slave, stays bounded;
+``known_from`` does not move, so even more than ``max_spans`` batches appended
+during one flush never leave a sync master's committed offset unable to move).
 
 Arrays of 64-bit ints: 16 bytes a batch, nothing at all for a log of plain puts.
 """
@@ -32,7 +36,7 @@ from __future__ import annotations
 import bisect
 from array import array
 
-#: At most this many batches are listed (the oldest half is dropped past it).
+#: At most this many spans are listed (coarsened past it).
 DEFAULT_MAX_SPANS = 2048
 
 
@@ -57,7 +61,7 @@ class BatchSpans:
         self._starts.append(start)
         self._ends.append(end)
         if len(self._starts) > self.max_spans:
-            self._drop(len(self._starts) // 2)
+            self._coarsen()
 
     def boundary_at_or_below(self, offset: int) -> int | None:
         """``offset`` if no batch strictly contains it, else that batch's start; None when unknown."""
@@ -83,6 +87,26 @@ class BatchSpans:
     def forget_ending_by(self, offset: int) -> None:
         """Drop the batches that end at or before ``offset`` (a committed offset passed them)."""
         self._drop(bisect.bisect_right(self._ends, offset))
+
+    def _coarsen(self) -> None:
+        """Merge neighbouring spans, pair by pair, where the merged span is no longer than the
+        median pair: the shortest go first, so no region's spans grow much coarser than the rest
+        (at least one pair merges)."""
+        pairs = range(0, len(self._starts) - 1, 2)
+        lengths = sorted(self._ends[i + 1] - self._starts[i] for i in pairs)
+        threshold = lengths[(len(lengths) - 1) // 2]
+        starts, ends = array("q"), array("q")
+        i = 0
+        while i < len(self._starts):
+            if i % 2 == 0 and i + 1 < len(self._starts) and self._ends[i + 1] - self._starts[i] <= threshold:
+                starts.append(self._starts[i])
+                ends.append(self._ends[i + 1])
+                i += 2
+            else:
+                starts.append(self._starts[i])
+                ends.append(self._ends[i])
+                i += 1
+        self._starts, self._ends = starts, ends
 
     def _drop(self, count: int) -> None:
         if count <= 0:

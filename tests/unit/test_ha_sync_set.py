@@ -639,3 +639,28 @@ def test_sync_wait_failed_carries_its_code() -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(pytest.main([__file__, "-q"]))
+
+
+def test_a_promoted_master_acks_nothing_until_its_sync_set_is_published() -> None:
+    """The empty set's publish blocks, then fails: no put is acked meanwhile, nor after."""
+
+    async def body() -> None:
+        h = Harness(on_loss="degrade", min_sync=1)
+        h.gate, h.fail_publishes = asyncio.Event(), 1
+        starting = asyncio.ensure_future(h.sync.start())
+        await settle()
+        assert h.events == [("publish-start", [])]
+        put = h.put()  # degrade mode, nobody counted: without the rule this is acked by the master alone
+        assert put.code == c.SERVICE_UNAVAILABLE and not put.appended and "not yet published" in put.message
+        h.gate.set()
+        with pytest.raises(ConnectionError):
+            await starting
+        assert h.put().code == c.SERVICE_UNAVAILABLE  # ZooKeeper still names the old term's set
+        assert not any(event[0] == "acked" for event in h.events)
+        await h.sync.stop()
+        other = Harness(on_loss="degrade", min_sync=1)
+        await other.sync.start()
+        assert other.put().code == c.OK  # once published, degrade acks as before
+        await other.sync.stop()
+
+    asyncio.run(body())

@@ -61,8 +61,22 @@ def test_the_bound_is_never_inside_a_batch_and_is_the_plain_answer_outside_batch
             assert offset < known.known_from  # only below what it still knows
             assert known.committed_bound(offset, known.known_from) == known.known_from
             continue
-        assert answer == expected(spans, offset)
         assert not any(start < answer < stop for start, stop in spans)
+        assert answer == offset or answer in {start for start, _ in spans}
+        if len(spans) <= max_spans:
+            assert answer == expected(spans, offset)
+        else:  # coarsened: never above the plain answer
+            assert answer <= expected(spans, offset)
+
+
+def test_more_batches_than_the_cap_in_one_flush_still_let_committed_move() -> None:
+    known = BatchSpans(0, max_spans=4)
+    for start in range(0, 100, 10):  # ten batches of 10 bytes before any question
+        known.add(start, start + 10)
+    assert len(known) <= 4 and known.known_from == 0
+    moved = known.committed_bound(55, 0)  # a slave reports the middle of the sixth batch
+    assert 0 < moved <= 50 and moved % 10 == 0
+    assert known.committed_bound(100, moved) == 100
 
 
 def test_a_log_of_plain_puts_keeps_every_offset() -> None:

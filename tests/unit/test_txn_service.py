@@ -147,6 +147,13 @@ async def opened(broker: FakeBroker, service: TransactionService, xid: str, data
     broker.put(topic, xid, data)
 
 
+async def commit_in_flight(broker: FakeBroker, service: TransactionService, xid: str) -> "asyncio.Future[dict[str, Any]]":
+    """A branch with one message in orders, ended, its commit_one_phase sent (not awaited)."""
+    await opened(broker, service, xid, b"one")
+    await call(service, "end", xid)
+    return asyncio.ensure_future(call(service, "commit_one_phase", xid))
+
+
 async def branch(broker: FakeBroker, service: TransactionService, xid: str, then: str, topics: tuple[str, ...] = TOPICS,
                  principal: Principal | None = None) -> int:
     """start, one put per topic, end, then ``then`` (prepare, commit_one_phase, rollback); its XA code."""
@@ -209,9 +216,7 @@ async def test_only_a_writable_master_serves_and_a_slave_answers_like_for_puts(t
 @in_loop
 async def test_the_reply_waits_until_the_markers_are_durable_and_a_retry_waits_too(tmp_path: Path, clock: list[int]) -> None:
     broker, service = make(tmp_path, clock, hold_acks=True)
-    await opened(broker, service, "TX:7:1", b"one")
-    await call(service, "end", "TX:7:1")
-    commit = asyncio.ensure_future(call(service, "commit_one_phase", "TX:7:1"))
+    commit = await commit_in_flight(broker, service, "TX:7:1")
     retry = asyncio.ensure_future(call(service, "commit_one_phase", "TX:7:1"))
     await asyncio.sleep(0.01)
     assert not commit.done() and not retry.done()  # the COMMIT marker is appended, not yet safe
@@ -371,3 +376,137 @@ async def test_a_new_master_fences_from_the_batch_records_in_its_logs(tmp_path: 
     with pytest.raises(c.RequestError, match="epoch 2, current epoch 3"):
         promoted.check_fenced(7, 2)
     promoted.check_fenced(7, 3)
+
+
+class FailingAppends:
+    """Wraps a partition log: its next ``failures`` appends raise OSError (a full disk)."""
+
+    def __init__(self, log: PartitionLog, failures: int = 1) -> None:
+        self.log, self.failures = log, failures
+
+    def append(self, data: Any) -> int:
+        if self.failures:
+            self.failures -= 1
+            raise OSError(28, "No space left on device")
+        return self.log.append(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.log, name)
+
+
+def fail_appends(broker: FakeBroker, topic: str, failures: int = 1) -> None:
+    broker.store.logs[(topic, 0)] = FailingAppends(broker.store.logs[(topic, 0)], failures)  # type: ignore[assignment]
+
+
+def markers_in(broker: FakeBroker, topic: str, kind: control.Kind) -> int:
+    log = broker.store.get_log(topic, 0)
+    controls = (control.control_of(r) for r in iter_records(log.read(0, log.log_end, log.log_end), 0))
+    return sum(1 for found in controls if found is not None and found.kind is kind)
+
+
+@in_loop
+async def test_a_failed_second_marker_stays_pending_and_the_retry_writes_it_once(tmp_path: Path, clock: list[int]) -> None:
+    broker, service = make(tmp_path, clock)
+    assert (await call(service, "start", "TX:7:1"))["xa_code"] == Code.XA_OK
+    for topic in TOPICS:
+        service.enlist("TX:7:1", topic, 0)
+        broker.put(topic, "TX:7:1", f"one {topic}".encode())
+    await call(service, "end", "TX:7:1")
+    fail_appends(broker, "payments")
+    with pytest.raises(c.RequestError) as failed:
+        await call(service, "commit_one_phase", "TX:7:1")
+    assert failed.value.code == c.SERVICE_UNAVAILABLE and "No space left" in failed.value.message
+    assert broker.visible("orders") == [b"one orders"] and broker.visible("payments") == []  # decided, one marker owed
+    assert (await call(service, "commit_one_phase", "TX:7:1"))["xa_code"] == Code.XA_OK  # the retry writes it
+    assert broker.visible("payments") == [b"one payments"]
+    assert markers_in(broker, "orders", control.Kind.COMMIT) == 1 and markers_in(broker, "payments", control.Kind.COMMIT) == 1
+
+
+async def commit_that_fails_to_append(tmp_path: Path, clock: list[int]) -> tuple[FakeBroker, TransactionService]:
+    """TX:7:1 with one message in orders, ended; its commit_one_phase failed to append the COMMIT marker."""
+    broker, service = make(tmp_path, clock)
+    await opened(broker, service, "TX:7:1", b"one")
+    await call(service, "end", "TX:7:1")
+    fail_appends(broker, "orders")
+    with pytest.raises(c.RequestError):
+        await call(service, "commit_one_phase", "TX:7:1")
+    return broker, service
+
+
+@in_loop
+async def test_the_tick_appends_a_marker_an_earlier_failure_left_pending(tmp_path: Path, clock: list[int]) -> None:
+    broker, service = await commit_that_fails_to_append(tmp_path, clock)
+    with pytest.raises(c.RequestError, match="TX:7:1 is being decided"):
+        service.enlist("TX:7:1", "orders", 0)
+    service.tick()
+    await asyncio.sleep(0)
+    assert broker.visible("orders") == [b"one"]
+    service.tick()  # nothing left to write
+    assert markers_in(broker, "orders", control.Kind.COMMIT) == 1
+
+
+@in_loop
+async def test_an_epoch_that_does_not_fit_a_marker_is_refused_and_changes_nothing(tmp_path: Path, clock: list[int]) -> None:
+    from metaq.protocol.frames import Frame
+    from metaq.protocol.messages import parse_request
+
+    for field_name, value in (("producer_epoch", 40_000), ("producer_id", 1 << 63), ("producer_id", -2)):
+        with pytest.raises(c.RequestError) as refused:
+            parse_request(Frame({"op": "transaction", "opaque": 1, "action": "start", "xid": "x", field_name: value}, b""))
+        assert refused.value.code == c.BAD_REQUEST and "out of range" in refused.value.message
+    with pytest.raises(c.RequestError, match="timeout_s -1 out of range"):
+        parse_request(Frame({"op": "transaction", "opaque": 1, "action": "start", "xid": "x", "timeout_s": -1}, b""))
+    # Past the request check (a branch journaled by an older broker): the step is refused before any change.
+    broker, service = make(tmp_path, clock)
+    await opened(broker, service, "TX:7:1", b"one")
+    await call(service, "end", "TX:7:1")
+    service.coordinator.branches["TX:7:1"].producer_epoch = 40_000
+    with pytest.raises(c.RequestError) as refused:
+        await call(service, "commit_one_phase", "TX:7:1")
+    assert refused.value.code == c.BAD_REQUEST and "cannot be encoded" in refused.value.message
+    assert service.coordinator.branches["TX:7:1"].state is State.IDLE and markers_in(broker, "orders", control.Kind.COMMIT) == 0
+
+
+@in_loop
+async def test_a_tick_whose_first_timed_out_branch_fails_to_append_still_aborts_the_second(tmp_path: Path, clock: list[int]) -> None:
+    broker, service = make(tmp_path, clock, settings=TxnSettings(max_tx_timeout_s=5))
+    await opened(broker, service, "TX:7:1", b"late one", topic="orders", timeout_s=2)
+    await opened(broker, service, "TX:7:2", b"late two", topic="payments", timeout_s=2)
+    broker.store.get_log("orders", 0).append(encode_record(b"plain one"))
+    broker.store.get_log("payments", 0).append(encode_record(b"plain two"))
+    fail_appends(broker, "orders")
+    clock[0] += 2_001
+    service.tick()
+    await asyncio.sleep(0)
+    assert broker.visible("payments") == [b"plain two"]  # the second branch's ABORT is written
+    assert broker.visible("orders") == []  # the first's is owed: its open records still hold the LSO
+    service.tick()
+    await asyncio.sleep(0)
+    assert broker.visible("orders") == [b"plain one"]
+    assert markers_in(broker, "orders", control.Kind.ABORT) == 1
+
+
+@in_loop
+async def test_a_new_epoch_forgets_the_marker_ends_of_the_previous_mastership(tmp_path: Path, clock: list[int]) -> None:
+    broker, service = make(tmp_path, clock, hold_acks=True)
+    commit = await commit_in_flight(broker, service, "TX:7:1")
+    await asyncio.sleep(0.01)
+    assert "TX:7:1" in service._unsettled  # its marker's end: it may be truncated away as a slave
+    commit.cancel()
+    broker.ha.epoch = 2  # slave, then master again in a new epoch
+    broker.hold_acks = False
+    assert service.refusal() is None
+    assert service._unsettled == {} and service._background == set()
+    assert (await call(service, "commit_one_phase", "TX:7:1"))["xa_code"] == Code.XA_OK  # no wait on the old end
+
+
+@in_loop
+async def test_a_new_epoch_drops_queued_markers_and_the_logs_decide(tmp_path: Path, clock: list[int]) -> None:
+    broker, service = await commit_that_fails_to_append(tmp_path, clock)  # never answered XA_OK: outcome unknown
+    broker.ha.epoch = 2
+    assert service.refusal() is None
+    await asyncio.sleep(0)
+    assert service._pending == {}
+    assert broker.visible("orders") == []  # no COMMIT landed: rolled back, as on any other new master
+    assert markers_in(broker, "orders", control.Kind.COMMIT) == 0 and markers_in(broker, "orders", control.Kind.ABORT) == 1
+    assert (await call(service, "commit_one_phase", "TX:7:1"))["xa_code"] != Code.XA_OK

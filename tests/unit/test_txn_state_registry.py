@@ -181,3 +181,33 @@ def test_a_snapshot_serialized_before_a_cut_is_not_written_after_it(tmp_path: Pa
     states._write_all(serialized)
     assert not (tmp_path / f"{TOPIC}-0" / SNAPSHOT_FILE).exists()
     manager.close()
+
+
+def test_idle_producers_are_forgotten_by_the_log_clock_and_the_snapshot_loop_survives_errors(tmp_path: Path) -> None:
+    import asyncio
+
+    manager = store(tmp_path)
+    states = TxnStates(manager, expiry_ms=50)
+    idempotent_put(manager, states, pid=1, seq=0, count=1)  # timestamp 1000
+    idempotent_put(manager, states, pid=2, seq=40, count=1)  # timestamp 1040: 1 is idle 40 ms by the log
+    assert states.expire_producers() == 0
+    idempotent_put(manager, states, pid=3, seq=51, count=1)  # timestamp 1051
+    state = states.partition(TOPIC, 0)
+    assert states.expire_producers() == 1  # 1000 + 50 < 1051, whatever this machine's clock says
+    assert sorted(state.producers.producers) == [2, 3]
+
+    rounds = []
+
+    async def failing_round() -> None:
+        rounds.append(1)
+        raise ValueError("a bug in one round")
+
+    async def run() -> None:
+        states._snapshot_round = failing_round  # type: ignore[method-assign]
+        states.start(interval_s=0.001)
+        await asyncio.sleep(0.05)
+        assert states._snapshots is not None and not states._snapshots.done()
+        await states.stop()
+
+    asyncio.run(run())
+    assert len(rounds) >= 2
