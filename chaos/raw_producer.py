@@ -155,7 +155,7 @@ class RawProducer:
                 return None
             if not reply.ok:
                 return None
-            self.sequencer.set_id(int(reply["producer_id"]), int(reply["epoch"]))
+            self.sequencer.set_id(int(reply["producer_id"]), int(reply["epoch"]), reply.header.get("producer_token"))
         return self.sequencer.try_begin(key, 1)
 
     async def _attempt(self, url: str, n: int, body: bytes, numbered: Numbered | None) -> Attempt:
