@@ -44,7 +44,7 @@ from .producer_auth import check_producer, issued_token
 from .producer_ids import ProducerIdAllocator
 from .registry import BrokerRegistry
 from .stats import BrokerStats
-from .transactional_ids import NotOwner, TransactionalIds, check_transactional_id
+from .transactional_ids import NotOwner, TooManyNames, TransactionalIds, check_transactional_id
 from .transactions import TransactionService, aborted_spans, stable_end
 from .txn_state import TxnStates
 from .waiters import EndWaiters
@@ -305,7 +305,7 @@ class RequestHandlers:
                                   admin: bool) -> Reply:
         try:
             owner, previous = await names.init(name, user, admin=admin)
-        except NotOwner as exc:
+        except (NotOwner, TooManyNames) as exc:
             return c.reply_header(req.opaque, c.FORBIDDEN, f"init_producer: {exc}"), b""
         except Exception as exc:  # ZooKeeper unreachable, a full disk: the producer asks again
             logger.warning("init of transactional id %s failed: %s", name, exc)
