@@ -75,7 +75,12 @@ class RawProducer:
         self.name = name
         self.settings = settings
         self.resend_budget_s = resend_budget_s
-        self.sequencer = Sequencer() if settings.idempotent else None
+        #: One numbering per broker group (idempotent only): with security on a producer id's
+        #: token verifies only on the brokers of the group that issued it.
+        self.sequencers: dict[int, Sequencer] = {}
+
+    def _sequencer(self, group: int) -> Sequencer | None:
+        return self.sequencers.setdefault(group, Sequencer()) if self.settings.idempotent else None
 
     async def run(self) -> None:
         w = self.workload
@@ -100,14 +105,15 @@ class RawProducer:
         w = self.workload
         deadline = time.monotonic() + self.resend_budget_s
         numbered: Numbered | None = None
+        sequencer = self._sequencer(group)
         attempts = unknown = 0
         while True:
             url = w.monitor.masters.get(group)
-            if self.sequencer is not None and numbered is None and url is not None:
-                numbered = await self._number(url, (group, n))
+            if sequencer is not None and numbered is None and url is not None:
+                numbered = await self._number(sequencer, url, (group, n))
             if url is None:
                 result = Attempt("fail", "no master", retriable=True)
-            elif self.sequencer is not None and numbered is None:
+            elif sequencer is not None and numbered is None:
                 result = Attempt("fail", f"no producer id from {url}", retriable=True)
             else:
                 attempts += 1
@@ -130,9 +136,9 @@ class RawProducer:
             w.history.fail(op, result.error, **fields)
         else:  # an unknown outcome that no resend settled (or a refusal after one)
             w.history.info(op, f"unknown: {result.error}", **fields)
-        if numbered is not None and self.sequencer is not None:
+        if numbered is not None and sequencer is not None:
             stored = True if result.kind == "ok" else (False if result.kind == "fail" and unknown == 0 else None)
-            self.sequencer.end(numbered, None if result.renumber else stored)
+            sequencer.end(numbered, None if result.renumber else stored)
         if result.kind != "ok":
             await asyncio.sleep(0.05 if result.kind == "fail" else 0.1)
 
@@ -145,9 +151,8 @@ class RawProducer:
             return unknown == 0 or not result.retriable
         return False
 
-    async def _number(self, url: str, key: tuple[int, int]) -> Numbered | None:
-        assert self.sequencer is not None
-        if not self.sequencer.has_id:
+    async def _number(self, sequencer: Sequencer, url: str, key: tuple[int, int]) -> Numbered | None:
+        if not sequencer.has_id:
             try:
                 conn = await self.workload.producer_conn(url)
                 reply = await conn.request(InitProducerRequest().to_header(), timeout=3.0)
@@ -155,8 +160,8 @@ class RawProducer:
                 return None
             if not reply.ok:
                 return None
-            self.sequencer.set_id(int(reply["producer_id"]), int(reply["epoch"]))
-        return self.sequencer.try_begin(key, 1)
+            sequencer.set_id(int(reply["producer_id"]), int(reply["epoch"]), reply.header.get("producer_token"))
+        return sequencer.try_begin(key, 1)
 
     async def _attempt(self, url: str, n: int, body: bytes, numbered: Numbered | None) -> Attempt:
         w = self.workload

@@ -41,9 +41,15 @@ class Numbered(NamedTuple):
     sequence: int
     count: int
     generation: int  # which producer id this was numbered under (``end`` ignores older ones)
+    #: The broker's proof that the id and epoch were issued to this user (None: security off).
+    token: str | None = None
 
-    def put_fields(self) -> dict[str, int]:
-        return {"producer_id": self.producer_id, "producer_epoch": self.epoch, "sequence": self.sequence}
+    def put_fields(self) -> dict[str, int | str]:
+        fields: dict[str, int | str] = {"producer_id": self.producer_id, "producer_epoch": self.epoch,
+                                        "sequence": self.sequence}
+        if self.token is not None:
+            fields["producer_token"] = self.token
+        return fields
 
 
 class Sequencer:
@@ -51,6 +57,7 @@ class Sequencer:
         self._lock = threading.Lock()
         self.producer_id: int | None = None
         self.epoch = 0
+        self.token: str | None = None
         self._generation = 0
         self._next: dict[Hashable, int] = {}
         self._busy: set[Hashable] = set()
@@ -61,10 +68,10 @@ class Sequencer:
     def has_id(self) -> bool:
         return self.producer_id is not None
 
-    def set_id(self, producer_id: int, epoch: int) -> None:
+    def set_id(self, producer_id: int, epoch: int, token: str | None = None) -> None:
         with self._lock:
             if self.producer_id is None:
-                self.producer_id, self.epoch = producer_id, epoch
+                self.producer_id, self.epoch, self.token = producer_id, epoch, token
                 self._generation += 1
                 self._next.clear()
 
@@ -93,7 +100,7 @@ class Sequencer:
         sequence = self._next.get(key, 0)
         self._next[key] = (sequence + count) & MAX_SEQUENCE
         self._busy.add(key)
-        return Numbered(key, self.producer_id, self.epoch, sequence, count, self._generation)
+        return Numbered(key, self.producer_id, self.epoch, sequence, count, self._generation, self.token)
 
     def end(self, numbered: Numbered, stored: bool | None) -> None:
         """The batch is done: stored (True), surely not stored (False) or unknown (None)."""

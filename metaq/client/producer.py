@@ -582,7 +582,8 @@ class AsyncMessageProducer:
         if reply.code != c.OK:
             raise SendFailure(f"no producer id from {host}:{port}: {reply.code} {reply.message}",
                               code=reply.code, retriable=reply.code in c.RETRIABLE_CODES)
-        self.sequencer.set_id(int(reply.header["producer_id"]), int(reply.header["epoch"]))
+        self.sequencer.set_id(int(reply.header["producer_id"]), int(reply.header["epoch"]),
+                              reply.header.get("producer_token"))
         log.debug("idempotent producer id %s from %s:%d", reply.header["producer_id"], host, port)
 
     def _not_stored(self, topic: str, partition: Partition | None, messages: list[Message], failure: SendFailure,

@@ -119,6 +119,8 @@ class TransactionalSender:
         self.broker_id = broker_id
         self.producer_id: int | None = None
         self.producer_epoch = 0
+        #: The broker's proof that the id and epoch were issued to this user (None: security off).
+        self.producer_token: str | None = None
         self.transactional_id = transactional_id
         #: Why this sender was fenced (None: it was not); set once, never cleared.
         self.fenced: str | None = None
@@ -177,11 +179,14 @@ class TransactionalSender:
         header: dict[str, Any] = {"op": "init_producer"}
         if self.transactional_id is not None:
             header["transactional_id"] = self.transactional_id
-            self.broker_id = group  # the name's mapping and its transactions live on this group
+        # The name's mapping and its transactions live on this group, and (security on) only
+        # this group's brokers can verify the id's producer_token.
+        self.broker_id = group
         reply, _ = await self.request(group, header)
         if reply.code != c.OK:
             raise TransactionError(f"init_producer: {reply.code} {reply.message}")
         self.producer_id, self.producer_epoch = int(reply["producer_id"]), int(reply["epoch"])
+        self.producer_token = reply.header.get("producer_token")
         self._sequences.clear()
 
     async def step(self, branch: Branch, action: str, **fields: Any) -> int:
@@ -191,6 +196,8 @@ class TransactionalSender:
             # so the broker can refuse a step of a fenced (older) instance
             fields.setdefault("producer_id", self.producer_id)
             fields.setdefault("producer_epoch", self.producer_epoch)
+        if fields.get("producer_id") is not None and self.producer_token is not None:
+            fields.setdefault("producer_token", self.producer_token)
         header = TransactionRequest(action=action, xid=branch.xid, **fields).to_header()
         reply, attempts = await self.request(branch.broker_id, header)
         if reply.code != c.OK:
@@ -250,7 +257,8 @@ class TransactionalSender:
         key = (topic, partition)
         sequence = self._sequences.get(key, 0)
         header = PutRequest(topic=topic, partition=partition.partition, count=len(messages), producer_id=self.producer_id,
-                            producer_epoch=self.producer_epoch, sequence=sequence, txid=branch.xid).to_header()
+                            producer_epoch=self.producer_epoch, sequence=sequence, txid=branch.xid,
+                            producer_token=self.producer_token).to_header()
         try:
             reply, attempts = await self.request(partition.broker_id, header, body)
         except ProducerFenced:

@@ -89,6 +89,8 @@ class PutRequest(Request):
     producer_id: int | None = optional(int, None)
     producer_epoch: int | None = optional(int, None)
     sequence: int | None = optional(int, None)
+    #: With security on: the ``producer_token`` init_producer answered for this id and epoch.
+    producer_token: str | None = optional(str, None)
     #: The transaction the batch belongs to (a transactional producer's put).
     txid: str | None = optional(str, None)
 
@@ -207,6 +209,8 @@ class TransactionRequest(Request):
     timeout_s: int = optional(int, 0)  # start: the branch's timeout (0: maxTxTimeoutInSeconds)
     producer_id: int = optional(int, -1)  # start: the producer whose puts carry this xid
     producer_epoch: int = optional(int, 0)
+    #: With security on: the ``producer_token`` of producer_id/producer_epoch (when they are sent).
+    producer_token: str | None = optional(str, None)
 
     def check(self) -> None:
         if self.action not in TRANSACTION_ACTIONS:

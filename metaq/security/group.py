@@ -6,6 +6,7 @@ label, so that no derived value reveals another or the secret:
     SCRAM password of ``broker:{id}:{member}``  HMAC(secret, "metaq scram group {id}")
     ZooKeeper digest password                   HMAC(secret, "metaq zookeeper group {id}")
     key of the unknown-user decoys              HMAC(secret, "metaq scram decoy")
+    key of the producer tokens                  HMAC(secret, "metaq producer token group {id}")
 
 Binding the group id into each label keeps two groups that were (wrongly) given the same
 secret from accepting each other's brokers under their own names. Every group must still
@@ -65,6 +66,10 @@ class GroupSecret:
     def heartbeat_key(self) -> bytes:
         """The HMAC key of the group's UDP heartbeats (metaq/ha/heartbeat.py)."""
         return bytes.fromhex(self._derive(f"metaq heartbeat group {self.broker_id}"))
+
+    def producer_token_key(self) -> bytes:
+        """The HMAC key of the producer tokens (metaq/security/producer_tokens.py)."""
+        return bytes.fromhex(self._derive(f"metaq producer token group {self.broker_id}"))
 
     def decoy_key(self) -> bytes:
         return bytes.fromhex(self._derive("metaq scram decoy"))

@@ -7,6 +7,7 @@ with one line naming it instead of failing on the first connection.
 
 from __future__ import annotations
 
+import functools
 import ssl
 from dataclasses import dataclass
 
@@ -15,6 +16,7 @@ from ..zk.acl import ZkSecurity
 from .acl import Authorizer
 from .credentials import SecurityFile
 from .group import GroupSecret
+from .producer_tokens import ProducerTokens
 from .handshake import ClientAuthenticator, ServerAuthenticator
 from .scram import ScramSecret
 from .tls import ReloadingServerContext, client_context
@@ -54,6 +56,11 @@ class BrokerSecurity:
     def heartbeat_key(self) -> bytes | None:
         """The HMAC key of the group's UDP heartbeats; None with security off (unsigned)."""
         return self.group.heartbeat_key() if self.group is not None else None
+
+    @functools.cached_property
+    def producer_tokens(self) -> ProducerTokens | None:
+        """Issues and checks producer tokens; None with security off (every client is trusted)."""
+        return ProducerTokens(self.group.producer_token_key()) if self.group is not None else None
 
     def peer_client_context(self) -> ssl.SSLContext | None:
         """The context for connecting to another broker of the group (TLS on), verifying it by the CA."""

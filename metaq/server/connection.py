@@ -126,6 +126,8 @@ class ClientConnection(asyncio.Protocol):
         self.security = security
         #: Who the peer proved to be (None: not authenticated, or security off).
         self.principal: "Principal | None" = None
+        #: The last (producer id, epoch, token) verified for this principal (metaq/server/producer_auth.py).
+        self.verified_producer: tuple[int, int, str] | None = None
         self._auth = security.server_authenticator() if security is not None and security.authentication_required else None
         self._reading_paused = False
         self._out_bytes = 0

@@ -40,10 +40,11 @@ from ..txn.producer_state import Decision, Verdict
 from ..txn.put import PutRefused, plan_put
 from . import stats as stats_text
 from .connection import FileBody
+from .producer_auth import check_producer, issued_token
 from .producer_ids import ProducerIdAllocator
 from .registry import BrokerRegistry
 from .stats import BrokerStats
-from .transactional_ids import NotOwner, TransactionalIds, check_transactional_id
+from .transactional_ids import NotOwner, TooManyNames, TransactionalIds, check_transactional_id
 from .transactions import TransactionService, aborted_spans, stable_end
 from .txn_state import TxnStates
 from .waiters import EndWaiters
@@ -222,6 +223,7 @@ class RequestHandlers:
         if not 0 <= req.producer_id < 1 << 63 or not 0 <= req.producer_epoch < 1 << 15:
             raise c.RequestError(c.BAD_REQUEST, f"put: producer_id {req.producer_id} or producer_epoch "
                                                 f"{req.producer_epoch} out of range (0..2^63-1, 0..32767)")
+        check_producer(broker, req.origin, req.producer_id, req.producer_epoch, req.producer_token)
         broker.transactions.check_fenced(req.producer_id, req.producer_epoch)  # a newer instance of its transactional id
         state = broker.txn_states.partition(req.topic, partition)
         try:
@@ -303,13 +305,14 @@ class RequestHandlers:
                                   admin: bool) -> Reply:
         try:
             owner, previous = await names.init(name, user, admin=admin)
-        except NotOwner as exc:
+        except (NotOwner, TooManyNames) as exc:
             return c.reply_header(req.opaque, c.FORBIDDEN, f"init_producer: {exc}"), b""
         except Exception as exc:  # ZooKeeper unreachable, a full disk: the producer asks again
             logger.warning("init of transactional id %s failed: %s", name, exc)
             return c.reply_header(req.opaque, c.SERVICE_UNAVAILABLE, f"cannot init transactional id {name}: {exc}"), b""
         await self.broker.transactions.fence(name, owner, previous)  # RequestError: the producer asks again
-        return c.reply_header(req.opaque, c.OK, producer_id=owner.producer_id, epoch=owner.epoch), b""
+        return c.reply_header(req.opaque, c.OK, producer_id=owner.producer_id, epoch=owner.epoch,
+                              **issued_token(self.broker, req.origin, owner.producer_id, owner.epoch)), b""
 
     async def _allocate_producer_id(self, req: c.Request, allocator: ProducerIdAllocator) -> Reply:
         try:
@@ -317,7 +320,8 @@ class RequestHandlers:
         except Exception as exc:  # ZooKeeper unreachable, a full disk: the producer asks again
             logger.warning("producer id allocation failed: %s", exc)
             return c.reply_header(req.opaque, c.SERVICE_UNAVAILABLE, f"cannot allocate a producer id: {exc}"), b""
-        return c.reply_header(req.opaque, c.OK, producer_id=producer_id, epoch=0), b""
+        return c.reply_header(req.opaque, c.OK, producer_id=producer_id, epoch=0,
+                              **issued_token(self.broker, req.origin, producer_id, 0)), b""
 
     # --- get ----------------------------------------------------------------------
 

@@ -16,6 +16,13 @@ Rules kept here:
 * **a name belongs to the user who first inited it** (with security on): another
   user's init of it is refused (``NotOwner``), or anyone could fence another
   application's producer; ``admin`` may init any name (the owner stays);
+* **names are bounded**: a new name is refused (``TooManyNames``) once its user owns
+  ``maxTransactionalIdsPerUser`` names in the group, or the group holds ``MAX_NAMES``;
+  every name is a znode the next master reads before it serves transactions. Names are
+  counted from the mapping, read once per broker (at its first new name) and kept up to
+  date by its own inits: only the group's master inits names. A name is never removed by
+  the broker; an operator removes an unused one by deleting its node (below) with the
+  group's ZooKeeper credentials, and a new master then counts without it;
 * **a name is checked like a topic name** (letters, digits, ``.``, ``_``, ``-``,
   1..200 characters): it becomes a ZooKeeper node name.
 
@@ -42,6 +49,8 @@ from ..txn.crcfile import read_crc_file, write_crc_file
 from ..zk.paths import ZkPaths
 from .producer_ids import CAS_ATTEMPTS, ProducerIdAllocator
 
+#: Names a broker group holds at most, over all users (each is a znode read at take-over).
+MAX_NAMES = 100_000
 #: The BATCH record stores the epoch as a signed int16.
 MAX_EPOCH = (1 << 15) - 1
 LOCAL_FILE = "transactional-ids"
@@ -58,6 +67,10 @@ def check_transactional_id(name: object) -> str:
 
 class NotOwner(PermissionError):
     """The name belongs to another user."""
+
+
+class TooManyNames(PermissionError):
+    """A new name past its user's or the group's cap."""
 
 
 class Owner(NamedTuple):
@@ -99,9 +112,12 @@ def next_owner(current: Owner | None, fresh_id: int | None, principal: str | Non
 class TransactionalIds:
     """``init(name)``: the new owner and the one it replaces (None for a new name)."""
 
-    def __init__(self, allocator: ProducerIdAllocator, store: MappingStore) -> None:
+    def __init__(self, allocator: ProducerIdAllocator, store: MappingStore, max_per_user: int = 1000) -> None:
         self.allocator = allocator
         self.store = store
+        self.max_per_user = max_per_user
+        #: user (None: security off) -> names owned; None until the first new name needs it.
+        self._counts: dict[str | None, int] | None = None
         # Inits served by this broker go one at a time (the local file has no other guard);
         # the compare-and-set below keeps inits on different brokers apart.
         self._lock = asyncio.Lock()
@@ -118,13 +134,31 @@ class TransactionalIds:
             if current is not None and current.principal not in (None, principal) and not admin:
                 raise NotOwner(f"transactional id {name} belongs to user {current.principal!r}; "
                                f"only that user (or admin) may init it")
+            if current is None:
+                await self._check_room(name, principal)
             owner = next_owner(current, None, principal)
             if owner is None:  # new name or epoch overflow; an id taken and then lost to a race is skipped
                 owner = next_owner(current, await self.allocator.allocate(), principal)
             assert owner is not None
             if await asyncio.to_thread(self.store.write, name, owner, version):
+                if current is None and self._counts is not None:
+                    self._counts[principal] = self._counts.get(principal, 0) + 1
                 return owner, current
         raise RuntimeError(f"transactional id {name}: too many concurrent inits")
+
+    async def _check_room(self, name: str, principal: str | None) -> None:
+        """TooManyNames if a new name of ``principal`` would pass a cap."""
+        if self._counts is None:
+            counts: dict[str | None, int] = {}
+            for owner in (await self.all()).values():
+                counts[owner.principal] = counts.get(owner.principal, 0) + 1
+            self._counts = counts
+        if principal is not None and self._counts.get(principal, 0) >= self.max_per_user:
+            raise TooManyNames(f"transactional id {name}: user {principal!r} already owns {self.max_per_user} "
+                               "transactional ids (maxTransactionalIdsPerUser); reuse one or have an unused one removed")
+        if sum(self._counts.values()) >= MAX_NAMES:
+            raise TooManyNames(f"transactional id {name}: the broker group already holds {MAX_NAMES} transactional ids; "
+                               "reuse one or have an unused one removed")
 
     async def all(self) -> dict[str, Owner]:
         return await asyncio.to_thread(self.store.read_all)

@@ -36,9 +36,14 @@ Invariants kept here:
   wait for it with 503) and from the BATCH records in the replicated logs. An init
   answers only after the older epochs' unprepared branches are rolled back and their
   ABORT markers are as durable as a put's;
+* a producer id and epoch in a step are checked like a put's: their ``producer_token``
+  must verify for the caller (metaq/server/producer_auth.py) before anything changes;
 * who may decide a branch's fate: any authenticated principal may start one; every
-  other action on a branch needs ``produce`` on every topic the branch wrote to
-  (``admin`` may act on any branch); ``recover`` lists only such branches.
+  other action on it (also on an empty branch) needs the principal that started it, as
+  this master recorded at ``start`` (``admin`` may act on any branch). A branch started
+  before a failover has no recorded starter on the new master: then ``produce`` on every
+  topic the branch wrote to is needed, and an empty one is admin's alone. ``recover``
+  lists only branches the caller may decide.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ from ..txn.control import NO_PRODUCER
 from ..txn.coordinator import MarkerWrite, Reply, TransactionCoordinator
 from ..txn.txlog import TxLog
 from ..txn.xa import Code
+from .producer_auth import check_producer
 from .transactional_ids import MAX_EPOCH, Owner, TransactionalIds
 
 if TYPE_CHECKING:
@@ -126,6 +132,8 @@ class TransactionService:
         self._background: set[asyncio.Future[Any]] = set()
         #: Producer id -> the fence on its older epochs (see the module's docstring).
         self.fences: dict[int, Fence] = {}
+        #: xid -> the user that started the branch on this master (security on; see _may_decide).
+        self._starters: dict[str, str] = {}
         #: Reads the group's transactional id mapping after a take-over (None: nothing to read).
         self._owners_loaded: asyncio.Future[None] | None = None
 
@@ -225,7 +233,13 @@ class TransactionService:
         return [owner.producer_id]
 
     def _fence_from_batches(self, states: Any) -> None:
-        """The replicated BATCH records: a producer's newest epoch in any partition fences its older ones."""
+        """The replicated BATCH records: a producer's newest epoch in any partition fences its older ones.
+
+        A fence is taken only from a verified source. With security on, every BATCH in a log
+        was appended by a master that first checked its producer_token (producer_auth.py):
+        its epoch was issued by init_producer to the user that put it, so it is as good as
+        the mapping. With security off every client is trusted by configuration.
+        """
         for state in states:
             for producer_id, entry in state.producers.producers.items():
                 if entry.epoch > 0:
@@ -298,6 +312,8 @@ class TransactionService:
             return c.reply_header(req.opaque, c.OK, xa_code=int(Code.XA_OK), xids=xids), b""
         xid = req.xid
         if req.producer_id != NO_PRODUCER:
+            check_producer(self.broker, req.origin, req.producer_id, req.producer_epoch, req.producer_token,
+                           principal)
             self.check_fenced(req.producer_id, req.producer_epoch)
         if xid in self._pending or xid in self._unsettled:
             self._append_pending(xid)  # the previous decision's markers first (raises if they still fail)
@@ -305,14 +321,15 @@ class TransactionService:
             if req.producer_id != NO_PRODUCER:  # an init may have fenced this epoch while we waited
                 self.check_fenced(req.producer_id, req.producer_epoch)
         if req.action != "start" and not self._may_decide(principal, xid):
-            raise c.RequestError(c.FORBIDDEN, f"{principal} may not decide transaction {xid}: it needs produce on "
-                                              f"every topic the transaction wrote to ({', '.join(self._topics(xid))})")
+            raise c.RequestError(c.FORBIDDEN, f"{principal} may not decide transaction {xid}: only the user that "
+                                              "started it (or admin) may")
         refusal = self.refusal()  # the role may have changed while we waited
         if refusal is not None:
             raise c.RequestError(*refusal)
         now = self.clock_ms()
         self._check_encodable(req)
         reply = self._step(req, now)
+        self._note_starter(req, reply, principal)
         if reply.markers:
             self._queue_markers(xid, reply.markers, now)
             self._append_pending(xid)
@@ -354,11 +371,26 @@ class TransactionService:
         branch = self.coordinator.branches.get(xid)
         return sorted({topic for topic, _n in branch.partitions}) if branch is not None else []
 
+    def _note_starter(self, req: TransactionRequest, reply: Reply, principal: "Principal | None") -> None:
+        """Record who started a branch; forget it once the coordinator has dropped the branch."""
+        assert self.coordinator is not None
+        if req.action == "start" and reply.code is Code.XA_OK and principal is not None:
+            self._starters[req.xid] = principal.name
+        elif req.xid not in self.coordinator.branches:
+            self._starters.pop(req.xid, None)
+
     def _may_decide(self, principal: "Principal | None", xid: str) -> bool:
         authorizer = self.broker.security.authorizer
         if authorizer is None or authorizer.allowed(principal, Operation.ADMIN):
             return True
-        return all(authorizer.allowed(principal, Operation.PRODUCE, topic) for topic in self._topics(xid))
+        starter = self._starters.get(xid)
+        if starter is not None:
+            return principal is not None and principal.name == starter
+        assert self.coordinator is not None
+        topics = self._topics(xid)
+        if xid in self.coordinator.branches and not topics:
+            return False  # an empty branch started before a failover: nothing says whose it is
+        return all(authorizer.allowed(principal, Operation.PRODUCE, topic) for topic in topics)
 
     # --- markers ---------------------------------------------------------------------------------
 

@@ -277,8 +277,8 @@ def first_ack_after(broker: BrokerProcess, payload: bytes, timeout: float = 20) 
 # --- reading logs back -------------------------------------------------------------------
 
 
-async def _fetch_all(address: tuple[str, int], topic: str, partition: int) -> dict[int, bytes]:
-    conn = await BrokerConnection.open(*address, timeout=2)
+async def _fetch_all(address: tuple[str, int], topic: str, partition: int, authenticator: Any) -> dict[int, bytes]:
+    conn = await BrokerConnection.open(*address, timeout=2, authenticator=authenticator)
     found: dict[int, bytes] = {}
     offset = 0
     try:
@@ -301,9 +301,10 @@ async def _fetch_all(address: tuple[str, int], topic: str, partition: int) -> di
         conn.close()
 
 
-def fetch_all(broker: BrokerProcess, topic: str = TOPIC, partition: int = 0) -> dict[int, bytes]:
-    """offset -> data of every record a ``get`` on ``broker`` returns (committed bytes only)."""
-    return run(_fetch_all(broker.address, topic, partition))
+def fetch_all(broker: BrokerProcess, topic: str = TOPIC, partition: int = 0, authenticator: Any = None) -> dict[int, bytes]:
+    """offset -> data of every record a ``get`` on ``broker`` returns (committed bytes only);
+    ``authenticator``: log in first (a secured broker)."""
+    return run(_fetch_all(broker.address, topic, partition, authenticator))
 
 
 def partition_dir(broker: BrokerProcess, topic: str = TOPIC, partition: int = 0) -> Path:

@@ -20,7 +20,8 @@ from metaq.zk.paths import ZkPaths
 from tests.harness import REPO_ROOT
 from tests.security_support import TestCA
 
-PASSWORDS = {"app": "app-password", "ops": "ops-password", "reader": "reader-password", "operator": "operator-password"}
+PASSWORDS = {"app": "app-password", "ops": "ops-password", "reader": "reader-password", "operator": "operator-password",
+             "rival": "rival-password"}
 
 
 @dataclass
@@ -40,6 +41,8 @@ class SecuredGroup:
         users.add_user("app", PASSWORDS["app"], produce="*", consume="*", iterations=4096)
         users.add_user("ops", PASSWORDS["ops"], admin=True, iterations=4096)
         users.add_user("reader", PASSWORDS["reader"], consume="t", iterations=4096)
+        # A second producer, not admin: another application on the same cluster.
+        users.add_user("rival", PASSWORDS["rival"], produce="*", consume="*", iterations=4096)
         # What metaq drill needs: load (produce, consume) and the brokers' config (admin).
         users.add_user("operator", PASSWORDS["operator"], produce="*", consume="*", admin=True, iterations=4096)
         users.save()

@@ -126,3 +126,15 @@ def test_out_of_order_renumbers_and_a_definite_refusal_gives_its_numbers_back() 
     assert not refused.success and not refused.outcome_unknown and sent.success
     puts = pool.conns[9000].puts  # type: ignore[attr-defined]
     assert [s for _, _, s in puts] == [0, 0] and puts[0][1] == puts[1][1]
+
+
+def test_the_producer_token_travels_with_every_numbered_put_and_only_when_given() -> None:
+    secured = Sequencer()
+    secured.set_id(7, 2, "a" * 32)
+    numbered = secured.try_begin(("t", 0, 0), 1)
+    assert numbered is not None
+    assert numbered.put_fields() == {"producer_id": 7, "producer_epoch": 2, "sequence": 0, "producer_token": "a" * 32}
+    open_ = Sequencer()  # security off: init_producer answers no token
+    open_.set_id(8, 0)
+    numbered = open_.try_begin(("t", 0, 0), 1)
+    assert numbered is not None and "producer_token" not in numbered.put_fields()

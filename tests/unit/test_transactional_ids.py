@@ -10,7 +10,7 @@ import pytest
 
 from metaq.server.producer_ids import ProducerIdAllocator, local_blocks, producer_id
 from metaq.server.transactional_ids import (
-    MAX_EPOCH, LocalMapping, NotOwner, Owner, TransactionalIds, check_transactional_id, next_owner,
+    MAX_EPOCH, LocalMapping, NotOwner, Owner, TooManyNames, TransactionalIds, check_transactional_id, next_owner,
 )
 
 
@@ -88,3 +88,22 @@ def test_a_name_belongs_to_the_user_who_first_inited_it(tmp_path: Path) -> None:
     assert (again.epoch, by_admin.epoch, by_admin.principal) == (1, 2, "alice")
     open_name, _ = asyncio.run(ids.init("shared"))  # security off: nobody's
     assert open_name.principal is None and asyncio.run(ids.init("shared", "bob"))[0].principal == "bob"
+
+
+def test_a_user_owns_at_most_max_per_user_names_counted_from_the_mapping(tmp_path: Path) -> None:
+    async def inits() -> None:
+        ids = TransactionalIds(ProducerIdAllocator(2, local_blocks(tmp_path)), LocalMapping(tmp_path), max_per_user=2)
+        await ids.init("a-1", "alice")
+        await ids.init("a-2", "alice")
+        with pytest.raises(TooManyNames, match="user 'alice' already owns 2 transactional ids .maxTransactionalIdsPerUser."):
+            await ids.init("a-3", "alice")
+        await ids.init("a-1", "alice")  # a name it owns: a new epoch, not a new name
+        await ids.init("b-1", "bob")  # the cap is per user
+        # A restarted broker (a new master) counts from the mapping.
+        again = TransactionalIds(ProducerIdAllocator(2, local_blocks(tmp_path)), LocalMapping(tmp_path), max_per_user=2)
+        with pytest.raises(TooManyNames):
+            await again.init("a-3", "alice")
+        assert (await again.init("b-2", "bob"))[0].principal == "bob"
+
+    asyncio.run(inits())
+    assert sorted(LocalMapping(tmp_path).read_all()) == ["a-1", "a-2", "b-1", "b-2"]

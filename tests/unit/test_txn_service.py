@@ -19,6 +19,7 @@ from metaq.protocol.messages import TransactionRequest
 from metaq.record import encode_record, iter_records
 from metaq.security.acl import Authorizer, Operation, UserAcl, required_operation
 from metaq.security.principals import Principal
+from metaq.security.producer_tokens import ProducerTokens
 from metaq.server.transactional_ids import MAX_EPOCH, Owner
 from metaq.server.transactions import TransactionService, aborted_spans, stable_end
 from metaq.store.log import PartitionLog
@@ -80,12 +81,13 @@ class FakeBroker:
     base: Path
     settings: TxnSettings = field(default_factory=TxnSettings)
     authorizer: Authorizer | None = None
+    tokens: ProducerTokens | None = None
     waits: list[asyncio.Future[None]] = field(default_factory=list)
     hold_acks: bool = False
 
     def __post_init__(self) -> None:
         self.config = type("Config", (), {"txn": self.settings, "data_path": str(self.base)})()
-        self.security = type("Security", (), {"authorizer": self.authorizer})()
+        self.security = type("Security", (), {"authorizer": self.authorizer, "producer_tokens": self.tokens})()
         self.store = Store(self.base)
         self.txn_states = States(self.store)
         self.ha = FakeHa()
@@ -293,19 +295,62 @@ async def test_a_restart_keeps_a_prepared_branch(tmp_path: Path, clock: list[int
 
 
 @in_loop
-async def test_deciding_a_branch_needs_produce_on_its_topics(tmp_path: Path, clock: list[int]) -> None:
-    authorizer = Authorizer(1, {"app": UserAcl(produce=("orders",)), "other": UserAcl(produce=("payments",)),
+async def test_deciding_a_branch_needs_the_user_that_started_it_or_admin(tmp_path: Path, clock: list[int]) -> None:
+    authorizer = Authorizer(1, {"app": UserAcl(produce=("orders",)), "other": UserAcl(produce=("orders",)),
                                 "ops": UserAcl(admin=True)})
     broker, service = make(tmp_path, clock, authorizer=authorizer)
     app, other, ops = Principal("app"), Principal("other"), Principal("ops")
     assert await branch(broker, service, "TX:7:1", "prepare", ("orders",), app) == Code.XA_OK
     # The connection lets any authenticated principal reach the coordinator; the coordinator decides.
     assert required_operation({"op": "transaction", "action": "commit", "xid": "TX:7:1"}) == (Operation.DESCRIBE, None)
-    with pytest.raises(c.RequestError, match="may not decide transaction TX:7:1: it needs produce .* \\(orders\\)"):
+    # produce on the branch's topics is not enough: the branch is app's
+    with pytest.raises(c.RequestError, match="user 'other' may not decide transaction TX:7:1: only the user that started"):
         await call(service, "commit", "TX:7:1", other)
     assert (await call(service, "recover", principal=other))["xids"] == []
     assert (await call(service, "recover", principal=app))["xids"] == ["TX:7:1"]
     assert (await call(service, "commit", "TX:7:1", ops))["xa_code"] == Code.XA_OK
+
+    # An empty branch (no topic yet) is its starter's too.
+    assert (await call(service, "start", "TX:7:2", app))["xa_code"] == Code.XA_OK
+    for action in ("end", "rollback"):
+        with pytest.raises(c.RequestError, match="may not decide transaction TX:7:2") as refused:
+            await call(service, action, "TX:7:2", other)
+        assert refused.value.code == c.FORBIDDEN
+    assert (await call(service, "end", "TX:7:2", app))["xa_code"] == Code.XA_OK
+
+
+@in_loop
+async def test_a_branch_whose_starter_is_unknown_needs_produce_on_its_topics_and_an_empty_one_admin(
+        tmp_path: Path, clock: list[int]) -> None:
+    authorizer = Authorizer(1, {"app": UserAcl(produce=("orders",)), "other": UserAcl(produce=("payments",)),
+                                "ops": UserAcl(admin=True)})
+    broker, service = make(tmp_path, clock, authorizer=authorizer)
+    app, other, ops = Principal("app"), Principal("other"), Principal("ops")
+    assert await branch(broker, service, "TX:7:1", "prepare", ("orders",), app) == Code.XA_OK
+    assert (await call(service, "start", "TX:7:2", app))["xa_code"] == Code.XA_OK
+    service._starters.clear()  # what a new master knows: the journal and the logs, not who started a branch
+    with pytest.raises(c.RequestError, match="may not decide transaction TX:7:1"):
+        await call(service, "commit", "TX:7:1", other)
+    with pytest.raises(c.RequestError, match="may not decide transaction TX:7:2"):
+        await call(service, "end", "TX:7:2", app)
+    assert (await call(service, "commit", "TX:7:1", app))["xa_code"] == Code.XA_OK
+    assert (await call(service, "end", "TX:7:2", ops))["xa_code"] == Code.XA_OK
+
+
+@in_loop
+async def test_a_step_with_a_producer_id_needs_its_token(tmp_path: Path, clock: list[int]) -> None:
+    tokens = ProducerTokens(b"k" * 32)
+    broker, service = make(tmp_path, clock, tokens=tokens)
+    app, other = Principal("app"), Principal("other")
+    with pytest.raises(c.RequestError, match="producer id 7 not issued to app") as refused:
+        await call(service, "start", "TX:7:1", app, producer_id=7, producer_epoch=0)
+    assert refused.value.code == c.FORBIDDEN
+    assert service.coordinator is not None and "TX:7:1" not in service.coordinator.branches
+    token = tokens.issue(7, 0, "app")
+    with pytest.raises(c.RequestError, match="producer id 7 not issued to other"):
+        await call(service, "start", "TX:7:1", other, producer_id=7, producer_epoch=0, producer_token=token)
+    assert (await call(service, "start", "TX:7:1", app, producer_id=7, producer_epoch=0,
+                       producer_token=token))["xa_code"] == Code.XA_OK
 
 
 def test_bad_transaction_requests_get_one_line_errors() -> None:
