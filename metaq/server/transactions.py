@@ -199,6 +199,8 @@ class TransactionService:
         self._unsettled.clear()
         self._pending.clear()
         replies = self.coordinator.reconcile({key: state.index for key, state in states.items()}, now)
+        # Starters of branches this reconcile (or an earlier mastership) ended are forgotten.
+        self._starters = {xid: name for xid, name in self._starters.items() if xid in self.coordinator.branches}
         self.reconciled_epoch = epoch
         self._fence_from_batches(states.values())
         if self._owners_loaded is not None:
@@ -504,6 +506,7 @@ class TransactionService:
         fired = self.coordinator.expire(now)
         for xid, reply in fired:
             log.info("transaction %s timed out: %s", xid, reply.code.name)
+            self._starters.pop(xid, None)  # bounded by the live branches, also when clients never come back
         self._write_in_background(fired, now)
 
     async def _tick_loop(self) -> None:
