@@ -62,6 +62,11 @@ class MetaClientConfig:
     buffer_memory: int = 32 * 1024 * 1024
     #: Puts in flight on one broker's connection at most (each to a different partition).
     max_in_flight_per_connection: int = 5
+    #: Idempotent producer: numbered puts of one partition in flight at most (Kafka's
+    #: ``max.in.flight.requests.per.connection`` under idempotence). 1..5: the broker tells
+    #: apart retries of its last 5 batches per producer and partition
+    #: (``producerStateMaxBatches``). The plain producer always keeps one per partition.
+    max_in_flight_per_partition: int = 5
     #: Connect somewhere else than a broker registered: ``{"registered host:port": "host:port"}``
     #: (port forwarding, NAT, a proxy in front of some brokers). Addresses not listed are used as is.
     address_map: dict[str, str] = field(default_factory=dict)
@@ -76,6 +81,9 @@ class MetaClientConfig:
         for name in ("batch_size", "buffer_memory", "max_in_flight_per_connection"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 1 <= self.max_in_flight_per_partition <= 5:
+            raise ValueError(f"max_in_flight_per_partition must be 1..5 (the broker remembers 5 batches "
+                             f"per producer and partition), got {self.max_in_flight_per_partition}")
         for address in (*self.address_map, *self.address_map.values()):
             try:
                 parse_host_port(address)

@@ -69,23 +69,6 @@ def test_sequences_count_messages_per_partition_and_resume_after_a_give_back() -
     assert seq.try_begin("q", 1).sequence == 0  # type: ignore[union-attr]
 
 
-def test_begin_waits_for_the_partitions_batch_in_flight() -> None:
-    seq = Sequencer()
-    seq.set_id(1, 0)
-
-    async def scenario() -> list[int]:
-        first = seq.try_begin("p", 2)
-        assert first is not None
-        waiting = asyncio.ensure_future(seq.begin("p", 1))
-        await asyncio.sleep(0.01)
-        assert not waiting.done()
-        seq.end(first, stored=True)
-        second = await asyncio.wait_for(waiting, 1)
-        return [first.sequence, second.sequence]  # type: ignore[union-attr]
-
-    assert asyncio.run(scenario()) == [0, 2]
-
-
 def test_an_unknown_outcome_is_resent_with_the_same_numbers_to_the_same_partition() -> None:
     pool = numbered_pool([ConnectionClosed("connection lost"), 200, 200])
     p = one_partition_producer(pool)
