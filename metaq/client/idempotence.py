@@ -164,7 +164,7 @@ class Sequencer:
             lane = self._lanes[numbered.key] if numbered is not None else None
             if numbered is not None:
                 assert lane is not None
-                if lane.in_flight[0] is not numbered:
+                if not lane.in_flight or lane.in_flight[0] is not numbered:
                     return None
                 lane.conn = conn
                 return numbered
