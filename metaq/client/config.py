@@ -44,8 +44,9 @@ class MetaClientConfig:
     #: partition, and a resent put that the broker already stored is answered with its
     #: original offsets instead of being stored again, also through a failover (exactly
     #: once in the log; docs/transactions.md). Retries then stay on the batch's partition.
-    #: Opt-in: it keeps one put per partition in flight, which costs concurrent
-    #: ``send_batch`` callers about a third of their throughput (docs/benchmarks.md).
+    #: Opt-in: measured against the plain producer it stays within 10% for pipelined
+    #: sends, but one-at-a-time blocking sends on a sync pair lose about a fifth and
+    #: ``send_batch`` on a single master about a tenth (docs/benchmarks.md).
     idempotence: bool = False
     #: Per-message sends are gathered into one put per partition (Kafka's producer batching;
     #: MetaQ's producer has no such settings). A partition's batch is sent when it holds

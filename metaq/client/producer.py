@@ -23,7 +23,9 @@ Idempotent (``idempotence=True``, opt-in): each put is numbered (``idempotence.p
 and every retry, an unknown outcome's included, resends it with the same numbers to the
 same partition (its new master after a failover), which stores it at most once and
 answers a resend of a stored batch with the original offsets: the table's "unknown"
-row becomes "stored exactly once" as long as a retry gets through.
+row becomes "stored exactly once" as long as a retry gets through. Up to
+``max_in_flight_per_partition`` numbered puts of a partition are in flight; the
+partition's lane says when each may be written or resent (``send_numbered``, ``_claim``).
 """
 
 from __future__ import annotations
