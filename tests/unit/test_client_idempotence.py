@@ -51,7 +51,7 @@ def test_sequences_count_messages_per_partition_and_resume_after_a_give_back() -
     seq.set_id(42, 0)
     first = seq.try_begin("p", 3)
     assert first is not None and (first.producer_id, first.sequence) == (42, 0)
-    assert seq.try_begin("p", 1) is None  # one numbered batch per partition at a time
+    assert seq.try_begin("p", 1) is None  # try_begin (the direct path) takes only an empty lane
     other = seq.try_begin("q", 2)
     assert other is not None and other.sequence == 0
     seq.end(first, stored=True)
