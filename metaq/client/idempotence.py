@@ -66,9 +66,15 @@ class Numbered(NamedTuple):
     sequence: int
     count: int
     generation: int  # which producer id this was numbered under (``end`` ignores older ones)
+    #: The broker's proof that the id and epoch were issued to this user (None: security off).
+    token: str | None = None
 
-    def put_fields(self) -> dict[str, int]:
-        return {"producer_id": self.producer_id, "producer_epoch": self.epoch, "sequence": self.sequence}
+    def put_fields(self) -> dict[str, int | str]:
+        fields: dict[str, int | str] = {"producer_id": self.producer_id, "producer_epoch": self.epoch,
+                                        "sequence": self.sequence}
+        if self.token is not None:
+            fields["producer_token"] = self.token
+        return fields
 
 
 class Lane:
@@ -101,6 +107,7 @@ class Sequencer:
         self._lock = threading.Lock()
         self.producer_id: int | None = None
         self.epoch = 0
+        self.token: str | None = None
         self._generation = 0
         self._lanes: dict[Hashable, Lane] = {}
 
@@ -108,10 +115,10 @@ class Sequencer:
     def has_id(self) -> bool:
         return self.producer_id is not None
 
-    def set_id(self, producer_id: int, epoch: int) -> None:
+    def set_id(self, producer_id: int, epoch: int, token: str | None = None) -> None:
         with self._lock:
             if self.producer_id is None:
-                self.producer_id, self.epoch = producer_id, epoch
+                self.producer_id, self.epoch, self.token = producer_id, epoch, token
                 self._generation += 1
 
     def _lane(self, key: Hashable) -> Lane:
@@ -201,7 +208,7 @@ class Sequencer:
 
     def _number(self, lane: Lane, key: Hashable, count: int, conn: object, at_head: bool = False) -> Numbered:
         assert self.producer_id is not None
-        numbered = Numbered(key, self.producer_id, self.epoch, lane.next, count, self._generation)
+        numbered = Numbered(key, self.producer_id, self.epoch, lane.next, count, self._generation, self.token)
         lane.next = (lane.next + count) & MAX_SEQUENCE
         if at_head:
             lane.in_flight.insert(0, numbered)
