@@ -12,10 +12,12 @@ the same put) by one sender per broker group, which keeps at most
 
 Invariants (enforced here, relied on by callers):
 
-* **One put in flight per partition.** A queue is *muted* while its put is in flight,
-  retries included, so a later batch of the same partition never overtakes an earlier
-  one that is being retried: per-partition order survives retries. Messages appended
-  meanwhile wait, and are sent as soon as the put returns (they already waited a round
+* **At most ``max_in_flight_per_partition`` puts in flight per partition.** A queue is
+  *muted* while that many of its puts are in flight, retries included. The plain producer
+  allows one, so a later batch of the same partition never overtakes an earlier one that
+  is being retried: per-partition order survives retries. The idempotent producer allows
+  up to 5, because its numbering keeps their order (``idempotence.py``). Messages appended
+  meanwhile wait, and are sent as soon as a put returns (they already waited a round
   trip), which batches naturally under load.
 * **Bounded memory.** Every queued or in-flight message holds its size against
   ``buffer_memory`` until its SendResult is set; ``reserve`` refuses (or ``wait_for_room``
@@ -72,6 +74,7 @@ class AccumulatorConfig:
     batch_size: int
     buffer_memory: int
     max_in_flight_per_connection: int
+    max_in_flight_per_partition: int = 1
 
 
 class PartitionQueue:
@@ -84,7 +87,7 @@ class PartitionQueue:
         self.partition = partition
         self.entries: list[Entry] = []
         self.nbytes = 0
-        self.in_flight = False  # muted: a put of this partition is in flight (or retrying)
+        self.in_flight = 0  # puts of this partition in flight (or retrying); muted at the limit
         self.ready = False
         self.timer: asyncio.TimerHandle | None = None
 
@@ -210,7 +213,7 @@ class Accumulator:
         ready, self._ready = self._ready, []
         for queue in ready:
             queue.ready = False
-            if queue.entries and not queue.in_flight:
+            if queue.entries and queue.in_flight < self.config.max_in_flight_per_partition:
                 self._start_put(queue)
 
     def _start_put(self, queue: PartitionQueue) -> None:
@@ -222,11 +225,13 @@ class Accumulator:
                 sender.waiting.append(queue)
             return
         entries, nbytes = queue.take(self.config.batch_size)
-        queue.in_flight = True
+        queue.in_flight += 1
         sender.in_flight += 1
         task = asyncio.get_running_loop().create_task(self._put(queue, sender, entries, nbytes))
         self._puts[task] = entries
         task.add_done_callback(self._puts.pop)
+        if queue.entries and queue.in_flight < self.config.max_in_flight_per_partition:
+            self._make_ready(queue)  # more than one put's worth queued: the next may go out too
 
     async def _put(self, queue: PartitionQueue, sender: _BrokerSender, entries: list[Entry], nbytes: int) -> None:
         try:
@@ -242,7 +247,7 @@ class Accumulator:
 
     def _finish(self, queue: PartitionQueue, sender: _BrokerSender, nbytes: int, entries: list[Entry],
                 results: list[SendResult]) -> None:
-        queue.in_flight = False
+        queue.in_flight -= 1
         sender.in_flight -= 1
         self.release(nbytes)
         # Messages appended during the put already waited one round trip: send them now.

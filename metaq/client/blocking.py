@@ -28,7 +28,7 @@ from .consumer import AsyncMessageConsumer, ConsumerStats
 from .message import Message, Partition, SendResult
 from .offsets import OffsetStore
 from .direct import DirectConnections, NoReply, NotSent
-from .producer import AsyncMessageProducer, SendFailure, classify_reply, stored_results, unknown_outcome
+from .producer import AsyncMessageProducer, SendFailure, classify_reply, lane_key, stored_results, unknown_outcome
 from .selector import PartitionSelector
 from .session import AsyncMessageSessionFactory
 
@@ -224,7 +224,7 @@ class MessageProducer:
         if aio.sequencer is not None:
             # Numbered here, on the caller's thread; None: the partition's previous batch is
             # still out, or there is no producer id yet (the loop's path gets one).
-            numbered = aio.sequencer.try_begin((topic, partition.broker_id, partition.partition), len(messages))
+            numbered = aio.sequencer.try_begin(lane_key(topic, partition), len(messages))
             if numbered is None:
                 return None
         config = aio.config

@@ -44,8 +44,9 @@ class MetaClientConfig:
     #: partition, and a resent put that the broker already stored is answered with its
     #: original offsets instead of being stored again, also through a failover (exactly
     #: once in the log; docs/transactions.md). Retries then stay on the batch's partition.
-    #: Opt-in: it keeps one put per partition in flight, which costs concurrent
-    #: ``send_batch`` callers about a third of their throughput (docs/benchmarks.md).
+    #: Opt-in: measured against the plain producer it stays within 10% for pipelined
+    #: sends, but one-at-a-time blocking sends on a sync pair lose about a fifth and
+    #: ``send_batch`` on a single master about a tenth (docs/benchmarks.md).
     idempotence: bool = False
     #: Per-message sends are gathered into one put per partition (Kafka's producer batching;
     #: MetaQ's producer has no such settings). A partition's batch is sent when it holds
@@ -62,6 +63,11 @@ class MetaClientConfig:
     buffer_memory: int = 32 * 1024 * 1024
     #: Puts in flight on one broker's connection at most (each to a different partition).
     max_in_flight_per_connection: int = 5
+    #: Idempotent producer: numbered puts of one partition in flight at most (Kafka's
+    #: ``max.in.flight.requests.per.connection`` under idempotence). 1..5: the broker tells
+    #: apart retries of its last 5 batches per producer and partition
+    #: (``producerStateMaxBatches``). The plain producer always keeps one per partition.
+    max_in_flight_per_partition: int = 5
     #: Connect somewhere else than a broker registered: ``{"registered host:port": "host:port"}``
     #: (port forwarding, NAT, a proxy in front of some brokers). Addresses not listed are used as is.
     address_map: dict[str, str] = field(default_factory=dict)
@@ -76,6 +82,9 @@ class MetaClientConfig:
         for name in ("batch_size", "buffer_memory", "max_in_flight_per_connection"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 1 <= self.max_in_flight_per_partition <= 5:
+            raise ValueError(f"max_in_flight_per_partition must be 1..5 (the broker remembers 5 batches "
+                             f"per producer and partition), got {self.max_in_flight_per_partition}")
         for address in (*self.address_map, *self.address_map.values()):
             try:
                 parse_host_port(address)

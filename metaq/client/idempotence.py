@@ -2,25 +2,43 @@
 
 Every put of an idempotent producer carries ``(producer id, epoch, first sequence)``;
 the broker appends a batch once and answers a retry of it as a duplicate, with the
-original offsets (docs/transactions.md, "Idempotent producer"). What the client must
-keep for that to hold, and where it is enforced:
+original offsets (docs/transactions.md, "Idempotent producer"). Each partition has a
+``Lane``: the numbered batches of that partition not yet settled, in sequence order.
+What the client must keep for exactly once and per-partition order, and where it is
+enforced:
 
-* **One numbered batch of a partition in flight at a time** (``begin`` / ``try_begin``
-  wait for / refuse a busy partition; ``end`` frees it). The broker remembers the last
-  5 batches per producer and partition, and a later batch may never reach it before an
-  earlier one that is being retried (it would be out of order).
-* **A retry reuses its numbers**: a ``Numbered`` batch keeps its id, epoch and sequence
-  through every attempt, to the same partition (through a failover: the partition's new
+* **Numbered when written, in arrival order.** A new batch takes its place in the lane's
+  line (``enter``) before its first await; ``claim`` numbers only the first in line, and
+  the caller writes it on the connection before the event loop runs anything else, so
+  sequence order is send order and the order of the bytes on the connection, which the
+  broker appends in.
+* **Several batches in flight only where the broker knows us.** A broker treats an
+  unknown producer's first batch as new whatever its sequence, so a later batch could be
+  stored ahead of an earlier one that was lost. A lane therefore pipelines (up to
+  ``limit`` batches, never more than the broker's ``producerStateMaxBatches`` = 5) only
+  after one of its batches was acked under the current producer id, and only on the
+  connection its batches in flight were written on; from then on the broker refuses a
+  gap (OUT_OF_ORDER) instead of storing past it. The limit counts every batch from the
+  oldest unsettled one on, settled or not, so a resend of that one is still among the
+  batches the broker remembers and is answered with its original offsets.
+* **Retries in sequence order.** After any failure in a lane no new batch is numbered
+  until the lane is empty again, and a batch is resent only when it is the lane's head
+  (every earlier batch settled): ``claim``. An OUT_OF_ORDER answer to a batch behind an
+  earlier one being retried is expected; it waits for its turn.
+* **A retry reuses its numbers**, to the same partition (through a failover: its new
   master), so the broker can tell it is the same batch.
-* **After an outcome that stays unknown the numbering starts over**: if a batch gave up
-  without knowing whether it was stored, the next sequence of its partition is unknown
-  too. ``end(stored=None)`` drops the producer id; the next batch asks for a new one and
-  numbers from 0 (the broker treats an unknown producer's first batch as new). A batch
-  known not to be stored gives its numbers back.
+* **Numbers given back only when nothing was written after them**: ``end(stored=False)``
+  of the lane's newest batch. A batch that gave up unknown, or surely not stored with
+  later batches written (a gap the broker would refuse from then on), drops the producer
+  id: the next batch asks for a new one and numbers from 0. Batches of the old id still
+  in the lane resend their old numbers when their turn comes; an OUT_OF_ORDER answer to
+  such a head means it was never stored (the broker knew the producer, so it stored
+  nothing past the gap), and ``renumber`` gives it numbers under the new id.
 
 Thread-safe: the blocking producer numbers its first attempt on the caller's thread
-(metaq/client/blocking.py), the asyncio producer in the loop thread. The lock is held
-only for bookkeeping, never across I/O.
+(metaq/client/blocking.py, ``try_begin``: only into an empty lane, which it then holds
+alone), the asyncio producer in the loop thread. The lock is held only for bookkeeping,
+never across I/O.
 """
 
 from __future__ import annotations
@@ -30,6 +48,13 @@ import threading
 from typing import Hashable, NamedTuple
 
 from ..txn.control import MAX_SEQUENCE
+
+#: The broker remembers this many batches per producer and partition (``producerStateMaxBatches``
+#: default): more numbered batches of one partition in flight could not all be told apart.
+BROKER_MAX_BATCHES = 5
+#: ``Lane.conn`` of a batch written on a connection the loop does not own (the blocking
+#: facade's direct path): nothing may pipeline behind it.
+ELSEWHERE = object()
 
 
 class Numbered(NamedTuple):
@@ -52,17 +77,39 @@ class Numbered(NamedTuple):
         return fields
 
 
-class Sequencer:
+class Lane:
+    """One partition's numbered batches not yet settled, oldest (lowest sequence) first."""
+
+    __slots__ = ("generation", "next", "known", "in_flight", "settled", "line", "conn", "failed", "waiters")
+
     def __init__(self) -> None:
+        self.generation = 0
+        self.next = 0
+        self.known = False  # a batch was acked under ``generation``: the broker has our state here
+        #: Numbered batches from the oldest unsettled one on (settled ones behind it stay, in ``settled``).
+        self.in_flight: list[Numbered] = []
+        self.settled: set[Numbered] = set()
+        self.line: list[object] = []  # new batches waiting to be numbered, in arrival order
+        self.conn: object = None  # what the batches in flight were written on
+        self.failed = False  # a batch failed: resend head first, number nothing new until empty
+        self.waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+
+class NoProducerId(Exception):
+    """``claim`` needs a producer id first."""
+
+
+class Sequencer:
+    def __init__(self, limit: int = 1) -> None:
+        if not 1 <= limit <= BROKER_MAX_BATCHES:
+            raise ValueError(f"numbered batches in flight per partition must be 1..{BROKER_MAX_BATCHES}, got {limit}")
+        self.limit = limit
         self._lock = threading.Lock()
         self.producer_id: int | None = None
         self.epoch = 0
         self.token: str | None = None
         self._generation = 0
-        self._next: dict[Hashable, int] = {}
-        self._busy: set[Hashable] = set()
-        #: Tasks waiting in ``begin`` for a busy partition: (loop, future).
-        self._waiters: dict[Hashable, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]] = {}
+        self._lanes: dict[Hashable, Lane] = {}
 
     @property
     def has_id(self) -> bool:
@@ -73,47 +120,149 @@ class Sequencer:
             if self.producer_id is None:
                 self.producer_id, self.epoch, self.token = producer_id, epoch, token
                 self._generation += 1
-                self._next.clear()
+
+    def _lane(self, key: Hashable) -> Lane:
+        lane = self._lanes.get(key)
+        if lane is None:
+            lane = self._lanes[key] = Lane()
+        if lane.generation != self._generation:  # a new producer id numbers from 0
+            lane.generation, lane.next, lane.known = self._generation, 0, False
+        return lane
 
     def try_begin(self, key: Hashable, count: int) -> Numbered | None:
-        """Number a batch of ``count`` messages for ``key``; None if the partition is busy or there is no id."""
+        """Number a batch into an empty lane, held alone; None if the lane is busy or there is no id."""
         with self._lock:
-            if key in self._busy or self.producer_id is None:
+            if self.producer_id is None:
                 return None
-            return self._number(key, count)
+            lane = self._lane(key)
+            if lane.in_flight or lane.line:
+                return None
+            return self._number(lane, key, count, ELSEWHERE)
 
-    async def begin(self, key: Hashable, count: int) -> Numbered | None:
-        """Like ``try_begin``, waiting while the partition is busy; None only if there is no id."""
-        while True:
-            with self._lock:
-                if self.producer_id is None:
+    def enter(self, key: Hashable) -> object:
+        """A new batch's place in the lane's line: call before the first await, pass to ``claim``."""
+        ticket = object()
+        with self._lock:
+            lane = self._lanes.get(key)
+            if lane is None:
+                lane = self._lanes[key] = Lane()
+            lane.line.append(ticket)
+        return ticket
+
+    def leave(self, key: Hashable, ticket: object) -> None:
+        """The batch leaves the line without being numbered (it gave up, or moved to another partition)."""
+        with self._lock:
+            lane = self._lanes[key]
+            if ticket in lane.line:
+                lane.line.remove(ticket)
+                waiters, lane.waiters = lane.waiters, []
+            else:
+                waiters = []
+        _wake_all(waiters)
+
+    def claim(self, key: Hashable, count: int, conn: object, numbered: Numbered | None,
+              ticket: object = None) -> Numbered | None:
+        """May a batch be written on ``conn`` now? Its numbers if so (to write at once), else None: wait.
+
+        ``numbered`` None: a new batch holding ``ticket`` from ``enter`` (NoProducerId if an id
+        must be fetched first); else a resend of a batch of the lane, allowed only as its head.
+        """
+        with self._lock:
+            lane = self._lanes[numbered.key] if numbered is not None else None
+            if numbered is not None:
+                assert lane is not None
+                if not lane.in_flight or lane.in_flight[0] is not numbered:
                     return None
-                if key not in self._busy:
-                    return self._number(key, count)
-                loop = asyncio.get_running_loop()
-                future: asyncio.Future[None] = loop.create_future()
-                self._waiters.setdefault(key, []).append((loop, future))
-            await future
+                lane.conn = conn
+                return numbered
+            lane = self._lane(key)
+            if not lane.line or lane.line[0] is not ticket:
+                return None  # an earlier new batch goes first
+            if self.producer_id is None:
+                raise NoProducerId
+            if lane.in_flight:
+                if lane.failed or len(lane.in_flight) >= self.limit or not lane.known or lane.conn is not conn \
+                        or lane.in_flight[-1].generation != self._generation:
+                    return None
+            lane.line.pop(0)
+            numbered = self._number(lane, key, count, conn)
+            if lane.line:
+                waiters, lane.waiters = lane.waiters, []
+                _wake_all(waiters)  # the next in line may go too (scheduled, not run, here)
+            return numbered
 
-    def _number(self, key: Hashable, count: int) -> Numbered:
+    def renumber(self, numbered: Numbered) -> Numbered | None:
+        """New numbers under the current id for the lane's head, surely never stored under its old ones.
+
+        None if there is no producer id (fetch one and call again).
+        """
+        with self._lock:
+            lane = self._lanes[numbered.key]
+            assert lane.in_flight[0] is numbered
+            if self.producer_id is None:
+                return None
+            lane = self._lane(numbered.key)
+            renumbered = self._number(lane, numbered.key, numbered.count, lane.conn, at_head=True)
+            lane.in_flight.remove(numbered)
+            return renumbered
+
+    def _number(self, lane: Lane, key: Hashable, count: int, conn: object, at_head: bool = False) -> Numbered:
         assert self.producer_id is not None
-        sequence = self._next.get(key, 0)
-        self._next[key] = (sequence + count) & MAX_SEQUENCE
-        self._busy.add(key)
-        return Numbered(key, self.producer_id, self.epoch, sequence, count, self._generation, self.token)
+        numbered = Numbered(key, self.producer_id, self.epoch, lane.next, count, self._generation, self.token)
+        lane.next = (lane.next + count) & MAX_SEQUENCE
+        if at_head:
+            lane.in_flight.insert(0, numbered)
+        else:
+            lane.in_flight.append(numbered)
+        lane.conn = conn
+        return numbered
+
+    def is_head(self, numbered: Numbered) -> bool:
+        with self._lock:
+            in_flight = self._lanes[numbered.key].in_flight
+            return bool(in_flight) and in_flight[0] is numbered
+
+    def is_current(self, numbered: Numbered) -> bool:
+        return numbered.generation == self._generation and self.producer_id is not None
+
+    def failed(self, numbered: Numbered) -> None:
+        """An attempt of ``numbered`` failed: the lane resends head first until it is empty."""
+        with self._lock:
+            self._lanes[numbered.key].failed = True
+
+    def wait(self, key: Hashable) -> "asyncio.Future[None]":
+        """A future done at the lane's next change (a batch settled)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            self._lanes[key].waiters.append((loop, future))
+        return future
 
     def end(self, numbered: Numbered, stored: bool | None) -> None:
-        """The batch is done: stored (True), surely not stored (False) or unknown (None)."""
+        """The batch is settled: stored (True), surely not stored (False) or unknown (None)."""
         with self._lock:
-            self._busy.discard(numbered.key)
-            if numbered.generation == self._generation:
-                if stored is False and self._next.get(numbered.key) == (numbered.sequence + numbered.count) & MAX_SEQUENCE:
-                    self._next[numbered.key] = numbered.sequence  # its numbers are free again
-                elif stored is None:
-                    self.producer_id = None  # numbering starts over under a new id
-            waiters = self._waiters.pop(numbered.key, [])
-        for loop, future in waiters:
-            loop.call_soon_threadsafe(_wake, future)
+            lane = self._lanes[numbered.key]
+            if numbered in lane.in_flight:  # else renumbered meanwhile: the new numbers are the ones in the lane
+                lane.settled.add(numbered)
+                # The window starts at the oldest unsettled batch.
+                while lane.in_flight and lane.in_flight[0] in lane.settled:
+                    lane.settled.discard(lane.in_flight.pop(0))
+            if numbered.generation == self._generation and self.producer_id is not None:
+                if stored:
+                    lane.known = True
+                elif stored is False and lane.next == (numbered.sequence + numbered.count) & MAX_SEQUENCE:
+                    lane.next = numbered.sequence  # nothing written after it: its numbers are free again
+                else:
+                    self.producer_id = None  # unknown, or a gap the broker would refuse: start over
+            if not lane.in_flight:
+                lane.failed, lane.conn = False, None
+            waiters, lane.waiters = lane.waiters, []
+        _wake_all(waiters)
+
+
+def _wake_all(waiters: list[tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]"]]) -> None:
+    for loop, future in waiters:
+        loop.call_soon_threadsafe(_wake, future)
 
 
 def _wake(future: "asyncio.Future[None]") -> None:

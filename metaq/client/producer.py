@@ -17,14 +17,15 @@ succeeds costs one request and no retry bookkeeping.
 
 Per-message sends (``send_message_async``, ``send``, ``send_message``) go through the
 accumulator (``accumulator.py``), which gathers them into puts per partition;
-``send_batch`` sends the caller's batch as it is (an idempotent producer's joins its
-partitions' queues, so that concurrent batches share the one numbered put in flight).
+``send_batch`` sends the caller's batch as it is, in puts of its own.
 
 Idempotent (``idempotence=True``, opt-in): each put is numbered (``idempotence.py``)
 and every retry, an unknown outcome's included, resends it with the same numbers to the
 same partition (its new master after a failover), which stores it at most once and
 answers a resend of a stored batch with the original offsets: the table's "unknown"
-row becomes "stored exactly once" as long as a retry gets through.
+row becomes "stored exactly once" as long as a retry gets through. Up to
+``max_in_flight_per_partition`` numbered puts of a partition are in flight; the
+partition's lane says when each may be written or resent (``send_numbered``, ``_claim``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict, deque
-from typing import Any, Iterable
+from typing import Any, Hashable, Iterable
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
 
@@ -53,8 +54,8 @@ from .accumulator import (
 from .cluster import Cluster, ClusterSnapshot
 from .codec import encode_messages
 from .config import MetaClientConfig
-from .connection import ConnectionClosed
-from .idempotence import Numbered, Sequencer
+from .connection import BrokerConnection, ConnectionClosed
+from .idempotence import NoProducerId, Numbered, Sequencer
 from .message import Message, Partition, SendResult
 from .pool import ConnectionPool
 from .selector import NoPartitionAvailable, PartitionSelector, RoundRobinPartitionSelector
@@ -82,6 +83,8 @@ class SendFailure(Exception):
         self.outcome_unknown = outcome_unknown
         #: The broker's numbering differs from ours (out of order): number anew under a new id.
         self.renumber = renumber
+        #: Out of order while an earlier batch of the partition is unsettled: expected, resent in turn.
+        self.behind = False
 
 
 def classify_reply(code: int, message: str, retry_unknown_outcome: bool = False) -> SendFailure | None:
@@ -127,12 +130,13 @@ class AsyncMessageProducer:
         #: topic -> sends waiting for a master, in send order, with the time each gives up (see _park).
         self._parked: dict[str, deque[tuple[Entry, bool, float]]] = {}
         self.accumulator = Accumulator(
-            AccumulatorConfig(config.linger_ms, config.batch_size, config.buffer_memory, config.max_in_flight_per_connection),
+            AccumulatorConfig(config.linger_ms, config.batch_size, config.buffer_memory, config.max_in_flight_per_connection,
+                              config.max_in_flight_per_partition if config.idempotence else 1),
             self._send_chunk,
         )
         self._closed = False
         #: Numbers idempotent puts (None: idempotence off).
-        self.sequencer: Sequencer | None = Sequencer() if config.idempotence else None
+        self.sequencer: Sequencer | None = Sequencer(config.max_in_flight_per_partition) if config.idempotence else None
         self._producer_id_request: asyncio.Future[None] | None = None
 
     async def publish(self, topic: str) -> None:
@@ -243,9 +247,6 @@ class AsyncMessageProducer:
                 groups[(topic, partition)].extend(chunk)
         jobs = []
         for (topic, partition), indexes in groups.items():
-            if self.sequencer is not None and partition is not None and timeout is None:
-                jobs.append((indexes, self._queue_all(topic, partition, [messages[i] for i in indexes])))
-                continue
             for start in range(0, len(indexes), MAX_BATCH_COUNT):
                 chunk = indexes[start : start + MAX_BATCH_COUNT]
                 jobs.append((chunk, self._send_chunk(topic, partition, [messages[i] for i in chunk], timeout)))
@@ -254,21 +255,6 @@ class AsyncMessageProducer:
             for i, result in zip(chunk, chunk_results):
                 results[i] = result
         return results  # type: ignore[return-value]
-
-    async def _queue_all(self, topic: str, partition: Partition, messages: list[Message]) -> list[SendResult]:
-        """An idempotent producer's batch joins its partition's queue instead of a put of its own.
-
-        Only one numbered put per partition is in flight; batches of concurrent callers
-        queued behind it then leave together in the next put, instead of one after the other.
-        """
-        loop = asyncio.get_running_loop()
-        queue = self.accumulator.queue(topic, partition)
-        futures: list[asyncio.Future[SendResult]] = []
-        for message in messages:
-            future: asyncio.Future[SendResult] = loop.create_future()
-            self.accumulator.append(queue, (message, future, record_size(message), None), linger=False)
-            futures.append(future)
-        return list(await asyncio.gather(*futures))
 
     async def close(self) -> None:
         """Refuse new sends, send everything queued and wait for every result, stop probing."""
@@ -510,8 +496,10 @@ class AsyncMessageProducer:
         numbered: Numbered | None = None,
         failed: SendFailure | None = None,
     ) -> list[SendResult]:
-        """An idempotent put with its retries: numbered once, then resent as is to the same partition.
+        """An idempotent put with its retries: numbered when first written, then resent as is to the same partition.
 
+        The partition's lane (``idempotence.py``) decides when a batch may be written:
+        several new ones pipelined on one connection, resends one at a time, head first.
         ``numbered`` and ``failed``: a first attempt already made (the blocking facade's direct
         put). The partition may change only before the batch is numbered.
         """
@@ -519,26 +507,50 @@ class AsyncMessageProducer:
         assert sequencer is not None
         deadline = time.monotonic() + (timeout if timeout is not None else config.send_timeout_s)
         attempts = 0 if failed is None else 1
-        failure, unknown = failed, failed is not None and (failed.outcome_unknown or failed.renumber)
+        failure = failed
+        # Ends unsettled: an attempt may have stored it, or the broker's sequence for us is not ours.
+        drop_id = failed is not None and (failed.outcome_unknown or failed.renumber)
         wait = config.send_retry_min_wait_s
+        # A new batch's place in its partition's line, taken before the first await (send order).
+        ticket: tuple[Hashable, object] | None = None
+        if numbered is None and partition is not None:
+            key = lane_key(topic, partition)
+            ticket = (key, sequencer.enter(key))
         try:
             while True:
                 if failure is not None:
+                    if numbered is not None:
+                        sequencer.failed(numbered)
                     if not failure.retriable or attempts >= config.send_max_attempts or time.monotonic() + wait > deadline:
                         break
-                    await asyncio.sleep(wait)
-                    wait = min(wait * 2, config.send_retry_max_wait_s)
-                attempts += 1
+                    if not failure.behind:
+                        await asyncio.sleep(wait)
+                        wait = min(wait * 2, config.send_retry_max_wait_s)
                 try:
-                    if numbered is None:
-                        if partition is None or partition not in self._candidates(topic):
-                            partition = self._reselect(topic, messages[0])
-                        numbered = await self._number(topic, partition, len(messages))
+                    if numbered is None and (partition is None or partition not in self._candidates(topic)):
+                        partition = self._reselect(topic, messages[0])
                     assert partition is not None
-                    header = await self._put(topic, partition, body, len(messages), numbered)
+                    if numbered is None and (ticket is None or ticket[0] != lane_key(topic, partition)):
+                        if ticket is not None:
+                            sequencer.leave(*ticket)
+                        key = lane_key(topic, partition)
+                        ticket = (key, sequencer.enter(key))
+                    conn = await self._master_conn(partition)
+                    claimed = await self._claim(topic, partition, len(messages), conn, numbered, failure, deadline,
+                                                None if ticket is None else ticket[1])
+                    if numbered is not None and claimed is not numbered:
+                        drop_id = False  # renumbered: never stored under its old numbers
+                    numbered, ticket = claimed, None
+                    attempts += 1
+                    header = await self._write_put(conn, topic, partition, body, len(messages), numbered)
                 except SendFailure as exc:
                     failure = exc
-                    unknown = unknown or (numbered is not None and (exc.outcome_unknown or exc.renumber))
+                    if numbered is not None and exc.renumber:
+                        # Behind an earlier batch being retried, or numbered under an id dropped
+                        # since: expected, resent (or renumbered) in its turn. Else the broker's
+                        # sequence for us differs from ours: start over under a new id.
+                        exc.behind = exc.retriable = not sequencer.is_head(numbered) or not sequencer.is_current(numbered)
+                    drop_id = drop_id or (numbered is not None and (exc.outcome_unknown or (exc.renumber and not exc.behind)))
                     continue
                 sequencer.end(numbered, True)
                 return stored_results(topic, partition, header, starts, attempts)
@@ -546,20 +558,54 @@ class AsyncMessageProducer:
             if numbered is not None:
                 sequencer.end(numbered, None)  # cancelled mid-put: maybe stored
             raise
+        finally:
+            if ticket is not None:
+                sequencer.leave(*ticket)
         if numbered is not None:
-            sequencer.end(numbered, None if unknown else False)
+            sequencer.end(numbered, None if drop_id else False)
         assert failure is not None
         return self._not_stored(topic, partition, messages, failure, attempts)
 
-    async def _number(self, topic: str, partition: Partition, count: int) -> Numbered:
-        """Numbers for a batch to ``partition`` (waits while the partition's previous batch is out)."""
+    async def _claim(self, topic: str, partition: Partition, count: int, conn: BrokerConnection,
+                     numbered: Numbered | None, failure: SendFailure | None, deadline: float,
+                     ticket: object = None) -> Numbered:
+        """The numbers to write the batch with on ``conn`` now, waiting for the lane's turn (see ``idempotence.py``).
+
+        Returns without yielding to the event loop after its last check, so the caller writes
+        the batch before anything else is numbered or written.
+        """
         sequencer = self.sequencer
         assert sequencer is not None
+        key = lane_key(topic, partition)
         while True:
-            numbered = await sequencer.begin((topic, partition.broker_id, partition.partition), count)
-            if numbered is not None:
-                return numbered
-            await self._producer_id(partition)
+            if not conn.is_open:
+                raise SendFailure(f"connection to broker {partition.broker_id} closed", retriable=True)
+            if numbered is not None and failure is not None and failure.renumber and sequencer.is_head(numbered) \
+                    and not sequencer.is_current(numbered):
+                # Out of order as the head, numbered under a dropped id: never stored (the broker
+                # stored nothing past the gap), so it takes numbers under the current id.
+                renumbered = sequencer.renumber(numbered)
+                if renumbered is None:
+                    await self._producer_id(partition)
+                    continue
+                numbered, failure = renumbered, None
+            try:
+                claimed = sequencer.claim(key, count, conn, numbered, ticket)
+            except NoProducerId:
+                await self._producer_id(partition)
+                continue
+            if claimed is not None:
+                return claimed
+            changed = sequencer.wait(key)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                changed.cancel()
+                raise SendFailure(f"partition {partition}: earlier batches still unsettled at the send timeout",
+                                  retriable=False)
+            try:
+                await asyncio.wait_for(changed, remaining)
+            except asyncio.TimeoutError:
+                pass
 
     async def _producer_id(self, partition: Partition) -> None:
         """Ask the partition's master for a producer id (one request at a time for the whole producer)."""
@@ -606,21 +652,34 @@ class AsyncMessageProducer:
         except Exception as exc:
             raise SendFailure(f"partition selector failed: {exc}") from None
 
-    async def _put(self, topic: str, partition: Partition, body: bytes, count: int,
-                   numbered: Numbered | None = None) -> dict:
+    async def _put(self, topic: str, partition: Partition, body: bytes, count: int) -> dict:
+        """One plain put attempt: its 200 reply's header, or SendFailure."""
+        conn = await self._master_conn(partition)
+        return await self._write_put(conn, topic, partition, body, count)
+
+    async def _master_conn(self, partition: Partition) -> BrokerConnection:
+        """The connection to ``partition``'s master (SendFailure, retriable, if there is none)."""
         broker = self.cluster.snapshot.brokers.get(partition.broker_id)
         if broker is None or not broker.master:
             raise SendFailure(f"broker {partition.broker_id} has no master for partition {partition}", retriable=True)
         host, port = parse_broker_url(broker.master)
-        retry_unknown = self.config.retry_unknown_outcome
         try:
-            conn = await self.pool.get(host, port)
-            numbers = numbered.put_fields() if numbered is not None else {}
-            future = conn.send(PutRequest(topic=topic, partition=partition.partition, count=count, **numbers).to_header(), body)
+            return await self.pool.get(host, port)
         except ConnectionClosed as exc:
             # Nothing was written: safe to retry, and skip this broker for a moment.
             self._suspect(partition.broker_id)
             raise SendFailure(f"broker {partition.broker_id} ({host}:{port}) unreachable: {exc}", retriable=True) from None
+
+    async def _write_put(self, conn: BrokerConnection, topic: str, partition: Partition, body: bytes, count: int,
+                         numbered: Numbered | None = None) -> dict:
+        """Write one put on ``conn`` at once (before any await) and wait for its reply."""
+        retry_unknown = self.config.retry_unknown_outcome
+        numbers = numbered.put_fields() if numbered is not None else {}
+        try:
+            future = conn.send(PutRequest(topic=topic, partition=partition.partition, count=count, **numbers).to_header(), body)
+        except ConnectionClosed as exc:
+            self._suspect(partition.broker_id)
+            raise SendFailure(f"broker {partition.broker_id} unreachable: {exc}", retriable=True) from None
         try:
             reply = await asyncio.wait_for(future, self.config.request_timeout_s)
         except ConnectionClosed as exc:
@@ -628,13 +687,19 @@ class AsyncMessageProducer:
             raise unknown_outcome(f"outcome unknown: {exc} after sending to partition {partition}", retry_unknown) from None
         except asyncio.TimeoutError:
             raise unknown_outcome(
-                f"outcome unknown: no reply from {host}:{port} within {self.config.request_timeout_s}s", retry_unknown
+                f"outcome unknown: no reply from broker {partition.broker_id} within {self.config.request_timeout_s}s",
+                retry_unknown,
             ) from None
         failure = classify_reply(reply.code, f"{reply.code} {reply.message} (partition {partition})", retry_unknown)
         if failure is not None:
             failure.renumber = "expected_seq" in reply.header
             raise failure
         return reply.header
+
+
+def lane_key(topic: str, partition: Partition) -> tuple[str, int, int]:
+    """The key of a partition's numbering (``idempotence.Lane``)."""
+    return (topic, partition.broker_id, partition.partition)
 
 
 def stored_results(topic: str, partition: Partition, header: dict, starts: list[int], attempts: int) -> list[SendResult]:

@@ -8,6 +8,8 @@ outcome and are resent, with the same producer id and sequence, to B once it lea
 * every acked message is on B exactly once, at its acked offset (a resent batch that A
   had stored, and B had from replication, is answered as a duplicate with the original
   offsets instead of being stored again);
+* the same with concurrent ``send_batch`` callers, several numbered puts per partition
+  in flight at the kill: exactly once, and each caller's messages in its send order;
 * a batch acked by A and resent by hand to B is answered ``duplicate`` with A's offset
   and msg id, and nothing is appended;
 * (one broker) a consumer gets exactly the idempotent producers' messages, at their
@@ -19,11 +21,13 @@ outcome and are resent, with the same producer id and sequence, to B once it lea
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import Counter
+from typing import Any
 
-from metaq.client import Message, MessageSessionFactory, MetaClientConfig
+from metaq.client import AsyncMessageSessionFactory, Message, MessageSessionFactory, MetaClientConfig
 from metaq.client.codec import encode_messages
 from metaq.client.connection import BrokerConnection
 from metaq.protocol.messages import InitProducerRequest, PutRequest
@@ -83,6 +87,37 @@ class Load:
         return [(payload, future.result()) for payload, future in self.sent]  # type: ignore[attr-defined]
 
 
+def failover_config(zk, zk_root: str) -> MetaClientConfig:  # type: ignore[no-untyped-def]
+    """An idempotent client that rides out the failover: resends until the new master answers."""
+    return MetaClientConfig(zk_connect=zk.connect_string, zk_root=zk_root, zk_session_timeout_ms=4000,
+                            request_timeout_s=3, send_timeout_s=60, send_max_attempts=10_000,
+                            send_retry_max_wait_s=0.2, idempotence=True)
+
+
+def kill_mid_stream(load: Any, a: Any, b: Any, group: Group, epoch_before: int, acks: int) -> None:
+    """``acks`` acks from A, kill -9 of A, B leads, ``acks`` more acks from B."""
+    wait_until(lambda: load.acked() >= acks, 60, message=f"{acks} acks from A")
+    a.kill()
+    wait_leads(b, group, epoch_before)
+    acked_before = load.acked()
+    wait_until(lambda: load.acked() >= acked_before + acks, 60, message=f"{acks} more acks from B")
+
+
+def check_exactly_once_at_offsets(b: Any, results: list[tuple[bytes, Any]], partitions: int,
+                                  prefix: bytes) -> dict[int, dict[int, bytes]]:
+    """Every send acked, each on B at its acked offset, none twice; B's records by partition."""
+    failed = [(p, r.error_message) for p, r in results if not r.success]
+    assert not failed, failed[:3]
+    on_b = {n: fetch_all(b, partition=n) for n in range(partitions)}
+    wrong_place = [(p, r.partition, r.offset) for p, r in results if on_b[r.partition.partition].get(r.offset) != p]
+    assert not wrong_place, wrong_place[:3]
+    copies = Counter(data for records in on_b.values() for data in records.values() if data.startswith(prefix))
+    duplicated = {p: n for p, n in copies.items() if n > 1}
+    assert not duplicated, list(duplicated.items())[:3]
+    assert len(copies) == len(results)
+    return on_b
+
+
 def test_every_acked_message_is_on_the_new_master_exactly_once_at_its_offset(broker_factory, zk, zk_client, zk_root):
     group = Group(zk_client, zk_root)
     # Four partitions: at the kill, up to four batches are in flight, each resent to B.
@@ -93,28 +128,11 @@ def test_every_acked_message_is_on_the_new_master_exactly_once_at_its_offset(bro
     producer_id, original = run(_numbered_put(a.address, None, [b"by-hand-0", b"by-hand-1"]))
     assert original["code"] == 200 and not original.get("duplicate")
 
-    config = MetaClientConfig(zk_connect=zk.connect_string, zk_root=zk_root, zk_session_timeout_ms=4000,
-                              request_timeout_s=3, send_timeout_s=60, send_max_attempts=10_000,
-                              send_retry_max_wait_s=0.2, idempotence=True)
-    with MessageSessionFactory(config) as factory:
+    with MessageSessionFactory(failover_config(zk, zk_root)) as factory:
         load = Load(factory, interval=0.001).start()
-        wait_until(lambda: load.acked() >= 300, 30, message="300 acks from A")
-        a.kill()
-        wait_leads(b, group, epoch_before)
-        acked_before = load.acked()
-        wait_until(lambda: load.acked() >= acked_before + 300, 60, message="300 more acks from B")
+        kill_mid_stream(load, a, b, group, epoch_before, 300)
         results = load.stop()
-
-    failed = [(p, r.error_message) for p, r in results if not r.success]  # type: ignore[attr-defined]
-    assert not failed, failed[:3]
-    on_b = {n: fetch_all(b, partition=n) for n in range(PARTITIONS)}
-    wrong_place = [(p, r.partition, r.offset) for p, r in results  # type: ignore[attr-defined]
-                   if on_b[r.partition.partition].get(r.offset) != p]  # type: ignore[attr-defined]
-    assert not wrong_place, wrong_place[:3]
-    copies = Counter(data for records in on_b.values() for data in records.values() if data.startswith(b"idem-"))
-    duplicated = {p: n for p, n in copies.items() if n > 1}
-    assert not duplicated, list(duplicated.items())[:3]
-    assert len(copies) == len(results)
+    on_b = check_exactly_once_at_offsets(b, results, PARTITIONS, b"idem-")
     print(f"\nidempotent failover: {len(results)} acked, 0 lost, 0 duplicated; "
           f"retries B answered as duplicates: {stat(b, 'put_duplicates')}")
 
@@ -125,6 +143,70 @@ def test_every_acked_message_is_on_the_new_master_exactly_once_at_its_offset(bro
     assert (resent["offset"], resent["msg_id"], resent["end_offset"]) == (
         original["offset"], original["msg_id"], original["end_offset"])
     assert max(fetch_all(b)) == end_before  # nothing appended
+
+
+class BatchLoad:
+    """``callers`` tasks each sending batches of ``size`` through one asyncio producer, in a thread of its own.
+
+    Round robin spreads each batch over the partitions, so every partition has several
+    numbered puts in flight (up to ``max_in_flight_per_partition``).
+    """
+
+    def __init__(self, config: MetaClientConfig, callers: int = 8, size: int = 10) -> None:
+        self.config, self.callers, self.size = config, callers, size
+        self.sent: list[tuple[bytes, object]] = []  # (payload, SendResult), each caller's in its send order
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+
+    async def _main(self) -> None:
+        async with AsyncMessageSessionFactory(self.config) as factory:
+            producer = factory.create_producer()
+            await producer.publish(TOPIC)
+
+            async def caller(name: int) -> None:
+                n = 0
+                while not self._stop.is_set():
+                    payloads = [f"batch-{name}-{n:06d}-{i:02d}".encode() for i in range(self.size)]
+                    results = await producer.send_batch([Message(TOPIC, p) for p in payloads])
+                    self.sent.extend(zip(payloads, results))
+                    n += 1
+
+            await asyncio.gather(*(caller(c) for c in range(self.callers)))
+
+    def start(self) -> "BatchLoad":
+        self._thread.start()
+        return self
+
+    def acked(self) -> int:
+        return sum(1 for _, r in list(self.sent) if r.success)  # type: ignore[attr-defined]
+
+    def stop(self) -> list[tuple[bytes, object]]:
+        self._stop.set()
+        self._thread.join(60)
+        assert not self._thread.is_alive(), "the batch callers did not stop"
+        return self.sent
+
+
+def test_concurrent_send_batch_with_puts_in_flight_per_partition_through_a_kill(broker_factory, zk, zk_client, zk_root):
+    group = Group(zk_client, zk_root)
+    partitions = 2  # 8 callers over 2 partitions: several numbered puts per partition in flight
+    a, b = make_pair(broker_factory, sync_system(), group, partitions=partitions)
+    epoch_before = group.epoch()
+    load = BatchLoad(failover_config(zk, zk_root)).start()
+    kill_mid_stream(load, a, b, group, epoch_before, 2000)
+    results = load.stop()
+    on_b = check_exactly_once_at_offsets(b, results, partitions, b"batch-")
+    # Each caller's messages, partition by partition, in its send order (payloads sort in send order).
+    for records in on_b.values():
+        by_caller: dict[bytes, list[bytes]] = {}
+        for offset in sorted(records):
+            data = records[offset]
+            if data.startswith(b"batch-"):
+                by_caller.setdefault(data.split(b"-")[1], []).append(data)
+        for caller, payloads in by_caller.items():
+            assert payloads == sorted(payloads), f"caller {caller!r} out of order"
+    print(f"\nconcurrent send_batch failover: {len(results)} acked, 0 lost, 0 duplicated, in order; "
+          f"retries B answered as duplicates: {stat(b, 'put_duplicates')}")
 
 
 def test_consumers_get_exactly_the_idempotent_producers_messages(broker_factory, zk, zk_root, tmp_path):

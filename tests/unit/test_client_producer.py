@@ -47,6 +47,8 @@ class FakeCluster:
 class FakeConnection:
     """Answers puts from a script: an int code, or an exception to raise while waiting."""
 
+    is_open = True
+
     def __init__(self, port: int, script: list[Any], log: list[tuple[int, int]]) -> None:
         self.port, self.script, self.log = port, script, log
         self.offsets: dict[int, int] = {}
