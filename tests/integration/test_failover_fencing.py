@@ -15,6 +15,7 @@ import time
 
 from metaq.client.connection import BrokerConnection
 from metaq.record import encode_batch
+from metaq.tools.launcher import wait_until
 
 from .failover_support import (
     TOPIC,
@@ -80,7 +81,9 @@ def test_stopped_master_acks_nothing_after_takeover(broker_factory, zk_client, z
         took_over_after = time.monotonic() - stopped_at
         late = LatePut(a.address, b"late-put-to-the-stopped-master")
         assert late.sent.wait(5)
-        # B takes writes while A is still stopped.
+        # B takes writes while A is still stopped: at once after it has published its term's
+        # sync set (puts before that are refused with 503, never acked).
+        wait_until(lambda: put_one(b, b"b-first").code == 200, 5, message="B takes writes")
         for i in range(5):
             assert put_one(b, f"b-{i}".encode()).code == 200
         time.sleep(max(0.0, STOP_SECONDS - (time.monotonic() - stopped_at)))
