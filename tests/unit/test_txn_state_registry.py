@@ -78,12 +78,18 @@ def test_a_slave_style_append_is_seen_on_the_next_lookup(tmp_path: Path) -> None
     other.close()
 
 
-def test_a_truncation_rebuilds_the_state_and_discards_the_snapshot(tmp_path: Path) -> None:
+def two_batches(tmp_path: Path) -> tuple[MessageStoreManager, TxnStates, int]:
+    """A partition holding two idempotent batches of producer 1, and the offset between them."""
     manager = store(tmp_path)
     states = TxnStates(manager)
     idempotent_put(manager, states, 1, 0, 2)
     cut_at = manager.get_log(TOPIC, 0).log_end
     idempotent_put(manager, states, 1, 2, 2)
+    return manager, states, cut_at
+
+
+def test_a_truncation_rebuilds_the_state_and_discards_the_snapshot(tmp_path: Path) -> None:
+    manager, states, cut_at = two_batches(tmp_path)
     states.snapshot_all()
     snapshot = tmp_path / f"{TOPIC}-0" / SNAPSHOT_FILE
     assert snapshot.exists()
@@ -171,11 +177,7 @@ def test_cutting_a_half_replicated_batch_keeps_the_state_without_a_rebuild(tmp_p
 
 def test_a_snapshot_serialized_before_a_cut_is_not_written_after_it(tmp_path: Path) -> None:
     """The periodic snapshot is serialized on the loop and written in a thread; a cut in between wins."""
-    manager = store(tmp_path)
-    states = TxnStates(manager)
-    idempotent_put(manager, states, 1, 0, 2)
-    cut_at = manager.get_log(TOPIC, 0).log_end
-    idempotent_put(manager, states, 1, 2, 2)
+    manager, states, cut_at = two_batches(tmp_path)
     serialized = states._changed_snapshots()
     manager.get_log(TOPIC, 0).truncate_to(cut_at)
     states._write_all(serialized)
