@@ -52,11 +52,7 @@ def security_files(directory: Path) -> tuple[str, str, str]:
 
 def connector(credentials: Credentials | None):  # type: ignore[no-untyped-def]
     async def connect(port: int) -> BrokerConnection:
-        if credentials is None:
-            return await BrokerConnection.open("127.0.0.1", port)
-        return await BrokerConnection.open(
-            "127.0.0.1", port, ssl=credentials.ssl_context, authenticator=credentials.authenticator()
-        )
+        return await (credentials or Credentials()).open("127.0.0.1", port)
 
     return connect
 

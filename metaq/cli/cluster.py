@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .admin import stats_map
+from .admin import render_table, stats_map
 from .login import add_login_arguments, credentials
 
 if TYPE_CHECKING:
@@ -156,9 +156,7 @@ async def collect(zk_connect: str, zk_root: str = "/meta", timeout: float = 5.0,
 
 
 def render_plain(members: list[Member]) -> str:
-    rows = [COLUMNS] + [m.row() for m in members]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+    return render_table(COLUMNS, [m.row() for m in members])
 
 
 def render_rich(members: list[Member], zk_connect: str, zk_root: str) -> None:

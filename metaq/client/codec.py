@@ -13,7 +13,7 @@ from itertools import repeat
 from typing import Sequence
 
 from ..record import HEADER, HEADER_SIZE, decode_columns, encode_payload
-from ..txn.control import CONTROL_ATTRIBUTE
+from ..txn.control import drop_control_columns
 from .message import Message, Partition
 
 _pack = HEADER.pack
@@ -48,9 +48,7 @@ def decode_messages(buf: bytes | bytearray, base_offset: int, topic: str, partit
     still moves past them.
     """
     offsets, ids, attributes, datas, consumed = decode_columns(bytes(buf), base_offset)
+    offsets, ids, attributes, datas = drop_control_columns(offsets, ids, attributes, datas)
     # tuple.__new__ mapped over zip builds each Message in C, without NamedTuple.__new__.
     fields = zip(repeat(topic), datas, attributes, ids, repeat(partition), offsets)
-    messages = list(map(tuple.__new__, repeat(Message), fields))
-    if CONTROL_ATTRIBUTE in attributes:  # one C-speed scan; rebuilt only when there is one
-        messages = [m for m in messages if m.attribute != CONTROL_ATTRIBUTE]
-    return messages, base_offset + consumed
+    return list(map(tuple.__new__, repeat(Message), fields)), base_offset + consumed

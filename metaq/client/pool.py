@@ -38,10 +38,7 @@ class ConnectionPool:
         future: asyncio.Future[BrokerConnection] = asyncio.get_running_loop().create_future()
         self._connecting[key] = future
         try:
-            creds = self.credentials
-            conn = await BrokerConnection.open(
-                *key, self.connect_timeout, ssl=creds.ssl_context, authenticator=creds.authenticator()
-            )
+            conn = await self.credentials.open(*key, self.connect_timeout)
         except BaseException as exc:
             future.set_exception(exc)
             future.exception()  # mark retrieved: nobody else may be waiting

@@ -512,10 +512,11 @@ class AsyncMessageProducer:
         drop_id = failed is not None and (failed.outcome_unknown or failed.renumber)
         wait = config.send_retry_min_wait_s
         # A new batch's place in its partition's line, taken before the first await (send order).
-        ticket: tuple[Hashable, object] | None = None
-        if numbered is None and partition is not None:
-            key = lane_key(topic, partition)
-            ticket = (key, sequencer.enter(key))
+        def enter(p: Partition) -> tuple[Hashable, object]:
+            key = lane_key(topic, p)
+            return key, sequencer.enter(key)
+
+        ticket = enter(partition) if numbered is None and partition is not None else None
         try:
             while True:
                 if failure is not None:
@@ -533,8 +534,7 @@ class AsyncMessageProducer:
                     if numbered is None and (ticket is None or ticket[0] != lane_key(topic, partition)):
                         if ticket is not None:
                             sequencer.leave(*ticket)
-                        key = lane_key(topic, partition)
-                        ticket = (key, sequencer.enter(key))
+                        ticket = enter(partition)
                     conn = await self._master_conn(partition)
                     claimed = await self._claim(topic, partition, len(messages), conn, numbered, failure, deadline,
                                                 None if ticket is None else ticket[1])

@@ -191,10 +191,11 @@ class RangeReader:
                 buf = carry + body if carry else bytes(body)
                 offsets, ids, attrs, datas, consumed = decode_columns(buf, position)
                 carry = buf[consumed:]
-                offsets, ids, attrs, datas = drop_control_columns(offsets, ids, attrs, datas)  # batch headers, markers: no rows
                 visible.add(aborted_spans(reply.header))
-                if offsets and visible.starts:  # records of rolled-back transactions: no rows either
+                if visible.starts:  # records of rolled-back transactions: no rows (nor control records)
                     offsets, ids, attrs, datas = _committed_columns(visible, offsets, ids, attrs, datas)
+                else:  # batch headers, markers: no rows
+                    offsets, ids, attrs, datas = drop_control_columns(offsets, ids, attrs, datas)
                 position += consumed
                 visible.forget_before(position)
                 if offsets:  # a failover re-reads (and skips again) what was skipped since the last batch
@@ -222,7 +223,7 @@ class RangeReader:
 
 
 def _committed_columns(visible: VisibleRecords, offsets: list, ids: list, attrs: list, datas: list) -> tuple[list, list, list, list]:
-    """Only the columns' rows outside the aborted spans."""
+    """Only the columns' rows outside the aborted spans, and no control record's."""
     keep = [i for i, (offset, attribute) in enumerate(zip(offsets, attrs)) if visible.visible(offset, attribute)]
     if len(keep) == len(offsets):
         return offsets, ids, attrs, datas
