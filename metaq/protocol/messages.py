@@ -58,6 +58,9 @@ class Request:
     def op(self) -> str:
         return self.OP
 
+    def check(self) -> None:
+        """Checks of a decoded request's values beyond their kinds (RequestError); none by default."""
+
     def to_header(self) -> dict[str, Any]:
         """The frame header to send (without ``opaque``: the connection numbers requests)."""
         header: dict[str, Any] = {"op": self.OP}
@@ -273,8 +276,7 @@ def parse_request(frame: Frame) -> Request:
             raise RequestError(BAD_REQUEST, f"{op}: field {name!r} must be {kind.__name__}", opaque)
         values[name] = value
     request = cls(opaque=opaque, body=frame.body, **values)
-    if isinstance(request, (StatsRequest, TransactionRequest)):
-        request.check()
+    request.check()
     return request
 
 

@@ -411,10 +411,11 @@ class RequestHandlers:
             if reply is not None:
                 return reply
 
-    def _visible_end(self, req: c.Request, log: "PartitionLog") -> int:
+    def _visible_end(self, req: c.Request, log: "PartitionLog", committed: int) -> int:
+        """A replica reads to the log end; a consumer to the last stable offset below ``committed``."""
         if req.replica is not None:
             return log.log_end
-        return self._consumer_end(req.topic, req.partition, log)
+        return stable_end(self.broker, req.topic, req.partition, committed)
 
     def _consumer_end(self, topic: str, partition: int, log: "PartitionLog") -> int:
         """The last stable offset: committed, and before the first open transaction."""
@@ -422,7 +423,8 @@ class RequestHandlers:
 
     def _read(self, req: c.Request, log: "PartitionLog", max_bytes: int) -> Reply | None:
         """The reply for data at ``req.offset``, or None when there is none yet."""
-        upto = self._visible_end(req, log)
+        committed = self.broker.ha.committed(req.topic, req.partition, log)
+        upto = self._visible_end(req, log, committed)
         offset = req.offset
         if offset < log.min_offset:
             return c.reply_header(req.opaque, c.MOVED, f"offset {offset} is before the log start", offset=log.min_offset), b""
@@ -441,7 +443,6 @@ class RequestHandlers:
         else:
             counters.get_requests += 1
             counters.get_bytes += length
-        committed = self.broker.ha.committed(req.topic, req.partition, log)
         header = c.reply_header(
             req.opaque,
             c.OK,
@@ -461,7 +462,7 @@ class RequestHandlers:
 
     def _no_data(self, req: c.Request, log: "PartitionLog") -> Reply:
         committed = self.broker.ha.committed(req.topic, req.partition, log)
-        upto = self._visible_end(req, log)
+        upto = self._visible_end(req, log, committed)
         if req.replica is None:
             self.stats.partition(req.topic, req.partition).get_miss += 1
         if req.offset > log.log_end:
