@@ -55,8 +55,9 @@ class MetaClientConfig:
     #: messages sent while a put is in flight still share the next one.
     linger_ms: float = 0.0
     #: Bytes per put at most (one message larger than this goes alone). Larger than Kafka's
-    #: 16 KiB because a partition has one put in flight at a time (that is what keeps its
-    #: order across retries), so a put carries what arrived during one round trip.
+    #: 16 KiB because a partition has one put in flight at a time in the plain producer (that
+    #: is what keeps its order across retries), so a put carries what arrived during one round
+    #: trip; an idempotent producer keeps order by its numbers (``max_in_flight_per_partition``).
     batch_size: int = 256 * 1024
     #: Bytes of messages queued or in flight, at most; beyond it ``send_message_async``
     #: fails the message at once and ``send`` / ``send_message`` / the blocking facade wait.
