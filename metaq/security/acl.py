@@ -140,7 +140,7 @@ def required_operation(header: Mapping[str, Any]) -> tuple[Operation, str | None
         return Operation.DESCRIBE, None
     if op == "transaction":
         # Any authenticated principal may reach the coordinator; the broker then requires
-        # produce on every topic the branch wrote to (admin: any branch), see
-        # metaq/server/transactions.py, because a branch's topics are known only there.
+        # the branch's starter (admin: any branch), see metaq/server/transactions.py,
+        # because who started a branch is known only there.
         return Operation.DESCRIBE, None
     return Operation.ADMIN, None

@@ -16,6 +16,7 @@ from ..zk.acl import ZkSecurity
 from .acl import Authorizer
 from .credentials import SecurityFile
 from .group import GroupSecret
+from .principal_tags import PrincipalTags
 from .producer_tokens import ProducerTokens
 from .handshake import ClientAuthenticator, ServerAuthenticator
 from .scram import ScramSecret
@@ -61,6 +62,11 @@ class BrokerSecurity:
     def producer_tokens(self) -> ProducerTokens | None:
         """Issues and checks producer tokens; None with security off (every client is trusted)."""
         return ProducerTokens(self.group.producer_token_key()) if self.group is not None else None
+
+    @functools.cached_property
+    def principal_tags(self) -> PrincipalTags | None:
+        """Tags user names for the logs and ZooKeeper; None with security off (no users to tell apart)."""
+        return PrincipalTags(self.group.principal_tag_key()) if self.group is not None else None
 
     def peer_client_context(self) -> ssl.SSLContext | None:
         """The context for connecting to another broker of the group (TLS on), verifying it by the CA."""

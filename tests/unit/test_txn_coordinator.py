@@ -103,6 +103,24 @@ def test_prepared_branches_survive_a_restart_through_the_journal(tmp_path: Path)
     assert restarted.expire(20999) == [] and restarted.expire(21000)[0][0] == XID
 
 
+def test_the_starter_is_journaled_and_an_older_journal_entry_has_none(tmp_path: Path) -> None:
+    journal = TxLog.open(tmp_path, TxnSettings(), 0)
+    coordinator = TransactionCoordinator(TxnSettings(), journal)
+    assert coordinator.start(XID, 0, 20, producer_id=7, starter="tag-of-app").code is Code.XA_OK
+    coordinator.send(XID, "t", 0, 0)
+    coordinator.end(XID, 0)
+    prepare = coordinator.prepare(XID, 1000)
+    assert [m.starter for m in prepare.markers] == ["tag-of-app"]  # the PREPARE marker carries it
+    journal.record("XID:1:6f6c64:", {"state": "prepared", "timeout_s": 20, "deadline_ms": 21000,  # as before starters
+                                     "producer": [7, 0], "partitions": [["t", 1]]}, decision=True, now_ms=1000)
+    journal.close()
+
+    restarted = TransactionCoordinator(TxnSettings(), TxLog.open(tmp_path, TxnSettings(), 2000))
+    assert restarted.branches[XID].starter == "tag-of-app"
+    assert restarted.branches["XID:1:6f6c64:"].starter == ""
+    assert (restarted.live_branches_of("tag-of-app"), restarted.live_branches_of("")) == (1, 1)
+
+
 def write(log: ModelLog, markers: list[MarkerWrite]) -> None:
     for m in markers:
         log.mark(m.kind, m.xid, m.reason)

@@ -18,6 +18,7 @@ from metaq.protocol import commands as c
 from metaq.protocol.messages import TransactionRequest
 from metaq.record import encode_record, iter_records
 from metaq.security.acl import Authorizer, Operation, UserAcl, required_operation
+from metaq.security.principal_tags import PrincipalTags
 from metaq.security.principals import Principal
 from metaq.security.producer_tokens import ProducerTokens
 from metaq.server.transactional_ids import MAX_EPOCH, Owner
@@ -87,7 +88,9 @@ class FakeBroker:
 
     def __post_init__(self) -> None:
         self.config = type("Config", (), {"txn": self.settings, "data_path": str(self.base)})()
-        self.security = type("Security", (), {"authorizer": self.authorizer, "producer_tokens": self.tokens})()
+        tags = PrincipalTags(b"t" * 32) if self.authorizer is not None else None
+        self.security = type("Security", (), {"authorizer": self.authorizer, "producer_tokens": self.tokens,
+                                              "principal_tags": tags})()
         self.store = Store(self.base)
         self.txn_states = States(self.store)
         self.ha = FakeHa()
@@ -320,21 +323,50 @@ async def test_deciding_a_branch_needs_the_user_that_started_it_or_admin(tmp_pat
 
 
 @in_loop
-async def test_a_branch_whose_starter_is_unknown_needs_produce_on_its_topics_and_an_empty_one_admin(
+async def test_the_starter_survives_a_restart_and_a_take_over_and_an_unknown_one_is_admin_only(
         tmp_path: Path, clock: list[int]) -> None:
-    authorizer = Authorizer(1, {"app": UserAcl(produce=("orders",)), "other": UserAcl(produce=("payments",)),
+    authorizer = Authorizer(1, {"app": UserAcl(produce=("orders",)), "other": UserAcl(produce=("orders",)),
                                 "ops": UserAcl(admin=True)})
-    broker, service = make(tmp_path, clock, authorizer=authorizer)
     app, other, ops = Principal("app"), Principal("other"), Principal("ops")
-    assert await branch(broker, service, "TX:7:1", "prepare", ("orders",), app) == Code.XA_OK
-    assert (await call(service, "start", "TX:7:2", app))["xa_code"] == Code.XA_OK
-    service._starters.clear()  # what a new master knows: the journal and the logs, not who started a branch
-    with pytest.raises(c.RequestError, match="may not decide transaction TX:7:1"):
-        await call(service, "commit", "TX:7:1", other)
-    with pytest.raises(c.RequestError, match="may not decide transaction TX:7:2"):
-        await call(service, "end", "TX:7:2", app)
-    assert (await call(service, "commit", "TX:7:1", app))["xa_code"] == Code.XA_OK
-    assert (await call(service, "end", "TX:7:2", ops))["xa_code"] == Code.XA_OK
+    # Prepared with security off: its PREPARE has no starter (the layout of markers older than starters).
+    insecure, service = make(tmp_path, clock)
+    assert await branch(insecure, service, "XID:1:01:03", "prepare", ("orders",), app) == Code.XA_OK
+    await service.stop()
+    broker, service = make(tmp_path, clock, authorizer=authorizer)
+    for xid in ("XID:1:01:01", "XID:1:01:02"):
+        assert await branch(broker, service, xid, "prepare", ("orders",), app) == Code.XA_OK
+    tag = broker.security.principal_tags.tag("app")
+    prepares = [control.control_of(r) for r in iter_records(broker.store.get_log("orders", 0).read(0, 1 << 20, 1 << 20))
+                if control.control_of(r) is not None and control.control_of(r).kind is control.Kind.PREPARE]
+    assert [p.starter for p in prepares] == ["", tag, tag], "the PREPARE markers carry the starter's tag, not the name"
+    await service.stop()
+
+    restarted = FakeBroker(tmp_path, authorizer=authorizer)  # the journal and the logs reopened
+    again = TransactionService(restarted, clock_ms=lambda: clock[0])
+    again.open()
+    assert (await call(again, "recover", principal=other))["xids"] == []
+    with pytest.raises(c.RequestError, match="may not decide transaction XID:1:01:01") as refused:
+        await call(again, "rollback", "XID:1:01:01", other)
+    assert refused.value.code == c.FORBIDDEN
+    assert (await call(again, "commit", "XID:1:01:01", app))["xa_code"] == Code.XA_OK
+    await again.stop()
+
+    # A take-over: the same logs, no journal (a promoted slave has only the replicated PREPARE markers).
+    (tmp_path / "transactions").rename(tmp_path / "old-journal")
+    successor = TransactionService(restarted, clock_ms=lambda: clock[0])
+    successor.open()
+    restarted.ha.epoch = 2
+    assert (await call(successor, "recover", principal=other))["xids"] == []
+    assert (await call(successor, "recover", principal=app))["xids"] == ["XID:1:01:02"]
+    with pytest.raises(c.RequestError, match="may not decide transaction XID:1:01:02"):
+        await call(successor, "commit", "XID:1:01:02", other)
+    assert (await call(successor, "commit", "XID:1:01:02", app))["xa_code"] == Code.XA_OK
+
+    # The branch whose PREPARE has no starter: admin's alone, not even produce on its topics is enough.
+    with pytest.raises(c.RequestError, match="may not decide transaction XID:1:01:03"):
+        await call(successor, "commit", "XID:1:01:03", app)
+    assert (await call(successor, "recover", principal=ops))["xids"] == ["XID:1:01:03"]
+    assert (await call(successor, "commit", "XID:1:01:03", ops))["xa_code"] == Code.XA_OK
 
 
 @in_loop

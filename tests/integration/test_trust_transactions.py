@@ -1,0 +1,130 @@
+"""Transaction ownership with security on: real brokers, real ZooKeeper (issue 23, items 5, 6, 7, 11).
+
+Users ``app`` and ``rival`` may both produce every topic (neither is admin); ``reader`` may
+only consume. Every step is a raw request on a connection logged in as one of them, so each
+refusal is seen exactly as the broker answers it.
+
+* a prepared XA branch stays its starter's through a kill -9 restart of the master and
+  through a kill -9 failover of a sync pair: ``rival``'s ``recover`` does not list it and
+  its ``rollback`` / ``commit`` get 403, while ``app`` recovers and commits it (the starter
+  is journaled and carried, as a keyed tag, in the PREPARE markers the slave replicated);
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from metaq.client import Message
+from metaq.client.codec import encode_messages
+from metaq.protocol import commands as c
+from metaq.protocol.messages import InitProducerRequest, PutRequest, TransactionRequest
+from metaq.tools.launcher import BrokerFactory, BrokerProcess, wait_until
+from metaq.txn.xa import Code
+
+from .failover_support import GROUP, SLAVE_B, TOPIC, ZK_SETTINGS, Group, sync_system, wait_in_sync_set
+from .trust_support import SecuredGroup, request_as, run
+
+
+class Producer:
+    """One user's producer id on one broker: init, transactional puts, transaction steps."""
+
+    def __init__(self, broker: BrokerProcess, user: str) -> None:
+        self.broker, self.user = broker, user
+        reply = self.request(InitProducerRequest().to_header())
+        assert reply.code == c.OK, reply.header
+        self.producer_id, self.epoch, self.token = int(reply["producer_id"]), int(reply["epoch"]), reply["producer_token"]
+        self.sequence = 0
+
+    def request(self, header: dict[str, Any], body: bytes = b"", broker: BrokerProcess | None = None) -> Any:
+        return run(request_as(broker or self.broker, self.user, header, body))
+
+    def numbers(self) -> dict[str, Any]:
+        return {"producer_id": self.producer_id, "producer_epoch": self.epoch, "producer_token": self.token}
+
+    def put(self, xid: str, *payloads: bytes) -> Any:
+        body, _ = encode_messages([Message(TOPIC, p) for p in payloads])
+        header = PutRequest(topic=TOPIC, partition=0, count=len(payloads), sequence=self.sequence, txid=xid,
+                            **self.numbers()).to_header()
+        reply = self.request(header, body)
+        if reply.code == c.OK:
+            self.sequence += len(payloads)
+        return reply
+
+    def step(self, action: str, xid: str = "", broker: BrokerProcess | None = None, **fields: Any) -> Any:
+        """A transaction step as ``self.user``; a master still recovering (503) is asked again."""
+        if action == "start":
+            fields = {**self.numbers(), **fields}
+        return step_as(broker or self.broker, self.user, action, xid, **fields)
+
+    def prepared(self, xid: str, *payloads: bytes) -> None:
+        """start, put ``payloads``, end, prepare: a branch in doubt, ``self.user``'s."""
+        assert self.step("start", xid)["xa_code"] == Code.XA_OK
+        assert self.put(xid, *payloads).code == c.OK
+        assert self.step("end", xid)["xa_code"] == Code.XA_OK
+        assert self.step("prepare", xid)["xa_code"] == Code.XA_OK
+
+
+def step_as(broker: BrokerProcess, user: str, action: str, xid: str = "", **fields: Any) -> Any:
+    """The reply to a transaction step; 503 (a master recovering after a start or take-over) is retried."""
+    header = TransactionRequest(action=action, xid=xid, **fields).to_header()
+    replies: list[Any] = []
+
+    def answered() -> bool:
+        replies.append(run(request_as(broker, user, header)))
+        return replies[-1].code != c.SERVICE_UNAVAILABLE
+
+    wait_until(answered, 30, interval=0.1, message=f"{action} {xid} to be answered")
+    return replies[-1]
+
+
+def assert_only_its_starter_decides(broker: BrokerProcess, xid: str) -> None:
+    """``rival`` neither sees nor decides ``app``'s prepared branch; ``app`` commits it."""
+    assert xid not in step_as(broker, "rival", "recover")["xids"]
+    for action in ("rollback", "commit"):
+        refused = step_as(broker, "rival", action, xid)
+        assert refused.code == c.FORBIDDEN and f"may not decide transaction {xid}" in refused.message, refused.header
+    assert step_as(broker, "app", "recover")["xids"] == [xid]
+    assert step_as(broker, "app", "commit", xid)["xa_code"] == Code.XA_OK
+    assert step_as(broker, "app", "recover")["xids"] == []
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> SecuredGroup:
+    return SecuredGroup(tmp_path_factory.mktemp("security"))
+
+
+@pytest.fixture(scope="module")
+def master(zk: Any, secured: SecuredGroup, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """One secured master of group 0, shared by the single-broker checks (the restart runs last)."""
+    factory = BrokerFactory(tmp_path_factory.mktemp("brokers"), zk.connect_string, f"/meta-{uuid.uuid4().hex[:12]}")
+    try:
+        yield factory(GROUP, {TOPIC: 1}, {"unflushThreshold": 0, **secured.system}, zookeeper=ZK_SETTINGS)
+    finally:
+        factory.stop_all()
+
+
+def test_a_prepared_branch_stays_its_starters_through_a_restart(master: BrokerProcess) -> None:
+    xid = "XID:1:726573746172:74"
+    Producer(master, "app").prepared(xid, b"restart-0", b"restart-1")
+    master.restart(kill=True)
+    assert_only_its_starter_decides(master, xid)
+
+
+def test_a_prepared_branch_stays_its_starters_through_a_failover(
+        broker_factory: Any, zk_client: Any, zk_root: str, tmp_path: Path) -> None:
+    secured = SecuredGroup(tmp_path / "security")
+    group = Group(zk_client, zk_root)
+    system = sync_system(**secured.system)
+    a = broker_factory(GROUP, {TOPIC: 1}, system, name="A", zookeeper=ZK_SETTINGS)
+    b = broker_factory(GROUP, {TOPIC: 1}, system, {"slaveId": SLAVE_B}, name="B", zookeeper=ZK_SETTINGS)
+    wait_in_sync_set(group, SLAVE_B, timeout=30)
+    xid = "XID:1:6661696c6f766572:74"
+    Producer(a, "app").prepared(xid, b"failover-0", b"failover-1")  # sync mode: B holds the PREPARE marker
+    epoch = group.epoch()
+    a.kill()
+    wait_until(lambda: group.master() == b.url and group.epoch() > epoch, 30, message="B to lead")
+    assert_only_its_starter_decides(b, xid)
