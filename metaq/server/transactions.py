@@ -9,8 +9,9 @@ and does what the coordinator asks of its caller:
   COMMIT / ABORT marker the step names to its partition through the ordinary
   append path (msg ids, the flush policy, sync replication), and replies only when
   each marker is as durable as an acked put would be;
-* ``enlist(txid, topic, partition)`` is the put path's check before it appends a
-  transactional batch (the branch must be ACTIVE);
+* ``enlist(txid, topic, partition, producer_id, principal)`` is the put path's check
+  before it appends a transactional batch (the branch must be ACTIVE, and the put its
+  own: see below);
 * a timer (every ``TICK_S``) fires due timeouts (their ABORT markers), runs the
   journal's checkpoints and ``flushTxLogAtCommit=2`` fsyncs;
 * ``reconcile``: the first time this broker acts as master in an epoch (at start, at
@@ -45,7 +46,13 @@ Invariants kept here:
   promoted slave know it too (an unprepared branch does not outlive a take-over: the
   reconcile rolls it back). A branch whose starter is unknown (a PREPARE marker or a
   journal written before starters were recorded) is admin's alone. ``recover`` lists
-  only branches the caller may decide.
+  only branches the caller may decide;
+* who may add messages to a branch (security on): a put under the branch's producer id
+  (the one its ``start`` carried; the put path has verified the put's producer_token for
+  the sender) or from a principal that may decide the branch (its starter, or admin: an
+  XA resource of the same application may join with another producer). Anyone else's
+  put gets 403 and stores nothing: otherwise a user could slip messages into another
+  user's transaction, committed by its owner's commit.
 """
 
 from __future__ import annotations
@@ -283,14 +290,19 @@ class TransactionService:
 
     # --- the put path --------------------------------------------------------------------------
 
-    def enlist(self, txid: str, topic: str, partition: int) -> None:
-        """Before a transactional batch is appended: its branch must take work (RequestError if not)."""
+    def enlist(self, txid: str, topic: str, partition: int, producer_id: int = NO_PRODUCER,
+               principal: "Principal | None" = None) -> None:
+        """Before a transactional batch of ``producer_id`` from ``principal`` is appended: its branch must
+        take work, and from this put (RequestError if not; see the module's docstring)."""
         refusal = self.refusal()
         if refusal is not None:
             raise c.RequestError(*refusal)
         assert self.coordinator is not None
         if txid in self._unsettled or txid in self._pending:
             raise c.RequestError(c.SERVICE_UNAVAILABLE, f"transaction {txid} is being decided; retry")
+        if not self._may_enlist(txid, producer_id, principal):
+            raise c.RequestError(c.FORBIDDEN, f"{principal} may not put in transaction {txid}: only its own producer "
+                                              "or the user that started it (or admin) may")
         reply = self.coordinator.send(txid, topic, partition, self.clock_ms())
         if reply.code is not Code.XA_OK:
             raise c.RequestError(
@@ -372,6 +384,13 @@ class TransactionService:
             return coordinator.rollback(xid, now)
         assert action == "forget", action  # TransactionRequest.check admits no other
         return coordinator.forget(xid, now)
+
+    def _may_enlist(self, xid: str, producer_id: int, principal: "Principal | None") -> bool:
+        assert self.coordinator is not None
+        branch = self.coordinator.branches.get(xid)
+        if branch is None or self.broker.security.authorizer is None:
+            return True  # no branch: the coordinator refuses the put; security off: trusted by configuration
+        return (producer_id == branch.producer_id != NO_PRODUCER) or self._may_decide(principal, xid)
 
     def _may_decide(self, principal: "Principal | None", xid: str) -> bool:
         """Whether ``principal`` may act on branch ``xid``: its starter or admin (security off: anyone).

@@ -8,6 +8,9 @@ refusal is seen exactly as the broker answers it.
   through a kill -9 failover of a sync pair: ``rival``'s ``recover`` does not list it and
   its ``rollback`` / ``commit`` get 403, while ``app`` recovers and commits it (the starter
   is journaled and carried, as a keyed tag, in the PREPARE markers the slave replicated);
+* ``rival`` cannot slip a message into ``app``'s open transaction: a put with ``app``'s xid
+  under ``rival``'s own producer id and token gets 403 and stores nothing, and ``app``'s
+  commit commits only ``app``'s messages;
 """
 
 from __future__ import annotations
@@ -105,6 +108,22 @@ def master(zk: Any, secured: SecuredGroup, tmp_path_factory: pytest.TempPathFact
         yield factory(GROUP, {TOPIC: 1}, {"unflushThreshold": 0, **secured.system}, zookeeper=ZK_SETTINGS)
     finally:
         factory.stop_all()
+
+
+def test_another_user_cannot_put_into_an_open_transaction(master: BrokerProcess) -> None:
+    app, rival = Producer(master, "app"), Producer(master, "rival")
+    xid = "TX:app:injected"
+    assert app.step("start", xid)["xa_code"] == Code.XA_OK
+    assert app.put(xid, b"app-own-0").code == c.OK
+    injected = rival.put(xid, b"injected-by-rival")
+    assert injected.code == c.FORBIDDEN and f"user 'rival' may not put in transaction {xid}" in injected.message, \
+        injected.header
+    assert app.put(xid, b"app-own-1").code == c.OK
+    assert app.step("end", xid)["xa_code"] == Code.XA_OK
+    assert app.step("commit_one_phase", xid)["xa_code"] == Code.XA_OK
+    _start, on_disk = master.disk_log(TOPIC, 0)
+    assert b"app-own-0" in on_disk and b"app-own-1" in on_disk
+    assert b"injected-by-rival" not in on_disk, "the intruder's message reached the log"
 
 
 def test_a_prepared_branch_stays_its_starters_through_a_restart(master: BrokerProcess) -> None:

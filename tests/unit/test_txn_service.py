@@ -164,7 +164,7 @@ async def branch(broker: FakeBroker, service: TransactionService, xid: str, then
     """start, one put per topic, end, then ``then`` (prepare, commit_one_phase, rollback); its XA code."""
     assert (await call(service, "start", xid, principal))["xa_code"] == Code.XA_OK
     for topic in topics:
-        service.enlist(xid, topic, 0)
+        service.enlist(xid, topic, 0, control.NO_PRODUCER, principal)
         broker.put(topic, xid, f"{xid} {topic}".encode())
     await call(service, "end", xid, principal)
     return (await call(service, then, xid, principal))["xa_code"]
@@ -367,6 +367,26 @@ async def test_the_starter_survives_a_restart_and_a_take_over_and_an_unknown_one
         await call(successor, "commit", "XID:1:01:03", app)
     assert (await call(successor, "recover", principal=ops))["xids"] == ["XID:1:01:03"]
     assert (await call(successor, "commit", "XID:1:01:03", ops))["xa_code"] == Code.XA_OK
+
+
+@in_loop
+async def test_only_the_branchs_producer_or_its_starter_enlists_a_put(tmp_path: Path, clock: list[int]) -> None:
+    authorizer = Authorizer(1, {"app": UserAcl(produce=("orders",)), "other": UserAcl(produce=("orders",)),
+                                "ops": UserAcl(admin=True)})
+    broker, service = make(tmp_path, clock, authorizer=authorizer)
+    app, other, ops = Principal("app"), Principal("other"), Principal("ops")
+    assert (await call(service, "start", "TX:7:1", app, producer_id=7, producer_epoch=0))["xa_code"] == Code.XA_OK
+    with pytest.raises(c.RequestError, match="user 'other' may not put in transaction TX:7:1") as refused:
+        service.enlist("TX:7:1", "orders", 0, 8, other)  # its own producer id, verified for it: still not this branch's
+    assert refused.value.code == c.FORBIDDEN
+    assert service.coordinator is not None and service.coordinator.branches["TX:7:1"].partitions == []
+    service.enlist("TX:7:1", "orders", 0, 7, other)  # the branch's producer (its token was verified for the sender)
+    service.enlist("TX:7:1", "payments", 0, 9, app)  # the starter, with another producer (an XA join)
+    service.enlist("TX:7:1", "payments", 0, 10, ops)  # admin
+    # A branch started without a producer id: only its starter (or admin) adds to it.
+    assert (await call(service, "start", "TX:7:2", app))["xa_code"] == Code.XA_OK
+    with pytest.raises(c.RequestError, match="may not put in transaction TX:7:2"):
+        service.enlist("TX:7:2", "orders", 0, control.NO_PRODUCER, other)
 
 
 @in_loop
