@@ -39,6 +39,11 @@ Invariants kept here:
   ABORT markers are as durable as a put's;
 * a producer id and epoch in a step are checked like a put's: their ``producer_token``
   must verify for the caller (metaq/server/producer_auth.py) before anything changes;
+* who may start a branch (security on): a principal that may produce some topic (a
+  branch of anyone else could never hold a message, so its start is refused at once,
+  before any other work), holding fewer than ``maxOpenTransactionsPerUser`` live
+  branches on this master (counted by the coordinator, O(1), never by a scan); each
+  refusal is a 403;
 * who may decide a branch's fate: every action but ``start`` on a branch (also on an
   empty one) needs the principal that started it (``admin`` may act on any branch).
   The starter is recorded with the branch as its keyed tag (metaq/security/principal_tags.py):
@@ -320,6 +325,8 @@ class TransactionService:
     async def _serve(self, req: TransactionRequest, principal: "Principal | None") -> Served:
         coordinator = self.coordinator
         assert coordinator is not None
+        if req.action == "start":
+            self._check_may_start(principal)
         if req.action == "recover":
             xids = [xid for xid in coordinator.recover() if self._may_decide(principal, xid)]
             return c.reply_header(req.opaque, c.OK, xa_code=int(Code.XA_OK), xids=xids), b""
@@ -341,6 +348,8 @@ class TransactionService:
             raise c.RequestError(*refusal)
         now = self.clock_ms()
         starter = self._tag(principal)
+        if req.action == "start" and starter and xid not in coordinator.branches:
+            self._check_room(principal, starter)
         self._check_encodable(req, starter)
         reply = self._step(req, now, starter)
         if reply.markers:
@@ -348,6 +357,23 @@ class TransactionService:
             self._append_pending(xid)
             await self._settle(xid)
         return c.reply_header(req.opaque, c.OK, xa_code=int(reply.code)), b""
+
+    def _check_may_start(self, principal: "Principal | None") -> None:
+        """RequestError 403 unless ``principal`` may produce some topic (security off: anyone may)."""
+        authorizer = self.broker.security.authorizer
+        if authorizer is None:
+            return
+        denial = authorizer.any_topic_denial(principal, Operation.PRODUCE)
+        if denial is not None:
+            raise c.RequestError(c.FORBIDDEN, f"may not start a transaction: {denial}")
+
+    def _check_room(self, principal: "Principal | None", starter: str) -> None:
+        """RequestError 403 if a new branch of ``starter`` would pass maxOpenTransactionsPerUser."""
+        assert self.coordinator is not None
+        cap = self.settings.max_open_transactions_per_user
+        if self.coordinator.live_branches_of(starter) >= cap:
+            raise c.RequestError(c.FORBIDDEN, f"{principal} already holds {cap} open transaction branches on this "
+                                              "broker (maxOpenTransactionsPerUser); end some first")
 
     def _tag(self, principal: "Principal | None") -> str:
         """The starter a branch started by ``principal`` records ("" with security off: nobody to tell apart)."""

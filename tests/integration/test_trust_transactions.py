@@ -11,6 +11,9 @@ refusal is seen exactly as the broker answers it.
 * ``rival`` cannot slip a message into ``app``'s open transaction: a put with ``app``'s xid
   under ``rival``'s own producer id and token gets 403 and stores nothing, and ``app``'s
   commit commits only ``app``'s messages;
+* ``start`` needs produce on some topic (``reader`` gets 403) and a user holds at most
+  ``maxOpenTransactionsPerUser`` live branches (3 here): the next start gets 403, another
+  user still starts, and a branch ended makes room again;
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ from metaq.txn.xa import Code
 
 from .failover_support import GROUP, SLAVE_B, TOPIC, ZK_SETTINGS, Group, sync_system, wait_in_sync_set
 from .trust_support import SecuredGroup, request_as, run
+
+
+OPEN_CAP = 3
 
 
 class Producer:
@@ -105,7 +111,8 @@ def master(zk: Any, secured: SecuredGroup, tmp_path_factory: pytest.TempPathFact
     """One secured master of group 0, shared by the single-broker checks (the restart runs last)."""
     factory = BrokerFactory(tmp_path_factory.mktemp("brokers"), zk.connect_string, f"/meta-{uuid.uuid4().hex[:12]}")
     try:
-        yield factory(GROUP, {TOPIC: 1}, {"unflushThreshold": 0, **secured.system}, zookeeper=ZK_SETTINGS)
+        yield factory(GROUP, {TOPIC: 1}, {"unflushThreshold": 0, "maxOpenTransactionsPerUser": OPEN_CAP, **secured.system},
+                      zookeeper=ZK_SETTINGS)
     finally:
         factory.stop_all()
 
@@ -124,6 +131,24 @@ def test_another_user_cannot_put_into_an_open_transaction(master: BrokerProcess)
     _start, on_disk = master.disk_log(TOPIC, 0)
     assert b"app-own-0" in on_disk and b"app-own-1" in on_disk
     assert b"injected-by-rival" not in on_disk, "the intruder's message reached the log"
+
+
+def test_a_start_needs_produce_rights_and_room_under_the_users_cap(master: BrokerProcess) -> None:
+    refused = step_as(master, "reader", "start", "TX:reader:0")
+    assert refused.code == c.FORBIDDEN and "user 'reader' may not produce any topic" in refused.message, refused.header
+    held = [f"TX:app:held-{n}" for n in range(OPEN_CAP)]
+    for xid in held:
+        assert step_as(master, "app", "start", xid)["xa_code"] == Code.XA_OK
+    full = step_as(master, "app", "start", "TX:app:one-too-many")
+    assert full.code == c.FORBIDDEN and "maxOpenTransactionsPerUser" in full.message, full.header
+    assert step_as(master, "rival", "start", "TX:rival:0")["xa_code"] == Code.XA_OK  # per user
+    for user, xid in [("app", held[0]), ("rival", "TX:rival:0")]:
+        assert step_as(master, user, "end", xid)["xa_code"] == Code.XA_OK
+        assert step_as(master, user, "rollback", xid)["xa_code"] == Code.XA_OK
+    assert step_as(master, "app", "start", "TX:app:one-too-many")["xa_code"] == Code.XA_OK  # room again
+    for xid in [*held[1:], "TX:app:one-too-many"]:
+        assert step_as(master, "app", "end", xid)["xa_code"] == Code.XA_OK
+        assert step_as(master, "app", "rollback", xid)["xa_code"] == Code.XA_OK
 
 
 def test_a_prepared_branch_stays_its_starters_through_a_restart(master: BrokerProcess) -> None:

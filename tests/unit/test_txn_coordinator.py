@@ -89,6 +89,44 @@ def test_the_timeout_capacity_refuses_new_branches() -> None:
     assert coordinator.start("c", 1).code is Code.XA_OK
 
 
+class NoScan(dict):  # type: ignore[type-arg]
+    """A branch table that fails any walk over it: what a request must not do."""
+
+    def _scan(self, *args: object) -> None:
+        raise AssertionError("a request walked every branch")
+
+    __iter__ = keys = values = items = _scan  # type: ignore[assignment]
+
+
+def test_a_start_costs_the_same_however_many_branches_are_open_and_the_counts_stay_exact() -> None:
+    coordinator = TransactionCoordinator(TxnSettings(max_tx_timeout_timer_capacity=10**6))
+    for n in range(2000):
+        assert coordinator.start(f"TX:1:{n}", 0, 30, starter=f"user{n % 3}").code is Code.XA_OK
+    coordinator.branches = NoScan(coordinator.branches)
+    # Starts, sends, decisions and timeouts, none of which may walk the table.
+    for n in range(2000, 2300):
+        assert coordinator.start(f"TX:1:{n}", 1, 30, starter="user0").code is Code.XA_OK
+        coordinator.send(f"TX:1:{n}", "t", 0, 1)
+        coordinator.end(f"TX:1:{n}", 1)
+        decide = n % 4
+        if decide == 0:
+            coordinator.commit(f"TX:1:{n}", 2, one_phase=True)
+        elif decide == 1:
+            coordinator.prepare(f"TX:1:{n}", 2)
+        elif decide == 2:
+            coordinator.rollback(f"TX:1:{n}", 2)
+    coordinator.expire(31_000)  # the first 2000 and the unprepared rest time out; the prepared ones too (heuristic)
+    assert coordinator.pending_timeouts() == 0
+    table = dict(dict.items(coordinator.branches))  # the test's own recount
+    assert coordinator.live_branches_of("user0") == sum(1 for b in table.values() if b.starter == "user0")
+    assert coordinator.live_branches_of("user1") == sum(1 for b in table.values() if b.starter == "user1") == 0
+    heuristic = [xid for xid, b in table.items() if b.state is State.HEURISTIC_ROLLED_BACK]
+    assert len(heuristic) == 75 and len(table) == 75  # the prepared ones, until forgotten
+    for xid in heuristic:
+        coordinator.forget(xid, 32_000)
+    assert coordinator.live_branches_of("user0") == 0 and len(coordinator.branches) == 0
+
+
 def test_prepared_branches_survive_a_restart_through_the_journal(tmp_path: Path) -> None:
     journal = TxLog.open(tmp_path, TxnSettings(), 0)
     coordinator = TransactionCoordinator(TxnSettings(), journal)

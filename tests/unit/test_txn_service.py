@@ -390,6 +390,31 @@ async def test_only_the_branchs_producer_or_its_starter_enlists_a_put(tmp_path: 
 
 
 @in_loop
+async def test_a_start_needs_produce_on_some_topic_and_room_under_the_users_cap(tmp_path: Path, clock: list[int]) -> None:
+    authorizer = Authorizer(1, {"app": UserAcl(produce=("orders",)), "other": UserAcl(produce=("orders",)),
+                                "reader": UserAcl(consume=("*",))})
+    broker, service = make(tmp_path, clock, authorizer=authorizer,
+                           settings=TxnSettings(max_open_transactions_per_user=2))
+    app, other, reader = Principal("app"), Principal("other"), Principal("reader")
+    with pytest.raises(c.RequestError, match="may not start a transaction: user 'reader' may not produce any topic") as no:
+        await call(service, "start", "TX:7:0", reader)
+    assert no.value.code == c.FORBIDDEN
+    assert service.coordinator is not None and service.coordinator.branches == {}
+    for xid in ("TX:7:1", "TX:7:2"):
+        assert (await call(service, "start", xid, app))["xa_code"] == Code.XA_OK
+    with pytest.raises(c.RequestError, match="user 'app' already holds 2 open transaction branches on this broker "
+                                             r"\(maxOpenTransactionsPerUser\)") as full:
+        await call(service, "start", "TX:7:3", app)
+    assert full.value.code == c.FORBIDDEN and "TX:7:3" not in service.coordinator.branches
+    # A retried start of a branch it holds is answered as before (XAER_DUPID), not refused by the cap.
+    assert (await call(service, "start", "TX:7:2", app))["xa_code"] == Code.XAER_DUPID
+    assert (await call(service, "start", "TX:8:1", other))["xa_code"] == Code.XA_OK  # the cap is per user
+    await call(service, "end", "TX:7:1", app)
+    await call(service, "rollback", "TX:7:1", app)
+    assert (await call(service, "start", "TX:7:3", app))["xa_code"] == Code.XA_OK  # room again
+
+
+@in_loop
 async def test_a_step_with_a_producer_id_needs_its_token(tmp_path: Path, clock: list[int]) -> None:
     tokens = ProducerTokens(b"k" * 32)
     broker, service = make(tmp_path, clock, tokens=tokens)
