@@ -27,7 +27,3 @@ class PrincipalTags:
 
     def tag(self, user: str) -> str:
         return hmac.new(self._key, user.encode("utf-8"), hashlib.sha256).hexdigest()[:TAG_CHARS]
-
-    def is_tag(self, value: str) -> bool:
-        """Whether ``value`` has a tag's shape (an older record may hold a plain user name instead)."""
-        return len(value) == TAG_CHARS and all(ch in "0123456789abcdef" for ch in value)

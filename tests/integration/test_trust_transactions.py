@@ -14,10 +14,14 @@ refusal is seen exactly as the broker answers it.
 * ``start`` needs produce on some topic (``reader`` gets 403) and a user holds at most
   ``maxOpenTransactionsPerUser`` live branches (3 here): the next start gets 403, another
   user still starts, and a branch ended makes room again;
+* an anonymous ZooKeeper client reading a transactional id's node learns no user name:
+  the owner is recorded as a keyed tag (and another user's init of the name is refused
+  without naming the owner).
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
@@ -28,8 +32,12 @@ from metaq.client import Message
 from metaq.client.codec import encode_messages
 from metaq.protocol import commands as c
 from metaq.protocol.messages import InitProducerRequest, PutRequest, TransactionRequest
+from metaq.security.group import GroupSecret
+from metaq.security.principal_tags import PrincipalTags
 from metaq.tools.launcher import BrokerFactory, BrokerProcess, wait_until
 from metaq.txn.xa import Code
+from metaq.zk.paths import ZkPaths
+from tests.harness import kazoo_client
 
 from .failover_support import GROUP, SLAVE_B, TOPIC, ZK_SETTINGS, Group, sync_system, wait_in_sync_set
 from .trust_support import SecuredGroup, request_as, run
@@ -149,6 +157,22 @@ def test_a_start_needs_produce_rights_and_room_under_the_users_cap(master: Broke
     for xid in [*held[1:], "TX:app:one-too-many"]:
         assert step_as(master, "app", "end", xid)["xa_code"] == Code.XA_OK
         assert step_as(master, "app", "rollback", xid)["xa_code"] == Code.XA_OK
+
+
+def test_an_anonymous_zookeeper_reader_learns_no_owner_of_a_transactional_id(
+        master: BrokerProcess, secured: SecuredGroup) -> None:
+    init = InitProducerRequest(transactional_id="billing-eu").to_header()
+    assert run(request_as(master, "app", init)).code == c.OK
+    refused = run(request_as(master, "rival", init))
+    assert refused.code == c.FORBIDDEN and "belongs to another user" in refused.message, refused.header
+    assert "app" not in refused.message
+    node = f"{ZkPaths(master.zk_root).broker(GROUP)}/transactional_ids/billing-eu"
+    with kazoo_client(master.zk_connect) as anonymous:  # no credentials: world READ only
+        raw, _stat = anonymous.get(node)
+    recorded = json.loads(raw)
+    tag = PrincipalTags(GroupSecret.load(secured.secret_file, GROUP).principal_tag_key()).tag("app")
+    assert recorded == {"producer_id": recorded["producer_id"], "epoch": 0, "user_tag": tag}, recorded
+    assert b"app" not in raw
 
 
 def test_a_prepared_branch_stays_its_starters_through_a_restart(master: BrokerProcess) -> None:
