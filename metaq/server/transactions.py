@@ -328,7 +328,8 @@ class TransactionService:
         if req.action == "start":
             self._check_may_start(principal)
         if req.action == "recover":
-            xids = [xid for xid in coordinator.recover() if self._may_decide(principal, xid)]
+            tag = self._tag(principal)  # once, not per branch
+            xids = [xid for xid in coordinator.recover() if self._may_decide(principal, xid, tag)]
             return c.reply_header(req.opaque, c.OK, xa_code=int(Code.XA_OK), xids=xids), b""
         xid = req.xid
         if req.producer_id != NO_PRODUCER:
@@ -418,8 +419,9 @@ class TransactionService:
             return True  # no branch: the coordinator refuses the put; security off: trusted by configuration
         return (producer_id == branch.producer_id != NO_PRODUCER) or self._may_decide(principal, xid)
 
-    def _may_decide(self, principal: "Principal | None", xid: str) -> bool:
-        """Whether ``principal`` may act on branch ``xid``: its starter or admin (security off: anyone).
+    def _may_decide(self, principal: "Principal | None", xid: str, tag: str | None = None) -> bool:
+        """Whether ``principal`` (whose tag is ``tag``, if known) may act on branch ``xid``: its starter
+        or admin (security off: anyone).
 
         A branch this broker does not hold (unknown, or finished: a retried commit asks for its
         outcome) may be asked about by anyone: the answer reveals no message."""
@@ -431,7 +433,7 @@ class TransactionService:
         if branch is None:
             return True
         # An unknown starter ("": a marker or journal older than starters) is admin's alone.
-        return bool(branch.starter) and hmac.compare_digest(branch.starter, self._tag(principal))
+        return bool(branch.starter) and hmac.compare_digest(branch.starter, self._tag(principal) if tag is None else tag)
 
     # --- markers ---------------------------------------------------------------------------------
 
