@@ -325,7 +325,7 @@ class TransactionService:
     async def _serve(self, req: TransactionRequest, principal: "Principal | None") -> Served:
         coordinator = self.coordinator
         assert coordinator is not None
-        if req.action == "start":
+        if req.action == "start":  # first: a flood of starts by a user who could never fill a branch costs nothing
             self._check_may_start(principal)
         if req.action == "recover":
             tag = self._tag(principal)  # once, not per branch
@@ -349,7 +349,7 @@ class TransactionService:
             raise c.RequestError(*refusal)
         now = self.clock_ms()
         starter = self._tag(principal)
-        if req.action == "start" and starter and xid not in coordinator.branches:
+        if req.action == "start" and starter and xid not in coordinator.branches:  # a retried start: XAER_DUPID below
             self._check_room(principal, starter)
         self._check_encodable(req, starter)
         reply = self._step(req, now, starter)
