@@ -37,7 +37,8 @@ Reconcile rules, per transaction id, from what the partition logs show:
    is still open (a crash between two partitions' markers is rolled forward);
 2. else an ABORT marker in any partition: ABORT wherever it is still open;
 3. else open and prepared in every partition where it is open: PREPARED, in doubt
-   (``recover`` lists it), its timeout counted from its PREPARE marker's time;
+   (``recover`` lists it), its timeout counted from its PREPARE marker's time, its
+   starter the one its PREPARE markers carry (else the journal's);
 4. else (open, not prepared everywhere): the FAILOVER row: rolled back, ABORT
    markers with reason FAILOVER (the client's session is gone; XA lets a resource
    manager roll back an unprepared branch);
