@@ -64,6 +64,8 @@ from metaq.txn.xa import IN_DOUBT, IN_FLIGHT, Code, Event, Marker, State, step
 
 Partition = tuple[str, int]
 DEFAULT_MAX_TOMBSTONES = 10000
+#: Stale timeout entries tolerated beyond the live ones before the heap is rebuilt (see _arm).
+STALE_DEADLINES_SLACK = 1024
 _MARKER_KIND = {Marker.PREPARE: Kind.PREPARE, Marker.COMMIT: Kind.COMMIT, Marker.ABORT: Kind.ABORT}
 _ABORT_REASON = {Event.TIMEOUT: AbortReason.TIMEOUT, Event.FAILOVER: AbortReason.FAILOVER}
 
@@ -307,6 +309,12 @@ class TransactionCoordinator:
 
     def _arm(self, branch: Branch) -> None:
         heapq.heappush(self._deadlines, (branch.deadline_ms, branch.xid))
+        # A finished or re-armed branch leaves its old entry behind until that deadline passes
+        # (up to maxTxTimeoutInSeconds): a churn of short branches would grow the heap without
+        # bound. Rebuilt from the live branches once stale entries outnumber them: O(1) amortised.
+        if len(self._deadlines) > 2 * self._in_flight + STALE_DEADLINES_SLACK:
+            self._deadlines = [(b.deadline_ms, xid) for xid, b in self.branches.items() if b.state in IN_FLIGHT]
+            heapq.heapify(self._deadlines)
 
     def _keep(self, branch: Branch) -> None:
         self._insert(branch)

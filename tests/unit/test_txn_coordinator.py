@@ -7,7 +7,7 @@ from pathlib import Path
 from metaq.record import buffer_reader
 from metaq.txn.config import TxnSettings
 from metaq.txn.control import AbortReason, Kind, marker
-from metaq.txn.coordinator import MarkerWrite, TransactionCoordinator, partitions_of
+from metaq.txn.coordinator import STALE_DEADLINES_SLACK, MarkerWrite, TransactionCoordinator, partitions_of
 from metaq.txn.reader import committed_records
 from metaq.txn.rebuild import PartitionTxnState
 from metaq.txn.txlog import TxLog
@@ -125,6 +125,17 @@ def test_a_start_costs_the_same_however_many_branches_are_open_and_the_counts_st
     for xid in heuristic:
         coordinator.forget(xid, 32_000)
     assert coordinator.live_branches_of("user0") == 0 and len(coordinator.branches) == 0
+
+
+def test_a_churn_of_short_branches_leaves_no_unbounded_timeout_entries() -> None:
+    coordinator = TransactionCoordinator(TxnSettings())
+    started(coordinator, "kept", ("t", 0), timeout_s=60)
+    for n in range(5000):  # start, end, roll back at once: each leaves a timeout entry due in 60 s
+        started(coordinator, f"TX:1:{n}", timeout_s=60)
+        coordinator.rollback(f"TX:1:{n}", 0)
+    assert len(coordinator._deadlines) <= 2 * coordinator.pending_timeouts() + STALE_DEADLINES_SLACK + 1
+    fired = coordinator.expire(60_000)  # the live branch still times out, once
+    assert [xid for xid, _reply in fired] == ["kept"]
 
 
 def test_prepared_branches_survive_a_restart_through_the_journal(tmp_path: Path) -> None:
