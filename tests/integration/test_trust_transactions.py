@@ -39,7 +39,8 @@ from metaq.txn.xa import Code
 from metaq.zk.paths import ZkPaths
 from tests.harness import kazoo_client
 
-from .failover_support import GROUP, SLAVE_B, TOPIC, ZK_SETTINGS, Group, sync_system, wait_in_sync_set
+from .failover_support import GROUP, TOPIC, ZK_SETTINGS, Group
+from .test_trust_producer_ids import secured_pair
 from .trust_support import SecuredGroup, request_as, run
 
 
@@ -56,8 +57,8 @@ class Producer:
         self.producer_id, self.epoch, self.token = int(reply["producer_id"]), int(reply["epoch"]), reply["producer_token"]
         self.sequence = 0
 
-    def request(self, header: dict[str, Any], body: bytes = b"", broker: BrokerProcess | None = None) -> Any:
-        return run(request_as(broker or self.broker, self.user, header, body))
+    def request(self, header: dict[str, Any], body: bytes = b"") -> Any:
+        return run(request_as(self.broker, self.user, header, body))
 
     def numbers(self) -> dict[str, Any]:
         return {"producer_id": self.producer_id, "producer_epoch": self.epoch, "producer_token": self.token}
@@ -71,11 +72,11 @@ class Producer:
             self.sequence += len(payloads)
         return reply
 
-    def step(self, action: str, xid: str = "", broker: BrokerProcess | None = None, **fields: Any) -> Any:
-        """A transaction step as ``self.user``; a master still recovering (503) is asked again."""
+    def step(self, action: str, xid: str = "", **fields: Any) -> Any:
+        """A transaction step as ``self.user``; a start carries this producer's id and token."""
         if action == "start":
             fields = {**self.numbers(), **fields}
-        return step_as(broker or self.broker, self.user, action, xid, **fields)
+        return step_as(self.broker, self.user, action, xid, **fields)
 
     def prepared(self, xid: str, *payloads: bytes) -> None:
         """start, put ``payloads``, end, prepare: a branch in doubt, ``self.user``'s."""
@@ -184,12 +185,8 @@ def test_a_prepared_branch_stays_its_starters_through_a_restart(master: BrokerPr
 
 def test_a_prepared_branch_stays_its_starters_through_a_failover(
         broker_factory: Any, zk_client: Any, zk_root: str, tmp_path: Path) -> None:
-    secured = SecuredGroup(tmp_path / "security")
     group = Group(zk_client, zk_root)
-    system = sync_system(**secured.system)
-    a = broker_factory(GROUP, {TOPIC: 1}, system, name="A", zookeeper=ZK_SETTINGS)
-    b = broker_factory(GROUP, {TOPIC: 1}, system, {"slaveId": SLAVE_B}, name="B", zookeeper=ZK_SETTINGS)
-    wait_in_sync_set(group, SLAVE_B, timeout=30)
+    a, b = secured_pair(broker_factory, SecuredGroup(tmp_path / "security"), group)
     xid = "XID:1:6661696c6f766572:74"
     Producer(a, "app").prepared(xid, b"failover-0", b"failover-1")  # sync mode: B holds the PREPARE marker
     epoch = group.epoch()
