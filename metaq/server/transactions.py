@@ -54,10 +54,10 @@ Invariants kept here:
   only branches the caller may decide;
 * who may add messages to a branch (security on): a put under the branch's producer id
   (the one its ``start`` carried; the put path has verified the put's producer_token for
-  the sender) or from a principal that may decide the branch (its starter, or admin: an
-  XA resource of the same application may join with another producer). Anyone else's
-  put gets 403 and stores nothing: otherwise a user could slip messages into another
-  user's transaction, committed by its owner's commit.
+  the sender) or from the branch's starter (an XA resource of the same application may
+  join with another producer). Anyone else's put, an admin's too, gets 403 and stores
+  nothing: otherwise a user could slip messages into another user's transaction,
+  committed by its owner's commit.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ from ..record import stamp_msg_ids
 from ..security.acl import Operation
 from ..txn import control
 from ..txn.control import NO_PRODUCER
-from ..txn.coordinator import MarkerWrite, Reply, TransactionCoordinator
+from ..txn.coordinator import Branch, MarkerWrite, Reply, TransactionCoordinator
 from ..txn.txlog import TxLog
 from ..txn.xa import Code
 from .producer_auth import check_producer
@@ -307,7 +307,7 @@ class TransactionService:
             raise c.RequestError(c.SERVICE_UNAVAILABLE, f"transaction {txid} is being decided; retry")
         if not self._may_enlist(txid, producer_id, principal):
             raise c.RequestError(c.FORBIDDEN, f"{principal} may not put in transaction {txid}: only its own producer "
-                                              "or the user that started it (or admin) may")
+                                              "or the user that started it may")
         reply = self.coordinator.send(txid, topic, partition, self.clock_ms())
         if reply.code is not Code.XA_OK:
             raise c.RequestError(
@@ -417,7 +417,13 @@ class TransactionService:
         branch = self.coordinator.branches.get(xid)
         if branch is None or self.broker.security.authorizer is None:
             return True  # no branch: the coordinator refuses the put; security off: trusted by configuration
-        return (producer_id == branch.producer_id != NO_PRODUCER) or self._may_decide(principal, xid)
+        # Not admin: deciding any branch (recovery) is an admin's duty, adding to another's is not.
+        return (producer_id == branch.producer_id != NO_PRODUCER) or self._is_starter(principal, branch)
+
+    def _is_starter(self, principal: "Principal | None", branch: Branch, tag: str | None = None) -> bool:
+        """Whether ``principal`` (whose tag is ``tag``, if known) started ``branch``; never for an
+        unknown starter ("": a marker or journal older than starters)."""
+        return bool(branch.starter) and hmac.compare_digest(branch.starter, self._tag(principal) if tag is None else tag)
 
     def _may_decide(self, principal: "Principal | None", xid: str, tag: str | None = None) -> bool:
         """Whether ``principal`` (whose tag is ``tag``, if known) may act on branch ``xid``: its starter
@@ -432,8 +438,7 @@ class TransactionService:
         branch = self.coordinator.branches.get(xid)
         if branch is None:
             return True
-        # An unknown starter ("": a marker or journal older than starters) is admin's alone.
-        return bool(branch.starter) and hmac.compare_digest(branch.starter, self._tag(principal) if tag is None else tag)
+        return self._is_starter(principal, branch, tag)  # an unknown starter: admin's alone
 
     # --- markers ---------------------------------------------------------------------------------
 

@@ -382,7 +382,8 @@ async def test_only_the_branchs_producer_or_its_starter_enlists_a_put(tmp_path: 
     assert service.coordinator is not None and service.coordinator.branches["TX:7:1"].partitions == []
     service.enlist("TX:7:1", "orders", 0, 7, other)  # the branch's producer (its token was verified for the sender)
     service.enlist("TX:7:1", "payments", 0, 9, app)  # the starter, with another producer (an XA join)
-    service.enlist("TX:7:1", "payments", 0, 10, ops)  # admin
+    with pytest.raises(c.RequestError, match="user 'ops' may not put in transaction TX:7:1"):
+        service.enlist("TX:7:1", "payments", 0, 10, ops)  # admin may decide the branch, not add to it
     # A branch started without a producer id: only its starter (or admin) adds to it.
     assert (await call(service, "start", "TX:7:2", app))["xa_code"] == Code.XA_OK
     with pytest.raises(c.RequestError, match="may not put in transaction TX:7:2"):
