@@ -185,25 +185,26 @@ def test_nonmonotonic_poll_is_caught():
     assert len(result.violations("nonmonotonic-poll")) == 2  # one per partition
 
 
-def test_nonmonotonic_send_is_caught():
+def acked_backwards(second_process: str) -> tuple[Kafka, int, int]:
+    """Two concurrent puts to one partition, the later one (by ``second_process``) acked first."""
     k = clean(drained=False)
     first = k.h.invoke("p0", "put", "p0-n1", "t/0-0")
-    second = k.h.invoke("p0", "put", "p0-n2", "t/0-0")
-    o1, o2 = k.append("t/0-0", "p0-n1"), k.append("t/0-0", "p0-n2")
+    second = k.h.invoke(second_process, "put", f"{second_process}-n2", "t/0-0")
+    o1, o2 = k.append("t/0-0", "p0-n1"), k.append("t/0-0", f"{second_process}-n2")
     k.h.ok(second, offset=o2, epoch=1, master="meta://m0")
     k.h.ok(first, offset=o1, epoch=1, master="meta://m0")  # acked after, at a lower offset
+    return k, o1, o2
+
+
+def test_nonmonotonic_send_is_caught():
+    k, o1, o2 = acked_backwards("p0")
     result = verdict(k)
     assert failing(result) == {"nonmonotonic-send"}
     assert result.violations("nonmonotonic-send")[0]["offsets"] == [o2, o1]
 
 
 def test_sends_of_two_producers_may_interleave():
-    k = clean(drained=False)
-    first = k.h.invoke("p0", "put", "p0-n1", "t/0-0")
-    second = k.h.invoke("p1", "put", "p1-n2", "t/0-0")
-    o1, o2 = k.append("t/0-0", "p0-n1"), k.append("t/0-0", "p1-n2")
-    k.h.ok(second, offset=o2, epoch=1, master="meta://m0")
-    k.h.ok(first, offset=o1, epoch=1, master="meta://m0")
+    k, _o1, _o2 = acked_backwards("p1")
     assert verdict(k).ok
 
 
