@@ -213,26 +213,44 @@ class History:
             self.ops.append({**base, "type": "invoke", "time": t})
             self.ops.append({**base, "type": "ok", "time": t, "reads": [[int(o), v] for o, v in reads]})
 
-    def assign(self, process: str, group: str, generation: int, partitions: Iterable[str]) -> None:
+    @property
+    def t0(self) -> float:
+        """The origin of ``time`` on the monotonic clock (shared by processes on this host)."""
+        return self._t0
+
+    def assign(self, process: str, group: str, generation: int, partitions: Iterable[str],
+               at: float | None = None) -> None:
         """A consumer of ``group`` was given ``partitions`` in assignment epoch ``generation``."""
-        self._instant(process, "assign", group=group, generation=int(generation), partitions=sorted(partitions))
+        self._instant(process, "assign", at, group=group, generation=int(generation), partitions=sorted(partitions))
 
     def poll(self, process: str, group: str, generation: int, polls: dict[str, Iterable[tuple[int, Any]]],
-             isolation: str = "read_committed", replica: str | None = None) -> None:
+             isolation: str = "read_committed", replica: str | None = None, at: float | None = None) -> None:
         """One poll of a consumer of ``group``: its batch per partition, in the order delivered."""
         batches = {p: [[int(o), v] for o, v in pairs] for p, pairs in polls.items()}
-        self._instant(process, "poll", group=group, generation=int(generation), isolation=isolation,
+        self._instant(process, "poll", at, group=group, generation=int(generation), isolation=isolation,
                       replica=replica, polls=batches)
+
+    def merge_consumer_records(self, group: str, records: Iterable[tuple[str, dict[str, Any]]]) -> None:
+        """Records a consumer process wrote itself (chaos/group_consumer.py: ``(process, record)``,
+        each with its own ``time`` on this history's clock), then every operation in time order
+        (a stable sort: an invocation stays before its completion)."""
+        for process, rec in records:
+            if rec.get("f") == "assign":
+                self.assign(process, group, rec["generation"], rec["partitions"], at=rec["time"])
+            elif rec.get("f") == "poll":
+                self.poll(process, group, rec["generation"], {rec["partition"]: rec["pairs"]}, at=rec["time"])
+        with self._lock:
+            self.ops.sort(key=lambda op: op["time"])
 
     def group_drained(self, group: str) -> None:
         """Consumer group ``group`` read every partition to the end of the final log."""
         with self._lock:
             self.meta.setdefault("consumer_groups", {}).setdefault(group, {})["drained"] = True
 
-    def _instant(self, process: str, f: str, **fields: Any) -> None:
-        """An operation that completes as it is recorded (invoke and ok at one time)."""
+    def _instant(self, process: str, f: str, at: float | None = None, **fields: Any) -> None:
+        """An operation that completes as it is recorded (invoke and ok at one time: ``at``, or now)."""
         with self._lock:
-            t = self.now()
+            t = self.now() if at is None else float(at)
             base = {"id": next(self._ids), "process": process, "f": f}
             self.ops.append({**base, "type": "invoke", "time": t})
             self.ops.append({**base, **fields, "type": "ok", "time": t})

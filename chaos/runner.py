@@ -52,6 +52,7 @@ from metaq.record import iter_records
 
 from .checker import check, duplicates_line, resends_line
 from .cluster import ON_SYNC_SLAVE_LOSS, ChaosCluster
+from .group_consumer import GROUP, ConsumerGroupLoad
 from .history import History, group_of, record_value, value_of
 from .hostile import HostileLoad
 from .liveness import default_bound, render_table
@@ -287,7 +288,8 @@ class Run:
     def __init__(self, scenario: str, seconds: float, seed: int, out: Path, *, mode: str = "sync", groups: int = 1,
                  zk_nodes: int = 3, rate: float = 20.0, settle_timeout: float = 60.0, slaves: int = 1,
                  on_sync_slave_loss: str = "degrade", liveness_bound: float | None = None,
-                 secure: bool = False, rogue: bool = False, producers: ProducerSettings = ProducerSettings()) -> None:
+                 secure: bool = False, rogue: bool = False, producers: ProducerSettings = ProducerSettings(),
+                 consumer_group: bool = False) -> None:
         self.scenario, self.seconds, self.seed, self.out = scenario, seconds, seed, Path(out)
         self.mode, self.groups, self.zk_nodes, self.rate = mode, groups, zk_nodes, rate
         self.slaves, self.on_sync_slave_loss = slaves, on_sync_slave_loss
@@ -303,7 +305,9 @@ class Run:
                                 "groups": groups, "zk_nodes": zk_nodes, "topic": self.cluster.topic,
                                 "slaves": slaves, "on_sync_slave_loss": on_sync_slave_loss,
                                 "session_ms": session_ms, "liveness_bound_s": self.liveness_bound,
-                                "secure": secure, "rogue": rogue, "producers": producers.to_json()})
+                                "secure": secure, "rogue": rogue, "producers": producers.to_json(),
+                                "consumer_group": consumer_group})
+        self.consumers = ConsumerGroupLoad(self.cluster, self.history, seed, self.out) if consumer_group else None
         self.steps_done: list[dict[str, Any]] = []
         self.settle_failures: list[str] = []
         self.unavailable: list[float] = []
@@ -382,6 +386,8 @@ class Run:
         load = asyncio.create_task(workload.run())
         if self.hostile is not None:
             self.hostile.start()
+        if self.consumers is not None:
+            self.consumers.start()
         stop_at = time.monotonic() + self.seconds
         stopping = threading.Event()
         try:
@@ -394,6 +400,8 @@ class Run:
             await asyncio.sleep(1.0)
             workload.stopping.set()
             await load
+            if self.consumers is not None:
+                await asyncio.to_thread(self.consumers.stop)
             monitor.stop()
 
     def execute(self) -> int:
@@ -411,8 +419,13 @@ class Run:
                 self.cluster.wait_settled(max(self.settle_timeout, 120))
             except AssertionError as exc:
                 self.settle_failures.append(f"final: {exc}")
+            if self.consumers is not None:
+                self.consumers.drain()
             self.cluster.snapshot(self.history)
+            self._consumers_ran_to_the_end()
         finally:
+            if self.consumers is not None:
+                self.consumers.kill_all()
             self.history.close_open()
             self.history.save(self.out / "history.json")
             (self.out / "broker-logs.txt").write_text(self.cluster.log_report(200))
@@ -433,12 +446,35 @@ class Run:
         print(report)
         return 0 if self.passed(result) else 1
 
+    def _consumers_ran_to_the_end(self) -> None:
+        """The group's records into the history; the group counts as run to the end (its
+        ``unseen`` checked) when it was given the last message of every partition. A
+        settled cluster whose group cannot get there is a settle failure."""
+        if self.consumers is None:
+            return
+        self.consumers.merge()
+        short = self.consumers.reached_end()
+        if short:
+            self.settle_failures.append(f"consumer group {GROUP} never got the last message of {short}")
+        else:
+            self.history.group_drained(GROUP)
+
     @property
     def hostile_problems(self) -> list[str]:
         return self.hostile.problems() if self.hostile is not None else []
 
     def passed(self, result: Any) -> bool:
         return result.ok and not self.settle_failures and not self.hostile_problems
+
+    def consumers_lines(self) -> list[str]:
+        if self.consumers is None:
+            return ["consumer group: off"]
+        c = self.consumers
+        polls = sum(1 for op in self.history.ops if op.get("f") == "poll" and op["type"] == "ok")
+        drained = bool((self.history.meta.get("consumer_groups") or {}).get(GROUP, {}).get("drained"))
+        return [f"consumer group {GROUP}: {c.size} members, {len(c.started)} processes started, "
+                f"{c.signals['SIGKILL']} SIGKILLed, {c.signals['SIGTERM']} SIGTERMed; {polls} polls; "
+                f"ran to the end: {'yes' if drained else 'no'}"]
 
     def producers_text(self) -> str:
         if self.producers.idempotent:
@@ -473,8 +509,10 @@ class Run:
             f"--on-sync-slave-loss {self.on_sync_slave_loss} --liveness-bound {self.liveness_bound:g}"
             + (" --secure" if self.secure else "") + (" --rogue" if self.rogue else "")
             + (" --idempotent" if self.producers.idempotent else " --retry-unknown" if self.producers.retry_unknown else "")
+            + (" --consumer-group" if self.consumers is not None else " --no-consumer-group")
             + f" --out {self.out}",
             f"producers: {self.producers_text()}",
+            *self.consumers_lines(),
             f"faults: {sum(faults.values())} {dict(sorted(faults.items()))}",
             f"operations: puts {s['puts_ok']} ok / {s['puts_fail']} failed / {s['puts_info']} unknown; "
             f"reads {s['reads']} messages in {s['gets']} fetches",
@@ -524,6 +562,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--idempotent", action="store_true",
                    help="idempotent producers (numbered puts) that resend unknown outcomes (exactly once: any "
                         "duplicate is a violation); implies --retry-unknown")
+    p.add_argument("--consumer-group", action=argparse.BooleanOptionalAction, default=None,
+                   help="the consumer-group workload: 3 consumer processes of one group (read_from master, slave, "
+                        "prefer-slave), SIGKILLed / SIGTERMed and restarted every few seconds, then one reading the "
+                        "group to the end; their polls feed the poll, duplicate and unseen checks "
+                        "(default: on in the random scenario)")
     p.add_argument("--liveness-bound", type=float, default=None,
                    help="seconds within which reads and writes must resume after a fault "
                         "(default 2 x zk.zkSessionTimeoutMs + 1 s)")
@@ -546,5 +589,6 @@ def main(args: argparse.Namespace) -> int:
               zk_nodes=args.zk_nodes, rate=args.rate, slaves=args.slaves,
               on_sync_slave_loss=args.on_sync_slave_loss, liveness_bound=args.liveness_bound,
               secure=args.secure, rogue=args.rogue,
-              producers=ProducerSettings(idempotent=args.idempotent, retry_unknown=args.retry_unknown))
+              producers=ProducerSettings(idempotent=args.idempotent, retry_unknown=args.retry_unknown),
+              consumer_group=args.consumer_group if args.consumer_group is not None else args.scenario == "random")
     return run.execute()
