@@ -161,23 +161,30 @@ class ConsumerGroupLoad:
             self._spawn(slot, self.rng.choice(READ_FROM))
 
     def _stop(self, slot: int, how: signal.Signals, wait_s: float = 20.0) -> None:
+        self._wait(self._signal(slot, how), wait_s)
+
+    def _signal(self, slot: int, how: signal.Signals) -> subprocess.Popen[bytes]:
         name, proc = self.members.pop(slot)
         self.signals[how.name] += 1
         self.history.fault("consumer-" + ("kill" if how == signal.SIGKILL else "stop"), name, pid=proc.pid)
         proc.send_signal(how)  # by pid: a process this load started
+        return proc
+
+    @staticmethod
+    def _wait(proc: subprocess.Popen[bytes], wait_s: float) -> None:
         try:
             proc.wait(wait_s)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            proc.kill()  # it did not leave in time: by pid, as it was started
             proc.wait()
 
     def stop(self) -> None:
-        """Stop churning; every member commits and leaves."""
+        """Stop churning; every member commits and leaves (all at once)."""
         self._halt.set()
         if self._thread is not None:
             self._thread.join(30)
-        for slot in list(self.members):
-            self._stop(slot, signal.SIGTERM)
+        for proc in [self._signal(slot, signal.SIGTERM) for slot in list(self.members)]:
+            self._wait(proc, 20.0)
 
     def drain(self, idle_s: float = 4.0, limit_s: float = 60.0) -> None:
         """One member reads the group to the end (after the load stopped and the cluster
