@@ -15,7 +15,9 @@ One run:
    (``retry_unknown_outcome=False``), so nothing is duplicated; ``--retry-unknown`` makes
    every producer resend unknown outcomes (at least once: duplicates are counted, and
    expected), ``--idempotent`` makes them idempotent producers that resend unknown outcomes
-   (exactly once: a duplicate is a violation);
+   (exactly once: a duplicate is a violation); with ``--consumer-group`` (on in ``random``)
+   also consumer processes of one group, killed, stopped and restarted
+   (chaos/group_consumer.py), whose polls feed the checker's consumer checks;
 3. a monitor thread watches ZooKeeper and records every failover (with the old master's
    unreplicated tail: bytes and messages past the new master's epoch start, for async);
 4. the fault schedule (chaos/scenarios.py) runs for ``--seconds``: inject, hold, heal, wait
@@ -24,7 +26,8 @@ One run:
    (a member lost for good) ends the schedule; the load goes on until ``--seconds`` are up,
    and at least the liveness bound + 2 s;
 5. stop the load, heal everything, wait until settled (one master per group, every broker
-   registered, slaves in the sync set and caught up), snapshot every replica's log from disk,
+   registered, slaves in the sync set and caught up), let one consumer read the group to
+   the end (``--consumer-group``), snapshot every replica's log from disk,
    write ``history.json``, ``check.json`` and ``report.txt``, run the checker.
 
 Exit 0 iff the checker found no violations (safety and liveness), the cluster settled and (``--rogue``)
