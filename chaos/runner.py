@@ -561,7 +561,8 @@ class Run:
         s = result.stats
         faults: dict[str, int] = {}
         for f in self.history.faults:
-            if f["kind"] not in ("heal", "heal_all"):
+            # The consumer group's own starts, kills and stops are workload, not injected faults.
+            if f["kind"] not in ("heal", "heal_all") and not f["kind"].startswith("consumer-"):
                 faults[f["kind"]] = faults.get(f["kind"], 0) + 1
         # Liveness: a master fault (kill, pause, ZK partition) held past the session timeout
         # should have produced a failover of its group before the heal.
