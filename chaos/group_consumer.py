@@ -223,24 +223,29 @@ class ConsumerGroupLoad:
         return len(records)
 
     def reached_end(self) -> list[str]:
-        """The partitions whose last message the group was never given (after ``merge`` and
-        the final snapshot): empty when the group ran to the end."""
-        from chaos.history import is_control
+        return unreached(self.history, GROUP)
 
-        delivered = {v for op in self.history.ops if op.get("f") == "poll" and op.get("group") == GROUP
-                     for pairs in (op.get("polls") or {}).values() for _o, v in pairs}
-        # A read-committed consumer is never given a rolled-back (or maybe rolled-back) transaction's messages.
-        hidden = {value for op in self.history.ops if op.get("f") == "txn" and op["type"] in ("fail", "info")
-                  for _p, _o, value in op.get("sends") or []}
-        short = []
-        masters = [r for r in self.history.final["replicas"].values() if r.get("role") == "master"]
-        for rep in masters:
-            for partition, snap in rep.get("partitions", {}).items():
-                values = [r[3] for r in snap.get("records", [])
-                          if r[3] is not None and not is_control(r[3]) and r[3] not in hidden]
-                if values and values[-1] not in delivered:
-                    short.append(partition)
-        return short
+
+def unreached(history: Any, group: str) -> list[str]:
+    """The partitions whose last committed message group ``group`` was never given (after its
+    records were merged and the final snapshot taken): empty when it ran to the end."""
+    from chaos.history import is_control
+
+    delivered = {v for op in history.ops if op.get("f") == "poll" and op.get("group") == group
+                 for pairs in (op.get("polls") or {}).values() for _o, v in pairs}
+    # A read-committed consumer is never given a rolled-back (or maybe rolled-back) transaction's messages.
+    hidden = {value for op in history.ops if op.get("f") == "txn" and op["type"] in ("fail", "info")
+              for _p, _o, value in op.get("sends") or []}
+    short = []
+    for rep in history.final["replicas"].values():
+        if rep.get("role") != "master":
+            continue
+        for partition, snap in rep.get("partitions", {}).items():
+            values = [r[3] for r in snap.get("records", [])
+                      if r[3] is not None and not is_control(r[3]) and r[3] not in hidden]
+            if values and values[-1] not in delivered:
+                short.append(partition)
+    return short
 
 
 if __name__ == "__main__":

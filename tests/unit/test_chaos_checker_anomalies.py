@@ -327,3 +327,41 @@ def test_every_check_is_listed_in_docs(name):
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "chaos.md").read_text()
     assert f"`{name}`" in doc
+
+
+# --- the consumer-group workload's records (chaos/group_consumer.py) ---------------------------
+
+
+def test_member_records_merge_into_the_history_in_time_order():
+    k = writes()
+    t = k.h.now()  # after every commit
+    k.put("p0-late")  # two more ops on the runner's side, at t + 1 and t + 2
+    vis = k.visible("t/0-0")[:-1]
+    records = [  # as two members wrote them: file by file, each in its own order
+        ("g0-c1.1", {"f": "assign", "time": t + 0.5, "generation": 1, "partitions": ["t/0-0"]}),
+        ("g0-c1.1", {"f": "poll", "time": t + 0.6, "generation": 1, "partition": "t/0-0", "pairs": vis[:2]}),
+        ("g0-c1.1", {"f": "poll", "time": t + 2.5, "generation": 1, "partition": "t/0-0", "pairs": vis[3:]}),
+        ("g0-c0.0", {"f": "poll", "time": t + 1.5, "generation": 1, "partition": "t/0-1", "pairs": k.visible("t/0-1")}),
+    ]
+    k.h.merge_consumer_records("g0", records)
+    times = [op["time"] for op in k.h.ops]
+    assert times == sorted(times)
+    polls = [op for op in k.h.ops if op.get("f") == "poll" and op["type"] == "ok"]
+    assert [op["process"] for op in polls] == ["g0-c1.1", "g0-c0.0", "g0-c1.1"]
+    # p0-late's invocation (t + 1) and completion (t + 2) keep their places among them.
+    assert [op["f"] for op in k.h.ops[-10:]] == ["assign", "assign", "poll", "poll", "put", "poll", "poll", "put",
+                                                 "poll", "poll"]
+    assert all(op["group"] == "g0" and op["isolation"] == "read_committed" for op in polls)
+    assert failing(verdict(k)) == {"poll-skip"}  # g0-c1.1 passed over vis[2]
+
+
+def test_the_group_ran_to_the_end_when_it_got_each_partitions_last_committed_message():
+    from chaos.group_consumer import unreached
+
+    k = clean()
+    k.finish()
+    assert unreached(k.h, "g0") == []  # t/0-1 ends with T2's rolled-back message: never given
+    assert unreached(k.h, "other") == list(PARTS)
+    k2 = clean(polls=lambda p, vis: (vis[:-1],))
+    k2.finish()
+    assert unreached(k2.h, "g0") == list(PARTS)
