@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import logging
 import random
@@ -221,42 +222,43 @@ class Workload:
         rolled back (by us, or by the broker at commit), ``info`` unknown; ``sends`` lists
         every message tried, with its acked offset (None when its send failed)."""
         rng = random.Random(f"workload/{name}/{self.seed}")
-        topic = self.cluster.topic
         async with AsyncMessageSessionFactory(self.client_config()) as factory:
             producer = factory.create_transactional_producer()
-            number = 0
-            while not self.stopping.is_set():
-                txn = f"{name}-t{number}"
-                number += 1
-                op = self.history.invoke(name, "txn", txn=txn)
-                sends: list[list[Any]] = []
-                committing = False
-                try:
-                    await producer.begin_transaction(timeout_s=10)
-                    for j in range(rng.randint(1, 3)):
-                        value = f"{txn}-{j}"
-                        result = await producer.send_message(Message(topic, value.encode()))
-                        part = f"{topic}/{result.partition}" if result.partition is not None else None
-                        sends.append([part, result.offset if result.success and result.offset >= 0 else None, value])
-                        if not result.success:
-                            raise TransactionError(f"send failed: {result.error_message}")
-                    if rng.random() < 0.25:
-                        await producer.rollback()
-                        self.history.fail(op, "rolled back", sends=sends)
-                    else:
-                        committing, commit_time = True, self.history.now()
-                        await producer.commit()
-                        self.history.ok(op, sends=sends, commit_time=commit_time)
-                except TransactionRolledBack as exc:
-                    self.history.fail(op, f"rolled back by the broker: {exc}", sends=sends)
-                except Exception as exc:  # a step gave up: roll back what we can
-                    rolled_back = not committing and await self._roll_back(producer)
-                    if rolled_back:
-                        self.history.fail(op, f"rolled back after: {exc}", sends=sends)
-                    else:
-                        self.history.info(op, f"unknown: {exc}", sends=sends)
-                    await asyncio.sleep(0.1)
+            for number in itertools.count():
+                if self.stopping.is_set():
+                    break
+                await self._transaction(producer, name, f"{name}-t{number}", rng)
                 await asyncio.sleep(1 / self.rate)
+
+    async def _transaction(self, producer: Any, process: str, txn: str, rng: random.Random) -> None:
+        """One transaction, recorded as one ``txn`` operation."""
+        op = self.history.invoke(process, "txn", txn=txn)
+        sends: list[list[Any]] = []
+        committing = False
+        try:
+            await producer.begin_transaction(timeout_s=10)
+            for j in range(rng.randint(1, 3)):
+                value = f"{txn}-{j}"
+                result = await producer.send_message(Message(self.cluster.topic, value.encode()))
+                part = f"{self.cluster.topic}/{result.partition}" if result.partition is not None else None
+                sends.append([part, result.offset if result.success and result.offset >= 0 else None, value])
+                if not result.success:
+                    raise TransactionError(f"send failed: {result.error_message}")
+            if rng.random() < 0.25:
+                await producer.rollback()
+                self.history.fail(op, "rolled back", sends=sends)
+            else:
+                committing, commit_time = True, self.history.now()
+                await producer.commit()
+                self.history.ok(op, sends=sends, commit_time=commit_time)
+        except TransactionRolledBack as exc:
+            self.history.fail(op, f"rolled back by the broker: {exc}", sends=sends)
+        except Exception as exc:  # a step gave up: roll back what we can
+            if not committing and await self._roll_back(producer):
+                self.history.fail(op, f"rolled back after: {exc}", sends=sends)
+            else:
+                self.history.info(op, f"unknown: {exc}", sends=sends)
+            await asyncio.sleep(0.1)
 
     @staticmethod
     async def _roll_back(producer: Any) -> bool:
