@@ -12,7 +12,8 @@ reads the group to the end of the settled logs.
 Each member writes its history to a JSON-lines file as it goes (one line per assignment
 change and per delivered batch; a line written before SIGKILL is in the page cache, so it
 survives): ``{"f": "assign", "time", "generation", "partitions"}`` and ``{"f": "poll",
-"time", "generation", "partition", "pairs"}``. A *generation* is one partition fetcher's
+"time", "generation", "partition", "pairs"}``, and ``{"f": "owns", "partitions"}`` each time
+the set of partitions it fetches changes (for the drain; not part of the history). A *generation* is one partition fetcher's
 life: a new one starts each time the member claims a partition (a rebalance). The load
 merges the files into the history (``History.assign`` / ``History.poll`` records, in time
 order; times are on the runner's monotonic clock, which the members share).
@@ -91,7 +92,16 @@ async def member(args: argparse.Namespace) -> None:
                 fetch_wait_ms=500, claim_timeout_s=30.0, recover_dir=str(Path(args.out).with_suffix(".recover"))))
             consumer.subscribe(args.topic, batch_listener=lambda ms: log.batch(consumer, args.topic, ms))
             await consumer.complete_subscribe()
-            await stop.wait()
+            owned: list[str] = []
+            while not stop.is_set():  # what it owns, for the drain to know it has every partition
+                now = sorted(f"{topic}/{partition}" for topic, partition in consumer.fetchers)
+                if now != owned:
+                    owned = now
+                    log.write(f="owns", partitions=owned)
+                try:
+                    await asyncio.wait_for(stop.wait(), 0.2)
+                except asyncio.TimeoutError:
+                    pass
             await consumer.shutdown()
 
 
@@ -186,21 +196,36 @@ class ConsumerGroupLoad:
         for proc in [self._signal(slot, signal.SIGTERM) for slot in list(self.members)]:
             self._wait(proc, 20.0)
 
-    def drain(self, idle_s: float = 4.0, limit_s: float = 60.0) -> None:
+    def drain(self, idle_s: float = 4.0, limit_s: float = 90.0) -> None:
         """One member reads the group to the end (after the load stopped and the cluster
-        settled): until its file has not grown for ``idle_s`` (``limit_s`` at most)."""
+        settled): once it owns every partition (a SIGKILLed member's claims last until its
+        ZooKeeper session expires), until its file has not grown for ``idle_s`` (``limit_s``
+        at most)."""
         self._spawn(0, "master")
         name, _proc = self.members[0]
         path = self.dir / f"{name}.jsonl"
-        deadline, last, since = time.monotonic() + limit_s, -1, time.monotonic()
+        every = {f"{self.cluster.topic}/{g}-{n}" for g in range(self.cluster.num_groups)
+                 for n in range(self.cluster.partitions)}
+        deadline, last, since = time.monotonic() + limit_s, "", time.monotonic()
         while time.monotonic() < deadline:
-            size = path.stat().st_size if path.exists() else 0
-            if size != last:
-                last, since = size, time.monotonic()
-            elif size and time.monotonic() - since >= idle_s:
+            text = path.read_text() if path.exists() else ""
+            if text != last:
+                last, since = text, time.monotonic()
+            elif time.monotonic() - since >= idle_s and every <= self._owned(text):
                 break
             time.sleep(0.2)
         self._stop(0, signal.SIGTERM)
+
+    @staticmethod
+    def _owned(text: str) -> set[str]:
+        """The partitions a member's file says it owns now (its last ``owns`` record)."""
+        for line in reversed(text.splitlines()):
+            if '"f":"owns"' in line:
+                try:
+                    return set(json.loads(line)["partitions"])
+                except ValueError:
+                    continue
+        return set()
 
     def kill_all(self) -> None:
         """Whatever is still running (an error path): SIGKILL, by pid."""
