@@ -31,16 +31,16 @@ checks
 ``phantoms``        nothing is in a final log that was never written, and no put that
                     definitely failed (``fail``) is there.
 ``final_masters``   every group has exactly one master in the final snapshot.
+``liveness``        after every fault ends (heals, or starts when it never heals) acked
+                    messages are read back and, where the configuration allows, writes are
+                    acked again within the liveness bound (``chaos.liveness``); the per-kind
+                    unavailability table is in ``stats["unavailability"]``.
+
 Jepsen's Kafka workload anomalies (chaos/anomalies.py, by Jepsen's names; ``acked_lost`` is
 its ``lost-write``): ``unseen``, ``duplicate``, ``inconsistent-offsets``, ``poll-skip``,
 ``nonmonotonic-poll``, ``nonmonotonic-send``, ``int-poll-skip``, ``int-nonmonotonic-poll``,
 ``precommitted-read``, ``aborted-read`` (G1a), ``intermediate-read`` (G1b), ``G0``, ``G1c``.
 A check may also return anomalies its mode allows (``expected``): counted, never a failure.
-
-``liveness``        after every fault ends (heals, or starts when it never heals) acked
-                    messages are read back and, where the configuration allows, writes are
-                    acked again within the liveness bound (``chaos.liveness``); the per-kind
-                    unavailability table is in ``stats["unavailability"]``.
 """
 
 from __future__ import annotations
