@@ -32,6 +32,7 @@ from ..store.datadirs import broker_identity, check_data_dirs
 from ..store.manager import MessageStoreManager
 from ..store.msgid import MsgIdGenerator
 from ..zk.monitor import OutageReporter
+from .admission import ConnectionSlots, RequestBudget
 from .connection import ClientConnection, ConnectionLimits
 from .group_topics import GroupTopicsApplier
 from .handlers import RequestHandlers
@@ -47,10 +48,6 @@ from .waiters import EndWaiters
 
 log = logging.getLogger(__name__)
 
-# A put frame carries at most MAX_BATCH_COUNT messages of max_message_size; the
-# frame limit leaves room for the headers and never exceeds 64 MiB.
-FRAME_OVERHEAD = 64 * 1024
-
 
 class Broker:
     def __init__(self, config: BrokerConfig, slave: SlaveConfig | None = None, register_in_zk: bool | None = None) -> None:
@@ -58,6 +55,9 @@ class Broker:
         self.slave = slave
         self.register_in_zk = config.zk.enabled if register_in_zk is None else register_in_zk
         self.stats = BrokerStats()
+        # Shared by every connection: what they may hold together (admission.py).
+        self.slots = ConnectionSlots(config.max_connections, config.max_connections_per_address)
+        self.request_budget = RequestBudget(config.max_buffered_request_bytes)
         # Read every security file now: a wrong one stops the broker before it listens.
         self.security = load_broker_security(config)
         self.waiters = EndWaiters()
@@ -163,12 +163,12 @@ class Broker:
         self.store.start()
         self.txn_states.start()
         self.transactions.start()
-        max_body = min(64 * 1024 * 1024, config.max_message_size * 16 + FRAME_OVERHEAD)
+        max_body = config.max_request_body
         loop = asyncio.get_running_loop()
         limits = ConnectionLimits.from_config(config)
         tls = self.security.tls
         self._server = await loop.create_server(
-            lambda: ClientConnection(served, max_body, limits, self.security),
+            lambda: ClientConnection(served, max_body, limits, self.security, self.slots, self.request_budget),
             host=config.host_name,
             port=config.server_port,
             reuse_address=True,
@@ -329,6 +329,9 @@ class Broker:
             ("replica_get_requests", totals.replica_get_requests),
             ("replica_get_bytes", totals.replica_get_bytes),
             ("bad_requests", self.stats.bad_requests),
+            ("connections_not_logged_in", self.slots.not_logged_in),
+            ("buffered_request_bytes", self.request_budget.held),
+            *self.stats.refusal_pairs(),
         ] + self.ha.status_pairs() + self.replication_pairs()
 
     def replication_pairs(self) -> list[tuple[str, Any]]:

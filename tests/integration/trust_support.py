@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from metaq.client.connection import BrokerConnection, Reply
+from metaq.record import encode_batch
 from metaq.security.credentials import SecurityFile
 from metaq.security.group import GroupSecret, write_group_secret
 from metaq.security.handshake import ClientAuthenticator
@@ -67,6 +68,11 @@ async def request_as(broker: BrokerProcess, user: str | None, header: dict[str, 
         return await conn.request(header, body, timeout=30)
     finally:
         conn.close()
+
+
+def put_as(broker: BrokerProcess, user: str | None, topic: str = "t") -> Reply:
+    """One message put to partition 0 of ``topic`` as ``user`` (None: not authenticated)."""
+    return run(request_as(broker, user, {"op": "put", "topic": topic, "partition": 0}, encode_batch([(b"m", None)])))
 
 
 def rss_mb(pid: int) -> float:
