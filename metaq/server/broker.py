@@ -112,6 +112,10 @@ class Broker:
         """Does ZooKeeper name ``slave{slave_id}`` in our group (heartbeats from others are ignored)?"""
         return self.registry is not None and slave_id in self.registry.slave_ids
 
+    def _slave_hosts(self, slave_id: int) -> frozenset[str] | None:
+        """The addresses ``slave{slave_id}`` registered from: its heartbeats are answered only there."""
+        return self.registry.slave_hosts.get(slave_id, frozenset()) if self.registry is not None else frozenset()
+
     def slaves_changed(self, slave_ids: frozenset[int]) -> None:
         """ZooKeeper's slave list changed: forget the progress of slaves that left (bounded state)."""
         for slave_id in list(self.ha.progress.slaves):
@@ -186,7 +190,7 @@ class Broker:
             log.info("metrics on http://%s:%d/metrics", config.host_name, metrics_port)
         self.heartbeats = HeartbeatResponder(
             config.broker_id, self.ha, self.store.logs, config.host_name, self.port,
-            key=self.security.heartbeat_key, known_slave=self._slave_registered,
+            key=self.security.heartbeat_key, known_slave=self._slave_registered, slave_hosts=self._slave_hosts,
         )
         await self.heartbeats.start()
         if self.register_in_zk:

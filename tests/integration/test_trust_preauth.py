@@ -21,33 +21,19 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from metaq.client.connection import BrokerConnection
 from metaq.protocol.frames import encode_frame, encode_frame_head
-from metaq.protocol.replies import fetch_stats
 from metaq.tools.launcher import free_port, wait_until
 from metaq.zk.paths import ZkPaths
 
 from .replication_support import put, run
 from .test_metrics import scrape, value
 from .test_trust_limits import closed_by_peer
-from .trust_support import SecuredGroup, open_as, put_as, request_as, rss_mb
+from .trust_support import SecuredGroup, put_as, request_as, rss_mb, stats
 
 TOPIC = "t"
 MiB = 1024 * 1024
 BIG_BODY = 16 * MiB
 PUT_HEAD = {"op": "put", "opaque": 1, "topic": TOPIC, "partition": 0}
-
-
-async def _stats(broker, user: str | None = None):  # type: ignore[no-untyped-def]
-    conn = await (open_as(broker, user) if user else BrokerConnection.open(*broker.address))
-    try:
-        return await fetch_stats(conn)
-    finally:
-        conn.close()
-
-
-def stats(broker, user: str | None = None):  # type: ignore[no-untyped-def]
-    return run(_stats(broker, user))
 
 
 def connect_from(source_host: str, address: tuple[str, int]) -> socket.socket:
