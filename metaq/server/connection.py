@@ -22,8 +22,10 @@ a connection idle for ``connectionIdleTimeoutMs`` are closed, each with a log li
 
 Before login (security on) a connection is read only as far as it needs to log in: frames
 of ``auth``, ``version`` and ``quit`` with a header and a body of at most
-``PRE_LOGIN_MAX_FRAME_PART`` bytes each; anything else closes it, and so does not logging
-in within ``loginTimeoutMs``. Broker-wide, the bytes of frames being received are limited
+``PRE_LOGIN_MAX_FRAME_PART`` bytes each; anything else closes it, and so do
+``PRE_LOGIN_MAX_QUEUED_REPLY_BYTES`` of unread replies and not logging in within
+``loginTimeoutMs``. So a connection that has not logged in holds at most one small frame
+and a few replies. Broker-wide, the bytes of frames being received are limited
 (``RequestBudget``) and connection slots are shared out (``ConnectionSlots``), see
 metaq/server/admission.py.
 """
@@ -70,7 +72,7 @@ log = logging.getLogger(__name__)
 SENDFILE_MIN_BYTES = 64 * 1024
 #: Before login: the largest frame header, and the largest body, read (a SCRAM step is a few hundred bytes).
 PRE_LOGIN_MAX_FRAME_PART = 4 * 1024
-#: Before login: replies the peer has not read before the connection stops being read.
+#: Before login: replies the peer has not read before the connection is closed.
 PRE_LOGIN_MAX_QUEUED_REPLY_BYTES = 64 * 1024
 
 
@@ -311,6 +313,14 @@ class ClientConnection(asyncio.Protocol):
         if transport is None or self._closing or transport.is_closing():
             return
         if self._over_limits():
+            if self.awaiting_login:
+                # Logging in is a few small round trips: a peer that piles up unread replies before
+                # login is not logging in, and a paused connection would keep a read's worth of its bytes.
+                log.info("closing connection from %s: %d bytes of replies unread before login", self.peer,
+                         self._out_bytes + transport.get_write_buffer_size())
+                self.handlers.stats.refused("before_login")
+                self.close()
+                return
             if not self._reading_paused:
                 self._reading_paused = True
                 transport.pause_reading()
