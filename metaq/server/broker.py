@@ -178,6 +178,8 @@ class Broker:
             reuse_address=True,
             backlog=512,
             ssl=tls.context if tls is not None else None,
+            # A TLS handshake comes before any login: it gets no longer than the login itself.
+            ssl_handshake_timeout=config.login_timeout_ms / 1000 if tls is not None else None,
         )
         if tls is not None and config.security.tls_reload_interval_ms > 0:
             self._tls_reload = asyncio.ensure_future(self._reload_certificates(config.security.tls_reload_interval_ms / 1000))

@@ -9,7 +9,8 @@ where the per-address cap is the point). RSS is read from /proc.
   big body, or any other request, closes the connection (security on);
 * connection slots: a flood of connections that never log in neither keeps a user nor a
   slave out, a connection must log in within ``loginTimeoutMs``, and one address holds at
-  most ``maxConnectionsPerAddress``.
+  most ``maxConnectionsPerAddress``; with TLS, a handshake that never comes is dropped at
+  the same deadline.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from metaq.protocol.frames import encode_frame, encode_frame_head
 from metaq.tools.launcher import free_port, wait_until
 from metaq.zk.paths import ZkPaths
+from tests.security_support import TestCA
 
 from .replication_support import put, run
 from .test_metrics import scrape, value
@@ -195,3 +197,13 @@ def test_connections_that_never_log_in_keep_no_user_or_slave_out(broker_factory,
     counts = stats(master, "ops")
     assert counts.get("refused_per_address") >= 1 and counts.get("refused_login_timeout") >= 12
     assert "maxConnectionsPerAddress=12" in master.log_text() and "loginTimeoutMs" in master.log_text()
+
+
+def test_a_tls_handshake_that_never_comes_is_closed_at_the_login_deadline(broker_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    ca = TestCA.create(tmp_path / "tls")
+    cert, key = ca.issue("broker")
+    broker = broker_factory(0, {TOPIC: 1}, {"tlsCertFile": str(cert), "tlsKeyFile": str(key), "loginTimeoutMs": 1000})
+    with socket.create_connection(broker.address, timeout=10) as silent:  # TCP only: no ClientHello
+        started = time.monotonic()
+        assert closed_by_peer(silent, 10)
+        assert time.monotonic() - started < 5, "not held for asyncio's default 60 s handshake timeout"
