@@ -14,8 +14,8 @@ read just made, a header being received).
 holds the broker's connection slots. With security on, a peer is unknown until it logs
 in, so a slot cannot be kept free for "logged-in users and the group's brokers" at
 accept time; instead, a connection that has not logged in never keeps a slot from a
-newcomer: when every slot is taken, the oldest connection that has not logged in is
-closed to make room. Connections that logged in are never closed for room.
+newcomer: when every slot is taken, a connection that has not logged in (the oldest of
+the address with the most of them) is closed to make room. Connections that logged in are never closed for room.
 """
 
 from __future__ import annotations
@@ -69,14 +69,18 @@ class ConnectionSlots:
     of the group always gets a connection while an attacker holds only connections that
     have not logged in, and keeps it once it has logged in. An evicted connection gives
     up its slot at once (not when its socket finally closes), so the count is exact.
+
+    Whom to close for room: the oldest not-logged-in connection of the address that has
+    the most of them. A flood comes from few addresses with many connections each, a
+    user logging in from one with few: the flood loses its own connections first.
     """
 
     def __init__(self, max_connections: int, max_per_address: int) -> None:
         self.max_connections = max_connections
         self.max_per_address = max_per_address
         self._holders: dict[Slotted, None] = {}
-        # Connections that hold a slot and have not logged in, oldest first (dicts keep order).
-        self._not_logged_in: dict[Slotted, None] = {}
+        # Per address, its connections that hold a slot and have not logged in, oldest first (dicts keep order).
+        self._not_logged_in: dict[str, dict[Slotted, None]] = {}
         self._per_address: Counter[str] = Counter()
         self._last_log: dict[str, float] = {}
 
@@ -86,10 +90,10 @@ class ConnectionSlots:
 
     @property
     def not_logged_in(self) -> int:
-        return len(self._not_logged_in)
+        return sum(len(waiting) for waiting in self._not_logged_in.values())
 
     def admit(self, conn: Slotted, logged_in: bool) -> tuple[str, str] | None:
-        """Give ``conn`` a slot (closing the oldest not-logged-in connection if need be), or say why not:
+        """Give ``conn`` a slot (closing a not-logged-in connection for room if need be), or say why not:
         (the refusal's stats name, a reason for the log)."""
         host = conn.peer_host
         if self._per_address[host] >= self.max_per_address:
@@ -99,25 +103,33 @@ class ConnectionSlots:
                 return "max_connections", (
                     f"{len(self._holders)} connections open, none of them waiting to log in (maxConnections={self.max_connections})"
                 )
-            oldest = next(iter(self._not_logged_in))
-            self.release(oldest)
-            oldest.evict(f"making room for a new connection, all {self.max_connections} slots taken (maxConnections)")
+            most = max(self._not_logged_in.values(), key=len)
+            victim = next(iter(most))
+            self.release(victim)
+            victim.evict(f"making room for a new connection, all {self.max_connections} slots taken (maxConnections)")
         self._holders[conn] = None
         self._per_address[host] += 1
         if not logged_in:
-            self._not_logged_in[conn] = None
+            self._not_logged_in.setdefault(host, {})[conn] = None
         return None
 
     def logged_in(self, conn: Slotted) -> None:
         """``conn`` proved who it is: its slot can no longer be taken for room."""
-        self._not_logged_in.pop(conn, None)
+        self._stop_waiting(conn)
+
+    def _stop_waiting(self, conn: Slotted) -> None:
+        waiting = self._not_logged_in.get(conn.peer_host)
+        if waiting is not None:
+            waiting.pop(conn, None)
+            if not waiting:
+                del self._not_logged_in[conn.peer_host]
 
     def release(self, conn: Slotted) -> None:
         """``conn`` gives up its slot (idempotent: an evicted connection releases again when it closes)."""
         if conn not in self._holders:
             return
         del self._holders[conn]
-        self._not_logged_in.pop(conn, None)
+        self._stop_waiting(conn)
         self._per_address[conn.peer_host] -= 1
         if not self._per_address[conn.peer_host]:
             del self._per_address[conn.peer_host]

@@ -28,6 +28,17 @@ def test_a_newcomer_takes_the_slot_of_the_oldest_connection_not_logged_in() -> N
     assert slots.held == 3
 
 
+def test_room_is_taken_from_the_address_with_the_most_connections_not_logged_in() -> None:
+    slots = ConnectionSlots(max_connections=4, max_per_address=10)
+    user = Conn("user")
+    flood = [Conn("flood") for _ in range(3)]
+    for conn in (user, *flood):  # the user's connection is the oldest
+        assert slots.admit(conn, logged_in=False) is None
+    assert slots.admit(Conn("other"), logged_in=False) is None
+    assert flood[0].evicted and not user.evicted
+    assert slots.not_logged_in == 4
+
+
 def test_refused_only_past_the_address_cap_or_when_every_slot_logged_in() -> None:
     slots = ConnectionSlots(max_connections=2, max_per_address=1)
     first = Conn("a")
