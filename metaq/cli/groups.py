@@ -25,17 +25,19 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import MetaqError
-from .admin import add_action, add_actions, ask, render_table, zk_client
+from .admin import add_action, add_actions, add_json_option, ask, print_json, render_table, table_json, zk_client
 from .login import credentials
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     actions = add_actions(sub, "groups", "list, describe (lag) or reset the offsets of consumer groups")
-    add_action(actions, "list", "consumer groups with their live members and topics", run_list)
+    listing = add_action(actions, "list", "consumer groups with their live members and topics", run_list)
+    add_json_option(listing)
 
     describe = add_action(actions, "describe", "per partition: committed offset, log end, lag in bytes and messages", run_describe)
     describe.add_argument("--group", required=True, help="the consumer group")
     describe.add_argument("--topic", help="only this topic")
+    add_json_option(describe)
 
     reset = add_action(actions, "reset-offsets", "move a group's offsets (dry run unless --execute)", run_reset)
     reset.add_argument("--group", required=True, help="the consumer group")
@@ -182,7 +184,11 @@ def run_list(args: argparse.Namespace) -> int:
     with zk_client(args) as (client, paths):
         for group in _children(client, paths.consumers()):
             topics = _children(client, f"{paths.consumer_group(group)}/offsets")
-            rows.append((group, len(live_members(client, paths, group)), ",".join(topics) or "-"))
+            rows.append((group, len(live_members(client, paths, group)), topics))
+    if args.json:
+        print_json(table_json(("group", "live members", "topics"), rows))
+        return 0
+    rows = [(group, live, ",".join(topics) or "-") for group, live, topics in rows]
     if not rows:
         print(f"no consumer groups under {args.zk_root}")
         return 0
@@ -198,8 +204,12 @@ def run_describe(args: argparse.Namespace) -> int:
         rows = [row for topic in topics for row in read_rows(client, paths, args.group, topic)]
         members = live_members(client, paths, args.group)
     table = asyncio.run(_describe(rows, args.timeout, credentials(args)))
+    columns = ("topic", "partition", "committed", "log end", "lag bytes", "lag messages")
+    if args.json:
+        print_json({"group": args.group, "live_members": members, "partitions": table_json(columns, table)})
+        return 0
     print(f"group {args.group}: {len(members)} live member(s){': ' + ', '.join(members) if members else ''}")
-    print(render_table(("topic", "partition", "committed", "log end", "lag bytes", "lag messages"), table))
+    print(render_table(columns, table))
     return 0
 
 

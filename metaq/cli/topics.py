@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from ..errors import MetaqError
-from .admin import add_action, add_actions, ask, parse_settings, render_table, stats_map, zk_client
+from .admin import add_action, add_actions, add_json_option, ask, parse_settings, print_json, render_table, stats_map, table_json, zk_client
 from .login import add_group_secret_argument, credentials, zk_security, zk_write_refused
 
 
@@ -25,10 +25,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     actions = add_actions(sub, "topics", "list, describe, create, alter or delete topics of a broker group")
     listing = add_action(actions, "list", "every group's topics and their settings", run_list)
     listing.add_argument("--broker-id", type=int, metavar="ID", help="only this broker group")
+    add_json_option(listing)
 
     describe = add_action(actions, "describe", "partitions, master, slaves, sync set, committed offsets, lag per slave", run_describe)
     describe.add_argument("--topic", required=True, help="the topic")
     describe.add_argument("--broker-id", type=int, metavar="ID", help="only this broker group")
+    add_json_option(describe)
 
     for name, helptext, runner in (
         ("create", "add a topic to a broker group (every member serves it at once)", run_create),
@@ -41,7 +43,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         if name != "delete":
             action.add_argument("--partitions", type=int, metavar="N", help="number of partitions" + (" (default 1)" if name == "create" else " (can only grow)"))
             action.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                                help="a topic key in MetaQ's name (unflushThreshold, deletePolicy, acceptPublish, ...); repeatable")
+                                help="a topic key in MetaQ's name (unflushThreshold, deletePolicy, acceptPublish, ...); repeatable"
+                                + ("; KEY= (empty) removes the override, the key then follows each broker's [system] default" if name == "alter" else ""))
+        if name == "create":
+            action.add_argument("--if-not-exists", action="store_true", help="exit 0 without a change if the group already has the topic")
+        if name == "delete":
+            action.add_argument("--if-exists", action="store_true", help="exit 0 without a change if the group has no such topic")
         add_group_secret_argument(action)
         action.add_argument("--wait", type=float, default=15.0, metavar="S", help="seconds to wait for every live member to apply it (0: do not wait; default 15)")
 
@@ -61,12 +68,15 @@ def _group_ids(client: Any, paths: Any) -> list[int]:
     return sorted(ids)
 
 
+LIST_COLUMNS = ("broker", "topic", "partitions", "settings (other than the defaults)")
+
+
 def run_list(args: argparse.Namespace) -> int:
     from ..config import TopicConfig, topic_settings
     from ..zk.topic_config import read_group_topics
 
     defaults = topic_settings(TopicConfig(name=""))
-    rows = []
+    rows, found = [], []
     with zk_client(args) as (client, paths):
         ids = [args.broker_id] if args.broker_id is not None else _group_ids(client, paths)
         for broker_id in ids:
@@ -76,10 +86,15 @@ def run_list(args: argparse.Namespace) -> int:
             for name, settings in sorted(group.topics.items()):
                 other = " ".join(f"{k}={v}" for k, v in sorted(settings.items()) if k != "numPartitions" and defaults.get(k) != v)
                 rows.append((broker_id, name, settings.get("numPartitions", "1"), other))
+                found.append({"broker": broker_id, "topic": name, "partitions": int(settings.get("numPartitions", "1")),
+                              "settings": dict(sorted(settings.items()))})
+    if args.json:
+        print_json(found)
+        return 0
     if not rows:
         print(f"no broker groups under {args.zk_root}")
         return 0
-    print(render_table(("broker", "topic", "partitions", "settings (other than the defaults)"), rows))
+    print(render_table(LIST_COLUMNS, rows))
     return 0
 
 
@@ -102,22 +117,37 @@ def run_describe(args: argparse.Namespace) -> int:
             groups.append((broker_id, config, members, read_group_state(client, paths, broker_id)))
     if not groups:
         raise MetaqError(f"no broker group has a topic {args.topic!r} (see metaq topics list)")
-    blocks = [asyncio.run(_describe_group(args, *group)) for group in groups]
-    print("\n\n".join(blocks))
+    described = [asyncio.run(_describe_group(args, *group)) for group in groups]
+    if args.json:
+        print_json([{**head, "partitions": table_json(DESCRIBE_COLUMNS, rows)} for head, rows in described])
+        return 0
+    print("\n\n".join(_describe_text(args.topic, head, rows) for head, rows in described))
     return 0
 
 
-async def _describe_group(args: argparse.Namespace, broker_id: int, config: Any, members: Any, state: Any) -> str:
+DESCRIBE_COLUMNS = ("partition", "member", "address", "state", "log end", "committed", "lag bytes", "in sync set")
+
+
+def _describe_text(topic: str, head: dict[str, Any], rows: list[tuple[Any, ...]]) -> str:
+    line = (
+        f"topic {topic}, broker group {head['broker']}: {head['partition_count']} partitions, epoch {head['epoch']}, "
+        f"master {head['master'] or '-'}, slaves {','.join(head['slaves']) or '-'}, sync set {head['sync_set']}"
+    )
+    return line + "\n" + render_table(DESCRIBE_COLUMNS, rows)
+
+
+async def _describe_group(args: argparse.Namespace, broker_id: int, config: Any, members: Any, state: Any) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:
+    """The group's head facts and one row per partition and member."""
     settings = config.topics.get(args.topic)
     partitions = int(settings.get("numPartitions", "1")) if settings else 0
     sync_set = "-" if state.sync_set is None else ",".join(f"slave{s}" for s in sorted(state.sync_set)) or "(empty)"
     roles = [] if members is None else ([("master", members.master_url)] if members.master_url else [])
     roles += [] if members is None else [(f"slave{k}", url) for k, url in members.slaves.items()]
-    head = (
-        f"topic {args.topic}, broker group {broker_id}: {partitions} partitions, epoch {state.epoch}, "
-        f"master {members.master_url.removeprefix('meta://') if members and members.master_url else '-'}, "
-        f"slaves {','.join(r for r, _ in roles if r != 'master') or '-'}, sync set {sync_set}"
-    )
+    head = {
+        "topic": args.topic, "broker": broker_id, "partition_count": partitions, "epoch": state.epoch,
+        "master": members.master_url.removeprefix("meta://") if members and members.master_url else None,
+        "slaves": [r for r, _ in roles if r != "master"], "sync_set": sync_set,
+    }
     replies = await asyncio.gather(*(stats_map(url, args.topic, args.timeout, credentials(args)) for _, url in roles))
     offsets = {role: (reply.pairs if reply is not None else None) for (role, _), reply in zip(roles, replies)}
     rows = []
@@ -135,36 +165,49 @@ async def _describe_group(args: argparse.Namespace, broker_id: int, config: Any,
             state_text = "unreachable" if pairs is None else ("up" if row is not None else "not served")
             rows.append((partition, role, url.removeprefix("meta://"), state_text, end,
                          row["committed"] if isinstance(row, dict) else None, lag, in_sync))
-    table = render_table(("partition", "member", "address", "state", "log end", "committed", "lag bytes", "in sync set"), rows)
-    return head + "\n" + table
+    return head, rows
 
 
 # --- writing -----------------------------------------------------------------------------------
 
 
+class Unchanged(Exception):
+    """The topic already is as asked (``--if-not-exists``, ``--if-exists``): nothing to write."""
+
+
 def run_create(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    if any(value == "" for value in settings.values()):
+        raise MetaqError("--set KEY= (an empty value) unsets an override: only for metaq topics alter")
+
     def change(group: Any) -> Any:
         if args.topic in group.topics:
+            if args.if_not_exists:
+                raise Unchanged(f"broker group {args.broker_id} already has a topic {args.topic!r}; nothing changed")
             raise MetaqError(f"broker group {args.broker_id} already has a topic {args.topic!r} (use metaq topics alter)")
-        settings = {**_settings(args), "numPartitions": str(args.partitions or 1)}
-        return group.with_topic(args.topic, settings)
+        return group.with_topic(args.topic, {**settings, "numPartitions": str(args.partitions or 1)})
 
     return _write(args, change, f"created {args.topic}")
 
 
 def run_alter(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    if settings.get("numPartitions") == "":
+        raise MetaqError("--set numPartitions= : every topic has a partition count; it cannot be unset")
+
     def change(group: Any) -> Any:
         current = group.topics.get(args.topic)
         if current is None:
             raise MetaqError(f"broker group {args.broker_id} has no topic {args.topic!r} (see metaq topics list)")
-        updated = {**current, **_settings(args)}
+        # An empty value removes the override: the key then takes each member's [system] default.
+        updated = {key: value for key, value in {**current, **settings}.items() if value != ""}
         if args.partitions is not None:
             have = int(current.get("numPartitions", "1"))
             if args.partitions < have:
                 raise MetaqError(f"{args.topic} has {have} partitions; partitions can only be added (their logs hold data)")
             updated["numPartitions"] = str(args.partitions)
         if updated == current:
-            raise MetaqError("nothing to change: give --partitions or --set KEY=VALUE")
+            raise MetaqError("nothing to change: give --partitions, --set KEY=VALUE or --set KEY= for a key the topic overrides")
         return group.with_topic(args.topic, updated)
 
     return _write(args, change, f"altered {args.topic}")
@@ -173,6 +216,8 @@ def run_alter(args: argparse.Namespace) -> int:
 def run_delete(args: argparse.Namespace) -> int:
     def change(group: Any) -> Any:
         if args.topic not in group.topics:
+            if args.if_exists:
+                raise Unchanged(f"broker group {args.broker_id} has no topic {args.topic!r}; nothing changed")
             raise MetaqError(f"broker group {args.broker_id} has no topic {args.topic!r} (see metaq topics list)")
         return group.without_topic(args.topic)
 
@@ -180,14 +225,18 @@ def run_delete(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace) -> dict[str, str]:
-    from ..config import ConfigError
+    from ..config import SHARED_TOPIC_KEYS, ConfigError
     from ..zk.topic_config import check_settings
 
     settings = parse_settings(args.set)
     if args.partitions is not None and args.partitions < 1:
         raise MetaqError(f"--partitions must be >= 1, got {args.partitions}")
+    unknown = [key for key in settings if key not in SHARED_TOPIC_KEYS]
+    if unknown:
+        raise MetaqError(f"--set: {unknown[0]}: not a shared topic key (one of {', '.join(SHARED_TOPIC_KEYS)})")
     try:
-        check_settings(settings, "--set")
+        # An empty value (unset) has nothing to parse.
+        check_settings({key: value for key, value in settings.items() if value != ""}, "--set")
     except ConfigError as exc:
         raise MetaqError(str(exc)) from None
     return settings
@@ -209,12 +258,19 @@ def _write(args: argparse.Namespace, change: Any, done: str) -> int:
         except NoNodeError:
             members = None
         urls = ([members.master_url] if members and members.master_url else []) + (list(members.slaves.values()) if members else [])
-        if urls and not read_group_topics(client, paths, args.broker_id, args.timeout).exists:
+        configured = read_group_topics(client, paths, args.broker_id, args.timeout).exists
+        if members is None and not configured:
+            # A typo'd id would otherwise create a configuration no broker ever serves.
+            raise MetaqError(f"no broker group {args.broker_id} under {args.zk_root} (no broker ever registered as it; see metaq cluster)")
+        if urls and not configured:
             # Members serving server.ini topics would drop them for a configuration naming only this one.
             raise MetaqError(f"broker group {args.broker_id} is running but has no topic configuration in ZooKeeper "
                              f"({paths.topic_config(args.broker_id)}); restart its master with this version first")
         try:
             group = update_group_topics(client, paths, args.broker_id, change, security=zk_security(args, args.broker_id))
+        except Unchanged as unchanged:
+            print(unchanged)
+            return 0
         except NoAuthError:
             raise zk_write_refused(args, f"the write of {paths.topic_config(args.broker_id)}") from None
     expected = group.topics.get(args.topic)

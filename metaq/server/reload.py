@@ -55,7 +55,7 @@ async def reload_config(broker: Any) -> str:
     )
     if any(key.startswith("log") for key in applied):
         apply_logging(running)
-    edited = {name: topic for name, topic in new.topics.items() if broker.local_topics.get(name) != topic}
+    edited = {name: (broker.local_topics.get(name), topic) for name, topic in new.topics.items() if broker.local_topics.get(name) != topic}
     removed = sorted(set(broker.local_topics) - set(new.topics))
     broker.local_topics = dict(new.topics)
     broker.config = running

@@ -12,11 +12,11 @@ from kazoo.client import KazooState
 
 from metaq import __version__
 from metaq.cli import build_parser, main
-from metaq.config import TopicConfig, parse_server_ini
+from metaq.config import TopicConfig, parse_server_ini, topic_settings
 from metaq.logsetup import JsonFormatter, configure
 from metaq.server.group_topics import describe_change
 from metaq.zk.monitor import OutageReporter
-from metaq.zk.topic_config import GroupTopics, decode_group_topics, seed_with, serve_group_topics
+from metaq.zk.topic_config import GroupTopics, decode_group_topics, publish_with, seed_with, serve_group_topics
 
 
 def _options(parser: argparse.ArgumentParser, prefix: str):
@@ -95,12 +95,32 @@ def test_a_zookeeper_outage_ends_with_one_line(caplog):
 def test_seeding_adds_only_topics_the_group_lacks_and_no_operator_deleted():
     config = parse_server_ini(b"[system]\nbrokerId=0\n[topic=a]\nnumPartitions=2\n[topic=b]\n[topic=c]\n", "s.ini")
     group = GroupTopics({"a": {"numPartitions": "5"}}, frozenset({"c"}), version=3)
-    seeded = seed_with(config.topics)(group)
+    seeded = seed_with(config.topics, config.topic_defaults)(group)
     assert seeded is not None and set(seeded.topics) == {"a", "b"}
     assert seeded.topics["a"] == {"numPartitions": "5"}, "the group's settings win over server.ini"
-    assert seed_with({"a": config.topics["a"]})(group) is None, "nothing to add: no write"
-    fresh = seed_with(config.topics)(GroupTopics())
+    assert seed_with({"a": config.topics["a"]}, config.topic_defaults)(group) is None, "nothing to add: no write"
+    fresh = seed_with(config.topics, config.topic_defaults)(GroupTopics())
     assert fresh is not None and set(fresh.topics) == {"a", "b", "c"} and fresh.version == 0
+
+
+def test_a_system_default_edit_applies_to_every_topic_that_does_not_override_it():
+    """Issue 22 item 5: seeding and a SIGHUP'd edit store overrides only, never a pinned [system] value."""
+    before = parse_server_ini(b"[system]\nbrokerId=0\nunflushInterval=10000\n[topic=s]\nunflushThreshold=7\n[topic=o]\nunflushInterval=50\n", "s.ini")
+    seeded = seed_with(before.topics, before.topic_defaults)(GroupTopics())
+    assert seeded is not None
+    assert seeded.topics == {"s": {"numPartitions": "1", "unflushThreshold": "7"}, "o": {"numPartitions": "1", "unflushInterval": "50"}}
+    # An operator's own override on s (metaq topics alter), and a topic created by the CLI.
+    group = seeded.with_topic("s", {**seeded.topics["s"], "acceptSubscribe": "false"}).with_topic("made", {"numPartitions": "2"})
+    after = parse_server_ini(b"[system]\nbrokerId=0\nunflushInterval=200\n[topic=s]\nunflushThreshold=7\n[topic=o]\nunflushInterval=50\n", "s.ini")
+    edits = {name: (before.topics[name], after.topics[name]) for name in after.topics if before.topics[name] != after.topics[name]}
+    assert set(edits) == {"s"}
+    published = publish_with(edits, after.topic_defaults)(group)
+    assert published is not None and published.topics["s"] == {"numPartitions": "1", "unflushThreshold": "7", "acceptSubscribe": "false"}
+    served = serve_group_topics(after, after.topics, published, "zk")
+    assert {name: t.unflush_interval_ms for name, t in served.items()} == {"s": 200, "made": 200, "o": 50}
+    # A node seeded by an older version pins every key: the edit un-pins the key it changed.
+    pinned = GroupTopics({"s": {**{k: v for k, v in topic_settings(before.topics["s"]).items()}}}, version=1)
+    assert "unflushInterval" not in publish_with(edits, after.topic_defaults)(pinned).topics["s"]
 
 
 def test_members_serve_the_groups_topics_on_their_own_disk():

@@ -1,0 +1,192 @@
+"""Issue 22, the operator's items, against one shared cluster (real ZooKeeper, real broker processes).
+
+Group 0: a plain sync pair, A (master) and B (``--slave``, slaveId 1), topic ``fo`` from server.ini.
+Group 1: a secured master alone (SCRAM users from tests/integration/trust_support.py).
+Group 2: a throwaway sync pair, started and stopped by the removal test.
+
+Item 9: ``metaq cluster`` shows secured and plain groups in one call, exits 1 with no brokers.
+Item 8: ``metaq cluster remove-group|remove-slave`` forget dead members, never live ones.
+Item 5: ``metaq topics`` refuses an unknown group, unsets overrides, and a ``[system]`` edit
+applies to every topic that does not override the key.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from metaq.tools.launcher import BrokerFactory, BrokerProcess
+from metaq.zk.paths import ZkPaths
+from tests.harness import kazoo_client
+
+from .failover_support import ZK_SETTINGS, Group, make_pair, sync_system, wait_follows, wait_in_sync_set
+from .replication_support import request, wait_for
+from .test_topics_cli import metaq as cli
+from .trust_support import PASSWORDS, SecuredGroup
+
+
+class Cluster:
+    def __init__(self, zk: Any, root: str, factory: BrokerFactory, directory: Path) -> None:
+        self.zk, self.root, self.factory, self.directory = zk, root, factory, directory
+        self.paths = ZkPaths(root)
+        self.secured = SecuredGroup(directory / "security", broker_id=1)
+        self.ops_password = directory / "ops.password"
+        self.ops_password.write_text(PASSWORDS["ops"] + "\n")
+        self.a: BrokerProcess
+        self.b: BrokerProcess
+        self.s: BrokerProcess
+
+    def login(self, user: str = "ops") -> list[str]:
+        return ["--user", user, "--password-file", str(self.ops_password)]
+
+
+@pytest.fixture(scope="module")
+def cluster(zk: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = f"/meta-{uuid.uuid4().hex[:12]}"
+    directory = tmp_path_factory.mktemp("operator")
+    factory = BrokerFactory(directory, zk.connect_string, root)
+    ops = Cluster(zk, root, factory, directory)
+    try:
+        with kazoo_client(zk.connect_string) as client:
+            ops.a, ops.b = make_pair(factory, sync_system(), Group(client, root))
+        ops.s = factory(1, {"t": 1}, {"unflushThreshold": 0, **ops.secured.system}, name="S")
+        yield ops
+    finally:
+        factory.stop_all()
+
+
+def zk_node(cluster: Cluster, path: str) -> bytes | None:
+    with kazoo_client(cluster.zk.connect_string) as client:
+        found = client.exists(path)
+        return client.get(path)[0] if found else None
+
+
+def served_setting(broker: BrokerProcess, topic: str, key: str) -> str | None:
+    """The value of ``key`` the broker serves ``topic`` with (its ``stats config`` topic lines)."""
+    text = bytes(request(broker, {"op": "stats", "item": "config"}).body).decode()
+    for line in text.splitlines():
+        if line.startswith(f"; [topic={topic}] "):
+            found = re.search(rf" {key}=(\S+)", line)
+            return found.group(1) if found else None
+    return None
+
+
+# --- item 9: metaq cluster ---------------------------------------------------------------------
+
+
+def test_cluster_shows_secured_and_plain_groups_in_one_call(cluster, capsys):
+    code, out = cli(capsys, cluster.zk, cluster.root, "cluster", "show")
+    assert code == 1, out
+    assert "UNKNOWN broker group 1: master needs login" in out and "unreachable" not in out, out
+    assert "UNHEALTHY" not in out and out.count(" up ") == 2, out
+
+    # One login: the secured group answers it, the plain group is asked without one.
+    code, out = cli(capsys, cluster.zk, cluster.root, "cluster", "show", *cluster.login())
+    assert code == 0 and out.count(" up ") == 3, out
+
+    code, out = cli(capsys, cluster.zk, cluster.root, "cluster", "show", "--json", "--group-login", f"1=ops:{cluster.ops_password}")
+    report = json.loads(out)
+    assert code == 0 and report["healthy"] and report["problems"] == [], out
+    assert sorted((m["broker_id"], m["role"], m["state"]) for m in report["members"]) == [
+        (0, "master", "up"), (0, "slave1", "up"), (1, "master", "up")]
+
+    code, out = cli(capsys, cluster.zk, cluster.root, "cluster", "show", "--group-login", "1=ops")
+    assert code == 1 and "--group-login expects ID=USER:PASSWORD_FILE" in out, out
+
+
+def test_cluster_with_no_brokers_registered_is_unhealthy(cluster, capsys):
+    code, out = cli(capsys, cluster.zk, f"{cluster.root}-empty", "cluster", "show")
+    assert code == 1 and "no brokers registered" in out, out
+    code, out = cli(capsys, cluster.zk, cluster.root, "cluster", "show", "--json", "--broker-id", "5")
+    assert code == 1 and json.loads(out)["problems"] == [f"UNHEALTHY: no brokers registered under {cluster.root} as broker group 5"]
+
+
+# --- item 8: removing a dead group or slave ---------------------------------------------------
+
+
+def test_remove_group_and_slave_only_once_they_are_dead(cluster, capsys):
+    zk, root = cluster.zk, cluster.root
+    master = cluster.factory(2, {"x": 1}, sync_system(), name="M2", zookeeper=ZK_SETTINGS)
+    slave = cluster.factory(2, {"x": 1}, sync_system(), {"slaveId": 0}, name="S2", zookeeper=ZK_SETTINGS)
+    with kazoo_client(zk.connect_string) as client:
+        group = Group(client, root, broker_id=2)
+        wait_follows(slave, master, group)
+        wait_in_sync_set(group, 0)
+
+        code, out = cli(capsys, zk, root, "cluster", "remove-group", "--broker-id", "2")
+        assert code == 1 and "has live members" in out and "nothing removed" in out, out
+        code, out = cli(capsys, zk, root, "cluster", "remove-slave", "--broker-id", "2", "--slave-id", "0")
+        assert code == 1 and "slave0 of broker group 2 is alive" in out, out
+        # Both die, the master first (it cannot take slave0 out of the sync set), the slave
+        # before the master's session expires (it never takes over).
+        master.kill()
+        slave.kill()
+        wait_for(lambda: group.master() is None and not group.slaves(), 15, "the group's sessions to expire")
+        assert group.sync_set() == {0}
+        code, out = cli(capsys, zk, root, "cluster", "show")
+        assert code == 1 and "UNHEALTHY broker group 2: master NO MASTER" in out, out
+
+        code, out = cli(capsys, zk, root, "cluster", "remove-slave", "--broker-id", "2", "--slave-id", "0")
+        assert code == 0 and "slave0 removed from the sync set" in out, out
+        assert group.sync_set() == set()
+        code, out = cli(capsys, zk, root, "cluster", "remove-group", "--broker-id", "2")
+        assert code == 0 and "broker group 2 removed" in out, out
+        assert client.exists(cluster.paths.broker(2)) is None
+        assert group_topics(cluster, 2) == {}, "a new group 2 must not serve the old one's topics"
+
+    code, out = cli(capsys, zk, root, "cluster", "show", *cluster.login())
+    assert code == 0 and "broker group 2" not in out, out
+    code, out = cli(capsys, zk, root, "cluster", "remove-group", "--broker-id", "2")
+    assert code == 1 and "no broker group 2" in out, out
+    code, out = cli(capsys, zk, root, "cluster", "remove-group", "--broker-id", "0")
+    assert code == 1 and "has live members" in out and cluster.a.alive, out
+
+
+# --- item 5: topics ---------------------------------------------------------------------------
+
+
+def group_topics(cluster: Cluster, broker_id: int = 0) -> dict[str, dict[str, str]]:
+    data = zk_node(cluster, cluster.paths.topic_config(broker_id))
+    return json.loads(data)["topics"] if data else {}
+
+
+def test_topics_create_alter_and_a_system_default_edit(cluster, capsys):
+    zk, root = cluster.zk, cluster.root
+    code, out = cli(capsys, zk, root, "topics", "create", "--broker-id", "7", "--topic", "lost")
+    assert code == 1 and "no broker group 7" in out, out
+    assert zk_node(cluster, cluster.paths.topic_config(7)) is None
+
+    code, out = cli(capsys, zk, root, "topics", "create", "--broker-id", "0", "--topic", "made", "--set", "unflushThreshold=3")
+    assert code == 0, out
+    code, out = cli(capsys, zk, root, "topics", "create", "--broker-id", "0", "--topic", "made", "--if-not-exists")
+    assert code == 0 and "already has a topic 'made'" in out, out
+    code, out = cli(capsys, zk, root, "topics", "alter", "--broker-id", "0", "--topic", "made", "--set", "unflushThreshold=")
+    assert code == 0 and "applied by every live member" in out, out
+    assert group_topics(cluster)["made"] == {"numPartitions": "1"}
+    code, out = cli(capsys, zk, root, "topics", "alter", "--broker-id", "0", "--topic", "made", "--set", "unflushThreshold=")
+    assert code == 1 and "nothing to change" in out, out
+    code, out = cli(capsys, zk, root, "topics", "delete", "--broker-id", "0", "--topic", "gone", "--if-exists")
+    assert code == 0 and "nothing changed" in out, out
+
+    # The seeded topic fo stores only what its section overrides, never a [system] value.
+    assert "unflushInterval" not in group_topics(cluster)["fo"], group_topics(cluster)
+    # An edit of the master's [system] unflushInterval applies to fo and made alike.
+    a = cluster.a
+    a.config_path.write_text(a.config_path.read_text().replace("[system]\n", "[system]\nunflushInterval=777\n", 1))
+    a._signal(signal.SIGHUP)
+    wait_for(lambda: served_setting(a, "fo", "unflushInterval") == "777", 10, "the master to apply the edit")
+    assert served_setting(a, "made", "unflushInterval") == "777"
+    assert "unflushInterval" not in group_topics(cluster)["fo"], group_topics(cluster)
+    # The slave's own [system] default holds for every topic there (no pinned value on some).
+    b = cluster.b
+    assert served_setting(b, "fo", "unflushInterval") == served_setting(b, "made", "unflushInterval") != "777"
+
+    code, out = cli(capsys, zk, root, "topics", "list", "--broker-id", "0", "--json")
+    listed = {t["topic"]: t for t in json.loads(out)}
+    assert code == 0 and listed["made"]["partitions"] == 1 and "unflushInterval" not in listed["fo"]["settings"], out
