@@ -351,6 +351,7 @@ class ClientConnection(asyncio.Protocol):
                 self.send_reply(auth_reply(event.reply, opaque))
             elif isinstance(event, handshake.Authenticated):
                 self.principal = event.principal
+                self.security.logged_in(self)  # a SIGHUP that removes the user closes it
                 log.info("connection from %s authenticated as %s", self.peer, event.principal)
             elif isinstance(event, handshake.Failed):
                 log.warning("authentication from %s failed: %s", self.peer, event.error)

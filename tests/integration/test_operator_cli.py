@@ -8,10 +8,13 @@ Item 9: ``metaq cluster`` shows secured and plain groups in one call, exits 1 wi
 Item 8: ``metaq cluster remove-group|remove-slave`` forget dead members, never live ones.
 Item 5: ``metaq topics`` refuses an unknown group, unsets overrides, and a ``[system]`` edit
 applies to every topic that does not override the key.
+Item 12: ``metaq drill`` checks its permissions before any fault.
+Item 13: SIGHUP reloads the security file's users and always logs its line.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import signal
@@ -21,6 +24,9 @@ from typing import Any, Iterator
 
 import pytest
 
+from metaq.client.connection import BrokerConnection, ConnectionClosed
+from metaq.security.credentials import SecurityFile
+from metaq.security.handshake import ClientAuthenticator
 from metaq.tools.launcher import BrokerFactory, BrokerProcess
 from metaq.zk.paths import ZkPaths
 from tests.harness import kazoo_client
@@ -190,3 +196,68 @@ def test_topics_create_alter_and_a_system_default_edit(cluster, capsys):
     code, out = cli(capsys, zk, root, "topics", "list", "--broker-id", "0", "--json")
     listed = {t["topic"]: t for t in json.loads(out)}
     assert code == 0 and listed["made"]["partitions"] == 1 and "unflushInterval" not in listed["fo"]["settings"], out
+
+
+# --- item 12: a drill checks its permissions before any fault ------------------------------------
+
+
+@pytest.mark.parametrize("user, missing", [("ops", "may not consume topic 't'"), ("app", "(admin)")])
+def test_a_drill_without_a_permission_refuses_before_any_fault(cluster, user, missing):
+    from metaq.client.connection import Credentials
+    from metaq.errors import MetaqError
+    from metaq.tools.drill import Drill
+
+    pid = cluster.s.pid
+    drill = Drill(cluster.zk.connect_string, 1, "kill", zk_root=cluster.root, topic="t", rate=50,
+                  creds=Credentials(user, PASSWORDS[user]))
+    with pytest.raises(MetaqError) as refused:
+        asyncio.run(drill.run())
+    message = str(refused.value)
+    assert message.startswith("not starting the drill:") and missing in message and "nothing was injected" in message
+    assert "\n" not in message
+    assert cluster.s.alive and cluster.s.pid == pid, "the master was faulted"
+
+
+# --- item 13: SIGHUP -------------------------------------------------------------------------------
+
+
+async def login(broker: BrokerProcess, user: str, password: str) -> BrokerConnection:
+    return await BrokerConnection.open(*broker.address, authenticator=ClientAuthenticator(user, password))
+
+
+def test_sighup_reloads_the_users_and_always_logs_its_line(cluster):
+    s = cluster.s
+    s.config_path.write_text(s.config_path.read_text().replace("[system]\n", "[system]\nlogLevel=WARNING\n", 1))
+    s._signal(signal.SIGHUP)
+    wait_for(lambda: "reload: applied logLevel" in s.log_text(), 10, "the reload line at logLevel=WARNING")
+
+    async def scenario() -> None:
+        rival = await login(s, "rival", PASSWORDS["rival"])
+        reader = await login(s, "reader", PASSWORDS["reader"])
+        users = SecurityFile.load(cluster.secured.users_file)
+        users.add_user("newbie", "newbie-password", consume="t", iterations=4096)
+        users.set_password("reader", "reader-password-2", iterations=4096)
+        users.remove_user("rival")
+        users.save()
+        s._signal(signal.SIGHUP)
+        await asyncio.to_thread(wait_for, lambda: "security.ini users" in s.log_text(), 10, "the users' reload line")
+        line = next(line for line in s.log_text().splitlines() if "security.ini users" in line)
+        assert "added newbie" in line and "removed rival" in line and "new password for reader" in line, line
+        assert "closed 2 connection(s)" in line, line
+        for conn in (rival, reader):  # their proof is no longer valid
+            with pytest.raises(ConnectionClosed):
+                await conn.request({"op": "offset", "topic": "t", "partition": 0, "offset": 0}, timeout=5)
+        with pytest.raises(ConnectionClosed):
+            await login(s, "rival", PASSWORDS["rival"])
+        with pytest.raises(ConnectionClosed):
+            await login(s, "reader", PASSWORDS["reader"])
+        for user, password in (("newbie", "newbie-password"), ("reader", "reader-password-2")):
+            conn = await login(s, user, password)
+            try:
+                reply = await conn.request({"op": "offset", "topic": "t", "partition": 0, "offset": 0}, timeout=5)
+                assert reply.ok, (user, reply.header)
+            finally:
+                conn.close()
+
+    asyncio.run(scenario())
+    assert s.alive
