@@ -47,6 +47,13 @@ class BrokerSecurity:
             return self.group_scram
         return self.users.secret_for(name) if self.users is not None else None
 
+    def describe(self) -> str:
+        """For the broker's start line: whether security and TLS are on."""
+        security = "security on (SCRAM logins, ACLs, ZooKeeper ACLs)" if self.config.enabled else "security off"
+        if not self.config.tls_enabled:
+            return f"{security}, TLS off (plaintext)"
+        return f"{security}, TLS on (client certificates: {self.config.tls_client_auth})"
+
     def known_user(self, name: str) -> bool:
         """A user of the security file now, or one of this group's brokers."""
         return self.lookup(name) is not None

@@ -86,6 +86,11 @@ def served_setting(broker: BrokerProcess, topic: str, key: str) -> str | None:
 # --- item 9: metaq cluster ---------------------------------------------------------------------
 
 
+def test_the_start_line_says_whether_security_and_tls_are_on(cluster):
+    assert "listening on 127.0.0.1:%d; security on (SCRAM logins, ACLs, ZooKeeper ACLs), TLS off" % cluster.s.port in cluster.s.log_text()
+    assert "listening on 127.0.0.1:%d; security off, TLS off (plaintext)" % cluster.a.port in cluster.a.log_text()
+
+
 def test_cluster_shows_secured_and_plain_groups_in_one_call(cluster, capsys):
     code, out = cli(capsys, cluster.zk, cluster.root, "cluster", "show")
     assert code == 1, out
