@@ -30,7 +30,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     describe = add_action(actions, "describe", "partitions, master, slaves, sync set, committed offsets, lag per slave", run_describe)
     describe.add_argument("--topic", required=True, help="the topic")
     describe.add_argument("--broker-id", type=int, metavar="ID", help="only this broker group")
+    only = describe.add_mutually_exclusive_group()
+    only.add_argument("--under-replicated-partitions", action="store_true",
+                      help="only partitions a registered slave does not hold fully: unreachable, not serving it, out of the sync set (sync) or behind (async)")
+    only.add_argument("--unavailable-partitions", action="store_true", help="only partitions without a master serving them")
     add_json_option(describe)
+
+    get = add_action(actions, "get", "print one message of a partition, by offset or msg id (read from its master)", run_get)
+    get.add_argument("--topic", required=True, help="the topic")
+    get.add_argument("--partition", required=True, metavar="BROKER-N", help="the partition, e.g. 0-1")
+    which = get.add_mutually_exclusive_group(required=True)
+    which.add_argument("--offset", type=int, help="the message starting at this byte offset")
+    which.add_argument("--msg-id", type=int, help="the message with this msg id (walks the partition from its oldest message)")
+    add_json_option(get)
 
     for name, helptext, runner in (
         ("create", "add a topic to a broker group (every member serves it at once)", run_create),
@@ -118,11 +130,26 @@ def run_describe(args: argparse.Namespace) -> int:
     if not groups:
         raise MetaqError(f"no broker group has a topic {args.topic!r} (see metaq topics list)")
     described = [asyncio.run(_describe_group(args, *group)) for group in groups]
+    if args.under_replicated_partitions or args.unavailable_partitions:
+        keep = _under_replicated if args.under_replicated_partitions else _unavailable
+        described = [(head, [row for row in rows if row[0] in keep(rows)]) for head, rows in described]
     if args.json:
         print_json([{**head, "partitions": table_json(DESCRIBE_COLUMNS, rows)} for head, rows in described])
         return 0
     print("\n\n".join(_describe_text(args.topic, head, rows) for head, rows in described))
     return 0
+
+
+def _under_replicated(rows: list[tuple[Any, ...]]) -> set[int]:
+    """Partitions a registered slave does not hold fully (rows as in DESCRIBE_COLUMNS)."""
+    return {row[0] for row in rows if row[1] != "master" and (row[3] != "up" or row[7] == "no" or (row[7] == "-" and row[6] != 0))}
+
+
+def _unavailable(rows: list[tuple[Any, ...]]) -> set[int]:
+    """Partitions whose master is absent, unreachable or does not serve them."""
+    partitions = {row[0] for row in rows}
+    served = {row[0] for row in rows if row[1] == "master" and row[3] == "up"}
+    return partitions - served
 
 
 DESCRIBE_COLUMNS = ("partition", "member", "address", "state", "log end", "committed", "lag bytes", "in sync set")
@@ -166,6 +193,67 @@ async def _describe_group(args: argparse.Namespace, broker_id: int, config: Any,
             rows.append((partition, role, url.removeprefix("meta://"), state_text, end,
                          row["committed"] if isinstance(row, dict) else None, lag, in_sync))
     return head, rows
+
+
+def run_get(args: argparse.Namespace) -> int:
+    from kazoo.exceptions import NoNodeError
+
+    from ..zk.group import read_members
+    from .groups import PartitionRow
+
+    broker, _, number = args.partition.partition("-")
+    if not (broker.isdigit() and number.isdigit()):
+        raise MetaqError(f"--partition expects BROKER-N (e.g. 0-1), got {args.partition!r}")
+    with zk_client(args) as (client, paths):
+        try:
+            master = read_members(client, paths, int(broker)).master_url
+        except NoNodeError:
+            master = None
+    if master is None:
+        raise MetaqError(f"broker group {broker} has no master registered under {args.zk_root}: {args.topic}-{args.partition} cannot be read")
+    row = PartitionRow(args.topic, int(broker), int(number), master)
+    record = asyncio.run(_find_message(row, args))
+    from datetime import datetime, timezone
+
+    from ..store.msgid import msg_id_timestamp_ms
+
+    at = datetime.fromtimestamp(msg_id_timestamp_ms(record.msg_id) / 1000, timezone.utc).isoformat(timespec="milliseconds")
+    if args.json:
+        print_json({"topic": args.topic, "partition": args.partition, "offset": record.offset, "msg_id": record.msg_id,
+                    "time": at, "attribute": record.attribute, "data": record.data.decode("utf-8", "replace")})
+    else:
+        print(f"{args.topic}-{args.partition} offset {record.offset} msg id {record.msg_id} time {at} attribute {record.attribute or '-'}")
+        print(record.data.decode("utf-8", "replace"))
+    return 0
+
+
+async def _find_message(row: Any, args: argparse.Namespace) -> Any:
+    """The record at ``--offset`` (which must start a message) or with ``--msg-id``, read from the master."""
+    from .groups import bounds, checked_offset, walk
+
+    creds = credentials(args)
+    found = await bounds(row, args.timeout, creds)
+    if found is None:
+        raise MetaqError(f"{row.topic}-{row.name}: its master cannot be reached or does not serve it")
+    earliest, end = found
+    if args.offset is not None:
+        if args.offset >= end:
+            raise MetaqError(f"{row.topic}-{row.name}: no message at offset {args.offset} (readable messages end at {end})")
+        start = await checked_offset(row, args.offset, earliest, end, args.timeout, creds)
+    else:
+        start = earliest
+    hits: list[Any] = []
+
+    def wanted(record: Any, _walked: int) -> bool:
+        if args.offset is not None or record.msg_id == args.msg_id:
+            hits.append(record)
+            return True
+        return False
+
+    await walk(row, start, end, args.timeout, creds, stop=wanted)
+    if not hits:
+        raise MetaqError(f"{row.topic}-{row.name}: no message with msg id {args.msg_id} in [{earliest}, {end})")
+    return hits[0]
 
 
 # --- writing -----------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ Item 5: ``metaq topics`` refuses an unknown group, unsets overrides, and a ``[sy
 applies to every topic that does not override the key.
 Item 12: ``metaq drill`` checks its permissions before any fault.
 Item 13: SIGHUP reloads the security file's users and always logs its line.
+Parity with kafka-consumer-groups / kafka-topics: shift, duration, export and import of
+offsets, deleting a group, one message by offset or msg id, describe's partition filters.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any, Iterator
 import pytest
 
 from metaq.client.connection import BrokerConnection, ConnectionClosed
+from metaq.record import iter_records
 from metaq.security.credentials import SecurityFile
 from metaq.security.handshake import ClientAuthenticator
 from metaq.tools.launcher import BrokerFactory, BrokerProcess
@@ -32,7 +35,7 @@ from metaq.zk.paths import ZkPaths
 from tests.harness import kazoo_client
 
 from .failover_support import ZK_SETTINGS, Group, make_pair, sync_system, wait_follows, wait_in_sync_set
-from .replication_support import request, wait_for
+from .replication_support import put, request, wait_caught_up, wait_for
 from .test_topics_cli import metaq as cli
 from .trust_support import PASSWORDS, SecuredGroup
 
@@ -266,3 +269,80 @@ def test_sighup_reloads_the_users_and_always_logs_its_line(cluster):
 
     asyncio.run(scenario())
     assert s.alive
+
+
+# --- parity with kafka-consumer-groups / kafka-topics ----------------------------------------------
+
+
+def test_offsets_reset_export_import_delete_and_one_message(cluster, capsys, tmp_path):
+    zk, root, a = cluster.zk, cluster.root, cluster.a
+    put(a, "fo", 0, 10, size=64, batch=10)
+    records = disk_records(a)  # group commit: acked means on disk
+    assert len(records) == 10
+    wait_caught_up(a, cluster.b, [("fo", 0)])
+    reset = ("groups", "reset-offsets", "--group", "g", "--topic", "fo")
+
+    def offset_now() -> int:
+        data = zk_node(cluster, cluster.paths.offset("g", "fo", "0-0"))
+        assert data is not None
+        return int(data.decode().rsplit("-", 1)[1])
+
+    code, out = cli(capsys, zk, root, *reset, "--to-earliest", "--execute")
+    assert code == 0 and offset_now() == records[0].offset, out
+    code, out = cli(capsys, zk, root, *reset, "--shift-by", "3", "--execute")
+    assert code == 0 and offset_now() == records[3].offset, out
+    code, out = cli(capsys, zk, root, *reset, "--shift-by", "-2", "--execute")
+    assert code == 0 and offset_now() == records[1].offset, out
+    code, out = cli(capsys, zk, root, *reset, "--shift-by", "-50", "--execute")
+    assert code == 0 and offset_now() == records[0].offset, out
+    code, out = cli(capsys, zk, root, *reset, "--shift-by", "4", "--execute")
+    assert code == 0 and offset_now() == records[4].offset, out
+
+    # --export of --to-current is a backup --from-file restores.
+    code, out = cli(capsys, zk, root, "groups", "reset-offsets", "--group", "g", "--all-topics", "--to-current", "--export")
+    assert code == 0 and out.splitlines()[0] == f"fo,0-0,{records[4].offset}", out
+    backup = tmp_path / "g.csv"
+    backup.write_text(out)
+    code, out = cli(capsys, zk, root, *reset, "--to-latest", "--execute")
+    assert code == 0 and offset_now() == records[-1].offset + records[-1].size, out
+    code, out = cli(capsys, zk, root, "groups", "reset-offsets", "--group", "g", "--from-file", str(backup), "--execute")
+    assert code == 0 and offset_now() == records[4].offset, out
+    backup.write_text(f"fo,0-0,{records[4].offset + 1}\n")
+    code, out = cli(capsys, zk, root, "groups", "reset-offsets", "--group", "g", "--from-file", str(backup), "--execute")
+    assert code == 1 and "does not start a message" in out and offset_now() == records[4].offset, out
+    code, out = cli(capsys, zk, root, *reset, "--by-duration", "1h")
+    planned = next(line for line in out.splitlines() if line.startswith("fo ")).split()
+    assert code == 0 and planned[2:] == [str(records[4].offset), str(records[0].offset)], out
+    code, out = cli(capsys, zk, root, *reset, "--by-duration", "soon")
+    assert code == 1 and "--by-duration: expected" in out, out
+
+    # One message, by offset and by msg id.
+    code, out = cli(capsys, zk, root, "topics", "get", "--topic", "fo", "--partition", "0-0", "--offset", str(records[5].offset), "--json")
+    shown = json.loads(out)
+    assert code == 0 and (shown["msg_id"], shown["data"]) == (records[5].msg_id, records[5].data.decode()), out
+    code, out = cli(capsys, zk, root, "topics", "get", "--topic", "fo", "--partition", "0-0", "--msg-id", str(records[7].msg_id))
+    assert code == 0 and f"offset {records[7].offset} msg id {records[7].msg_id}" in out and records[7].data.decode() in out, out
+    code, out = cli(capsys, zk, root, "topics", "get", "--topic", "fo", "--partition", "0-0", "--offset", str(records[5].offset + 3))
+    assert code == 1 and "does not start a message" in out, out
+
+    # A healthy pair: nothing under-replicated, nothing unavailable.
+    for flag in ("--under-replicated-partitions", "--unavailable-partitions"):
+        code, out = cli(capsys, zk, root, "topics", "describe", "--topic", "fo", "--broker-id", "0", flag, "--json")
+        assert code == 0 and json.loads(out)[0]["partitions"] == [], out
+
+    # Deleting: refused while a member is live, then one topic's offsets, then the group.
+    with kazoo_client(zk.connect_string) as client:
+        client.create(cluster.paths.consumer_id("g", "c1"), b"fo", ephemeral=True, makepath=True)
+        code, out = cli(capsys, zk, root, "groups", "delete", "--group", "g")
+        assert code == 1 and "live member" in out and zk_node(cluster, cluster.paths.offset("g", "fo", "0-0")), out
+    code, out = cli(capsys, zk, root, "groups", "delete", "--group", "g", "--topic", "fo")
+    assert code == 0 and zk_node(cluster, cluster.paths.offsets("g", "fo")) is None, out
+    code, out = cli(capsys, zk, root, "groups", "delete", "--group", "g")
+    assert code == 0 and zk_node(cluster, cluster.paths.consumer_group("g")) is None, out
+    code, out = cli(capsys, zk, root, "groups", "list", "--json")
+    assert code == 0 and json.loads(out) == [], out
+
+
+def disk_records(broker: BrokerProcess) -> list[Any]:
+    start, data = broker.disk_log("fo", 0)
+    return list(iter_records(data, start))

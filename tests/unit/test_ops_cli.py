@@ -173,3 +173,53 @@ def test_drill_shows_a_live_status_on_a_terminal_only(capsys):
     assert re.search(r"drill 1 of 1: kill \(\d+ s\)", screen.getvalue()), "the elapsed time ticks"
     asyncio.run(run(None))  # stderr is not a terminal under pytest: nothing
     assert capsys.readouterr().err == ""
+
+
+def test_describe_filters_pick_under_replicated_and_unavailable_partitions():
+    from metaq.cli.topics import _unavailable, _under_replicated
+
+    rows = [
+        (0, "master", "a", "up", 10, 10, None, "-"), (0, "slave1", "b", "up", 10, 10, 0, "yes"),
+        (1, "master", "a", "up", 10, 10, None, "-"), (1, "slave1", "b", "up", 8, 8, 2, "no"),
+        (2, "master", "a", "not served", None, None, None, "-"), (2, "slave1", "b", "unreachable", None, None, None, "yes"),
+    ]
+    assert _under_replicated(rows) == {1, 2}
+    assert _unavailable(rows) == {2}
+    async_rows = [(0, "master", "a", "up", 10, 10, None, "-"), (0, "slave0", "b", "up", 7, 7, 3, "-")]
+    assert _under_replicated(async_rows) == {0}, "async: a slave behind its master"
+
+
+def test_reset_offsets_parses_durations_and_offset_files(tmp_path):
+    from metaq.cli.groups import _parse_duration, _read_offsets_file
+    from metaq.errors import MetaqError
+
+    assert _parse_duration("90s") == 90_000 and _parse_duration("2h") == 7_200_000 and _parse_duration("1d") == 86_400_000
+    assert _parse_duration("PT1H30M") == 5_400_000 and _parse_duration("P1DT0.5S") == 86_400_500
+    for bad in ("", "P", "PT", "5 minutes", "-3m"):
+        with pytest.raises(MetaqError, match="--by-duration"):
+            _parse_duration(bad)
+    plan = tmp_path / "plan.csv"
+    plan.write_text("# a backup\nfo,0-0,120\n\nfo, 1-2 ,0\n")
+    assert _read_offsets_file(str(plan)) == {("fo", "0-0"): 120, ("fo", "1-2"): 0}
+    plan.write_text("fo,0,120\n")
+    with pytest.raises(MetaqError, match="line 1: expected TOPIC,BROKER-N,OFFSET"):
+        _read_offsets_file(str(plan))
+
+
+def test_cluster_names_every_problem_and_tables_become_json():
+    from metaq.cli.admin import NEEDS_LOGIN, table_json
+    from metaq.cli.cluster import NO_MASTER, Member, unhealthy
+
+    members = [
+        Member(0, "master", "meta://a:1", state="up"),
+        Member(0, "slave1", "meta://b:1", state="1 partition(s) stopped", stopped={"t-0-0": "record at offset 40 fails its CRC check"}),
+        Member(1, "master", "meta://c:1", state=NEEDS_LOGIN),
+        Member(2, "master", "(none)", state=NO_MASTER),
+    ]
+    assert unhealthy(members) == [
+        "UNHEALTHY broker group 0: slave1 (meta://b:1) stopped replicating 1 partition(s): t-0-0 (first: record at offset 40 fails its CRC check)",
+        "UNKNOWN broker group 1: master needs login (meta://c:1): pass --user and --password-file, or --group-login 1=USER:PASSWORD_FILE",
+        "UNHEALTHY broker group 2: master NO MASTER",
+    ]
+    assert table_json(("log end", "lag bytes", "settings (other than the defaults)"), [(5, None, "x")]) == [
+        {"log_end": 5, "lag_bytes": None, "settings_other_than_the_defaults": "x"}]
