@@ -28,13 +28,10 @@ import json
 import logging
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .admin import NEEDS_LOGIN, Answer, render_table, stats_answer
 from .login import add_group_login_argument, add_group_secret_argument, add_login_arguments, credentials, group_credentials
-
-if TYPE_CHECKING:
-    from ..protocol.replies import StatsReply
 
 
 NO_MASTER = "NO MASTER"

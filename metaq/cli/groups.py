@@ -245,10 +245,10 @@ def run_describe(args: argparse.Namespace) -> int:
 
 async def _describe(rows: list[PartitionRow], timeout: float, creds: Any) -> list[tuple[Any, ...]]:
     async def one(row: PartitionRow) -> tuple[Any, ...]:
-        bounds = await bounds(row, timeout, creds)
-        if bounds is None:
+        found = await bounds(row, timeout, creds)
+        if found is None:
             return (row.topic, row.name, row.committed, "unreachable", None, None)
-        earliest, end = bounds
+        earliest, end = found
         start = earliest if row.committed is None else max(row.committed, earliest)
         messages = (await walk(row, start, end, timeout, creds))[0] if start < end else 0
         return (row.topic, row.name, row.committed, end, max(0, end - start), messages)
