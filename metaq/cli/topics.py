@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from ..errors import MetaqError
-from .admin import add_action, add_actions, add_json_option, ask, parse_settings, print_json, render_table, stats_map, table_json, zk_client
+from .admin import add_action, add_actions, add_json_option, ask, parse_settings, print_json, render_table, stats_answer, table_json, zk_client
 from .login import add_group_secret_argument, credentials, zk_security, zk_write_refused
 
 
@@ -168,29 +168,42 @@ async def _describe_group(args: argparse.Namespace, broker_id: int, config: Any,
     settings = config.topics.get(args.topic)
     partitions = int(settings.get("numPartitions", "1")) if settings else 0
     sync_set = "-" if state.sync_set is None else ",".join(f"slave{s}" for s in sorted(state.sync_set)) or "(empty)"
-    roles = [] if members is None else ([("master", members.master_url)] if members.master_url else [])
-    roles += [] if members is None else [(f"slave{k}", url) for k, url in members.slaves.items()]
+    registered = members.slaves if members is not None else {}
+    master_url = members.master_url if members is not None else None
+    # Who should hold the partitions, present or not: the master (a row even when none is
+    # registered) and every registered slave or sync-set member (a sync-set member that is
+    # not registered lacks what the set promises).
+    roles: list[tuple[str, str | None]] = [("master", master_url)] + [(f"slave{k}", url) for k, url in registered.items()]
+    roles += [(f"slave{k}", None) for k in sorted(state.sync_set or ()) if k not in registered]
     head = {
         "topic": args.topic, "broker": broker_id, "partition_count": partitions, "epoch": state.epoch,
-        "master": members.master_url.removeprefix("meta://") if members and members.master_url else None,
-        "slaves": [r for r, _ in roles if r != "master"], "sync_set": sync_set,
+        "master": master_url.removeprefix("meta://") if master_url else None,
+        "slaves": [f"slave{k}" for k in registered], "sync_set": sync_set,
     }
-    replies = await asyncio.gather(*(stats_map(url, args.topic, args.timeout, credentials(args)) for _, url in roles))
-    offsets = {role: (reply.pairs if reply is not None else None) for (role, _), reply in zip(roles, replies)}
+    creds = credentials(args)
+    answers = await asyncio.gather(*(stats_answer(url, args.topic, args.timeout, creds) for _, url in roles if url is not None))
+    found = iter(answers)
+    offsets = {role: (next(found) if url is not None else None) for role, url in roles}
     rows = []
     for partition in range(partitions):
         name = f"{args.topic}-{broker_id}-{partition}"
         master_end = None
         for role, url in roles:
-            pairs = offsets[role]
+            answer = offsets[role]
+            pairs = answer.reply.pairs if answer is not None and answer.reply is not None else None
             row = dict(pairs).get(name) if pairs is not None else None
             end = row["max_offset"] if isinstance(row, dict) else None
             if role == "master":
                 master_end = end
             lag = master_end - end if role != "master" and master_end is not None and end is not None else None
             in_sync = "-" if role == "master" or state.sync_set is None else ("yes" if int(role[5:]) in state.sync_set else "no")
-            state_text = "unreachable" if pairs is None else ("up" if row is not None else "not served")
-            rows.append((partition, role, url.removeprefix("meta://"), state_text, end,
+            if url is None:
+                state_text = "not registered"
+            elif pairs is None:
+                state_text = answer.problem if answer is not None and answer.problem else "unreachable"
+            else:
+                state_text = "up" if row is not None else "not served"
+            rows.append((partition, role, url.removeprefix("meta://") if url else "-", state_text, end,
                          row["committed"] if isinstance(row, dict) else None, lag, in_sync))
     return head, rows
 

@@ -143,6 +143,12 @@ def test_remove_group_and_slave_only_once_they_are_dead(cluster, capsys):
         slave.kill()
         wait_for(lambda: group.master() is None and not group.slaves(), 15, "the group's sessions to expire")
         assert group.sync_set() == {0}
+        # Nobody serves x now, and slave0 of the sync set is gone: describe's filters say so.
+        for flag in ("--unavailable-partitions", "--under-replicated-partitions"):
+            code, out = cli(capsys, zk, root, "topics", "describe", "--topic", "x", "--broker-id", "2", flag, "--json")
+            rows = json.loads(out)[0]["partitions"]
+            assert code == 0 and {(r["partition"], r["member"], r["state"]) for r in rows} == {
+                (0, "master", "not registered"), (0, "slave0", "not registered")}, out
         code, out = cli(capsys, zk, root, "cluster", "show")
         assert code == 1 and "UNHEALTHY broker group 2: master NO MASTER" in out, out
 
