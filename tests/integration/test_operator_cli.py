@@ -352,3 +352,15 @@ def test_offsets_reset_export_import_delete_and_one_message(cluster, capsys, tmp
 def disk_records(broker: BrokerProcess) -> list[Any]:
     start, data = broker.disk_log("fo", 0)
     return list(iter_records(data, start))
+
+
+def test_removing_a_secured_group_needs_its_secret(cluster, capsys):
+    """Last in the module: it stops the secured master."""
+    zk, root = cluster.zk, cluster.root
+    cluster.s.stop()
+    remove = ("cluster", "remove-group", "--broker-id", "1")
+    code, out = cli(capsys, zk, root, *remove)
+    assert code == 1 and "--group-secret" in out and zk_node(cluster, cluster.paths.epoch(1)) is not None, out
+    code, out = cli(capsys, zk, root, *remove, "--group-secret", str(cluster.secured.secret_file))
+    assert code == 0 and "broker group 1 removed" in out, out
+    assert zk_node(cluster, cluster.paths.broker(1)) is None and group_topics(cluster, 1) == {}
