@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .admin import NEEDS_LOGIN, Answer, render_table, stats_answer
+from .admin import LOGIN_REFUSED, NEEDS_LOGIN, Answer, print_json, render_table, stats_answer
 from .login import add_group_login_argument, add_group_secret_argument, add_login_arguments, credentials, group_credentials
 
 
@@ -213,8 +212,8 @@ def run(args: argparse.Namespace) -> int:
     where = args.zk_root if args.broker_id is None else f"{args.zk_root} as broker group {args.broker_id}"
     problems = unhealthy(members) if members else [f"UNHEALTHY: no brokers registered under {where}"]
     if args.json:
-        print(json.dumps({"zk": args.zk, "zk_root": args.zk_root, "healthy": not problems, "problems": problems,
-                          "members": [asdict(m) for m in members]}, indent=2))
+        print_json({"zk": args.zk, "zk_root": args.zk_root, "healthy": not problems, "problems": problems,
+                    "members": [asdict(m) for m in members]})
     elif members and sys.stdout.isatty():
         render_rich(members, args.zk, args.zk_root)
     elif members:
@@ -230,8 +229,8 @@ def unhealthy(members: list[Member]) -> list[str]:
     refusing), a slave that stopped replicating partitions, a master not checked (no login)."""
     lines = []
     for m in members:
-        if m.role == "master" and m.state == NEEDS_LOGIN:
-            lines.append(f"UNKNOWN broker group {m.broker_id}: master needs login ({m.url}): pass --user and "
+        if m.role == "master" and m.state in (NEEDS_LOGIN, LOGIN_REFUSED):
+            lines.append(f"UNKNOWN broker group {m.broker_id}: master {m.state} ({m.url}): pass --user and "
                          f"--password-file, or --group-login {m.broker_id}=USER:PASSWORD_FILE")
         elif m.role == "master" and m.state != "up":
             lines.append(f"UNHEALTHY broker group {m.broker_id}: master {m.state}" + ("" if m.state == NO_MASTER else f" ({m.url})"))

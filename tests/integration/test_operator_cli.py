@@ -110,6 +110,10 @@ def test_cluster_shows_secured_and_plain_groups_in_one_call(cluster, capsys):
     assert sorted((m["broker_id"], m["role"], m["state"]) for m in report["members"]) == [
         (0, "master", "up"), (0, "slave1", "up"), (1, "master", "up")]
 
+    wrong = cluster.directory / "wrong.password"
+    wrong.write_text("not-the-password\n")
+    code, out = cli(capsys, cluster.zk, cluster.root, "cluster", "show", "--group-login", f"1=ops:{wrong}")
+    assert code == 1 and "UNKNOWN broker group 1: master login refused" in out and out.count(" up ") == 2, out
     code, out = cli(capsys, cluster.zk, cluster.root, "cluster", "show", "--group-login", "1=ops")
     assert code == 1 and "--group-login expects ID=USER:PASSWORD_FILE" in out, out
 
