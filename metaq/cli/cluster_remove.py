@@ -5,7 +5,7 @@ A group's persistent nodes (``{root}/brokers/ids/{id}`` with its ``epoch``, ``sy
 brokers, so a throwaway group shows ``NO MASTER`` in ``metaq cluster`` forever.
 
 ``remove-group`` deletes them; ``remove-slave`` takes one slave id out of the group's
-sync set. Both refuse while a member they concern is alive: a live broker holds an
+sync set (and withdraws a ``metaq promote`` hand-over to it). Both refuse while a member they concern is alive: a live broker holds an
 ephemeral node (``master``, ``slave{k}``, ``candidates/slave{k}``) under the group, so
 "alive" is what ZooKeeper says, not what anyone claims.
 """
@@ -106,6 +106,7 @@ def remove_slave(args: argparse.Namespace, client: Any, paths: Any) -> list[str]
     """Take a dead slave out of its group's sync set (compare-and-set); the report's lines."""
     from kazoo.exceptions import BadVersionError, NoAuthError, NoNodeError
 
+    from ..ha.election import clear_handover, read_handover
     from ..zk.paths import decode_sync_set, encode_sync_set
 
     broker_id = _require_broker_id(args)
@@ -122,23 +123,35 @@ def remove_slave(args: argparse.Namespace, client: Any, paths: Any) -> list[str]
         # The master owns its sync set: it drops a lost slave itself (syncSlaveTimeoutMs), and
         # a write here would race its own publication.
         raise MetaqError(f"broker group {broker_id} has a live master ({alive[0]}): it removes a lost slave from its sync set itself")
+    lines = []
     try:
         data, stat = client.get(paths.sync_set(broker_id))
     except NoNodeError:
-        raise MetaqError(f"broker group {broker_id} has no sync set; nothing names {slave}") from None
-    members, epoch = decode_sync_set(data)
-    if args.slave_id not in members:
-        raise MetaqError(f"broker group {broker_id}'s sync set ({sorted(members)}) does not name {slave}; nothing to remove")
-    minimum = _min_sync_slaves(data)
-    # A smaller set never widens who may take over (election.eligibility): no acked message
-    # can be lost by it. The epoch stays the one that chose the set.
-    try:
-        client.set(paths.sync_set(broker_id), encode_sync_set(members - {args.slave_id}, epoch, minimum), version=stat.version)
-    except BadVersionError:
-        raise MetaqError(f"broker group {broker_id}'s sync set changed meanwhile; nothing removed (run it again)") from None
-    except NoAuthError:
-        raise zk_write_refused(args, f"the write of {paths.sync_set(broker_id)}") from None
-    return [f"broker group {broker_id}: {slave} removed from the sync set (now {sorted(members - {args.slave_id})}, epoch {epoch})"]
+        data, stat = None, None
+    members, epoch = decode_sync_set(data) if data is not None else (frozenset(), 0)
+    if args.slave_id in members:
+        # A smaller set never widens who may take over (election.eligibility): no acked
+        # message can be lost by it. The epoch stays the one that chose the set.
+        remaining = members - {args.slave_id}
+        try:
+            client.set(paths.sync_set(broker_id), encode_sync_set(remaining, epoch, _min_sync_slaves(data)), version=stat.version)
+        except BadVersionError:
+            raise MetaqError(f"broker group {broker_id}'s sync set changed meanwhile; nothing removed (run it again)") from None
+        except NoAuthError:
+            raise zk_write_refused(args, f"the write of {paths.sync_set(broker_id)}") from None
+        lines.append(f"broker group {broker_id}: {slave} removed from the sync set (now {sorted(remaining)}, epoch {epoch})")
+    handover = read_handover(client, paths, broker_id)
+    if handover is not None and handover.slave_id == args.slave_id:
+        # A hand-over to a slave that is gone would leave the group to nobody; without it
+        # the ordinary rule (the last master or a sync-set member) decides again.
+        try:
+            clear_handover(client, paths, broker_id)
+        except NoAuthError:
+            raise zk_write_refused(args, f"the removal of {paths.handover(broker_id)}") from None
+        lines.append(f"broker group {broker_id}: the hand-over to {slave} (metaq promote) withdrawn")
+    if not lines:
+        raise MetaqError(f"broker group {broker_id}: neither its sync set ({sorted(members)}) nor a hand-over names {slave}; nothing to remove")
+    return lines
 
 
 def _min_sync_slaves(data: bytes) -> int:

@@ -27,6 +27,7 @@ from typing import Any, Iterator
 import pytest
 
 from metaq.client.connection import BrokerConnection, ConnectionClosed
+from metaq.ha.election import Handover, write_handover
 from metaq.record import iter_records
 from metaq.security.credentials import SecurityFile
 from metaq.security.handshake import ClientAuthenticator
@@ -156,9 +157,13 @@ def test_remove_group_and_slave_only_once_they_are_dead(cluster, capsys):
         code, out = cli(capsys, zk, root, "cluster", "show")
         assert code == 1 and "UNHEALTHY broker group 2: master NO MASTER" in out, out
 
+        # An operator's hand-over to slave0 (metaq promote) that it never took.
+        write_handover(client, cluster.paths, 2, Handover(0, group.epoch()))
         code, out = cli(capsys, zk, root, "cluster", "remove-slave", "--broker-id", "2", "--slave-id", "0")
-        assert code == 0 and "slave0 removed from the sync set" in out, out
-        assert group.sync_set() == set()
+        assert code == 0 and "slave0 removed from the sync set" in out and "hand-over to slave0" in out, out
+        assert group.sync_set() == set() and client.exists(cluster.paths.handover(2)) is None
+        code, out = cli(capsys, zk, root, "cluster", "remove-slave", "--broker-id", "2", "--slave-id", "0")
+        assert code == 1 and "nothing to remove" in out, out
         code, out = cli(capsys, zk, root, "cluster", "remove-group", "--broker-id", "2")
         assert code == 0 and "broker group 2 removed" in out, out
         assert client.exists(cluster.paths.broker(2)) is None
