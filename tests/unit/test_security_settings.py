@@ -113,6 +113,7 @@ def test_one_setting_turns_everything_on(secured: Path) -> None:
     assert security.authorizer.allowed(Principal("alice"), Operation.PRODUCE, "orders")
     assert security.authorizer.allowed(event.principal, Operation.REPLICATION, "orders")
     assert security.peer_client_context() is not None
+    assert security.describe() == "security on (SCRAM logins, ACLs, ZooKeeper ACLs), TLS on (client certificates: none)"
 
 
 def test_reloaded_users_apply_at_once_and_a_removed_users_tokens_stop_verifying(secured: Path) -> None:
@@ -146,6 +147,7 @@ def test_off_loads_nothing(tmp_path: Path) -> None:
     security = load_broker_security(parse_server_ini(ini(), str(tmp_path / "server.ini")))
     assert not security.authentication_required and security.tls is None and security.zookeeper is None
     assert security.peer_client_context() is None
+    assert security.describe() == "security off, TLS off (plaintext)"
 
 
 def test_missing_files_refuse_to_start_with_one_line(secured: Path) -> None:
