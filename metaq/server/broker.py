@@ -185,7 +185,8 @@ class Broker:
             self._tls_reload = asyncio.ensure_future(self._reload_certificates(config.security.tls_reload_interval_ms / 1000))
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
-        log.info("broker %d (%s) listening on %s:%d", config.broker_id, self.ha.role_name, config.host_name, self.port)
+        log.info("broker %d (%s) listening on %s:%d; %s", config.broker_id, self.ha.role_name, config.host_name, self.port,
+                 self.security.describe())
         if self.metrics is not None:
             assert config.metrics_port is not None
             metrics_port = self.metrics.start(config.host_name, config.metrics_port)
