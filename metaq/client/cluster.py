@@ -23,7 +23,7 @@ from ..zk.group import GroupMembers, read_members
 from ..zk.paths import ZkPaths, parse_broker_node_name, parse_topic_node_data
 from .config import MetaClientConfig
 from .message import Partition
-from .routing import BrokerAddresses
+from .routing import BrokerAddresses, departures
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,9 @@ ZK_LOG = logging.getLogger("kazoo.client.metaq")
 ZK_LOG.addHandler(logging.NullHandler())
 
 SnapshotListener = Callable[["ClusterSnapshot"], Awaitable[None] | None]
+#: Told ``(broker url, why)`` when a broker stops being what the client sent requests to
+#: (``routing.departures``), before the snapshot listeners run.
+DepartureListener = Callable[[str, str], None]
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,17 @@ class ClusterSnapshot:
     #: topic -> partitions readable on any replica (topics-sub "{id}-m" and "{id}-s{k}",
     #: de-duplicated: losing a master does not change this set).
     sub: dict[str, tuple[Partition, ...]] = field(default_factory=dict)
+    #: topic -> the groups carrying it when every one of them registers it for subscribing
+    #: only (``acceptPublish=false``): publishing it is refused, not merely waiting for a master.
+    publish_closed: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def publish_refusal(self, topic: str) -> str | None:
+        """Why no send to ``topic`` can succeed while the brokers keep their settings, or None."""
+        groups = self.publish_closed.get(topic)
+        if not groups:
+            return None
+        return (f"topic {topic!r} does not accept publishing: broker group(s) {', '.join(map(str, groups))} "
+                "register it for subscribing only (acceptPublish=false)")
 
     def writable_partitions(self, topic: str) -> list[Partition]:
         """Published partitions whose master is registered right now, sorted."""
@@ -69,6 +83,7 @@ class Cluster:
         self._sub_topics: set[str] = set()
         self._listeners: list[SnapshotListener] = []
         self._session_listeners: list[Callable[[], Any]] = []
+        self._departure_listeners: list[DepartureListener] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._dirty = asyncio.Event()
         self._refreshed = asyncio.Condition()
@@ -142,6 +157,13 @@ class Cluster:
         if listener in self._listeners:
             self._listeners.remove(listener)
 
+    def add_departure_listener(self, listener: DepartureListener) -> None:
+        self._departure_listeners.append(listener)
+
+    def remove_departure_listener(self, listener: DepartureListener) -> None:
+        if listener in self._departure_listeners:
+            self._departure_listeners.remove(listener)
+
     def add_session_listener(self, callback: Callable[[], Any]) -> None:
         self._session_listeners.append(callback)
 
@@ -191,9 +213,10 @@ class Cluster:
                 continue
             self._reading = False
             changed = snapshot != self.snapshot
-            self.snapshot = snapshot
+            previous, self.snapshot = self.snapshot, snapshot
             if changed:
                 log.debug("cluster changed: %s", snapshot)
+                self._tell_departures(previous, snapshot)
                 for listener in list(self._listeners):
                     try:
                         result = listener(snapshot)
@@ -204,6 +227,17 @@ class Cluster:
             async with self._refreshed:
                 self._generation += 1
                 self._refreshed.notify_all()
+
+    def _tell_departures(self, previous: ClusterSnapshot, snapshot: ClusterSnapshot) -> None:
+        """Requests in flight to a replaced master or a vanished broker are abandoned now, not
+        after ``request_timeout_s``: a silent host (no RST) would hold them that long."""
+        for url, reason in departures(previous.brokers, snapshot.brokers).items():
+            log.info("abandoning requests in flight to %s: %s", url, reason)
+            for listener in list(self._departure_listeners):
+                try:
+                    listener(url, reason)
+                except Exception:
+                    log.exception("departure listener %r failed", listener)
 
     # --- reading ZooKeeper (runs in an executor thread) -------------------------------------
 
@@ -238,7 +272,35 @@ class Cluster:
             brokers[broker_id] = BrokerAddresses(broker_id, group.master_url, tuple(group.slaves.items()))
         pub = {topic: self._topic_partitions(paths.topics_pub(topic), masters_only=True) for topic in pub_topics}
         sub = {topic: self._topic_partitions(paths.topics_sub(topic), masters_only=False) for topic in sub_topics}
-        return ClusterSnapshot(brokers, pub, sub)
+        closed = {topic: groups for topic in pub_topics if not pub[topic] and (groups := self._subscribe_only(topic))}
+        return ClusterSnapshot(brokers, pub, sub, closed)
+
+    def _subscribe_only(self, topic: str) -> tuple[int, ...]:
+        """The groups carrying ``topic`` when each one's master registers it for subscribing only, else ().
+
+        A master registers its config checksum node last and withdraws it first
+        (``server/registry.py : _desired_nodes``): while that node stays the same one
+        (same czxid) before and after reading a topic's nodes, the master's registration
+        was complete, so a missing publish node is missing on purpose, not on its way.
+        A group with no master (a failover) makes the answer (): its next master may publish.
+        """
+        paths = self.paths
+        groups: set[int] = set()
+        for child in self._children(paths.topics_sub(topic)):
+            try:
+                groups.add(parse_broker_node_name(child)[0])
+            except ValueError:
+                continue
+        for broker_id in groups:
+            checksum = paths.master_config_checksum(broker_id)
+            before = self.zk.exists(checksum)
+            if before is None or self.zk.exists(paths.topic_sub_node(topic, broker_id)) is None \
+                    or self.zk.exists(paths.topic_pub_node(topic, broker_id)) is not None:
+                return ()
+            after = self.zk.exists(checksum)
+            if after is None or after.czxid != before.czxid:
+                return ()
+        return tuple(sorted(groups))
 
     def _topic_partitions(self, path: str, masters_only: bool) -> tuple[Partition, ...]:
         partitions: set[Partition] = set()

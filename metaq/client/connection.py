@@ -28,8 +28,20 @@ class ConnectionClosed(ConnectionError):
     """The connection to a broker went away (or could not be made)."""
 
 
-class AuthenticationFailed(ConnectionClosed):
+class CannotConnect(ConnectionClosed):
+    """A connection that no retry can make: the settings of one side must change first.
+
+    Kafka's fatal class (an authentication or TLS failure): a producer fails the send at
+    once with this reason instead of retrying until its send timeout (docs/client.md).
+    """
+
+
+class AuthenticationFailed(CannotConnect):
     """The broker refused our credentials, or could not prove it holds the secret (not our broker)."""
+
+
+class TlsMismatch(CannotConnect):
+    """TLS on one side only, or a certificate the client does not trust."""
 
 
 @dataclass
@@ -86,6 +98,26 @@ class Credentials:
         return await BrokerConnection.open(host, port, timeout, ssl=self.ssl_context, authenticator=self.authenticator())
 
 
+#: OpenSSL's reasons for a ClientHello answered by something that is not TLS.
+_NOT_TLS_REASONS = frozenset({"WRONG_VERSION_NUMBER", "UNKNOWN_PROTOCOL", "HTTP_REQUEST", "RECORD_LAYER_FAILURE",
+                              "PACKET_LENGTH_TOO_LONG"})
+
+
+async def speaks_tls(host: str, port: int, timeout: float = 5.0) -> bool:
+    """Does ``host:port`` complete (or refuse with an alert) a TLS handshake? Only a probe: nothing is sent after it."""
+    probe = ssl_module.SSLContext(ssl_module.PROTOCOL_TLS_CLIENT)
+    probe.check_hostname = False
+    probe.verify_mode = ssl_module.CERT_NONE  # the question is "TLS or not", not "whose certificate"
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=probe), timeout)
+    except ssl_module.SSLError as exc:
+        return exc.reason not in _NOT_TLS_REASONS and not isinstance(exc, ssl_module.SSLEOFError)
+    except (OSError, asyncio.TimeoutError):
+        return False
+    writer.close()
+    return True
+
+
 def _expire(future: "asyncio.Future[Reply]", address: str) -> None:
     if not future.done():
         future.set_exception(asyncio.TimeoutError(f"no reply from {address} in time"))
@@ -97,9 +129,11 @@ class _ReplyProtocol(asyncio.Protocol):
         self._decoder = FrameDecoder(max_body=1 << 31, allow_text=False)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._conn.dropped_by_peer = not self._conn._closed
         self._conn._fail_all(ConnectionClosed(f"connection to {self._conn.address} lost" + (f": {exc}" if exc else "")))
 
     def data_received(self, data: bytes) -> None:
+        self._conn.answered = True
         decoder = self._decoder
         decoder.receive_data(data)
         while True:
@@ -127,6 +161,10 @@ class BrokerConnection:
         self._pending: dict[int, asyncio.Future[Reply]] = {}
         self._opaques = itertools.count(1)
         self._closed = False
+        self.tls = False
+        #: Has the broker sent anything on this connection? Did it end the connection? (see ``diagnose``)
+        self.answered = False
+        self.dropped_by_peer = False
 
     @property
     def address(self) -> str:
@@ -148,21 +186,50 @@ class BrokerConnection:
     ) -> "BrokerConnection":
         """Connect (over TLS with ``ssl``) and, given an ``authenticator``, log in before returning."""
         conn = cls(host, port)
+        conn.tls = ssl is not None
         loop = asyncio.get_running_loop()
         try:
             transport, _ = await asyncio.wait_for(
                 loop.create_connection(lambda: _ReplyProtocol(conn), host, port, ssl=ssl), timeout
             )
+        except ssl_module.SSLCertVerificationError as exc:
+            raise TlsMismatch(f"{host}:{port}: the broker's certificate is not trusted: {exc.verify_message} "
+                              "(check tls_ca_file / --tls-ca and the host name the broker registers)") from None
+        except ssl_module.SSLError as exc:
+            if exc.reason in _NOT_TLS_REASONS:
+                raise TlsMismatch(f"{host}:{port} does not speak TLS ({exc.reason}): connect without tls_ca_file "
+                                  "/ --tls-ca, or to the broker's TLS port") from None
+            raise ConnectionClosed(f"cannot connect to {host}:{port}: {exc}") from None
         except (OSError, asyncio.TimeoutError) as exc:
             raise ConnectionClosed(f"cannot connect to {host}:{port}: {exc or 'timed out'}") from None
         conn._transport = transport  # type: ignore[assignment]
         if authenticator is not None:
             try:
                 await conn.authenticate(authenticator, timeout)
+            except ConnectionClosed as exc:
+                conn.close()
+                raise await conn.diagnose(exc, timeout) from None
+            except asyncio.TimeoutError:
+                conn.close()
+                raise ConnectionClosed(f"{conn.address}: no answer to the login in {timeout}s") from None
             except BaseException:
                 conn.close()
                 raise
         return conn
+
+    async def diagnose(self, exc: ConnectionClosed, timeout: float = 5.0) -> ConnectionClosed:
+        """``exc``, or a TlsMismatch when a plaintext connection was closed unanswered by a TLS port.
+
+        A TLS server drops a plaintext peer without a word (no alert: its first bytes are
+        not a ClientHello), so the loss alone reads like a crash; one TLS handshake on a
+        new connection tells the two apart. Asked only on a failure path.
+        """
+        if self.tls or self.answered or not self.dropped_by_peer or isinstance(exc, CannotConnect):
+            return exc
+        if await speaks_tls(self.host, self.port, timeout):
+            return TlsMismatch(f"{self.address} speaks TLS and closed this plaintext connection: set tls_ca_file "
+                               "(--tls-ca) to the CA of the brokers' certificates")
+        return exc
 
     async def authenticate(self, authenticator: "ClientAuthenticator", timeout: float = 5.0) -> None:
         """Run the SCRAM handshake (metaq/security/handshake.py); AuthenticationFailed if it fails."""
@@ -226,6 +293,12 @@ class BrokerConnection:
         self._closed = True
         if self._transport is not None:
             self._transport.close()
+
+    def abandon(self, reason: str) -> None:
+        """Fail every request in flight with ``reason`` (outcome unknown) and close."""
+        self._fail_all(ConnectionClosed(reason))
+        if self._transport is not None:
+            self._transport.abort()  # a silent peer would hold a graceful close's unsent bytes
 
     async def __aenter__(self) -> "BrokerConnection":
         return self

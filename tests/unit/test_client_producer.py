@@ -66,6 +66,9 @@ class FakeConnection:
             future.set_result(Reply({"code": outcome, "msg": c.CODE_NAMES[outcome]}, bytearray()))
         return future
 
+    async def diagnose(self, exc: Exception, timeout: float = 5.0) -> Exception:
+        return exc  # a lost connection is a lost connection here (no TLS port to tell apart)
+
 
 class FakePool:
     def __init__(self, scripts: dict[int, list[Any]], refuse: set[int] = frozenset()) -> None:

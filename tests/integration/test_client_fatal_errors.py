@@ -1,0 +1,124 @@
+"""Issue 22 item 10: errors no retry can fix fail the send at once, naming the cause.
+
+One secured broker group (SCRAM users, ACLs, TLS; topic ``t``, and ``closed`` with
+``acceptPublish=false``) and one plain group (topic ``p``), real processes on the shared
+ZooKeeper. Each case below used to be retried until ``send_timeout_s`` and then reported
+as "unreachable", "no master publishes topic ... yet" or "outcome unknown: connection
+lost"; now each ends in well under a second (docs/client.md, "Error classes") with the
+broker's reason, and with the default send timeout (15 s) a retry would show as seconds.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Iterator
+
+import pytest
+
+from metaq.client import Message, MessageSessionFactory, MetaClientConfig, SendResult
+from metaq.client.connection import Credentials
+from metaq.tools.launcher import BrokerFactory, BrokerProcess
+
+from .trust_support import PASSWORDS, SecuredGroup
+from tests.security_support import TestCA
+
+#: What "at once" means here: a few round trips and at most one extra TLS probe, on a
+#: slow shared CI machine; a retried send would take the whole send timeout (15 s).
+AT_ONCE_S = 1.0
+
+
+class Brokers:
+    def __init__(self, factory: BrokerFactory, ca: TestCA, secured: BrokerProcess, plain: BrokerProcess) -> None:
+        self.factory, self.ca, self.secured, self.plain = factory, ca, secured, plain
+
+
+@pytest.fixture(scope="module")
+def brokers(zk, tmp_path_factory) -> Iterator[Brokers]:  # type: ignore[no-untyped-def]
+    directory = tmp_path_factory.mktemp("fatal")
+    factory = BrokerFactory(directory, zk.connect_string, f"/meta-{uuid.uuid4().hex[:12]}")
+    try:
+        group = SecuredGroup(directory / "security")
+        ca = TestCA.create(directory / "tls")
+        cert, key = ca.issue("secured")
+        tls = {"tlsCertFile": str(cert), "tlsKeyFile": str(key), "tlsCaFile": str(ca.cert_file)}
+        secured = factory(0, {"t": 1, "closed": {"acceptPublish": "false"}}, {"unflushThreshold": 0, **group.system, **tls})
+        plain = factory(1, {"p": 1}, {"unflushThreshold": 0})
+        yield Brokers(factory, ca, secured, plain)
+    finally:
+        factory.stop_all()
+
+
+def send_one(brokers: Brokers, topic: str, credentials: Credentials) -> tuple[SendResult, float]:
+    """One blocking send with the default retry budget: its result and how long it took."""
+    config = MetaClientConfig(zk_connect=brokers.factory.zk_connect, zk_root=brokers.factory.zk_root,
+                              credentials=credentials)
+    with MessageSessionFactory(config) as factory:
+        producer = factory.create_producer()
+        producer.publish(topic)
+        started = time.monotonic()
+        result = producer.send_message(Message(topic, b"m"))
+        elapsed = time.monotonic() - started
+        producer.close()
+    assert config.send_timeout_s >= 10 * AT_ONCE_S  # a retried failure could not pass as fast
+    return result, elapsed
+
+
+def assert_fails_at_once(result: SendResult, elapsed: float, *words: str) -> None:
+    assert not result.success, result
+    assert elapsed < AT_ONCE_S, f"took {elapsed:.2f}s: {result.error_message}"
+    for word in words:
+        assert word in (result.error_message or ""), result.error_message
+    # At most the blocking producer's first attempt on its own socket (direct.py), which
+    # cannot tell a TLS port's silent close from a crash, and the pooled one that does.
+    assert result.attempts <= 2, f"retried: {result.error_message}"
+
+
+def test_the_control_case_is_acked(brokers: Brokers) -> None:
+    result, _ = send_one(brokers, "t", Credentials("app", PASSWORDS["app"], str(brokers.ca.cert_file)))
+    assert result.success, result.error_message
+
+
+def test_a_wrong_password_fails_at_once(brokers: Brokers) -> None:
+    result, elapsed = send_one(brokers, "t", Credentials("app", "guess", str(brokers.ca.cert_file)))
+    assert_fails_at_once(result, elapsed, "authentication failed")
+    assert "unreachable" not in (result.error_message or "")
+
+
+def test_an_unknown_user_fails_at_once(brokers: Brokers) -> None:
+    result, elapsed = send_one(brokers, "t", Credentials("nobody", "guess", str(brokers.ca.cert_file)))
+    assert_fails_at_once(result, elapsed, "authentication failed")
+
+
+def test_an_acl_denial_fails_at_once_with_the_brokers_reason(brokers: Brokers) -> None:
+    result, elapsed = send_one(brokers, "t", Credentials("reader", PASSWORDS["reader"], str(brokers.ca.cert_file)))
+    assert_fails_at_once(result, elapsed, "403", "user 'reader' may not produce topic 't'")
+    assert result.code == 403
+
+
+def test_a_topic_that_does_not_accept_publishing_fails_at_once(brokers: Brokers) -> None:
+    result, elapsed = send_one(brokers, "closed", Credentials("app", PASSWORDS["app"], str(brokers.ca.cert_file)))
+    assert_fails_at_once(result, elapsed, "'closed' does not accept publishing", "acceptPublish=false")
+
+
+def test_a_plaintext_client_to_a_tls_port_is_told_so(brokers: Brokers) -> None:
+    result, elapsed = send_one(brokers, "t", Credentials("app", PASSWORDS["app"]))
+    assert_fails_at_once(result, elapsed, "speaks TLS", "tls_ca_file")
+    assert not result.outcome_unknown, result
+
+
+def test_a_plaintext_client_without_a_login_to_a_tls_port_is_told_so(brokers: Brokers) -> None:
+    result, elapsed = send_one(brokers, "t", Credentials())
+    assert_fails_at_once(result, elapsed, "speaks TLS")
+    assert not result.outcome_unknown, result
+
+
+def test_a_tls_client_to_a_plaintext_port_is_told_so(brokers: Brokers) -> None:
+    result, elapsed = send_one(brokers, "p", Credentials(tls_ca_file=str(brokers.ca.cert_file)))
+    assert_fails_at_once(result, elapsed, "does not speak TLS")
+
+
+def test_a_certificate_from_another_ca_fails_at_once(brokers: Brokers, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    other = TestCA.create(tmp_path / "other", "another CA")
+    result, elapsed = send_one(brokers, "t", Credentials("app", PASSWORDS["app"], str(other.cert_file)))
+    assert_fails_at_once(result, elapsed, "certificate is not trusted")
