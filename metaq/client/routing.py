@@ -74,3 +74,24 @@ def choose_replica(
         # The master is registered but failing: MetaQ would wait for ZK; we read a slave meanwhile.
         candidates = slaves
     return rng.choice(candidates) if candidates else None
+
+
+def departures(before: dict[int, BrokerAddresses], after: dict[int, BrokerAddresses]) -> dict[str, str]:
+    """Broker urls whose requests in flight cannot be answered as they were meant, with why.
+
+    A master that ZooKeeper no longer names (a new master, or none: its session is gone)
+    cannot ack a put any more, and a silent host never says so: waiting for its reply
+    would last the whole request timeout. A slave that is no longer registered anywhere
+    is gone too. A slave promoted to master keeps its connections: it is the same process.
+    """
+    registered_after = {url for group in after.values() for url in (group.master, *(u for _, u in group.slaves)) if url}
+    gone: dict[str, str] = {}
+    for broker_id, group in before.items():
+        new_master = after[broker_id].master if broker_id in after else None
+        if group.master and group.master != new_master:
+            gone[group.master] = (f"ZooKeeper names {new_master} as master of broker group {broker_id}" if new_master
+                                  else f"broker group {broker_id} has no master in ZooKeeper any more")
+        for slave_id, url in group.slaves:
+            if url not in registered_after and url not in gone:
+                gone[url] = f"slave{slave_id} of broker group {broker_id} is no longer registered in ZooKeeper"
+    return gone

@@ -43,6 +43,12 @@ class FakeCluster:
     def request_refresh(self) -> None:
         pass
 
+    def add_departure_listener(self, listener: Any) -> None:
+        pass
+
+    def remove_departure_listener(self, listener: Any) -> None:
+        pass
+
 
 class FakeConnection:
     """Answers puts from a script: an int code, or an exception to raise while waiting."""
