@@ -16,12 +16,22 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from ..protocol import commands as c
-from ..protocol.frames import CLOSED, ERROR_EVENTS, NEED_DATA, Frame, FrameDecoder, encode_frame
+from ..protocol.frames import CLOSED, ERROR_EVENTS, NEED_DATA, Frame, FrameDecoder, OversizedFrame, encode_frame
 
 if TYPE_CHECKING:
     from ..security.handshake import ClientAuthenticator
 
 log = logging.getLogger(__name__)
+
+#: The largest reply body a client reads for a request that names no ``max_size`` (stats,
+#: config, version: kilobytes in practice); a fetch's reply may be its ``max_size`` plus
+#: ``REPLY_SLACK``. A larger body is skipped unread and ends the connection, so a broker
+#: (or a forged registration's fake one) cannot make a client buffer up to 2 GiB.
+DEFAULT_REPLY_LIMIT = 16 * 1024 * 1024
+REPLY_SLACK = 64 * 1024
+#: SCRAM iterations a client computes at most: a server announcing more (a fake one making
+#: each login cost seconds of CPU) is refused. ``metaq security`` users default to 4096.
+MAX_SCRAM_ITERATIONS = 100_000
 
 
 class ConnectionClosed(ConnectionError):
@@ -118,6 +128,32 @@ async def speaks_tls(host: str, port: int, timeout: float = 5.0) -> bool:
     return True
 
 
+def reply_limit(header: dict[str, Any]) -> int:
+    """The largest reply body to read for a request with ``header``."""
+    max_size = header.get("max_size")
+    if isinstance(max_size, int) and max_size > 0:
+        return max(max_size + REPLY_SLACK, DEFAULT_REPLY_LIMIT)
+    return DEFAULT_REPLY_LIMIT
+
+
+def _iterations_refusal(header: dict[str, Any]) -> str | None:
+    """Why a server-first announcing too many SCRAM iterations is refused, or None."""
+    from ..security import messages
+
+    try:
+        reply = messages.parse_auth_reply(header)
+    except messages.MalformedMessage:
+        return None  # the handshake reports it
+    if reply.message.step != messages.SERVER_FIRST:
+        return None
+    fields = dict(part.split("=", 1) for part in reply.message.data.split(",") if "=" in part)
+    iterations = fields.get("i", "")
+    if iterations.isdigit() and int(iterations) > MAX_SCRAM_ITERATIONS:
+        return (f"the server announces {int(iterations):,} SCRAM iterations, above the client's limit of "
+                f"{MAX_SCRAM_ITERATIONS:,}: refused (a fake broker, or a user whose iterations must be lowered)")
+    return None
+
+
 def _expire(future: "asyncio.Future[Reply]", address: str) -> None:
     if not future.done():
         future.set_exception(asyncio.TimeoutError(f"no reply from {address} in time"))
@@ -126,7 +162,7 @@ def _expire(future: "asyncio.Future[Reply]", address: str) -> None:
 class _ReplyProtocol(asyncio.Protocol):
     def __init__(self, conn: "BrokerConnection") -> None:
         self._conn = conn
-        self._decoder = FrameDecoder(max_body=1 << 31, allow_text=False)
+        self._decoder = FrameDecoder(max_body=DEFAULT_REPLY_LIMIT, allow_text=False)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._conn.dropped_by_peer = not self._conn._closed
@@ -135,6 +171,8 @@ class _ReplyProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._conn.answered = True
         decoder = self._decoder
+        large = self._conn._large_replies
+        decoder.max_body = max(large.values()) if large else DEFAULT_REPLY_LIMIT
         decoder.receive_data(data)
         while True:
             event = decoder.next_event()
@@ -145,7 +183,10 @@ class _ReplyProtocol(asyncio.Protocol):
             elif isinstance(event, ERROR_EVENTS):
                 # A reply that cannot be read loses its opaque, so no pending request can be
                 # matched any more: every parse error ends the connection.
-                message = getattr(event, "message", "oversized reply")
+                if isinstance(event, OversizedFrame):
+                    message = f"a reply body of {event.body_len} bytes, above the {event.limit} bytes asked for"
+                else:
+                    message = event.message
                 self._conn._fail_all(ConnectionClosed(f"bad reply from {self._conn.address}: {message}"))
                 self._conn.close()
                 return
@@ -165,6 +206,9 @@ class BrokerConnection:
         #: Has the broker sent anything on this connection? Did it end the connection? (see ``diagnose``)
         self.answered = False
         self.dropped_by_peer = False
+        #: opaque -> reply body limit of requests in flight that may be answered with more
+        #: than DEFAULT_REPLY_LIMIT (large fetches); the decoder allows the largest of them.
+        self._large_replies: dict[int, int] = {}
 
     @property
     def address(self) -> str:
@@ -241,6 +285,9 @@ class BrokerConnection:
             event = events.pop(0)
             if isinstance(event, handshake.SendRequest):
                 reply = await self.request(auth_request(event.message, 0), timeout=timeout)
+                refusal = _iterations_refusal(reply.header)
+                if refusal is not None:
+                    raise AuthenticationFailed(f"{self.address}: {refusal}")
                 events += authenticator.receive(reply.header)
             elif isinstance(event, handshake.Failed):
                 raise AuthenticationFailed(f"{self.address}: {event.error}")
@@ -260,6 +307,8 @@ class BrokerConnection:
         finally:
             if timer is not None:
                 timer.cancel()
+            # Its limit stays until its reply comes (or the connection ends): a late large
+            # reply to a timed-out fetch is skipped as usual, not taken for a hostile one.
             self._pending.pop(opaque, None)
 
     def send(self, header: dict[str, Any], body: bytes | bytearray | memoryview = b"") -> "asyncio.Future[Reply]":
@@ -273,17 +322,23 @@ class BrokerConnection:
         header = {**header, "opaque": opaque}
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._pending[opaque] = future
+        limit = reply_limit(header)
+        if limit > DEFAULT_REPLY_LIMIT:
+            self._large_replies[opaque] = limit
         assert self._transport is not None
         self._transport.write(encode_frame(header, body))
         return opaque, future
 
     def _resolve(self, header: dict[str, Any], body: bytearray) -> None:
-        future = self._pending.pop(header.get("opaque", -1), None)
+        opaque = header.get("opaque", -1)
+        self._large_replies.pop(opaque, None)
+        future = self._pending.pop(opaque, None)
         if future is not None and not future.done():
             future.set_result(Reply(header, body))
 
     def _fail_all(self, exc: Exception) -> None:
         self._closed = True
+        self._large_replies.clear()
         pending, self._pending = self._pending, {}
         for future in pending.values():
             if not future.done():

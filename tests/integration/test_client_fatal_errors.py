@@ -1,4 +1,5 @@
-"""Issue 22 item 10: errors no retry can fix fail the send at once, naming the cause.
+"""Issue 22 item 10: errors no retry can fix fail the send at once, naming the cause;
+issue 23 item 4 (client side): what a client trusts from ZooKeeper.
 
 One secured broker group (SCRAM users, ACLs, TLS; topic ``t``, and ``closed`` with
 ``acceptPublish=false``) and one plain group (topic ``p``), real processes on the shared
@@ -6,10 +7,16 @@ ZooKeeper. Each case below used to be retried until ``send_timeout_s`` and then 
 as "unreachable", "no master publishes topic ... yet" or "outcome unknown: connection
 lost"; now each ends in well under a second (docs/client.md, "Error classes") with the
 broker's reason, and with the default send timeout (15 s) a retry would show as seconds.
+
+The same brokers then face registrations that a ZooKeeper client wrote: a fake group
+that anybody could write (never contacted by a client that logs in), and a ``numParts``
+far above the client's cap (ignored, not looped over).
 """
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 import uuid
 from typing import Iterator
@@ -17,8 +24,12 @@ from typing import Iterator
 import pytest
 
 from metaq.client import Message, MessageSessionFactory, MetaClientConfig, SendResult
+from metaq.client.cluster import MAX_PARTITIONS
 from metaq.client.connection import Credentials
 from metaq.tools.launcher import BrokerFactory, BrokerProcess
+from metaq.zk.acl import ZkSecurity
+from metaq.zk.paths import ZkPaths, topic_node_data
+from tests.harness import kazoo_client
 
 from .trust_support import PASSWORDS, SecuredGroup
 from tests.security_support import TestCA
@@ -29,8 +40,12 @@ AT_ONCE_S = 1.0
 
 
 class Brokers:
-    def __init__(self, factory: BrokerFactory, ca: TestCA, secured: BrokerProcess, plain: BrokerProcess) -> None:
-        self.factory, self.ca, self.secured, self.plain = factory, ca, secured, plain
+    def __init__(self, factory: BrokerFactory, ca: TestCA, secured: BrokerProcess, plain: BrokerProcess,
+                 group: SecuredGroup) -> None:
+        self.factory, self.ca, self.secured, self.plain, self.group = factory, ca, secured, plain, group
+
+    def app(self) -> Credentials:
+        return Credentials("app", PASSWORDS["app"], str(self.ca.cert_file))
 
 
 @pytest.fixture(scope="module")
@@ -44,23 +59,28 @@ def brokers(zk, tmp_path_factory) -> Iterator[Brokers]:  # type: ignore[no-untyp
         tls = {"tlsCertFile": str(cert), "tlsKeyFile": str(key), "tlsCaFile": str(ca.cert_file)}
         secured = factory(0, {"t": 1, "closed": {"acceptPublish": "false"}}, {"unflushThreshold": 0, **group.system, **tls})
         plain = factory(1, {"p": 1}, {"unflushThreshold": 0})
-        yield Brokers(factory, ca, secured, plain)
+        yield Brokers(factory, ca, secured, plain, group)
     finally:
         factory.stop_all()
 
 
-def send_one(brokers: Brokers, topic: str, credentials: Credentials) -> tuple[SendResult, float]:
-    """One blocking send with the default retry budget: its result and how long it took."""
+def send(brokers: Brokers, topic: str, credentials: Credentials, count: int = 1) -> tuple[list[SendResult], float]:
+    """Blocking sends with the default retry budget: their results and how long they took."""
     config = MetaClientConfig(zk_connect=brokers.factory.zk_connect, zk_root=brokers.factory.zk_root,
                               credentials=credentials)
     with MessageSessionFactory(config) as factory:
         producer = factory.create_producer()
         producer.publish(topic)
         started = time.monotonic()
-        result = producer.send_message(Message(topic, b"m"))
+        results = [producer.send_message(Message(topic, b"m")) for _ in range(count)]
         elapsed = time.monotonic() - started
         producer.close()
     assert config.send_timeout_s >= 10 * AT_ONCE_S  # a retried failure could not pass as fast
+    return results, elapsed
+
+
+def send_one(brokers: Brokers, topic: str, credentials: Credentials) -> tuple[SendResult, float]:
+    (result,), elapsed = send(brokers, topic, credentials)
     return result, elapsed
 
 
@@ -122,3 +142,73 @@ def test_a_certificate_from_another_ca_fails_at_once(brokers: Brokers, tmp_path)
     other = TestCA.create(tmp_path / "other", "another CA")
     result, elapsed = send_one(brokers, "t", Credentials("app", PASSWORDS["app"], str(other.cert_file)))
     assert_fails_at_once(result, elapsed, "certificate is not trusted")
+
+
+# --- issue 23 item 4: registrations in ZooKeeper the client does not trust ---------------------
+
+
+class Listener(threading.Thread):
+    """A port that counts the connections made to it (what a forged master would collect)."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except socket.timeout:
+                continue
+            self.accepted += 1
+            conn.close()
+
+    def close(self) -> None:
+        self.halt.set()
+        self.join(5)
+        self.sock.close()
+
+
+def test_a_group_anybody_could_register_is_never_contacted(brokers: Brokers) -> None:
+    fake = Listener()
+    fake.start()
+    paths = ZkPaths(brokers.factory.zk_root)
+    forged = [paths.broker(777), paths.master(777), paths.topic_pub_node("t", 777), paths.topic_sub_node("t", 777),
+              paths.master_config_checksum(777)]
+    with kazoo_client(brokers.factory.zk_connect) as anonymous:  # no credentials: the default open ACL
+        anonymous.create(forged[0], b"")
+        anonymous.create(forged[1], f"meta://127.0.0.1:{fake.port}".encode(), ephemeral=True)
+        for path in forged[2:4]:
+            anonymous.create(path, topic_node_data(1, 777), ephemeral=True)
+        anonymous.create(forged[4], b"0", ephemeral=True)
+        try:
+            # Round robin over 0-0 and the forged 777-0: half of these went to the fake before.
+            results, _ = send(brokers, "t", brokers.app(), count=6)
+        finally:
+            fake.close()
+            for path in reversed(forged):
+                anonymous.delete(path)
+    assert fake.accepted == 0, f"the client connected {fake.accepted} time(s) to a master anybody could register"
+    assert all(r.success and r.partition is not None and r.partition.broker_id == 0 for r in results), results
+
+
+def test_a_num_parts_above_the_cap_is_ignored(brokers: Brokers) -> None:
+    # Written with group 0's own ZooKeeper credentials: only the client's cap stands in the way.
+    security = ZkSecurity(brokers.factory.zk_root, 0, brokers.group.zk_password())
+    paths = ZkPaths(brokers.factory.zk_root)
+    node = paths.topic_pub_node("huge", 0)
+    with kazoo_client(brokers.factory.zk_connect, **security.client_kwargs()) as group_zk:
+        security.create(group_zk, node, topic_node_data(50 * MAX_PARTITIONS, 0), ephemeral=True)
+        try:
+            config = MetaClientConfig(zk_connect=brokers.factory.zk_connect, zk_root=brokers.factory.zk_root,
+                                      credentials=brokers.app())
+            with MessageSessionFactory(config) as factory:
+                factory.create_producer().publish("huge")
+                partitions = factory.aio.cluster.snapshot.pub["huge"]
+        finally:
+            group_zk.delete(node)
+    assert partitions == (), f"{len(partitions)} partitions taken from a numParts above {MAX_PARTITIONS}"
