@@ -14,6 +14,9 @@ soon as ZooKeeper no longer names A (docs/failover.md, "Clients and a silent mas
 instead of waiting out ``request_timeout_s``: the producers' first ack on B, and the
 consumer's first message acked by B, come within 2T + 1 s of the stop (plus
 ``CI_ALLOWANCE_S`` for the slow shared machine). Every acked message is in B's log once.
+
+The same for a consumer reading from a slave (``read_from="prefer-slave"``) when the
+slave's host goes silent: it reads from the master within the same bound.
 """
 
 from __future__ import annotations
@@ -129,3 +132,34 @@ def test_clients_move_to_the_new_master_within_2t_plus_1s(broker_factory, zk, zk
     duplicates = [data for data, n in counts.items() if n > 1]
     assert not duplicates, f"{len(duplicates)} messages stored twice: {duplicates[:3]}"
     print(f"acks resumed after {resumed}, consumer after {consumer_resumed:.2f} s (T={T_S} s, bound {BOUND_S} s)")
+
+
+def test_a_consumer_leaves_a_silent_slave_within_2t_plus_1s(broker_factory, zk, zk_client, zk_root):  # type: ignore[no-untyped-def]
+    group = Group(zk_client, zk_root)
+    a, b = make_pair(broker_factory, sync_system(autoFailover=True), group)
+    config = MetaClientConfig(zk_connect=zk.connect_string, zk_root=zk_root, zk_session_timeout_ms=10_000)
+    consumed: list[tuple[float, bytes]] = []
+    with MessageSessionFactory(config) as factory:
+        producer = factory.create_producer()
+        producer.publish(TOPIC)
+        consumer = factory.create_consumer(ConsumerConfig(group="silent-slave", read_from="prefer-slave", fetch_wait_ms=1000))
+        consumer.subscribe(TOPIC, 1 << 20, lambda m: consumed.append((time.monotonic(), m.data)))
+        consumer.complete_subscribe()
+        sender = Sender(producer, "p", batched=False)
+        sender.start()
+        try:
+            wait_until(lambda: len(consumed) > 50, 20, message="the consumer reading from the slave")
+            b.pause()
+            stopped = time.monotonic()
+            wait_until(lambda: consumed[-1][0] > stopped + BOUND_S + CI_ALLOWANCE_S, 30, message="consumed after the bound")
+        finally:
+            sender.halt.set()
+            sender.join(30)
+            b.resume()
+            producer.close()
+            consumer.shutdown()
+    assert a.alive and group.master() == a.url
+    resumed = min(t for t, _ in consumed if t > stopped + IN_TRANSIT_S) - stopped
+    limit = BOUND_S + CI_ALLOWANCE_S
+    assert resumed <= limit, f"the consumer resumed after {resumed:.2f} s (limit {limit} s)"
+    print(f"the consumer left the silent slave after {resumed:.2f} s (T={T_S} s, bound {BOUND_S} s)")
