@@ -89,7 +89,7 @@ class MessageProducer:
         self.aio = producer
         config = producer.config
         self._direct = DirectConnections(config.connect_timeout_s, config.request_timeout_s)
-        # A master replaced in ZooKeeper ends the puts this producer's threads wait for (session.py's pool too).
+        # A broker that left ZooKeeper ends the puts this producer's threads wait for (session.py's pool too).
         producer.cluster.add_departure_listener(self._abandon_direct)
         self._routes: dict[str, tuple[ClusterSnapshot, list[Partition]]] = {}  # topic -> writable partitions
         self._addresses: dict[str, tuple[str, int]] = {}

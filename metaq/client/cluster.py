@@ -40,8 +40,8 @@ ZK_LOG.addHandler(logging.NullHandler())
 MAX_PARTITIONS = 10_000
 
 SnapshotListener = Callable[["ClusterSnapshot"], Awaitable[None] | None]
-#: Told ``(broker url, why)`` when a broker stops being what the client sent requests to
-#: (``routing.departures``), before the snapshot listeners run.
+#: Told ``(broker url, why)`` when a broker's registration leaves ZooKeeper (its session is gone:
+#: ``routing.departures``), before the snapshot listeners run.
 DepartureListener = Callable[[str, str], None]
 
 
@@ -238,7 +238,7 @@ class Cluster:
                 self._refreshed.notify_all()
 
     def _tell_departures(self, previous: ClusterSnapshot, snapshot: ClusterSnapshot) -> None:
-        """Requests in flight to a replaced master or a vanished broker are abandoned now, not
+        """Requests in flight to a broker that left ZooKeeper are abandoned now, not
         after ``request_timeout_s``: a silent host (no RST) would hold them that long."""
         for url, reason in departures(previous.brokers, snapshot.brokers).items():
             log.info("abandoning requests in flight to %s: %s", url, reason)

@@ -12,7 +12,7 @@ Failure classes (see ``classify_reply``):
       refused, TLS on one side only, an untrusted
       certificate, acceptPublish=false everywhere
     504, timeout, connection lost after sending       unknown   while retry_unknown_outcome (default)
-    (or the master replaced in ZooKeeper meanwhile)
+    (or the broker left ZooKeeper meanwhile)
 
 Retries are bounded by attempts and total time (tenacity, exponential back-off), and a
 send that runs out of either ends in a SendResult saying why, so nothing is dropped in

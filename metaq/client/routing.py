@@ -77,21 +77,24 @@ def choose_replica(
 
 
 def departures(before: dict[int, BrokerAddresses], after: dict[int, BrokerAddresses]) -> dict[str, str]:
-    """Broker urls whose requests in flight cannot be answered as they were meant, with why.
+    """Broker urls that left ZooKeeper (their session is gone), with why: their requests in flight are abandoned.
 
-    A master that ZooKeeper no longer names (a new master, or none: its session is gone)
-    cannot ack a put any more, and a silent host never says so: waiting for its reply
-    would last the whole request timeout. A slave that is no longer registered anywhere
-    is gone too. A slave promoted to master keeps its connections: it is the same process.
+    A broker whose session expired is dead or cut off, and a silent host never says so:
+    waiting for its replies would last the whole request timeout. A master replaced
+    while it stays registered (a hand-over, a demotion: it rejoins as a slave) is alive
+    and answers what it was sent (an ack, or a refusal saying nothing was stored), so its
+    requests are left to finish: abandoning them would resend puts it may have acked.
     """
-    registered_after = {url for group in after.values() for url in (group.master, *(u for _, u in group.slaves)) if url}
+    registered_after = {url for group in after.values() for url in _urls(group)}
     gone: dict[str, str] = {}
     for broker_id, group in before.items():
-        new_master = after[broker_id].master if broker_id in after else None
-        if group.master and group.master != new_master:
-            gone[group.master] = (f"ZooKeeper names {new_master} as master of broker group {broker_id}" if new_master
-                                  else f"broker group {broker_id} has no master in ZooKeeper any more")
-        for slave_id, url in group.slaves:
-            if url not in registered_after and url not in gone:
-                gone[url] = f"slave{slave_id} of broker group {broker_id} is no longer registered in ZooKeeper"
+        for role, url in (("master", group.master), *((f"slave{k}", u) for k, u in group.slaves)):
+            if url and url not in registered_after and url not in gone:
+                new_master = after[broker_id].master if broker_id in after else None
+                gone[url] = (f"{role} of broker group {broker_id} left ZooKeeper (its session is gone)"
+                             + (f"; {new_master} is master now" if new_master else ""))
     return gone
+
+
+def _urls(group: BrokerAddresses) -> list[str]:
+    return [url for url in (group.master, *(u for _, u in group.slaves)) if url]
