@@ -15,6 +15,7 @@ far above the client's cap (ignored, not looped over).
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -23,10 +24,10 @@ from typing import Iterator
 
 import pytest
 
-from metaq.client import Message, MessageSessionFactory, MetaClientConfig, SendResult
+from metaq.client import ConsumerConfig, Message, MessageSessionFactory, MetaClientConfig, SendResult
 from metaq.client.cluster import MAX_PARTITIONS
 from metaq.client.connection import Credentials
-from metaq.tools.launcher import BrokerFactory, BrokerProcess
+from metaq.tools.launcher import BrokerFactory, BrokerProcess, wait_until
 from metaq.zk.acl import ZkSecurity
 from metaq.zk.paths import ZkPaths, topic_node_data
 from tests.harness import kazoo_client
@@ -142,6 +143,24 @@ def test_a_certificate_from_another_ca_fails_at_once(brokers: Brokers, tmp_path)
     other = TestCA.create(tmp_path / "other", "another CA")
     result, elapsed = send_one(brokers, "t", Credentials("app", PASSWORDS["app"], str(other.cert_file)))
     assert_fails_at_once(result, elapsed, "certificate is not trusted")
+
+
+def test_a_consumer_without_the_right_says_why_at_once(brokers: Brokers, caplog) -> None:  # type: ignore[no-untyped-def]
+    reader = Credentials("reader", PASSWORDS["reader"], str(brokers.ca.cert_file))  # may consume "t" only
+    config = MetaClientConfig(zk_connect=brokers.factory.zk_connect, zk_root=brokers.factory.zk_root, credentials=reader)
+    caplog.set_level(logging.WARNING, logger="metaq.client.consumer")
+    with MessageSessionFactory(config) as factory:
+        consumer = factory.create_consumer(ConsumerConfig(group="denied", offset_store_path=str(brokers.factory.tmp_dir / "o.json")))
+        consumer.subscribe("closed", 1 << 20, lambda message: None)
+        started = time.monotonic()
+        consumer.complete_subscribe()
+        wait_until(lambda: "cannot read" in caplog.text, 5, interval=0.02, message="the consumer's warning")
+        elapsed = time.monotonic() - started
+        time.sleep(0.5)  # several retries: still one line
+        consumer.shutdown()
+    lines = [r.getMessage() for r in caplog.records if "cannot read" in r.getMessage()]
+    assert elapsed < AT_ONCE_S and len(lines) == 1, (elapsed, lines)
+    assert "user 'reader' may not consume topic 'closed'" in lines[0], lines
 
 
 # --- issue 23 item 4: registrations in ZooKeeper the client does not trust ---------------------
