@@ -10,7 +10,7 @@ through it, all idempotent, with the default ``request_timeout_s`` (10 s):
 * a consumer reading from the master.
 
 Each has a request in flight to A when it stops. The client abandons those requests as
-soon as ZooKeeper no longer names A (docs/failover.md, "Clients and a silent master")
+soon as A's registration is gone from ZooKeeper (docs/failover.md, "How clients behave")
 instead of waiting out ``request_timeout_s``: the producers' first ack on B, and the
 consumer's first message acked by B, come within 2T + 1 s of the stop (plus
 ``CI_ALLOWANCE_S`` for the slow shared machine). Every acked message is in B's log once.
