@@ -31,16 +31,14 @@ from pathlib import Path
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from ..addresses import parse_broker_url
-from ..client.connection import BrokerConnection
 from ..config import BrokerConfig, ConfigError, SlaveConfig
-from ..protocol.messages import TopicsRequest
-from ..protocol.replies import TopicsReply
 from ..zk.group import ZK_CALL_TIMEOUT_S, read_group_state
 from ..zk.paths import ZkPaths
 from ..zk.topic_config import read_group_topics, serve_group_topics
 from .epochs import FILE_NAME as EPOCHS_FILE
 from .epochs import EpochCache
+from .host import BrokerHost
+from .peers import peer_topics
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +47,9 @@ class JoinRefused(ConfigError):
     """This broker would take a place in its group that another broker holds."""
 
 
-async def check_join(config: BrokerConfig, slave: SlaveConfig | None, zk: KazooClient, my_url: str, identity: str) -> None:
+async def check_join(host: BrokerHost, slave: SlaveConfig | None, identity: str) -> None:
     """Raise JoinRefused, log a WARNING, or return quietly (see the module docstring)."""
+    config, zk, my_url = host.config, host.registry.client, host.registry.url
     paths = ZkPaths(config.zk.root)
     group = config.broker_id
     if slave is not None:
@@ -71,7 +70,9 @@ async def check_join(config: BrokerConfig, slave: SlaveConfig | None, zk: KazooC
         served = serve_group_topics(config, config.topics, group_topics, f"{paths.topic_config(group)}")
         master_topics: dict[str, int] | None = {name: topic.num_partitions for name, topic in served.items()}
     else:
-        master_topics = await _served_topics(master)
+        # As a member of the group (peers.py): with security on, an anonymous ask is refused
+        # and the check would be skipped as if the master did not answer.
+        master_topics = await peer_topics(host, master, None)
     if master_topics is None:
         log.warning(
             "broker group %d already has a master at %s (epoch %d) that does not answer; this broker was"
@@ -124,21 +125,6 @@ async def _check_slave_id_free(config: BrokerConfig, slave_id: int, zk: KazooCli
                 " give this broker a free slaveId in its --slave properties, or stop the other slave"
             )
         await asyncio.sleep(0.2)
-
-
-async def _served_topics(url: str) -> dict[str, int] | None:
-    """The master's topics (name -> partitions), or None if it cannot be asked."""
-    try:
-        host, port = parse_broker_url(url)
-        conn = await BrokerConnection.open(host, port, timeout=2)
-    except (OSError, ConnectionError, ValueError):
-        return None
-    try:
-        return TopicsReply.of(await conn.request(TopicsRequest().to_header(), timeout=3)).topics
-    except Exception:  # a master going away mid-request: same as unreachable
-        return None
-    finally:
-        conn.close()
 
 
 def _has_been_member(config: BrokerConfig) -> bool:

@@ -203,7 +203,7 @@ class Broker:
             log.info("broker %d connected to ZooKeeper at %s%s", config.broker_id, config.zk.zk_connect, config.zk.root)
             try:
                 identity = await asyncio.to_thread(broker_identity, config.data_path)
-                await check_join(config, self.slave, self.registry.client, self.registry.url, identity)
+                await check_join(self, self.slave, identity)
             except BaseException:
                 await self.registry.stop(sync_time_ms=0)
                 raise
