@@ -31,6 +31,7 @@ from ..security.settings import load_broker_security
 from ..store.datadirs import broker_identity, check_data_dirs
 from ..store.manager import MessageStoreManager
 from ..store.msgid import MsgIdGenerator
+from ..zk.data_loss import reconnect_after_data_loss
 from ..zk.monitor import OutageReporter
 from .connection import ClientConnection, ConnectionLimits
 from .group_topics import GroupTopicsApplier
@@ -200,6 +201,7 @@ class Broker:
             )
             await self.registry.start()
             self.registry.client.add_listener(OutageReporter())
+            reconnect_after_data_loss(self.registry.client, config.zk.session_timeout_ms)
             log.info("broker %d connected to ZooKeeper at %s%s", config.broker_id, config.zk.zk_connect, config.zk.root)
             try:
                 identity = await asyncio.to_thread(broker_identity, config.data_path)
