@@ -8,7 +8,9 @@ own, with a super-user login so a test can remove a node the group's ACLs protec
   fetched the new partition, so a sync put there was refused;
 * the join check of a broker started without ``--slave`` asks the master's topics as a
   member of the group too: anonymously it got 403, read that as "does not answer", and
-  let a broker with a topic the master lacks join as its slave.
+  let a broker with a topic the master lacks join as its slave;
+* a slave started with another group secret exits with one line naming its secret file
+  (it was a 50-line ``kazoo.exceptions.NoAuthError`` traceback).
 """
 
 from __future__ import annotations
@@ -117,3 +119,16 @@ def test_the_join_check_asks_a_secured_master_as_a_member(pair: SecuredPair) -> 
     assert "brokerId=0 is in use" in log_text and "topics not on the master: extra" in log_text, log_text
     assert "does not answer" not in log_text
     assert served(pair.master, "extra") is None
+
+
+def test_a_slave_with_a_wrong_group_secret_exits_with_one_line_naming_the_file(pair: SecuredPair) -> None:
+    assert pair.factory is not None
+    wrong = SecuredGroup(pair.directory / "wrong-secret")  # same users, another group secret
+    slave = pair.factory(0, {TOPIC: 3}, {"unflushThreshold": 0, **wrong.system}, {"slaveId": 5}, name="wrong-secret", start=False)
+    slave.start(wait=False)
+    wait_until(lambda: not slave.alive, 30, message="the slave with a wrong secret to exit")
+    assert slave.returncode == 1
+    log_text = slave.log_text()
+    assert "Traceback" not in log_text and "NoAuthError" not in log_text, log_text
+    errors = [line for line in log_text.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and str(wrong.secret_file) in errors[0] and "another group secret" in errors[0], log_text
