@@ -205,12 +205,13 @@ class Broker:
             log.info("broker %d connected to ZooKeeper at %s%s", config.broker_id, config.zk.zk_connect, config.zk.root)
             try:
                 identity = await asyncio.to_thread(broker_identity, config.data_path)
-                await check_join(self, self.slave, identity)
+                joins_another_master = await check_join(self, self.slave, identity)
             except BaseException:
                 await self.registry.stop(sync_time_ms=0)
                 raise
-            # A broker started without --slave seeds the group's topics from its server.ini.
-            self.group_topics = GroupTopicsApplier(self, seeds=self.slave is None)
+            # A broker started without --slave seeds the group's topics from its server.ini,
+            # unless another broker leads the group (ha/joining.py: it never changes them then).
+            self.group_topics = GroupTopicsApplier(self, seeds=not joins_another_master)
             await self.group_topics.start()
         self.producer_ids = ProducerIdAllocator(config.broker_id, self._producer_id_blocks())
         self.transactional_ids = TransactionalIds(self.producer_ids, self._transactional_id_mapping(),
