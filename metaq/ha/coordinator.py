@@ -47,6 +47,7 @@ from ..protocol.messages import EpochsRequest
 from ..store.datadirs import broker_identity
 from ..zk.group import ZK_CALL_TIMEOUT_S, GroupState, read_group_state
 from ..zk.paths import ZkPaths, decode_epoch, slave_node_id
+from ..zk.topic_config import seed_with, update_group_topics
 from .election import (
     HANDOVER_TIMEOUT_S,
     Candidate,
@@ -131,6 +132,8 @@ class HaCoordinator:
         self._newest_claimed = 0
         #: The last "not following a master below our history" line logged (each is logged once).
         self._refused_master: str | None = None
+        #: The epoch we won re-seeds a group whose ZooKeeper lost its data.
+        self._reseeding = False
 
     # --- wiring -----------------------------------------------------------------------
 
@@ -666,6 +669,7 @@ class HaCoordinator:
             self.post(Event.REEVALUATE)
             return
         self.epoch = epoch
+        self._reseeding = floor > seen.epoch
         self.post(Event.WON)
 
     async def _lead(self) -> None:
@@ -702,10 +706,32 @@ class HaCoordinator:
         # writes before they appear.
         await self.registry.set_role("master")
         log.info("leading broker group %d in epoch %d", self.broker_id, self.epoch)
+        if self._reseeding:
+            self._reseeding = False
+            await self._reseed_topic_config()
         # What we inherited as a slave may not be fsynced yet; the committed offset of a
         # master alone is its flushed end, so flush now: every acked message we hold is
         # readable at once, not after the next periodic flush.
         self._flushing = asyncio.ensure_future(self._flush_all())
+
+    async def _reseed_topic_config(self) -> None:
+        """ZooKeeper lost the group's topic configuration with the rest: write back the topics we serve.
+
+        Every member still serves the version it last applied; without the node, a member
+        restarted later would serve its server.ini alone, and a `metaq topics create` would
+        write a configuration naming one topic. Seeding (never overwriting) keeps whatever
+        another writer put there meanwhile.
+        """
+        try:
+            group = await asyncio.to_thread(
+                update_group_topics, self.zk, self.paths, self.broker_id, seed_with(self.host.config.topics),
+                security=self.registry.security,
+            )
+        except (*ZK_ERRORS, RuntimeError) as exc:
+            log.warning("could not write the group's topic configuration back to ZooKeeper (%s); a broker started"
+                        " without --slave seeds it from its server.ini", exc)
+            return
+        log.info("wrote the group's topic configuration back to ZooKeeper: %s", ", ".join(sorted(group.topics)))
 
     async def _flush_all(self) -> None:
         store = self.host.store

@@ -13,6 +13,7 @@ from kazoo.client import KazooClient
 
 from ..config import BrokerConfig, TopicConfig
 from ..security.settings import BrokerSecurity
+from ..zk.acl import ZkSecurity
 
 
 class LogStore(Protocol):
@@ -48,6 +49,10 @@ class Registry(Protocol):
 
     @property
     def slave_id(self) -> int | None: ...
+
+    @property
+    def security(self) -> ZkSecurity | None:
+        """The group's ZooKeeper login and ACLs (security on), for nodes HA writes."""
 
     async def set_role(self, role: str | int | None) -> None: ...
 

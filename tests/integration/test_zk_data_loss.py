@@ -12,6 +12,7 @@ waited for a sync set that was never published: no master, for good.
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 import uuid
@@ -22,6 +23,7 @@ import pytest
 
 from metaq.tools.launcher import BrokerFactory, wait_until
 from metaq.zk.embedded import EmbeddedZooKeeper
+from metaq.zk.paths import ZkPaths
 from tests.conftest import TEST_TICK_MS
 from tests.harness import kazoo_client
 
@@ -104,6 +106,9 @@ def test_a_group_that_switched_over_recovers_from_an_emptied_zookeeper(own_zk: E
                 lost = [(offset, payload) for offset, payload in acked if records.get(offset) != payload]
                 assert not lost, f"{broker.name} lost acked messages: {lost[:3]}"
             assert not list((a.dir / "data").glob("*/truncated-*")), "A truncated although it held nothing unacked"
+            # The topic configuration went with the rest; the new master wrote back what it serves.
+            config = json.loads(client.get(ZkPaths(root).topic_config(0))[0])
+            assert config["topics"]["fo"]["numPartitions"] == "1", config
             print(f"writes resumed {resumed_s:.1f}s after ZooKeeper came back empty; epoch {group.epoch()}")
     finally:
         factory.stop_all()
