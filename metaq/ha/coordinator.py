@@ -698,6 +698,13 @@ class HaCoordinator:
                     cache.save()
         # Durably, before any ack in this epoch: what re-seeds the group if ZooKeeper loses its data.
         await asyncio.to_thread(record_led_epoch, self.config.data_path, self.epoch)
+        if self._reseeding:
+            # Before any producer id is handed out (a reused one would share an old producer's
+            # sequence state: its batches taken for duplicates, acked, not stored). A failure
+            # fails this entry (ZooKeeper away: fenced, and this runs again on the way back).
+            await self._reseed_topic_config()
+            await self.host.restore_after_zookeeper_loss()
+            self._reseeding = False
         assert self.lease is not None
         await self.lease.start()
         await self._start_sync_set()
@@ -706,9 +713,6 @@ class HaCoordinator:
         # writes before they appear.
         await self.registry.set_role("master")
         log.info("leading broker group %d in epoch %d", self.broker_id, self.epoch)
-        if self._reseeding:
-            self._reseeding = False
-            await self._reseed_topic_config()
         # What we inherited as a slave may not be fsynced yet; the committed offset of a
         # master alone is its flushed end, so flush now: every acked message we hold is
         # readable at once, not after the next periodic flush.

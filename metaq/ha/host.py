@@ -81,5 +81,9 @@ class BrokerHost(Protocol):
     def notify(self, topic: str, partition: int) -> None:
         """Wake fetches parked on a partition (its log end or committed offset moved)."""
 
+    async def restore_after_zookeeper_loss(self) -> None:
+        """This broker re-seeded its group after ZooKeeper lost its data: restore what the
+        group's nodes held that the broker's logs know (the producer id counter)."""
+
     async def update_topics(self, topics: dict[str, TopicConfig]) -> None:
         """Serve (and register) this topic map: a slave adopting its master's topics."""

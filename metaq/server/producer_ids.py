@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
@@ -88,6 +88,43 @@ def zookeeper_blocks(client: Any, paths: ZkPaths, group: int, create: Callable[[
         raise RuntimeError(f"could not take a producer id block at {path}: too many concurrent updates")
 
     return take_block
+
+
+#: After ZooKeeper lost the counter, how far past the highest id found in the logs it starts
+#: again. Ids handed out but in no log yet (a producer that has not written) lie in blocks
+#: taken since; 1000 blocks is more than masters take between two writes of any producer,
+#: and a millionth of the id space. An id handed out twice would share the old producer's
+#: sequence state: its first batches would be taken for duplicates, acked and not stored.
+RESEED_SKIP = 1000 * BLOCK_SIZE
+
+
+def highest_counter_in(producer_ids: Iterable[int], group: int) -> int:
+    """One past the highest counter value among ``producer_ids`` of ``group`` (0 if none)."""
+    mask = (1 << GROUP_SHIFT) - 1
+    return max((pid & mask for pid in producer_ids if pid >> GROUP_SHIFT == group), default=-1) + 1
+
+
+def raise_zookeeper_counter(client: Any, paths: ZkPaths, group: int, at_least: int, create: Callable[[str, bytes], Any]) -> int:
+    """Make the group's counter at least ``at_least`` (a compare-and-set; never lowered); its value."""
+    path = paths.producer_ids(group)
+    for _ in range(CAS_ATTEMPTS):
+        try:
+            value, stat = client.get(path)
+        except NoNodeError:
+            try:
+                create(path, str(at_least).encode())
+                return at_least
+            except NodeExistsError:
+                continue
+        current = int(value.decode() or 0)
+        if current >= at_least:
+            return current
+        try:
+            client.set(path, str(at_least).encode(), version=stat.version)
+            return at_least
+        except BadVersionError:
+            continue
+    raise RuntimeError(f"could not raise the producer id counter at {path}: too many concurrent updates")
 
 
 def local_blocks(data_path: str | Path) -> Callable[[], int]:

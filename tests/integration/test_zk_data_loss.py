@@ -21,6 +21,7 @@ from typing import Iterator
 
 import pytest
 
+from metaq.server.producer_ids import RESEED_SKIP
 from metaq.tools.launcher import BrokerFactory, wait_until
 from metaq.zk.embedded import EmbeddedZooKeeper
 from metaq.zk.paths import ZkPaths
@@ -109,6 +110,9 @@ def test_a_group_that_switched_over_recovers_from_an_emptied_zookeeper(own_zk: E
             # The topic configuration went with the rest; the new master wrote back what it serves.
             config = json.loads(client.get(ZkPaths(root).topic_config(0))[0])
             assert config["topics"]["fo"]["numPartitions"] == "1", config
+            # So did the producer id counter: it starts again past every id a log holds, so no
+            # idempotent producer is given an id whose old sequence state would swallow its batches.
+            assert int(client.get(ZkPaths(root).producer_ids(0))[0]) >= RESEED_SKIP
             print(f"writes resumed {resumed_s:.1f}s after ZooKeeper came back empty; epoch {group.epoch()}")
     finally:
         factory.stop_all()
