@@ -1,11 +1,13 @@
 """Issue 22: a broker group recovers from a ZooKeeper that lost its data, at any epoch.
 
 docs/operations.md, "Losing ZooKeeper's data", run as written: a sync pair (A founds the
-group, B is its slave) switches over once (B leads epoch 2, A follows it), then ZooKeeper
-is stopped, its data directory emptied and it is started again. Without a step from an
-operator, the broker that led the newest epoch (B, as its data dir says) re-seeds the group
-at an epoch above every member's history, A follows it and truncates nothing acked, every
-acked message is readable, and writes resume within ``RESUME_S``. Before the fix the old
+group, B is its slave) fails over once (A killed, B leads epoch 2 and acks alone), then
+ZooKeeper is stopped, its data directory emptied and it is started again, and A (down
+until now, its newest epoch 1, which it led) is started. Without a step from an operator
+the broker that led the newest epoch (B, as its data dir says) re-seeds the group at an
+epoch above every member's history while A yields to B's newer claim, A follows B and
+truncates nothing acked, every acked message is readable on both, and writes resume
+within ``RESUME_S``. Before the fix the old
 master founded epoch 1 and failed ("epoch 1 is older than the latest one, 2") and the slave
 waited for a sync set that was never published: no master, for good.
 """
@@ -76,12 +78,12 @@ def test_a_group_that_switched_over_recovers_from_an_emptied_zookeeper(own_zk: E
             a, b = make_pair(factory, sync_system(), group)
             acked = [acked_put(a, f"epoch1-{n}".encode()) for n in range(20)]
 
-            # One switchover: B leads epoch 2, A comes back as its slave.
-            a.stop()
+            # One failover: A is killed, B leads epoch 2 and acks alone (onSyncSlaveLoss=degrade),
+            # so only B holds the epoch-2 messages. A stays down.
+            a.kill()
             wait_leads(b, group, 1)
-            a.start(wait_zk=False)
-            wait_follows(a, b, group)
-            wait_in_sync_set(group, group.slave_id_of(a))
+            first, _ = first_ack_after(b, b"epoch2-first")  # once B's sync set is published
+            acked.append((int(first["offset"]), b"epoch2-first"))
             acked += [acked_put(b, f"epoch2-{n}".encode()) for n in range(20)]
             assert group.epoch() == 2
 
@@ -91,6 +93,10 @@ def test_a_group_that_switched_over_recovers_from_an_emptied_zookeeper(own_zk: E
         shutil.rmtree(own_zk.data_dir / "data")
         own_zk.start()
         back_at = time.monotonic()
+        # A comes back now, as step 1 of the procedure says: a stale member (it led epoch 1,
+        # the newest it knows) claiming beside B. Were A to re-seed, B would follow it and
+        # cut the epoch-2 acks; A must yield to B's newer history.
+        a.start(wait=False)
 
         with kazoo_client(own_zk.connect_string) as client:
             group = Group(client, root)
@@ -107,6 +113,7 @@ def test_a_group_that_switched_over_recovers_from_an_emptied_zookeeper(own_zk: E
                 lost = [(offset, payload) for offset, payload in acked if records.get(offset) != payload]
                 assert not lost, f"{broker.name} lost acked messages: {lost[:3]}"
             assert not list((a.dir / "data").glob("*/truncated-*")), "A truncated although it held nothing unacked"
+            assert "knows a newer epoch" in a.log_text(), "A did not compare its history with B's claim"
             # The topic configuration went with the rest; the new master wrote back what it serves.
             config = json.loads(client.get(ZkPaths(root).topic_config(0))[0])
             assert config["topics"]["fo"]["numPartitions"] == "1", config
