@@ -19,7 +19,7 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
@@ -63,6 +63,16 @@ def acked_put(broker, payload: bytes) -> tuple[int, bytes]:  # type: ignore[no-u
     return int(reply["offset"]), payload
 
 
+def restart_empty(server: EmbeddedZooKeeper, while_down: Callable[[], object] = lambda: None) -> float:
+    """Stop ZooKeeper, empty its data directory, run ``while_down``, start it again; when it serves."""
+    server.stop()
+    assert server.data_dir is not None
+    shutil.rmtree(server.data_dir / "data")
+    while_down()
+    server.start()
+    return time.monotonic()
+
+
 def served_through(broker, offset: int) -> dict[int, bytes] | None:  # type: ignore[no-untyped-def]
     """Every record ``broker`` serves, once it serves the one at ``offset``."""
     records = fetch_all(broker)
@@ -88,11 +98,7 @@ def test_a_group_that_switched_over_recovers_from_an_emptied_zookeeper(own_zk: E
             assert group.epoch() == 2
 
         # ZooKeeper loses everything: stopped, its data directory emptied, started again.
-        own_zk.stop()
-        assert own_zk.data_dir is not None
-        shutil.rmtree(own_zk.data_dir / "data")
-        own_zk.start()
-        back_at = time.monotonic()
+        back_at = restart_empty(own_zk)
         # A comes back now, as step 1 of the procedure says: a stale member (it led epoch 1,
         # the newest it knows) claiming beside B. Were A to re-seed, B would follow it and
         # cut the epoch-2 acks; A must yield to B's newer history.
@@ -121,5 +127,32 @@ def test_a_group_that_switched_over_recovers_from_an_emptied_zookeeper(own_zk: E
             # idempotent producer is given an id whose old sequence state would swallow its batches.
             assert int(client.get(ZkPaths(root).producer_ids(0))[0]) >= RESEED_SKIP
             print(f"writes resumed {resumed_s:.1f}s after ZooKeeper came back empty; epoch {group.epoch()}")
+    finally:
+        factory.stop_all()
+
+
+def test_when_the_last_master_is_gone_one_command_reseeds_from_the_newest_member(own_zk: EmbeddedZooKeeper, tmp_path: Path) -> None:
+    """Step 3 of the procedure: the broker that led the newest epoch is gone for good, so
+    nobody re-seeds by itself; `metaq promote --unclean` (it used to time out) elects the
+    member with the newest history above it, and (a sync-set member) it holds every ack."""
+    from metaq.cli.promote import promote
+
+    root = f"/meta-{uuid.uuid4().hex[:12]}"
+    factory = BrokerFactory(tmp_path, own_zk.connect_string, root)
+    try:
+        with kazoo_client(own_zk.connect_string) as client:
+            a, b = make_pair(factory, sync_system(), Group(client, root))
+            acked = [acked_put(a, f"epoch1-{n}".encode()) for n in range(10)]
+        restart_empty(own_zk, while_down=a.kill)  # the master dies with ZooKeeper's data
+        with kazoo_client(own_zk.connect_string) as client:
+            group = Group(client, root)
+            wait_until(lambda: "waiting for the broker that led epoch 1 to re-seed" in b.log_text(), 20,
+                       message="B to wait for the broker that led epoch 1")
+            assert group.master() is None
+            lines = promote(client, root, 0, group.slave_id_of(b), unclean=True, timeout=15)
+            assert "leads broker group 0 in epoch 2" in lines[-1], lines
+            first_ack_after(b, b"after-promote", timeout=5)
+            records = fetch_all(b)
+            assert [(o, p) for o, p in acked if records.get(o) != p] == []
     finally:
         factory.stop_all()
