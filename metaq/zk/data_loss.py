@@ -4,7 +4,7 @@ ZooKeeper refuses a client that has seen a newer transaction than the server's l
 ("Refusing session request for client ... as it has seen zxid 0x32 our last zxid is 0x1
 client must try another server"): in an ensemble a lagging server must not show a client
 an older state than it already saw. A server restarted with an empty data directory starts
-again at zxid 0, so every broker connected before it was wiped (kazoo remembers the last
+again at zxid 0, so every broker and client connected before it was wiped (kazoo remembers the last
 zxid it saw) is refused until other clients' writes push the server past that number; on a
 quiet cluster, for good. The group then has no master although every broker is alive.
 
@@ -82,7 +82,7 @@ class ReconnectAfterDataLoss:
             zxid = self._probe(host, port)
             if zxid is not None and zxid < seen:
                 log.warning(
-                    "ZooKeeper at %s:%d is at transaction 0x%x, behind the 0x%x this broker saw: it lost its data;"
+                    "ZooKeeper at %s:%d is at transaction 0x%x, behind the 0x%x this session saw: it lost its data;"
                     " connecting anyway (a new session; see docs/operations.md, \"Losing ZooKeeper's data\")",
                     host, port, zxid, seen,
                 )
