@@ -4,9 +4,10 @@ ZooKeeper refuses a client that has seen a newer transaction than the server's l
 ("Refusing session request for client ... as it has seen zxid 0x32 our last zxid is 0x1
 client must try another server"): in an ensemble a lagging server must not show a client
 an older state than it already saw. A server restarted with an empty data directory starts
-again at zxid 0, so every broker and client connected before it was wiped (kazoo remembers the last
-zxid it saw) is refused until other clients' writes push the server past that number; on a
-quiet cluster, for good. The group then has no master although every broker is alive.
+again at zxid 0, so every broker and client connected before it was wiped (kazoo remembers
+the last zxid it saw) is refused until other clients' writes push the server past that
+number; on a quiet cluster, for good. The group then has no master although every broker
+is alive.
 
 ``ReconnectAfterDataLoss`` is a kazoo listener. Once the connection has been down for the
 session timeout (any session we had is over by then; a lagging ensemble member has had
