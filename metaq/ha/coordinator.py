@@ -728,7 +728,8 @@ class HaCoordinator:
         """
         try:
             group = await asyncio.to_thread(
-                update_group_topics, self.zk, self.paths, self.broker_id, seed_with(self.host.config.topics),
+                update_group_topics, self.zk, self.paths, self.broker_id,
+                seed_with(self.host.config.topics, self.config.topic_defaults),
                 security=self.registry.security,
             )
         except (*ZK_ERRORS, RuntimeError) as exc:
