@@ -10,7 +10,9 @@ own, with a super-user login so a test can remove a node the group's ACLs protec
   member of the group too: anonymously it got 403, read that as "does not answer", and
   let a broker with a topic the master lacks join as its slave;
 * a slave started with another group secret exits with one line naming its secret file
-  (it was a 50-line ``kazoo.exceptions.NoAuthError`` traceback).
+  (it was a 50-line ``kazoo.exceptions.NoAuthError`` traceback);
+* last, ZooKeeper loses its data under the pair (docs/operations.md, "Losing ZooKeeper's
+  data"): the group recovers with security on, its nodes under the group's ACL again.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from metaq.zk.paths import ZkPaths
 from tests.conftest import TEST_TICK_MS
 from tests.harness import kazoo_client
 
+from .failover_support import restart_empty
 from .trust_support import PASSWORDS, SecuredGroup, metaq, request_as, run
 
 TOPIC = "t"
@@ -132,3 +135,26 @@ def test_a_slave_with_a_wrong_group_secret_exits_with_one_line_naming_the_file(p
     assert "Traceback" not in log_text and "NoAuthError" not in log_text, log_text
     errors = [line for line in log_text.splitlines() if "error" in line.lower()]
     assert len(errors) == 1 and str(wrong.secret_file) in errors[0] and "another group secret" in errors[0], log_text
+
+
+def test_a_secured_group_never_failed_over_recovers_from_an_emptied_zookeeper(pair: SecuredPair) -> None:
+    """ZooKeeper's data lost under a secured pair still at epoch 1: its master (it led epoch 1)
+    re-seeds the group with the group's ACLs, its slave follows, every ack stays readable."""
+    master, slave = pair.master, pair.slave
+    assert master is not None and slave is not None
+
+    def put(payload: bytes) -> Any:
+        return run(request_as(master, "app", {"op": "put", "topic": TOPIC, "partition": 0}, encode_batch([(payload, None)])))
+
+    acked = [payload for payload in (f"before-{n}".encode() for n in range(5)) if put(payload).code == OK]
+    assert len(acked) == 5
+    restart_empty(pair.zk)
+    wait_until(lambda: put(b"after").code == OK, 30, interval=0.2, message="a put acked after ZooKeeper came back empty")
+    with kazoo_client(pair.zk.connect_string) as client:
+        assert json.loads(client.get(pair.paths.epoch(0))[0])["epoch"] == 2
+        acl, _ = client.get_acls(pair.paths.epoch(0))
+        assert {entry.id.scheme for entry in acl} == {"world", "digest"}, acl  # the group's ACL again
+    pair.wait_in_sync_set()
+    start, data = slave.disk_log(TOPIC, 0)
+    on_slave = [bytes(r.data) for r in iter_records(data, start)]
+    assert [p for p in acked + [b"after"] if p not in on_slave] == []

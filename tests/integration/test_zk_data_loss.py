@@ -15,11 +15,10 @@ waited for a sync set that was never published: no master, for good.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import pytest
 
@@ -35,6 +34,7 @@ from .failover_support import (
     fetch_all,
     first_ack_after,
     make_pair,
+    restart_empty,
     put_one,
     sync_system,
     wait_follows,
@@ -61,16 +61,6 @@ def acked_put(broker, payload: bytes) -> tuple[int, bytes]:  # type: ignore[no-u
     reply = put_one(broker, payload)
     assert reply.code == 200, f"{reply.code} {reply.message}"
     return int(reply["offset"]), payload
-
-
-def restart_empty(server: EmbeddedZooKeeper, while_down: Callable[[], object] = lambda: None) -> float:
-    """Stop ZooKeeper, empty its data directory, run ``while_down``, start it again; when it serves."""
-    server.stop()
-    assert server.data_dir is not None
-    shutil.rmtree(server.data_dir / "data")
-    while_down()
-    server.start()
-    return time.monotonic()
 
 
 def served_through(broker, offset: int) -> dict[int, bytes] | None:  # type: ignore[no-untyped-def]
