@@ -11,8 +11,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
         "--data-dir",
-        help="data directory, kept across restarts (default: $XDG_DATA_HOME/metaq/zookeeper-PORT,"
-        " i.e. ~/.local/share/metaq/zookeeper-PORT)",
+        help="data directory, kept across restarts (default: $XDG_DATA_HOME/metaq/zookeeper-PORT;"
+        " without XDG_DATA_HOME, ~/.local/share/metaq/zookeeper-PORT)",
     )
     where.add_argument(
         "--ephemeral", action="store_true",
