@@ -352,6 +352,16 @@ class Workload:
                 log.error("workload task failed: %r", r)
 
 
+def injected_faults(faults: list[dict[str, Any]]) -> dict[str, int]:
+    """Fault entries by kind, without heals: the consumer group's own starts, kills and
+    stops are workload, not injected faults."""
+    counts: dict[str, int] = {}
+    for f in faults:
+        if f["kind"] not in ("heal", "heal_all") and not f["kind"].startswith("consumer-"):
+            counts[f["kind"]] = counts.get(f["kind"], 0) + 1
+    return dict(sorted(counts.items()))
+
+
 class Run:
     def __init__(self, scenario: str, seconds: float, seed: int, out: Path, *, mode: str = "sync", groups: int = 1,
                  zk_nodes: int = 3, rate: float = 20.0, settle_timeout: float = 60.0, slaves: int = 1,
@@ -507,7 +517,9 @@ class Run:
         for f in self.history.faults:
             faults[f["kind"]] = faults.get(f["kind"], 0) + 1
         summary = {"ok": self.passed(result), "scenario": self.scenario, "seed": self.seed,
-                   "mode": self.mode, "faults": faults, "stats": result.stats, "settle_failures": self.settle_failures,
+                   "mode": self.mode, "groups": self.groups, "slaves": self.slaves, "secure": self.secure,
+                   "seconds": self.seconds, "faults": faults, "injected": injected_faults(self.history.faults),
+                   "stats": result.stats, "settle_failures": self.settle_failures,
                    "master_faults_without_failover": self.no_failover, "violations": len(result.violations()),
                    "steps": self.steps_done, "hostile_problems": self.hostile_problems,
                    "rogue": self.hostile.summary() if self.hostile is not None else None}
@@ -561,11 +573,7 @@ class Run:
 
     def report(self, result: Any, elapsed: float) -> str:
         s = result.stats
-        faults: dict[str, int] = {}
-        for f in self.history.faults:
-            # The consumer group's own starts, kills and stops are workload, not injected faults.
-            if f["kind"] not in ("heal", "heal_all") and not f["kind"].startswith("consumer-"):
-                faults[f["kind"]] = faults.get(f["kind"], 0) + 1
+        faults = injected_faults(self.history.faults)
         # Liveness: a master fault (kill, pause, ZK partition) held past the session timeout
         # should have produced a failover of its group before the heal.
         no_failover = []
@@ -584,7 +592,8 @@ class Run:
             f"command: python -m chaos run --scenario {self.scenario} --seconds {self.seconds:g} --seed {self.seed} "
             f"--mode {self.mode} --groups {self.groups} --zk-nodes {self.zk_nodes} --slaves {self.slaves} "
             f"--on-sync-slave-loss {self.on_sync_slave_loss} --liveness-bound {self.liveness_bound:g}"
-            + (" --secure" if self.secure else "") + (" --rogue" if self.rogue else "")
+            + (" --secure" if self.secure else " --insecure" if self.scenario == "random" else "")
+            + (" --rogue" if self.rogue else "")
             + (" --idempotent" if self.producers.idempotent else " --retry-unknown" if self.producers.retry_unknown else "")
             + (" --consumer-group" if self.consumers is not None else " --no-consumer-group")
             + (" --transactions" if self.transactions else " --no-transactions")
@@ -630,7 +639,10 @@ def add_parser(sub: Any) -> None:
                    help="sync mode: what a master does without a sync slave (default degrade)")
     p.add_argument("--secure", action="store_true",
                    help="brokers with security on: a group secret per group (brokers authenticate to each other, "
-                        "ZooKeeper digest ACLs on the group's nodes), SCRAM users; the workload logs in")
+                        "ZooKeeper digest ACLs on the group's nodes), SCRAM users; the workload logs in "
+                        "(default: on in the random scenario)")
+    p.add_argument("--insecure", action="store_true",
+                   help="security off, also in the random scenario (where it is on by default)")
     p.add_argument("--rogue", action="store_true",
                    help="hostile peers for the whole run: forged positions, epoch claims, phantom joins, replica "
                         "reads and heartbeats at every broker (and, with --secure, ZooKeeper writes without "
@@ -655,6 +667,12 @@ def add_parser(sub: Any) -> None:
                         "(default 2 x zk.zkSessionTimeoutMs + 1 s)")
 
 
+def secure_run(scenario: str, secure: bool, insecure: bool) -> bool:
+    """Security is how the project should be run, so ``random`` runs secured unless told
+    ``--insecure``; the single-fault scenarios stay as they were unless told ``--secure``."""
+    return secure or (scenario == "random" and not insecure)
+
+
 def main(args: argparse.Namespace) -> int:
     if args.scenario not in scenario_names():
         print(f"error: unknown scenario {args.scenario!r}; choose from {', '.join(scenario_names())}", file=sys.stderr)
@@ -662,6 +680,9 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.out or f"/tmp/chaos-{args.scenario}-{args.seed}")
     if args.liveness_bound is not None and args.liveness_bound <= 0:
         print(f"error: --liveness-bound must be positive, got {args.liveness_bound:g}", file=sys.stderr)
+        return 2
+    if args.secure and args.insecure:
+        print("error: --secure and --insecure contradict each other; give one", file=sys.stderr)
         return 2
     try:
         schedule(args.scenario, args.seed, args.groups, args.zk_nodes, 1.0, steps=1)
@@ -671,7 +692,7 @@ def main(args: argparse.Namespace) -> int:
     run = Run(args.scenario, args.seconds, args.seed, out, mode=args.mode, groups=args.groups,
               zk_nodes=args.zk_nodes, rate=args.rate, slaves=args.slaves,
               on_sync_slave_loss=args.on_sync_slave_loss, liveness_bound=args.liveness_bound,
-              secure=args.secure, rogue=args.rogue,
+              secure=secure_run(args.scenario, args.secure, args.insecure), rogue=args.rogue,
               producers=ProducerSettings(idempotent=args.idempotent, retry_unknown=args.retry_unknown),
               consumer_group=args.consumer_group if args.consumer_group is not None else args.scenario == "random",
               transactions=args.transactions if args.transactions is not None else args.scenario == "random")
