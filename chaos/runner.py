@@ -63,6 +63,7 @@ from .hostile import HostileLoad
 from .liveness import default_bound, render_table
 from .raw_producer import ProducerSettings, RawProducer
 from .scenarios import FAULTS, Step, inject, scenario_names, schedule, writes_expected
+from .transactions import TransactionLoad, send_values
 
 log = logging.getLogger("chaos.runner")
 
@@ -159,6 +160,7 @@ class Workload:
         self.stopping = asyncio.Event()
         self.conns: dict[str, BrokerConnection] = {}
         self.newest_acked: dict[str, tuple[int, str]] = {}  # partition -> (offset, value) of the newest ack
+        self.txn_load = TransactionLoad(self)
 
     def acked(self, partition: str | None, offset: int | None, value: str) -> None:
         if partition is None or offset is None:
@@ -220,14 +222,18 @@ class Workload:
         routing), three in four committed, one in four rolled back. Each is one ``txn``
         operation: ``ok`` committed (with ``commit_time``, when commit was invoked), ``fail``
         rolled back (by us, or by the broker at commit), ``info`` unknown; ``sends`` lists
-        every message tried, with its acked offset (None when its send failed)."""
+        every message tried, with its acked offset (None when its send failed). One in ten
+        is left open past its timeout (``TransactionLoad.timed_out``)."""
         rng = random.Random(f"workload/{name}/{self.seed}")
         async with AsyncMessageSessionFactory(self.client_config()) as factory:
             producer = factory.create_transactional_producer()
             for number in itertools.count():
                 if self.stopping.is_set():
                     break
-                await self._transaction(producer, name, f"{name}-t{number}", rng)
+                if rng.random() < 0.1:
+                    await self.txn_load.timed_out(producer, name, f"{name}-t{number}", rng)
+                else:
+                    await self._transaction(producer, name, f"{name}-t{number}", rng)
                 await asyncio.sleep(1 / self.rate)
 
     async def _transaction(self, producer: Any, process: str, txn: str, rng: random.Random) -> None:
@@ -237,13 +243,7 @@ class Workload:
         committing = False
         try:
             await producer.begin_transaction(timeout_s=10)
-            for j in range(rng.randint(1, 3)):
-                value = f"{txn}-{j}"
-                result = await producer.send_message(Message(self.cluster.topic, value.encode()))
-                part = f"{self.cluster.topic}/{result.partition}" if result.partition is not None else None
-                sends.append([part, result.offset if result.success and result.offset >= 0 else None, value])
-                if not result.success:
-                    raise TransactionError(f"send failed: {result.error_message}")
+            await send_values(producer, self.cluster.topic, txn, rng.randint(1, 3), sends)
             if rng.random() < 0.25:
                 await producer.rollback()
                 self.history.fail(op, "rolled back", sends=sends)
@@ -342,6 +342,8 @@ class Workload:
         tasks = [*(asyncio.create_task(p.run()) for p in raw), asyncio.create_task(self.client_producer("c0"))]
         if self.transactions:
             tasks += [asyncio.create_task(self.transactional_producer(name)) for name in ("x0", "x1")]
+            tasks += [asyncio.create_task(self.txn_load.xa_producer("xa0")),
+                      asyncio.create_task(self.txn_load.zombie("z0"))]
         tasks += [asyncio.create_task(self.reader(g)) for g in range(self.cluster.num_groups)]
         tasks += [asyncio.create_task(self.prober(g)) for g in range(self.cluster.num_groups)]
         results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -390,6 +392,7 @@ class Run:
         self.steps_done: list[dict[str, Any]] = []
         self.settle_failures: list[str] = []
         self.unavailable: list[float] = []
+        self.txn_load: TransactionLoad | None = None
 
     def _fault_loop(self, stop_at: float, stopping: threading.Event) -> None:
         session_s = self.cluster.session_ms / 1000
@@ -462,6 +465,7 @@ class Run:
         # A resend keeps going through a failover: past the liveness bound, by which writes resume.
         workload = Workload(self.cluster, self.history, monitor, self.seed, self.rate, self.producers,
                             resend_budget_s=self.liveness_bound + 5.0, transactions=self.transactions)
+        self.txn_load = workload.txn_load
         load = asyncio.create_task(workload.run())
         if self.hostile is not None:
             self.hostile.start()
@@ -522,6 +526,7 @@ class Run:
                    "stats": result.stats, "settle_failures": self.settle_failures,
                    "master_faults_without_failover": self.no_failover, "violations": len(result.violations()),
                    "steps": self.steps_done, "hostile_problems": self.hostile_problems,
+                   "txn_problems": self.txn_problems,
                    "rogue": self.hostile.summary() if self.hostile is not None else None}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
         print(report)
@@ -544,8 +549,13 @@ class Run:
     def hostile_problems(self) -> list[str]:
         return self.hostile.problems() if self.hostile is not None else []
 
+    @property
+    def txn_problems(self) -> list[str]:
+        """Commits the broker should have refused (past a timeout, by a fenced instance)."""
+        return self.txn_load.problems if self.txn_load is not None else []
+
     def passed(self, result: Any) -> bool:
-        return result.ok and not self.settle_failures and not self.hostile_problems
+        return result.ok and not self.settle_failures and not self.hostile_problems and not self.txn_problems
 
     def consumers_lines(self) -> list[str]:
         if self.consumers is None:
@@ -561,8 +571,9 @@ class Run:
         if not self.transactions:
             return "transactions: off"
         ends = [op["type"] for op in self.history.ops if op.get("f") == "txn" and op["type"] != "invoke"]
-        return (f"transactions (x0, x1): {ends.count('ok')} committed, {ends.count('fail')} rolled back, "
-                f"{ends.count('info')} unknown")
+        return (f"transactions (x0, x1 local, xa0 XA, z0 zombie): {ends.count('ok')} committed, "
+                f"{ends.count('fail')} rolled back, {ends.count('info')} unknown; "
+                + (self.txn_load.line() if self.txn_load is not None else ""))
 
     def producers_text(self) -> str:
         if self.producers.idempotent:
@@ -616,6 +627,7 @@ class Run:
             *[f"  - {x}" for x in self.settle_failures[:10]],
             *(self.hostile.report_lines() if self.hostile is not None else []),
             *[f"  - {x}" for x in self.hostile_problems[:10]],
+            *[f"  - {x}" for x in self.txn_problems[:10]],
             f"violations: {len(result.violations())}",
             f"VERDICT: {'PASS' if self.passed(result) else 'FAIL'}",
             "",
