@@ -63,7 +63,7 @@ from .hostile import HostileLoad
 from .liveness import default_bound, render_table
 from .raw_producer import ProducerSettings, RawProducer
 from .scenarios import FAULTS, Step, inject, scenario_names, schedule, writes_expected
-from .transactions import TransactionLoad, send_values
+from .transactions import TransactionLoad, roll_back, send_values
 
 log = logging.getLogger("chaos.runner")
 
@@ -254,22 +254,11 @@ class Workload:
         except TransactionRolledBack as exc:
             self.history.fail(op, f"rolled back by the broker: {exc}", sends=sends)
         except Exception as exc:  # a step gave up: roll back what we can
-            if not committing and await self._roll_back(producer):
+            if not committing and await roll_back(producer):
                 self.history.fail(op, f"rolled back after: {exc}", sends=sends)
             else:
                 self.history.info(op, f"unknown: {exc}", sends=sends)
             await asyncio.sleep(0.1)
-
-    @staticmethod
-    async def _roll_back(producer: Any) -> bool:
-        """Roll back the open transaction; whether it surely is rolled back now."""
-        if not producer.in_transaction:
-            return False
-        try:
-            await producer.rollback()
-            return True
-        except Exception:
-            return False
 
     async def reader(self, group: int) -> None:
         """Reads every partition from every replica of the group, each at its own position."""

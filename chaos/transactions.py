@@ -192,6 +192,17 @@ async def send_values(producer: Any, topic: str, txn: str, count: int, sends: li
             raise TransactionError(f"send failed: {result.error_message}")
 
 
+async def roll_back(producer: Any) -> bool:
+    """Roll back the local producer's open transaction; whether it surely is rolled back now."""
+    if not producer.in_transaction:
+        return False
+    try:
+        await producer.rollback()
+        return True
+    except Exception:
+        return False
+
+
 class TransactionLoad:
     """The transactions issue 25 asks for beyond plain local ones, each one ``txn``
     operation of the history (``ok`` committed, ``fail`` surely rolled back, ``info``
@@ -242,14 +253,7 @@ class TransactionLoad:
 
     async def _settle_open(self, producer: Any, op: int, sends: list[list[Any]], exc: Exception) -> None:
         """A step before the commit gave up: roll back what we can; fail if surely rolled back."""
-        rolled_back = False
-        if producer.in_transaction:
-            try:
-                await producer.rollback()
-                rolled_back = True
-            except Exception:
-                pass
-        if rolled_back or isinstance(exc, TransactionRolledBack):
+        if await roll_back(producer) or isinstance(exc, TransactionRolledBack):
             self.history.fail(op, f"rolled back after: {exc}", sends=sends)
         else:
             self.history.info(op, f"unknown: {exc}", sends=sends)
