@@ -154,7 +154,8 @@ def verdict(result: dict[str, Any] | None) -> str:
 
 def run_row(setup: Setup, result: dict[str, Any] | None) -> list[str]:
     """One markdown row: seed, setup, every anomaly count, other violations (safety and
-    liveness checks outside the anomaly set, settle failures, accepted forgeries), faults,
+    liveness checks outside the anomaly set, settle failures, accepted forgeries, commits
+    the broker should have refused), faults,
     failovers, acked puts, verdict."""
     stats = (result or {}).get("stats")
     if not stats:
@@ -162,7 +163,7 @@ def run_row(setup: Setup, result: dict[str, Any] | None) -> list[str]:
     anomalies = stats.get("anomalies", {})
     counts = [int(anomalies.get(name, 0)) for name in ANOMALY_COLUMNS]
     other = int(result.get("violations", 0)) - sum(counts)
-    other += len(result.get("settle_failures") or []) + len(result.get("hostile_problems") or [])
+    other += sum(len(result.get(key) or []) for key in ("settle_failures", "hostile_problems", "txn_problems"))
     injected = result.get("injected") or {}
     return [str(setup.seed), setup.label, *map(str, counts), str(other), str(sum(injected.values())),
             str(stats.get("failovers", 0)), f"{stats.get('puts_ok', 0):,}", verdict(result)]

@@ -64,13 +64,14 @@ def test_finished_runs_are_skipped_and_crashed_ones_run_again(tmp_path: Path, mo
 
 def test_run_rows_count_every_anomaly_other_violations_and_the_verdict() -> None:
     setup = Setup(0, 5, "async", 2, 1, True)
-    failed = summary(False, {"poll-skip": 3, "lost-write": 1}, 6, [], settle_failures=["final: no master"])
+    failed = summary(False, {"poll-skip": 3, "lost-write": 1}, 6, [], settle_failures=["final: no master"],
+                     txn_problems=["transaction x1-t8 committed 5.8s after it began with a 1s timeout"])
     row = campaign.run_row(setup, failed)
     assert row[:2] == ["5", "async, 2 slaves, 1 group, secure"]
     counts = dict(zip(ANOMALY_COLUMNS, row[2:]))
     assert counts["poll-skip"] == "3" and counts["lost-write"] == "1" and counts["unseen"] == "0"
-    # 6 violations, 4 of them anomalies, plus one settle failure.
-    assert row[2 + len(ANOMALY_COLUMNS):] == ["3", "3", "2", "1,234", "FAIL"]
+    # 6 violations, 4 of them anomalies, plus one settle failure and one commit past a timeout.
+    assert row[2 + len(ANOMALY_COLUMNS):] == ["4", "3", "2", "1,234", "FAIL"]
     assert campaign.run_row(setup, summary(True, {}, 0, []))[-1] == "PASS"
     assert campaign.run_row(setup, None)[-1] == "not run"
     hung = campaign.run_row(setup, {"ok": False, "error": "no result after 990s"})
