@@ -254,9 +254,13 @@ class HeartbeatResponder:
             ha.slave_heartbeat(message["slave_id"], address, ends, message["epoch"])
         log_ends, committed = {}, {}
         for (topic, partition), log_ in logs.items():
+            try:
+                offset = ha.committed(topic, partition, log_)
+            except LookupError:  # UnknownTopic/UnknownPartition: dropped meanwhile, not ours to report
+                continue
             key = partition_key(topic, partition)
             log_ends[key] = log_.log_end
-            committed[key] = ha.committed(topic, partition, log_)
+            committed[key] = offset
         reply = {
             "kind": "hb",
             "role": "master" if master else "slave",

@@ -33,7 +33,7 @@ from ..store.manager import MessageStoreManager
 from ..store.msgid import MsgIdGenerator
 from ..zk.monitor import OutageReporter
 from .connection import ClientConnection, ConnectionLimits
-from .group_topics import GroupTopicsApplier
+from .group_topics import GroupTopicsApplier, forget_partitions
 from .handlers import RequestHandlers
 from .metrics import BrokerMetrics, InstrumentedHandlers
 from .registry import BrokerRegistry
@@ -102,7 +102,12 @@ class Broker:
             return
         added = sorted(set(topics) - set(self.config.topics))
         self.config = replace(self.config, topics=dict(topics))
-        self.store.update_topics(topics)
+        dropped = self.store.update_topics(topics)
+        if dropped:
+            # In the same step (no await in between): nothing may use a dropped partition's
+            # state once its log is gone, nor carry it over to a re-created topic.
+            forget_partitions(self, [(d.topic, d.partition) for d in dropped])
+            self.store.dispose(dropped)
         if self.registry is not None:
             await self.registry.update_topics(topics)
         if added and (self.group_topics is None or not self.group_topics.group.exists):

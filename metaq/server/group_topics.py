@@ -3,8 +3,9 @@
 Masters and slaves alike watch ``{root}/brokers/topic-config/{id}``
 (metaq/zk/topic_config.py, where the precedence rule is written) and apply each new
 version without a restart: new topics and partitions are served, changed flush,
-segment and retention settings take effect, deleted topics stop being served (their
-files stay on disk). A slave starts replicating new partitions once its master
+segment and retention settings take effect, deleted topics stop being served and every
+record of them is dropped, files included (``forget_partitions``); a topic re-created
+under the same name is a new incarnation and starts empty. A slave starts replicating new partitions once its master
 serves them: after applying a version it asks the master's ``topics`` until they
 are there, then has its follower re-read them (metaq/ha/follower.py).
 
@@ -113,6 +114,7 @@ class GroupTopicsApplier:
             before = self.broker.config.topics
             self.group = group
             await self.broker.update_topics(topics)
+            self._remove_deleted_files(group)
             if self._catch_up is not None:
                 self._catch_up.cancel()
             self._catch_up = asyncio.ensure_future(self._follow_new_partitions(topics))
@@ -120,6 +122,13 @@ class GroupTopicsApplier:
             if change:
                 log.info("topics: %s (broker group %d's topic configuration in ZooKeeper, version %d)",
                          change, self.broker.config.broker_id, group.version)
+
+    def _remove_deleted_files(self, group: GroupTopics) -> None:
+        """Files of deleted topics this broker kept (it was down, or ran a version that kept them)."""
+        broker = self.broker
+        for name in sorted(group.deleted):
+            local = broker.local_topics.get(name)
+            broker.store.remove_unserved(name, local.data_path if local is not None else broker.config.topic_defaults.data_path)
 
     async def _follow_new_partitions(self, topics: dict[str, TopicConfig]) -> None:
         """On a slave: once the master serves these partitions too, replicate the new ones.
@@ -152,6 +161,24 @@ class GroupTopicsApplier:
         return update_group_topics(self.client, self.paths, self.broker.config.broker_id, change, security=security)
 
 
+def forget_partitions(broker: Any, keys: list[tuple[str, int]]) -> None:
+    """Every owner of per-partition state (docs/architecture.md) forgets partitions no longer served.
+
+    Called by ``Broker.update_topics`` right after the store dropped them (a topic deleted, or
+    re-created as a new incarnation): producer and transaction state, queued transaction
+    markers, replication (follower, sync set, progress, epoch histories) and counters; parked
+    fetches of them wake up and are answered "unknown topic".
+    """
+    broker.txn_states.forget(keys)
+    broker.transactions.forget_partitions(keys)
+    broker.ha.forget_partitions(keys)
+    broker.stats.forget_partitions(keys)
+    for topic, partition in keys:
+        broker.notify(topic, partition)
+    log.info("dropped %d partition(s) no longer served: %s", len(keys),
+             ", ".join(f"{topic}-{partition}" for topic, partition in keys))
+
+
 def describe_change(before: dict[str, TopicConfig], after: dict[str, TopicConfig]) -> str:
     """``added a; changed b (unflushThreshold 0 -> 5); removed c``, or "" when nothing changed."""
     parts = []
@@ -168,7 +195,7 @@ def describe_change(before: dict[str, TopicConfig], after: dict[str, TopicConfig
     if changed:
         parts.append("changed " + "; ".join(changed))
     if removed:
-        parts.append("no longer serving " + ", ".join(removed) + " (files kept on disk)")
+        parts.append("no longer serving " + ", ".join(removed) + " (its files are deleted)")
     return "; ".join(parts)
 
 

@@ -2,7 +2,8 @@
 
 One persistent node per group, ``{root}/brokers/topic-config/{id}``, JSON::
 
-    {"topics": {"audit": {"numPartitions": "3", "unflushThreshold": "7"}}, "deleted": ["old"]}
+    {"topics": {"audit": {"numPartitions": "3", "unflushThreshold": "7"}}, "deleted": ["old"],
+     "incarnations": {"audit": "5f0c…"}}
 
 Values are server.ini text under MetaQ's key names (``config.SHARED_TOPIC_KEYS``); a
 key a topic leaves out takes the applying broker's ``[system]`` default. ``dataPath``
@@ -16,6 +17,13 @@ that no ``metaq topics delete`` removed), so the MetaQ way, a topic section in t
 master's server.ini, still works; it never changes or removes a topic the node has.
 ``metaq topics create|alter|delete`` and a SIGHUP'd server.ini edit change it.
 
+Incarnations (Kafka's topic ids): every ``create`` of a name (``with_topic`` of a name the
+node does not have) gets a new random id under ``incarnations``; ``alter`` keeps it. A
+broker keeps it beside each partition's files and drops a partition whose files belong to
+another incarnation (metaq/store/manager.py), so a re-created topic starts empty on every
+member, also on one that was down during the delete. A topic written before incarnations
+existed has none ("") and keeps its files.
+
 Every write is a compare-and-set on the node's version, so two writers never lose
 each other's change.
 """
@@ -23,6 +31,7 @@ each other's change.
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
@@ -53,6 +62,8 @@ class GroupTopics:
 
     topics: dict[str, dict[str, str]] = field(default_factory=dict)
     deleted: frozenset[str] = frozenset()
+    #: topic -> the id of its current life (absent: a topic from before incarnations).
+    incarnations: dict[str, str] = field(default_factory=dict)
     #: The node's version (-1: the node does not exist yet).
     version: int = -1
 
@@ -61,18 +72,28 @@ class GroupTopics:
         return self.version >= 0
 
     def encode(self) -> bytes:
-        value = {"topics": {name: dict(sorted(s.items())) for name, s in sorted(self.topics.items())}, "deleted": sorted(self.deleted)}
+        value: dict[str, object] = {
+            "topics": {name: dict(sorted(s.items())) for name, s in sorted(self.topics.items())},
+            "deleted": sorted(self.deleted),
+        }
+        if self.incarnations:
+            value["incarnations"] = dict(sorted(self.incarnations.items()))
         return json.dumps(value, separators=(",", ":")).encode()
 
     def with_topic(self, name: str, settings: dict[str, str]) -> "GroupTopics":
+        """The topic with these settings: a new incarnation if the node does not have it, else the same one."""
         topics = dict(self.topics)
+        incarnations = dict(self.incarnations)
+        if name not in topics:
+            incarnations[name] = uuid.uuid4().hex
         topics[name] = dict(settings)
-        return replace(self, topics=topics, deleted=self.deleted - {name})
+        return replace(self, topics=topics, deleted=self.deleted - {name}, incarnations=incarnations)
 
     def without_topic(self, name: str) -> "GroupTopics":
         topics = dict(self.topics)
         topics.pop(name, None)
-        return replace(self, topics=topics, deleted=self.deleted | {name})
+        incarnations = {topic: id_ for topic, id_ in self.incarnations.items() if topic != name}
+        return replace(self, topics=topics, deleted=self.deleted | {name}, incarnations=incarnations)
 
 
 def decode_group_topics(data: bytes, version: int) -> GroupTopics:
@@ -81,9 +102,14 @@ def decode_group_topics(data: bytes, version: int) -> GroupTopics:
         value = json.loads(text) if text.strip() else {}
         topics = {str(name): {str(k): setting_text(v) for k, v in settings.items()} for name, settings in value.get("topics", {}).items()}
         deleted = frozenset(str(name) for name in value.get("deleted", []))
+        # Only for topics the node names: an id is a directory marker, never a directory name.
+        incarnations = {str(name): str(id_) for name, id_ in value.get("incarnations", {}).items() if str(name) in topics}
     except (ValueError, AttributeError, TypeError) as exc:
         raise ValueError(f"bad topic configuration node value {text[:200]!r}: {exc}") from None
-    return GroupTopics(topics, deleted, version)
+    for name, id_ in incarnations.items():
+        if not id_.isalnum() or len(id_) > 64:
+            raise ValueError(f"bad topic configuration node value: topic {name}: incarnation {id_[:70]!r} is not 1-64 letters and digits")
+    return GroupTopics(topics, deleted, incarnations, version)
 
 
 def read_group_topics(client: KazooClient, paths: ZkPaths, broker_id: int, timeout: float = ZK_CALL_TIMEOUT_S) -> GroupTopics:
@@ -168,7 +194,8 @@ def serve_group_topics(own: BrokerConfig, local: dict[str, TopicConfig], group: 
     served: dict[str, TopicConfig] = {}
     for name, settings in sorted(group.topics.items()):
         data_path = local[name].data_path if name in local else own.topic_defaults.data_path
-        served[name] = topic_from_settings(replace(own.topic_defaults, data_path=data_path), name, settings, where)
+        topic = topic_from_settings(replace(own.topic_defaults, data_path=data_path), name, settings, where)
+        served[name] = replace(topic, incarnation=group.incarnations.get(name, ""))
     return served
 
 

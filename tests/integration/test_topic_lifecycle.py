@@ -1,0 +1,91 @@
+"""Deleting and re-creating a topic on a running pair (issue 22, items 1-3; real ZooKeeper and
+broker processes), and docs/operations.md's procedure "Deleting and re-creating a topic".
+
+Group 0: A (master) and B (``--slave``, slaveId 1), ZK session 1500 ms.
+"""
+
+from __future__ import annotations
+
+from .failover_support import Group, make_pair, sync_system, async_system, wait_leads
+from .replication_support import bounds, put, replica_rows, stat, wait_caught_up, wait_for
+from .test_topics_cli import metaq, serves
+
+#: Log lines of an error loop on the master (heartbeat handling raising on a dropped topic)
+#: or of a slave giving up a partition; none may appear.
+ERROR_LINES = ("heartbeat handling failed", "Traceback", "replication of", "was never awaited", "transaction timer")
+
+
+def errors_in(*brokers) -> list[str]:
+    return [line for b in brokers for line in b.log_text().splitlines() if any(e in line for e in ERROR_LINES)]
+
+
+def partition_dirs(broker, topic: str) -> list[str]:
+    return sorted(p.name for p in (broker.dir / "data").glob(f"{topic}-*"))
+
+
+def test_delete_and_recreate_with_fewer_partitions_on_a_sync_pair(broker_factory, zk, zk_root, zk_client, capsys):
+    """Items 1-3 in sync mode with onSyncSlaveLoss=reject (every put needs the slave), then a kill -9."""
+    group = Group(zk_client, zk_root)
+    a, b = make_pair(broker_factory, sync_system(onSyncSlaveLoss="reject", minSyncSlaves=1), group)
+
+    # The procedure, step 0: a topic with data on both members.
+    code, out = metaq(capsys, zk, zk_root, "topics", "create", "--broker-id", "0", "--topic", "x", "--partitions", "5")
+    assert code == 0, out
+    for partition in range(5):
+        put(a, "x", partition, 20)
+    wait_caught_up(a, b, [("x", p) for p in range(5)])
+    old_end = bounds(a, "x", 0)[1]
+    assert old_end > 0
+
+    # Step 1: delete. Both stop serving it, drop every record of it and delete its files.
+    code, out = metaq(capsys, zk, zk_root, "topics", "delete", "--broker-id", "0", "--topic", "x")
+    assert code == 0, out
+    assert serves(a, "x") is None and serves(b, "x") is None
+    wait_for(lambda: not partition_dirs(a, "x") and not partition_dirs(b, "x"), 10, "x's files deleted on both")
+    assert not [key for key in replica_rows(b) if key[0] == "x"], "the slave still lists replicas of a deleted topic"
+    # Other topics keep replicating (reject mode: an ack needs the slave in the sync set).
+    put(a, "fo", 0, 10)
+    wait_caught_up(a, b, [("fo", 0)])
+
+    # Step 2: re-create with fewer partitions: a new incarnation, empty on every member.
+    code, out = metaq(capsys, zk, zk_root, "topics", "create", "--broker-id", "0", "--topic", "x", "--partitions", "2")
+    assert code == 0, out
+    assert serves(a, "x") == 2 and serves(b, "x") == 2
+    for broker in (a, b):
+        assert bounds(broker, "x", 0) == (0, 0), f"{broker.name}: the re-created topic brought old messages back"
+    put(a, "x", 1, 10)  # acked: the slave stays in the sync set
+    put(a, "fo", 0, 10)
+    wait_caught_up(a, b, [("x", 0), ("x", 1), ("fo", 0)])
+    assert 1 in group.sync_set()
+    assert partition_dirs(a, "x") == partition_dirs(b, "x") == ["x-0", "x-1"]
+    assert errors_in(a, b) == []
+    assert stat(a, "sync_state") == "ok"
+
+    # A later failover works: the slave takes over and serves the new incarnation.
+    epoch = group.epoch()
+    a.kill()
+    wait_leads(b, group, epoch)
+    assert serves(b, "x") == 2 and bounds(b, "x", 1)[1] == bounds(b, "x", 1)[1] > 0
+    assert errors_in(b) == []
+
+
+def test_async_slave_takes_over_after_a_topic_was_deleted(broker_factory, zk, zk_root, zk_client, capsys):
+    """Item 1 in async mode: no stopped replica of the deleted topic keeps the slave from taking over."""
+    group = Group(zk_client, zk_root)
+    a, b = make_pair(broker_factory, async_system(), group)
+    code, out = metaq(capsys, zk, zk_root, "topics", "create", "--broker-id", "0", "--topic", "gone", "--partitions", "2")
+    assert code == 0, out
+    put(a, "gone", 0, 10)
+    put(a, "fo", 0, 10)
+    wait_caught_up(a, b, [("gone", 0), ("fo", 0)])
+    code, out = metaq(capsys, zk, zk_root, "topics", "delete", "--broker-id", "0", "--topic", "gone")
+    assert code == 0, out
+    put(a, "fo", 0, 10)
+    wait_caught_up(a, b, [("fo", 0)])
+    assert set(replica_rows(b)) == {("fo", 0)}
+
+    epoch = group.epoch()
+    a.kill()
+    wait_leads(b, group, epoch)
+    put(b, "fo", 0, 5)
+    assert errors_in(a, b) == []
