@@ -28,10 +28,11 @@ from ..addresses import parse_broker_url
 from ..client.connection import BrokerConnection
 from ..config import ConfigError, TopicConfig, topic_settings
 from ..protocol.messages import TopicsRequest
+from ..store import incarnation
 from ..protocol.replies import TopicsReply
 from ..zk.paths import ZkPaths
 from .registry import RegistryError
-from ..zk.topic_config import GroupTopics, decode_group_topics, publish_with, read_group_topics, seed_with, serve_group_topics, update_group_topics
+from ..zk.topic_config import GroupTopics, decode_group_topics, delete_group_offsets, publish_with, read_group_topics, seed_with, serve_group_topics, update_group_topics
 
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,9 @@ class GroupTopicsApplier:
             self.group = group
             await self.broker.update_topics(topics)
             self._remove_deleted_files(group)
+            gone = ended_topics(before, topics)
+            if gone and self.broker.ha.acting_master:
+                await self._delete_consumer_offsets(gone)
             if self._catch_up is not None:
                 self._catch_up.cancel()
             self._catch_up = asyncio.ensure_future(self._follow_new_partitions(topics))
@@ -122,6 +126,18 @@ class GroupTopicsApplier:
             if change:
                 log.info("topics: %s (broker group %d's topic configuration in ZooKeeper, version %d)",
                          change, self.broker.config.broker_id, group.version)
+
+    async def _delete_consumer_offsets(self, topics: list[str]) -> None:
+        """The master deletes the stored consumer offsets of its partitions of ended topics."""
+        broker_id = self.broker.config.broker_id
+        for topic in topics:
+            try:
+                paths = await asyncio.to_thread(delete_group_offsets, self.client, self.paths, broker_id, topic)
+            except (KazooException, KazooTimeoutError) as exc:
+                log.warning("could not delete the consumer offsets of deleted topic %s: %r", topic, exc)
+                continue
+            if paths:
+                log.info("deleted %d stored consumer offset(s) of topic %s's earlier incarnation", len(paths), topic)
 
     def _remove_deleted_files(self, group: GroupTopics) -> None:
         """Files of deleted topics this broker kept (it was down, or ran a version that kept them)."""
@@ -177,6 +193,11 @@ def forget_partitions(broker: Any, keys: list[tuple[str, int]]) -> None:
         broker.notify(topic, partition)
     log.info("dropped %d partition(s) no longer served: %s", len(keys),
              ", ".join(f"{topic}-{partition}" for topic, partition in keys))
+
+
+def ended_topics(before: dict[str, TopicConfig], after: dict[str, TopicConfig]) -> list[str]:
+    """Topics whose incarnation ended: deleted, or re-created as a new one in between."""
+    return sorted(name for name, topic in before.items() if incarnation.ended(topic, after.get(name)))
 
 
 def describe_change(before: dict[str, TopicConfig], after: dict[str, TopicConfig]) -> str:

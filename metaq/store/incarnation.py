@@ -20,11 +20,19 @@ import shutil
 import time
 from pathlib import Path
 
+from metaq.config import TopicConfig
+
 log = logging.getLogger(__name__)
 
 MARKER = "incarnation"
 #: ``{topic}-{n}`` + this + a stamp: a directory of a deleted partition, being removed.
 DELETED_SUFFIX = ".deleted-"
+
+
+def ended(before: TopicConfig, after: TopicConfig | None) -> bool:
+    """Whether a topic's life ended between two topic maps: deleted, or re-created as a new
+    incarnation. An incarnation that becomes "" (a writer that does not know them) is no end."""
+    return after is None or (after.incarnation != "" and after.incarnation != before.incarnation)
 
 
 def read_marker(directory: Path) -> str | None:

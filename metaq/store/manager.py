@@ -349,15 +349,13 @@ class MessageStoreManager:
 def dropped_partitions(old: dict[str, TopicConfig], new: dict[str, TopicConfig]) -> list[tuple[str, int, Path]]:
     """``(topic, partition, directory)`` of each partition ``old`` has and ``new`` has not.
 
-    A topic whose incarnation changed (deleted and re-created in between) loses all of its
-    partitions: the new one starts empty. An incarnation that becomes "" (a writer that
-    does not know them) is no change.
+    A topic whose incarnation ended (``incarnation.ended``: deleted, or re-created in between)
+    loses all of its partitions: the new one starts empty.
     """
     gone = []
     for topic, before in old.items():
         after = new.get(topic)
-        reborn = after is not None and after.incarnation != "" and after.incarnation != before.incarnation
-        keep = 0 if after is None or reborn else after.num_partitions
+        keep = 0 if incarnation.ended(before, after) else after.num_partitions
         gone += [(topic, p, Path(before.data_path) / f"{topic}-{p}") for p in range(keep, before.num_partitions)]
     return gone
 

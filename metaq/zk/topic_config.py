@@ -31,12 +31,13 @@ each other's change.
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 
 from ..config import (
     SHARED_TOPIC_KEYS,
@@ -47,10 +48,12 @@ from ..config import (
     topic_from_settings,
     topic_settings,
 )
-from .paths import ZkPaths
+from .paths import ZkPaths, partition_name
 
 if TYPE_CHECKING:
     from .acl import ZkSecurity
+
+log = logging.getLogger(__name__)
 
 #: How long one ZooKeeper call may take.
 ZK_CALL_TIMEOUT_S = 5.0
@@ -197,6 +200,40 @@ def serve_group_topics(own: BrokerConfig, local: dict[str, TopicConfig], group: 
         topic = topic_from_settings(replace(own.topic_defaults, data_path=data_path), name, settings, where)
         served[name] = replace(topic, incarnation=group.incarnations.get(name, ""))
     return served
+
+
+def delete_group_offsets(client: KazooClient, paths: ZkPaths, broker_id: int, topic: str) -> list[str]:
+    """Delete every consumer group's stored offsets of ``topic``'s partitions in broker group
+    ``broker_id`` (``{root}/consumers/{group}/offsets/{topic}/{id}-{n}``); the paths deleted.
+
+    Kafka's rule for a deleted topic: its committed offsets go with it. A group then has no
+    stored offset for the re-created topic and starts where any new group does (its oldest
+    message, or the newest with ``consume_from_max_offset``), never at an offset of the old
+    one. Best effort per node: one that cannot be deleted is logged and kept.
+    """
+    prefix = partition_name(broker_id, 0)[:-1]  # "{id}-"
+    deleted = []
+    try:
+        groups = client.get_children(paths.consumers())
+    except NoNodeError:
+        return deleted
+    for group in groups:
+        try:
+            names = client.get_children(paths.offsets(group, topic))
+        except NoNodeError:
+            continue
+        for name in names:
+            if not name.startswith(prefix) or not name[len(prefix):].isdigit():
+                continue  # another broker group's partition: its master deletes it
+            path = paths.offset(group, topic, name)
+            try:
+                client.delete(path)
+                deleted.append(path)
+            except NoNodeError:
+                pass
+            except KazooException as exc:
+                log.warning("could not delete the stored offset %s of deleted topic %s: %r", path, topic, exc)
+    return deleted
 
 
 def check_settings(settings: dict[str, str], where: str = "topic settings") -> None:

@@ -6,6 +6,8 @@ Group 0: A (master) and B (``--slave``, slaveId 1), ZK session 1500 ms.
 
 from __future__ import annotations
 
+from metaq.zk.paths import ZkPaths, format_offset
+
 from .failover_support import Group, make_pair, sync_system, async_system, wait_leads
 from .replication_support import bounds, put, replica_rows, stat, wait_caught_up, wait_for
 from .test_topics_cli import metaq, serves
@@ -36,13 +38,19 @@ def test_delete_and_recreate_with_fewer_partitions_on_a_sync_pair(broker_factory
     wait_caught_up(a, b, [("x", p) for p in range(5)])
     old_end = bounds(a, "x", 0)[1]
     assert old_end > 0
+    # A consumer group's stored offsets of the old incarnation; "1-0" is another broker group's.
+    paths = ZkPaths(zk_root)
+    for name in ("0-0", "0-1", "1-0"):
+        zk_client.create(paths.offset("g", "x", name), format_offset(-1, old_end).encode(), makepath=True)
 
     # Step 1: delete. Both stop serving it, drop every record of it and delete its files.
     code, out = metaq(capsys, zk, zk_root, "topics", "delete", "--broker-id", "0", "--topic", "x")
     assert code == 0, out
     assert serves(a, "x") is None and serves(b, "x") is None
-    wait_for(lambda: not partition_dirs(a, "x") and not partition_dirs(b, "x"), 10, "x's files deleted on both")
     assert not [key for key in replica_rows(b) if key[0] == "x"], "the slave still lists replicas of a deleted topic"
+    wait_for(lambda: not partition_dirs(a, "x") and not partition_dirs(b, "x"), 10, "x's files deleted on both")
+    # Kafka's rule: the deleted topic's stored offsets go with it (each group's master deletes its own).
+    wait_for(lambda: zk_client.get_children(paths.offsets("g", "x")) == ["1-0"], 10, "group g's offsets of x deleted")
     # Other topics keep replicating (reject mode: an ack needs the slave in the sync set).
     put(a, "fo", 0, 10)
     wait_caught_up(a, b, [("fo", 0)])
@@ -60,6 +68,10 @@ def test_delete_and_recreate_with_fewer_partitions_on_a_sync_pair(broker_factory
     assert partition_dirs(a, "x") == partition_dirs(b, "x") == ["x-0", "x-1"]
     assert errors_in(a, b) == []
     assert stat(a, "sync_state") == "ok"
+    # Group g has no stored offset for the new incarnation: it reads it from its oldest message.
+    code, out = metaq(capsys, zk, zk_root, "consume", "--max=10", "--topic", "x", "--group", "g", "--idle-timeout", "15")
+    assert code == 0, out
+    assert [line for line in out.splitlines() if line.startswith("x-")] == [f"x-1-{n:08d}".ljust(100, ".") for n in range(10)]
 
     # A later failover works: the slave takes over and serves the new incarnation.
     epoch = group.epoch()
