@@ -38,7 +38,7 @@ from .heartbeat import SlaveHeartbeat
 from .host import BrokerHost
 from .peers import open_peer
 from .config_sync import adopt_master_topics, save_master_copy, topics_for_master_layout
-from .replica import PartitionReplica, ReplicaDiverged, StaleMaster
+from .replica import MasterLacksPartition, PartitionReplica, ReplicaDiverged, StaleMaster
 
 if TYPE_CHECKING:
     from kazoo.client import KazooClient
@@ -257,14 +257,23 @@ class MasterFollower:
         else:
             topics = topics_for_master_layout(own, master_topics)
         await self.host.update_topics(topics)
+        theirs = reply.get("incarnations")
+        theirs = theirs if isinstance(theirs, dict) else {}
+        other_lives = []
         for topic, partitions in sorted(master_topics.items()):
             served = self.host.config.topics.get(topic)
+            if served is not None and served.incarnation and theirs.get(topic, served.incarnation) != served.incarnation:
+                other_lives.append(topic)  # its offsets and epochs are of another log than ours
+                continue
             # Only partitions this broker serves too: the master may still serve a topic the
             # group's configuration deleted (it applies the change a moment later), or not yet
             # serve one it added.
             for partition in range(min(partitions, served.num_partitions if served is not None else 0)):
                 if (topic, partition) not in self._tasks:
                     await self._start_partition(conn, topic, partition)
+        if other_lives:
+            raise MasterLacksPartition(f"the master serves another incarnation of {', '.join(other_lives)} (deleted and"
+                                       " re-created; one of us has not applied it yet)")
 
     async def _start_partition(self, conn: BrokerConnection, topic: str, partition: int) -> None:
         store = self.host.store

@@ -505,10 +505,12 @@ class RequestHandlers:
     def _topics(self, req: c.Request) -> Reply:
         broker = self.broker
         topics = {name: cfg.num_partitions for name, cfg in broker.config.topics.items()}
+        # Slaves start a partition only once we serve the incarnation they serve (follower.py).
+        incarnations = {name: cfg.incarnation for name, cfg in broker.config.topics.items() if cfg.incarnation}
         return (
             c.reply_header(
                 req.opaque, c.OK, topics=topics, broker_id=broker.config.broker_id, role=broker.ha.role_name,
-                epoch=broker.ha.epoch, replication_mode=broker.config.replication_mode,
+                epoch=broker.ha.epoch, replication_mode=broker.config.replication_mode, incarnations=incarnations,
             ),
             b"",
         )
