@@ -31,8 +31,11 @@ DELETED_SUFFIX = ".deleted-"
 
 def ended(before: TopicConfig, after: TopicConfig | None) -> bool:
     """Whether a topic's life ended between two topic maps: deleted, or re-created as a new
-    incarnation. An incarnation that becomes "" (a writer that does not know them) is no end."""
-    return after is None or (after.incarnation != "" and after.incarnation != before.incarnation)
+    incarnation. A change from or to "" is no end: a server.ini topic (no id) that the group's
+    configuration names, or a writer that does not know ids; the markers decide then (``belongs``)."""
+    if after is None:
+        return True
+    return before.incarnation != "" and after.incarnation != "" and after.incarnation != before.incarnation
 
 
 def read_marker(directory: Path) -> str | None:

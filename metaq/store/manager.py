@@ -196,6 +196,7 @@ class MessageStoreManager:
         """
         dropped = [self._drop(topic, partition, path)
                    for topic, partition, path in dropped_partitions(self._topics, new_topics)]
+        dropped += self._claim_open_logs(new_topics)
         self._topics = dict(new_topics)
         for (topic, _partition), partition_log in self._logs.items():
             config = self._topics.get(topic)
@@ -207,6 +208,24 @@ class MessageStoreManager:
             flusher.unflush_interval_ms = config.unflush_interval_ms
         if self._started:
             self._schedule_retention()
+        return dropped
+
+    def _claim_open_logs(self, new_topics: dict[str, TopicConfig]) -> list[DroppedPartition]:
+        """Open logs of a topic that gets its incarnation now (opened from server.ini at start,
+        before the group's configuration was read): their files' marker decides. Files of
+        another incarnation are dropped (the topic was deleted and re-created while this broker
+        was down); files without a marker are adopted."""
+        dropped = []
+        for (topic, partition), partition_log in list(self._logs.items()):
+            before, after = self._topics.get(topic), new_topics.get(topic)
+            if before is None or after is None or before.incarnation or not after.incarnation:
+                continue
+            if incarnation.belongs(partition_log.directory, after.incarnation):
+                incarnation.write_marker(partition_log.directory, after.incarnation)
+            else:
+                log.warning("%s-%d: its files belong to an earlier incarnation of topic %s; dropping them",
+                            topic, partition, topic)
+                dropped.append(self._drop(topic, partition, partition_log.directory))
         return dropped
 
     def _drop(self, topic: str, partition: int, directory: Path) -> DroppedPartition:

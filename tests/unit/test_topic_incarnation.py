@@ -46,6 +46,33 @@ def test_dropped_partitions_when_a_topic_ends_or_shrinks():
     assert keys(topic(3, "a"), {"x": topic(4, "a")}) == []  # altered
     assert keys(topic(3, "a"), {"x": topic(3, "")}) == []  # a writer that drops ids: no end, nothing deleted
     assert keys(topic(3, ""), {"x": topic(2, "")}) == [("x", 2)]
+    assert keys(topic(3, ""), {"x": topic(3, "b")}) == []  # server.ini's topic named by the group: markers decide
+
+
+def test_logs_opened_from_server_ini_keep_their_own_incarnation_and_drop_another(tmp_path: Path):
+    """At start the logs open before the group's configuration is read (no incarnation yet)."""
+
+    async def scenario() -> None:
+        first = MessageStoreManager({"x": topic(2, "a", str(tmp_path))}, 1 << 20)
+        for partition in (0, 1):
+            first.get_log("x", partition).append(encode_batch([(b"m", None)]))
+        first.close()
+        restarted = MessageStoreManager({"x": topic(2, "", str(tmp_path))}, 1 << 20)
+        restarted.open_existing()
+        ends = {p: restarted.get_log("x", p).log_end for p in (0, 1)}
+        assert restarted.update_topics({"x": topic(2, "a", str(tmp_path))}) == []
+        assert {p: restarted.get_log("x", p).log_end for p in (0, 1)} == ends, "a restart keeps its data"
+        restarted.close()
+        down_during_recreate = MessageStoreManager({"x": topic(2, "", str(tmp_path))}, 1 << 20)
+        down_during_recreate.open_existing()
+        dropped = down_during_recreate.update_topics({"x": topic(2, "b", str(tmp_path))})
+        assert [(d.topic, d.partition) for d in dropped] == [("x", 0), ("x", 1)]
+        down_during_recreate.dispose(dropped)
+        assert down_during_recreate.get_log("x", 0).log_end == 0
+        await down_during_recreate.stop()
+        down_during_recreate.close()
+
+    asyncio.run(scenario())
 
 
 def test_a_directory_of_another_incarnation_is_never_served(tmp_path: Path):
