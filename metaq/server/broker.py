@@ -102,7 +102,10 @@ class Broker:
             return
         added = sorted(set(topics) - set(self.config.topics))
         self.config = replace(self.config, topics=dict(topics))
-        dropped = self.store.update_topics(topics)
+        # Files go only when the group's configuration ended the topic (``metaq topics delete``,
+        # a re-create); a server.ini section removed without one keeps them (docs/operations.md).
+        in_group = self.group_topics is not None and self.group_topics.group.exists
+        dropped = self.store.update_topics(topics, delete_dropped=in_group)
         if dropped:
             # In the same step (no await in between): nothing may use a dropped partition's
             # state once its log is gone, nor carry it over to a re-created topic.

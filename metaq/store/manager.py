@@ -85,7 +85,10 @@ class MessageStoreManager:
         self._logs: dict[tuple[str, int], PartitionLog | RefusedLog] = {}
         self._flushers: dict[tuple[str, int], LogFlusher] = {}
         self._retention_tasks: dict[str, asyncio.Task[None]] = {}
+        #: Dropped partitions being closed and deleted (``dispose``), and directories of an
+        #: earlier incarnation being deleted (``_remove_later``).
         self._disposals: set[asyncio.Future[None]] = set()
+        self._removals: set[asyncio.Future[None]] = set()
         self._started = False
         #: Called with (topic, partition) after each successful fsync of that log.
         self.on_flushed: Callable[[str, int], None] | None = None
@@ -186,15 +189,16 @@ class MessageStoreManager:
 
     # --- config reload -------------------------------------------------------------
 
-    def update_topics(self, new_topics: dict[str, TopicConfig]) -> list[DroppedPartition]:
+    def update_topics(self, new_topics: dict[str, TopicConfig], delete_dropped: bool = True) -> list[DroppedPartition]:
         """Adopt a reloaded topic config: new topics, more partitions, changed settings.
 
         Returns the partitions it no longer has (``dropped_partitions``): already out of
-        the map and their directories renamed aside, so nothing can look them up and a
-        re-created topic opens empty; the caller forgets its own state of them, then
-        ``dispose`` closes and deletes them.
+        the map and (``delete_dropped``) their directories renamed aside, so nothing can look
+        them up and a re-created topic opens empty; the caller forgets its own state of them,
+        then ``dispose`` closes and deletes them. Without ``delete_dropped`` (a server.ini
+        section removed, no group configuration) their files stay on disk.
         """
-        dropped = [self._drop(topic, partition, path)
+        dropped = [self._drop(topic, partition, path if delete_dropped else None)
                    for topic, partition, path in dropped_partitions(self._topics, new_topics)]
         dropped += self._claim_open_logs(new_topics)
         self._topics = dict(new_topics)
@@ -228,14 +232,15 @@ class MessageStoreManager:
                 dropped.append(self._drop(topic, partition, partition_log.directory))
         return dropped
 
-    def _drop(self, topic: str, partition: int, directory: Path) -> DroppedPartition:
+    def _drop(self, topic: str, partition: int, directory: Path | None) -> DroppedPartition:
+        """Take a partition out of the map; move its ``directory`` aside (None: keep the files)."""
         key = (topic, partition)
         partition_log, flusher = self._logs.pop(key, None), self._flushers.pop(key, None)
+        aside = None
         try:
-            aside = incarnation.move_aside(directory)
+            aside = incarnation.move_aside(directory) if directory is not None else None
         except OSError as exc:
             log.error("%s-%d: no longer served, but its files could not be moved aside: %s", topic, partition, exc)
-            aside = None
         if aside is not None and partition_log is not None:
             # Its late writes (a final checkpoint, a snapshot) must land in the files
             # being deleted, never in a new incarnation's directory.
@@ -250,15 +255,20 @@ class MessageStoreManager:
             future.add_done_callback(self._disposals.discard)
 
     async def _dispose(self, item: DroppedPartition) -> None:
-        if item.flusher is not None:
-            try:
-                await item.flusher.stop()
-            except Exception as exc:  # its files are going anyway
-                log.debug("%s-%d: final flush of a dropped partition: %s", item.topic, item.partition, exc)
-        if item.log is not None:
-            item.log.close()
-        if item.aside is not None:
-            await _shielded_to_thread(lambda: incarnation.remove(item.aside))
+        try:
+            if item.flusher is not None:
+                try:
+                    await item.flusher.stop()
+                except Exception as exc:  # its files are going anyway
+                    log.debug("%s-%d: final flush of a dropped partition: %s", item.topic, item.partition, exc)
+            if item.aside is not None:
+                # Unlinking leaves open descriptors readable: the files go at once.
+                await _shielded_to_thread(lambda: incarnation.remove(item.aside))
+            # A fetch that looked the log up just before may still send from its descriptors.
+            await asyncio.sleep(self.retention_grace_s)
+        finally:  # also when the broker stops meanwhile (``stop`` cancels this)
+            if item.log is not None:
+                item.log.discard()
 
     def _remove_later(self, path: Path | None) -> None:
         if path is None:
@@ -269,8 +279,8 @@ class MessageStoreManager:
             incarnation.remove(path)
             return
         future = asyncio.ensure_future(asyncio.to_thread(incarnation.remove, path))
-        self._disposals.add(future)
-        future.add_done_callback(self._disposals.discard)
+        self._removals.add(future)
+        future.add_done_callback(self._removals.discard)
 
     def remove_unserved(self, topic: str, data_path: str) -> None:
         """Delete a deleted topic's directories left on disk (this broker was down or missed it)."""
@@ -355,8 +365,10 @@ class MessageStoreManager:
                 await flusher.stop()
             except Exception:
                 log.exception("%s-%d: final flush failed", *key)
-        if self._disposals:
-            await asyncio.gather(*self._disposals, return_exceptions=True)
+        disposals = list(self._disposals)
+        for future in disposals:
+            future.cancel()  # only their grace period is cut short; their logs are closed
+        await asyncio.gather(*disposals, *self._removals, return_exceptions=True)
 
     def close(self) -> None:
         for partition_log in self._logs.values():
