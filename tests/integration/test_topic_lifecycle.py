@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import time
 
+from metaq.client.codec import encode_messages
+from metaq.client.message import Message
+from metaq.protocol import commands as c
+from metaq.protocol.messages import InitProducerRequest, PutRequest
 from metaq.zk.paths import ZkPaths, format_offset
 
 from .failover_support import SESSION_MS, Group, async_system, make_pair, sync_system, wait_follows, wait_leads
-from .replication_support import bounds, put, replica_rows, stat, wait_caught_up, wait_for
+from .replication_support import bounds, put, replica_rows, request, stat, wait_caught_up, wait_for
 from .test_topics_cli import metaq, serves
 
 #: Log lines of an error loop on the master (heartbeat handling raising on a dropped topic)
@@ -21,6 +25,15 @@ ERROR_LINES = ("heartbeat handling failed", "Traceback", "replication of", "was 
 
 def errors_in(*brokers) -> list[str]:
     return [line for b in brokers for line in b.log_text().splitlines() if any(e in line for e in ERROR_LINES)]
+
+
+def idempotent_put(broker, producer_id: int, partition: int):
+    """One batch of an idempotent producer: epoch 0, sequence 0 (the same batch each time)."""
+    payloads = [b"idem-0", b"idem-1", b"idem-2"]
+    body, _ = encode_messages([Message("x", p) for p in payloads])
+    header = PutRequest(topic="x", partition=partition, count=len(payloads), producer_id=producer_id,
+                        producer_epoch=0, sequence=0).to_header()
+    return request(broker, header, body)
 
 
 def partition_dirs(broker, topic: str) -> list[str]:
@@ -38,6 +51,11 @@ def test_delete_and_recreate_with_fewer_partitions_on_a_sync_pair(broker_factory
     for partition in range(5):
         put(a, "x", partition, 20)
     wait_caught_up(a, b, [("x", p) for p in range(5)])
+    producer_id = int(request(a, InitProducerRequest().to_header())["producer_id"])
+    plain_end = bounds(a, "x", 0)[1]
+    first = idempotent_put(a, producer_id, 0)
+    assert first.code == c.OK and not first.get("duplicate"), first.header
+    wait_caught_up(a, b, [("x", 0)])
     old_end = bounds(a, "x", 0)[1]
     assert old_end > 0
     # A consumer group's stored offsets of the old incarnation; "1-0" is another broker group's.
@@ -74,6 +92,10 @@ def test_delete_and_recreate_with_fewer_partitions_on_a_sync_pair(broker_factory
     code, out = metaq(capsys, zk, zk_root, "consume", "--max=10", "--topic", "x", "--group", "g", "--idle-timeout", "15")
     assert code == 0, out
     assert [line for line in out.splitlines() if line.startswith("x-")] == [f"x-1-{n:08d}".ljust(100, ".") for n in range(10)]
+    # The producer's sequence numbers of the old incarnation do not apply: the same batch is new here.
+    again = idempotent_put(a, producer_id, 0)
+    assert again.code == c.OK and not again.get("duplicate"), again.header
+    assert again["end_offset"] == first["end_offset"] - plain_end, "appended at the start of the new log"
 
     # A later failover works: the slave takes over and serves the new incarnation.
     epoch = group.epoch()
