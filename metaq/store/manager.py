@@ -289,9 +289,9 @@ class MessageStoreManager:
         root = Path(data_path)
         if not root.is_dir():
             return
-        for path in root.glob(f"{topic}-*"):
-            suffix = path.name[len(topic) + 1:]
-            if suffix.isdigit() and (topic, int(suffix)) not in self._logs and path.is_dir():
+        for path in root.iterdir():
+            name, sep, suffix = path.name.rpartition("-")
+            if name == topic and sep and suffix.isdigit() and (topic, int(suffix)) not in self._logs and path.is_dir():
                 aside = incarnation.move_aside(path)
                 log.info("%s: files of deleted topic %s moved aside to %s, being deleted", path, topic, aside)
                 self._remove_later(aside)

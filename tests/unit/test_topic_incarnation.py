@@ -98,3 +98,17 @@ def test_a_directory_of_another_incarnation_is_never_served(tmp_path: Path):
         assert incarnation.belongs(directory, "c")
 
     asyncio.run(scenario())
+
+
+def test_a_deleted_topics_leftover_directories_are_deleted_and_nothing_else(tmp_path: Path):
+    for name in ("gone-0", "gone-1", "gone-x", "gonex-0", "gone-1-0", "other-0"):
+        (tmp_path / name).mkdir()
+
+    async def scenario() -> None:
+        store = MessageStoreManager({"gone-1": TopicConfig("gone-1", data_path=str(tmp_path))}, 1 << 20)
+        store.remove_unserved("gone", str(tmp_path))
+        store.remove_unserved("gone-1", str(tmp_path))  # served: kept
+        await store.stop()
+
+    asyncio.run(scenario())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gone-1-0", "gone-x", "gonex-0", "other-0"]
