@@ -5,9 +5,10 @@ Masters and slaves alike watch ``{root}/brokers/topic-config/{id}``
 version without a restart: new topics and partitions are served, changed flush,
 segment and retention settings take effect, deleted topics stop being served and every
 record of them is dropped, files included (``forget_partitions``); a topic re-created
-under the same name is a new incarnation and starts empty. A slave starts replicating new partitions once its master
-serves them: after applying a version it asks the master's ``topics`` until they
-are there, then has its follower re-read them (metaq/ha/follower.py).
+under the same name is a new incarnation and starts empty, and the master deletes the
+consumer groups' stored offsets of a topic that ended. A slave starts replicating new
+partitions once its master serves them: after applying a version it asks the master's
+``topics`` until they are there, then has its follower re-read them (metaq/ha/follower.py).
 
 Whatever else offers the broker a topic map (a slave adopting its master's
 server.ini sections) goes through ``overlay``, so the group's configuration wins
@@ -28,8 +29,8 @@ from ..addresses import parse_broker_url
 from ..client.connection import BrokerConnection
 from ..config import ConfigError, TopicConfig, topic_settings
 from ..protocol.messages import TopicsRequest
-from ..store import incarnation
 from ..protocol.replies import TopicsReply
+from ..store import incarnation
 from ..zk.paths import ZkPaths
 from .registry import RegistryError
 from ..zk.topic_config import GroupTopics, decode_group_topics, delete_group_offsets, publish_with, read_group_topics, seed_with, serve_group_topics, update_group_topics
