@@ -401,10 +401,8 @@ class TransactionService:
         gone = set(keys)
         for table in (self._pending, self._unsettled):
             for xid, items in list(table.items()):
-                kept = [item for item in items if (item[0], item[1]) not in gone]
-                if kept:
-                    table[xid] = kept  # type: ignore[assignment]
-                else:
+                items[:] = [item for item in items if (item[0], item[1]) not in gone]  # in place: _settle keeps its list
+                if not items:
                     del table[xid]
 
     def _queue_markers(self, xid: str, markers: list[MarkerWrite], now: int) -> None:
