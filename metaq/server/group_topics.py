@@ -114,12 +114,16 @@ class GroupTopicsApplier:
                 log.error("not applying version %d of the group's topic configuration: %s", group.version, exc)
                 return
             before = self.broker.config.topics
+            # Stored offsets of a topic that ended, or of one created just now (an earlier
+            # incarnation's, committed again by a consumer that ran on after the delete),
+            # belong to no log this group serves; gone before the change is served, so a
+            # consumer of the new topic never finds them.
+            stale = ended_topics(before, topics) + sorted(set(topics) - set(before))
+            if stale and self.broker.ha.acting_master:
+                await self._delete_consumer_offsets(stale)
             self.group = group
             await self.broker.update_topics(topics)
             self._remove_deleted_files(group)
-            gone = ended_topics(before, topics)
-            if gone and self.broker.ha.acting_master:
-                await self._delete_consumer_offsets(gone)
             if self._catch_up is not None:
                 self._catch_up.cancel()
             self._catch_up = asyncio.ensure_future(self._follow_new_partitions(topics))
@@ -129,13 +133,13 @@ class GroupTopicsApplier:
                          change, self.broker.config.broker_id, group.version)
 
     async def _delete_consumer_offsets(self, topics: list[str]) -> None:
-        """The master deletes the stored consumer offsets of its partitions of ended topics."""
+        """The master deletes the stored consumer offsets of its partitions of these topics."""
         broker_id = self.broker.config.broker_id
         for topic in topics:
             try:
                 paths = await asyncio.to_thread(delete_group_offsets, self.client, self.paths, broker_id, topic)
             except (KazooException, KazooTimeoutError) as exc:
-                log.warning("could not delete the consumer offsets of deleted topic %s: %r", topic, exc)
+                log.warning("could not delete the stored consumer offsets of topic %s: %r", topic, exc)
                 continue
             if paths:
                 log.info("deleted %d stored consumer offset(s) of topic %s's earlier incarnation", len(paths), topic)
