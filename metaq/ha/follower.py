@@ -208,11 +208,18 @@ class MasterFollower:
     async def _sync_topics_until_done(self) -> None:
         """Read (and adopt) the master's topics until it works; nothing the master sends ends this task."""
         delay = 0.05
+        waiting_for: str | None = None
         while not self._stopped and self.master_url is not None:
             try:
                 await self._sync_topics()
                 self.config_sync_error = None
                 return
+            except MasterLacksPartition as exc:
+                # The master has not applied a topic's re-create (or we have not): said once.
+                if str(exc) != waiting_for:
+                    log.info("%s; asking again", exc)
+                waiting_for = str(exc)
+                max_delay = max(self.slave.slave_max_delay_ms, 50) / 1000
             except RETRIABLE as exc:
                 log.warning("cannot read the master's topics yet: %s", exc)
                 max_delay = max(self.slave.slave_max_delay_ms, 50) / 1000
