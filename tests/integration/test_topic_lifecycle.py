@@ -101,10 +101,11 @@ def test_delete_and_recreate_with_fewer_partitions_on_a_sync_pair(broker_factory
     assert again["end_offset"] == first["end_offset"] - plain_end, "appended at the start of the new log"
 
     # A later failover works: the slave takes over and serves the new incarnation.
+    x1_end = bounds(a, "x", 1)[1]
     epoch = group.epoch()
     a.kill()
     wait_leads(b, group, epoch)
-    assert serves(b, "x") == 2 and bounds(b, "x", 1)[1] == bounds(b, "x", 1)[1] > 0
+    assert serves(b, "x") == 2 and bounds(b, "x", 1) == (0, x1_end)
     assert errors_in(b) == []
 
 
@@ -123,6 +124,23 @@ def test_async_slave_takes_over_after_a_topic_was_deleted(broker_factory, zk, zk
     put(a, "fo", 0, 10)
     wait_caught_up(a, b, [("fo", 0)])
     assert set(replica_rows(b)) == {("fo", 0)}
+
+    # A member down while the topic is deleted and created again still has the old files: it
+    # drops them when it starts (they carry the old incarnation) and copies the new log.
+    for action in ("create", "delete", "create"):
+        if action == "delete":
+            put(a, "gone", 0, 10)
+            wait_caught_up(a, b, [("gone", 0)])
+            old_end = bounds(b, "gone", 0)[1]
+            b.stop()
+        code, out = metaq(capsys, zk, zk_root, "topics", action, "--broker-id", "0", "--topic", "gone")
+        assert code == 0, out
+    b.start()
+    wait_follows(b, a, group)
+    put(a, "gone", 0, 3)
+    wait_caught_up(a, b, [("gone", 0)])
+    assert bounds(b, "gone", 0) == bounds(a, "gone", 0) == (0, bounds(a, "gone", 0)[1])
+    assert bounds(b, "gone", 0)[1] < old_end, "the restarted slave served the old incarnation's messages"
 
     # Both lose their ZooKeeper sessions (paused past the timeout; B first, so A leads again):
     # A's promotion flushes and reconciles transactions over its partitions, none of them gone.
