@@ -386,7 +386,7 @@ def dropped_partitions(old: dict[str, TopicConfig], new: dict[str, TopicConfig])
     gone = []
     for topic, before in old.items():
         after = new.get(topic)
-        keep = 0 if incarnation.ended(before, after) else after.num_partitions
+        keep = 0 if after is None or incarnation.ended(before, after) else after.num_partitions
         gone += [(topic, p, Path(before.data_path) / f"{topic}-{p}") for p in range(keep, before.num_partitions)]
     return gone
 
