@@ -32,6 +32,7 @@ from ..store.datadirs import broker_identity, check_data_dirs
 from ..store.manager import MessageStoreManager
 from ..store.msgid import MsgIdGenerator
 from ..zk.monitor import OutageReporter
+from .admission import ConnectionSlots, RequestBudget
 from .connection import ClientConnection, ConnectionLimits
 from .group_topics import GroupTopicsApplier, forget_partitions
 from .handlers import RequestHandlers
@@ -47,10 +48,6 @@ from .waiters import EndWaiters
 
 log = logging.getLogger(__name__)
 
-# A put frame carries at most MAX_BATCH_COUNT messages of max_message_size; the
-# frame limit leaves room for the headers and never exceeds 64 MiB.
-FRAME_OVERHEAD = 64 * 1024
-
 
 class Broker:
     def __init__(self, config: BrokerConfig, slave: SlaveConfig | None = None, register_in_zk: bool | None = None) -> None:
@@ -58,6 +55,9 @@ class Broker:
         self.slave = slave
         self.register_in_zk = config.zk.enabled if register_in_zk is None else register_in_zk
         self.stats = BrokerStats()
+        # Shared by every connection: what they may hold together (admission.py).
+        self.slots = ConnectionSlots(config.max_connections, config.max_connections_per_address)
+        self.request_budget = RequestBudget(config.max_buffered_request_bytes)
         # Read every security file now: a wrong one stops the broker before it listens.
         self.security = load_broker_security(config)
         self.waiters = EndWaiters()
@@ -120,6 +120,10 @@ class Broker:
         """Does ZooKeeper name ``slave{slave_id}`` in our group (heartbeats from others are ignored)?"""
         return self.registry is not None and slave_id in self.registry.slave_ids
 
+    def _slave_hosts(self, slave_id: int) -> frozenset[str] | None:
+        """The addresses ``slave{slave_id}`` registered from: its heartbeats are answered only there."""
+        return self.registry.slave_hosts.get(slave_id, frozenset()) if self.registry is not None else frozenset()
+
     def slaves_changed(self, slave_ids: frozenset[int]) -> None:
         """ZooKeeper's slave list changed: forget the progress of slaves that left (bounded state)."""
         for slave_id in list(self.ha.progress.slaves):
@@ -171,30 +175,33 @@ class Broker:
         self.store.start()
         self.txn_states.start()
         self.transactions.start()
-        max_body = min(64 * 1024 * 1024, config.max_message_size * 16 + FRAME_OVERHEAD)
+        max_body = config.max_request_body
         loop = asyncio.get_running_loop()
         limits = ConnectionLimits.from_config(config)
         tls = self.security.tls
         self._server = await loop.create_server(
-            lambda: ClientConnection(served, max_body, limits, self.security),
+            lambda: ClientConnection(served, max_body, limits, self.security, self.slots, self.request_budget),
             host=config.host_name,
             port=config.server_port,
             reuse_address=True,
             backlog=512,
             ssl=tls.context if tls is not None else None,
+            # A TLS handshake comes before any login: it gets no longer than the login itself.
+            ssl_handshake_timeout=config.login_timeout_ms / 1000 if tls is not None else None,
         )
         if tls is not None and config.security.tls_reload_interval_ms > 0:
             self._tls_reload = asyncio.ensure_future(self._reload_certificates(config.security.tls_reload_interval_ms / 1000))
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
-        log.info("broker %d (%s) listening on %s:%d", config.broker_id, self.ha.role_name, config.host_name, self.port)
+        log.info("broker %d (%s) listening on %s:%d; %s", config.broker_id, self.ha.role_name, config.host_name, self.port,
+                 self.security.describe())
         if self.metrics is not None:
             assert config.metrics_port is not None
             metrics_port = self.metrics.start(config.host_name, config.metrics_port)
             log.info("metrics on http://%s:%d/metrics", config.host_name, metrics_port)
         self.heartbeats = HeartbeatResponder(
             config.broker_id, self.ha, self.store.logs, config.host_name, self.port,
-            key=self.security.heartbeat_key, known_slave=self._slave_registered,
+            key=self.security.heartbeat_key, known_slave=self._slave_registered, slave_hosts=self._slave_hosts,
         )
         await self.heartbeats.start()
         if self.register_in_zk:
@@ -337,6 +344,9 @@ class Broker:
             ("replica_get_requests", totals.replica_get_requests),
             ("replica_get_bytes", totals.replica_get_bytes),
             ("bad_requests", self.stats.bad_requests),
+            ("connections_not_logged_in", self.slots.not_logged_in),
+            ("buffered_request_bytes", self.request_budget.held),
+            *self.stats.refusal_pairs(),
         ] + self.ha.status_pairs() + self.replication_pairs()
 
     def replication_pairs(self) -> list[tuple[str, Any]]:

@@ -64,7 +64,7 @@ class GroupTopicsApplier:
         broker_id = self.broker.config.broker_id
         try:
             if self.seeds:
-                group = await asyncio.to_thread(self._update, seed_with(self.broker.local_topics))
+                group = await asyncio.to_thread(self._update, seed_with(self.broker.local_topics, self.broker.config.topic_defaults))
             else:
                 group = await asyncio.to_thread(read_group_topics, self.client, self.paths, broker_id)
             await asyncio.to_thread(self.client.DataWatch, self.node, self._watch)
@@ -172,9 +172,9 @@ class GroupTopicsApplier:
         if not self._stopped:
             log.warning("the master did not serve version %d of the topic configuration within %d s", self.group.version, CATCH_UP_S)
 
-    async def publish(self, changed: dict[str, TopicConfig]) -> GroupTopics:
-        """Write these topics' settings to the group's configuration (a SIGHUP'd server.ini edit)."""
-        return await asyncio.to_thread(self._update, publish_with(changed))
+    async def publish(self, edits: dict[str, tuple[TopicConfig | None, TopicConfig]]) -> GroupTopics:
+        """Write what a SIGHUP'd server.ini edit changed (topic -> its section before and after)."""
+        return await asyncio.to_thread(self._update, publish_with(edits, self.broker.config.topic_defaults))
 
     def _update(self, change: Any) -> GroupTopics:
         """A compare-and-set write of the group's node, with the group's ZooKeeper ACL when security is on."""

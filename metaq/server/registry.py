@@ -16,7 +16,8 @@ group node with their ACLs), and every node is created with the ACL of its kind,
 missing parents too: only the group's brokers can write the group's nodes.
 
 The registry also watches which slaves are registered (``slave_ids``): the master
-accepts replication progress only from those (server/handlers.py).
+accepts replication progress only from those (server/handlers.py), and answers their
+heartbeats only at the addresses they registered from (``slave_hosts``, ha/heartbeat.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -43,7 +45,7 @@ from kazoo.exceptions import (
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry, RetryFailedError
 
-from metaq.addresses import broker_url
+from metaq.addresses import broker_url, parse_broker_url
 from metaq.config import TopicConfig, ZkConfig
 from metaq.zk.acl import ZkSecurity, client_kwargs
 from metaq.zk.paths import ZkPaths, slave_node_id, topic_node_data
@@ -112,6 +114,8 @@ class BrokerRegistry:
         self.security = security
         #: The slave ids registered under our group node now (a ZooKeeper children watch).
         self.slave_ids: frozenset[int] = frozenset()
+        #: slave id -> the IP addresses of the host in its registered url (read with slave_ids; None: unreadable).
+        self.slave_hosts: dict[int, frozenset[str] | None] = {}
         self._slaves_watched = False
         self.on_slaves_changed = on_slaves_changed
 
@@ -304,10 +308,28 @@ class BrokerRegistry:
         self._slaves_watched = True
 
         def update(children: list[str]) -> None:
-            self.slave_ids = frozenset(k for k in map(slave_node_id, children) if k is not None)
+            ids = frozenset(k for k in map(slave_node_id, children) if k is not None)
+            self.slave_hosts = {k: self._registered_hosts(self.paths.slave(self.broker_id, k)) for k in ids}
+            self.slave_ids = ids
             self._notify(self.on_slaves_changed, self.slave_ids)
 
         self._client.ChildrenWatch(self.paths.broker(self.broker_id), update)
+
+    def _registered_hosts(self, path: str) -> frozenset[str] | None:
+        """The IP addresses of the host in the url at ``path`` (kazoo's thread: a blocking read is fine here);
+        None when ZooKeeper could not be read (not known, rather than no host)."""
+        try:
+            host, _port = parse_broker_url(self._client.get(path)[0].decode("utf-8", "replace"))
+        except (NoNodeError, ValueError):
+            return frozenset()
+        except KazooException as exc:
+            log.warning("cannot read %s: %s", path, exc)
+            return None
+        try:
+            return frozenset({host} | {str(info[4][0]) for info in socket.getaddrinfo(host, None)})
+        except OSError as exc:
+            log.warning("cannot resolve %s, registered at %s: %s", host, path, exc)
+            return frozenset({host})
 
     def _ensure_broker_parent(self) -> None:
         parent = self.paths.broker(self.broker_id)

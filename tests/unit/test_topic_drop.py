@@ -32,7 +32,7 @@ def test_heartbeat_answer_leaves_out_a_partition_dropped_meanwhile():
     ha = SimpleNamespace(epoch=1, acting_master=True, committed=committed, slave_heartbeat=lambda *args: None)
     responder = HeartbeatResponder(3, ha, lambda: logs, "127.0.0.1", 0)
     message = {"kind": "hb", "role": "slave", "broker_id": 3, "slave_id": 1, "epoch": 1,
-               "log_ends": {"gone/0": 70, "kept/0": 50}, "sent_at": time.time()}
+               "log_ends": {"gone/0": 70, "kept/0": 50, **{f"unknown/{n}": 1 for n in range(8)}}, "sent_at": time.time()}
     answer = decode(responder.handle(encode(message), ("127.0.0.1", 1)), "master")
     assert answer["_committed"] == {("kept", 0): 50} and responder.bad == 0
 
