@@ -125,18 +125,22 @@ def test_async_slave_takes_over_after_a_topic_was_deleted(broker_factory, zk, zk
     wait_caught_up(a, b, [("fo", 0)])
     assert set(replica_rows(b)) == {("fo", 0)}
 
-    # A member down while the topic is deleted and created again still has the old files: it
-    # drops them when it starts (they carry the old incarnation) and copies the new log.
-    for action in ("create", "delete", "create"):
-        if action == "delete":
+    # A member down while a topic is deleted and created again still has the old files: it
+    # drops them when it starts (they carry the old incarnation) and copies the new log; the
+    # files of a topic deleted for good meanwhile go when it starts too.
+    for action, topic in (("create", "gone"), ("create", "left"), ("delete", "gone"), ("create", "gone"), ("delete", "left")):
+        if action == "delete" and b.alive:
             put(a, "gone", 0, 10)
-            wait_caught_up(a, b, [("gone", 0)])
+            put(a, "left", 0, 10)
+            wait_caught_up(a, b, [("gone", 0), ("left", 0)])
             old_end = bounds(b, "gone", 0)[1]
             b.stop()
-        code, out = metaq(capsys, zk, zk_root, "topics", action, "--broker-id", "0", "--topic", "gone")
+        code, out = metaq(capsys, zk, zk_root, "topics", action, "--broker-id", "0", "--topic", topic)
         assert code == 0, out
+    assert partition_dirs(b, "left") == ["left-0"]
     b.start()
     wait_follows(b, a, group)
+    wait_for(lambda: not partition_dirs(b, "left"), 10, "the deleted topic's files gone on the restarted slave")
     put(a, "gone", 0, 3)
     wait_caught_up(a, b, [("gone", 0)])
     assert bounds(b, "gone", 0) == bounds(a, "gone", 0) == (0, bounds(a, "gone", 0)[1])
