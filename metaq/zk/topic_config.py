@@ -12,9 +12,11 @@ is never shared: each broker keeps its topics on its own disk.
 Precedence (one rule, applied by ``serve_group_topics``): once the node exists, every
 member of the group, master or slave, serves exactly the topics it names with its
 settings; ``server.ini``'s topic sections only seed it. A broker started without
-``--slave`` adds each of its server.ini topics that the node does not name yet (and
-that no ``metaq topics delete`` removed), so the MetaQ way, a topic section in the
-master's server.ini, still works; it never changes or removes a topic the node has.
+``--slave`` while no other broker leads the group adds each of its server.ini topics
+that the node does not name yet (and that no ``metaq topics delete`` removed), so the
+MetaQ way, a topic section in the master's server.ini, still works; it never changes or
+removes a topic the node has. One joining a group another broker leads never seeds
+(metaq/ha/joining.py).
 ``metaq topics create|alter|delete`` and a SIGHUP'd server.ini edit change it.
 
 Only per-topic overrides are stored: a seeded section contributes its
@@ -26,7 +28,9 @@ override the key, never pinning its old or new value on some topics and not othe
 ``metaq topics alter --set KEY=`` removes an override.
 
 Incarnations (Kafka's topic ids): every ``create`` of a name (``with_topic`` of a name the
-node does not have) gets a new random id under ``incarnations``; ``alter`` keeps it. A
+node does not have) gets a new random id under ``incarnations``; ``alter`` keeps it; a seed
+or a SIGHUP'd section never makes one (a server.ini section has none; a member writing back
+what it serves keeps its ids), so nothing but an operator's create can make members drop files. A
 broker keeps it beside each partition's files and drops a partition whose files belong to
 another incarnation (metaq/store/manager.py), so a re-created topic starts empty on every
 member, also on one that was down during the delete. A topic written before incarnations
@@ -91,11 +95,17 @@ class GroupTopics:
             value["incarnations"] = dict(sorted(self.incarnations.items()))
         return json.dumps(value, separators=(",", ":")).encode()
 
-    def with_topic(self, name: str, settings: dict[str, str]) -> "GroupTopics":
-        """The topic with these settings: a new incarnation if the node does not have it, else the same one."""
+    def with_topic(self, name: str, settings: dict[str, str], incarnation: str | None = None) -> "GroupTopics":
+        """The topic with these settings. Its incarnation: ``incarnation`` if given ("": none,
+        a seed from server.ini); else a new one if the node does not have the name (a create),
+        else the same one (an alter)."""
         topics = dict(self.topics)
         incarnations = dict(self.incarnations)
-        if name not in topics:
+        if incarnation is not None:
+            incarnations.pop(name, None)
+            if incarnation:
+                incarnations[name] = incarnation
+        elif name not in topics:
             incarnations[name] = uuid.uuid4().hex
         topics[name] = dict(settings)
         return replace(self, topics=topics, deleted=self.deleted - {name}, incarnations=incarnations)
@@ -186,7 +196,10 @@ def seed_with(local: dict[str, TopicConfig], defaults: TopicConfig) -> Callable[
             return None
         result = replace(group, version=max(group.version, 0))
         for name, topic in added.items():
-            result = result.with_topic(name, topic_overrides(topic, defaults))
+            # Invariant: a seed never starts a new incarnation. A server.ini section has none
+            # (""; its files are kept whatever their marker); the topics a member serves, written
+            # back after ZooKeeper lost the node, keep theirs, or every member would drop its files.
+            result = result.with_topic(name, topic_overrides(topic, defaults), incarnation=topic.incarnation)
         return result
 
     return change
@@ -208,7 +221,8 @@ def publish_with(
         result = replace(group, version=max(group.version, 0))
         for name, (before, after) in edits.items():
             if before is None or name not in group.topics:
-                result = result.with_topic(name, topic_overrides(after, defaults))
+                # A section is no create: no new incarnation (see seed_with).
+                result = result.with_topic(name, topic_overrides(after, defaults), incarnation=after.incarnation)
                 continue
             old, new = topic_settings(before), topic_settings(after)
             settings = dict(group.topics[name])

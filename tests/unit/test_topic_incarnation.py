@@ -13,7 +13,7 @@ from metaq.config import TopicConfig
 from metaq.record import encode_batch
 from metaq.store import incarnation
 from metaq.store.manager import MessageStoreManager, dropped_partitions
-from metaq.zk.topic_config import GroupTopics, decode_group_topics
+from metaq.zk.topic_config import GroupTopics, decode_group_topics, seed_with
 
 
 def test_create_assigns_an_incarnation_alter_keeps_it_delete_ends_it():
@@ -112,3 +112,13 @@ def test_a_deleted_topics_leftover_directories_are_deleted_and_nothing_else(tmp_
 
     asyncio.run(scenario())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gone-1-0", "gone-x", "gonex-0", "other-0"]
+
+
+def test_seeding_never_starts_a_new_incarnation():
+    """A server.ini section has none; a member writing back what it serves (ZooKeeper lost the
+    node) keeps its topics' ids, or every member would drop their files."""
+    defaults = TopicConfig("")
+    served = {"x": TopicConfig("x", num_partitions=2, incarnation="abc"), "y": TopicConfig("y")}
+    seeded = seed_with(served, defaults)(GroupTopics())
+    assert seeded is not None and seeded.incarnations == {"x": "abc"}
+    assert seeded.with_topic("x", {"numPartitions": "3"}).incarnations["x"] == "abc"
