@@ -1,4 +1,4 @@
-"""``metaq zk``: an embedded standalone ZooKeeper on loopback, foreground."""
+"""``metaq zk``: an embedded standalone ZooKeeper (on 127.0.0.1 unless ``--host``), foreground."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ import argparse
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("zk", help="run an embedded standalone ZooKeeper on 127.0.0.1")
+    parser = sub.add_parser("zk", help="run an embedded standalone ZooKeeper (on 127.0.0.1 unless --host)")
     parser.add_argument("--port", type=int, default=2181, help="client port (default 2181; 0 picks a free one)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)")
     parser.add_argument("--data-dir", help="data directory (default: a temporary one)")
     parser.add_argument("--tick-ms", type=int, default=500, help="ZooKeeper tickTime in ms (default 500)")
     parser.add_argument(
@@ -20,4 +22,4 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..zk.cli import run_zk
 
-    return run_zk(args.port, args.data_dir, args.tick_ms, super_digest=args.super_digest)
+    return run_zk(args.port, args.data_dir, args.tick_ms, super_digest=args.super_digest, host=args.host)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
 import sys
 import threading
 from types import FrameType
@@ -15,12 +16,22 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 
 
-def run_zk(port: int, data_dir: str | None, tick_ms: int, *, super_digest: str | None = None) -> int:
+def run_zk(port: int, data_dir: str | None, tick_ms: int, *, super_digest: str | None = None,
+           host: str = "127.0.0.1") -> int:
     """Serve until a signal arrives; returns the process exit code (0 clean, 1 failure)."""
     if super_digest is not None and not re.fullmatch(r"super:[A-Za-z0-9+/]{27}=", super_digest):
         print("metaq zk: --super-digest must look like super:HASH (see 'metaq security zk-super-digest')", file=sys.stderr)
         return EXIT_USAGE
-    server = EmbeddedZooKeeper(port=port, data_dir=data_dir, tick_ms=tick_ms, super_digest=super_digest)
+    try:
+        socket.getaddrinfo(host, port or None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError, OverflowError) as exc:
+        print(f"metaq zk: --host {host!r} is not an address of this machine: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        server = EmbeddedZooKeeper(port=port, data_dir=data_dir, tick_ms=tick_ms, super_digest=super_digest, host=host)
+    except OSError as exc:  # port 0 picks a free port on host: it must be an address of this machine
+        print(f"metaq zk: cannot listen on {host}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     stop_requested = threading.Event()
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
