@@ -7,19 +7,25 @@ RST, and it stays down for the whole measurement. The bound is the one docs/guar
 states for every fault, 2T + 1 s, plus ``CI_ALLOWANCE_S`` for the shared machine:
 
 * the slave's host goes silent: a consumer reading from the slave (``prefer-slave``)
-  reads from the master within the bound;
+  reads from the master within the bound; the master acks writes again within it (alone,
+  ``degrade``, after ``syncSlaveTimeoutMs``), and keeps every acked message;
 * the master's host goes silent: the slave takes over, and two idempotent producers (one
   blocking, one batched, both with requests in flight when the link went down) are acked
   by the new master within the bound, and so is a consumer reading from the master; every
   acked message is in the new master's log, at its acked offset, once.
 
 Before the client abandoned requests to a master ZooKeeper no longer names, the producers
-waited out ``request_timeout_s`` (10 s): 10.07 s measured this way. Needs root and
-``ip netns``; skipped otherwise, with the reason.
+waited out ``request_timeout_s`` (10 s): 10.07 s measured this way. Also here: the
+nftables cut (one host from one peer only, both ways silent) on the same hosts, and the
+runner's ``silence-master`` scenario end to end (``python -m chaos run --hosts netns``:
+checker, liveness bound, a failover per silenced master). Needs root and ``ip netns``;
+skipped otherwise, with the reason.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -30,6 +36,8 @@ import pytest
 from chaos import hosts
 from chaos.cluster import SESSION_MS, ChaosCluster
 from metaq.client import ConsumerConfig, MessageSessionFactory, MetaClientConfig
+from metaq.tools.launcher import port_accepts
+from tests.chaos.test_chaos_short import run_chaos
 from tests.integration.failover_support import TOPIC, fetch_all, wait_until
 from tests.integration.test_failover_silent_master import CI_ALLOWANCE_S, IN_TRANSIT_S, Sender
 
@@ -87,8 +95,19 @@ def test_a_consumer_leaves_a_silent_slave_host_within_2t_plus_1s(cluster: ChaosC
             consumer.shutdown()
     assert cluster.master_of(0) is master, "the master changed: the slave's silence was not the only fault"
     resumed = first_after(consumed, silent_at)
+    acks_resumed = sender.first_ack_after(silent_at)
     assert resumed <= LIMIT_S, f"the consumer resumed after {resumed:.2f} s (limit {LIMIT_S} s)"
-    print(f"the consumer left the silent slave host after {resumed:.2f} s (T={T_S} s)")
+    assert acks_resumed <= LIMIT_S, f"acks resumed after {acks_resumed:.2f} s (limit {LIMIT_S} s)"
+    assert_every_ack_in_log([sender], fetch_all(master.process), master.name)
+    print(f"the consumer left the silent slave host after {resumed:.2f} s, acks resumed after {acks_resumed:.2f} s "
+          f"(T={T_S} s)")
+
+
+def assert_every_ack_in_log(senders: list[Sender], log: dict[int, bytes], broker: str) -> None:
+    """No acked message lost: each is at its acked offset (and, idempotent, stored once)."""
+    lost = [(s.tag, r.offset) for s in senders for _, r in s.acks
+            if not (log.get(r.offset) or b"").startswith(s.tag.encode())]
+    assert not lost, f"{len(lost)} acked messages not in {broker}'s log at their offset: {lost[:5]}"
 
 
 def test_writes_resume_within_2t_plus_1s_after_the_master_host_goes_silent(cluster: ChaosCluster) -> None:
@@ -136,9 +155,37 @@ def test_writes_resume_within_2t_plus_1s_after_the_master_host_goes_silent(clust
     assert consumer_resumed <= LIMIT_S, f"the consumer resumed after {consumer_resumed:.2f} s (limit {LIMIT_S} s)"
 
     # No acked message lost, none stored twice (idempotent resends of requests left in flight).
-    lost = [(s.tag, r.offset) for s in senders for _, r in s.acks
-            if not (log.get(r.offset) or b"").startswith(s.tag.encode())]
-    assert not lost, f"{len(lost)} acked messages not in {new.name}'s log at their offset: {lost[:5]}"
+    assert_every_ack_in_log(senders, log, new.name)
     duplicates = [data for data, n in Counter(log.values()).items() if n > 1]
     assert not duplicates, f"{len(duplicates)} messages stored twice: {duplicates[:3]}"
     print(f"acks resumed after {resumed} s, the consumer after {consumer_resumed:.2f} s (T={T_S} s)")
+
+
+def reaches(cluster: ChaosCluster, source: hosts.Host, address: str, port: int) -> bool:
+    """Whether a TCP connect from inside ``source``'s namespace to ``address:port`` succeeds in 2 s."""
+    probe = f"import socket; socket.create_connection(({address!r}, {port}), timeout=2)"
+    return subprocess.run(source.command([sys.executable, "-c", probe]), capture_output=True, timeout=30).returncode == 0
+
+
+@pytest.mark.skipif(hosts.nft_unavailable() is not None, reason=f"nftables: {hosts.nft_unavailable()}")
+def test_a_host_cut_from_one_peer_still_reaches_the_others(cluster: ChaosCluster) -> None:
+    cluster.wait_settled(60)
+    master = cluster.master_of(0)
+    slave = cluster.slaves_of(0)[0]
+    assert reaches(cluster, slave.host, master.address, master.peer_port)
+    cluster.cut_peers(master, ("brokers",))  # the master cut from its slave only
+    try:
+        assert not reaches(cluster, slave.host, master.address, master.peer_port)
+        assert port_accepts(master.address, master.peer_port)  # the clients' side (root namespace) still gets in
+        assert reaches(cluster, slave.host, cluster.zk_hosts[0].address, 2181)  # the slave still reaches ZooKeeper
+    finally:
+        cluster.heal_peers(master, ("brokers",))
+    assert reaches(cluster, slave.host, master.address, master.peer_port)
+
+
+def test_runner_silence_master_scenario_in_hosts_mode(tmp_path: Path) -> None:
+    result = run_chaos(tmp_path, "silence-master", 1, 8, "sync", 1, "--hosts", "netns")
+    s = result["stats"]
+    assert s["failovers"] >= 1 and s["lost_acked"] == 0 and s["puts_ok"] > 0
+    assert result["history"]["meta"]["hosts"] == "netns"
+    assert all(f["target"].startswith("g0-") for f in result["history"]["faults"] if f["kind"] == "silence-master")
