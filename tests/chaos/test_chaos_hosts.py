@@ -39,7 +39,7 @@ from metaq.client import ConsumerConfig, MessageSessionFactory, MetaClientConfig
 from metaq.tools.launcher import port_accepts
 from tests.chaos.test_chaos_short import run_chaos
 from tests.integration.failover_support import TOPIC, fetch_all, wait_until
-from tests.integration.test_failover_silent_master import CI_ALLOWANCE_S, IN_TRANSIT_S, Sender
+from tests.integration.test_failover_silent_master import CI_ALLOWANCE_S, IN_TRANSIT_S, Sender, producers_and_consumer
 
 _why_not = hosts.unavailable()
 pytestmark = [pytest.mark.chaos, pytest.mark.skipif(_why_not is not None, reason=f"--hosts netns: {_why_not}")]
@@ -114,40 +114,21 @@ def test_writes_resume_within_2t_plus_1s_after_the_master_host_goes_silent(clust
     cluster.wait_settled(60)  # the slave silenced before has rejoined the sync set
     old, new = cluster.master_of(0), cluster.slaves_of(0)[0]
     epoch = cluster.view(0).epoch
-    consumed: list[float] = []
     config = client_config(cluster, idempotence=True, linger_ms=5)
     assert config.request_timeout_s > LIMIT_S  # waiting a request out could not pass
-    with MessageSessionFactory(config) as factory:
-        blocking, batched = factory.create_producer(), factory.create_producer()
-        blocking.publish(TOPIC)
-        batched.publish(TOPIC)
-        consumer = factory.create_consumer(ConsumerConfig(group="silent-master-host", read_from="master",
-                                                          fetch_wait_ms=1000))
-        consumer.subscribe(TOPIC, 1 << 20, lambda m: consumed.append(time.monotonic()))
-        consumer.complete_subscribe()
-        senders = [Sender(blocking, "blocking", batched=False), Sender(batched, "batched", batched=True)]
-        for sender in senders:
-            sender.start()
-        try:
-            wait_until(lambda: all(len(s.acks) > 50 for s in senders) and len(consumed) > 50, 30,
-                       message="both producers acked and the consumer reading")
-            cluster.silence(old)  # not healed before the measurement ends
-            silent_at = time.monotonic()
-            wait_until(lambda: cluster.view(0).master == new.url and cluster.view(0).epoch > epoch, 30,
-                       message=f"{new.name} to take over")
-            wait_until(lambda: all(s.acks and s.acks[-1][0] > silent_at + LIMIT_S for s in senders), 30,
-                       message="acks after the bound")
-            wait_until(lambda: consumed[-1] > silent_at + LIMIT_S, 30, message="messages consumed after the bound")
-        finally:
-            for sender in senders:
-                sender.halt.set()
-            for sender in senders:
-                sender.join(30)
-            blocking.close()
-            batched.close()
-            consumer.shutdown()
+    with MessageSessionFactory(config) as factory, \
+            producers_and_consumer(factory, "silent-master-host", "master") as (senders, consumed):
+        wait_until(lambda: all(len(s.acks) > 50 for s in senders) and len(consumed) > 50, 30,
+                   message="both producers acked and the consumer reading")
+        cluster.silence(old)  # not healed before the measurement ends
+        silent_at = time.monotonic()
+        wait_until(lambda: cluster.view(0).master == new.url and cluster.view(0).epoch > epoch, 30,
+                   message=f"{new.name} to take over")
+        wait_until(lambda: all(s.acks and s.acks[-1][0] > silent_at + LIMIT_S for s in senders), 30,
+                   message="acks after the bound")
+        wait_until(lambda: consumed[-1][0] > silent_at + LIMIT_S, 30, message="messages consumed after the bound")
     resumed = {s.tag: round(s.first_ack_after(silent_at), 2) for s in senders}
-    consumer_resumed = first_after(consumed, silent_at)
+    consumer_resumed = first_after([t for t, _ in consumed], silent_at)
     # Checked before the old master's link comes back: what the new master holds alone.
     log = fetch_all(new.process)
     cluster.unsilence(old)
