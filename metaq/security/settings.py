@@ -144,5 +144,5 @@ def load_broker_security(config: BrokerConfig) -> BrokerSecurity:
         security.users = users
         security.group_scram = group.scram_secret()
         security.authorizer = Authorizer(config.broker_id, users.acls())
-        security.zookeeper = ZkSecurity(config.zk.root, config.broker_id, group.zookeeper_password())
+        security.zookeeper = ZkSecurity(config.zk.root, config.broker_id, group.zookeeper_password(), settings.group_secret_file)
     return security
