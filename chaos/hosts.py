@@ -3,7 +3,7 @@
 ::
 
     root namespace (the workload, the runner's ZooKeeper clients)
-      bridge {prefix}br  10.77.N.1/24
+      bridge {prefix}br  10.77.N.1/24  ({prefix}: mq + 6 random hex digits)
         ├── veth {prefix}v1 ══ eth0 in namespace {prefix}-zk1    10.77.N.11
         ├── veth {prefix}v2 ══ eth0 in namespace {prefix}-g0-a   10.77.N.12
         └── ...
@@ -12,7 +12,9 @@ Every host has its own address and port space, its own loopback, and one link: t
 pair into the bridge. Nothing is routed off the bridge: hosts talk to each other and to
 the root namespace of this machine only. The subnet's third octet ``N`` is the first one
 no interface of this machine uses (chosen under a file lock, so parallel runs differ),
-and every name starts with ``mq{pid}{k}``, so parallel runs never share a name.
+and every name starts with a random ``mq{6 hex digits}``, so parallel runs (even from
+other PID namespaces, whose pids may repeat ours) never share a name; teardown removes
+only what this network made.
 
 Faults (docs/chaos.md, "Hosts mode"):
 
@@ -35,10 +37,10 @@ from __future__ import annotations
 import atexit
 import fcntl
 import ipaddress
-import itertools
 import logging
 import os
 import re
+import secrets
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -53,9 +55,6 @@ FIRST_HOST = 11
 LOCK_PATH = "/tmp/metaq-chaos-netns.lock"
 #: The nftables table a cut lives in, inside the cut host's namespace.
 CUT_TABLE = "metaq_cut"
-
-_instances = itertools.count()
-
 
 class HostsUnavailable(RuntimeError):
     """Network namespaces cannot be used here; the message says why in one line."""
@@ -78,24 +77,26 @@ def unavailable() -> str | None:
         return "network namespaces need root (ip netns add)"
     if shutil.which("ip") is None:
         return "the ip command (iproute2) is not installed"
-    probe = f"mq{os.getpid()}probe"
-    try:
-        _ip("netns", "add", probe)
-    except HostsUnavailable as exc:
-        return str(exc)
-    finally:
-        _ip("netns", "del", probe, check=False)
-    return None
+    return _in_probe_namespace([])
 
 
 def nft_unavailable() -> str | None:
     """Why a host cannot be cut from one peer here (one line), or None when ``nft`` works."""
     if shutil.which("nft") is None:
         return "nft (Debian's nftables package) is not installed"
-    probe = f"mq{os.getpid()}nft"
+    return _in_probe_namespace(["nft", "add", "table", "inet", CUT_TABLE])
+
+
+def _in_probe_namespace(command: list[str]) -> str | None:
+    """Make a throwaway namespace and run ``command`` in it: why that failed, or None."""
+    probe = f"mq{secrets.token_hex(3)}probe"
     try:
         _ip("netns", "add", probe)
-        _run(["ip", "netns", "exec", probe, "nft", "add", "table", "inet", CUT_TABLE])
+    except HostsUnavailable as exc:
+        return str(exc)
+    try:
+        if command:
+            _run(["ip", "netns", "exec", probe, *command])
     except HostsUnavailable as exc:
         return str(exc)
     finally:
@@ -121,10 +122,11 @@ class HostNetwork:
     """A bridge and hosts on it; ``up()`` before ``add_host``, ``down()`` removes it all."""
 
     def __init__(self) -> None:
-        self.prefix = f"mq{os.getpid()}{next(_instances)}"
-        if len(self.prefix) > 10:  # interface names: 15 characters at most, "{prefix}br"/"v99"
-            self.prefix = f"mq{os.getpid() % 10**7}{next(_instances) % 10}"
+        # Interface names have 15 characters at most: "mq" + 6 + "br" or "v{n}" fits.
+        self.prefix = f"mq{secrets.token_hex(3)}"
         self.bridge = f"{self.prefix}br"
+        self._bridge_made = False
+        #: Hosts whose namespace this network made (only those are removed again).
         self.hosts: dict[str, Host] = {}
         self.gateway = ""
         self._network: ipaddress.IPv4Network | None = None
@@ -142,6 +144,7 @@ class HostNetwork:
             self._network = self._free_subnet()
             self.gateway = str(self._network.network_address + 1)
             _ip("link", "add", self.bridge, "type", "bridge")
+            self._bridge_made = True
             _ip("addr", "add", f"{self.gateway}/{self._network.prefixlen}", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
         return self
@@ -162,8 +165,8 @@ class HostNetwork:
         index = len(self.hosts) + 1
         host = Host(name, f"{self.prefix}-{name}", str(self._network.network_address + FIRST_HOST + index - 1),
                     f"{self.prefix}v{index}")
+        _ip("netns", "add", host.netns)  # fails if the name exists: then it is not ours to remove
         self.hosts[name] = host
-        _ip("netns", "add", host.netns)
         _ip("link", "add", host.veth, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
         _ip("link", "set", host.veth, "master", self.bridge, "up")
         inside = ["ip", "netns", "exec", host.netns, "ip"]
@@ -239,7 +242,9 @@ class HostNetwork:
         for host in self.hosts.values():
             _ip("link", "del", host.veth, check=False)  # removes both ends of the pair
             _ip("netns", "del", host.netns, check=False)
-        _ip("link", "del", self.bridge, check=False)
+        if self._bridge_made:
+            _ip("link", "del", self.bridge, check=False)
+            self._bridge_made = False
         self.hosts.clear()
         self._cuts.clear()
         self._links_down.clear()
