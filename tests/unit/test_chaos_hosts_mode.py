@@ -1,8 +1,9 @@
-"""Which faults a schedule draws where the processes run (``--hosts local|netns``)."""
+"""`--hosts local|netns` without a cluster: which faults a schedule draws, and the skip where namespaces cannot be made."""
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -46,3 +47,16 @@ def test_the_default_mode_draws_as_before_the_hosts_only_faults() -> None:
     rng = random.Random("schedule/random/4")
     expected = [rng.choice(before) for _ in range(50)]
     assert [s.kind for s in schedule("random", 4, 1, 3, 1.5, steps=50)] == expected
+
+
+def test_hosts_mode_where_namespaces_cannot_be_made_is_skipped_with_one_line(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from chaos import runner
+    from chaos.__main__ import main
+
+    monkeypatch.setattr(runner, "hosts_unavailable", lambda: "network namespaces need root (ip netns add)")
+    code = main(["run", "--scenario", "silence-master", "--hosts", "netns", "--out", str(tmp_path / "run")])
+    assert code == runner.EXIT_SKIPPED
+    err = capsys.readouterr().err
+    assert err == "chaos run skipped: --hosts netns needs network namespaces: network namespaces need root (ip netns add)\n"
+    assert not (tmp_path / "run").exists()  # nothing ran
