@@ -94,7 +94,8 @@ class GroupView:
 
 
 class ChaosBroker:
-    """A broker process plus its proxies (brokers' link, clients' link, one per ZooKeeper node)."""
+    """A broker process plus its proxies (brokers' link, clients' link, one per ZooKeeper node),
+    or (--hosts netns) plus its own host and no proxies."""
 
     def __init__(self, process: BrokerProcess, group: int, peer_port: int, client_port: int, zk_proxies: list[str],
                  host: Host | None = None):
@@ -117,7 +118,7 @@ class ChaosBroker:
 
     @property
     def url(self) -> str:
-        """The address it registers in ZooKeeper (its peer proxy)."""
+        """The address it registers in ZooKeeper (its peer proxy, or its own host's address)."""
         return f"meta://{self.address}:{self.peer_port}"
 
     def data_dir(self) -> Path:
