@@ -222,7 +222,8 @@ class Broker:
             await self.group_topics.start()
         self.producer_ids = ProducerIdAllocator(config.broker_id, self._producer_id_blocks())
         self.transactional_ids = TransactionalIds(self.producer_ids, self._transactional_id_mapping(),
-                                                  self.config.txn.max_transactional_ids_per_user)
+                                                  self.config.txn.max_transactional_ids_per_user,
+                                                  self.security.principal_tags)
         await self.ha.start()
 
     async def restore_after_zookeeper_loss(self) -> None:
