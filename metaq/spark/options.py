@@ -36,7 +36,6 @@ KNOWN_OPTIONS = (
     "timeoutMs",
     *LOGIN_OPTIONS,
 )
-_CANONICAL = {name.lower(): name for name in KNOWN_OPTIONS}
 
 
 @dataclass(frozen=True)
@@ -92,7 +91,17 @@ def parse_offsets(text: str | None, option: str, default: str) -> OffsetSpec:
     return OffsetSpec(default, per_partition)
 
 
-def _positive_int(options: Mapping[str, str], name: str, default: int | None) -> int | None:
+def canonical_options(options: Mapping[str, str] | None, known: tuple[str, ...], what: str) -> dict[str, str]:
+    """Options under their documented names (Spark may lower-case keys); unknown ones refused."""
+    canonical = {name.lower(): name for name in known}
+    opts = {canonical.get(str(key).lower(), str(key)): value for key, value in dict(options or {}).items()}
+    unknown = sorted(k for k in opts if k not in known and k.lower() != "path")
+    if unknown:
+        raise OptionError(f"unknown option(s) {', '.join(unknown)}; {what} takes: {', '.join(known)}")
+    return opts
+
+
+def positive_int(options: Mapping[str, str], name: str, default: int | None) -> int | None:
     raw = options.get(name)
     if raw is None or str(raw).strip() == "":
         return default
@@ -120,12 +129,7 @@ class SourceOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str], streaming: bool = False) -> "SourceOptions":
-        opts: dict[str, str] = {}
-        for key, value in dict(options or {}).items():
-            opts[_CANONICAL.get(str(key).lower(), str(key))] = value
-        unknown = sorted(k for k in opts if k not in KNOWN_OPTIONS and k.lower() != "path")
-        if unknown:
-            raise OptionError(f"unknown option(s) {', '.join(unknown)}; the metaq source takes: {', '.join(KNOWN_OPTIONS)}")
+        opts = canonical_options(options, KNOWN_OPTIONS, "the metaq source")
         zk_connect = str(opts.get("zkConnect") or "").strip()
         if not zk_connect:
             raise OptionError("option zkConnect is required (the ZooKeeper connect string, like '127.0.0.1:2181')")
@@ -153,8 +157,8 @@ class SourceOptions:
             read_from=read_from,
             starting=starting,
             ending=ending,
-            max_bytes_per_partition=_positive_int(opts, "maxBytesPerPartition", None),
-            fetch_bytes=_positive_int(opts, "fetchBytes", DEFAULT_FETCH_BYTES) or DEFAULT_FETCH_BYTES,
-            timeout_ms=_positive_int(opts, "timeoutMs", DEFAULT_TIMEOUT_MS) or DEFAULT_TIMEOUT_MS,
+            max_bytes_per_partition=positive_int(opts, "maxBytesPerPartition", None),
+            fetch_bytes=positive_int(opts, "fetchBytes", DEFAULT_FETCH_BYTES) or DEFAULT_FETCH_BYTES,
+            timeout_ms=positive_int(opts, "timeoutMs", DEFAULT_TIMEOUT_MS) or DEFAULT_TIMEOUT_MS,
             login=SparkLogin.parse(opts),
         )

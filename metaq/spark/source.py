@@ -1,4 +1,5 @@
-"""The ``metaq`` PySpark data source: batch and streaming reads of a topic, from slaves by default.
+"""The ``metaq`` PySpark data source: batch and streaming reads of a topic, from slaves by default,
+and the sink (``df.write`` / ``df.writeStream``, exactly once through XA: sink.py).
 
     from metaq.spark import MetaQDataSource
     spark.dataSource.register(MetaQDataSource)
@@ -14,12 +15,14 @@ from __future__ import annotations
 
 from typing import Iterator, Sequence
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader, DataSourceStreamWriter,
+                                    DataSourceWriter, InputPartition)
 from pyspark.sql.types import StructType
 
 from .fetch import AccessRefused
 from .options import OptionError, SourceOptions
 from ..client.message import Partition
+from .sink_options import SinkOptions
 from .planning import Planner, TopicPartition, discover, offsets_json_map, resolve_ranges
 from .reader import SPARK_SCHEMA, MetaQInputPartition, read_partition
 
@@ -73,6 +76,23 @@ class MetaQDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return MetaQStreamReader(SourceOptions.parse(self.options, streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from .sink import MetaQBatchWriter
+
+        return MetaQBatchWriter(_sink_options(self.options, schema))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from .sink import MetaQStreamWriter
+
+        return MetaQStreamWriter(_sink_options(self.options, schema))
+
+
+def _sink_options(options: dict, schema: StructType) -> SinkOptions:
+    """The sink's options, checked with the DataFrame's columns on the driver."""
+    sink = SinkOptions.parse(options)
+    sink.check_columns({f.name: f.dataType.simpleString() for f in schema.fields})
+    return sink
 
 
 class MetaQBatchReader(DataSourceReader):
