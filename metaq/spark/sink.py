@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import uuid
 from dataclasses import dataclass
@@ -47,6 +48,8 @@ from ..client.session import AsyncMessageSessionFactory
 from ..client.xa import TMFAIL, AsyncXAProducer, Xid, XAError
 from .options_error import OptionError
 from .sink_options import SinkOptions
+
+log = logging.getLogger(__name__)
 
 #: XA format ids of the sink's branches ('MQSB' batch writes, 'MQSS' streams): recover
 #: returns every in-doubt branch of a group, the sink touches only its own.
@@ -242,6 +245,8 @@ async def write_task(options: SinkOptions, batches: Iterable[Any], xid: Xid | No
                 for value, attribute, topic, key, name in zip(values, attributes, topics, keys, names):
                     if value is None:
                         raise ValueError("metaq sink: a row's value is null (column value is required)")
+                    if isinstance(value, str):
+                        value = value.encode("utf-8")
                     topic = topic or options.topic
                     if topic is None:
                         raise ValueError("metaq sink: a row's topic is null and option topic is not set")
@@ -281,9 +286,14 @@ class BranchResolver:
         for group, addresses in sorted(self.factory.cluster.snapshot.brokers.items()):
             if not addresses.master:
                 continue
-            for xid in await self.resource(group).recover():
-                if xid.format_id == format_id and xid.gtrid.startswith(prefix):
-                    found.append((group, xid))
+            try:
+                xids = await self.resource(group).recover()
+            except Exception as exc:
+                # Safe to skip: a branch left in doubt is resolved by the next batch's sweep, or
+                # rolled back by the broker's timeout; either way it never shows half-decided.
+                log.warning("metaq sink: recover on broker group %s failed (%s); its in-doubt branches wait", group, exc)
+                continue
+            found.extend((group, xid) for xid in xids if xid.format_id == format_id and xid.gtrid.startswith(prefix))
         return found
 
     async def commit(self, branches: Iterable[tuple[int, Xid]]) -> None:

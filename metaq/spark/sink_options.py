@@ -26,7 +26,7 @@ SINK_OPTIONS = (
 )
 
 #: Columns the sink reads; ``value`` is the only required one.
-SINK_COLUMNS = {"value": "binary", "attribute": "string", "topic": "string", "key": ("string", "binary"), "partition": "string"}
+SINK_COLUMNS = {"value": ("binary", "string"), "attribute": "string", "topic": "string", "key": ("string", "binary"), "partition": "string"}
 
 DEFAULT_BATCH_BYTES = 256 * 1024  # the client's batch_size: one put per partition and chunk
 
@@ -76,7 +76,7 @@ class SinkOptions:
     def check_columns(self, columns: Mapping[str, str]) -> None:
         """The DataFrame's columns ({name: simple type string}) against what the sink reads."""
         if "value" not in columns:
-            raise OptionError(f"the metaq sink needs a binary column 'value' (columns: {', '.join(columns) or 'none'})")
+            raise OptionError(f"the metaq sink needs a column 'value' (binary, or string sent as UTF-8) (columns: {', '.join(columns) or 'none'})")
         for name, kind in columns.items():
             wanted = SINK_COLUMNS.get(name)
             if wanted is None:

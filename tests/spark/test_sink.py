@@ -19,7 +19,7 @@ from metaq.tools.launcher import BrokerFactory
 from tests.spark.support import committed, produce
 
 pytestmark = pytest.mark.spark
-TOPICS = {"keyed": 2, "failed": 2, "stream-in": 1, "stream-out": 2}
+TOPICS = {"keyed": 2, "failed": 2, "stream-in": 1, "stream-out": 2, "plain-a": 1, "plain-b": 1}
 SYSTEM = {"unflushThreshold": 0}
 
 
@@ -84,6 +84,21 @@ def test_batch_write_is_read_back_once_in_key_order(spark, cluster):
         assert int(number) > last_id.get(key, -1), f"{key}: {number} after {last_id[key]}"
         last_id[key] = int(number)
     assert {p for p, _, _ in seen} == set(partitions)  # both groups took part: branches on two groups
+    assert _in_doubt(zk_connect, root) == []
+
+
+def test_at_least_once_mode_with_a_topic_column_and_string_values(spark, cluster):
+    zk_connect, root, masters = cluster
+    from pyspark.sql import functions as F
+
+    df = spark.range(0, 1000, numPartitions=2).select(
+        F.when(F.col("id") % 2 == 0, F.lit("plain-a")).otherwise(F.lit("plain-b")).alias("topic"),
+        F.concat(F.lit("row-"), F.col("id").cast("string")).alias("value"),  # a string column: sent as UTF-8
+        F.lit("attr").alias("attribute"))
+    _write(df, zk_connect, root, "plain-a", exactlyOnce="false")
+    for topic, parity in (("plain-a", 0), ("plain-b", 1)):
+        got = sorted(v.decode() for _, _, v in _read(spark, zk_connect, root, topic))
+        assert got == sorted(f"row-{n}" for n in range(parity, 1000, 2))
     assert _in_doubt(zk_connect, root) == []
 
 
