@@ -89,9 +89,12 @@ def client_config(options: SinkOptions) -> MetaClientConfig:
 
 
 class PlacedSelector:
-    """The sink picks each row's partition itself (``Message.partition``); the producer follows."""
+    """The sink picks each row's partition itself (``Message.partition``); the producer follows.
 
-    per_message = True
+    The sink hands the producer one partition's messages per call, so the producer may ask
+    once per put with the first message (``per_message = False``)."""
+
+    per_message = False
 
     def select(self, topic: str, partitions: list[Partition], message: Message) -> Partition:
         if message.partition not in partitions:
@@ -123,8 +126,12 @@ class Placement:
             self._by_key[topic] = KeyHashPartitionSelector(key=lambda key: key, stable=True, all_partitions=found)
         return found
 
-    async def place(self, topic: str, key: bytes | str | None, name: str | None) -> Partition:
-        partitions = await self.partitions(topic)
+    def knows(self, topic: str) -> bool:
+        return topic in self._partitions
+
+    def place(self, topic: str, key: bytes | str | None, name: str | None) -> Partition:
+        """The row's partition; ``partitions(topic)`` was awaited once before."""
+        partitions = self._partitions[topic]
         if name is not None:
             try:
                 partition = Partition.parse(name)
@@ -191,10 +198,12 @@ class PlainWrites:
     def __init__(self, factory: AsyncMessageSessionFactory) -> None:
         self.producer = factory.create_producer(PlacedSelector())
 
-    async def send_all(self, messages: list[Message]) -> None:
-        for result in await self.producer.send_batch(messages):
-            if not result.success:
-                raise RuntimeError(f"metaq sink: a message to {messages[0].topic} was not stored: {result.error}")
+    async def send_all(self, groups: Iterable[list[Message]]) -> None:
+        """One partition's messages per group, the groups in parallel (order kept within each)."""
+        for results in await asyncio.gather(*(self.producer.send_batch(messages) for messages in groups)):
+            for result in results:
+                if not result.success:
+                    raise RuntimeError(f"metaq sink: a message to {result.topic}-{result.partition} was not stored: {result.error_message}")
 
     async def finish(self) -> tuple[tuple[int, str], ...]:
         return ()
@@ -222,13 +231,13 @@ async def write_task(options: SinkOptions, batches: Iterable[Any], xid: Xid | No
 
         async def flush() -> None:
             nonlocal pending, pending_bytes
+            # Rows by (topic, partition), each group in row order: a partition's rows stay in order.
+            groups: dict[tuple[str, Partition], list[Message]] = {}
+            for m in pending:
+                groups.setdefault((m.topic, m.partition), []).append(m)
             if isinstance(writes, PlainWrites):
-                await writes.send_all(pending)
+                await writes.send_all(groups.values())
             else:
-                # One put per (topic, partition) run, in row order: a partition's rows stay in order.
-                groups: dict[tuple[str, Partition], list[Message]] = {}
-                for m in pending:
-                    groups.setdefault((m.topic, m.partition), []).append(m)
                 for (_, partition), messages in groups.items():
                     await writes.send(partition, messages)
             pending, pending_bytes = [], 0
@@ -250,7 +259,9 @@ async def write_task(options: SinkOptions, batches: Iterable[Any], xid: Xid | No
                     topic = topic or options.topic
                     if topic is None:
                         raise ValueError("metaq sink: a row's topic is null and option topic is not set")
-                    partition = await placement.place(topic, key, name)
+                    if not placement.knows(topic):
+                        await placement.partitions(topic)
+                    partition = placement.place(topic, key, name)
                     pending.append(Message(topic, value, attribute, partition=partition))
                     pending_bytes += len(value)
                     if pending_bytes >= options.batch_bytes:
