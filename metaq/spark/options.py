@@ -34,6 +34,8 @@ KNOWN_OPTIONS = (
     "maxBytesPerPartition",
     "fetchBytes",
     "timeoutMs",
+    "maxMessagesPerTrigger",
+    "maxBytesPerTrigger",
     *LOGIN_OPTIONS,
 )
 
@@ -126,6 +128,9 @@ class SourceOptions:
     fetch_bytes: int = DEFAULT_FETCH_BYTES
     timeout_ms: int = DEFAULT_TIMEOUT_MS
     login: SparkLogin = SparkLogin()
+    #: Streams: at most about this many records / log bytes per micro-batch (None: no limit).
+    max_messages_per_trigger: int | None = None
+    max_bytes_per_trigger: int | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str], streaming: bool = False) -> "SourceOptions":
@@ -146,6 +151,9 @@ class SourceOptions:
         starting = parse_offsets(opts.get("startingOffsets"), "startingOffsets", LATEST if streaming else EARLIEST)
         if streaming and opts.get("endingOffsets"):
             raise OptionError("option endingOffsets is for batch reads only (a stream reads up to the committed offsets)")
+        for limit in ("maxMessagesPerTrigger", "maxBytesPerTrigger"):
+            if not streaming and opts.get(limit):
+                raise OptionError(f"option {limit} is for streams only (a batch read reads its whole range)")
         ending = parse_offsets(opts.get("endingOffsets"), "endingOffsets", LATEST)
         if not streaming:
             if ending.default == EARLIEST or EARLIEST in ending.per_partition.values():
@@ -161,4 +169,6 @@ class SourceOptions:
             fetch_bytes=positive_int(opts, "fetchBytes", DEFAULT_FETCH_BYTES) or DEFAULT_FETCH_BYTES,
             timeout_ms=positive_int(opts, "timeoutMs", DEFAULT_TIMEOUT_MS) or DEFAULT_TIMEOUT_MS,
             login=SparkLogin.parse(opts),
+            max_messages_per_trigger=positive_int(opts, "maxMessagesPerTrigger", None),
+            max_bytes_per_trigger=positive_int(opts, "maxBytesPerTrigger", None),
         )
