@@ -36,6 +36,7 @@ KNOWN_OPTIONS = (
     "timeoutMs",
     "maxMessagesPerTrigger",
     "maxBytesPerTrigger",
+    "failOnDataLoss",
     *LOGIN_OPTIONS,
 )
 
@@ -103,6 +104,16 @@ def canonical_options(options: Mapping[str, str] | None, known: tuple[str, ...],
     return opts
 
 
+def boolean(options: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = options.get(name)
+    if raw is None or str(raw).strip() == "":
+        return default
+    text = str(raw).strip().lower()
+    if text in ("true", "false"):
+        return text == "true"
+    raise OptionError(f"option {name}: expected true or false, got {raw!r}")
+
+
 def positive_int(options: Mapping[str, str], name: str, default: int | None) -> int | None:
     raw = options.get(name)
     if raw is None or str(raw).strip() == "":
@@ -131,6 +142,8 @@ class SourceOptions:
     #: Streams: at most about this many records / log bytes per micro-batch (None: no limit).
     max_messages_per_trigger: int | None = None
     max_bytes_per_trigger: int | None = None
+    #: Streams: a checkpointed offset that retention already deleted fails the query (else: skip ahead).
+    fail_on_data_loss: bool = True
 
     @classmethod
     def parse(cls, options: Mapping[str, str], streaming: bool = False) -> "SourceOptions":
@@ -171,4 +184,5 @@ class SourceOptions:
             login=SparkLogin.parse(opts),
             max_messages_per_trigger=positive_int(opts, "maxMessagesPerTrigger", None),
             max_bytes_per_trigger=positive_int(opts, "maxBytesPerTrigger", None),
+            fail_on_data_loss=boolean(opts, "failOnDataLoss", True),
         )

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from .login import LOGIN_OPTIONS, SparkLogin
-from .options import canonical_options, positive_int
+from .options import boolean, canonical_options, positive_int
 from .options_error import OptionError
 
 #: Option names as documented (Spark may hand them lower-cased).
@@ -29,16 +29,6 @@ SINK_OPTIONS = (
 SINK_COLUMNS = {"value": ("binary", "string"), "attribute": "string", "topic": "string", "key": ("string", "binary"), "partition": "string"}
 
 DEFAULT_BATCH_BYTES = 256 * 1024  # the client's batch_size: one put per partition and chunk
-
-
-def _boolean(options: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = options.get(name)
-    if raw is None or str(raw).strip() == "":
-        return default
-    text = str(raw).strip().lower()
-    if text in ("true", "false"):
-        return text == "true"
-    raise OptionError(f"option {name}: expected true or false, got {raw!r}")
 
 
 @dataclass(frozen=True)
@@ -66,7 +56,7 @@ class SinkOptions:
             zk_connect=zk_connect,
             topic=str(opts.get("topic") or "").strip() or None,
             zk_root=zk_root,
-            exactly_once=_boolean(opts, "exactlyOnce", True),
+            exactly_once=boolean(opts, "exactlyOnce", True),
             batch_bytes=positive_int(opts, "batchBytes", DEFAULT_BATCH_BYTES) or DEFAULT_BATCH_BYTES,
             transaction_timeout_s=positive_int(opts, "transactionTimeoutS", 0) or 0,
             checkpoint_location=str(opts.get("checkpointLocation") or "").strip() or None,

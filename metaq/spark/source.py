@@ -13,6 +13,7 @@ keeps in the query's checkpoint.
 
 from __future__ import annotations
 
+import logging
 from typing import Iterator, Sequence
 
 from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader, DataSourceStreamWriter,
@@ -27,6 +28,8 @@ from ..client.message import Partition
 from .sink_options import SinkOptions
 from .planning import Planner, TopicPartition, discover, offsets_json_map, resolve_ranges
 from .reader import SPARK_SCHEMA, MetaQInputPartition, read_partition
+
+log = logging.getLogger(__name__)
 
 
 def _input_partitions(
@@ -222,7 +225,7 @@ class MetaQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for name, stop in end.items():
                 tp = topic_partitions.get(name)
                 if name in start:
-                    first = int(start[name])
+                    first = self._after_retention(planner, tp, name, int(start[name]), int(stop))
                 elif tp is not None and tp.replicas:
                     first = planner.offsets(tp).min_offset
                 else:
@@ -234,6 +237,28 @@ class MetaQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         missing.append(TopicPartition(name, p.broker_id, p.partition, ()))
             parts = _input_partitions(planner, list(topic_partitions.values()) + missing, ranges)
         return parts
+
+    def _after_retention(self, planner: Planner, tp: TopicPartition | None, name: str, first: int, stop: int) -> int:
+        """``first``, or (``failOnDataLoss=false``) the log start when retention already deleted
+        ``first``; with ``failOnDataLoss=true`` (the default) such a gap fails the query."""
+        if tp is None or not tp.replicas or first >= stop:
+            return first
+        try:
+            oldest = planner.offsets(tp).min_offset
+        except (AccessRefused, OptionError):
+            raise
+        except Exception:
+            return first  # no replica answers now: the task waits for one (timeoutMs), as before
+        if first >= oldest:
+            return first
+        if self.options.fail_on_data_loss:
+            raise ValueError(
+                f"metaq: partition {name} of topic {self.options.topic}: offsets [{first}, {oldest}) were deleted "
+                f"by retention before this query read them; set option failOnDataLoss=false to skip to {oldest}"
+            )
+        log.warning("metaq: partition %s of topic %s: offsets [%s, %s) were deleted by retention; skipping to %s "
+                    "(failOnDataLoss=false)", name, self.options.topic, first, oldest, oldest)
+        return min(oldest, stop)
 
     def read(self, partition: InputPartition) -> Iterator:
         assert isinstance(partition, MetaQInputPartition)
