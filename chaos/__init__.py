@@ -4,7 +4,9 @@
                              ``chaos.toxics``, ``chaos.proxy_link`` (data path), ``chaos.proxy_api`` (HTTP)
 * ``chaos.toxiproxy_client`` which proxy server to use, and a toxiproxy-python client for it
 * ``chaos.history``          the recorded history of a run (operations, faults, log snapshots)
-* ``chaos.checker``          checks a history for safety and liveness
+* ``chaos.checker``          checks a history for safety and liveness; ``chaos.anomalies`` the
+                             Kafka workload's anomaly set (Jepsen's names)
+* ``chaos.group_consumer``   the consumer-group workload: consumer processes, killed and restarted
 * ``chaos.cluster``, ``chaos.scenarios``, ``chaos.runner``  the topology (optionally secured),
                              the faults, and ``python -m chaos run``
 * ``chaos.rogue``            hostile peers (forged replication requests, heartbeats, ZooKeeper

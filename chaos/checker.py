@@ -35,6 +35,12 @@ checks
                     messages are read back and, where the configuration allows, writes are
                     acked again within the liveness bound (``chaos.liveness``); the per-kind
                     unavailability table is in ``stats["unavailability"]``.
+
+Jepsen's Kafka workload anomalies (chaos/anomalies.py, by Jepsen's names; ``acked_lost`` is
+its ``lost-write``): ``unseen``, ``duplicate``, ``inconsistent-offsets``, ``poll-skip``,
+``nonmonotonic-poll``, ``nonmonotonic-send``, ``int-poll-skip``, ``int-nonmonotonic-poll``,
+``precommitted-read``, ``aborted-read`` (G1a), ``intermediate-read`` (G1b), ``G0``, ``G1c``.
+A check may also return anomalies its mode allows (``expected``): counted, never a failure.
 """
 
 from __future__ import annotations
@@ -45,7 +51,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable
 
-from chaos.history import History, group_of, is_control
+from chaos import anomalies
+from chaos.history import History, brief, group_of, is_control
 from chaos.liveness import check_liveness, liveness_bound, render_table, table
 
 MAX_SHOWN = 20
@@ -74,6 +81,16 @@ class Index:
     @cached_property
     def liveness(self) -> "Liveness":
         return _liveness(self.history, self)
+
+    @cached_property
+    def kafka(self) -> anomalies.View:
+        """Batches, writes and transactions, for the Kafka workload's anomaly checks."""
+        return anomalies.build_view(self.history, self.logs)
+
+    @cached_property
+    def kafka_graphs(self) -> tuple[Any, Any]:
+        """The (ww, wr) dependency graphs of transactions and read-committed reads."""
+        return anomalies.dependency_graphs(self.kafka)
 
     @cached_property
     def lost_and_moved(self) -> tuple[list[dict], list[dict], int]:
@@ -107,11 +124,6 @@ def build_index(history: History) -> Index:
     )
 
 
-def _brief(op: dict[str, Any]) -> dict[str, Any]:
-    keys = ("id", "process", "value", "partition", "offset", "epoch", "master", "time", "invoke_time", "error")
-    return {k: op[k] for k in keys if k in op}
-
-
 # --- the checks ----------------------------------------------------------------------
 
 
@@ -135,20 +147,20 @@ def _lost_and_moved(index: Index) -> tuple[list[dict], list[dict], int]:
         partition = op.get("partition")
         log = index.logs.get(partition)
         if log is None:
-            lost.append({**_brief(op), "kind": "lost", "why": f"{op.get('value')!r}: no final master log for partition {partition}"})
+            lost.append({**brief(op), "kind": "lost", "why": f"{op.get('value')!r}: no final master log for partition {partition}"})
             continue
         offsets = log.by_value.get(op.get("value"), [])
         acked = op.get("offset")
         if acked is None:
             if not offsets:
-                lost.append({**_brief(op), "kind": "lost", "why": f"acked put {op.get('value')!r} is not in the final log of {partition}"})
+                lost.append({**brief(op), "kind": "lost", "why": f"acked put {op.get('value')!r} is not in the final log of {partition}"})
         elif acked not in offsets:
             if offsets:
-                moved.append({**_brief(op), "kind": "moved", "found_at": offsets,
+                moved.append({**brief(op), "kind": "moved", "found_at": offsets,
                               "why": f"{op.get('value')!r} acked at {partition}@{acked} but found at {offsets}"})
             else:
                 at = log.by_offset.get(acked)
-                lost.append({**_brief(op), "kind": "lost", "found_there": at[0] if at else None,
+                lost.append({**brief(op), "kind": "lost", "found_there": at[0] if at else None,
                              "why": f"{op.get('value')!r} acked at {partition}@{acked}; the final log has "
                                     + (f"{at[0]!r} there" if at else "no record there")})
     return lost, moved, checked
@@ -214,8 +226,8 @@ def check_order(history: History, index: Index) -> tuple[list[dict], int]:
             n = bisect.bisect_left(ok_times, inv)  # ops acked strictly before this one was invoked
             if n and best[n - 1][0] >= off:
                 before = best[n - 1][1]
-                out.append({"kind": "order", "partition": partition, "earlier": _brief(before),
-                            "later": _brief(op), "earlier_offset": best[n - 1][0], "later_offset": off,
+                out.append({"kind": "order", "partition": partition, "earlier": brief(before),
+                            "later": brief(op), "earlier_offset": best[n - 1][0], "later_offset": off,
                             "why": f"{before.get('value')!r} was acked before {op.get('value')!r} was sent, "
                                    f"but sits at offset {best[n - 1][0]} >= {off}"})
     return out, checked
@@ -247,7 +259,7 @@ def check_split_brain(history: History, index: Index) -> tuple[list[dict], int]:
     for (group, epoch), seen in sorted(masters.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
         if len(seen) > 1:
             out.append({"kind": "split_brain", "group": group, "epoch": epoch, "masters": sorted(map(str, seen)),
-                        "examples": [_brief(op) for op in seen.values()],
+                        "examples": [brief(op) for op in seen.values()],
                         "why": f"{len(seen)} masters acked writes in epoch {epoch} of group {group}"})
     return out, checked
 
@@ -269,8 +281,8 @@ def stale_acks(history: History, index: Index) -> list[dict]:
         for op in ops:
             n = bisect.bisect_left(times, op["invoke_time"])
             if n and run_max[n - 1][0] > int(op["epoch"]):
-                warnings.append({"kind": "stale_ack", "group": group, "op": _brief(op),
-                                 "newer": _brief(run_max[n - 1][1]),
+                warnings.append({"kind": "stale_ack", "group": group, "op": brief(op),
+                                 "newer": brief(run_max[n - 1][1]),
                                  "why": f"acked in epoch {op['epoch']} after epoch {run_max[n - 1][0]} had acked"})
     return warnings
 
@@ -355,6 +367,7 @@ def check_duplicates(history: History, index: Index) -> tuple[list[dict], int]:
 def check_phantoms(history: History, index: Index) -> tuple[list[dict], int]:
     out = []
     invoked = {op.get("value") for op in history.ops if op.get("f") == "put" and op["type"] == "invoke"}
+    invoked |= {w.value for w in index.kafka.writes if w.transactional}
     failed = {op.get("value"): op for op in index.puts if op["type"] == "fail"}
     succeeded_or_unknown = {op.get("value") for op in index.puts if op["type"] in ("ok", "info")}
     checked = 0
@@ -368,7 +381,7 @@ def check_phantoms(history: History, index: Index) -> tuple[list[dict], int]:
                             "why": f"{value!r} at {partition}@{offset} was never written by the workload"})
             elif value in failed and value not in succeeded_or_unknown:
                 out.append({"kind": "failed_write_present", "partition": partition, "offset": offset,
-                            "op": _brief(failed[value]),
+                            "op": brief(failed[value]),
                             "why": f"{value!r} is in {partition}@{offset} although its put definitely failed"})
     return out, checked
 
@@ -405,7 +418,11 @@ CHECKS: dict[str, Callable[[History, Index], tuple[list[dict], int]]] = {
     "duplicates": check_duplicates,
     "phantoms": check_phantoms,
     "liveness": lambda history, index: (index.liveness.violations, len(index.liveness.faults)),
+    **anomalies.CHECKS,
 }
+
+#: The checks that are Jepsen's Kafka workload anomalies under another name here.
+JEPSEN_NAMES = {"acked_lost": "lost-write"}
 
 
 # --- result --------------------------------------------------------------------------
@@ -438,9 +455,12 @@ class CheckResult:
         lines.append(f"  faults: {s['faults_by_kind'] or 'none'}; failovers: {s['failovers']}; "
                      f"max gap between acks: {s['max_unavailable_s']:.2f}s; lost acked: {s['lost_acked']}")
         lines.append(f"  {duplicates_line(s)}; {resends_line(s)}")
+        lines.append(f"  {anomalies_line(self.checks)}")
         for name, c in self.checks.items():
             mark = "ok  " if c["ok"] else "FAIL"
-            lines.append(f"  [{mark}] {name}: {c['checked']} checked, {len(c['violations'])} violations")
+            expected = len(c.get("expected", []))
+            lines.append(f"  [{mark}] {name}: {c['checked']} checked, {len(c['violations'])} violations"
+                         + (f", {expected} expected" if expected else ""))
             for v in c["violations"][:MAX_SHOWN]:
                 lines.append(f"         - {v['why']}")
             if len(c["violations"]) > MAX_SHOWN:
@@ -449,6 +469,19 @@ class CheckResult:
         for w in self.warnings[:MAX_SHOWN]:
             lines.append(f"  warning: {w['why']}")
         return "\n".join(lines)
+
+
+def anomalies_line(checks: dict[str, dict[str, Any]]) -> str:
+    """Every count of Jepsen's Kafka workload anomaly set on one line (expected ones in brackets)."""
+    names = ["acked_lost", *anomalies.CHECKS]
+    parts = []
+    for name in names:
+        c = checks.get(name)
+        if c is None:
+            continue
+        expected = len(c.get("expected", []))
+        parts.append(f"{JEPSEN_NAMES.get(name, name)} {len(c['violations'])}" + (f" (+{expected} expected)" if expected else ""))
+    return "anomalies: " + ", ".join(parts)
 
 
 def duplicates_line(stats: dict[str, Any]) -> str:
@@ -512,7 +545,12 @@ def check(history: History, only: list[str] | None = None) -> CheckResult:
     for name, fn in CHECKS.items():
         if only and name not in only:
             continue
-        violations, checked = fn(history, index)
-        checks[name] = {"ok": not violations, "checked": checked, "violations": violations}
+        violations, checked, *allowed = fn(history, index)
+        # ``expected``: anomalies the mode allows (counted and shown, never a failure).
+        checks[name] = {"ok": not violations, "checked": checked, "violations": violations,
+                        "expected": allowed[0] if allowed else []}
     warnings = stale_acks(history, index) + index.liveness.warnings
-    return CheckResult(history.meta.get("mode", "sync"), checks, _stats(history, index), warnings)
+    stats = _stats(history, index)
+    stats["anomalies"] = {JEPSEN_NAMES.get(name, name): len(checks[name]["violations"])
+                          for name in ["acked_lost", *anomalies.CHECKS] if name in checks}
+    return CheckResult(history.meta.get("mode", "sync"), checks, stats, warnings)

@@ -31,6 +31,30 @@ A read is one completed ``get``::
     {"id": 40, "type": "ok", "process": "c0", "f": "get", "partition": "t/0-0",
      "replica": "meta://...", "reads": [[offset, value], ...], "time": ...}
 
+A consumer (a member of a consumer group, ``process`` is one consumer process) records
+each assignment it is given and each poll it makes; the group's name is ``group``::
+
+    {"id": 50, "type": "ok", "process": "g0-c1", "f": "assign", "group": "g0",
+     "generation": 3, "partitions": ["t/0-0", "t/0-1"], "time": ...}
+    {"id": 51, "type": "ok", "process": "g0-c1", "f": "poll", "group": "g0", "generation": 3,
+     "isolation": "read_committed"|"read_uncommitted", "replica": "meta://...",
+     "polls": {"t/0-0": [[offset, value], ...], ...}, "time": ...}
+
+``generation`` is the assignment epoch: the consumer's position in a partition carries
+over from one poll to the next only within one generation (a rebalance, a crash or a
+restart starts a new one, from the committed offset). A consumer group that ran to the
+end (its last consumers read every partition up to the end of the final log) is named
+in ``meta["consumer_groups"]`` with ``{"drained": true}`` (``History.group_drained``).
+
+A transaction (local or XA) is one operation, invoked when it begins and completed when
+its outcome is known: ``ok`` committed, ``fail`` rolled back, aborted or timed out (its
+messages must never be read committed), ``info`` unknown::
+
+    {"id": 60, "type": "invoke", "process": "t0", "f": "txn", "txn": "t0-4", "time": ...}
+    {"id": 60, "type": "ok", ..., "sends": [[partition, offset, value], ...],
+     "reads": {partition: [[offset, value], ...]},   # consume-transform-produce only
+     "commit_time": t}                                  # when commit was invoked
+
 A fault::  {"time": t, "kind": "kill"|"pause"|"resume"|"restart"|"partition"|"heal"|"toxic"|...,
             "target": "broker-0-m", ...details}
 
@@ -86,6 +110,13 @@ def record_value(attribute: str | None, data: bytes) -> str:
 
 def is_control(value: Any) -> bool:
     return isinstance(value, str) and value.startswith(CONTROL_PREFIX)
+
+
+def brief(op: dict[str, Any]) -> dict[str, Any]:
+    """The fields of an operation a violation report shows."""
+    keys = ("id", "process", "value", "partition", "offset", "epoch", "master", "time", "invoke_time", "error",
+            "txn", "group", "generation")
+    return {k: op[k] for k in keys if k in op}
 
 
 def group_of(partition: str | None) -> int | None:
@@ -181,6 +212,48 @@ class History:
             base = {"id": op_id, "process": process, "f": "get", "partition": partition, "replica": replica}
             self.ops.append({**base, "type": "invoke", "time": t})
             self.ops.append({**base, "type": "ok", "time": t, "reads": [[int(o), v] for o, v in reads]})
+
+    @property
+    def t0(self) -> float:
+        """The origin of ``time`` on the monotonic clock (shared by processes on this host)."""
+        return self._t0
+
+    def assign(self, process: str, group: str, generation: int, partitions: Iterable[str],
+               at: float | None = None) -> None:
+        """A consumer of ``group`` was given ``partitions`` in assignment epoch ``generation``."""
+        self._instant(process, "assign", at, group=group, generation=int(generation), partitions=sorted(partitions))
+
+    def poll(self, process: str, group: str, generation: int, polls: dict[str, Iterable[tuple[int, Any]]],
+             isolation: str = "read_committed", replica: str | None = None, at: float | None = None) -> None:
+        """One poll of a consumer of ``group``: its batch per partition, in the order delivered."""
+        batches = {p: [[int(o), v] for o, v in pairs] for p, pairs in polls.items()}
+        self._instant(process, "poll", at, group=group, generation=int(generation), isolation=isolation,
+                      replica=replica, polls=batches)
+
+    def merge_consumer_records(self, group: str, records: Iterable[tuple[str, dict[str, Any]]]) -> None:
+        """Records a consumer process wrote itself (chaos/group_consumer.py: ``(process, record)``,
+        each with its own ``time`` on this history's clock), then every operation in time order
+        (a stable sort: an invocation stays before its completion)."""
+        for process, rec in records:
+            if rec.get("f") == "assign":
+                self.assign(process, group, rec["generation"], rec["partitions"], at=rec["time"])
+            elif rec.get("f") == "poll":
+                self.poll(process, group, rec["generation"], {rec["partition"]: rec["pairs"]}, at=rec["time"])
+        with self._lock:
+            self.ops.sort(key=lambda op: op["time"])
+
+    def group_drained(self, group: str) -> None:
+        """Consumer group ``group`` read every partition to the end of the final log."""
+        with self._lock:
+            self.meta.setdefault("consumer_groups", {}).setdefault(group, {})["drained"] = True
+
+    def _instant(self, process: str, f: str, at: float | None = None, **fields: Any) -> None:
+        """An operation that completes as it is recorded (invoke and ok at one time: ``at``, or now)."""
+        with self._lock:
+            t = self.now() if at is None else float(at)
+            base = {"id": next(self._ids), "process": process, "f": f}
+            self.ops.append({**base, "type": "invoke", "time": t})
+            self.ops.append({**base, **fields, "type": "ok", "time": t})
 
     def fault(self, kind: str, target: str, **details: Any) -> None:
         with self._lock:

@@ -27,7 +27,7 @@ import asyncio
 import random
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from metaq.client.connection import BrokerConnection, ConnectionClosed
 from metaq.client.idempotence import Numbered, Sequencer
@@ -35,8 +35,30 @@ from metaq.protocol import commands as c
 from metaq.protocol.messages import InitProducerRequest, PutRequest
 from metaq.record import encode_batch
 
-if TYPE_CHECKING:
-    from .runner import Workload
+from .cluster import ChaosCluster
+from .history import History
+
+
+class Masters(Protocol):
+    masters: dict[int, str | None]  # group -> the master registered in ZooKeeper now
+
+
+class ProducerHost(Protocol):
+    """What a raw producer needs of the workload that runs it (chaos/runner.py's
+    ``Workload``): named here, so that this module does not import the runner that
+    imports it."""
+
+    cluster: ChaosCluster
+    history: History
+    monitor: Masters
+    seed: int
+    rate: float
+    stopping: asyncio.Event
+    conns: dict[str, BrokerConnection]  # url -> the producers' shared connection
+
+    def acked(self, partition: str | None, offset: int | None, value: str) -> None: ...
+
+    async def producer_conn(self, url: str) -> BrokerConnection: ...
 
 
 @dataclass(frozen=True)
@@ -70,7 +92,7 @@ class RawProducer:
     """One put at a time, each resent (per ``settings``) until its outcome is known: so a
     numbered batch is alone in flight for its partition, as the broker's dedup requires."""
 
-    def __init__(self, workload: "Workload", name: str, settings: ProducerSettings, resend_budget_s: float) -> None:
+    def __init__(self, workload: ProducerHost, name: str, settings: ProducerSettings, resend_budget_s: float) -> None:
         self.workload = workload
         self.name = name
         self.settings = settings

@@ -15,7 +15,10 @@ One run:
    (``retry_unknown_outcome=False``), so nothing is duplicated; ``--retry-unknown`` makes
    every producer resend unknown outcomes (at least once: duplicates are counted, and
    expected), ``--idempotent`` makes them idempotent producers that resend unknown outcomes
-   (exactly once: a duplicate is a violation);
+   (exactly once: a duplicate is a violation); with ``--consumer-group`` (on in ``random``)
+   also consumer processes of one group, killed, stopped and restarted
+   (chaos/group_consumer.py), whose polls feed the checker's consumer checks; with
+   ``--transactions`` (on in ``random``) two transactional producers (``x0``, ``x1``);
 3. a monitor thread watches ZooKeeper and records every failover (with the old master's
    unreplicated tail: bytes and messages past the new master's epoch start, for async);
 4. the fault schedule (chaos/scenarios.py) runs for ``--seconds``: inject, hold, heal, wait
@@ -24,7 +27,8 @@ One run:
    (a member lost for good) ends the schedule; the load goes on until ``--seconds`` are up,
    and at least the liveness bound + 2 s;
 5. stop the load, heal everything, wait until settled (one master per group, every broker
-   registered, slaves in the sync set and caught up), snapshot every replica's log from disk,
+   registered, slaves in the sync set and caught up), let one consumer read the group to
+   the end (``--consumer-group``), snapshot every replica's log from disk,
    write ``history.json``, ``check.json`` and ``report.txt``, run the checker.
 
 Exit 0 iff the checker found no violations (safety and liveness), the cluster settled and (``--rogue``)
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import logging
 import random
@@ -44,7 +49,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from metaq.client import AsyncMessageSessionFactory, Message, MetaClientConfig
+from metaq.client import AsyncMessageSessionFactory, Message, MetaClientConfig, TransactionError, TransactionRolledBack
 from metaq.client.connection import BrokerConnection, ConnectionClosed
 from metaq.protocol import commands as c
 from metaq.protocol.messages import EpochsRequest, GetRequest
@@ -52,6 +57,7 @@ from metaq.record import iter_records
 
 from .checker import check, duplicates_line, resends_line
 from .cluster import ON_SYNC_SLAVE_LOSS, ChaosCluster
+from .group_consumer import GROUP, ConsumerGroupLoad
 from .history import History, group_of, record_value, value_of
 from .hostile import HostileLoad
 from .liveness import default_bound, render_table
@@ -140,8 +146,10 @@ def _epoch_start(address: tuple[str, int], topic: str, partition: int, epoch: in
 
 class Workload:
     def __init__(self, cluster: ChaosCluster, history: History, monitor: Monitor, seed: int, rate: float,
-                 producers: ProducerSettings = ProducerSettings(), resend_budget_s: float = 20.0) -> None:
+                 producers: ProducerSettings = ProducerSettings(), resend_budget_s: float = 20.0,
+                 transactions: bool = False) -> None:
         self.cluster = cluster
+        self.transactions = transactions
         self.producers = producers
         self.resend_budget_s = resend_budget_s
         self.history = history
@@ -170,17 +178,20 @@ class Workload:
             conn = conns[url] = await self.cluster.connect(url, 1.0)
         return conn
 
+    def client_config(self) -> MetaClientConfig:
+        """The real client's settings, through the proxies (and logged in, with ``--secure``)."""
+        return MetaClientConfig(zk_connect=self.cluster.zk_connect, zk_root=self.cluster.zk_root,
+                                zk_session_timeout_ms=10_000,
+                                retry_unknown_outcome=self.producers.retry_unknown,
+                                idempotence=self.producers.idempotent, request_timeout_s=3.0,
+                                send_timeout_s=self.resend_budget_s if self.producers.retry_unknown else 5.0,
+                                send_max_attempts=200 if self.producers.retry_unknown else 20,
+                                send_retry_max_wait_s=0.3, connect_timeout_s=1.0,
+                                address_map=self.cluster.client_address_map, credentials=self.cluster.credentials)
+
     async def client_producer(self, name: str) -> None:
-        config = MetaClientConfig(zk_connect=self.cluster.zk_connect, zk_root=self.cluster.zk_root,
-                                  zk_session_timeout_ms=10_000,
-                                  retry_unknown_outcome=self.producers.retry_unknown,
-                                  idempotence=self.producers.idempotent, request_timeout_s=3.0,
-                                  send_timeout_s=self.resend_budget_s if self.producers.retry_unknown else 5.0,
-                                  send_max_attempts=200 if self.producers.retry_unknown else 20,
-                                  send_retry_max_wait_s=0.3, connect_timeout_s=1.0,
-                                  address_map=self.cluster.client_address_map, credentials=self.cluster.credentials)
         topic = self.cluster.topic
-        async with AsyncMessageSessionFactory(config) as factory:
+        async with AsyncMessageSessionFactory(self.client_config()) as factory:
             producer = factory.create_producer()
             seq = 0
             while not self.stopping.is_set():
@@ -203,6 +214,62 @@ class Workload:
                     await asyncio.sleep(0.05)
                 await asyncio.sleep(1 / self.rate)
             await producer.close()
+
+    async def transactional_producer(self, name: str) -> None:
+        """Local transactions of 1-3 messages over the topic's partitions (the client's
+        routing), three in four committed, one in four rolled back. Each is one ``txn``
+        operation: ``ok`` committed (with ``commit_time``, when commit was invoked), ``fail``
+        rolled back (by us, or by the broker at commit), ``info`` unknown; ``sends`` lists
+        every message tried, with its acked offset (None when its send failed)."""
+        rng = random.Random(f"workload/{name}/{self.seed}")
+        async with AsyncMessageSessionFactory(self.client_config()) as factory:
+            producer = factory.create_transactional_producer()
+            for number in itertools.count():
+                if self.stopping.is_set():
+                    break
+                await self._transaction(producer, name, f"{name}-t{number}", rng)
+                await asyncio.sleep(1 / self.rate)
+
+    async def _transaction(self, producer: Any, process: str, txn: str, rng: random.Random) -> None:
+        """One transaction, recorded as one ``txn`` operation."""
+        op = self.history.invoke(process, "txn", txn=txn)
+        sends: list[list[Any]] = []
+        committing = False
+        try:
+            await producer.begin_transaction(timeout_s=10)
+            for j in range(rng.randint(1, 3)):
+                value = f"{txn}-{j}"
+                result = await producer.send_message(Message(self.cluster.topic, value.encode()))
+                part = f"{self.cluster.topic}/{result.partition}" if result.partition is not None else None
+                sends.append([part, result.offset if result.success and result.offset >= 0 else None, value])
+                if not result.success:
+                    raise TransactionError(f"send failed: {result.error_message}")
+            if rng.random() < 0.25:
+                await producer.rollback()
+                self.history.fail(op, "rolled back", sends=sends)
+            else:
+                committing, commit_time = True, self.history.now()
+                await producer.commit()
+                self.history.ok(op, sends=sends, commit_time=commit_time)
+        except TransactionRolledBack as exc:
+            self.history.fail(op, f"rolled back by the broker: {exc}", sends=sends)
+        except Exception as exc:  # a step gave up: roll back what we can
+            if not committing and await self._roll_back(producer):
+                self.history.fail(op, f"rolled back after: {exc}", sends=sends)
+            else:
+                self.history.info(op, f"unknown: {exc}", sends=sends)
+            await asyncio.sleep(0.1)
+
+    @staticmethod
+    async def _roll_back(producer: Any) -> bool:
+        """Roll back the open transaction; whether it surely is rolled back now."""
+        if not producer.in_transaction:
+            return False
+        try:
+            await producer.rollback()
+            return True
+        except Exception:
+            return False
 
     async def reader(self, group: int) -> None:
         """Reads every partition from every replica of the group, each at its own position."""
@@ -273,6 +340,8 @@ class Workload:
     async def run(self) -> None:
         raw = [RawProducer(self, name, self.producers, self.resend_budget_s) for name in ("r0", "r1")]
         tasks = [*(asyncio.create_task(p.run()) for p in raw), asyncio.create_task(self.client_producer("c0"))]
+        if self.transactions:
+            tasks += [asyncio.create_task(self.transactional_producer(name)) for name in ("x0", "x1")]
         tasks += [asyncio.create_task(self.reader(g)) for g in range(self.cluster.num_groups)]
         tasks += [asyncio.create_task(self.prober(g)) for g in range(self.cluster.num_groups)]
         results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -287,7 +356,8 @@ class Run:
     def __init__(self, scenario: str, seconds: float, seed: int, out: Path, *, mode: str = "sync", groups: int = 1,
                  zk_nodes: int = 3, rate: float = 20.0, settle_timeout: float = 60.0, slaves: int = 1,
                  on_sync_slave_loss: str = "degrade", liveness_bound: float | None = None,
-                 secure: bool = False, rogue: bool = False, producers: ProducerSettings = ProducerSettings()) -> None:
+                 secure: bool = False, rogue: bool = False, producers: ProducerSettings = ProducerSettings(),
+                 consumer_group: bool = False, transactions: bool = False) -> None:
         self.scenario, self.seconds, self.seed, self.out = scenario, seconds, seed, Path(out)
         self.mode, self.groups, self.zk_nodes, self.rate = mode, groups, zk_nodes, rate
         self.slaves, self.on_sync_slave_loss = slaves, on_sync_slave_loss
@@ -303,7 +373,10 @@ class Run:
                                 "groups": groups, "zk_nodes": zk_nodes, "topic": self.cluster.topic,
                                 "slaves": slaves, "on_sync_slave_loss": on_sync_slave_loss,
                                 "session_ms": session_ms, "liveness_bound_s": self.liveness_bound,
-                                "secure": secure, "rogue": rogue, "producers": producers.to_json()})
+                                "secure": secure, "rogue": rogue, "producers": producers.to_json(),
+                                "consumer_group": consumer_group, "transactions": transactions})
+        self.transactions = transactions
+        self.consumers = ConsumerGroupLoad(self.cluster, self.history, seed, self.out) if consumer_group else None
         self.steps_done: list[dict[str, Any]] = []
         self.settle_failures: list[str] = []
         self.unavailable: list[float] = []
@@ -378,10 +451,12 @@ class Run:
         monitor.start()
         # A resend keeps going through a failover: past the liveness bound, by which writes resume.
         workload = Workload(self.cluster, self.history, monitor, self.seed, self.rate, self.producers,
-                            resend_budget_s=self.liveness_bound + 5.0)
+                            resend_budget_s=self.liveness_bound + 5.0, transactions=self.transactions)
         load = asyncio.create_task(workload.run())
         if self.hostile is not None:
             self.hostile.start()
+        if self.consumers is not None:
+            self.consumers.start()
         stop_at = time.monotonic() + self.seconds
         stopping = threading.Event()
         try:
@@ -394,6 +469,8 @@ class Run:
             await asyncio.sleep(1.0)
             workload.stopping.set()
             await load
+            if self.consumers is not None:
+                await asyncio.to_thread(self.consumers.stop)
             monitor.stop()
 
     def execute(self) -> int:
@@ -411,8 +488,13 @@ class Run:
                 self.cluster.wait_settled(max(self.settle_timeout, 120))
             except AssertionError as exc:
                 self.settle_failures.append(f"final: {exc}")
+            if self.consumers is not None:
+                self.consumers.drain()
             self.cluster.snapshot(self.history)
+            self._consumers_ran_to_the_end()
         finally:
+            if self.consumers is not None:
+                self.consumers.kill_all()
             self.history.close_open()
             self.history.save(self.out / "history.json")
             (self.out / "broker-logs.txt").write_text(self.cluster.log_report(200))
@@ -433,12 +515,42 @@ class Run:
         print(report)
         return 0 if self.passed(result) else 1
 
+    def _consumers_ran_to_the_end(self) -> None:
+        """The group's records into the history; the group counts as run to the end (its
+        ``unseen`` checked) when it was given the last message of every partition. A
+        settled cluster whose group cannot get there is a settle failure."""
+        if self.consumers is None:
+            return
+        self.consumers.merge()
+        short = self.consumers.reached_end()
+        if short:
+            self.settle_failures.append(f"consumer group {GROUP} never got the last message of {short}")
+        else:
+            self.history.group_drained(GROUP)
+
     @property
     def hostile_problems(self) -> list[str]:
         return self.hostile.problems() if self.hostile is not None else []
 
     def passed(self, result: Any) -> bool:
         return result.ok and not self.settle_failures and not self.hostile_problems
+
+    def consumers_lines(self) -> list[str]:
+        if self.consumers is None:
+            return ["consumer group: off"]
+        c = self.consumers
+        polls = sum(1 for op in self.history.ops if op.get("f") == "poll" and op["type"] == "ok")
+        drained = bool((self.history.meta.get("consumer_groups") or {}).get(GROUP, {}).get("drained"))
+        return [f"consumer group {GROUP}: {c.size} members, {len(c.started)} processes started, "
+                f"{c.signals['SIGKILL']} SIGKILLed, {c.signals['SIGTERM']} SIGTERMed; {polls} polls; "
+                f"ran to the end: {'yes' if drained else 'no'}"]
+
+    def transactions_line(self) -> str:
+        if not self.transactions:
+            return "transactions: off"
+        ends = [op["type"] for op in self.history.ops if op.get("f") == "txn" and op["type"] != "invoke"]
+        return (f"transactions (x0, x1): {ends.count('ok')} committed, {ends.count('fail')} rolled back, "
+                f"{ends.count('info')} unknown")
 
     def producers_text(self) -> str:
         if self.producers.idempotent:
@@ -451,7 +563,8 @@ class Run:
         s = result.stats
         faults: dict[str, int] = {}
         for f in self.history.faults:
-            if f["kind"] not in ("heal", "heal_all"):
+            # The consumer group's own starts, kills and stops are workload, not injected faults.
+            if f["kind"] not in ("heal", "heal_all") and not f["kind"].startswith("consumer-"):
                 faults[f["kind"]] = faults.get(f["kind"], 0) + 1
         # Liveness: a master fault (kill, pause, ZK partition) held past the session timeout
         # should have produced a failover of its group before the heal.
@@ -473,8 +586,12 @@ class Run:
             f"--on-sync-slave-loss {self.on_sync_slave_loss} --liveness-bound {self.liveness_bound:g}"
             + (" --secure" if self.secure else "") + (" --rogue" if self.rogue else "")
             + (" --idempotent" if self.producers.idempotent else " --retry-unknown" if self.producers.retry_unknown else "")
+            + (" --consumer-group" if self.consumers is not None else " --no-consumer-group")
+            + (" --transactions" if self.transactions else " --no-transactions")
             + f" --out {self.out}",
             f"producers: {self.producers_text()}",
+            *self.consumers_lines(),
+            self.transactions_line(),
             f"faults: {sum(faults.values())} {dict(sorted(faults.items()))}",
             f"operations: puts {s['puts_ok']} ok / {s['puts_fail']} failed / {s['puts_info']} unknown; "
             f"reads {s['reads']} messages in {s['gets']} fetches",
@@ -524,6 +641,15 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--idempotent", action="store_true",
                    help="idempotent producers (numbered puts) that resend unknown outcomes (exactly once: any "
                         "duplicate is a violation); implies --retry-unknown")
+    p.add_argument("--consumer-group", action=argparse.BooleanOptionalAction, default=None,
+                   help="the consumer-group workload: 3 consumer processes of one group (read_from master, slave, "
+                        "prefer-slave), SIGKILLed / SIGTERMed and restarted every few seconds, then one reading the "
+                        "group to the end; their polls feed the poll, duplicate and unseen checks "
+                        "(default: on in the random scenario)")
+    p.add_argument("--transactions", action=argparse.BooleanOptionalAction, default=None,
+                   help="two transactional producers (local transactions of 1-3 messages, one in four rolled "
+                        "back) whose outcomes feed the read-committed checks: precommitted-read, aborted-read, "
+                        "intermediate-read, G0, G1c (default: on in the random scenario)")
     p.add_argument("--liveness-bound", type=float, default=None,
                    help="seconds within which reads and writes must resume after a fault "
                         "(default 2 x zk.zkSessionTimeoutMs + 1 s)")
@@ -546,5 +672,7 @@ def main(args: argparse.Namespace) -> int:
               zk_nodes=args.zk_nodes, rate=args.rate, slaves=args.slaves,
               on_sync_slave_loss=args.on_sync_slave_loss, liveness_bound=args.liveness_bound,
               secure=args.secure, rogue=args.rogue,
-              producers=ProducerSettings(idempotent=args.idempotent, retry_unknown=args.retry_unknown))
+              producers=ProducerSettings(idempotent=args.idempotent, retry_unknown=args.retry_unknown),
+              consumer_group=args.consumer_group if args.consumer_group is not None else args.scenario == "random",
+              transactions=args.transactions if args.transactions is not None else args.scenario == "random")
     return run.execute()

@@ -20,6 +20,15 @@ from .txn import config as txn_config
 from .txn.config import TxnSettings
 
 DEFAULT_DELETE_POLICY = "delete,168"
+#: A put frame carries at most 16 messages of maxMessageSize plus headers, and never more than 64 MiB.
+MAX_PUT_BATCH_MESSAGES = 16
+FRAME_OVERHEAD = 64 * 1024
+MAX_REQUEST_BODY = 64 * 1024 * 1024
+
+
+def max_request_body(max_message_size: int) -> int:
+    """The largest request body a broker with this maxMessageSize reads (a bigger one is answered 400 and skipped)."""
+    return min(MAX_REQUEST_BODY, max_message_size * MAX_PUT_BATCH_MESSAGES + FRAME_OVERHEAD)
 DEFAULT_DELETE_WHEN = "0 0 6,18 * * ?"
 
 
@@ -105,6 +114,12 @@ class BrokerConfig:
     max_queued_reply_bytes: int = 16 * 1024 * 1024
     request_body_timeout_ms: int = 30_000
     connection_idle_timeout_ms: int = 600_000
+    # Bytes of requests being received, all connections together (the frames that did not arrive in one read).
+    max_buffered_request_bytes: int = 64 * 1024 * 1024
+    # A connection that has not logged in (security on) within this is closed.
+    login_timeout_ms: int = 10_000
+    # Connections from one peer address (IP); past it that address's new connections are refused.
+    max_connections_per_address: int = 256
     source_path: str | None = None
     security: SecurityConfig = field(default_factory=SecurityConfig)
     # MetaQ's transaction settings (maxCheckpoints, flushTxLogAtCommit, ...; metaq/txn/config.py).
@@ -124,6 +139,10 @@ class BrokerConfig:
 
     def topic(self, name: str) -> TopicConfig | None:
         return self.topics.get(name)
+
+    @property
+    def max_request_body(self) -> int:
+        return max_request_body(self.max_message_size)
 
 
 @dataclass(frozen=True)
@@ -284,6 +303,9 @@ _SYSTEM_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "maxQueuedReplyBytes": ("max_queued_reply_bytes", _int(64 * 1024)),
     "requestBodyTimeoutMs": ("request_body_timeout_ms", _int(100)),
     "connectionIdleTimeoutMs": ("connection_idle_timeout_ms", _int(0)),
+    "maxBufferedRequestBytes": ("max_buffered_request_bytes", _int(64 * 1024)),
+    "loginTimeoutMs": ("login_timeout_ms", _int(100)),
+    "maxConnectionsPerAddress": ("max_connections_per_address", _int(1)),
 }
 
 # [system] security keys -> SecurityConfig fields.
@@ -426,6 +448,15 @@ def parse_server_ini(data: bytes, path: str = "server.ini") -> BrokerConfig:
     mode = system.get("replication_mode", "async")
     if mode == "sync" and system.get("min_sync_slaves", 1) < 1:
         raise ConfigError(f"{path}: [system] minSyncSlaves: must be >= 1 in sync mode")
+
+    budget = system.get("max_buffered_request_bytes", BrokerConfig.max_buffered_request_bytes)
+    largest = max_request_body(system.get("max_message_size", BrokerConfig.max_message_size))
+    if budget < largest:
+        # Else the largest put could never be received: it would be refused on every try.
+        raise ConfigError(
+            f"{path}: [system] maxBufferedRequestBytes: must be >= the largest request body, {largest} bytes "
+            f"(maxMessageSize x {MAX_PUT_BATCH_MESSAGES} + {FRAME_OVERHEAD}, at most {MAX_REQUEST_BODY}), got {budget}"
+        )
 
     data_log_path = txn.get("data_log_path")
     if data_log_path and not Path(data_log_path).is_absolute() and Path(path).parent != Path(""):

@@ -4,8 +4,11 @@ session, asking a broker over the protocol, and a plain table."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import re
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Any, Iterator, Sequence
 
 from ..errors import MetaqError
@@ -58,30 +61,72 @@ def zk_client(args: argparse.Namespace) -> Iterator[tuple[Any, Any]]:
         raise MetaqError(f"ZooKeeper at {args.zk}: {exc!r}") from None
 
 
-async def ask(url: str, header: dict[str, Any], timeout: float, creds: Any = None) -> Any | None:
-    """One request to the broker at ``url`` (``meta://host:port``), logged in as ``creds``
-    (client Credentials; None: not logged in); None if it cannot answer."""
-    from ..addresses import parse_broker_url
-    from ..client.connection import Credentials
+#: Why a broker gave no answer (``Answer.problem``).
+UNREACHABLE = "unreachable"
+NEEDS_LOGIN = "needs login"
+LOGIN_REFUSED = "login refused"
 
+
+@dataclass(frozen=True)
+class Answer:
+    """A broker's reply, or why there is none: ``UNREACHABLE``, ``NEEDS_LOGIN`` (security is
+    on and no --user was given), ``LOGIN_REFUSED`` (wrong user or password) or the broker's
+    refusal (``403 ...``: the user lacks a permission)."""
+
+    reply: Any | None
+    problem: str | None = None
+
+
+async def ask_answer(url: str, header: dict[str, Any], timeout: float, creds: Any = None) -> Answer:
+    """One request to the broker at ``url`` (``meta://host:port``), logged in as ``creds``
+    (client Credentials; None: not logged in).
+
+    A broker with security off refuses a login; it is then asked without one, so one call
+    covers secured and plain groups alike.
+    """
+    from ..addresses import parse_broker_url
+    from ..client.connection import AuthenticationFailed, Credentials
+    from ..protocol.codes import FORBIDDEN
+
+    creds = creds or Credentials()
     try:
-        conn = await (creds or Credentials()).open(*parse_broker_url(url), timeout)
-        try:
-            reply = await conn.request(header, timeout=timeout)
-        finally:
-            conn.close()
-    except Exception:  # unreachable or closing: the caller reports the member as unreachable
-        return None
-    return reply if reply.ok else None
+        conn = await creds.open(*parse_broker_url(url), timeout)
+    except AuthenticationFailed as exc:
+        if "security is not enabled" in str(exc):
+            return await ask_answer(url, header, timeout, replace(creds, user=None, password=None))
+        return Answer(None, LOGIN_REFUSED)
+    except Exception:  # unreachable or closing
+        return Answer(None, UNREACHABLE)
+    try:
+        reply = await conn.request(header, timeout=timeout)
+    except Exception:
+        return Answer(None, UNREACHABLE)
+    finally:
+        conn.close()
+    if reply.ok:
+        return Answer(reply)
+    if reply.code == FORBIDDEN:
+        return Answer(None, NEEDS_LOGIN if creds.user is None else f"403 {reply.message}")
+    return Answer(None, f"{reply.code} {reply.message}")
+
+
+async def ask(url: str, header: dict[str, Any], timeout: float, creds: Any = None) -> Any | None:
+    """``ask_answer``'s reply; None if the broker cannot answer."""
+    return (await ask_answer(url, header, timeout, creds)).reply
+
+
+async def stats_answer(url: str, item: str, timeout: float, creds: Any = None) -> Answer:
+    """A broker's stats for ``item``, the reply as a StatsReply."""
+    from ..protocol.messages import StatsRequest
+    from ..protocol.replies import StatsReply
+
+    answer = await ask_answer(url, StatsRequest(item=item, format="map").to_header(), timeout, creds)
+    return answer if answer.reply is None else Answer(StatsReply.of(answer.reply))
 
 
 async def stats_map(url: str, item: str, timeout: float, creds: Any = None) -> Any | None:
     """A broker's stats for ``item`` as a StatsReply, or None if it cannot answer."""
-    from ..protocol.messages import StatsRequest
-    from ..protocol.replies import StatsReply
-
-    reply = await ask(url, StatsRequest(item=item, format="map").to_header(), timeout, creds)
-    return None if reply is None else StatsReply.of(reply)
+    return (await stats_answer(url, item, timeout, creds)).reply
 
 
 def render_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -89,6 +134,25 @@ def render_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     table = [tuple(columns)] + [tuple("-" if cell is None else str(cell) for cell in row) for row in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(columns))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table)
+
+
+def add_json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON (the table's rows as objects) instead of a table")
+
+
+def json_key(column: str) -> str:
+    """A table column as a JSON key: ``lag bytes`` -> ``lag_bytes``."""
+    return re.sub(r"[^a-z0-9]+", "_", column.lower()).strip("_")
+
+
+def table_json(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
+    """The rows of a table as JSON objects keyed by ``json_key`` (numbers stay numbers)."""
+    keys = [json_key(column) for column in columns]
+    return [dict(zip(keys, row)) for row in rows]
+
+
+def print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, default=str))
 
 
 def parse_settings(pairs: Sequence[str]) -> dict[str, str]:

@@ -10,9 +10,14 @@ the slave's last UDP heartbeat, and the slave's own view (stopped partitions).
 A group with no master shows a ``(none)`` master row in state ``NO MASTER``; a
 master that refuses writes (lease expired, fenced, or a sync set below
 minSyncSlaves with ``onSyncSlaveLoss=reject``) shows ``writes refused``. A rich
-table on a terminal, plain aligned text otherwise, then one line per unhealthy
-group. Exit 1 if ZooKeeper cannot be reached or any group is unhealthy (no
-master, an unreachable master, or refused writes).
+table on a terminal, plain aligned text otherwise (``--json``: one JSON object), then
+one line per problem. Exit 1 if ZooKeeper cannot be reached, no broker is registered,
+or any group is unhealthy (no master, an unreachable master, refused writes, a slave
+with stopped partitions) or cannot be checked (its master needs a login).
+
+One call covers secured and plain groups: ``--user`` logs in where security is on
+(a broker with security off is asked without a login), ``--group-login`` gives one
+group its own user; a secured broker asked without a login shows ``needs login``.
 """
 
 from __future__ import annotations
@@ -21,14 +26,11 @@ import argparse
 import asyncio
 import logging
 import sys
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
-from .admin import render_table, stats_map
-from .login import add_login_arguments, credentials
-
-if TYPE_CHECKING:
-    from ..protocol.replies import StatsReply
+from .admin import LOGIN_REFUSED, NEEDS_LOGIN, Answer, print_json, render_table, stats_answer
+from .login import add_group_login_argument, add_group_secret_argument, add_login_arguments, credentials, group_credentials
 
 
 NO_MASTER = "NO MASTER"
@@ -39,11 +41,18 @@ COLUMNS = ("broker", "role", "address", "state", "epoch", "sync set", "lag bytes
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("cluster", help="masters, slaves, epochs, sync sets and replication lag in one table")
+    parser = sub.add_parser("cluster", help="masters, slaves, epochs, sync sets and replication lag in one table; remove a dead group or slave")
+    parser.add_argument("action", nargs="?", choices=("show", "remove-group", "remove-slave"), default="show",
+                        help="show (default): the table; remove-group: forget a dead broker group; remove-slave: take a dead slave out of its group's sync set")
+    parser.add_argument("--broker-id", type=int, metavar="ID", help="the broker group (remove-group, remove-slave; show: only this group)")
+    parser.add_argument("--slave-id", type=int, metavar="K", help="the slave (remove-slave)")
+    add_group_secret_argument(parser)
     parser.add_argument("--zk", required=True, metavar="HOST:PORT[,...]", help="ZooKeeper connect string")
     parser.add_argument("--zk-root", default="/meta", help="ZooKeeper root of the cluster (default /meta)")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds per ZooKeeper/broker request (default 5)")
+    parser.add_argument("--json", action="store_true", help="one JSON object: members, problems, healthy")
     add_login_arguments(parser)
+    add_group_login_argument(parser)
     parser.set_defaults(run=run)
 
 
@@ -59,6 +68,8 @@ class Member:
     lag_messages: int | None = None
     lag_ms: float | None = None
     heartbeat_age_ms: float | None = None
+    #: a slave's partitions that stopped replicating: name -> why
+    stopped: dict[str, str] = field(default_factory=dict)
 
     def row(self) -> tuple[str, ...]:
         def num(value: Any, unit: str = "") -> str:
@@ -110,15 +121,16 @@ def _members(client: Any, paths: Any) -> list[Member]:
     return members
 
 
-def apply_stats(members: list[Member], stats: dict[str, StatsReply | None]) -> None:
-    """Fill in states and lag from the brokers' stats (keyed by url)."""
+def apply_stats(members: list[Member], answers: dict[str, Answer]) -> None:
+    """Fill in states and lag from the brokers' stats answers (keyed by url)."""
     by_slave: dict[tuple[int, str], Member] = {(m.broker_id, m.role): m for m in members if m.role != "master"}
     for member in members:
         if member.state == NO_MASTER:
             continue
-        reply = stats.get(member.url)
+        answer = answers.get(member.url)
+        reply = None if answer is None else answer.reply
         if reply is None:
-            member.state = "unreachable"
+            member.state = answer.problem if answer is not None and answer.problem else "unreachable"
             continue
         member.state = "up"
         if member.role == "master":
@@ -133,10 +145,11 @@ def apply_stats(members: list[Member], stats: dict[str, StatsReply | None]) -> N
                 slave.lag_ms = max(slave.lag_ms or 0.0, float(row["lag_ms"]))
                 slave.heartbeat_age_ms = float(row["heartbeat_age_ms"])
             continue
-        own = list(reply.replica_rows().values())
-        stopped = sum(1 for row in own if row.get("state") == "stopped")
-        if stopped:
-            member.state = f"{stopped} partition(s) stopped"
+        rows = reply.replica_rows()
+        own = list(rows.values())
+        member.stopped = {name: str(row.get("error", "")) for name, row in sorted(rows.items()) if row.get("state") == "stopped"}
+        if member.stopped:
+            member.state = f"{len(member.stopped)} partition(s) stopped"
         if member.heartbeat_age_ms is None:
             age = reply.get("master_heartbeat_age_ms")
             member.heartbeat_age_ms = float(age) if age not in (None, "-") else None
@@ -146,12 +159,16 @@ def apply_stats(members: list[Member], stats: dict[str, StatsReply | None]) -> N
             member.lag_ms = max(float(row["lag_ms"]) for row in own)
 
 
-async def collect(zk_connect: str, zk_root: str = "/meta", timeout: float = 5.0, creds: Any = None) -> list[Member]:
-    """Members from ZooKeeper, with each broker's stats (asked as ``creds``, when security is on)."""
+async def collect(
+    zk_connect: str, zk_root: str = "/meta", timeout: float = 5.0, creds: Any = None, group_creds: dict[int, Any] | None = None,
+) -> list[Member]:
+    """Members from ZooKeeper, with each broker's stats (asked as ``creds``, or the group's own
+    entry of ``group_creds``, where security is on)."""
     members = await asyncio.to_thread(read_zk, zk_connect, zk_root, timeout)
-    urls = sorted({m.url for m in members if m.state != NO_MASTER})
-    replies = await asyncio.gather(*(stats_map(url, "", timeout, creds) for url in urls))
-    apply_stats(members, dict(zip(urls, replies)))
+    login = {m.url: (group_creds or {}).get(m.broker_id, creds) for m in members if m.state != NO_MASTER}
+    urls = sorted(login)
+    answers = await asyncio.gather(*(stats_answer(url, "", timeout, login[url]) for url in urls))
+    apply_stats(members, dict(zip(urls, answers)))
     return members
 
 
@@ -180,24 +197,45 @@ def render_rich(members: list[Member], zk_connect: str, zk_root: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)  # errors are reported as one line below
-    members = asyncio.run(collect(args.zk, args.zk_root, args.timeout, credentials(args)))
-    if not members:
-        print(f"no brokers registered under {args.zk_root}")
+    if args.action != "show":
+        from .admin import zk_client
+        from .cluster_remove import remove_group, remove_slave
+
+        with zk_client(args) as (client, paths):
+            lines = (remove_group if args.action == "remove-group" else remove_slave)(args, client, paths)
+        print("\n".join(lines))
         return 0
-    if sys.stdout.isatty():
+    members = asyncio.run(collect(args.zk, args.zk_root, args.timeout, credentials(args), group_credentials(args)))
+    if args.broker_id is not None:
+        members = [m for m in members if m.broker_id == args.broker_id]
+    # No broker registered is never healthy: ZooKeeper lost its data, or the root is wrong.
+    where = args.zk_root if args.broker_id is None else f"{args.zk_root} as broker group {args.broker_id}"
+    problems = unhealthy(members) if members else [f"UNHEALTHY: no brokers registered under {where}"]
+    if args.json:
+        print_json({"zk": args.zk, "zk_root": args.zk_root, "healthy": not problems, "problems": problems,
+                    "members": [asdict(m) for m in members]})
+    elif members and sys.stdout.isatty():
         render_rich(members, args.zk, args.zk_root)
-    else:
+    elif members:
         print(render_plain(members))
-    problems = unhealthy(members)
-    for line in problems:
-        print(line)
+    if not args.json:
+        for line in problems:
+            print(line)
     return 1 if problems else 0
 
 
 def unhealthy(members: list[Member]) -> list[str]:
-    """One line per group that cannot take writes now: no master, unreachable, or refusing."""
-    return [
-        f"UNHEALTHY broker group {m.broker_id}: master {m.state}" + ("" if m.state == NO_MASTER else f" ({m.url})")
-        for m in members
-        if m.role == "master" and m.state != "up"
-    ]
+    """One line per problem: a group that cannot take writes now (no master, unreachable,
+    refusing), a slave that stopped replicating partitions, a master not checked (no login)."""
+    lines = []
+    for m in members:
+        if m.role == "master" and m.state in (NEEDS_LOGIN, LOGIN_REFUSED):
+            lines.append(f"UNKNOWN broker group {m.broker_id}: master {m.state} ({m.url}): pass --user and "
+                         f"--password-file, or --group-login {m.broker_id}=USER:PASSWORD_FILE")
+        elif m.role == "master" and m.state != "up":
+            lines.append(f"UNHEALTHY broker group {m.broker_id}: master {m.state}" + ("" if m.state == NO_MASTER else f" ({m.url})"))
+        elif m.stopped:
+            first, why = next(iter(m.stopped.items()))
+            lines.append(f"UNHEALTHY broker group {m.broker_id}: {m.role} ({m.url}) stopped replicating "
+                         f"{len(m.stopped)} partition(s): {', '.join(m.stopped)} (first: {why})")
+    return lines

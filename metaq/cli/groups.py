@@ -1,4 +1,4 @@
-"""``metaq groups list|describe|reset-offsets``: consumer groups, their lag, and moving them.
+"""``metaq groups list|describe|reset-offsets|delete``: consumer groups, their lag, moving and deleting them.
 
 A group's offsets are MetaQ's: ``{root}/consumers/{group}/offsets/{topic}/{brokerId}-{n}``
 holds ``{msgId}-{offset}`` (the byte offset the group reads next). Live consumers are
@@ -8,46 +8,73 @@ the ephemeral ``{root}/consumers/{group}/ids/*`` nodes.
 read up to (the master's committed offset), and the lag in bytes and in messages
 (counted exactly, by walking the records in between through the master).
 
-``reset-offsets``: to the earliest retained offset, to the latest, to the first message
-at or after a time, or to an explicit offset (which must start a message). A dry run
-prints the plan; ``--execute`` writes it. Refused while the group has live members
+``reset-offsets`` (one topic, or ``--all-topics``): to the earliest retained offset, to
+the latest, to where the group is (``--to-current``), to the first message at or after a
+time (``--to-datetime``, or ``--by-duration`` before now), N messages forward or back
+(``--shift-by``), to an explicit offset, or to the offsets of a CSV file (``--from-file``,
+what ``--export`` prints); an explicit offset must start a message. A dry run prints
+the plan; ``--execute`` writes it. Refused while the group has live members
 (they would overwrite it at their next commit) unless ``--force``. The time of a
 message is the timestamp in its msg id (metaq/store/msgid.py: the append time on
 the master, in ms, never earlier than the true time).
+
+``delete``: removes the group (or one topic's offsets of it) from ZooKeeper; refused
+while the group has live members.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import re
+import sys
+import time
+from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import MetaqError
-from .admin import add_action, add_actions, ask, render_table, zk_client
+from .admin import add_action, add_actions, add_json_option, ask, print_json, render_table, table_json, zk_client
 from .login import credentials
+
+if TYPE_CHECKING:
+    from ..record import Record
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     actions = add_actions(sub, "groups", "list, describe (lag) or reset the offsets of consumer groups")
-    add_action(actions, "list", "consumer groups with their live members and topics", run_list)
+    listing = add_action(actions, "list", "consumer groups with their live members and topics", run_list)
+    add_json_option(listing)
 
     describe = add_action(actions, "describe", "per partition: committed offset, log end, lag in bytes and messages", run_describe)
     describe.add_argument("--group", required=True, help="the consumer group")
     describe.add_argument("--topic", help="only this topic")
+    add_json_option(describe)
 
     reset = add_action(actions, "reset-offsets", "move a group's offsets (dry run unless --execute)", run_reset)
     reset.add_argument("--group", required=True, help="the consumer group")
-    reset.add_argument("--topic", required=True, help="the topic")
+    topics = reset.add_mutually_exclusive_group()
+    topics.add_argument("--topic", help="the topic")
+    topics.add_argument("--all-topics", action="store_true", help="every topic the group has offsets for")
     reset.add_argument("--partition", metavar="BROKER-N", help="only this partition, e.g. 0-1 (default: all)")
     target = reset.add_mutually_exclusive_group(required=True)
     target.add_argument("--to-earliest", action="store_true", help="the oldest retained message")
     target.add_argument("--to-latest", action="store_true", help="after the last readable message")
+    target.add_argument("--to-current", action="store_true", help="where the group is now (never committed: the oldest message); with --export, a backup")
     target.add_argument("--to-datetime", metavar="TIME", help="the first message at or after TIME (ISO 8601, e.g. 2026-11-23T09:30:00Z; no zone: local time)")
+    target.add_argument("--by-duration", metavar="DURATION", help="the first message at or after now minus DURATION (30m, 2h, 1d, or ISO 8601 like PT1H30M)")
     target.add_argument("--to-offset", type=int, metavar="OFFSET", help="this byte offset (must start a message)")
+    target.add_argument("--shift-by", type=int, metavar="N", help="N messages forward (negative: back) from the current offset, within the retained log")
+    target.add_argument("--from-file", metavar="CSV", help="the offsets in CSV lines TOPIC,BROKER-N,OFFSET (what --export prints); each must start a message")
+    reset.add_argument("--export", action="store_true", help="print the plan as CSV lines TOPIC,BROKER-N,OFFSET instead of a table")
     reset.add_argument("--execute", action="store_true", help="write the new offsets (default: only show them)")
     reset.add_argument("--force", action="store_true", help="even while the group has live consumers (they may overwrite it)")
+
+    delete = add_action(actions, "delete", "delete a group's stored offsets (all, or one topic's); refused while it has live members", run_delete)
+    delete.add_argument("--group", required=True, help="the consumer group")
+    delete.add_argument("--topic", help="only this topic's offsets (default: the whole group)")
 
 
 @dataclass
@@ -125,7 +152,7 @@ def live_members(client: Any, paths: Any, group: str) -> list[str]:
 # --- brokers -----------------------------------------------------------------------------------
 
 
-async def _bounds(row: PartitionRow, timeout: float, creds: Any) -> tuple[int, int] | None:
+async def bounds(row: PartitionRow, timeout: float, creds: Any) -> tuple[int, int] | None:
     """``(earliest, readable end)`` of a partition on its master; None if it cannot answer."""
     from ..protocol.messages import OffsetRequest
 
@@ -135,18 +162,21 @@ async def _bounds(row: PartitionRow, timeout: float, creds: Any) -> tuple[int, i
     return None if reply is None else (int(reply["min_offset"]), int(reply["max_offset"]))
 
 
-async def _walk(row: PartitionRow, start: int, end: int, timeout: float, creds: Any, stop_at_ms: int | None = None) -> tuple[int, int | None, int]:
+async def walk(
+    row: PartitionRow, start: int, end: int, timeout: float, creds: Any,
+    stop: Callable[[Record, int], bool] | None = None, seen: Callable[[Record], None] | None = None,
+) -> tuple[int, int | None, int]:
     """Walk the messages starting in [start, end) through the master.
 
-    Returns ``(count, found, reached)``: the messages walked, the offset of the first one
-    whose msg-id time is at or after ``stop_at_ms`` (the walk stops there; None if none
-    is), and the offset after the last message walked.
+    ``stop(record, walked so far)`` ends the walk at the first record it is true for;
+    ``seen`` is called with every record walked. Returns ``(count, found, reached)``: the
+    messages walked, the offset of the record ``stop`` ended at (None if none), and the
+    offset after the last message walked.
     """
     from ..addresses import parse_broker_url
     from ..client.connection import Credentials
     from ..protocol.messages import GetRequest
     from ..record import iter_records
-    from ..store.msgid import msg_id_timestamp_ms
 
     assert row.master_url is not None
     count, offset, max_size = 0, start, 1024 * 1024
@@ -161,8 +191,10 @@ async def _walk(row: PartitionRow, start: int, end: int, timeout: float, creds: 
             for record in iter_records(bytes(reply.body), offset, verify=False):
                 if record.offset >= end:
                     return count, None, offset
-                if stop_at_ms is not None and msg_id_timestamp_ms(record.msg_id) >= stop_at_ms:
+                if stop is not None and stop(record, count):
                     return count, record.offset, offset
+                if seen is not None:
+                    seen(record)
                 count += 1
                 offset, moved = record.offset + record.size, True
             if not moved:
@@ -182,7 +214,11 @@ def run_list(args: argparse.Namespace) -> int:
     with zk_client(args) as (client, paths):
         for group in _children(client, paths.consumers()):
             topics = _children(client, f"{paths.consumer_group(group)}/offsets")
-            rows.append((group, len(live_members(client, paths, group)), ",".join(topics) or "-"))
+            rows.append((group, len(live_members(client, paths, group)), topics))
+    if args.json:
+        print_json(table_json(("group", "live members", "topics"), rows))
+        return 0
+    rows = [(group, live, ",".join(topics) or "-") for group, live, topics in rows]
     if not rows:
         print(f"no consumer groups under {args.zk_root}")
         return 0
@@ -198,19 +234,23 @@ def run_describe(args: argparse.Namespace) -> int:
         rows = [row for topic in topics for row in read_rows(client, paths, args.group, topic)]
         members = live_members(client, paths, args.group)
     table = asyncio.run(_describe(rows, args.timeout, credentials(args)))
+    columns = ("topic", "partition", "committed", "log end", "lag bytes", "lag messages")
+    if args.json:
+        print_json({"group": args.group, "live_members": members, "partitions": table_json(columns, table)})
+        return 0
     print(f"group {args.group}: {len(members)} live member(s){': ' + ', '.join(members) if members else ''}")
-    print(render_table(("topic", "partition", "committed", "log end", "lag bytes", "lag messages"), table))
+    print(render_table(columns, table))
     return 0
 
 
 async def _describe(rows: list[PartitionRow], timeout: float, creds: Any) -> list[tuple[Any, ...]]:
     async def one(row: PartitionRow) -> tuple[Any, ...]:
-        bounds = await _bounds(row, timeout, creds)
-        if bounds is None:
+        found = await bounds(row, timeout, creds)
+        if found is None:
             return (row.topic, row.name, row.committed, "unreachable", None, None)
-        earliest, end = bounds
+        earliest, end = found
         start = earliest if row.committed is None else max(row.committed, earliest)
-        messages = (await _walk(row, start, end, timeout, creds))[0] if start < end else 0
+        messages = (await walk(row, start, end, timeout, creds))[0] if start < end else 0
         return (row.topic, row.name, row.committed, end, max(0, end - start), messages)
 
     return list(await asyncio.gather(*(one(row) for row in rows)))
@@ -220,17 +260,38 @@ def run_reset(args: argparse.Namespace) -> int:
     from ..zk.paths import NO_MSG_ID, format_offset
 
     stop_at_ms = _parse_time(args.to_datetime) if args.to_datetime else None
+    if args.by_duration:
+        stop_at_ms = int(time.time() * 1000) - _parse_duration(args.by_duration)
+    wanted = _read_offsets_file(args.from_file) if args.from_file else None
     with zk_client(args) as (client, paths):
-        rows = read_rows(client, paths, args.group, args.topic)
+        if args.all_topics:
+            topics = _children(client, f"{paths.consumer_group(args.group)}/offsets")
+        elif wanted is not None and not args.topic:
+            topics = sorted({topic for topic, _ in wanted})
+        elif args.topic:
+            topics = [args.topic]
+        else:
+            raise MetaqError("give --topic T or --all-topics (or --from-file)")
+        rows = [row for topic in topics for row in read_rows(client, paths, args.group, topic)]
         if args.partition:
             rows = [row for row in rows if row.name == args.partition]
+        if wanted is not None:
+            unknown = sorted(set(wanted) - {(row.topic, row.name) for row in rows})
+            if unknown:
+                raise MetaqError(f"--from-file {args.from_file}: no partition {unknown[0][1]} of topic {unknown[0][0]!r} is registered; nothing written")
+            rows = [row for row in rows if (row.topic, row.name) in wanted]
         if not rows:
-            raise MetaqError(f"topic {args.topic!r} has no partition {args.partition or ''} registered under {args.zk_root}".replace("  ", " "))
+            what = f"topic {args.topic!r}" if args.topic else f"group {args.group!r}"
+            raise MetaqError(f"{what} has no partition {args.partition or ''} registered under {args.zk_root}".replace("  ", " "))
         members = live_members(client, paths, args.group)
-        plan = asyncio.run(_plan(rows, args, stop_at_ms))
-        print(render_table(("topic", "partition", "current", "new"), [(r.topic, r.name, r.committed, new) for r, new in plan]))
+        plan = asyncio.run(_plan(rows, args, stop_at_ms, wanted))
+        if args.export:
+            print("\n".join(f"{r.topic},{r.name},{new}" for r, new in plan))
+        else:
+            print(render_table(("topic", "partition", "current", "new"), [(r.topic, r.name, r.committed, new) for r, new in plan]))
         if not args.execute:
-            print("dry run: nothing written (add --execute to apply)")
+            if not args.export:
+                print("dry run: nothing written (add --execute to apply)")
             return 0
         if members and not args.force:
             raise MetaqError(f"group {args.group} has {len(members)} live member(s) ({', '.join(members)}): stop them, or add --force")
@@ -241,31 +302,105 @@ def run_reset(args: argparse.Namespace) -> int:
                 client.set(path, value)
             else:
                 client.create(path, value, makepath=True)
-    print(f"group {args.group}: {len(plan)} offset(s) written")
+    print(f"group {args.group}: {len(plan)} offset(s) written", file=sys.stderr if args.export else sys.stdout)
     return 0
 
 
-async def _plan(rows: list[PartitionRow], args: argparse.Namespace, stop_at_ms: int | None) -> list[tuple[PartitionRow, int]]:
+def run_delete(args: argparse.Namespace) -> int:
+    """Delete a group's offsets (``/consumers/{group}``, or one topic's offsets under it)."""
+    from kazoo.exceptions import NoNodeError, NotEmptyError
+
+    with zk_client(args) as (client, paths):
+        base = paths.consumer_group(args.group)
+        if not client.exists(base):
+            raise MetaqError(f"no consumer group {args.group!r} under {args.zk_root} (see metaq groups list)")
+        members = live_members(client, paths, args.group)
+        if members:
+            # A live member would commit its offsets again (or lose its registration).
+            raise MetaqError(f"group {args.group} has {len(members)} live member(s) ({', '.join(members)}): stop them first; nothing deleted")
+        target = f"{base}/offsets/{args.topic}" if args.topic else base
+        try:
+            client.delete(target, recursive=True)
+        except NoNodeError:
+            raise MetaqError(f"group {args.group} has no offsets for topic {args.topic!r}") from None
+        except NotEmptyError:
+            raise MetaqError(f"group {args.group}: a member joined meanwhile; run it again once it is stopped") from None
+    print(f"group {args.group}: deleted " + (f"its offsets of topic {args.topic}" if args.topic else "the group and all its offsets"))
+    return 0
+
+
+async def _plan(rows: list[PartitionRow], args: argparse.Namespace, stop_at_ms: int | None,
+                wanted: dict[tuple[str, str], int] | None) -> list[tuple[PartitionRow, int]]:
+    from ..store.msgid import msg_id_timestamp_ms
+
     creds = credentials(args)
 
     async def one(row: PartitionRow) -> tuple[PartitionRow, int]:
-        bounds = await _bounds(row, args.timeout, creds)
-        if bounds is None:
+        found = await bounds(row, args.timeout, creds)
+        if found is None:
             raise MetaqError(f"{row.topic}-{row.name}: its master cannot be reached; nothing was written")
-        earliest, end = bounds
+        earliest, end = found
+        current = earliest if row.committed is None else min(max(row.committed, earliest), end)
         if args.to_earliest:
             return row, earliest
         if args.to_latest:
             return row, end
+        if args.to_current:
+            return row, current
         if stop_at_ms is not None:
-            _, found, _ = await _walk(row, earliest, end, args.timeout, creds, stop_at_ms)
-            return row, end if found is None else found
-        return row, await _checked_offset(row, args.to_offset, earliest, end, args.timeout, creds)
+            _, at, _ = await walk(row, earliest, end, args.timeout, creds, stop=lambda r, _n: msg_id_timestamp_ms(r.msg_id) >= stop_at_ms)
+            return row, end if at is None else at
+        if args.shift_by is not None:
+            return row, await _shifted(row, current, args.shift_by, earliest, end, args.timeout, creds)
+        offset = wanted[(row.topic, row.name)] if wanted is not None else args.to_offset
+        return row, await checked_offset(row, offset, earliest, end, args.timeout, creds)
 
     return list(await asyncio.gather(*(one(row) for row in rows)))
 
 
-async def _checked_offset(row: PartitionRow, offset: int, earliest: int, end: int, timeout: float, creds: Any) -> int:
+async def _shifted(row: PartitionRow, current: int, shift: int, earliest: int, end: int, timeout: float, creds: Any) -> int:
+    """The offset ``shift`` messages after ``current`` (before it when negative), kept within [earliest, end]."""
+    if shift >= 0:
+        _, at, reached = await walk(row, current, end, timeout, creds, stop=lambda _r, walked: walked >= shift)
+        return reached if at is None else at
+    # Back: the starts of the last -shift messages before ``current``, walking from the oldest.
+    starts: deque[int] = deque(maxlen=-shift)
+    await walk(row, earliest, current, timeout, creds, seen=lambda record: starts.append(record.offset))
+    return starts[0] if len(starts) == -shift else earliest
+
+
+def _read_offsets_file(path: str) -> dict[tuple[str, str], int]:
+    """``(topic, BROKER-N) -> offset`` from CSV lines ``TOPIC,BROKER-N,OFFSET``."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise MetaqError(f"--from-file {path}: {exc.strerror}") from None
+    wanted: dict[tuple[str, str], int] = {}
+    for number, line in enumerate(lines, 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        fields = [field.strip() for field in line.split(",")]
+        if len(fields) != 3 or not re.fullmatch(r"\d+-\d+", fields[1]) or not fields[2].isdigit():
+            raise MetaqError(f"--from-file {path} line {number}: expected TOPIC,BROKER-N,OFFSET, got {line!r}")
+        wanted[(fields[0], fields[1])] = int(fields[2])
+    if not wanted:
+        raise MetaqError(f"--from-file {path}: no offsets in it")
+    return wanted
+
+
+def _parse_duration(text: str) -> int:
+    """``30m``, ``2h``, ``1d``, ``90s`` or ISO 8601 ``PnDTnHnMnS`` in milliseconds."""
+    simple = re.fullmatch(r"(\d+)([smhd])", text.strip())
+    if simple:
+        return int(simple.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[simple.group(2)] * 1000
+    iso = re.fullmatch(r"P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+(?:\.\d+)?)S)?)?", text.strip().upper())
+    if iso and any(iso.groups()) and not text.strip().upper().endswith("T"):
+        days, hours, minutes, seconds = (float(g) if g else 0.0 for g in iso.groups())
+        return int((((days * 24 + hours) * 60 + minutes) * 60 + seconds) * 1000)
+    raise MetaqError(f"--by-duration: expected 30m, 2h, 1d or ISO 8601 like PT1H30M, got {text!r}")
+
+
+async def checked_offset(row: PartitionRow, offset: int, earliest: int, end: int, timeout: float, creds: Any) -> int:
     if not earliest <= offset <= end:
         raise MetaqError(f"{row.topic}-{row.name}: offset {offset} is outside [{earliest}, {end}]")
     if offset in (earliest, end):
@@ -275,7 +410,7 @@ async def _checked_offset(row: PartitionRow, offset: int, earliest: int, end: in
     # Walk from the start of the segment holding it: a message boundary is where a walk lands.
     reply = await ask(row.master_url or "", OffsetRequest(topic=row.topic, partition=row.partition, offset=offset).to_header(), timeout, creds)
     segment_start = int(reply["offset"]) if reply is not None else earliest
-    _, _, reached = await _walk(row, segment_start, offset, timeout, creds)
+    _, _, reached = await walk(row, segment_start, offset, timeout, creds)
     if reached != offset:
         raise MetaqError(f"{row.topic}-{row.name}: offset {offset} does not start a message (the nearest boundary after it is {reached})")
     return offset

@@ -20,21 +20,43 @@ def credentials(args: argparse.Namespace):
     from ..client.connection import Credentials
 
     user = getattr(args, "user", None)
-    password = None
-    if user is not None:
-        if getattr(args, "password_file", None):
-            try:
-                password = Path(args.password_file).read_text().splitlines()[0]
-            except (OSError, IndexError) as exc:
-                raise MetaqError(f"--password-file {args.password_file}: cannot read a password: {exc or 'empty file'}") from None
-        else:
-            import getpass
-
-            password = getpass.getpass(f"password for {user}: ")
+    password = None if user is None else _password(user, getattr(args, "password_file", None), "--password-file")
     ca = getattr(args, "tls_ca", None)
     if ca is not None and not Path(ca).is_file():
         raise MetaqError(f"--tls-ca {ca}: no such file")
     return Credentials(user, password, ca)
+
+
+def _password(user: str, password_file: str | None, option: str) -> str:
+    """The first line of ``password_file``; without one, asked for on the terminal."""
+    if password_file:
+        try:
+            return Path(password_file).read_text().splitlines()[0]
+        except (OSError, IndexError) as exc:
+            raise MetaqError(f"{option} {password_file}: cannot read a password: {exc or 'empty file'}") from None
+    import getpass
+
+    return getpass.getpass(f"password for {user}: ")
+
+
+def add_group_login_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--group-login", action="append", default=[], metavar="ID=USER:PASSWORD_FILE",
+                        help="log in to broker group ID as USER (password: first line of PASSWORD_FILE) instead of --user; repeatable")
+
+
+def group_credentials(args: argparse.Namespace) -> dict[int, object]:
+    """broker id -> Credentials from ``--group-login ID=USER:PASSWORD_FILE`` (with --tls-ca)."""
+    from dataclasses import replace
+
+    base = credentials(args)
+    logins: dict[int, object] = {}
+    for word in getattr(args, "group_login", []):
+        group, _, login = word.partition("=")
+        user, _, password_file = login.partition(":")
+        if not group.strip().isdigit() or not user or not password_file:
+            raise MetaqError(f"--group-login expects ID=USER:PASSWORD_FILE, got {word!r}")
+        logins[int(group)] = replace(base, user=user, password=_password(user, password_file, "--group-login"))
+    return logins
 
 
 def add_group_secret_argument(parser: argparse.ArgumentParser) -> None:

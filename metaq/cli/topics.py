@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from ..errors import MetaqError
-from .admin import add_action, add_actions, ask, parse_settings, render_table, stats_map, zk_client
+from .admin import add_action, add_actions, add_json_option, ask, parse_settings, print_json, render_table, stats_answer, table_json, zk_client
 from .login import add_group_secret_argument, credentials, zk_security, zk_write_refused
 
 
@@ -25,10 +25,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     actions = add_actions(sub, "topics", "list, describe, create, alter or delete topics of a broker group")
     listing = add_action(actions, "list", "every group's topics and their settings", run_list)
     listing.add_argument("--broker-id", type=int, metavar="ID", help="only this broker group")
+    add_json_option(listing)
 
     describe = add_action(actions, "describe", "partitions, master, slaves, sync set, committed offsets, lag per slave", run_describe)
     describe.add_argument("--topic", required=True, help="the topic")
     describe.add_argument("--broker-id", type=int, metavar="ID", help="only this broker group")
+    only = describe.add_mutually_exclusive_group()
+    only.add_argument("--under-replicated-partitions", action="store_true",
+                      help="only partitions a registered slave does not hold fully: unreachable, not serving it, out of the sync set (sync) or behind (async)")
+    only.add_argument("--unavailable-partitions", action="store_true", help="only partitions without a master serving them")
+    add_json_option(describe)
+
+    get = add_action(actions, "get", "print one message of a partition, by offset or msg id (read from its master)", run_get)
+    get.add_argument("--topic", required=True, help="the topic")
+    get.add_argument("--partition", required=True, metavar="BROKER-N", help="the partition, e.g. 0-1")
+    which = get.add_mutually_exclusive_group(required=True)
+    which.add_argument("--offset", type=int, help="the message starting at this byte offset")
+    which.add_argument("--msg-id", type=int, help="the message with this msg id (walks the partition from its oldest message)")
+    add_json_option(get)
 
     for name, helptext, runner in (
         ("create", "add a topic to a broker group (every member serves it at once)", run_create),
@@ -41,7 +55,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         if name != "delete":
             action.add_argument("--partitions", type=int, metavar="N", help="number of partitions" + (" (default 1)" if name == "create" else " (can only grow)"))
             action.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                                help="a topic key in MetaQ's name (unflushThreshold, deletePolicy, acceptPublish, ...); repeatable")
+                                help="a topic key in MetaQ's name (unflushThreshold, deletePolicy, acceptPublish, ...); repeatable"
+                                + ("; KEY= (empty) removes the override, the key then follows each broker's [system] default" if name == "alter" else ""))
+        if name == "create":
+            action.add_argument("--if-not-exists", action="store_true", help="exit 0 without a change if the group already has the topic")
+        if name == "delete":
+            action.add_argument("--if-exists", action="store_true", help="exit 0 without a change if the group has no such topic")
         add_group_secret_argument(action)
         action.add_argument("--wait", type=float, default=15.0, metavar="S", help="seconds to wait for every live member to apply it (0: do not wait; default 15)")
 
@@ -61,12 +80,15 @@ def _group_ids(client: Any, paths: Any) -> list[int]:
     return sorted(ids)
 
 
+LIST_COLUMNS = ("broker", "topic", "partitions", "settings (other than the defaults)")
+
+
 def run_list(args: argparse.Namespace) -> int:
     from ..config import TopicConfig, topic_settings
     from ..zk.topic_config import read_group_topics
 
     defaults = topic_settings(TopicConfig(name=""))
-    rows = []
+    rows, found = [], []
     with zk_client(args) as (client, paths):
         ids = [args.broker_id] if args.broker_id is not None else _group_ids(client, paths)
         for broker_id in ids:
@@ -76,10 +98,15 @@ def run_list(args: argparse.Namespace) -> int:
             for name, settings in sorted(group.topics.items()):
                 other = " ".join(f"{k}={v}" for k, v in sorted(settings.items()) if k != "numPartitions" and defaults.get(k) != v)
                 rows.append((broker_id, name, settings.get("numPartitions", "1"), other))
+                found.append({"broker": broker_id, "topic": name, "partitions": int(settings.get("numPartitions", "1")),
+                              "settings": dict(sorted(settings.items()))})
+    if args.json:
+        print_json(found)
+        return 0
     if not rows:
         print(f"no broker groups under {args.zk_root}")
         return 0
-    print(render_table(("broker", "topic", "partitions", "settings (other than the defaults)"), rows))
+    print(render_table(LIST_COLUMNS, rows))
     return 0
 
 
@@ -102,69 +129,186 @@ def run_describe(args: argparse.Namespace) -> int:
             groups.append((broker_id, config, members, read_group_state(client, paths, broker_id)))
     if not groups:
         raise MetaqError(f"no broker group has a topic {args.topic!r} (see metaq topics list)")
-    blocks = [asyncio.run(_describe_group(args, *group)) for group in groups]
-    print("\n\n".join(blocks))
+    described = [asyncio.run(_describe_group(args, *group)) for group in groups]
+    if args.under_replicated_partitions or args.unavailable_partitions:
+        keep = _under_replicated if args.under_replicated_partitions else _unavailable
+        described = [(head, [row for row in rows if row[0] in keep(rows)]) for head, rows in described]
+    if args.json:
+        print_json([{**head, "partitions": table_json(DESCRIBE_COLUMNS, rows)} for head, rows in described])
+        return 0
+    print("\n\n".join(_describe_text(args.topic, head, rows) for head, rows in described))
     return 0
 
 
-async def _describe_group(args: argparse.Namespace, broker_id: int, config: Any, members: Any, state: Any) -> str:
+def _under_replicated(rows: list[tuple[Any, ...]]) -> set[int]:
+    """Partitions a registered slave does not hold fully (rows as in DESCRIBE_COLUMNS)."""
+    return {row[0] for row in rows if row[1] != "master" and (row[3] != "up" or row[7] == "no" or (row[7] == "-" and row[6] != 0))}
+
+
+def _unavailable(rows: list[tuple[Any, ...]]) -> set[int]:
+    """Partitions whose master is absent, unreachable or does not serve them."""
+    partitions = {row[0] for row in rows}
+    served = {row[0] for row in rows if row[1] == "master" and row[3] == "up"}
+    return partitions - served
+
+
+DESCRIBE_COLUMNS = ("partition", "member", "address", "state", "log end", "committed", "lag bytes", "in sync set")
+
+
+def _describe_text(topic: str, head: dict[str, Any], rows: list[tuple[Any, ...]]) -> str:
+    line = (
+        f"topic {topic}, broker group {head['broker']}: {head['partition_count']} partitions, epoch {head['epoch']}, "
+        f"master {head['master'] or '-'}, slaves {','.join(head['slaves']) or '-'}, sync set {head['sync_set']}"
+    )
+    return line + "\n" + render_table(DESCRIBE_COLUMNS, rows)
+
+
+async def _describe_group(args: argparse.Namespace, broker_id: int, config: Any, members: Any, state: Any) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:
+    """The group's head facts and one row per partition and member."""
     settings = config.topics.get(args.topic)
     partitions = int(settings.get("numPartitions", "1")) if settings else 0
     sync_set = "-" if state.sync_set is None else ",".join(f"slave{s}" for s in sorted(state.sync_set)) or "(empty)"
-    roles = [] if members is None else ([("master", members.master_url)] if members.master_url else [])
-    roles += [] if members is None else [(f"slave{k}", url) for k, url in members.slaves.items()]
-    head = (
-        f"topic {args.topic}, broker group {broker_id}: {partitions} partitions, epoch {state.epoch}, "
-        f"master {members.master_url.removeprefix('meta://') if members and members.master_url else '-'}, "
-        f"slaves {','.join(r for r, _ in roles if r != 'master') or '-'}, sync set {sync_set}"
-    )
-    replies = await asyncio.gather(*(stats_map(url, args.topic, args.timeout, credentials(args)) for _, url in roles))
-    offsets = {role: (reply.pairs if reply is not None else None) for (role, _), reply in zip(roles, replies)}
+    registered = members.slaves if members is not None else {}
+    master_url = members.master_url if members is not None else None
+    # Who should hold the partitions, present or not: the master (a row even when none is
+    # registered) and every registered slave or sync-set member (a sync-set member that is
+    # not registered lacks what the set promises).
+    roles: list[tuple[str, str | None]] = [("master", master_url)] + [(f"slave{k}", url) for k, url in registered.items()]
+    roles += [(f"slave{k}", None) for k in sorted(state.sync_set or ()) if k not in registered]
+    head = {
+        "topic": args.topic, "broker": broker_id, "partition_count": partitions, "epoch": state.epoch,
+        "master": master_url.removeprefix("meta://") if master_url else None,
+        "slaves": [f"slave{k}" for k in registered], "sync_set": sync_set,
+    }
+    creds = credentials(args)
+    answers = await asyncio.gather(*(stats_answer(url, args.topic, args.timeout, creds) for _, url in roles if url is not None))
+    found = iter(answers)
+    offsets = {role: (next(found) if url is not None else None) for role, url in roles}
     rows = []
     for partition in range(partitions):
         name = f"{args.topic}-{broker_id}-{partition}"
         master_end = None
         for role, url in roles:
-            pairs = offsets[role]
+            answer = offsets[role]
+            pairs = answer.reply.pairs if answer is not None and answer.reply is not None else None
             row = dict(pairs).get(name) if pairs is not None else None
             end = row["max_offset"] if isinstance(row, dict) else None
             if role == "master":
                 master_end = end
             lag = master_end - end if role != "master" and master_end is not None and end is not None else None
             in_sync = "-" if role == "master" or state.sync_set is None else ("yes" if int(role[5:]) in state.sync_set else "no")
-            state_text = "unreachable" if pairs is None else ("up" if row is not None else "not served")
-            rows.append((partition, role, url.removeprefix("meta://"), state_text, end,
+            if url is None:
+                state_text = "not registered"
+            elif pairs is None:
+                state_text = answer.problem if answer is not None and answer.problem else "unreachable"
+            else:
+                state_text = "up" if row is not None else "not served"
+            rows.append((partition, role, url.removeprefix("meta://") if url else "-", state_text, end,
                          row["committed"] if isinstance(row, dict) else None, lag, in_sync))
-    table = render_table(("partition", "member", "address", "state", "log end", "committed", "lag bytes", "in sync set"), rows)
-    return head + "\n" + table
+    return head, rows
+
+
+def run_get(args: argparse.Namespace) -> int:
+    from kazoo.exceptions import NoNodeError
+
+    from ..zk.group import read_members
+    from .groups import PartitionRow
+
+    broker, _, number = args.partition.partition("-")
+    if not (broker.isdigit() and number.isdigit()):
+        raise MetaqError(f"--partition expects BROKER-N (e.g. 0-1), got {args.partition!r}")
+    with zk_client(args) as (client, paths):
+        try:
+            master = read_members(client, paths, int(broker)).master_url
+        except NoNodeError:
+            master = None
+    if master is None:
+        raise MetaqError(f"broker group {broker} has no master registered under {args.zk_root}: {args.topic}-{args.partition} cannot be read")
+    row = PartitionRow(args.topic, int(broker), int(number), master)
+    record = asyncio.run(_find_message(row, args))
+    from datetime import datetime, timezone
+
+    from ..store.msgid import msg_id_timestamp_ms
+
+    at = datetime.fromtimestamp(msg_id_timestamp_ms(record.msg_id) / 1000, timezone.utc).isoformat(timespec="milliseconds")
+    if args.json:
+        print_json({"topic": args.topic, "partition": args.partition, "offset": record.offset, "msg_id": record.msg_id,
+                    "time": at, "attribute": record.attribute, "data": record.data.decode("utf-8", "replace")})
+    else:
+        print(f"{args.topic}-{args.partition} offset {record.offset} msg id {record.msg_id} time {at} attribute {record.attribute or '-'}")
+        print(record.data.decode("utf-8", "replace"))
+    return 0
+
+
+async def _find_message(row: Any, args: argparse.Namespace) -> Any:
+    """The record at ``--offset`` (which must start a message) or with ``--msg-id``, read from the master."""
+    from .groups import bounds, checked_offset, walk
+
+    creds = credentials(args)
+    found = await bounds(row, args.timeout, creds)
+    if found is None:
+        raise MetaqError(f"{row.topic}-{row.name}: its master cannot be reached or does not serve it")
+    earliest, end = found
+    if args.offset is not None:
+        if args.offset >= end:
+            raise MetaqError(f"{row.topic}-{row.name}: no message at offset {args.offset} (readable messages end at {end})")
+        start = await checked_offset(row, args.offset, earliest, end, args.timeout, creds)
+    else:
+        start = earliest
+    hits: list[Any] = []
+
+    def wanted(record: Any, _walked: int) -> bool:
+        if args.offset is not None or record.msg_id == args.msg_id:
+            hits.append(record)
+            return True
+        return False
+
+    await walk(row, start, end, args.timeout, creds, stop=wanted)
+    if not hits:
+        raise MetaqError(f"{row.topic}-{row.name}: no message with msg id {args.msg_id} in [{earliest}, {end})")
+    return hits[0]
 
 
 # --- writing -----------------------------------------------------------------------------------
 
 
+class Unchanged(Exception):
+    """The topic already is as asked (``--if-not-exists``, ``--if-exists``): nothing to write."""
+
+
 def run_create(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    if any(value == "" for value in settings.values()):
+        raise MetaqError("--set KEY= (an empty value) unsets an override: only for metaq topics alter")
+
     def change(group: Any) -> Any:
         if args.topic in group.topics:
+            if args.if_not_exists:
+                raise Unchanged(f"broker group {args.broker_id} already has a topic {args.topic!r}; nothing changed")
             raise MetaqError(f"broker group {args.broker_id} already has a topic {args.topic!r} (use metaq topics alter)")
-        settings = {**_settings(args), "numPartitions": str(args.partitions or 1)}
-        return group.with_topic(args.topic, settings)
+        return group.with_topic(args.topic, {**settings, "numPartitions": str(args.partitions or 1)})
 
     return _write(args, change, f"created {args.topic}")
 
 
 def run_alter(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    if settings.get("numPartitions") == "":
+        raise MetaqError("--set numPartitions= : every topic has a partition count; it cannot be unset")
+
     def change(group: Any) -> Any:
         current = group.topics.get(args.topic)
         if current is None:
             raise MetaqError(f"broker group {args.broker_id} has no topic {args.topic!r} (see metaq topics list)")
-        updated = {**current, **_settings(args)}
+        # An empty value removes the override: the key then takes each member's [system] default.
+        updated = {key: value for key, value in {**current, **settings}.items() if value != ""}
         if args.partitions is not None:
             have = int(current.get("numPartitions", "1"))
             if args.partitions < have:
                 raise MetaqError(f"{args.topic} has {have} partitions; partitions can only be added (their logs hold data)")
             updated["numPartitions"] = str(args.partitions)
         if updated == current:
-            raise MetaqError("nothing to change: give --partitions or --set KEY=VALUE")
+            raise MetaqError("nothing to change: give --partitions, --set KEY=VALUE or --set KEY= for a key the topic overrides")
         return group.with_topic(args.topic, updated)
 
     return _write(args, change, f"altered {args.topic}")
@@ -173,6 +317,8 @@ def run_alter(args: argparse.Namespace) -> int:
 def run_delete(args: argparse.Namespace) -> int:
     def change(group: Any) -> Any:
         if args.topic not in group.topics:
+            if args.if_exists:
+                raise Unchanged(f"broker group {args.broker_id} has no topic {args.topic!r}; nothing changed")
             raise MetaqError(f"broker group {args.broker_id} has no topic {args.topic!r} (see metaq topics list)")
         return group.without_topic(args.topic)
 
@@ -180,14 +326,18 @@ def run_delete(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace) -> dict[str, str]:
-    from ..config import ConfigError
+    from ..config import SHARED_TOPIC_KEYS, ConfigError
     from ..zk.topic_config import check_settings
 
     settings = parse_settings(args.set)
     if args.partitions is not None and args.partitions < 1:
         raise MetaqError(f"--partitions must be >= 1, got {args.partitions}")
+    unknown = [key for key in settings if key not in SHARED_TOPIC_KEYS]
+    if unknown:
+        raise MetaqError(f"--set: {unknown[0]}: not a shared topic key (one of {', '.join(SHARED_TOPIC_KEYS)})")
     try:
-        check_settings(settings, "--set")
+        # An empty value (unset) has nothing to parse.
+        check_settings({key: value for key, value in settings.items() if value != ""}, "--set")
     except ConfigError as exc:
         raise MetaqError(str(exc)) from None
     return settings
@@ -209,12 +359,19 @@ def _write(args: argparse.Namespace, change: Any, done: str) -> int:
         except NoNodeError:
             members = None
         urls = ([members.master_url] if members and members.master_url else []) + (list(members.slaves.values()) if members else [])
-        if urls and not read_group_topics(client, paths, args.broker_id, args.timeout).exists:
+        configured = read_group_topics(client, paths, args.broker_id, args.timeout).exists
+        if members is None and not configured:
+            # A typo'd id would otherwise create a configuration no broker ever serves.
+            raise MetaqError(f"no broker group {args.broker_id} under {args.zk_root} (no broker ever registered as it; see metaq cluster)")
+        if urls and not configured:
             # Members serving server.ini topics would drop them for a configuration naming only this one.
             raise MetaqError(f"broker group {args.broker_id} is running but has no topic configuration in ZooKeeper "
                              f"({paths.topic_config(args.broker_id)}); restart its master with this version first")
         try:
             group = update_group_topics(client, paths, args.broker_id, change, security=zk_security(args, args.broker_id))
+        except Unchanged as unchanged:
+            print(unchanged)
+            return 0
         except NoAuthError:
             raise zk_write_refused(args, f"the write of {paths.topic_config(args.broker_id)}") from None
     expected = group.topics.get(args.topic)

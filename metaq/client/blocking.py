@@ -89,6 +89,8 @@ class MessageProducer:
         self.aio = producer
         config = producer.config
         self._direct = DirectConnections(config.connect_timeout_s, config.request_timeout_s)
+        # A broker that left ZooKeeper ends the puts this producer's threads wait for (session.py's pool too).
+        producer.cluster.add_departure_listener(self._abandon_direct)
         self._routes: dict[str, tuple[ClusterSnapshot, list[Partition]]] = {}  # topic -> writable partitions
         self._addresses: dict[str, tuple[str, int]] = {}
         # Bytes and messages handed to the loop by send_message_async and not yet answered:
@@ -186,7 +188,11 @@ class MessageProducer:
         try:
             self._runner.run(self.aio.close())
         finally:
+            self.aio.cluster.remove_departure_listener(self._abandon_direct)
             self._direct.close_all()
+
+    def _abandon_direct(self, url: str, reason: str) -> None:
+        self._direct.abandon(*self.aio.master_address(url), reason)
 
     def __enter__(self) -> "MessageProducer":
         return self

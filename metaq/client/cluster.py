@@ -18,12 +18,15 @@ from typing import Any, Awaitable, Callable
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import NoNodeError
+from kazoo.security import ACL, Permissions
 
+from ..zk.acl import digest_user
+from ..zk.data_loss import reconnect_after_data_loss
 from ..zk.group import GroupMembers, read_members
 from ..zk.paths import ZkPaths, parse_broker_node_name, parse_topic_node_data
 from .config import MetaClientConfig
 from .message import Partition
-from .routing import BrokerAddresses
+from .routing import BrokerAddresses, departures
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +36,14 @@ log = logging.getLogger(__name__)
 ZK_LOG = logging.getLogger("kazoo.client.metaq")
 ZK_LOG.addHandler(logging.NullHandler())
 
+#: Partitions one group may announce for a topic, at most: a ``numParts`` from ZooKeeper
+#: above it is refused (a forged registration must not make the client loop over millions).
+MAX_PARTITIONS = 10_000
+
 SnapshotListener = Callable[["ClusterSnapshot"], Awaitable[None] | None]
+#: Told ``(broker url, why)`` when a broker's registration leaves ZooKeeper (its session is gone:
+#: ``routing.departures``), before the snapshot listeners run.
+DepartureListener = Callable[[str, str], None]
 
 
 @dataclass(frozen=True)
@@ -44,6 +54,17 @@ class ClusterSnapshot:
     #: topic -> partitions readable on any replica (topics-sub "{id}-m" and "{id}-s{k}",
     #: de-duplicated: losing a master does not change this set).
     sub: dict[str, tuple[Partition, ...]] = field(default_factory=dict)
+    #: topic -> the groups carrying it when every one of them registers it for subscribing
+    #: only (``acceptPublish=false``): publishing it is refused, not merely waiting for a master.
+    publish_closed: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def publish_refusal(self, topic: str) -> str | None:
+        """Why no send to ``topic`` can succeed while the brokers keep their settings, or None."""
+        groups = self.publish_closed.get(topic)
+        if not groups:
+            return None
+        return (f"topic {topic!r} does not accept publishing: broker group(s) {', '.join(map(str, groups))} "
+                "register it for subscribing only (acceptPublish=false)")
 
     def writable_partitions(self, topic: str) -> list[Partition]:
         """Published partitions whose master is registered right now, sorted."""
@@ -69,18 +90,24 @@ class Cluster:
         self._sub_topics: set[str] = set()
         self._listeners: list[SnapshotListener] = []
         self._session_listeners: list[Callable[[], Any]] = []
+        self._departure_listeners: list[DepartureListener] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._dirty = asyncio.Event()
         self._refreshed = asyncio.Condition()
         self._generation = 0
         self._task: asyncio.Task[None] | None = None
         self._session_lost = False
+        #: With a login (security on) only groups whose ZooKeeper node only they can change are used.
+        self._check_group_acls = config.credentials.user is not None
+        self._warned: set[str] = set()  # what was reported once already (untrusted groups, bad nodes)
 
     # --- lifecycle --------------------------------------------------------------------
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self.zk.add_listener(self._on_state)
+        # A ZooKeeper restarted empty refuses a client that saw newer transactions, for good.
+        reconnect_after_data_loss(self.zk, self.config.zk_session_timeout_ms)
         try:
             await self.call(self.zk.start, self.config.zk_connection_timeout_ms / 1000)
         except Exception as exc:
@@ -142,6 +169,13 @@ class Cluster:
         if listener in self._listeners:
             self._listeners.remove(listener)
 
+    def add_departure_listener(self, listener: DepartureListener) -> None:
+        self._departure_listeners.append(listener)
+
+    def remove_departure_listener(self, listener: DepartureListener) -> None:
+        if listener in self._departure_listeners:
+            self._departure_listeners.remove(listener)
+
     def add_session_listener(self, callback: Callable[[], Any]) -> None:
         self._session_listeners.append(callback)
 
@@ -191,9 +225,10 @@ class Cluster:
                 continue
             self._reading = False
             changed = snapshot != self.snapshot
-            self.snapshot = snapshot
+            previous, self.snapshot = self.snapshot, snapshot
             if changed:
                 log.debug("cluster changed: %s", snapshot)
+                self._tell_departures(previous, snapshot)
                 for listener in list(self._listeners):
                     try:
                         result = listener(snapshot)
@@ -204,6 +239,17 @@ class Cluster:
             async with self._refreshed:
                 self._generation += 1
                 self._refreshed.notify_all()
+
+    def _tell_departures(self, previous: ClusterSnapshot, snapshot: ClusterSnapshot) -> None:
+        """Requests in flight to a broker that left ZooKeeper are abandoned now, not
+        after ``request_timeout_s``: a silent host (no RST) would hold them that long."""
+        for url, reason in departures(previous.brokers, snapshot.brokers).items():
+            log.info("abandoning requests in flight to %s: %s", url, reason)
+            for listener in list(self._departure_listeners):
+                try:
+                    listener(url, reason)
+                except Exception:
+                    log.exception("departure listener %r failed", listener)
 
     # --- reading ZooKeeper (runs in an executor thread) -------------------------------------
 
@@ -227,27 +273,87 @@ class Cluster:
     def _read_snapshot(self, pub_topics: list[str], sub_topics: list[str]) -> ClusterSnapshot:
         paths = self.paths
         brokers: dict[int, BrokerAddresses] = {}
+        untrusted: set[int] = set()
         for name in self._children(paths.broker_ids()):
             if not name.isdigit():
                 continue
             broker_id = int(name)
+            if self._check_group_acls and not self._trusted_group(broker_id):
+                untrusted.add(broker_id)
+                continue
             try:
                 group = read_members(self.zk, paths, broker_id, watch=self.threadsafe_trigger(self._dirty))
             except NoNodeError:  # removed meanwhile; the watch on the broker ids sees it
                 group = GroupMembers(None)
             brokers[broker_id] = BrokerAddresses(broker_id, group.master_url, tuple(group.slaves.items()))
-        pub = {topic: self._topic_partitions(paths.topics_pub(topic), masters_only=True) for topic in pub_topics}
-        sub = {topic: self._topic_partitions(paths.topics_sub(topic), masters_only=False) for topic in sub_topics}
-        return ClusterSnapshot(brokers, pub, sub)
+        pub = {topic: self._topic_partitions(paths.topics_pub(topic), True, untrusted) for topic in pub_topics}
+        sub = {topic: self._topic_partitions(paths.topics_sub(topic), False, untrusted) for topic in sub_topics}
+        closed = {topic: groups for topic in pub_topics
+                  if not pub[topic] and (groups := self._subscribe_only(topic, untrusted))}
+        return ClusterSnapshot(brokers, pub, sub, closed)
 
-    def _topic_partitions(self, path: str, masters_only: bool) -> tuple[Partition, ...]:
+    def _subscribe_only(self, topic: str, untrusted: set[int]) -> tuple[int, ...]:
+        """The groups carrying ``topic`` when each one's master registers it for subscribing only, else ().
+
+        A master registers its config checksum node last and withdraws it first
+        (``server/registry.py : _desired_nodes``): while that node stays the same one
+        (same czxid) before and after reading a topic's nodes, the master's registration
+        was complete, so a missing publish node is missing on purpose, not on its way.
+        A group with no master (a failover) makes the answer (): its next master may publish.
+        """
+        paths = self.paths
+        groups: set[int] = set()
+        for child in self._children(paths.topics_sub(topic)):
+            try:
+                groups.add(parse_broker_node_name(child)[0])
+            except ValueError:
+                continue
+        groups -= untrusted
+        for broker_id in groups:
+            checksum = paths.master_config_checksum(broker_id)
+            before = self.zk.exists(checksum)
+            if before is None or self.zk.exists(paths.topic_sub_node(topic, broker_id)) is None \
+                    or self.zk.exists(paths.topic_pub_node(topic, broker_id)) is not None:
+                return ()
+            after = self.zk.exists(checksum)
+            if after is None or after.czxid != before.czxid:
+                return ()
+        return tuple(sorted(groups))
+
+    def _trusted_group(self, broker_id: int) -> bool:
+        """Does ``/brokers/ids/{id}`` carry group ``id``'s digest ACL, and let nobody else change it?
+
+        A broker with security on creates its group node with that ACL (``zk/acl.py :
+        ZkSecurity.group_acl``), so nobody without the group's ZooKeeper password can
+        register a master, slave or topic of that group. A node anybody may write (the
+        default ACL of a ZooKeeper client without credentials) is a forgery: the client
+        would hand it a user name and a SCRAM proof, or (security off) messages.
+        A forger who sets a digest ACL of its own making passes this check (docs/security.md).
+        """
+        path = self.paths.broker(broker_id)
+        try:
+            acl, _ = self.zk.get_acls(path)
+        except NoNodeError:
+            return False
+        if group_node_locked(acl, broker_id):
+            return True
+        self._warn_once(path, "ignoring broker group %d: its ZooKeeper node %s may be changed by others than "
+                              "group %d's brokers (ACL %s); not a group to log in to", broker_id, path, broker_id, acl)
+        return False
+
+    def _warn_once(self, key: str, message: str, *args: Any) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message, *args)
+
+    def _topic_partitions(self, path: str, masters_only: bool, untrusted: set[int]) -> tuple[Partition, ...]:
         partitions: set[Partition] = set()
         for child in self._children(path):
             try:
                 broker_id, slave_id = parse_broker_node_name(child)
             except ValueError:
                 continue
-            if masters_only and slave_id is not None:
+            if (masters_only and slave_id is not None) or broker_id in untrusted:
                 continue
             data = self._data(f"{path}/{child}")
             if data is None:
@@ -257,5 +363,18 @@ class Cluster:
             except ValueError as exc:
                 log.warning("ignoring %s/%s: %s", path, child, exc)
                 continue
+            if num_parts > MAX_PARTITIONS:
+                self._warn_once(f"{path}/{child}", "ignoring %s/%s: numParts=%d is above the client's limit of %d",
+                                path, child, num_parts, MAX_PARTITIONS)
+                continue
             partitions.update(Partition(broker_id, n) for n in range(num_parts))
         return tuple(sorted(partitions))
+
+
+def group_node_locked(acl: list[ACL], broker_id: int) -> bool:
+    """Group ``broker_id``'s digest may do everything and nobody else more than read."""
+    owner = f"{digest_user(broker_id)}:"
+    owned = any(e.id.scheme == "digest" and e.id.id.startswith(owner) and e.perms == Permissions.ALL for e in acl)
+    others_read_only = all(e.perms & ~Permissions.READ == 0 for e in acl
+                           if not (e.id.scheme == "digest" and e.id.id.startswith(owner)))
+    return owned and others_read_only

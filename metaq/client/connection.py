@@ -16,20 +16,42 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from ..protocol import commands as c
-from ..protocol.frames import CLOSED, ERROR_EVENTS, NEED_DATA, Frame, FrameDecoder, encode_frame
+from ..protocol.frames import CLOSED, ERROR_EVENTS, NEED_DATA, Frame, FrameDecoder, OversizedFrame, encode_frame
 
 if TYPE_CHECKING:
     from ..security.handshake import ClientAuthenticator
 
 log = logging.getLogger(__name__)
 
+#: The largest reply body a client reads for a request that names no ``max_size`` (stats,
+#: config, version: kilobytes in practice); a fetch's reply may be its ``max_size`` plus
+#: ``REPLY_SLACK``. A larger body is skipped unread and ends the connection, so a broker
+#: (or a forged registration's fake one) cannot make a client buffer up to 2 GiB.
+DEFAULT_REPLY_LIMIT = 16 * 1024 * 1024
+REPLY_SLACK = 64 * 1024
+#: SCRAM iterations a client computes at most: a server announcing more (a fake one making
+#: each login cost seconds of CPU) is refused. ``metaq security`` users default to 4096.
+MAX_SCRAM_ITERATIONS = 100_000
+
 
 class ConnectionClosed(ConnectionError):
     """The connection to a broker went away (or could not be made)."""
 
 
-class AuthenticationFailed(ConnectionClosed):
+class CannotConnect(ConnectionClosed):
+    """A connection that no retry can make: the settings of one side must change first.
+
+    Kafka's fatal class (an authentication or TLS failure): a producer fails the send at
+    once with this reason instead of retrying until its send timeout (docs/client.md).
+    """
+
+
+class AuthenticationFailed(CannotConnect):
     """The broker refused our credentials, or could not prove it holds the secret (not our broker)."""
+
+
+class TlsMismatch(CannotConnect):
+    """TLS on one side only, or a certificate the client does not trust."""
 
 
 @dataclass
@@ -86,6 +108,52 @@ class Credentials:
         return await BrokerConnection.open(host, port, timeout, ssl=self.ssl_context, authenticator=self.authenticator())
 
 
+#: OpenSSL's reasons for a ClientHello answered by something that is not TLS.
+_NOT_TLS_REASONS = frozenset({"WRONG_VERSION_NUMBER", "UNKNOWN_PROTOCOL", "HTTP_REQUEST", "RECORD_LAYER_FAILURE",
+                              "PACKET_LENGTH_TOO_LONG"})
+
+
+async def speaks_tls(host: str, port: int, timeout: float = 5.0) -> bool:
+    """Does ``host:port`` complete (or refuse with an alert) a TLS handshake? Only a probe: nothing is sent after it."""
+    probe = ssl_module.SSLContext(ssl_module.PROTOCOL_TLS_CLIENT)
+    probe.check_hostname = False
+    probe.verify_mode = ssl_module.CERT_NONE  # the question is "TLS or not", not "whose certificate"
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=probe), timeout)
+    except ssl_module.SSLError as exc:
+        return exc.reason not in _NOT_TLS_REASONS and not isinstance(exc, ssl_module.SSLEOFError)
+    except (OSError, asyncio.TimeoutError):
+        return False
+    writer.close()
+    return True
+
+
+def reply_limit(header: dict[str, Any]) -> int:
+    """The largest reply body to read for a request with ``header``."""
+    max_size = header.get("max_size")
+    if isinstance(max_size, int) and max_size > 0:
+        return max(max_size + REPLY_SLACK, DEFAULT_REPLY_LIMIT)
+    return DEFAULT_REPLY_LIMIT
+
+
+def _iterations_refusal(header: dict[str, Any]) -> str | None:
+    """Why a server-first announcing too many SCRAM iterations is refused, or None."""
+    from ..security import messages
+
+    try:
+        reply = messages.parse_auth_reply(header)
+    except messages.MalformedMessage:
+        return None  # the handshake reports it
+    if reply.message.step != messages.SERVER_FIRST:
+        return None
+    fields = dict(part.split("=", 1) for part in reply.message.data.split(",") if "=" in part)
+    iterations = fields.get("i", "")
+    if iterations.isdigit() and int(iterations) > MAX_SCRAM_ITERATIONS:
+        return (f"the server announces {int(iterations):,} SCRAM iterations, above the client's limit of "
+                f"{MAX_SCRAM_ITERATIONS:,}: refused (a fake broker, or a user whose iterations must be lowered)")
+    return None
+
+
 def _expire(future: "asyncio.Future[Reply]", address: str) -> None:
     if not future.done():
         future.set_exception(asyncio.TimeoutError(f"no reply from {address} in time"))
@@ -94,13 +162,17 @@ def _expire(future: "asyncio.Future[Reply]", address: str) -> None:
 class _ReplyProtocol(asyncio.Protocol):
     def __init__(self, conn: "BrokerConnection") -> None:
         self._conn = conn
-        self._decoder = FrameDecoder(max_body=1 << 31, allow_text=False)
+        self._decoder = FrameDecoder(max_body=DEFAULT_REPLY_LIMIT, allow_text=False)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._conn.dropped_by_peer = not self._conn._closed
         self._conn._fail_all(ConnectionClosed(f"connection to {self._conn.address} lost" + (f": {exc}" if exc else "")))
 
     def data_received(self, data: bytes) -> None:
+        self._conn.answered = True
         decoder = self._decoder
+        large = self._conn._large_replies
+        decoder.max_body = max(large.values()) if large else DEFAULT_REPLY_LIMIT
         decoder.receive_data(data)
         while True:
             event = decoder.next_event()
@@ -111,7 +183,10 @@ class _ReplyProtocol(asyncio.Protocol):
             elif isinstance(event, ERROR_EVENTS):
                 # A reply that cannot be read loses its opaque, so no pending request can be
                 # matched any more: every parse error ends the connection.
-                message = getattr(event, "message", "oversized reply")
+                if isinstance(event, OversizedFrame):
+                    message = f"a reply body of {event.body_len} bytes, above the {event.limit} bytes asked for"
+                else:
+                    message = event.message
                 self._conn._fail_all(ConnectionClosed(f"bad reply from {self._conn.address}: {message}"))
                 self._conn.close()
                 return
@@ -127,6 +202,13 @@ class BrokerConnection:
         self._pending: dict[int, asyncio.Future[Reply]] = {}
         self._opaques = itertools.count(1)
         self._closed = False
+        self.tls = False
+        #: Has the broker sent anything on this connection? Did it end the connection? (see ``diagnose``)
+        self.answered = False
+        self.dropped_by_peer = False
+        #: opaque -> reply body limit of requests in flight that may be answered with more
+        #: than DEFAULT_REPLY_LIMIT (large fetches); the decoder allows the largest of them.
+        self._large_replies: dict[int, int] = {}
 
     @property
     def address(self) -> str:
@@ -148,21 +230,50 @@ class BrokerConnection:
     ) -> "BrokerConnection":
         """Connect (over TLS with ``ssl``) and, given an ``authenticator``, log in before returning."""
         conn = cls(host, port)
+        conn.tls = ssl is not None
         loop = asyncio.get_running_loop()
         try:
             transport, _ = await asyncio.wait_for(
                 loop.create_connection(lambda: _ReplyProtocol(conn), host, port, ssl=ssl), timeout
             )
+        except ssl_module.SSLCertVerificationError as exc:
+            raise TlsMismatch(f"{host}:{port}: the broker's certificate is not trusted: {exc.verify_message} "
+                              "(check tls_ca_file / --tls-ca and the host name the broker registers)") from None
+        except ssl_module.SSLError as exc:
+            if exc.reason in _NOT_TLS_REASONS:
+                raise TlsMismatch(f"{host}:{port} does not speak TLS ({exc.reason}): connect without tls_ca_file "
+                                  "/ --tls-ca, or to the broker's TLS port") from None
+            raise ConnectionClosed(f"cannot connect to {host}:{port}: {exc}") from None
         except (OSError, asyncio.TimeoutError) as exc:
             raise ConnectionClosed(f"cannot connect to {host}:{port}: {exc or 'timed out'}") from None
         conn._transport = transport  # type: ignore[assignment]
         if authenticator is not None:
             try:
                 await conn.authenticate(authenticator, timeout)
+            except ConnectionClosed as exc:
+                conn.close()
+                raise await conn.diagnose(exc, timeout) from None
+            except asyncio.TimeoutError:
+                conn.close()
+                raise ConnectionClosed(f"{conn.address}: no answer to the login in {timeout}s") from None
             except BaseException:
                 conn.close()
                 raise
         return conn
+
+    async def diagnose(self, exc: ConnectionClosed, timeout: float = 5.0) -> ConnectionClosed:
+        """``exc``, or a TlsMismatch when a plaintext connection was closed unanswered by a TLS port.
+
+        A TLS server drops a plaintext peer without a word (no alert: its first bytes are
+        not a ClientHello), so the loss alone reads like a crash; one TLS handshake on a
+        new connection tells the two apart. Asked only on a failure path.
+        """
+        if self.tls or self.answered or not self.dropped_by_peer or isinstance(exc, CannotConnect):
+            return exc
+        if await speaks_tls(self.host, self.port, timeout):
+            return TlsMismatch(f"{self.address} speaks TLS and closed this plaintext connection: set tls_ca_file "
+                               "(--tls-ca) to the CA of the brokers' certificates")
+        return exc
 
     async def authenticate(self, authenticator: "ClientAuthenticator", timeout: float = 5.0) -> None:
         """Run the SCRAM handshake (metaq/security/handshake.py); AuthenticationFailed if it fails."""
@@ -174,6 +285,9 @@ class BrokerConnection:
             event = events.pop(0)
             if isinstance(event, handshake.SendRequest):
                 reply = await self.request(auth_request(event.message, 0), timeout=timeout)
+                refusal = _iterations_refusal(reply.header)
+                if refusal is not None:
+                    raise AuthenticationFailed(f"{self.address}: {refusal}")
                 events += authenticator.receive(reply.header)
             elif isinstance(event, handshake.Failed):
                 raise AuthenticationFailed(f"{self.address}: {event.error}")
@@ -193,6 +307,8 @@ class BrokerConnection:
         finally:
             if timer is not None:
                 timer.cancel()
+            # Its limit stays until its reply comes (or the connection ends): a late large
+            # reply to a timed-out fetch is skipped as usual, not taken for a hostile one.
             self._pending.pop(opaque, None)
 
     def send(self, header: dict[str, Any], body: bytes | bytearray | memoryview = b"") -> "asyncio.Future[Reply]":
@@ -206,17 +322,23 @@ class BrokerConnection:
         header = {**header, "opaque": opaque}
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._pending[opaque] = future
+        limit = reply_limit(header)
+        if limit > DEFAULT_REPLY_LIMIT:
+            self._large_replies[opaque] = limit
         assert self._transport is not None
         self._transport.write(encode_frame(header, body))
         return opaque, future
 
     def _resolve(self, header: dict[str, Any], body: bytearray) -> None:
-        future = self._pending.pop(header.get("opaque", -1), None)
+        opaque = header.get("opaque", -1)
+        self._large_replies.pop(opaque, None)
+        future = self._pending.pop(opaque, None)
         if future is not None and not future.done():
             future.set_result(Reply(header, body))
 
     def _fail_all(self, exc: Exception) -> None:
         self._closed = True
+        self._large_replies.clear()
         pending, self._pending = self._pending, {}
         for future in pending.values():
             if not future.done():
@@ -226,6 +348,12 @@ class BrokerConnection:
         self._closed = True
         if self._transport is not None:
             self._transport.close()
+
+    def abandon(self, reason: str) -> None:
+        """Fail every request in flight with ``reason`` (outcome unknown) and close."""
+        self._fail_all(ConnectionClosed(reason))
+        if self._transport is not None:
+            self._transport.abort()  # a silent peer would hold a graceful close's unsent bytes
 
     async def __aenter__(self) -> "BrokerConnection":
         return self

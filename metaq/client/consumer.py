@@ -37,7 +37,8 @@ from ..txn.reader import drop_aborted
 from .cluster import Cluster, ClusterSnapshot
 from .codec import decode_messages
 from .config import ConsumerConfig, MetaClientConfig
-from .connection import BrokerConnection, ConnectionClosed
+from .connection import BrokerConnection, CannotConnect, ConnectionClosed
+from .errors import access_denied
 from .filters import MessageFilter, accept_function, accepted
 from .message import Message, Partition
 from .offsets import LocalOffsetStore, OffsetStore, Position, ZkOffsetStore, initial_position
@@ -151,6 +152,7 @@ class PartitionFetcher:
         self._in_wait = False
         self._task: asyncio.Task[None] | None = None
         self.handed: _HandedBatch | None = None  # the last batch handed to the iterating application
+        self._fatal_reported: str | None = None  # the last fatal reason logged (once, not per retry)
 
     @property
     def position(self) -> Position | None:
@@ -232,6 +234,13 @@ class PartitionFetcher:
         if replica is not None and replica_failed:
             self.state.failed_replica = replica
             self.consumer.cluster.request_refresh()
+        # Fatal (errors.py): no retry fixes it until someone changes a setting. A consumer keeps
+        # trying (an operator may grant the ACL), but says why once instead of at debug level.
+        if isinstance(exc, CannotConnect) or getattr(exc, "fatal", False):
+            if message != self._fatal_reported:
+                self._fatal_reported = message
+                log.warning("%s-%s: cannot read: %s (retrying until the settings change)", self.topic, self.partition, message)
+            return
         log.debug("%s-%s: fetch failed: %s", self.topic, self.partition, message)
 
     async def _init_position(self, conn: BrokerConnection) -> None:
@@ -243,7 +252,8 @@ class PartitionFetcher:
             )
         )
         if not reply.ok:
-            raise _FetchError(f"offset query failed: {reply.code} {reply.message}", replica_failed=True)
+            raise _FetchError(f"offset query failed: {reply.code} {reply.message}", replica_failed=True,
+                              fatal=access_denied(reply.code, reply.message))
         config = self.consumer.config
         offset = config.start_offset(int(reply["min_offset"]), int(reply["max_offset"]))
         self.state.position = initial_position(offset)
@@ -305,7 +315,8 @@ class PartitionFetcher:
             if self.state.fetch_from > int(reply.get("log_end", 0)):  # type: ignore[operator]
                 raise _FetchError(f"{self.state.replica.role if self.state.replica else 'replica'} is behind offset {self.state.fetch_from}", replica_failed=True)
             return "data" if self.consumer.config.fetch_wait_ms > 0 else "idle"
-        raise _FetchError(f"fetch failed: {reply.code} {reply.message}", replica_failed=True)
+        raise _FetchError(f"fetch failed: {reply.code} {reply.message}", replica_failed=True,
+                          fatal=access_denied(reply.code, reply.message))
 
 
     async def _skip_to(self, end: int) -> None:
@@ -318,9 +329,10 @@ class PartitionFetcher:
 
 
 class _FetchError(Exception):
-    def __init__(self, message: str, replica_failed: bool = False) -> None:
+    def __init__(self, message: str, replica_failed: bool = False, fatal: bool = False) -> None:
         super().__init__(message)
         self.replica_failed = replica_failed
+        self.fatal = fatal
 
 
 class AsyncMessageConsumer:

@@ -47,6 +47,7 @@ class DirectConnection:
         self._sock.settimeout(request_timeout)
         self._opaques = itertools.count(1)
         self.broken = False
+        self._abandoned: str | None = None  # why another thread ended a request in flight
 
     def request(self, header: dict[str, Any], body: bytes) -> dict[str, Any]:
         """Send one request, return its reply header (raises NotSent or NoReply; then unusable)."""
@@ -62,7 +63,7 @@ class DirectConnection:
             reply = self._read_reply()
         except (OSError, ValueError) as exc:
             self.close()
-            raise NoReply(f"no reply from {self.address}: {exc or type(exc).__name__}") from None
+            raise NoReply(self._abandoned or f"no reply from {self.address}: {exc or type(exc).__name__}") from None
         if reply.get("opaque") != opaque:
             self.close()
             raise NoReply(f"reply from {self.address} does not match the request")
@@ -95,6 +96,16 @@ class DirectConnection:
         except OSError:
             pass
 
+    def abandon(self, reason: str) -> None:
+        """From another thread: end the request in flight now (its recv returns) as outcome unknown."""
+        self._abandoned = reason
+        self.broken = True
+        try:
+            # shutdown, not close: it wakes a recv blocked in the owning thread (close does not).
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
 
 class DirectConnections:
     """Each thread's own connections, by address; all closed by ``close_all``."""
@@ -121,6 +132,14 @@ class DirectConnections:
                 self._all = [c for c in self._all if not c.broken] + [conn]
             mine[(host, port)] = conn
         return conn
+
+    def abandon(self, host: str, port: int, reason: str) -> None:
+        """Every thread's connection to ``host:port``: see ``DirectConnection.abandon``."""
+        address = f"{host}:{port}"
+        with self._lock:
+            doomed = [conn for conn in self._all if conn.address == address and not conn.broken]
+        for conn in doomed:
+            conn.abandon(f"{address} abandoned: {reason}")
 
     def close_all(self) -> None:
         with self._lock:

@@ -8,7 +8,11 @@ Failure classes (see ``classify_reply``):
     403, 503 (slave, fenced, sync slaves missing)      no        yes, maybe on another partition
     no connection / connect refused / no master yet   no        yes
     400, 404, 500                                     no        no: the request itself is wrong
+    fatal (errors.py): 403 from an ACL, login         no        no: fails at once with the reason
+      refused, TLS on one side only, an untrusted
+      certificate, acceptPublish=false everywhere
     504, timeout, connection lost after sending       unknown   while retry_unknown_outcome (default)
+    (or the broker left ZooKeeper meanwhile)
 
 Retries are bounded by attempts and total time (tenacity, exponential back-off), and a
 send that runs out of either ends in a SendResult saying why, so nothing is dropped in
@@ -54,7 +58,8 @@ from .accumulator import (
 from .cluster import Cluster, ClusterSnapshot
 from .codec import encode_messages
 from .config import MetaClientConfig
-from .connection import BrokerConnection, ConnectionClosed
+from .connection import BrokerConnection, CannotConnect, ConnectionClosed
+from .errors import access_denied
 from .idempotence import NoProducerId, Numbered, Sequencer
 from .message import Message, Partition, SendResult
 from .pool import ConnectionPool
@@ -91,7 +96,7 @@ def classify_reply(code: int, message: str, retry_unknown_outcome: bool = False)
     """None for success, else the SendFailure that a put answered with ``code`` means."""
     if code == c.OK:
         return None
-    if code in c.RETRIABLE_CODES:
+    if code in c.RETRIABLE_CODES and not access_denied(code, message):
         return SendFailure(message, code=code, retriable=True)
     if code in c.UNKNOWN_OUTCOME_CODES:
         return SendFailure(message, code=code, outcome_unknown=True, retriable=retry_unknown_outcome)
@@ -336,6 +341,8 @@ class AsyncMessageProducer:
                     partition, error = None, f"partition selector failed: {exc}"
                 else:
                     error = None
+                if partition is None and error is None:
+                    error = self.cluster.snapshot.publish_refusal(topic)
                 if partition is None and error is None and time.monotonic() < deadline and not self._closed:
                     self.cluster.request_refresh()
                     await asyncio.sleep(wait)
@@ -624,10 +631,12 @@ class AsyncMessageProducer:
             conn = await self.pool.get(host, port)
             reply = await conn.request(InitProducerRequest().to_header(), timeout=self.config.request_timeout_s)
         except (ConnectionClosed, asyncio.TimeoutError) as exc:
-            raise SendFailure(f"no producer id from {host}:{port}: {exc or type(exc).__name__}", retriable=True) from None
+            raise SendFailure(f"no producer id from {host}:{port}: {exc or type(exc).__name__}",
+                              retriable=not isinstance(exc, CannotConnect)) from None
         if reply.code != c.OK:
-            raise SendFailure(f"no producer id from {host}:{port}: {reply.code} {reply.message}",
-                              code=reply.code, retriable=reply.code in c.RETRIABLE_CODES)
+            failure = classify_reply(reply.code, f"no producer id from {host}:{port}: {reply.code} {reply.message}")
+            assert failure is not None
+            raise failure
         self.sequencer.set_id(int(reply.header["producer_id"]), int(reply.header["epoch"]),
                               reply.header.get("producer_token"))
         log.debug("idempotent producer id %s from %s:%d", reply.header["producer_id"], host, port)
@@ -646,6 +655,9 @@ class AsyncMessageProducer:
         try:
             return self.selector.select(topic, partitions, message)
         except NoPartitionAvailable as exc:
+            refusal = self.cluster.snapshot.publish_refusal(topic)
+            if refusal is not None:
+                raise SendFailure(refusal) from None
             # Retriable: a master may register (or come back) while we back off.
             self.cluster.request_refresh()
             raise SendFailure(str(exc), retriable=True) from None
@@ -665,6 +677,9 @@ class AsyncMessageProducer:
         host, port = parse_broker_url(broker.master)
         try:
             return await self.pool.get(host, port)
+        except CannotConnect as exc:
+            # Fatal: wrong credentials, TLS on one side only; no retry changes that.
+            raise SendFailure(f"broker {partition.broker_id} ({host}:{port}): {exc}") from None
         except ConnectionClosed as exc:
             # Nothing was written: safe to retry, and skip this broker for a moment.
             self._suspect(partition.broker_id)
@@ -683,6 +698,9 @@ class AsyncMessageProducer:
         try:
             reply = await asyncio.wait_for(future, self.config.request_timeout_s)
         except ConnectionClosed as exc:
+            explained = await conn.diagnose(exc, self.config.connect_timeout_s)
+            if isinstance(explained, CannotConnect):  # a TLS port never read the put: not stored
+                raise SendFailure(f"broker {partition.broker_id}: {explained}") from None
             self._suspect(partition.broker_id)
             raise unknown_outcome(f"outcome unknown: {exc} after sending to partition {partition}", retry_unknown) from None
         except asyncio.TimeoutError:

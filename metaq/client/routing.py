@@ -74,3 +74,27 @@ def choose_replica(
         # The master is registered but failing: MetaQ would wait for ZK; we read a slave meanwhile.
         candidates = slaves
     return rng.choice(candidates) if candidates else None
+
+
+def departures(before: dict[int, BrokerAddresses], after: dict[int, BrokerAddresses]) -> dict[str, str]:
+    """Broker urls that left ZooKeeper (their session is gone), with why: their requests in flight are abandoned.
+
+    A broker whose session expired is dead or cut off, and a silent host never says so:
+    waiting for its replies would last the whole request timeout. A master replaced
+    while it stays registered (a hand-over, a demotion: it rejoins as a slave) is alive
+    and answers what it was sent (an ack, or a refusal saying nothing was stored), so its
+    requests are left to finish: abandoning them would resend puts it may have acked.
+    """
+    registered_after = {url for group in after.values() for url in _urls(group)}
+    gone: dict[str, str] = {}
+    for broker_id, group in before.items():
+        for role, url in (("master", group.master), *((f"slave{k}", u) for k, u in group.slaves)):
+            if url and url not in registered_after and url not in gone:
+                new_master = after[broker_id].master if broker_id in after else None
+                gone[url] = (f"{role} of broker group {broker_id} left ZooKeeper (its session is gone)"
+                             + (f"; {new_master} is master now" if new_master else ""))
+    return gone
+
+
+def _urls(group: BrokerAddresses) -> list[str]:
+    return [url for url in (group.master, *(u for _, u in group.slaves)) if url]

@@ -28,6 +28,7 @@ class AsyncMessageSessionFactory:
         self.config = config or MetaClientConfig(**overrides)
         self.cluster = Cluster(self.config)
         self.pool = ConnectionPool(self.config.connect_timeout_s, self.config.address_map, self.config.credentials)
+        self.cluster.add_departure_listener(self.pool.abandon)
         self._producers: list[AsyncMessageProducer] = []
         self._consumers: list[AsyncMessageConsumer] = []
         self._transactional: list[AsyncTransactionalProducer] = []

@@ -33,6 +33,16 @@ ignored (a forged heartbeat could otherwise keep a dead slave counted or move it
 position). In any mode the master records heartbeats only from slave ids ZooKeeper
 names (``known_slave``) and only for partitions it has, so the state a stream of
 datagrams can create is bounded by the group's real slaves and partitions.
+
+Replay (signed heartbeats): a recorded heartbeat keeps a valid ``mac`` forever, so the
+master also requires its ``sent_at`` (the slave's wall clock) to be within
+``SENT_AT_WINDOW_S`` of its own and above the last one it accepted from that slave;
+a replayed one is counted in ``bad`` and neither recorded nor answered.
+
+Reflection: the master answers only to the host the slave registered in ZooKeeper
+(``slave_hosts``), and never with more bytes than the heartbeat it answers
+(``_fit_reply``): a slave pads its heartbeat (``pad``) with room for the answer about
+its partitions, and an answer that would still be bigger loses fields until it fits.
 """
 
 from __future__ import annotations
@@ -43,7 +53,7 @@ import hmac
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Collection, Protocol
 
 import asyncio_dgram
 import msgpack
@@ -53,6 +63,15 @@ log = logging.getLogger(__name__)
 HEARTBEAT_INTERVAL = 0.5
 #: Datagrams larger than this are ignored (and we never send one bigger).
 MAX_DATAGRAM = 60 * 1024
+#: A signed heartbeat's ``sent_at`` must be within this many seconds of the master's clock
+#: (replays of old heartbeats; also the clock skew the group's hosts may have).
+SENT_AT_WINDOW_S = 10.0
+#: What a slave pads its heartbeat with so that the answer (its partitions' log ends and
+#: committed offsets, ``echo``) fits in as many bytes: per partition and in all.
+REPLY_ROOM_PER_PARTITION = 10
+REPLY_ROOM_FIXED = 32
+#: The answer's fields dropped, in this order, until it is no bigger than the heartbeat.
+REPLY_FIELDS_TO_DROP = ("committed", "log_ends", "echo")
 
 
 class BadHeartbeat(ValueError):
@@ -166,10 +185,18 @@ class HeartbeatResponder:
         *,
         key: bytes | None = None,
         known_slave: Callable[[int], bool] = lambda slave_id: True,
+        slave_hosts: Callable[[int], Collection[str] | None] | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.broker_id = broker_id
         self.key = key
         self.known_slave = known_slave
+        #: The addresses (IPs) a slave registered from; None (or a None answer): any source, as it is not known.
+        self.slave_hosts = slave_hosts
+        self.clock = clock
+        #: The ``sent_at`` of the last signed heartbeat accepted from each slave (replays are below it).
+        self._last_sent_at: dict[int, float] = {}
+        self.unanswered = 0
         self.ha = ha
         self.logs = logs
         self.host = host
@@ -239,6 +266,8 @@ class HeartbeatResponder:
                 raise BadHeartbeat(f"heartbeat for broker {message['broker_id']}, this is broker {self.broker_id}")
             if not self.known_slave(message["slave_id"]):
                 raise BadHeartbeat(f"slave{message['slave_id']} is not registered in ZooKeeper")
+            if self.key is not None:
+                self._check_fresh(message["slave_id"], message["sent_at"])
         except BadHeartbeat as exc:
             self.bad += 1
             self.last_bad = str(exc)
@@ -252,11 +281,17 @@ class HeartbeatResponder:
             # Only partitions we have: made-up keys must not grow the progress table.
             ends = {key: end for key, end in message["_log_ends"].items() if key in logs}
             ha.slave_heartbeat(message["slave_id"], address, ends, message["epoch"])
+        if not self._registered_source(message["slave_id"], addr):
+            self.unanswered += 1
+            return None
+        # Only the partitions the slave asked about: the answer must not outgrow the question.
         log_ends, committed = {}, {}
-        for (topic, partition), log_ in logs.items():
-            key = partition_key(topic, partition)
-            log_ends[key] = log_.log_end
-            committed[key] = ha.committed(topic, partition, log_)
+        for topic, partition in message["_log_ends"]:
+            log_ = logs.get((topic, partition))
+            if log_ is not None:
+                key = partition_key(topic, partition)
+                log_ends[key] = log_.log_end
+                committed[key] = ha.committed(topic, partition, log_)
         reply = {
             "kind": "hb",
             "role": "master" if master else "slave",
@@ -267,18 +302,49 @@ class HeartbeatResponder:
             "sent_at": time.time(),
             "echo": message["sent_at"],
         }
-        encoded = encode_signed(reply, self.key)
-        if len(encoded) > MAX_DATAGRAM:
-            reply["log_ends"], reply["committed"] = {}, {}
-            encoded = encode_signed(reply, self.key)
+        encoded = _fit_reply(reply, self.key, len(data))
+        if encoded is None:
+            self.unanswered += 1
         return encoded
+
+    def _check_fresh(self, slave_id: int, sent_at: float) -> None:
+        """A signed heartbeat must be recent and newer than the last one accepted from its slave (no replay)."""
+        skew = sent_at - self.clock()
+        if abs(skew) > SENT_AT_WINDOW_S:
+            raise BadHeartbeat(
+                f"slave{slave_id}'s heartbeat sent_at is {skew:+.1f} s from this broker's clock "
+                f"(outside +-{SENT_AT_WINDOW_S:.0f} s: replayed, or the clocks disagree)"
+            )
+        last = self._last_sent_at.get(slave_id)
+        if last is not None and sent_at <= last:
+            raise BadHeartbeat(f"slave{slave_id}'s heartbeat is not newer than the last one accepted (replayed)")
+        self._last_sent_at[slave_id] = sent_at
+
+    def _registered_source(self, slave_id: int, addr: Any) -> bool:
+        """Did the heartbeat come from the host the slave registered (so an answer cannot be sent elsewhere)?"""
+        hosts = self.slave_hosts(slave_id) if self.slave_hosts is not None else None
+        if hosts is None:
+            return True
+        return isinstance(addr, tuple) and bool(addr) and addr[0] in hosts
 
     def status_pairs(self) -> list[tuple[str, object]]:
         return [
             ("heartbeat_udp", f"{self.host}:{self.port}" if self.running else "off"),
             ("heartbeats_received", self.received),
             ("heartbeats_bad", self.bad),
+            ("heartbeats_unanswered", self.unanswered),
         ]
+
+
+def _fit_reply(reply: dict[str, Any], key: bytes | None, limit: int) -> bytes | None:
+    """The signed answer in at most ``limit`` bytes (the heartbeat's size), dropping fields until it fits; None if it never does."""
+    encoded = encode_signed(reply, key)
+    for name in REPLY_FIELDS_TO_DROP:
+        if len(encoded) <= limit:
+            return encoded
+        reply.pop(name, None)
+        encoded = encode_signed(reply, key)
+    return encoded if len(encoded) <= limit else None
 
 
 # --- the slave side -------------------------------------------------------------------
@@ -371,10 +437,12 @@ class SlaveHeartbeat:
             "epoch": self.epoch(),
             "log_ends": ends,
             "sent_at": time.time(),
+            # Room for the answer, which the master never makes bigger than this heartbeat.
+            "pad": bytes(REPLY_ROOM_FIXED + sum(len(key) + REPLY_ROOM_PER_PARTITION for key in ends)),
         }
         encoded = encode_signed(message, self.key)
         if len(encoded) > MAX_DATAGRAM:
-            message["log_ends"] = {}
+            message["log_ends"], message["pad"] = {}, bytes(REPLY_ROOM_FIXED)
             encoded = encode_signed(message, self.key)
         return encoded
 

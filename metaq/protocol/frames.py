@@ -23,6 +23,9 @@ The decoder is a small state machine over one receive buffer:
     state        input                                   event / next state
     -----------  --------------------------------------  -----------------------------------------
     FRAME_START  0xCA + full prefix, sizes within limits  (wait for header+body) -> Frame, FRAME_START
+    FRAME_START  prefix + header in, body still to come   FrameHead (once per frame, with announce_heads) -> ANNOUNCED
+    ANNOUNCED    skip_frame() called                      (body discarded as it arrives) -> SKIPPING
+    ANNOUNCED    rest of the body                         Frame -> FRAME_START
     FRAME_START  0xCA + prefix, header_len too large      ProtocolError(fatal) -> BROKEN
     FRAME_START  0xCA + prefix, body_len too large        OversizedFrame(header) -> SKIPPING
     FRAME_START  0xCA, wrong version                      ProtocolError(fatal) -> BROKEN
@@ -39,6 +42,14 @@ A fatal error means the byte stream can no longer be split into frames: the
 server replies with what it can and closes. A non-fatal one (BadFrame,
 OversizedFrame) leaves the connection usable, so one bad request from a client
 costs that request only.
+
+``FrameHead`` (with ``announce_heads``) is how the owner of the decoder decides about a body *before* it is
+buffered: a frame whose body has not arrived whole with its header is announced once,
+with the header and the declared length; the owner then either lets it arrive (does
+nothing) or calls ``skip_frame()``, after which its body is discarded as it comes in.
+A frame received whole in one piece is never announced (its bytes are already here).
+``max_header`` and ``max_body`` may be changed between events (the server tightens
+them for a peer that has not logged in).
 """
 
 from __future__ import annotations
@@ -77,6 +88,19 @@ def encode_frame_head(header: dict[str, Any], body_len: int) -> bytes:
 class Frame:
     header: dict[str, Any]
     body: bytearray
+
+
+@dataclass(frozen=True)
+class FrameHead:
+    """A frame whose body is still arriving: the header and the declared sizes, before the body is buffered."""
+
+    header: dict[str, Any]
+    header_len: int
+    body_len: int
+
+    @property
+    def frame_len(self) -> int:
+        return PREFIX_SIZE + self.header_len + self.body_len
 
 
 @dataclass(frozen=True)
@@ -121,7 +145,7 @@ class _Sentinel:
 NEED_DATA = _Sentinel("NEED_DATA")
 CLOSED = _Sentinel("CLOSED")
 
-Event = Union[Frame, TextLine, BadFrame, OversizedFrame, ProtocolError, _Sentinel]
+Event = Union[Frame, FrameHead, TextLine, BadFrame, OversizedFrame, ProtocolError, _Sentinel]
 
 #: The events that say the input was not a well-formed frame: for
 #: ``isinstance(event, ERROR_EVENTS)`` where a side treats every parse error alike.
@@ -133,19 +157,40 @@ _FRAME_START, _SKIPPING, _BROKEN = "FRAME_START", "SKIPPING", "BROKEN"
 class FrameDecoder:
     """Turns received bytes into frame events (see the module's transition table)."""
 
-    def __init__(self, max_body: int = DEFAULT_MAX_BODY, allow_text: bool = True) -> None:
+    def __init__(
+        self, max_body: int = DEFAULT_MAX_BODY, allow_text: bool = True, max_header: int = MAX_HEADER_SIZE,
+        announce_heads: bool = False,
+    ) -> None:
         self.max_body = max_body
+        self.max_header = max_header
+        #: Emit FrameHead for frames whose body is still arriving (a server deciding what to buffer).
+        self.announce_heads = announce_heads
         self.allow_text = allow_text
         self._buf = bytearray()
         self._pos = 0
         self._state = _FRAME_START
         self._skip_left = 0
+        # The frame at _pos was announced (FrameHead): its declared size, until it completes or is skipped.
+        self._announced: FrameHead | None = None
         self._eof = False
         self._error: ProtocolError | None = None
 
     @property
     def buffered(self) -> int:
         return len(self._buf) - self._pos
+
+    @property
+    def announced_frame_len(self) -> int:
+        """The whole size of the announced frame still arriving (0: none): what it will buffer."""
+        return self._announced.frame_len if self._announced is not None else 0
+
+    def skip_frame(self) -> None:
+        """Discard the frame just announced by FrameHead: its body is never buffered."""
+        head = self._announced
+        if head is None:
+            raise RuntimeError("skip_frame() is only valid right after a FrameHead event")
+        self._announced = None
+        self._skip_from(self._pos + PREFIX_SIZE + head.header_len, head.body_len)
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Feed received bytes; ``b""`` means the peer closed its side."""
@@ -189,6 +234,22 @@ class FrameDecoder:
         self._error = ProtocolError(message, fatal=True)
         return self._error
 
+    def _header(self, header_len: int) -> Any:
+        """The msgpack header of the frame at _pos (whatever it decodes to), or the decoding error."""
+        start = self._pos + PREFIX_SIZE
+        try:
+            return msgpack.unpackb(self._buf[start : start + header_len], raw=False, strict_map_key=True)
+        except Exception as exc:  # msgpack raises several unrelated types
+            return exc
+
+    def _skip_from(self, body_start: int, body_len: int) -> None:
+        """Drop a body starting at ``body_start``: what is buffered now, then the rest as it arrives."""
+        in_buffer = min(body_len, len(self._buf) - body_start)
+        self._pos = body_start + in_buffer
+        self._skip_left = body_len - in_buffer
+        if self._skip_left:
+            self._state = _SKIPPING
+
     def _skip(self, data: memoryview) -> memoryview:
         taken = min(self._skip_left, len(data))
         self._skip_left -= taken
@@ -202,26 +263,23 @@ class FrameDecoder:
         _magic, version, header_len, body_len = PREFIX.unpack_from(self._buf, self._pos)
         if version != VERSION:
             return self._break(f"unsupported protocol version {version} (this broker speaks {VERSION})")
-        if header_len > MAX_HEADER_SIZE:
-            return self._break(f"frame header of {header_len} bytes exceeds the limit of {MAX_HEADER_SIZE}")
+        if header_len > self.max_header:
+            return self._break(f"frame header of {header_len} bytes exceeds the limit of {self.max_header}")
         oversized = body_len > self.max_body
-        needed = PREFIX_SIZE + header_len + (0 if oversized else body_len)
-        if available < needed:
+        head_len = PREFIX_SIZE + header_len
+        if available < head_len:
             return NEED_DATA
-        start = self._pos + PREFIX_SIZE
-        header_bytes = self._buf[start : start + header_len]
-        body_start = start + header_len
-        try:
-            header = msgpack.unpackb(header_bytes, raw=False, strict_map_key=True)
-        except Exception as exc:  # msgpack raises several unrelated types
-            header = exc
+        if not oversized and available < head_len + body_len:
+            if self._announced is not None or not self.announce_heads:
+                return NEED_DATA
+            header = self._header(header_len)
+            self._announced = FrameHead(header if isinstance(header, dict) else {}, header_len, body_len)
+            return self._announced
+        self._announced = None
+        header = self._header(header_len)
+        body_start = self._pos + head_len
         if oversized:
-            self._pos = body_start
-            in_buffer = min(body_len, len(self._buf) - self._pos)
-            self._pos += in_buffer
-            self._skip_left = body_len - in_buffer
-            if self._skip_left:
-                self._state = _SKIPPING
+            self._skip_from(body_start, body_len)
             return OversizedFrame(header if isinstance(header, dict) else {}, body_len, self.max_body)
         body = self._buf[body_start : body_start + body_len]
         self._pos = body_start + body_len

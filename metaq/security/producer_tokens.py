@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from typing import Callable
 
 #: Hex characters kept of the SHA-256 MAC (128 bits: unforgeable, short on the wire).
 TOKEN_CHARS = 32
@@ -26,8 +27,10 @@ TOKEN_CHARS = 32
 class ProducerTokens:
     """Issues and checks tokens with one group's key."""
 
-    def __init__(self, key: bytes) -> None:
+    def __init__(self, key: bytes, known_user: Callable[[str], bool] = lambda name: True) -> None:
         self._key = key
+        #: Whether ``user`` may hold tokens now (a user removed from security.ini may not).
+        self._known_user = known_user
 
     def issue(self, producer_id: int, epoch: int, user: str) -> str:
         message = f"{producer_id}:{epoch}:{user}".encode()
@@ -35,7 +38,7 @@ class ProducerTokens:
 
     def valid(self, producer_id: int, epoch: int, user: str, token: object) -> bool:
         """True only for the token ``issue`` gives for exactly this id, epoch and user."""
-        if not isinstance(token, str) or len(token) != TOKEN_CHARS:
+        if not isinstance(token, str) or len(token) != TOKEN_CHARS or not self._known_user(user):
             return False
         return hmac.compare_digest(self.issue(producer_id, epoch, user), token)
 

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import functools
 import ssl
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
 
 from ..config import BrokerConfig, SecurityConfig
 from ..zk.acl import ZkSecurity
 from .acl import Authorizer
 from .credentials import SecurityFile
 from .group import GroupSecret
+from .principal_tags import PrincipalTags
 from .producer_tokens import ProducerTokens
 from .handshake import ClientAuthenticator, ServerAuthenticator
 from .scram import ScramSecret
@@ -31,6 +34,9 @@ class BrokerSecurity:
     group_scram: ScramSecret | None = None
     tls: ReloadingServerContext | None = None
     zookeeper: ZkSecurity | None = None
+    #: Connections logged in as a user (not a broker): closed when a reload removes the
+    #: user or changes its password (``reload_users``). Weak: a closed connection just goes.
+    _logged_in: "weakref.WeakSet[Any]" = field(default_factory=weakref.WeakSet, repr=False)
 
     @property
     def authentication_required(self) -> bool:
@@ -41,6 +47,54 @@ class BrokerSecurity:
         if self.group is not None and self.group.accepts(name):
             return self.group_scram
         return self.users.secret_for(name) if self.users is not None else None
+
+    def describe(self) -> str:
+        """For the broker's start line: whether security and TLS are on."""
+        security = "security on (SCRAM logins, ACLs, ZooKeeper ACLs)" if self.config.enabled else "security off"
+        if not self.config.tls_enabled:
+            return f"{security}, TLS off (plaintext)"
+        return f"{security}, TLS on (client certificates: {self.config.tls_client_auth})"
+
+    def known_user(self, name: str) -> bool:
+        """A user of the security file now, or one of this group's brokers."""
+        return self.lookup(name) is not None
+
+    def logged_in(self, connection: Any) -> None:
+        """``connection`` (its ``principal`` set, a ``close()`` method) proved a user's password."""
+        principal = getattr(connection, "principal", None)
+        if principal is not None and not principal.is_broker:
+            self._logged_in.add(connection)
+
+    def reload_users(self) -> str | None:
+        """Re-read the security file (SIGHUP); what changed as one phrase, None if nothing did.
+
+        New users may log in at once, a new password is the only one accepted from now on,
+        and an ACL change applies to the next request. A removed user's connections, and
+        those that logged in with a password that changed, are closed (their proof is no
+        longer valid), and a removed user's producer tokens stop verifying
+        (``producer_tokens``). SecurityError (the old users stay) on a bad file.
+        """
+        if self.users is None or self.config.security_config is None:
+            return None
+        old = self.users
+        new = SecurityFile.load(self.config.security_config)
+        added = sorted(set(new.users) - set(old.users))
+        removed = sorted(set(old.users) - set(new.users))
+        changed = sorted(name for name in set(old.users) & set(new.users) if old.users[name].secret != new.users[name].secret)
+        acls = sorted(name for name in set(old.users) & set(new.users) if old.users[name].acl != new.users[name].acl)
+        # Users and ACLs change together: the authenticator and the connections read them
+        # from here on every login and request.
+        self.users = new
+        self.authorizer = Authorizer(self.authorizer.broker_id if self.authorizer else 0, new.acls())
+        invalid = set(removed) | set(changed)
+        closed = [conn for conn in list(self._logged_in) if conn.principal.name in invalid]
+        for conn in closed:
+            conn.close()
+        parts = [f"{what} {', '.join(names)}" for what, names in
+                 (("added", added), ("removed", removed), ("new password for", changed), ("new permissions for", acls)) if names]
+        if not parts:
+            return None
+        return "security.ini users (" + "; ".join(parts) + (f"; closed {len(closed)} connection(s)" if closed else "") + ")"
 
     def server_authenticator(self) -> ServerAuthenticator:
         """A fresh authenticator for one incoming connection."""
@@ -60,7 +114,15 @@ class BrokerSecurity:
     @functools.cached_property
     def producer_tokens(self) -> ProducerTokens | None:
         """Issues and checks producer tokens; None with security off (every client is trusted)."""
-        return ProducerTokens(self.group.producer_token_key()) if self.group is not None else None
+        if self.group is None:
+            return None
+        # A token names its user: once security.ini no longer has the user, its tokens stop verifying.
+        return ProducerTokens(self.group.producer_token_key(), known_user=self.known_user)
+
+    @functools.cached_property
+    def principal_tags(self) -> PrincipalTags | None:
+        """Tags user names for the logs and ZooKeeper; None with security off (no users to tell apart)."""
+        return PrincipalTags(self.group.principal_tag_key()) if self.group is not None else None
 
     def peer_client_context(self) -> ssl.SSLContext | None:
         """The context for connecting to another broker of the group (TLS on), verifying it by the CA."""
@@ -88,5 +150,5 @@ def load_broker_security(config: BrokerConfig) -> BrokerSecurity:
         security.users = users
         security.group_scram = group.scram_secret()
         security.authorizer = Authorizer(config.broker_id, users.acls())
-        security.zookeeper = ZkSecurity(config.zk.root, config.broker_id, group.zookeeper_password())
+        security.zookeeper = ZkSecurity(config.zk.root, config.broker_id, group.zookeeper_password(), settings.group_secret_file)
     return security

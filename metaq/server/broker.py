@@ -31,7 +31,9 @@ from ..security.settings import load_broker_security
 from ..store.datadirs import broker_identity, check_data_dirs
 from ..store.manager import MessageStoreManager
 from ..store.msgid import MsgIdGenerator
+from ..zk.data_loss import reconnect_after_data_loss
 from ..zk.monitor import OutageReporter
+from .admission import ConnectionSlots, RequestBudget
 from .connection import ClientConnection, ConnectionLimits
 from .group_topics import GroupTopicsApplier
 from .handlers import RequestHandlers
@@ -39,17 +41,13 @@ from .metrics import BrokerMetrics, InstrumentedHandlers
 from .registry import BrokerRegistry
 from .reload import apply_logging, reload_config
 from .stats import BrokerStats
-from .producer_ids import ProducerIdAllocator, local_blocks, zookeeper_blocks
+from .producer_ids import RESEED_SKIP, ProducerIdAllocator, highest_counter_in, local_blocks, raise_zookeeper_counter, zookeeper_blocks
 from .transactional_ids import LocalMapping, MappingStore, TransactionalIds, ZooKeeperMapping
 from .transactions import TransactionService
 from .txn_state import TxnStates
 from .waiters import EndWaiters
 
 log = logging.getLogger(__name__)
-
-# A put frame carries at most MAX_BATCH_COUNT messages of max_message_size; the
-# frame limit leaves room for the headers and never exceeds 64 MiB.
-FRAME_OVERHEAD = 64 * 1024
 
 
 class Broker:
@@ -58,6 +56,9 @@ class Broker:
         self.slave = slave
         self.register_in_zk = config.zk.enabled if register_in_zk is None else register_in_zk
         self.stats = BrokerStats()
+        # Shared by every connection: what they may hold together (admission.py).
+        self.slots = ConnectionSlots(config.max_connections, config.max_connections_per_address)
+        self.request_budget = RequestBudget(config.max_buffered_request_bytes)
         # Read every security file now: a wrong one stops the broker before it listens.
         self.security = load_broker_security(config)
         self.waiters = EndWaiters()
@@ -112,6 +113,10 @@ class Broker:
         """Does ZooKeeper name ``slave{slave_id}`` in our group (heartbeats from others are ignored)?"""
         return self.registry is not None and slave_id in self.registry.slave_ids
 
+    def _slave_hosts(self, slave_id: int) -> frozenset[str] | None:
+        """The addresses ``slave{slave_id}`` registered from: its heartbeats are answered only there."""
+        return self.registry.slave_hosts.get(slave_id, frozenset()) if self.registry is not None else frozenset()
+
     def slaves_changed(self, slave_ids: frozenset[int]) -> None:
         """ZooKeeper's slave list changed: forget the progress of slaves that left (bounded state)."""
         for slave_id in list(self.ha.progress.slaves):
@@ -163,30 +168,33 @@ class Broker:
         self.store.start()
         self.txn_states.start()
         self.transactions.start()
-        max_body = min(64 * 1024 * 1024, config.max_message_size * 16 + FRAME_OVERHEAD)
+        max_body = config.max_request_body
         loop = asyncio.get_running_loop()
         limits = ConnectionLimits.from_config(config)
         tls = self.security.tls
         self._server = await loop.create_server(
-            lambda: ClientConnection(served, max_body, limits, self.security),
+            lambda: ClientConnection(served, max_body, limits, self.security, self.slots, self.request_budget),
             host=config.host_name,
             port=config.server_port,
             reuse_address=True,
             backlog=512,
             ssl=tls.context if tls is not None else None,
+            # A TLS handshake comes before any login: it gets no longer than the login itself.
+            ssl_handshake_timeout=config.login_timeout_ms / 1000 if tls is not None else None,
         )
         if tls is not None and config.security.tls_reload_interval_ms > 0:
             self._tls_reload = asyncio.ensure_future(self._reload_certificates(config.security.tls_reload_interval_ms / 1000))
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
-        log.info("broker %d (%s) listening on %s:%d", config.broker_id, self.ha.role_name, config.host_name, self.port)
+        log.info("broker %d (%s) listening on %s:%d; %s", config.broker_id, self.ha.role_name, config.host_name, self.port,
+                 self.security.describe())
         if self.metrics is not None:
             assert config.metrics_port is not None
             metrics_port = self.metrics.start(config.host_name, config.metrics_port)
             log.info("metrics on http://%s:%d/metrics", config.host_name, metrics_port)
         self.heartbeats = HeartbeatResponder(
             config.broker_id, self.ha, self.store.logs, config.host_name, self.port,
-            key=self.security.heartbeat_key, known_slave=self._slave_registered,
+            key=self.security.heartbeat_key, known_slave=self._slave_registered, slave_hosts=self._slave_hosts,
         )
         await self.heartbeats.start()
         if self.register_in_zk:
@@ -200,20 +208,40 @@ class Broker:
             )
             await self.registry.start()
             self.registry.client.add_listener(OutageReporter())
+            reconnect_after_data_loss(self.registry.client, config.zk.session_timeout_ms)
             log.info("broker %d connected to ZooKeeper at %s%s", config.broker_id, config.zk.zk_connect, config.zk.root)
             try:
                 identity = await asyncio.to_thread(broker_identity, config.data_path)
-                await check_join(config, self.slave, self.registry.client, self.registry.url, identity)
+                joins_another_master = await check_join(self, self.slave, identity)
             except BaseException:
                 await self.registry.stop(sync_time_ms=0)
                 raise
-            # A broker started without --slave seeds the group's topics from its server.ini.
-            self.group_topics = GroupTopicsApplier(self, seeds=self.slave is None)
+            # A broker started without --slave seeds the group's topics from its server.ini,
+            # unless another broker leads the group (ha/joining.py: it never changes them then).
+            self.group_topics = GroupTopicsApplier(self, seeds=not joins_another_master)
             await self.group_topics.start()
         self.producer_ids = ProducerIdAllocator(config.broker_id, self._producer_id_blocks())
         self.transactional_ids = TransactionalIds(self.producer_ids, self._transactional_id_mapping(),
-                                                  self.config.txn.max_transactional_ids_per_user)
+                                                  self.config.txn.max_transactional_ids_per_user,
+                                                  self.security.principal_tags)
         await self.ha.start()
+
+    async def restore_after_zookeeper_loss(self) -> None:
+        """This broker re-seeded its group after ZooKeeper lost its data (metaq/ha/election.py).
+
+        The producer id counter went with it: start it again past every id in our logs
+        (the new master holds every acked batch), so no id is handed out twice.
+        """
+        registry = self.registry
+        assert registry is not None
+        states = await asyncio.to_thread(self.txn_states.all)
+        seen = (pid for state in states.values() for pid in state.producers.producers)
+        floor = highest_counter_in(seen, self.config.broker_id) + RESEED_SKIP
+        value = await asyncio.to_thread(
+            raise_zookeeper_counter, registry.client, registry.paths, self.config.broker_id, floor, self._create_group_node(),
+        )
+        log.info("producer id counter of broker group %d restarted at %d (past every id in this broker's logs)",
+                 self.config.broker_id, value)
 
     def _producer_id_blocks(self) -> Any:
         """Where producer id blocks come from: the group's ZooKeeper counter, or a local file."""
@@ -329,6 +357,9 @@ class Broker:
             ("replica_get_requests", totals.replica_get_requests),
             ("replica_get_bytes", totals.replica_get_bytes),
             ("bad_requests", self.stats.bad_requests),
+            ("connections_not_logged_in", self.slots.not_logged_in),
+            ("buffered_request_bytes", self.request_budget.held),
+            *self.stats.refusal_pairs(),
         ] + self.ha.status_pairs() + self.replication_pairs()
 
     def replication_pairs(self) -> list[tuple[str, Any]]:

@@ -19,6 +19,15 @@ Bounded resources: a connection stops reading (``pause_reading``) while it has
 peer has not read, as Kafka's ``queued.max.requests``; it resumes when the client
 drains. A frame that does not complete within ``requestBodyTimeoutMs`` (slowloris) and
 a connection idle for ``connectionIdleTimeoutMs`` are closed, each with a log line.
+
+Before login (security on) a connection is read only as far as it needs to log in: frames
+of ``auth``, ``version`` and ``quit`` with a header and a body of at most
+``PRE_LOGIN_MAX_FRAME_PART`` bytes each; anything else closes it, and so do
+``PRE_LOGIN_MAX_QUEUED_REPLY_BYTES`` of unread replies and not logging in within
+``loginTimeoutMs``. So a connection that has not logged in holds at most one small frame
+and a few replies. Broker-wide, the bytes of frames being received are limited
+(``RequestBudget``) and connection slots are shared out (``ConnectionSlots``), see
+metaq/server/admission.py.
 """
 
 from __future__ import annotations
@@ -36,6 +45,8 @@ from ..protocol.frames import (
     BadFrame,
     Frame,
     FrameDecoder,
+    MAX_HEADER_SIZE,
+    FrameHead,
     OversizedFrame,
     ProtocolError,
     TextLine,
@@ -43,9 +54,10 @@ from ..protocol.frames import (
     encode_frame_head,
 )
 from ..security import handshake
-from ..security.acl import required_operation
+from ..security.acl import UNAUTHENTICATED_OPS, required_operation
 from ..security.messages import OP as AUTH_OP
 from ..security.messages import auth_reply
+from .admission import ConnectionSlots, RequestBudget
 from .stats import BrokerStats
 
 if TYPE_CHECKING:
@@ -58,6 +70,10 @@ log = logging.getLogger(__name__)
 # Replies smaller than this are copied (pread) instead of sent with sendfile;
 # below it the copy is cheaper than the extra round through the event loop.
 SENDFILE_MIN_BYTES = 64 * 1024
+#: Before login: the largest frame header, and the largest body, read (a SCRAM step is a few hundred bytes).
+PRE_LOGIN_MAX_FRAME_PART = 4 * 1024
+#: Before login: replies the peer has not read before the connection is closed.
+PRE_LOGIN_MAX_QUEUED_REPLY_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -68,7 +84,8 @@ class ConnectionLimits:
     max_queued_reply_bytes: int = 16 * 1024 * 1024  # [maxQueuedReplyBytes] replies the peer has not read
     body_timeout_s: float = 30.0  # [requestBodyTimeoutMs] one frame must arrive whole within this
     idle_timeout_s: float = 600.0  # [connectionIdleTimeoutMs] 0: never
-    max_connections: int = 1024  # [maxConnections] per broker; more are refused with a log line
+    max_connections: int = 1024  # [maxConnections] per broker (admission.ConnectionSlots)
+    login_timeout_s: float = 10.0  # [loginTimeoutMs] security on: log in within this or be closed
 
     @classmethod
     def from_config(cls, config: "BrokerConfig") -> "ConnectionLimits":
@@ -78,11 +95,12 @@ class ConnectionLimits:
             config.request_body_timeout_ms / 1000,
             config.connection_idle_timeout_ms / 1000,
             config.max_connections,
+            config.login_timeout_ms / 1000,
         )
 
     @property
     def watchdog_interval_s(self) -> float:
-        timeouts = [t for t in (self.body_timeout_s, self.idle_timeout_s) if t > 0]
+        timeouts = [t for t in (self.body_timeout_s, self.idle_timeout_s, self.login_timeout_s) if t > 0]
         return max(0.05, min(1.0, min(timeouts) / 4)) if timeouts else 1.0
 
 
@@ -117,22 +135,32 @@ class ClientConnection(asyncio.Protocol):
         max_body: int,
         limits: ConnectionLimits | None = None,
         security: "BrokerSecurity | None" = None,
+        slots: ConnectionSlots | None = None,
+        budget: RequestBudget | None = None,
     ) -> None:
         self.handlers = handlers
-        self.decoder = FrameDecoder(max_body=max_body)
+        self.max_body = max_body
+        self.decoder = FrameDecoder(max_body=max_body, announce_heads=True)
         self.limits = limits or ConnectionLimits()
+        self.slots = slots or ConnectionSlots(self.limits.max_connections, self.limits.max_connections)
+        self.budget = budget or RequestBudget(max_body)
+        #: Bytes this connection counts in ``budget`` now (RequestBudget's invariant).
+        self._budget_held = 0
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
+        self.peer_host = "?"
         self.security = security
         #: Who the peer proved to be (None: not authenticated, or security off).
         self.principal: "Principal | None" = None
         #: The last (producer id, epoch, token) verified for this principal (metaq/server/producer_auth.py).
         self.verified_producer: tuple[int, int, str] | None = None
         self._auth = security.server_authenticator() if security is not None and security.authentication_required else None
+        if self._auth is not None:
+            self.decoder.max_header = self.decoder.max_body = PRE_LOGIN_MAX_FRAME_PART
         self._reading_paused = False
         self._out_bytes = 0
         self._partial_since: float | None = None
-        self._last_activity = time.monotonic()
+        self._last_activity = self._opened_at = time.monotonic()
         self._watchdog: asyncio.TimerHandle | None = None
         self._counted = False
         self._tasks: set[asyncio.Task[None]] = set()
@@ -155,13 +183,22 @@ class ClientConnection(asyncio.Protocol):
     def authentication_required(self) -> bool:
         return self._auth is not None
 
+    @property
+    def awaiting_login(self) -> bool:
+        """Security on and no principal yet: only the login is read (PRE_LOGIN_MAX_FRAME_PART)."""
+        return self._auth is not None and self.principal is None
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.peer_host = str(peer[0]) if peer else "?"
         stats = self.handlers.stats
-        if stats.connections >= self.limits.max_connections:
-            _log_refusal(self.peer, stats.connections, self.limits.max_connections)
+        refusal = self.slots.admit(self, logged_in=not self.awaiting_login)
+        if refusal is not None:
+            kind, reason = refusal
+            stats.refused(kind)
+            self.slots.log_once_a_second(kind, f"refusing connection from {self.peer}: {reason}")
             self._closing = True
             transport.close()
             return
@@ -177,6 +214,8 @@ class ClientConnection(asyncio.Protocol):
             self._watchdog.cancel()
         if not self._counted:
             return  # refused in connection_made: it never was a connection of ours
+        self.slots.release(self)
+        self._budget_held = self.budget.move(self._budget_held, 0)
         self.handlers.stats.connection_closed()
         self.handlers.connection_closed(self)
         for task in list(self._tasks):
@@ -203,6 +242,7 @@ class ClientConnection(asyncio.Protocol):
             self._process_events()
         finally:
             self._flush_out()
+            self._count_buffered()
         if self._text_answered and not self._closing:
             self.close()
             return
@@ -215,7 +255,57 @@ class ClientConnection(asyncio.Protocol):
         if len(self._tasks) >= self.limits.max_in_flight:
             return True
         queued = self._out_bytes + (self.transport.get_write_buffer_size() if self.transport is not None else 0)
-        return queued >= self.limits.max_queued_reply_bytes
+        limit = PRE_LOGIN_MAX_QUEUED_REPLY_BYTES if self.awaiting_login else self.limits.max_queued_reply_bytes
+        return queued >= limit
+
+    def _count_buffered(self) -> None:
+        """Count in the broker's budget what the decoder holds now, and what the frame it is receiving will."""
+        if self._counted:
+            wanted = 0 if self._closing else max(self.decoder.buffered, self.decoder.announced_frame_len)
+            self._budget_held = self.budget.move(self._budget_held, wanted)
+
+    def _admit_head(self, head: FrameHead) -> None:
+        """A frame whose body is still to come: reserve its whole size in the budget, or skip it unread."""
+        wanted = max(self.decoder.buffered, head.frame_len)
+        if self.budget.fits(self._budget_held, wanted):
+            self._budget_held = self.budget.move(self._budget_held, wanted)
+            return
+        self.decoder.skip_frame()
+        self.handlers.stats.refused("request_budget")
+        self.slots.log_once_a_second(
+            "request_budget",
+            f"refusing a request of {head.body_len} bytes from {self.peer}: the broker holds {self.budget.held} bytes "
+            f"of requests being received (maxBufferedRequestBytes={self.budget.limit})"
+        )
+        self.send_reply(
+            c.reply_header(
+                _opaque(head.header), c.SERVICE_UNAVAILABLE,
+                f"broker busy: request of {head.body_len} bytes does not fit in maxBufferedRequestBytes now; retry",
+            )
+        )
+
+    def _closed_before_login(self, header: dict[str, Any], body_len: int) -> bool:
+        """Before login only a small auth, version or quit frame is read; anything else closes the connection."""
+        if not self.awaiting_login:
+            return False
+        op = header.get("op")
+        if op in UNAUTHENTICATED_OPS and body_len <= PRE_LOGIN_MAX_FRAME_PART:
+            return False
+        what = f"op {op!r}" if op not in UNAUTHENTICATED_OPS else f"a body of {body_len} bytes"
+        log.info(
+            "closing connection from %s: %s before login (only auth, version and quit, bodies up to %d bytes)",
+            self.peer, what, PRE_LOGIN_MAX_FRAME_PART,
+        )
+        self.handlers.stats.refused("before_login")
+        self.send_reply(c.reply_header(_opaque(header), c.FORBIDDEN, f"not authenticated: {what} before login; send the auth handshake first"))
+        self.close()
+        return True
+
+    def evict(self, reason: str) -> None:
+        """Close to make room (ConnectionSlots): this connection has not logged in."""
+        self.handlers.stats.refused("evicted")
+        self.slots.log_once_a_second("evicted", f"closing connection from {self.peer}: not logged in, {reason}")
+        self.close()
 
     def _update_flow(self) -> None:
         """Pause reading over the limits; below them resume, and process what is already buffered."""
@@ -223,6 +313,14 @@ class ClientConnection(asyncio.Protocol):
         if transport is None or self._closing or transport.is_closing():
             return
         if self._over_limits():
+            if self.awaiting_login:
+                # Logging in is a few small round trips: a peer that piles up unread replies before
+                # login is not logging in, and a paused connection would keep a read's worth of its bytes.
+                log.info("closing connection from %s: %d bytes of replies unread before login", self.peer,
+                         self._out_bytes + transport.get_write_buffer_size())
+                self.handlers.stats.refused("before_login")
+                self.close()
+                return
             if not self._reading_paused:
                 self._reading_paused = True
                 transport.pause_reading()
@@ -252,6 +350,11 @@ class ClientConnection(asyncio.Protocol):
                 "closing connection from %s: a request has been arriving for over %.0f s (%d bytes so far; requestBodyTimeoutMs)",
                 self.peer, limits.body_timeout_s, self.decoder.buffered,
             )
+            self.close()
+            return
+        if self.awaiting_login and limits.login_timeout_s > 0 and now - self._opened_at > limits.login_timeout_s:
+            log.info("closing connection from %s: not logged in within %.0f s (loginTimeoutMs)", self.peer, limits.login_timeout_s)
+            self.handlers.stats.refused("login_timeout")
             self.close()
             return
         idle = not self._tasks and self._partial_since is None
@@ -285,15 +388,20 @@ class ClientConnection(asyncio.Protocol):
                 self.close()
                 return
             if isinstance(event, Frame):
-                self._dispatch_frame(event)
+                if not self._closed_before_login(event.header, len(event.body)):
+                    self._dispatch_frame(event)
+            elif isinstance(event, FrameHead):
+                if not self._closed_before_login(event.header, event.body_len):
+                    self._admit_head(event)
             elif isinstance(event, TextLine):
                 self._dispatch_text(event)
             elif isinstance(event, OversizedFrame):
+                if self._closed_before_login(event.header, event.body_len):
+                    return
                 self.handlers.stats.bad_request()
-                opaque = event.header.get("opaque") if isinstance(event.header.get("opaque"), int) else None
                 self.send_reply(
                     c.reply_header(
-                        opaque,
+                        _opaque(event.header),
                         c.BAD_REQUEST,
                         f"request body of {event.body_len} bytes exceeds the limit of {event.limit} bytes",
                     )
@@ -316,8 +424,7 @@ class ClientConnection(asyncio.Protocol):
         if self.security is not None and self.security.authorizer is not None:
             denial = self._denial(header)
             if denial is not None:
-                opaque = header.get("opaque") if isinstance(header.get("opaque"), int) else None
-                self.send_reply(c.reply_header(opaque, c.FORBIDDEN, denial))
+                self.send_reply(c.reply_header(_opaque(header), c.FORBIDDEN, denial))
                 return
         try:
             request = c.parse_request(frame)
@@ -351,6 +458,9 @@ class ClientConnection(asyncio.Protocol):
                 self.send_reply(auth_reply(event.reply, opaque))
             elif isinstance(event, handshake.Authenticated):
                 self.principal = event.principal
+                self.slots.logged_in(self)
+                self.decoder.max_header, self.decoder.max_body = MAX_HEADER_SIZE, self.max_body
+                self.security.logged_in(self)  # a SIGHUP that removes the user closes it
                 log.info("connection from %s authenticated as %s", self.peer, event.principal)
             elif isinstance(event, handshake.Failed):
                 log.warning("authentication from %s failed: %s", self.peer, event.error)
@@ -469,16 +579,8 @@ class ClientConnection(asyncio.Protocol):
             self.transport.close()
 
 
-_last_refusal_log = 0.0
-
-
-def _log_refusal(peer: str, open_now: int, limit: int) -> None:
-    """One line per second at most: a connection flood must not become a log flood."""
-    global _last_refusal_log
-    now = time.monotonic()
-    if now - _last_refusal_log >= 1.0:
-        _last_refusal_log = now
-        log.warning("refusing connection from %s: %d connections open (maxConnections=%d)", peer, open_now, limit)
+def _opaque(header: dict[str, Any]) -> int | None:
+    return header.get("opaque") if isinstance(header.get("opaque"), int) else None
 
 
 def _loop_has_sendfile(loop: asyncio.AbstractEventLoop) -> bool:

@@ -23,11 +23,8 @@ from typing import Any
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
-from ..addresses import parse_broker_url
-from ..client.connection import BrokerConnection
 from ..config import ConfigError, TopicConfig, topic_settings
-from ..protocol.messages import TopicsRequest
-from ..protocol.replies import TopicsReply
+from ..ha.peers import peer_topics
 from ..zk.paths import ZkPaths
 from .registry import RegistryError
 from ..zk.topic_config import GroupTopics, decode_group_topics, publish_with, read_group_topics, seed_with, serve_group_topics, update_group_topics
@@ -61,7 +58,7 @@ class GroupTopicsApplier:
         broker_id = self.broker.config.broker_id
         try:
             if self.seeds:
-                group = await asyncio.to_thread(self._update, seed_with(self.broker.local_topics))
+                group = await asyncio.to_thread(self._update, seed_with(self.broker.local_topics, self.broker.config.topic_defaults))
             else:
                 group = await asyncio.to_thread(read_group_topics, self.client, self.paths, broker_id)
             await asyncio.to_thread(self.client.DataWatch, self.node, self._watch)
@@ -134,7 +131,8 @@ class GroupTopicsApplier:
             master_url = follower.master_url if follower is not None and not self.broker.ha.acting_master else None
             if master_url is None:
                 return  # a master, or a slave between masters: following (re)reads the topics itself
-            served = await _master_topics(master_url)
+            # As the group's slave{k} (ha/peers.py): with security on an anonymous ask is refused.
+            served = await peer_topics(self.broker, master_url, follower.slave.slave_id)
             if served is not None and all(served.get(name, 0) >= n for name, n in wanted.items()):
                 follower.resync_topics()
                 return
@@ -142,9 +140,9 @@ class GroupTopicsApplier:
         if not self._stopped:
             log.warning("the master did not serve version %d of the topic configuration within %d s", self.group.version, CATCH_UP_S)
 
-    async def publish(self, changed: dict[str, TopicConfig]) -> GroupTopics:
-        """Write these topics' settings to the group's configuration (a SIGHUP'd server.ini edit)."""
-        return await asyncio.to_thread(self._update, publish_with(changed))
+    async def publish(self, edits: dict[str, tuple[TopicConfig | None, TopicConfig]]) -> GroupTopics:
+        """Write what a SIGHUP'd server.ini edit changed (topic -> its section before and after)."""
+        return await asyncio.to_thread(self._update, publish_with(edits, self.broker.config.topic_defaults))
 
     def _update(self, change: Any) -> GroupTopics:
         """A compare-and-set write of the group's node, with the group's ZooKeeper ACL when security is on."""
@@ -170,15 +168,3 @@ def describe_change(before: dict[str, TopicConfig], after: dict[str, TopicConfig
     if removed:
         parts.append("no longer serving " + ", ".join(removed) + " (files kept on disk)")
     return "; ".join(parts)
-
-
-async def _master_topics(url: str) -> dict[str, int] | None:
-    """The master's topics and partition counts, or None if it cannot answer now."""
-    try:
-        conn = await BrokerConnection.open(*parse_broker_url(url), 3)
-        try:
-            return TopicsReply.of(await conn.request(TopicsRequest().to_header(), timeout=3)).topics
-        finally:
-            conn.close()
-    except Exception:  # unreachable, restarting, refusing: asked again shortly
-        return None

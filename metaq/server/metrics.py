@@ -21,6 +21,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .stats import REFUSAL_KINDS
+
 
 log = logging.getLogger(__name__)
 
@@ -123,21 +125,26 @@ class BrokerCollector(Collector):
     def _families(self) -> Iterator[Any]:
         broker = self.broker
         yield from self._traffic()
-        connections = GaugeMetricFamily("metaq_connections", "Client connections open now")
-        connections.add_metric([], broker.stats.connections)
-        yield connections
-        opened = CounterMetricFamily("metaq_connections_opened", "Client connections accepted since start")
-        opened.add_metric([], broker.stats.total_connections)
-        yield opened
+        yield _one(GaugeMetricFamily, "metaq_connections", "Client connections open now", broker.stats.connections)
+        yield _one(CounterMetricFamily, "metaq_connections_opened", "Client connections accepted since start", broker.stats.total_connections)
+        yield _one(GaugeMetricFamily, "metaq_connections_not_logged_in",
+                   "Connections open now that have not logged in (security on)", broker.slots.not_logged_in)
+        yield _one(GaugeMetricFamily, "metaq_buffered_request_bytes",
+                   "Bytes of requests being received now (limit: maxBufferedRequestBytes)", broker.request_budget.held)
+        refusals = CounterMetricFamily(
+            "metaq_refusals", "Connections and requests refused or closed to bound the broker's connections and memory",
+            labels=["reason"],
+        )
+        for kind in REFUSAL_KINDS:
+            refusals.add_metric([kind], broker.stats.refusals[kind])
+        yield refusals
         role = GaugeMetricFamily("metaq_role", "1 for the role this broker has now", labels=["role"])
         current = broker.ha.role_name
         current = "slave" if current.startswith("slave") else current  # slave{k}: the id is not a role
         for name in ROLES if current in ROLES else (*ROLES, current):
             role.add_metric([name], 1.0 if name == current else 0.0)
         yield role
-        epoch = GaugeMetricFamily("metaq_epoch", "The master epoch this broker serves in")
-        epoch.add_metric([], broker.ha.epoch)
-        yield epoch
+        yield _one(GaugeMetricFamily, "metaq_epoch", "The master epoch this broker serves in", broker.ha.epoch)
         yield from self._replication()
         yield self._zookeeper()
 
@@ -192,3 +199,10 @@ class BrokerCollector(Collector):
         for name in (*ZK_STATES, "DISABLED"):
             state.add_metric([name], 1.0 if name == current else 0.0)
         return state
+
+
+def _one(family: Any, name: str, documentation: str, value: float) -> Any:
+    """A metric family of one unlabelled sample."""
+    metric = family(name, documentation)
+    metric.add_metric([], value)
+    return metric

@@ -16,7 +16,8 @@ group node with their ACLs), and every node is created with the ACL of its kind,
 missing parents too: only the group's brokers can write the group's nodes.
 
 The registry also watches which slaves are registered (``slave_ids``): the master
-accepts replication progress only from those (server/handlers.py).
+accepts replication progress only from those (server/handlers.py), and answers their
+heartbeats only at the addresses they registered from (``slave_hosts``, ha/heartbeat.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -43,7 +45,7 @@ from kazoo.exceptions import (
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry, RetryFailedError
 
-from metaq.addresses import broker_url
+from metaq.addresses import broker_url, parse_broker_url
 from metaq.config import TopicConfig, ZkConfig
 from metaq.zk.acl import ZkSecurity, client_kwargs
 from metaq.zk.paths import ZkPaths, slave_node_id, topic_node_data
@@ -112,7 +114,10 @@ class BrokerRegistry:
         self.security = security
         #: The slave ids registered under our group node now (a ZooKeeper children watch).
         self.slave_ids: frozenset[int] = frozenset()
-        self._slaves_watched = False
+        #: slave id -> the IP addresses of the host in its registered url (read with slave_ids; None: unreadable).
+        self.slave_hosts: dict[int, frozenset[str] | None] = {}
+        #: Which ``_watch_slaves`` call is current (one per session): older watches stop themselves.
+        self._slaves_watch = 0
         self.on_slaves_changed = on_slaves_changed
 
         self.on_session_lost: Callable[[], Any] | None = None
@@ -298,16 +303,43 @@ class BrokerRegistry:
         return True
 
     def _watch_slaves(self) -> None:
-        """Keep ``slave_ids`` equal to the ``slave{k}`` children of our group node (kazoo re-arms it)."""
-        if self._slaves_watched:
-            return
-        self._slaves_watched = True
+        """Keep ``slave_ids`` equal to the ``slave{k}`` children of our group node.
 
-        def update(children: list[str]) -> None:
-            self.slave_ids = frozenset(k for k in map(slave_node_id, children) if k is not None)
+        Armed again on every new session: kazoo re-arms a watch across reconnects, but a
+        watch whose node was deleted stops for good, and a ZooKeeper that lost its data
+        deletes the group node; a master that kept that watch never saw its slaves again
+        and refused their replication (403 "not registered"). The group node exists here
+        (``_ensure_broker_parent`` ran first); the previous watch stops at its next event.
+        """
+        self._slaves_watch += 1
+        generation = self._slaves_watch
+
+        def update(children: list[str]) -> bool:
+            if generation != self._slaves_watch:
+                return False  # superseded by a newer session's watch
+            ids = frozenset(k for k in map(slave_node_id, children) if k is not None)
+            self.slave_hosts = {k: self._registered_hosts(self.paths.slave(self.broker_id, k)) for k in ids}
+            self.slave_ids = ids
             self._notify(self.on_slaves_changed, self.slave_ids)
+            return True
 
         self._client.ChildrenWatch(self.paths.broker(self.broker_id), update)
+
+    def _registered_hosts(self, path: str) -> frozenset[str] | None:
+        """The IP addresses of the host in the url at ``path`` (kazoo's thread: a blocking read is fine here);
+        None when ZooKeeper could not be read (not known, rather than no host)."""
+        try:
+            host, _port = parse_broker_url(self._client.get(path)[0].decode("utf-8", "replace"))
+        except (NoNodeError, ValueError):
+            return frozenset()
+        except KazooException as exc:
+            log.warning("cannot read %s: %s", path, exc)
+            return None
+        try:
+            return frozenset({host} | {str(info[4][0]) for info in socket.getaddrinfo(host, None)})
+        except OSError as exc:
+            log.warning("cannot resolve %s, registered at %s: %s", host, path, exc)
+            return frozenset({host})
 
     def _ensure_broker_parent(self) -> None:
         parent = self.paths.broker(self.broker_id)

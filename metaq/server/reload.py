@@ -2,15 +2,20 @@
 
 Applied live: topic sections (new topics, partitions, per-topic flush policy and
 retention), the ``[system]`` topic defaults except ``dataPath`` (flush policy,
-retention, segment size), and logging (``logLevel``, ``logFile``, ``logFormat``).
-Everything else (ports, ids, replication mode, ZooKeeper, security, ``dataPath``)
-needs a restart; the broker keeps running with the old values and says so.
+retention, segment size), logging (``logLevel``, ``logFile``, ``logFormat``), and,
+with security on, the users of the security file (``securityConfig``): new users,
+new passwords and ACLs apply at once; a removed user's connections (and those that
+logged in with a password that changed) are closed and its producer tokens stop
+verifying (metaq/security/settings.py ``reload_users``). Everything else (ports, ids,
+replication mode, ZooKeeper, the security keys of server.ini, ``dataPath``) needs a
+restart; the broker keeps running with the old values and says so.
 
 In a broker group with a topic configuration in ZooKeeper (metaq/zk/topic_config.py)
 topic sections go through it: a broker started without ``--slave`` publishes the
 sections the edit changed, so the whole group applies them; a slave's sections do
 not override the group's. The outcome is one log line:
-``reload: applied ...; needs a restart: ...``.
+``reload: applied ...; needs a restart: ...``, logged at the broker's log level or
+above, so that ``logLevel=WARNING`` still shows it.
 """
 
 from __future__ import annotations
@@ -55,13 +60,14 @@ async def reload_config(broker: Any) -> str:
     )
     if any(key.startswith("log") for key in applied):
         apply_logging(running)
-    edited = {name: topic for name, topic in new.topics.items() if broker.local_topics.get(name) != topic}
+    edited = {name: (broker.local_topics.get(name), topic) for name, topic in new.topics.items() if broker.local_topics.get(name) != topic}
     removed = sorted(set(broker.local_topics) - set(new.topics))
     broker.local_topics = dict(new.topics)
     broker.config = running
     if broker.registry is not None and new.checksum != old.checksum:
         await broker.registry.set_checksum(new.checksum)  # slaves with autoSyncMasterConfig re-read it
     applied += await _apply_topics(broker, new, edited, removed)
+    applied += _reload_users(broker, restart)
     if removed and broker.group_topics is not None and broker.group_topics.group.exists:
         restart.append(f"nothing: removed sections {', '.join(removed)} stay in the group (metaq topics delete)")
     line = "reload: applied " + (", ".join(applied) if applied else "nothing (no live setting changed)")
@@ -90,6 +96,18 @@ async def _apply_topics(broker: Any, new: BrokerConfig, edited: dict, removed: l
     return [f"topic sections {', '.join(changed)}"] if changed else []
 
 
+def _reload_users(broker: Any, restart: list[str]) -> list[str]:
+    """The security file's users, re-read (security on); a bad file keeps the old ones."""
+    from ..security.errors import SecurityError
+
+    try:
+        change = broker.security.reload_users()
+    except (SecurityError, OSError) as exc:
+        restart.append(f"nothing from {broker.config.security.security_config} (kept the old users: {exc})")
+        return []
+    return [change] if change else []
+
+
 def apply_logging(config: BrokerConfig) -> None:
     """The broker's ``[system]`` logging keys; unset ones leave the command line's choice."""
     if config.log_file or config.log_format:
@@ -102,5 +120,6 @@ def apply_logging(config: BrokerConfig) -> None:
 
 
 def _say(line: str, level: int = logging.INFO) -> str:
-    log.log(level, "%s", line)
+    # The operator sent the signal and looks for this line: never below the level that is shown.
+    log.log(max(level, log.getEffectiveLevel()), "%s", line)
     return line

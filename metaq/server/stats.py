@@ -10,7 +10,7 @@ MetaQ's ``echo stats | nc`` keep working. A row renders as ``field=value`` words
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,12 +31,21 @@ class PartitionCounters:
     put_duplicates: int = 0  # idempotent retries re-acked without an append
 
 
+#: What the broker refused or closed to bound its connections and memory (metaq/server/admission.py,
+#: connection.py), as ``refused_{kind}`` in stats and ``metaq_refusals{reason="{kind}"}`` in metrics:
+#: connections refused past maxConnections / maxConnectionsPerAddress, not-logged-in connections
+#: closed to make room, or past loginTimeoutMs, or for a frame other than a small login frame
+#: before login, and requests refused past maxBufferedRequestBytes.
+REFUSAL_KINDS = ("max_connections", "per_address", "evicted", "login_timeout", "before_login", "request_budget")
+
+
 @dataclass
 class BrokerStats:
     started_at: float = field(default_factory=time.time)
     connections: int = 0
     total_connections: int = 0
     bad_requests: int = 0
+    refusals: Counter[str] = field(default_factory=Counter)
     by_partition: dict[tuple[str, int], PartitionCounters] = field(
         default_factory=lambda: defaultdict(PartitionCounters)
     )
@@ -50,6 +59,13 @@ class BrokerStats:
 
     def bad_request(self) -> None:
         self.bad_requests += 1
+
+    def refused(self, kind: str) -> None:
+        assert kind in REFUSAL_KINDS, kind
+        self.refusals[kind] += 1
+
+    def refusal_pairs(self) -> list[tuple[str, int]]:
+        return [(f"refused_{kind}", self.refusals[kind]) for kind in REFUSAL_KINDS]
 
     def partition(self, topic: str, partition: int) -> PartitionCounters:
         return self.by_partition[(topic, partition)]
@@ -72,6 +88,7 @@ class BrokerStats:
     def reset(self) -> None:
         self.by_partition.clear()
         self.bad_requests = 0
+        self.refusals.clear()
 
     def uptime(self) -> float:
         return time.time() - self.started_at
@@ -79,7 +96,7 @@ class BrokerStats:
 
 #: ``stats help``: each item and what it shows (docs/operations.md, "Stats", says the same).
 ITEM_HELP = {
-    "(empty)": "pid, broker id, role, epoch, version, uptime, connections, put/get counters, HA state, replication lag",
+    "(empty)": "pid, broker id, role, epoch, version, uptime, connections, put/get counters, connections not logged in, buffered request bytes, refusals, HA state, replication lag",
     "realtime": "the same as (empty)",
     "topics": "per topic: put_messages put_bytes get_requests get_bytes get_miss replica_get_bytes replica_positions",
     "offsets": "per partition {topic}-{brokerId}-{n}: min_offset max_offset committed flushed",

@@ -44,7 +44,8 @@ from ..addresses import parse_broker_url, parse_host_port
 from ..client import AsyncMessageSessionFactory, Message, MetaClientConfig
 from ..client.connection import Credentials
 from ..errors import MetaqError
-from ..protocol.messages import ConfigRequest, EpochsRequest, GetRequest, Request, StatsRequest, TopicsRequest
+from ..protocol.codes import FORBIDDEN
+from ..protocol.messages import ConfigRequest, EpochsRequest, GetRequest, OffsetRequest, PutRequest, Request, StatsRequest, TopicsRequest
 from ..protocol.replies import ConfigReply, EpochsReply, FetchReply, ReplyError, StatsReply, TopicsReply
 from ..record import iter_records
 from ..zk.group import GroupMembers, GroupState, read_group_state, read_members
@@ -268,12 +269,16 @@ class Drill:
         if state.master_url is None:
             raise MetaqError(f"broker group {self.broker_id} has no master registered under {self.zk_root}")
         old_url = state.master_url
-        topics_reply = TopicsReply.of(await _request(old_url, TopicsRequest(), self.creds))
+        try:
+            topics_reply = TopicsReply.of(await _request(old_url, TopicsRequest(), self.creds))
+        except ReplyError as exc:
+            raise MetaqError(f"not starting the drill: the master {old_url} answered {exc}; nothing was injected") from None
         topics = topics_reply.topics
         topic = self.topic or (sorted(topics)[0] if topics else None)
         if topic is None or topic not in topics:
             raise MetaqError(f"topic {self.topic!r} is not served by broker group {self.broker_id}")
         mode = topics_reply.replication_mode
+        await self._check_permissions(old_url, topic)
         pid = await _pid(old_url, self.creds)
         process = _Process.inspect(pid)
         session_ms = await self._session_timeout_ms(old_url)
@@ -322,6 +327,25 @@ class Drill:
         if report.rejoined_as is not None and report.new_master and report.new_master != old_url:
             report.logs_identical = await self._verify()
         return report
+
+    async def _check_permissions(self, url: str, topic: str) -> None:
+        """Every permission the drill needs, asked of the master before any fault, writing nothing.
+
+        With security on the drill's user produces and reads ``topic`` (the load, the check)
+        and reads the brokers' config and epochs (admin); a drill that lacks one would fault
+        the master and then measure nothing.
+        """
+        probes = (
+            ("read the brokers' config and epochs (admin)", ConfigRequest()),
+            (f"consume topic {topic!r}", OffsetRequest(topic=topic, partition=0, offset=0)),
+            # A put without messages passes the permission check, then is refused (400): nothing is stored.
+            (f"produce to topic {topic!r}", PutRequest(topic=topic, partition=0)),
+        )
+        for what, request in probes:
+            reply = await _request(url, request, self.creds)
+            if reply.code == FORBIDDEN:
+                who = f"user {self.creds.user!r}" if self.creds.user else "a drill without --user"
+                raise MetaqError(f"not starting the drill: {who} may not {what} on the master {url} ({reply.message}); nothing was injected")
 
     def _drilled(self, acks: list[_Ack]) -> list[_Ack]:
         """The acks stored in the drilled group (partition names are ``{brokerId}-{n}``)."""

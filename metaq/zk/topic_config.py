@@ -11,10 +11,20 @@ is never shared: each broker keeps its topics on its own disk.
 Precedence (one rule, applied by ``serve_group_topics``): once the node exists, every
 member of the group, master or slave, serves exactly the topics it names with its
 settings; ``server.ini``'s topic sections only seed it. A broker started without
-``--slave`` adds each of its server.ini topics that the node does not name yet (and
-that no ``metaq topics delete`` removed), so the MetaQ way, a topic section in the
-master's server.ini, still works; it never changes or removes a topic the node has.
+``--slave`` while no other broker leads the group adds each of its server.ini topics
+that the node does not name yet (and that no ``metaq topics delete`` removed), so the
+MetaQ way, a topic section in the master's server.ini, still works; it never changes or
+removes a topic the node has. One joining a group another broker leads never seeds
+(metaq/ha/joining.py).
 ``metaq topics create|alter|delete`` and a SIGHUP'd server.ini edit change it.
+
+Only per-topic overrides are stored: a seeded section contributes its
+``numPartitions`` and the keys whose values differ from the seeding broker's
+``[system]`` defaults; a SIGHUP'd edit changes only the keys the edit changed, and a
+key whose new value is the new ``[system]`` default is removed (inherited again). So
+a ``[system]`` edit (``unflushInterval``, say) applies to every topic that does not
+override the key, never pinning its old or new value on some topics and not others;
+``metaq topics alter --set KEY=`` removes an override.
 
 Every write is a compare-and-set on the node's version, so two writers never lose
 each other's change.
@@ -132,7 +142,15 @@ def update_group_topics(
 # --- what a broker does with it -------------------------------------------------------------
 
 
-def seed_with(local: dict[str, TopicConfig]) -> Callable[[GroupTopics], GroupTopics | None]:
+def topic_overrides(topic: TopicConfig, defaults: TopicConfig) -> dict[str, str]:
+    """What a server.ini topic section adds to the group: its partitions, and every key
+    whose value differs from ``defaults`` (the broker's ``[system]`` topic defaults)."""
+    inherited = topic_settings(defaults)
+    own = topic_settings(topic)
+    return {key: value for key, value in own.items() if key == "numPartitions" or value != inherited[key]}
+
+
+def seed_with(local: dict[str, TopicConfig], defaults: TopicConfig) -> Callable[[GroupTopics], GroupTopics | None]:
     """A change adding each local topic the group does not name yet and no operator deleted."""
 
     def change(group: GroupTopics) -> GroupTopics | None:
@@ -141,19 +159,40 @@ def seed_with(local: dict[str, TopicConfig]) -> Callable[[GroupTopics], GroupTop
             return None
         result = replace(group, version=max(group.version, 0))
         for name, topic in added.items():
-            result = result.with_topic(name, topic_settings(topic))
+            result = result.with_topic(name, topic_overrides(topic, defaults))
         return result
 
     return change
 
 
-def publish_with(changed: dict[str, TopicConfig]) -> Callable[[GroupTopics], GroupTopics | None]:
-    """A change writing these topics' settings (an operator edited their sections)."""
+def publish_with(
+    edits: dict[str, tuple[TopicConfig | None, TopicConfig]], defaults: TopicConfig
+) -> Callable[[GroupTopics], GroupTopics | None]:
+    """A change writing what an operator's server.ini edit changed: ``edits`` maps a topic to
+    its section ``(before, after)`` (before None: a new section), ``defaults`` are the
+    broker's ``[system]`` topic defaults after the edit.
+
+    Only the keys the edit changed are written, so an override set by ``metaq topics
+    alter`` on another key stays; a changed key now equal to its default is removed.
+    """
+    inherited = topic_settings(defaults)
 
     def change(group: GroupTopics) -> GroupTopics | None:
         result = replace(group, version=max(group.version, 0))
-        for name, topic in changed.items():
-            result = result.with_topic(name, topic_settings(topic))
+        for name, (before, after) in edits.items():
+            if before is None or name not in group.topics:
+                result = result.with_topic(name, topic_overrides(after, defaults))
+                continue
+            old, new = topic_settings(before), topic_settings(after)
+            settings = dict(group.topics[name])
+            for key, value in new.items():
+                if value == old[key]:
+                    continue
+                if value == inherited[key] and key != "numPartitions":
+                    settings.pop(key, None)
+                else:
+                    settings[key] = value
+            result = result.with_topic(name, settings)
         return result
 
     return change

@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 
 from metaq.addresses import broker_url
+from metaq.cli.cluster import collect, unhealthy
 from metaq.protocol.frames import CLOSED, NEED_DATA, Frame, FrameDecoder, encode_frame
 from metaq.record import encode_record
 from metaq.zk.paths import ZkPaths
@@ -127,7 +128,7 @@ def partition_bytes(slave_dir: Path, partition: int) -> bytes:
     return read_segments(slave_dir / "data" / f"{TOPIC}-{partition}")[1]
 
 
-def test_forged_divergent_answers_stop_the_partition(broker_factory, zk_client, zk_root):
+def test_forged_divergent_answers_stop_the_partition(broker_factory, zk, zk_client, zk_root):
     fake = FakeMaster().start()
     try:
         paths = ZkPaths(zk_root)
@@ -158,6 +159,11 @@ def test_forged_divergent_answers_stop_the_partition(broker_factory, zk_client, 
             assert int(rows[(TOPIC, p)]["divergences"]) == 1
             assert rows[(TOPIC, p)]["log_end"] == str(len(fake.logs[p])), rows[(TOPIC, p)]
             assert fake.evil_answers[p] == 1, "a stopped partition must not fetch again"
+        # metaq cluster names the slave's stopped partitions as unhealthy (issue 22 item 9).
+        members = asyncio.run(collect(zk.connect_string, zk_root))
+        lines = [line for line in unhealthy(members) if "slave0" in line]
+        assert len(lines) == 1 and "stopped replicating 3 partition(s): forged-0-0, forged-0-1, forged-0-2" in lines[0], lines
+        assert "CRC" in lines[0] or "offset" in lines[0], lines
 
         # The honest partition keeps replicating, byte for byte.
         fake.loop.call_soon_threadsafe(fake.logs[HONEST].extend, records(HONEST, 40, 25))

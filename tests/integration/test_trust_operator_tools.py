@@ -53,7 +53,7 @@ def test_stats_cluster_and_verify_need_a_login_with_security_on(broker_factory, 
     table = done.stdout.decode()
     assert done.returncode == 0 and "UNHEALTHY" not in table and table.count(" up ") == 2, table
     refused = metaq("cluster", *zk_args)
-    assert refused.returncode == 1 and "UNHEALTHY broker group 0" in refused.stdout.decode()
+    assert refused.returncode == 1 and "UNKNOWN broker group 0: master needs login" in refused.stdout.decode()
 
     done = metaq("verify", *zk_args, "--broker-id", "0", *admin)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -24,13 +24,12 @@ import pytest
 from kazoo.exceptions import NoAuthError
 
 from metaq.client.connection import AuthenticationFailed
-from metaq.record import encode_batch
 from metaq.security.handshake import ClientAuthenticator
 from metaq.client.connection import BrokerConnection
 from metaq.tools.launcher import wait_until
 from metaq.zk.paths import ZkPaths
 
-from .trust_support import SecuredGroup, request_as, run
+from .trust_support import SecuredGroup, put_as, request_as, run
 
 TOPIC = "t"
 SYNC = {"replicationMode": "sync", "onSyncSlaveLoss": "reject", "syncSlaveTimeoutMs": 1000, "unflushThreshold": 0}
@@ -48,10 +47,6 @@ def secured_pair(broker_factory, zk_client, zk_root, tmp_path):  # type: ignore[
 
     wait_until(lambda: members() == [0], 30, message="the authenticated slave in the sync set")
     return group, master, slave
-
-
-def put_as(broker, user, topic=TOPIC):  # type: ignore[no-untyped-def]
-    return run(request_as(broker, user, {"op": "put", "topic": topic, "partition": 0}, encode_batch([(b"m", None)])))
 
 
 def test_the_secured_group_replicates_and_acks_only_authenticated_producers(secured_pair) -> None:  # type: ignore[no-untyped-def]

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from metaq.client.connection import BrokerConnection, Reply
+from metaq.protocol.replies import StatsReply, fetch_stats
+from metaq.record import encode_batch
 from metaq.security.credentials import SecurityFile
 from metaq.security.group import GroupSecret, write_group_secret
 from metaq.security.handshake import ClientAuthenticator
@@ -67,6 +69,24 @@ async def request_as(broker: BrokerProcess, user: str | None, header: dict[str, 
         return await conn.request(header, body, timeout=30)
     finally:
         conn.close()
+
+
+def stats(broker: BrokerProcess, user: str | None = None) -> StatsReply:
+    """The broker's general stats, asked as ``user`` (None: not logged in, for a broker with security off)."""
+
+    async def ask() -> StatsReply:
+        conn = await open_as(broker, user)
+        try:
+            return await fetch_stats(conn)
+        finally:
+            conn.close()
+
+    return run(ask())
+
+
+def put_as(broker: BrokerProcess, user: str | None, topic: str = "t") -> Reply:
+    """One message put to partition 0 of ``topic`` as ``user`` (None: not authenticated)."""
+    return run(request_as(broker, user, {"op": "put", "topic": topic, "partition": 0}, encode_batch([(b"m", None)])))
 
 
 def rss_mb(pid: int) -> float:

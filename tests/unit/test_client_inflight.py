@@ -76,6 +76,9 @@ class FakeBrokerConnection:
         assert header["op"] == "init_producer"
         return Reply({"code": 200, "producer_id": next(self.broker.ids), "epoch": 0}, bytearray())
 
+    async def diagnose(self, exc: Exception, timeout: float = 5.0) -> Exception:
+        return exc  # a lost connection is a lost connection here (no TLS port to tell apart)
+
     def send(self, header: dict, body: bytes) -> "asyncio.Future[Reply]":
         if not self.is_open:
             raise ConnectionClosed("closed")

@@ -43,6 +43,12 @@ class FakeCluster:
     def request_refresh(self) -> None:
         pass
 
+    def add_departure_listener(self, listener: Any) -> None:
+        pass
+
+    def remove_departure_listener(self, listener: Any) -> None:
+        pass
+
 
 class FakeConnection:
     """Answers puts from a script: an int code, or an exception to raise while waiting."""
@@ -65,6 +71,9 @@ class FakeConnection:
         else:
             future.set_result(Reply({"code": outcome, "msg": c.CODE_NAMES[outcome]}, bytearray()))
         return future
+
+    async def diagnose(self, exc: Exception, timeout: float = 5.0) -> Exception:
+        return exc  # a lost connection is a lost connection here (no TLS port to tell apart)
 
 
 class FakePool:

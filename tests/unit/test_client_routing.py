@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import random
 
-from metaq.client.routing import BrokerAddresses, Replica, choose_replica
+from metaq.client.routing import BrokerAddresses, Replica, choose_replica, departures
 
 BOTH = BrokerAddresses(0, "meta://10.0.0.1:8123", ((1, "meta://10.0.0.2:8123"), (2, "meta://10.0.0.3:8123")))
 MASTER_ONLY = BrokerAddresses(0, "meta://10.0.0.1:8123")
@@ -39,3 +39,28 @@ def test_a_failed_replica_is_avoided_when_another_qualifies() -> None:
 
 def test_unknown_broker_has_no_replica() -> None:
     assert choose_replica(None, "master") is None
+
+
+# --- departures: which brokers' requests in flight are abandoned -----------------------------
+
+
+A, B, C = "meta://10.0.0.1:8123", "meta://10.0.0.2:8123", "meta://10.0.0.3:8123"
+
+
+def test_a_master_whose_session_is_gone_departs() -> None:
+    before = {0: BrokerAddresses(0, A, ((1, B),))}
+    assert set(departures(before, {0: BrokerAddresses(0, B, ())})) == {A}  # B promoted: its connections stay
+    assert "left ZooKeeper" in departures(before, {0: BrokerAddresses(0, None, ((1, B),))})[A]
+    assert set(departures(before, {})) == {A, B}  # the whole group is gone
+
+
+def test_a_demoted_master_still_registered_stays_and_a_vanished_slave_departs() -> None:
+    before = {0: BrokerAddresses(0, A, ((1, B), (2, C)))}
+    after = {0: BrokerAddresses(0, B, ((0, A),))}  # B leads, A (alive) rejoined as a slave, C vanished
+    assert set(departures(before, after)) == {C}
+
+
+def test_nothing_departs_when_nothing_changed_or_a_broker_joins() -> None:
+    before = {0: BrokerAddresses(0, A, ((1, B),))}
+    assert departures(before, before) == {}
+    assert departures(before, {0: BrokerAddresses(0, A, ((1, B), (2, C)))}) == {}

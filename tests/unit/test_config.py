@@ -68,11 +68,30 @@ def test_relative_data_path_is_relative_to_the_file(tmp_path):
         (b"brokerId=0\n", r"line 1: .brokerId=0. comes before any section"),
         (b"[system]\nbrokerId=0\n[system]\n", r"not a valid INI file"),
         (b"\xff\xfe", r"not UTF-8"),
+        (b"[system]\nbrokerId=0\nloginTimeoutMs=10\n", r"loginTimeoutMs: must be >= 100"),
+        (b"[system]\nbrokerId=0\nmaxConnectionsPerAddress=0\n", r"maxConnectionsPerAddress: must be >= 1"),
+        (b"[system]\nbrokerId=0\nmaxBufferedRequestBytes=1048576\n",
+         r"maxBufferedRequestBytes: must be >= the largest request body, 16842752 bytes"),
+        (b"[system]\nbrokerId=0\nmaxMessageSize=8388608\nmaxBufferedRequestBytes=33554432\n",
+         r"maxBufferedRequestBytes: must be >= the largest request body, 67108864 bytes"),
     ],
 )
 def test_errors_name_file_section_and_key(text, message):
     with pytest.raises(ConfigError, match=r"^my\.ini: .*" + message):
         parse_server_ini(text, "my.ini")
+
+
+def test_connection_limit_keys():
+    config = parse_server_ini(b"[system]\nbrokerId=0\n")
+    assert (config.max_buffered_request_bytes, config.login_timeout_ms, config.max_connections_per_address) == (
+        64 * 1024 * 1024, 10_000, 256)
+    config = parse_server_ini(
+        b"[system]\nbrokerId=0\nmaxMessageSize=1024\nmaxBufferedRequestBytes=1048576\nloginTimeoutMs=500\n"
+        b"maxConnectionsPerAddress=3\n"
+    )
+    assert (config.max_buffered_request_bytes, config.login_timeout_ms, config.max_connections_per_address) == (
+        1048576, 500, 3)
+    assert config.max_request_body == 16 * 1024 + 64 * 1024
 
 
 def test_missing_file():

@@ -7,7 +7,7 @@ import msgpack
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from metaq.protocol.frames import (
-    CLOSED, MAGIC, NEED_DATA, PREFIX, VERSION, BadFrame, Frame, FrameDecoder, OversizedFrame, ProtocolError,
+    CLOSED, MAGIC, NEED_DATA, PREFIX, VERSION, BadFrame, Frame, FrameDecoder, FrameHead, OversizedFrame, ProtocolError,
     TextLine, encode_frame,
 )
 
@@ -112,3 +112,30 @@ def test_any_prefix_values_never_hang_or_raise(version, header_len, body_len):
     assert len(events) <= 2
     if version != VERSION or header_len > 64 * 1024:
         assert isinstance(events[0], ProtocolError)
+
+
+@SETTINGS
+@given(st.lists(st.tuples(headers, st.binary(max_size=300)), min_size=1, max_size=6),
+       st.lists(st.integers(0, 5000), max_size=10), st.lists(st.booleans(), max_size=6))
+def test_announced_heads_change_nothing_but_what_is_skipped(frames, cuts, skips):
+    """With announce_heads, the frames are the same in any pieces, each announced at most once;
+    a skipped one never comes out and the frames after it still do."""
+    stream = b"".join(encode_frame(h, b) for h, b in frames)
+    decoder = FrameDecoder(announce_heads=True)
+    decided: list[bool] = []  # per announced frame: skipped?
+    out: list[object] = []
+    for chunk in split(stream, cuts):
+        decoder.receive_data(chunk)
+        while (event := decoder.next_event()) is not NEED_DATA:
+            if isinstance(event, FrameHead):
+                skip = skips[len(decided)] if len(decided) < len(skips) else False
+                decided.append(skip)
+                if skip:
+                    decoder.skip_frame()
+                    out.append("skipped")
+                continue
+            out.append((event.header, bytes(event.body)))
+    assert len(out) == len(frames) and len(decided) <= len(frames)
+    for got, (header, body) in zip(out, frames):
+        assert got == "skipped" or got == (header, body)
+    assert decoder.buffered == 0 and decoder.announced_frame_len == 0

@@ -10,7 +10,7 @@ import msgpack
 import pytest
 
 from metaq.config import SlaveConfig
-from metaq.ha.heartbeat import BadHeartbeat, HeartbeatResponder, SlaveHeartbeat, decode, encode
+from metaq.ha.heartbeat import BadHeartbeat, HeartbeatResponder, SlaveHeartbeat, decode, encode, encode_signed
 from metaq.ha.node import HaNode
 from metaq.ha.progress import ReplicationProgress
 from metaq.ha.role import Role
@@ -49,7 +49,7 @@ def responder_for(ha: object, port: int = 0) -> HeartbeatResponder:
 
 def slave_message(**overrides: object) -> bytes:
     message = {"kind": "hb", "role": "slave", "broker_id": 3, "slave_id": 1, "epoch": 2,
-               "log_ends": {"t/0": 400, "t/1": 70}, "sent_at": time.time()}
+               "log_ends": {"t/0": 400, "t/1": 70}, "sent_at": time.time(), "pad": bytes(64)}
     message.update(overrides)
     return encode(message)
 
@@ -226,3 +226,33 @@ def test_heartbeats_from_unregistered_slaves_or_for_unknown_partitions_leave_no_
     responder.handle(slave_message(log_ends={**junk, "t/0": 400}), ("127.0.0.1", 9))
     assert set(ha.progress.slaves) == {1}
     assert set(ha.progress.positions) == {(1, "t", 0)}
+
+
+def test_a_replayed_or_stale_signed_heartbeat_is_ignored_and_unanswered() -> None:
+    ha = fake_ha()
+    responder = HeartbeatResponder(3, ha, lambda: LOGS, "127.0.0.1", 0, key=KEY)
+    slave = SlaveHeartbeat(3, 1, lambda: 2, lambda: {("t", 0): 400}, key=KEY)
+    recorded = slave.message()
+    assert responder.handle(recorded, ("127.0.0.1", 9)) is not None
+    assert responder.handle(recorded, ("127.0.0.1", 9)) is None and "replayed" in str(responder.last_bad)
+    old = msgpack.unpackb(recorded, raw=False)
+    del old["mac"]
+    for sent_at in (time.time() - 3600, time.time() + 3600):
+        assert responder.handle(encode_signed({**old, "sent_at": sent_at}, KEY), ("127.0.0.1", 9)) is None
+        assert "outside" in str(responder.last_bad)
+    assert ha.heard == [1] and responder.bad == 3
+    assert responder.handle(slave.message(), ("127.0.0.1", 9)) is not None, "the next fresh one counts"
+
+
+def test_answers_go_only_to_the_registered_host_and_never_outgrow_the_heartbeat() -> None:
+    ha = fake_ha()
+    responder = HeartbeatResponder(3, ha, lambda: LOGS, "127.0.0.1", 0, slave_hosts=lambda slave_id: {"127.0.0.5"})
+    assert responder.handle(slave_message(), ("127.0.0.9", 9)) is None and responder.unanswered == 1
+    assert ha.heard == [1], "recorded (it is authentic), just not answered elsewhere"
+    padded = slave_message()
+    answer = responder.handle(padded, ("127.0.0.5", 9))
+    assert answer is not None and len(answer) <= len(padded)
+    assert decode(answer, "master")["_committed"] == {("t", 0): 490, ("t", 1): 60}, "the pad makes room for it all"
+    bare = slave_message(pad=b"")
+    smaller = responder.handle(bare, ("127.0.0.5", 9))
+    assert smaller is not None and len(smaller) <= len(bare)

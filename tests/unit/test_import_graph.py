@@ -1,30 +1,37 @@
-"""The import graph of ``metaq/`` has no cycle.
+"""The import graph of ``metaq/`` and ``chaos/``: no cycle, and no import up the layers.
 
 Every import statement counts: module level, inside functions, and under
 ``TYPE_CHECKING`` (a cycle hidden there is still a cycle a reader must untangle).
 Edges go from a module to the module or package it names; ``from pkg import name``
 points at ``pkg.name`` when that is a module, else at ``pkg``.
+
+The layers are the rows of the Layers table in docs/architecture.md, lowest first:
+each module belongs to the row naming the longest path that holds it, and imports
+only modules of its own row or of rows above it.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import metaq
 
-ROOT = Path(metaq.__file__).parent
+REPO = Path(metaq.__file__).parent.parent
+PACKAGES = ("metaq", "chaos")
+ARCHITECTURE = REPO / "docs" / "architecture.md"
 
 
 def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
 def import_graph() -> dict[str, set[str]]:
-    files = {module_name(path): path for path in ROOT.rglob("*.py")}
+    files = {module_name(path): path for package in PACKAGES for path in (REPO / package).rglob("*.py")}
     graph: dict[str, set[str]] = {name: set() for name in files}
     for name, path in files.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -86,6 +93,61 @@ def test_the_graph_counts_function_level_and_type_checking_imports() -> None:
     assert "metaq.protocol.commands" in graph["metaq.server.handlers"]
 
 
-def test_metaq_has_no_import_cycle() -> None:
+def layers(text: str) -> list[list[str]]:
+    """The Layers table's rows, lowest first: per row the module prefixes its `where` names."""
+    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| layer ")]
+    return [[module_of(path) for path in re.findall(r"`([^`]+)`", row.split("|")[2])] for row in rows]
+
+
+def module_of(path: str) -> str:
+    """`metaq/protocol/` -> metaq.protocol, `metaq/record.py` -> metaq.record, `metaq/__init__.py` -> metaq."""
+    return path.strip("/").removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+
+
+def layer_of(module: str, table: list[list[str]]) -> int | None:
+    """The row of the longest prefix that holds ``module`` (None: no row names it)."""
+    best: tuple[int, int] | None = None  # (prefix length, row)
+    for row, prefixes in enumerate(table):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), row)
+    return None if best is None else best[1]
+
+
+def upward_imports(graph: dict[str, set[str]], table: list[list[str]]) -> list[str]:
+    out = []
+    for name, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            mine, theirs = layer_of(name, table), layer_of(target, table)
+            if mine is not None and theirs is not None and theirs > mine:
+                out.append(f"{name} (row {mine + 1}) imports {target} (row {theirs + 1})")
+    return out
+
+
+def test_the_layer_check_sees_an_import_up_the_table() -> None:
+    table = layers("## Layers\n| layer | where | what |\n|---|---|---|\n| low | `a/b.py`, `c/__init__.py` | |\n"
+                   "| high | `a/` | |\n\n## Next\n| x | `z/` | |\n")
+    assert table == [["a.b", "c"], ["a"]]
+    assert layer_of("a.b", table) == 0 and layer_of("a.x.y", table) == 1 and layer_of("z", table) is None
+    assert upward_imports({"a.b": {"a.x"}, "a.x": {"a.b", "c.d"}}, table) == ["a.b (row 1) imports a.x (row 2)"]
+
+
+def test_the_graph_covers_chaos() -> None:
+    graph = import_graph()
+    assert "chaos.history" in graph["chaos.checker"]
+    assert "metaq.record" in graph["chaos.history"]
+
+
+def test_no_import_cycle_in_metaq_or_chaos() -> None:
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_every_module_has_a_layer_and_no_layer_imports_a_higher_one() -> None:
+    table = layers(ARCHITECTURE.read_text())
+    graph = import_graph()
+    homeless = sorted(name for name in graph if layer_of(name, table) is None)
+    assert not homeless, f"modules in no row of the Layers table of docs/architecture.md: {homeless}"
+    upward = upward_imports(graph, table)
+    assert not upward, "imports up the layers of docs/architecture.md:\n" + "\n".join(upward)

@@ -12,11 +12,11 @@ from kazoo.client import KazooState
 
 from metaq import __version__
 from metaq.cli import build_parser, main
-from metaq.config import TopicConfig, parse_server_ini
+from metaq.config import TopicConfig, parse_server_ini, topic_settings
 from metaq.logsetup import JsonFormatter, configure
 from metaq.server.group_topics import describe_change
 from metaq.zk.monitor import OutageReporter
-from metaq.zk.topic_config import GroupTopics, decode_group_topics, seed_with, serve_group_topics
+from metaq.zk.topic_config import GroupTopics, decode_group_topics, publish_with, seed_with, serve_group_topics
 
 
 def _options(parser: argparse.ArgumentParser, prefix: str):
@@ -95,12 +95,32 @@ def test_a_zookeeper_outage_ends_with_one_line(caplog):
 def test_seeding_adds_only_topics_the_group_lacks_and_no_operator_deleted():
     config = parse_server_ini(b"[system]\nbrokerId=0\n[topic=a]\nnumPartitions=2\n[topic=b]\n[topic=c]\n", "s.ini")
     group = GroupTopics({"a": {"numPartitions": "5"}}, frozenset({"c"}), version=3)
-    seeded = seed_with(config.topics)(group)
+    seeded = seed_with(config.topics, config.topic_defaults)(group)
     assert seeded is not None and set(seeded.topics) == {"a", "b"}
     assert seeded.topics["a"] == {"numPartitions": "5"}, "the group's settings win over server.ini"
-    assert seed_with({"a": config.topics["a"]})(group) is None, "nothing to add: no write"
-    fresh = seed_with(config.topics)(GroupTopics())
+    assert seed_with({"a": config.topics["a"]}, config.topic_defaults)(group) is None, "nothing to add: no write"
+    fresh = seed_with(config.topics, config.topic_defaults)(GroupTopics())
     assert fresh is not None and set(fresh.topics) == {"a", "b", "c"} and fresh.version == 0
+
+
+def test_a_system_default_edit_applies_to_every_topic_that_does_not_override_it():
+    """Issue 22 item 5: seeding and a SIGHUP'd edit store overrides only, never a pinned [system] value."""
+    before = parse_server_ini(b"[system]\nbrokerId=0\nunflushInterval=10000\n[topic=s]\nunflushThreshold=7\n[topic=o]\nunflushInterval=50\n", "s.ini")
+    seeded = seed_with(before.topics, before.topic_defaults)(GroupTopics())
+    assert seeded is not None
+    assert seeded.topics == {"s": {"numPartitions": "1", "unflushThreshold": "7"}, "o": {"numPartitions": "1", "unflushInterval": "50"}}
+    # An operator's own override on s (metaq topics alter), and a topic created by the CLI.
+    group = seeded.with_topic("s", {**seeded.topics["s"], "acceptSubscribe": "false"}).with_topic("made", {"numPartitions": "2"})
+    after = parse_server_ini(b"[system]\nbrokerId=0\nunflushInterval=200\n[topic=s]\nunflushThreshold=7\n[topic=o]\nunflushInterval=50\n", "s.ini")
+    edits = {name: (before.topics[name], after.topics[name]) for name in after.topics if before.topics[name] != after.topics[name]}
+    assert set(edits) == {"s"}
+    published = publish_with(edits, after.topic_defaults)(group)
+    assert published is not None and published.topics["s"] == {"numPartitions": "1", "unflushThreshold": "7", "acceptSubscribe": "false"}
+    served = serve_group_topics(after, after.topics, published, "zk")
+    assert {name: t.unflush_interval_ms for name, t in served.items()} == {"s": 200, "made": 200, "o": 50}
+    # A node seeded by an older version pins every key: the edit un-pins the key it changed.
+    pinned = GroupTopics({"s": {**{k: v for k, v in topic_settings(before.topics["s"]).items()}}}, version=1)
+    assert "unflushInterval" not in publish_with(edits, after.topic_defaults)(pinned).topics["s"]
 
 
 def test_members_serve_the_groups_topics_on_their_own_disk():
@@ -153,3 +173,53 @@ def test_drill_shows_a_live_status_on_a_terminal_only(capsys):
     assert re.search(r"drill 1 of 1: kill \(\d+ s\)", screen.getvalue()), "the elapsed time ticks"
     asyncio.run(run(None))  # stderr is not a terminal under pytest: nothing
     assert capsys.readouterr().err == ""
+
+
+def test_describe_filters_pick_under_replicated_and_unavailable_partitions():
+    from metaq.cli.topics import _unavailable, _under_replicated
+
+    rows = [
+        (0, "master", "a", "up", 10, 10, None, "-"), (0, "slave1", "b", "up", 10, 10, 0, "yes"),
+        (1, "master", "a", "up", 10, 10, None, "-"), (1, "slave1", "b", "up", 8, 8, 2, "no"),
+        (2, "master", "a", "not served", None, None, None, "-"), (2, "slave1", "b", "unreachable", None, None, None, "yes"),
+    ]
+    assert _under_replicated(rows) == {1, 2}
+    assert _unavailable(rows) == {2}
+    async_rows = [(0, "master", "a", "up", 10, 10, None, "-"), (0, "slave0", "b", "up", 7, 7, 3, "-")]
+    assert _under_replicated(async_rows) == {0}, "async: a slave behind its master"
+
+
+def test_reset_offsets_parses_durations_and_offset_files(tmp_path):
+    from metaq.cli.groups import _parse_duration, _read_offsets_file
+    from metaq.errors import MetaqError
+
+    assert _parse_duration("90s") == 90_000 and _parse_duration("2h") == 7_200_000 and _parse_duration("1d") == 86_400_000
+    assert _parse_duration("PT1H30M") == 5_400_000 and _parse_duration("P1DT0.5S") == 86_400_500
+    for bad in ("", "P", "PT", "5 minutes", "-3m"):
+        with pytest.raises(MetaqError, match="--by-duration"):
+            _parse_duration(bad)
+    plan = tmp_path / "plan.csv"
+    plan.write_text("# a backup\nfo,0-0,120\n\nfo, 1-2 ,0\n")
+    assert _read_offsets_file(str(plan)) == {("fo", "0-0"): 120, ("fo", "1-2"): 0}
+    plan.write_text("fo,0,120\n")
+    with pytest.raises(MetaqError, match="line 1: expected TOPIC,BROKER-N,OFFSET"):
+        _read_offsets_file(str(plan))
+
+
+def test_cluster_names_every_problem_and_tables_become_json():
+    from metaq.cli.admin import NEEDS_LOGIN, table_json
+    from metaq.cli.cluster import NO_MASTER, Member, unhealthy
+
+    members = [
+        Member(0, "master", "meta://a:1", state="up"),
+        Member(0, "slave1", "meta://b:1", state="1 partition(s) stopped", stopped={"t-0-0": "record at offset 40 fails its CRC check"}),
+        Member(1, "master", "meta://c:1", state=NEEDS_LOGIN),
+        Member(2, "master", "(none)", state=NO_MASTER),
+    ]
+    assert unhealthy(members) == [
+        "UNHEALTHY broker group 0: slave1 (meta://b:1) stopped replicating 1 partition(s): t-0-0 (first: record at offset 40 fails its CRC check)",
+        "UNKNOWN broker group 1: master needs login (meta://c:1): pass --user and --password-file, or --group-login 1=USER:PASSWORD_FILE",
+        "UNHEALTHY broker group 2: master NO MASTER",
+    ]
+    assert table_json(("log end", "lag bytes", "settings (other than the defaults)"), [(5, None, "x")]) == [
+        {"log_end": 5, "lag_bytes": None, "settings_other_than_the_defaults": "x"}]

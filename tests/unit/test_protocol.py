@@ -16,6 +16,7 @@ from metaq.protocol.frames import (
     BadFrame,
     Frame,
     FrameDecoder,
+    FrameHead,
     OversizedFrame,
     ProtocolError,
     TextLine,
@@ -127,6 +128,52 @@ def test_huge_header_is_fatal():
     decoder.receive_data(PREFIX.pack(MAGIC, 1, 10**9, 0))
     (event,) = events(decoder)
     assert isinstance(event, ProtocolError) and "header" in event.message
+
+
+def test_a_frame_still_arriving_is_announced_once_before_its_body_is_buffered():
+    wire = encode_frame({"op": "put", "opaque": 1}, b"x" * 1000)
+    decoder = FrameDecoder(announce_heads=True)
+    decoder.receive_data(wire[:100])
+    (head,) = events(decoder)
+    assert isinstance(head, FrameHead) and head.header["op"] == "put" and head.body_len == 1000
+    assert head.frame_len == len(wire) and decoder.announced_frame_len == len(wire)
+    decoder.receive_data(wire[100:500])
+    assert events(decoder) == []  # announced once
+    decoder.receive_data(wire[500:])
+    (frame,) = events(decoder)
+    assert isinstance(frame, Frame) and frame.body == b"x" * 1000 and decoder.announced_frame_len == 0
+
+
+def test_a_skipped_frame_is_never_buffered_and_the_next_one_decodes():
+    big = encode_frame({"op": "put", "opaque": 1}, b"x" * 100_000)
+    decoder = FrameDecoder(announce_heads=True)
+    decoder.receive_data(big[:50])
+    (head,) = events(decoder)
+    decoder.skip_frame()
+    for start in range(50, len(big), 4096):
+        decoder.receive_data(big[start : start + 4096])
+        assert decoder.buffered == 0 and events(decoder) == []
+    decoder.receive_data(encode_frame({"op": "version", "opaque": 2}))
+    (frame,) = events(decoder)
+    assert frame.header == {"op": "version", "opaque": 2}
+
+
+def test_without_announce_heads_a_whole_frame_is_the_only_event():
+    decoder = FrameDecoder()
+    wire = encode_frame({"op": "put", "opaque": 1}, b"abc")
+    decoder.receive_data(wire[:-1])
+    assert events(decoder) == []
+    with pytest.raises(RuntimeError):
+        decoder.skip_frame()
+    decoder.receive_data(wire[-1:])
+    assert [type(e) for e in events(decoder)] == [Frame]
+
+
+def test_a_tightened_header_limit_is_fatal():
+    decoder = FrameDecoder(max_header=16)
+    decoder.receive_data(encode_frame({"op": "auth", "data": "y" * 100}))
+    (event,) = events(decoder)
+    assert isinstance(event, ProtocolError) and "limit of 16" in event.message
 
 
 def test_eof_inside_frame_is_reported():

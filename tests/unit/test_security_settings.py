@@ -113,12 +113,41 @@ def test_one_setting_turns_everything_on(secured: Path) -> None:
     assert security.authorizer.allowed(Principal("alice"), Operation.PRODUCE, "orders")
     assert security.authorizer.allowed(event.principal, Operation.REPLICATION, "orders")
     assert security.peer_client_context() is not None
+    assert security.describe() == "security on (SCRAM logins, ACLs, ZooKeeper ACLs), TLS on (client certificates: none)"
+
+
+def test_reloaded_users_apply_at_once_and_a_removed_users_tokens_stop_verifying(secured: Path) -> None:
+    from metaq.config import load_server_ini
+
+    config = load_server_ini(secured / "server.ini")
+    security = load_broker_security(config)
+    tokens = security.producer_tokens
+    assert tokens is not None
+    token = tokens.issue(7, 0, "alice")
+    assert tokens.valid(7, 0, "alice", token)
+    assert security.reload_users() is None, "an unchanged file changes nothing"
+
+    users = SecurityFile.load(config.security.security_config)
+    users.remove_user("alice")
+    users.add_user("bob", "bob-pw", consume="*")
+    users.save()
+    assert security.reload_users() == "security.ini users (added bob; removed alice)"
+    assert not tokens.valid(7, 0, "alice", token), "a removed user's producer token"
+    assert isinstance(_authenticate(security, "alice", "alice-pw"), Failed)
+    assert isinstance(_authenticate(security, "bob", "bob-pw"), Authenticated)
+    assert security.authorizer is not None and security.authorizer.allowed(Principal("bob"), Operation.CONSUME, "x")
+
+    (secured / "security.ini").write_text("[user=broken]\n")
+    with pytest.raises(SecurityError):
+        security.reload_users()
+    assert isinstance(_authenticate(security, "bob", "bob-pw"), Authenticated), "a bad file keeps the users"
 
 
 def test_off_loads_nothing(tmp_path: Path) -> None:
     security = load_broker_security(parse_server_ini(ini(), str(tmp_path / "server.ini")))
     assert not security.authentication_required and security.tls is None and security.zookeeper is None
     assert security.peer_client_context() is None
+    assert security.describe() == "security off, TLS off (plaintext)"
 
 
 def test_missing_files_refuse_to_start_with_one_line(secured: Path) -> None:
