@@ -2,25 +2,20 @@
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from metaq.zk.embedded import four_letter_word
-from tests.harness import REPO_ROOT
+from tests.harness import REPO_ROOT, metaq_zk_command
 
 #: Another loopback address (all of 127/8 is local on Linux): not the default 127.0.0.1.
 OTHER_ADDRESS = "127.0.0.2"
 
 
 def test_metaq_zk_listens_on_the_host_given_and_not_on_127_0_0_1(tmp_path: Path) -> None:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "metaq", "zk", "--host", OTHER_ADDRESS, "--port", "0", "--data-dir", str(tmp_path / "zk"),
-         "--tick-ms", "200"],
-        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    try:
+    with metaq_zk_command("--host", OTHER_ADDRESS, "--port", "0", "--data-dir", str(tmp_path / "zk"),
+                          "--tick-ms", "200") as process:
         line = process.stdout.readline()
         assert f"serving on {OTHER_ADDRESS}:" in line, line + process.stderr.read()
         port = int(line.split(f"{OTHER_ADDRESS}:")[1].split()[0])
@@ -32,12 +27,6 @@ def test_metaq_zk_listens_on_the_host_given_and_not_on_127_0_0_1(tmp_path: Path)
             pass
         else:
             raise AssertionError(f"ZooKeeper also answers on 127.0.0.1:{port}")
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(30) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
 
 
 def test_metaq_zk_refuses_a_host_that_does_not_resolve_in_one_line() -> None:
