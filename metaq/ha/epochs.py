@@ -24,6 +24,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..store.private import private_opener
+
 FILE_NAME = "leader-epoch-checkpoint"
 _VERSION = "0"
 
@@ -58,7 +60,7 @@ class EpochCache:
     def save(self) -> None:
         tmp = self.path.with_name(self.path.name + ".tmp")
         body = "\n".join([_VERSION, str(len(self.entries))] + [f"{e} {s}" for e, s in self.entries]) + "\n"
-        with open(tmp, "w") as f:
+        with open(tmp, "w", opener=private_opener) as f:
             f.write(body)
             f.flush()
             os.fsync(f.fileno())
