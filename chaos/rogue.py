@@ -165,6 +165,17 @@ class RoguePeer(_Looper):
             udp.close()
 
 
+def _anonymous_zk(zk_connect: str) -> KazooClient | None:
+    """A started ZooKeeper client without credentials, or None if ZooKeeper is out of reach."""
+    zk = KazooClient(hosts=zk_connect, timeout=10)
+    try:
+        zk.start(timeout=30)
+    except Exception:
+        zk.close()
+        return None
+    return zk
+
+
 class RogueZk(_Looper):
     """Writes the groups' ZooKeeper nodes without their credentials until stopped."""
 
@@ -188,10 +199,8 @@ class RogueZk(_Looper):
         ]
 
     def _main(self) -> None:
-        zk = KazooClient(hosts=self.zk_connect, timeout=10)
-        try:
-            zk.start(timeout=30)
-        except Exception:
+        zk = _anonymous_zk(self.zk_connect)
+        if zk is None:
             return
         n = 0
         try:
@@ -484,10 +493,8 @@ class FakeRegistration(_Looper):
                 (self.paths.topic_pub_node(self.topic, group), topic_node_data(4, group))]
 
     def _main(self) -> None:
-        zk = KazooClient(hosts=self.zk_connect, timeout=10)
-        try:
-            zk.start(timeout=30)
-        except Exception:
+        zk = _anonymous_zk(self.zk_connect)
+        if zk is None:
             return
         try:
             while not self._stop.is_set():
