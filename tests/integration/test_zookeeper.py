@@ -9,7 +9,7 @@ from kazoo.client import KazooClient
 
 from metaq.zk import embedded
 from metaq.zk.embedded import EmbeddedZooKeeper, ZooKeeperError, find_zookeeper_classpath, four_letter_word
-from tests.harness import REPO_ROOT, free_port
+from tests.harness import REPO_ROOT, free_port, kazoo_client, metaq_zk_command
 
 
 def pid_exists(pid: int) -> bool:
@@ -143,3 +143,21 @@ def test_foreground_server_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_metaq_zk_keeps_its_data_by_default_and_names_the_dir(tmp_path: Path) -> None:
+    """Issue 22: `metaq zk` used a temporary dir, so every restart lost every group's epoch."""
+    port = free_port()
+    env = dict(os.environ, XDG_DATA_HOME=str(tmp_path / "xdg"), PYTHONPATH=str(REPO_ROOT))
+    expected_dir = tmp_path / "xdg" / "metaq" / f"zookeeper-{port}"
+
+    def serve_once(then) -> None:  # type: ignore[no-untyped-def]
+        with metaq_zk_command("--port", str(port), "--tick-ms", "200", env=env) as process:
+            line = process.stdout.readline()
+            assert f"data {expected_dir}: kept across restarts" in line, line + process.stderr.read()
+            with kazoo_client(f"127.0.0.1:{port}") as client:
+                then(client)
+
+    serve_once(lambda client: client.create("/kept", b"epoch 2"))
+    serve_once(lambda client: None if client.get("/kept")[0] == b"epoch 2" else pytest.fail("the node did not survive"))
+    assert expected_dir.is_dir()
