@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..store.private import private_opener
+from ..store.private import make_private_dir, private_opener
 
 FILE_NAME = "leader-epoch-checkpoint"
 _VERSION = "0"
@@ -124,7 +124,7 @@ def record_led_epoch(data_path: str, epoch: int) -> None:
     and re-seed the group (metaq/ha/election.py, "ZooKeeper lost its data").
     """
     path = Path(data_path) / LED_EPOCH_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dir(path.parent)
     _write_durably(path, f"{epoch}\n")
 
 
