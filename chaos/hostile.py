@@ -57,7 +57,7 @@ ROUND_PAUSE_S = 0.02
 IMPERSONATED_SLAVE = 1
 #: The put latency windows (seconds): quiet, then with every attack going after RAMP_S.
 WINDOW_S = 3.0
-RAMP_S = 1.0
+RAMP_S = 2.0  # past the floods' first connect bursts: the window sees the attacks going, not their start-up
 LATENCY_FACTOR = 3.0
 LATENCY_FLOOR_S = 0.002
 #: Acked puts a window needs for its p99 to mean something.
