@@ -386,7 +386,6 @@ class Run:
         self.hosts = hosts
         self.cluster = ChaosCluster(self.out / "cluster", groups=groups, mode=mode, zk_nodes=zk_nodes,
                                     slaves=slaves, on_sync_slave_loss=on_sync_slave_loss, secure=secure, hosts=hosts)
-        self.hostile = HostileLoad(self.cluster) if rogue else None
         session_ms = self.cluster.session_ms
         self.liveness_bound = liveness_bound if liveness_bound is not None else default_bound(session_ms)
         self.history = History({"mode": mode, "scenario": scenario, "seed": seed, "seconds": seconds,
@@ -395,6 +394,7 @@ class Run:
                                 "session_ms": session_ms, "liveness_bound_s": self.liveness_bound,
                                 "secure": secure, "rogue": rogue, "producers": producers.to_json(),
                                 "consumer_group": consumer_group, "transactions": transactions})
+        self.hostile = HostileLoad(self.cluster, self.history) if rogue else None
         self.transactions = transactions
         self.consumers = ConsumerGroupLoad(self.cluster, self.history, seed, self.out) if consumer_group else None
         self.steps_done: list[dict[str, Any]] = []
@@ -478,7 +478,7 @@ class Run:
         self.txn_load = workload.txn_load
         load = asyncio.create_task(workload.run())
         if self.hostile is not None:
-            self.hostile.start()
+            await asyncio.to_thread(self.hostile.start)  # the quiet and attacked latency windows first
         if self.consumers is not None:
             self.consumers.start()
         stop_at = time.monotonic() + self.seconds
