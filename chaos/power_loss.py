@@ -73,6 +73,7 @@ class PowerLossDisk:
         self.work_dir = Path(work_dir)
         self.journal = self.work_dir / "journal.tsv"
         self.stash = self.work_dir / "stash"
+        self.slow_flag = self.work_dir / "slow-fsync"
         self.shim = shim
         self._durable_sizes: dict[int, int] = {}
         self.arm()
@@ -84,7 +85,19 @@ class PowerLossDisk:
             "POWERLOSS_ROOT": str(self.root),
             "POWERLOSS_JOURNAL": str(self.journal),
             "POWERLOSS_STASH": str(self.stash),
+            "POWERLOSS_SLOW_FSYNC": str(self.slow_flag),
         }
+
+    def slow_fsyncs(self, milliseconds: int | None) -> None:
+        """From now on each fsync of the process takes ``milliseconds`` longer (None: normal again).
+
+        The fsync's bytes stay unsynced meanwhile, so a power loss then takes them: the way to
+        cut the power while an fsync is in flight.
+        """
+        if milliseconds is None:
+            self.slow_flag.unlink(missing_ok=True)
+        else:
+            self.slow_flag.write_text(str(milliseconds))
 
     def arm(self) -> None:
         """Take what is on disk now as durable and start a new journal.
@@ -131,6 +144,7 @@ class PowerLossDisk:
             if directory_synced_at.get(os.path.dirname(entry), -1) > sequence:
                 continue  # its directory was fsynced after it: the name is durable
             self._undo(kind, args, report)
+        self.slow_fsyncs(None)
         self.arm()
         return report
 

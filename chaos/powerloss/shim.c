@@ -12,6 +12,9 @@
  *   R old new stash   rename; if it replaced a file, that file's bytes were first copied
  *                     to POWERLOSS_STASH/stash so the rename can be undone ("-": none)
  *   U path            unlink (informational: an unlink is treated as durable at once)
+ * POWERLOSS_SLOW_FSYNC (optional) names a file; while it exists, each fsync/fdatasync of a
+ * file under the root first sleeps the number of milliseconds it holds: a slow disk, so a
+ * test can cut the power while an fsync is still in flight.
  * Writes themselves are not journalled: a file's size at the power loss is what was
  * written; what survives is the size at its last fsync (see chaos/power_loss.py).
  */
@@ -35,6 +38,7 @@ static unsigned char tracked[MAX_FD];
 static char root[PATH_MAX];
 static size_t root_len;
 static char stash_dir[PATH_MAX];
+static char slow_flag[PATH_MAX];
 static int journal_fd = -1;
 static unsigned long stash_counter;
 static pthread_mutex_t stash_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -64,6 +68,8 @@ __attribute__((constructor)) static void init(void) {
     snprintf(root, sizeof root, "%s", r);
     root_len = strlen(root);
     snprintf(stash_dir, sizeof stash_dir, "%s", s);
+    const char *slow = getenv("POWERLOSS_SLOW_FSYNC");
+    if (slow) snprintf(slow_flag, sizeof slow_flag, "%s", slow);
     journal_fd = real_open(j, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
 }
 
@@ -153,6 +159,17 @@ static int synced(int fd, int (*call)(int)) {
     if (fd < 0 || fd >= MAX_FD || tracked[fd] == UNTRACKED) return call(fd);
     struct stat st;
     int have = fstat(fd, &st) == 0;
+    if (slow_flag[0] && tracked[fd] == TRACKED_FILE) {
+        /* Slow disk: the bytes are in the page cache, the fsync has not reached the disk. */
+        char ms[32] = "";
+        int flag = real_open(slow_flag, O_RDONLY | O_CLOEXEC, 0);
+        if (flag >= 0) {
+            ssize_t n = read(flag, ms, sizeof ms - 1);
+            ms[n > 0 ? n : 0] = 0;
+            real_close(flag);
+            usleep((useconds_t)atoi(ms) * 1000);
+        }
+    }
     int rc = call(fd);
     if (rc == 0 && have) {
         if (tracked[fd] == TRACKED_FILE) journal("S\t%lu\t%lld\n", (unsigned long)st.st_ino, (long long)st.st_size);

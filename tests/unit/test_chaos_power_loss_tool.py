@@ -109,3 +109,25 @@ def test_a_second_loss_starts_from_what_survived_the_first(tmp_path: Path) -> No
     assert disk.lose_power().truncated == {"f": (9, 8)}
     assert (root / "f").read_bytes() == b"12345678"
     assert disk.lose_power().truncated == {}
+
+
+def test_an_fsync_still_in_flight_at_the_power_loss_keeps_nothing(tmp_path: Path) -> None:
+    """``slow_fsyncs``: the power is cut while the fsync sleeps, so its bytes are lost."""
+    root = tmp_path / "root"
+    disk = PowerLossDisk(root, tmp_path / "powerloss", build_shim(tmp_path / "shim"))
+    (root / "f").write_bytes(b"")
+    disk.arm()
+    disk.slow_fsyncs(60_000)
+    program = (
+        "import os,sys; fd=os.open(sys.argv[1], os.O_WRONLY|os.O_APPEND); os.write(fd, b'unsynced');"
+        "print('fsyncing', flush=True); os.fsync(fd)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", program, str(root / "f")], env={**os.environ, **disk.env()},
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "fsyncing"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert disk.lose_power().truncated == {"f": (8, 0)}
+    assert not disk.slow_flag.exists()  # the next run of the process has a normal disk
