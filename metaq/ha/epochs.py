@@ -24,6 +24,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from metaq.store.segment import fsync_directory
+
 FILE_NAME = "leader-epoch-checkpoint"
 _VERSION = "0"
 
@@ -63,6 +65,9 @@ class EpochCache:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
+        # The rename too: a power loss must not bring back a history that lacks an epoch
+        # whose fsynced records the log keeps.
+        fsync_directory(self.path.parent)
 
     @property
     def latest_epoch(self) -> int:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ..config import ConfigError, TopicConfig
+from .segment import fsync_directory
 
 
 def check_data_dirs(data_path: str, topics: Iterable[TopicConfig], where: str) -> None:
@@ -60,4 +61,5 @@ def broker_identity(data_path: str) -> str:
         out.flush()
         os.fsync(out.fileno())
     os.replace(staging, path)
+    fsync_directory(path.parent)  # else a power loss may leave no identity, or the staging file
     return identity

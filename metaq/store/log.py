@@ -41,7 +41,13 @@ from typing import Callable
 
 from metaq import record
 from metaq.store.checkpoint import checkpoint_path, read_flushed_end, write_flushed_end
-from metaq.store.segment import LogSegment, fsync_directory, parse_segment_start, segment_file_name
+from metaq.store.segment import (
+    LogSegment,
+    fsync_directory,
+    make_directory_durable,
+    parse_segment_start,
+    segment_file_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +152,7 @@ class PartitionLog:
         # marked synced by that flush.
         self._directory_version = 0
         self._directory_synced_version = 0
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_directory_durable(self.directory)
         self._segments = self._load_segments()
         checkpointed = self._refuse_if_shorter_than_flushed()
         if not self._segments:

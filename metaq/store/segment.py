@@ -39,6 +39,22 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+def make_directory_durable(directory: Path) -> None:
+    """Create ``directory`` (and missing parents) so that the new entries survive a power loss.
+
+    A new directory's name lives in its parent: until the parent is fsynced, a power loss
+    may take the directory away with every file in it, however often those were fsynced.
+    """
+    missing = []
+    path = Path(directory)
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    directory.mkdir(parents=True, exist_ok=True)
+    for created in reversed(missing):
+        fsync_directory(created.parent)
+
+
 class LogSegment:
     """An open segment file. Offsets are absolute; ``start`` is its first byte's offset."""
 

@@ -105,7 +105,12 @@ class TxLog:
     def open(cls, base: Path, settings: TxnSettings, now_ms: int,
              fsync: Callable[[int], None] = os.fsync) -> TxLog:
         directory = base / DIRECTORY
+        created = not directory.exists()
         directory.mkdir(parents=True, exist_ok=True)
+        if created:
+            # Until its parent is fsynced a power loss may take the new directory, and every
+            # journal fsync in it, away.
+            _fsync_directory(directory.parent, fsync)
         branches, first_redo = _load_checkpoint(directory)
         redo_files = [(n, p) for n, p in _numbered(directory, _REDO) if n >= first_redo]
         for _n, path in redo_files:
