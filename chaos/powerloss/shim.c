@@ -6,7 +6,7 @@
  *   C ino path        a regular file was created (O_CREAT and the name did not exist)
  *   S ino size        fsync/fdatasync of a regular file returned; size is taken BEFORE
  *                     the call, so every byte up to it was in the page cache when it began
- *   T ino size        ftruncate of a regular file
+ *   T ino size        ftruncate or truncate of a regular file
  *   D path            fsync of a directory returned: its entries are durable
  *   M path            a directory was created
  *   R old new stash   rename; if it replaced a file, that file's bytes were first copied
@@ -49,6 +49,7 @@ static int (*real_close)(int);
 static int (*real_fsync)(int);
 static int (*real_fdatasync)(int);
 static int (*real_ftruncate)(int, off_t);
+static int (*real_truncate)(const char *, off_t);
 static int (*real_rename)(const char *, const char *);
 static int (*real_mkdir)(const char *, mode_t);
 static int (*real_unlink)(const char *);
@@ -60,6 +61,7 @@ __attribute__((constructor)) static void init(void) {
     real_fsync = dlsym(RTLD_NEXT, "fsync");
     real_fdatasync = dlsym(RTLD_NEXT, "fdatasync");
     real_ftruncate = dlsym(RTLD_NEXT, "ftruncate64");
+    real_truncate = dlsym(RTLD_NEXT, "truncate64");
     real_rename = dlsym(RTLD_NEXT, "rename");
     real_mkdir = dlsym(RTLD_NEXT, "mkdir");
     real_unlink = dlsym(RTLD_NEXT, "unlink");
@@ -188,6 +190,19 @@ int ftruncate(int fd, off_t size) {
     return rc;
 }
 int ftruncate64(int fd, off_t size) __attribute__((alias("ftruncate")));
+
+int truncate(const char *path, off_t size) {
+    int rc = real_truncate(path, size);
+    char p[PATH_MAX];
+    struct stat st;
+    if (rc == 0 && journal_fd >= 0) {
+        abs_path(AT_FDCWD, path, p);
+        if (under_root(p) && stat(p, &st) == 0 && S_ISREG(st.st_mode))
+            journal("T\t%lu\t%lld\n", (unsigned long)st.st_ino, (long long)size);
+    }
+    return rc;
+}
+int truncate64(const char *path, off_t size) __attribute__((alias("truncate")));
 
 /* Copy a file about to be replaced into the stash; its name, or "-" if there was none. */
 static void stash_copy(const char *path, char *name) {

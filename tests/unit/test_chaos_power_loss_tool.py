@@ -40,6 +40,10 @@ PROGRAM = textwrap.dedent(
     # the existing file 'old' (40 bytes, durable before the program ran): cut, then appended
     old = os.open(os.path.join(root, "old"), os.O_RDWR)
     os.ftruncate(old, 30); os.pwrite(old, b"z" * 20, 30)           # durable: 30
+    # the existing file 'redo' (40 bytes): cut by name (os.truncate, as the transaction journal does), appended
+    os.truncate(os.path.join(root, "redo"), 25)
+    with open(os.path.join(root, "redo"), "ab") as r:
+        r.write(b"r" * 9)                                           # durable: 25
     # a file never fsynced, in a synced directory: empty after the loss
     with open(os.path.join(root, "synced-dir", "never"), "wb") as f:
         f.write(b"n" * 7)
@@ -67,6 +71,7 @@ def test_power_loss_keeps_exactly_what_was_fsynced(tmp_path: Path) -> None:
     root = tmp_path / "root"
     root.mkdir()
     (root / "old").write_bytes(b"o" * 40)
+    (root / "redo").write_bytes(b"d" * 40)
     (root / "cp-durable").write_bytes(b"old1")
     (root / "cp-lazy").write_bytes(b"old2")
     disk = PowerLossDisk(root, tmp_path / "powerloss", build_shim(tmp_path / "shim"))
@@ -85,6 +90,7 @@ def test_power_loss_keeps_exactly_what_was_fsynced(tmp_path: Path) -> None:
     assert (root / "synced-dir" / "seg").read_bytes() == b"a" * 100
     assert (root / "synced-dir" / "journal").read_bytes() == b"x" * 10
     assert (root / "old").read_bytes() == b"o" * 30
+    assert (root / "redo").read_bytes() == b"d" * 25
     assert (root / "synced-dir" / "never").read_bytes() == b""
     assert (root / "cp-durable").read_bytes() == b"new1"
     assert (root / "cp-lazy").read_bytes() == b"old2"  # the rename is undone, the old file is back
@@ -93,7 +99,7 @@ def test_power_loss_keeps_exactly_what_was_fsynced(tmp_path: Path) -> None:
     assert not (root / "orphan").exists()
     assert not (root / "unsynced-dir").exists()
     assert (root / "synced-dir").is_dir()
-    assert report.bytes_lost == 50 + 5 + 20 + 7  # the orphan's byte was fsynced: it is its name that is lost
+    assert report.bytes_lost == 50 + 5 + 20 + 9 + 7  # the orphan's byte was fsynced: it is its name that is lost
     assert sorted(report.vanished) == ["cp-lazy.tmp", "orphan", "unsynced-dir", "unsynced-dir/inner"]
     assert report.renames_undone == [("cp-lazy", "cp-lazy.tmp")]
 
