@@ -8,7 +8,16 @@ import argparse
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("zk", help="run an embedded standalone ZooKeeper on 127.0.0.1")
     parser.add_argument("--port", type=int, default=2181, help="client port (default 2181; 0 picks a free one)")
-    parser.add_argument("--data-dir", help="data directory (default: a temporary one)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--data-dir",
+        help="data directory, kept across restarts (default: $XDG_DATA_HOME/metaq/zookeeper-PORT;"
+        " without XDG_DATA_HOME, ~/.local/share/metaq/zookeeper-PORT)",
+    )
+    where.add_argument(
+        "--ephemeral", action="store_true",
+        help="keep the data in a temporary directory removed on exit (throwaway use: the brokers' groups lose their state)",
+    )
     parser.add_argument("--tick-ms", type=int, default=500, help="ZooKeeper tickTime in ms (default 500)")
     parser.add_argument(
         "--super-digest",
@@ -20,4 +29,4 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..zk.cli import run_zk
 
-    return run_zk(args.port, args.data_dir, args.tick_ms, super_digest=args.super_digest)
+    return run_zk(args.port, args.data_dir, args.tick_ms, super_digest=args.super_digest, ephemeral=args.ephemeral)

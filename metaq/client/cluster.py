@@ -21,6 +21,7 @@ from kazoo.exceptions import NoNodeError
 from kazoo.security import ACL, Permissions
 
 from ..zk.acl import digest_user
+from ..zk.data_loss import reconnect_after_data_loss
 from ..zk.group import GroupMembers, read_members
 from ..zk.paths import ZkPaths, parse_broker_node_name, parse_topic_node_data
 from .config import MetaClientConfig
@@ -105,6 +106,8 @@ class Cluster:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self.zk.add_listener(self._on_state)
+        # A ZooKeeper restarted empty refuses a client that saw newer transactions, for good.
+        reconnect_after_data_loss(self.zk, self.config.zk_session_timeout_ms)
         try:
             await self.call(self.zk.start, self.config.zk_connection_timeout_ms / 1000)
         except Exception as exc:

@@ -47,9 +47,11 @@ from ..protocol.messages import EpochsRequest
 from ..store.datadirs import broker_identity
 from ..zk.group import ZK_CALL_TIMEOUT_S, GroupState, read_group_state
 from ..zk.paths import ZkPaths, decode_epoch, slave_node_id
+from ..zk.topic_config import seed_with, update_group_topics
 from .election import (
     HANDOVER_TIMEOUT_S,
     Candidate,
+    ReseedClaim,
     candidate_turn,
     clear_handover,
     decode_handover,
@@ -57,12 +59,16 @@ from .election import (
     eligibility,
     post_candidacy,
     publish_sync_set,
+    post_reseed_claim,
     read_candidates,
+    read_reseed_claims,
+    reseed_turn,
     try_take_master,
     was_last_leader,
     withdraw_candidacy,
+    withdraw_reseed_claim,
 )
-from .epochs import EpochCache
+from .epochs import EpochCache, read_led_epoch, record_led_epoch
 from .follower import MasterFollower
 from .host import BrokerHost
 from .lease import ZkLease
@@ -120,6 +126,14 @@ class HaCoordinator:
         #: The slave a `metaq promote` hand-over goes to while we pause writes, or None.
         self.handing_over: int | None = None
         self._last_turn: str | None = None
+        #: ZooKeeper lost its data: when we first posted our re-seed claim, and the newest
+        #: epoch any posted member's history reaches (the next epoch goes above it).
+        self._reseed_since: float | None = None
+        self._newest_claimed = 0
+        #: The last "not following a master below our history" line logged (each is logged once).
+        self._refused_master: str | None = None
+        #: The epoch we won re-seeds a group whose ZooKeeper lost its data.
+        self._reseeding = False
 
     # --- wiring -----------------------------------------------------------------------
 
@@ -179,6 +193,9 @@ class HaCoordinator:
             event = master_event(url, self.master_url)
             if event is Event.MASTER_CHANGED and await self._names_previous_life(url):
                 return Event.REEVALUATE  # not a master to follow: wait for its node to expire
+            if event is Event.MASTER_CHANGED and await self._master_below_history(url):
+                self._look_again_in(1.0)
+                return Event.MASTER_SEEN  # ignored in every state: not a master to follow
             return event
 
         self.post(decide, url)
@@ -352,6 +369,30 @@ class HaCoordinator:
         else:
             self._post_master(state.master_url)
 
+    async def _master_below_history(self, url: str) -> bool:
+        """Whether the master at ``url`` leads an epoch older than our own history.
+
+        Invariant: a broker never truncates against a master whose epoch is below its own
+        newest epoch. Such a master took the lock from a ZooKeeper that lost its data, without
+        this broker's claim (it was down): its log may lack messages acked in our newer
+        epochs, and following would cut them from ours. We stay as we are (reads served) and
+        say so once; the operator decides (docs/operations.md, "Losing ZooKeeper's data").
+        """
+        state = await self._read_state()
+        history = self.history
+        if state is None or state.master_url != url or history <= state.epoch:
+            self._refused_master = None
+            return False
+        if self._refused_master != url:
+            self._refused_master = url
+            log.error(
+                "not following the master at %s: it leads epoch %d, older than epoch %d in this broker's history"
+                " (ZooKeeper lost its data and the group was re-seeded without this broker): following would cut"
+                " messages only this broker may hold; see docs/operations.md, \"Losing ZooKeeper's data\"",
+                url, state.epoch, history,
+            )
+        return True
+
     async def _names_previous_life(self, url: str) -> bool:
         state = await self._read_state()
         return state is not None and state.master_url == url and self._previous_life(state)
@@ -463,6 +504,11 @@ class HaCoordinator:
             handover = None
         if handover is not None and handover.epoch != state.epoch:
             handover = None  # a stale request, for an earlier master
+        history = self.history
+        led_history = history > 0 and await asyncio.to_thread(read_led_epoch, self.config.data_path) == history
+        claims = await self._post_reseed_claim(state, history, led_history)
+        if claims is None:
+            return False  # ZooKeeper did not answer; a re-evaluation is scheduled
         ok, why = eligibility(
             mode=self.config.replication_mode,
             auto_failover=self.config.auto_failover,
@@ -475,8 +521,14 @@ class HaCoordinator:
             state=state,
             cannot_lead=self.cannot_lead,
             handover=handover,
+            history=history,
+            led_history=led_history,
         )
-        if handover is None and self._ranks_candidates(state):
+        if handover is None and ok and history > state.epoch:
+            ok, why = self._reseed_turn(history, led_history, claims, why)
+            if why is None:
+                return False  # waiting for the other members' claims; a re-evaluation is scheduled
+        elif handover is None and self._ranks_candidates(state):
             ok, why = await self._candidacy(state, ok, why)
             if why is None:
                 return False  # waiting for our turn; a re-evaluation is scheduled
@@ -488,15 +540,21 @@ class HaCoordinator:
             log.log(logging.DEBUG if repeated else logging.INFO, "may take over: %s", why)
             self.post(Event.ELIGIBLE, state)
         else:
-            log.log(logging.DEBUG if repeated else logging.WARNING, "not taking over: %s; %s", why, self._recovery_hint(state))
+            log.log(logging.DEBUG if repeated else logging.WARNING, "not taking over: %s; %s", why, self._recovery_hint(state, history))
         return ok
 
-    def _recovery_hint(self, state: GroupState) -> str:
+    def _recovery_hint(self, state: GroupState, history: int) -> str:
         """How an operator gets a group without an eligible broker going again."""
-        if state.epoch_version < 0:
-            return "start a broker of this group without --slave to found it"
         slave_id = self.registry.slave_id
         who = f"--slave {slave_id}" if slave_id is not None else "--slave K"
+        if history > state.epoch:
+            return (
+                f"start every member of the group; if the broker that led epoch {history} is gone for good, elect the"
+                f" member with the newest history with `metaq promote --zk ZK --broker-id {self.broker_id} {who} --unclean`"
+                " (docs/operations.md, \"Losing ZooKeeper's data\")"
+            )
+        if state.epoch_version < 0:
+            return "start a broker of this group without --slave to found it"
         return (
             f"to recover, start the last master ({state.leader_url}, with its data dir) again, or elect this broker"
             f" with `metaq promote --zk ZK --broker-id {self.broker_id} {who} --unclean` (it may lose acked messages)"
@@ -526,21 +584,65 @@ class HaCoordinator:
             return False, None
         if not eligible:
             return False, why
-        ok, turn, retry_after = candidate_turn(slave_id, state.epoch, candidates, live, now - self._candidate_since)
+        turn = candidate_turn(slave_id, state.epoch, candidates, live, now - self._candidate_since)
+        # Poll: a better candidate may post, win, or vanish in the meantime.
+        return self._my_turn(why, *turn, poll_s=0.05, waiting="not taking over yet", level=logging.INFO)
+
+    def _my_turn(self, why: str, ok: bool, turn: str, retry_after: float, *, poll_s: float, waiting: str, level: int) -> tuple[bool, str | None]:
+        """``(True, why; turn)`` to go now, or ``(False, None)`` while waiting (each new reason logged once, a look scheduled)."""
         if ok:
             return True, f"{why}; {turn}"
         if turn != self._last_turn:
-            log.info("not taking over yet: %s", turn)
+            log.log(level, "%s: %s", waiting, turn)
             self._last_turn = turn
-        # Poll: a better candidate may post, win, or vanish in the meantime.
-        self._look_again_in(min(retry_after, 0.05))
+        self._look_again_in(min(retry_after, poll_s))
         return False, None
+
+    def _my_claim(self, history: int, led_history: bool) -> ReseedClaim:
+        assert self.identity is not None
+        log_end = sum(l.log_end for l in self.host.store.logs().values())
+        return ReseedClaim(self.identity, self.my_url, history, led_history, log_end)
+
+    async def _post_reseed_claim(self, state: GroupState, history: int, led_history: bool) -> list[ReseedClaim] | None:
+        """ZooKeeper lost its data (our history is past its epoch): post our claim, read everyone's.
+
+        ``[]`` when ZooKeeper has not lost anything we know of; None if it did not answer.
+        """
+        if history <= state.epoch:
+            self._reseed_since, self._newest_claimed = None, 0
+            return []
+        if self._reseed_since is None:
+            self._reseed_since = time.monotonic()
+        me = self._my_claim(history, led_history)
+        try:
+            await asyncio.to_thread(post_reseed_claim, self.zk, self.paths, self.broker_id, me)
+            claims = await asyncio.to_thread(read_reseed_claims, self.zk, self.paths, self.broker_id)
+        except ZK_ERRORS as exc:
+            log.warning("cannot post or read re-seed claims (%s); retrying", exc)
+            self._look_again_in(0.2)
+            return None
+        self._newest_claimed = max([history, *(c.history for c in claims)])
+        if not led_history:
+            self._look_again_in(0.5)  # a claim may be gone with its broker, or a master may come
+        return claims
+
+    def _reseed_turn(self, history: int, led_history: bool, claims: list[ReseedClaim], why: str) -> tuple[bool, str | None]:
+        """``(True, why)`` to re-seed now, or ``(False, None)`` while waiting (a look is scheduled)."""
+        assert self._reseed_since is not None
+        turn = reseed_turn(self._my_claim(history, led_history), claims, time.monotonic() - self._reseed_since)
+        return self._my_turn(why, *turn, poll_s=0.2, waiting="not re-seeding yet", level=logging.WARNING)
 
     def _look_again_in(self, seconds: float) -> None:
         asyncio.get_running_loop().call_later(seconds, self.post, Event.REEVALUATE)
 
     async def _withdraw_candidacy(self) -> None:
-        """Leaving the orphaned state: our candidacy (if any) is over."""
+        """Leaving the orphaned state: our candidacy and re-seed claim (if any) are over."""
+        if self._reseed_since is not None and self.identity is not None:
+            self._reseed_since, self._last_turn = None, None
+            try:
+                await asyncio.to_thread(withdraw_reseed_claim, self.zk, self.paths, self.broker_id, self.identity)
+            except ZK_ERRORS as exc:
+                log.debug("re-seed claim not withdrawn (%s); it goes with our session", exc)
         if self._candidate_since is None:
             return
         self._candidate_since, self._last_turn = None, None
@@ -553,7 +655,12 @@ class HaCoordinator:
 
     async def _elect(self, seen: GroupState) -> None:
         try:
-            epoch = await asyncio.to_thread(try_take_master, self.zk, self.paths, self.broker_id, self.my_url, seen, self.identity)
+            # Above every epoch a member's history holds (ZooKeeper may have lost them): the
+            # epoch checkpoints of the new term must grow past every member's.
+            floor = max(self.history, self._newest_claimed)
+            epoch = await asyncio.to_thread(
+                try_take_master, self.zk, self.paths, self.broker_id, self.my_url, seen, self.identity, floor,
+            )
         except ZK_ERRORS as exc:
             log.warning("election transaction failed: %s", exc)
             epoch = None
@@ -562,6 +669,7 @@ class HaCoordinator:
             self.post(Event.REEVALUATE)
             return
         self.epoch = epoch
+        self._reseeding = floor > seen.epoch
         self.post(Event.WON)
 
     async def _lead(self) -> None:
@@ -591,6 +699,15 @@ class HaCoordinator:
                     cache.truncate_from_end(cut)
                 if cache.assign(self.epoch, log_.log_end):
                     cache.save()
+        # Durably, before any ack in this epoch: what re-seeds the group if ZooKeeper loses its data.
+        await asyncio.to_thread(record_led_epoch, self.config.data_path, self.epoch)
+        if self._reseeding:
+            # Before any producer id is handed out (a reused one would share an old producer's
+            # sequence state: its batches taken for duplicates, acked, not stored). A failure
+            # fails this entry (ZooKeeper away: fenced, and this runs again on the way back).
+            await self._reseed_topic_config()
+            await self.host.restore_after_zookeeper_loss()
+            self._reseeding = False
         assert self.lease is not None
         await self.lease.start()
         await self._start_sync_set()
@@ -603,6 +720,26 @@ class HaCoordinator:
         # master alone is its flushed end, so flush now: every acked message we hold is
         # readable at once, not after the next periodic flush.
         self._flushing = asyncio.ensure_future(self._flush_all())
+
+    async def _reseed_topic_config(self) -> None:
+        """ZooKeeper lost the group's topic configuration with the rest: write back the topics we serve.
+
+        Every member still serves the version it last applied; without the node, a member
+        restarted later would serve its server.ini alone, and a `metaq topics create` would
+        write a configuration naming one topic. Seeding (never overwriting) keeps whatever
+        another writer put there meanwhile.
+        """
+        try:
+            group = await asyncio.to_thread(
+                update_group_topics, self.zk, self.paths, self.broker_id,
+                seed_with(self.host.config.topics, self.config.topic_defaults),
+                security=self.registry.security,
+            )
+        except (*ZK_ERRORS, RuntimeError) as exc:
+            log.warning("could not write the group's topic configuration back to ZooKeeper (%s); a broker started"
+                        " without --slave seeds it from its server.ini", exc)
+            return
+        log.info("wrote the group's topic configuration back to ZooKeeper: %s", ", ".join(sorted(group.topics)))
 
     async def _flush_all(self) -> None:
         store = self.host.store
@@ -715,6 +852,11 @@ class HaCoordinator:
             cache = EpochCache.load(log_.directory)
             self._caches[key] = cache
         return cache
+
+    @property
+    def history(self) -> int:
+        """The newest epoch in this broker's epoch checkpoints (0 for a broker that never served)."""
+        return max((self.cache(t, p).latest_epoch for t, p in self.host.store.logs()), default=0)
 
     def epoch_end(self, topic: str, partition: int, epoch: int) -> tuple[int, int]:
         log_ = self.host.store.get_log(topic, partition)

@@ -37,10 +37,15 @@ def _get(client: KazooClient, path: str) -> tuple[bytes, object]:
 
 
 def try_take_master(
-    client: KazooClient, paths: ZkPaths, broker_id: int, url: str, seen: GroupState, identity: str | None = None
+    client: KazooClient, paths: ZkPaths, broker_id: int, url: str, seen: GroupState, identity: str | None = None,
+    floor: int = 0,
 ) -> int | None:
-    """Atomically take the lock and the next epoch; the new epoch, or None if someone else did."""
-    new_epoch = seen.epoch + 1
+    """Atomically take the lock and the next epoch; the new epoch, or None if someone else did.
+
+    The new epoch is above ``floor`` too: the newest epoch in any member's history that
+    ZooKeeper, having lost its data, no longer knows (see "ZooKeeper lost its data" below).
+    """
+    new_epoch = max(seen.epoch, floor) + 1
     value = encode_epoch(new_epoch, url, identity)
     epoch_path = paths.epoch(broker_id)
     tx = client.transaction()
@@ -71,8 +76,14 @@ def eligibility(
     state: GroupState,
     cannot_lead: str | None = None,
     handover: "Handover | None" = None,
+    history: int = 0,
+    led_history: bool = False,
 ) -> tuple[bool, str]:
-    """May this broker try to take the master lock now? ``(yes, why)``."""
+    """May this broker try to take the master lock now? ``(yes, why)``.
+
+    ``history`` is the newest epoch in this broker's epoch checkpoints, ``led_history``
+    whether it led that epoch itself (epochs.read_led_epoch).
+    """
     if state.master_url is not None:
         return False, f"a master is registered ({state.master_url})"
     if cannot_lead is not None:
@@ -84,6 +95,20 @@ def eligibility(
         if handover.unclean:
             return True, f"UNCLEAN election requested by an operator for slave {handover.slave_id}: acked messages this broker lacks are lost"
         return True, f"an operator hands the group over to this broker (slave {handover.slave_id})"
+    if history > state.epoch:
+        # Invariant: ZooKeeper's epoch is at least every member's newest epoch (an epoch is
+        # taken in ZooKeeper before any checkpoint records it; slaves copy checkpoints from
+        # a master of an epoch ZooKeeper had). A history past it means ZooKeeper lost its
+        # data: founding or electing from what it says now would start an epoch this log
+        # already has. Only the broker that led the newest epoch holds every message acked
+        # in it; it alone may re-seed the group, once no posted member knows a newer epoch
+        # (reseed_turn). The others wait for it, or for an operator's `metaq promote --unclean`.
+        if led_history:
+            return True, f"ZooKeeper lost the group's state (epoch {state.epoch} there); this broker led epoch {history}, its newest"
+        return False, (
+            f"ZooKeeper lost the group's state (epoch {state.epoch} there, {history} in this broker's history):"
+            f" waiting for the broker that led epoch {history} to re-seed the group"
+        )
     if state.epoch_version < 0:
         # A group that never had a master: only a broker started as master founds it.
         if prefers_master:
@@ -216,20 +241,28 @@ class Candidate:
     eligible: bool  # whether the election rules let it take over at all
 
 
-def post_candidacy(client: KazooClient, paths: ZkPaths, broker_id: int, me: Candidate) -> None:
-    path = paths.candidate(broker_id, me.slave_id)
-    data = json.dumps({"log_end": me.log_end, "epoch": me.epoch, "eligible": me.eligible}).encode()
+def _post(client: KazooClient, path: str, value: dict[str, object]) -> None:
+    """Create or overwrite an ephemeral node of ours (it goes with our session)."""
+    data = json.dumps(value).encode()
     try:
         client.create_async(path, data, ephemeral=True, makepath=True).get(timeout=ZK_CALL_TIMEOUT_S)
     except NodeExistsError:
         client.set_async(path, data).get(timeout=ZK_CALL_TIMEOUT_S)
 
 
-def withdraw_candidacy(client: KazooClient, paths: ZkPaths, broker_id: int, slave_id: int) -> None:
+def _withdraw(client: KazooClient, path: str) -> None:
     try:
-        client.delete_async(paths.candidate(broker_id, slave_id)).get(timeout=ZK_CALL_TIMEOUT_S)
+        client.delete_async(path).get(timeout=ZK_CALL_TIMEOUT_S)
     except NoNodeError:
         pass
+
+
+def post_candidacy(client: KazooClient, paths: ZkPaths, broker_id: int, me: Candidate) -> None:
+    _post(client, paths.candidate(broker_id, me.slave_id), {"log_end": me.log_end, "epoch": me.epoch, "eligible": me.eligible})
+
+
+def withdraw_candidacy(client: KazooClient, paths: ZkPaths, broker_id: int, slave_id: int) -> None:
+    _withdraw(client, paths.candidate(broker_id, slave_id))
 
 
 def read_candidates(client: KazooClient, paths: ZkPaths, broker_id: int) -> tuple[dict[int, Candidate], set[int]]:
@@ -277,3 +310,71 @@ def candidate_turn(me: int, epoch: int, candidates: dict[int, Candidate], live: 
     if waited_s >= turn_at:
         return True, f"candidates ahead ({ranks[:rank]}) did not take over within {turn_at:.1f}s (log ends: {standing})", 0.0
     return False, f"slave{ranks[0]} is more caught up (log ends: {standing})", turn_at - waited_s
+
+
+# --- ZooKeeper lost its data: the member with the newest history re-seeds the group -----------
+#
+# ZooKeeper restarted empty (or from an old snapshot) forgets the epoch, the master's identity
+# and the sync set: nothing there says any more who holds every acked message. Each member's
+# data dir still does: its epoch checkpoints (the newest epoch it took part in) and
+# ``led-epoch`` (the newest epoch it led). Every member that finds its history past ZooKeeper's
+# epoch posts a claim (ephemeral ``reseed/{identity}``, written with the group's ZooKeeper ACL
+# when security is on, so only members of the group can post): its newest epoch, whether it led
+# it, its log end. The broker that led the newest epoch re-seeds the group (takes the lock at
+# an epoch above every posted history) once it has waited RESEED_WAIT_S for the others to post
+# and none posted a newer epoch; the others follow it and truncate against it as after any
+# failover (in that epoch their logs are prefixes of its log: only never-acked bytes go). A
+# slave that knows a newer epoch than a candidate holds it back: a stale log never re-seeds
+# while a live member knows better. What no claim can show is a member that is down: see
+# docs/operations.md, "Losing ZooKeeper's data" (start every member first).
+
+#: How long the broker that led the newest epoch waits for the other members' claims.
+RESEED_WAIT_S = 3.0
+
+
+@dataclass(frozen=True)
+class ReseedClaim:
+    identity: str  # the member's stable identity (datadirs.broker_identity)
+    url: str
+    history: int  # the newest epoch in its epoch checkpoints
+    led: bool  # whether it led that epoch
+    log_end: int  # the sum of its partitions' log ends
+
+
+def post_reseed_claim(client: KazooClient, paths: ZkPaths, broker_id: int, me: ReseedClaim) -> None:
+    _post(client, paths.reseed_claim(broker_id, me.identity), {"url": me.url, "history": me.history, "led": me.led, "log_end": me.log_end})
+
+
+def withdraw_reseed_claim(client: KazooClient, paths: ZkPaths, broker_id: int, identity: str) -> None:
+    _withdraw(client, paths.reseed_claim(broker_id, identity))
+
+
+def read_reseed_claims(client: KazooClient, paths: ZkPaths, broker_id: int) -> list[ReseedClaim]:
+    base = paths.reseed_claims(broker_id)
+    try:
+        children = client.get_children_async(base).get(timeout=ZK_CALL_TIMEOUT_S)
+    except NoNodeError:
+        return []
+    claims = []
+    for identity in sorted(children):
+        try:
+            data, _ = client.get_async(f"{base}/{identity}").get(timeout=ZK_CALL_TIMEOUT_S)
+            value = json.loads(data)
+            claims.append(ReseedClaim(identity, str(value["url"]), int(value["history"]), bool(value["led"]), int(value["log_end"])))
+        except (NoNodeError, ValueError, KeyError, TypeError):
+            continue  # gone meanwhile, or not a claim
+    return claims
+
+
+def reseed_turn(me: ReseedClaim, claims: list[ReseedClaim], waited_s: float) -> tuple[bool, str, float]:
+    """May ``me`` (which led its newest epoch) re-seed the group now? ``(yes, why, retry after seconds)``."""
+    others = [c for c in claims if c.identity != me.identity]
+    standing = ", ".join(f"{c.url}: epoch {c.history}{' (led)' if c.led else ''}" for c in [me, *others])
+    # Two claims that led the same epoch cannot both be right; the identity breaks the tie
+    # so that exactly one of them goes (the other then follows and is checked by truncation).
+    newer = [c for c in others if c.history > me.history or (c.history == me.history and c.led and c.identity < me.identity)]
+    if newer:
+        return False, f"{newer[0].url} knows a newer epoch ({standing})", RESEED_WAIT_S
+    if waited_s < RESEED_WAIT_S:
+        return False, f"waiting for the other members' claims ({standing})", RESEED_WAIT_S - waited_s
+    return True, f"no member posted a newer history within {RESEED_WAIT_S:.0f}s ({standing})", 0.0

@@ -28,6 +28,8 @@ from metaq.store.segment import fsync_directory
 
 FILE_NAME = "leader-epoch-checkpoint"
 _VERSION = "0"
+#: ``{dataPath}/led-epoch``: the newest epoch this broker led (see ``record_led_epoch``).
+LED_EPOCH_FILE = "led-epoch"
 
 
 class EpochCacheError(ValueError):
@@ -58,16 +60,7 @@ class EpochCache:
         return cache
 
     def save(self) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        body = "\n".join([_VERSION, str(len(self.entries))] + [f"{e} {s}" for e, s in self.entries]) + "\n"
-        with open(tmp, "w") as f:
-            f.write(body)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        # The rename too: a power loss must not bring back a history that lacks an epoch
-        # whose fsynced records the log keeps.
-        fsync_directory(self.path.parent)
+        _write_durably(self.path, "\n".join([_VERSION, str(len(self.entries))] + [f"{e} {s}" for e, s in self.entries]) + "\n")
 
     @property
     def latest_epoch(self) -> int:
@@ -110,3 +103,37 @@ class EpochCache:
             return False
         self.entries = new
         return True
+
+
+def _write_durably(path: Path, body: str) -> None:
+    """Write to a temporary file, fsync, rename, fsync the directory: a crash or a power loss
+    leaves the old or the new text (the directory fsync: a power loss must not bring back an
+    epoch history that lacks an epoch whose fsynced records the log keeps)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(body)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_directory(path.parent)
+
+
+def record_led_epoch(data_path: str, epoch: int) -> None:
+    """Remember, durably, that this broker led ``epoch`` (before it acks anything in it).
+
+    A slave copies its master's epoch checkpoints, so they cannot say who led an epoch;
+    ZooKeeper's epoch node can, until ZooKeeper loses its data. Then this file is what
+    lets the broker that led the newest epoch know it holds every message acked in it,
+    and re-seed the group (metaq/ha/election.py, "ZooKeeper lost its data").
+    """
+    path = Path(data_path) / LED_EPOCH_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_durably(path, f"{epoch}\n")
+
+
+def read_led_epoch(data_path: str) -> int:
+    """The newest epoch this broker led, 0 if none (or the file is unreadable: then it claims nothing)."""
+    try:
+        return int((Path(data_path) / LED_EPOCH_FILE).read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return 0

@@ -13,6 +13,7 @@ from kazoo.client import KazooClient
 
 from ..config import BrokerConfig, TopicConfig
 from ..security.settings import BrokerSecurity
+from ..zk.acl import ZkSecurity
 
 
 class LogStore(Protocol):
@@ -49,6 +50,10 @@ class Registry(Protocol):
     @property
     def slave_id(self) -> int | None: ...
 
+    @property
+    def security(self) -> ZkSecurity | None:
+        """The group's ZooKeeper login and ACLs (security on), for nodes HA writes."""
+
     async def set_role(self, role: str | int | None) -> None: ...
 
 
@@ -75,6 +80,10 @@ class BrokerHost(Protocol):
 
     def notify(self, topic: str, partition: int) -> None:
         """Wake fetches parked on a partition (its log end or committed offset moved)."""
+
+    async def restore_after_zookeeper_loss(self) -> None:
+        """This broker re-seeded its group after ZooKeeper lost its data: restore what the
+        group's nodes held that the broker's logs know (the producer id counter)."""
 
     async def update_topics(self, topics: dict[str, TopicConfig]) -> None:
         """Serve (and register) this topic map: a slave adopting its master's topics."""

@@ -10,8 +10,12 @@ with ZooKeeper ACLs on); this module proves the broker at that address is of the
 
 from __future__ import annotations
 
+import asyncio
+
 from ..addresses import parse_broker_url
 from ..client.connection import BrokerConnection
+from ..protocol.messages import TopicsRequest
+from ..protocol.replies import ReplyError, TopicsReply
 from .host import BrokerHost
 
 
@@ -36,3 +40,23 @@ async def open_peer(host: BrokerHost, url: str, slave_id: int | None, timeout: f
         ssl=security.peer_client_context(),
         authenticator=security.broker_authenticator(member_name(slave_id)),
     )
+
+
+async def peer_topics(host: BrokerHost, url: str, slave_id: int | None, timeout: float = 3.0) -> dict[str, int] | None:
+    """The topics (name -> partitions) the group's broker at ``url`` serves, or None if it cannot answer now.
+
+    Over ``open_peer``: with security on, a broker answers ``topics`` only to a principal
+    that logged in (an anonymous ask gets 403, which read as "not serving it yet" and left
+    a partition added at run time unreplicated), and only a peer that proved the group
+    secret is believed.
+    """
+    try:
+        conn = await open_peer(host, url, slave_id, timeout)
+    except (OSError, ValueError):  # unreachable, restarting, or not of our group (AuthenticationFailed)
+        return None
+    try:
+        return TopicsReply.of(await conn.request(TopicsRequest().to_header(), timeout=timeout)).topics
+    except (OSError, ReplyError, asyncio.TimeoutError):  # gone mid-request, or refused: asked again later
+        return None
+    finally:
+        conn.close()

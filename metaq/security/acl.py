@@ -103,6 +103,24 @@ class Authorizer:
             return None
         return f"{principal} may not {operation.value} topic {topic!r} (no ACL rule grants it)"
 
+    def any_topic_denial(self, principal: Principal | None, operation: Operation) -> str | None:
+        """None when some ACL rule grants ``operation`` (produce or consume) on some topic, else the reason.
+
+        For requests that name no topic yet but are only of use to who may write or read one
+        (a transaction ``start``: without produce the branch could hold nothing). One lookup,
+        no pattern matching: it costs the same whatever the user's rules."""
+        assert operation in TOPIC_OPERATIONS, operation
+        if principal is None:
+            return "not authenticated: send the auth handshake first"
+        if principal.is_broker:
+            return self.denial(principal, operation, "*")
+        acl = self.users.get(principal.name)
+        if acl is None:
+            return f"{principal} has no permissions here"
+        if acl.patterns(operation):
+            return None
+        return f"{principal} may not {operation.value} any topic (no ACL rule grants it)"
+
 
 # --- requests to operations -------------------------------------------------------------------
 
@@ -140,7 +158,8 @@ def required_operation(header: Mapping[str, Any]) -> tuple[Operation, str | None
         return Operation.DESCRIBE, None
     if op == "transaction":
         # Any authenticated principal may reach the coordinator; the broker then requires
-        # produce on every topic the branch wrote to (admin: any branch), see
-        # metaq/server/transactions.py, because a branch's topics are known only there.
+        # produce on some topic for ``start`` (Authorizer.any_topic_denial) and the branch's
+        # starter (admin: any branch) for every other action, see
+        # metaq/server/transactions.py, because who started a branch is known only there.
         return Operation.DESCRIBE, None
     return Operation.ADMIN, None

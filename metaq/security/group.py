@@ -7,6 +7,7 @@ label, so that no derived value reveals another or the secret:
     ZooKeeper digest password                   HMAC(secret, "metaq zookeeper group {id}")
     key of the unknown-user decoys              HMAC(secret, "metaq scram decoy")
     key of the producer tokens                  HMAC(secret, "metaq producer token group {id}")
+    key of the principal tags                   HMAC(secret, "metaq principal tag group {id}")
 
 Binding the group id into each label keeps two groups that were (wrongly) given the same
 secret from accepting each other's brokers under their own names. Every group must still
@@ -70,6 +71,10 @@ class GroupSecret:
     def producer_token_key(self) -> bytes:
         """The HMAC key of the producer tokens (metaq/security/producer_tokens.py)."""
         return bytes.fromhex(self._derive(f"metaq producer token group {self.broker_id}"))
+
+    def principal_tag_key(self) -> bytes:
+        """The HMAC key of the principal tags (metaq/security/principal_tags.py)."""
+        return bytes.fromhex(self._derive(f"metaq principal tag group {self.broker_id}"))
 
     def decoy_key(self) -> bytes:
         return bytes.fromhex(self._derive("metaq scram decoy"))

@@ -18,6 +18,7 @@ from ..zk.acl import ZkSecurity
 from .acl import Authorizer
 from .credentials import SecurityFile
 from .group import GroupSecret
+from .principal_tags import PrincipalTags
 from .producer_tokens import ProducerTokens
 from .handshake import ClientAuthenticator, ServerAuthenticator
 from .scram import ScramSecret
@@ -118,6 +119,11 @@ class BrokerSecurity:
         # A token names its user: once security.ini no longer has the user, its tokens stop verifying.
         return ProducerTokens(self.group.producer_token_key(), known_user=self.known_user)
 
+    @functools.cached_property
+    def principal_tags(self) -> PrincipalTags | None:
+        """Tags user names for the logs and ZooKeeper; None with security off (no users to tell apart)."""
+        return PrincipalTags(self.group.principal_tag_key()) if self.group is not None else None
+
     def peer_client_context(self) -> ssl.SSLContext | None:
         """The context for connecting to another broker of the group (TLS on), verifying it by the CA."""
         if not self.config.tls_enabled:
@@ -144,5 +150,5 @@ def load_broker_security(config: BrokerConfig) -> BrokerSecurity:
         security.users = users
         security.group_scram = group.scram_secret()
         security.authorizer = Authorizer(config.broker_id, users.acls())
-        security.zookeeper = ZkSecurity(config.zk.root, config.broker_id, group.zookeeper_password())
+        security.zookeeper = ZkSecurity(config.zk.root, config.broker_id, group.zookeeper_password(), settings.group_secret_file)
     return security

@@ -31,6 +31,7 @@ from ..security.settings import load_broker_security
 from ..store.datadirs import broker_identity, check_data_dirs
 from ..store.manager import MessageStoreManager
 from ..store.msgid import MsgIdGenerator
+from ..zk.data_loss import reconnect_after_data_loss
 from ..zk.monitor import OutageReporter
 from .admission import ConnectionSlots, RequestBudget
 from .connection import ClientConnection, ConnectionLimits
@@ -40,7 +41,7 @@ from .metrics import BrokerMetrics, InstrumentedHandlers
 from .registry import BrokerRegistry
 from .reload import apply_logging, reload_config
 from .stats import BrokerStats
-from .producer_ids import ProducerIdAllocator, local_blocks, zookeeper_blocks
+from .producer_ids import RESEED_SKIP, ProducerIdAllocator, highest_counter_in, local_blocks, raise_zookeeper_counter, zookeeper_blocks
 from .transactional_ids import LocalMapping, MappingStore, TransactionalIds, ZooKeeperMapping
 from .transactions import TransactionService
 from .txn_state import TxnStates
@@ -207,20 +208,40 @@ class Broker:
             )
             await self.registry.start()
             self.registry.client.add_listener(OutageReporter())
+            reconnect_after_data_loss(self.registry.client, config.zk.session_timeout_ms)
             log.info("broker %d connected to ZooKeeper at %s%s", config.broker_id, config.zk.zk_connect, config.zk.root)
             try:
                 identity = await asyncio.to_thread(broker_identity, config.data_path)
-                await check_join(config, self.slave, self.registry.client, self.registry.url, identity)
+                joins_another_master = await check_join(self, self.slave, identity)
             except BaseException:
                 await self.registry.stop(sync_time_ms=0)
                 raise
-            # A broker started without --slave seeds the group's topics from its server.ini.
-            self.group_topics = GroupTopicsApplier(self, seeds=self.slave is None)
+            # A broker started without --slave seeds the group's topics from its server.ini,
+            # unless another broker leads the group (ha/joining.py: it never changes them then).
+            self.group_topics = GroupTopicsApplier(self, seeds=not joins_another_master)
             await self.group_topics.start()
         self.producer_ids = ProducerIdAllocator(config.broker_id, self._producer_id_blocks())
         self.transactional_ids = TransactionalIds(self.producer_ids, self._transactional_id_mapping(),
-                                                  self.config.txn.max_transactional_ids_per_user)
+                                                  self.config.txn.max_transactional_ids_per_user,
+                                                  self.security.principal_tags)
         await self.ha.start()
+
+    async def restore_after_zookeeper_loss(self) -> None:
+        """This broker re-seeded its group after ZooKeeper lost its data (metaq/ha/election.py).
+
+        The producer id counter went with it: start it again past every id in our logs
+        (the new master holds every acked batch), so no id is handed out twice.
+        """
+        registry = self.registry
+        assert registry is not None
+        states = await asyncio.to_thread(self.txn_states.all)
+        seen = (pid for state in states.values() for pid in state.producers.producers)
+        floor = highest_counter_in(seen, self.config.broker_id) + RESEED_SKIP
+        value = await asyncio.to_thread(
+            raise_zookeeper_counter, registry.client, registry.paths, self.config.broker_id, floor, self._create_group_node(),
+        )
+        log.info("producer id counter of broker group %d restarted at %d (past every id in this broker's logs)",
+                 self.config.broker_id, value)
 
     def _producer_id_blocks(self) -> Any:
         """Where producer id blocks come from: the group's ZooKeeper counter, or a local file."""

@@ -23,11 +23,8 @@ from typing import Any
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
-from ..addresses import parse_broker_url
-from ..client.connection import BrokerConnection
 from ..config import ConfigError, TopicConfig, topic_settings
-from ..protocol.messages import TopicsRequest
-from ..protocol.replies import TopicsReply
+from ..ha.peers import peer_topics
 from ..zk.paths import ZkPaths
 from .registry import RegistryError
 from ..zk.topic_config import GroupTopics, decode_group_topics, publish_with, read_group_topics, seed_with, serve_group_topics, update_group_topics
@@ -134,7 +131,8 @@ class GroupTopicsApplier:
             master_url = follower.master_url if follower is not None and not self.broker.ha.acting_master else None
             if master_url is None:
                 return  # a master, or a slave between masters: following (re)reads the topics itself
-            served = await _master_topics(master_url)
+            # As the group's slave{k} (ha/peers.py): with security on an anonymous ask is refused.
+            served = await peer_topics(self.broker, master_url, follower.slave.slave_id)
             if served is not None and all(served.get(name, 0) >= n for name, n in wanted.items()):
                 follower.resync_topics()
                 return
@@ -170,15 +168,3 @@ def describe_change(before: dict[str, TopicConfig], after: dict[str, TopicConfig
     if removed:
         parts.append("no longer serving " + ", ".join(removed) + " (files kept on disk)")
     return "; ".join(parts)
-
-
-async def _master_topics(url: str) -> dict[str, int] | None:
-    """The master's topics and partition counts, or None if it cannot answer now."""
-    try:
-        conn = await BrokerConnection.open(*parse_broker_url(url), 3)
-        try:
-            return TopicsReply.of(await conn.request(TopicsRequest().to_header(), timeout=3)).topics
-        finally:
-            conn.close()
-    except Exception:  # unreachable, restarting, refusing: asked again shortly
-        return None

@@ -243,9 +243,10 @@ class RequestHandlers:
                        f"current epoch {decision.current_epoch}")
             return c.reply_header(req.opaque, c.FORBIDDEN, message, current_epoch=decision.current_epoch), b""
         if req.txid:
-            # The branch must be ACTIVE on this master (RequestError if not); a DUPLICATE above
-            # needs no check: it appends nothing.
-            broker.transactions.enlist(req.txid, req.topic, partition)
+            # The branch must be ACTIVE on this master and this put its own (RequestError if not); a
+            # DUPLICATE above needs no check: it appends nothing.
+            broker.transactions.enlist(req.txid, req.topic, partition, req.producer_id,
+                                       getattr(req.origin, "principal", None))
         framed = plan.append
         assert framed is not None and broker.ids is not None
         first_id = broker.ids.allocate(count + 1)  # the BATCH header is a record and takes an id too

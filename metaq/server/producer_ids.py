@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
@@ -65,29 +65,58 @@ class ProducerIdAllocator:
         return producer_id(self.group, n)
 
 
+def _update_counter(client: Any, path: str, create: Callable[[str, bytes], Any], change: Callable[[int], int]) -> tuple[int, int]:
+    """Compare-and-set the counter at ``path`` (absent: 0) to ``change(value)``; ``(before, after)``."""
+    for _ in range(CAS_ATTEMPTS):
+        try:
+            value, stat = client.get(path)
+        except NoNodeError:
+            try:
+                create(path, str(change(0)).encode())
+                return 0, change(0)
+            except NodeExistsError:
+                continue
+        before = int(value.decode() or 0)
+        after = change(before)
+        if after == before:
+            return before, after
+        try:
+            client.set(path, str(after).encode(), version=stat.version)
+            return before, after
+        except BadVersionError:
+            continue  # another broker of the group changed it first
+    raise RuntimeError(f"could not update the producer id counter at {path}: too many concurrent updates")
+
+
 def zookeeper_blocks(client: Any, paths: ZkPaths, group: int, create: Callable[[str, bytes], Any]) -> Callable[[], int]:
     """``take_block`` over the group's counter node; ``create(path, value)`` makes it with the group's ACL."""
     path = paths.producer_ids(group)
 
     def take_block() -> int:
-        for _ in range(CAS_ATTEMPTS):
-            try:
-                value, stat = client.get(path)
-            except NoNodeError:
-                try:
-                    create(path, str(BLOCK_SIZE).encode())
-                    return 0
-                except NodeExistsError:
-                    continue
-            start = int(value.decode() or 0)
-            try:
-                client.set(path, str(start + BLOCK_SIZE).encode(), version=stat.version)
-                return start
-            except BadVersionError:
-                continue  # another broker of the group took a block first
-        raise RuntimeError(f"could not take a producer id block at {path}: too many concurrent updates")
+        start, _ = _update_counter(client, path, create, lambda value: value + BLOCK_SIZE)
+        return start
 
     return take_block
+
+
+#: After ZooKeeper lost the counter, how far past the highest id found in the logs it starts
+#: again. Ids handed out but in no log yet (a producer that has not written) lie in blocks
+#: taken since; 1000 blocks is more than masters take between two writes of any producer,
+#: and a millionth of the id space. An id handed out twice would share the old producer's
+#: sequence state: its first batches would be taken for duplicates, acked and not stored.
+RESEED_SKIP = 1000 * BLOCK_SIZE
+
+
+def highest_counter_in(producer_ids: Iterable[int], group: int) -> int:
+    """One past the highest counter value among ``producer_ids`` of ``group`` (0 if none)."""
+    mask = (1 << GROUP_SHIFT) - 1
+    return max((pid & mask for pid in producer_ids if pid >> GROUP_SHIFT == group), default=-1) + 1
+
+
+def raise_zookeeper_counter(client: Any, paths: ZkPaths, group: int, at_least: int, create: Callable[[str, bytes], Any]) -> int:
+    """Make the group's counter at least ``at_least`` (never lowered); its value."""
+    _, value = _update_counter(client, paths.producer_ids(group), create, lambda value: max(value, at_least))
+    return value
 
 
 def local_blocks(data_path: str | Path) -> Callable[[], int]:

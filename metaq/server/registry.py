@@ -116,7 +116,8 @@ class BrokerRegistry:
         self.slave_ids: frozenset[int] = frozenset()
         #: slave id -> the IP addresses of the host in its registered url (read with slave_ids; None: unreadable).
         self.slave_hosts: dict[int, frozenset[str] | None] = {}
-        self._slaves_watched = False
+        #: Which ``_watch_slaves`` call is current (one per session): older watches stop themselves.
+        self._slaves_watch = 0
         self.on_slaves_changed = on_slaves_changed
 
         self.on_session_lost: Callable[[], Any] | None = None
@@ -302,16 +303,25 @@ class BrokerRegistry:
         return True
 
     def _watch_slaves(self) -> None:
-        """Keep ``slave_ids`` equal to the ``slave{k}`` children of our group node (kazoo re-arms it)."""
-        if self._slaves_watched:
-            return
-        self._slaves_watched = True
+        """Keep ``slave_ids`` equal to the ``slave{k}`` children of our group node.
 
-        def update(children: list[str]) -> None:
+        Armed again on every new session: kazoo re-arms a watch across reconnects, but a
+        watch whose node was deleted stops for good, and a ZooKeeper that lost its data
+        deletes the group node; a master that kept that watch never saw its slaves again
+        and refused their replication (403 "not registered"). The group node exists here
+        (``_ensure_broker_parent`` ran first); the previous watch stops at its next event.
+        """
+        self._slaves_watch += 1
+        generation = self._slaves_watch
+
+        def update(children: list[str]) -> bool:
+            if generation != self._slaves_watch:
+                return False  # superseded by a newer session's watch
             ids = frozenset(k for k in map(slave_node_id, children) if k is not None)
             self.slave_hosts = {k: self._registered_hosts(self.paths.slave(self.broker_id, k)) for k in ids}
             self.slave_ids = ids
             self._notify(self.on_slaves_changed, self.slave_ids)
+            return True
 
         self._client.ChildrenWatch(self.paths.broker(self.broker_id), update)
 

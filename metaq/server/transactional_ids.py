@@ -14,8 +14,13 @@ Rules kept here:
   handed out; the name takes a new producer id at epoch 0 instead (as Kafka does),
   and the old producer id is fenced as a whole;
 * **a name belongs to the user who first inited it** (with security on): another
-  user's init of it is refused (``NotOwner``), or anyone could fence another
-  application's producer; ``admin`` may init any name (the owner stays);
+  user's init of it is refused (``NotOwner``, naming no user), or anyone could fence
+  another application's producer; ``admin`` may init any name (the owner stays);
+* **the mapping names no user**: the owner is recorded as the user's keyed tag
+  (metaq/security/principal_tags.py), since anyone may read the group's ZooKeeper nodes
+  and a user name there would undo the SCRAM decoys (which hide whether a user exists).
+  A node written before tags holds ``"principal"`` (the plain name): it is read as that
+  user's tag, and the next init of the name rewrites it with the tag;
 * **names are bounded**: a new name is refused (``TooManyNames``) once its user owns
   ``maxTransactionalIdsPerUser`` names in the group, or the group holds ``MAX_NAMES``;
   every name is a znode the next master reads before it serves transactions. Names are
@@ -29,7 +34,7 @@ Rules kept here:
 Where the mapping lives:
 
 * with ZooKeeper: ``{root}/brokers/ids/{id}/transactional_ids/{name}`` (persistent, JSON
-  ``{"producer_id": P, "epoch": E}``, plus ``"principal"`` with security on), under the group's node with the group's ACL,
+  ``{"producer_id": P, "epoch": E}``, plus ``"user_tag"`` with security on), under the group's node with the group's ACL,
   so a new master (or a restarted one) continues from the epoch the old one handed out;
 * without ZooKeeper: ``{dataPath}/transactional-ids`` (CRC-guarded JSON map, replaced
   atomically, fsynced before the answer).
@@ -41,13 +46,16 @@ import asyncio
 import json
 import re
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from ..txn.crcfile import read_crc_file, write_crc_file
 from ..zk.paths import ZkPaths
 from .producer_ids import CAS_ATTEMPTS, ProducerIdAllocator
+
+if TYPE_CHECKING:
+    from ..security.principal_tags import PrincipalTags
 
 #: Names a broker group holds at most, over all users (each is a znode read at take-over).
 MAX_NAMES = 100_000
@@ -76,15 +84,19 @@ class TooManyNames(PermissionError):
 class Owner(NamedTuple):
     producer_id: int
     epoch: int
-    #: The user the name belongs to (None: security off, anyone's).
-    principal: str | None = None
+    #: The tag of the user the name belongs to (None: security off, anyone's).
+    user_tag: str | None = None
+    #: A record written before tags: the owner's plain user name (``TransactionalIds`` tags it).
+    legacy_user: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {key: value for key, value in self._asdict().items() if value is not None}
+        data = {"producer_id": self.producer_id, "epoch": self.epoch, "user_tag": self.user_tag,
+                "principal": self.legacy_user}
+        return {key: value for key, value in data.items() if value is not None}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Owner:
-        return cls(int(data["producer_id"]), int(data["epoch"]), data.get("principal"))
+        return cls(int(data["producer_id"]), int(data["epoch"]), data.get("user_tag"), data.get("principal"))
 
 
 class MappingStore(Protocol):
@@ -97,26 +109,29 @@ class MappingStore(Protocol):
     def read_all(self) -> dict[str, Owner]: ...
 
 
-def next_owner(current: Owner | None, fresh_id: int | None, principal: str | None = None) -> Owner | None:
+def next_owner(current: Owner | None, fresh_id: int | None, user_tag: str | None = None) -> Owner | None:
     """The owner after one more init: the epoch + 1, or ``fresh_id`` at epoch 0 (None: a fresh id is needed).
 
-    The name keeps the user it belongs to; a new name belongs to ``principal``.
+    The name keeps the user it belongs to; a new name belongs to ``user_tag``.
     """
     if current is not None:
-        principal = current.principal or principal
+        user_tag = current.user_tag or user_tag
         if current.epoch < MAX_EPOCH:
-            return Owner(current.producer_id, current.epoch + 1, principal)
-    return None if fresh_id is None else Owner(fresh_id, 0, principal)
+            return Owner(current.producer_id, current.epoch + 1, user_tag)
+    return None if fresh_id is None else Owner(fresh_id, 0, user_tag)
 
 
 class TransactionalIds:
     """``init(name)``: the new owner and the one it replaces (None for a new name)."""
 
-    def __init__(self, allocator: ProducerIdAllocator, store: MappingStore, max_per_user: int = 1000) -> None:
+    def __init__(self, allocator: ProducerIdAllocator, store: MappingStore, max_per_user: int = 1000,
+                 tags: "PrincipalTags | None" = None) -> None:
         self.allocator = allocator
         self.store = store
         self.max_per_user = max_per_user
-        #: user (None: security off) -> names owned; None until the first new name needs it.
+        #: How owners are recorded (None: as the plain name; only unit tests, security on has tags).
+        self.tags = tags
+        #: user tag (None: security off) -> names owned; None until the first new name needs it.
         self._counts: dict[str | None, int] | None = None
         # Inits served by this broker go one at a time (the local file has no other guard);
         # the compare-and-set below keeps inits on different brokers apart.
@@ -128,32 +143,42 @@ class TransactionalIds:
         async with self._lock:
             return await self._init(name, principal, admin)
 
+    def _tag(self, user: str) -> str:
+        return user if self.tags is None else self.tags.tag(user)
+
+    def _tagged(self, owner: Owner | None) -> Owner | None:
+        """``owner`` with its user as a tag (a record older than tags names the user)."""
+        if owner is None or owner.legacy_user is None:
+            return owner
+        return Owner(owner.producer_id, owner.epoch, owner.user_tag or self._tag(owner.legacy_user))
+
     async def _init(self, name: str, principal: str | None, admin: bool) -> tuple[Owner, Owner | None]:
+        user_tag = None if principal is None else self._tag(principal)
         for _ in range(CAS_ATTEMPTS):
             current, version = await asyncio.to_thread(self.store.read, name)
-            if current is not None and current.principal not in (None, principal) and not admin:
-                raise NotOwner(f"transactional id {name} belongs to user {current.principal!r}; "
-                               f"only that user (or admin) may init it")
+            current = self._tagged(current)  # so the write below replaces a legacy user name by its tag
+            if current is not None and current.user_tag not in (None, user_tag) and not admin:
+                raise NotOwner(f"transactional id {name} belongs to another user; only that user (or admin) may init it")
             if current is None:
-                await self._check_room(name, principal)
-            owner = next_owner(current, None, principal)
+                await self._check_room(name, principal, user_tag)
+            owner = next_owner(current, None, user_tag)
             if owner is None:  # new name or epoch overflow; an id taken and then lost to a race is skipped
-                owner = next_owner(current, await self.allocator.allocate(), principal)
+                owner = next_owner(current, await self.allocator.allocate(), user_tag)
             assert owner is not None
             if await asyncio.to_thread(self.store.write, name, owner, version):
                 if current is None and self._counts is not None:
-                    self._counts[principal] = self._counts.get(principal, 0) + 1
+                    self._counts[user_tag] = self._counts.get(user_tag, 0) + 1
                 return owner, current
         raise RuntimeError(f"transactional id {name}: too many concurrent inits")
 
-    async def _check_room(self, name: str, principal: str | None) -> None:
-        """TooManyNames if a new name of ``principal`` would pass a cap."""
+    async def _check_room(self, name: str, principal: str | None, user_tag: str | None) -> None:
+        """TooManyNames if a new name of ``principal`` (tagged ``user_tag``) would pass a cap."""
         if self._counts is None:
             counts: dict[str | None, int] = {}
             for owner in (await self.all()).values():
-                counts[owner.principal] = counts.get(owner.principal, 0) + 1
+                counts[owner.user_tag] = counts.get(owner.user_tag, 0) + 1
             self._counts = counts
-        if principal is not None and self._counts.get(principal, 0) >= self.max_per_user:
+        if principal is not None and self._counts.get(user_tag, 0) >= self.max_per_user:
             raise TooManyNames(f"transactional id {name}: user {principal!r} already owns {self.max_per_user} "
                                "transactional ids (maxTransactionalIdsPerUser); reuse one or have an unused one removed")
         if sum(self._counts.values()) >= MAX_NAMES:
@@ -161,7 +186,9 @@ class TransactionalIds:
                                "reuse one or have an unused one removed")
 
     async def all(self) -> dict[str, Owner]:
-        return await asyncio.to_thread(self.store.read_all)
+        """Every name's owner, users as tags."""
+        owners = await asyncio.to_thread(self.store.read_all)
+        return {name: self._tagged(owner) for name, owner in owners.items()}  # type: ignore[misc]
 
 
 class ZooKeeperMapping:

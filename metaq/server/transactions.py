@@ -9,8 +9,9 @@ and does what the coordinator asks of its caller:
   COMMIT / ABORT marker the step names to its partition through the ordinary
   append path (msg ids, the flush policy, sync replication), and replies only when
   each marker is as durable as an acked put would be;
-* ``enlist(txid, topic, partition)`` is the put path's check before it appends a
-  transactional batch (the branch must be ACTIVE);
+* ``enlist(txid, topic, partition, producer_id, principal)`` is the put path's check
+  before it appends a transactional batch (the branch must be ACTIVE, and the put its
+  own: see below);
 * a timer (every ``TICK_S``) fires due timeouts (their ABORT markers), runs the
   journal's checkpoints and ``flushTxLogAtCommit=2`` fsyncs;
 * ``reconcile``: the first time this broker acts as master in an epoch (at start, at
@@ -38,18 +39,32 @@ Invariants kept here:
   ABORT markers are as durable as a put's;
 * a producer id and epoch in a step are checked like a put's: their ``producer_token``
   must verify for the caller (metaq/server/producer_auth.py) before anything changes;
-* who may decide a branch's fate: any authenticated principal may start one; every
-  other action on it (also on an empty branch) needs the principal that started it, as
-  this master recorded at ``start`` (``admin`` may act on any branch). A branch started
-  before a failover has no recorded starter on the new master: then ``produce`` on every
-  topic the branch wrote to is needed, and an empty one is admin's alone. ``recover``
-  lists only branches the caller may decide.
+* who may start a branch (security on): a principal that may produce some topic (a
+  branch of anyone else could never hold a message, so its start is refused at once,
+  before any other work), holding fewer than ``maxOpenTransactionsPerUser`` live
+  branches on this master (counted by the coordinator, O(1), never by a scan); each
+  refusal is a 403;
+* who may decide a branch's fate: every action but ``start`` on a branch (also on an
+  empty one) needs the principal that started it (``admin`` may act on any branch).
+  The starter is recorded with the branch as its keyed tag (metaq/security/principal_tags.py):
+  in the journal and in the branch's PREPARE markers, so a restarted master and a
+  promoted slave know it too (an unprepared branch does not outlive a take-over: the
+  reconcile rolls it back). A branch whose starter is unknown (a PREPARE marker or a
+  journal written before starters were recorded) is admin's alone. ``recover`` lists
+  only branches the caller may decide;
+* who may add messages to a branch (security on): a put under the branch's producer id
+  (the one its ``start`` carried; the put path has verified the put's producer_token for
+  the sender) or from the branch's starter (an XA resource of the same application may
+  join with another producer). Anyone else's put, an admin's too, gets 403 and stores
+  nothing: otherwise a user could slip messages into another user's transaction,
+  committed by its owner's commit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import struct
 import time
@@ -62,7 +77,7 @@ from ..record import stamp_msg_ids
 from ..security.acl import Operation
 from ..txn import control
 from ..txn.control import NO_PRODUCER
-from ..txn.coordinator import MarkerWrite, Reply, TransactionCoordinator
+from ..txn.coordinator import Branch, MarkerWrite, Reply, TransactionCoordinator
 from ..txn.txlog import TxLog
 from ..txn.xa import Code
 from .producer_auth import check_producer
@@ -132,8 +147,6 @@ class TransactionService:
         self._background: set[asyncio.Future[Any]] = set()
         #: Producer id -> the fence on its older epochs (see the module's docstring).
         self.fences: dict[int, Fence] = {}
-        #: xid -> the user that started the branch on this master (security on; see _may_decide).
-        self._starters: dict[str, str] = {}
         #: Reads the group's transactional id mapping after a take-over (None: nothing to read).
         self._owners_loaded: asyncio.Future[None] | None = None
 
@@ -199,8 +212,6 @@ class TransactionService:
         self._unsettled.clear()
         self._pending.clear()
         replies = self.coordinator.reconcile({key: state.index for key, state in states.items()}, now)
-        # Starters of branches this reconcile (or an earlier mastership) ended are forgotten.
-        self._starters = {xid: name for xid, name in self._starters.items() if xid in self.coordinator.branches}
         self.reconciled_epoch = epoch
         self._fence_from_batches(states.values())
         if self._owners_loaded is not None:
@@ -284,14 +295,19 @@ class TransactionService:
 
     # --- the put path --------------------------------------------------------------------------
 
-    def enlist(self, txid: str, topic: str, partition: int) -> None:
-        """Before a transactional batch is appended: its branch must take work (RequestError if not)."""
+    def enlist(self, txid: str, topic: str, partition: int, producer_id: int = NO_PRODUCER,
+               principal: "Principal | None" = None) -> None:
+        """Before a transactional batch of ``producer_id`` from ``principal`` is appended: its branch must
+        take work, and from this put (RequestError if not; see the module's docstring)."""
         refusal = self.refusal()
         if refusal is not None:
             raise c.RequestError(*refusal)
         assert self.coordinator is not None
         if txid in self._unsettled or txid in self._pending:
             raise c.RequestError(c.SERVICE_UNAVAILABLE, f"transaction {txid} is being decided; retry")
+        if not self._may_enlist(txid, producer_id, principal):
+            raise c.RequestError(c.FORBIDDEN, f"{principal} may not put in transaction {txid}: only its own producer "
+                                              "or the user that started it may")
         reply = self.coordinator.send(txid, topic, partition, self.clock_ms())
         if reply.code is not Code.XA_OK:
             raise c.RequestError(
@@ -309,8 +325,11 @@ class TransactionService:
     async def _serve(self, req: TransactionRequest, principal: "Principal | None") -> Served:
         coordinator = self.coordinator
         assert coordinator is not None
+        if req.action == "start":  # first: a flood of starts by a user who could never fill a branch costs nothing
+            self._check_may_start(principal)
         if req.action == "recover":
-            xids = [xid for xid in coordinator.recover() if self._may_decide(principal, xid)]
+            tag = self._tag(principal)  # once, not per branch
+            xids = [xid for xid in coordinator.recover() if self._may_decide(principal, xid, tag)]
             return c.reply_header(req.opaque, c.OK, xa_code=int(Code.XA_OK), xids=xids), b""
         xid = req.xid
         if req.producer_id != NO_PRODUCER:
@@ -329,16 +348,40 @@ class TransactionService:
         if refusal is not None:
             raise c.RequestError(*refusal)
         now = self.clock_ms()
-        self._check_encodable(req)
-        reply = self._step(req, now)
-        self._note_starter(req, reply, principal)
+        starter = self._tag(principal)
+        if req.action == "start" and starter and xid not in coordinator.branches:  # a retried start: XAER_DUPID below
+            self._check_room(principal, starter)
+        self._check_encodable(req, starter)
+        reply = self._step(req, now, starter)
         if reply.markers:
             self._queue_markers(xid, reply.markers, now)
             self._append_pending(xid)
             await self._settle(xid)
         return c.reply_header(req.opaque, c.OK, xa_code=int(reply.code)), b""
 
-    def _check_encodable(self, req: TransactionRequest) -> None:
+    def _check_may_start(self, principal: "Principal | None") -> None:
+        """RequestError 403 unless ``principal`` may produce some topic (security off: anyone may)."""
+        authorizer = self.broker.security.authorizer
+        if authorizer is None:
+            return
+        denial = authorizer.any_topic_denial(principal, Operation.PRODUCE)
+        if denial is not None:
+            raise c.RequestError(c.FORBIDDEN, f"may not start a transaction: {denial}")
+
+    def _check_room(self, principal: "Principal | None", starter: str) -> None:
+        """RequestError 403 if a new branch of ``starter`` would pass maxOpenTransactionsPerUser."""
+        assert self.coordinator is not None
+        cap = self.settings.max_open_transactions_per_user
+        if self.coordinator.live_branches_of(starter) >= cap:
+            raise c.RequestError(c.FORBIDDEN, f"{principal} already holds {cap} open transaction branches on this "
+                                              "broker (maxOpenTransactionsPerUser); end some first")
+
+    def _tag(self, principal: "Principal | None") -> str:
+        """The starter a branch started by ``principal`` records ("" with security off: nobody to tell apart)."""
+        tags = self.broker.security.principal_tags
+        return "" if tags is None or principal is None else tags.tag(principal.name)
+
+    def _check_encodable(self, req: TransactionRequest, starter: str) -> None:
         """Encode a marker of the branch before its state changes: a decision is journaled only if
         its markers can be written (RequestError 400 and no change if a field does not fit)."""
         assert self.coordinator is not None
@@ -346,17 +389,18 @@ class TransactionService:
         producer_id, epoch = (req.producer_id, req.producer_epoch) if branch is None else (branch.producer_id, branch.producer_epoch)
         try:
             control.marker(control.Kind.PREPARE, req.xid, producer_id=producer_id, producer_epoch=epoch,
-                           timestamp_ms=self.clock_ms(), timeout_s=self.settings.max_tx_timeout_s)
+                           timestamp_ms=self.clock_ms(), timeout_s=self.settings.max_tx_timeout_s,
+                           starter=starter if branch is None else branch.starter)
         except (control.ControlError, struct.error, OverflowError) as exc:
             raise c.RequestError(c.BAD_REQUEST, f"transaction {req.xid}: its markers cannot be encoded ({exc})") from None
 
-    def _step(self, req: TransactionRequest, now: int) -> Reply:
+    def _step(self, req: TransactionRequest, now: int, starter: str) -> Reply:
         coordinator = self.coordinator
         assert coordinator is not None
         xid, action = req.xid, req.action
         if action in ("start", "start_join"):
             return coordinator.start(xid, now, req.timeout_s, join=action == "start_join",
-                                     producer_id=req.producer_id, producer_epoch=req.producer_epoch)
+                                     producer_id=req.producer_id, producer_epoch=req.producer_epoch, starter=starter)
         if action in ("end", "end_fail"):
             return coordinator.end(xid, now, fail=action == "end_fail")
         if action == "prepare":
@@ -368,31 +412,33 @@ class TransactionService:
         assert action == "forget", action  # TransactionRequest.check admits no other
         return coordinator.forget(xid, now)
 
-    def _topics(self, xid: str) -> list[str]:
+    def _may_enlist(self, xid: str, producer_id: int, principal: "Principal | None") -> bool:
         assert self.coordinator is not None
         branch = self.coordinator.branches.get(xid)
-        return sorted({topic for topic, _n in branch.partitions}) if branch is not None else []
+        if branch is None or self.broker.security.authorizer is None:
+            return True  # no branch: the coordinator refuses the put; security off: trusted by configuration
+        # Not admin: deciding any branch (recovery) is an admin's duty, adding to another's is not.
+        return (producer_id == branch.producer_id != NO_PRODUCER) or self._is_starter(principal, branch)
 
-    def _note_starter(self, req: TransactionRequest, reply: Reply, principal: "Principal | None") -> None:
-        """Record who started a branch; forget it once the coordinator has dropped the branch."""
-        assert self.coordinator is not None
-        if req.action == "start" and reply.code is Code.XA_OK and principal is not None:
-            self._starters[req.xid] = principal.name
-        elif req.xid not in self.coordinator.branches:
-            self._starters.pop(req.xid, None)
+    def _is_starter(self, principal: "Principal | None", branch: Branch, tag: str | None = None) -> bool:
+        """Whether ``principal`` (whose tag is ``tag``, if known) started ``branch``; never for an
+        unknown starter ("": a marker or journal older than starters)."""
+        return bool(branch.starter) and hmac.compare_digest(branch.starter, self._tag(principal) if tag is None else tag)
 
-    def _may_decide(self, principal: "Principal | None", xid: str) -> bool:
+    def _may_decide(self, principal: "Principal | None", xid: str, tag: str | None = None) -> bool:
+        """Whether ``principal`` (whose tag is ``tag``, if known) may act on branch ``xid``: its starter
+        or admin (security off: anyone).
+
+        A branch this broker does not hold (unknown, or finished: a retried commit asks for its
+        outcome) may be asked about by anyone: the answer reveals no message."""
         authorizer = self.broker.security.authorizer
         if authorizer is None or authorizer.allowed(principal, Operation.ADMIN):
             return True
-        starter = self._starters.get(xid)
-        if starter is not None:
-            return principal is not None and principal.name == starter
         assert self.coordinator is not None
-        topics = self._topics(xid)
-        if xid in self.coordinator.branches and not topics:
-            return False  # an empty branch started before a failover: nothing says whose it is
-        return all(authorizer.allowed(principal, Operation.PRODUCE, topic) for topic in topics)
+        branch = self.coordinator.branches.get(xid)
+        if branch is None:
+            return True
+        return self._is_starter(principal, branch, tag)  # an unknown starter: admin's alone
 
     # --- markers ---------------------------------------------------------------------------------
 
@@ -400,7 +446,8 @@ class TransactionService:
         """Encode every marker of a decision (all of them before any is appended) and queue them."""
         queued = [PendingMarker(m.topic, m.partition, m.kind,
                                 control.marker(m.kind, m.xid, producer_id=m.producer_id, producer_epoch=m.producer_epoch,
-                                               timestamp_ms=now, timeout_s=m.timeout_s, reason=m.reason))
+                                               timestamp_ms=now, timeout_s=m.timeout_s, reason=m.reason,
+                                               starter=m.starter))
                   for m in markers]
         self._pending[xid] = self._pending.get(xid, []) + queued
 
@@ -506,7 +553,6 @@ class TransactionService:
         fired = self.coordinator.expire(now)
         for xid, reply in fired:
             log.info("transaction %s timed out: %s", xid, reply.code.name)
-            self._starters.pop(xid, None)  # bounded by the live branches, also when clients never come back
         self._write_in_background(fired, now)
 
     async def _tick_loop(self) -> None:

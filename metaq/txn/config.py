@@ -18,6 +18,7 @@ Added here (no MetaQ equivalent; MetaQ had no idempotent producer):
 | ``producerStateMaxBatches`` | 5 | batches remembered per producer and partition for dedup (>= the client's in-flight limit) |
 | ``producerExpiryMs`` | 86400000 | a producer idle this long (by the log's timestamps) is forgotten |
 | ``maxTransactionalIdsPerUser`` | 1000 | transactional ids one user may own in a broker group; an init of a new name past it is refused |
+| ``maxOpenTransactionsPerUser`` | 1000 | live transaction branches one user may hold on a master (security on); a start past it is refused |
 
 ``KEYS`` has the shape of metaq/config.py's key tables (``key -> (field, parse)``),
 so that module can accept these keys with one lookup; ``parse_settings`` parses a
@@ -84,6 +85,7 @@ class TxnSettings:
     producer_state_max_batches: int = 5
     producer_expiry_ms: int = _DAY_MS
     max_transactional_ids_per_user: int = 1000
+    max_open_transactions_per_user: int = 1000
 
     def cap_timeout(self, requested_s: int) -> int:
         """The timeout a transaction gets: what it asked for (0 = the maximum), at most the maximum."""
@@ -100,6 +102,7 @@ KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "producerStateMaxBatches": ("producer_state_max_batches", _bounded_int(1, 1000)),
     "producerExpiryMs": ("producer_expiry_ms", _bounded_int(1000, 365 * _DAY_MS)),
     "maxTransactionalIdsPerUser": ("max_transactional_ids_per_user", _bounded_int(1, 1_000_000)),
+    "maxOpenTransactionsPerUser": ("max_open_transactions_per_user", _bounded_int(1, 10_000_000)),
 }
 assert {name for name, _ in KEYS.values()} == {f.name for f in fields(TxnSettings)}
 

@@ -31,12 +31,23 @@ Body layout (big-endian), after the attribute block::
       BATCH    int32 firstSeq | int32 recordCount | int32 dataBytes
                (the recordCount records, dataBytes long, that follow this one)
       PREPARE  int32 timeoutSeconds (the transaction's timeout, from the prepare)
+               [int8 starterLen | starter]  optional: who started the branch (below)
       COMMIT   nothing
       ABORT    int8 reason (see AbortReason)
 
 A BATCH header comes immediately before the records it describes, in the same
 append: a batch whose header is in the log but whose records are not all there
 is a torn tail (``rebuild.incomplete_batch_start`` finds it).
+
+The PREPARE marker's starter is the keyed tag of the principal that started the
+branch (metaq/security/principal_tags.py: an HMAC under the group's key, so a
+reader of the log learns no user name), so every replica, and so the master a
+failover promotes, knows whose branch it is. It is written only when known (security
+on); a PREPARE without it (written before starters were recorded, or with security
+off) has exactly the old layout and decodes with ``starter == ""``: unknown starter,
+which the transaction service treats as "admin only". A broker that predates the
+field refuses a PREPARE that carries it (trailing bytes), so upgrade slaves before
+their master.
 """
 
 from __future__ import annotations
@@ -64,6 +75,9 @@ NO_PRODUCER = -1
 #: Sequences are 31-bit and wrap to 0 after this (so they stay non-negative int32).
 MAX_SEQUENCE = 0x7FFFFFFF
 MAX_TXID_BYTES = 512
+#: The PREPARE marker's starter tag is prefixed by an int8 length.
+MAX_STARTER_BYTES = 255
+_STARTER_LEN = struct.Struct(">B")
 
 
 class ControlError(ValueError):
@@ -95,6 +109,7 @@ class Control(NamedTuple):
     data_bytes: int = 0  # BATCH
     timeout_s: int = 0  # PREPARE
     reason: AbortReason = AbortReason.ROLLBACK  # ABORT
+    starter: str = ""  # PREPARE: the starter's tag; "" unknown (an older marker, or security off)
 
     @property
     def last_seq(self) -> int:
@@ -113,10 +128,20 @@ def encode_body(control: Control) -> bytes:
     if control.kind is Kind.BATCH:
         return head + _BATCH.pack(control.first_seq, control.record_count, control.data_bytes)
     if control.kind is Kind.PREPARE:
-        return head + _PREPARE.pack(control.timeout_s)
+        return head + _PREPARE.pack(control.timeout_s) + _encode_starter(control.starter)
     if control.kind is Kind.ABORT:
         return head + _ABORT.pack(control.reason)
     return head
+
+
+def _encode_starter(starter: str) -> bytes:
+    """The optional tail of a PREPARE body: nothing when unknown, so such a marker keeps the old layout."""
+    if not starter:
+        return b""
+    raw = starter.encode("utf-8")
+    if len(raw) > MAX_STARTER_BYTES:
+        raise ControlError(f"starter is {len(raw)} bytes, the limit is {MAX_STARTER_BYTES}")
+    return _STARTER_LEN.pack(len(raw)) + raw
 
 
 def encode_control(control: Control) -> bytes:
@@ -150,12 +175,19 @@ def decode_body(data: bytes | memoryview) -> Control:
                 fields = dict(zip(("first_seq", "record_count", "data_bytes"), values))
             elif kind is Kind.PREPARE:
                 fields = {"timeout_s": values[0]}
+                if pos < len(view):  # the optional starter (absent in markers written before it existed)
+                    (starter_len,) = _STARTER_LEN.unpack_from(view, pos)
+                    pos += _STARTER_LEN.size
+                    if starter_len == 0 or pos + starter_len > len(view):
+                        raise ControlError("control record starter is empty or runs past its body")
+                    fields["starter"] = bytes(view[pos : pos + starter_len]).decode("utf-8")
+                    pos += starter_len
             else:
                 fields = {"reason": AbortReason(values[0])}
     except struct.error:
         raise ControlError("control record body is truncated") from None
     except UnicodeDecodeError:
-        raise ControlError("control record transaction id is not UTF-8") from None
+        raise ControlError("control record transaction id or starter is not UTF-8") from None
     except ValueError as exc:
         if isinstance(exc, ControlError):
             raise
@@ -233,11 +265,12 @@ def frame_batch(
 
 
 def marker(kind: Kind, txid: str, *, producer_id: int, producer_epoch: int, timestamp_ms: int,
-           timeout_s: int = 0, reason: AbortReason = AbortReason.ROLLBACK) -> bytes:
-    """One PREPARE, COMMIT or ABORT record for a transaction, ready to append."""
+           timeout_s: int = 0, reason: AbortReason = AbortReason.ROLLBACK, starter: str = "") -> bytes:
+    """One PREPARE, COMMIT or ABORT record for a transaction, ready to append (``starter``: PREPARE only)."""
     if kind is Kind.BATCH:
         raise ControlError("a BATCH header is built by frame_batch, not as a marker")
     if not txid:
         raise ControlError("a transaction marker needs a transaction id")
     return encode_control(Control(kind, producer_id, producer_epoch, timestamp_ms, txid,
-                                  timeout_s=timeout_s, reason=reason))
+                                  timeout_s=timeout_s, reason=reason,
+                                  starter=starter if kind is Kind.PREPARE else ""))

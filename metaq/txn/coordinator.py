@@ -20,13 +20,25 @@ and again from its prepare. At most ``maxTxTimeoutTimerCapacity`` branches may
 hold a pending timeout (ACTIVE, IDLE, ROLLBACK_ONLY, PREPARED); a start past it
 is refused with XAER_RMERR.
 
+Starters: a branch records the tag of the principal that started it (``starter``,
+"" when unknown: security off, or a branch learnt from a PREPARE marker written
+before starters were recorded). It is journaled with the branch and written into
+the branch's PREPARE markers, so a restarted broker (its journal) and a promoted
+slave (the replicated logs) both know whose branch it is.
+
+Bookkeeping is O(1) per request: the branches holding a timeout and the live
+branches of each starter are counted as branches come, change state and go
+(``_insert``, ``_set_state``, ``_remove`` are the only places that do), never by a
+scan, so a flood of starts costs the same however many branches are open.
+
 Reconcile rules, per transaction id, from what the partition logs show:
 
 1. a COMMIT marker in any partition: it was committed; append COMMIT wherever it
    is still open (a crash between two partitions' markers is rolled forward);
 2. else an ABORT marker in any partition: ABORT wherever it is still open;
 3. else open and prepared in every partition where it is open: PREPARED, in doubt
-   (``recover`` lists it), its timeout counted from its PREPARE marker's time;
+   (``recover`` lists it), its timeout counted from its PREPARE marker's time, its
+   starter the one its PREPARE markers carry (else the journal's);
 4. else (open, not prepared everywhere): the FAILOVER row: rolled back, ABORT
    markers with reason FAILOVER (the client's session is gone; XA lets a resource
    manager roll back an unprepared branch);
@@ -52,6 +64,8 @@ from metaq.txn.xa import IN_DOUBT, IN_FLIGHT, Code, Event, Marker, State, step
 
 Partition = tuple[str, int]
 DEFAULT_MAX_TOMBSTONES = 10000
+#: Stale timeout entries tolerated beyond the live ones before the heap is rebuilt (see _arm).
+STALE_DEADLINES_SLACK = 1024
 _MARKER_KIND = {Marker.PREPARE: Kind.PREPARE, Marker.COMMIT: Kind.COMMIT, Marker.ABORT: Kind.ABORT}
 _ABORT_REASON = {Event.TIMEOUT: AbortReason.TIMEOUT, Event.FAILOVER: AbortReason.FAILOVER}
 
@@ -65,6 +79,7 @@ class MarkerWrite(NamedTuple):
     producer_epoch: int
     timeout_s: int = 0
     reason: AbortReason = AbortReason.ROLLBACK
+    starter: str = ""  # PREPARE markers carry it
 
 
 class Reply(NamedTuple):
@@ -81,15 +96,19 @@ class Branch:
     producer_id: int = NO_PRODUCER
     producer_epoch: int = 0
     partitions: list[Partition] = field(default_factory=list)
+    #: The tag of the principal that started it ("" unknown; see the module's docstring).
+    starter: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {"state": self.state.value, "timeout_s": self.timeout_s, "deadline_ms": self.deadline_ms,
-                "producer": [self.producer_id, self.producer_epoch], "partitions": [list(p) for p in self.partitions]}
+                "producer": [self.producer_id, self.producer_epoch], "partitions": [list(p) for p in self.partitions],
+                "starter": self.starter}
 
     @classmethod
     def from_json(cls, xid: str, data: Mapping[str, Any]) -> Branch:
+        # A journal written before starters were recorded has none: unknown.
         return cls(xid, State(data["state"]), data["timeout_s"], data["deadline_ms"], *data["producer"],
-                   [(t, int(n)) for t, n in data["partitions"]])
+                   [(t, int(n)) for t, n in data["partitions"]], str(data.get("starter") or ""))
 
 
 class TransactionCoordinator:
@@ -102,6 +121,9 @@ class TransactionCoordinator:
         self.tombstones: OrderedDict[str, State] = OrderedDict()
         self.max_tombstones = max_tombstones
         self._deadlines: list[tuple[int, str]] = []
+        #: Branches in IN_FLIGHT (holding a timeout), and live branches per starter (see _count).
+        self._in_flight = 0
+        self._live_by_starter: dict[str, int] = {}
         if journal is not None:
             for xid, data in journal.branches.items():
                 self._keep(Branch.from_json(xid, data))
@@ -109,14 +131,14 @@ class TransactionCoordinator:
     # --- requests ------------------------------------------------------------------
 
     def start(self, xid: str, now_ms: int, timeout_s: int = 0, *, join: bool = False,
-              producer_id: int = NO_PRODUCER, producer_epoch: int = 0) -> Reply:
+              producer_id: int = NO_PRODUCER, producer_epoch: int = 0, starter: str = "") -> Reply:
         state = self.state_of(xid)
         if not join and state not in IN_FLIGHT and state is not State.HEURISTIC_ROLLED_BACK:
             if self.pending_timeouts() >= self.settings.max_tx_timeout_timer_capacity:
                 return Reply(Code.XAER_RMERR)
             timeout = self.settings.cap_timeout(timeout_s)
-            self.branches[xid] = Branch(xid, State.NONEXISTENT, timeout, now_ms + timeout * 1000,
-                                        producer_id, producer_epoch)
+            self._insert(Branch(xid, State.NONEXISTENT, timeout, now_ms + timeout * 1000,
+                                producer_id, producer_epoch, starter=starter))
         return self._apply(xid, Event.START_JOIN if join else Event.START, now_ms)
 
     def send(self, xid: str, topic: str, partition: int, now_ms: int) -> Reply:
@@ -176,7 +198,11 @@ class TransactionCoordinator:
         return self.tombstones.get(xid, State.NONEXISTENT)
 
     def pending_timeouts(self) -> int:
-        return sum(1 for b in self.branches.values() if b.state in IN_FLIGHT)
+        return self._in_flight
+
+    def live_branches_of(self, starter: str) -> int:
+        """Branches of ``starter`` this coordinator holds (open, prepared or awaiting forget)."""
+        return self._live_by_starter.get(starter, 0)
 
     # --- start and promotion ---------------------------------------------------------
 
@@ -195,13 +221,14 @@ class TransactionCoordinator:
             first = next(iter(parts.values()))
             journaled = self.branches.get(xid)
             timeout = journaled.timeout_s if journaled else self.settings.cap_timeout(first.timeout_s)
-            branch = Branch(xid, State.IDLE, timeout, now_ms + timeout * 1000, first.producer_id,
-                            first.producer_epoch, sorted(parts))
+            # Whose branch: its PREPARE markers say (the replicated truth), else this broker's journal.
+            starter = next((t.starter for t in parts.values() if t.starter), journaled.starter if journaled else "")
             all_prepared = all(t.prepared for t in parts.values())
+            branch = Branch(xid, State.PREPARED if all_prepared else State.IDLE, timeout, now_ms + timeout * 1000,
+                            first.producer_id, first.producer_epoch, sorted(parts), starter)
             if all_prepared:
-                branch.state = State.PREPARED
                 branch.deadline_ms = max(t.prepared_at_ms for t in parts.values()) + timeout * 1000
-            self.branches[xid] = branch
+            self._insert(branch)
             outcome = decided.get(xid)
             if outcome is not None and outcome[0] is Kind.COMMIT:
                 event = Event.COMMIT if all_prepared else Event.COMMIT_ONE_PHASE
@@ -239,7 +266,8 @@ class TransactionCoordinator:
         row = step(self.state_of(xid), event)
         if branch is None:
             return Reply(row.code)  # unknown or finished: the row only answers
-        before, branch.state = branch.state, row.state
+        before = branch.state
+        self._set_state(branch, row.state)
         if row.state is State.HEURISTIC_ROLLED_BACK:
             reason = AbortReason.HEURISTIC
         elif reason is None:
@@ -261,7 +289,7 @@ class TransactionCoordinator:
         return Reply(row.code, markers)
 
     def _finish(self, branch: Branch, final: State) -> None:
-        del self.branches[branch.xid]
+        self._remove(branch.xid)
         self.tombstones.pop(branch.xid, None)
         if final is not State.NONEXISTENT:  # read-only and forgotten branches leave no tombstone
             self._remember(branch.xid, final)
@@ -277,15 +305,48 @@ class TransactionCoordinator:
         if marker is None:
             return []
         return [MarkerWrite(topic, n, _MARKER_KIND[marker], branch.xid, branch.producer_id, branch.producer_epoch,
-                            branch.timeout_s, reason) for topic, n in branch.partitions]
+                            branch.timeout_s, reason, branch.starter) for topic, n in branch.partitions]
 
     def _arm(self, branch: Branch) -> None:
         heapq.heappush(self._deadlines, (branch.deadline_ms, branch.xid))
+        # A finished or re-armed branch leaves its old entry behind until that deadline passes
+        # (up to maxTxTimeoutInSeconds): a churn of short branches would grow the heap without
+        # bound. Rebuilt from the live branches once stale entries outnumber them: O(1) amortised.
+        if len(self._deadlines) > 2 * self._in_flight + STALE_DEADLINES_SLACK:
+            self._deadlines = [(b.deadline_ms, xid) for xid, b in self.branches.items() if b.state in IN_FLIGHT]
+            heapq.heapify(self._deadlines)
 
     def _keep(self, branch: Branch) -> None:
-        self.branches[branch.xid] = branch
+        self._insert(branch)
         if branch.state in IN_FLIGHT:
             self._arm(branch)
+
+    # Invariant: ``_in_flight`` and ``_live_by_starter`` equal what a scan of ``branches`` would
+    # count; these three are the only places that add, change the state of, or drop a branch.
+
+    def _insert(self, branch: Branch) -> None:
+        """Hold ``branch`` (replacing any branch of its xid)."""
+        if branch.xid in self.branches:
+            self._remove(branch.xid)
+        self.branches[branch.xid] = branch
+        self._count(branch, 1)
+
+    def _remove(self, xid: str) -> None:
+        self._count(self.branches.pop(xid), -1)
+
+    def _set_state(self, branch: Branch, state: State) -> None:
+        if (branch.state in IN_FLIGHT) is not (state in IN_FLIGHT):
+            self._in_flight += 1 if state in IN_FLIGHT else -1
+        branch.state = state
+
+    def _count(self, branch: Branch, sign: int) -> None:
+        if branch.state in IN_FLIGHT:
+            self._in_flight += sign
+        live = self._live_by_starter.get(branch.starter, 0) + sign
+        if live:
+            self._live_by_starter[branch.starter] = live
+        else:
+            del self._live_by_starter[branch.starter]
 
     def _journal(self, branch: Branch, *, decision: bool, now_ms: int) -> None:
         if self.journal is not None:

@@ -65,6 +65,8 @@ class OpenTransaction:
     spans: list[Span] = field(default_factory=list)
     prepared_at_ms: int | None = None
     timeout_s: int = 0
+    #: The starter's tag from its PREPARE marker ("" unknown: not prepared, or an older marker).
+    starter: str = ""
 
     @property
     def prepared(self) -> bool:
@@ -101,7 +103,7 @@ class TransactionIndex:
         elif txn is None:
             return  # a marker for a transaction with no records here: nothing to close
         elif control.kind is Kind.PREPARE:
-            txn.prepared_at_ms, txn.timeout_s = control.timestamp_ms, control.timeout_s
+            txn.prepared_at_ms, txn.timeout_s, txn.starter = control.timestamp_ms, control.timeout_s, control.starter
         else:
             del self.open[txid]
             aborted = control.kind is Kind.ABORT
@@ -155,7 +157,7 @@ class TransactionIndex:
     def to_json(self) -> dict[str, Any]:
         return {
             "open": [[t.txid, t.first_offset, t.producer_id, t.producer_epoch, [list(s) for s in t.spans],
-                      t.prepared_at_ms, t.timeout_s] for t in self.open.values()],
+                      t.prepared_at_ms, t.timeout_s, t.starter] for t in self.open.values()],
             "aborted": [list(s) for s in self.aborted],
             "outcomes": [[txid, o.kind.value, None if o.reason is None else o.reason.value, o.marker_offset]
                          for txid, o in self.outcomes.items()],
@@ -163,9 +165,10 @@ class TransactionIndex:
         }
 
     def load_json(self, data: dict[str, Any]) -> None:
+        # A snapshot written before starters were recorded has 7 fields per open transaction.
         self.open = {
-            txid: OpenTransaction(txid, first, pid, epoch, [Span(*s) for s in spans], prepared_at, timeout)
-            for txid, first, pid, epoch, spans, prepared_at, timeout in data["open"]
+            txid: OpenTransaction(txid, first, pid, epoch, [Span(*s) for s in spans], prepared_at, timeout, *starter)
+            for txid, first, pid, epoch, spans, prepared_at, timeout, *starter in data["open"]
         }
         self.aborted = [Span(*s) for s in data["aborted"]]
         self.outcomes = OrderedDict(

@@ -102,6 +102,8 @@ class ZkSecurity:
     root: str
     broker_id: int
     password: str = field(repr=False)
+    #: Where the password comes from (the group secret file), named when it does not match the group's.
+    password_source: str = field(default="the group secret", compare=False)
 
     @property
     def paths(self) -> ZkPaths:
@@ -202,7 +204,17 @@ class ZkSecurity:
         if sorted(acl, key=repr) == sorted(wanted, key=repr):
             return
         world_admin = any(entry.id == WORLD and entry.perms & Permissions.ADMIN for entry in acl)
-        ours = any(entry.id.id.startswith(digest_user(self.broker_id) + ":") and entry.perms & Permissions.ADMIN for entry in acl)
+        me = make_digest_acl_credential(digest_user(self.broker_id), self.password)
+        ours = any(entry.id.id == me and entry.perms & Permissions.ADMIN for entry in acl)
+        if not (world_admin or ours) and any(entry.id.id.startswith(digest_user(self.broker_id) + ":") for entry in acl):
+            # The group's digest user with another password: the node is our group's, made by
+            # members holding another group secret. Ours is the wrong one (or theirs is), and no
+            # ZooKeeper call of ours will be allowed: say which file, once, instead of failing later.
+            raise ZkAclError(
+                f"ZooKeeper node {path} belongs to broker group {self.broker_id}, whose other members use another"
+                f" group secret than {self.password_source}: copy the group's secret file to this broker"
+                " (every member of a group needs the same one; docs/security.md)"
+            )
         if stat is None or not (world_admin or ours):
             raise ZkAclError(
                 f"ZooKeeper node {path} is locked by someone else (ACL {_describe(client, path)}); "

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import sys
 import threading
+from pathlib import Path
 from types import FrameType
 
 from metaq.zk.embedded import EmbeddedZooKeeper, ZooKeeperError
@@ -15,12 +17,34 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 
 
-def run_zk(port: int, data_dir: str | None, tick_ms: int, *, super_digest: str | None = None) -> int:
-    """Serve until a signal arrives; returns the process exit code (0 clean, 1 failure)."""
+def default_data_dir(port: int) -> Path:
+    """Where ``metaq zk`` keeps its data by default: one directory per port, kept across restarts.
+
+    A ZooKeeper that forgets its data on restart takes every group's epoch, sync set and
+    topic configuration with it (docs/operations.md, "Losing ZooKeeper's data"), so the
+    default keeps them; ``--ephemeral`` is the throwaway choice.
+    """
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "metaq" / f"zookeeper-{port}"
+
+
+def run_zk(port: int, data_dir: str | None, tick_ms: int, *, super_digest: str | None = None, ephemeral: bool = False) -> int:
+    """Serve until a signal arrives; returns the process exit code (0 clean, 1 failure, 2 usage).
+
+    The data lives in ``data_dir``, else ``default_data_dir(port)``, both kept; with
+    ``ephemeral`` in a temporary directory removed on exit.
+    """
     if super_digest is not None and not re.fullmatch(r"super:[A-Za-z0-9+/]{27}=", super_digest):
         print("metaq zk: --super-digest must look like super:HASH (see 'metaq security zk-super-digest')", file=sys.stderr)
         return EXIT_USAGE
+    if data_dir is None and not ephemeral:
+        if port == 0:
+            print("metaq zk: --port 0 picks another port each run, so it has no default data dir: give --data-dir, or --ephemeral",
+                  file=sys.stderr)
+            return EXIT_USAGE
+        data_dir = str(default_data_dir(port))
     server = EmbeddedZooKeeper(port=port, data_dir=data_dir, tick_ms=tick_ms, super_digest=super_digest)
+    kept = "temporary, removed on exit (--ephemeral)" if ephemeral else "kept across restarts"
     stop_requested = threading.Event()
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
@@ -35,7 +59,8 @@ def run_zk(port: int, data_dir: str | None, tick_ms: int, *, super_digest: str |
             print(f"metaq zk: {exc}", file=sys.stderr)
             return EXIT_FAILED
         print(
-            f"ZooKeeper serving on {server.connect_string} (pid {server.pid}, log {server.log_path})",
+            f"ZooKeeper serving on {server.connect_string} (pid {server.pid}, data {server.data_dir}: {kept};"
+            f" log {server.log_path})",
             flush=True,
         )
         # Wake up regularly to notice a JVM that died on its own.

@@ -89,6 +89,12 @@ class ZkPaths:
     def candidate(self, broker_id: int, slave_id: int) -> str:
         return _join(self.candidates(broker_id), f"slave{slave_id}")
 
+    def reseed_claims(self, broker_id: int) -> str:
+        return _join(self.broker(broker_id), "reseed")
+
+    def reseed_claim(self, broker_id: int, identity: str) -> str:
+        return _join(self.reseed_claims(broker_id), identity)
+
     # --- topics ----------------------------------------------------------------
 
     def topics_pub(self, topic: str | None = None) -> str:

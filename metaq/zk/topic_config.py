@@ -11,9 +11,11 @@ is never shared: each broker keeps its topics on its own disk.
 Precedence (one rule, applied by ``serve_group_topics``): once the node exists, every
 member of the group, master or slave, serves exactly the topics it names with its
 settings; ``server.ini``'s topic sections only seed it. A broker started without
-``--slave`` adds each of its server.ini topics that the node does not name yet (and
-that no ``metaq topics delete`` removed), so the MetaQ way, a topic section in the
-master's server.ini, still works; it never changes or removes a topic the node has.
+``--slave`` while no other broker leads the group adds each of its server.ini topics
+that the node does not name yet (and that no ``metaq topics delete`` removed), so the
+MetaQ way, a topic section in the master's server.ini, still works; it never changes or
+removes a topic the node has. One joining a group another broker leads never seeds
+(metaq/ha/joining.py).
 ``metaq topics create|alter|delete`` and a SIGHUP'd server.ini edit change it.
 
 Only per-topic overrides are stored: a seeded section contributes its

@@ -18,18 +18,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from kazoo.client import KazooClient
 
 from metaq.client.connection import BrokerConnection
 from metaq.tools.launcher import BrokerProcess, BrokerFactory, wait_until
 from metaq.record import encode_batch, iter_records, record_ends
+from metaq.zk.embedded import EmbeddedZooKeeper
 from metaq.zk.paths import ZkPaths
 
 from .replication_support import assert_identical, bounds, request, run, stat
@@ -333,3 +335,16 @@ def truncated_cut(path: Path) -> int:
 def missing_acks(acks: list[Ack], records: dict[int, bytes]) -> list[Ack]:
     """Acks whose payload is not at the acked offset in ``records``."""
     return [a for a in acks if records.get(a.offset) != a.payload]
+
+
+# --- ZooKeeper losing its data ------------------------------------------------------------
+
+
+def restart_empty(server: EmbeddedZooKeeper, while_down: Callable[[], object] = lambda: None) -> float:
+    """Stop ZooKeeper, empty its data directory, run ``while_down``, start it again; when it serves."""
+    server.stop()
+    assert server.data_dir is not None
+    shutil.rmtree(server.data_dir / "data")
+    while_down()
+    server.start()
+    return time.monotonic()

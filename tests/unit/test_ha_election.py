@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from metaq.ha.election import eligibility, was_last_leader
+from metaq.ha.election import Handover, eligibility, was_last_leader
 from metaq.zk.group import GroupState
 from metaq.zk.paths import decode_epoch, decode_epoch_identity, encode_epoch
 
@@ -75,3 +75,52 @@ def test_a_silent_live_slave_is_waited_for_then_the_next_best_may_try():
 def test_ineligible_and_stale_candidacies_do_not_rank():
     cands = {1: Candidate(1, 500, 3, True), 2: Candidate(2, 900, 3, False), 4: Candidate(4, 999, 2, True)}
     assert candidate_turn(1, 3, cands, {1, 2}, 0.0)[0]  # slave2 not eligible, slave4 posted in an old round
+
+
+# --- ZooKeeper lost its data (issue 22) ---------------------------------------------------
+
+from metaq.ha.election import RESEED_WAIT_S, ReseedClaim, reseed_turn  # noqa: E402
+from metaq.ha.epochs import read_led_epoch, record_led_epoch  # noqa: E402
+
+EMPTY_ZK = dict(master_url=None, epoch=0, epoch_version=-1, leader_url=None, sync_set=None, sync_set_epoch=None, leader_identity=None)
+
+
+def test_a_history_past_zookeepers_epoch_is_a_data_loss_only_its_last_leader_reseeds():
+    # Before: a broker started without --slave founded epoch 1 over a history reaching epoch 2.
+    for mode in ("async", "sync"):
+        ok, why = _eligible(_state(**EMPTY_ZK), mode=mode, history=2, led_history=True)
+        assert ok and "ZooKeeper lost the group's state" in why and "led epoch 2" in why
+        ok, why = _eligible(_state(**EMPTY_ZK), mode=mode, my_slave_id=0, prefers_master=True, history=2, led_history=False)
+        assert not ok and "waiting for the broker that led epoch 2" in why
+    # A group ZooKeeper knows up to our history: the usual rules (here: founding a new group).
+    assert _eligible(_state(**EMPTY_ZK), history=0)[1] == "the group has no epoch yet; founding it"
+    # An operator's unclean hand-over still names who goes (metaq promote --unclean).
+    handover = Handover(slave_id=0, epoch=0, unclean=True)
+    assert _eligible(_state(**EMPTY_ZK), my_slave_id=0, history=2, handover=handover)[0]
+
+
+def _claim(identity: str, history: int, led: bool = False) -> ReseedClaim:
+    return ReseedClaim(identity, f"meta://{identity}:1", history, led, 100)
+
+
+def test_reseed_waits_for_claims_and_yields_to_any_newer_history():
+    me = _claim("b", 2, led=True)
+    ok, why, retry = reseed_turn(me, [me, _claim("a", 2)], 0.5)
+    assert not ok and "waiting for the other members' claims" in why and retry == RESEED_WAIT_S - 0.5
+    ok, why, _ = reseed_turn(me, [me, _claim("a", 2)], RESEED_WAIT_S)
+    assert ok and "meta://a:1: epoch 2" in why
+    # A slave that followed a newer master holds the stale leader back, however long it waited.
+    stale = _claim("a", 1, led=True)
+    ok, why, _ = reseed_turn(stale, [stale, _claim("c", 2)], 60)
+    assert not ok and "meta://c:1 knows a newer epoch" in why
+    # Two claims that led the same epoch: exactly one goes.
+    x, y = _claim("x", 4, led=True), _claim("y", 4, led=True)
+    assert reseed_turn(x, [x, y], 60)[0] and not reseed_turn(y, [x, y], 60)[0]
+
+
+def test_led_epoch_is_kept_durably_and_unreadable_claims_nothing(tmp_path):
+    assert read_led_epoch(str(tmp_path)) == 0
+    record_led_epoch(str(tmp_path / "data"), 7)
+    assert read_led_epoch(str(tmp_path / "data")) == 7
+    (tmp_path / "data" / "led-epoch").write_text("garbage")
+    assert read_led_epoch(str(tmp_path / "data")) == 0

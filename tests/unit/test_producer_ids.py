@@ -24,3 +24,11 @@ def test_a_group_prefix_keeps_groups_apart_and_the_counter_is_bounded() -> None:
     assert producer_id(1, 0) != producer_id(0, 1 << 39)
     with pytest.raises(ValueError, match="exhausted"):
         producer_id(0, 1 << GROUP_SHIFT)
+
+
+def test_after_zookeeper_lost_the_counter_it_restarts_past_every_id_of_the_group_in_the_logs():
+    from metaq.server.producer_ids import highest_counter_in
+
+    ids = [producer_id(3, 5), producer_id(3, 1999), producer_id(4, 90_000)]  # group 4's ids are not ours
+    assert highest_counter_in(ids, 3) == 2000
+    assert highest_counter_in(ids, 5) == 0

@@ -92,3 +92,14 @@ def test_security_off_issues_no_token_and_trusts_every_claim() -> None:
     broker = FakeBroker(None)
     assert issued_token(broker, Origin(None), 7, 0) == {}
     check_producer(broker, Origin(None), 7, 32767, None)
+
+
+def test_principal_tags_are_the_same_on_every_broker_of_a_group_and_unlinkable_elsewhere() -> None:
+    from metaq.security.principal_tags import TAG_CHARS, PrincipalTags
+
+    master, slave = GroupSecret(1, b"s" * 64), GroupSecret(1, b"s" * 64)
+    tag = PrincipalTags(master.principal_tag_key()).tag("app")
+    assert tag == PrincipalTags(slave.principal_tag_key()).tag("app") and len(tag) == TAG_CHARS
+    assert PrincipalTags(master.principal_tag_key()).tag("app2") != tag
+    assert PrincipalTags(GroupSecret(2, b"s" * 64).principal_tag_key()).tag("app") != tag  # another group's key
+    assert master.principal_tag_key() not in (master.producer_token_key(), master.decoy_key(), master.heartbeat_key())

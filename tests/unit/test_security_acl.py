@@ -52,6 +52,18 @@ def test_decisions(principal: Principal | None, operation: Operation, topic: str
     assert AUTH.allowed(principal, operation, topic) is allowed
 
 
+def test_some_topic_rights_need_a_rule_for_that_operation() -> None:
+    assert AUTH.any_topic_denial(ALICE, Operation.PRODUCE) is None
+    assert AUTH.any_topic_denial(READER, Operation.CONSUME) is None
+    assert AUTH.any_topic_denial(READER, Operation.PRODUCE) == "user 'reader' may not produce any topic (no ACL rule grants it)"
+    assert AUTH.any_topic_denial(OPS, Operation.PRODUCE) is not None  # admin is not a produce rule
+    assert AUTH.any_topic_denial(GROUP_SLAVE, Operation.PRODUCE) is not None
+    assert AUTH.any_topic_denial(GROUP_SLAVE, Operation.CONSUME) is None
+    assert AUTH.any_topic_denial(OTHER_GROUP, Operation.CONSUME) is not None
+    assert AUTH.any_topic_denial(Principal("stranger"), Operation.PRODUCE) == "user 'stranger' has no permissions here"
+    assert AUTH.any_topic_denial(None, Operation.PRODUCE) is not None
+
+
 def test_no_user_acl_can_grant_replication() -> None:
     everything = Authorizer(0, {"root": UserAcl(produce=("*",), consume=("*",), admin=True)})
     assert not everything.allowed(Principal("root"), Operation.REPLICATION, "t")

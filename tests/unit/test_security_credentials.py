@@ -218,3 +218,9 @@ def test_cli_zk_super_digest(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 def test_metaq_zk_refuses_a_malformed_super_digest(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["zk", "--port", "0", "--super-digest", "super:plaintext-password"]) == 2
     assert "super:HASH" in capsys.readouterr().err
+
+
+def test_metaq_zk_port_0_needs_a_data_dir_or_ephemeral(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["zk", "--port", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--data-dir" in err and "--ephemeral" in err and len(err.splitlines()) == 1

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from metaq.security.principal_tags import PrincipalTags
 from metaq.server.producer_ids import ProducerIdAllocator, local_blocks, producer_id
 from metaq.server.transactional_ids import (
     MAX_EPOCH, LocalMapping, NotOwner, Owner, TooManyNames, TransactionalIds, check_transactional_id, next_owner,
@@ -80,14 +81,14 @@ def test_a_name_from_the_network_is_checked_like_a_topic_name(bad: object) -> No
 def test_a_name_belongs_to_the_user_who_first_inited_it(tmp_path: Path) -> None:
     ids = names(tmp_path)
     first, _ = asyncio.run(ids.init("billing", "alice"))
-    assert first.principal == "alice"
-    with pytest.raises(NotOwner, match="belongs to user 'alice'"):
+    assert first.user_tag == "alice"  # without tags (no group key here) the name is its own tag
+    with pytest.raises(NotOwner, match="belongs to another user"):
         asyncio.run(ids.init("billing", "mallory"))
     again, _ = asyncio.run(ids.init("billing", "alice"))
     by_admin, _ = asyncio.run(ids.init("billing", "root", admin=True))
-    assert (again.epoch, by_admin.epoch, by_admin.principal) == (1, 2, "alice")
+    assert (again.epoch, by_admin.epoch, by_admin.user_tag) == (1, 2, "alice")
     open_name, _ = asyncio.run(ids.init("shared"))  # security off: nobody's
-    assert open_name.principal is None and asyncio.run(ids.init("shared", "bob"))[0].principal == "bob"
+    assert open_name.user_tag is None and asyncio.run(ids.init("shared", "bob"))[0].user_tag == "bob"
 
 
 def test_a_user_owns_at_most_max_per_user_names_counted_from_the_mapping(tmp_path: Path) -> None:
@@ -103,7 +104,33 @@ def test_a_user_owns_at_most_max_per_user_names_counted_from_the_mapping(tmp_pat
         again = TransactionalIds(ProducerIdAllocator(2, local_blocks(tmp_path)), LocalMapping(tmp_path), max_per_user=2)
         with pytest.raises(TooManyNames):
             await again.init("a-3", "alice")
-        assert (await again.init("b-2", "bob"))[0].principal == "bob"
+        assert (await again.init("b-2", "bob"))[0].user_tag == "bob"
 
     asyncio.run(inits())
     assert sorted(LocalMapping(tmp_path).read_all()) == ["a-1", "a-2", "b-1", "b-2"]
+
+
+def test_the_mapping_records_a_users_tag_never_the_name_and_a_legacy_name_is_honoured_and_rewritten(
+        tmp_path: Path) -> None:
+    tags = PrincipalTags(b"k" * 32)
+
+    def tagged(max_per_user: int = 1000) -> TransactionalIds:
+        return TransactionalIds(ProducerIdAllocator(2, local_blocks(tmp_path)), LocalMapping(tmp_path), max_per_user,
+                                tags)
+
+    first, _ = asyncio.run(tagged().init("billing", "alice"))
+    assert first.user_tag == tags.tag("alice")
+    raw = (tmp_path / "transactional-ids").read_bytes()
+    assert b"alice" not in raw and tags.tag("alice").encode() in raw
+    with pytest.raises(NotOwner) as refused:
+        asyncio.run(tagged().init("billing", "mallory"))
+    assert "alice" not in str(refused.value)
+    # A node written before tags names its user: still that user's, rewritten with the tag at its next init.
+    LocalMapping(tmp_path).write("old", Owner(producer_id(2, 900), 4, legacy_user="alice"), None)
+    with pytest.raises(NotOwner):
+        asyncio.run(tagged().init("old", "mallory"))
+    with pytest.raises(TooManyNames):  # the legacy name counts as alice's
+        asyncio.run(tagged(max_per_user=2).init("third", "alice"))
+    again, _ = asyncio.run(tagged().init("old", "alice"))
+    assert (again.epoch, again.user_tag, again.legacy_user) == (5, tags.tag("alice"), None)
+    assert b"alice" not in (tmp_path / "transactional-ids").read_bytes()

@@ -53,16 +53,34 @@ def test_an_ordinary_attribute_is_not_mistaken_for_the_mark() -> None:
     kind=st.sampled_from(list(Kind)), pid=st.integers(-1, 2**63 - 1), epoch=st.integers(0, 2**15 - 1),
     ts=st.integers(0, 2**62), txid=st.text(max_size=40), seq=st.integers(0, 2**31 - 1),
     count=st.integers(1, 4096), size=st.integers(0, 2**31 - 1), timeout=st.integers(0, 2**31 - 1),
-    reason=st.sampled_from(list(AbortReason)),
+    reason=st.sampled_from(list(AbortReason)), starter=st.text(max_size=60),
 )
-def test_every_body_round_trips(kind, pid, epoch, ts, txid, seq, count, size, timeout, reason) -> None:
+def test_every_body_round_trips(kind, pid, epoch, ts, txid, seq, count, size, timeout, reason, starter) -> None:
     fields = {Kind.BATCH: dict(first_seq=seq, record_count=count, data_bytes=size),
-              Kind.PREPARE: dict(timeout_s=timeout), Kind.ABORT: dict(reason=reason)}.get(kind, {})
+              Kind.PREPARE: dict(timeout_s=timeout, starter=starter), Kind.ABORT: dict(reason=reason)}.get(kind, {})
     control = Control(kind, pid, epoch, ts, txid, **fields)
     assert decode_body(encode_body(control)) == control
 
 
+def test_a_prepare_marker_carries_its_starter_and_an_old_one_decodes_as_unknown() -> None:
+    tag = "5f" * 16
+    prepare = marker(Kind.PREPARE, "XID:1:ab:cd", producer_id=1, producer_epoch=0, timestamp_ms=9, timeout_s=30,
+                     starter=tag)
+    assert prepare.endswith(struct.pack(">iB", 30, 32) + tag.encode()) and control_at(prepare).starter == tag
+    # A PREPARE written before starters existed (or with security off): the old bytes exactly, starter unknown.
+    old = struct.pack(">BBqhqH", 1, 2, 1, 0, 9, 3) + b"TX1" + struct.pack(">i", 30)
+    assert encode_body(Control(Kind.PREPARE, 1, 0, 9, "TX1", timeout_s=30)) == old
+    assert decode_body(old).starter == "" and decode_body(old).timeout_s == 30
+    # Only PREPARE carries it.
+    assert control_at(marker(Kind.COMMIT, "TX1", producer_id=1, producer_epoch=0, timestamp_ms=9, starter=tag)).starter == ""
+    with pytest.raises(ControlError, match="starter is 256 bytes"):
+        encode_body(Control(Kind.PREPARE, 1, 0, 9, "TX1", starter="s" * 256))
+
+
 @pytest.mark.parametrize("body, message", [
+    (b"\x01\x02" + bytes(18) + b"\x00\x00" + bytes(4) + b"\x05ab", "starter is empty or runs past"),
+    (b"\x01\x02" + bytes(18) + b"\x00\x00" + bytes(4) + b"\x00", "starter is empty or runs past"),
+    (b"\x01\x02" + bytes(18) + b"\x00\x00" + bytes(4) + b"\x01\xff", "not UTF-8"),
     (b"\x02\x01" + bytes(18) + b"\x00\x00", "version 2"),
     (b"\x01\x09" + bytes(18) + b"\x00\x00", "unknown control record kind 9"),
     (b"\x01\x01" + bytes(18) + b"\x00\x00", "truncated"),

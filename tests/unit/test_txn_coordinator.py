@@ -7,7 +7,7 @@ from pathlib import Path
 from metaq.record import buffer_reader
 from metaq.txn.config import TxnSettings
 from metaq.txn.control import AbortReason, Kind, marker
-from metaq.txn.coordinator import MarkerWrite, TransactionCoordinator, partitions_of
+from metaq.txn.coordinator import STALE_DEADLINES_SLACK, MarkerWrite, TransactionCoordinator, partitions_of
 from metaq.txn.reader import committed_records
 from metaq.txn.rebuild import PartitionTxnState
 from metaq.txn.txlog import TxLog
@@ -89,6 +89,55 @@ def test_the_timeout_capacity_refuses_new_branches() -> None:
     assert coordinator.start("c", 1).code is Code.XA_OK
 
 
+class NoScan(dict):  # type: ignore[type-arg]
+    """A branch table that fails any walk over it: what a request must not do."""
+
+    def _scan(self, *args: object) -> None:
+        raise AssertionError("a request walked every branch")
+
+    __iter__ = keys = values = items = _scan  # type: ignore[assignment]
+
+
+def test_a_start_costs_the_same_however_many_branches_are_open_and_the_counts_stay_exact() -> None:
+    coordinator = TransactionCoordinator(TxnSettings(max_tx_timeout_timer_capacity=10**6))
+    for n in range(2000):
+        assert coordinator.start(f"TX:1:{n}", 0, 30, starter=f"user{n % 3}").code is Code.XA_OK
+    coordinator.branches = NoScan(coordinator.branches)
+    # Starts, sends, decisions and timeouts, none of which may walk the table.
+    for n in range(2000, 2300):
+        assert coordinator.start(f"TX:1:{n}", 1, 30, starter="user0").code is Code.XA_OK
+        coordinator.send(f"TX:1:{n}", "t", 0, 1)
+        coordinator.end(f"TX:1:{n}", 1)
+        decide = n % 4
+        if decide == 0:
+            coordinator.commit(f"TX:1:{n}", 2, one_phase=True)
+        elif decide == 1:
+            coordinator.prepare(f"TX:1:{n}", 2)
+        elif decide == 2:
+            coordinator.rollback(f"TX:1:{n}", 2)
+    coordinator.expire(31_000)  # the first 2000 and the unprepared rest time out; the prepared ones too (heuristic)
+    assert coordinator.pending_timeouts() == 0
+    table = dict(dict.items(coordinator.branches))  # the test's own recount
+    assert coordinator.live_branches_of("user0") == sum(1 for b in table.values() if b.starter == "user0")
+    assert coordinator.live_branches_of("user1") == sum(1 for b in table.values() if b.starter == "user1") == 0
+    heuristic = [xid for xid, b in table.items() if b.state is State.HEURISTIC_ROLLED_BACK]
+    assert len(heuristic) == 75 and len(table) == 75  # the prepared ones, until forgotten
+    for xid in heuristic:
+        coordinator.forget(xid, 32_000)
+    assert coordinator.live_branches_of("user0") == 0 and len(coordinator.branches) == 0
+
+
+def test_a_churn_of_short_branches_leaves_no_unbounded_timeout_entries() -> None:
+    coordinator = TransactionCoordinator(TxnSettings())
+    started(coordinator, "kept", ("t", 0), timeout_s=60)
+    for n in range(5000):  # start, end, roll back at once: each leaves a timeout entry due in 60 s
+        started(coordinator, f"TX:1:{n}", timeout_s=60)
+        coordinator.rollback(f"TX:1:{n}", 0)
+    assert len(coordinator._deadlines) <= 2 * coordinator.pending_timeouts() + STALE_DEADLINES_SLACK + 1
+    fired = coordinator.expire(60_000)  # the live branch still times out, once
+    assert [xid for xid, _reply in fired] == ["kept"]
+
+
 def test_prepared_branches_survive_a_restart_through_the_journal(tmp_path: Path) -> None:
     journal = TxLog.open(tmp_path, TxnSettings(), 0)
     coordinator = TransactionCoordinator(TxnSettings(), journal)
@@ -101,6 +150,24 @@ def test_prepared_branches_survive_a_restart_through_the_journal(tmp_path: Path)
     replies = dict(restarted.reconcile({}, 2000))
     assert restarted.recover() == [XID] and replies["TX:7:9"].code is Code.XA_RBROLLBACK
     assert restarted.expire(20999) == [] and restarted.expire(21000)[0][0] == XID
+
+
+def test_the_starter_is_journaled_and_an_older_journal_entry_has_none(tmp_path: Path) -> None:
+    journal = TxLog.open(tmp_path, TxnSettings(), 0)
+    coordinator = TransactionCoordinator(TxnSettings(), journal)
+    assert coordinator.start(XID, 0, 20, producer_id=7, starter="tag-of-app").code is Code.XA_OK
+    coordinator.send(XID, "t", 0, 0)
+    coordinator.end(XID, 0)
+    prepare = coordinator.prepare(XID, 1000)
+    assert [m.starter for m in prepare.markers] == ["tag-of-app"]  # the PREPARE marker carries it
+    journal.record("XID:1:6f6c64:", {"state": "prepared", "timeout_s": 20, "deadline_ms": 21000,  # as before starters
+                                     "producer": [7, 0], "partitions": [["t", 1]]}, decision=True, now_ms=1000)
+    journal.close()
+
+    restarted = TransactionCoordinator(TxnSettings(), TxLog.open(tmp_path, TxnSettings(), 2000))
+    assert restarted.branches[XID].starter == "tag-of-app"
+    assert restarted.branches["XID:1:6f6c64:"].starter == ""
+    assert (restarted.live_branches_of("tag-of-app"), restarted.live_branches_of("")) == (1, 1)
 
 
 def write(log: ModelLog, markers: list[MarkerWrite]) -> None:

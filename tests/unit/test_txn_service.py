@@ -18,6 +18,7 @@ from metaq.protocol import commands as c
 from metaq.protocol.messages import TransactionRequest
 from metaq.record import encode_record, iter_records
 from metaq.security.acl import Authorizer, Operation, UserAcl, required_operation
+from metaq.security.principal_tags import PrincipalTags
 from metaq.security.principals import Principal
 from metaq.security.producer_tokens import ProducerTokens
 from metaq.server.transactional_ids import MAX_EPOCH, Owner
@@ -87,7 +88,9 @@ class FakeBroker:
 
     def __post_init__(self) -> None:
         self.config = type("Config", (), {"txn": self.settings, "data_path": str(self.base)})()
-        self.security = type("Security", (), {"authorizer": self.authorizer, "producer_tokens": self.tokens})()
+        tags = PrincipalTags(b"t" * 32) if self.authorizer is not None else None
+        self.security = type("Security", (), {"authorizer": self.authorizer, "producer_tokens": self.tokens,
+                                              "principal_tags": tags})()
         self.store = Store(self.base)
         self.txn_states = States(self.store)
         self.ha = FakeHa()
@@ -161,7 +164,7 @@ async def branch(broker: FakeBroker, service: TransactionService, xid: str, then
     """start, one put per topic, end, then ``then`` (prepare, commit_one_phase, rollback); its XA code."""
     assert (await call(service, "start", xid, principal))["xa_code"] == Code.XA_OK
     for topic in topics:
-        service.enlist(xid, topic, 0)
+        service.enlist(xid, topic, 0, control.NO_PRODUCER, principal)
         broker.put(topic, xid, f"{xid} {topic}".encode())
     await call(service, "end", xid, principal)
     return (await call(service, then, xid, principal))["xa_code"]
@@ -320,21 +323,96 @@ async def test_deciding_a_branch_needs_the_user_that_started_it_or_admin(tmp_pat
 
 
 @in_loop
-async def test_a_branch_whose_starter_is_unknown_needs_produce_on_its_topics_and_an_empty_one_admin(
+async def test_the_starter_survives_a_restart_and_a_take_over_and_an_unknown_one_is_admin_only(
         tmp_path: Path, clock: list[int]) -> None:
-    authorizer = Authorizer(1, {"app": UserAcl(produce=("orders",)), "other": UserAcl(produce=("payments",)),
+    authorizer = Authorizer(1, {"app": UserAcl(produce=("orders",)), "other": UserAcl(produce=("orders",)),
+                                "ops": UserAcl(admin=True)})
+    app, other, ops = Principal("app"), Principal("other"), Principal("ops")
+    # Prepared with security off: its PREPARE has no starter (the layout of markers older than starters).
+    insecure, service = make(tmp_path, clock)
+    assert await branch(insecure, service, "XID:1:01:03", "prepare", ("orders",), app) == Code.XA_OK
+    await service.stop()
+    broker, service = make(tmp_path, clock, authorizer=authorizer)
+    for xid in ("XID:1:01:01", "XID:1:01:02"):
+        assert await branch(broker, service, xid, "prepare", ("orders",), app) == Code.XA_OK
+    tag = broker.security.principal_tags.tag("app")
+    prepares = [control.control_of(r) for r in iter_records(broker.store.get_log("orders", 0).read(0, 1 << 20, 1 << 20))
+                if control.control_of(r) is not None and control.control_of(r).kind is control.Kind.PREPARE]
+    assert [p.starter for p in prepares] == ["", tag, tag], "the PREPARE markers carry the starter's tag, not the name"
+    await service.stop()
+
+    restarted = FakeBroker(tmp_path, authorizer=authorizer)  # the journal and the logs reopened
+    again = TransactionService(restarted, clock_ms=lambda: clock[0])
+    again.open()
+    assert (await call(again, "recover", principal=other))["xids"] == []
+    with pytest.raises(c.RequestError, match="may not decide transaction XID:1:01:01") as refused:
+        await call(again, "rollback", "XID:1:01:01", other)
+    assert refused.value.code == c.FORBIDDEN
+    assert (await call(again, "commit", "XID:1:01:01", app))["xa_code"] == Code.XA_OK
+    await again.stop()
+
+    # A take-over: the same logs, no journal (a promoted slave has only the replicated PREPARE markers).
+    (tmp_path / "transactions").rename(tmp_path / "old-journal")
+    successor = TransactionService(restarted, clock_ms=lambda: clock[0])
+    successor.open()
+    restarted.ha.epoch = 2
+    assert (await call(successor, "recover", principal=other))["xids"] == []
+    assert (await call(successor, "recover", principal=app))["xids"] == ["XID:1:01:02"]
+    with pytest.raises(c.RequestError, match="may not decide transaction XID:1:01:02"):
+        await call(successor, "commit", "XID:1:01:02", other)
+    assert (await call(successor, "commit", "XID:1:01:02", app))["xa_code"] == Code.XA_OK
+
+    # The branch whose PREPARE has no starter: admin's alone, not even produce on its topics is enough.
+    with pytest.raises(c.RequestError, match="may not decide transaction XID:1:01:03"):
+        await call(successor, "commit", "XID:1:01:03", app)
+    assert (await call(successor, "recover", principal=ops))["xids"] == ["XID:1:01:03"]
+    assert (await call(successor, "commit", "XID:1:01:03", ops))["xa_code"] == Code.XA_OK
+
+
+@in_loop
+async def test_only_the_branchs_producer_or_its_starter_enlists_a_put(tmp_path: Path, clock: list[int]) -> None:
+    authorizer = Authorizer(1, {"app": UserAcl(produce=("orders",)), "other": UserAcl(produce=("orders",)),
                                 "ops": UserAcl(admin=True)})
     broker, service = make(tmp_path, clock, authorizer=authorizer)
     app, other, ops = Principal("app"), Principal("other"), Principal("ops")
-    assert await branch(broker, service, "TX:7:1", "prepare", ("orders",), app) == Code.XA_OK
+    assert (await call(service, "start", "TX:7:1", app, producer_id=7, producer_epoch=0))["xa_code"] == Code.XA_OK
+    with pytest.raises(c.RequestError, match="user 'other' may not put in transaction TX:7:1") as refused:
+        service.enlist("TX:7:1", "orders", 0, 8, other)  # its own producer id, verified for it: still not this branch's
+    assert refused.value.code == c.FORBIDDEN
+    assert service.coordinator is not None and service.coordinator.branches["TX:7:1"].partitions == []
+    service.enlist("TX:7:1", "orders", 0, 7, other)  # the branch's producer (its token was verified for the sender)
+    service.enlist("TX:7:1", "payments", 0, 9, app)  # the starter, with another producer (an XA join)
+    with pytest.raises(c.RequestError, match="user 'ops' may not put in transaction TX:7:1"):
+        service.enlist("TX:7:1", "payments", 0, 10, ops)  # admin may decide the branch, not add to it
+    # A branch started without a producer id: only its starter (or admin) adds to it.
     assert (await call(service, "start", "TX:7:2", app))["xa_code"] == Code.XA_OK
-    service._starters.clear()  # what a new master knows: the journal and the logs, not who started a branch
-    with pytest.raises(c.RequestError, match="may not decide transaction TX:7:1"):
-        await call(service, "commit", "TX:7:1", other)
-    with pytest.raises(c.RequestError, match="may not decide transaction TX:7:2"):
-        await call(service, "end", "TX:7:2", app)
-    assert (await call(service, "commit", "TX:7:1", app))["xa_code"] == Code.XA_OK
-    assert (await call(service, "end", "TX:7:2", ops))["xa_code"] == Code.XA_OK
+    with pytest.raises(c.RequestError, match="may not put in transaction TX:7:2"):
+        service.enlist("TX:7:2", "orders", 0, control.NO_PRODUCER, other)
+
+
+@in_loop
+async def test_a_start_needs_produce_on_some_topic_and_room_under_the_users_cap(tmp_path: Path, clock: list[int]) -> None:
+    authorizer = Authorizer(1, {"app": UserAcl(produce=("orders",)), "other": UserAcl(produce=("orders",)),
+                                "reader": UserAcl(consume=("*",))})
+    broker, service = make(tmp_path, clock, authorizer=authorizer,
+                           settings=TxnSettings(max_open_transactions_per_user=2))
+    app, other, reader = Principal("app"), Principal("other"), Principal("reader")
+    with pytest.raises(c.RequestError, match="may not start a transaction: user 'reader' may not produce any topic") as no:
+        await call(service, "start", "TX:7:0", reader)
+    assert no.value.code == c.FORBIDDEN
+    assert service.coordinator is not None and service.coordinator.branches == {}
+    for xid in ("TX:7:1", "TX:7:2"):
+        assert (await call(service, "start", xid, app))["xa_code"] == Code.XA_OK
+    with pytest.raises(c.RequestError, match="user 'app' already holds 2 open transaction branches on this broker "
+                                             r"\(maxOpenTransactionsPerUser\)") as full:
+        await call(service, "start", "TX:7:3", app)
+    assert full.value.code == c.FORBIDDEN and "TX:7:3" not in service.coordinator.branches
+    # A retried start of a branch it holds is answered as before (XAER_DUPID), not refused by the cap.
+    assert (await call(service, "start", "TX:7:2", app))["xa_code"] == Code.XAER_DUPID
+    assert (await call(service, "start", "TX:8:1", other))["xa_code"] == Code.XA_OK  # the cap is per user
+    await call(service, "end", "TX:7:1", app)
+    await call(service, "rollback", "TX:7:1", app)
+    assert (await call(service, "start", "TX:7:3", app))["xa_code"] == Code.XA_OK  # room again
 
 
 @in_loop
