@@ -88,8 +88,9 @@ class PowerLossDisk:
             "POWERLOSS_SLOW_FSYNC": str(self.slow_flag),
         }
 
-    def slow_fsyncs(self, milliseconds: int | None) -> None:
-        """From now on each fsync of the process takes ``milliseconds`` longer (None: normal again).
+    def slow_fsyncs(self, milliseconds: int | None, suffix: str = "") -> None:
+        """From now on each fsync of the process takes ``milliseconds`` longer (None: normal again);
+        with ``suffix``, only of files whose name ends with it (e.g. ``.meta``: segments only).
 
         The fsync's bytes stay unsynced meanwhile, so a power loss then takes them: the way to
         cut the power while an fsync is in flight.
@@ -97,7 +98,7 @@ class PowerLossDisk:
         if milliseconds is None:
             self.slow_flag.unlink(missing_ok=True)
         else:
-            self.slow_flag.write_text(str(milliseconds))
+            self.slow_flag.write_text(f"{milliseconds} {suffix}".strip())
 
     def arm(self) -> None:
         """Take what is on disk now as durable and start a new journal.
@@ -113,9 +114,8 @@ class PowerLossDisk:
     def _files(self) -> list[Path]:
         return [p for p in self.root.rglob("*") if p.is_file() and not p.is_symlink()]
 
-    def lose_power(self) -> PowerLossReport:
-        """Apply the loss to the disk (the process must be dead already), then ``arm()`` again."""
-        report = PowerLossReport()
+    def _replay(self) -> tuple[dict[int, int], dict[str, int], list[tuple[int, list[str]]]]:
+        """From the journal: synced size by inode, last fsync (sequence) by directory, name events."""
         synced = dict(self._durable_sizes)
         directory_synced_at: dict[str, int] = {}
         names: list[tuple[int, list[str]]] = []  # (sequence, event) for C, M, R
@@ -133,12 +133,30 @@ class PowerLossDisk:
                 directory_synced_at[args[0]] = sequence
             elif kind in ("M", "R"):
                 names.append((sequence, [kind, *args]))
+        return synced, directory_synced_at, names
+
+    def _unsynced(self, synced: dict[int, int]) -> dict[Path, tuple[int, int]]:
+        """Files longer than what was fsynced of them: path -> (size, synced size)."""
+        found = {}
         for path in self._files():
             st = path.stat()
             keep = synced.get(st.st_ino)
             if keep is not None and st.st_size > keep:
-                os.truncate(path, keep)
-                report.truncated[self._relative(path)] = (st.st_size, keep)
+                found[path] = (st.st_size, keep)
+        return found
+
+    def unsynced_bytes(self, suffix: str = "") -> int:
+        """How many bytes a power loss now would cut (of files ending with ``suffix``); the process may run."""
+        unsynced = self._unsynced(self._replay()[0])
+        return sum(size - keep for path, (size, keep) in unsynced.items() if path.name.endswith(suffix))
+
+    def lose_power(self) -> PowerLossReport:
+        """Apply the loss to the disk (the process must be dead already), then ``arm()`` again."""
+        report = PowerLossReport()
+        synced, directory_synced_at, names = self._replay()
+        for path, (size, keep) in self._unsynced(synced).items():
+            os.truncate(path, keep)
+            report.truncated[self._relative(path)] = (size, keep)
         for sequence, (kind, *args) in reversed(names):
             entry = args[0] if kind in ("C", "M") else args[1]
             if directory_synced_at.get(os.path.dirname(entry), -1) > sequence:

@@ -13,8 +13,9 @@
  *                     to POWERLOSS_STASH/stash so the rename can be undone ("-": none)
  *   U path            unlink (informational: an unlink is treated as durable at once)
  * POWERLOSS_SLOW_FSYNC (optional) names a file; while it exists, each fsync/fdatasync of a
- * file under the root first sleeps the number of milliseconds it holds: a slow disk, so a
- * test can cut the power while an fsync is still in flight.
+ * file under the root first sleeps the number of milliseconds it holds ("MS" or "MS SUFFIX":
+ * only files whose name ends with SUFFIX): a slow disk, so a test can cut the power while
+ * an fsync is still in flight.
  * Writes themselves are not journalled: a file's size at the power loss is what was
  * written; what survives is the size at its last fsync (see chaos/power_loss.py).
  */
@@ -163,13 +164,18 @@ static int synced(int fd, int (*call)(int)) {
     int have = fstat(fd, &st) == 0;
     if (slow_flag[0] && tracked[fd] == TRACKED_FILE) {
         /* Slow disk: the bytes are in the page cache, the fsync has not reached the disk. */
-        char ms[32] = "";
+        char spec[256] = "", suffix[200] = "", path[PATH_MAX];
+        int ms = 0;
         int flag = real_open(slow_flag, O_RDONLY | O_CLOEXEC, 0);
         if (flag >= 0) {
-            ssize_t n = read(flag, ms, sizeof ms - 1);
-            ms[n > 0 ? n : 0] = 0;
+            ssize_t n = read(flag, spec, sizeof spec - 1);
+            spec[n > 0 ? n : 0] = 0;
             real_close(flag);
-            usleep((useconds_t)atoi(ms) * 1000);
+            sscanf(spec, "%d %199s", &ms, suffix);
+            fd_path(fd, path);
+            size_t plen = strlen(path), slen = strlen(suffix);
+            if (ms > 0 && (slen == 0 || (plen >= slen && strcmp(path + plen - slen, suffix) == 0)))
+                usleep((useconds_t)ms * 1000);
         }
     }
     int rc = call(fd);

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,7 @@ def test_power_loss_keeps_exactly_what_was_fsynced(tmp_path: Path) -> None:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "done"
         # Before the loss every byte written is there (the page cache).
         assert (root / "synced-dir" / "seg").stat().st_size == 150
+        assert disk.unsynced_bytes() == 50 + 5 + 20 + 9 + 7  # what the loss below must cut
     finally:
         proc.kill()
         proc.wait()
@@ -118,22 +120,29 @@ def test_a_second_loss_starts_from_what_survived_the_first(tmp_path: Path) -> No
 
 
 def test_an_fsync_still_in_flight_at_the_power_loss_keeps_nothing(tmp_path: Path) -> None:
-    """``slow_fsyncs``: the power is cut while the fsync sleeps, so its bytes are lost."""
+    """``slow_fsyncs`` (here only of ``*.log`` files): the power is cut while that fsync
+    sleeps, so its bytes are lost; another file's quick fsync still counts."""
     root = tmp_path / "root"
     disk = PowerLossDisk(root, tmp_path / "powerloss", build_shim(tmp_path / "shim"))
-    (root / "f").write_bytes(b"")
+    (root / "f.log").write_bytes(b"")
+    (root / "quick").write_bytes(b"")
     disk.arm()
-    disk.slow_fsyncs(60_000)
+    disk.slow_fsyncs(60_000, ".log")
     program = (
-        "import os,sys; fd=os.open(sys.argv[1], os.O_WRONLY|os.O_APPEND); os.write(fd, b'unsynced');"
-        "print('fsyncing', flush=True); os.fsync(fd)"
+        "import os,sys\n"
+        "q=os.open(sys.argv[2], os.O_WRONLY|os.O_APPEND); os.write(q, b'kept'); os.fsync(q)\n"
+        "fd=os.open(sys.argv[1], os.O_WRONLY|os.O_APPEND); os.write(fd, b'unsynced')\n"
+        "print('fsyncing', flush=True); os.fsync(fd)\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", program, str(root / "f")], env={**os.environ, **disk.env()},
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", program, str(root / "f.log"), str(root / "quick")],
+                            env={**os.environ, **disk.env()}, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "fsyncing"
+        time.sleep(0.2)  # into the fsync's sleep
+        assert proc.poll() is None, "the slow fsync returned"
     finally:
         proc.kill()
         proc.wait()
-    assert disk.lose_power().truncated == {"f": (8, 0)}
+    assert disk.lose_power().truncated == {"f.log": (8, 0)}
+    assert (root / "quick").read_bytes() == b"kept"
     assert not disk.slow_flag.exists()  # the next run of the process has a normal disk
