@@ -9,6 +9,8 @@
 * ``chaos.group_consumer``   the consumer-group workload: consumer processes, killed and restarted
 * ``chaos.cluster``, ``chaos.scenarios``, ``chaos.runner``  the topology (optionally secured),
                              the faults, and ``python -m chaos run``
+* ``chaos.hosts``            ``--hosts netns``: each ZooKeeper node and broker in a network namespace
+                             on one bridge; silent link-down and nftables cuts
 * ``chaos.rogue``            hostile peers (forged replication requests, heartbeats, ZooKeeper
                              writes); ``chaos.hostile`` runs them for ``--rogue`` and watches RSS
 

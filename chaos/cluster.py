@@ -21,6 +21,15 @@
   ``zk*`` proxies isolates a broker from ZooKeeper while clients still reach it (the
   split-brain case). UDP heartbeats are not proxied; they never decide mastership.
 
+``hosts="netns"`` (``--hosts netns``) puts each ZooKeeper node and each broker on a host of
+its own instead: a network namespace on one bridge (chaos/hosts.py), with its own address
+and the real ports (ZooKeeper 2181/2888/3888, brokers 8123). No proxy sits in between:
+brokers register their own address, clients and brokers connect to it directly, brokers
+reach ZooKeeper directly; the workload runs in the root namespace, on the bridge. The
+link faults are the hosts' own: ``silence`` takes a host's link down (silent both ways),
+``cut_zk`` / ``cut_peers`` drop its packets to and from chosen peers with nftables. Toxics
+(latency, bandwidth) need the proxy and are refused in this mode.
+
 Every process is started and signalled by its own pid.
 """
 
@@ -45,6 +54,7 @@ from metaq.zk.embedded import EmbeddedZooKeeper, Peer, free_port
 from metaq.zk.group import read_members
 from metaq.zk.paths import ZkPaths, decode_epoch
 
+from .hosts import Host, HostNetwork
 from .toxiproxy_client import FaultProxy
 
 log = logging.getLogger(__name__)
@@ -56,6 +66,11 @@ CLIENT_USER = "app"
 
 
 ON_SYNC_SLAVE_LOSS = ("degrade", "reject")
+#: Where the processes run: all on 127.0.0.1 behind the proxy, or each on a host of its own.
+HOSTS_MODES = ("local", "netns")
+#: Ports on a host of its own (--hosts netns): each host has its own port space.
+ZK_CLIENT_PORT, ZK_PEER_PORT, ZK_ELECTION_PORT = 2181, 2888, 3888
+BROKER_PORT = 8123
 
 
 def mode_system(mode: str, on_sync_slave_loss: str = "degrade") -> dict[str, Any]:
@@ -79,10 +94,16 @@ class GroupView:
 
 
 class ChaosBroker:
-    """A broker process plus its proxies (brokers' link, clients' link, one per ZooKeeper node)."""
+    """A broker process plus its proxies (brokers' link, clients' link, one per ZooKeeper node),
+    or (--hosts netns) plus its own host and no proxies."""
 
-    def __init__(self, process: BrokerProcess, group: int, peer_port: int, client_port: int, zk_proxies: list[str]):
+    def __init__(self, process: BrokerProcess, group: int, peer_port: int, client_port: int, zk_proxies: list[str],
+                 host: Host | None = None):
         self.process = process
+        #: Its own host (--hosts netns), or None: on 127.0.0.1 behind the proxies.
+        self.host = host
+        #: Where brokers and clients reach it: its proxies' address, or its host's.
+        self.address = host.address if host is not None else "127.0.0.1"
         self.group = group
         self.peer_proxy = f"peer-{process.name}"
         self.peer_port = peer_port
@@ -97,8 +118,8 @@ class ChaosBroker:
 
     @property
     def url(self) -> str:
-        """The address it registers in ZooKeeper (its peer proxy)."""
-        return f"meta://127.0.0.1:{self.peer_port}"
+        """The address it registers in ZooKeeper (its peer proxy, or its own host's address)."""
+        return f"meta://{self.address}:{self.peer_port}"
 
     def data_dir(self) -> Path:
         return self.process.dir / "data"
@@ -136,7 +157,10 @@ class ChaosCluster:
         slaves: int = 1,
         on_sync_slave_loss: str = "degrade",
         secure: bool = False,
+        hosts: str = "local",
     ) -> None:
+        if hosts not in HOSTS_MODES:
+            raise ValueError(f"hosts must be local or netns, got {hosts!r}")
         if zk_nodes not in (1, 3):
             raise ValueError("zk_nodes must be 1 or 3")
         if slaves not in (1, 2):
@@ -155,11 +179,17 @@ class ChaosCluster:
         self.zk_root = "/meta"
         self.paths = ZkPaths(self.zk_root)
         self.zks: list[EmbeddedZooKeeper] = []
-        self._make_zk(zk_nodes)
+        self.zk_nodes = zk_nodes
+        self.hosts = hosts
+        #: --hosts netns: the bridge and namespaces (made in start(), removed in stop()).
+        self.network: HostNetwork | None = HostNetwork() if hosts == "netns" else None
+        self.zk_hosts: list[Host] = []
         # Without a real Toxiproxy, ours runs in its own process: the workload's event
-        # loop must not slow the links.
-        self.proxy = FaultProxy(mode=proxy_mode, fallback="process")
+        # loop must not slow the links. Hosts of their own need no proxy.
+        self.proxy: FaultProxy | None = None if self.network else FaultProxy(mode=proxy_mode, fallback="process")
         self.proxy_mode = proxy_mode
+        if self.network is None:
+            self._make_zk(zk_nodes)  # hosts of their own get addresses only once the network is up
         self.brokers: list[ChaosBroker] = []
         self._zk: KazooClient | None = None
         #: With ``secure``: every group has its own group secret (brokers authenticate to
@@ -176,6 +206,16 @@ class ChaosCluster:
     # --- set-up -------------------------------------------------------------------------
 
     def _make_zk(self, nodes: int) -> None:
+        if self.network is not None:
+            self.zk_hosts = [self.network.add_host(f"zk{i}") for i in range(1, nodes + 1)]
+            peers = [Peer(i, h.address, ZK_PEER_PORT, ZK_ELECTION_PORT) for i, h in enumerate(self.zk_hosts, 1)]
+            self.zks = [
+                EmbeddedZooKeeper(ZK_CLIENT_PORT, self.work_dir / f"zk{i}", self.tick_ms, h.address,
+                                  server_id=i if nodes > 1 else None, peers=peers if nodes > 1 else None,
+                                  command_prefix=h.command([]))
+                for i, h in enumerate(self.zk_hosts, 1)
+            ]
+            return
         if nodes == 1:
             self.zks = [EmbeddedZooKeeper(data_dir=self.work_dir / "zk1", tick_ms=self.tick_ms)]
             return
@@ -209,18 +249,27 @@ class ChaosCluster:
     def _start(self, timeout: float) -> None:
         if self.secure:
             self._secure_groups()
-        self.proxy.start()
+        if self.network is not None:
+            self.network.up()
+            self._make_zk(self.zk_nodes)
+        else:
+            self.proxy.start()
         for zk in self.zks:
             self._start_zk(zk)
         for zk in self.zks:
             zk.wait_until_serving(timeout)
         self._zk = KazooClient(hosts=self.zk_connect, timeout=10)
         self._zk.start(timeout=30)
-        client = self.proxy.client
         system = mode_system(self.mode, self.on_sync_slave_loss)
         for group in range(self.num_groups):
             for slave_id, role in enumerate("abc"[: 1 + self.slaves_per_group]):
                 name = f"g{group}-{role}"
+                slave_props = {"slaveId": slave_id} if slave_id else None
+                if self.network is not None:
+                    self.brokers.append(self._hosted_broker(name, group, {**system, **self._group_security.get(group, {})},
+                                                            slave_props))
+                    continue
+                client = self.proxy.client
                 zk_names, zk_ports = [], []
                 for i, zk in enumerate(self.zks, 1):
                     proxy_name = f"zk{i}-{name}"
@@ -236,7 +285,7 @@ class ChaosCluster:
                     self.work_dir, zk_connect, group, {self.topic: self.partitions},
                     {**system, **self._group_security.get(group, {}), "serverPort": server_port,
                      "advertisedAddress": f"127.0.0.1:{peer_port}"},
-                    {"slaveId": slave_id} if slave_id else None, self.zk_root,
+                    slave_props, self.zk_root,
                     name=name, zookeeper={"zk.zkSessionTimeoutMs": self.session_ms},
                 )
                 self.brokers.append(ChaosBroker(process, group, peer_port, client_port, zk_names))
@@ -249,6 +298,18 @@ class ChaosCluster:
         for b in slaves:
             b.process.start(wait=False)
         self.wait_settled(timeout)
+
+    def _hosted_broker(self, name: str, group: int, system: dict[str, Any],
+                       slave_props: dict[str, Any] | None) -> ChaosBroker:
+        """A broker on a host of its own: it binds and registers the host's address."""
+        assert self.network is not None
+        host = self.network.add_host(name)
+        process = BrokerProcess(
+            self.work_dir, self.zk_connect, group, {self.topic: self.partitions}, {**system, "serverPort": BROKER_PORT},
+            slave_props, self.zk_root, name=name, zookeeper={"zk.zkSessionTimeoutMs": self.session_ms},
+            host=host.address, command_prefix=host.command([]),
+        )
+        return ChaosBroker(process, group, BROKER_PORT, BROKER_PORT, [], host=host)
 
     def _start_zk(self, zk: EmbeddedZooKeeper) -> None:
         self._spawner.submit(zk.start, wait=False).result()
@@ -273,7 +334,11 @@ class ChaosCluster:
         for zk in self.zks:
             zk.stop()
         self._spawner.shutdown(wait=True)
-        self.proxy.stop()
+        if self.proxy is not None:
+            self.proxy.stop()
+        if self.network is not None:
+            # After every process in a namespace is stopped: a namespace lives on while one runs.
+            self.network.down()
 
     def __enter__(self) -> "ChaosCluster":
         return self.start()
@@ -345,24 +410,62 @@ class ChaosCluster:
         b.paused = False
 
     def _proxy(self, name: str) -> Any:
+        if self.proxy is None:
+            raise ValueError("this fault needs the fault proxy, which --hosts netns does not run")
         return self.proxy.client.get_proxy(name)
 
+    def silence(self, b: ChaosBroker) -> None:
+        """Its host's link down (--hosts netns): silent both ways, its sockets hang, no RST."""
+        self.network_of(b).link_down(b.host)
+
+    def unsilence(self, b: ChaosBroker) -> None:
+        self.network_of(b).link_up(b.host)
+
+    def network_of(self, b: ChaosBroker) -> HostNetwork:
+        if self.network is None or b.host is None:
+            raise ValueError(f"{b.name} has no host of its own: this fault needs --hosts netns")
+        return self.network
+
     def cut_zk(self, b: ChaosBroker) -> None:
+        if self.network is not None:
+            for zk_host in self.zk_hosts:
+                self.network_of(b).cut(b.host, zk_host.address)
+            return
         for name in b.zk_proxies:
             self._proxy(name).disable()
 
     def heal_zk(self, b: ChaosBroker) -> None:
+        if self.network is not None:
+            for zk_host in self.zk_hosts:
+                self.network_of(b).uncut(b.host, zk_host.address)
+            return
         for name in b.zk_proxies:
             self._proxy(name).enable()
 
     def cut_peers(self, b: ChaosBroker, links: tuple[str, ...] = ("brokers", "clients")) -> None:
         """Cut a broker's TCP links: ``brokers`` (master-slave), ``clients``, or both."""
+        if self.network is not None:
+            for peer in self._peer_addresses(b, links):
+                self.network_of(b).cut(b.host, peer)
+            return
         for name in self._link_proxies(b, links):
             self._proxy(name).disable()
 
     def heal_peers(self, b: ChaosBroker, links: tuple[str, ...] = ("brokers", "clients")) -> None:
+        if self.network is not None:
+            for peer in self._peer_addresses(b, links):
+                self.network_of(b).uncut(b.host, peer)
+            return
         for name in self._link_proxies(b, links):
             self._proxy(name).enable()
+
+    def _peer_addresses(self, b: ChaosBroker, links: tuple[str, ...]) -> list[str]:
+        """--hosts netns: the other brokers of its group (``brokers``); the root namespace,
+        where every client runs (``clients``)."""
+        assert self.network is not None
+        peers = {"brokers": [o.address for o in self.group_brokers(b.group) if o is not b],
+                 "clients": [self.network.gateway]}
+        return [address for link in links for address in peers[link]]
 
     @staticmethod
     def _link_proxies(b: ChaosBroker, links: tuple[str, ...]) -> list[str]:
@@ -384,12 +487,12 @@ class ChaosCluster:
     @property
     def client_address_map(self) -> dict[str, str]:
         """Advertised address -> the client proxy (MetaClientConfig.address_map)."""
-        return {f"127.0.0.1:{b.peer_port}": f"127.0.0.1:{b.client_port}" for b in self.brokers}
+        return {f"{b.address}:{b.peer_port}": f"{b.address}:{b.client_port}" for b in self.brokers}
 
     def client_address(self, url: str) -> tuple[str, int]:
         """Where a workload client connects for the broker registered as ``url``."""
         b = self.by_url(url)
-        return ("127.0.0.1", b.client_port) if b is not None else parse_broker_url(url)
+        return (b.address, b.client_port) if b is not None else parse_broker_url(url)
 
     async def connect(self, url: str, timeout: float) -> BrokerConnection:
         """A workload connection to the broker registered as ``url`` (logged in with ``secure``)."""
@@ -410,10 +513,13 @@ class ChaosCluster:
             if not zk.alive:
                 self._start_zk(zk)
                 done.append(f"restart zk{i + 1}")
-        try:
-            self.proxy.client.reset()
-        except Exception as exc:  # pragma: no cover
-            log.warning("proxy reset failed: %s", exc)
+        if self.network is not None:
+            done += self.network.heal_all()
+        else:
+            try:
+                self.proxy.client.reset()
+            except Exception as exc:  # pragma: no cover
+                log.warning("proxy reset failed: %s", exc)
         for b in self.brokers:
             if b.process.alive:
                 b.process.resume()
@@ -441,7 +547,7 @@ class ChaosCluster:
                     return f"{b.name} not running"
                 if b is not master and b.url not in view.slaves.values():
                     return f"{b.name} not registered as a slave of group {group}"
-                if not port_accepts("127.0.0.1", b.peer_port):
+                if not port_accepts(b.address, b.peer_port):
                     return f"{b.name} not reachable"
             if self.mode == "sync":
                 ids = {sid for sid, url in view.slaves.items() if url != master.url}
@@ -493,4 +599,4 @@ class ChaosCluster:
         return "\n".join(parts)
 
 
-__all__ = ["ChaosBroker", "ChaosCluster", "GroupView", "TOPIC", "mode_system", "parse_broker_url"]
+__all__ = ["ChaosBroker", "ChaosCluster", "GroupView", "HOSTS_MODES", "TOPIC", "mode_system", "parse_broker_url"]

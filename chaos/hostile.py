@@ -73,7 +73,7 @@ class HostileLoad:
         for b in cluster.brokers:
             self.peers[b.name] = RoguePeer(
                 cluster.client_address(b.url), topic=cluster.topic, impersonate=IMPERSONATED_SLAVE,
-                broker_id=b.group, heartbeat_address=("127.0.0.1", b.process.port), credentials=cluster.credentials,
+                broker_id=b.group, heartbeat_address=b.process.address, credentials=cluster.credentials,
                 epoch=lambda group=b.group: cluster.view(group).epoch, pause_s=ROUND_PAUSE_S,
             )
             self.peers[b.name].start()

@@ -33,6 +33,8 @@ One run:
 
 Exit 0 iff the checker found no violations (safety and liveness), the cluster settled and (``--rogue``)
 no forgery was accepted and no broker's memory grew past the bound (chaos/hostile.py).
+Exit 3 (nothing ran) when ``--hosts netns`` cannot make network namespaces here, with one
+line on stderr saying why.
 """
 
 from __future__ import annotations
@@ -56,15 +58,31 @@ from metaq.protocol.messages import EpochsRequest, GetRequest
 from metaq.record import iter_records
 
 from .checker import check, duplicates_line, resends_line
-from .cluster import ON_SYNC_SLAVE_LOSS, ChaosCluster
+from .cluster import HOSTS_MODES, ON_SYNC_SLAVE_LOSS, ChaosCluster
 from .group_consumer import GROUP, ConsumerGroupLoad
 from .history import History, group_of, record_value, value_of
 from .hostile import HostileLoad
+from .hosts import nft_unavailable
+from .hosts import unavailable as hosts_unavailable
 from .liveness import default_bound, render_table
 from .raw_producer import ProducerSettings, RawProducer
 from .scenarios import FAULTS, Step, inject, scenario_names, schedule, writes_expected
 
 log = logging.getLogger("chaos.runner")
+
+#: ``--hosts netns`` where network namespaces cannot be made: nothing ran (not a pass, not a failure).
+EXIT_SKIPPED = 3
+
+
+def can_cut(hosts: str) -> bool:
+    """Whether partitions can be injected: always through the proxy; on hosts of their own
+    only where nftables works (without it ``random`` leaves them out, with one log line)."""
+    if hosts != "netns":
+        return True
+    why_not = nft_unavailable()
+    if why_not is not None:
+        log.warning("--hosts netns: no partition faults (%s)", why_not)
+    return why_not is None
 
 
 class Monitor(threading.Thread):
@@ -357,15 +375,16 @@ class Run:
                  zk_nodes: int = 3, rate: float = 20.0, settle_timeout: float = 60.0, slaves: int = 1,
                  on_sync_slave_loss: str = "degrade", liveness_bound: float | None = None,
                  secure: bool = False, rogue: bool = False, producers: ProducerSettings = ProducerSettings(),
-                 consumer_group: bool = False, transactions: bool = False) -> None:
+                 consumer_group: bool = False, transactions: bool = False, hosts: str = "local") -> None:
         self.scenario, self.seconds, self.seed, self.out = scenario, seconds, seed, Path(out)
         self.mode, self.groups, self.zk_nodes, self.rate = mode, groups, zk_nodes, rate
         self.slaves, self.on_sync_slave_loss = slaves, on_sync_slave_loss
         self.settle_timeout = settle_timeout
         self.secure, self.rogue = secure, rogue
         self.producers = producers
+        self.hosts = hosts
         self.cluster = ChaosCluster(self.out / "cluster", groups=groups, mode=mode, zk_nodes=zk_nodes,
-                                    slaves=slaves, on_sync_slave_loss=on_sync_slave_loss, secure=secure)
+                                    slaves=slaves, on_sync_slave_loss=on_sync_slave_loss, secure=secure, hosts=hosts)
         self.hostile = HostileLoad(self.cluster) if rogue else None
         session_ms = self.cluster.session_ms
         self.liveness_bound = liveness_bound if liveness_bound is not None else default_bound(session_ms)
@@ -383,8 +402,10 @@ class Run:
 
     def _fault_loop(self, stop_at: float, stopping: threading.Event) -> None:
         session_s = self.cluster.session_ms / 1000
-        plan = schedule(self.scenario, self.seed, self.groups, self.zk_nodes, session_s)
+        plan = schedule(self.scenario, self.seed, self.groups, self.zk_nodes, session_s, hosts=self.hosts,
+                        can_cut=can_cut(self.hosts))
         self.history.meta["schedule"] = [s.to_json() for s in plan[:50]]
+        self.history.meta["hosts"] = self.hosts
         rng = random.Random(f"targets/{self.seed}")
         time.sleep(1.5)  # plain load first
         for number, step in enumerate(plan):
@@ -571,7 +592,7 @@ class Run:
         no_failover = []
         faults_list = self.history.faults
         for i, f in enumerate(faults_list):
-            if f["kind"] in ("kill-master", "lose-master", "pause-master", "partition-master-zk") \
+            if f["kind"] in ("kill-master", "lose-master", "pause-master", "partition-master-zk", "silence-master") \
                     and f.get("target") != "none":
                 heal_t = next((h["time"] for h in faults_list[i + 1:] if h["kind"] == "heal"), f["time"] + 60)
                 if not any(f["time"] <= fo["time"] <= heal_t + 1 and fo["group"] == f.get("group")
@@ -585,6 +606,7 @@ class Run:
             f"--mode {self.mode} --groups {self.groups} --zk-nodes {self.zk_nodes} --slaves {self.slaves} "
             f"--on-sync-slave-loss {self.on_sync_slave_loss} --liveness-bound {self.liveness_bound:g}"
             + (" --secure" if self.secure else "") + (" --rogue" if self.rogue else "")
+            + (f" --hosts {self.hosts}" if self.hosts != "local" else "")
             + (" --idempotent" if self.producers.idempotent else " --retry-unknown" if self.producers.retry_unknown else "")
             + (" --consumer-group" if self.consumers is not None else " --no-consumer-group")
             + (" --transactions" if self.transactions else " --no-transactions")
@@ -650,6 +672,10 @@ def add_parser(sub: Any) -> None:
                    help="two transactional producers (local transactions of 1-3 messages, one in four rolled "
                         "back) whose outcomes feed the read-committed checks: precommitted-read, aborted-read, "
                         "intermediate-read, G0, G1c (default: on in the random scenario)")
+    p.add_argument("--hosts", choices=HOSTS_MODES, default="local",
+                   help="local: every process on 127.0.0.1, links through the fault proxy (default); netns: each "
+                        "ZooKeeper node and broker on a host of its own (a network namespace on one bridge; needs "
+                        "root), with silent link-down and nftables faults (docs/chaos.md, 'Hosts mode')")
     p.add_argument("--liveness-bound", type=float, default=None,
                    help="seconds within which reads and writes must resume after a fault "
                         "(default 2 x zk.zkSessionTimeoutMs + 1 s)")
@@ -663,15 +689,19 @@ def main(args: argparse.Namespace) -> int:
     if args.liveness_bound is not None and args.liveness_bound <= 0:
         print(f"error: --liveness-bound must be positive, got {args.liveness_bound:g}", file=sys.stderr)
         return 2
+    if args.hosts == "netns" and (why_not := hosts_unavailable()) is not None:
+        print(f"chaos run skipped: --hosts netns needs network namespaces: {why_not}", file=sys.stderr)
+        return EXIT_SKIPPED
     try:
-        schedule(args.scenario, args.seed, args.groups, args.zk_nodes, 1.0, steps=1)
+        schedule(args.scenario, args.seed, args.groups, args.zk_nodes, 1.0, steps=1, hosts=args.hosts,
+                 can_cut=can_cut(args.hosts))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     run = Run(args.scenario, args.seconds, args.seed, out, mode=args.mode, groups=args.groups,
               zk_nodes=args.zk_nodes, rate=args.rate, slaves=args.slaves,
               on_sync_slave_loss=args.on_sync_slave_loss, liveness_bound=args.liveness_bound,
-              secure=args.secure, rogue=args.rogue,
+              secure=args.secure, rogue=args.rogue, hosts=args.hosts,
               producers=ProducerSettings(idempotent=args.idempotent, retry_unknown=args.retry_unknown),
               consumer_group=args.consumer_group if args.consumer_group is not None else args.scenario == "random",
               transactions=args.transactions if args.transactions is not None else args.scenario == "random")

@@ -35,6 +35,8 @@ class FaultKind:
     heals: bool = True              # False: never healed during the run (a member lost for good)
     reads_during: bool = False      # reads must go on while the fault holds
     master_fixed: bool = False      # no failover while the fault holds
+    needs: str = ""                 # "proxy": only with every process on 127.0.0.1 behind the fault
+                                    # proxy; "netns": only with hosts of their own (--hosts netns)
 
 
 FAULTS: dict[str, FaultKind] = {
@@ -47,8 +49,12 @@ FAULTS: dict[str, FaultKind] = {
     "partition-master-slave": FaultKind("master", (2.0, 4.0)),  # master cut from its slaves only
     "partition-client-master": FaultKind("master", (2.0, 4.0)),  # master cut from its clients only
     "partition-slave-peers": FaultKind("slave", (2.0, 4.0)),
-    "latency-master": FaultKind("master", (2.0, 4.0)),       # 150 ms ± 50 each way on all its TCP peers
-    "bandwidth-master": FaultKind("master", (2.0, 4.0)),     # 20 KB/s each way
+    "latency-master": FaultKind("master", (2.0, 4.0), needs="proxy"),    # 150 ms ± 50 each way on all its TCP peers
+    "bandwidth-master": FaultKind("master", (2.0, 4.0), needs="proxy"),  # 20 KB/s each way
+    # Its host's link down past the session timeout (--hosts netns): silent both ways, no
+    # RST; its sockets hang until the link comes back.
+    "silence-master": FaultKind("master", (2.5, 4.0), needs="netns"),
+    "silence-slave": FaultKind("slave", (2.5, 4.0), needs="netns"),
     "kill-zk-node": FaultKind("zk", (2.0, 4.0)),             # one ZooKeeper node of the ensemble
     # A slave killed, its data directory emptied, restarted after the hold: a new member
     # that re-syncs the whole log from its master while the group serves.
@@ -79,6 +85,8 @@ SCENARIOS: dict[str, list[str]] = {
     "zk-majority": ["zk-majority"],
     "lose-master": ["lose-master"],
     "lose-slave": ["lose-slave"],
+    "silence-master": ["silence-master"],
+    "silence-slave": ["silence-slave"],
 }
 # ``random`` draws from every fault that heals (a fault that never heals ends the schedule).
 RANDOM_KINDS = [k for k, f in FAULTS.items() if f.heals]
@@ -101,16 +109,38 @@ def scenario_names() -> list[str]:
     return sorted(SCENARIOS) + ["random"]
 
 
-def schedule(scenario: str, seed: int, groups: int, zk_nodes: int, session_s: float, steps: int = 400) -> list[Step]:
+def cuts_links(kind: str) -> bool:
+    """A partition: with --hosts netns made with nftables in the host's namespace."""
+    return kind.startswith("partition-")
+
+
+def fits_hosts(kind: str, hosts: str, can_cut: bool = True) -> bool:
+    """Whether the fault can be injected where the processes run (``local`` or ``netns``;
+    ``can_cut``: whether a netns host can be cut from a peer, i.e. nftables works here)."""
+    needs = FAULTS[kind].needs
+    if hosts == "netns" and cuts_links(kind) and not can_cut:
+        return False
+    return not needs or needs == ("netns" if hosts == "netns" else "proxy")
+
+
+def schedule(scenario: str, seed: int, groups: int, zk_nodes: int, session_s: float, steps: int = 400,
+             hosts: str = "local", can_cut: bool = True) -> list[Step]:
     """The first ``steps`` fault steps of a scenario (the runner stops when time is up)."""
     rng = random.Random(f"schedule/{scenario}/{seed}")
     if scenario == "random":
-        kinds = [k for k in RANDOM_KINDS if FAULTS[k].role != "zk" or zk_nodes >= 3]
+        kinds = [k for k in RANDOM_KINDS
+                 if (FAULTS[k].role != "zk" or zk_nodes >= 3) and fits_hosts(k, hosts, can_cut)]
         sequence = [rng.choice(kinds) for _ in range(steps)]
     elif scenario in SCENARIOS:
         base = SCENARIOS[scenario]
         if any(FAULTS[k].role == "zk" for k in base) and zk_nodes < 3:
             raise ValueError(f"scenario {scenario} needs --zk-nodes 3")
+        unfit = [k for k in base if not fits_hosts(k, hosts, can_cut)]
+        if unfit:
+            needs = FAULTS[unfit[0]].needs
+            where = ("--hosts netns" if needs == "netns" else "the fault proxy (not --hosts netns)" if needs
+                     else "nftables (nft) to cut hosts apart in --hosts netns, which does not work here")
+            raise ValueError(f"scenario {scenario} needs {where}")
         sequence = [base[i % len(base)] for i in range(steps)]
     else:
         raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(scenario_names())}")
@@ -168,6 +198,9 @@ def inject(cluster: ChaosCluster, step: Step, rng: random.Random) -> tuple[str, 
     if kind.startswith("pause-"):
         cluster.pause(b)
         return b.name, {}, lambda: cluster.resume(b)
+    if kind.startswith("silence-"):
+        cluster.silence(b)
+        return b.name, {"link": "down"}, lambda: cluster.unsilence(b)
     if kind == "partition-master-zk":
         cluster.cut_zk(b)
         return b.name, {"link": "zk"}, lambda: cluster.heal_zk(b)

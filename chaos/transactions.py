@@ -174,7 +174,7 @@ def run(scenario: str, seconds: float, seed: int, out: Path, mode: str = "sync")
     with ChaosCluster(out / "cluster", mode=mode) as cluster:
         config = MetaClientConfig(zk_connect=cluster.zk_connect, zk_root=cluster.zk_root, zk_session_timeout_ms=5000,
                                   send_timeout_s=30, address_map=cluster.client_address_map)
-        replicas = {b.name: ("127.0.0.1", b.client_port) for b in cluster.brokers}
+        replicas = {b.name: (b.address, b.client_port) for b in cluster.brokers}
         topic, partitions = cluster.topic, cluster.partitions
 
         async def load() -> None:

@@ -51,6 +51,9 @@ class TopicConfig:
     delete_when: str = DEFAULT_DELETE_WHEN
     accept_publish: bool = True
     accept_subscribe: bool = True
+    #: Which life of the topic this is (the group's topic configuration assigns one at each
+    #: create, like Kafka's topic ids; "" for a topic from before incarnations or without ZooKeeper).
+    incarnation: str = ""
 
 
 @dataclass(frozen=True)

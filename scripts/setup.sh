@@ -24,6 +24,10 @@ fi
 if [ "$mode" = "--test" ] && ! command -v mariadbd >/dev/null && [ ! -x /usr/sbin/mariadbd ]; then
     apt_install mariadb-server "for the SQL offset store tests"
 fi
+# The chaos suite's hosts mode (--hosts netns, root only) cuts hosts apart with nftables.
+if [ "$mode" = "--test" ] && [ "$(id -u)" = 0 ] && ! command -v nft >/dev/null; then
+    apt_install nftables "for the chaos hosts mode's partition faults"
+fi
 if [ "$mode" = "--bench" ] && ! command -v redis-server >/dev/null; then
     apt_install redis-server "for bench/vs_redis.py"
 fi

@@ -36,3 +36,23 @@ def kazoo_client(connect_string: str, **kwargs: Any) -> Iterator[KazooClient]:
     finally:
         client.stop()
         client.close()
+
+
+@contextlib.contextmanager
+def metaq_zk_command(*args: str, **popen: Any) -> Iterator["subprocess.Popen[str]"]:
+    """``metaq zk ARGS`` as a child process with its output piped; leaving the block asks it to
+    stop (SIGTERM) and requires a clean exit, and a failure inside the block kills it."""
+    import signal
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-m", "metaq", "zk", *args], cwd=REPO_ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    try:
+        yield process
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

@@ -47,7 +47,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     for name, helptext, runner in (
         ("create", "add a topic to a broker group (every member serves it at once)", run_create),
         ("alter", "change a topic's partitions (only more) or settings", run_alter),
-        ("delete", "stop serving a topic in a broker group (its files stay on disk)", run_delete),
+        ("delete", "delete a topic in a broker group: every member drops it and its files", run_delete),
     ):
         action = add_action(actions, name, helptext, runner)
         action.add_argument("--broker-id", type=int, required=True, metavar="ID", help="the broker group")
@@ -322,7 +322,7 @@ def run_delete(args: argparse.Namespace) -> int:
             raise MetaqError(f"broker group {args.broker_id} has no topic {args.topic!r} (see metaq topics list)")
         return group.without_topic(args.topic)
 
-    return _write(args, change, f"deleted {args.topic} (its partition files stay on each broker's disk)")
+    return _write(args, change, f"deleted {args.topic} (every member deletes its partition files)")
 
 
 def _settings(args: argparse.Namespace) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""``metaq zk``: an embedded standalone ZooKeeper on loopback, foreground."""
+"""``metaq zk``: an embedded standalone ZooKeeper (on 127.0.0.1 unless ``--host``), foreground."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ import argparse
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("zk", help="run an embedded standalone ZooKeeper on 127.0.0.1")
+    parser = sub.add_parser("zk", help="run an embedded standalone ZooKeeper (on 127.0.0.1 unless --host)")
     parser.add_argument("--port", type=int, default=2181, help="client port (default 2181; 0 picks a free one)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
         "--data-dir",
@@ -29,4 +31,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..zk.cli import run_zk
 
-    return run_zk(args.port, args.data_dir, args.tick_ms, super_digest=args.super_digest, ephemeral=args.ephemeral)
+    return run_zk(args.port, args.data_dir, args.tick_ms, super_digest=args.super_digest, ephemeral=args.ephemeral,
+                  host=args.host)

@@ -743,7 +743,10 @@ class HaCoordinator:
 
     async def _flush_all(self) -> None:
         store = self.host.store
-        await asyncio.gather(*(store.flusher(t, p).flush_now() for t, p in store.logs()), return_exceptions=True)
+        # Every flusher looked up before any coroutine exists: a lookup that raises must not
+        # leave coroutines created and never awaited.
+        flushers = [store.flusher(t, p) for t, p in store.logs()]
+        await asyncio.gather(*(flusher.flush_now() for flusher in flushers), return_exceptions=True)
 
     async def _start_sync_set(self) -> None:
         """On becoming master in sync mode: start the sync set (published before any ack)."""
@@ -852,6 +855,15 @@ class HaCoordinator:
             cache = EpochCache.load(log_.directory)
             self._caches[key] = cache
         return cache
+
+    def forget_partitions(self, keys: list[tuple[str, int]]) -> None:
+        """Partitions no longer served: their epoch histories, replicas and sync-set state go."""
+        for key in keys:
+            self._caches.pop(key, None)
+        if self.follower is not None:
+            self.follower.forget_partitions(keys)
+        if self.sync_set is not None:
+            self.sync_set.forget_partitions(keys)
 
     @property
     def history(self) -> int:

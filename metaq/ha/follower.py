@@ -32,12 +32,13 @@ from ..addresses import parse_broker_url
 from ..client.connection import BrokerConnection, ConnectionClosed
 from ..config import ConfigError, SlaveConfig, check_topic_name
 from ..protocol.messages import ConfigRequest, OffsetRequest, TopicsRequest
+from ..store.manager import UnknownPartition, UnknownTopic
 from ..zk.paths import ZkPaths
 from .heartbeat import SlaveHeartbeat
 from .host import BrokerHost
 from .peers import open_peer
 from .config_sync import adopt_master_topics, save_master_copy, topics_for_master_layout
-from .replica import PartitionReplica, ReplicaDiverged, StaleMaster
+from .replica import MasterLacksPartition, PartitionReplica, ReplicaDiverged, StaleMaster
 
 if TYPE_CHECKING:
     from kazoo.client import KazooClient
@@ -162,6 +163,16 @@ class MasterFollower:
         if self.master_url is not None and not self._stopped:
             self._schedule_topic_sync()
 
+    def forget_partitions(self, keys: list[tuple[str, int]]) -> None:
+        """Partitions no longer served (topic deleted or re-created): stop replicating them
+        and forget their replicas; a stopped replica of a deleted topic is no reason to
+        refuse a take-over (``HaCoordinator._consider_election``)."""
+        for key in keys:
+            task = self._tasks.pop(key, None)
+            if task is not None:
+                task.cancel()  # at its next await: appends are synchronous, none runs after this
+            self.replicas.pop(key, None)
+
     def _on_checksum(self, data: bytes | None) -> None:
         checksum = data.decode("utf-8") if data else None
         changed = checksum is not None and checksum != self.master_config_checksum
@@ -197,13 +208,24 @@ class MasterFollower:
     async def _sync_topics_until_done(self) -> None:
         """Read (and adopt) the master's topics until it works; nothing the master sends ends this task."""
         delay = 0.05
+        waiting_for: str | None = None
         while not self._stopped and self.master_url is not None:
             try:
                 await self._sync_topics()
                 self.config_sync_error = None
                 return
+            except MasterLacksPartition as exc:
+                # The master has not applied a topic's re-create (or we have not): said once.
+                if str(exc) != waiting_for:
+                    log.info("%s; asking again", exc)
+                waiting_for = str(exc)
+                max_delay = max(self.slave.slave_max_delay_ms, 50) / 1000
             except RETRIABLE as exc:
                 log.warning("cannot read the master's topics yet: %s", exc)
+                max_delay = max(self.slave.slave_max_delay_ms, 50) / 1000
+            except (UnknownTopic, UnknownPartition) as exc:
+                # The topic configuration changed while we read the master's: read it again.
+                log.debug("topics changed while syncing them: %s", exc)
                 max_delay = max(self.slave.slave_max_delay_ms, 50) / 1000
             except (ConfigError, ValueError, KeyError, TypeError) as exc:
                 # A config (or topic list) we cannot use: keep replicating what we have,
@@ -242,10 +264,23 @@ class MasterFollower:
         else:
             topics = topics_for_master_layout(own, master_topics)
         await self.host.update_topics(topics)
+        theirs = reply.get("incarnations")
+        theirs = theirs if isinstance(theirs, dict) else {}
+        other_lives = []
         for topic, partitions in sorted(master_topics.items()):
-            for partition in range(partitions):
+            served = self.host.config.topics.get(topic)
+            if served is not None and served.incarnation and theirs.get(topic, served.incarnation) != served.incarnation:
+                other_lives.append(topic)  # its offsets and epochs are of another log than ours
+                continue
+            # Only partitions this broker serves too: the master may still serve a topic the
+            # group's configuration deleted (it applies the change a moment later), or not yet
+            # serve one it added.
+            for partition in range(min(partitions, served.num_partitions if served is not None else 0)):
                 if (topic, partition) not in self._tasks:
                     await self._start_partition(conn, topic, partition)
+        if other_lives:
+            raise MasterLacksPartition(f"the master serves another incarnation of {', '.join(other_lives)} (deleted and"
+                                       " re-created; one of us has not applied it yet)")
 
     async def _start_partition(self, conn: BrokerConnection, topic: str, partition: int) -> None:
         store = self.host.store
@@ -267,6 +302,7 @@ class MasterFollower:
                 self.host.notify,
                 self.slave.slave_max_delay_ms,
                 after_append=self.host.txn_states.note_append,
+                incarnation=store.topic_config(topic).incarnation,
             )
             replica.status.extra["started_at"] = time.time()
             self.replicas[(topic, partition)] = replica

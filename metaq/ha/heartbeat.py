@@ -288,10 +288,15 @@ class HeartbeatResponder:
         log_ends, committed = {}, {}
         for topic, partition in message["_log_ends"]:
             log_ = logs.get((topic, partition))
-            if log_ is not None:
-                key = partition_key(topic, partition)
-                log_ends[key] = log_.log_end
-                committed[key] = ha.committed(topic, partition, log_)
+            if log_ is None:
+                continue  # not ours: a partition we do not have (a deleted topic's, say)
+            try:
+                offset = ha.committed(topic, partition, log_)
+            except LookupError:  # UnknownTopic/UnknownPartition: dropped meanwhile, not ours either
+                continue
+            key = partition_key(topic, partition)
+            log_ends[key] = log_.log_end
+            committed[key] = offset
         reply = {
             "kind": "hb",
             "role": "master" if master else "slave",

@@ -163,6 +163,12 @@ class HaNode:
         if sync_set is not None:  # a quiet but alive slave stays counted
             sync_set.slave_heard(slave_id)
 
+    def forget_partitions(self, keys: list[tuple[str, int]]) -> None:
+        """Partitions no longer served (topic deleted or re-created): every HA record of them goes."""
+        self.progress.forget_partitions(keys)
+        if self.coordinator is not None:
+            self.coordinator.forget_partitions(keys)
+
     def connection_closed(self, origin: Any) -> None:
         """A client connection closed; a slave that replicated over it is gone (and forgotten)."""
         for slave_id in self._replica_connections.pop(origin, ()):

@@ -164,6 +164,15 @@ class ReplicationProgress:
             for slave_id, info in self.slaves.items()
         }
 
+    def forget_partitions(self, keys: list[tuple[str, int]]) -> None:
+        """Partitions no longer served (topic deleted or re-created): positions in them and
+        their append history describe another log."""
+        gone = set(keys)
+        for key in [k for k in self.positions if (k[1], k[2]) in gone]:
+            del self.positions[key]
+        for key in gone:
+            self.history.pop(key, None)
+
     def forget(self, slave_id: int) -> None:
         """A slave left (its replication connection closed): drop it, so state stays bounded."""
         self.slaves.pop(slave_id, None)

@@ -51,6 +51,11 @@ class StaleMaster(ConnectionError):
     """The master and this slave disagree on the epoch; the coordinator must re-check ZooKeeper."""
 
 
+class MasterLacksPartition(ConnectionError):
+    """The master does not serve this partition (in this incarnation) right now: a topic
+    deleted or re-created that one of the two has not applied yet. Retried; nothing to repair."""
+
+
 class ReplicaDiverged(Exception):
     """The master's answer cannot continue this slave's log byte for byte."""
 
@@ -82,10 +87,13 @@ class PartitionReplica:
         max_delay_ms: int,
         fetch_size: int = DEFAULT_FETCH_SIZE,
         after_append: Callable[[str, int, int, bytes | memoryview, int], object] | None = None,
+        incarnation: str = "",
     ) -> None:
         self.topic = topic
         self.partition = partition
         self.log = log_
+        #: Sent with each fetch: the master serves only the same life of the topic.
+        self.incarnation = incarnation
         self.flusher = flusher
         self.replica_info = replica_info
         self.on_appended = on_appended
@@ -130,7 +138,7 @@ class PartitionReplica:
             offset=offset,
             max_size=self.fetch_size,
             max_wait_ms=max(self.max_delay_ms, 1),
-            replica={**self.replica_info(), "log_end": offset},
+            replica={**self.replica_info(), "log_end": offset, **self._incarnation_field()},
         ).to_header()
         reply = await conn.request(header, timeout=self.max_delay_ms / 1000 + 30)
         self.status.fetches += 1
@@ -147,7 +155,10 @@ class PartitionReplica:
         if reply.code == c.NOT_FOUND:
             master_end = reply.get("log_end")
             if master_end is None:
-                raise ReplicaDiverged(f"{self.name}: master answered 404: {reply.message}")
+                # Not a log that disagrees with ours: the master does not serve the partition
+                # (yet, or any more). Whichever of us is behind applies the group's topic
+                # configuration shortly; a deleted topic's replica is then forgotten.
+                raise MasterLacksPartition(f"{self.name}: master answered 404: {reply.message}")
             self._note_master(reply.header)
             if master_end < offset:
                 raise ReplicaDiverged(
@@ -160,10 +171,14 @@ class PartitionReplica:
             return self._moved(offset, int(reply.get("offset", -1)))
         raise ConnectionError(f"{self.name}: master answered {reply.code}: {reply.message}")
 
+    def _incarnation_field(self) -> dict[str, str]:
+        return {"incarnation": self.incarnation} if self.incarnation else {}
+
     def _reporter(self, conn: "BrokerConnection") -> Callable[[int], None]:
         def report(log_end: int) -> None:
             header = PositionRequest(
-                topic=self.topic, partition=self.partition, replica={**self.replica_info(), "log_end": log_end}
+                topic=self.topic, partition=self.partition,
+                replica={**self.replica_info(), "log_end": log_end, **self._incarnation_field()},
             ).to_header()
             try:
                 conn.send(header).add_done_callback(_ignore_reply)

@@ -284,6 +284,17 @@ class SyncReplication:
             log.warning("sync slave %d disconnected; removing it from the sync set", slave_id)
             self._schedule_publish()
 
+    def forget_partitions(self, keys: list[tuple[str, int]]) -> None:
+        """Partitions no longer served (topic deleted or re-created): their waiting puts end
+        (404: the topic is gone, its log with them) and their offsets restart with the new log."""
+        for key in keys:
+            for waiter in self._waiters.pop(key, []):
+                if not waiter.future.done():
+                    waiter.future.set_exception(SyncWaitFailed(
+                        c.NOT_FOUND, f"topic {key[0]} was deleted while this put waited for its slaves; outcome unknown"))
+            for table in (self._committed, self._safe, self._term_start):
+                table.pop(key, None)
+
     def wait(self, topic: str, partition: int, end: int) -> Awaitable[None] | None:
         """What a put ending at ``end`` waits for, or None if it can be acked now."""
         refusal = self.refusal()

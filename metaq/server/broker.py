@@ -35,7 +35,7 @@ from ..zk.data_loss import reconnect_after_data_loss
 from ..zk.monitor import OutageReporter
 from .admission import ConnectionSlots, RequestBudget
 from .connection import ClientConnection, ConnectionLimits
-from .group_topics import GroupTopicsApplier
+from .group_topics import GroupTopicsApplier, forget_partitions
 from .handlers import RequestHandlers
 from .metrics import BrokerMetrics, InstrumentedHandlers
 from .registry import BrokerRegistry
@@ -103,7 +103,15 @@ class Broker:
             return
         added = sorted(set(topics) - set(self.config.topics))
         self.config = replace(self.config, topics=dict(topics))
-        self.store.update_topics(topics)
+        # Files go only when the group's configuration ended the topic (``metaq topics delete``,
+        # a re-create); a server.ini section removed without one keeps them (docs/operations.md).
+        in_group = self.group_topics is not None and self.group_topics.group.exists
+        dropped = self.store.update_topics(topics, delete_dropped=in_group)
+        if dropped:
+            # In the same step (no await in between): nothing may use a dropped partition's
+            # state once its log is gone, nor carry it over to a re-created topic.
+            forget_partitions(self, [(d.topic, d.partition) for d in dropped])
+            self.store.dispose(dropped)
         if self.registry is not None:
             await self.registry.update_topics(topics)
         if added and (self.group_topics is None or not self.group_topics.group.exists):

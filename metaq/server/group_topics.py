@@ -3,10 +3,12 @@
 Masters and slaves alike watch ``{root}/brokers/topic-config/{id}``
 (metaq/zk/topic_config.py, where the precedence rule is written) and apply each new
 version without a restart: new topics and partitions are served, changed flush,
-segment and retention settings take effect, deleted topics stop being served (their
-files stay on disk). A slave starts replicating new partitions once its master
-serves them: after applying a version it asks the master's ``topics`` until they
-are there, then has its follower re-read them (metaq/ha/follower.py).
+segment and retention settings take effect, deleted topics stop being served and every
+record of them is dropped, files included (``forget_partitions``); a topic re-created
+under the same name is a new incarnation and starts empty, and the master deletes the
+consumer groups' stored offsets of a topic that ended. A slave starts replicating new
+partitions once its master serves them: after applying a version it asks the master's
+``topics`` until they are there, then has its follower re-read them (metaq/ha/follower.py).
 
 Whatever else offers the broker a topic map (a slave adopting its master's
 server.ini sections) goes through ``overlay``, so the group's configuration wins
@@ -25,9 +27,10 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from ..config import ConfigError, TopicConfig, topic_settings
 from ..ha.peers import peer_topics
+from ..store import incarnation
 from ..zk.paths import ZkPaths
 from .registry import RegistryError
-from ..zk.topic_config import GroupTopics, decode_group_topics, publish_with, read_group_topics, seed_with, serve_group_topics, update_group_topics
+from ..zk.topic_config import GroupTopics, decode_group_topics, delete_group_offsets, publish_with, read_group_topics, seed_with, serve_group_topics, update_group_topics
 
 
 log = logging.getLogger(__name__)
@@ -108,8 +111,16 @@ class GroupTopicsApplier:
                 log.error("not applying version %d of the group's topic configuration: %s", group.version, exc)
                 return
             before = self.broker.config.topics
+            # Stored offsets of a topic that ended, or of one created just now (an earlier
+            # incarnation's, committed again by a consumer that ran on after the delete),
+            # belong to no log this group serves; gone before the change is served, so a
+            # consumer of the new topic never finds them.
+            stale = ended_topics(before, topics) + sorted(set(topics) - set(before))
+            if stale and self.broker.ha.acting_master:
+                await self._delete_consumer_offsets(stale)
             self.group = group
             await self.broker.update_topics(topics)
+            self._remove_deleted_files(group)
             if self._catch_up is not None:
                 self._catch_up.cancel()
             self._catch_up = asyncio.ensure_future(self._follow_new_partitions(topics))
@@ -117,6 +128,25 @@ class GroupTopicsApplier:
             if change:
                 log.info("topics: %s (broker group %d's topic configuration in ZooKeeper, version %d)",
                          change, self.broker.config.broker_id, group.version)
+
+    async def _delete_consumer_offsets(self, topics: list[str]) -> None:
+        """The master deletes the stored consumer offsets of its partitions of these topics."""
+        broker_id = self.broker.config.broker_id
+        for topic in topics:
+            try:
+                paths = await asyncio.to_thread(delete_group_offsets, self.client, self.paths, broker_id, topic)
+            except (KazooException, KazooTimeoutError) as exc:
+                log.warning("could not delete the stored consumer offsets of topic %s: %r", topic, exc)
+                continue
+            if paths:
+                log.info("deleted %d stored consumer offset(s) of topic %s's earlier incarnation", len(paths), topic)
+
+    def _remove_deleted_files(self, group: GroupTopics) -> None:
+        """Files of deleted topics this broker kept (it was down, or ran a version that kept them)."""
+        broker = self.broker
+        for name in sorted(group.deleted):
+            local = broker.local_topics.get(name)
+            broker.store.remove_unserved(name, local.data_path if local is not None else broker.config.topic_defaults.data_path)
 
     async def _follow_new_partitions(self, topics: dict[str, TopicConfig]) -> None:
         """On a slave: once the master serves these partitions too, replicate the new ones.
@@ -150,6 +180,29 @@ class GroupTopicsApplier:
         return update_group_topics(self.client, self.paths, self.broker.config.broker_id, change, security=security)
 
 
+def forget_partitions(broker: Any, keys: list[tuple[str, int]]) -> None:
+    """Every owner of per-partition state (docs/architecture.md) forgets partitions no longer served.
+
+    Called by ``Broker.update_topics`` right after the store dropped them (a topic deleted, or
+    re-created as a new incarnation): producer and transaction state, queued transaction
+    markers, replication (follower, sync set, progress, epoch histories) and counters; parked
+    fetches of them wake up and are answered "unknown topic".
+    """
+    broker.txn_states.forget(keys)
+    broker.transactions.forget_partitions(keys)
+    broker.ha.forget_partitions(keys)
+    broker.stats.forget_partitions(keys)
+    for topic, partition in keys:
+        broker.notify(topic, partition)
+    log.info("dropped %d partition(s) no longer served: %s", len(keys),
+             ", ".join(f"{topic}-{partition}" for topic, partition in keys))
+
+
+def ended_topics(before: dict[str, TopicConfig], after: dict[str, TopicConfig]) -> list[str]:
+    """Topics whose incarnation ended: deleted, or re-created as a new one in between."""
+    return sorted(name for name, topic in before.items() if incarnation.ended(topic, after.get(name)))
+
+
 def describe_change(before: dict[str, TopicConfig], after: dict[str, TopicConfig]) -> str:
     """``added a; changed b (unflushThreshold 0 -> 5); removed c``, or "" when nothing changed."""
     parts = []
@@ -166,5 +219,5 @@ def describe_change(before: dict[str, TopicConfig], after: dict[str, TopicConfig
     if changed:
         parts.append("changed " + "; ".join(changed))
     if removed:
-        parts.append("no longer serving " + ", ".join(removed) + " (files kept on disk)")
+        parts.append("no longer serving " + ", ".join(removed) + " (its files are deleted)")
     return "; ".join(parts)

@@ -370,6 +370,12 @@ class RequestHandlers:
             raise c.RequestError(c.BAD_REQUEST, "replica needs a non-negative integer 'slave_id'")
         self._check_registered_slave(slave_id)
         self._check_replica_epoch(replica)
+        # A slave replicates only the life of the topic it serves: bytes of a deleted topic
+        # must never fill a re-created one's log, nor a position in one count for the other.
+        theirs, ours = replica.get("incarnation", ""), self._topic(req.topic).incarnation
+        if theirs and ours and theirs != ours:
+            raise c.RequestError(c.NOT_FOUND, f"topic {req.topic!r}: this master serves another incarnation of it"
+                                              " (deleted and re-created); retry once both apply the change")
         self.broker.ha.replica_fetched(slave_id, replica["epoch"], req.topic, req.partition, log_end, req.origin)
 
     def _check_registered_slave(self, slave_id: int) -> None:
@@ -408,6 +414,8 @@ class RequestHandlers:
             if left <= 0:
                 return self._no_data(req, log)
             await self.broker.waiters.wait(req.topic, req.partition, left)
+            if self.broker.store.open_log(req.topic, req.partition) is not log:
+                log = self._log(req.topic, req.partition)  # dropped while parked (topic deleted): 404
             reply = self._read(req, log, max_bytes)
             if reply is not None:
                 return reply
@@ -498,10 +506,12 @@ class RequestHandlers:
     def _topics(self, req: c.Request) -> Reply:
         broker = self.broker
         topics = {name: cfg.num_partitions for name, cfg in broker.config.topics.items()}
+        # Slaves start a partition only once we serve the incarnation they serve (follower.py).
+        incarnations = {name: cfg.incarnation for name, cfg in broker.config.topics.items() if cfg.incarnation}
         return (
             c.reply_header(
                 req.opaque, c.OK, topics=topics, broker_id=broker.config.broker_id, role=broker.ha.role_name,
-                epoch=broker.ha.epoch, replication_mode=broker.config.replication_mode,
+                epoch=broker.ha.epoch, replication_mode=broker.config.replication_mode, incarnations=incarnations,
             ),
             b"",
         )

@@ -49,6 +49,8 @@ class BrokerStats:
     by_partition: dict[tuple[str, int], PartitionCounters] = field(
         default_factory=lambda: defaultdict(PartitionCounters)
     )
+    #: What partitions no longer served had counted (the broker's totals never go down).
+    retired: PartitionCounters = field(default_factory=PartitionCounters)
 
     def connection_opened(self) -> None:
         self.connections += 1
@@ -59,6 +61,13 @@ class BrokerStats:
 
     def bad_request(self) -> None:
         self.bad_requests += 1
+
+    def forget_partitions(self, keys: list[tuple[str, int]]) -> None:
+        """Partitions no longer served: their rows go; the broker's totals keep counting them."""
+        for key in keys:
+            counters = self.by_partition.pop(key, None)
+            if counters is not None:
+                _add(self.retired, counters)
 
     def refused(self, kind: str) -> None:
         assert kind in REFUSAL_KINDS, kind
@@ -73,25 +82,29 @@ class BrokerStats:
     def topic_totals(self) -> dict[str, PartitionCounters]:
         totals: dict[str, PartitionCounters] = defaultdict(PartitionCounters)
         for (topic, _), counters in self.by_partition.items():
-            total = totals[topic]
-            for name in counters.__dataclass_fields__:
-                setattr(total, name, getattr(total, name) + getattr(counters, name))
+            _add(totals[topic], counters)
         return totals
 
     def totals(self) -> PartitionCounters:
         total = PartitionCounters()
+        _add(total, self.retired)
         for counters in self.topic_totals().values():
-            for name in counters.__dataclass_fields__:
-                setattr(total, name, getattr(total, name) + getattr(counters, name))
+            _add(total, counters)
         return total
 
     def reset(self) -> None:
         self.by_partition.clear()
+        self.retired = PartitionCounters()
         self.bad_requests = 0
         self.refusals.clear()
 
     def uptime(self) -> float:
         return time.time() - self.started_at
+
+
+def _add(total: PartitionCounters, counters: PartitionCounters) -> None:
+    for name in counters.__dataclass_fields__:
+        setattr(total, name, getattr(total, name) + getattr(counters, name))
 
 
 #: ``stats help``: each item and what it shows (docs/operations.md, "Stats", says the same).

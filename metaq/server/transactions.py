@@ -442,6 +442,15 @@ class TransactionService:
 
     # --- markers ---------------------------------------------------------------------------------
 
+    def forget_partitions(self, keys: list[tuple[str, int]]) -> None:
+        """Partitions no longer served (topic deleted): their queued markers have no log to go to."""
+        gone = set(keys)
+        for table in (self._pending, self._unsettled):
+            for xid, items in list(table.items()):
+                items[:] = [item for item in items if (item[0], item[1]) not in gone]  # in place: _settle keeps its list
+                if not items:
+                    del table[xid]
+
     def _queue_markers(self, xid: str, markers: list[MarkerWrite], now: int) -> None:
         """Encode every marker of a decision (all of them before any is appended) and queue them."""
         queued = [PendingMarker(m.topic, m.partition, m.kind,
@@ -466,6 +475,9 @@ class TransactionService:
         try:
             while queued:
                 marker = queued[0]
+                if not _has_log(broker.store, marker.topic, marker.partition):
+                    queued.pop(0)  # its topic was deleted: no log to mark, none ever will be
+                    continue
                 if not self._in_log(xid, marker):
                     data = bytearray(marker.data)
                     assert broker.ids is not None
@@ -562,6 +574,14 @@ class TransactionService:
                 self.tick()
             except Exception:  # the timer must outlive one bad tick (a full disk, a refused log)
                 log.exception("transaction timer")
+
+
+def _has_log(store: Any, topic: str, partition: int) -> bool:
+    try:
+        store.get_log(topic, partition)
+    except LookupError:  # UnknownTopic, UnknownPartition
+        return False
+    return True
 
 
 def stable_end(broker: Any, topic: str, partition: int, committed: int) -> int:

@@ -124,6 +124,15 @@ class TxnStates:
             return None
         return entry.state
 
+    def forget(self, keys: list[Key]) -> None:
+        """Partitions no longer served (topic deleted or re-created): their producers and
+        transactions never apply to another incarnation of the topic."""
+        with self._files:
+            for key in keys:
+                entry = self._entries.pop(key, None)
+                if entry is not None:
+                    entry.cuts += 1  # a snapshot serialized before now is not written (``_write_all``)
+
     # --- start and promotion --------------------------------------------------------------------
 
     def open_all(self) -> None:

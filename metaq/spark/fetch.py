@@ -167,9 +167,11 @@ class ReplicaSession:
 
 
 def first_boundary_at_or_after(
-    session: ReplicaSession, topic: str, partition: int, boundary: int, target: int, limit: int, chunk: int = 1 << 20
+    session: ReplicaSession, topic: str, partition: int, boundary: int, target: int, limit: int, chunk: int = 1 << 20,
+    max_records: int | None = None,
 ) -> int:
-    """The first message boundary >= ``target``, walking record headers from ``boundary``.
+    """The first message boundary >= ``target``, walking record headers from ``boundary``
+    (or, with ``max_records``, the boundary after that many records if it comes first).
 
     ``boundary`` must be a known message boundary <= ``target`` (a range start, an earlier
     split point, or a segment start). Returns ``limit`` if no boundary lies in
@@ -177,7 +179,8 @@ def first_boundary_at_or_after(
     bytes the next fetch starts at its end, so large messages are skipped, not read.
     """
     pos = boundary
-    while pos < target:
+    records = 0
+    while pos < target and (max_records is None or records < max_records):
         if pos >= limit:
             return limit
         reply = session.request(GetRequest(topic=topic, partition=partition, offset=pos, max_size=min(chunk, limit - pos)).to_header())
@@ -187,9 +190,10 @@ def first_boundary_at_or_after(
         base, end = pos, pos + len(body)
         if len(body) < HEADER_SIZE:
             raise ReplicaError(f"{describe(session.replica)}: truncated record header at {pos} of {topic}-{partition}")
-        while pos < target and pos + HEADER_SIZE <= end:
+        while pos < target and pos + HEADER_SIZE <= end and (max_records is None or records < max_records):
             length, _crc, _id, flag = _unpack_from(body, pos - base)
             if length < 0 or flag & ~KNOWN_FLAGS:
                 raise RecordError(f"record at offset {pos} of {topic}-{partition}: bad header (not a message boundary?)")
             pos += HEADER_SIZE + length
+            records += 1
     return min(pos, limit)

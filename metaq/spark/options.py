@@ -34,9 +34,11 @@ KNOWN_OPTIONS = (
     "maxBytesPerPartition",
     "fetchBytes",
     "timeoutMs",
+    "maxMessagesPerTrigger",
+    "maxBytesPerTrigger",
+    "failOnDataLoss",
     *LOGIN_OPTIONS,
 )
-_CANONICAL = {name.lower(): name for name in KNOWN_OPTIONS}
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,27 @@ def parse_offsets(text: str | None, option: str, default: str) -> OffsetSpec:
     return OffsetSpec(default, per_partition)
 
 
-def _positive_int(options: Mapping[str, str], name: str, default: int | None) -> int | None:
+def canonical_options(options: Mapping[str, str] | None, known: tuple[str, ...], what: str) -> dict[str, str]:
+    """Options under their documented names (Spark may lower-case keys); unknown ones refused."""
+    canonical = {name.lower(): name for name in known}
+    opts = {canonical.get(str(key).lower(), str(key)): value for key, value in dict(options or {}).items()}
+    unknown = sorted(k for k in opts if k not in known and k.lower() != "path")
+    if unknown:
+        raise OptionError(f"unknown option(s) {', '.join(unknown)}; {what} takes: {', '.join(known)}")
+    return opts
+
+
+def boolean(options: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = options.get(name)
+    if raw is None or str(raw).strip() == "":
+        return default
+    text = str(raw).strip().lower()
+    if text in ("true", "false"):
+        return text == "true"
+    raise OptionError(f"option {name}: expected true or false, got {raw!r}")
+
+
+def positive_int(options: Mapping[str, str], name: str, default: int | None) -> int | None:
     raw = options.get(name)
     if raw is None or str(raw).strip() == "":
         return default
@@ -117,15 +139,15 @@ class SourceOptions:
     fetch_bytes: int = DEFAULT_FETCH_BYTES
     timeout_ms: int = DEFAULT_TIMEOUT_MS
     login: SparkLogin = SparkLogin()
+    #: Streams: at most about this many records / log bytes per micro-batch (None: no limit).
+    max_messages_per_trigger: int | None = None
+    max_bytes_per_trigger: int | None = None
+    #: Streams: a checkpointed offset that retention already deleted fails the query (else: skip ahead).
+    fail_on_data_loss: bool = True
 
     @classmethod
     def parse(cls, options: Mapping[str, str], streaming: bool = False) -> "SourceOptions":
-        opts: dict[str, str] = {}
-        for key, value in dict(options or {}).items():
-            opts[_CANONICAL.get(str(key).lower(), str(key))] = value
-        unknown = sorted(k for k in opts if k not in KNOWN_OPTIONS and k.lower() != "path")
-        if unknown:
-            raise OptionError(f"unknown option(s) {', '.join(unknown)}; the metaq source takes: {', '.join(KNOWN_OPTIONS)}")
+        opts = canonical_options(options, KNOWN_OPTIONS, "the metaq source")
         zk_connect = str(opts.get("zkConnect") or "").strip()
         if not zk_connect:
             raise OptionError("option zkConnect is required (the ZooKeeper connect string, like '127.0.0.1:2181')")
@@ -142,6 +164,9 @@ class SourceOptions:
         starting = parse_offsets(opts.get("startingOffsets"), "startingOffsets", LATEST if streaming else EARLIEST)
         if streaming and opts.get("endingOffsets"):
             raise OptionError("option endingOffsets is for batch reads only (a stream reads up to the committed offsets)")
+        for limit in ("maxMessagesPerTrigger", "maxBytesPerTrigger"):
+            if not streaming and opts.get(limit):
+                raise OptionError(f"option {limit} is for streams only (a batch read reads its whole range)")
         ending = parse_offsets(opts.get("endingOffsets"), "endingOffsets", LATEST)
         if not streaming:
             if ending.default == EARLIEST or EARLIEST in ending.per_partition.values():
@@ -153,8 +178,11 @@ class SourceOptions:
             read_from=read_from,
             starting=starting,
             ending=ending,
-            max_bytes_per_partition=_positive_int(opts, "maxBytesPerPartition", None),
-            fetch_bytes=_positive_int(opts, "fetchBytes", DEFAULT_FETCH_BYTES) or DEFAULT_FETCH_BYTES,
-            timeout_ms=_positive_int(opts, "timeoutMs", DEFAULT_TIMEOUT_MS) or DEFAULT_TIMEOUT_MS,
+            max_bytes_per_partition=positive_int(opts, "maxBytesPerPartition", None),
+            fetch_bytes=positive_int(opts, "fetchBytes", DEFAULT_FETCH_BYTES) or DEFAULT_FETCH_BYTES,
+            timeout_ms=positive_int(opts, "timeoutMs", DEFAULT_TIMEOUT_MS) or DEFAULT_TIMEOUT_MS,
             login=SparkLogin.parse(opts),
+            max_messages_per_trigger=positive_int(opts, "maxMessagesPerTrigger", None),
+            max_bytes_per_trigger=positive_int(opts, "maxBytesPerTrigger", None),
+            fail_on_data_loss=boolean(opts, "failOnDataLoss", True),
         )

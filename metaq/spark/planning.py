@@ -248,6 +248,21 @@ class Planner:
 
         return split_range(start, end, max_bytes, boundary)
 
+    def boundary_after(self, tp: TopicPartition, start: int, end: int, max_bytes: int | None, max_records: int | None) -> int:
+        """A message boundary in ``(start, end]``: after at least ``max_bytes`` bytes (the first
+        boundary at or past ``start + max_bytes``) or after ``max_records`` records, whichever
+        comes first; ``end`` when the range holds less. A rate limit's cut (``maxBytesPerTrigger``,
+        ``maxMessagesPerTrigger``): never empty, so a stream always moves on."""
+        target = end if max_bytes is None else min(end, start + max(1, max_bytes))
+        if target >= end and max_records is None:
+            return end
+
+        def walk(session: ReplicaSession) -> int:
+            return first_boundary_at_or_after(session, self.options.topic, tp.partition, start, target, end,
+                                              max_records=None if max_records is None else max(1, max_records))
+
+        return self._ask(tp, walk)  # type: ignore[return-value]
+
     def ordered_for_reading(self, tp: TopicPartition) -> tuple[Replica, ...]:
         """Replicas in reading order, the one planning talked to first (its committed
         offset is the planned end, so it can serve the range without waiting)."""

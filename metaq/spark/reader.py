@@ -206,6 +206,9 @@ class RangeReader:
                             f"partition {part.name}: end offset {end} is not a message boundary "
                             f"({len(carry)} bytes of a record before it)"
                         )
+                    # The range is read even if its tail gave no row (rolled back, control
+                    # records): without this the caller would read it again, forever.
+                    self.position = position
                     return
             elif code == c.NOT_FOUND:
                 # Nothing at fetch_at yet: this replica's committed offset is behind our end.

@@ -1,4 +1,5 @@
-"""The ``metaq`` PySpark data source: batch and streaming reads of a topic, from slaves by default.
+"""The ``metaq`` PySpark data source: batch and streaming reads of a topic, from slaves by default,
+and the sink (``df.write`` / ``df.writeStream``, exactly once through XA: sink.py).
 
     from metaq.spark import MetaQDataSource
     spark.dataSource.register(MetaQDataSource)
@@ -12,16 +13,23 @@ keeps in the query's checkpoint.
 
 from __future__ import annotations
 
+import logging
 from typing import Iterator, Sequence
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader, DataSourceStreamWriter,
+                                    DataSourceWriter, InputPartition)
+from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxBytes, ReadMaxRows,
+                                              SupportsTriggerAvailableNow)
 from pyspark.sql.types import StructType
 
 from .fetch import AccessRefused
 from .options import OptionError, SourceOptions
 from ..client.message import Partition
+from .sink_options import SinkOptions
 from .planning import Planner, TopicPartition, discover, offsets_json_map, resolve_ranges
 from .reader import SPARK_SCHEMA, MetaQInputPartition, read_partition
+
+log = logging.getLogger(__name__)
 
 
 def _input_partitions(
@@ -74,6 +82,23 @@ class MetaQDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return MetaQStreamReader(SourceOptions.parse(self.options, streaming=True))
 
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from .sink import MetaQBatchWriter
+
+        return MetaQBatchWriter(_sink_options(self.options, schema))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from .sink import MetaQStreamWriter
+
+        return MetaQStreamWriter(_sink_options(self.options, schema))
+
+
+def _sink_options(options: dict, schema: StructType) -> SinkOptions:
+    """The sink's options, checked with the DataFrame's columns on the driver."""
+    sink = SinkOptions.parse(options)
+    sink.check_columns({f.name: f.dataType.simpleString() for f in schema.fields})
+    return sink
+
 
 class MetaQBatchReader(DataSourceReader):
     def __init__(self, options: SourceOptions) -> None:
@@ -103,11 +128,63 @@ class MetaQBatchReader(DataSourceReader):
         return read_partition(partition)
 
 
-class MetaQStreamReader(DataSourceStreamReader):
-    """Micro-batches between the checkpointed offsets and the replicas' committed offsets."""
+class MetaQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches between the checkpointed offsets and the replicas' committed offsets,
+    cut by ``maxMessagesPerTrigger`` / ``maxBytesPerTrigger`` when set."""
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
+        #: Trigger.AvailableNow: the offsets available when the query started; batches stop there.
+        self.available_now_end: dict[str, int] | None = None
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_messages_per_trigger is not None:
+            return ReadMaxRows(self.options.max_messages_per_trigger)
+        if self.options.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(self.options.max_bytes_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.available_now_end = self._committed({})
+
+    def latestOffset(self, start: dict | None = None, limit: object = None) -> dict:
+        """Per partition, the committed offset of the replica we would read from (never below
+        ``start``), within Trigger.AvailableNow's end, cut down to the read limit."""
+        start = {name: int(value) for name, value in (start or {}).items()}
+        latest = self._committed(start)
+        if self.available_now_end is not None:
+            latest = {name: max(start.get(name, 0), min(end, self.available_now_end.get(name, end)))
+                      for name, end in latest.items()}
+        if limit is None or isinstance(limit, ReadAllAvailable):
+            # Spark asks for everything (e.g. a trigger that ignores limits): the options do not apply.
+            return offsets_json_map(latest)
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        # Both options set: the default limit is the messages', the bytes' applies too.
+        max_bytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else self.options.max_bytes_per_trigger
+        return offsets_json_map(self._limited(start, latest, max_rows, max_bytes))
+
+    def _limited(self, start: dict[str, int], latest: dict[str, int], max_rows: int | None,
+                 max_bytes: int | None) -> dict[str, int]:
+        """Each partition's share of the limit in proportion to its new bytes (its lag), cut at
+        a message boundary. A share is rounded up to a whole message (at least one), so a
+        batch may exceed the limit by at most one message per partition. Partitions the
+        checkpoint does not know yet (read from their beginning) are not limited."""
+        behind = {name: end - start[name] for name, end in latest.items() if name in start and end > start[name]}
+        total = sum(behind.values())
+        if not total or ((max_bytes is None or total <= max_bytes) and max_rows is None):
+            return latest
+        limited = dict(latest)
+        by_name = {tp.name: tp for tp in discover(self.options)}
+        with Planner(self.options) as planner:
+            for name, lag in behind.items():
+                tp = by_name.get(name)
+                if tp is None or not tp.replicas:
+                    limited[name] = start[name]  # no replica to find a boundary on: nothing from it this time
+                    continue
+                share_bytes = None if max_bytes is None else -(-max_bytes * lag // total)
+                share_rows = None if max_rows is None else -(-max_rows * lag // total)
+                limited[name] = planner.boundary_after(tp, start[name], latest[name], share_bytes, share_rows)
+        return limited
 
     def initialOffset(self) -> dict:
         options = self.options
@@ -116,11 +193,10 @@ class MetaQStreamReader(DataSourceStreamReader):
             ranges = resolve_ranges(planner, topic_partitions, options.starting, options.ending)
         return offsets_json_map({name: start for name, (start, _end) in ranges.items()})
 
-    def latestOffset(self, start: dict | None = None, limit: object = None) -> dict:
+    def _committed(self, start: dict[str, int]) -> dict[str, int]:
         """Per partition, the committed offset of the replica we would read from (never
         below ``start``: a replica that is behind just means no new data there yet)."""
-        start = dict(start or {})
-        latest: dict[str, int] = {name: int(value) for name, value in start.items()}
+        latest: dict[str, int] = dict(start)
         with Planner(self.options) as planner:
             for tp in discover(self.options):
                 if not tp.replicas:
@@ -137,7 +213,7 @@ class MetaQStreamReader(DataSourceStreamReader):
                     latest[tp.name] = info.committed
                 else:
                     latest[tp.name] = max(previous, info.committed)
-        return offsets_json_map(latest)
+        return latest
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         options = self.options
@@ -149,7 +225,7 @@ class MetaQStreamReader(DataSourceStreamReader):
             for name, stop in end.items():
                 tp = topic_partitions.get(name)
                 if name in start:
-                    first = int(start[name])
+                    first = self._after_retention(planner, tp, name, int(start[name]), int(stop))
                 elif tp is not None and tp.replicas:
                     first = planner.offsets(tp).min_offset
                 else:
@@ -161,6 +237,28 @@ class MetaQStreamReader(DataSourceStreamReader):
                         missing.append(TopicPartition(name, p.broker_id, p.partition, ()))
             parts = _input_partitions(planner, list(topic_partitions.values()) + missing, ranges)
         return parts
+
+    def _after_retention(self, planner: Planner, tp: TopicPartition | None, name: str, first: int, stop: int) -> int:
+        """``first``, or (``failOnDataLoss=false``) the log start when retention already deleted
+        ``first``; with ``failOnDataLoss=true`` (the default) such a gap fails the query."""
+        if tp is None or not tp.replicas or first >= stop:
+            return first
+        try:
+            oldest = planner.offsets(tp).min_offset
+        except (AccessRefused, OptionError):
+            raise
+        except Exception:
+            return first  # no replica answers now: the task waits for one (timeoutMs), as before
+        if first >= oldest:
+            return first
+        if self.options.fail_on_data_loss:
+            raise ValueError(
+                f"metaq: partition {name} of topic {self.options.topic}: offsets [{first}, {oldest}) were deleted "
+                f"by retention before this query read them; set option failOnDataLoss=false to skip to {oldest}"
+            )
+        log.warning("metaq: partition %s of topic %s: offsets [%s, %s) were deleted by retention; skipping to %s "
+                    "(failOnDataLoss=false)", name, self.options.topic, first, oldest, oldest)
+        return min(oldest, stop)
 
     def read(self, partition: InputPartition) -> Iterator:
         assert isinstance(partition, MetaQInputPartition)

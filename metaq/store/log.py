@@ -549,6 +549,12 @@ class PartitionLog:
             for segment in self._segments:
                 segment.close()
 
+    def discard(self) -> None:
+        """Close without writing anything (no checkpoint): the log's files are deleted, its topic was."""
+        with self._structure_lock:
+            for segment in self._segments:
+                segment.close()
+
     def __repr__(self) -> str:
         return f"PartitionLog({self.directory}, [{self.min_offset}, {self.log_end}), flushed={self._flushed_end})"
 

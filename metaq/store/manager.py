@@ -8,6 +8,12 @@ not have yet at its master's oldest retained offset with ``get_or_create_log``.
 A partition whose files cannot be the log the broker knew (``LogCorruptError``) is
 refused alone: one error line, a ``RefusedLog`` in its place, and every other
 partition keeps serving.
+
+A partition that stops being configured (its topic deleted, re-created as another
+incarnation, or with fewer partitions) is dropped by ``update_topics``: its log leaves the
+map at once, its directory is renamed aside in the same step (so a log of a re-created
+topic opens empty in its place), and ``dispose`` stops, closes and deletes the rest
+(metaq/store/incarnation.py has the rule for files of an earlier incarnation).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Callable
@@ -22,6 +29,7 @@ from typing import Callable
 from metaq.config import TopicConfig
 from metaq.store.checkpoint import checkpoint_path
 from metaq.store.cron import QuartzCron
+from metaq.store import incarnation
 from metaq.store.flush import LogFlusher
 from metaq.store.log import LogCorruptError, PartitionLog
 from metaq.store.refused import RefusedLog
@@ -51,6 +59,18 @@ class UnknownPartition(LookupError):
         )
 
 
+@dataclass
+class DroppedPartition:
+    """A partition no longer configured: out of the store's map, its files moved aside."""
+
+    topic: str
+    partition: int
+    log: "PartitionLog | RefusedLog | None"
+    flusher: LogFlusher | None
+    #: Where its directory was moved (None: it had none).
+    aside: Path | None
+
+
 class MessageStoreManager:
     def __init__(
         self,
@@ -65,6 +85,10 @@ class MessageStoreManager:
         self._logs: dict[tuple[str, int], PartitionLog | RefusedLog] = {}
         self._flushers: dict[tuple[str, int], LogFlusher] = {}
         self._retention_tasks: dict[str, asyncio.Task[None]] = {}
+        #: Dropped partitions being closed and deleted (``dispose``), and directories of an
+        #: earlier incarnation being deleted (``_remove_later``).
+        self._disposals: set[asyncio.Future[None]] = set()
+        self._removals: set[asyncio.Future[None]] = set()
         self._started = False
         #: Called with (topic, partition) after each successful fsync of that log.
         self.on_flushed: Callable[[str, int], None] | None = None
@@ -96,6 +120,10 @@ class MessageStoreManager:
         """The logs open now, by ``(topic, partition)``."""
         return dict(self._logs)
 
+    def open_log(self, topic: str, partition: int) -> PartitionLog | RefusedLog | None:
+        """The partition's log if it is open now (None once dropped), without creating one."""
+        return self._logs.get((topic, partition))
+
     def get_log(self, topic: str, partition: int) -> PartitionLog | RefusedLog:
         """The log of a configured partition, created empty at offset 0 if it has none."""
         return self.get_or_create_log(topic, partition)
@@ -110,6 +138,13 @@ class MessageStoreManager:
         if existing is not None:
             return existing
         directory = self.partition_dir(topic, partition)
+        if not incarnation.belongs(directory, config.incarnation):
+            # Invariant: a log is never served from another incarnation's files (a topic
+            # deleted and re-created while this broker was down or missed the delete).
+            aside = incarnation.move_aside(directory)
+            log.warning("%s-%d: files of an earlier incarnation of topic %s moved aside to %s, being deleted",
+                        topic, partition, topic, aside)
+            self._remove_later(aside)
         try:
             partition_log: PartitionLog | RefusedLog = PartitionLog(
                 directory,
@@ -120,6 +155,8 @@ class MessageStoreManager:
         except LogCorruptError as exc:
             log.error("%s-%d is not served: %s", topic, partition, exc)
             partition_log = RefusedLog(directory, str(exc), exc.known_end, config.max_segment_size, self.max_message_size)
+        else:
+            incarnation.write_marker(directory, config.incarnation)
         flusher = LogFlusher(partition_log, config.unflush_threshold, config.unflush_interval_ms)
         flusher.on_flushed = lambda: self.on_flushed(topic, partition) if self.on_flushed is not None else None
         flusher.on_fsync_seconds = lambda seconds: self.on_fsync_seconds(seconds) if self.on_fsync_seconds is not None else None
@@ -131,7 +168,10 @@ class MessageStoreManager:
 
     def has_log(self, topic: str, partition: int) -> bool:
         """Whether the partition has a log, open or on disk (without creating one)."""
-        return (topic, partition) in self._logs or _holds_a_log(self.partition_dir(topic, partition))
+        if (topic, partition) in self._logs:
+            return True
+        directory = self.partition_dir(topic, partition)
+        return _holds_a_log(directory) and incarnation.belongs(directory, self.topic_config(topic).incarnation)
 
     def flusher(self, topic: str, partition: int) -> LogFlusher:
         self.get_log(topic, partition)
@@ -141,19 +181,26 @@ class MessageStoreManager:
         """Open every configured partition that has segments on disk; return the largest msg id in them."""
         largest = 0
         for topic, config in self._topics.items():
+            incarnation.sweep(Path(config.data_path))
             for partition in range(config.num_partitions):
-                if _holds_a_log(self.partition_dir(topic, partition)):
+                if self.has_log(topic, partition):
                     largest = max(largest, self.get_log(topic, partition).last_msg_id())
         return largest
 
     # --- config reload -------------------------------------------------------------
 
-    def update_topics(self, new_topics: dict[str, TopicConfig]) -> None:
+    def update_topics(self, new_topics: dict[str, TopicConfig], delete_dropped: bool = True) -> list[DroppedPartition]:
         """Adopt a reloaded topic config: new topics, more partitions, changed settings.
 
-        Open logs of topics that disappeared stay open (their data is kept) but can
-        no longer be looked up.
+        Returns the partitions it no longer has (``dropped_partitions``): already out of
+        the map and (``delete_dropped``) their directories renamed aside, so nothing can look
+        them up and a re-created topic opens empty; the caller forgets its own state of them,
+        then ``dispose`` closes and deletes them. Without ``delete_dropped`` (a server.ini
+        section removed, no group configuration) their files stay on disk.
         """
+        dropped = [self._drop(topic, partition, path if delete_dropped else None)
+                   for topic, partition, path in dropped_partitions(self._topics, new_topics)]
+        dropped += self._claim_open_logs(new_topics)
         self._topics = dict(new_topics)
         for (topic, _partition), partition_log in self._logs.items():
             config = self._topics.get(topic)
@@ -165,6 +212,89 @@ class MessageStoreManager:
             flusher.unflush_interval_ms = config.unflush_interval_ms
         if self._started:
             self._schedule_retention()
+        return dropped
+
+    def _claim_open_logs(self, new_topics: dict[str, TopicConfig]) -> list[DroppedPartition]:
+        """Open logs of a topic that gets its incarnation now (opened from server.ini at start,
+        before the group's configuration was read): their files' marker decides. Files of
+        another incarnation are dropped (the topic was deleted and re-created while this broker
+        was down); files without a marker are adopted."""
+        dropped = []
+        for (topic, partition), partition_log in list(self._logs.items()):
+            before, after = self._topics.get(topic), new_topics.get(topic)
+            if before is None or after is None or before.incarnation or not after.incarnation:
+                continue
+            if incarnation.belongs(partition_log.directory, after.incarnation):
+                incarnation.write_marker(partition_log.directory, after.incarnation)
+            else:
+                log.warning("%s-%d: its files belong to an earlier incarnation of topic %s; dropping them",
+                            topic, partition, topic)
+                dropped.append(self._drop(topic, partition, partition_log.directory))
+        return dropped
+
+    def _drop(self, topic: str, partition: int, directory: Path | None) -> DroppedPartition:
+        """Take a partition out of the map; move its ``directory`` aside (None: keep the files)."""
+        key = (topic, partition)
+        partition_log, flusher = self._logs.pop(key, None), self._flushers.pop(key, None)
+        aside = None
+        try:
+            aside = incarnation.move_aside(directory) if directory is not None else None
+        except OSError as exc:
+            log.error("%s-%d: no longer served, but its files could not be moved aside: %s", topic, partition, exc)
+        if aside is not None and partition_log is not None:
+            # Its late writes (a final checkpoint, a snapshot) must land in the files
+            # being deleted, never in a new incarnation's directory.
+            partition_log.directory = aside
+        return DroppedPartition(topic, partition, partition_log, flusher, aside)
+
+    def dispose(self, dropped: list[DroppedPartition]) -> None:
+        """Stop, close and delete dropped partitions in the background (awaited by ``stop``)."""
+        for item in dropped:
+            future = asyncio.ensure_future(self._dispose(item))
+            self._disposals.add(future)
+            future.add_done_callback(self._disposals.discard)
+
+    async def _dispose(self, item: DroppedPartition) -> None:
+        try:
+            if item.flusher is not None:
+                try:
+                    await item.flusher.stop()
+                except Exception as exc:  # its files are going anyway
+                    log.debug("%s-%d: final flush of a dropped partition: %s", item.topic, item.partition, exc)
+            if item.aside is not None:
+                # Unlinking leaves open descriptors readable: the files go at once.
+                await _shielded_to_thread(lambda: incarnation.remove(item.aside))
+            # A fetch that looked the log up just before may still send from its descriptors.
+            await asyncio.sleep(self.retention_grace_s)
+        finally:  # also when the broker stops meanwhile (``stop`` cancels this)
+            if item.log is not None:
+                item.log.discard()
+
+    def _remove_later(self, path: Path | None) -> None:
+        if path is None:
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            incarnation.remove(path)
+            return
+        future = asyncio.ensure_future(asyncio.to_thread(incarnation.remove, path))
+        self._removals.add(future)
+        future.add_done_callback(self._removals.discard)
+
+    def remove_unserved(self, topic: str, data_path: str) -> None:
+        """Delete a deleted topic's directories left on disk (this broker was down or missed it)."""
+        if topic in self._topics:
+            return
+        root = Path(data_path)
+        if not root.is_dir():
+            return
+        for path in root.iterdir():
+            name, sep, suffix = path.name.rpartition("-")
+            if name == topic and sep and suffix.isdigit() and (topic, int(suffix)) not in self._logs and path.is_dir():
+                aside = incarnation.move_aside(path)
+                log.info("%s: files of deleted topic %s moved aside to %s, being deleted", path, topic, aside)
+                self._remove_later(aside)
 
     # --- retention -----------------------------------------------------------------
 
@@ -235,12 +365,30 @@ class MessageStoreManager:
                 await flusher.stop()
             except Exception:
                 log.exception("%s-%d: final flush failed", *key)
+        disposals = list(self._disposals)
+        for future in disposals:
+            future.cancel()  # only their grace period is cut short; their logs are closed
+        await asyncio.gather(*disposals, *self._removals, return_exceptions=True)
 
     def close(self) -> None:
         for partition_log in self._logs.values():
             partition_log.close()
         self._logs.clear()
         self._flushers.clear()
+
+
+def dropped_partitions(old: dict[str, TopicConfig], new: dict[str, TopicConfig]) -> list[tuple[str, int, Path]]:
+    """``(topic, partition, directory)`` of each partition ``old`` has and ``new`` has not.
+
+    A topic whose incarnation ended (``incarnation.ended``: deleted, or re-created in between)
+    loses all of its partitions: the new one starts empty.
+    """
+    gone = []
+    for topic, before in old.items():
+        after = new.get(topic)
+        keep = 0 if after is None or incarnation.ended(before, after) else after.num_partitions
+        gone += [(topic, p, Path(before.data_path) / f"{topic}-{p}") for p in range(keep, before.num_partitions)]
+    return gone
 
 
 def _holds_a_log(directory: Path) -> bool:

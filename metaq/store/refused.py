@@ -78,5 +78,8 @@ class RefusedLog:
     def close(self) -> None:
         pass
 
+    def discard(self) -> None:
+        pass
+
     def __repr__(self) -> str:
         return f"RefusedLog({self.directory}: {self.reason})"

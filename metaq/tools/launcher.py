@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from metaq.addresses import broker_url
 from metaq.process import ChildProcess
@@ -109,6 +109,8 @@ class BrokerProcess(ChildProcess):
         *,
         name: str | None = None,
         zookeeper: Mapping[str, Any] | None = None,
+        host: str = "127.0.0.1",
+        command_prefix: Sequence[str] = (),
     ) -> None:
         role = f"s{slave_props['slaveId']}" if slave_props else "m"
         self.name = name or f"broker{broker_id}-{role}"
@@ -117,7 +119,10 @@ class BrokerProcess(ChildProcess):
         self.zk_connect = zk_connect
         self.zk_root = zk_root
         self.broker_id = broker_id
-        self.host = "127.0.0.1"
+        # The address it binds (hostName) and registers; the harness reaches it there too.
+        self.host = host
+        # Run the broker through this (``ip netns exec NS``: it execs, so the pid is the broker's).
+        self.command_prefix = list(command_prefix)
         self.port = int((system or {}).get("serverPort") or free_port(self.host))
         self.slave_id: int | None = int(slave_props["slaveId"]) if slave_props else None
         self.config_path = self.dir / "server.ini"
@@ -198,7 +203,7 @@ class BrokerProcess(ChildProcess):
     # --- lifecycle --------------------------------------------------------------------------
 
     def command(self) -> list[str]:
-        command = [sys.executable, "-m", "metaq", "broker", "-c", str(self.config_path)]
+        command = [*self.command_prefix, sys.executable, "-m", "metaq", "broker", "-c", str(self.config_path)]
         if self.slave_path is not None:
             command += ["--slave", str(self.slave_path)]
         return command

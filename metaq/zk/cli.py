@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -28,7 +29,8 @@ def default_data_dir(port: int) -> Path:
     return Path(base) / "metaq" / f"zookeeper-{port}"
 
 
-def run_zk(port: int, data_dir: str | None, tick_ms: int, *, super_digest: str | None = None, ephemeral: bool = False) -> int:
+def run_zk(port: int, data_dir: str | None, tick_ms: int, *, super_digest: str | None = None, ephemeral: bool = False,
+           host: str = "127.0.0.1") -> int:
     """Serve until a signal arrives; returns the process exit code (0 clean, 1 failure, 2 usage).
 
     The data lives in ``data_dir``, else ``default_data_dir(port)``, both kept; with
@@ -37,13 +39,22 @@ def run_zk(port: int, data_dir: str | None, tick_ms: int, *, super_digest: str |
     if super_digest is not None and not re.fullmatch(r"super:[A-Za-z0-9+/]{27}=", super_digest):
         print("metaq zk: --super-digest must look like super:HASH (see 'metaq security zk-super-digest')", file=sys.stderr)
         return EXIT_USAGE
+    try:
+        socket.getaddrinfo(host, port or None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError, OverflowError) as exc:
+        print(f"metaq zk: --host {host!r} is not an address of this machine: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     if data_dir is None and not ephemeral:
         if port == 0:
             print("metaq zk: --port 0 picks another port each run, so it has no default data dir: give --data-dir, or --ephemeral",
                   file=sys.stderr)
             return EXIT_USAGE
         data_dir = str(default_data_dir(port))
-    server = EmbeddedZooKeeper(port=port, data_dir=data_dir, tick_ms=tick_ms, super_digest=super_digest)
+    try:
+        server = EmbeddedZooKeeper(port=port, data_dir=data_dir, tick_ms=tick_ms, super_digest=super_digest, host=host)
+    except OSError as exc:  # port 0 picks a free port on host: it must be an address of this machine
+        print(f"metaq zk: cannot listen on {host}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     kept = "temporary, removed on exit (--ephemeral)" if ephemeral else "kept across restarts"
     stop_requested = threading.Event()
 

@@ -26,6 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from ..process import ChildProcess
 
@@ -214,8 +215,11 @@ class EmbeddedZooKeeper(ChildProcess):
         peers: list[Peer] | None = None,
         die_with_parent: bool = True,
         super_digest: str | None = None,
+        command_prefix: Sequence[str] = (),
     ) -> None:
         self.host = host
+        # Run the JVM through this (``ip netns exec NS``: it execs, so the pid is the JVM's).
+        self.command_prefix = list(command_prefix)
         self.tick_ms = tick_ms
         self._requested_port = port
         self.port = port or free_port(host)
@@ -296,6 +300,7 @@ class EmbeddedZooKeeper(ChildProcess):
     def _command(self, config: Path) -> list[str]:
         classpath = os.pathsep.join(find_zookeeper_classpath())
         return [
+            *self.command_prefix,
             find_java(),
             *JVM_FLAGS,
             # The log4j2 binding from pyspark's jars logs only errors unless told otherwise.

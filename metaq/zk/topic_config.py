@@ -2,7 +2,8 @@
 
 One persistent node per group, ``{root}/brokers/topic-config/{id}``, JSON::
 
-    {"topics": {"audit": {"numPartitions": "3", "unflushThreshold": "7"}}, "deleted": ["old"]}
+    {"topics": {"audit": {"numPartitions": "3", "unflushThreshold": "7"}}, "deleted": ["old"],
+     "incarnations": {"audit": "5f0c…"}}
 
 Values are server.ini text under MetaQ's key names (``config.SHARED_TOPIC_KEYS``); a
 key a topic leaves out takes the applying broker's ``[system]`` default. ``dataPath``
@@ -26,6 +27,15 @@ a ``[system]`` edit (``unflushInterval``, say) applies to every topic that does 
 override the key, never pinning its old or new value on some topics and not others;
 ``metaq topics alter --set KEY=`` removes an override.
 
+Incarnations (Kafka's topic ids): every ``create`` of a name (``with_topic`` of a name the
+node does not have) gets a new random id under ``incarnations``; ``alter`` keeps it; a seed
+or a SIGHUP'd section never makes one (a server.ini section has none; a member writing back
+what it serves keeps its ids), so nothing but an operator's create can make members drop files. A
+broker keeps it beside each partition's files and drops a partition whose files belong to
+another incarnation (metaq/store/manager.py), so a re-created topic starts empty on every
+member, also on one that was down during the delete. A topic written before incarnations
+existed has none ("") and keeps its files.
+
 Every write is a compare-and-set on the node's version, so two writers never lose
 each other's change.
 """
@@ -33,11 +43,13 @@ each other's change.
 from __future__ import annotations
 
 import json
+import logging
+import uuid
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 
 from ..config import (
     SHARED_TOPIC_KEYS,
@@ -48,10 +60,12 @@ from ..config import (
     topic_from_settings,
     topic_settings,
 )
-from .paths import ZkPaths
+from .paths import ZkPaths, partition_name
 
 if TYPE_CHECKING:
     from .acl import ZkSecurity
+
+log = logging.getLogger(__name__)
 
 #: How long one ZooKeeper call may take.
 ZK_CALL_TIMEOUT_S = 5.0
@@ -63,6 +77,8 @@ class GroupTopics:
 
     topics: dict[str, dict[str, str]] = field(default_factory=dict)
     deleted: frozenset[str] = frozenset()
+    #: topic -> the id of its current life (absent: a topic from before incarnations).
+    incarnations: dict[str, str] = field(default_factory=dict)
     #: The node's version (-1: the node does not exist yet).
     version: int = -1
 
@@ -71,18 +87,34 @@ class GroupTopics:
         return self.version >= 0
 
     def encode(self) -> bytes:
-        value = {"topics": {name: dict(sorted(s.items())) for name, s in sorted(self.topics.items())}, "deleted": sorted(self.deleted)}
+        value: dict[str, object] = {
+            "topics": {name: dict(sorted(s.items())) for name, s in sorted(self.topics.items())},
+            "deleted": sorted(self.deleted),
+        }
+        if self.incarnations:
+            value["incarnations"] = dict(sorted(self.incarnations.items()))
         return json.dumps(value, separators=(",", ":")).encode()
 
-    def with_topic(self, name: str, settings: dict[str, str]) -> "GroupTopics":
+    def with_topic(self, name: str, settings: dict[str, str], incarnation: str | None = None) -> "GroupTopics":
+        """The topic with these settings. Its incarnation: ``incarnation`` if given ("": none,
+        a seed from server.ini); else a new one if the node does not have the name (a create),
+        else the same one (an alter)."""
         topics = dict(self.topics)
+        incarnations = dict(self.incarnations)
+        if incarnation is not None:
+            incarnations.pop(name, None)
+            if incarnation:
+                incarnations[name] = incarnation
+        elif name not in topics:
+            incarnations[name] = uuid.uuid4().hex
         topics[name] = dict(settings)
-        return replace(self, topics=topics, deleted=self.deleted - {name})
+        return replace(self, topics=topics, deleted=self.deleted - {name}, incarnations=incarnations)
 
     def without_topic(self, name: str) -> "GroupTopics":
         topics = dict(self.topics)
         topics.pop(name, None)
-        return replace(self, topics=topics, deleted=self.deleted | {name})
+        incarnations = {topic: id_ for topic, id_ in self.incarnations.items() if topic != name}
+        return replace(self, topics=topics, deleted=self.deleted | {name}, incarnations=incarnations)
 
 
 def decode_group_topics(data: bytes, version: int) -> GroupTopics:
@@ -91,9 +123,14 @@ def decode_group_topics(data: bytes, version: int) -> GroupTopics:
         value = json.loads(text) if text.strip() else {}
         topics = {str(name): {str(k): setting_text(v) for k, v in settings.items()} for name, settings in value.get("topics", {}).items()}
         deleted = frozenset(str(name) for name in value.get("deleted", []))
+        # Only for topics the node names: an id is a directory marker, never a directory name.
+        incarnations = {str(name): str(id_) for name, id_ in value.get("incarnations", {}).items() if str(name) in topics}
     except (ValueError, AttributeError, TypeError) as exc:
         raise ValueError(f"bad topic configuration node value {text[:200]!r}: {exc}") from None
-    return GroupTopics(topics, deleted, version)
+    for name, id_ in incarnations.items():
+        if not id_.isalnum() or len(id_) > 64:
+            raise ValueError(f"bad topic configuration node value: topic {name}: incarnation {id_[:70]!r} is not 1-64 letters and digits")
+    return GroupTopics(topics, deleted, incarnations, version)
 
 
 def read_group_topics(client: KazooClient, paths: ZkPaths, broker_id: int, timeout: float = ZK_CALL_TIMEOUT_S) -> GroupTopics:
@@ -159,7 +196,10 @@ def seed_with(local: dict[str, TopicConfig], defaults: TopicConfig) -> Callable[
             return None
         result = replace(group, version=max(group.version, 0))
         for name, topic in added.items():
-            result = result.with_topic(name, topic_overrides(topic, defaults))
+            # Invariant: a seed never starts a new incarnation. A server.ini section has none
+            # (""; its files are kept whatever their marker); the topics a member serves, written
+            # back after ZooKeeper lost the node, keep theirs, or every member would drop its files.
+            result = result.with_topic(name, topic_overrides(topic, defaults), incarnation=topic.incarnation)
         return result
 
     return change
@@ -181,7 +221,8 @@ def publish_with(
         result = replace(group, version=max(group.version, 0))
         for name, (before, after) in edits.items():
             if before is None or name not in group.topics:
-                result = result.with_topic(name, topic_overrides(after, defaults))
+                # A section is no create: no new incarnation (see seed_with).
+                result = result.with_topic(name, topic_overrides(after, defaults), incarnation=after.incarnation)
                 continue
             old, new = topic_settings(before), topic_settings(after)
             settings = dict(group.topics[name])
@@ -207,8 +248,43 @@ def serve_group_topics(own: BrokerConfig, local: dict[str, TopicConfig], group: 
     served: dict[str, TopicConfig] = {}
     for name, settings in sorted(group.topics.items()):
         data_path = local[name].data_path if name in local else own.topic_defaults.data_path
-        served[name] = topic_from_settings(replace(own.topic_defaults, data_path=data_path), name, settings, where)
+        topic = topic_from_settings(replace(own.topic_defaults, data_path=data_path), name, settings, where)
+        served[name] = replace(topic, incarnation=group.incarnations.get(name, ""))
     return served
+
+
+def delete_group_offsets(client: KazooClient, paths: ZkPaths, broker_id: int, topic: str) -> list[str]:
+    """Delete every consumer group's stored offsets of ``topic``'s partitions in broker group
+    ``broker_id`` (``{root}/consumers/{group}/offsets/{topic}/{id}-{n}``); the paths deleted.
+
+    Kafka's rule for a deleted topic: its committed offsets go with it. A group then has no
+    stored offset for the re-created topic and starts where any new group does (its oldest
+    message, or the newest with ``consume_from_max_offset``), never at an offset of the old
+    one. Best effort per node: one that cannot be deleted is logged and kept.
+    """
+    prefix = partition_name(broker_id, 0)[:-1]  # "{id}-"
+    deleted = []
+    try:
+        groups = client.get_children(paths.consumers())
+    except NoNodeError:
+        return deleted
+    for group in groups:
+        try:
+            names = client.get_children(paths.offsets(group, topic))
+        except NoNodeError:
+            continue
+        for name in names:
+            if not name.startswith(prefix) or not name[len(prefix):].isdigit():
+                continue  # another broker group's partition: its master deletes it
+            path = paths.offset(group, topic, name)
+            try:
+                client.delete(path)
+                deleted.append(path)
+            except NoNodeError:
+                pass
+            except KazooException as exc:
+                log.warning("could not delete the stored offset %s of deleted topic %s: %r", path, topic, exc)
+    return deleted
 
 
 def check_settings(settings: dict[str, str], where: str = "topic settings") -> None:

@@ -24,7 +24,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from metaq.client import ConsumerConfig, Message, MessageSessionFactory, MetaClientConfig, SendResult
 
@@ -77,6 +78,38 @@ class Sender(threading.Thread):
         return min(times) - moment
 
 
+def halt(senders: list[Sender]) -> None:
+    for sender in senders:
+        sender.halt.set()
+    for sender in senders:
+        sender.join(30)
+
+
+@contextmanager
+def producers_and_consumer(factory: MessageSessionFactory, group: str, read_from: str
+                           ) -> Iterator[tuple[list[Sender], list[tuple[float, bytes]]]]:
+    """A blocking and a batched producer sending (``Sender``) and a consumer of ``group``
+    reading from ``read_from``: ``(senders, consumed)``, each consumed ``(time, data)``.
+    All stopped on leaving (``halt`` first, if something must happen in between)."""
+    consumed: list[tuple[float, bytes]] = []
+    blocking, batched = factory.create_producer(), factory.create_producer()
+    blocking.publish(TOPIC)
+    batched.publish(TOPIC)
+    consumer = factory.create_consumer(ConsumerConfig(group=group, read_from=read_from, fetch_wait_ms=1000))
+    consumer.subscribe(TOPIC, 1 << 20, lambda m: consumed.append((time.monotonic(), m.data)))
+    consumer.complete_subscribe()
+    senders = [Sender(blocking, "blocking", batched=False), Sender(batched, "batched", batched=True)]
+    for sender in senders:
+        sender.start()
+    try:
+        yield senders, consumed
+    finally:
+        halt(senders)
+        blocking.close()
+        batched.close()
+        consumer.shutdown()
+
+
 def test_clients_move_to_the_new_master_within_2t_plus_1s(broker_factory, zk, zk_client, zk_root):  # type: ignore[no-untyped-def]
     group = Group(zk_client, zk_root)
     a, b = make_pair(broker_factory, sync_system(autoFailover=True), group)
@@ -84,17 +117,8 @@ def test_clients_move_to_the_new_master_within_2t_plus_1s(broker_factory, zk, zk
     config = MetaClientConfig(zk_connect=zk.connect_string, zk_root=zk_root, zk_session_timeout_ms=10_000,
                               idempotence=True, linger_ms=5)
     assert config.request_timeout_s >= 2 * BOUND_S  # waiting it out could not pass
-    consumed: list[tuple[float, bytes]] = []
-    with MessageSessionFactory(config) as factory:
-        blocking, batched = factory.create_producer(), factory.create_producer()
-        blocking.publish(TOPIC)
-        batched.publish(TOPIC)
-        consumer = factory.create_consumer(ConsumerConfig(group="silent", read_from="master", fetch_wait_ms=1000))
-        consumer.subscribe(TOPIC, 1 << 20, lambda m: consumed.append((time.monotonic(), m.data)))
-        consumer.complete_subscribe()
-        senders = [Sender(blocking, "blocking", batched=False), Sender(batched, "batched", batched=True)]
-        for sender in senders:
-            sender.start()
+    with MessageSessionFactory(config) as factory, \
+            producers_and_consumer(factory, "silent", "master") as (senders, consumed):
         try:
             wait_until(lambda: all(len(s.acks) > 50 for s in senders) and len(consumed) > 50, 20,
                        message="both producers acked and the consumer reading")
@@ -105,14 +129,8 @@ def test_clients_move_to_the_new_master_within_2t_plus_1s(broker_factory, zk, zk
                        30, message="acks after the bound")
             wait_until(lambda: consumed[-1][0] > stopped + BOUND_S + CI_ALLOWANCE_S, 30, message="consumed after the bound")
         finally:
-            for sender in senders:
-                sender.halt.set()
-            for sender in senders:
-                sender.join(30)
+            halt(senders)
             a.resume()
-            blocking.close()
-            batched.close()
-            consumer.shutdown()
 
     resumed = {s.tag: s.first_ack_after(stopped) for s in senders}
     acked_by_b = {r.offset for s in senders for t, r in s.acks if t > stopped + IN_TRANSIT_S}

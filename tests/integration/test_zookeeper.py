@@ -9,7 +9,7 @@ from kazoo.client import KazooClient
 
 from metaq.zk import embedded
 from metaq.zk.embedded import EmbeddedZooKeeper, ZooKeeperError, find_zookeeper_classpath, four_letter_word
-from tests.harness import REPO_ROOT, free_port
+from tests.harness import REPO_ROOT, free_port, kazoo_client, metaq_zk_command
 
 
 def pid_exists(pid: int) -> bool:
@@ -147,30 +147,16 @@ def test_foreground_server_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
 
 def test_metaq_zk_keeps_its_data_by_default_and_names_the_dir(tmp_path: Path) -> None:
     """Issue 22: `metaq zk` used a temporary dir, so every restart lost every group's epoch."""
-    import signal
-    import subprocess
-    import sys
-
-    from tests.harness import kazoo_client
-
     port = free_port()
     env = dict(os.environ, XDG_DATA_HOME=str(tmp_path / "xdg"), PYTHONPATH=str(REPO_ROOT))
     expected_dir = tmp_path / "xdg" / "metaq" / f"zookeeper-{port}"
 
     def serve_once(then) -> None:  # type: ignore[no-untyped-def]
-        process = subprocess.Popen([sys.executable, "-m", "metaq", "zk", "--port", str(port), "--tick-ms", "200"],
-                                   cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
+        with metaq_zk_command("--port", str(port), "--tick-ms", "200", env=env) as process:
             line = process.stdout.readline()
             assert f"data {expected_dir}: kept across restarts" in line, line + process.stderr.read()
             with kazoo_client(f"127.0.0.1:{port}") as client:
                 then(client)
-            process.send_signal(signal.SIGTERM)
-            assert process.wait(30) == 0
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
 
     serve_once(lambda client: client.create("/kept", b"epoch 2"))
     serve_once(lambda client: None if client.get("/kept")[0] == b"epoch 2" else pytest.fail("the node did not survive"))

@@ -45,12 +45,25 @@ def test_defaults_and_case_insensitive_keys():
         ({**BASE, "maxBytesPerPartition": "0"}, "maxBytesPerPartition: expected a positive integer"),
         ({**BASE, "fetchBytes": "lots"}, "fetchBytes: expected a positive integer"),
         ({**BASE, "topics": "t"}, "unknown option(s) topics"),
+        ({**BASE, "maxMessagesPerTrigger": "100"}, "maxMessagesPerTrigger is for streams only"),
+        ({**BASE, "maxBytesPerTrigger": "1MB"}, "maxBytesPerTrigger is for streams only"),
     ],
 )
 def test_bad_options_have_clear_errors(options, message):
     with pytest.raises(OptionError) as info:
         SourceOptions.parse(options)
     assert message in str(info.value)
+
+
+def test_rate_limits_and_data_loss_policy_of_streams():
+    options = SourceOptions.parse({**BASE, "maxmessagespertrigger": "500", "maxBytesPerTrigger": "65536"}, streaming=True)
+    assert (options.max_messages_per_trigger, options.max_bytes_per_trigger) == (500, 65536)
+    with pytest.raises(OptionError, match="maxBytesPerTrigger: expected a positive integer"):
+        SourceOptions.parse({**BASE, "maxBytesPerTrigger": "-1"}, streaming=True)
+    assert SourceOptions.parse(BASE, streaming=True).fail_on_data_loss is True
+    assert SourceOptions.parse({**BASE, "failondataloss": "False"}, streaming=True).fail_on_data_loss is False
+    with pytest.raises(OptionError, match="option failOnDataLoss: expected true or false, got 'no'"):
+        SourceOptions.parse({**BASE, "failOnDataLoss": "no"}, streaming=True)
 
 
 def test_ending_offsets_rejected_for_streams():

@@ -50,7 +50,7 @@ def _batch(spark, zk, zk_root, **options):  # type: ignore[no-untyped-def]
     return reader.load()
 
 
-def test_batch_from_a_slave_as_a_consume_only_user(spark, zk, zk_client, zk_root, secured) -> None:  # type: ignore[no-untyped-def]
+def test_batch_from_a_slave_as_a_consume_only_user_and_the_sink_as_a_producer(spark, zk, zk_client, zk_root, secured, tmp_path) -> None:  # type: ignore[no-untyped-def]
     master, slave, login, app = secured
     produced = _produce_and_wait(master, slave, app, 800)
 
@@ -63,6 +63,17 @@ def test_batch_from_a_slave_as_a_consume_only_user(spark, zk, zk_client, zk_root
     rows = df.select("partition", "offset", "data", "broker").collect()
     assert sorted((r.partition, r.offset, digest(r.data)) for r in rows) == sorted((m.partition, m.offset, m.digest) for m in produced)
     assert {r.broker for r in rows} == {slave.url}
+
+    # The sink logs in the same way: the app user (produce) writes exactly once over TLS.
+    app_password = tmp_path / "app.password"
+    app_password.write_text(app.password + "\n")
+    written = spark.range(0, 300, numPartitions=2).selectExpr("CAST(CONCAT('row-', id) AS BINARY) AS value")
+    (written.write.format("metaq").mode("append").option("zkConnect", zk.connect_string).option("zkRoot", zk_root)
+     .option("topic", TOPIC).option("user", "app").option("passwordFile", str(app_password))
+     .option("tlsCa", login["tlsCa"]).save())
+    rows = _batch(spark, zk, zk_root, readFrom="master", **login).select("data").collect()
+    new = sorted(bytes(r.data) for r in rows if bytes(r.data).startswith(b"row-"))
+    assert new == sorted(f"row-{n}".encode() for n in range(300))
 
 
 def test_no_login_or_a_wrong_password_fails_at_once_naming_the_options(spark, zk, zk_root, secured, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -114,3 +125,4 @@ def test_stream_available_now_with_a_login(spark, zk, zk_root, secured, tmp_path
     query.awaitTermination(120)
     assert query.exception() is None
     assert seen == {(m.partition, m.offset): m.digest for m in produced}
+

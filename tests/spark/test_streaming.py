@@ -119,3 +119,78 @@ def test_processing_time_trigger_follows_new_messages(spark, zk, zk_root, broker
     finally:
         query.stop()
     assert sorted(got) == sorted(expected)
+
+
+def test_rate_limits_cut_available_now_into_steps(spark, zk, zk_root, broker_factory, tmp_path):
+    master = broker_factory(0, {TOPIC: 2}, SYSTEM)
+    produced = produce(master, TOPIC, partitions=2, count=600, size=100, batch=100)  # 300 per partition, 120 B records
+    wait_caught_up([master], TOPIC, partition_ends(produced))
+
+    def run(name: str, **limit: str) -> list[list[tuple[str, int]]]:
+        batches: list[list[tuple[str, int]]] = []
+
+        def collect(batch_df, batch_id):
+            batches.append([(r.partition, r.offset) for r in batch_df.select("partition", "offset").collect()])
+
+        query = (_stream(spark, zk, zk_root, startingOffsets="earliest", readFrom="master", **limit)
+                 .writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / name))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination(180)
+        assert query.exception() is None, query.exception()
+        everything = sorted(row for batch in batches for row in batch)
+        assert everything == sorted((m.partition, m.offset) for m in produced)  # all of it, once
+        return [batch for batch in batches if batch]
+
+    # Both partitions are equally behind: each gets half of the limit per batch.
+    assert [len(b) for b in run("messages", maxMessagesPerTrigger="200")] == [200, 200, 200]
+    # Bytes: each partition's share (9000 B) ends at the first message boundary at or past it.
+    size = {(m.partition, m.offset): m.end - m.offset for m in produced}
+    by_bytes = run("bytes", maxBytesPerTrigger="18000")
+    assert len(by_bytes) >= 4
+    for i, batch in enumerate(by_bytes):
+        for partition in {p for p, _ in batch}:
+            share = sum(size[row] for row in batch if row[0] == partition)
+            assert share < 9000 + max(size.values()), (i, partition, share)
+            assert share >= 9000 or i >= len(by_bytes) - 2, (i, partition, share)  # only the tail is short
+
+
+def test_fail_on_data_loss_when_retention_deleted_what_the_checkpoint_points_at(spark, zk, zk_root, broker_factory, tmp_path):
+    from metaq.spark.fetch import ReplicaSession
+    from tests.spark.support import replica
+
+    aged = {"numPartitions": 1, "maxSegmentSize": 4096, "deletePolicy": "delete,1s", "deleteWhen": "* * * * * ?"}
+    master = broker_factory(0, {TOPIC: aged}, SYSTEM)
+    first = produce(master, TOPIC, partitions=1, count=20, size=100, tag="first-")  # 2.4 KB: the active segment only
+    wait_caught_up([master], TOPIC, partition_ends(first))
+    checkpoint = str(tmp_path / "ck")
+
+    def run(**options: str) -> tuple[list[int], Exception | None]:
+        rows: list[int] = []
+        query = (_stream(spark, zk, zk_root, startingOffsets="earliest", readFrom="master", **options)
+                 .writeStream.foreachBatch(lambda df, _id: rows.extend(r.offset for r in df.select("offset").collect()))
+                 .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+        try:
+            query.awaitTermination(120)
+        except Exception:
+            pass  # the query's own exception, below
+        return rows, query.exception()
+
+    rows, error = run()
+    assert error is None and sorted(rows) == [m.offset for m in first]
+    # More data rolls segments; retention deletes every closed one, the checkpoint's position too.
+    later = produce(master, TOPIC, partitions=1, count=300, size=100, tag="later-")
+    end = later[-1].end
+    with ReplicaSession(replica(master)) as session:
+        deadline = time.monotonic() + 60
+        while (oldest := session.offsets(TOPIC, 0).min_offset) != session.segment_start(TOPIC, 0, end - 1):
+            assert time.monotonic() < deadline, f"retention left the log starting at {oldest}"
+            time.sleep(0.3)
+    assert oldest > first[-1].end
+
+    rows, error = run()
+    assert rows == [] and error is not None
+    assert f"partition 0-0 of topic {TOPIC}: offsets [{first[-1].end}, {oldest}) were deleted by retention" in str(error)
+    assert "set option failOnDataLoss=false to skip to" in str(error)
+
+    rows, error = run(failOnDataLoss="false")
+    assert error is None and sorted(rows) == [m.offset for m in later if m.offset >= oldest]

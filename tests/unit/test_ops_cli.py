@@ -136,7 +136,7 @@ def test_describe_change_names_what_an_operator_sees():
     a, b = TopicConfig("a"), TopicConfig("b")
     after = {"a": TopicConfig("a", unflush_threshold=0), "c": TopicConfig("c")}
     assert describe_change({"a": a, "b": b}, after) == (
-        "now serving c; changed a (unflushThreshold 1000 -> 0); no longer serving b (files kept on disk)"
+        "now serving c; changed a (unflushThreshold 1000 -> 0); no longer serving b (its files are deleted)"
     )
     assert describe_change({"a": a}, {"a": a}) == ""
 

@@ -1,0 +1,96 @@
+"""Spark's metaq sink (exactly once and plain) vs the client's batched producer, in one run.
+
+    python bench/spark_sink_bench.py [--rows 300000] [--size 100] [--partitions 2] [--rounds 2]
+
+Starts an embedded ZooKeeper and one master (a real ``metaq broker`` process,
+``unflushInterval=100``), then writes ``--rows`` rows of ``--size`` bytes to a topic of
+``--partitions`` partitions, three ways, each ``--rounds`` times (best round reported):
+
+* client: ``AsyncMessageProducer.send_batch`` in batches of 10,000 messages (spread over
+  the partitions round robin), one process;
+* spark plain: ``df.write.format("metaq").option("exactlyOnce", "false")``, local[2];
+* spark exactly once: the same with XA (the default).
+
+Every round's rows are counted back (read committed, waiting for the flush) so a fast
+round that lost or doubled rows cannot pass. Reported: rows/s and the ratio of Spark's rate per core to the client's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from metaq.client import Message, MetaClientConfig  # noqa: E402
+from metaq.client.session import AsyncMessageSessionFactory  # noqa: E402
+from metaq.tools.launcher import LocalCluster  # noqa: E402
+
+BATCH = 10_000
+
+
+async def client_write(zk_connect: str, topic: str, rows: int, size: int) -> None:
+    payload = b"x" * size
+    async with AsyncMessageSessionFactory(MetaClientConfig(zk_connect=zk_connect)) as factory:
+        producer = factory.create_producer()
+        for start in range(0, rows, BATCH):
+            results = await producer.send_batch([Message(topic, payload) for _ in range(min(BATCH, rows - start))])
+            assert all(r.success for r in results)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=300_000)
+    parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    ways = ("client", "spark plain", "spark exactly once")
+    topics = {f"t{w}{r}": args.partitions for w in range(len(ways)) for r in range(args.rounds)}
+
+    with tempfile.TemporaryDirectory(prefix="metaq-sink-bench-") as work:
+        with LocalCluster(Path(work), topics=topics, system={"unflushInterval": 100}) as cluster:
+            from pyspark.sql import functions as F
+
+            from metaq.spark.session import local_session
+
+            spark = local_session("metaq-sink-bench", **{"spark.driver.memory": "1g"})
+            seconds: dict[str, list[float]] = {w: [] for w in ways}
+            try:
+                for r in range(args.rounds):
+                    for w, way in enumerate(ways):
+                        topic = f"t{w}{r}"
+                        t = time.perf_counter()
+                        if way == "client":
+                            asyncio.run(client_write(cluster.zk_connect, topic, args.rows, args.size))
+                        else:
+                            df = spark.range(0, args.rows, numPartitions=2).select(
+                                F.concat(F.col("id").cast("string"), F.lit("x" * args.size)).substr(1, args.size).cast("binary").alias("value"))
+                            (df.write.format("metaq").mode("append").option("zkConnect", cluster.zk_connect).option("topic", topic)
+                             .option("exactlyOnce", "true" if way.endswith("once") else "false").save())
+                        seconds[way].append(time.perf_counter() - t)
+                        # Readers see up to the flushed offset (unflushInterval): poll briefly.
+                        deadline = time.monotonic() + 10
+                        while (count := (spark.read.format("metaq").option("zkConnect", cluster.zk_connect)
+                                         .option("topic", topic).option("readFrom", "master").load().count())) < args.rows:
+                            assert time.monotonic() < deadline, (way, count, args.rows)
+                            time.sleep(0.2)
+                        assert count == args.rows, (way, count, args.rows)
+            finally:
+                spark.stop()
+
+    rate = {way: args.rows / min(s) for way, s in seconds.items()}
+    for way in ways:
+        print(f"{way:<20} {rate[way]:>10,.0f} rows/s   rounds {[round(s, 2) for s in seconds[way]]} s")
+    for way in ways[1:]:
+        print(f"{way} per core / client: {rate[way] / 2 / rate['client']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

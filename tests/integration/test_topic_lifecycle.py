@@ -1,0 +1,166 @@
+"""Deleting and re-creating a topic on a running pair (issue 22, items 1-3; real ZooKeeper and
+broker processes), and docs/operations.md's procedure "Deleting and re-creating a topic".
+
+Group 0: A (master) and B (``--slave``, slaveId 1), ZK session 1500 ms.
+"""
+
+from __future__ import annotations
+
+import time
+
+from metaq.client.codec import encode_messages
+from metaq.client.message import Message
+from metaq.protocol import commands as c
+from metaq.protocol.messages import InitProducerRequest, PutRequest
+from metaq.zk.paths import ZkPaths, format_offset
+
+from .failover_support import SESSION_MS, Group, async_system, make_pair, sync_system, wait_follows, wait_leads
+from .replication_support import bounds, put, replica_rows, request, stat, wait_caught_up, wait_for
+from .test_topics_cli import metaq, serves
+
+#: Log lines of an error loop on the master (heartbeat handling raising on a dropped topic)
+#: or of a slave giving up a partition; none may appear.
+ERROR_LINES = ("heartbeat handling failed", "Traceback", "replication of", "was never awaited", "transaction timer")
+
+
+def errors_in(*brokers) -> list[str]:
+    return [line for b in brokers for line in b.log_text().splitlines() if any(e in line for e in ERROR_LINES)]
+
+
+def idempotent_put(broker, producer_id: int, partition: int):
+    """One batch of an idempotent producer: epoch 0, sequence 0 (the same batch each time)."""
+    payloads = [b"idem-0", b"idem-1", b"idem-2"]
+    body, _ = encode_messages([Message("x", p) for p in payloads])
+    header = PutRequest(topic="x", partition=partition, count=len(payloads), producer_id=producer_id,
+                        producer_epoch=0, sequence=0).to_header()
+    return request(broker, header, body)
+
+
+def partition_dirs(broker, topic: str) -> list[str]:
+    return sorted(p.name for p in (broker.dir / "data").glob(f"{topic}-*"))
+
+
+def test_delete_and_recreate_with_fewer_partitions_on_a_sync_pair(broker_factory, zk, zk_root, zk_client, capsys):
+    """Items 1-3 in sync mode with onSyncSlaveLoss=reject (every put needs the slave), then a kill -9."""
+    group = Group(zk_client, zk_root)
+    a, b = make_pair(broker_factory, sync_system(onSyncSlaveLoss="reject", minSyncSlaves=1), group)
+
+    # The procedure, step 0: a topic with data on both members.
+    code, out = metaq(capsys, zk, zk_root, "topics", "create", "--broker-id", "0", "--topic", "x", "--partitions", "5")
+    assert code == 0, out
+    for partition in range(5):
+        put(a, "x", partition, 20)
+    wait_caught_up(a, b, [("x", p) for p in range(5)])
+    producer_id = int(request(a, InitProducerRequest().to_header())["producer_id"])
+    plain_end = bounds(a, "x", 0)[1]
+    first = idempotent_put(a, producer_id, 0)
+    assert first.code == c.OK and not first.get("duplicate"), first.header
+    wait_caught_up(a, b, [("x", 0)])
+    old_end = bounds(a, "x", 0)[1]
+    assert old_end > 0
+    # A consumer group's stored offsets of the old incarnation; "1-0" is another broker group's.
+    paths = ZkPaths(zk_root)
+    for name in ("0-0", "0-1", "1-0"):
+        zk_client.create(paths.offset("g", "x", name), format_offset(-1, old_end).encode(), makepath=True)
+
+    # Step 1: delete. Both stop serving it, drop every record of it and delete its files.
+    code, out = metaq(capsys, zk, zk_root, "topics", "delete", "--broker-id", "0", "--topic", "x")
+    assert code == 0, out
+    assert serves(a, "x") is None and serves(b, "x") is None
+    assert not [key for key in replica_rows(b) if key[0] == "x"], "the slave still lists replicas of a deleted topic"
+    wait_for(lambda: not partition_dirs(a, "x") and not partition_dirs(b, "x"), 10, "x's files deleted on both")
+    # Kafka's rule: the deleted topic's stored offsets go with it (each group's master deletes its own).
+    wait_for(lambda: zk_client.get_children(paths.offsets("g", "x")) == ["1-0"], 10, "group g's offsets of x deleted")
+    # Other topics keep replicating (reject mode: an ack needs the slave in the sync set).
+    put(a, "fo", 0, 10)
+    wait_caught_up(a, b, [("fo", 0)])
+
+    # A consumer that ran on commits its old position again: the re-create deletes it too.
+    zk_client.create(paths.offset("g", "x", "0-1"), format_offset(-1, old_end).encode())
+
+    # Step 2: re-create with fewer partitions: a new incarnation, empty on every member.
+    code, out = metaq(capsys, zk, zk_root, "topics", "create", "--broker-id", "0", "--topic", "x", "--partitions", "2")
+    assert code == 0, out
+    assert serves(a, "x") == 2 and serves(b, "x") == 2
+    for broker in (a, b):
+        assert bounds(broker, "x", 0) == (0, 0), f"{broker.name}: the re-created topic brought old messages back"
+    put(a, "x", 1, 10)  # acked: the slave stays in the sync set
+    put(a, "fo", 0, 10)
+    wait_caught_up(a, b, [("x", 0), ("x", 1), ("fo", 0)])
+    assert 1 in group.sync_set()
+    assert partition_dirs(a, "x") == partition_dirs(b, "x") == ["x-0", "x-1"]
+    assert errors_in(a, b) == []
+    assert stat(a, "sync_state") == "ok"
+    # Group g has no stored offset for the new incarnation: it reads it from its oldest message.
+    code, out = metaq(capsys, zk, zk_root, "consume", "--max=10", "--topic", "x", "--group", "g", "--idle-timeout", "15")
+    assert code == 0, out
+    assert [line for line in out.splitlines() if line.startswith("x-")] == [f"x-1-{n:08d}".ljust(100, ".") for n in range(10)]
+    # The producer's sequence numbers of the old incarnation do not apply: the same batch is new here.
+    again = idempotent_put(a, producer_id, 0)
+    assert again.code == c.OK and not again.get("duplicate"), again.header
+    assert again["end_offset"] == first["end_offset"] - plain_end, "appended at the start of the new log"
+
+    # A later failover works: the slave takes over and serves the new incarnation.
+    x1_end = bounds(a, "x", 1)[1]
+    epoch = group.epoch()
+    a.kill()
+    wait_leads(b, group, epoch)
+    assert serves(b, "x") == 2 and bounds(b, "x", 1) == (0, x1_end)
+    assert errors_in(b) == []
+
+
+def test_async_slave_takes_over_after_a_topic_was_deleted(broker_factory, zk, zk_root, zk_client, capsys):
+    """Item 1 in async mode: no stopped replica of the deleted topic keeps the slave from taking
+    over, and the master's promotion after a ZooKeeper session loss logs no traceback."""
+    group = Group(zk_client, zk_root)
+    a, b = make_pair(broker_factory, async_system(), group)
+    code, out = metaq(capsys, zk, zk_root, "topics", "create", "--broker-id", "0", "--topic", "gone", "--partitions", "2")
+    assert code == 0, out
+    put(a, "gone", 0, 10)
+    put(a, "fo", 0, 10)
+    wait_caught_up(a, b, [("gone", 0), ("fo", 0)])
+    code, out = metaq(capsys, zk, zk_root, "topics", "delete", "--broker-id", "0", "--topic", "gone")
+    assert code == 0, out
+    put(a, "fo", 0, 10)
+    wait_caught_up(a, b, [("fo", 0)])
+    assert set(replica_rows(b)) == {("fo", 0)}
+
+    # A member down while a topic is deleted and created again still has the old files: it
+    # drops them when it starts (they carry the old incarnation) and copies the new log; the
+    # files of a topic deleted for good meanwhile go when it starts too.
+    for action, topic in (("create", "gone"), ("create", "left"), ("delete", "gone"), ("create", "gone"), ("delete", "left")):
+        if action == "delete" and b.alive:
+            put(a, "gone", 0, 10)
+            put(a, "left", 0, 10)
+            wait_caught_up(a, b, [("gone", 0), ("left", 0)])
+            old_end = bounds(b, "gone", 0)[1]
+            b.stop()
+        code, out = metaq(capsys, zk, zk_root, "topics", action, "--broker-id", "0", "--topic", topic)
+        assert code == 0, out
+    assert partition_dirs(b, "left") == ["left-0"]
+    b.start()
+    wait_follows(b, a, group)
+    wait_for(lambda: not partition_dirs(b, "left"), 10, "the deleted topic's files gone on the restarted slave")
+    put(a, "gone", 0, 3)
+    wait_caught_up(a, b, [("gone", 0)])
+    assert bounds(b, "gone", 0) == bounds(a, "gone", 0) == (0, bounds(a, "gone", 0)[1])
+    assert bounds(b, "gone", 0)[1] < old_end, "the restarted slave served the old incarnation's messages"
+
+    # Both lose their ZooKeeper sessions (paused past the timeout; B first, so A leads again):
+    # A's promotion flushes and reconciles transactions over its partitions, none of them gone.
+    epoch = group.epoch()
+    b.pause()
+    a.pause()
+    time.sleep(SESSION_MS / 1000 * 2)
+    a.resume()
+    wait_leads(a, group, epoch)
+    b.resume()
+    wait_follows(b, a, group)
+    put(a, "fo", 0, 5)
+    wait_caught_up(a, b, [("fo", 0)])
+
+    epoch = group.epoch()
+    a.kill()
+    wait_leads(b, group, epoch)
+    put(b, "fo", 0, 5)
+    assert errors_in(a, b) == []

@@ -1,0 +1,87 @@
+"""What each owner of per-partition state forgets when a partition stops being served
+(a topic deleted or re-created; the processes are in tests/integration/test_topic_lifecycle.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from metaq.ha.heartbeat import HeartbeatResponder, decode, encode
+from metaq.ha.progress import ReplicationProgress
+from metaq.ha.sync_set import SyncReplication, SyncWaitFailed
+from metaq.server.stats import BrokerStats
+from metaq.store.manager import UnknownTopic
+
+
+class FakeLog:
+    def __init__(self, end: int) -> None:
+        self.log_end = self.flushed_end = end
+
+
+def test_heartbeat_answer_leaves_out_a_partition_dropped_meanwhile():
+    logs = {("kept", 0): FakeLog(50), ("gone", 0): FakeLog(70)}
+
+    def committed(topic: str, partition: int, log: FakeLog) -> int:
+        if topic == "gone":
+            raise UnknownTopic(topic, ["kept"])
+        return log.log_end
+
+    ha = SimpleNamespace(epoch=1, acting_master=True, committed=committed, slave_heartbeat=lambda *args: None)
+    responder = HeartbeatResponder(3, ha, lambda: logs, "127.0.0.1", 0)
+    message = {"kind": "hb", "role": "slave", "broker_id": 3, "slave_id": 1, "epoch": 1,
+               "log_ends": {"gone/0": 70, "kept/0": 50, **{f"unknown/{n}": 1 for n in range(8)}}, "sent_at": time.time()}
+    answer = decode(responder.handle(encode(message), ("127.0.0.1", 1)), "master")
+    assert answer["_committed"] == {("kept", 0): 50} and responder.bad == 0
+
+
+def test_progress_forgets_positions_and_history_of_dropped_partitions():
+    progress = ReplicationProgress()
+    for key in (("gone", 0), ("kept", 0)):
+        progress.appended(*key, 100, 1)
+        progress.fetched(1, *key, 100, 1)
+    progress.forget_partitions([("gone", 0)])
+    assert progress.position(1, "gone", 0) is None and ("gone", 0) not in progress.history
+    assert progress.position(1, "kept", 0) == 100 and 1 in progress.slaves
+
+
+def test_sync_set_ends_waiting_puts_of_a_dropped_partition_and_restarts_its_offsets():
+    async def scenario() -> None:
+        ends = {("gone", 0): 100, ("kept", 0): 100}
+        positions = {(1, "gone", 0): 100, (1, "kept", 0): 100}
+
+        async def publish(members: frozenset[int]) -> None:
+            pass
+
+        sync = SyncReplication(
+            1, 60_000, "reject", publish,
+            log_end=lambda t, p: ends[(t, p)], flushed_end=lambda t, p: ends[(t, p)],
+            partitions=lambda: list(ends), position=lambda s, t, p: positions.get((s, t, p)),
+        )
+        await sync.start()
+        sync.slave_position(1, "gone", 0)
+        await asyncio.sleep(0.01)
+        assert sync.members == {1} and sync.committed("gone", 0) == 100
+        ends[("gone", 0)] = 150
+        waiting = sync.wait("gone", 0, 150)
+        assert waiting is not None
+        del ends[("gone", 0)], positions[(1, "gone", 0)]
+        sync.forget_partitions([("gone", 0)])
+        with pytest.raises(SyncWaitFailed) as failed:
+            await waiting
+        assert failed.value.code == 404
+        ends[("gone", 0)] = 0  # re-created: an empty log of the new incarnation
+        assert sync.committed("gone", 0) == 0, "the old incarnation's committed offset does not carry over"
+        await sync.stop()
+
+    asyncio.run(scenario())
+
+
+def test_stats_rows_of_dropped_partitions_go_and_totals_keep_them():
+    stats = BrokerStats()
+    stats.partition("gone", 0).put_messages = 5
+    stats.partition("kept", 0).put_messages = 2
+    stats.forget_partitions([("gone", 0)])
+    assert set(stats.topic_totals()) == {"kept"} and stats.totals().put_messages == 7
