@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import Callable
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
@@ -22,11 +23,26 @@ def private_opener(path: str, flags: int) -> int:
     return os.open(path, flags, FILE_MODE)
 
 
-def make_private_dir(path: Path) -> None:
-    """``path`` and any missing parent, created 0700 (an existing directory is left as it is)."""
+def fsync_directory(directory: Path, fsync: Callable[[int], None] = os.fsync) -> None:
+    """Make a created, renamed or removed entry of ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_private_dir(path: Path, fsync: Callable[[int], None] = os.fsync) -> None:
+    """``path`` and any missing parent, created 0700 and durably (an existing directory is left
+    as it is).
+
+    A new directory's name lives in its parent: until the parent is fsynced, a power loss may
+    take the directory away with every file in it, however often those were fsynced.
+    """
     missing = [directory for directory in (path, *path.parents) if not directory.exists()]
     for directory in reversed(missing):
         directory.mkdir(mode=DIR_MODE, exist_ok=True)
+        fsync_directory(directory.parent, fsync)
 
 
 def tighten_dir(path: Path) -> bool:

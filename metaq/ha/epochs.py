@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..private_files import make_private_dir, private_opener
+from ..private_files import fsync_directory, make_private_dir, private_opener
 
 FILE_NAME = "leader-epoch-checkpoint"
 _VERSION = "0"
@@ -106,13 +106,16 @@ class EpochCache:
 
 
 def _write_durably(path: Path, body: str) -> None:
-    """Write to a temporary file, fsync, rename: a crash leaves the old or the new text."""
+    """Write to a temporary file, fsync, rename, fsync the directory: a crash or a power loss
+    leaves the old or the new text (the directory fsync: a power loss must not bring back an
+    epoch history that lacks an epoch whose fsynced records the log keeps)."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", opener=private_opener) as f:
         f.write(body)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    fsync_directory(path.parent)
 
 
 def record_led_epoch(data_path: str, epoch: int) -> None:

@@ -18,8 +18,7 @@ import logging
 import os
 from pathlib import Path
 
-from metaq.private_files import private_opener
-from metaq.store.segment import fsync_directory
+from metaq.private_files import fsync_directory, private_opener
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ..config import ConfigError, TopicConfig
-from ..private_files import make_private_dir, private_opener, tighten_dir
+from ..private_files import fsync_directory, make_private_dir, private_opener, tighten_dir
 
 log = logging.getLogger(__name__)
 
@@ -66,4 +66,5 @@ def broker_identity(data_path: str) -> str:
         out.flush()
         os.fsync(out.fileno())
     os.replace(staging, path)
+    fsync_directory(path.parent)  # else a power loss may leave no identity, or the staging file
     return identity

@@ -16,8 +16,8 @@ import zipfile
 from pathlib import Path
 from typing import NamedTuple
 
-from metaq.private_files import private_opener
-from metaq.store.segment import LogSegment, fsync_directory
+from metaq.private_files import fsync_directory, private_opener
+from metaq.store.segment import LogSegment
 
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "": 3600}
 _POLICY = re.compile(r"^\s*(delete|archive)\s*,\s*(\d+)\s*([smh]?)\s*(?:,\s*(true|false)\s*)?$", re.IGNORECASE)

@@ -32,15 +32,6 @@ def parse_segment_start(path: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def fsync_directory(directory: Path) -> None:
-    """Make a created, renamed or removed directory entry durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class LogSegment:
     """An open segment file. Offsets are absolute; ``start`` is its first byte's offset."""
 
