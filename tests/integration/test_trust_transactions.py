@@ -142,9 +142,12 @@ def test_another_user_cannot_put_into_an_open_transaction(master: BrokerProcess)
     assert b"injected-by-rival" not in on_disk, "the intruder's message reached the log"
 
 
-def test_a_start_needs_produce_rights_and_room_under_the_users_cap(master: BrokerProcess) -> None:
+def test_a_start_or_recover_needs_produce_rights_and_a_start_room_under_the_users_cap(master: BrokerProcess) -> None:
     refused = step_as(master, "reader", "start", "TX:reader:0")
     assert refused.code == c.FORBIDDEN and "user 'reader' may not produce any topic" in refused.message, refused.header
+    refused = step_as(master, "reader", "recover")
+    assert refused.code == c.FORBIDDEN, refused.header
+    assert "may not recover transactions: user 'reader' may not produce any topic" in refused.message, refused.header
     held = [f"TX:app:held-{n}" for n in range(OPEN_CAP)]
     for xid in held:
         assert step_as(master, "app", "start", xid)["xa_code"] == Code.XA_OK
