@@ -308,8 +308,8 @@ class TransactionService:
         if txid in self._unsettled or txid in self._pending:
             raise c.RequestError(c.SERVICE_UNAVAILABLE, f"transaction {txid} is being decided; retry")
         if not self._may_enlist(txid, producer_id, principal):
-            raise c.RequestError(c.FORBIDDEN, f"{principal} may not put in transaction {txid}: only its own producer "
-                                              "or the user that started it may")
+            raise c.AccessDenied(f"{principal} may not put in transaction {txid}: only its own producer "
+                                 "or the user that started it may")
         reply = self.coordinator.send(txid, topic, partition, self.clock_ms())
         if reply.code is not Code.XA_OK:
             raise c.RequestError(
@@ -343,8 +343,8 @@ class TransactionService:
             if req.producer_id != NO_PRODUCER:  # an init may have fenced this epoch while we waited
                 self.check_fenced(req.producer_id, req.producer_epoch)
         if req.action != "start" and not self._may_decide(principal, xid):
-            raise c.RequestError(c.FORBIDDEN, f"{principal} may not decide transaction {xid}: only the user that "
-                                              "started it (or admin) may")
+            raise c.AccessDenied(f"{principal} may not decide transaction {xid}: only the user that "
+                                 "started it (or admin) may")
         refusal = self.refusal()  # the role may have changed while we waited
         if refusal is not None:
             raise c.RequestError(*refusal)
@@ -371,7 +371,7 @@ class TransactionService:
         denial = authorizer.any_topic_denial(principal, Operation.PRODUCE)
         if denial is not None:
             what = "start a transaction" if action == "start" else "recover transactions"
-            raise c.RequestError(c.FORBIDDEN, f"may not {what}: {denial}")
+            raise c.AccessDenied(f"may not {what}: {denial}")
 
     def _recoverable(self, principal: "Principal | None") -> list[str]:
         """The in-doubt branches ``principal`` may decide (``_may_decide``): every one for admin
