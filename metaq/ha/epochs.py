@@ -24,6 +24,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..store.private import make_private_dir, private_opener
+
 FILE_NAME = "leader-epoch-checkpoint"
 _VERSION = "0"
 #: ``{dataPath}/led-epoch``: the newest epoch this broker led (see ``record_led_epoch``).
@@ -106,7 +108,7 @@ class EpochCache:
 def _write_durably(path: Path, body: str) -> None:
     """Write to a temporary file, fsync, rename: a crash leaves the old or the new text."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
+    with open(tmp, "w", opener=private_opener) as f:
         f.write(body)
         f.flush()
         os.fsync(f.fileno())
@@ -122,7 +124,7 @@ def record_led_epoch(data_path: str, epoch: int) -> None:
     and re-seed the group (metaq/ha/election.py, "ZooKeeper lost its data").
     """
     path = Path(data_path) / LED_EPOCH_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dir(path.parent)
     _write_durably(path, f"{epoch}\n")
 
 

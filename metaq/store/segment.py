@@ -16,6 +16,8 @@ import os
 import re
 from pathlib import Path
 
+from metaq.store.private import FILE_MODE
+
 SEGMENT_SUFFIX = ".meta"
 _SEGMENT_NAME = re.compile(r"^(\d{20})\.meta$")
 
@@ -53,7 +55,7 @@ class LogSegment:
     def create(cls, directory: Path, start: int) -> LogSegment:
         """A new empty, writable segment. Fails if the file already exists: never clobber data."""
         path = directory / segment_file_name(start)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
         return cls(path, start, fd, 0, read_only=False)
 
     @classmethod

@@ -111,6 +111,13 @@ class Branch:
                    [(t, int(n)) for t, n in data["partitions"]], str(data.get("starter") or ""))
 
 
+#: Requests a branch's deadline binds (see ``_request``). Not SEND: a put's enlistment writes no
+#: markers, and the timer's ABORT marker, written after it, rolls its records back anyway. Not
+#: ROLLBACK or FORGET: after the deadline they end the branch as the timeout would.
+_BOUND_BY_DEADLINE = frozenset({Event.START_JOIN, Event.END, Event.END_FAIL, Event.PREPARE,
+                                Event.PREPARE_READ_ONLY, Event.COMMIT_ONE_PHASE, Event.COMMIT})
+
+
 class TransactionCoordinator:
     def __init__(self, settings: TxnSettings, journal: TxLog | None = None,
                  max_tombstones: int = DEFAULT_MAX_TOMBSTONES) -> None:
@@ -141,7 +148,7 @@ class TransactionCoordinator:
             timeout = self.settings.cap_timeout(timeout_s)
             self._insert(Branch(xid, State.NONEXISTENT, timeout, now_ms + timeout * 1000,
                                 producer_id, producer_epoch, starter=starter))
-        return self._apply(xid, Event.START_JOIN if join else Event.START, now_ms)
+        return self._request(xid, Event.START_JOIN if join else Event.START, now_ms)
 
     def send(self, xid: str, topic: str, partition: int, now_ms: int) -> Reply:
         reply = self._apply(xid, Event.SEND, now_ms, journal=False)
@@ -152,15 +159,15 @@ class TransactionCoordinator:
         return reply
 
     def end(self, xid: str, now_ms: int, *, fail: bool = False) -> Reply:
-        return self._apply(xid, Event.END_FAIL if fail else Event.END, now_ms)
+        return self._request(xid, Event.END_FAIL if fail else Event.END, now_ms)
 
     def prepare(self, xid: str, now_ms: int) -> Reply:
         branch = self.branches.get(xid)
         read_only = branch is not None and not branch.partitions
-        return self._apply(xid, Event.PREPARE_READ_ONLY if read_only else Event.PREPARE, now_ms)
+        return self._request(xid, Event.PREPARE_READ_ONLY if read_only else Event.PREPARE, now_ms)
 
     def commit(self, xid: str, now_ms: int, *, one_phase: bool) -> Reply:
-        return self._apply(xid, Event.COMMIT_ONE_PHASE if one_phase else Event.COMMIT, now_ms)
+        return self._request(xid, Event.COMMIT_ONE_PHASE if one_phase else Event.COMMIT, now_ms)
 
     def rollback(self, xid: str, now_ms: int) -> Reply:
         return self._apply(xid, Event.ROLLBACK, now_ms)
@@ -264,6 +271,23 @@ class TransactionCoordinator:
         return results
 
     # --- internals -----------------------------------------------------------------
+
+    def _request(self, xid: str, event: Event, now_ms: int) -> Reply:
+        """A client's step on a branch: ``_apply``, after the deadline has had its say.
+
+        Invariant: a branch's deadline binds whether or not its timer has fired. The timer does
+        not run while the master refuses requests (fenced, ZooKeeper without quorum), so a commit
+        retried as the quorum returns can arrive first: the branch times out here, as the timer
+        would have, and the request is answered from what that leaves. (Only requests: a
+        reconcile's roll-forward of a commit already in a log is never undone by a deadline.)
+        """
+        branch = self.branches.get(xid)
+        if (event in _BOUND_BY_DEADLINE and branch is not None and branch.state in IN_FLIGHT
+                and branch.deadline_ms <= now_ms):
+            timed_out = self._apply(xid, Event.TIMEOUT, now_ms)
+            answer = self._apply(xid, event, now_ms)
+            return Reply(answer.code, timed_out.markers + answer.markers)
+        return self._apply(xid, event, now_ms)
 
     def _apply(self, xid: str, event: Event, now_ms: int, *, journal: bool = True,
                reason: AbortReason | None = None) -> Reply:
