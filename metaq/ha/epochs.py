@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..store.private import make_private_dir, private_opener
+from ..private_files import make_private_dir, private_opener
 
 FILE_NAME = "leader-epoch-checkpoint"
 _VERSION = "0"

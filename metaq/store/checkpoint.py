@@ -18,7 +18,7 @@ import logging
 import os
 from pathlib import Path
 
-from metaq.store.private import private_opener
+from metaq.private_files import private_opener
 from metaq.store.segment import fsync_directory
 
 log = logging.getLogger(__name__)

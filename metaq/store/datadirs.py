@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ..config import ConfigError, TopicConfig
-from .private import make_private_dir, private_opener, tighten_dir
+from ..private_files import make_private_dir, private_opener, tighten_dir
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from metaq.config import TopicConfig
-from metaq.store.private import private_opener
+from metaq.private_files import private_opener
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Callable
 
 from metaq import record
-from metaq.store.private import FILE_MODE, make_private_dir
+from metaq.private_files import FILE_MODE, make_private_dir
 from metaq.store.checkpoint import checkpoint_path, read_flushed_end, write_flushed_end
 from metaq.store.segment import LogSegment, fsync_directory, parse_segment_start, segment_file_name
 

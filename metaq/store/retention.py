@@ -16,7 +16,7 @@ import zipfile
 from pathlib import Path
 from typing import NamedTuple
 
-from metaq.store.private import private_opener
+from metaq.private_files import private_opener
 from metaq.store.segment import LogSegment, fsync_directory
 
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "": 3600}

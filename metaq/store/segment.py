@@ -16,7 +16,7 @@ import os
 import re
 from pathlib import Path
 
-from metaq.store.private import FILE_MODE
+from metaq.private_files import FILE_MODE
 
 SEGMENT_SUFFIX = ".meta"
 _SEGMENT_NAME = re.compile(r"^(\d{20})\.meta$")

@@ -13,7 +13,7 @@ import zlib
 from pathlib import Path
 from typing import Callable
 
-from metaq.store.private import private_opener
+from metaq.private_files import private_opener
 
 
 class DamagedFile(ValueError):

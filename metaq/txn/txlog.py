@@ -40,7 +40,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable
 
-from metaq.store.private import make_private_dir, private_opener
+from metaq.private_files import make_private_dir, private_opener
 from metaq.txn.config import FlushTxLog, TxnSettings
 from metaq.txn.crcfile import read_crc_file, write_crc_file
 
