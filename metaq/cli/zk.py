@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -34,8 +35,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
+def read_super_digest_file(path: str) -> str | None:
+    """The first line of a 0600 file, or None after printing why it cannot be used."""
+    from ..security.errors import SecurityError
+    from ..security.files import read_private
+
+    try:
+        lines = read_private(path, "--super-digest-file").decode("utf-8", "replace").splitlines()
+    except SecurityError as exc:
+        print(f"metaq zk: {exc}", file=sys.stderr)
+        return None
+    return lines[0].strip() if lines else ""
+
+
 def run(args: argparse.Namespace) -> int:
-    from ..zk.cli import read_super_digest_file, run_zk
+    from ..zk.cli import run_zk
 
     super_digest = args.super_digest
     if args.super_digest_file is not None:

@@ -11,8 +11,6 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from metaq.security.errors import SecurityError
-from metaq.security.files import read_private
 from metaq.zk.embedded import EmbeddedZooKeeper, ZooKeeperError
 
 EXIT_OK = 0
@@ -29,16 +27,6 @@ def default_data_dir(port: int) -> Path:
     """
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "metaq" / f"zookeeper-{port}"
-
-
-def read_super_digest_file(path: str) -> str | None:
-    """The first line of a 0600 file, or None after printing why it cannot be used."""
-    try:
-        lines = read_private(path, "--super-digest-file").decode("utf-8", "replace").splitlines()
-    except SecurityError as exc:
-        print(f"metaq zk: {exc}", file=sys.stderr)
-        return None
-    return lines[0].strip() if lines else ""
 
 
 def run_zk(port: int, data_dir: str | None, tick_ms: int, *, super_digest: str | None = None, ephemeral: bool = False,

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from ..private_files import private_opener
 from ..process import ChildProcess
-from ..security.files import write_private
 
 log = logging.getLogger(__name__)
 
@@ -320,8 +320,9 @@ class EmbeddedZooKeeper(ChildProcess):
         """``@FILE`` for the secret JVM options (none: no argument), so they stay off the command line."""
         if not self.super_digest:
             return []
-        options = f"-Dzookeeper.DigestAuthenticationProvider.superDigest={self.super_digest}\n"
-        write_private(self._secret_args_path, options.encode("ascii"))
+        self._remove_secret_args()  # one left by a killed run: "x" below creates it afresh, 0600
+        with open(self._secret_args_path, "x", encoding="ascii", opener=private_opener) as handle:
+            handle.write(f"-Dzookeeper.DigestAuthenticationProvider.superDigest={self.super_digest}\n")
         return [f"@{self._secret_args_path}"]
 
     def _remove_secret_args(self) -> None:
