@@ -128,9 +128,11 @@ class TransactionCoordinator:
         self.tombstones: OrderedDict[str, State] = OrderedDict()
         self.max_tombstones = max_tombstones
         self._deadlines: list[tuple[int, str]] = []
-        #: Branches in IN_FLIGHT (holding a timeout), and live branches per starter (see _count).
+        #: Branches in IN_FLIGHT (holding a timeout), live branches per starter, and the in-doubt
+        #: xids per starter (what ``recover`` lists, without a scan of every branch; see _count).
         self._in_flight = 0
         self._live_by_starter: dict[str, int] = {}
+        self._in_doubt_by_starter: dict[str, set[str]] = {}
         if journal is not None:
             for xid, data in journal.branches.items():
                 self._keep(Branch.from_json(xid, data))
@@ -184,9 +186,13 @@ class TransactionCoordinator:
                    and b.state is not State.PREPARED]
         return [(xid, self._apply(xid, Event.FAILOVER, now_ms)) for xid in zombies]
 
-    def recover(self) -> list[str]:
-        """In-doubt branches: prepared, or heuristically rolled back and not yet forgotten."""
-        return sorted(xid for xid, b in self.branches.items() if b.state in IN_DOUBT)
+    def recover(self, starter: str | None = None) -> list[str]:
+        """In-doubt branches (prepared, or heuristically rolled back and not yet forgotten), sorted:
+        every one, or (``starter`` given) those that starter started. Costs the in-doubt branches
+        listed, never a pass over the open ones."""
+        if starter is None:
+            return sorted(xid for xids in self._in_doubt_by_starter.values() for xid in xids)
+        return sorted(self._in_doubt_by_starter.get(starter, ()))
 
     def expire(self, now_ms: int) -> list[tuple[str, Reply]]:
         fired = []
@@ -345,8 +351,9 @@ class TransactionCoordinator:
         if branch.state in IN_FLIGHT:
             self._arm(branch)
 
-    # Invariant: ``_in_flight`` and ``_live_by_starter`` equal what a scan of ``branches`` would
-    # count; these three are the only places that add, change the state of, or drop a branch.
+    # Invariant: ``_in_flight``, ``_live_by_starter`` and ``_in_doubt_by_starter`` equal what a scan
+    # of ``branches`` would find; these three are the only places that add, change the state of,
+    # or drop a branch.
 
     def _insert(self, branch: Branch) -> None:
         """Hold ``branch`` (replacing any branch of its xid)."""
@@ -361,16 +368,29 @@ class TransactionCoordinator:
     def _set_state(self, branch: Branch, state: State) -> None:
         if (branch.state in IN_FLIGHT) is not (state in IN_FLIGHT):
             self._in_flight += 1 if state in IN_FLIGHT else -1
+        if (branch.state in IN_DOUBT) is not (state in IN_DOUBT):
+            self._index_in_doubt(branch, state in IN_DOUBT)
         branch.state = state
 
     def _count(self, branch: Branch, sign: int) -> None:
         if branch.state in IN_FLIGHT:
             self._in_flight += sign
+        if branch.state in IN_DOUBT:
+            self._index_in_doubt(branch, sign > 0)
         live = self._live_by_starter.get(branch.starter, 0) + sign
         if live:
             self._live_by_starter[branch.starter] = live
         else:
             del self._live_by_starter[branch.starter]
+
+    def _index_in_doubt(self, branch: Branch, in_doubt: bool) -> None:
+        if in_doubt:
+            self._in_doubt_by_starter.setdefault(branch.starter, set()).add(branch.xid)
+            return
+        xids = self._in_doubt_by_starter[branch.starter]
+        xids.discard(branch.xid)
+        if not xids:
+            del self._in_doubt_by_starter[branch.starter]
 
     def _journal(self, branch: Branch, *, decision: bool, now_ms: int) -> None:
         if self.journal is not None:

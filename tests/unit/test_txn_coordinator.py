@@ -126,7 +126,7 @@ class NoScan(dict):  # type: ignore[type-arg]
     __iter__ = keys = values = items = _scan  # type: ignore[assignment]
 
 
-def test_a_start_costs_the_same_however_many_branches_are_open_and_the_counts_stay_exact() -> None:
+def test_a_start_or_recover_costs_the_same_however_many_branches_are_open_and_the_counts_stay_exact() -> None:
     coordinator = TransactionCoordinator(TxnSettings(max_tx_timeout_timer_capacity=10**6))
     for n in range(2000):
         assert coordinator.start(f"TX:1:{n}", 0, 30, starter=f"user{n % 3}").code is Code.XA_OK
@@ -150,9 +150,13 @@ def test_a_start_costs_the_same_however_many_branches_are_open_and_the_counts_st
     assert coordinator.live_branches_of("user1") == sum(1 for b in table.values() if b.starter == "user1") == 0
     heuristic = [xid for xid, b in table.items() if b.state is State.HEURISTIC_ROLLED_BACK]
     assert len(heuristic) == 75 and len(table) == 75  # the prepared ones, until forgotten
+    # recover lists them from its index, per starter too, without walking the table either.
+    assert coordinator.recover() == coordinator.recover("user0") == sorted(heuristic)
+    assert coordinator.recover("user1") == []
     for xid in heuristic:
         coordinator.forget(xid, 32_000)
     assert coordinator.live_branches_of("user0") == 0 and len(coordinator.branches) == 0
+    assert coordinator.recover() == []
 
 
 def test_a_churn_of_short_branches_leaves_no_unbounded_timeout_entries() -> None:
