@@ -36,3 +36,15 @@ def test_power_loss_schedule_is_the_same_for_the_same_seed() -> None:
 def test_power_loss_cluster_refuses_hosts_of_their_own(tmp_path) -> None:
     with pytest.raises(ValueError, match="--power-loss runs only with --hosts local"):
         ChaosCluster(tmp_path, power_loss=True, hosts="netns")
+
+
+def test_a_power_loss_campaign_passes_the_option_to_every_run_and_is_not_mixed(tmp_path) -> None:
+    from chaos import campaign
+
+    assert all("--power-loss" in s.command(30, tmp_path, 3) for s in campaign.plan(4, 1, power_loss=True))
+    assert not any("--power-loss" in s.command(30, tmp_path, 3) for s in campaign.plan(4, 1))
+    # A campaign recorded before the option existed resumes as one without power loss...
+    (tmp_path / campaign.SETTINGS_FILE).write_text('{"seconds": 30, "first_seed": 1, "zk_nodes": 3}')
+    assert campaign.check_settings(tmp_path, 30, 1, 3) is None
+    # ...and is not continued with power loss (its table would mix two kinds of runs).
+    assert "--power-loss False (now True)" in campaign.check_settings(tmp_path, 30, 1, 3, power_loss=True)
