@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 from typing import Any
 
 SIZE_CLASSES = "CASE WHEN amount_cents >= 10000 THEN 'large' WHEN amount_cents >= 1000 THEN 'medium' ELSE 'small' END"
@@ -96,15 +97,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--user"), parser.add_argument("--password-file"), parser.add_argument("--tls-ca")
     parser.add_argument("--source", default="orders"), parser.add_argument("--target", default="orders-enriched")
     parser.add_argument("--checkpoint", required=True, help="the stream's checkpoint directory (keep it between runs)")
-    parser.add_argument("--seed", type=int, default=0, help="first produce this many orders into --source")
+    parser.add_argument("--seed", type=int, default=0, help="first produce this many new orders into --source")
     parser.add_argument("--spark-master", help="e.g. local[2] or local-cluster[2,1,1024] (default: spark-submit's)")
     args = parser.parse_args(argv)
 
     from metaq.spark.session import local_session
 
     options = login_options(args)
-    if args.seed:
-        seed_orders(options, args.source, args.seed)
+    if args.seed:  # order ids from the clock (microseconds): a later --seed run adds new orders, never repeats one
+        seed_orders(options, args.source, args.seed, first=time.time_ns() // 1000)
     if args.spark_master:
         spark = local_session("metaq-orders-pipeline", master=args.spark_master)
     else:  # under spark-submit: its master and environment

@@ -9,7 +9,7 @@ The job is the repository's example pipeline (examples/spark_orders_pipeline.py)
 script against a secured group with TLS: from the slave as ``app``, exactly once into
 ``orders-enriched``, checked by reading both topics back.
 
-Starting the two executor JVMs takes ~30 s on a busy 2-core machine, so the test is marked
+Starting the two executor JVMs makes it take 40-60 s on a busy 2-core machine, so the test is marked
 ``spark_cluster`` and deselected by default (pyproject's addopts); README and docs/spark.md
 say how to run it: ``python -m pytest -m spark_cluster tests/spark/test_cluster.py``.
 """
