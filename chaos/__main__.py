@@ -1,4 +1,4 @@
-"""``python -m chaos proxy|run|check ...``"""
+"""``python -m chaos proxy|run|check|campaign ...``"""
 
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("check", help="check a recorded history file (JSON) and print the report")
     c.add_argument("history")
     c.add_argument("--json", action="store_true", help="print the result as JSON")
-    from chaos import runner
+    from chaos import campaign, runner
 
     runner.add_parser(sub)
+    campaign.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "proxy":
         from chaos.proxy import serve_forever
@@ -47,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if result.ok else 1
     if args.command == "run":
         return runner.main(args)
+    if args.command == "campaign":
+        return campaign.main(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

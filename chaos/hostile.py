@@ -5,11 +5,22 @@
   user when the cluster is secure: an authenticated client is still no broker;
 * with ``secure``, one ``RogueZk`` writing every group's nodes without its credentials
   (without security ZooKeeper is open by design, so it is not run there);
-* every broker process's RSS sampled each second.
+* issue 23's attacks (chaos/rogue.py): pre-login big-body floods and connection-slot
+  floods at every broker (straight to its port, from other loopback addresses than the
+  workload's proxies), and with ``secure`` ``transaction start`` floods at every master (as
+  a user without produce rights), replays of signed heartbeats and a fake group registered
+  in ZooKeeper without credentials; a round at a broker that a fault paused or restarted
+  meanwhile is not judged;
+* every broker process's RSS sampled each second;
+* a logged-in producer's put latency (``PutLatencyProbe``, group 0's master): first for
+  ``WINDOW_S`` before any attack (the quiet run), then for ``WINDOW_S`` with every attack
+  going, before the fault schedule starts (so faults do not decide it).
 
-The run fails if any forgery was accepted, or if a broker process grew by more than
-``RSS_GROWTH_LIMIT_MB`` over its life (measured from ``WARM_UP_S`` after it was first
-seen, so that loading its log after a restart does not count).
+The run fails if any forgery was accepted or any attack got through, if a broker process
+grew by more than ``RSS_GROWTH_LIMIT_MB`` over its life (measured from ``WARM_UP_S`` after
+it was first seen, so that loading its log after a restart does not count), or if the
+put latency p99 under attack is more than ``LATENCY_FACTOR`` times the quiet one (quiet
+p99s below ``LATENCY_FLOOR_S`` count as that: timer and scheduler noise on a shared machine).
 """
 
 from __future__ import annotations
@@ -19,8 +30,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pathlib import Path
+
+from metaq.client.connection import Credentials
+
 from .cluster import ChaosCluster
-from .rogue import RoguePeer, RogueZk
+from .rogue import (
+    BigBodyFlood,
+    FakeRegistration,
+    HeartbeatReplay,
+    PutLatencyProbe,
+    RoguePeer,
+    RogueZk,
+    SlotFlood,
+    TxnStartFlood,
+    p99,
+)
 
 #: The same bound the hostile-peer integration test holds a master to.
 RSS_GROWTH_LIMIT_MB = 40.0
@@ -30,6 +55,15 @@ WARM_UP_S = 3.0
 ROUND_PAUSE_S = 0.02
 #: The slave a RoguePeer pretends to be when it claims an epoch (``g{n}-b`` has slaveId=1).
 IMPERSONATED_SLAVE = 1
+#: The put latency windows (seconds): quiet, then with every attack going after RAMP_S.
+WINDOW_S = 3.0
+RAMP_S = 2.0  # past the floods' first connect bursts: the window sees the attacks going, not their start-up
+LATENCY_FACTOR = 3.0
+LATENCY_FLOOR_S = 0.002
+#: Acked puts a window needs for its p99 to mean something.
+MIN_SAMPLES = 100
+#: With ``secure``: the security file's user that may consume one topic and produce none.
+NO_PRODUCE_USER = "reader"
 
 
 @dataclass
@@ -59,17 +93,71 @@ def rss_of(pid: int) -> float | None:
         return None  # gone, or a zombie between kill and restart
 
 
+def running(b: Any) -> int | None:
+    """The broker's pid while its process runs; None while it is dead or stopped (a pause fault's SIGSTOP)."""
+    pid = b.process.pid if b.process.alive else None
+    if pid is None:
+        return None
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+    return None if state in ("T", "t", "Z", "X") else pid
+
+
 class HostileLoad:
-    def __init__(self, cluster: ChaosCluster) -> None:
+    def __init__(self, cluster: ChaosCluster, history: Any) -> None:
         self.cluster = cluster
+        self.history = history
         self.peers: dict[str, RoguePeer] = {}
         self.zk: RogueZk | None = None
+        #: Issue 23's attacks by name ("big-body g0-a", "slots g0-a", "txn-start", ...).
+        self.attacks: dict[str, Any] = {}
+        self.latency: dict[str, list[float]] = {}
         self.rss: dict[int, RssTrack] = {}
         self._halt = threading.Event()
         self._sampler = threading.Thread(target=self._sample_loop, daemon=True, name="chaos-rss")
 
+    def _masters(self) -> list[tuple[int, Any]]:
+        """(group, its master's ChaosBroker) for each group with a master now."""
+        found = []
+        for group in range(self.cluster.num_groups):
+            url = self.cluster.view(group).master
+            broker = self.cluster.by_url(url) if url else None
+            if broker is not None:
+                found.append((group, broker))
+        return found
+
+    def _probe_target(self) -> tuple[str, tuple[str, int]] | None:
+        url = self.cluster.view(0).master
+        return (url, self.cluster.client_address(url)) if url else None
+
     def start(self) -> None:
+        """Blocks for the two latency windows (run it off the workload's event loop)."""
+        self._sampler.start()
+        probe = PutLatencyProbe(self._probe_target, self.cluster.credentials, self.cluster.topic, 0, self.history)
+        self.latency["quiet"] = probe.measure(WINDOW_S, "quiet")
+        self._start_attacks()
+        time.sleep(RAMP_S)
+        self.latency["attacked"] = probe.measure(WINDOW_S, "attacked")
+
+    def _start_attacks(self) -> None:
         cluster = self.cluster
+        secure = cluster.secure
+        for b in cluster.brokers:
+            direct = ("127.0.0.1", b.process.port)
+            self.attacks[f"big-body {b.name}"] = BigBodyFlood(direct, cluster.topic, secure=secure, running=lambda b=b: running(b))
+            self.attacks[f"slots {b.name}"] = SlotFlood(direct, secure=secure, running=lambda b=b: running(b))
+        if secure:
+            self.attacks["txn-start"] = TxnStartFlood(
+                lambda: [cluster.client_address(b.url) for _, b in self._masters()], self._no_produce_user(), secure=secure)
+            self.attacks["heartbeat-replay"] = HeartbeatReplay(
+                lambda: [(group, ("127.0.0.1", b.process.port)) for group, b in self._masters()],
+                lambda group: Path(cluster.work_dir) / "security" / f"g{group}" / "group.secret",
+                IMPERSONATED_SLAVE, cluster.topic)
+            self.attacks["fake-registration"] = FakeRegistration(cluster.zk_connect, cluster.zk_root, cluster.topic)
+        for attack in self.attacks.values():
+            attack.start()
         for b in cluster.brokers:
             self.peers[b.name] = RoguePeer(
                 cluster.client_address(b.url), topic=cluster.topic, impersonate=IMPERSONATED_SLAVE,
@@ -80,9 +168,15 @@ class HostileLoad:
         if cluster.secure:
             self.zk = RogueZk(cluster.zk_connect, cluster.zk_root, cluster.num_groups)
             self.zk.start()
-        self._sampler.start()
+
+    def _no_produce_user(self) -> Credentials:
+        from tests.integration.trust_support import PASSWORDS
+
+        return Credentials(NO_PRODUCE_USER, PASSWORDS[NO_PRODUCE_USER])
 
     def stop(self) -> None:
+        for attack in self.attacks.values():
+            attack.stop()
         for peer in self.peers.values():
             peer.stop()
         if self.zk is not None:
@@ -102,8 +196,17 @@ class HostileLoad:
                     self.rss.setdefault(pid, RssTrack(b.name, now)).add(now, rss)
             self._halt.wait(1.0)
 
+    def latency_summary(self) -> dict[str, Any]:
+        quiet, attacked = self.latency.get("quiet", []), self.latency.get("attacked", [])
+        bound = LATENCY_FACTOR * max(p99(quiet), LATENCY_FLOOR_S)
+        return {"quiet_p99_ms": round(p99(quiet) * 1000, 2), "attacked_p99_ms": round(p99(attacked) * 1000, 2),
+                "bound_ms": round(bound * 1000, 2), "samples": [len(quiet), len(attacked)],
+                "ok": len(quiet) >= MIN_SAMPLES and len(attacked) >= MIN_SAMPLES and p99(attacked) <= bound}
+
     def summary(self) -> dict[str, Any]:
         return {
+            "attacks": {name: attack.summary() for name, attack in self.attacks.items()},
+            "latency": self.latency_summary(),
             "peers": {name: peer.summary() for name, peer in self.peers.items()},
             "zookeeper": self.zk.summary() if self.zk is not None else "not run (security off: ZooKeeper is open)",
             "rss_mb": [{"broker": t.broker, "pid": pid, "baseline": round(t.baseline_mb or 0, 1),
@@ -114,6 +217,14 @@ class HostileLoad:
     def problems(self) -> list[str]:
         found = [f"{name}: {len(peer.accepted)} forgeries accepted, e.g. {peer.accepted[:2]}"
                  for name, peer in self.peers.items() if peer.accepted]
+        found += [f"{name}: got through {len(attack.accepted)} times, e.g. {attack.accepted[:2]}"
+                  for name, attack in self.attacks.items() if attack.accepted]
+        found += [f"{name}: never refused ({attack.sent} sent)" for name, attack in self.attacks.items()
+                  if attack.sent and not attack.refused]
+        latency = self.latency_summary()
+        if not latency["ok"]:
+            found.append(f"put latency p99 {latency['attacked_p99_ms']} ms under attack, quiet {latency['quiet_p99_ms']} ms "
+                         f"(bound {latency['bound_ms']} ms; acked puts measured {latency['samples']}, at least {MIN_SAMPLES} each)")
         if self.zk is not None and self.zk.accepted:
             found.append(f"ZooKeeper: {len(self.zk.accepted)} writes without credentials accepted, e.g. {self.zk.accepted[:2]}")
         found += [f"{t.broker} (pid {pid}): RSS grew by {t.growth_mb:.0f} MB (limit {RSS_GROWTH_LIMIT_MB:.0f})"
@@ -129,7 +240,16 @@ class HostileLoad:
                    if isinstance(zk, dict) else zk)
         growth = max((r["growth"] for r in s["rss_mb"]), default=0.0)
         peak = max((r["max"] for r in s["rss_mb"]), default=0.0)
+        latency = s["latency"]
+        by_kind: dict[str, list[dict[str, Any]]] = {}
+        for name, attack in s["attacks"].items():
+            by_kind.setdefault(name.split(" ")[0], []).append(attack)
+        attack_lines = [f"{kind}: {sum(a['sent'] for a in rows)} sent, {sum(a['refused'] for a in rows)} refused, "
+                        f"{sum(a['accepted'] for a in rows)} got through" for kind, rows in by_kind.items()]
         return [
+            *attack_lines,
+            f"put latency p99 (logged-in producer, {latency['samples']} acked puts): quiet {latency['quiet_p99_ms']} ms, "
+            f"under attack {latency['attacked_p99_ms']} ms (bound {latency['bound_ms']} ms)",
             f"rogue peers: {sent} forged requests to {len(s['peers'])} brokers, {accepted} accepted",
             f"rogue ZooKeeper client: {zk_line}",
             f"broker RSS: peak {peak:.0f} MB, largest growth of one process {growth:.1f} MB "

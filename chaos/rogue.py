@@ -14,6 +14,29 @@ tests/integration/test_trust_hostile_peer.py (against one master during a failov
   Only meaningful against brokers with security on: without it ZooKeeper is open by
   design (docs/security.md) and these writes succeed.
 
+Issue 23's attacks, each counting what it sent, what was refused and what got through:
+
+* ``BigBodyFlood`` (one broker): connections that never log in, each declaring a 16 MiB
+  put and sending 4 KiB of it. Refused: closed before login (security on), or answered 503
+  past ``maxBufferedRequestBytes`` (off); accepted: more held than the budget allows.
+* ``SlotFlood`` (one broker): more connections than ``maxConnectionsPerAddress`` from one
+  address, each sending only ``version``. Refused: at connect past the cap, or closed at
+  the login deadline (security on); accepted: more open than the cap, or (security on) one
+  still open past ``loginTimeoutMs``.
+* ``TxnStartFlood`` (the masters, security on): pipelined ``transaction start`` calls as a
+  user with no produce permission. Refused: any answer but XA_OK; accepted: a start that
+  got XA_OK. (With security off every client is trusted to start transactions: no flood.)
+* ``HeartbeatReplay`` (the masters, security on): heartbeats signed with the group's key,
+  as an eavesdropper records them, replayed an hour and a minute after they were sent.
+  Accepted: any answer (the master answers only heartbeats it counts).
+* ``FakeRegistration`` (security on): a ZooKeeper client without credentials registers a
+  made-up group (``/brokers/ids/777/master`` and a topic partition) pointing at a listener
+  of its own, for a few seconds at a time. ZooKeeper lets it (world CREATE on the shared
+  directories): the clients must ignore it. Refused: a round in which no client called
+  the listener; accepted: any connection to it (a client trusted the forgery).
+* ``PutLatencyProbe``: a logged-in producer's puts, one every 5 ms, timed (recorded in the
+  history like the workload's, so the checker checks them too).
+
 Every forgery a broker (or ZooKeeper) accepts is kept in ``accepted``; a run is clean
 only if that stays empty.
 """
@@ -21,16 +44,25 @@ only if that stays empty.
 from __future__ import annotations
 
 import asyncio
+import math
+import multiprocessing
+import selectors
 import socket
 import threading
+import time
+from pathlib import Path
 from typing import Any, Callable
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
-from metaq.client.connection import Credentials
-from metaq.ha.heartbeat import encode
-from metaq.zk.paths import ZkPaths
+from metaq.client.connection import BrokerConnection, Credentials
+from metaq.ha.heartbeat import encode, encode_signed
+from metaq.protocol.frames import encode_frame, encode_frame_head
+from metaq.protocol.messages import PutRequest, TransactionRequest
+from metaq.record import encode_batch
+from metaq.security.group import GroupSecret
+from metaq.zk.paths import ZkPaths, topic_node_data
 
 #: Phantom slave ids cycle through this range (never a real member's id).
 PHANTOMS = range(50, 90)
@@ -133,6 +165,17 @@ class RoguePeer(_Looper):
             udp.close()
 
 
+def _anonymous_zk(zk_connect: str) -> KazooClient | None:
+    """A started ZooKeeper client without credentials, or None if ZooKeeper is out of reach."""
+    zk = KazooClient(hosts=zk_connect, timeout=10)
+    try:
+        zk.start(timeout=30)
+    except Exception:
+        zk.close()
+        return None
+    return zk
+
+
 class RogueZk(_Looper):
     """Writes the groups' ZooKeeper nodes without their credentials until stopped."""
 
@@ -156,10 +199,8 @@ class RogueZk(_Looper):
         ]
 
     def _main(self) -> None:
-        zk = KazooClient(hosts=self.zk_connect, timeout=10)
-        try:
-            zk.start(timeout=30)
-        except Exception:
+        zk = _anonymous_zk(self.zk_connect)
+        if zk is None:
             return
         n = 0
         try:
@@ -183,3 +224,420 @@ class RogueZk(_Looper):
 
     def summary(self) -> dict[str, Any]:
         return {**super().summary(), "refused": self.refused}
+
+
+# --- issue 23's attacks ---------------------------------------------------------------------
+
+#: The brokers' defaults these attacks meet (docs/security.md, "Limits"); the chaos cluster keeps them.
+MAX_BUFFERED_REQUEST_BYTES = 64 * 1024 * 1024
+MAX_CONNECTIONS_PER_ADDRESS = 256
+LOGIN_TIMEOUT_S = 10.0
+BIG_BODY = 16 * 1024 * 1024
+
+
+def _connect_from(source: str, address: tuple[str, int], timeout: float = 2.0) -> socket.socket | None:
+    """A TCP connection to ``address`` from another loopback address (another "host"), or None if refused."""
+    try:
+        return socket.create_connection(address, timeout=timeout, source_address=(source, 0))
+    except OSError:
+        return None
+
+
+#: ``running()`` of a broker: a token (its pid) while it runs, None while it is stopped (SIGSTOP) or dead.
+Running = Callable[[], Any]
+
+
+def _closed_by_broker(sockets: list[socket.socket], seconds: float, *, replies_close: bool,
+                      running: Running) -> set[socket.socket] | None:
+    """The sockets the broker closed within ``seconds`` (EOF or reset); with ``replies_close`` a reply counts too.
+
+    None when the broker did not run all along (paused or restarted by a fault): it could
+    refuse nothing then, and the round proves nothing either way.
+    """
+    closed: set[socket.socket] = set()
+    token = running()
+    if token is None:
+        return None
+    with selectors.DefaultSelector() as selector:
+        for sock in sockets:
+            sock.setblocking(False)
+            selector.register(sock, selectors.EVENT_READ)
+        deadline = time.monotonic() + seconds
+        while len(closed) < len(sockets) and (left := deadline - time.monotonic()) > 0:
+            if running() != token:
+                return None
+            for key, _ in selector.select(min(left, 0.2)):
+                sock = key.fileobj
+                try:
+                    data = sock.recv(65536)  # type: ignore[union-attr]
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if not data or replies_close:
+                    closed.add(sock)  # type: ignore[arg-type]
+                    selector.unregister(sock)
+    return closed if running() == token else None
+
+
+class BigBodyFlood(_Looper):
+    """Rounds of ``per_round`` connections that each declare a 16 MiB put and send 4 KiB of it."""
+
+    def __init__(self, address: tuple[str, int], topic: str, *, secure: bool, running: Running, source: str = "127.0.0.2",
+                 per_round: int = 6, hold_s: float = 1.5, pause_s: float = 1.0) -> None:
+        super().__init__(f"big-body-flood-{address[1]}")
+        self.address, self.topic, self.secure, self.source, self.running = address, topic, secure, source, running
+        self.per_round, self.hold_s, self.pause_s = per_round, hold_s, pause_s
+        self.refused = 0
+        #: Security off: what the budget lets the broker hold at once (the rest must be refused).
+        self.may_hold = 0 if secure else MAX_BUFFERED_REQUEST_BYTES // BIG_BODY
+
+    def _main(self) -> None:
+        head = encode_frame_head(PutRequest(topic=self.topic, partition=0, count=1).to_header(), BIG_BODY)
+        while not self._stop.is_set():
+            sockets = [s for s in (_connect_from(self.source, self.address) for _ in range(self.per_round)) if s]
+            for sock in sockets:
+                try:
+                    sock.sendall(head + bytes(4096))
+                except OSError:
+                    pass
+            # Security on: closed at the first frame that is not a small login frame. Off: a 503
+            # for each past the budget (they stay open); the ones within it are held until cut off.
+            refused = _closed_by_broker(sockets, self.hold_s, replies_close=True, running=self.running)
+            if refused is not None:
+                self.sent += len(sockets)
+                self.refused += len(refused)
+                held = len(sockets) - len(refused)
+                if held > self.may_hold:
+                    self.accepted.append(f"{held} of {len(sockets)} big bodies held (at most {self.may_hold})")
+            for sock in sockets:
+                sock.close()
+            self._stop.wait(self.pause_s)
+
+    def summary(self) -> dict[str, Any]:
+        return {**super().summary(), "refused": self.refused}
+
+
+class SlotFlood(_Looper):
+    """Rounds of more connections than one address may hold, each sending ``version`` and never logging in."""
+
+    def __init__(self, address: tuple[str, int], *, secure: bool, running: Running, source: str = "127.0.0.3",
+                 connections: int = MAX_CONNECTIONS_PER_ADDRESS + 30, hold_s: float = 4.0, pause_s: float = 1.0) -> None:
+        super().__init__(f"slot-flood-{address[1]}")
+        self.address, self.secure, self.source, self.running = address, secure, source, running
+        self.connections, self.pause_s = connections, pause_s
+        # Security on: held until the broker closes them at its login deadline (plus a margin).
+        self.hold_s = LOGIN_TIMEOUT_S + 3.0 if secure else hold_s
+        self.refused = 0
+
+    def _main(self) -> None:
+        version = encode_frame({"op": "version", "opaque": 1})
+        while not self._stop.is_set():
+            sockets, at_connect = [], 0
+            for _ in range(self.connections):
+                sock = _connect_from(self.source, self.address)
+                if sock is None:
+                    at_connect += 1
+                    continue
+                try:
+                    sock.sendall(version)
+                    sockets.append(sock)
+                except OSError:
+                    at_connect += 1
+                    sock.close()
+            self._judge(sockets, at_connect)
+            for sock in sockets:
+                sock.close()
+            self._stop.wait(self.pause_s)
+
+    def _judge(self, sockets: list[socket.socket], at_connect: int) -> None:
+        # Refused at connect past the cap: the broker closes those at once.
+        early = _closed_by_broker(sockets, 1.0, replies_close=False, running=self.running)
+        if early is None:
+            return  # the broker was paused or restarted: nothing to judge
+        held = [s for s in sockets if s not in early]
+        if len(held) > MAX_CONNECTIONS_PER_ADDRESS:
+            self.accepted.append(f"{len(held)} connections from one address held (cap {MAX_CONNECTIONS_PER_ADDRESS})")
+        late = _closed_by_broker(held, self.hold_s - 1.0, replies_close=False, running=self.running)
+        if late is None or self._stop.is_set():
+            return
+        if self.secure and len(late) < len(held):
+            self.accepted.append(f"{len(held) - len(late)} connections never logged in and still open after "
+                                 f"{self.hold_s:.0f} s (login deadline {LOGIN_TIMEOUT_S:.0f} s)")
+        self.sent += self.connections
+        self.refused += at_connect + len(early) + len(late)
+
+    def summary(self) -> dict[str, Any]:
+        return {**super().summary(), "refused": self.refused}
+
+
+class TxnStartFlood(_Looper):
+    """Rounds of ``per_round`` pipelined ``transaction start`` calls at the current master of each group."""
+
+    def __init__(self, masters: Callable[[], list[tuple[str, int]]], credentials: Credentials, *, secure: bool,
+                 per_round: int = 32, pause_s: float = 0.2) -> None:
+        super().__init__("txn-start-flood")
+        self.masters, self.credentials, self.secure = masters, credentials, secure
+        self.per_round, self.pause_s = per_round, pause_s
+        self.refused = 0
+        self.started = 0
+
+    def _main(self) -> None:
+        asyncio.run(self._run())
+
+    async def _run(self) -> None:
+        conns: dict[tuple[str, int], BrokerConnection] = {}
+        n = 0
+        try:
+            while not self._stop.is_set():
+                for address in self.masters():
+                    conn = conns.get(address)
+                    if conn is None or not conn.is_open:
+                        try:
+                            conn = conns[address] = await self.credentials.open(*address, timeout=2)
+                        except Exception:
+                            continue  # down, paused or refusing
+                    # Short branches: with security off they are granted, and must not outlive the run.
+                    headers = [TransactionRequest(action="start", xid=f"rogue-{n + i}", timeout_s=1).to_header()
+                               for i in range(self.per_round)]
+                    n += self.per_round
+                    try:
+                        replies = await asyncio.gather(*(conn.request(h, timeout=5) for h in headers))
+                    except Exception:
+                        conn.close()
+                        conns.pop(address, None)
+                        continue
+                    self.sent += len(replies)
+                    granted = sum(1 for r in replies if r.ok and r.get("xa_code") == 0)
+                    self.started += granted
+                    self.refused += len(replies) - granted
+                    if self.secure and granted:
+                        self.accepted.append(f"{granted} transactions started at {address} by a user without produce rights")
+                await asyncio.sleep(self.pause_s)
+        finally:
+            for conn in conns.values():
+                conn.close()
+
+    def summary(self) -> dict[str, Any]:
+        return {**super().summary(), "refused": self.refused, "started": self.started}
+
+
+class HeartbeatReplay(_Looper):
+    """Replays of signed heartbeats (a real slave's id, the group's key) recorded long enough ago."""
+
+    def __init__(self, masters: Callable[[], list[tuple[int, tuple[str, int]]]], secret_file: Callable[[int], Path],
+                 slave_id: int, topic: str, *, per_round: int = 50, pause_s: float = 1.0) -> None:
+        super().__init__("heartbeat-replay")
+        self.masters, self.secret_file, self.slave_id, self.topic = masters, secret_file, slave_id, topic
+        self.per_round, self.pause_s = per_round, pause_s
+        self.refused = 0
+        self.answered = 0
+
+    def _main(self) -> None:
+        keys: dict[int, bytes] = {}
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            udp.bind(("127.0.0.1", 0))  # the slaves' registered host: where answers may go
+            while not self._stop.is_set():
+                for group, address in self.masters():
+                    key = keys.get(group) or keys.setdefault(group, GroupSecret.load(self.secret_file(group), group).heartbeat_key())
+                    message = {"kind": "hb", "role": "slave", "broker_id": group, "slave_id": self.slave_id, "epoch": 1,
+                               "log_ends": {f"{self.topic}/0": 1}}
+                    # An hour old, and a minute old (past the 10 s window): neither may count. (One
+                    # recorded within the window counts if newer than the slave's last, e.g. at a
+                    # master that took over since: the window is what bounds that.)
+                    for age_s in (3600.0, 60.0):
+                        recorded = encode_signed({**message, "sent_at": time.time() - age_s}, key)
+                        for _ in range(self.per_round // 2):
+                            udp.sendto(recorded, address)
+                            self.sent += 1
+                answered = self._answers(udp, 0.5)
+                self.answered += answered
+                self.refused = self.sent - self.answered
+                if answered:
+                    self.accepted.append(f"{answered} replayed heartbeats answered")
+                self._stop.wait(self.pause_s)
+
+    def summary(self) -> dict[str, Any]:
+        return {**super().summary(), "refused": self.refused}
+
+    @staticmethod
+    def _answers(udp: socket.socket, seconds: float) -> int:
+        udp.settimeout(seconds)
+        count = 0
+        try:
+            while True:
+                udp.recvfrom(65536)
+                count += 1
+        except (socket.timeout, OSError):
+            return count
+
+
+class FakeRegistration(_Looper):
+    """A made-up group registered in ZooKeeper without credentials, pointing at a listener that counts who calls."""
+
+    FAKE_GROUP = 777
+
+    def __init__(self, zk_connect: str, zk_root: str, topic: str, *, hold_s: float = 3.0, pause_s: float = 1.0) -> None:
+        super().__init__("fake-registration")
+        self.zk_connect, self.paths, self.topic = zk_connect, ZkPaths(zk_root), topic
+        self.hold_s, self.pause_s = hold_s, pause_s
+        self.refused = 0
+        self.registered = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.2)
+
+    def _nodes(self) -> list[tuple[str, bytes]]:
+        group, port = self.FAKE_GROUP, self._listener.getsockname()[1]
+        # numParts within the clients' cap: a registration that looks like any small group's.
+        return [(self.paths.master(group), f"meta://127.0.0.1:{port}".encode()),
+                (self.paths.topic_pub_node(self.topic, group), topic_node_data(4, group))]
+
+    def _main(self) -> None:
+        zk = _anonymous_zk(self.zk_connect)
+        if zk is None:
+            return
+        try:
+            while not self._stop.is_set():
+                self.sent += 1
+                for path, data in self._nodes():
+                    try:
+                        zk.create(path, data, makepath=True)
+                        self.registered += 1
+                    except Exception:
+                        pass  # NoAuth (refused by ZooKeeper: fine too), or no quorum right now
+                deadline = time.monotonic() + self.hold_s
+                called = 0
+                while time.monotonic() < deadline and not self._stop.is_set():
+                    try:
+                        caller, where = self._listener.accept()
+                    except (socket.timeout, OSError):
+                        continue
+                    caller.close()
+                    called += 1
+                    self.accepted.append(f"a client connected to the fake group {self.FAKE_GROUP} from {where}")
+                if not called and time.monotonic() >= deadline:
+                    self.refused += 1  # held a whole round, and nobody followed it
+                self._withdraw(zk)
+                self._stop.wait(self.pause_s)
+        finally:
+            self._withdraw(zk)
+            zk.stop()
+            zk.close()
+            self._listener.close()
+
+    def _withdraw(self, zk: KazooClient) -> None:
+        for path in (self.paths.topic_pub_node(self.topic, self.FAKE_GROUP), self.paths.master(self.FAKE_GROUP),
+                     self.paths.broker(self.FAKE_GROUP)):
+            try:
+                zk.delete(path, recursive=True)
+            except Exception:
+                pass
+
+    def summary(self) -> dict[str, Any]:
+        return {**super().summary(), "refused": self.refused, "registered": self.registered}
+
+
+def p99(samples: list[float]) -> float:
+    """The 99th percentile (nearest rank) of ``samples`` (0.0 when empty)."""
+    if not samples:
+        return 0.0
+    ordered = sorted(samples)
+    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
+
+
+class PutLatencyProbe:
+    """A logged-in producer's put latency: one put every ``interval_s`` for a while, each recorded in ``history``.
+
+    ``master()`` gives the current master's (url, client address) of ``group``; the puts go to
+    partition 0 of ``topic`` there, one message each, over one connection. They are sent
+    from a process of their own: in the runner's process every attack thread would hold the
+    GIL against the probe, and the client's delay would be counted as the broker's. Each
+    put's invoke is recorded before it is sent and its ack after it came back (the child
+    asks and waits), so the history stays true for the checker.
+    """
+
+    def __init__(self, master: Callable[[], tuple[str, tuple[str, int]] | None], credentials: Credentials, topic: str,
+                 group: int, history: Any, interval_s: float = 0.005) -> None:
+        self.master, self.credentials, self.topic, self.group = master, credentials, topic, group
+        self.history, self.interval_s = history, interval_s
+
+    def measure(self, seconds: float, phase: str) -> list[float]:
+        """Seconds each acked put took, over ``seconds`` (blocking)."""
+        found = self.master()
+        if found is None:
+            return []
+        url, (host, port) = found
+        partition = f"{self.topic}/{self.group}-0"
+        context = multiprocessing.get_context("spawn")
+        ours, theirs = context.Pipe()
+        child = context.Process(target=_timed_puts, daemon=True, name=f"latency-{phase}", args=(
+            theirs, host, port, self.credentials.user, self.credentials.password, self.topic, seconds, self.interval_s,
+            f"latency-{phase}"))
+        child.start()
+        theirs.close()
+        latencies: list[float] = []
+        open_ops: dict[str, int] = {}
+        try:
+            while True:
+                try:
+                    event = ours.recv()
+                except EOFError:
+                    break
+                kind, value = event[0], event[1] if len(event) > 1 else None
+                if kind == "invoke":
+                    open_ops[value] = self.history.invoke("latency", "put", value, partition)
+                    ours.send(True)  # recorded: the child may send it now
+                elif kind == "ok":
+                    _, _, offset, epoch, took = event
+                    self.history.ok(open_ops.pop(value), offset, epoch, url)
+                    latencies.append(took)
+                elif kind == "info":
+                    self.history.info(open_ops.pop(value), event[2])
+                else:
+                    break
+        finally:
+            for op in open_ops.values():
+                self.history.info(op, "unknown: the probe ended before its reply")
+            ours.close()
+            child.join(10)
+        return latencies
+
+
+def _timed_puts(pipe: Any, host: str, port: int, user: str | None, password: str | None, topic: str,
+                seconds: float, interval_s: float, prefix: str) -> None:
+    """The probe's process: puts for ``seconds``, each announced on ``pipe`` before it is sent and reported after."""
+
+    async def run() -> None:
+        try:
+            conn = await Credentials(user, password).open(host, port, timeout=5)
+        except Exception:
+            return
+        try:
+            deadline = time.monotonic() + seconds
+            seq = 0
+            while time.monotonic() < deadline:
+                value = f"{prefix}-{seq}"
+                seq += 1
+                pipe.send(("invoke", value))
+                pipe.recv()
+                started = time.perf_counter()
+                try:
+                    reply = await conn.request(PutRequest(topic=topic, partition=0, count=1).to_header(),
+                                               encode_batch([(value.encode(), None)]), timeout=3)
+                except Exception as exc:
+                    pipe.send(("info", value, f"unknown: {exc}"))
+                    return
+                took = time.perf_counter() - started
+                if reply.ok:
+                    pipe.send(("ok", value, int(reply["offset"]), reply.get("epoch"), took))
+                else:  # not stored for a 503, but a 5xx may be: unknown either way for the checker
+                    pipe.send(("info", value, f"{reply.code} {reply.message}"))
+                await asyncio.sleep(max(0.0, interval_s - took))
+        finally:
+            conn.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        pipe.send(("done",))
+        pipe.close()

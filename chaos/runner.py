@@ -67,6 +67,7 @@ from .hosts import unavailable as hosts_unavailable
 from .liveness import default_bound, render_table
 from .raw_producer import ProducerSettings, RawProducer
 from .scenarios import FAULTS, Step, inject, scenario_names, schedule, writes_expected
+from .transactions import TransactionLoad, roll_back, send_values
 
 log = logging.getLogger("chaos.runner")
 
@@ -177,6 +178,7 @@ class Workload:
         self.stopping = asyncio.Event()
         self.conns: dict[str, BrokerConnection] = {}
         self.newest_acked: dict[str, tuple[int, str]] = {}  # partition -> (offset, value) of the newest ack
+        self.txn_load = TransactionLoad(self)
 
     def acked(self, partition: str | None, offset: int | None, value: str) -> None:
         if partition is None or offset is None:
@@ -238,14 +240,18 @@ class Workload:
         routing), three in four committed, one in four rolled back. Each is one ``txn``
         operation: ``ok`` committed (with ``commit_time``, when commit was invoked), ``fail``
         rolled back (by us, or by the broker at commit), ``info`` unknown; ``sends`` lists
-        every message tried, with its acked offset (None when its send failed)."""
+        every message tried, with its acked offset (None when its send failed). One in ten
+        is left open past its timeout (``TransactionLoad.timed_out``)."""
         rng = random.Random(f"workload/{name}/{self.seed}")
         async with AsyncMessageSessionFactory(self.client_config()) as factory:
             producer = factory.create_transactional_producer()
             for number in itertools.count():
                 if self.stopping.is_set():
                     break
-                await self._transaction(producer, name, f"{name}-t{number}", rng)
+                if rng.random() < 0.1:
+                    await self.txn_load.timed_out(producer, name, f"{name}-t{number}", rng)
+                else:
+                    await self._transaction(producer, name, f"{name}-t{number}", rng)
                 await asyncio.sleep(1 / self.rate)
 
     async def _transaction(self, producer: Any, process: str, txn: str, rng: random.Random) -> None:
@@ -255,13 +261,7 @@ class Workload:
         committing = False
         try:
             await producer.begin_transaction(timeout_s=10)
-            for j in range(rng.randint(1, 3)):
-                value = f"{txn}-{j}"
-                result = await producer.send_message(Message(self.cluster.topic, value.encode()))
-                part = f"{self.cluster.topic}/{result.partition}" if result.partition is not None else None
-                sends.append([part, result.offset if result.success and result.offset >= 0 else None, value])
-                if not result.success:
-                    raise TransactionError(f"send failed: {result.error_message}")
+            await send_values(producer, self.cluster.topic, txn, rng.randint(1, 3), sends)
             if rng.random() < 0.25:
                 await producer.rollback()
                 self.history.fail(op, "rolled back", sends=sends)
@@ -272,22 +272,11 @@ class Workload:
         except TransactionRolledBack as exc:
             self.history.fail(op, f"rolled back by the broker: {exc}", sends=sends)
         except Exception as exc:  # a step gave up: roll back what we can
-            if not committing and await self._roll_back(producer):
+            if not committing and await roll_back(producer):
                 self.history.fail(op, f"rolled back after: {exc}", sends=sends)
             else:
                 self.history.info(op, f"unknown: {exc}", sends=sends)
             await asyncio.sleep(0.1)
-
-    @staticmethod
-    async def _roll_back(producer: Any) -> bool:
-        """Roll back the open transaction; whether it surely is rolled back now."""
-        if not producer.in_transaction:
-            return False
-        try:
-            await producer.rollback()
-            return True
-        except Exception:
-            return False
 
     async def reader(self, group: int) -> None:
         """Reads every partition from every replica of the group, each at its own position."""
@@ -360,6 +349,8 @@ class Workload:
         tasks = [*(asyncio.create_task(p.run()) for p in raw), asyncio.create_task(self.client_producer("c0"))]
         if self.transactions:
             tasks += [asyncio.create_task(self.transactional_producer(name)) for name in ("x0", "x1")]
+            tasks += [asyncio.create_task(self.txn_load.xa_producer("xa0")),
+                      asyncio.create_task(self.txn_load.zombie("z0"))]
         tasks += [asyncio.create_task(self.reader(g)) for g in range(self.cluster.num_groups)]
         tasks += [asyncio.create_task(self.prober(g)) for g in range(self.cluster.num_groups)]
         results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -368,6 +359,16 @@ class Workload:
         for r in results:
             if isinstance(r, BaseException):
                 log.error("workload task failed: %r", r)
+
+
+def injected_faults(faults: list[dict[str, Any]]) -> dict[str, int]:
+    """Fault entries by kind, without heals: the consumer group's own starts, kills and
+    stops are workload, not injected faults."""
+    counts: dict[str, int] = {}
+    for f in faults:
+        if f["kind"] not in ("heal", "heal_all") and not f["kind"].startswith("consumer-"):
+            counts[f["kind"]] = counts.get(f["kind"], 0) + 1
+    return dict(sorted(counts.items()))
 
 
 class Run:
@@ -385,7 +386,6 @@ class Run:
         self.hosts = hosts
         self.cluster = ChaosCluster(self.out / "cluster", groups=groups, mode=mode, zk_nodes=zk_nodes,
                                     slaves=slaves, on_sync_slave_loss=on_sync_slave_loss, secure=secure, hosts=hosts)
-        self.hostile = HostileLoad(self.cluster) if rogue else None
         session_ms = self.cluster.session_ms
         self.liveness_bound = liveness_bound if liveness_bound is not None else default_bound(session_ms)
         self.history = History({"mode": mode, "scenario": scenario, "seed": seed, "seconds": seconds,
@@ -394,11 +394,13 @@ class Run:
                                 "session_ms": session_ms, "liveness_bound_s": self.liveness_bound,
                                 "secure": secure, "rogue": rogue, "producers": producers.to_json(),
                                 "consumer_group": consumer_group, "transactions": transactions})
+        self.hostile = HostileLoad(self.cluster, self.history) if rogue else None
         self.transactions = transactions
         self.consumers = ConsumerGroupLoad(self.cluster, self.history, seed, self.out) if consumer_group else None
         self.steps_done: list[dict[str, Any]] = []
         self.settle_failures: list[str] = []
         self.unavailable: list[float] = []
+        self.txn_load: TransactionLoad | None = None
 
     def _fault_loop(self, stop_at: float, stopping: threading.Event) -> None:
         session_s = self.cluster.session_ms / 1000
@@ -473,9 +475,10 @@ class Run:
         # A resend keeps going through a failover: past the liveness bound, by which writes resume.
         workload = Workload(self.cluster, self.history, monitor, self.seed, self.rate, self.producers,
                             resend_budget_s=self.liveness_bound + 5.0, transactions=self.transactions)
+        self.txn_load = workload.txn_load
         load = asyncio.create_task(workload.run())
         if self.hostile is not None:
-            self.hostile.start()
+            await asyncio.to_thread(self.hostile.start)  # the quiet and attacked latency windows first
         if self.consumers is not None:
             self.consumers.start()
         stop_at = time.monotonic() + self.seconds
@@ -528,9 +531,12 @@ class Run:
         for f in self.history.faults:
             faults[f["kind"]] = faults.get(f["kind"], 0) + 1
         summary = {"ok": self.passed(result), "scenario": self.scenario, "seed": self.seed,
-                   "mode": self.mode, "faults": faults, "stats": result.stats, "settle_failures": self.settle_failures,
+                   "mode": self.mode, "groups": self.groups, "slaves": self.slaves, "secure": self.secure,
+                   "seconds": self.seconds, "faults": faults, "injected": injected_faults(self.history.faults),
+                   "stats": result.stats, "settle_failures": self.settle_failures,
                    "master_faults_without_failover": self.no_failover, "violations": len(result.violations()),
                    "steps": self.steps_done, "hostile_problems": self.hostile_problems,
+                   "txn_problems": self.txn_problems,
                    "rogue": self.hostile.summary() if self.hostile is not None else None}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
         print(report)
@@ -553,8 +559,13 @@ class Run:
     def hostile_problems(self) -> list[str]:
         return self.hostile.problems() if self.hostile is not None else []
 
+    @property
+    def txn_problems(self) -> list[str]:
+        """Commits the broker should have refused (past a timeout, by a fenced instance)."""
+        return self.txn_load.problems if self.txn_load is not None else []
+
     def passed(self, result: Any) -> bool:
-        return result.ok and not self.settle_failures and not self.hostile_problems
+        return result.ok and not self.settle_failures and not self.hostile_problems and not self.txn_problems
 
     def consumers_lines(self) -> list[str]:
         if self.consumers is None:
@@ -570,8 +581,9 @@ class Run:
         if not self.transactions:
             return "transactions: off"
         ends = [op["type"] for op in self.history.ops if op.get("f") == "txn" and op["type"] != "invoke"]
-        return (f"transactions (x0, x1): {ends.count('ok')} committed, {ends.count('fail')} rolled back, "
-                f"{ends.count('info')} unknown")
+        return (f"transactions (x0, x1 local, xa0 XA, z0 zombie): {ends.count('ok')} committed, "
+                f"{ends.count('fail')} rolled back, {ends.count('info')} unknown; "
+                + (self.txn_load.line() if self.txn_load is not None else ""))
 
     def producers_text(self) -> str:
         if self.producers.idempotent:
@@ -582,11 +594,7 @@ class Run:
 
     def report(self, result: Any, elapsed: float) -> str:
         s = result.stats
-        faults: dict[str, int] = {}
-        for f in self.history.faults:
-            # The consumer group's own starts, kills and stops are workload, not injected faults.
-            if f["kind"] not in ("heal", "heal_all") and not f["kind"].startswith("consumer-"):
-                faults[f["kind"]] = faults.get(f["kind"], 0) + 1
+        faults = injected_faults(self.history.faults)
         # Liveness: a master fault (kill, pause, ZK partition) held past the session timeout
         # should have produced a failover of its group before the heal.
         no_failover = []
@@ -605,7 +613,8 @@ class Run:
             f"command: python -m chaos run --scenario {self.scenario} --seconds {self.seconds:g} --seed {self.seed} "
             f"--mode {self.mode} --groups {self.groups} --zk-nodes {self.zk_nodes} --slaves {self.slaves} "
             f"--on-sync-slave-loss {self.on_sync_slave_loss} --liveness-bound {self.liveness_bound:g}"
-            + (" --secure" if self.secure else "") + (" --rogue" if self.rogue else "")
+            + (" --secure" if self.secure else " --insecure" if self.scenario == "random" else "")
+            + (" --rogue" if self.rogue else "")
             + (f" --hosts {self.hosts}" if self.hosts != "local" else "")
             + (" --idempotent" if self.producers.idempotent else " --retry-unknown" if self.producers.retry_unknown else "")
             + (" --consumer-group" if self.consumers is not None else " --no-consumer-group")
@@ -629,6 +638,7 @@ class Run:
             *[f"  - {x}" for x in self.settle_failures[:10]],
             *(self.hostile.report_lines() if self.hostile is not None else []),
             *[f"  - {x}" for x in self.hostile_problems[:10]],
+            *[f"  - {x}" for x in self.txn_problems[:10]],
             f"violations: {len(result.violations())}",
             f"VERDICT: {'PASS' if self.passed(result) else 'FAIL'}",
             "",
@@ -652,7 +662,10 @@ def add_parser(sub: Any) -> None:
                    help="sync mode: what a master does without a sync slave (default degrade)")
     p.add_argument("--secure", action="store_true",
                    help="brokers with security on: a group secret per group (brokers authenticate to each other, "
-                        "ZooKeeper digest ACLs on the group's nodes), SCRAM users; the workload logs in")
+                        "ZooKeeper digest ACLs on the group's nodes), SCRAM users; the workload logs in "
+                        "(default: on in the random scenario)")
+    p.add_argument("--insecure", action="store_true",
+                   help="security off, also in the random scenario (where it is on by default)")
     p.add_argument("--rogue", action="store_true",
                    help="hostile peers for the whole run: forged positions, epoch claims, phantom joins, replica "
                         "reads and heartbeats at every broker (and, with --secure, ZooKeeper writes without "
@@ -681,6 +694,12 @@ def add_parser(sub: Any) -> None:
                         "(default 2 x zk.zkSessionTimeoutMs + 1 s)")
 
 
+def secure_run(scenario: str, secure: bool, insecure: bool) -> bool:
+    """Security is how the project should be run, so ``random`` runs secured unless told
+    ``--insecure``; the single-fault scenarios stay as they were unless told ``--secure``."""
+    return secure or (scenario == "random" and not insecure)
+
+
 def main(args: argparse.Namespace) -> int:
     if args.scenario not in scenario_names():
         print(f"error: unknown scenario {args.scenario!r}; choose from {', '.join(scenario_names())}", file=sys.stderr)
@@ -688,6 +707,9 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.out or f"/tmp/chaos-{args.scenario}-{args.seed}")
     if args.liveness_bound is not None and args.liveness_bound <= 0:
         print(f"error: --liveness-bound must be positive, got {args.liveness_bound:g}", file=sys.stderr)
+        return 2
+    if args.secure and args.insecure:
+        print("error: --secure and --insecure contradict each other; give one", file=sys.stderr)
         return 2
     if args.hosts == "netns" and (why_not := hosts_unavailable()) is not None:
         print(f"chaos run skipped: --hosts netns needs network namespaces: {why_not}", file=sys.stderr)
@@ -701,7 +723,7 @@ def main(args: argparse.Namespace) -> int:
     run = Run(args.scenario, args.seconds, args.seed, out, mode=args.mode, groups=args.groups,
               zk_nodes=args.zk_nodes, rate=args.rate, slaves=args.slaves,
               on_sync_slave_loss=args.on_sync_slave_loss, liveness_bound=args.liveness_bound,
-              secure=args.secure, rogue=args.rogue, hosts=args.hosts,
+              secure=secure_run(args.scenario, args.secure, args.insecure), rogue=args.rogue, hosts=args.hosts,
               producers=ProducerSettings(idempotent=args.idempotent, retry_unknown=args.retry_unknown),
               consumer_group=args.consumer_group if args.consumer_group is not None else args.scenario == "random",
               transactions=args.transactions if args.transactions is not None else args.scenario == "random")

@@ -9,6 +9,7 @@ line instead of a traceback.
 from __future__ import annotations
 
 import configparser
+import ipaddress
 import re
 import zlib
 from dataclasses import dataclass, field, replace
@@ -133,6 +134,13 @@ class BrokerConfig:
     raw: bytes = b""
     # Prometheus metrics over HTTP on this port (None: off; 0: a free port, logged).
     metrics_port: int | None = None
+    # Where the metrics port listens: loopback unless the operator opens it (docs/operations.md, "Metrics").
+    metrics_host: str = "127.0.0.1"
+    # HTTP Basic login for scrapes (the password file is owner-only; None: no login) and HTTPS
+    # with the broker's tlsCertFile/tlsKeyFile.
+    metrics_user: str = "metrics"
+    metrics_password_file: str | None = None
+    metrics_tls: bool = False
     # Logging (metaq/logsetup.py); None: as the command line set it (stderr, text, INFO).
     log_file: str | None = None
     log_format: str | None = None
@@ -289,6 +297,10 @@ _SYSTEM_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     # A TCP port: 0 picks a free one; above 65535 the OS would silently wrap it.
     "serverPort": ("server_port", _int(0, 65535)),
     "metricsPort": ("metrics_port", _int(0, 65535)),
+    "metricsHost": ("metrics_host", _text),
+    "metricsUser": ("metrics_user", _text),
+    "metricsPasswordFile": ("metrics_password_file", _text),
+    "metricsTls": ("metrics_tls", _bool),
     "logFile": ("log_file", _text),
     "logFormat": ("log_format", _choice("text", "json")),
     "logLevel": ("log_level", _choice("DEBUG", "INFO", "WARNING", "ERROR")),
@@ -461,6 +473,11 @@ def parse_server_ini(data: bytes, path: str = "server.ini") -> BrokerConfig:
             f"(maxMessageSize x {MAX_PUT_BATCH_MESSAGES} + {FRAME_OVERHEAD}, at most {MAX_REQUEST_BODY}), got {budget}"
         )
 
+    _check_metrics_access(system, security, path)
+    password_file = system.get("metrics_password_file")
+    if password_file and not Path(password_file).is_absolute() and Path(path).parent != Path(""):
+        system["metrics_password_file"] = str(Path(path).parent / password_file)  # like dataPath: beside the file
+
     data_log_path = txn.get("data_log_path")
     if data_log_path and not Path(data_log_path).is_absolute() and Path(path).parent != Path(""):
         txn["data_log_path"] = str(Path(path).parent / data_log_path)  # like dataPath: beside the file
@@ -477,6 +494,31 @@ def parse_server_ini(data: bytes, path: str = "server.ini") -> BrokerConfig:
         raw=bytes(data),
         **system,
     )
+
+
+def _check_metrics_access(system: dict[str, Any], security: dict[str, Any], path: str) -> None:
+    """The metrics port's access rules: with security on, a port other hosts can reach needs a login and TLS."""
+    if system.get("metrics_tls") and "tls_cert_file" not in security:
+        raise ConfigError(f"{path}: [system] metricsTls: needs TLS on (set tlsCertFile and tlsKeyFile)")
+    if system.get("metrics_port") is None or not security.get("enabled") or is_loopback(system.get("metrics_host", "127.0.0.1")):
+        return
+    # Else anyone who reaches the port reads topic names, traffic and roles without logging in,
+    # and a Basic login sent in the clear is as good as none.
+    if not system.get("metrics_password_file") or not system.get("metrics_tls"):
+        raise ConfigError(
+            f"{path}: [system] metricsHost: {system['metrics_host']} is reachable from other hosts; with securityEnabled "
+            "that needs metricsPasswordFile (a login) and metricsTls=true (HTTPS), or a loopback metricsHost"
+        )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is only reachable from this machine (a name other than localhost counts as not)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _security_config(values: dict[str, Any], path: str) -> SecurityConfig:

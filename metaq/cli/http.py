@@ -27,6 +27,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
     parser.add_argument("--http-users", metavar="FILE",
                         help="require HTTP Basic logins of this security file's users and apply their ACLs (needs --tls-cert)")
+    parser.add_argument("--login-failure-burst", type=int, default=None, metavar="N",
+                        help="failed logins one client address, or one user, may have in a row before 429 (default 10)")
+    parser.add_argument("--login-failure-rate", type=float, default=None, metavar="PER_S",
+                        help="failed logins per second allowed after the burst, per address and per user (default 1)")
     parser.set_defaults(run=run)
 
 
@@ -36,11 +40,15 @@ def http_users(args: argparse.Namespace, https: bool):
         return None
     if not https:
         raise MetaqError("--http-users needs --tls-cert and --tls-key: Basic logins must not cross the network in the clear")
-    from ..http.auth import HttpUsers
+    from ..http.auth import DEFAULT_FAILURE_BURST, DEFAULT_FAILURE_RATE, HttpUsers
     from ..security.errors import SecurityError
 
+    burst = DEFAULT_FAILURE_BURST if args.login_failure_burst is None else args.login_failure_burst
+    rate = DEFAULT_FAILURE_RATE if args.login_failure_rate is None else args.login_failure_rate
+    if burst < 1 or not rate > 0:
+        raise MetaqError(f"--login-failure-burst must be >= 1 and --login-failure-rate > 0, got {burst} and {rate}")
     try:
-        return HttpUsers.load(args.http_users)
+        return HttpUsers.load(args.http_users, failure_burst=burst, failure_rate=rate)
     except SecurityError as exc:
         raise MetaqError(str(exc)) from None
 

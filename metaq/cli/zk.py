@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -21,15 +22,39 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="keep the data in a temporary directory removed on exit (throwaway use: the brokers' groups lose their state)",
     )
     parser.add_argument("--tick-ms", type=int, default=500, help="ZooKeeper tickTime in ms (default 500)")
-    parser.add_argument(
+    digest = parser.add_mutually_exclusive_group()
+    digest.add_argument(
         "--super-digest",
-        help="admin login that passes every ACL, as printed by 'metaq security zk-super-digest' (super:HASH)",
+        help="admin login that passes every ACL, as printed by 'metaq security zk-super-digest' (super:HASH;"
+        " visible in ps: prefer --super-digest-file)",
+    )
+    digest.add_argument(
+        "--super-digest-file",
+        help="read the super digest from this file (mode 0600, first line), kept out of every command line",
     )
     parser.set_defaults(run=run)
+
+
+def read_super_digest_file(path: str) -> str | None:
+    """The first line of a 0600 file, or None after printing why it cannot be used."""
+    from ..security.errors import SecurityError
+    from ..security.files import read_private
+
+    try:
+        lines = read_private(path, "--super-digest-file").decode("utf-8", "replace").splitlines()
+    except SecurityError as exc:
+        print(f"metaq zk: {exc}", file=sys.stderr)
+        return None
+    return lines[0].strip() if lines else ""
 
 
 def run(args: argparse.Namespace) -> int:
     from ..zk.cli import run_zk
 
-    return run_zk(args.port, args.data_dir, args.tick_ms, super_digest=args.super_digest, ephemeral=args.ephemeral,
+    super_digest = args.super_digest
+    if args.super_digest_file is not None:
+        super_digest = read_super_digest_file(args.super_digest_file)
+        if super_digest is None:
+            return 2
+    return run_zk(args.port, args.data_dir, args.tick_ms, super_digest=super_digest, ephemeral=args.ephemeral,
                   host=args.host)

@@ -18,7 +18,7 @@ import operator
 import threading
 from typing import Any, Callable, Coroutine, Iterable, Iterator, TypeVar
 
-from ..protocol.commands import OK
+from ..protocol.commands import OK, REASON_FIELD
 from ..protocol.messages import PutRequest
 from .accumulator import MAX_BATCH_COUNT, record_size
 from .cluster import ClusterSnapshot
@@ -249,7 +249,7 @@ class MessageProducer:
                     aio.sequencer.end(numbered, True)  # type: ignore[union-attr]
                 return stored_results(topic, partition, header, starts, 1)
             failure = classify_reply(int(code or 500), f"{code} {header.get('msg', '')} (partition {partition})",  # type: ignore[assignment]
-                                     config.retry_unknown_outcome)
+                                     config.retry_unknown_outcome, reason=header.get(REASON_FIELD))
             failure.renumber = "expected_seq" in header
         if numbered is not None:  # retried (or ended) with the same numbers in the loop thread
             return self._runner.run(aio.send_numbered(topic, partition, messages, body, starts, None, numbered, failure))

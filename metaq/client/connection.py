@@ -71,6 +71,11 @@ class Reply:
     def ok(self) -> bool:
         return self.code == c.OK
 
+    @property
+    def reason(self) -> object:
+        """Why the broker refused, machine-readable (``c.ACCESS_DENIED``), or None if it did not say."""
+        return self.header.get(c.REASON_FIELD)
+
     def __getitem__(self, key: str) -> Any:
         return self.header[key]
 

@@ -253,7 +253,7 @@ class PartitionFetcher:
         )
         if not reply.ok:
             raise _FetchError(f"offset query failed: {reply.code} {reply.message}", replica_failed=True,
-                              fatal=access_denied(reply.code, reply.message))
+                              fatal=access_denied(reply.code, reply.message, reply.reason))
         config = self.consumer.config
         offset = config.start_offset(int(reply["min_offset"]), int(reply["max_offset"]))
         self.state.position = initial_position(offset)
@@ -316,7 +316,7 @@ class PartitionFetcher:
                 raise _FetchError(f"{self.state.replica.role if self.state.replica else 'replica'} is behind offset {self.state.fetch_from}", replica_failed=True)
             return "data" if self.consumer.config.fetch_wait_ms > 0 else "idle"
         raise _FetchError(f"fetch failed: {reply.code} {reply.message}", replica_failed=True,
-                          fatal=access_denied(reply.code, reply.message))
+                          fatal=access_denied(reply.code, reply.message, reply.reason))
 
 
     async def _skip_to(self, end: int) -> None:

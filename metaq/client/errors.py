@@ -14,9 +14,11 @@ import re
 
 from ..protocol import commands as c
 
-#: A 403 that an ACL decided (``security/acl.py : Authorizer.denial`` words it): the
-#: principal lacks the right, on every broker of the group, until an operator grants it.
-#: Every other 403 is retriable: a slave that names its master, a stale epoch, a fence.
+#: A 403 that an ACL decided: the principal lacks the right, on every broker of the group,
+#: until an operator grants it. Every other 403 is retriable: a slave that names its master,
+#: a stale epoch, a fence. A broker marks its authorization refusals with ``reason: "acl"``
+#: (protocol/codes.py, ``AccessDenied``); for a broker older than that field, the wording
+#: (``security/acl.py : Authorizer.denial``) is matched instead.
 #: tests/unit/test_client_errors.py runs every denial Authorizer can word through this.
 _ACCESS_DENIAL = re.compile(
     r"(?:user '[^']*' (?:may not |has no permissions here|lacks the admin permission)"
@@ -24,6 +26,11 @@ _ACCESS_DENIAL = re.compile(
 )
 
 
-def access_denied(code: int, message: str) -> bool:
-    """Is a reply with ``code`` and ``message`` an ACL's refusal (fatal)?"""
-    return code == c.FORBIDDEN and _ACCESS_DENIAL.search(message) is not None
+def access_denied(code: int, message: str, reason: object = None) -> bool:
+    """Is a reply with ``code``, ``message`` and header field ``reason`` an ACL's refusal (fatal)?"""
+    if code != c.FORBIDDEN:
+        return False
+    if reason is not None:  # the broker said why: trust that over the wording
+        return reason == c.ACCESS_DENIED
+    return _ACCESS_DENIAL.search(message) is not None
+

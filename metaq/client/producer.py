@@ -92,11 +92,12 @@ class SendFailure(Exception):
         self.behind = False
 
 
-def classify_reply(code: int, message: str, retry_unknown_outcome: bool = False) -> SendFailure | None:
-    """None for success, else the SendFailure that a put answered with ``code`` means."""
+def classify_reply(code: int, message: str, retry_unknown_outcome: bool = False, *,
+                   reason: object = None) -> SendFailure | None:
+    """None for success, else the SendFailure that a put answered with ``code`` (and ``reason``) means."""
     if code == c.OK:
         return None
-    if code in c.RETRIABLE_CODES and not access_denied(code, message):
+    if code in c.RETRIABLE_CODES and not access_denied(code, message, reason):
         return SendFailure(message, code=code, retriable=True)
     if code in c.UNKNOWN_OUTCOME_CODES:
         return SendFailure(message, code=code, outcome_unknown=True, retriable=retry_unknown_outcome)
@@ -634,7 +635,8 @@ class AsyncMessageProducer:
             raise SendFailure(f"no producer id from {host}:{port}: {exc or type(exc).__name__}",
                               retriable=not isinstance(exc, CannotConnect)) from None
         if reply.code != c.OK:
-            failure = classify_reply(reply.code, f"no producer id from {host}:{port}: {reply.code} {reply.message}")
+            failure = classify_reply(reply.code, f"no producer id from {host}:{port}: {reply.code} {reply.message}",
+                                     reason=reply.reason)
             assert failure is not None
             raise failure
         self.sequencer.set_id(int(reply.header["producer_id"]), int(reply.header["epoch"]),
@@ -708,7 +710,8 @@ class AsyncMessageProducer:
                 f"outcome unknown: no reply from broker {partition.broker_id} within {self.config.request_timeout_s}s",
                 retry_unknown,
             ) from None
-        failure = classify_reply(reply.code, f"{reply.code} {reply.message} (partition {partition})", retry_unknown)
+        failure = classify_reply(reply.code, f"{reply.code} {reply.message} (partition {partition})", retry_unknown,
+                                 reason=reply.reason)
         if failure is not None:
             failure.renumber = "expected_seq" in reply.header
             raise failure

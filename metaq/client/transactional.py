@@ -49,6 +49,7 @@ from .cluster import Cluster
 from .codec import encode_messages
 from .config import MetaClientConfig
 from .connection import ConnectionClosed, Reply
+from .errors import access_denied
 from .message import Message, Partition, SendResult
 from .pool import ConnectionPool
 from .producer import stored_results
@@ -161,9 +162,9 @@ class TransactionalSender:
             reply = await conn.request(header, body, timeout=self.config.request_timeout_s)
         except (ConnectionClosed, OSError, asyncio.TimeoutError) as exc:
             return f"{broker.master}: {exc or type(exc).__name__}"
-        if reply.code in _RETRY_CODES and not _fenced(reply):
+        if reply.code in _RETRY_CODES and not _fenced(reply) and not access_denied(reply.code, reply.message, reply.reason):
             return f"{reply.code} {reply.message}"
-        return reply
+        return reply  # an ACL's refusal too: no master of the group would answer otherwise
 
     async def any_master(self, topic: str) -> int:
         for partition in await self.partitions(topic):

@@ -684,6 +684,9 @@ class HaCoordinator:
             log.warning("could not clear the hand-over node (%s)", exc)
         await self._unfollow()
         self.serving_epoch = self.epoch
+        # The epoch's start offset is saved durably below: fsync the log it points into
+        # first, so that a power loss never leaves an epoch starting past the log we keep.
+        await self._flush_all()
         for name, topic in host.config.topics.items():
             for partition in range(topic.num_partitions):
                 log_ = host.store.get_log(name, partition)

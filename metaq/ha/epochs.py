@@ -24,6 +24,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..private_files import fsync_directory, make_private_dir, private_opener
+
 FILE_NAME = "leader-epoch-checkpoint"
 _VERSION = "0"
 #: ``{dataPath}/led-epoch``: the newest epoch this broker led (see ``record_led_epoch``).
@@ -104,13 +106,16 @@ class EpochCache:
 
 
 def _write_durably(path: Path, body: str) -> None:
-    """Write to a temporary file, fsync, rename: a crash leaves the old or the new text."""
+    """Write to a temporary file, fsync, rename, fsync the directory: a crash or a power loss
+    leaves the old or the new text (the directory fsync: a power loss must not bring back an
+    epoch history that lacks an epoch whose fsynced records the log keeps)."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
+    with open(tmp, "w", opener=private_opener) as f:
         f.write(body)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    fsync_directory(path.parent)
 
 
 def record_led_epoch(data_path: str, epoch: int) -> None:
@@ -122,7 +127,7 @@ def record_led_epoch(data_path: str, epoch: int) -> None:
     and re-seed the group (metaq/ha/election.py, "ZooKeeper lost its data").
     """
     path = Path(data_path) / LED_EPOCH_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dir(path.parent)
     _write_durably(path, f"{epoch}\n")
 
 

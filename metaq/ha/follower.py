@@ -112,7 +112,7 @@ class MasterFollower:
         )
 
     def _log_ends(self) -> dict[tuple[str, int], int]:
-        return {key: replica.log.log_end for key, replica in self.replicas.items()}
+        return {key: replica.position() for key, replica in self.replicas.items()}
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -309,6 +309,7 @@ class MasterFollower:
         if replica.stopped:
             return
         replica.report_positions = self.master_mode == "sync"  # acks wait on our position
+        replica.durable_positions = replica.report_positions and replica.flusher.group_commit
         replica.status.state = "following"
         self._tasks[(topic, partition)] = asyncio.ensure_future(self._replicate(replica))
 

@@ -105,6 +105,10 @@ class PartitionReplica:
         self.status = ReplicaStatus()
         #: Report progress within large replies (the follower sets it for sync masters).
         self.report_positions = False
+        #: Report only fsynced positions (the follower sets it for a sync master when this
+        #: log uses group commit): a sync master acks what every sync-set slave reported,
+        #: and that ack must survive a power loss of this slave, also after it is promoted.
+        self.durable_positions = False
 
     @property
     def name(self) -> str:
@@ -118,8 +122,15 @@ class PartitionReplica:
         """What this slave may show consumers: what it has and the master has committed."""
         return min(self.log.log_end, self.status.master_committed)
 
+    def position(self) -> int:
+        """The log end this slave reports to the master (fetches, heartbeats)."""
+        return self.log.flushed_end if self.durable_positions else self.log.log_end
+
     async def fetch_once(self, conn: "BrokerConnection") -> bool:
         """One fetch round; returns True if it appended anything. Raises ReplicaDiverged."""
+        if self.durable_positions:
+            # A fetch reports its offset as our position: only once it is fsynced.
+            await self.flusher.flush_now()
         offset = self.log.log_end
         header = GetRequest(
             topic=self.topic,
@@ -138,7 +149,8 @@ class PartitionReplica:
         if reply.code == c.FORBIDDEN and "epoch" in reply.message:
             raise StaleMaster(f"{self.name}: {reply.message}")
         if reply.code == c.OK:
-            report = self._reporter(conn) if self.report_positions else None
+            # Pieces of a reply are reported before any fsync: never as durable positions.
+            report = self._reporter(conn) if self.report_positions and not self.durable_positions else None
             return self._append_reply(offset, reply.header, reply.body, report)
         if reply.code == c.NOT_FOUND:
             master_end = reply.get("log_end")

@@ -192,3 +192,5 @@ async def serve(gateway: Gateway, host: str, port: int, max_request_bytes: int =
         await stop.wait()
     finally:
         await runner.cleanup()
+        if users is not None:
+            users.close()

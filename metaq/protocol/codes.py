@@ -31,14 +31,37 @@ RETRIABLE_CODES = frozenset({FORBIDDEN, SERVICE_UNAVAILABLE})
 UNKNOWN_OUTCOME_CODES = frozenset({GATEWAY_TIMEOUT})
 
 
-class RequestError(Exception):
-    """A request that cannot be served as sent; becomes an error reply."""
+#: The reply field that says why a request was refused, for clients to act on without
+#: reading ``msg``; present only where the broker sets it (on other errors it is absent).
+REASON_FIELD = "reason"
+#: ``reason`` of a 403 an authorization rule decided (an ACL, a missing login, a branch that
+#: is another user's): it stays refused on every broker of the group until an operator
+#: changes the rights, so a client fails at once instead of retrying. Other 403s (a slave
+#: naming its master, a stale epoch, a fence) carry no ``reason``: a retry may succeed.
+ACCESS_DENIED = "acl"
 
-    def __init__(self, code: int, message: str, opaque: int | None = None) -> None:
+
+class RequestError(Exception):
+    """A request that cannot be served as sent; becomes an error reply (``reply(opaque)``)."""
+
+    def __init__(self, code: int, message: str, opaque: int | None = None, *, reason: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.opaque = opaque
+        self.reason = reason
+
+    def reply(self, opaque: int | None) -> dict[str, Any]:
+        """The error reply's header (``reason`` included when set)."""
+        fields = {REASON_FIELD: self.reason} if self.reason is not None else {}
+        return reply_header(opaque, self.code, self.message, **fields)
+
+
+class AccessDenied(RequestError):
+    """403 with ``reason: "acl"``: every authorization refusal is built as one of these."""
+
+    def __init__(self, message: str, opaque: int | None = None) -> None:
+        super().__init__(FORBIDDEN, message, opaque, reason=ACCESS_DENIED)
 
 
 def reply_header(opaque: int | None, code: int = OK, message: str | None = None, **fields: Any) -> dict[str, Any]:

@@ -38,6 +38,7 @@ without waiting for the whole reply to be checked and written.
 from __future__ import annotations
 
 from .codes import (  # noqa: F401  (the protocol's names, one import away for handlers)
+    ACCESS_DENIED,
     BAD_REQUEST,
     CODE_NAMES,
     FORBIDDEN,
@@ -46,9 +47,11 @@ from .codes import (  # noqa: F401  (the protocol's names, one import away for h
     MOVED,
     NOT_FOUND,
     OK,
+    REASON_FIELD,
     RETRIABLE_CODES,
     SERVICE_UNAVAILABLE,
     UNKNOWN_OUTCOME_CODES,
+    AccessDenied,
     RequestError,
     reply_header,
 )

@@ -158,8 +158,8 @@ def required_operation(header: Mapping[str, Any]) -> tuple[Operation, str | None
         return Operation.DESCRIBE, None
     if op == "transaction":
         # Any authenticated principal may reach the coordinator; the broker then requires
-        # produce on some topic for ``start`` (Authorizer.any_topic_denial) and the branch's
-        # starter (admin: any branch) for every other action, see
+        # produce on some topic for ``start`` and ``recover`` (Authorizer.any_topic_denial; admin
+        # may recover too) and the branch's starter (admin: any branch) for every other action, see
         # metaq/server/transactions.py, because who started a branch is known only there.
         return Operation.DESCRIBE, None
     return Operation.ADMIN, None

@@ -38,6 +38,7 @@ from .connection import ClientConnection, ConnectionLimits
 from .group_topics import GroupTopicsApplier, forget_partitions
 from .handlers import RequestHandlers
 from .metrics import BrokerMetrics, InstrumentedHandlers
+from .metrics import metrics_login as metrics_login_of
 from .registry import BrokerRegistry
 from .reload import apply_logging, reload_config
 from .stats import BrokerStats
@@ -169,7 +170,9 @@ class Broker:
         self.ids = MsgIdGenerator(config.broker_id, floor)
         self.store.on_flushed = self.notify
         served: Any = self.handlers
+        metrics_login = None
         if config.metrics_port is not None:
+            metrics_login = metrics_login_of(config)  # before listening: a bad password file stops the start
             self.metrics = BrokerMetrics(self)
             self.store.on_fsync_seconds = self.metrics.fsync_seconds.observe
             served = InstrumentedHandlers(self.handlers, self.metrics)
@@ -198,8 +201,10 @@ class Broker:
                  self.security.describe())
         if self.metrics is not None:
             assert config.metrics_port is not None
-            metrics_port = self.metrics.start(config.host_name, config.metrics_port)
-            log.info("metrics on http://%s:%d/metrics", config.host_name, metrics_port)
+            metrics_tls = tls.context if config.metrics_tls and tls is not None else None
+            metrics_port = self.metrics.start(config.metrics_host, config.metrics_port, login=metrics_login, tls=metrics_tls)
+            log.info("metrics on %s://%s:%d/metrics%s", "https" if metrics_tls else "http", config.metrics_host, metrics_port,
+                     " (login required)" if metrics_login else "")
         self.heartbeats = HeartbeatResponder(
             config.broker_id, self.ha, self.store.logs, config.host_name, self.port,
             key=self.security.heartbeat_key, known_slave=self._slave_registered, slave_hosts=self._slave_hosts,

@@ -297,7 +297,7 @@ class ClientConnection(asyncio.Protocol):
             self.peer, what, PRE_LOGIN_MAX_FRAME_PART,
         )
         self.handlers.stats.refused("before_login")
-        self.send_reply(c.reply_header(_opaque(header), c.FORBIDDEN, f"not authenticated: {what} before login; send the auth handshake first"))
+        self.send_reply(c.AccessDenied(f"not authenticated: {what} before login; send the auth handshake first").reply(_opaque(header)))
         self.close()
         return True
 
@@ -424,13 +424,13 @@ class ClientConnection(asyncio.Protocol):
         if self.security is not None and self.security.authorizer is not None:
             denial = self._denial(header)
             if denial is not None:
-                self.send_reply(c.reply_header(_opaque(header), c.FORBIDDEN, denial))
+                self.send_reply(c.AccessDenied(denial).reply(_opaque(header)))
                 return
         try:
             request = c.parse_request(frame)
         except c.RequestError as exc:
             self.handlers.stats.bad_request()
-            self.send_reply(c.reply_header(exc.opaque, exc.code, exc.message))
+            self.send_reply(exc.reply(exc.opaque))
             return
         if request.op == "quit":
             self.close()
@@ -503,7 +503,7 @@ class ClientConnection(asyncio.Protocol):
         except asyncio.CancelledError:
             return
         except c.RequestError as exc:
-            result = (c.reply_header(request.opaque, exc.code, exc.message), b"")
+            result = (exc.reply(request.opaque), b"")
         except Exception as exc:  # a handler bug must cost one request, not the broker
             log.exception("error serving %s from %s", request.op, self.peer)
             result = (c.reply_header(request.opaque, c.INTERNAL_ERROR, f"internal error: {exc}"), b"")

@@ -102,7 +102,7 @@ class RequestHandlers:
         except c.RequestError as exc:
             if exc.code == c.BAD_REQUEST:
                 self.stats.bad_request()
-            return c.reply_header(req.opaque, exc.code, exc.message), b""
+            return exc.reply(req.opaque), b""
 
     def connection_closed(self, origin: Any) -> None:
         """A client connection closed (a slave replicating over it is gone)."""

@@ -1,7 +1,9 @@
 """Prometheus metrics of one broker over HTTP (``[system] metricsPort``; off when unset).
 
 Built on ``prometheus-client``: a registry of its own per broker, served by the
-library's HTTP server on ``hostName:metricsPort``. Counters and gauges are read from
+library's WSGI app on ``metricsHost:metricsPort`` (loopback unless the operator opens it),
+behind an HTTP Basic login when ``metricsPasswordFile`` is set and over HTTPS with
+``metricsTls`` (the broker's own certificate, reloaded with it). Counters and gauges are read from
 the broker's own state at scrape time (``BrokerCollector``), so nothing on the hot
 path changes for them; the latency histograms are fed by ``InstrumentedHandlers``
 (wrapping the request handlers the connections call) and by the store's fsync hook.
@@ -12,15 +14,26 @@ Series (all prefixed ``metaq_``): see docs/operations.md, "Metrics".
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
+import hmac
 import inspect
 import logging
+import socket
+import ssl
+import threading
 import time
-from typing import Any, Awaitable, Iterator
+from socketserver import ThreadingMixIn
+from typing import Any, Awaitable, Callable, Iterable, Iterator
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ..config import BrokerConfig, ConfigError
+from ..security.errors import SecurityError
+from ..security.files import read_private
 from .stats import REFUSAL_KINDS
 
 
@@ -52,9 +65,19 @@ class BrokerMetrics:
         self._server: Any = None
         self.port: int | None = None
 
-    def start(self, host: str, port: int) -> int:
+    def start(self, host: str, port: int, *, login: tuple[str, str] | None = None, tls: ssl.SSLContext | None = None) -> int:
+        """Serve on ``host:port`` (in threads of its own); with ``login`` every scrape needs it, with ``tls`` over HTTPS."""
         self.collector.loop = asyncio.get_running_loop()
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        app = make_wsgi_app(self.registry)
+        if login is not None:
+            app = _require_login(app, *login)
+        server_class = type("MetricsServer", (_MetricsServer,), {"address_family": _address_family(host, port)})
+        server = make_server(host, port, app, server_class, handler_class=_MetricsRequest)
+        if tls is not None:
+            # The handshake happens in the request's own thread (with its timeout), not in accept():
+            # a client that never finishes one must not stall the next scrape.
+            server.socket = tls.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
+        threading.Thread(target=server.serve_forever, name="metaq-metrics", daemon=True).start()
         self._server = server
         self.port = server.server_address[1]
         return self.port
@@ -71,6 +94,60 @@ class BrokerMetrics:
             code = reply[0].get("code")
             if code is not None and code != 200:
                 self.rejected_puts.labels(str(code)).inc()
+
+
+def metrics_login(config: BrokerConfig) -> tuple[str, str] | None:
+    """(user, password) scrapes must send, from ``metricsPasswordFile`` (owner-only); None without one."""
+    if config.metrics_password_file is None:
+        return None
+    try:
+        password = read_private(config.metrics_password_file, "metricsPasswordFile").decode("utf-8").strip()
+    except (SecurityError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{config.source_path}: [system] metricsPasswordFile: {exc}") from None
+    if not password:
+        raise ConfigError(f"{config.source_path}: [system] metricsPasswordFile: {config.metrics_password_file} is empty")
+    return config.metrics_user, password
+
+
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def _require_login(app: WsgiApp, user: str, password: str) -> WsgiApp:
+    """``app`` behind HTTP Basic: anything but ``user:password`` gets 401 (compared in constant time)."""
+    expected = hashlib.sha256(b"Basic " + base64.b64encode(f"{user}:{password}".encode())).digest()
+
+    def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        offered = hashlib.sha256(environ.get("HTTP_AUTHORIZATION", "").strip().encode("latin-1", "replace")).digest()
+        if not hmac.compare_digest(offered, expected):
+            start_response("401 Unauthorized", [("WWW-Authenticate", 'Basic realm="metaq metrics"'), ("Content-Type", "text/plain")])
+            return [b"authentication required\n"]
+        return app(environ, start_response)
+
+    return guarded
+
+
+def _address_family(host: str, port: int) -> socket.AddressFamily:
+    return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+
+
+class _MetricsServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that hung up or failed its TLS handshake: nothing for the broker's log at INFO.
+        log.debug("metrics: request from %s failed", client_address, exc_info=True)
+
+
+class _MetricsRequest(WSGIRequestHandler):
+    timeout = 10  # seconds a client may take for its handshake and request
+
+    def setup(self) -> None:
+        super().setup()
+        if isinstance(self.connection, ssl.SSLSocket):
+            self.connection.do_handshake()
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the stdlib's name)
+        pass  # one line per scrape would drown the broker's log
 
 
 class InstrumentedHandlers:

@@ -50,8 +50,10 @@ Invariants kept here:
   in the journal and in the branch's PREPARE markers, so a restarted master and a
   promoted slave know it too (an unprepared branch does not outlive a take-over: the
   reconcile rolls it back). A branch whose starter is unknown (a PREPARE marker or a
-  journal written before starters were recorded) is admin's alone. ``recover`` lists
-  only branches the caller may decide;
+  journal written before starters were recorded) is admin's alone. ``recover`` needs
+  produce on some topic or admin (refused like a start, before any work) and lists only
+  the branches the caller may decide, from the coordinator's per-starter index of in-doubt
+  branches (never a pass over every open branch);
 * who may add messages to a branch (security on): a put under the branch's producer id
   (the one its ``start`` carried; the put path has verified the put's producer_token for
   the sender) or from the branch's starter (an XA resource of the same application may
@@ -306,8 +308,8 @@ class TransactionService:
         if txid in self._unsettled or txid in self._pending:
             raise c.RequestError(c.SERVICE_UNAVAILABLE, f"transaction {txid} is being decided; retry")
         if not self._may_enlist(txid, producer_id, principal):
-            raise c.RequestError(c.FORBIDDEN, f"{principal} may not put in transaction {txid}: only its own producer "
-                                              "or the user that started it may")
+            raise c.AccessDenied(f"{principal} may not put in transaction {txid}: only its own producer "
+                                 "or the user that started it may")
         reply = self.coordinator.send(txid, topic, partition, self.clock_ms())
         if reply.code is not Code.XA_OK:
             raise c.RequestError(
@@ -325,12 +327,11 @@ class TransactionService:
     async def _serve(self, req: TransactionRequest, principal: "Principal | None") -> Served:
         coordinator = self.coordinator
         assert coordinator is not None
-        if req.action == "start":  # first: a flood of starts by a user who could never fill a branch costs nothing
-            self._check_may_start(principal)
+        if req.action in ("start", "recover"):
+            # First: a flood by a user who could never fill a branch (nor so own one) costs nothing.
+            self._check_may_use_transactions(principal, req.action)
         if req.action == "recover":
-            tag = self._tag(principal)  # once, not per branch
-            xids = [xid for xid in coordinator.recover() if self._may_decide(principal, xid, tag)]
-            return c.reply_header(req.opaque, c.OK, xa_code=int(Code.XA_OK), xids=xids), b""
+            return c.reply_header(req.opaque, c.OK, xa_code=int(Code.XA_OK), xids=self._recoverable(principal)), b""
         xid = req.xid
         if req.producer_id != NO_PRODUCER:
             check_producer(self.broker, req.origin, req.producer_id, req.producer_epoch, req.producer_token,
@@ -342,8 +343,8 @@ class TransactionService:
             if req.producer_id != NO_PRODUCER:  # an init may have fenced this epoch while we waited
                 self.check_fenced(req.producer_id, req.producer_epoch)
         if req.action != "start" and not self._may_decide(principal, xid):
-            raise c.RequestError(c.FORBIDDEN, f"{principal} may not decide transaction {xid}: only the user that "
-                                              "started it (or admin) may")
+            raise c.AccessDenied(f"{principal} may not decide transaction {xid}: only the user that "
+                                 "started it (or admin) may")
         refusal = self.refusal()  # the role may have changed while we waited
         if refusal is not None:
             raise c.RequestError(*refusal)
@@ -359,14 +360,27 @@ class TransactionService:
             await self._settle(xid)
         return c.reply_header(req.opaque, c.OK, xa_code=int(reply.code)), b""
 
-    def _check_may_start(self, principal: "Principal | None") -> None:
-        """RequestError 403 unless ``principal`` may produce some topic (security off: anyone may)."""
+    def _check_may_use_transactions(self, principal: "Principal | None", action: str) -> None:
+        """RequestError 403 unless ``principal`` may produce some topic, or (``recover``) is admin,
+        who decides any branch (security off: anyone may). One lookup, whatever is open."""
         authorizer = self.broker.security.authorizer
         if authorizer is None:
             return
+        if action == "recover" and authorizer.allowed(principal, Operation.ADMIN):
+            return
         denial = authorizer.any_topic_denial(principal, Operation.PRODUCE)
         if denial is not None:
-            raise c.RequestError(c.FORBIDDEN, f"may not start a transaction: {denial}")
+            what = "start a transaction" if action == "start" else "recover transactions"
+            raise c.AccessDenied(f"may not {what}: {denial}")
+
+    def _recoverable(self, principal: "Principal | None") -> list[str]:
+        """The in-doubt branches ``principal`` may decide (``_may_decide``): every one for admin
+        or with security off, else those it started, from the coordinator's per-starter index."""
+        assert self.coordinator is not None
+        authorizer = self.broker.security.authorizer
+        if authorizer is None or authorizer.allowed(principal, Operation.ADMIN):
+            return self.coordinator.recover()
+        return self.coordinator.recover(starter=self._tag(principal))
 
     def _check_room(self, principal: "Principal | None", starter: str) -> None:
         """RequestError 403 if a new branch of ``starter`` would pass maxOpenTransactionsPerUser."""
@@ -420,14 +434,13 @@ class TransactionService:
         # Not admin: deciding any branch (recovery) is an admin's duty, adding to another's is not.
         return (producer_id == branch.producer_id != NO_PRODUCER) or self._is_starter(principal, branch)
 
-    def _is_starter(self, principal: "Principal | None", branch: Branch, tag: str | None = None) -> bool:
-        """Whether ``principal`` (whose tag is ``tag``, if known) started ``branch``; never for an
-        unknown starter ("": a marker or journal older than starters)."""
-        return bool(branch.starter) and hmac.compare_digest(branch.starter, self._tag(principal) if tag is None else tag)
+    def _is_starter(self, principal: "Principal | None", branch: Branch) -> bool:
+        """Whether ``principal`` started ``branch``; never for an unknown starter ("": a marker or
+        journal older than starters)."""
+        return bool(branch.starter) and hmac.compare_digest(branch.starter, self._tag(principal))
 
-    def _may_decide(self, principal: "Principal | None", xid: str, tag: str | None = None) -> bool:
-        """Whether ``principal`` (whose tag is ``tag``, if known) may act on branch ``xid``: its starter
-        or admin (security off: anyone).
+    def _may_decide(self, principal: "Principal | None", xid: str) -> bool:
+        """Whether ``principal`` may act on branch ``xid``: its starter or admin (security off: anyone).
 
         A branch this broker does not hold (unknown, or finished: a retried commit asks for its
         outcome) may be asked about by anyone: the answer reveals no message."""
@@ -438,7 +451,7 @@ class TransactionService:
         branch = self.coordinator.branches.get(xid)
         if branch is None:
             return True
-        return self._is_starter(principal, branch, tag)  # an unknown starter: admin's alone
+        return self._is_starter(principal, branch)  # an unknown starter: admin's alone
 
     # --- markers ---------------------------------------------------------------------------------
 

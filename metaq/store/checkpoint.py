@@ -18,7 +18,7 @@ import logging
 import os
 from pathlib import Path
 
-from metaq.store.segment import fsync_directory
+from metaq.private_files import fsync_directory, private_opener
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def write_flushed_end(directory: Path, offset: int, *, durable: bool) -> None:
     """
     path = checkpoint_path(directory)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as handle:
+    with open(tmp, "w", opener=private_opener) as handle:
         handle.write(f"{_VERSION}\n{offset}\n")
         handle.flush()
         os.fsync(handle.fileno())

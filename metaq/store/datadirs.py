@@ -9,6 +9,7 @@ clear line (the broker then exits non-zero).
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import uuid
@@ -16,6 +17,9 @@ from pathlib import Path
 from typing import Iterable
 
 from ..config import ConfigError, TopicConfig
+from ..private_files import fsync_directory, make_private_dir, private_opener, tighten_dir
+
+log = logging.getLogger(__name__)
 
 
 def check_data_dirs(data_path: str, topics: Iterable[TopicConfig], where: str) -> None:
@@ -23,7 +27,9 @@ def check_data_dirs(data_path: str, topics: Iterable[TopicConfig], where: str) -
     for data_path in sorted({data_path} | {topic.data_path for topic in topics}):
         directory = Path(data_path)
         try:
-            directory.mkdir(parents=True, exist_ok=True)
+            make_private_dir(directory)
+            if tighten_dir(directory):
+                log.info("dataPath %s: made owner-only (mode 0700); it was readable by other users", data_path)
             with tempfile.TemporaryFile(dir=directory, prefix=".write-check-"):
                 pass
         except OSError as exc:
@@ -53,11 +59,12 @@ def broker_identity(data_path: str) -> str:
     except FileNotFoundError:
         pass
     identity = uuid.uuid4().hex
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dir(path.parent)
     staging = path.with_suffix(".tmp")
-    with open(staging, "w") as out:
+    with open(staging, "w", opener=private_opener) as out:
         out.write(identity + "\n")
         out.flush()
         os.fsync(out.fileno())
     os.replace(staging, path)
+    fsync_directory(path.parent)  # else a power loss may leave no identity, or the staging file
     return identity

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from metaq.config import TopicConfig
+from metaq.private_files import private_opener
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,8 @@ def write_marker(directory: Path, incarnation: str) -> None:
     if not incarnation or read_marker(directory) == incarnation:
         return
     tmp = directory / f"{MARKER}.tmp"
-    tmp.write_text(incarnation + "\n")
+    with open(tmp, "w", opener=private_opener) as out:
+        out.write(incarnation + "\n")
     os.replace(tmp, directory / MARKER)
 
 

@@ -40,8 +40,13 @@ from pathlib import Path
 from typing import Callable
 
 from metaq import record
+from metaq.private_files import FILE_MODE, fsync_directory, make_private_dir
 from metaq.store.checkpoint import checkpoint_path, read_flushed_end, write_flushed_end
-from metaq.store.segment import LogSegment, fsync_directory, parse_segment_start, segment_file_name
+from metaq.store.segment import (
+    LogSegment,
+    parse_segment_start,
+    segment_file_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +93,7 @@ def _create_aside_file(path: Path) -> tuple[Path, int]:
     candidate, n = path, 0
     while True:
         try:
-            return candidate, os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            return candidate, os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
         except FileExistsError:
             n += 1
             candidate = path.with_name(f"{path.name}.{n}")
@@ -146,7 +151,7 @@ class PartitionLog:
         # marked synced by that flush.
         self._directory_version = 0
         self._directory_synced_version = 0
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.directory)
         self._segments = self._load_segments()
         checkpointed = self._refuse_if_shorter_than_flushed()
         if not self._segments:

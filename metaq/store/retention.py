@@ -16,7 +16,8 @@ import zipfile
 from pathlib import Path
 from typing import NamedTuple
 
-from metaq.store.segment import LogSegment, fsync_directory
+from metaq.private_files import fsync_directory, private_opener
+from metaq.store.segment import LogSegment
 
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "": 3600}
 _POLICY = re.compile(r"^\s*(delete|archive)\s*,\s*(\d+)\s*([smh]?)\s*(?:,\s*(true|false)\s*)?$", re.IGNORECASE)
@@ -58,9 +59,10 @@ def archive_segment_file(segment: LogSegment, compress: bool) -> Path:
         # Write under a temporary name and rename, so a crash never leaves a
         # half-written zip that looks complete, and the .meta goes only afterwards.
         # strict_timestamps=False: a file with an mtime before 1980 (bad clock) still archives.
-        with zipfile.ZipFile(partial, "w", compression=zipfile.ZIP_DEFLATED, strict_timestamps=False) as archive:
-            archive.write(source, arcname=source.name)
-        with open(partial, "rb+") as handle:
+        with open(partial, "w+b", opener=private_opener) as handle:
+            with zipfile.ZipFile(handle, "w", compression=zipfile.ZIP_DEFLATED, strict_timestamps=False) as archive:
+                archive.write(source, arcname=source.name)
+            handle.flush()
             os.fsync(handle.fileno())
         os.replace(partial, target)
         source.unlink()

@@ -16,6 +16,8 @@ import os
 import re
 from pathlib import Path
 
+from metaq.private_files import FILE_MODE
+
 SEGMENT_SUFFIX = ".meta"
 _SEGMENT_NAME = re.compile(r"^(\d{20})\.meta$")
 
@@ -28,15 +30,6 @@ def parse_segment_start(path: Path) -> int | None:
     """The start offset encoded in a segment file's name, or None if it is not one."""
     match = _SEGMENT_NAME.match(path.name)
     return int(match.group(1)) if match else None
-
-
-def fsync_directory(directory: Path) -> None:
-    """Make a created, renamed or removed directory entry durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class LogSegment:
@@ -53,7 +46,7 @@ class LogSegment:
     def create(cls, directory: Path, start: int) -> LogSegment:
         """A new empty, writable segment. Fails if the file already exists: never clobber data."""
         path = directory / segment_file_name(start)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
         return cls(path, start, fd, 0, read_only=False)
 
     @classmethod

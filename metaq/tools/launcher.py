@@ -130,6 +130,8 @@ class BrokerProcess(ChildProcess):
         self.log_path = self.dir / "broker.log"
         self._process: subprocess.Popen[bytes] | None = None
         self._log_handle = None
+        #: Added to the environment of every start (e.g. the power-loss shim's LD_PRELOAD).
+        self.extra_env: dict[str, str] = {}
         # The ZK session that held our node last time: a restart must not mistake the
         # previous incarnation's not-yet-expired node for its own registration.
         self._last_zk_owner: int | None = None
@@ -213,6 +215,7 @@ class BrokerProcess(ChildProcess):
         # The repo's package, whatever is installed elsewhere.
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_PARENT), env.get("PYTHONPATH")]))
         env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.extra_env)
         self._log_handle = open(self.log_path, "ab")
         self._log_handle.write(f"--- start {' '.join(self.command())}\n".encode())
         self._log_handle.flush()

@@ -111,6 +111,13 @@ class Branch:
                    [(t, int(n)) for t, n in data["partitions"]], str(data.get("starter") or ""))
 
 
+#: Requests a branch's deadline binds (see ``_request``). Not SEND: a put's enlistment writes no
+#: markers, and the timer's ABORT marker, written after it, rolls its records back anyway. Not
+#: ROLLBACK or FORGET: after the deadline they end the branch as the timeout would.
+_BOUND_BY_DEADLINE = frozenset({Event.START_JOIN, Event.END, Event.END_FAIL, Event.PREPARE,
+                                Event.PREPARE_READ_ONLY, Event.COMMIT_ONE_PHASE, Event.COMMIT})
+
+
 class TransactionCoordinator:
     def __init__(self, settings: TxnSettings, journal: TxLog | None = None,
                  max_tombstones: int = DEFAULT_MAX_TOMBSTONES) -> None:
@@ -121,9 +128,11 @@ class TransactionCoordinator:
         self.tombstones: OrderedDict[str, State] = OrderedDict()
         self.max_tombstones = max_tombstones
         self._deadlines: list[tuple[int, str]] = []
-        #: Branches in IN_FLIGHT (holding a timeout), and live branches per starter (see _count).
+        #: Branches in IN_FLIGHT (holding a timeout), live branches per starter, and the in-doubt
+        #: xids per starter (what ``recover`` lists, without a scan of every branch; see _count).
         self._in_flight = 0
         self._live_by_starter: dict[str, int] = {}
+        self._in_doubt_by_starter: dict[str, set[str]] = {}
         if journal is not None:
             for xid, data in journal.branches.items():
                 self._keep(Branch.from_json(xid, data))
@@ -139,7 +148,7 @@ class TransactionCoordinator:
             timeout = self.settings.cap_timeout(timeout_s)
             self._insert(Branch(xid, State.NONEXISTENT, timeout, now_ms + timeout * 1000,
                                 producer_id, producer_epoch, starter=starter))
-        return self._apply(xid, Event.START_JOIN if join else Event.START, now_ms)
+        return self._request(xid, Event.START_JOIN if join else Event.START, now_ms)
 
     def send(self, xid: str, topic: str, partition: int, now_ms: int) -> Reply:
         reply = self._apply(xid, Event.SEND, now_ms, journal=False)
@@ -150,15 +159,15 @@ class TransactionCoordinator:
         return reply
 
     def end(self, xid: str, now_ms: int, *, fail: bool = False) -> Reply:
-        return self._apply(xid, Event.END_FAIL if fail else Event.END, now_ms)
+        return self._request(xid, Event.END_FAIL if fail else Event.END, now_ms)
 
     def prepare(self, xid: str, now_ms: int) -> Reply:
         branch = self.branches.get(xid)
         read_only = branch is not None and not branch.partitions
-        return self._apply(xid, Event.PREPARE_READ_ONLY if read_only else Event.PREPARE, now_ms)
+        return self._request(xid, Event.PREPARE_READ_ONLY if read_only else Event.PREPARE, now_ms)
 
     def commit(self, xid: str, now_ms: int, *, one_phase: bool) -> Reply:
-        return self._apply(xid, Event.COMMIT_ONE_PHASE if one_phase else Event.COMMIT, now_ms)
+        return self._request(xid, Event.COMMIT_ONE_PHASE if one_phase else Event.COMMIT, now_ms)
 
     def rollback(self, xid: str, now_ms: int) -> Reply:
         return self._apply(xid, Event.ROLLBACK, now_ms)
@@ -177,9 +186,13 @@ class TransactionCoordinator:
                    and b.state is not State.PREPARED]
         return [(xid, self._apply(xid, Event.FAILOVER, now_ms)) for xid in zombies]
 
-    def recover(self) -> list[str]:
-        """In-doubt branches: prepared, or heuristically rolled back and not yet forgotten."""
-        return sorted(xid for xid, b in self.branches.items() if b.state in IN_DOUBT)
+    def recover(self, starter: str | None = None) -> list[str]:
+        """In-doubt branches (prepared, or heuristically rolled back and not yet forgotten), sorted:
+        every one, or (``starter`` given) those that starter started. Costs the in-doubt branches
+        listed, never a pass over the open ones."""
+        if starter is None:
+            return sorted(xid for xids in self._in_doubt_by_starter.values() for xid in xids)
+        return sorted(self._in_doubt_by_starter.get(starter, ()))
 
     def expire(self, now_ms: int) -> list[tuple[str, Reply]]:
         fired = []
@@ -259,6 +272,23 @@ class TransactionCoordinator:
 
     # --- internals -----------------------------------------------------------------
 
+    def _request(self, xid: str, event: Event, now_ms: int) -> Reply:
+        """A client's step on a branch: ``_apply``, after the deadline has had its say.
+
+        Invariant: a branch's deadline binds whether or not its timer has fired. The timer does
+        not run while the master refuses requests (fenced, ZooKeeper without quorum), so a commit
+        retried as the quorum returns can arrive first: the branch times out here, as the timer
+        would have, and the request is answered from what that leaves. (Only requests: a
+        reconcile's roll-forward of a commit already in a log is never undone by a deadline.)
+        """
+        branch = self.branches.get(xid)
+        if (event in _BOUND_BY_DEADLINE and branch is not None and branch.state in IN_FLIGHT
+                and branch.deadline_ms <= now_ms):
+            timed_out = self._apply(xid, Event.TIMEOUT, now_ms)
+            answer = self._apply(xid, event, now_ms)
+            return Reply(answer.code, timed_out.markers + answer.markers)
+        return self._apply(xid, event, now_ms)
+
     def _apply(self, xid: str, event: Event, now_ms: int, *, journal: bool = True,
                reason: AbortReason | None = None) -> Reply:
         """Apply the table's row; a row that refuses (an error code) keeps the state and writes nothing."""
@@ -321,8 +351,9 @@ class TransactionCoordinator:
         if branch.state in IN_FLIGHT:
             self._arm(branch)
 
-    # Invariant: ``_in_flight`` and ``_live_by_starter`` equal what a scan of ``branches`` would
-    # count; these three are the only places that add, change the state of, or drop a branch.
+    # Invariant: ``_in_flight``, ``_live_by_starter`` and ``_in_doubt_by_starter`` equal what a scan
+    # of ``branches`` would find; these three are the only places that add, change the state of,
+    # or drop a branch.
 
     def _insert(self, branch: Branch) -> None:
         """Hold ``branch`` (replacing any branch of its xid)."""
@@ -337,16 +368,29 @@ class TransactionCoordinator:
     def _set_state(self, branch: Branch, state: State) -> None:
         if (branch.state in IN_FLIGHT) is not (state in IN_FLIGHT):
             self._in_flight += 1 if state in IN_FLIGHT else -1
+        if (branch.state in IN_DOUBT) is not (state in IN_DOUBT):
+            self._index_in_doubt(branch, state in IN_DOUBT)
         branch.state = state
 
     def _count(self, branch: Branch, sign: int) -> None:
         if branch.state in IN_FLIGHT:
             self._in_flight += sign
+        if branch.state in IN_DOUBT:
+            self._index_in_doubt(branch, sign > 0)
         live = self._live_by_starter.get(branch.starter, 0) + sign
         if live:
             self._live_by_starter[branch.starter] = live
         else:
             del self._live_by_starter[branch.starter]
+
+    def _index_in_doubt(self, branch: Branch, in_doubt: bool) -> None:
+        if in_doubt:
+            self._in_doubt_by_starter.setdefault(branch.starter, set()).add(branch.xid)
+            return
+        xids = self._in_doubt_by_starter[branch.starter]
+        xids.discard(branch.xid)
+        if not xids:
+            del self._in_doubt_by_starter[branch.starter]
 
     def _journal(self, branch: Branch, *, decision: bool, now_ms: int) -> None:
         if self.journal is not None:

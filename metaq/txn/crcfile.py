@@ -13,6 +13,8 @@ import zlib
 from pathlib import Path
 from typing import Callable
 
+from metaq.private_files import private_opener
+
 
 class DamagedFile(ValueError):
     """The file exists but its CRC line does not match its body."""
@@ -20,7 +22,7 @@ class DamagedFile(ValueError):
 
 def write_crc_file(path: Path, body: bytes, fsync: Callable[[int], None] = os.fsync) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as handle:
+    with open(tmp, "wb", opener=private_opener) as handle:
         handle.write(b"%d\n" % zlib.crc32(body) + body)
         handle.flush()
         fsync(handle.fileno())

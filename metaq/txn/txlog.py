@@ -40,6 +40,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable
 
+from metaq.private_files import fsync_directory, make_private_dir, private_opener
 from metaq.txn.config import FlushTxLog, TxnSettings
 from metaq.txn.crcfile import read_crc_file, write_crc_file
 
@@ -96,16 +97,16 @@ class TxLog:
         self.branches = branches
         self._fsync = fsync
         self._redo_number = redo_number
-        self._redo = open(directory / _redo_name(redo_number), "ab")
+        self._redo = open(directory / _redo_name(redo_number), "ab", opener=private_opener)
         self._dirty_since_ms: int | None = None
         self._last_checkpoint_ms = now_ms
-        _fsync_directory(directory, fsync)
+        fsync_directory(directory, fsync)
 
     @classmethod
     def open(cls, base: Path, settings: TxnSettings, now_ms: int,
              fsync: Callable[[int], None] = os.fsync) -> TxLog:
         directory = base / DIRECTORY
-        directory.mkdir(parents=True, exist_ok=True)
+        make_private_dir(directory, fsync)  # durable: its fsynced journal must not vanish with it
         branches, first_redo = _load_checkpoint(directory)
         redo_files = [(n, p) for n, p in _numbered(directory, _REDO) if n >= first_redo]
         for _n, path in redo_files:
@@ -142,7 +143,7 @@ class TxLog:
         self._redo_number += 1
         raw = json.dumps({"version": _VERSION, "branches": self.branches}, sort_keys=True).encode()
         write_crc_file(self.directory / _checkpoint_name(self._redo_number), raw, self._fsync)
-        self._redo = open(self.directory / _redo_name(self._redo_number), "ab")
+        self._redo = open(self.directory / _redo_name(self._redo_number), "ab", opener=private_opener)
         self._dirty_since_ms = None
         self._last_checkpoint_ms = now_ms
         checkpoints = _numbered(self.directory, _CHECKPOINT)
@@ -152,7 +153,7 @@ class TxLog:
         for n, redo in _numbered(self.directory, _REDO):
             if n < oldest_kept:
                 redo.unlink()
-        _fsync_directory(self.directory, self._fsync)
+        fsync_directory(self.directory, self._fsync)
 
     def close(self) -> None:
         if not self._redo.closed:
@@ -195,9 +196,3 @@ def _replay(path: Path, branches: Branches) -> None:
         os.truncate(path, good)
 
 
-def _fsync_directory(directory: Path, fsync: Callable[[int], None]) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        fsync(fd)
-    finally:
-        os.close(fd)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from ..private_files import private_opener
 from ..process import ChildProcess
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,18 @@ MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 # Small heap, serial GC and C1 only: a test server needs a fast start, not throughput.
 JVM_FLAGS = ("-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto")
 LOG_FILE_NAME = "zookeeper.log"
+# The JVM options that carry secrets: ``java @FILE`` reads them (Java 9+), so they never
+# appear in ``ps`` or /proc/PID/cmdline; the file is 0600 and deleted once the server serves.
+SECRET_ARGS_FILE_NAME = "jvm-secret.args"
+# The four-letter words this package sends (four_letter_word callers): ``conf`` and ``srvr``
+# tell is_serving() the server is ours and up, ``ruok`` is the classic liveness probe. The
+# others (``dump`` lists sessions and ephemeral paths, ``cons``/``wchc`` every client and
+# watch, ``stat`` the connected addresses) help nobody but someone mapping the cluster.
+FOUR_LETTER_WORDS = ("conf", "ruok", "srvr")
+# ZooKeeper's per-address connection cap (its default is 60). One broker holds one session,
+# each client, tool and test fixture one more; a test run or a chaos run on one host stays
+# well under this, while one address cannot take every file descriptor of the server.
+DEFAULT_MAX_CLIENT_CONNECTIONS = 200
 
 
 class ZooKeeperError(RuntimeError):
@@ -216,6 +229,7 @@ class EmbeddedZooKeeper(ChildProcess):
         die_with_parent: bool = True,
         super_digest: str | None = None,
         command_prefix: Sequence[str] = (),
+        max_client_connections: int = DEFAULT_MAX_CLIENT_CONNECTIONS,
     ) -> None:
         self.host = host
         # Run the JVM through this (``ip netns exec NS``: it execs, so the pid is the JVM's).
@@ -233,6 +247,7 @@ class EmbeddedZooKeeper(ChildProcess):
         # "super:{base64 sha1}" (metaq.zk.acl.super_digest): a client logged in as "super" with
         # the matching password passes every ACL, the way out when a node is locked wrongly.
         self.super_digest = super_digest
+        self.max_client_connections = max_client_connections
         self._owns_data_dir = data_dir is None
         self._data_dir_arg = Path(data_dir) if data_dir is not None else None
         self.data_dir: Path | None = self._data_dir_arg
@@ -274,9 +289,8 @@ class EmbeddedZooKeeper(ChildProcess):
             f"maxSessionTimeout={self.max_session_timeout_ms}",
             # The admin server would take port 8080, which clashes between instances.
             "admin.enableServer=false",
-            "4lw.commands.whitelist=*",
-            # Tests open many clients from one address.
-            "maxClientCnxns=0",
+            f"4lw.commands.whitelist={','.join(FOUR_LETTER_WORDS)}",
+            f"maxClientCnxns={self.max_client_connections}",
             # Snapshots and logs are throwaway; don't let them pile up across a long run.
             "autopurge.snapRetainCount=3",
             "autopurge.purgeInterval=1",
@@ -297,6 +311,25 @@ class EmbeddedZooKeeper(ChildProcess):
         config.write_text("\n".join(self._config_lines()) + "\n")
         return config
 
+    @property
+    def _secret_args_path(self) -> Path:
+        assert self.data_dir is not None
+        return self.data_dir / SECRET_ARGS_FILE_NAME
+
+    def _write_secret_args(self) -> list[str]:
+        """``@FILE`` for the secret JVM options (none: no argument), so they stay off the command line."""
+        if not self.super_digest:
+            return []
+        self._remove_secret_args()  # one left by a killed run: "x" below creates it afresh, 0600
+        with open(self._secret_args_path, "x", encoding="ascii", opener=private_opener) as handle:
+            handle.write(f"-Dzookeeper.DigestAuthenticationProvider.superDigest={self.super_digest}\n")
+        return [f"@{self._secret_args_path}"]
+
+    def _remove_secret_args(self) -> None:
+        # The launcher read the file before the JVM started; a copy on disk only adds exposure.
+        if self.data_dir is not None:
+            self._secret_args_path.unlink(missing_ok=True)
+
     def _command(self, config: Path) -> list[str]:
         classpath = os.pathsep.join(find_zookeeper_classpath())
         return [
@@ -306,7 +339,7 @@ class EmbeddedZooKeeper(ChildProcess):
             # The log4j2 binding from pyspark's jars logs only errors unless told otherwise.
             "-Dlog4j2.level=INFO",
             "-Dzookeeper.admin.enableServer=false",
-            *([f"-Dzookeeper.DigestAuthenticationProvider.superDigest={self.super_digest}"] if self.super_digest else []),
+            *self._write_secret_args(),
             "-cp",
             classpath,
             MAIN_CLASS,
@@ -342,6 +375,7 @@ class EmbeddedZooKeeper(ChildProcess):
                 return self
             except ZooKeeperError as exc:
                 self._reap()
+                self._remove_secret_args()
                 address_in_use = "Address already in use" in self.log_text(last_lines=200)
                 if not (address_in_use and attempt + 1 < attempts):
                     raise exc from None
@@ -378,6 +412,7 @@ class EmbeddedZooKeeper(ChildProcess):
                     f"log {self.log_path}:\n{self.log_text(last_lines=20)}"
                 )
             if self.is_serving():
+                self._remove_secret_args()
                 self.start_seconds = time.monotonic() - self._started_at
                 log.info("ZooKeeper serving on %s after %.2fs", self.connect_string, self.start_seconds)
                 return
@@ -414,6 +449,7 @@ class EmbeddedZooKeeper(ChildProcess):
     def stop(self, grace: float = 10.0) -> int | None:  # type: ignore[override]
         """SIGTERM, then SIGKILL after ``grace`` seconds; a temporary data dir goes too. Idempotent."""
         code = super().stop(grace)
+        self._remove_secret_args()
         if self._owns_data_dir and self.data_dir is not None:
             shutil.rmtree(self.data_dir, ignore_errors=True)
             self.data_dir = None

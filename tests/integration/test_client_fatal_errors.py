@@ -27,6 +27,7 @@ import pytest
 from metaq.client import ConsumerConfig, Message, MessageSessionFactory, MetaClientConfig, SendResult
 from metaq.client.cluster import MAX_PARTITIONS
 from metaq.client.connection import Credentials
+from metaq.client.xa import XAError
 from metaq.tools.launcher import BrokerFactory, BrokerProcess, wait_until
 from metaq.zk.acl import ZkSecurity
 from metaq.zk.paths import ZkPaths, topic_node_data
@@ -115,6 +116,21 @@ def test_an_acl_denial_fails_at_once_with_the_brokers_reason(brokers: Brokers) -
     result, elapsed = send_one(brokers, "t", Credentials("reader", PASSWORDS["reader"], str(brokers.ca.cert_file)))
     assert_fails_at_once(result, elapsed, "403", "user 'reader' may not produce topic 't'")
     assert result.code == 403
+
+
+def test_an_xa_recover_without_a_produce_right_fails_at_once_with_the_brokers_reason(brokers: Brokers) -> None:
+    # The transactional sender retries 403s (a slave naming its master) through a failover;
+    # an ACL's refusal (reason "acl" in the reply) is answered at once instead.
+    config = MetaClientConfig(zk_connect=brokers.factory.zk_connect, zk_root=brokers.factory.zk_root,
+                              credentials=Credentials("reader", PASSWORDS["reader"], str(brokers.ca.cert_file)))
+    with MessageSessionFactory(config) as factory:
+        resource = factory.create_xa_producer(broker_id=0).xa_resource()
+        started = time.monotonic()
+        with pytest.raises(XAError, match="403 may not recover transactions: user 'reader' may not produce any topic"):
+            resource.recover()
+        elapsed = time.monotonic() - started
+    assert elapsed < AT_ONCE_S, f"took {elapsed:.2f}s"
+    assert config.send_timeout_s >= 10 * AT_ONCE_S  # a retried refusal could not pass as fast
 
 
 def test_a_topic_that_does_not_accept_publishing_fails_at_once(brokers: Brokers) -> None:

@@ -23,7 +23,7 @@ from metaq.protocol.messages import InitProducerRequest, PutRequest
 from metaq.record import record_ends
 from metaq.txn.control import Kind, control_at
 
-from .test_sync_replication import TOPIC, on_disk, start_pair
+from .test_sync_replication import PIECE_REPORTING_SLAVE, TOPIC, on_disk, start_pair
 
 RECORDS_PER_BATCH = 600
 PAYLOAD = 1000
@@ -86,7 +86,8 @@ async def watch_bounds(address: tuple[str, int], bounds: list[int], until: async
 
 
 def test_consumers_on_master_and_slave_never_get_a_bound_inside_a_batch(broker_factory, zk_client, zk_root) -> None:
-    master, (slave,) = start_pair(broker_factory, zk_client, zk_root, partitions=1)
+    # A slave that reports positions inside a large reply (a group-commit one waits for its fsync).
+    master, (slave,) = start_pair(broker_factory, zk_client, zk_root, partitions=1, slave_system=PIECE_REPORTING_SLAVE)
 
     async def scenario() -> tuple[int, dict[str, list[int]]]:
         bounds: dict[str, list[int]] = {"master": [], "slave": []}

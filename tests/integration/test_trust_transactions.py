@@ -11,7 +11,8 @@ refusal is seen exactly as the broker answers it.
 * ``rival`` cannot slip a message into ``app``'s open transaction: a put with ``app``'s xid
   under ``rival``'s own producer id and token gets 403 and stores nothing, and ``app``'s
   commit commits only ``app``'s messages;
-* ``start`` needs produce on some topic (``reader`` gets 403) and a user holds at most
+* ``start`` and ``recover`` need produce on some topic (``reader`` gets 403, marked
+  ``reason: "acl"`` like a topic ACL's refusal) and a user holds at most
   ``maxOpenTransactionsPerUser`` live branches (3 here): the next start gets 403, another
   user still starts, and a branch ended makes room again;
 * an anonymous ZooKeeper client reading a transactional id's node learns no user name:
@@ -142,14 +143,24 @@ def test_another_user_cannot_put_into_an_open_transaction(master: BrokerProcess)
     assert b"injected-by-rival" not in on_disk, "the intruder's message reached the log"
 
 
-def test_a_start_needs_produce_rights_and_room_under_the_users_cap(master: BrokerProcess) -> None:
+def test_a_start_or_recover_needs_produce_rights_and_a_start_room_under_the_users_cap(master: BrokerProcess) -> None:
     refused = step_as(master, "reader", "start", "TX:reader:0")
     assert refused.code == c.FORBIDDEN and "user 'reader' may not produce any topic" in refused.message, refused.header
+    refused = step_as(master, "reader", "recover")
+    assert refused.code == c.FORBIDDEN, refused.header
+    assert "may not recover transactions: user 'reader' may not produce any topic" in refused.message, refused.header
+    # Authorization refusals say so in a field (clients need not parse the words); this one
+    # from the transaction service, a topic ACL's from the connection's check.
+    assert refused.header.get(c.REASON_FIELD) == c.ACCESS_DENIED, refused.header
+    put = PutRequest(topic=TOPIC, partition=0, count=1).to_header()
+    denied = run(request_as(master, "reader", put, encode_messages([Message(TOPIC, b"x")])[0]))
+    assert denied.code == c.FORBIDDEN and denied.header.get(c.REASON_FIELD) == c.ACCESS_DENIED, denied.header
     held = [f"TX:app:held-{n}" for n in range(OPEN_CAP)]
     for xid in held:
         assert step_as(master, "app", "start", xid)["xa_code"] == Code.XA_OK
     full = step_as(master, "app", "start", "TX:app:one-too-many")
     assert full.code == c.FORBIDDEN and "maxOpenTransactionsPerUser" in full.message, full.header
+    assert c.REASON_FIELD not in full.header  # not the ACL's: ending a branch makes room
     assert step_as(master, "rival", "start", "TX:rival:0")["xa_code"] == Code.XA_OK  # per user
     for user, xid in [("app", held[0]), ("rival", "TX:rival:0")]:
         assert step_as(master, user, "end", xid)["xa_code"] == Code.XA_OK

@@ -45,3 +45,24 @@ def test_other_403s_stay_retriable() -> None:
 
 def test_a_denial_wording_with_another_code_is_not_an_acl_refusal() -> None:
     assert not access_denied(c.SERVICE_UNAVAILABLE, "user 'app' may not produce topic 't'")
+
+
+def test_the_brokers_reason_field_decides_over_the_wording() -> None:
+    # A broker that marks its refusals: reason "acl" is fatal whatever the words ...
+    assert access_denied(c.FORBIDDEN, "refused", c.ACCESS_DENIED)
+    failure = classify_reply(c.FORBIDDEN, "403 refused (partition 0-0)", reason=c.ACCESS_DENIED)
+    assert failure is not None and not failure.retriable
+    # ... and another reason stays retriable even if the words look like an ACL's.
+    assert not access_denied(c.FORBIDDEN, "user 'app' may not produce topic 't'", "not_master")
+    failure = classify_reply(c.FORBIDDEN, "403 user 'app' may not produce topic 't'", reason="not_master")
+    assert failure is not None and failure.retriable
+    # Without the field (an older broker) the wording still decides.
+    assert access_denied(c.FORBIDDEN, "user 'app' may not produce topic 't'", None)
+    assert not access_denied(c.SERVICE_UNAVAILABLE, "refused", c.ACCESS_DENIED)
+
+
+def test_every_authorization_refusal_the_broker_builds_carries_the_reason() -> None:
+    denial = c.AccessDenied("user 'reader' may not produce topic 't'")
+    assert denial.reply(7) == {"opaque": 7, "code": c.FORBIDDEN, "msg": "user 'reader' may not produce topic 't'",
+                               c.REASON_FIELD: c.ACCESS_DENIED}
+    assert c.REASON_FIELD not in c.RequestError(c.FORBIDDEN, "stale epoch 3: the master is in epoch 4").reply(7)

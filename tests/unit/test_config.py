@@ -157,6 +157,24 @@ def test_logging_and_metrics_keys():
         parse_server_ini(b"[system]\nbrokerId=0\nlogFormat=xml\n", "c.ini")
 
 
+def test_metrics_port_access_rules():
+    base = b"[system]\nbrokerId=0\nmetricsPort=9404\n"
+    assert parse_server_ini(base, "c.ini").metrics_host == "127.0.0.1"  # loopback unless opened
+    secured = base + b"securityEnabled=true\ntlsCertFile=c.pem\ntlsKeyFile=k.pem\n"
+    for host in (b"0.0.0.0", b"10.1.2.3", b"metrics.example"):
+        # Security on and reachable from other hosts: a login alone, or TLS alone, is not enough.
+        for extra in (b"", b"metricsPasswordFile=m.pw\n", b"metricsTls=true\n"):
+            with pytest.raises(ConfigError, match="metricsHost: .* needs metricsPasswordFile .* and metricsTls=true"):
+                parse_server_ini(secured + b"metricsHost=" + host + b"\n" + extra, "conf/c.ini")
+    config = parse_server_ini(secured + b"metricsHost=0.0.0.0\nmetricsPasswordFile=m.pw\nmetricsTls=true\nmetricsUser=prom\n", "conf/c.ini")
+    assert (config.metrics_password_file, config.metrics_tls, config.metrics_user) == ("conf/m.pw", True, "prom")
+    for host in (b"127.0.0.1", b"::1", b"localhost"):
+        assert parse_server_ini(secured + b"metricsHost=" + host + b"\n", "c.ini").metrics_password_file is None
+    assert parse_server_ini(base + b"metricsHost=0.0.0.0\n", "c.ini").metrics_host == "0.0.0.0"  # security off: the operator's call
+    with pytest.raises(ConfigError, match="metricsTls: needs TLS on"):
+        parse_server_ini(base + b"metricsTls=true\n", "c.ini")
+
+
 def test_shared_topic_settings_round_trip():
     from metaq.config import topic_from_settings, topic_settings
 

@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 
 from metaq import record
+from metaq.client.connection import Reply
 from metaq.ha.replica import REPORT_PIECE_BYTES, PartitionReplica, ReplicaDiverged
+from metaq.protocol import commands as c
+from metaq.store.flush import LogFlusher
 from metaq.store.log import PartitionLog
 
 
@@ -88,3 +91,47 @@ def test_a_reply_cut_inside_a_record_keeps_the_cut_record_for_the_next_fetch(tmp
     cut = full[: len(full) - 50]
     assert append(replica, cut, [])
     assert replica.log.log_end == record.record_ends(cut)[-1]
+
+
+class RecordingMaster:
+    """A master connection that serves ``body`` once, then has nothing new; records what the slave tells it."""
+
+    def __init__(self, replica: PartitionReplica, body: bytearray) -> None:
+        self.replica, self.body = replica, body
+        self.fetches: list[tuple[int, int, int]] = []  # (offset, reported log_end, flushed_end when sent)
+        self.position_reports: list[dict] = []
+
+    async def request(self, header: dict, timeout: float) -> Reply:
+        log = self.replica.log
+        self.fetches.append((header["offset"], header["replica"]["log_end"], log.flushed_end))
+        end = len(self.body)
+        if len(self.fetches) == 1:
+            return Reply({"code": c.OK, "offset": 0, "log_end": end, "committed": 0}, self.body)
+        return Reply({"code": c.NOT_FOUND, "log_end": end, "committed": end}, bytearray())
+
+    def send(self, header: dict) -> "asyncio.Future[None]":
+        self.position_reports.append(header)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future.set_result(None)
+        return future
+
+
+def test_a_group_commit_slave_of_a_sync_master_reports_only_fsynced_positions(tmp_path: Path) -> None:
+    """durable_positions: a fetch (whose offset is the slave's reported position) waits for
+    the fsync of the previous reply, and no position inside a reply is reported before its
+    fsync; a sync master's ack then survives a power loss of this slave (docs/guarantees.md P3)."""
+    log = PartitionLog(tmp_path / "t-0", max_segment_size=64 << 20)
+    replica = PartitionReplica("t", 0, log, LogFlusher(log, 0, 1000), lambda: {"slave_id": 1, "epoch": 0}, lambda *_: None, 100)
+    replica.report_positions = replica.durable_positions = True
+    body = records(10_000)  # several pieces: a page-cache slave would report inside it
+    master = RecordingMaster(replica, body)
+
+    async def two_fetches() -> None:
+        await replica.fetch_once(master)  # type: ignore[arg-type]
+        assert replica.position() <= log.flushed_end
+        await replica.fetch_once(master)  # type: ignore[arg-type]
+
+    asyncio.run(two_fetches())
+    assert master.position_reports == []
+    assert master.fetches[1] == (len(body), len(body), len(body)), "the position went out only once fsynced"
+    assert replica.position() == log.flushed_end == len(body)

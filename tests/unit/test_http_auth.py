@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp.test_utils import TestClient, TestServer
 
 from metaq.http.app import build_app
-from metaq.http.auth import _ROUTES, HttpUsers
+from metaq.http.auth import _ROUTES, HttpUsers, LoginLimiter
 from metaq.security.credentials import SecurityFile
 from metaq.security.scram import make_secret
 
@@ -38,12 +38,33 @@ def basic(user: str, password: str) -> dict[str, str]:
 
 def test_passwords_are_checked_and_unknown_users_look_like_wrong_passwords() -> None:
     http = users()
-    assert http.authenticate(basic("app", "app-pw")["Authorization"]).name == "app"  # type: ignore[union-attr]
-    assert http.authenticate(basic("app", "app-pw")["Authorization"]).name == "app"  # type: ignore[union-attr]  # remembered
+    login = lambda header: asyncio.run(http.authenticate(header, "10.0.0.1"))  # noqa: E731
+    assert login(basic("app", "app-pw")["Authorization"]).name == "app"  # type: ignore[union-attr]
+    assert login(basic("app", "app-pw")["Authorization"]).name == "app"  # type: ignore[union-attr]  # remembered
     for header in (basic("app", "guess"), basic("nobody", "app-pw"), basic("app", ""), {"Authorization": "Bearer x"},
                    {"Authorization": "Basic !!!"}, {"Authorization": "Basic " + base64.b64encode(b"no-colon").decode()}):
-        assert http.authenticate(header["Authorization"]) is None, header
-    assert http.authenticate(None) is None
+        assert login(header["Authorization"]) is None, header
+    assert login(None) is None
+    http.close()
+
+
+def test_login_limiter_buckets_refill_at_the_rate_and_forget_the_oldest_keys() -> None:
+    now = [0.0]
+    limiter = LoginLimiter(burst=3, rate=0.5, max_keys=2, clock=lambda: now[0])
+    for _ in range(3):
+        assert limiter.wait_s("a") == 0
+        limiter.take("a")
+    assert limiter.wait_s("a") == 2.0  # one token at 0.5/s
+    now[0] = 1.0
+    assert limiter.wait_s("a") == 1.0
+    limiter.give_back("a")  # a success returns its token
+    assert limiter.wait_s("a") == 0
+    now[0] = 100.0
+    limiter.take("a")
+    assert limiter._tokens("a") == 2  # refilled to the burst, never above
+    limiter.take("b")
+    limiter.take("c")  # a third key: the oldest ("a") goes, and starts full again
+    assert limiter._tokens("a") == 3 and limiter._tokens("c") == 2
 
 
 def test_a_secret_verifies_only_its_own_password() -> None:

@@ -80,6 +80,34 @@ def test_timeouts_roll_back_and_a_prepared_timeout_is_heuristic_until_forgotten(
     assert coordinator.forget(XID, 13000).code is Code.XA_OK and coordinator.recover() == []
 
 
+def test_a_deadline_binds_a_request_that_arrives_before_the_timer_fires() -> None:
+    """Chaos seed 1005: a commit retried as ZooKeeper's quorum returned beat the timer (which
+    does not run while the master refuses requests) and committed a timed-out transaction."""
+    coordinator = TransactionCoordinator(TxnSettings())
+    started(coordinator, "TX:7:1", ("t", 0), timeout_s=1)
+    started(coordinator, XID, ("t", 1), timeout_s=1)
+    assert coordinator.prepare(XID, 500).code is Code.XA_OK  # its deadline is now 1500
+    late_commit = coordinator.commit("TX:7:1", 1000, one_phase=True)  # no expire() ran
+    assert late_commit.code is Code.XA_RBROLLBACK
+    assert [(m.kind, m.reason) for m in late_commit.markers] == [(Kind.ABORT, AbortReason.TIMEOUT)]
+    assert coordinator.state_of("TX:7:1") is State.ROLLED_BACK
+    late_phase_two = coordinator.commit(XID, 1500, one_phase=False)
+    assert late_phase_two.code is Code.XA_HEURRB  # what the timer's heuristic rollback would answer
+    assert [(m.kind, m.reason) for m in late_phase_two.markers] == [(Kind.ABORT, AbortReason.HEURISTIC)]
+    assert coordinator.expire(10_000) == []  # nothing is rolled back twice
+
+
+def test_a_reconcile_rolls_a_commit_forward_however_late() -> None:
+    a, b = ModelLog(), ModelLog()
+    for log in (a, b):
+        log.put(7, 1, XID)
+        log.mark(Kind.PREPARE, XID)
+    a.mark(Kind.COMMIT, XID)  # the decision is in a log: no deadline may undo it
+    promoted = TransactionCoordinator(TxnSettings())
+    replies = dict(promoted.reconcile({("t", 0): a.state.index, ("t", 1): b.state.index}, 10**12))
+    assert [(m.partition, m.kind) for m in replies[XID].markers] == [(1, Kind.COMMIT)]
+
+
 def test_the_timeout_capacity_refuses_new_branches() -> None:
     coordinator = TransactionCoordinator(TxnSettings(max_tx_timeout_timer_capacity=2))
     started(coordinator, "a")
@@ -98,7 +126,7 @@ class NoScan(dict):  # type: ignore[type-arg]
     __iter__ = keys = values = items = _scan  # type: ignore[assignment]
 
 
-def test_a_start_costs_the_same_however_many_branches_are_open_and_the_counts_stay_exact() -> None:
+def test_a_start_or_recover_costs_the_same_however_many_branches_are_open_and_the_counts_stay_exact() -> None:
     coordinator = TransactionCoordinator(TxnSettings(max_tx_timeout_timer_capacity=10**6))
     for n in range(2000):
         assert coordinator.start(f"TX:1:{n}", 0, 30, starter=f"user{n % 3}").code is Code.XA_OK
@@ -122,9 +150,13 @@ def test_a_start_costs_the_same_however_many_branches_are_open_and_the_counts_st
     assert coordinator.live_branches_of("user1") == sum(1 for b in table.values() if b.starter == "user1") == 0
     heuristic = [xid for xid, b in table.items() if b.state is State.HEURISTIC_ROLLED_BACK]
     assert len(heuristic) == 75 and len(table) == 75  # the prepared ones, until forgotten
+    # recover lists them from its index, per starter too, without walking the table either.
+    assert coordinator.recover() == coordinator.recover("user0") == sorted(heuristic)
+    assert coordinator.recover("user1") == []
     for xid in heuristic:
         coordinator.forget(xid, 32_000)
     assert coordinator.live_branches_of("user0") == 0 and len(coordinator.branches) == 0
+    assert coordinator.recover() == []
 
 
 def test_a_churn_of_short_branches_leaves_no_unbounded_timeout_entries() -> None:

@@ -391,7 +391,7 @@ async def test_only_the_branchs_producer_or_its_starter_enlists_a_put(tmp_path: 
 
 
 @in_loop
-async def test_a_start_needs_produce_on_some_topic_and_room_under_the_users_cap(tmp_path: Path, clock: list[int]) -> None:
+async def test_a_start_or_recover_needs_produce_on_some_topic_and_a_start_room_under_the_users_cap(tmp_path: Path, clock: list[int]) -> None:
     authorizer = Authorizer(1, {"app": UserAcl(produce=("orders",)), "other": UserAcl(produce=("orders",)),
                                 "reader": UserAcl(consume=("*",))})
     broker, service = make(tmp_path, clock, authorizer=authorizer,
@@ -401,6 +401,10 @@ async def test_a_start_needs_produce_on_some_topic_and_room_under_the_users_cap(
         await call(service, "start", "TX:7:0", reader)
     assert no.value.code == c.FORBIDDEN
     assert service.coordinator is not None and service.coordinator.branches == {}
+    # recover too: only who could own a branch (or admin, who decides any) may ask for the list.
+    with pytest.raises(c.RequestError, match="may not recover transactions: user 'reader' may not produce any topic") as no:
+        await call(service, "recover", principal=reader)
+    assert no.value.code == c.FORBIDDEN
     for xid in ("TX:7:1", "TX:7:2"):
         assert (await call(service, "start", xid, app))["xa_code"] == Code.XA_OK
     with pytest.raises(c.RequestError, match="user 'app' already holds 2 open transaction branches on this broker "
