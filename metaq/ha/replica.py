@@ -128,6 +128,7 @@ class PartitionReplica:
 
     async def fetch_once(self, conn: "BrokerConnection") -> bool:
         """One fetch round; returns True if it appended anything. Raises ReplicaDiverged."""
+        self._repair_corruption()
         if self.durable_positions:
             # A fetch reports its offset as our position: only once it is fsynced.
             await self.flusher.flush_now()
@@ -170,6 +171,22 @@ class PartitionReplica:
         if reply.code == c.MOVED:
             return self._moved(offset, int(reply.get("offset", -1)))
         raise ConnectionError(f"{self.name}: master answered {reply.code}: {reply.message}")
+
+    def _repair_corruption(self) -> None:
+        """Bytes of ours found corrupt (metaq/store/scrub.py, recovery) are cut and fetched again.
+
+        Between fetches, in this partition's one task, so no reply is appended across the
+        cut. Our log up to the cut was verified (the range starts where valid records end),
+        and what is fetched next is the master's bytes: the prefix invariant holds.
+        """
+        bad = self.log.first_corrupt_offset()
+        if bad is None:
+            return
+        removed = self.log.log_end - bad
+        aside = self.log.truncate_to(bad)
+        self.status.extra["repairs"] = int(self.status.extra.get("repairs", 0)) + 1
+        log.warning("%s: corrupt bytes at %d: cut %d bytes (kept in %s), fetching them again from the master",
+                    self.name, bad, removed, aside)
 
     def _incarnation_field(self) -> dict[str, str]:
         return {"incarnation": self.incarnation} if self.incarnation else {}

@@ -31,6 +31,7 @@ from ..security.settings import load_broker_security
 from ..store.datadirs import broker_identity, check_data_dirs
 from ..store.manager import MessageStoreManager
 from ..store.msgid import MsgIdGenerator
+from ..store.scrub import Scrubber
 from ..zk.data_loss import reconnect_after_data_loss
 from ..zk.monitor import OutageReporter
 from .admission import ConnectionSlots, RequestBudget
@@ -64,6 +65,8 @@ class Broker:
         self.security = load_broker_security(config)
         self.waiters = EndWaiters()
         self.store = MessageStoreManager(config.topics, config.max_message_size)
+        #: Re-verifies sealed segments' CRCs; what it finds is never served (metaq/store/scrub.py).
+        self.scrubber = Scrubber(self.store.logs, config.scrub_interval_ms, config.scrub_bytes_per_second)
         #: Every partition's producer table and transaction index, derived from its log.
         self.txn_states = TxnStates(
             self.store, max_batches=config.txn.producer_state_max_batches, expiry_ms=config.txn.producer_expiry_ms
@@ -177,6 +180,7 @@ class Broker:
             self.store.on_fsync_seconds = self.metrics.fsync_seconds.observe
             served = InstrumentedHandlers(self.handlers, self.metrics)
         self.store.start()
+        self.scrubber.start()
         self.txn_states.start()
         self.transactions.start()
         max_body = config.max_request_body
@@ -304,6 +308,7 @@ class Broker:
         self.waiters.notify_all()
         await self.txn_states.stop()
         await self.transactions.stop()
+        await self.scrubber.stop()
         await self.store.stop()
         self.txn_states.close()
         self.store.close()
@@ -373,6 +378,8 @@ class Broker:
             ("connections_not_logged_in", self.slots.not_logged_in),
             ("buffered_request_bytes", self.request_budget.held),
             *self.stats.refusal_pairs(),
+            ("scrub_bytes", self.scrubber.stats.bytes_checked),
+            ("scrub_corrupt_ranges", self.scrubber.stats.corrupt_ranges),
         ] + self.ha.status_pairs() + self.replication_pairs()
 
     def replication_pairs(self) -> list[tuple[str, Any]]:
@@ -411,6 +418,8 @@ class Broker:
                     "max_offset": log_.log_end,
                     "committed": self.ha.committed(name, n, log_),
                     "flushed": log_.flushed_end,
+                    # Where the first byte range known corrupt starts (never served), -1: none.
+                    "corrupt_from": first if (first := log_.first_corrupt_offset()) is not None else -1,
                 }
                 pairs.append((f"{name}-{self.config.broker_id}-{n}", row))
         return pairs

@@ -31,7 +31,7 @@ from ..protocol import commands as c
 from ..record import HEADER, HEADER_SIZE, RecordError, stamp_msg_ids, validate_batch
 from ..security.acl import Operation
 from ..security.settings import BrokerSecurity
-from ..store.log import OffsetOutOfRange, SegmentVanished
+from ..store.log import CorruptRange, OffsetOutOfRange, SegmentVanished
 from ..store.manager import MessageStoreManager, UnknownPartition, UnknownTopic
 from ..store.msgid import MsgIdGenerator
 from ..store.refused import RefusedLog
@@ -443,6 +443,8 @@ class RequestHandlers:
             segment, position, length = log.file_range(offset, max_bytes, upto)
         except OffsetOutOfRange as exc:
             raise c.RequestError(c.MOVED, str(exc)) from None
+        except CorruptRange as exc:  # never garbage: the reader is told which bytes and why
+            raise c.RequestError(c.INTERNAL_ERROR, exc.strerror, reason="corrupt") from None
         if length == 0:
             return None
         counters = self.stats.partition(req.topic, req.partition)
