@@ -26,6 +26,7 @@ comparing replicas byte for byte.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import time
@@ -133,7 +134,7 @@ def _is_torn_tail(path: Path, start: int, bad: int) -> bool:
 def check_data_dir(data_dir: Path, topic: str | None = None) -> list[PartitionReport]:
     """Every partition directory under ``data_dir`` (``{topic}-{n}`` holding segment files)."""
     if not data_dir.is_dir():
-        raise FileNotFoundError(f"{data_dir}: not a directory")
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(data_dir))
     reports = []
     for directory in sorted(p for p in data_dir.iterdir() if p.is_dir()):
         name, _, n = directory.name.rpartition("-")

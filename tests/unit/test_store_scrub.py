@@ -4,6 +4,7 @@ the middle of the active segment, and reads that never return corrupt bytes."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from pathlib import Path
 
@@ -108,3 +109,23 @@ def test_scrub_ignores_a_segment_that_left_the_log(tmp_path: Path) -> None:
     asyncio.run(scrubber.scrub_pass())
     assert log_.corrupt_ranges == []
     log_.close()
+
+
+def test_verify_data_dir_reports_per_partition_and_exits_1_on_corruption(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from metaq.cli import main
+
+    for partition in (0, 1):
+        _log(tmp_path / f"t-{partition}", 25).close()
+    assert main(["verify", "--data-dir", str(tmp_path)]) == 0
+    assert "2/2 partitions whole" in capsys.readouterr().out
+    _flip(tmp_path / "t-1" / "00000000000000000000.meta", 450)
+    assert main(["verify", "--data-dir", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "t-0: 3 segments, 2500 bytes checked: OK" in out
+    assert "t-1: 3 segments, 2500 bytes checked: CORRUPT [400, 1000) in 00000000000000000000.meta" in out
+    assert main(["verify", "--data-dir", str(tmp_path), "--topic", "t", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert not report["ok"] and [p["ok"] for p in report["partitions"]] == [True, False]
+    assert report["partitions"][1]["bad"] == [{"start": 400, "end": 1000, "segment": "00000000000000000000.meta", "kind": "corrupt"}]
+    assert main(["verify", "--data-dir", str(tmp_path / "none")]) == 1
+    assert "--data-dir" in capsys.readouterr().err
