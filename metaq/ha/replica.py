@@ -179,14 +179,11 @@ class PartitionReplica:
         cut. Our log up to the cut was verified (the range starts where valid records end),
         and what is fetched next is the master's bytes: the prefix invariant holds.
         """
-        bad = self.log.first_corrupt_offset()
-        if bad is None:
-            return
-        removed = self.log.log_end - bad
-        aside = self.log.truncate_to(bad)
-        self.status.extra["repairs"] = int(self.status.extra.get("repairs", 0)) + 1
-        log.warning("%s: corrupt bytes at %d: cut %d bytes (kept in %s), fetching them again from the master",
-                    self.name, bad, removed, aside)
+        cut = self.log.truncate_corrupt()
+        if cut is not None:
+            self.status.extra["repairs"] = int(self.status.extra.get("repairs", 0)) + 1
+            log.warning("%s: corrupt bytes at %d: cut %d bytes (kept in %s), fetching them again from the master",
+                        self.name, *cut)
 
     def _incarnation_field(self) -> dict[str, str]:
         return {"incarnation": self.incarnation} if self.incarnation else {}

@@ -320,6 +320,17 @@ class PartitionLog:
     def first_corrupt_offset(self) -> int | None:
         return self.corrupt_ranges[0][0] if self.corrupt_ranges else None
 
+    def truncate_corrupt(self) -> tuple[int, int, Path | None] | None:
+        """A replica's repair: cut the log at its first corrupt range (kept aside like any
+        truncation) so the bytes are fetched again from the master. Returns ``(offset, bytes
+        cut, aside file)``, or None if nothing is known corrupt. Only for a log that follows
+        a master: a master's bytes exist nowhere else once cut."""
+        bad = self.first_corrupt_offset()
+        if bad is None:
+            return None
+        removed = self.log_end - bad
+        return bad, removed, self.truncate_to(bad)
+
     def _drop_corrupt_from(self, offset: int) -> None:
         """Bytes at and after ``offset`` are gone (truncation): so are their corrupt marks."""
         self.corrupt_ranges = [(s, min(e, offset)) for s, e in self.corrupt_ranges if s < offset]

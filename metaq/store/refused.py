@@ -39,6 +39,9 @@ class RefusedLog:
     def first_corrupt_offset(self) -> None:
         return None
 
+    def truncate_corrupt(self) -> None:
+        return None
+
     def mark_corrupt(self, start: int, end: int) -> bool:
         return False
 
