@@ -42,7 +42,9 @@ class Corruption:
     bit: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """Details of a fault in the run's history (where ``kind`` is the fault kind's name)."""
+        details = asdict(self)
+        return {"corruption": details.pop("kind"), **details}
 
     def __str__(self) -> str:
         if self.kind == "flip":

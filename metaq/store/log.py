@@ -546,6 +546,15 @@ class PartitionLog:
         segment, position, length = self.file_range(offset, max_bytes, upto)
         return segment.read(segment.start + position, length) if length else b""
 
+    def read_as_stored(self, offset: int, max_bytes: int) -> bytes:
+        """Like ``read``, corrupt ranges included: only for state the broker derives from its
+        own log at start (transactions, producers), which must open also when a range is bad
+        (the range itself stays unserved; a slave cuts and re-fetches it, see ``truncate_corrupt``)."""
+        segments = self._segments
+        self._check_offset(segments, offset)
+        segment = segments[self._segment_index(segments, offset)]
+        return segment.read(offset, max(0, min(max_bytes, segment.end - offset)))
+
     def crc32(self, start: int, end: int) -> int:
         """CRC32 of the log bytes in [start, end) (for comparing replicas; may run in a worker thread)."""
         crc, pos = 0, start

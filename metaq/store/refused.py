@@ -58,6 +58,9 @@ class RefusedLog:
     def read(self, offset: int, max_bytes: int, upto: int | None = None) -> bytes:
         self._refuse()
 
+    def read_as_stored(self, offset: int, max_bytes: int) -> bytes:
+        self._refuse()
+
     def file_range(self, offset: int, max_bytes: int, upto: int | None = None) -> tuple[LogSegment, int, int]:
         self._refuse()
 
