@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..protocol import commands as c
 from ..protocol.messages import GetRequest, PositionRequest
 from ..record import HEADER, HEADER_SIZE, buffer_reader, walk_records
+from ..store.flush import AppendTruncated
 
 if TYPE_CHECKING:
     from ..client.connection import BrokerConnection
@@ -287,4 +288,7 @@ def _ignore_reply(future: "asyncio.Future[Any]") -> None:
 
 def _log_flush_error(task: "asyncio.Future[None]") -> None:
     if not task.cancelled() and task.exception() is not None:
+        if isinstance(task.exception(), AppendTruncated):  # a repair or a truncation cut the log: expected
+            log.info("slave flush not needed: %s", task.exception())
+            return
         log.error("slave flush failed: %s", task.exception())

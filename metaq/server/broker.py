@@ -418,9 +418,10 @@ class Broker:
                     "max_offset": log_.log_end,
                     "committed": self.ha.committed(name, n, log_),
                     "flushed": log_.flushed_end,
-                    # Where the first byte range known corrupt starts (never served), -1: none.
-                    "corrupt_from": first if (first := log_.first_corrupt_offset()) is not None else -1,
                 }
+                corrupt_from = log_.first_corrupt_offset()
+                if corrupt_from is not None:  # only then: healthy rows stay as they were
+                    row["corrupt_from"] = corrupt_from  # where the first range never served starts
                 pairs.append((f"{name}-{self.config.broker_id}-{n}", row))
         return pairs
 
