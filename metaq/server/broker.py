@@ -27,6 +27,7 @@ from ..config import BrokerConfig, ConfigError, SlaveConfig, TopicConfig, topic_
 from ..ha.heartbeat import HeartbeatResponder
 from ..ha.joining import check_join
 from ..ha.node import HaNode
+from ..ha.repair import repair_from_slaves
 from ..security.settings import load_broker_security
 from ..store.datadirs import broker_identity, check_data_dirs
 from ..store.manager import MessageStoreManager
@@ -67,6 +68,8 @@ class Broker:
         self.store = MessageStoreManager(config.topics, config.max_message_size)
         #: Re-verifies sealed segments' CRCs; what it finds is never served (metaq/store/scrub.py).
         self.scrubber = Scrubber(self.store.logs, config.scrub_interval_ms, config.scrub_bytes_per_second)
+        self.scrubber.on_corrupt = self._repair_corrupt
+        self._repairs: dict[tuple[str, int, int, int], asyncio.Task[bool]] = {}
         #: Every partition's producer table and transaction index, derived from its log.
         self.txn_states = TxnStates(
             self.store, max_batches=config.txn.producer_state_max_batches, expiry_ms=config.txn.producer_expiry_ms
@@ -89,6 +92,15 @@ class Broker:
         self._server: asyncio.AbstractServer | None = None
         self._stopped = asyncio.Event()
         self._tls_reload: asyncio.Future[None] | None = None
+
+    def _repair_corrupt(self, topic: str, partition: int, start: int, end: int) -> None:
+        """A master puts a corrupt range back from its slaves (a slave's replica re-fetches its own)."""
+        key = (topic, partition, start, end)
+        if not self.ha.acting_master or self.registry is None or key in self._repairs:
+            return
+        task = asyncio.get_running_loop().create_task(repair_from_slaves(self, topic, partition, start, end))
+        self._repairs[key] = task
+        task.add_done_callback(lambda _task: self._repairs.pop(key, None))
 
     # --- what the HA layer and the handlers use ---------------------------------------
 

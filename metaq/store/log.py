@@ -331,6 +331,30 @@ class PartitionLog:
         removed = self.log_end - bad
         return bad, removed, self.truncate_to(bad)
 
+    def repair_corrupt(self, start: int, data: bytes) -> bool:
+        """Put a corrupt range's bytes back from a replica (a master's repair); False if refused.
+
+        ``data`` must be exactly the range ``[start, end)`` marked corrupt, and whole records
+        that pass every check: a replica's log is a byte-identical prefix of ours at the same
+        offsets, so these are the bytes that were written. The range stays marked (unserved)
+        until they are fsynced.
+        """
+        end = start + len(data)
+        if (start, end) not in self.corrupt_ranges or record.valid_prefix(data) != len(data):
+            return False
+        with self._structure_lock:
+            segments = self._segments
+            if not segments or start < segments[0].start or end > segments[-1].end:
+                return False
+            segment = segments[self._segment_index(segments, start)]
+            if end > segment.end or segment.closed:
+                return False
+            segment.restore(start, data)
+            segment.flush()
+            self.corrupt_ranges = [r for r in self.corrupt_ranges if r != (start, end)]
+        log.warning("%s: corrupt bytes [%d, %d) restored from a replica", self.directory, start, end)
+        return True
+
     def _drop_corrupt_from(self, offset: int) -> None:
         """Bytes at and after ``offset`` are gone (truncation): so are their corrupt marks."""
         self.corrupt_ranges = [(s, min(e, offset)) for s, e in self.corrupt_ranges if s < offset]

@@ -13,7 +13,8 @@ segment (only it can end in a torn write); sealed segments are checked here:
   those bytes (a read gets ``CorruptRange``, naming topic, partition and offsets), a metric
   and an error line say so, and a slave repairs it: its replica truncates the log to the
   start of the range and fetches the master's bytes again (metaq/ha/replica.py), so its log
-  stays a byte-identical prefix of the master's.
+  stays a byte-identical prefix of the master's. A master asks its slaves for the bytes
+  (metaq/ha/repair.py) and writes them back in place.
 
 A bad range runs from the first record that fails to the end of its segment: after a bad
 length nothing says where the next record starts, and segments start on record boundaries.
@@ -172,7 +173,8 @@ class Scrubber:
         self.interval_s = interval_ms / 1000
         self.bytes_per_second = bytes_per_second
         self.stats = ScrubStats()
-        #: Called with (topic, partition, start, end) when a corrupt range is found.
+        #: Called with (topic, partition, start, end) for every corrupt range known at the end
+        #: of a pass over its log (the broker repairs a master's from its slaves).
         self.on_corrupt: Callable[[str, int, int, int], None] | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -210,6 +212,11 @@ class Scrubber:
                 self.stats.bytes_checked += segment.size
                 if bad is not None and segment in partition_log.segments and not segment.closed:
                     self._found(topic, partition, partition_log, bad, segment.end)
+            if self.on_corrupt is not None:
+                # Every range still known (also recovery's, and one a repair could not fix
+                # yet) is offered again each pass: a replica may have it by now.
+                for start, end in list(getattr(partition_log, "corrupt_ranges", [])):
+                    self.on_corrupt(topic, partition, start, end)
         self.stats.passes += 1
 
     def _check_segment(self, path: Path, start: int, size: int) -> int | None:
@@ -234,9 +241,7 @@ class Scrubber:
         self.stats.found.setdefault(f"{topic}-{partition}", []).append((start, end))
         log.error(
             "scrub: %s-%d: corrupt bytes in [%d, %d) (a record fails its CRC check in a sealed segment);"
-            " they are not served. A slave re-fetches them from its master; on a master read them from a"
-            " slave or promote one (docs/operations.md, 'Corruption')",
+            " they are not served until repaired: a slave re-fetches them from its master, a master"
+            " asks its slaves (docs/operations.md, 'Corruption')",
             topic, partition, start, end,
         )
-        if self.on_corrupt is not None:
-            self.on_corrupt(topic, partition, start, end)

@@ -89,10 +89,10 @@ def test_scrub_pass_finds_a_flip_in_a_sealed_segment_at_a_bounded_rate(tmp_path:
         started = loop.time()
         loop.run_until_complete(scrubber.scrub_pass())
         took = loop.time() - started
-        loop.run_until_complete(scrubber.scrub_pass())  # found again: reported once
+        loop.run_until_complete(scrubber.scrub_pass())  # found again: counted once, offered again
     finally:
         loop.close()
-    assert found == [("t", 0, 700, 1000)]
+    assert found == [("t", 0, 700, 1000)] * 2  # each pass offers it for repair
     assert log_.corrupt_ranges == [(700, 1000)]
     # Only the two sealed segments are read (the active one is recovery's), at 4000 B/s: 1700
     # bytes (700 valid + 1000) take at least 0.4 s.
@@ -129,3 +129,20 @@ def test_verify_data_dir_reports_per_partition_and_exits_1_on_corruption(tmp_pat
     assert report["partitions"][1]["bad"] == [{"start": 400, "end": 1000, "segment": "00000000000000000000.meta", "kind": "corrupt"}]
     assert main(["verify", "--data-dir", str(tmp_path / "none")]) == 1
     assert "--data-dir" in capsys.readouterr().err
+
+
+def test_a_master_puts_back_only_exactly_the_corrupt_range_as_whole_valid_records(tmp_path: Path) -> None:
+    log_ = _log(tmp_path / "t-0", 25)
+    good = log_.read(1000, 1000)
+    _flip(tmp_path / "t-0" / "00000000000000001000.meta", 3 * 100 + 50)
+    assert log_.mark_corrupt(1300, 2000)
+    assert not log_.repair_corrupt(1200, good[200:])  # not the marked range
+    assert not log_.repair_corrupt(1300, good[300:] + b"x")  # longer than it
+    bad = bytearray(good[300:])
+    bad[60] ^= 1
+    assert not log_.repair_corrupt(1300, bytes(bad))  # fails its own CRC check
+    assert log_.corrupt_ranges == [(1300, 2000)]
+    assert log_.repair_corrupt(1300, good[300:])
+    assert log_.corrupt_ranges == [] and log_.read(1000, 1000) == good
+    log_.close()
+    assert check_partition_dir(tmp_path / "t-0").ok  # on disk too
