@@ -532,7 +532,11 @@ class RequestHandlers:
         return self._checksum_range(req, log, start, end)
 
     async def _checksum_range(self, req: c.Request, log: "PartitionLog", start: int, end: int) -> Reply:
-        crc = await asyncio.to_thread(log.crc32, start, end)
+        try:
+            crc = await asyncio.to_thread(log.crc32, start, end)
+        except CorruptRange as exc:  # named, so a rejoining slave compares around it (ha/truncation.py)
+            return c.reply_header(req.opaque, c.INTERNAL_ERROR, exc.strerror, reason="corrupt",
+                                  corrupt_start=exc.start, corrupt_end=exc.end), b""
         return c.reply_header(req.opaque, c.OK, start=start, end=end, crc=crc), b""
 
     def _epoch_end(self, req: c.Request) -> Reply:

@@ -43,6 +43,7 @@ from ..integration.failover_support import (
     make_pair,
     missing_acks,
     sync_system,
+    wait_follows,
 )
 from ..integration.replication_support import assert_identical, request, stat, stats_lines, wait_caught_up
 from .test_chaos_short import run_chaos
@@ -129,6 +130,28 @@ def test_a_masters_flipped_bit_is_put_back_from_the_slave(pair) -> None:
     readable_within(a, stream.acked)
     readable_within(b, stream.acked)
     assert flipped.record_offset in disk_records(a)
+
+
+def test_a_slave_restarted_while_its_master_holds_a_corrupt_range_keeps_its_copy_and_gives_it_back(pair) -> None:
+    """A rejoining slave compares its log with the master's (ha/truncation.py): the master's
+    corrupt range must not count as a difference (before: B cut its good copy there, the only
+    one, and then waited forever for bytes A refused to serve)."""
+    a, b, group = pair
+    stream = PutStream(a.address, tag="c4").start()
+    stream.wait_acked(300)
+    b.kill()  # no slave to repair from: A keeps the range unserved meanwhile
+    flipped = corrupt(a, seed=4)
+    wait_until(lambda: corrupt_from(a) == flipped.record_offset, FOUND_WITHIN_S, interval=0.1,
+               message="A's scrub to find the flipped bit")
+    stream.wait_acked(len(stream.acked) + 50)  # degrade: A acks alone
+    b.start(wait_zk=False)
+    wait_follows(b, a, group)
+    wait_until(lambda: corrupt_from(a) == -1, FOUND_WITHIN_S, interval=0.1, message="A to put the bytes back from B")
+    stream.stop()
+    wait_caught_up(a, b, PARTS)
+    assert not any(p.name.startswith("truncated-") for p in (b.dir / "data" / f"{TOPIC}-0").iterdir())
+    assert_identical(a, slaves=1)
+    readable_within(a, stream.acked)
 
 
 def test_a_master_with_no_slave_to_repair_from_never_serves_its_flipped_bit(broker_factory, zk_client, zk_root) -> None:
