@@ -634,6 +634,8 @@ class PartitionLog:
                 count += 1
             if count:
                 self._segments = segments[count:]
+                # A corrupt range in a segment that left is gone with it (not to be repaired).
+                self.corrupt_ranges = [r for r in self.corrupt_ranges if r[1] > self._segments[0].start]
         return segments[:count]
 
     # --- lifecycle -----------------------------------------------------------------

@@ -146,3 +146,12 @@ def test_a_master_puts_back_only_exactly_the_corrupt_range_as_whole_valid_record
     assert log_.corrupt_ranges == [] and log_.read(1000, 1000) == good
     log_.close()
     assert check_partition_dir(tmp_path / "t-0").ok  # on disk too
+
+
+def test_a_corrupt_range_leaves_with_its_segment_when_retention_removes_it(tmp_path: Path) -> None:
+    log_ = _log(tmp_path / "t-0", 25)
+    log_.mark_corrupt(300, 1000)
+    log_.mark_corrupt(1300, 2000)
+    assert [s.start for s in log_.detach_segments_older_than(float("inf"))] == [0, 1000]
+    assert log_.corrupt_ranges == [] and log_.first_corrupt_offset() is None
+    log_.close()
