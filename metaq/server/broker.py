@@ -18,7 +18,6 @@ import asyncio
 import logging
 import os
 import signal
-from dataclasses import replace
 from typing import Any, Awaitable, Callable
 
 from .. import __version__
@@ -40,7 +39,8 @@ from .handlers import RequestHandlers
 from .metrics import BrokerMetrics, InstrumentedHandlers
 from .metrics import metrics_login as metrics_login_of
 from .registry import BrokerRegistry
-from .reload import apply_logging, reload_config
+from .live_config import LiveConfig
+from .reload import apply_logging, follow_logging, reload_config
 from .stats import BrokerStats
 from .producer_ids import RESEED_SKIP, ProducerIdAllocator, highest_counter_in, local_blocks, raise_zookeeper_counter, zookeeper_blocks
 from .transactional_ids import LocalMapping, MappingStore, TransactionalIds, ZooKeeperMapping
@@ -53,7 +53,9 @@ log = logging.getLogger(__name__)
 
 class Broker:
     def __init__(self, config: BrokerConfig, slave: SlaveConfig | None = None, register_in_zk: bool | None = None) -> None:
-        self.config = config
+        #: The configuration's one owner: a reload and ``update_topics`` swap it, readers take ``config``.
+        self.live_config = LiveConfig(config)
+        self.live_config.subscribe(follow_logging)
         self.slave = slave
         self.register_in_zk = config.zk.enabled if register_in_zk is None else register_in_zk
         self.stats = BrokerStats()
@@ -89,6 +91,11 @@ class Broker:
 
     # --- what the HA layer and the handlers use ---------------------------------------
 
+    @property
+    def config(self) -> BrokerConfig:
+        """The configuration now (read it each time: a reload or a topic change replaces it)."""
+        return self.live_config.current
+
     def topic_config(self, topic: str) -> TopicConfig | None:
         return self.config.topics.get(topic)
 
@@ -103,7 +110,7 @@ class Broker:
         if topics == self.config.topics:
             return
         added = sorted(set(topics) - set(self.config.topics))
-        self.config = replace(self.config, topics=dict(topics))
+        self.live_config.set_topics(topics)
         # Files go only when the group's configuration ended the topic (``metaq topics delete``,
         # a re-create); a server.ini section removed without one keeps them (docs/operations.md).
         in_group = self.group_topics is not None and self.group_topics.group.exists

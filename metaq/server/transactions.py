@@ -87,6 +87,7 @@ from .transactional_ids import MAX_EPOCH, Owner, TransactionalIds
 
 if TYPE_CHECKING:
     from ..security.principals import Principal
+    from ..txn.config import TxnSettings
 
 log = logging.getLogger(__name__)
 
@@ -130,9 +131,13 @@ def _now_ms() -> int:
 class TransactionService:
     """One per broker; see the module's docstring. ``broker`` is metaq.server.broker.Broker."""
 
+    @property
+    def settings(self) -> "TxnSettings":
+        """The transaction keys, from the broker's configuration now (never a copy: live_config.py)."""
+        return self.broker.config.txn
+
     def __init__(self, broker: Any, clock_ms: Callable[[], int] = _now_ms) -> None:
         self.broker = broker
-        self.settings = broker.config.txn
         self.clock_ms = clock_ms
         self.journal: TxLog | None = None
         self.coordinator: TransactionCoordinator | None = None
