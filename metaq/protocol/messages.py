@@ -6,6 +6,10 @@ one from ``parse_request(frame)``, which checks every field against the class's
 declaration and turns a missing or ill-typed field into a 400 with a one-line message.
 Handlers read fields as attributes (``req.topic``, ``req.partition``, ``req.replica``).
 
+Each command also declares what a principal must hold to make it (``OPERATION``, and
+``access`` for the two whose need depends on a field): metaq/server/authz.py decides
+with that declaration, before the fields are checked.
+
 A field is declared with ``required(kind)`` or ``optional(kind, default)``. ``None``
 on the wire means "absent" (msgpack clients send it for unset optionals), and an absent
 optional field takes its default; ``to_header()`` leaves out fields that are None.
@@ -15,9 +19,10 @@ Replies are read through the views in replies.py.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, ClassVar, Hashable, Protocol
+from typing import Any, ClassVar, Hashable, Mapping, Protocol
 
 from .codes import BAD_REQUEST, RequestError
 from .frames import Frame
@@ -26,6 +31,22 @@ from .frames import Frame
 TEXT_COMMANDS = frozenset({"stats", "version", "quit"})
 STATS_FORMATS = ("text", "map")
 DEFAULT_MAX_SIZE = 1024 * 1024
+
+
+class Operation(enum.Enum):
+    """What a principal may do (security on); who holds which is metaq/security/acl.py's table."""
+
+    PRODUCE = "produce"
+    CONSUME = "consume"
+    DESCRIBE = "describe"
+    ADMIN = "admin"
+    REPLICATION = "replication"
+
+
+#: Operations on one topic: a request needing one is authorized for the topic it names.
+ON_A_TOPIC = (Operation.PRODUCE, Operation.CONSUME, Operation.REPLICATION)
+#: What a request needs: (operation, topic or None); None: open before login.
+Access = tuple[Operation, str | None] | None
 
 
 class Origin(Hashable, Protocol):
@@ -48,6 +69,9 @@ class Request:
     """A request: its command's fields, plus ``opaque``, ``body`` and (received) ``origin``."""
 
     OP: ClassVar[str] = ""
+    #: What a principal must hold to make this request; None: open before login. Each command
+    #: declares its own (tests/unit/test_authz.py checks that).
+    OPERATION: ClassVar[Operation | None] = Operation.ADMIN
     opaque: int = -1
     body: bytes | bytearray = field(default=b"", repr=False)
     #: The connection it came on (set by the server; lets the broker notice a slave's
@@ -57,6 +81,20 @@ class Request:
     @property
     def op(self) -> str:
         return self.OP
+
+    @classmethod
+    def access(cls, header: Mapping[str, Any]) -> Access:
+        """What a request of this command needs, read from its raw header (it is authorized before
+        its fields are checked, so a principal that may not make it learns nothing from their checks).
+        The topic is the header's ``topic`` when it is a string and the operation is on a topic."""
+        return cls._access(cls.OPERATION, header)
+
+    @staticmethod
+    def _access(operation: Operation | None, header: Mapping[str, Any]) -> Access:
+        if operation is None:
+            return None
+        topic = header.get("topic")
+        return operation, topic if operation in ON_A_TOPIC and isinstance(topic, str) else None
 
     def check(self) -> None:
         """Checks of a decoded request's values beyond their kinds (RequestError); none by default."""
@@ -84,6 +122,7 @@ def _fields(cls: type[Request]) -> tuple[tuple[str, type, bool, Any], ...]:
 @dataclass(kw_only=True, eq=False)
 class PutRequest(Request):
     OP = "put"
+    OPERATION = Operation.PRODUCE
     topic: str = required(str)
     partition: int = optional(int, -1)  # -1: the broker picks
     count: int | None = optional(int, None)  # checked against the records in the body
@@ -108,12 +147,15 @@ class InitProducerRequest(Request):
     """
 
     OP = "init_producer"
+    OPERATION = Operation.DESCRIBE  # a producer id, no topic yet: anyone who may look at the cluster
     transactional_id: str | None = optional(str, None)
 
 
 @dataclass(kw_only=True, eq=False)
 class GetRequest(Request):
     OP = "get"
+    #: A consumer's fetch; a slave's (``replica`` set) needs REPLICATION (``access``).
+    OPERATION = Operation.CONSUME
     topic: str = required(str)
     partition: int = required(int)
     offset: int = required(int)
@@ -123,10 +165,15 @@ class GetRequest(Request):
     #: A slave's fetch: ``replica_field(slave_id, epoch, log_end)``.
     replica: dict[str, Any] | None = optional(dict, None)
 
+    @classmethod
+    def access(cls, header: Mapping[str, Any]) -> Access:
+        return cls._access(Operation.REPLICATION if header.get("replica") is not None else cls.OPERATION, header)
+
 
 @dataclass(kw_only=True, eq=False)
 class OffsetRequest(Request):
     OP = "offset"
+    OPERATION = Operation.CONSUME
     topic: str = required(str)
     partition: int = required(int)
     offset: int = required(int)
@@ -135,8 +182,16 @@ class OffsetRequest(Request):
 @dataclass(kw_only=True, eq=False)
 class StatsRequest(Request):
     OP = "stats"
+    #: Plain stats; the items in ``ADMIN_ITEMS`` need ADMIN (``access``).
+    OPERATION = Operation.DESCRIBE
+    ADMIN_ITEMS: ClassVar[frozenset[str]] = frozenset({"reset", "config"})
     item: str = optional(str, "")
     format: str = optional(str, "text")  # "map": the stats as msgpack data (StatsReply)
+
+    @classmethod
+    def access(cls, header: Mapping[str, Any]) -> Access:
+        item = str(header.get("item") or "").strip()
+        return cls._access(Operation.ADMIN if item in cls.ADMIN_ITEMS else cls.OPERATION, header)
 
     def check(self) -> None:
         if self.format not in STATS_FORMATS:
@@ -146,26 +201,31 @@ class StatsRequest(Request):
 @dataclass(kw_only=True, eq=False)
 class VersionRequest(Request):
     OP = "version"
+    OPERATION = None
 
 
 @dataclass(kw_only=True, eq=False)
 class QuitRequest(Request):
     OP = "quit"
+    OPERATION = None
 
 
 @dataclass(kw_only=True, eq=False)
 class ConfigRequest(Request):
     OP = "config"
+    OPERATION = Operation.ADMIN
 
 
 @dataclass(kw_only=True, eq=False)
 class TopicsRequest(Request):
     OP = "topics"
+    OPERATION = Operation.DESCRIBE
 
 
 @dataclass(kw_only=True, eq=False)
 class EpochEndRequest(Request):
     OP = "epoch_end"
+    OPERATION = Operation.REPLICATION  # the truncation answer of a rejoining broker
     topic: str = required(str)
     partition: int = required(int)
     epoch: int = required(int)
@@ -174,6 +234,7 @@ class EpochEndRequest(Request):
 @dataclass(kw_only=True, eq=False)
 class EpochsRequest(Request):
     OP = "epochs"
+    OPERATION = Operation.ADMIN  # a read for operators (a drill); it carries no epoch claim, so never fences
     topic: str = required(str)
     partition: int = required(int)
 
@@ -181,6 +242,7 @@ class EpochsRequest(Request):
 @dataclass(kw_only=True, eq=False)
 class ChecksumRequest(Request):
     OP = "checksum"
+    OPERATION = Operation.ADMIN
     topic: str = required(str)
     partition: int = required(int)
     start: int = required(int)
@@ -190,6 +252,7 @@ class ChecksumRequest(Request):
 @dataclass(kw_only=True, eq=False)
 class PositionRequest(Request):
     OP = "position"
+    OPERATION = Operation.REPLICATION
     topic: str = required(str)
     partition: int = required(int)
     replica: dict[str, Any] = required(dict)
@@ -207,6 +270,9 @@ class TransactionRequest(Request):
     """One step of a local or XA transaction branch on the master of a broker group."""
 
     OP = "transaction"
+    #: Any principal that may look at the cluster reaches the coordinator, which decides per
+    #: action and branch with metaq/server/authz.py (who started a branch is known only there).
+    OPERATION = Operation.DESCRIBE
     action: str = required(str)
     xid: str = optional(str, "")  # every action but recover
     timeout_s: int = optional(int, 0)  # start: the branch's timeout (0: maxTxTimeoutInSeconds)

@@ -33,6 +33,7 @@ from ..store.msgid import MsgIdGenerator
 from ..zk.data_loss import reconnect_after_data_loss
 from ..zk.monitor import OutageReporter
 from .admission import ConnectionSlots, RequestBudget
+from .authz import Authz
 from .connection import ClientConnection, ConnectionLimits
 from .group_topics import GroupTopicsApplier, forget_partitions
 from .handlers import RequestHandlers
@@ -64,6 +65,8 @@ class Broker:
         self.request_budget = RequestBudget(config.max_buffered_request_bytes)
         # Read every security file now: a wrong one stops the broker before it listens.
         self.security = load_broker_security(config)
+        #: Every authorization decision (connections, handlers, the transaction coordinator).
+        self.authz = Authz(self.security)
         self.waiters = EndWaiters()
         self.store = MessageStoreManager(config.topics, config.max_message_size)
         #: Every partition's producer table and transaction index, derived from its log.
@@ -191,7 +194,7 @@ class Broker:
         limits = ConnectionLimits.from_config(config)
         tls = self.security.tls
         self._server = await loop.create_server(
-            lambda: ClientConnection(served, max_body, limits, self.security, self.slots, self.request_budget),
+            lambda: ClientConnection(served, max_body, limits, self.security, self.slots, self.request_budget, self.authz),
             host=config.host_name,
             port=config.server_port,
             reuse_address=True,
