@@ -28,8 +28,8 @@ are decided by ``request_denial`` like any other.
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol
+from dataclasses import dataclass
+from typing import Any, Mapping, NamedTuple, Protocol
 
 from ..protocol import commands as c
 from ..protocol.messages import REQUESTS, Access, Operation
@@ -65,16 +65,18 @@ class ProducerClaim:
     verified: tuple[int, int, str | None] | None = None
 
 
-@dataclass(frozen=True)
-class RequestContext:
-    """Who sent a request, built once per request by its connection (metaq/server/connection.py)."""
+class RequestContext(NamedTuple):
+    """Who sent a request, built once per request by its connection (metaq/server/connection.py).
+
+    Immutable, and a tuple because it is built for every request (a frozen dataclass costs
+    several times more to make)."""
 
     #: Who the peer proved to be; None: not logged in, or security off.
     principal: Principal | None
     #: ``host:port`` of the peer, for messages.
     peer: str
-    #: The connection's verified producer claim (shared by its requests).
-    verified_producer: ProducerClaim = field(default_factory=ProducerClaim)
+    #: The connection's verified producer claim (one object shared by its requests).
+    verified_producer: ProducerClaim
 
 
 class SecuritySources(Protocol):
@@ -118,8 +120,11 @@ class Authz:
 
     def request_denial(self, ctx: RequestContext, header: Mapping[str, Any]) -> str | None:
         """Why ``ctx``'s principal may not make the request of ``header``, or None."""
+        authorizer = self._sources.authorizer
+        if authorizer is None:
+            return None  # security off: before looking at the request at all
         need = required_access(header)
-        return None if need is None else self.denial(ctx.principal, *need)
+        return None if need is None else authorizer.denial(ctx.principal, *need)
 
     # --- producer claims --------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ import pytest
 from metaq.protocol import messages as m
 from metaq.security.acl import Authorizer, UserAcl
 from metaq.security.principals import Principal, broker_username, principal_for
-from metaq.server.authz import OPEN_BEFORE_LOGIN, Authz, FixedRules, RequestContext
+from metaq.server.authz import OPEN_BEFORE_LOGIN, Authz, FixedRules, ProducerClaim, RequestContext
 from metaq.server.connection import CONNECTION_COMMANDS
 from metaq.server.handlers import HANDLERS, handles
 
@@ -85,21 +85,22 @@ def test_the_table_covers_every_command() -> None:
 @pytest.mark.parametrize(("header", "allowed"), TABLE, ids=lambda v: repr(v) if isinstance(v, dict) else "")
 def test_commands_by_principals(header: dict, allowed: set[str]) -> None:
     for name, principal in PRINCIPALS.items():
-        denial = AUTHZ.request_denial(RequestContext(principal, "127.0.0.1:1"), header)
+        denial = AUTHZ.request_denial(RequestContext(principal, "127.0.0.1:1", ProducerClaim()), header)
         assert (denial is None) == (name in allowed), (name, denial)
 
 
 def test_security_off_allows_every_request() -> None:
     off = Authz(FixedRules(None))
     for header, _ in TABLE:
-        assert off.request_denial(RequestContext(None, "127.0.0.1:1"), header) is None
+        assert off.request_denial(RequestContext(None, "127.0.0.1:1", ProducerClaim()), header) is None
 
 
 def test_refusals_say_what_is_missing() -> None:
-    ctx = RequestContext(PRINCIPALS["alice"], "127.0.0.1:1")
+    ctx = RequestContext(PRINCIPALS["alice"], "127.0.0.1:1", ProducerClaim())
     assert AUTHZ.request_denial(ctx, {"op": "put", "topic": "payments"}) == (
         "user 'alice' may not produce topic 'payments' (no ACL rule grants it)")
-    assert AUTHZ.request_denial(RequestContext(None, "?"), {"op": "topics"}) == "not authenticated: send the auth handshake first"
+    anonymous = RequestContext(None, "?", ProducerClaim())
+    assert AUTHZ.request_denial(anonymous, {"op": "topics"}) == "not authenticated: send the auth handshake first"
 
 
 #: Where the ACL rules may be named at all: the rules themselves, where they are loaded, and the decider.

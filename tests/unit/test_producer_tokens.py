@@ -8,7 +8,7 @@ from metaq.protocol import commands as c
 from metaq.security.group import GroupSecret
 from metaq.security.principals import Principal
 from metaq.security.producer_tokens import TOKEN_CHARS, ProducerTokens
-from metaq.server.authz import Authz, FixedRules, RequestContext
+from metaq.server.authz import Authz, FixedRules, ProducerClaim, RequestContext
 
 KEY = GroupSecret(1, b"s" * 64).producer_token_key()
 
@@ -29,7 +29,7 @@ def authz_with(tokens: ProducerTokens | None) -> Authz:
 
 def sender(name: str | None) -> RequestContext:
     """A connection's requests: they share its producer claim."""
-    return RequestContext(Principal(name) if name is not None else None, "127.0.0.1:1")
+    return RequestContext(Principal(name) if name is not None else None, "127.0.0.1:1", ProducerClaim())
 
 
 def test_a_token_verifies_only_for_its_id_epoch_and_user() -> None:

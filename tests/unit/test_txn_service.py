@@ -22,7 +22,7 @@ from metaq.security.acl import Authorizer, UserAcl
 from metaq.security.principal_tags import PrincipalTags
 from metaq.security.principals import Principal
 from metaq.security.producer_tokens import ProducerTokens
-from metaq.server.authz import Authz, RequestContext, required_access
+from metaq.server.authz import Authz, ProducerClaim, RequestContext, required_access
 from metaq.server.transactional_ids import MAX_EPOCH, Owner
 from metaq.server.transactions import TransactionService, aborted_spans, stable_end
 from metaq.store.log import PartitionLog
@@ -143,7 +143,8 @@ def make(tmp_path: Path, clock: list[int], **kwargs: Any) -> tuple[FakeBroker, T
 
 async def call(service: TransactionService, action: str, xid: str = "", principal: Principal | None = None,
                **fields: Any) -> dict[str, Any]:
-    header, _body = await service.serve(request(action, xid, **fields), RequestContext(principal, "127.0.0.1:1"))
+    ctx = RequestContext(principal, "127.0.0.1:1", ProducerClaim())
+    header, _body = await service.serve(request(action, xid, **fields), ctx)
     return header
 
 
@@ -215,7 +216,7 @@ async def test_only_a_writable_master_serves_and_a_slave_answers_like_for_puts(t
     broker, service = make(tmp_path, clock)
     broker.ha.refusing = (c.FORBIDDEN, "broker 1 slave1 is a slave; writes go to its master")
     with pytest.raises(c.RequestError) as refused:
-        service.serve(request("start", "x"), RequestContext(None, "127.0.0.1:1"))
+        service.serve(request("start", "x"), RequestContext(None, "127.0.0.1:1", ProducerClaim()))
     assert refused.value.code == c.FORBIDDEN
     with pytest.raises(c.RequestError):
         service.enlist("x", "orders", 0)
