@@ -6,9 +6,9 @@ one from ``parse_request(frame)``, which checks every field against the class's
 declaration and turns a missing or ill-typed field into a 400 with a one-line message.
 Handlers read fields as attributes (``req.topic``, ``req.partition``, ``req.replica``).
 
-Each command also declares what a principal must hold to make it (``OPERATION``, and
-``access`` for the two whose need depends on a field): metaq/server/authz.py decides
-with that declaration, before the fields are checked.
+Each command also declares what a principal must hold to make it: ``operation=`` in its
+class statement (read as ``OPERATION``), and ``access`` for the two whose need depends on
+a field. metaq/server/authz.py decides with that declaration, before the fields are checked.
 
 A field is declared with ``required(kind)`` or ``optional(kind, default)``. ``None``
 on the wire means "absent" (msgpack clients send it for unset optionals), and an absent
@@ -43,6 +43,10 @@ class Operation(enum.Enum):
     REPLICATION = "replication"
 
 
+#: The operations by name, for the commands' declarations below.
+PRODUCE, CONSUME, DESCRIBE, ADMIN, REPLICATION = (
+    Operation.PRODUCE, Operation.CONSUME, Operation.DESCRIBE, Operation.ADMIN, Operation.REPLICATION,
+)
 #: Operations on one topic: a request needing one is authorized for the topic it names.
 ON_A_TOPIC = (Operation.PRODUCE, Operation.CONSUME, Operation.REPLICATION)
 #: What a request needs: (operation, topic or None); None: open before login.
@@ -54,6 +58,9 @@ class Origin(Hashable, Protocol):
     identity) under which it remembers the slaves fetching on it, dropped when it closes."""
 
     peer: str
+
+
+_UNDECLARED = object()
 
 
 def required(kind: type) -> Any:
@@ -70,13 +77,19 @@ class Request:
 
     OP: ClassVar[str] = ""
     #: What a principal must hold to make this request; None: open before login. Each command
-    #: declares its own (tests/unit/test_authz.py checks that).
+    #: declares its own in its class statement (``class PutRequest(Request, operation=...)``).
     OPERATION: ClassVar[Operation | None] = Operation.ADMIN
     opaque: int = -1
     body: bytes | bytearray = field(default=b"", repr=False)
     #: The connection it came on (set by the server; lets the broker notice a slave's
     #: replication connection closing).
     origin: Origin | None = field(default=None, repr=False)
+
+    def __init_subclass__(cls, *, operation: Any = _UNDECLARED, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if operation is _UNDECLARED:  # a new command is never open by accident
+            raise TypeError(f"{cls.__name__}: declare the operation it needs: class {cls.__name__}(Request, operation=...)")
+        cls.OPERATION = operation
 
     @property
     def op(self) -> str:
@@ -120,9 +133,8 @@ def _fields(cls: type[Request]) -> tuple[tuple[str, type, bool, Any], ...]:
 
 
 @dataclass(kw_only=True, eq=False)
-class PutRequest(Request):
+class PutRequest(Request, operation=PRODUCE):
     OP = "put"
-    OPERATION = Operation.PRODUCE
     topic: str = required(str)
     partition: int = optional(int, -1)  # -1: the broker picks
     count: int | None = optional(int, None)  # checked against the records in the body
@@ -138,8 +150,9 @@ class PutRequest(Request):
 
 
 @dataclass(kw_only=True, eq=False)
-class InitProducerRequest(Request):
+class InitProducerRequest(Request, operation=DESCRIBE):
     """A new producer id, unique in the cluster, for an idempotent producer (reply: producer_id, epoch).
+    DESCRIBE: no topic yet, anyone who may look at the cluster.
 
     With ``transactional_id``: that name's producer id with its epoch raised by one, once
     every unprepared transaction of the older epochs is rolled back
@@ -147,15 +160,13 @@ class InitProducerRequest(Request):
     """
 
     OP = "init_producer"
-    OPERATION = Operation.DESCRIBE  # a producer id, no topic yet: anyone who may look at the cluster
     transactional_id: str | None = optional(str, None)
 
 
 @dataclass(kw_only=True, eq=False)
-class GetRequest(Request):
+class GetRequest(Request, operation=CONSUME):
+    # A consumer's fetch needs CONSUME; a slave's (``replica`` set) REPLICATION (``access``).
     OP = "get"
-    #: A consumer's fetch; a slave's (``replica`` set) needs REPLICATION (``access``).
-    OPERATION = Operation.CONSUME
     topic: str = required(str)
     partition: int = required(int)
     offset: int = required(int)
@@ -171,19 +182,17 @@ class GetRequest(Request):
 
 
 @dataclass(kw_only=True, eq=False)
-class OffsetRequest(Request):
+class OffsetRequest(Request, operation=CONSUME):
     OP = "offset"
-    OPERATION = Operation.CONSUME
     topic: str = required(str)
     partition: int = required(int)
     offset: int = required(int)
 
 
 @dataclass(kw_only=True, eq=False)
-class StatsRequest(Request):
+class StatsRequest(Request, operation=DESCRIBE):
+    # Plain stats need DESCRIBE; the items in ``ADMIN_ITEMS`` ADMIN (``access``).
     OP = "stats"
-    #: Plain stats; the items in ``ADMIN_ITEMS`` need ADMIN (``access``).
-    OPERATION = Operation.DESCRIBE
     ADMIN_ITEMS: ClassVar[frozenset[str]] = frozenset({"reset", "config"})
     item: str = optional(str, "")
     format: str = optional(str, "text")  # "map": the stats as msgpack data (StatsReply)
@@ -199,50 +208,45 @@ class StatsRequest(Request):
 
 
 @dataclass(kw_only=True, eq=False)
-class VersionRequest(Request):
+class VersionRequest(Request, operation=None):
     OP = "version"
-    OPERATION = None
 
 
 @dataclass(kw_only=True, eq=False)
-class QuitRequest(Request):
+class QuitRequest(Request, operation=None):
     OP = "quit"
-    OPERATION = None
 
 
 @dataclass(kw_only=True, eq=False)
-class ConfigRequest(Request):
+class ConfigRequest(Request, operation=ADMIN):
     OP = "config"
-    OPERATION = Operation.ADMIN
 
 
 @dataclass(kw_only=True, eq=False)
-class TopicsRequest(Request):
+class TopicsRequest(Request, operation=DESCRIBE):
     OP = "topics"
-    OPERATION = Operation.DESCRIBE
 
 
 @dataclass(kw_only=True, eq=False)
-class EpochEndRequest(Request):
+class EpochEndRequest(Request, operation=REPLICATION):
+    # REPLICATION: the truncation answer of a rejoining broker.
     OP = "epoch_end"
-    OPERATION = Operation.REPLICATION  # the truncation answer of a rejoining broker
     topic: str = required(str)
     partition: int = required(int)
     epoch: int = required(int)
 
 
 @dataclass(kw_only=True, eq=False)
-class EpochsRequest(Request):
+class EpochsRequest(Request, operation=ADMIN):
+    # ADMIN: a read for operators (a drill); it carries no epoch claim, so it never fences.
     OP = "epochs"
-    OPERATION = Operation.ADMIN  # a read for operators (a drill); it carries no epoch claim, so never fences
     topic: str = required(str)
     partition: int = required(int)
 
 
 @dataclass(kw_only=True, eq=False)
-class ChecksumRequest(Request):
+class ChecksumRequest(Request, operation=ADMIN):
     OP = "checksum"
-    OPERATION = Operation.ADMIN
     topic: str = required(str)
     partition: int = required(int)
     start: int = required(int)
@@ -250,9 +254,8 @@ class ChecksumRequest(Request):
 
 
 @dataclass(kw_only=True, eq=False)
-class PositionRequest(Request):
+class PositionRequest(Request, operation=REPLICATION):
     OP = "position"
-    OPERATION = Operation.REPLICATION
     topic: str = required(str)
     partition: int = required(int)
     replica: dict[str, Any] = required(dict)
@@ -266,13 +269,14 @@ TRANSACTION_ACTIONS = (
 
 
 @dataclass(kw_only=True, eq=False)
-class TransactionRequest(Request):
-    """One step of a local or XA transaction branch on the master of a broker group."""
+class TransactionRequest(Request, operation=DESCRIBE):
+    """One step of a local or XA transaction branch on the master of a broker group.
+
+    DESCRIBE: any principal that may look at the cluster reaches the coordinator, which decides
+    per action and branch with metaq/server/authz.py (who started a branch is known only there).
+    """
 
     OP = "transaction"
-    #: Any principal that may look at the cluster reaches the coordinator, which decides per
-    #: action and branch with metaq/server/authz.py (who started a branch is known only there).
-    OPERATION = Operation.DESCRIBE
     action: str = required(str)
     xid: str = optional(str, "")  # every action but recover
     timeout_s: int = optional(int, 0)  # start: the branch's timeout (0: maxTxTimeoutInSeconds)

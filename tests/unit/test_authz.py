@@ -74,6 +74,8 @@ def test_every_request_class_is_a_command_with_its_own_op_and_declared_operation
     for cls in classes:
         assert m.REQUESTS[cls.OP] is cls
         assert "OPERATION" in vars(cls), f"{cls.__name__} does not declare the operation it needs"
+    with pytest.raises(TypeError, match="declare the operation it needs"):
+        type("UndeclaredRequest", (m.Request,), {"OP": "undeclared"})
     assert m.TEXT_COMMANDS <= set(m.REQUESTS)
     assert OPEN_BEFORE_LOGIN == {"auth", "version", "quit"}
 
