@@ -55,7 +55,7 @@ from metaq.zk.embedded import EmbeddedZooKeeper, Peer, free_port
 from metaq.zk.group import read_members
 from metaq.zk.paths import ZkPaths, decode_epoch
 
-from .corruption import Corruption, flip_bit
+from .corruption import Corruption, flip_bit, truncate_segment
 from .hosts import Host, HostNetwork
 from .power_loss import PowerLossDisk, PowerLossReport, build_shim
 from .toxiproxy_client import FaultProxy
@@ -432,9 +432,13 @@ class ChaosCluster:
         log.info("%s lost power: %s", b.name, report)
         return report
 
-    def corrupt(self, b: ChaosBroker, rng: random.Random) -> Corruption | None:
-        """Flip one payload bit of a flushed record in a broker's data (chaos/corruption.py)."""
-        found = flip_bit(b.data_dir(), rng, self.topic, sealed_only=b.process.alive)
+    def corrupt(self, b: ChaosBroker, rng: random.Random, truncate: bool = False) -> Corruption | None:
+        """Flip one payload bit of a flushed record in a broker's data, or (``truncate``) cut a
+        sealed segment short (chaos/corruption.py)."""
+        if truncate:
+            found = truncate_segment(b.data_dir(), rng, self.topic)
+        else:
+            found = flip_bit(b.data_dir(), rng, self.topic, sealed_only=b.process.alive)
         log.info("%s corrupted: %s", b.name, found or "nothing flushed to corrupt yet")
         return found
 

@@ -606,7 +606,7 @@ class Run:
         faults_list = self.history.faults
         for i, f in enumerate(faults_list):
             if f["kind"] in ("kill-master", "lose-master", "pause-master", "partition-master-zk", "silence-master",
-                             "power-loss-master", "corrupt-master") \
+                             "power-loss-master", "corrupt-master", "truncate-master") \
                     and f.get("target") != "none":
                 heal_t = next((h["time"] for h in faults_list[i + 1:] if h["kind"] == "heal"), f["time"] + 60)
                 if not any(f["time"] <= fo["time"] <= heal_t + 1 and fo["group"] == f.get("group")
@@ -702,8 +702,9 @@ def add_parser(sub: Any) -> None:
                         "with group commit (unflushThreshold=0): enables the power-loss-master and power-loss-slave "
                         "faults (kill -9, unsynced writes lost, restart), also in the random scenario")
     p.add_argument("--corruption", action="store_true",
-                   help="brokers with 16 KiB segments and a scrub pass every second: enables the corrupt-master and "
-                        "corrupt-slave faults (kill -9, one payload bit of a flushed record flipped on disk, restart), "
+                   help="brokers with 16 KiB segments and a scrub pass every second: enables the corrupt-master, "
+                        "corrupt-slave, truncate-master and truncate-slave faults (kill -9, one payload bit of a flushed "
+                        "record flipped, or a sealed segment cut short, on disk, restart), "
                         "also in the random scenario (docs/chaos.md, 'Corruption')")
     p.add_argument("--liveness-bound", type=float, default=None,
                    help="seconds within which reads and writes must resume after a fault "

@@ -5,7 +5,7 @@ cluster to settle and for ``gap_s`` of fault-free load; a fault that never heals
 lost for good) is the last step. Targets are roles ("the master of group 1"), resolved
 when the step runs. A *scenario* is a fixed list of fault kinds, repeated until the run's
 time is up; ``random`` draws each step from every fault kind that heals and fits the run
-(power-loss kinds only with ``--power-loss``, corrupt-* only with ``--corruption``) (seeded). The whole schedule (kinds, groups, holds, gaps) is drawn from the seed up front,
+(power-loss kinds only with ``--power-loss``, corrupt-* and truncate-* only with ``--corruption``) (seeded). The whole schedule (kinds, groups, holds, gaps) is drawn from the seed up front,
 so two runs with the same seed inject the same faults in the same order.
 """
 
@@ -78,6 +78,10 @@ FAULTS: dict[str, FaultKind] = {
     # back as a slave) fetches it again; only with --corruption.
     "corrupt-master": FaultKind("master", (1.0, 3.0), needs_corruption=True),
     "corrupt-slave": FaultKind("slave", (1.0, 3.0), needs_corruption=True),
+    # The same with a sealed segment cut short on its disk instead (a lost tail): the broker
+    # opens the partition with the missing bytes marked like a flip's, repaired the same way.
+    "truncate-master": FaultKind("master", (1.0, 3.0), needs_corruption=True),
+    "truncate-slave": FaultKind("slave", (1.0, 3.0), needs_corruption=True),
 }
 
 SCENARIOS: dict[str, list[str]] = {
@@ -103,6 +107,8 @@ SCENARIOS: dict[str, list[str]] = {
     "power-loss-slave": ["power-loss-slave"],
     "corrupt-master": ["corrupt-master"],
     "corrupt-slave": ["corrupt-slave"],
+    "truncate-master": ["truncate-master"],
+    "truncate-slave": ["truncate-slave"],
 }
 # ``random`` draws from every fault that heals (a fault that never heals ends the schedule).
 RANDOM_KINDS = [k for k, f in FAULTS.items() if f.heals]
@@ -154,7 +160,7 @@ def schedule(scenario: str, seed: int, groups: int, zk_nodes: int, session_s: fl
              corruption: bool = False) -> list[Step]:
     """The first ``steps`` fault steps of a scenario (the runner stops when time is up);
     ``power_loss``: the brokers run under the power-loss shim, so power-loss faults fit;
-    ``corruption``: the run is set up for the corrupt-* faults."""
+    ``corruption``: the run is set up for the corrupt-* and truncate-* faults."""
     rng = random.Random(f"schedule/{scenario}/{seed}")
     if scenario == "random":
         kinds = [k for k in RANDOM_KINDS
@@ -226,10 +232,10 @@ def inject(cluster: ChaosCluster, step: Step, rng: random.Random) -> tuple[str, 
         cluster.kill(b)
         lost = cluster.lose_power(b)
         return b.name, {"bytes_lost": lost.bytes_lost, "power_loss": str(lost)}, lambda: cluster.restart(b)
-    if kind.startswith("corrupt-"):
+    if kind.startswith(("corrupt-", "truncate-")):
         cluster.kill(b)
-        found = cluster.corrupt(b, rng)
-        details = found.to_json() if found is not None else {"corruption": "nothing flushed yet"}
+        found = cluster.corrupt(b, rng, truncate=kind.startswith("truncate-"))
+        details = found.to_json() if found is not None else {"corruption": "nothing to corrupt yet"}
         return b.name, details, lambda: cluster.restart(b)
     if kind == "replace-slave":
         cluster.kill(b)

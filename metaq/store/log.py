@@ -184,8 +184,9 @@ class PartitionLog:
         self._vanished: SegmentVanished | None = None
         self._checkpointed = checkpointed if checkpointed is not None else 0
         self._checkpointed_at = time.monotonic()
-        #: Bumped by every truncation: state derived from the bytes (metaq/server/txn_state.py)
-        #: compares it to know that bytes it has seen may be gone.
+        #: Bumped by every truncation (and repair): state derived from the bytes
+        #: (metaq/server/txn_state.py) compares it to know that bytes it has seen may be gone
+        #: (or that bytes it could not read are back).
         self.truncations = 0
         #: Called with the cut offset before bytes are cut (-1: the whole log goes), so state
         #: derived from the bytes can drop its snapshot first.
@@ -205,13 +206,14 @@ class PartitionLog:
             for i, path in enumerate(paths):
                 segments.append(LogSegment.open(path, read_only=i < len(paths) - 1))
             for prev, nxt in zip(segments, segments[1:]):
-                if prev.end != nxt.start:
-                    kind = "gap" if prev.end < nxt.start else "overlap"
+                if prev.end < nxt.start:
+                    self._claim_missing_bytes(prev, nxt.start)
+                elif prev.end > nxt.start:
                     raise LogCorruptError(
-                        f"{self.directory}: segments are not contiguous ({kind}): {prev.path.name} "
+                        f"{self.directory}: segments are not contiguous (overlap): {prev.path.name} "
                         f"holds {prev.size} bytes and ends at offset {prev.end}, but the next file "
-                        f"{nxt.path.name} starts at {nxt.start}. The partition is not served; restore"
-                        f" the missing segment file (a slave's is byte-identical) and restart the broker",
+                        f"{nxt.path.name} starts at {nxt.start}. The partition is not served; move the"
+                        f" file that does not belong out (a slave's files are byte-identical) and restart the broker",
                         max(segment.end for segment in segments),
                     )
         except BaseException:
@@ -219,6 +221,21 @@ class PartitionLog:
                 segment.close()
             raise
         return segments
+
+    def _claim_missing_bytes(self, sealed: LogSegment, end: int) -> None:
+        """A sealed segment's file ends before the next one starts (cut short, or a later
+        file lost, outside the broker): the missing bytes are a corrupt range like a bit
+        flip's (metaq/store/scrub.py), from the last whole record to ``end``. Never served; a
+        slave cuts its log there and fetches them again, a master puts them back from a slave
+        (metaq/ha/repair.py). Offsets keep their meaning: the segment still ends at ``end``."""
+        valid_end = self._valid_end(sealed)
+        sealed.claim_missing_tail(end)
+        self.mark_corrupt(valid_end, end)
+        log.error(
+            "%s: %d bytes [%d, %d) are missing (its whole records end at %d, the next segment starts at %d): not served"
+            " until repaired (a slave re-fetches them from its master, a master asks its slaves; docs/operations.md,"
+            " 'Corruption')", sealed.path, end - valid_end, valid_end, end, valid_end, end,
+        )
 
     def _refuse_if_shorter_than_flushed(self) -> int | None:
         """Raise LogWentBackwards if the files lost flushed bytes; return the checkpoint."""
@@ -317,6 +334,11 @@ class PartitionLog:
         self.corrupt_ranges = sorted([*self.corrupt_ranges, (start, end)])
         return True
 
+    def corrupt_end_at(self, offset: int) -> int | None:
+        """The end of the corrupt range that starts at ``offset``, or None (a walk of the log's
+        records that stops there goes on after it: metaq/txn/rebuild.py)."""
+        return next((end for start, end in self.corrupt_ranges if start == offset), None)
+
     def first_corrupt_offset(self) -> int | None:
         return self.corrupt_ranges[0][0] if self.corrupt_ranges else None
 
@@ -352,6 +374,9 @@ class PartitionLog:
             segment.restore(start, data)
             segment.flush()
             self.corrupt_ranges = [r for r in self.corrupt_ranges if r != (start, end)]
+            # State derived from the bytes (metaq/server/txn_state.py) passed this range without
+            # reading it (or read it as it was stored): rebuilt from the log now that it is whole.
+            self.truncations += 1
         log.warning("%s: corrupt bytes [%d, %d) restored from a replica", self.directory, start, end)
         return True
 

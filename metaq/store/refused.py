@@ -42,6 +42,9 @@ class RefusedLog:
     def truncate_corrupt(self) -> None:
         return None
 
+    def corrupt_end_at(self, offset: int) -> None:
+        return None
+
     def mark_corrupt(self, start: int, end: int) -> bool:
         return False
 

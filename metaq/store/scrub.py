@@ -52,8 +52,10 @@ class BadRange:
     start: int
     end: int
     segment: str
-    #: "corrupt": a record inside fails its checks; "torn": the last segment ends in an
-    #: incomplete record (normal after a crash: recovery cuts it at start).
+    #: "corrupt": a record inside fails its checks; "missing": a sealed segment's file ends
+    #: before the next segment starts (cut short outside the broker; served by no one, repaired
+    #: like "corrupt"); "torn": the last segment ends in an incomplete record (normal after a
+    #: crash: recovery cuts it at start).
     kind: str = "corrupt"
 
 
@@ -63,11 +65,11 @@ class PartitionReport:
     segments: int = 0
     bytes_checked: int = 0
     bad: list[BadRange] = field(default_factory=list)
-    error: str | None = None  # the files cannot form a log at all (gap, overlap, unreadable)
+    error: str | None = None  # the files cannot form a log at all (overlap, unreadable)
 
     @property
     def ok(self) -> bool:
-        return self.error is None and not any(bad.kind == "corrupt" for bad in self.bad)
+        return self.error is None and all(bad.kind == "torn" for bad in self.bad)
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "ok": self.ok}
@@ -105,19 +107,24 @@ def check_partition_dir(directory: Path) -> PartitionReport:
             return report
         try:
             size = os.fstat(fd).st_size
-            if expected is not None and start != expected:
-                kind = "gap" if start > expected else "overlap"
-                report.error = (f"segments are not contiguous ({kind}): the previous segment ends at {expected},"
+            if expected is not None and start < expected:
+                report.error = (f"segments are not contiguous (overlap): the previous segment ends at {expected},"
                                 f" {path.name} starts at {start}")
             bad = first_bad_offset(_file_reader(fd, start), start, start + size)
         finally:
             os.close(fd)
         report.segments += 1
         report.bytes_checked += size
-        if bad is not None:
-            last = i == len(paths) - 1
-            report.bad.append(BadRange(bad, start + size, path.name, "torn" if last and _is_torn_tail(path, start, bad) else "corrupt"))
-        expected = start + size
+        end = start + size
+        # The next segment's start is where this one must end: short of it, the rest is missing
+        # (the broker marks the same range at open, PartitionLog._claim_missing_bytes).
+        next_start = parse_segment_start(paths[i + 1]) if i + 1 < len(paths) else None
+        if next_start is not None and next_start > end:
+            report.bad.append(BadRange(end if bad is None else bad, next_start, path.name, "missing"))
+        elif bad is not None:
+            last = next_start is None
+            report.bad.append(BadRange(bad, end, path.name, "torn" if last and _is_torn_tail(path, start, bad) else "corrupt"))
+        expected = end
     return report
 
 
@@ -207,10 +214,13 @@ class Scrubber:
             for segment in list(getattr(partition_log, "segments", []))[:-1]:
                 if segment.closed:
                     continue
-                bad = await asyncio.to_thread(self._check_segment, segment.path, segment.start, segment.size)
+                size = segment.size
+                bad = await asyncio.to_thread(self._check_segment, segment.path, segment.start, size)
                 self.stats.segments_checked += 1
-                self.stats.bytes_checked += segment.size
-                if bad is not None and segment in partition_log.segments and not segment.closed:
+                self.stats.bytes_checked += size
+                # Judged only if the log still holds the segment sealed and as long as it was
+                # (a truncation by the broker itself makes it the active one, shorter).
+                if bad is not None and segment in partition_log.segments[:-1] and segment.size == size and not segment.closed:
                     self._found(topic, partition, partition_log, bad, segment.end)
             if self.on_corrupt is not None:
                 # Every range still known (also recovery's, and one a repair could not fix
@@ -225,9 +235,11 @@ class Scrubber:
         except FileNotFoundError:
             return None  # removed by retention or truncation since the list was taken
         try:
-            if os.fstat(fd).st_size < size:
-                return None  # cut since the list was taken: not ours to judge
-            return first_bad_offset(_file_reader(fd, start), start, start + size, self._pace)
+            # A file shorter than the log says was cut outside the broker (at open, or since):
+            # its bytes from the last whole record on are missing, a range like a corrupt one.
+            on_disk = min(size, os.fstat(fd).st_size)
+            bad = first_bad_offset(_file_reader(fd, start), start, start + on_disk, self._pace)
+            return bad if bad is not None or on_disk == size else start + on_disk
         finally:
             os.close(fd)
 
@@ -240,7 +252,8 @@ class Scrubber:
             return
         self.stats.found.setdefault(f"{topic}-{partition}", []).append((start, end))
         log.error(
-            "scrub: %s-%d: corrupt bytes in [%d, %d) (a record fails its CRC check in a sealed segment);"
+            "scrub: %s-%d: corrupt or missing bytes in [%d, %d) (a record fails its CRC check in a sealed"
+            " segment, or the segment's file was cut short);"
             " they are not served until repaired: a slave re-fetches them from its master, a master"
             " asks its slaves (docs/operations.md, 'Corruption')",
             topic, partition, start, end,

@@ -7,7 +7,10 @@ so callers never juggle two coordinate systems.
 
 Invariant: the file holds exactly ``size`` bytes. ``append`` keeps it even when a
 write fails halfway, by cutting the file back, so a failed put never leaves a
-partial record that a later append would bury in the middle of the log.
+partial record that a later append would bury in the middle of the log. One
+exception, never written to by appends: a sealed segment whose file was cut short
+outside the broker (``claim_missing_tail``); its missing bytes are a corrupt range of
+the log, never read, until ``restore`` writes them back.
 """
 
 from __future__ import annotations
@@ -93,9 +96,18 @@ class LogSegment:
         self.size += written
         return offset
 
+    def claim_missing_tail(self, end: int) -> None:
+        """A sealed segment whose file was cut short keeps its place in the log: it still
+        ends at ``end`` (the next segment's start), so offsets stay contiguous and the missing
+        bytes can be put back in place. The caller marks them corrupt (never read)."""
+        if not self.read_only or end < self.end:
+            raise ValueError(f"{self.path}: cannot claim a missing tail up to {end} (ends at {self.end})")
+        self.size = end - self.start
+
     def restore(self, offset: int, data: bytes) -> None:
         """Write ``data`` over bytes already in the file at absolute ``offset`` (a corrupt
-        range put back from a replica); never past ``end``, so ``size`` does not change."""
+        range put back from a replica); never past ``end``, so ``size`` does not change
+        (a missing tail, see ``claim_missing_tail``, is written past the file's end)."""
         if offset < self.start or offset + len(data) > self.end:
             raise ValueError(f"{self.path}: [{offset}, {offset + len(data)}) is not inside [{self.start}, {self.end})")
         view = memoryview(data)

@@ -55,17 +55,40 @@ class PartitionTxnState:
         #: a cache for ``committed_bound``, which cannot tell below what it has seen).
         self.batches = BatchSpans(position)
 
-    def catch_up(self, read: Reader, end: int) -> int:
+    def catch_up(self, read: Reader, end: int, unreadable_end: Callable[[int], int | None] | None = None) -> int:
         """Follow every record in [position, end); return the new position.
 
         The records of a batch follow its header and are never control records (a
         put carrying one is refused), so the walk checks only the records outside
         batches: from a BATCH header it starts again at its batch's end, and a run of
         records without the control attribute anywhere is passed in one step.
+
+        ``unreadable_end(offset)``: where bytes that cannot be read from ``offset`` on end
+        (a corrupt or missing range of the log, metaq/store/log.py), or None. The walk passes
+        them (``pass_unreadable``) instead of stopping there for good.
         """
-        while self.position < end and (self._pass_batch_at_position(read, end) or self._walk_to_next_batch(read, end)):
-            pass
+        while self.position < end:
+            if self._pass_batch_at_position(read, end) or self._walk_to_next_batch(read, end):
+                continue
+            gap_end = unreadable_end(self.position) if unreadable_end is not None else None
+            if gap_end is None or gap_end <= self.position:
+                break
+            self.pass_unreadable(gap_end)
         return self.position
+
+    def pass_unreadable(self, end: int) -> None:
+        """Go on at ``end`` (a segment's start: a record boundary) past bytes that cannot be read.
+
+        What they held is unknown until a replica puts them back (the log then counts a
+        truncation, so this state is rebuilt from the log: metaq/server/txn_state.py). Meanwhile
+        no batch is known before ``end``: a committed offset does not move inside the range, it
+        moves past it once a slave holds its end (so a slave can serve the bytes back).
+        """
+        log.warning("transaction state: bytes [%d, %d) cannot be read; passed until they are repaired",
+                    self.position, end)
+        self.position = end
+        self.anchor = None  # a snapshot taken now does not fit at the next start: rebuilt there
+        self.batches = BatchSpans(end)
 
     def _pass_batch_at_position(self, read: Reader, end: int) -> bool:
         """A whole batch starting at ``position``: pass it without reading its records (True)."""
@@ -199,7 +222,8 @@ def discard_snapshot(directory: Path) -> None:
 
 def load_state(directory: Path, read: Reader, log_start: int, log_end: int,
                producers: Callable[[], ProducerStateTable] = ProducerStateTable,
-               index: Callable[[], TransactionIndex] = TransactionIndex) -> PartitionTxnState:
+               index: Callable[[], TransactionIndex] = TransactionIndex,
+               unreadable_end: Callable[[int], int | None] | None = None) -> PartitionTxnState:
     """The state at ``log_end``: the snapshot if it still fits the log, then a walk of the rest.
 
     The caller cuts the log back to ``incomplete_tail(log_end)`` if that is not None.
@@ -213,7 +237,7 @@ def load_state(directory: Path, read: Reader, log_start: int, log_end: int,
         state.anchor = tuple(snapshot["anchor"]) if snapshot["anchor"] else None  # type: ignore[assignment]
         state.index.forget_before(log_start)
         state.batches = BatchSpans(state.position)  # the snapshot's batches are not listed
-    state.catch_up(read, log_end)
+    state.catch_up(read, log_end, unreadable_end)
     return state
 
 

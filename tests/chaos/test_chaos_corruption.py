@@ -12,6 +12,10 @@ The promises (docs/guarantees.md, C1-C4):
   identical again, every ack readable on both.
 * C1 a master alone (no slave to repair from): the range is never served (a get there is an
   error naming topic, partition and offsets; ``metaq verify --data-dir`` names it too).
+* C6 a sealed segment cut short while its broker is down (a lost tail): it opens with the
+  missing bytes marked like a flip's: a slave cuts there and fetches them again; a master
+  (restarted alone) serves an error naming them, ``metaq verify --data-dir`` reports them
+  MISSING, and it fills them from its slave once one is back.
 * C3 ``python -m chaos run --scenario corrupt-master --corruption``: kill -9, a flip on disk,
   restart: failover keeps every ack, the old master (now a slave) fetches the bytes again;
   the runner's workload and checker find no acked message lost.
@@ -24,11 +28,14 @@ import random
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from chaos.corruption import Corruption, flip_bit
+from chaos.corruption import Corruption, flip_bit, truncate_segment
+from metaq import record
+from metaq.store.segment import parse_segment_start
 from metaq.tools.launcher import BrokerFactory, BrokerProcess, wait_until
 
 from ..integration.failover_support import (
@@ -44,6 +51,7 @@ from ..integration.failover_support import (
     missing_acks,
     sync_system,
     wait_follows,
+    wait_leads,
 )
 from ..integration.replication_support import assert_identical, request, stat, stats_lines, wait_caught_up
 from .test_chaos_short import run_chaos
@@ -170,11 +178,78 @@ def test_a_master_with_no_slave_to_repair_from_never_serves_its_flipped_bit(brok
     assert served and max(served) < flipped.record_offset
     assert not missing_acks([ack for ack in acked.acked if ack.offset < flipped.record_offset], served)
     # Reported offline too (the files of a running broker may be read): exit 1, the offset named.
-    offline = subprocess.run([sys.executable, "-m", "metaq", "verify", "--data-dir", str(a.dir / "data"), "--json"],
+    assert offline_bad_ranges(a, "corrupt") == [flipped.record_offset]
+
+
+def offline_bad_ranges(broker: BrokerProcess, kind: str) -> list[int]:
+    """Where ``metaq verify --data-dir`` says the partition's ranges of ``kind`` start (it must exit 1)."""
+    offline = subprocess.run([sys.executable, "-m", "metaq", "verify", "--data-dir", str(broker.dir / "data"), "--json"],
                              capture_output=True, text=True, timeout=60)
     assert offline.returncode == 1, offline.stderr
     [partition] = json.loads(offline.stdout)["partitions"]
-    assert [bad["start"] for bad in partition["bad"] if bad["kind"] == "corrupt"] == [flipped.record_offset]
+    return [bad["start"] for bad in partition["bad"] if bad["kind"] == kind]
+
+
+def cut_short(broker: BrokerProcess, seed: int) -> int:
+    """Cut one of a stopped broker's sealed segments short; where its missing range starts
+    (the last whole record's end, as the store finds it)."""
+    found = truncate_segment(broker.dir / "data", random.Random(seed), TOPIC)
+    assert found is not None, f"{broker.name} has no sealed segment to cut yet"
+    print(f"\n{broker.name}: {found}")
+    path = Path(found.file)
+    start = parse_segment_start(path)
+    assert start is not None
+    return max(record.record_ends(path.read_bytes(), start), default=start)
+
+
+def test_a_slaves_segment_cut_short_while_it_was_down_is_fetched_again(pair) -> None:
+    a, b, group = pair
+    stream = PutStream(a.address, tag="c6").start()
+    stream.wait_acked(300)
+    b.kill()
+    missing_from = cut_short(b, seed=6)
+    b.start(wait_zk=False)  # before: the partition was refused at start (segments not contiguous)
+    started = time.monotonic()
+    wait_until(lambda: is_prefix(b, a) and corrupt_from(b) == -1, FOUND_WITHIN_S, interval=0.1,
+               message="B to cut its log at the missing bytes and fetch them again")
+    print(f"B repaired {time.monotonic() - started:.2f}s after its start")
+    stream.wait_acked(len(stream.acked) + 50)
+    stream.stop()
+    wait_caught_up(a, b, PARTS)
+    assert_identical(a, slaves=1)
+    assert any(p.name.startswith(f"truncated-{missing_from:020d}") for p in (b.dir / "data" / f"{TOPIC}-0").iterdir())
+    readable_within(b, stream.acked)
+
+
+def test_a_masters_segment_cut_short_while_it_was_down_is_never_served_and_filled_from_its_slave(pair) -> None:
+    a, b, group = pair
+    stream = PutStream(a.address, tag="c7").start()
+    stream.wait_acked(300)
+    stream.stop()
+    epoch = group.epoch()
+    b.kill()  # so that A comes back as the master, alone with its missing bytes
+    a.kill()
+    missing_from = cut_short(a, seed=7)
+    a.start(wait_zk=False)
+    wait_leads(a, group, epoch)
+    assert corrupt_from(a) == missing_from  # before: the partition was refused at start
+    # Never served: a read there is an error naming the range (A's transaction state passes it,
+    # so its committed offset does too: before, it stopped there and B, capped by it, could not
+    # give the bytes back), a read before it stops short.
+    reply = request(a, {"op": "get", "topic": TOPIC, "partition": 0, "offset": missing_from, "max_size": 4096})
+    assert reply.code == 500 and reply.get("reason") == "corrupt", reply.header
+    assert f"{TOPIC}-0: offset {missing_from} is in a corrupt byte range" in reply.message
+    served = fetch_all(a)
+    assert served and max(served) < missing_from
+    assert not missing_acks([ack for ack in stream.acked if ack.offset < missing_from], served)
+    assert offline_bad_ranges(a, "missing") == [missing_from]
+    b.start(wait_zk=False)
+    wait_follows(b, a, group)
+    wait_until(lambda: corrupt_from(a) == -1, FOUND_WITHIN_S, interval=0.1, message="A to fill the bytes from B")
+    assert not any(p.name.startswith("truncated-") for p in (b.dir / "data" / f"{TOPIC}-0").iterdir())
+    wait_caught_up(a, b, PARTS)
+    assert_identical(a, slaves=1)
+    readable_within(a, stream.acked)
 
 
 def test_chaos_run_corrupt_master_keeps_every_ack(tmp_path) -> None:

@@ -14,7 +14,7 @@ from metaq import record
 from metaq.store.log import PartitionLog
 from metaq.store.scrub import check_data_dir
 
-CORRUPTION = {"corrupt-master", "corrupt-slave"}
+CORRUPTION = {"corrupt-master", "corrupt-slave", "truncate-master", "truncate-slave"}
 
 
 def _data_dir(tmp_path: Path, records: int, segment_size: int = 1000) -> Path:
@@ -46,12 +46,17 @@ def test_without_sealed_segments_only_flushed_records_of_the_active_one_are_hit(
         assert found is not None and found.offset < 500  # never past the flushed end
 
 
-def test_a_truncated_sealed_segment_breaks_the_log(tmp_path: Path) -> None:
+@pytest.mark.parametrize("seed", range(3))
+def test_a_truncated_sealed_segment_is_a_missing_range_from_its_last_whole_record(tmp_path: Path, seed: int) -> None:
     data_dir = _data_dir(tmp_path, 25)
-    cut = truncate_segment(data_dir, random.Random(2))
-    assert cut is not None and cut.offset < cut.record_offset
+    cut = truncate_segment(data_dir, random.Random(seed))
+    assert cut is not None and cut.offset < cut.record_offset and not cut.file.endswith("00000000000000002000.meta")
     [report] = check_data_dir(data_dir)
-    assert report.error is not None and "not contiguous (gap)" in report.error
+    assert report.error is None and not report.ok
+    assert [(b.start, b.end, b.kind) for b in report.bad] == [(cut.offset - cut.offset % 100, cut.record_offset, "missing")]
+    log_ = PartitionLog(data_dir / "chaos-0", max_segment_size=1000)  # opens, the same range unserved
+    assert log_.corrupt_ranges == [(cut.offset - cut.offset % 100, cut.record_offset)] and log_.log_end == 2500
+    log_.close()
 
 
 def test_random_draws_corruption_only_when_the_run_is_set_up_for_it() -> None:

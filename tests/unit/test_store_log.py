@@ -169,13 +169,14 @@ def test_reopen_continues_at_log_end(tmp_path):
     assert log.last_msg_id() == 1005
 
 
-def test_contiguity_error_names_the_files(tmp_path):
+def test_overlap_error_names_the_files(tmp_path):
     log = open_log(tmp_path, max_segment_size=100)
     for i in range(4):
         log.append(rec(i))
     log.close()
-    (tmp_path / segment_file_name(100)).rename(tmp_path / segment_file_name(120))
-    with pytest.raises(LogCorruptError, match=r"00000000000000000000\.meta.*00000000000000000120\.meta"):
+    # (A gap is a missing range, not an error: tests/unit/test_store_scrub.py.)
+    (tmp_path / segment_file_name(100)).rename(tmp_path / segment_file_name(80))
+    with pytest.raises(LogCorruptError, match=r"00000000000000000000\.meta.*00000000000000000080\.meta"):
         open_log(tmp_path, max_segment_size=100)
 
 

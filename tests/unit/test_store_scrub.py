@@ -101,13 +101,67 @@ def test_scrub_pass_finds_a_flip_in_a_sealed_segment_at_a_bounded_rate(tmp_path:
     log_.close()
 
 
-def test_scrub_ignores_a_segment_that_left_the_log(tmp_path: Path) -> None:
+def test_scrub_finds_a_sealed_segment_cut_outside_the_broker_but_not_one_the_log_cut_itself(tmp_path: Path) -> None:
     log_ = _log(tmp_path / "t-0", 25)
-    first = log_.segments[0]
-    os.truncate(first.path, 500)  # as if truncation or retention got to it first
+    os.truncate(log_.segments[0].path, 450)  # a disk losing the file's tail, mid-record
     scrubber = Scrubber(lambda: {("t", 0): log_}, interval_ms=1000, bytes_per_second=0)
     asyncio.run(scrubber.scrub_pass())
-    assert log_.corrupt_ranges == []
+    assert log_.corrupt_ranges == [(400, 1000)] and scrubber.stats.corrupt_ranges == 1
+    with pytest.raises(CorruptRange):
+        log_.read(400, 100)
+    log_.close()
+
+    # The log's own truncation while the scrub reads (a replica cutting a diverged tail): the
+    # segment it read is no longer a sealed one of that length, so nothing is judged.
+    log_ = _log(tmp_path / "u-0", 25)
+    scrubber = Scrubber(lambda: {("u", 0): log_}, interval_ms=1000, bytes_per_second=0)
+    check = scrubber._check_segment
+
+    def truncated_meanwhile(path: Path, start: int, size: int) -> int | None:
+        log_.truncate_to(500)
+        return check(path, start, size)
+
+    scrubber._check_segment = truncated_meanwhile  # type: ignore[method-assign]
+    asyncio.run(scrubber.scrub_pass())
+    assert log_.corrupt_ranges == [] and log_.log_end == 500
+    log_.close()
+
+
+def test_a_sealed_segment_cut_while_the_broker_was_down_opens_with_its_missing_bytes_unserved(tmp_path: Path) -> None:
+    """Offsets keep their meaning (the segment still ends where the next starts), the missing
+    bytes from the last whole record on are a corrupt range: never served, a master puts them
+    back from a replica (through the restarts too), a slave cuts there and fetches again."""
+    log_ = _log(tmp_path / "t-0", 25)
+    good = log_.read(1000, 1000)
+    log_.close()
+    os.truncate(tmp_path / "t-0" / "00000000000000001000.meta", 450)  # mid-record: 4 whole records left
+    for _ in range(2):  # not repaired: the same range after another restart (the gap is on disk)
+        log_ = PartitionLog(tmp_path / "t-0", max_segment_size=1000)
+        assert log_.corrupt_ranges == [(1400, 2000)] and (log_.min_offset, log_.log_end) == (0, 2500)
+        assert log_.read(1000, 10_000) == good[:400]
+        with pytest.raises(CorruptRange, match=r"offset 1450 is in a corrupt byte range \[1400, 2000\)"):
+            log_.read(1450, 100)
+        assert log_.read(2000, 500) == RECORD * 5
+        log_.close()
+    [report] = check_data_dir(tmp_path)
+    assert [(b.start, b.end, b.kind) for b in report.bad] == [(1400, 2000, "missing")] and not report.ok
+
+    log_ = PartitionLog(tmp_path / "t-0", max_segment_size=1000)
+    assert not log_.repair_corrupt(1400, good[400:900])  # only the whole range
+    assert log_.repair_corrupt(1400, good[400:])  # a master's repair: written past the file's end
+    assert log_.corrupt_ranges == [] and log_.read(1000, 1000) == good
+    log_.close()
+    assert check_partition_dir(tmp_path / "t-0").ok
+    log_ = PartitionLog(tmp_path / "t-0", max_segment_size=1000)
+    assert log_.corrupt_ranges == [] and log_.read(1000, 1000) == good  # the file is whole again
+    log_.close()
+
+    os.truncate(tmp_path / "t-0" / "00000000000000000000.meta", 0)  # a whole segment's bytes
+    log_ = PartitionLog(tmp_path / "t-0", max_segment_size=1000)
+    assert log_.corrupt_ranges == [(0, 1000)]
+    offset, removed, aside = log_.truncate_corrupt()  # a slave's repair: fetch from 0 again
+    assert (offset, removed, log_.log_end, log_.corrupt_ranges) == (0, 2500, 0, [])
+    assert aside is not None and aside.stat().st_size == 1500  # what was there is kept aside
     log_.close()
 
 
