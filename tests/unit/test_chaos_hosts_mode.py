@@ -62,3 +62,14 @@ def test_hosts_mode_where_namespaces_cannot_be_made_is_skipped_with_one_line(
     err = capsys.readouterr().err
     assert err == "chaos run skipped: --hosts netns needs network namespaces: network namespaces need root (ip netns add)\n"
     assert not (tmp_path / "run").exists()  # nothing ran
+
+
+def test_a_hosts_campaign_passes_the_mode_to_every_run_and_is_not_mixed(tmp_path: Path) -> None:
+    from chaos import campaign
+
+    assert all(s.command(30, tmp_path, 3)[-4:-2] == ["--hosts", "netns"] for s in campaign.plan(4, 1, hosts="netns"))
+    assert not any("--hosts" in s.command(30, tmp_path, 3) for s in campaign.plan(4, 1))
+    (tmp_path / campaign.SETTINGS_FILE).write_text('{"seconds": 30, "first_seed": 1, "zk_nodes": 3}')
+    assert campaign.check_settings(tmp_path, 30, 1, 3) is None  # recorded before the option: local
+    assert "--hosts local (now netns)" in campaign.check_settings(tmp_path, 30, 1, 3, hosts="netns")
+    assert " --hosts netns --out " in campaign.command_line(4, 30, 1, 3, tmp_path, hosts="netns")
