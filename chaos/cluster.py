@@ -172,8 +172,6 @@ class ChaosCluster:
     ) -> None:
         if hosts not in HOSTS_MODES:
             raise ValueError(f"hosts must be local or netns, got {hosts!r}")
-        if power_loss and hosts != "local":
-            raise ValueError("--power-loss runs only with --hosts local")
         if zk_nodes not in (1, 3):
             raise ValueError("zk_nodes must be 1 or 3")
         if slaves not in (1, 2):
@@ -289,8 +287,9 @@ class ChaosCluster:
                 name = f"g{group}-{role}"
                 slave_props = {"slaveId": slave_id} if slave_id else None
                 if self.network is not None:
-                    self.brokers.append(self._hosted_broker(name, group, {**system, **self._group_security.get(group, {})},
-                                                            slave_props))
+                    hosted = self._hosted_broker(name, group, {**system, **self._group_security.get(group, {})}, slave_props)
+                    self._under_power_loss_shim(hosted.process, power_loss_shim)
+                    self.brokers.append(hosted)
                     continue
                 client = self.proxy.client
                 zk_names, zk_ports = [], []
@@ -311,10 +310,7 @@ class ChaosCluster:
                     slave_props, self.zk_root,
                     name=name, zookeeper={"zk.zkSessionTimeoutMs": self.session_ms},
                 )
-                if power_loss_shim is not None:
-                    disk = PowerLossDisk(process.dir / "data", process.dir / "powerloss", power_loss_shim)
-                    process.extra_env = disk.env()
-                    self.disks[name] = disk
+                self._under_power_loss_shim(process, power_loss_shim)
                 self.brokers.append(ChaosBroker(process, group, peer_port, client_port, zk_names))
         masters = [b for b in self.brokers if b.name.endswith("-a")]
         slaves = [b for b in self.brokers if not b.name.endswith("-a")]
@@ -325,6 +321,14 @@ class ChaosCluster:
         for b in slaves:
             b.process.start(wait=False)
         self.wait_settled(timeout)
+
+    def _under_power_loss_shim(self, process: BrokerProcess, shim: Path | None) -> None:
+        """With ``power_loss``: the broker's data directory journalled by the shim (LD_PRELOAD; on a
+        host of its own too: ``ip netns exec`` execs the broker with the same environment)."""
+        if shim is not None:
+            disk = PowerLossDisk(process.dir / "data", process.dir / "powerloss", shim)
+            process.extra_env = disk.env()
+            self.disks[process.name] = disk
 
     def _hosted_broker(self, name: str, group: int, system: dict[str, Any],
                        slave_props: dict[str, Any] | None) -> ChaosBroker:

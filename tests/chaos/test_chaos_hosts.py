@@ -17,7 +17,7 @@ states for every fault, 2T + 1 s, plus ``CI_ALLOWANCE_S`` for the shared machine
 Before the client abandoned requests to a master ZooKeeper no longer names, the producers
 waited out ``request_timeout_s`` (10 s): 10.07 s measured this way. Also here: the
 nftables cut (one host from one peer only, both ways silent) on the same hosts, and the
-runner's ``silence-master`` scenario end to end (``python -m chaos run --hosts netns``:
+runner's ``silence-master`` and ``power-loss-master`` scenarios end to end (``python -m chaos run --hosts netns``:
 checker, liveness bound, a failover per silenced master). Needs root and ``ip netns``;
 skipped otherwise, with the reason.
 """
@@ -172,3 +172,16 @@ def test_runner_silence_master_scenario_in_hosts_mode(tmp_path: Path) -> None:
     assert s["failovers"] >= 1 and s["lost_acked"] == 0 and s["puts_ok"] > 0
     assert result["history"]["meta"]["hosts"] == "netns"
     assert all(f["target"].startswith("g0-") for f in result["history"]["faults"] if f["kind"] == "silence-master")
+
+
+def test_runner_power_loss_master_scenario_in_hosts_mode(tmp_path: Path) -> None:
+    """``--hosts netns --power-loss`` (refused before): the shim journals the broker through
+    ``ip netns exec``, the old master loses what it did not fsync and rejoins as a prefix."""
+    result = run_chaos(tmp_path, "power-loss-master", 1, 6, "sync", 1, "--hosts", "netns", "--power-loss")
+    s = result["stats"]
+    assert s["failovers"] >= 1 and s["lost_acked"] == 0 and s["puts_ok"] > 0
+    meta = result["history"]["meta"]
+    assert meta["hosts"] == "netns" and meta["power_loss"] is True
+    losses = [f for f in result["history"]["faults"] if f["kind"] == "power-loss-master"]
+    assert losses and all("power_loss" in f and f["target"].startswith("g0-") for f in losses), losses
+    assert result["checks"]["replica_prefix"]["checked"] >= 2

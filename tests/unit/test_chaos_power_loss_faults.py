@@ -33,9 +33,21 @@ def test_power_loss_schedule_is_the_same_for_the_same_seed() -> None:
     assert first == schedule("random", 9, 1, 3, 1.5, steps=50, power_loss=True)
 
 
-def test_power_loss_cluster_refuses_hosts_of_their_own(tmp_path) -> None:
-    with pytest.raises(ValueError, match="--power-loss runs only with --hosts local"):
-        ChaosCluster(tmp_path, power_loss=True, hosts="netns")
+def test_hosts_mode_draws_power_loss_and_corruption_beside_its_own_faults() -> None:
+    """``--hosts netns --power-loss --corruption``: random draws every kind those settings allow,
+    the hosts' own silences included, the proxy's slow links not."""
+    kinds = {s.kind for s in schedule("random", 5, 2, 3, 1.5, steps=600, hosts="netns", power_loss=True, corruption=True)}
+    corruption = {"corrupt-master", "corrupt-slave", "truncate-master", "truncate-slave"}
+    assert POWER_LOSS | corruption | {"silence-master", "silence-slave"} <= kinds
+    assert not kinds & {"latency-master", "bandwidth-master"}
+    for scenario in sorted(POWER_LOSS | corruption):
+        assert {s.kind for s in schedule(scenario, 1, 1, 1, 1.5, steps=3, hosts="netns", power_loss=True,
+                                         corruption=True)} == {scenario}
+
+
+def test_a_power_loss_cluster_may_run_on_hosts_of_their_own(tmp_path) -> None:
+    cluster = ChaosCluster(tmp_path, power_loss=True, hosts="netns")  # nothing started yet
+    assert cluster.power_loss and cluster.network is not None
 
 
 def test_a_power_loss_campaign_passes_the_option_to_every_run_and_is_not_mixed(tmp_path) -> None:
