@@ -69,9 +69,10 @@ CLIENT_USER = "app"
 
 
 ON_SYNC_SLAVE_LOSS = ("degrade", "reject")
-#: Broker settings of a run with the corrupt-* faults: sealed segments appear after 16 KiB,
+#: Broker settings of a run with the corrupt-* and truncate-* faults: sealed segments appear after 4 KiB
+#: (a few seconds of the workload: a truncation needs one),
 #: and the scrub re-reads them every second.
-CORRUPTION_SYSTEM = {"maxSegmentSize": 16 * 1024, "scrubIntervalMs": 1000}
+CORRUPTION_SYSTEM = {"maxSegmentSize": 4 * 1024, "scrubIntervalMs": 1000}
 #: Where the processes run: all on 127.0.0.1 behind the proxy, or each on a host of its own.
 HOSTS_MODES = ("local", "netns")
 #: Ports on a host of its own (--hosts netns): each host has its own port space.

@@ -702,7 +702,7 @@ def add_parser(sub: Any) -> None:
                         "with group commit (unflushThreshold=0): enables the power-loss-master and power-loss-slave "
                         "faults (kill -9, unsynced writes lost, restart), also in the random scenario")
     p.add_argument("--corruption", action="store_true",
-                   help="brokers with 16 KiB segments and a scrub pass every second: enables the corrupt-master, "
+                   help="brokers with 4 KiB segments and a scrub pass every second: enables the corrupt-master, "
                         "corrupt-slave, truncate-master and truncate-slave faults (kill -9, one payload bit of a flushed "
                         "record flipped, or a sealed segment cut short, on disk, restart), "
                         "also in the random scenario (docs/chaos.md, 'Corruption')")
