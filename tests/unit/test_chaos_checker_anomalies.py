@@ -365,3 +365,26 @@ def test_the_group_ran_to_the_end_when_it_got_each_partitions_last_committed_mes
     k2 = clean(polls=lambda p, vis: (vis[:-1],))
     k2.finish()
     assert unreached(k2.h, "g0") == list(PARTS)
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_a_rolled_back_send_that_gave_up_but_was_stored_is_no_phantom_and_no_skip(recorded: bool):
+    """chaos/transactions.py ``send_values``: a send that raised (no reply in time) may still be
+    stored; the transaction is then rolled back. Recorded as ``[None, None, value]`` the checker
+    knows the value and its abort; before (nothing recorded: a hosts-mode campaign run, seed
+    2007), the stored copy was a phantom and the consumer's correct skip of it a poll-skip."""
+    k = writes()
+    op = k.h.invoke("t0", "txn", txn="T5")
+    k.append("t/0-0", "t5-a")
+    k.append("t/0-0", "marker-T5", control=True)
+    k.aborted.add("t5-a")
+    k.h.fail(op, "rolled back after: gave up", sends=[[None, None, "t5-a"]] if recorded else [], reads={})
+    k.put("p0-7", partition="t/0-0")  # read after it: passing over it is judged
+    k.consume()
+    k.h.group_drained("g0")
+    result = verdict(k)
+    if recorded:
+        assert result.ok, result.report()
+    else:
+        failed = {name for name, c in result.checks.items() if c["violations"]}
+        assert "phantoms" in failed and failed & {"poll-skip", "int-poll-skip"}, failed
