@@ -77,7 +77,11 @@ looks again on REEVALUATE (columns left out).
     ------------  --------------  ---------  ---------  -----------
     LEADING       HANDING_OVER    .          .          RESIGNED
     HANDING_OVER  .               RESIGNED   (LEADING)  .
+    FENCED        =look           .          .          RESIGNED
     (others)      =look           .          .          .
+
+    FENCED + CANNOT_LEAD: fenced while the failed entry's event waited its turn; the lock
+    may still be ours, and a broker that cannot serve gives it back all the same.
 
     ``(LEADING)`` means: move to LEADING without its entry action. An abandoned
     hand-over resumes the term it paused: the lease, the sync set and the master
@@ -147,56 +151,44 @@ class Step(NamedTuple):
 
 S, E = Role, Event
 
-TRANSITIONS: dict[tuple[Role, Event], Step] = {
-    (S.STARTING, E.MASTER_CHANGED): Step(S.FOLLOWING),
-    (S.STARTING, E.MASTER_GONE): Step(S.ORPHANED),
-    (S.FOLLOWING, E.MASTER_CHANGED): Step(S.FOLLOWING),
-    (S.FOLLOWING, E.MASTER_GONE): Step(S.ORPHANED),
-    (S.FOLLOWING, E.STALE_MASTER): Step(S.FOLLOWING, look_again=True),
-    (S.ORPHANED, E.MASTER_CHANGED): Step(S.FOLLOWING),
-    (S.ORPHANED, E.MASTER_GONE): Step(S.ORPHANED),
-    (S.ORPHANED, E.ELIGIBLE): Step(S.ELECTING),
-    (S.ELECTING, E.MASTER_CHANGED): Step(S.FOLLOWING),
-    (S.ELECTING, E.WON): Step(S.LEADING),
-    (S.ELECTING, E.LOST): Step(S.ORPHANED),
-    (S.ELECTING, E.RECONNECTED_EPOCH_LOST): Step(S.ORPHANED),
-    (S.ELECTING, E.SESSION_LOST): Step(S.ORPHANED),
-    (S.LEADING, E.MASTER_GONE): Step(S.FENCED),
-    (S.LEADING, E.SUSPENDED): Step(S.FENCED),
-    (S.LEADING, E.RECONNECTED_EPOCH_LOST): Step(S.FENCED),
-    (S.LEADING, E.SESSION_LOST): Step(S.FENCED),
-    (S.LEADING, E.HIGHER_EPOCH): Step(S.FENCED),
-    (S.LEADING, E.HANDOVER_ASKED): Step(S.HANDING_OVER),
-    (S.LEADING, E.CANNOT_LEAD): Step(S.RESIGNED),
-    (S.HANDING_OVER, E.MASTER_GONE): Step(S.FENCED),
-    (S.HANDING_OVER, E.SUSPENDED): Step(S.FENCED),
-    (S.HANDING_OVER, E.RECONNECTED_EPOCH_LOST): Step(S.FENCED),
-    (S.HANDING_OVER, E.SESSION_LOST): Step(S.FENCED),
-    (S.HANDING_OVER, E.HIGHER_EPOCH): Step(S.FENCED),
-    (S.HANDING_OVER, E.CAUGHT_UP): Step(S.RESIGNED),
-    (S.HANDING_OVER, E.ABANDONED): Step(S.LEADING, enter=False),
-    (S.RESIGNED, E.MASTER_CHANGED): Step(S.FOLLOWING),
-    (S.RESIGNED, E.MASTER_GONE): Step(S.ORPHANED),
-    (S.RESIGNED, E.RECONNECTED_EPOCH_LOST): Step(S.ORPHANED),
-    (S.RESIGNED, E.SESSION_LOST): Step(S.ORPHANED),
-    (S.FENCED, E.MASTER_CHANGED): Step(S.FOLLOWING),
-    (S.FENCED, E.MASTER_GONE): Step(S.ORPHANED),
-    (S.FENCED, E.RECONNECTED_SAME_EPOCH): Step(S.LEADING),
-    (S.FENCED, E.RECONNECTED_EPOCH_LOST): Step(S.ORPHANED),
-    (S.FENCED, E.SESSION_LOST): Step(S.ORPHANED),
+#: The rows that enter a state, one line per current state (h11's style); the rows that
+#: look again, resume or stop, and those shared by every lock holder, are added below.
+ENTERS: dict[Role, dict[Event, Role]] = {
+    S.STARTING: {E.MASTER_CHANGED: S.FOLLOWING, E.MASTER_GONE: S.ORPHANED},
+    S.FOLLOWING: {E.MASTER_CHANGED: S.FOLLOWING, E.MASTER_GONE: S.ORPHANED},
+    S.ORPHANED: {E.MASTER_CHANGED: S.FOLLOWING, E.MASTER_GONE: S.ORPHANED, E.ELIGIBLE: S.ELECTING},
+    S.ELECTING: {E.MASTER_CHANGED: S.FOLLOWING, E.WON: S.LEADING, E.LOST: S.ORPHANED,
+                 E.RECONNECTED_EPOCH_LOST: S.ORPHANED, E.SESSION_LOST: S.ORPHANED},
+    S.LEADING: {E.HANDOVER_ASKED: S.HANDING_OVER, E.CANNOT_LEAD: S.RESIGNED},
+    S.HANDING_OVER: {E.CAUGHT_UP: S.RESIGNED},
+    S.RESIGNED: {E.MASTER_CHANGED: S.FOLLOWING, E.MASTER_GONE: S.ORPHANED,
+                 E.RECONNECTED_EPOCH_LOST: S.ORPHANED, E.SESSION_LOST: S.ORPHANED},
+    S.FENCED: {E.MASTER_CHANGED: S.FOLLOWING, E.MASTER_GONE: S.ORPHANED, E.RECONNECTED_SAME_EPOCH: S.LEADING,
+               E.RECONNECTED_EPOCH_LOST: S.ORPHANED, E.SESSION_LOST: S.ORPHANED, E.CANNOT_LEAD: S.RESIGNED},
 }
-for _state in Role:
-    if _state is not Role.STOPPED:
-        TRANSITIONS[(_state, Event.STOP)] = Step(Role.STOPPED)
-        TRANSITIONS[(_state, Event.REEVALUATE)] = Step(_state, look_again=True)
-        if _state not in (Role.LEADING, Role.HANDING_OVER):
-            TRANSITIONS[(_state, Event.HANDOVER_ASKED)] = Step(_state, look_again=True)
+TRANSITIONS: dict[tuple[Role, Event], Step] = {
+    (state, event): Step(entered) for state, row in ENTERS.items() for event, entered in row.items()
+}
+TRANSITIONS[(S.FOLLOWING, E.STALE_MASTER)] = Step(S.FOLLOWING, look_again=True)
+TRANSITIONS[(S.HANDING_OVER, E.ABANDONED)] = Step(S.LEADING, enter=False)
 
 #: The states in which this run holds the master lock and is registered as master.
 HOLDS_LOCK = frozenset({Role.LEADING, Role.HANDING_OVER})
 #: The states of a broker that led this term (possibly fenced, or resigning): committed
 #: offsets are its own to compute, and slaves fetch from it.
 ACTING_MASTER = HOLDS_LOCK | {Role.FENCED, Role.RESIGNED}
+#: What may mean the lock is no longer ours: a holder of the lock fences (acks stop at once).
+MAY_LOSE_LOCK = (Event.MASTER_GONE, Event.SUSPENDED, Event.RECONNECTED_EPOCH_LOST, Event.SESSION_LOST, Event.HIGHER_EPOCH)
+
+for _state in HOLDS_LOCK:
+    for _event in MAY_LOSE_LOCK:
+        TRANSITIONS[(_state, _event)] = Step(Role.FENCED)
+for _state in Role:
+    if _state is not Role.STOPPED:
+        TRANSITIONS[(_state, Event.STOP)] = Step(Role.STOPPED)
+        TRANSITIONS[(_state, Event.REEVALUATE)] = Step(_state, look_again=True)
+        if _state not in (Role.LEADING, Role.HANDING_OVER):
+            TRANSITIONS[(_state, Event.HANDOVER_ASKED)] = Step(_state, look_again=True)
 
 
 def master_event(seen_url: str, following_url: str | None) -> Event:

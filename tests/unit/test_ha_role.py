@@ -45,7 +45,8 @@ EXPECTED = {
     S.HANDING_OVER: [_, _, S.FENCED, _, _, _, S.FENCED, _, S.FENCED, S.FENCED, S.FENCED, _, LOOK, S.STOPPED,
                      _, S.RESIGNED, RESUME, _],
     S.RESIGNED: [_, S.FOLLOWING, S.ORPHANED, _, _, _, _, _, S.ORPHANED, S.ORPHANED, _, _, LOOK, S.STOPPED, LOOK, _, _, _],
-    S.FENCED: [_, S.FOLLOWING, S.ORPHANED, _, _, _, _, S.LEADING, S.ORPHANED, S.ORPHANED, _, _, LOOK, S.STOPPED, LOOK, _, _, _],
+    S.FENCED: [_, S.FOLLOWING, S.ORPHANED, _, _, _, _, S.LEADING, S.ORPHANED, S.ORPHANED, _, _, LOOK, S.STOPPED, LOOK, _, _,
+               S.RESIGNED],
     S.STOPPED: [_] * 18,
 }
 
