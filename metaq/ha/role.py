@@ -30,7 +30,7 @@ A broker's *preference* (started with or without ``--slave``) only matters for a
 group that never had a master: the first master is a broker started without it.
 
 Events, and who decides them (the coordinator applies no rule of its own: every
-decision is a row below or one of the two pure functions here):
+decision is a row below or one of the pure functions here, named with its event):
 
 * MASTER_SEEN / MASTER_CHANGED: the master znode names another broker;
   ``master_event`` says whether it is the one we already follow.
