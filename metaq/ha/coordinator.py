@@ -48,7 +48,7 @@ from dataclasses import replace
 from typing import Any, Awaitable, Callable, Union
 
 from ..client.connection import BrokerConnection, ConnectionClosed
-from ..config import SlaveConfig
+from ..config import BrokerConfig, SlaveConfig
 from ..protocol.messages import EpochsRequest
 from ..store.datadirs import broker_identity
 from ..zk.group import ZK_CALL_TIMEOUT_S, GroupState, read_group_state
@@ -95,10 +95,14 @@ __all__ = ["HaCoordinator", "ZK_ERRORS"]
 
 
 class HaCoordinator:
+    @property
+    def config(self) -> BrokerConfig:
+        """The broker's configuration now (never a copy: a reload replaces it, metaq/server/live_config.py)."""
+        return self.host.config
+
     def __init__(self, host: BrokerHost, slave: SlaveConfig | None, progress: ReplicationProgress) -> None:
         self.host = host
         self.progress = progress
-        self.config = host.config
         self.prefers_master = slave is None
         self.slave_template = slave
         self.machine = RoleMachine()
@@ -663,7 +667,7 @@ class HaCoordinator:
         try:
             group = await asyncio.to_thread(
                 update_group_topics, self.zk, self.paths, self.broker_id,
-                seed_with(self.host.config.topics, self.config.topic_defaults),
+                seed_with(self.config.topics, self.config.topic_defaults),
                 security=self.registry.security,
             )
         except (*ZK_ERRORS, RuntimeError) as exc:
