@@ -53,6 +53,7 @@ class Setup:
     slaves: int
     groups: int
     secure: bool
+    power_loss: bool = False  # brokers under the power-loss shim: random also draws power-loss faults
 
     @property
     def name(self) -> str:
@@ -68,14 +69,15 @@ class Setup:
         return [sys.executable, "-m", "chaos", "run", "--scenario", "random", "--seconds", f"{seconds:g}",
                 "--seed", str(self.seed), "--mode", self.mode, "--slaves", str(self.slaves),
                 "--groups", str(self.groups), "--zk-nodes", str(zk_nodes),
-                "--secure" if self.secure else "--insecure", "--out", str(out / self.name)]
+                "--secure" if self.secure else "--insecure", *(["--power-loss"] if self.power_loss else []),
+                "--out", str(out / self.name)]
 
 
-def plan(runs: int, first_seed: int) -> list[Setup]:
+def plan(runs: int, first_seed: int, power_loss: bool = False) -> list[Setup]:
     """The campaign's runs: the same arguments always give the same plan (resuming relies on it)."""
     combos = list(itertools.product(("sync", "async"), (1, 2), (1, 2), (True, False)))
     random.Random(f"campaign/{first_seed}").shuffle(combos)
-    return [Setup(i, first_seed + i, *combos[i % len(combos)]) for i in range(runs)]
+    return [Setup(i, first_seed + i, *combos[i % len(combos)], power_loss=power_loss) for i in range(runs)]
 
 
 def load_result(out: Path, setup: Setup) -> dict[str, Any] | None:
@@ -86,13 +88,13 @@ def load_result(out: Path, setup: Setup) -> dict[str, Any] | None:
         return None
 
 
-def check_settings(out: Path, seconds: float, first_seed: int, zk_nodes: int) -> str | None:
+def check_settings(out: Path, seconds: float, first_seed: int, zk_nodes: int, power_loss: bool = False) -> str | None:
     """Resuming with other settings would mix runs of two campaigns in one table: the
     problem as one line, or None (and the settings recorded) when they match or are new."""
     path = out / SETTINGS_FILE
-    wanted = {"seconds": seconds, "first_seed": first_seed, "zk_nodes": zk_nodes}
+    wanted = {"seconds": seconds, "first_seed": first_seed, "zk_nodes": zk_nodes, "power_loss": power_loss}
     try:
-        known = json.loads(path.read_text())
+        known = {"power_loss": False, **json.loads(path.read_text())}  # recorded before the option: without
     except (OSError, ValueError):
         out.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(wanted))
@@ -198,9 +200,9 @@ def unavailability_table(rows: dict[str, dict[str, Any]]) -> list[str]:
                      for kind, row in sorted(rows.items())])
 
 
-def command_line(runs: int, seconds: float, first_seed: int, zk_nodes: int, out: Path) -> str:
+def command_line(runs: int, seconds: float, first_seed: int, zk_nodes: int, out: Path, power_loss: bool = False) -> str:
     return (f"python -m chaos campaign --runs {runs} --seconds {seconds:g} --first-seed {first_seed} "
-            f"--zk-nodes {zk_nodes} --out {out}")
+            f"--zk-nodes {zk_nodes}{' --power-loss' if power_loss else ''} --out {out}")
 
 
 def report(results: list[tuple[Setup, dict[str, Any] | None]], seconds: float, command: str) -> str:
@@ -223,6 +225,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seconds", type=float, default=300.0, help="how long faults are injected in each run")
     p.add_argument("--first-seed", type=int, default=1000, help="run i has seed first-seed + i")
     p.add_argument("--zk-nodes", type=int, default=3, choices=(1, 3))
+    p.add_argument("--power-loss", action="store_true",
+                   help="every run with --power-loss: brokers under the power-loss shim, random also draws "
+                        "power-loss-master and power-loss-slave")
     p.add_argument("--out", default="/tmp/chaos-campaign",
                    help="directory of the runs and of campaign.md; run the same command again to resume")
 
@@ -234,13 +239,13 @@ def main(args: argparse.Namespace) -> int:
         print(f"error: --runs and --seconds must be positive, got {args.runs} and {args.seconds:g}", file=sys.stderr)
         return 2
     out = Path(args.out)
-    problem = check_settings(out, args.seconds, args.first_seed, args.zk_nodes)
+    problem = check_settings(out, args.seconds, args.first_seed, args.zk_nodes, args.power_loss)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    setups = plan(args.runs, args.first_seed)
+    setups = plan(args.runs, args.first_seed, args.power_loss)
     results = {s: load_result(out, s) for s in setups}
-    command = command_line(args.runs, args.seconds, args.first_seed, args.zk_nodes, out)
+    command = command_line(args.runs, args.seconds, args.first_seed, args.zk_nodes, out, args.power_loss)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         with Progress(*columns) as progress:

@@ -55,6 +55,7 @@ from metaq.zk.group import read_members
 from metaq.zk.paths import ZkPaths, decode_epoch
 
 from .hosts import Host, HostNetwork
+from .power_loss import PowerLossDisk, PowerLossReport, build_shim
 from .toxiproxy_client import FaultProxy
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,9 @@ BROKER_PORT = 8123
 
 
 def mode_system(mode: str, on_sync_slave_loss: str = "degrade") -> dict[str, Any]:
+    # Group commit (acked after the fsync that covers it) on every member: the setting under
+    # which a power loss keeps every ack (docs/guarantees.md P1-P5; P3 and P5 need it), so
+    # the power-loss faults are judged like kills (sync: nothing acked may be lost).
     common = {"unflushThreshold": 0}
     if on_sync_slave_loss not in ON_SYNC_SLAVE_LOSS:
         raise ValueError(f"onSyncSlaveLoss must be degrade or reject, got {on_sync_slave_loss!r}")
@@ -158,9 +162,12 @@ class ChaosCluster:
         on_sync_slave_loss: str = "degrade",
         secure: bool = False,
         hosts: str = "local",
+        power_loss: bool = False,
     ) -> None:
         if hosts not in HOSTS_MODES:
             raise ValueError(f"hosts must be local or netns, got {hosts!r}")
+        if power_loss and hosts != "local":
+            raise ValueError("--power-loss runs only with --hosts local")
         if zk_nodes not in (1, 3):
             raise ValueError("zk_nodes must be 1 or 3")
         if slaves not in (1, 2):
@@ -198,6 +205,10 @@ class ChaosCluster:
         self.secure = secure
         self.credentials = Credentials()
         self._group_security: dict[int, dict[str, Any]] = {}
+        #: With ``power_loss``: each broker writes through a PowerLossDisk (its data directory
+        #: journalled by the LD_PRELOAD shim), by broker name.
+        self.power_loss = power_loss
+        self.disks: dict[str, PowerLossDisk] = {}
         # ZooKeeper JVMs die with the *thread* that forked them (PR_SET_PDEATHSIG, see
         # metaq/zk/embedded.py): start them all from this one long-lived thread, never from
         # the short-lived worker threads the runner's fault schedule runs in.
@@ -261,6 +272,7 @@ class ChaosCluster:
         self._zk = KazooClient(hosts=self.zk_connect, timeout=10)
         self._zk.start(timeout=30)
         system = mode_system(self.mode, self.on_sync_slave_loss)
+        power_loss_shim = build_shim(self.work_dir / "powerloss-shim") if self.power_loss else None
         for group in range(self.num_groups):
             for slave_id, role in enumerate("abc"[: 1 + self.slaves_per_group]):
                 name = f"g{group}-{role}"
@@ -288,6 +300,10 @@ class ChaosCluster:
                     slave_props, self.zk_root,
                     name=name, zookeeper={"zk.zkSessionTimeoutMs": self.session_ms},
                 )
+                if power_loss_shim is not None:
+                    disk = PowerLossDisk(process.dir / "data", process.dir / "powerloss", power_loss_shim)
+                    process.extra_env = disk.env()
+                    self.disks[name] = disk
                 self.brokers.append(ChaosBroker(process, group, peer_port, client_port, zk_names))
         masters = [b for b in self.brokers if b.name.endswith("-a")]
         slaves = [b for b in self.brokers if not b.name.endswith("-a")]
@@ -394,6 +410,16 @@ class ChaosCluster:
     def restart(self, b: ChaosBroker) -> None:
         if not b.process.alive:
             b.process.start(wait=False)
+
+    def lose_power(self, b: ChaosBroker) -> PowerLossReport:
+        """Cut what a killed broker wrote and did not fsync (``power_loss`` clusters only)."""
+        if b.process.alive:
+            raise RuntimeError(f"{b.name} must be killed before it loses power")
+        if b.name not in self.disks:
+            raise RuntimeError(f"{b.name} does not run under the power-loss shim (start the cluster with power_loss)")
+        report = self.disks[b.name].lose_power()
+        log.info("%s lost power: %s", b.name, report)
+        return report
 
     def wipe(self, b: ChaosBroker) -> None:
         """Empty a stopped broker's data directory: it comes back as a new, empty member."""

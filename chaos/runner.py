@@ -376,7 +376,8 @@ class Run:
                  zk_nodes: int = 3, rate: float = 20.0, settle_timeout: float = 60.0, slaves: int = 1,
                  on_sync_slave_loss: str = "degrade", liveness_bound: float | None = None,
                  secure: bool = False, rogue: bool = False, producers: ProducerSettings = ProducerSettings(),
-                 consumer_group: bool = False, transactions: bool = False, hosts: str = "local") -> None:
+                 consumer_group: bool = False, transactions: bool = False, hosts: str = "local",
+                 power_loss: bool = False) -> None:
         self.scenario, self.seconds, self.seed, self.out = scenario, seconds, seed, Path(out)
         self.mode, self.groups, self.zk_nodes, self.rate = mode, groups, zk_nodes, rate
         self.slaves, self.on_sync_slave_loss = slaves, on_sync_slave_loss
@@ -384,8 +385,10 @@ class Run:
         self.secure, self.rogue = secure, rogue
         self.producers = producers
         self.hosts = hosts
+        self.power_loss = power_loss
         self.cluster = ChaosCluster(self.out / "cluster", groups=groups, mode=mode, zk_nodes=zk_nodes,
-                                    slaves=slaves, on_sync_slave_loss=on_sync_slave_loss, secure=secure, hosts=hosts)
+                                    slaves=slaves, on_sync_slave_loss=on_sync_slave_loss, secure=secure, hosts=hosts,
+                                    power_loss=power_loss)
         session_ms = self.cluster.session_ms
         self.liveness_bound = liveness_bound if liveness_bound is not None else default_bound(session_ms)
         self.history = History({"mode": mode, "scenario": scenario, "seed": seed, "seconds": seconds,
@@ -393,7 +396,8 @@ class Run:
                                 "slaves": slaves, "on_sync_slave_loss": on_sync_slave_loss,
                                 "session_ms": session_ms, "liveness_bound_s": self.liveness_bound,
                                 "secure": secure, "rogue": rogue, "producers": producers.to_json(),
-                                "consumer_group": consumer_group, "transactions": transactions})
+                                "consumer_group": consumer_group, "transactions": transactions,
+                                "power_loss": power_loss})
         self.hostile = HostileLoad(self.cluster, self.history) if rogue else None
         self.transactions = transactions
         self.consumers = ConsumerGroupLoad(self.cluster, self.history, seed, self.out) if consumer_group else None
@@ -405,7 +409,7 @@ class Run:
     def _fault_loop(self, stop_at: float, stopping: threading.Event) -> None:
         session_s = self.cluster.session_ms / 1000
         plan = schedule(self.scenario, self.seed, self.groups, self.zk_nodes, session_s, hosts=self.hosts,
-                        can_cut=can_cut(self.hosts))
+                        can_cut=can_cut(self.hosts), power_loss=self.power_loss)
         self.history.meta["schedule"] = [s.to_json() for s in plan[:50]]
         self.history.meta["hosts"] = self.hosts
         rng = random.Random(f"targets/{self.seed}")
@@ -600,7 +604,8 @@ class Run:
         no_failover = []
         faults_list = self.history.faults
         for i, f in enumerate(faults_list):
-            if f["kind"] in ("kill-master", "lose-master", "pause-master", "partition-master-zk", "silence-master") \
+            if f["kind"] in ("kill-master", "lose-master", "pause-master", "partition-master-zk", "silence-master",
+                             "power-loss-master") \
                     and f.get("target") != "none":
                 heal_t = next((h["time"] for h in faults_list[i + 1:] if h["kind"] == "heal"), f["time"] + 60)
                 if not any(f["time"] <= fo["time"] <= heal_t + 1 and fo["group"] == f.get("group")
@@ -616,6 +621,7 @@ class Run:
             + (" --secure" if self.secure else " --insecure" if self.scenario == "random" else "")
             + (" --rogue" if self.rogue else "")
             + (f" --hosts {self.hosts}" if self.hosts != "local" else "")
+            + (" --power-loss" if self.power_loss else "")
             + (" --idempotent" if self.producers.idempotent else " --retry-unknown" if self.producers.retry_unknown else "")
             + (" --consumer-group" if self.consumers is not None else " --no-consumer-group")
             + (" --transactions" if self.transactions else " --no-transactions")
@@ -689,6 +695,10 @@ def add_parser(sub: Any) -> None:
                    help="local: every process on 127.0.0.1, links through the fault proxy (default); netns: each "
                         "ZooKeeper node and broker on a host of its own (a network namespace on one bridge; needs "
                         "root), with silent link-down and nftables faults (docs/chaos.md, 'Hosts mode')")
+    p.add_argument("--power-loss", action="store_true",
+                   help="every broker runs under the power-loss shim (chaos/power_loss.py; needs gcc, --hosts local) "
+                        "with group commit (unflushThreshold=0): enables the power-loss-master and power-loss-slave "
+                        "faults (kill -9, unsynced writes lost, restart), also in the random scenario")
     p.add_argument("--liveness-bound", type=float, default=None,
                    help="seconds within which reads and writes must resume after a fault "
                         "(default 2 x zk.zkSessionTimeoutMs + 1 s)")
@@ -714,9 +724,12 @@ def main(args: argparse.Namespace) -> int:
     if args.hosts == "netns" and (why_not := hosts_unavailable()) is not None:
         print(f"chaos run skipped: --hosts netns needs network namespaces: {why_not}", file=sys.stderr)
         return EXIT_SKIPPED
+    if args.power_loss and args.hosts != "local":
+        print("error: --power-loss runs only with --hosts local", file=sys.stderr)
+        return 2
     try:
         schedule(args.scenario, args.seed, args.groups, args.zk_nodes, 1.0, steps=1, hosts=args.hosts,
-                 can_cut=can_cut(args.hosts))
+                 can_cut=can_cut(args.hosts), power_loss=args.power_loss)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -726,5 +739,6 @@ def main(args: argparse.Namespace) -> int:
               secure=secure_run(args.scenario, args.secure, args.insecure), rogue=args.rogue, hosts=args.hosts,
               producers=ProducerSettings(idempotent=args.idempotent, retry_unknown=args.retry_unknown),
               consumer_group=args.consumer_group if args.consumer_group is not None else args.scenario == "random",
-              transactions=args.transactions if args.transactions is not None else args.scenario == "random")
+              transactions=args.transactions if args.transactions is not None else args.scenario == "random",
+              power_loss=args.power_loss)
     return run.execute()

@@ -4,7 +4,8 @@ A *fault* is one step: inject, hold for ``hold_s``, heal; then the runner waits 
 cluster to settle and for ``gap_s`` of fault-free load; a fault that never heals (a member
 lost for good) is the last step. Targets are roles ("the master of group 1"), resolved
 when the step runs. A *scenario* is a fixed list of fault kinds, repeated until the run's
-time is up; ``random`` draws each step from every fault kind that heals (seeded). The whole schedule (kinds, groups, holds, gaps) is drawn from the seed up front,
+time is up; ``random`` draws each step from every fault kind that heals and fits the run
+(power-loss kinds only with ``--power-loss``) (seeded). The whole schedule (kinds, groups, holds, gaps) is drawn from the seed up front,
 so two runs with the same seed inject the same faults in the same order.
 """
 
@@ -37,6 +38,7 @@ class FaultKind:
     master_fixed: bool = False      # no failover while the fault holds
     needs: str = ""                 # "proxy": only with every process on 127.0.0.1 behind the fault
                                     # proxy; "netns": only with hosts of their own (--hosts netns)
+    needs_power_loss: bool = False  # only with every broker under the power-loss shim (--power-loss)
 
 
 FAULTS: dict[str, FaultKind] = {
@@ -66,6 +68,10 @@ FAULTS: dict[str, FaultKind] = {
     # snapshot): the group must serve on without it.
     "lose-master": FaultKind("master", (0.0, 0.0), heals=False),
     "lose-slave": FaultKind("slave", (0.0, 0.0), heals=False),
+    # kill -9, then everything it wrote and did not fsync is lost (chaos/power_loss.py), then
+    # restarted after the hold like kill-*: only in a cluster run under the shim (--power-loss).
+    "power-loss-master": FaultKind("master", (1.0, 3.0), needs_power_loss=True),
+    "power-loss-slave": FaultKind("slave", (1.0, 3.0), needs_power_loss=True),
 }
 
 SCENARIOS: dict[str, list[str]] = {
@@ -87,6 +93,8 @@ SCENARIOS: dict[str, list[str]] = {
     "lose-slave": ["lose-slave"],
     "silence-master": ["silence-master"],
     "silence-slave": ["silence-slave"],
+    "power-loss-master": ["power-loss-master"],
+    "power-loss-slave": ["power-loss-slave"],
 }
 # ``random`` draws from every fault that heals (a fault that never heals ends the schedule).
 RANDOM_KINDS = [k for k, f in FAULTS.items() if f.heals]
@@ -114,6 +122,11 @@ def cuts_links(kind: str) -> bool:
     return kind.startswith("partition-")
 
 
+def fits_power_loss(kind: str, power_loss: bool) -> bool:
+    """Whether the fault can be injected: a power loss only where the brokers run under the shim."""
+    return power_loss or not FAULTS[kind].needs_power_loss
+
+
 def fits_hosts(kind: str, hosts: str, can_cut: bool = True) -> bool:
     """Whether the fault can be injected where the processes run (``local`` or ``netns``;
     ``can_cut``: whether a netns host can be cut from a peer, i.e. nftables works here)."""
@@ -124,17 +137,21 @@ def fits_hosts(kind: str, hosts: str, can_cut: bool = True) -> bool:
 
 
 def schedule(scenario: str, seed: int, groups: int, zk_nodes: int, session_s: float, steps: int = 400,
-             hosts: str = "local", can_cut: bool = True) -> list[Step]:
-    """The first ``steps`` fault steps of a scenario (the runner stops when time is up)."""
+             hosts: str = "local", can_cut: bool = True, power_loss: bool = False) -> list[Step]:
+    """The first ``steps`` fault steps of a scenario (the runner stops when time is up);
+    ``power_loss``: the brokers run under the power-loss shim, so power-loss faults fit."""
     rng = random.Random(f"schedule/{scenario}/{seed}")
     if scenario == "random":
         kinds = [k for k in RANDOM_KINDS
-                 if (FAULTS[k].role != "zk" or zk_nodes >= 3) and fits_hosts(k, hosts, can_cut)]
+                 if (FAULTS[k].role != "zk" or zk_nodes >= 3) and fits_hosts(k, hosts, can_cut)
+                 and fits_power_loss(k, power_loss)]
         sequence = [rng.choice(kinds) for _ in range(steps)]
     elif scenario in SCENARIOS:
         base = SCENARIOS[scenario]
         if any(FAULTS[k].role == "zk" for k in base) and zk_nodes < 3:
             raise ValueError(f"scenario {scenario} needs --zk-nodes 3")
+        if not all(fits_power_loss(k, power_loss) for k in base):
+            raise ValueError(f"scenario {scenario} needs --power-loss (brokers under the power-loss shim)")
         unfit = [k for k in base if not fits_hosts(k, hosts, can_cut)]
         if unfit:
             needs = FAULTS[unfit[0]].needs
@@ -188,6 +205,10 @@ def inject(cluster: ChaosCluster, step: Step, rng: random.Random) -> tuple[str, 
     if kind.startswith("lose-"):
         cluster.kill(b)
         return b.name, {}, lambda: None
+    if kind.startswith("power-loss-"):
+        cluster.kill(b)
+        lost = cluster.lose_power(b)
+        return b.name, {"bytes_lost": lost.bytes_lost, "power_loss": str(lost)}, lambda: cluster.restart(b)
     if kind == "replace-slave":
         cluster.kill(b)
         cluster.wipe(b)

@@ -25,18 +25,23 @@ def prepare_environment() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_ROOT), *paths])
 
 
-def local_session(app_name: str = "metaq", cores: int = 2, **config: str) -> Any:
-    """``local[cores]``, no UI, driver on 127.0.0.1, the ``metaq`` source registered."""
+def local_session(app_name: str = "metaq", cores: int = 2, master: str | None = None, **config: str) -> Any:
+    """``local[cores]`` (or ``master``, e.g. ``local-cluster[2,1,1024]``), no UI, driver on
+    127.0.0.1, the ``metaq`` source registered."""
     prepare_environment()
     from pyspark.sql import SparkSession
 
     from .source import MetaQDataSource
 
     builder = (
-        SparkSession.builder.master(f"local[{cores}]")
+        SparkSession.builder.master(master or f"local[{cores}]")
         .appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.driver.host", "127.0.0.1")
+        # Executors in their own JVMs (local-cluster, a real cluster) start their Python
+        # workers from the executor's environment, not the driver's: pass both explicitly.
+        .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
+        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
     )
     for key, value in config.items():
         builder = builder.config(key, value)

@@ -18,6 +18,8 @@ Group 0: A (founds the group as master) and B (``--slave``, slaveId 1), sync mod
   what it took over; no acked message lost.
 * P4 after any power loss, the restarted broker's checkpoints and epoch cache do not claim
   data its log does not have.
+* ``python -m chaos run --scenario power-loss-master --power-loss``: the fault kind through
+  the runner, with its workload and checker: the master loses power, no acked message lost.
 * Beyond the promise: both lose power at once with the default flush settings; what is
   lost is reported, and it is only ever the newest acks (never a hole or a wrong message).
 """
@@ -56,6 +58,7 @@ from ..integration.failover_support import (
     wait_leads,
 )
 from ..integration.replication_support import wait_caught_up
+from .test_chaos_short import run_chaos
 
 pytestmark = pytest.mark.chaos
 PARTS = [(TOPIC, 0)]
@@ -292,3 +295,16 @@ def test_promoted_slave_loses_power_while_its_takeover_fsync_is_in_flight(broker
     wait_caught_up(master, slave, PARTS)
     assert_every_ack_on(master, stream.acked)
     assert_identical(master, slaves=1)
+
+
+def test_chaos_run_power_loss_master_loses_no_ack(tmp_path: Path) -> None:
+    """The power-loss-master fault of ``python -m chaos run`` (kill -9, unsynced writes cut,
+    restart after the hold): failover, the old master rejoins, the checker finds every ack."""
+    result = run_chaos(tmp_path, "power-loss-master", 1, 6, "sync", 1, "--power-loss")
+    s = result["stats"]
+    assert s["failovers"] >= 1 and s["lost_acked"] == 0 and s["puts_ok"] > 0
+    faults = [f for f in result["history"]["faults"] if f["kind"] == "power-loss-master"]
+    # The power was really cut: the journal was replayed and its report recorded.
+    assert all("bytes_lost" in f and f["power_loss"].startswith("lost ") for f in faults), faults
+    assert result["history"]["meta"]["power_loss"] is True
+    assert result["checks"]["replica_prefix"]["checked"] >= 2
