@@ -29,6 +29,7 @@ from typing import Any, Callable
 from kazoo.client import KazooClient
 
 from metaq.client.connection import BrokerConnection
+from metaq.protocol import commands as c
 from metaq.tools.launcher import BrokerProcess, BrokerFactory, wait_until
 from metaq.record import encode_batch, iter_records, record_ends
 from metaq.zk.embedded import EmbeddedZooKeeper
@@ -260,6 +261,21 @@ async def _put_one(address: tuple[str, int], payload: bytes, partition: int = 0,
 
 def put_one(broker: BrokerProcess, payload: bytes, partition: int = 0) -> Any:
     return run(_put_one(broker.address, payload, partition))
+
+
+def put_once_term_published(broker: BrokerProcess, payload: bytes, timeout: float = 10) -> Any:
+    """Put ``payload`` on a newly promoted sync master and return its first lasting answer.
+
+    Until its term's sync set is published in ZooKeeper, a promoted sync master answers every put
+    with a transient 503 ("not yet published"; nothing stored): that answer is retried, any other
+    (an ack, or a refusal such as minSyncSlaves under reject) is returned.
+    """
+
+    def attempt() -> Any:
+        reply = put_one(broker, payload)
+        return None if reply.code == c.SERVICE_UNAVAILABLE and "not yet published" in reply.message else reply
+
+    return wait_until(attempt, timeout, interval=0.02, message=f"{broker.name}'s sync set published")
 
 
 def first_ack_after(broker: BrokerProcess, payload: bytes, timeout: float = 20) -> tuple[Any, float]:

@@ -24,6 +24,7 @@ from .failover_support import (
     fetch_all,
     first_ack_after,
     make_pair,
+    put_once_term_published,
     put_one,
     sync_system,
     wait_leads,
@@ -60,7 +61,7 @@ def test_promoted_master_alone_serves_every_acked_message(broker_factory, zk_cli
     readable_after = time.monotonic() - killed_at
     assert readable_after < BOUND_S, f"acked messages readable only {readable_after:.2f}s after the kill (bound {BOUND_S}s)"
 
-    reply = put_one(b, b"after-failover")
+    reply = put_once_term_published(b, b"after-failover")
     problems = unhealthy(asyncio.run(collect(a.zk_connect, zk_root)))
     if on_loss == "reject":
         assert reply.code == c.SERVICE_UNAVAILABLE, reply.header
