@@ -37,7 +37,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from metaq.protocol.messages import GetRequest, PutRequest
+from metaq.protocol.messages import GetRequest, PutRequest, TopicsRequest
 from metaq.record import encode_batch, iter_records
 from metaq.store.incarnation import read_marker
 
@@ -144,6 +144,9 @@ class SideTopicLoad:
         #: Which life of the side topic this is (tags the values written), per group.
         self.life = {g: 0 for g in groups}
         self.acked: dict[int, dict[int, list[str]]] = {g: {} for g in groups}
+        #: The master that acked them: in async mode a failover may take acked messages back
+        #: (the workload's async_loss_bound judges that), so they are awaited only from it.
+        self.acked_by: dict[int, str | None] = {g: None for g in groups}
         #: Offset nodes a consumer of an ended incarnation left: each must be gone.
         self.stale_offsets: dict[int, list[str]] = {g: [] for g in groups}
         #: The partition count of the side topic's last life, once it ended (for the offsets it leaves).
@@ -292,6 +295,8 @@ class SideTopicLoad:
 
     def _write_messages(self, group: int, partitions: int, within_s: float = 15.0) -> None:
         """A few messages to every partition through the group's master (retried through a fault)."""
+        self.acked_by[group] = self.cluster.view(group).master
+
         async def put_all() -> None:
             deadline = time.monotonic() + within_s
             for n in range(partitions):
@@ -306,12 +311,18 @@ class SideTopicLoad:
         asyncio.run(put_all())
 
     async def _put(self, group: int, n: int, value: str) -> bool:
+        """One put to the master, once it serves the operation's result (as ``metaq topics --wait``
+        waits for): a put that reached it before it applied a re-create went to the old
+        incarnation, deleted with it, and is no message of the new one."""
         url = self.cluster.view(group).master
         if url is None:
             return False
         try:
             conn = await self.cluster.connect(url, 2.0)
             try:
+                topics = await conn.request(TopicsRequest().to_header(), timeout=3.0)
+                if not topics.ok or not self._serves_now(group, topics.header):
+                    return False
                 header = PutRequest(topic=SIDE_TOPIC, partition=n, count=1).to_header()
                 reply = await conn.request(header, encode_batch([(value.encode(), None)]), timeout=3.0)
             finally:
@@ -319,6 +330,12 @@ class SideTopicLoad:
         except Exception:
             return False
         return reply.ok
+
+    def _serves_now(self, group: int, topics_reply: dict[str, Any]) -> bool:
+        """Whether a member's topics reply shows the side topic as the last operation left it."""
+        partitions = dict(topics_reply.get("topics") or {}).get(SIDE_TOPIC)
+        incarnation = dict(topics_reply.get("incarnations") or {}).get(SIDE_TOPIC)
+        return partitions == self.state[group].partitions and incarnation == self.incarnation[group]
 
     # --- checking --------------------------------------------------------------------------
 
@@ -377,7 +394,7 @@ class SideTopicLoad:
         old = [v for v in values if not v.startswith(self._prefix(group))]
         if old:
             out.append(f"{b.name}: {SIDE_TOPIC}-{n} holds {len(old)} message(s) of an earlier incarnation ({old[0]})")
-        if is_master:
+        if is_master and self._acks_must_survive(group, b):
             missing = [v for v in self.acked[group].get(n, []) if v not in values]
             if missing:
                 out.append(f"{b.name} (master): {SIDE_TOPIC}-{n} lacks {len(missing)} acked message(s) ({missing[0]})")
@@ -385,6 +402,10 @@ class SideTopicLoad:
             out.append(f"{b.name}: {SIDE_TOPIC}-{n} is not byte-identical to the master's "
                        f"({len(data)} bytes, master {len(master_log)})")
         return out
+
+    def _acks_must_survive(self, group: int, master: Any) -> bool:
+        """Sync: every ack survives any failover. Async: only while the master that acked leads."""
+        return self.cluster.mode == "sync" or master.url == self.acked_by[group]
 
     def _served_problems(self, group: int, wanted: set[int]) -> list[str]:
         """A reader of each running member (through the network, as a consumer) sees only this life."""

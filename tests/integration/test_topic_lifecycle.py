@@ -6,13 +6,17 @@ Group 0: A (master) and B (``--slave``, slaveId 1), ZK session 1500 ms.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from metaq.client.codec import encode_messages
-from metaq.client.message import Message
+from metaq.client.message import Message, Partition
+from metaq.client.offsets import LocalOffsetStore, Position
+from metaq.client.offsets_sql import SqlOffsetStore
 from metaq.protocol import commands as c
 from metaq.protocol.messages import InitProducerRequest, PutRequest
 from metaq.zk.paths import ZkPaths, format_offset
+from metaq.zk.topic_config import read_group_topics
 
 from .failover_support import SESSION_MS, Group, async_system, make_pair, sync_system, wait_follows, wait_leads
 from .replication_support import bounds, put, replica_rows, request, stat, wait_caught_up, wait_for
@@ -40,7 +44,7 @@ def partition_dirs(broker, topic: str) -> list[str]:
     return sorted(p.name for p in (broker.dir / "data").glob(f"{topic}-*"))
 
 
-def test_delete_and_recreate_with_fewer_partitions_on_a_sync_pair(broker_factory, zk, zk_root, zk_client, capsys):
+def test_delete_and_recreate_with_fewer_partitions_on_a_sync_pair(broker_factory, zk, zk_root, zk_client, capsys, tmp_path):
     """Items 1-3 in sync mode with onSyncSlaveLoss=reject (every put needs the slave), then a kill -9."""
     group = Group(zk_client, zk_root)
     a, b = make_pair(broker_factory, sync_system(onSyncSlaveLoss="reject", minSyncSlaves=1), group)
@@ -62,6 +66,10 @@ def test_delete_and_recreate_with_fewer_partitions_on_a_sync_pair(broker_factory
     paths = ZkPaths(zk_root)
     for name in ("0-0", "0-1", "1-0"):
         zk_client.create(paths.offset("g", "x", name), format_offset(-1, old_end).encode(), makepath=True)
+
+    # The old incarnation's id and its record size on partition 1 (20 equal messages).
+    old_incarnation = read_group_topics(zk_client, paths, 0).incarnations["x"]
+    record_size = bounds(a, "x", 1)[1] // 20
 
     # Step 1: delete. Both stop serving it, drop every record of it and delete its files.
     code, out = metaq(capsys, zk, zk_root, "topics", "delete", "--broker-id", "0", "--topic", "x")
@@ -94,7 +102,19 @@ def test_delete_and_recreate_with_fewer_partitions_on_a_sync_pair(broker_factory
     # Group g has no stored offset for the new incarnation: it reads it from its oldest message.
     code, out = metaq(capsys, zk, zk_root, "consume", "--max=10", "--topic", "x", "--group", "g", "--idle-timeout", "15")
     assert code == 0, out
-    assert [line for line in out.splitlines() if line.startswith("x-")] == [f"x-1-{n:08d}".ljust(100, ".") for n in range(10)]
+    new_messages = [f"x-1-{n:08d}".ljust(100, ".") for n in range(10)]
+    assert [line for line in out.splitlines() if line.startswith("x-")] == new_messages
+    # Offsets in a file or a SQL database (no broker can delete them), committed in the old
+    # incarnation after its third message: an offset that starts a message of the new one too,
+    # where resuming would silently skip three. They are not applied: from the oldest message.
+    offset_file, offset_url = tmp_path / "offsets.json", f"sqlite:///{tmp_path / 'offsets.db'}"
+    stale = {Partition(0, 1): Position(-1, 3 * record_size)}
+    for store in (LocalOffsetStore(offset_file), SqlOffsetStore(offset_url)):
+        asyncio.run(store.commit("f", "x", stale, incarnations={Partition(0, 1): old_incarnation}))
+    for option in (["--offset-file", str(offset_file)], ["--offset-url", offset_url]):
+        code, out = metaq(capsys, zk, zk_root, "consume", "--max=10", "--topic", "x", "--group", "f", *option, "--idle-timeout", "15")
+        assert code == 0, out
+        assert [line for line in out.splitlines() if line.startswith("x-")] == new_messages, option
     # The producer's sequence numbers of the old incarnation do not apply: the same batch is new here.
     again = idempotent_put(a, producer_id, 0)
     assert again.code == c.OK and not again.get("duplicate"), again.header
