@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from metaq.protocol.messages import GetRequest, PutRequest, TopicsRequest
+from metaq.protocol.replies import TopicsReply
 from metaq.record import encode_batch, iter_records
 from metaq.store.incarnation import read_marker
 
@@ -321,7 +322,7 @@ class SideTopicLoad:
             conn = await self.cluster.connect(url, 2.0)
             try:
                 topics = await conn.request(TopicsRequest().to_header(), timeout=3.0)
-                if not topics.ok or not self._serves_now(group, topics.header):
+                if not topics.ok or not self._serves_now(group, topics):
                     return False
                 header = PutRequest(topic=SIDE_TOPIC, partition=n, count=1).to_header()
                 reply = await conn.request(header, encode_batch([(value.encode(), None)]), timeout=3.0)
@@ -331,11 +332,9 @@ class SideTopicLoad:
             return False
         return reply.ok
 
-    def _serves_now(self, group: int, topics_reply: dict[str, Any]) -> bool:
+    def _serves_now(self, group: int, topics_reply: Any) -> bool:
         """Whether a member's topics reply shows the side topic as the last operation left it."""
-        partitions = dict(topics_reply.get("topics") or {}).get(SIDE_TOPIC)
-        incarnation = dict(topics_reply.get("incarnations") or {}).get(SIDE_TOPIC)
-        return partitions == self.state[group].partitions and incarnation == self.incarnation[group]
+        return TopicsReply.of(topics_reply).serves(SIDE_TOPIC, self.state[group].partitions, self.incarnation[group])
 
     # --- checking --------------------------------------------------------------------------
 

@@ -379,7 +379,8 @@ def _write(args: argparse.Namespace, change: Any, done: str) -> int:
     print(f"broker group {args.broker_id}: {done} (topic configuration version {group.version})")
     if args.wait <= 0 or not urls:
         return 0
-    late = asyncio.run(_wait_applied(urls, args.topic, partitions, args.wait, args.timeout, credentials(args)))
+    incarnation = group.incarnations.get(args.topic)
+    late = asyncio.run(_wait_applied(urls, args.topic, partitions, incarnation, args.wait, args.timeout, credentials(args)))
     if late:
         print(f"not applied within {args.wait:g} s by: {', '.join(u.removeprefix('meta://') for u in late)}")
         return 1
@@ -387,14 +388,17 @@ def _write(args: argparse.Namespace, change: Any, done: str) -> int:
     return 0
 
 
-async def _wait_applied(urls: list[str], topic: str, partitions: int | None, wait: float, timeout: float, creds: Any) -> list[str]:
-    """The members that do not serve ``topic`` with ``partitions`` (None: not at all) in time."""
+async def _wait_applied(urls: list[str], topic: str, partitions: int | None, incarnation: str | None, wait: float,
+                        timeout: float, creds: Any) -> list[str]:
+    """The members that do not serve ``topic`` with ``partitions`` (None: not at all) of
+    ``incarnation`` in time: a put acked by a master still serving the old incarnation of a
+    re-created topic is deleted with it, so "applied" must mean the new one."""
     from ..protocol.messages import TopicsRequest
     from ..protocol.replies import TopicsReply
 
     async def applied(url: str) -> bool:
         reply = await ask(url, TopicsRequest().to_header(), timeout, creds)
-        return reply is not None and TopicsReply.of(reply).topics.get(topic) == partitions
+        return reply is not None and TopicsReply.of(reply).serves(topic, partitions, incarnation)
 
     deadline = time.monotonic() + wait
     pending = list(urls)
