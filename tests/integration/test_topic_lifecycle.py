@@ -184,3 +184,4 @@ def test_async_slave_takes_over_after_a_topic_was_deleted(broker_factory, zk, zk
     wait_leads(b, group, epoch)
     put(b, "fo", 0, 5)
     assert errors_in(a, b) == []
+
