@@ -251,7 +251,7 @@ class SideTopicLoad:
 
     def _apply(self, group: int, kind: str, expected: SideTopicState) -> str | None:
         """Write the operation to the group's topic configuration; the topic's incarnation after it."""
-        from metaq.zk.topic_config import update_group_topics
+        from metaq.zk.topic_config import delete_group_offsets, update_group_topics
 
         client = self._client(group)
         paths = self.cluster.paths
@@ -263,6 +263,7 @@ class SideTopicLoad:
         if kind in ("topic-delete", "topic-recreate") and self.state[group].exists:
             self._leave_offsets(group, ending)  # a consumer's place in the incarnation that ends
             write(lambda g: g.without_topic(SIDE_TOPIC) if SIDE_TOPIC in g.topics else None)
+            delete_group_offsets(client, paths, group, SIDE_TOPIC)  # as metaq topics delete does
         if kind == "topic-recreate":
             self._leave_offsets(group, ending)  # ... committed again by a consumer that ran on after the delete
         if not expected.exists:
@@ -271,6 +272,7 @@ class SideTopicLoad:
         if kind in ("topic-create", "topic-recreate"):
             # Absent since the delete just written: a create, so a new incarnation.
             done = write(lambda g: g.with_topic(SIDE_TOPIC, settings) if SIDE_TOPIC not in g.topics else None)
+            delete_group_offsets(client, paths, group, SIDE_TOPIC)  # as metaq topics create does
         else:
             done = write(lambda g: g.with_topic(SIDE_TOPIC, {**g.topics.get(SIDE_TOPIC, {}), **settings}))
         return done.incarnations.get(SIDE_TOPIC)

@@ -185,3 +185,27 @@ def test_async_slave_takes_over_after_a_topic_was_deleted(broker_factory, zk, zk
     put(b, "fo", 0, 5)
     assert errors_in(a, b) == []
 
+
+
+def test_a_topic_deleted_while_its_master_is_paused_loses_its_stored_offsets(broker_factory, zk, zk_root, zk_client, capsys):
+    """Found by the chaos run's topic operations (seed 44): the group's master deletes a deleted
+    topic's stored consumer offsets when it applies the delete, but only while it leads. A
+    master paused past its session applies it as a deposed one, the slave applied it as a
+    slave and then took over: nobody deleted them. ``metaq topics delete`` deletes them too."""
+    group = Group(zk_client, zk_root)
+    a, b = make_pair(broker_factory, async_system(), group)
+    paths = ZkPaths(zk_root)
+    code, out = metaq(capsys, zk, zk_root, "topics", "create", "--broker-id", "0", "--topic", "y", "--partitions", "2")
+    assert code == 0, out
+    for name in ("0-0", "0-1"):
+        zk_client.create(paths.offset("g", "y", name), format_offset(-1, 100).encode(), makepath=True)
+
+    epoch = group.epoch()
+    a.pause()
+    code, out = metaq(capsys, zk, zk_root, "topics", "delete", "--broker-id", "0", "--topic", "y", "--wait", "0")
+    assert code == 0, out
+    wait_leads(b, group, epoch)  # B applied the delete as a slave, then took over
+    try:
+        assert zk_client.get_children(paths.offsets("g", "y")) == [], "the deleted topic's stored offsets outlived it"
+    finally:
+        a.resume()
