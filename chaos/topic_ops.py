@@ -344,7 +344,10 @@ class SideTopicLoad:
         """``(problems, deferred, partly)``: poll the state until it holds or ``verify_s`` passes."""
         deadline = time.monotonic() + self.verify_s
         while True:
-            problems, partly = self.problems(group)
+            try:
+                problems, partly = self.problems(group)
+            except Exception as exc:  # ZooKeeper away, a file renamed under us: look again
+                problems, partly = [f"could not look: {exc!r}"], True
             if not problems:
                 return [], False, partly
             if time.monotonic() > deadline or (stopping is not None and stopping.is_set()):
