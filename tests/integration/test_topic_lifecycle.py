@@ -148,19 +148,23 @@ def test_async_slave_takes_over_after_a_topic_was_deleted(broker_factory, zk, zk
     # A member down while a topic is deleted and created again still has the old files: it
     # drops them when it starts (they carry the old incarnation) and copies the new log; the
     # files of a topic deleted for good meanwhile go when it starts too.
-    for action, topic in (("create", "gone"), ("create", "left"), ("delete", "gone"), ("create", "gone"), ("delete", "left")):
+    # "gone" has 2 partitions when B stops and 1 when it starts: its second partition's files
+    # belong to no partition served, and go too.
+    for action, topic, *more in (("create", "gone", "--partitions", "2"), ("create", "left"), ("delete", "gone"),
+                                 ("create", "gone"), ("delete", "left")):
         if action == "delete" and b.alive:
             put(a, "gone", 0, 10)
             put(a, "left", 0, 10)
             wait_caught_up(a, b, [("gone", 0), ("left", 0)])
             old_end = bounds(b, "gone", 0)[1]
             b.stop()
-        code, out = metaq(capsys, zk, zk_root, "topics", action, "--broker-id", "0", "--topic", topic)
+        code, out = metaq(capsys, zk, zk_root, "topics", action, "--broker-id", "0", "--topic", topic, *more)
         assert code == 0, out
-    assert partition_dirs(b, "left") == ["left-0"]
+    assert partition_dirs(b, "left") == ["left-0"] and partition_dirs(b, "gone") == ["gone-0", "gone-1"]
     b.start()
     wait_follows(b, a, group)
     wait_for(lambda: not partition_dirs(b, "left"), 10, "the deleted topic's files gone on the restarted slave")
+    wait_for(lambda: partition_dirs(b, "gone") == ["gone-0"], 10, "the dropped partition's files gone on the restarted slave")
     put(a, "gone", 0, 3)
     wait_caught_up(a, b, [("gone", 0)])
     assert bounds(b, "gone", 0) == bounds(a, "gone", 0) == (0, bounds(a, "gone", 0)[1])
