@@ -381,7 +381,7 @@ class Run:
                  on_sync_slave_loss: str = "degrade", liveness_bound: float | None = None,
                  secure: bool = False, rogue: bool = False, producers: ProducerSettings = ProducerSettings(),
                  consumer_group: bool = False, transactions: bool = False, hosts: str = "local",
-                 power_loss: bool = False, topic_ops: bool = False) -> None:
+                 power_loss: bool = False, corruption: bool = False, topic_ops: bool = False) -> None:
         self.scenario, self.seconds, self.seed, self.out = scenario, seconds, seed, Path(out)
         self.mode, self.groups, self.zk_nodes, self.rate = mode, groups, zk_nodes, rate
         self.slaves, self.on_sync_slave_loss = slaves, on_sync_slave_loss
@@ -390,9 +390,10 @@ class Run:
         self.producers = producers
         self.hosts = hosts
         self.power_loss = power_loss
+        self.corruption = corruption
         self.cluster = ChaosCluster(self.out / "cluster", groups=groups, mode=mode, zk_nodes=zk_nodes,
                                     slaves=slaves, on_sync_slave_loss=on_sync_slave_loss, secure=secure, hosts=hosts,
-                                    power_loss=power_loss)
+                                    power_loss=power_loss, corruption=corruption)
         session_ms = self.cluster.session_ms
         self.liveness_bound = liveness_bound if liveness_bound is not None else default_bound(session_ms)
         self.history = History({"mode": mode, "scenario": scenario, "seed": seed, "seconds": seconds,
@@ -401,7 +402,7 @@ class Run:
                                 "session_ms": session_ms, "liveness_bound_s": self.liveness_bound,
                                 "secure": secure, "rogue": rogue, "producers": producers.to_json(),
                                 "consumer_group": consumer_group, "transactions": transactions,
-                                "power_loss": power_loss, "topic_ops": topic_ops})
+                                "power_loss": power_loss, "corruption": corruption, "topic_ops": topic_ops})
         self.hostile = HostileLoad(self.cluster, self.history) if rogue else None
         self.transactions = transactions
         self.consumers = ConsumerGroupLoad(self.cluster, self.history, seed, self.out) if consumer_group else None
@@ -415,7 +416,7 @@ class Run:
     def _fault_loop(self, stop_at: float, stopping: threading.Event) -> None:
         session_s = self.cluster.session_ms / 1000
         plan = schedule(self.scenario, self.seed, self.groups, self.zk_nodes, session_s, hosts=self.hosts,
-                        can_cut=can_cut(self.hosts), power_loss=self.power_loss)
+                        can_cut=can_cut(self.hosts), power_loss=self.power_loss, corruption=self.corruption)
         self.history.meta["schedule"] = [s.to_json() for s in plan[:50]]
         self.history.meta["hosts"] = self.hosts
         rng = random.Random(f"targets/{self.seed}")
@@ -622,7 +623,7 @@ class Run:
         faults_list = self.history.faults
         for i, f in enumerate(faults_list):
             if f["kind"] in ("kill-master", "lose-master", "pause-master", "partition-master-zk", "silence-master",
-                             "power-loss-master") \
+                             "power-loss-master", "corrupt-master") \
                     and f.get("target") != "none":
                 heal_t = next((h["time"] for h in faults_list[i + 1:] if h["kind"] == "heal"), f["time"] + 60)
                 if not any(f["time"] <= fo["time"] <= heal_t + 1 and fo["group"] == f.get("group")
@@ -639,6 +640,7 @@ class Run:
             + (" --rogue" if self.rogue else "")
             + (f" --hosts {self.hosts}" if self.hosts != "local" else "")
             + (" --power-loss" if self.power_loss else "")
+            + (" --corruption" if self.corruption else "")
             + (" --idempotent" if self.producers.idempotent else " --retry-unknown" if self.producers.retry_unknown else "")
             + (" --consumer-group" if self.consumers is not None else " --no-consumer-group")
             + (" --transactions" if self.transactions else " --no-transactions")
@@ -722,6 +724,10 @@ def add_parser(sub: Any) -> None:
                    help="every broker runs under the power-loss shim (chaos/power_loss.py; needs gcc, --hosts local) "
                         "with group commit (unflushThreshold=0): enables the power-loss-master and power-loss-slave "
                         "faults (kill -9, unsynced writes lost, restart), also in the random scenario")
+    p.add_argument("--corruption", action="store_true",
+                   help="brokers with 16 KiB segments and a scrub pass every second: enables the corrupt-master and "
+                        "corrupt-slave faults (kill -9, one payload bit of a flushed record flipped on disk, restart), "
+                        "also in the random scenario (docs/chaos.md, 'Corruption')")
     p.add_argument("--liveness-bound", type=float, default=None,
                    help="seconds within which reads and writes must resume after a fault "
                         "(default 2 x zk.zkSessionTimeoutMs + 1 s)")
@@ -752,7 +758,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     try:
         schedule(args.scenario, args.seed, args.groups, args.zk_nodes, 1.0, steps=1, hosts=args.hosts,
-                 can_cut=can_cut(args.hosts), power_loss=args.power_loss)
+                 can_cut=can_cut(args.hosts), power_loss=args.power_loss, corruption=args.corruption)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -763,6 +769,6 @@ def main(args: argparse.Namespace) -> int:
               producers=ProducerSettings(idempotent=args.idempotent, retry_unknown=args.retry_unknown),
               consumer_group=args.consumer_group if args.consumer_group is not None else args.scenario == "random",
               transactions=args.transactions if args.transactions is not None else args.scenario == "random",
-              power_loss=args.power_loss,
+              power_loss=args.power_loss, corruption=args.corruption,
               topic_ops=args.topic_ops if args.topic_ops is not None else args.scenario == "random")
     return run.execute()

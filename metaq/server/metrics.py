@@ -162,11 +162,11 @@ class InstrumentedHandlers:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._handlers, name)
 
-    def handle(self, req: Any) -> Any:
+    def handle(self, req: Any, ctx: Any) -> Any:
         if req.op not in self.TIMED:
-            return self._handlers.handle(req)
+            return self._handlers.handle(req, ctx)
         started = time.perf_counter()
-        result = self._handlers.handle(req)
+        result = self._handlers.handle(req, ctx)
         if inspect.isawaitable(result):
             return self._timed(req.op, started, result)
         self._metrics.observe_reply(req.op, started, result)
@@ -222,6 +222,10 @@ class BrokerCollector(Collector):
             role.add_metric([name], 1.0 if name == current else 0.0)
         yield role
         yield _one(GaugeMetricFamily, "metaq_epoch", "The master epoch this broker serves in", broker.ha.epoch)
+        scrub = broker.scrubber.stats
+        yield _one(CounterMetricFamily, "metaq_scrub_bytes", "Bytes of sealed segments the scrub re-verified", scrub.bytes_checked)
+        yield _one(CounterMetricFamily, "metaq_scrub_corrupt_ranges",
+                   "Corrupt byte ranges the scrub found (never served; a slave re-fetches them)", scrub.corrupt_ranges)
         yield from self._replication()
         yield self._zookeeper()
 
