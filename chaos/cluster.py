@@ -326,6 +326,11 @@ class ChaosCluster:
             b.process.start(wait=False)
         self.wait_settled(timeout)
 
+    def group_secret_file(self, group: int) -> str | None:
+        """With ``secure``: the file of group ``group``'s secret (its ZooKeeper login, as an
+        operator's ``metaq topics --group-secret`` uses it); None without security."""
+        return self._group_security.get(group, {}).get("groupSecretFile")
+
     def _hosted_broker(self, name: str, group: int, system: dict[str, Any],
                        slave_props: dict[str, Any] | None) -> ChaosBroker:
         """A broker on a host of its own: it binds and registers the host's address."""
