@@ -19,6 +19,7 @@ from typing import Any, Callable
 from .addresses import parse_host_port
 from .txn import config as txn_config
 from .txn.config import TxnSettings
+from .zk.tls import ZkTls, ZkTlsError
 
 DEFAULT_DELETE_POLICY = "delete,168"
 #: A put frame carries at most 16 messages of maxMessageSize plus headers, and never more than 64 MiB.
@@ -66,6 +67,19 @@ class ZkConfig:
     root: str = "/meta"
     # zk.zkEnable=false: a standalone broker that does not register (benchmarks, tests).
     enabled: bool = True
+    # ZooKeeper over TLS (docs/security.md): set zk.zkTlsCaFile to turn it on; the cert and
+    # key are for a server that wants client certificates (mutual TLS).
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_verify_hostname: bool = True
+
+    @property
+    def tls(self) -> "ZkTls | None":
+        """The kazoo TLS settings (None: plaintext); the files were checked when the file was read."""
+        if self.tls_ca_file is None:
+            return None
+        return ZkTls(self.tls_ca_file, self.tls_cert_file, self.tls_key_file, self.tls_verify_hostname)
 
 
 @dataclass(frozen=True)
@@ -349,7 +363,12 @@ _ZK_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "zk.zkSyncTimeMs": ("sync_time_ms", _int(0)),
     "zk.zkRoot": ("root", _text),
     "zk.zkEnable": ("enabled", _bool),
+    "zk.zkTlsCaFile": ("tls_ca_file", _text),
+    "zk.zkTlsCertFile": ("tls_cert_file", _text),
+    "zk.zkTlsKeyFile": ("tls_key_file", _text),
+    "zk.zkTlsVerifyHostname": ("tls_verify_hostname", _bool),
 }
+_ZK_TLS_PATH_KEYS = {"tls_ca_file": "zk.zkTlsCaFile", "tls_cert_file": "zk.zkTlsCertFile", "tls_key_file": "zk.zkTlsKeyFile"}
 
 # Keys MetaQ accepts that this broker reads but does not act on; kept so that a
 # MetaQ server.ini loads unchanged.
@@ -433,7 +452,7 @@ def parse_server_ini(data: bytes, path: str = "server.ini") -> BrokerConfig:
                 raise ConfigError(f"{path}: [zookeeper] {key}: unknown key")
             name, parse = _ZK_KEYS[key]
             zk[name] = _convert(path, "zookeeper", key, raw, parse)
-    zk_config = ZkConfig(**zk)
+    zk_config = _zk_config(zk, path)
     if not zk_config.root.startswith("/"):
         raise ConfigError(f"{path}: [zookeeper] zk.zkRoot: must start with '/', got {zk_config.root!r}")
 
@@ -542,6 +561,23 @@ def _security_config(values: dict[str, Any], path: str) -> SecurityConfig:
         if value is not None and not Path(value).is_absolute() and base != Path(""):
             values[name] = str(base / value)
     return SecurityConfig(**values)
+
+
+def _zk_config(values: dict[str, Any], path: str) -> ZkConfig:
+    """The [zookeeper] keys, TLS files made relative to the config file and checked now (not at first connect)."""
+    base = Path(path).parent
+    for name, key in _ZK_TLS_PATH_KEYS.items():
+        if name in values and not Path(values[name]).is_absolute() and base != Path(""):
+            values[name] = str(base / values[name])
+    if "tls_ca_file" not in values and any(name in values for name in ("tls_cert_file", "tls_key_file")):
+        raise ConfigError(f"{path}: [zookeeper] zk.zkTlsCaFile: required when zk.zkTlsCertFile or zk.zkTlsKeyFile is set "
+                          "(it turns ZooKeeper TLS on)")
+    config = ZkConfig(**values)
+    try:
+        config.tls
+    except ZkTlsError as exc:
+        raise ConfigError(f"{path}: [zookeeper] {exc}") from None
+    return config
 
 
 def load_server_ini(path: str | Path) -> BrokerConfig:

@@ -1,0 +1,308 @@
+"""ZooKeeper over TLS: the one place a KazooClient is made, and the server side of `metaq zk`.
+
+Every ZooKeeper client of the project (broker registry, client cluster view, CLI tools,
+the Spark source and sink, the launcher) is created by ``make_kazoo_client`` so that the
+TLS settings apply everywhere. Where they come from:
+
+* the broker: ``zk.zkTlsCaFile``/``zk.zkTlsCertFile``/``zk.zkTlsKeyFile``/``zk.zkTlsVerifyHostname``
+  in server.ini (metaq/config.py);
+* a client: ``MetaClientConfig.zk_tls`` (metaq/client/config.py);
+* tools and processes without either: the environment (``METAQ_ZK_TLS_CA`` and friends,
+  ``ZkTls.from_env``), so ``metaq cluster``, ``metaq admin`` or a Spark job reach a
+  TLS-only ZooKeeper without a flag on every command.
+
+TLS protects the link (the digest login ``metaq-group-N:password`` and the group's writes
+cross it); it is not an authorization: the ZooKeeper ACL digests (metaq/zk/acl.py) still
+decide who may write what.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import socket
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from kazoo.client import KazooClient
+
+from ..errors import MetaqError
+
+ENV_CA = "METAQ_ZK_TLS_CA"
+ENV_CERT = "METAQ_ZK_TLS_CERT"
+ENV_KEY = "METAQ_ZK_TLS_KEY"
+ENV_VERIFY_HOSTNAME = "METAQ_ZK_TLS_VERIFY_HOSTNAME"
+
+
+class ZkTlsError(MetaqError):
+    """ZooKeeper TLS settings are unusable, or the TLS handshake with ZooKeeper failed."""
+
+
+@dataclass(frozen=True)
+class ZkTls:
+    """How a client reaches ZooKeeper over TLS: the CA that signed the server, an optional
+    client certificate (mutual TLS, for a server with ``ssl.clientAuth=need``), and whether
+    the server's certificate must name the host in the connect string."""
+
+    ca_file: str
+    cert_file: str | None = None
+    key_file: str | None = None
+    verify_hostname: bool = True
+
+    def __post_init__(self) -> None:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ZkTlsError("ZooKeeper TLS: a client certificate needs its key and a key its certificate (give both or neither)")
+        for what, path in (("CA file", self.ca_file), ("certificate file", self.cert_file), ("key file", self.key_file)):
+            if path and not os.path.isfile(path):
+                raise ZkTlsError(f"ZooKeeper TLS: {what} {path} does not exist or is not a file")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "ZkTls | None":
+        """The settings named by METAQ_ZK_TLS_* (None when METAQ_ZK_TLS_CA is unset)."""
+        env = os.environ if environ is None else environ
+        ca = env.get(ENV_CA)
+        if not ca:
+            return None
+        verify = env.get(ENV_VERIFY_HOSTNAME, "true").strip().lower()
+        if verify not in ("true", "false", "1", "0", "yes", "no"):
+            raise ZkTlsError(f"{ENV_VERIFY_HOSTNAME} must be true or false, got {verify!r}")
+        return cls(ca, env.get(ENV_CERT) or None, env.get(ENV_KEY) or None, verify in ("true", "1", "yes"))
+
+    def to_env(self) -> dict[str, str]:
+        """The environment that makes a child process (a tool, a broker's helper) use these settings."""
+        env = {ENV_CA: self.ca_file, ENV_VERIFY_HOSTNAME: "true" if self.verify_hostname else "false"}
+        if self.cert_file and self.key_file:
+            env.update({ENV_CERT: self.cert_file, ENV_KEY: self.key_file})
+        return env
+
+    def kazoo_kwargs(self) -> dict[str, Any]:
+        # verify_certs stays on: a TLS link to an unverified server protects nothing.
+        kwargs: dict[str, Any] = {"use_ssl": True, "ca": self.ca_file, "verify_certs": True,
+                                  "check_hostname": self.verify_hostname}
+        if self.cert_file:
+            kwargs.update(certfile=self.cert_file, keyfile=self.key_file)
+        return kwargs
+
+
+def make_kazoo_client(hosts: str, *, tls: ZkTls | None = None, **kwargs: Any) -> KazooClient:
+    """Every KazooClient of the project comes from here (so TLS applies to all of them).
+
+    ``tls`` None means the environment's settings (``ZkTls.from_env``), else plaintext.
+    """
+    tls = tls if tls is not None else ZkTls.from_env()
+    if tls is not None:
+        kwargs.update(tls.kazoo_kwargs())
+    return KazooClient(hosts=hosts, **kwargs)
+
+
+def describe_connect_failure(connect: str, exc: BaseException | str | None, tls: ZkTls | None = None,
+                             lead: str = "cannot reach ZooKeeper") -> str:
+    """One line for a failed ZooKeeper start; names ZooKeeper TLS when a TLS setting is the cause.
+
+    kazoo retries a failed handshake until its timeout and then reports only a timeout,
+    so the cause is found by one handshake of our own with the same settings.
+    """
+    tls = tls if tls is not None else ZkTls.from_env()
+    if tls is None:
+        server = _first_tls_server(connect)
+        if server:
+            return (f"{lead} at {connect}: {server} speaks ZooKeeper TLS only and this client connects in plaintext"
+                    f" (set zk.zkTlsCaFile, zk_tls or {ENV_CA})")
+        return f"{lead} at {connect}: {exc or 'timed out'}"
+    problem = tls_handshake_problem(connect, tls)
+    if problem:
+        return f"{lead} at {connect}: ZooKeeper TLS handshake failed: {problem}"
+    return f"{lead} at {connect}: {exc or 'timed out'}"
+
+
+def _servers(connect: str) -> list[tuple[str, str, int]]:
+    """(as written, host, port) of each server of a connect string (a chroot suffix dropped)."""
+    servers = []
+    for server in connect.split("/", 1)[0].split(","):
+        host, _, port = server.strip().rpartition(":")
+        try:
+            servers.append((server.strip(), host.strip("[]") or server.strip(), int(port or 2181)))
+        except ValueError:
+            continue
+    return servers
+
+
+def _first_tls_server(connect: str, timeout: float = 3.0) -> str | None:
+    """The first server of ``connect`` that answers a TLS hello like a TLS server (None: none does).
+
+    A plaintext ZooKeeper reads the hello as a malformed request and closes the socket; a TLS
+    server answers with its certificate, or with an alert when it wants a client certificate.
+    """
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # only asks "is this TLS?": nothing is sent over it
+    for written, host, port in _servers(connect):
+        try:
+            with socket.create_connection((host, port), timeout=timeout) as raw:
+                with context.wrap_socket(raw, server_hostname=host):
+                    return written
+        except ssl.SSLError as exc:
+            if "ALERT" in str(exc.reason or ""):
+                return written
+        except OSError:
+            continue
+    return None
+
+
+def tls_handshake_problem(connect: str, tls: ZkTls, timeout: float = 3.0) -> str | None:
+    """Why a TLS handshake with the first reachable server of ``connect`` fails (None: it works or nobody answers)."""
+    context = ssl.create_default_context(cafile=tls.ca_file)
+    context.check_hostname = tls.verify_hostname
+    try:
+        if tls.cert_file:
+            context.load_cert_chain(tls.cert_file, tls.key_file)
+    except (OSError, ssl.SSLError) as exc:
+        return f"cannot load client certificate {tls.cert_file}: {exc}"
+    for server, host, port in _servers(connect):
+        try:
+            with socket.create_connection((host, port), timeout=timeout) as raw:
+                with context.wrap_socket(raw, server_hostname=host) as wrapped:
+                    wrapped.do_handshake()
+                    return None
+        except ssl.SSLCertVerificationError as exc:
+            return f"{server}: its certificate is not trusted ({exc.verify_message}; CA file {tls.ca_file})"
+        except ssl.SSLError as exc:
+            reason = str(exc.reason or exc)
+            if "WRONG_VERSION_NUMBER" in reason or "wrong version number" in reason.lower():
+                return f"{server} does not speak TLS (a plaintext port?)"
+            if "BAD_CERTIFICATE" in reason or "CERTIFICATE_REQUIRED" in reason or "UNKNOWN_CA" in reason:
+                return f"{server} refused our client certificate ({reason}; set the client certificate and key for mutual TLS)"
+            return f"{server}: {reason}"
+        except OSError:
+            continue
+    return None
+
+
+# --- the server side (`metaq zk --tls-cert/--tls-key`) ------------------------------------------
+
+
+@dataclass(frozen=True)
+class ZkServerTls:
+    """What the embedded ZooKeeper serves TLS with (PEM files).
+
+    ``client_ca_file`` set: clients must present a certificate signed by it (mutual TLS,
+    ``ssl.clientAuth=need``); unset: any client that trusts the server may connect.
+    """
+
+    cert_file: str
+    key_file: str
+    client_ca_file: str | None = None
+
+    def __post_init__(self) -> None:
+        for what, path in (("certificate", self.cert_file), ("key", self.key_file), ("client CA", self.client_ca_file)):
+            if path and not os.path.isfile(path):
+                raise ZkTlsError(f"ZooKeeper TLS: {what} file {path} does not exist or is not a file")
+        # Read them now, so a bad file is a one-line error before any JVM starts.
+        try:
+            self.key_store_pem()
+            self.probe_context()
+        except (OSError, ValueError, TypeError) as exc:  # ssl.SSLError is an OSError
+            raise ZkTlsError(f"ZooKeeper TLS: cannot use certificate {self.cert_file} with key {self.key_file}: {exc}") from None
+
+    def key_store_pem(self) -> str:
+        """ZooKeeper's PEM key store: the private key (PKCS#8) followed by the certificate chain."""
+        from cryptography.hazmat.primitives import serialization
+
+        key = serialization.load_pem_private_key(Path(self.key_file).read_bytes(), password=None)
+        pkcs8 = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption()).decode("ascii")
+        return pkcs8 + Path(self.cert_file).read_text()
+
+    def probe_context(self) -> ssl.SSLContext:
+        """How is_serving talks to our own server: it checks the server by its dataDir, not its
+        certificate; it presents the server's own certificate, which a client CA that signed
+        the server accepts."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        context.load_cert_chain(self.cert_file, self.key_file)
+        return context
+
+
+@dataclass(frozen=True)
+class TestCertificates:
+    """A CA, a server certificate for 127.0.0.1/localhost and a client certificate (PEM paths)."""
+
+    ca_file: str
+    server_cert: str
+    server_key: str
+    client_cert: str
+    client_key: str
+
+
+def make_test_certificates(directory: str | Path, hostnames: tuple[str, ...] = ("localhost", "127.0.0.1"),
+                           ca_name: str = "metaq test ZooKeeper CA") -> TestCertificates:
+    """A self-signed CA and certificates it signed, for tests and `metaq zk --tls-self-signed`.
+
+    Valid one day; keys are written 0600.
+    """
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    from ..private_files import private_opener
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def name(common: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
+
+    def write_key(key: ec.EllipticCurvePrivateKey, filename: str) -> str:
+        path = directory / filename
+        path.unlink(missing_ok=True)
+        with open(path, "xb", opener=private_opener) as handle:
+            handle.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+        return str(path)
+
+    def write_cert(cert: x509.Certificate, filename: str) -> str:
+        path = directory / filename
+        path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        return str(path)
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_cert = (x509.CertificateBuilder().subject_name(name(ca_name)).issuer_name(name(ca_name))
+               .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+               .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+               .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+                                            key_encipherment=False, data_encipherment=False, key_agreement=False,
+                                            encipher_only=False, decipher_only=False), critical=True)
+               .sign(ca_key, hashes.SHA256()))
+
+    def leaf(common: str, with_names: bool) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        builder = (x509.CertificateBuilder().subject_name(name(common)).issuer_name(ca_cert.subject)
+                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+                   .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True))
+        if with_names:
+            alt: list[x509.GeneralName] = []
+            for host in hostnames:
+                try:
+                    alt.append(x509.IPAddress(ipaddress.ip_address(host)))
+                except ValueError:
+                    alt.append(x509.DNSName(host))
+            builder = builder.add_extension(x509.SubjectAlternativeName(alt), critical=False)
+        return builder.sign(ca_key, hashes.SHA256()), key
+
+    server_cert, server_key = leaf(hostnames[0], with_names=True)
+    client_cert, client_key = leaf("metaq zookeeper client", with_names=False)
+    return TestCertificates(
+        ca_file=write_cert(ca_cert, "zk-ca.pem"),
+        server_cert=write_cert(server_cert, "zk-server.pem"),
+        server_key=write_key(server_key, "zk-server-key.pem"),
+        client_cert=write_cert(client_cert, "zk-client.pem"),
+        client_key=write_key(client_key, "zk-client-key.pem"),
+    )
