@@ -228,7 +228,7 @@ class ZkServerTls:
 
 
 @dataclass(frozen=True)
-class TestCertificates:
+class ZkTestCertificates:
     """A CA, a server certificate for 127.0.0.1/localhost and a client certificate (PEM paths)."""
 
     ca_file: str
@@ -239,7 +239,7 @@ class TestCertificates:
 
 
 def make_test_certificates(directory: str | Path, hostnames: tuple[str, ...] = ("localhost", "127.0.0.1"),
-                           ca_name: str = "metaq test ZooKeeper CA") -> TestCertificates:
+                           ca_name: str = "metaq test ZooKeeper CA") -> ZkTestCertificates:
     """A self-signed CA and certificates it signed, for tests and `metaq zk --tls-self-signed`.
 
     Valid one day; keys are written 0600.
@@ -299,7 +299,7 @@ def make_test_certificates(directory: str | Path, hostnames: tuple[str, ...] = (
 
     server_cert, server_key = leaf(hostnames[0], with_names=True)
     client_cert, client_key = leaf("metaq zookeeper client", with_names=False)
-    return TestCertificates(
+    return ZkTestCertificates(
         ca_file=write_cert(ca_cert, "zk-ca.pem"),
         server_cert=write_cert(server_cert, "zk-server.pem"),
         server_key=write_key(server_key, "zk-server-key.pem"),
