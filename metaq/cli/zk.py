@@ -41,9 +41,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     tls.add_argument("--tls-key", help="the certificate's private key (PEM, unencrypted)")
     tls.add_argument("--tls-client-ca", help="CA (PEM) that signed the clients' certificates: mutual TLS, clients"
                      " without such a certificate are refused (the server's own certificate must be signed by it too)")
-    tls.add_argument("--tls-self-signed", metavar="DIR",
-                     help="write a new CA, a server certificate for --host and a client certificate into DIR"
-                     " (zk-ca.pem, zk-client.pem, zk-client-key.pem) and serve mutual TLS with them: for tests and demos")
     parser.set_defaults(run=run)
 
 
@@ -68,33 +65,23 @@ def run(args: argparse.Namespace) -> int:
         super_digest = read_super_digest_file(args.super_digest_file)
         if super_digest is None:
             return 2
-    tls = server_tls(args)
-    if tls is False:
+    from ..zk.tls import ZkTlsError
+
+    try:
+        tls = server_tls(args)
+    except ZkTlsError as exc:
+        print(f"metaq zk: {exc}", file=sys.stderr)
         return 2
     return run_zk(args.port, args.data_dir, args.tick_ms, super_digest=super_digest, ephemeral=args.ephemeral,
-                  host=args.host, tls=tls or None)
+                  host=args.host, tls=tls)
 
 
-def server_tls(args: argparse.Namespace) -> "ZkServerTls | None | bool":
-    """The TLS the server serves (None: plaintext), or False after printing why the flags do not fit."""
-    from ..zk.tls import ZkServerTls, ZkTlsError, make_test_certificates
+def server_tls(args: argparse.Namespace) -> "ZkServerTls | None":
+    """The TLS the server serves (None: plaintext); ZkTlsError when the flags or files do not fit."""
+    from ..zk.tls import ZkServerTls, ZkTlsError
 
-    if args.tls_self_signed is not None:
-        if args.tls_cert or args.tls_key or args.tls_client_ca:
-            print("metaq zk: --tls-self-signed makes its own certificates: give it alone, or --tls-cert/--tls-key",
-                  file=sys.stderr)
-            return False
-        hosts = ("localhost", "127.0.0.1") if args.host in ("127.0.0.1", "localhost") else (args.host,)
-        certs = make_test_certificates(args.tls_self_signed, hostnames=hosts)
-        print(f"ZooKeeper TLS: CA {certs.ca_file}, client certificate {certs.client_cert} key {certs.client_key}", flush=True)
-        return ZkServerTls(certs.server_cert, certs.server_key, certs.ca_file)
     if not (args.tls_cert or args.tls_key or args.tls_client_ca):
         return None
     if not (args.tls_cert and args.tls_key):
-        print("metaq zk: --tls-cert and --tls-key go together", file=sys.stderr)
-        return False
-    try:
-        return ZkServerTls(args.tls_cert, args.tls_key, args.tls_client_ca)
-    except ZkTlsError as exc:
-        print(f"metaq zk: {exc}", file=sys.stderr)
-        return False
+        raise ZkTlsError("--tls-cert and --tls-key go together")
+    return ZkServerTls(args.tls_cert, args.tls_key, args.tls_client_ca)

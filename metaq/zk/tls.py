@@ -18,8 +18,6 @@ decide who may write what.
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import os
 import socket
 import ssl
@@ -225,84 +223,3 @@ class ZkServerTls:
         context.verify_mode = ssl.CERT_NONE
         context.load_cert_chain(self.cert_file, self.key_file)
         return context
-
-
-@dataclass(frozen=True)
-class ZkTestCertificates:
-    """A CA, a server certificate for 127.0.0.1/localhost and a client certificate (PEM paths)."""
-
-    ca_file: str
-    server_cert: str
-    server_key: str
-    client_cert: str
-    client_key: str
-
-
-def make_test_certificates(directory: str | Path, hostnames: tuple[str, ...] = ("localhost", "127.0.0.1"),
-                           ca_name: str = "metaq test ZooKeeper CA") -> ZkTestCertificates:
-    """A self-signed CA and certificates it signed, for tests and `metaq zk --tls-self-signed`.
-
-    Valid one day; keys are written 0600.
-    """
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    from ..private_files import private_opener
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.timezone.utc)
-
-    def name(common: str) -> x509.Name:
-        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
-
-    def write_key(key: ec.EllipticCurvePrivateKey, filename: str) -> str:
-        path = directory / filename
-        path.unlink(missing_ok=True)
-        with open(path, "xb", opener=private_opener) as handle:
-            handle.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-        return str(path)
-
-    def write_cert(cert: x509.Certificate, filename: str) -> str:
-        path = directory / filename
-        path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        return str(path)
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_cert = (x509.CertificateBuilder().subject_name(name(ca_name)).issuer_name(name(ca_name))
-               .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-               .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-               .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                                            key_encipherment=False, data_encipherment=False, key_agreement=False,
-                                            encipher_only=False, decipher_only=False), critical=True)
-               .sign(ca_key, hashes.SHA256()))
-
-    def leaf(common: str, with_names: bool) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-        key = ec.generate_private_key(ec.SECP256R1())
-        builder = (x509.CertificateBuilder().subject_name(name(common)).issuer_name(ca_cert.subject)
-                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
-                   .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-                   .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True))
-        if with_names:
-            alt: list[x509.GeneralName] = []
-            for host in hostnames:
-                try:
-                    alt.append(x509.IPAddress(ipaddress.ip_address(host)))
-                except ValueError:
-                    alt.append(x509.DNSName(host))
-            builder = builder.add_extension(x509.SubjectAlternativeName(alt), critical=False)
-        return builder.sign(ca_key, hashes.SHA256()), key
-
-    server_cert, server_key = leaf(hostnames[0], with_names=True)
-    client_cert, client_key = leaf("metaq zookeeper client", with_names=False)
-    return ZkTestCertificates(
-        ca_file=write_cert(ca_cert, "zk-ca.pem"),
-        server_cert=write_cert(server_cert, "zk-server.pem"),
-        server_key=write_key(server_key, "zk-server-key.pem"),
-        client_cert=write_cert(client_cert, "zk-client.pem"),
-        client_key=write_key(client_key, "zk-client-key.pem"),
-    )

@@ -1,6 +1,6 @@
 """ZooKeeper over TLS: a TLS-only ZooKeeper (no plaintext port), a sync broker pair and a client.
 
-One embedded ZooKeeper serves mutual TLS with a throwaway CA (``metaq.zk.tls.make_test_certificates``);
+One embedded ZooKeeper serves mutual TLS with a throwaway CA (tests/security_support.py);
 the brokers reach it through the ``zk.zkTls*`` keys of their server.ini, the client through
 ``MetaClientConfig.zk_tls``. Checked: put/consume, a failover (the slave's election goes over
 TLS), a client with the wrong CA and a plaintext client refused with one line naming ZooKeeper
@@ -10,7 +10,11 @@ TLS, and that nothing listens in clear (``metaq zk`` prints the secure port only
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -20,20 +24,38 @@ from metaq.client import AsyncMessageSessionFactory, ConsumerConfig, Message, Me
 from metaq.errors import MetaqError
 from metaq.tools.launcher import BrokerFactory
 from metaq.zk.embedded import EmbeddedZooKeeper
-from metaq.zk.tls import ZkTestCertificates, ZkServerTls, ZkTls, make_kazoo_client, make_test_certificates
+from metaq.zk.tls import ZkServerTls, ZkTls, make_kazoo_client
 
+from ..harness import REPO_ROOT, metaq_zk_command
+from ..security_support import TestCA
 from .failover_support import GROUP, SESSION_MS, SLAVE_B, TOPIC, Group, fetch_all, sync_system, wait_follows, wait_in_sync_set, wait_leads
 
 ROOT = "/meta-tls"
 
 
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> ZkTestCertificates:
-    return make_test_certificates(tmp_path_factory.mktemp("zk-certs"))
+@dataclass(frozen=True)
+class Certs:
+    ca_file: str
+    server_cert: str
+    server_key: str
+    client_cert: str
+    client_key: str
+
+
+def make_certs(directory: Path, ca_name: str = "metaq test ZooKeeper CA") -> Certs:
+    ca = TestCA.create(directory, ca_name)
+    server_cert, server_key = ca.issue("zookeeper")
+    client_cert, client_key = ca.issue("zk-client", ())
+    return Certs(str(ca.cert_file), str(server_cert), str(server_key), str(client_cert), str(client_key))
 
 
 @pytest.fixture(scope="module")
-def tls_zk(certs: ZkTestCertificates, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedZooKeeper]:
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    return make_certs(tmp_path_factory.mktemp("zk-certs"))
+
+
+@pytest.fixture(scope="module")
+def tls_zk(certs: Certs, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedZooKeeper]:
     server = EmbeddedZooKeeper(data_dir=tmp_path_factory.mktemp("zk-tls"), tick_ms=200,
                                tls=ZkServerTls(certs.server_cert, certs.server_key, certs.ca_file))
     server.start()
@@ -41,12 +63,12 @@ def tls_zk(certs: ZkTestCertificates, tmp_path_factory: pytest.TempPathFactory) 
     server.stop()
 
 
-def client_tls(certs: ZkTestCertificates) -> ZkTls:
+def client_tls(certs: Certs) -> ZkTls:
     return ZkTls(certs.ca_file, certs.client_cert, certs.client_key)
 
 
 @pytest.fixture(scope="module")
-def pair(certs: ZkTestCertificates, tls_zk: EmbeddedZooKeeper, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def pair(certs: Certs, tls_zk: EmbeddedZooKeeper, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     settings = {"zk.zkSessionTimeoutMs": SESSION_MS, "zk.zkTlsCaFile": certs.ca_file,
                 "zk.zkTlsCertFile": certs.client_cert, "zk.zkTlsKeyFile": certs.client_key}
     factory = BrokerFactory(tmp_path_factory.mktemp("brokers"), tls_zk.connect_string, ROOT)
@@ -105,7 +127,7 @@ def test_put_consume_and_failover_over_zookeeper_tls(pair, tls_zk, certs):
 
 
 def test_wrong_ca_is_one_line_naming_zookeeper_tls(tls_zk, certs, tmp_path):
-    other = make_test_certificates(tmp_path / "other", ca_name="some other CA")
+    other = make_certs(tmp_path / "other", ca_name="some other CA")
     config = client_config(tls_zk, ZkTls(other.ca_file, certs.client_cert, certs.client_key), zk_connection_timeout_ms=1500)
     with pytest.raises(MetaqError) as caught:
         asyncio.run(send_and_consume(config, [b"never"]))
@@ -141,3 +163,27 @@ def test_no_plaintext_listener_and_no_plaintext_four_letter_words(tls_zk):
     config = Path(tls_zk.data_dir, "zoo.cfg").read_text()
     assert "clientPort=" not in config.replace("secureClientPort=", "")
     assert tls_zk.mode() == "standalone"  # while our probe, over TLS, gets its answer
+
+
+def test_metaq_zk_serves_tls_only_and_tools_reach_it_through_the_environment(certs, tmp_path):
+    bad = subprocess.run([sys.executable, "-m", "metaq", "zk", "--port", "0", "--ephemeral", "--tls-cert", certs.server_cert],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.strip() == "metaq zk: --tls-cert and --tls-key go together", bad.stderr
+
+    with metaq_zk_command("--port", "0", "--ephemeral", "--tick-ms", "200", "--tls-cert", certs.server_cert,
+                          "--tls-key", certs.server_key, "--tls-client-ca", certs.ca_file) as process:
+        line = process.stdout.readline()
+        assert "serving TLS only on 127.0.0.1:" in line, line + process.stderr.read()
+        address = line.split("on ", 1)[1].split()[0]
+
+        def cluster_tool(timeout: int, **env: str) -> subprocess.CompletedProcess[str]:
+            clean = {k: v for k, v in os.environ.items() if not k.startswith("METAQ_ZK_TLS_")}
+            return subprocess.run([sys.executable, "-m", "metaq", "cluster", "--zk", address, "--timeout", str(timeout)],
+                                  cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, env={**clean, **env})
+
+        # Over TLS the tool gets its answer: an empty cluster.
+        reached = cluster_tool(20, **client_tls(certs).to_env())
+        assert "no brokers registered" in reached.stdout + reached.stderr, reached.stdout + reached.stderr
+        plaintext = cluster_tool(2)  # it can only time out: the cause is found after
+        assert plaintext.returncode != 0
+        assert "speaks ZooKeeper TLS only" in plaintext.stderr and plaintext.stderr.count("\n") == 1, plaintext.stderr
