@@ -9,17 +9,18 @@ line instead of a traceback.
 from __future__ import annotations
 
 import configparser
+import os
 import ipaddress
 import re
 import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from .addresses import parse_host_port
+from .errors import MetaqError
 from .txn import config as txn_config
 from .txn.config import TxnSettings
-from .zk.tls import ZkTls, ZkTlsError
 
 DEFAULT_DELETE_POLICY = "delete,168"
 #: A put frame carries at most 16 messages of maxMessageSize plus headers, and never more than 64 MiB.
@@ -56,6 +57,65 @@ class TopicConfig:
     #: Which life of the topic this is (the group's topic configuration assigns one at each
     #: create, like Kafka's topic ids; "" for a topic from before incarnations or without ZooKeeper).
     incarnation: str = ""
+
+
+# --- ZooKeeper TLS settings (broker, client and tools; used by metaq/zk/tls.py) ----------------
+
+ENV_CA = "METAQ_ZK_TLS_CA"
+ENV_CERT = "METAQ_ZK_TLS_CERT"
+ENV_KEY = "METAQ_ZK_TLS_KEY"
+ENV_VERIFY_HOSTNAME = "METAQ_ZK_TLS_VERIFY_HOSTNAME"
+
+
+class ZkTlsError(MetaqError):
+    """ZooKeeper TLS settings are unusable, or the TLS handshake with ZooKeeper failed."""
+
+
+@dataclass(frozen=True)
+class ZkTls:
+    """How a client reaches ZooKeeper over TLS: the CA that signed the server, an optional
+    client certificate (mutual TLS, for a server with ``ssl.clientAuth=need``), and whether
+    the server's certificate must name the host in the connect string."""
+
+    ca_file: str
+    cert_file: str | None = None
+    key_file: str | None = None
+    verify_hostname: bool = True
+
+    def __post_init__(self) -> None:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ZkTlsError("ZooKeeper TLS: a client certificate needs its key and a key its certificate (give both or neither)")
+        for what, path in (("CA file", self.ca_file), ("certificate file", self.cert_file), ("key file", self.key_file)):
+            if path and not os.path.isfile(path):
+                raise ZkTlsError(f"ZooKeeper TLS: {what} {path} does not exist or is not a file")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "ZkTls | None":
+        """The settings named by METAQ_ZK_TLS_* (None when METAQ_ZK_TLS_CA is unset)."""
+        env = os.environ if environ is None else environ
+        ca = env.get(ENV_CA)
+        if not ca:
+            return None
+        verify = env.get(ENV_VERIFY_HOSTNAME, "true").strip().lower()
+        if verify not in ("true", "false", "1", "0", "yes", "no"):
+            raise ZkTlsError(f"{ENV_VERIFY_HOSTNAME} must be true or false, got {verify!r}")
+        return cls(ca, env.get(ENV_CERT) or None, env.get(ENV_KEY) or None, verify in ("true", "1", "yes"))
+
+    def to_env(self) -> dict[str, str]:
+        """The environment that makes a child process (a tool, a broker's helper) use these settings."""
+        env = {ENV_CA: self.ca_file, ENV_VERIFY_HOSTNAME: "true" if self.verify_hostname else "false"}
+        if self.cert_file and self.key_file:
+            env.update({ENV_CERT: self.cert_file, ENV_KEY: self.key_file})
+        return env
+
+    def kazoo_kwargs(self) -> dict[str, Any]:
+        # verify_certs stays on: a TLS link to an unverified server protects nothing.
+        kwargs: dict[str, Any] = {"use_ssl": True, "ca": self.ca_file, "verify_certs": True,
+                                  "check_hostname": self.verify_hostname}
+        if self.cert_file:
+            kwargs.update(certfile=self.cert_file, keyfile=self.key_file)
+        return kwargs
+
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..addresses import parse_host_port
-from ..zk.tls import ZkTls
+from ..config import ZkTls
 from .connection import Credentials
 
 READ_FROM_CHOICES = ("master", "slave", "prefer-slave")
