@@ -32,6 +32,7 @@ from ..config import ENV_CA, ZkTls, ZkTlsError
 
 __all__ = ["ZkServerTls", "ZkTls", "ZkTlsError", "describe_connect_failure", "make_kazoo_client", "tls_handshake_problem"]
 
+
 def make_kazoo_client(hosts: str, *, tls: ZkTls | None = None, **kwargs: Any) -> KazooClient:
     """Every KazooClient of the project comes from here (so TLS applies to all of them).
 
@@ -119,7 +120,9 @@ def tls_handshake_problem(connect: str, tls: ZkTls, timeout: float = 3.0) -> str
             if "WRONG_VERSION_NUMBER" in reason or "wrong version number" in reason.lower():
                 return f"{server} does not speak TLS (a plaintext port?)"
             if "BAD_CERTIFICATE" in reason or "CERTIFICATE_REQUIRED" in reason or "UNKNOWN_CA" in reason:
-                return f"{server} refused our client certificate ({reason}; set the client certificate and key for mutual TLS)"
+                hint = (f"is {tls.cert_file} signed by the CA the server trusts?" if tls.cert_file
+                        else "set the client certificate and key for mutual TLS")
+                return f"{server} refused our client certificate ({reason}; {hint})"
             return f"{server}: {reason}"
         except OSError:
             continue
