@@ -54,6 +54,7 @@ from metaq.tools.launcher import BrokerProcess, port_accepts, wait_until
 from metaq.zk.embedded import EmbeddedZooKeeper, Peer, free_port
 from metaq.zk.group import read_members
 from metaq.zk.paths import ZkPaths, decode_epoch
+from metaq.zk.tls import make_kazoo_client
 
 from .corruption import Corruption, flip_bit
 from .hosts import Host, HostNetwork
@@ -278,7 +279,7 @@ class ChaosCluster:
             self._start_zk(zk)
         for zk in self.zks:
             zk.wait_until_serving(timeout)
-        self._zk = KazooClient(hosts=self.zk_connect, timeout=10)
+        self._zk = make_kazoo_client(self.zk_connect, timeout=10)
         self._zk.start(timeout=30)
         system = mode_system(self.mode, self.on_sync_slave_loss)
         if self.corruption:

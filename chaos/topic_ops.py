@@ -235,16 +235,15 @@ class SideTopicLoad:
         """A ZooKeeper client with the group's login (security on), as ``metaq topics --group-secret`` has."""
         client = self._clients.get(group)
         if client is None:
-            from kazoo.client import KazooClient
-
             from metaq.security.group import GroupSecret
             from metaq.zk.acl import ZkSecurity, client_kwargs
+            from metaq.zk.tls import make_kazoo_client
 
             security = None
             secret_file = self.cluster.group_secret_file(group)
             if secret_file is not None:
                 security = ZkSecurity(self.cluster.zk_root, group, GroupSecret.load(secret_file, group).zookeeper_password())
-            client = KazooClient(hosts=self.cluster.zk_connect, timeout=10, **client_kwargs(security))
+            client = make_kazoo_client(self.cluster.zk_connect, timeout=10, **client_kwargs(security))
             client.start(timeout=30)
             self._clients[group], self._security[group] = client, security
         return client

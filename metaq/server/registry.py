@@ -48,6 +48,7 @@ from kazoo.retry import KazooRetry, RetryFailedError
 from metaq.addresses import broker_url, parse_broker_url
 from metaq.config import TopicConfig, ZkConfig
 from metaq.zk.acl import ZkSecurity, client_kwargs
+from metaq.zk.tls import describe_connect_failure, make_kazoo_client
 from metaq.zk.paths import ZkPaths, slave_node_id, topic_node_data
 
 log = logging.getLogger(__name__)
@@ -134,8 +135,9 @@ class BrokerRegistry:
         # A stale node from our previous incarnation disappears at most one session
         # timeout (plus the server's expiry tick) after that process died.
         self._stale_node_wait_s = session_timeout_s + max(2.0, session_timeout_s / 2)
-        self._client = KazooClient(
-            hosts=zk.zk_connect,
+        self._client = make_kazoo_client(
+            zk.zk_connect,
+            tls=zk.tls,
             timeout=session_timeout_s,
             # Reconnect quickly and forever: a broker must not give up on ZooKeeper.
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=1.5, max_delay=1.0),
@@ -207,9 +209,9 @@ class BrokerRegistry:
             await self._run(self._register_session)
         except KazooTimeoutError:
             await self._run(self._close_client)
-            raise RegistryError(
-                f"cannot connect to ZooKeeper at {self.zk.zk_connect} within {self.zk.connection_timeout_ms} ms"
-            ) from None
+            raise RegistryError(await self._run(
+                describe_connect_failure, self.zk.zk_connect, f"no session within {self.zk.connection_timeout_ms} ms",
+                self.zk.tls, "cannot connect to ZooKeeper")) from None
         except BaseException:
             # Closing the session removes whatever was registered before the failure.
             await self._run(self._close_client)
