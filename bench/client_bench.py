@@ -56,9 +56,9 @@ def start_broker(workdir: Path, zk_connect: str, port: int) -> subprocess.Popen:
 
 
 def wait_registered(zk_connect: str, timeout: float = 30) -> None:
-    from kazoo.client import KazooClient
+    from metaq.zk.tls import make_kazoo_client
 
-    client = KazooClient(hosts=zk_connect)
+    client = make_kazoo_client(zk_connect)
     client.start(10)
     try:
         deadline = time.monotonic() + timeout

@@ -54,6 +54,7 @@ from metaq.tools.launcher import BrokerProcess, port_accepts, wait_until
 from metaq.zk.embedded import EmbeddedZooKeeper, Peer, free_port
 from metaq.zk.group import read_members
 from metaq.zk.paths import ZkPaths, decode_epoch
+from metaq.zk.tls import make_kazoo_client
 
 from .corruption import Corruption, flip_bit, truncate_segment
 from .hosts import Host, HostNetwork
@@ -277,7 +278,7 @@ class ChaosCluster:
             self._start_zk(zk)
         for zk in self.zks:
             zk.wait_until_serving(timeout)
-        self._zk = KazooClient(hosts=self.zk_connect, timeout=10)
+        self._zk = make_kazoo_client(self.zk_connect, timeout=10)
         self._zk.start(timeout=30)
         system = mode_system(self.mode, self.on_sync_slave_loss)
         if self.corruption:
@@ -330,6 +331,11 @@ class ChaosCluster:
             disk = PowerLossDisk(process.dir / "data", process.dir / "powerloss", shim)
             process.extra_env = disk.env()
             self.disks[process.name] = disk
+
+    def group_secret_file(self, group: int) -> str | None:
+        """With ``secure``: the file of group ``group``'s secret (its ZooKeeper login, as an
+        operator's ``metaq topics --group-secret`` uses it); None without security."""
+        return self._group_security.get(group, {}).get("groupSecretFile")
 
     def _hosted_broker(self, name: str, group: int, system: dict[str, Any],
                        slave_props: dict[str, Any] | None) -> ChaosBroker:

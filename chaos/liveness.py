@@ -17,8 +17,16 @@ and for every group it touches:
   the final log (an async failover may legitimately drop acked messages, bounded by the
   lag: ``async_loss_bound``) is read back, or a later one, within ``[E, E + B]``;
 * with ``reads_during`` (ZooKeeper majority lost): reads never stop for longer than ``B``
-  between ``S`` and ``E``; with ``master_fixed``: no failover of the group between ``S``
-  and ``E``.
+  between ``S`` and ``E``, except those of a partition where a transaction open at ``S``
+  holds back the awaited message (below); with ``master_fixed``: no failover of the group
+  between ``S`` and ``E``.
+
+A transaction open at ``S`` with a record stored in a partition at or below the newest
+message acked there pins the partition's last stable offset: read-committed readers, on
+the master and on the slaves alike, get nothing past that record until the transaction is
+decided, and its decision (a COMMIT or ABORT marker, also the abort of a timeout) is a
+write, which needs ZooKeeper's quorum. For such a partition the ``reads_during`` rule does
+not apply; its reads are bounded as writes are: by the **reads** rule, within ``B`` of ``E``.
 
 If the history ends, or the next fault begins, before ``E + B`` and before the awaited
 event, that is a warning (inconclusive), not a violation.
@@ -127,6 +135,16 @@ class Timeline:
                     self.acked[partition].append((op["time"], int(offset)))
             elif op.get("f") == "get" and op.get("reads"):
                 self.reads[partition].append((op["time"], max(int(o) for o, _v in op["reads"])))
+        # partition -> (invoked, completed, first stored offset there, name) of every transaction
+        # that stored a record: undecided from its invocation until its completion at the latest.
+        self.transactions: dict[str, list[tuple[float, float, int, str]]] = defaultdict(list)
+        for op in history.completions("txn"):
+            first: dict[str, int] = {}
+            for partition, offset, _value in op.get("sends") or []:
+                if partition is not None and offset is not None:
+                    first[partition] = min(int(offset), first.get(partition, int(offset)))
+            for partition, offset in first.items():
+                self.transactions[partition].append((op["invoke_time"], op["time"], offset, op.get("txn") or ""))
         for lists in (self.acks, self.acked, self.reads):
             for key in lists:
                 lists[key].sort()
@@ -141,6 +159,19 @@ class Timeline:
 
     def read_times(self, partition: str, reaching: int | None = None) -> list[float]:
         return [t for t, top in self.reads.get(partition, []) if reaching is None or top >= reaching]
+
+    def holding_back(self, partition: str, at: float) -> str | None:
+        """The transaction undecided at ``at`` whose record in ``partition`` lies at or below
+        the newest message acked there by then (so the last stable offset keeps readers from
+        that message), or None. A client may learn of a decision late (a lost reply), so a
+        transaction counts as decided once any read by ``at`` reached past its record: readers
+        never get a record of an undecided transaction, nor anything after it."""
+        newest = self.newest_acked(partition, at)
+        if newest is None:
+            return None
+        read_up_to = max((top for t, top in self.reads.get(partition, []) if t <= at), default=-1)
+        return next((name for invoked, completed, first, name in self.transactions.get(partition, [])
+                     if invoked <= at < completed and read_up_to < first <= newest), None)
 
 
 def check_liveness(history: History, present: dict[str, set[int]] | None = None) -> tuple[list[dict], list[dict], list[dict]]:
@@ -197,7 +228,12 @@ def check_liveness(history: History, present: dict[str, set[int]] | None = None)
                 every_read = timeline.read_times(partition)
                 read_gap = max(read_gap, _gap(every_read, w.start, first_read, timeline.end))
                 read_recovery = max(read_recovery, (first_read if first_read is not None else timeline.end) - w.end)
-                if f.get("reads_during"):
+                held_by = timeline.holding_back(partition, w.start) if f.get("reads_during") else None
+                if held_by is not None:
+                    # Reads past an undecided transaction wait for its marker, a write: they
+                    # are bounded like writes, by the reads rule above (within B of E).
+                    rec.setdefault("reads_held_by_transaction", {})[partition] = held_by
+                elif f.get("reads_during"):
                     during = _gap(every_read, w.start, w.end, timeline.end)
                     if during > bound:
                         violations.append({**base, "kind": "reads_stopped", "fault": f.get("kind"), "bound_s": bound,

@@ -63,6 +63,7 @@ from metaq.protocol.messages import PutRequest, TransactionRequest
 from metaq.record import encode_batch
 from metaq.security.group import GroupSecret
 from metaq.zk.paths import ZkPaths, topic_node_data
+from metaq.zk.tls import make_kazoo_client
 
 #: Phantom slave ids cycle through this range (never a real member's id).
 PHANTOMS = range(50, 90)
@@ -167,7 +168,7 @@ class RoguePeer(_Looper):
 
 def _anonymous_zk(zk_connect: str) -> KazooClient | None:
     """A started ZooKeeper client without credentials, or None if ZooKeeper is out of reach."""
-    zk = KazooClient(hosts=zk_connect, timeout=10)
+    zk = make_kazoo_client(zk_connect, timeout=10)
     try:
         zk.start(timeout=30)
     except Exception:

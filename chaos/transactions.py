@@ -188,9 +188,8 @@ async def send_values(producer: Any, topic: str, txn: str, count: int, sends: li
         try:
             result = await producer.send_message(Message(topic, value.encode()))
         except Exception:
-            # Given up (no reply in time): the put may be stored all the same. The history must
-            # name the value, not acked, or the checker takes a stored copy for a phantom and
-            # its transaction's rollback for a committed message skipped.
+            # The client gave up on it (retries exhausted): it may be stored all the same, so it
+            # is one of the transaction's messages, at an unknown partition and offset.
             sends.append([None, None, value])
             raise
         part = f"{topic}/{result.partition}" if result.partition is not None else None

@@ -9,14 +9,16 @@ line instead of a traceback.
 from __future__ import annotations
 
 import configparser
+import os
 import ipaddress
 import re
 import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from .addresses import parse_host_port
+from .errors import MetaqError
 from .txn import config as txn_config
 from .txn.config import TxnSettings
 
@@ -57,6 +59,65 @@ class TopicConfig:
     incarnation: str = ""
 
 
+# --- ZooKeeper TLS settings (broker, client and tools; used by metaq/zk/tls.py) ----------------
+
+ENV_CA = "METAQ_ZK_TLS_CA"
+ENV_CERT = "METAQ_ZK_TLS_CERT"
+ENV_KEY = "METAQ_ZK_TLS_KEY"
+ENV_VERIFY_HOSTNAME = "METAQ_ZK_TLS_VERIFY_HOSTNAME"
+
+
+class ZkTlsError(MetaqError):
+    """ZooKeeper TLS settings are unusable, or the TLS handshake with ZooKeeper failed."""
+
+
+@dataclass(frozen=True)
+class ZkTls:
+    """How a client reaches ZooKeeper over TLS: the CA that signed the server, an optional
+    client certificate (mutual TLS, for a server with ``ssl.clientAuth=need``), and whether
+    the server's certificate must name the host in the connect string."""
+
+    ca_file: str
+    cert_file: str | None = None
+    key_file: str | None = None
+    verify_hostname: bool = True
+
+    def __post_init__(self) -> None:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ZkTlsError("ZooKeeper TLS: a client certificate needs its key and a key its certificate (give both or neither)")
+        for what, path in (("CA file", self.ca_file), ("certificate file", self.cert_file), ("key file", self.key_file)):
+            if path and not os.path.isfile(path):
+                raise ZkTlsError(f"ZooKeeper TLS: {what} {path} does not exist or is not a file")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "ZkTls | None":
+        """The settings named by METAQ_ZK_TLS_* (None when METAQ_ZK_TLS_CA is unset)."""
+        env = os.environ if environ is None else environ
+        ca = env.get(ENV_CA)
+        if not ca:
+            return None
+        verify = env.get(ENV_VERIFY_HOSTNAME, "true").strip().lower()
+        if verify not in ("true", "false", "1", "0", "yes", "no"):
+            raise ZkTlsError(f"{ENV_VERIFY_HOSTNAME} must be true or false, got {verify!r}")
+        return cls(ca, env.get(ENV_CERT) or None, env.get(ENV_KEY) or None, verify in ("true", "1", "yes"))
+
+    def to_env(self) -> dict[str, str]:
+        """The environment that makes a child process (a tool, a broker's helper) use these settings."""
+        env = {ENV_CA: self.ca_file, ENV_VERIFY_HOSTNAME: "true" if self.verify_hostname else "false"}
+        if self.cert_file and self.key_file:
+            env.update({ENV_CERT: self.cert_file, ENV_KEY: self.key_file})
+        return env
+
+    def kazoo_kwargs(self) -> dict[str, Any]:
+        # verify_certs stays on: a TLS link to an unverified server protects nothing.
+        kwargs: dict[str, Any] = {"use_ssl": True, "ca": self.ca_file, "verify_certs": True,
+                                  "check_hostname": self.verify_hostname}
+        if self.cert_file:
+            kwargs.update(certfile=self.cert_file, keyfile=self.key_file)
+        return kwargs
+
+
+
 @dataclass(frozen=True)
 class ZkConfig:
     zk_connect: str = "127.0.0.1:2181"
@@ -66,6 +127,19 @@ class ZkConfig:
     root: str = "/meta"
     # zk.zkEnable=false: a standalone broker that does not register (benchmarks, tests).
     enabled: bool = True
+    # ZooKeeper over TLS (docs/security.md): set zk.zkTlsCaFile to turn it on; the cert and
+    # key are for a server that wants client certificates (mutual TLS).
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_verify_hostname: bool = True
+
+    @property
+    def tls(self) -> "ZkTls | None":
+        """The kazoo TLS settings (None: plaintext); the files were checked when the file was read."""
+        if self.tls_ca_file is None:
+            return None
+        return ZkTls(self.tls_ca_file, self.tls_cert_file, self.tls_key_file, self.tls_verify_hostname)
 
 
 @dataclass(frozen=True)
@@ -349,7 +423,12 @@ _ZK_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "zk.zkSyncTimeMs": ("sync_time_ms", _int(0)),
     "zk.zkRoot": ("root", _text),
     "zk.zkEnable": ("enabled", _bool),
+    "zk.zkTlsCaFile": ("tls_ca_file", _text),
+    "zk.zkTlsCertFile": ("tls_cert_file", _text),
+    "zk.zkTlsKeyFile": ("tls_key_file", _text),
+    "zk.zkTlsVerifyHostname": ("tls_verify_hostname", _bool),
 }
+_ZK_TLS_PATH_KEYS = {"tls_ca_file": "zk.zkTlsCaFile", "tls_cert_file": "zk.zkTlsCertFile", "tls_key_file": "zk.zkTlsKeyFile"}
 
 # Keys MetaQ accepts that this broker reads but does not act on; kept so that a
 # MetaQ server.ini loads unchanged.
@@ -433,7 +512,7 @@ def parse_server_ini(data: bytes, path: str = "server.ini") -> BrokerConfig:
                 raise ConfigError(f"{path}: [zookeeper] {key}: unknown key")
             name, parse = _ZK_KEYS[key]
             zk[name] = _convert(path, "zookeeper", key, raw, parse)
-    zk_config = ZkConfig(**zk)
+    zk_config = _zk_config(zk, path)
     if not zk_config.root.startswith("/"):
         raise ConfigError(f"{path}: [zookeeper] zk.zkRoot: must start with '/', got {zk_config.root!r}")
 
@@ -542,6 +621,23 @@ def _security_config(values: dict[str, Any], path: str) -> SecurityConfig:
         if value is not None and not Path(value).is_absolute() and base != Path(""):
             values[name] = str(base / value)
     return SecurityConfig(**values)
+
+
+def _zk_config(values: dict[str, Any], path: str) -> ZkConfig:
+    """The [zookeeper] keys, TLS files made relative to the config file and checked now (not at first connect)."""
+    base = Path(path).parent
+    for name, key in _ZK_TLS_PATH_KEYS.items():
+        if name in values and not Path(values[name]).is_absolute() and base != Path(""):
+            values[name] = str(base / values[name])
+    if "tls_ca_file" not in values and any(name in values for name in ("tls_cert_file", "tls_key_file")):
+        raise ConfigError(f"{path}: [zookeeper] zk.zkTlsCaFile: required when zk.zkTlsCertFile or zk.zkTlsKeyFile is set "
+                          "(it turns ZooKeeper TLS on)")
+    config = ZkConfig(**values)
+    try:
+        config.tls
+    except ZkTlsError as exc:
+        raise ConfigError(f"{path}: [zookeeper] {exc}") from None
+    return config
 
 
 def load_server_ini(path: str | Path) -> BrokerConfig:

@@ -22,6 +22,7 @@ from metaq.tools.launcher import (  # noqa: F401  (re-exported for the tests)
     zk_session,
 )
 from metaq.zk.embedded import free_port  # noqa: F401
+from metaq.zk.tls import make_kazoo_client
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,7 +30,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 @contextlib.contextmanager
 def kazoo_client(connect_string: str, **kwargs: Any) -> Iterator[KazooClient]:
     """A started kazoo client for a test to look at (or, with auth_data, write to) ZooKeeper."""
-    client = KazooClient(hosts=connect_string, timeout=10, **kwargs)
+    client = make_kazoo_client(connect_string, timeout=10, **kwargs)
     client.start(timeout=10)
     try:
         yield client

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..zk.tls import ZkServerTls
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -32,6 +36,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--super-digest-file",
         help="read the super digest from this file (mode 0600, first line), kept out of every command line",
     )
+    tls = parser.add_argument_group("TLS (then --port is ZooKeeper's secureClientPort and nothing listens in clear)")
+    tls.add_argument("--tls-cert", help="server certificate chain (PEM); needs --tls-key")
+    tls.add_argument("--tls-key", help="the certificate's private key (PEM, unencrypted)")
+    tls.add_argument("--tls-client-ca", help="CA (PEM) that signed the clients' certificates: mutual TLS, clients"
+                     " without such a certificate are refused (the server's own certificate must be signed by it too)")
     parser.set_defaults(run=run)
 
 
@@ -56,5 +65,23 @@ def run(args: argparse.Namespace) -> int:
         super_digest = read_super_digest_file(args.super_digest_file)
         if super_digest is None:
             return 2
+    from ..zk.tls import ZkTlsError
+
+    try:
+        tls = server_tls(args)
+    except ZkTlsError as exc:
+        print(f"metaq zk: {exc}", file=sys.stderr)
+        return 2
     return run_zk(args.port, args.data_dir, args.tick_ms, super_digest=super_digest, ephemeral=args.ephemeral,
-                  host=args.host)
+                  host=args.host, tls=tls)
+
+
+def server_tls(args: argparse.Namespace) -> "ZkServerTls | None":
+    """The TLS the server serves (None: plaintext); ZkTlsError when the flags or files do not fit."""
+    from ..zk.tls import ZkServerTls, ZkTlsError
+
+    if not (args.tls_cert or args.tls_key or args.tls_client_ca):
+        return None
+    if not (args.tls_cert and args.tls_key):
+        raise ZkTlsError("--tls-cert and --tls-key go together")
+    return ZkServerTls(args.tls_cert, args.tls_key, args.tls_client_ca)

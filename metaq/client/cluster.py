@@ -24,6 +24,7 @@ from ..zk.acl import digest_user
 from ..zk.data_loss import reconnect_after_data_loss
 from ..zk.group import GroupMembers, read_members
 from ..zk.paths import ZkPaths, parse_broker_node_name, parse_topic_node_data
+from ..zk.tls import describe_connect_failure, make_kazoo_client
 from .config import MetaClientConfig
 from .message import Partition
 from .routing import BrokerAddresses, departures
@@ -78,8 +79,9 @@ class Cluster:
     def __init__(self, config: MetaClientConfig) -> None:
         self.config = config
         self.paths = ZkPaths(config.zk_root)
-        self.zk = KazooClient(
-            hosts=config.zk_connect,
+        self.zk = make_kazoo_client(
+            config.zk_connect,
+            tls=config.zk_tls,
             timeout=config.zk_session_timeout_ms / 1000,
             connection_retry={"max_tries": -1, "max_delay": 1.0},
             command_retry={"max_tries": 3, "max_delay": 1.0},
@@ -114,7 +116,9 @@ class Cluster:
             await self.call(self.zk.close)
             from ..errors import MetaqError
 
-            raise MetaqError(f"cannot connect to ZooKeeper at {self.config.zk_connect}: {exc or 'timed out'}") from None
+            reason = await self.call(describe_connect_failure, self.config.zk_connect, exc, self.config.zk_tls,
+                                     "cannot connect to ZooKeeper")
+            raise MetaqError(reason) from None
         self._task = asyncio.create_task(self._refresh_loop(), name="metaq-cluster-refresh")
         await self.refresh()
 

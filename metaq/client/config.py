@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..addresses import parse_host_port
+from ..config import ZkTls
 from .connection import Credentials
 
 READ_FROM_CHOICES = ("master", "slave", "prefer-slave")
@@ -74,6 +75,9 @@ class MetaClientConfig:
     address_map: dict[str, str] = field(default_factory=dict)
     #: User, password and CA for brokers with security on (docs/security.md); none by default.
     credentials: Credentials = field(default_factory=Credentials)
+    #: ZooKeeper over TLS (CA, optional client certificate, host-name check; docs/security.md).
+    #: None: the METAQ_ZK_TLS_* environment decides, else plaintext.
+    zk_tls: ZkTls | None = None
 
     def __post_init__(self) -> None:
         if not self.zk_root.startswith("/"):

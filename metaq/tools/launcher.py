@@ -27,6 +27,7 @@ from metaq.store.segment import parse_segment_start
 from metaq.zk.embedded import EmbeddedZooKeeper, free_port
 from metaq.zk.paths import ZkPaths
 from metaq.zk.session import zk_session
+from metaq.zk.tls import ZkTls
 
 __all__ = [
     "BrokerFactory",
@@ -162,6 +163,10 @@ class BrokerProcess(ChildProcess):
             "zk.zkSyncTimeMs": 0,
             **zookeeper,
         }
+        # The harness reaches ZooKeeper the way the broker does (its zk.zkTls* keys).
+        ca = zk_values.get("zk.zkTlsCaFile")
+        self.zk_tls = ZkTls(str(ca), zk_values.get("zk.zkTlsCertFile"), zk_values.get("zk.zkTlsKeyFile"),
+                            str(zk_values.get("zk.zkTlsVerifyHostname", True)).lower() != "false") if ca else None
         text = _section("system", system_values) + _section("zookeeper", zk_values)
         for topic, spec in topics.items():
             overrides = {"numPartitions": spec} if isinstance(spec, int) else dict(spec)
@@ -240,7 +245,7 @@ class BrokerProcess(ChildProcess):
 
         wait_until(port_ready, timeout, message=f"{self.name} to listen on {self.port}")
         if wait_zk:
-            with zk_session(self.zk_connect) as client:
+            with zk_session(self.zk_connect, tls=self.zk_tls) as client:
 
                 def registered() -> bool:
                     self._raise_if_exited("before registering in ZooKeeper")

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import FrameType
 
 from metaq.zk.embedded import EmbeddedZooKeeper, ZooKeeperError
+from metaq.zk.tls import ZkServerTls
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -30,7 +31,7 @@ def default_data_dir(port: int) -> Path:
 
 
 def run_zk(port: int, data_dir: str | None, tick_ms: int, *, super_digest: str | None = None, ephemeral: bool = False,
-           host: str = "127.0.0.1") -> int:
+           host: str = "127.0.0.1", tls: ZkServerTls | None = None) -> int:
     """Serve until a signal arrives; returns the process exit code (0 clean, 1 failure, 2 usage).
 
     The data lives in ``data_dir``, else ``default_data_dir(port)``, both kept; with
@@ -51,8 +52,9 @@ def run_zk(port: int, data_dir: str | None, tick_ms: int, *, super_digest: str |
             return EXIT_USAGE
         data_dir = str(default_data_dir(port))
     try:
-        server = EmbeddedZooKeeper(port=port, data_dir=data_dir, tick_ms=tick_ms, super_digest=super_digest, host=host)
-    except OSError as exc:  # port 0 picks a free port on host: it must be an address of this machine
+        server = EmbeddedZooKeeper(port=port, data_dir=data_dir, tick_ms=tick_ms, super_digest=super_digest, host=host,
+                                   tls=tls)
+    except (OSError, ValueError) as exc:  # port 0 picks a free port on host: it must be an address of this machine
         print(f"metaq zk: cannot listen on {host}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     kept = "temporary, removed on exit (--ephemeral)" if ephemeral else "kept across restarts"
@@ -70,7 +72,7 @@ def run_zk(port: int, data_dir: str | None, tick_ms: int, *, super_digest: str |
             print(f"metaq zk: {exc}", file=sys.stderr)
             return EXIT_FAILED
         print(
-            f"ZooKeeper serving on {server.connect_string} (pid {server.pid}, data {server.data_dir}: {kept};"
+            f"ZooKeeper serving{' TLS only' if tls else ''} on {server.connect_string} (pid {server.pid}, data {server.data_dir}: {kept};"
             f" log {server.log_path})",
             flush=True,
         )

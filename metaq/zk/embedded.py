@@ -21,6 +21,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -30,6 +31,7 @@ from typing import Sequence
 
 from ..private_files import private_opener
 from ..process import ChildProcess
+from .tls import ZkServerTls
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,10 @@ FOUR_LETTER_WORDS = ("conf", "ruok", "srvr")
 # each client, tool and test fixture one more; a test run or a chaos run on one host stays
 # well under this, while one address cannot take every file descriptor of the server.
 DEFAULT_MAX_CLIENT_CONNECTIONS = 200
+# The Netty jars ZooKeeper's NettyServerCnxnFactory (the only one that serves TLS) loads.
+NETTY_PARTS = ("buffer", "codec", "common", "handler", "resolver", "transport", "transport-native-unix-common",
+               "transport-native-epoll", "transport-classes-epoll")
+NETTY_FACTORY = "org.apache.zookeeper.server.NettyServerCnxnFactory"
 
 
 class ZooKeeperError(RuntimeError):
@@ -94,6 +100,9 @@ def _debian_classpath() -> list[Path] | None:
         "binding": r"slf4j-simple\.jar",
         "metrics": r"metrics-core\.jar",
         "snappy": r"snappy-java\.jar",
+        # Netty (Debian's libnetty-java, a dependency of the zookeeper package): the TLS
+        # port needs NettyServerCnxnFactory. Plaintext servers never load these classes.
+        **{f"netty-{part}": rf"netty-{part}\.jar" for part in NETTY_PARTS},
     }
     return _classpath_from(DEBIAN_JAR_DIR, required, optional)
 
@@ -124,6 +133,7 @@ def _pyspark_classpath() -> list[Path] | None:
         "binding": r"log4j-slf4j2-impl" + version,
         "log4j-api": r"log4j-api" + version,
         "log4j-core": r"log4j-core" + version,
+        **{f"netty-{part}": rf"netty-{part}" + version for part in NETTY_PARTS},
     }
     return _classpath_from(directory, required, optional)
 
@@ -171,13 +181,21 @@ def _port_in_use(host: str, port: int) -> bool:
         return False
 
 
-def four_letter_word(host: str, port: int, command: str, timeout: float = 1.0) -> str:
-    """Send one of ZooKeeper's four-letter commands (ruok, srvr, stat, mntr...) and read the reply."""
-    with socket.create_connection((host, port), timeout=timeout) as sock:
+def four_letter_word(host: str, port: int, command: str, timeout: float = 1.0, *,
+                     tls: "ssl.SSLContext | None" = None) -> str:
+    """Send one of ZooKeeper's four-letter commands (ruok, srvr, stat, mntr...) and read the reply.
+
+    ``tls``: the context to speak to a TLS-only port with (``ZkServerTls.probe_context``).
+    """
+    with socket.create_connection((host, port), timeout=timeout) as raw:
+        sock = tls.wrap_socket(raw, server_hostname=host) if tls is not None else raw
         sock.sendall(command.encode("ascii"))
         chunks = []
-        while chunk := sock.recv(4096):
-            chunks.append(chunk)
+        try:
+            while chunk := sock.recv(4096):
+                chunks.append(chunk)
+        except ssl.SSLEOFError:
+            pass  # the server closes after its reply without a TLS close_notify
     return b"".join(chunks).decode("utf-8", "replace")
 
 
@@ -230,6 +248,7 @@ class EmbeddedZooKeeper(ChildProcess):
         super_digest: str | None = None,
         command_prefix: Sequence[str] = (),
         max_client_connections: int = DEFAULT_MAX_CLIENT_CONNECTIONS,
+        tls: ZkServerTls | None = None,
     ) -> None:
         self.host = host
         # Run the JVM through this (``ip netns exec NS``: it execs, so the pid is the JVM's).
@@ -248,6 +267,9 @@ class EmbeddedZooKeeper(ChildProcess):
         # the matching password passes every ACL, the way out when a node is locked wrongly.
         self.super_digest = super_digest
         self.max_client_connections = max_client_connections
+        # TLS only: ``port`` is then ZooKeeper's secureClientPort and there is no plaintext port.
+        self.tls = tls
+        self._probe_tls = tls.probe_context() if tls is not None else None
         self._owns_data_dir = data_dir is None
         self._data_dir_arg = Path(data_dir) if data_dir is not None else None
         self.data_dir: Path | None = self._data_dir_arg
@@ -283,8 +305,7 @@ class EmbeddedZooKeeper(ChildProcess):
         lines = [
             f"tickTime={self.tick_ms}",
             f"dataDir={self.data_dir / 'data'}",
-            f"clientPort={self.port}",
-            f"clientPortAddress={self.host}",
+            *self._port_lines(),
             f"minSessionTimeout={self.min_session_timeout_ms}",
             f"maxSessionTimeout={self.max_session_timeout_ms}",
             # The admin server would take port 8080, which clashes between instances.
@@ -298,6 +319,30 @@ class EmbeddedZooKeeper(ChildProcess):
         if self.peers:
             lines += ["initLimit=10", "syncLimit=5"]
             lines += [peer.cfg_line() for peer in self.peers]
+        return lines
+
+    def _port_lines(self) -> list[str]:
+        if self.tls is None:
+            return [f"clientPort={self.port}", f"clientPortAddress={self.host}"]
+        assert self.data_dir is not None
+        # ZooKeeper reads a PEM key store as one file: key then certificate chain (0600, it holds the key).
+        key_store = self.data_dir / "zk-keystore.pem"
+        key_store.unlink(missing_ok=True)
+        with open(key_store, "x", encoding="ascii", opener=private_opener) as handle:
+            handle.write(self.tls.key_store_pem())
+        # No clientPort line at all: nothing listens in clear, so no credential can cross in clear.
+        lines = [
+            f"secureClientPort={self.port}",
+            f"secureClientPortAddress={self.host}",
+            f"serverCnxnFactory={NETTY_FACTORY}",
+            f"ssl.keyStore.location={key_store}",
+            "ssl.keyStore.type=PEM",
+            "ssl.protocol=TLSv1.2",
+        ]
+        if self.tls.client_ca_file:
+            lines += [f"ssl.trustStore.location={self.tls.client_ca_file}", "ssl.trustStore.type=PEM", "ssl.clientAuth=need"]
+        else:
+            lines += ["ssl.clientAuth=none"]
         return lines
 
     def _write_config(self) -> Path:
@@ -430,8 +475,8 @@ class EmbeddedZooKeeper(ChildProcess):
         The identity check matters: if another server holds the port, it would answer for us.
         """
         try:
-            config = four_letter_word(self.host, self.port, "conf", timeout=0.5)
-            status = four_letter_word(self.host, self.port, "srvr", timeout=0.5)
+            config = four_letter_word(self.host, self.port, "conf", timeout=0.5, tls=self._probe_tls)
+            status = four_letter_word(self.host, self.port, "srvr", timeout=0.5, tls=self._probe_tls)
         except OSError:
             return False
         our_data_dir = f"dataDir={self.data_dir / 'data'}" if self.data_dir else None
@@ -440,7 +485,7 @@ class EmbeddedZooKeeper(ChildProcess):
     def mode(self) -> str | None:
         """``standalone``, ``leader`` or ``follower``; None when not serving."""
         try:
-            reply = four_letter_word(self.host, self.port, "srvr", timeout=0.5)
+            reply = four_letter_word(self.host, self.port, "srvr", timeout=0.5, tls=self._probe_tls)
         except OSError:
             return None
         match = re.search(r"^Mode: (\w+)", reply, re.MULTILINE)

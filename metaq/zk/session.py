@@ -14,6 +14,7 @@ from kazoo.client import KazooClient
 
 from ..errors import MetaqError
 from .acl import ZkSecurity, client_kwargs
+from .tls import ZkTls, describe_connect_failure, make_kazoo_client
 
 
 class ZooKeeperUnreachable(MetaqError):
@@ -21,14 +22,18 @@ class ZooKeeperUnreachable(MetaqError):
 
 
 @contextlib.contextmanager
-def zk_session(connect: str, timeout: float = 10.0, *, security: ZkSecurity | None = None) -> Iterator[KazooClient]:
-    """A connected kazoo client, closed on exit; ZooKeeperUnreachable if it cannot connect."""
-    client = KazooClient(hosts=connect, timeout=timeout, **client_kwargs(security))
+def zk_session(connect: str, timeout: float = 10.0, *, security: ZkSecurity | None = None,
+               tls: ZkTls | None = None) -> Iterator[KazooClient]:
+    """A connected kazoo client, closed on exit; ZooKeeperUnreachable if it cannot connect.
+
+    ``tls`` None: the METAQ_ZK_TLS_* environment decides (metaq/zk/tls.py).
+    """
+    client = make_kazoo_client(connect, tls=tls, timeout=timeout, **client_kwargs(security))
     try:
         client.start(timeout=timeout)
     except Exception as exc:
         client.close()
-        raise ZooKeeperUnreachable(f"cannot reach ZooKeeper at {connect}: {exc or 'timed out'}") from None
+        raise ZooKeeperUnreachable(describe_connect_failure(connect, exc, tls)) from None
     try:
         yield client
     finally:

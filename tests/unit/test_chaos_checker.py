@@ -448,6 +448,46 @@ def test_liveness_reads_stopping_during_a_zookeeper_majority_loss_is_caught():
             assert {v["kind"] for v in result.violations()} == {"reads_stopped"}
 
 
+def zk_majority_with_open_transaction(decided_before_the_fault: bool, reads_resume: float) -> TimedRun:
+    """Seed 44's shape: a transaction stores a record in t/0-0, plain puts are acked after
+    it, ZooKeeper loses its majority (10.2 s to 16.0 s) before the transaction is decided, so
+    t/0-0's last stable offset stays at the record and its reads stop; t/0-1 is read on."""
+    run = TimedRun()
+    run.load(1, 9.5)
+    txn = run.at(9.6).h.invoke("x0", "txn", txn="x0-t1")
+    sent = run.append("t/0-0", "x0-t1-0")
+    run.at(9.8).put("p0-after-the-txn", partition="t/0-0")
+    decided = 9.9 if decided_before_the_fault else 17.0
+    if decided_before_the_fault:
+        run.at(decided).read("t/0-0", [(sent, "x0-t1-0")], replica="meta://m0")
+    run.fault("zk-majority", 10.2, 16.0, reads_during=True, master_fixed=True)
+    run.at(decided).h.fail(txn, "rolled back", sends=[["t/0-0", sent, "x0-t1-0"]])
+    run.load(10.5, 20, writes=False, partitions=("t/0-1",))
+    run.load(reads_resume, 20, writes=False, partitions=("t/0-0",))
+    run.load(16.5, 20, reads=False)
+    return run
+
+
+def test_liveness_reads_held_by_a_transaction_open_when_zookeeper_lost_its_majority_wait_like_writes():
+    """Reads past an undecided transaction wait for its marker, a write: while ZooKeeper has
+    no quorum they stop (6.5 s here, > B) and that is not ``reads_stopped``; they must still
+    resume within B of the quorum's return (``reads_stalled`` otherwise)."""
+    result = check(zk_majority_with_open_transaction(False, reads_resume=17.0).finish())
+    assert result.ok, result.report()
+    (record,) = result.stats["liveness_faults"]
+    assert record["reads_held_by_transaction"] == {"t/0-0": "x0-t1"}
+    result = check(zk_majority_with_open_transaction(False, reads_resume=20.5).finish())
+    assert {v["kind"] for v in result.violations()} == {"reads_stalled"}, result.report()
+
+
+def test_liveness_reads_stopping_behind_a_transaction_decided_before_the_fault_are_caught():
+    """A transaction some reader got past before the fault was decided (its client may learn
+    of it late): it holds nothing back, and the same stop is ``reads_stopped``."""
+    result = check(zk_majority_with_open_transaction(True, reads_resume=17.0).finish())
+    assert {v["kind"] for v in result.violations()} == {"reads_stopped"}, result.report()
+    assert "reads_held_by_transaction" not in result.stats["liveness_faults"][0]
+
+
 def test_liveness_master_change_while_zookeeper_majority_is_lost_is_caught():
     run = TimedRun()
     run.load(1, 10)

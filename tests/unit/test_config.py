@@ -206,3 +206,23 @@ def test_every_shipped_and_documented_config_loads_and_keeps_data_outside_the_ch
                 parse_slave_properties(body, f"{doc.name} example")
                 blocks += 1
     assert blocks >= 2
+
+
+def test_zookeeper_tls_keys(tmp_path):
+    for name in ("ca.pem", "c.pem", "k.pem"):
+        (tmp_path / name).write_text("x")
+    ini = tmp_path / "server.ini"
+    ini.write_bytes(b"[system]\nbrokerId=0\n[zookeeper]\nzk.zkTlsCaFile=ca.pem\nzk.zkTlsCertFile=c.pem\n"
+                    b"zk.zkTlsKeyFile=k.pem\nzk.zkTlsVerifyHostname=false\n")
+    tls = load_server_ini(ini).zk.tls
+    # Relative paths are beside the file, like dataPath.
+    assert (tls.ca_file, tls.cert_file, tls.key_file, tls.verify_hostname) == (
+        str(tmp_path / "ca.pem"), str(tmp_path / "c.pem"), str(tmp_path / "k.pem"), False)
+    assert parse_server_ini(b"[system]\nbrokerId=0\n").zk.tls is None  # plaintext unless a CA is given
+    with pytest.raises(ConfigError, match=r"zk.zkTlsCaFile: required when zk.zkTlsCertFile"):
+        parse_server_ini(b"[system]\nbrokerId=0\n[zookeeper]\nzk.zkTlsCertFile=/c.pem\nzk.zkTlsKeyFile=/k.pem\n", "my.ini")
+    with pytest.raises(ConfigError, match=r"^my\.ini: \[zookeeper\] ZooKeeper TLS: CA file /nope.pem does not exist"):
+        parse_server_ini(b"[system]\nbrokerId=0\n[zookeeper]\nzk.zkTlsCaFile=/nope.pem\n", "my.ini")
+    (tmp_path / "only.ini").write_bytes(b"[system]\nbrokerId=0\n[zookeeper]\nzk.zkTlsCaFile=ca.pem\nzk.zkTlsCertFile=c.pem\n")
+    with pytest.raises(ConfigError, match=r"give both or neither"):
+        load_server_ini(tmp_path / "only.ini")
