@@ -1,7 +1,7 @@
 """Corrupting a broker's files on disk: bit flips in committed records, truncated segments.
 
 What the corruption faults of ``python -m chaos run --corruption`` do to a broker's data
-directory (chaos/scenarios.py, ``corrupt-master`` / ``corrupt-slave``), and what the short
+directory (chaos/scenarios.py, ``corrupt-*`` / ``truncate-*``), and what the short
 chaos test uses on a running broker (tests/chaos/test_chaos_corruption.py):
 
 * ``flip_bit``: one bit of one byte of a record's **payload**, in a record the broker
@@ -10,9 +10,10 @@ chaos test uses on a running broker (tests/chaos/test_chaos_corruption.py):
   segment is being appended to). The payload is what the record's CRC covers; the 8-byte
   msg id in the header is not covered by any CRC in MetaQ's format, so a flip there is
   not detectable from one copy and is not injected (docs/chaos.md says so).
-* ``truncate_segment``: cut bytes off the end of a sealed segment: the segments are no
-  longer contiguous, and the broker refuses that partition at start (docs/storage.md,
-  "Lost segment files") until an operator restores the file.
+* ``truncate_segment``: cut bytes off the end of a sealed segment of a stopped broker (a
+  lost tail; ``truncate-master`` / ``truncate-slave``): the broker opens the partition with
+  the bytes from the last whole record to the next segment's start marked as a missing
+  range, never served and repaired like a flip's (docs/guarantees.md, C6).
 
 The file is written in place with ``pwrite`` + ``fsync``, like a disk returning other bytes
 than were written: a running broker reads the new bytes through its own descriptor.
