@@ -335,9 +335,10 @@ class PartitionLog:
         return True
 
     def corrupt_end_at(self, offset: int) -> int | None:
-        """The end of the corrupt range that starts at ``offset``, or None (a walk of the log's
-        records that stops there goes on after it: metaq/txn/rebuild.py)."""
-        return next((end for start, end in self.corrupt_ranges if start == offset), None)
+        """The end of the corrupt range that holds ``offset``, or None (a walk of the log's
+        records that stops there goes on after it: metaq/txn/rebuild.py). Inside it too: a
+        transaction snapshot taken before a segment was cut short may stand in its middle."""
+        return next((end for start, end in self.corrupt_ranges if start <= offset < end), None)
 
     def first_corrupt_offset(self) -> int | None:
         return self.corrupt_ranges[0][0] if self.corrupt_ranges else None
