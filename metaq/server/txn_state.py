@@ -150,8 +150,8 @@ class TxnStates:
         state = self.partition(topic, partition)
         partition_log = self.store.get_log(topic, partition)
         cut = state.incomplete_tail(partition_log.log_end)
-        if cut is None:
-            return None
+        if cut is None or partition_log.mark_if_corrupt_record(cut):
+            return None  # a flipped record in a sealed segment: repaired, never cut (the walk passes it)
         removed = partition_log.log_end - cut
         aside = partition_log.truncate_to(cut)
         log.warning("%s-%d: cut an incomplete batch %s at %d: %d bytes moved aside to %s",

@@ -340,6 +340,24 @@ class PartitionLog:
         transaction snapshot taken before a segment was cut short may stand in its middle."""
         return next((end for start, end in self.corrupt_ranges if start <= offset < end), None)
 
+    def mark_if_corrupt_record(self, offset: int) -> bool:
+        """Whether the record at ``offset`` of a sealed segment fails its checks (a flip the
+        scrub has not reached yet); then ``[offset, the segment's end)`` is marked corrupt, as
+        the scrub would. For a walk of the records that stopped there at start
+        (metaq/server/txn_state.py): corruption, never a torn batch to cut."""
+        segments = self._segments
+        if not segments[0].start <= offset < segments[-1].start:
+            return False  # the active segment was CRC-scanned at open (``_recover_tail``)
+        segment = segments[self._segment_index(segments, offset)]
+        header = segment.read(offset, record.HEADER_SIZE)
+        length = record.HEADER.unpack(header)[0] if len(header) == record.HEADER_SIZE else -1
+        if length >= 0 and record.valid_prefix(segment.read(offset, record.HEADER_SIZE + length)) > 0:
+            return False
+        self.mark_corrupt(offset, segment.end)
+        log.error("%s: the record at %d fails its checks in a sealed segment: bytes [%d, %d) are not served until"
+                  " repaired", self.directory, offset, offset, segment.end)
+        return True
+
     def first_corrupt_offset(self) -> int | None:
         return self.corrupt_ranges[0][0] if self.corrupt_ranges else None
 

@@ -45,6 +45,9 @@ class RefusedLog:
     def corrupt_end_at(self, offset: int) -> None:
         return None
 
+    def mark_if_corrupt_record(self, offset: int) -> bool:
+        return False
+
     def mark_corrupt(self, start: int, end: int) -> bool:
         return False
 
