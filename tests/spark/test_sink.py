@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -17,13 +21,16 @@ from metaq.client import Message, MetaClientConfig
 from metaq.client.message import Partition
 from metaq.client.selector import KeyHashPartitionSelector
 from metaq.client.session import AsyncMessageSessionFactory
+from metaq.client.connection import BrokerConnection
 from metaq.client.xa import Xid
+from metaq.record import encode_record
 from metaq.tools.launcher import BrokerFactory
+from tests.spark.conftest import REPO
 from tests.spark.support import committed, produce
 
 pytestmark = pytest.mark.spark
 TOPICS = {"keyed": 2, "failed": 2, "stream-in": 1, "stream-out": 2, "plain-a": 1, "plain-b": 1,
-          "late-abort": 1, "late-commit": 1, "late-stream": 1, "late-killed": 1}
+          "late-abort": 1, "late-commit": 1, "late-stream": 1, "late-killed": 1, "driver-in": 1, "driver-out": 2}
 SYSTEM = {"unflushThreshold": 0}
 
 
@@ -304,3 +311,87 @@ def test_a_branch_the_broker_rolled_back_on_its_timeout_is_forgotten_by_the_swee
     writer.abort([None])
     assert _in_doubt(zk_connect, root) == []
 
+
+# --- kill -9 of the driver --------------------------------------------------------------------
+
+
+def _produce_keyed(master, topic: str, count: int, keys: int) -> None:
+    """Payloads ``k{n % keys}:{n}``, n = 0..count-1, in that order into partition 0 of ``master``."""
+
+    async def run() -> None:
+        conn = await BrokerConnection.open(master.host, master.port)
+        try:
+            for first in range(0, count, 100):
+                records = [encode_record(f"k{n % keys}:{n}".encode()) for n in range(first, min(first + 100, count))]
+                reply = await conn.request({"op": "put", "topic": topic, "partition": 0, "count": len(records)}, b"".join(records))
+                assert reply.ok, reply.header
+        finally:
+            conn.close()
+
+    asyncio.run(run())
+
+
+def _entries(directory: Path) -> set[int]:
+    """Batch ids with an entry in a checkpoint directory (``commits``, ``metaq-sink``)."""
+    return {int(p.name) for p in directory.iterdir() if p.name.isdigit()} if directory.is_dir() else set()
+
+
+def _stream_job(zk_connect: str, root: str, checkpoint: Path, log: Path) -> subprocess.Popen:
+    """The driver (tests/spark/stream_job.py) in its own OS process and session: its JVM is its child."""
+    command = [sys.executable, "-m", "tests.spark.stream_job", "--zk", zk_connect, "--zk-root", root,
+               "--source", "driver-in", "--sink", "driver-out", "--checkpoint", str(checkpoint), "--max-messages", "100"]
+    with open(log, "ab") as out:
+        return subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@pytest.mark.timeout(300)
+def test_kill_9_of_the_driver_during_a_commit_and_a_restart_write_each_row_once(cluster, tmp_path):
+    zk_connect, root, masters = cluster
+    rows, keys = 1000, 7
+    _produce_keyed(masters[0], "driver-in", rows, keys)
+    checkpoint, log = tmp_path / "checkpoint", tmp_path / "driver.log"
+    decisions, commits = checkpoint / "metaq-sink", checkpoint / "commits"
+
+    driver = _stream_job(zk_connect, root, checkpoint, log)
+    try:
+        # Kill the whole driver (Python and its JVM: one process group) inside a micro-batch's
+        # commit: the sink has written its decision for batch N, Spark's commit log has no N yet.
+        deadline = time.monotonic() + 180
+        while not (in_commit := {n for n in _entries(decisions) - _entries(commits) if n >= 1}):
+            assert driver.poll() is None, f"the driver ended before it could be killed: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "no commit of a batch after the first seen within 180 s"
+            time.sleep(0.002)
+        os.killpg(driver.pid, signal.SIGKILL)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(30)
+    killed_in = min(in_commit)
+    visible_at_kill = len(_visible(masters, "driver-out"))
+    assert 0 < visible_at_kill < rows  # mid-stream: some batches through, not all
+
+    restarted = _stream_job(zk_connect, root, checkpoint, log)
+    try:
+        assert restarted.wait(180) == 0, log.read_text()[-3000:]
+    finally:
+        if restarted.poll() is None:
+            os.killpg(restarted.pid, signal.SIGKILL)
+            restarted.wait(30)
+    assert killed_in in _entries(commits)  # Spark re-ran the batch it was committing, and committed it
+
+    # Every input row exactly once; a key's rows all in one partition, in input order.
+    seen: dict[int, int] = {}
+    partition_of: dict[str, tuple[int, int]] = {}
+    last: dict[str, int] = {}
+    for group, master in enumerate(masters):
+        for n in range(TOPICS["driver-out"]):
+            for value in asyncio.run(read_committed(master.address, "driver-out", n)):
+                key, number = value.decode().split(":")
+                seen[int(number)] = seen.get(int(number), 0) + 1
+                assert partition_of.setdefault(key, (group, n)) == (group, n), f"{key} in two partitions"
+                assert int(number) > last.get(key, -1), f"{key}: {number} after {last[key]} in partition {group}-{n}"
+                last[key] = int(number)
+    duplicates = sorted(n for n, times in seen.items() if times > 1)
+    lost = sorted(set(range(rows)) - set(seen))
+    assert (duplicates, lost) == ([], [])
+    assert _in_doubt(zk_connect, root) == []
