@@ -18,7 +18,6 @@ import asyncio
 import logging
 import os
 import signal
-from dataclasses import replace
 from typing import Any, Awaitable, Callable
 
 from .. import __version__
@@ -27,20 +26,24 @@ from ..config import BrokerConfig, ConfigError, SlaveConfig, TopicConfig, topic_
 from ..ha.heartbeat import HeartbeatResponder
 from ..ha.joining import check_join
 from ..ha.node import HaNode
+from ..ha.repair import repair_from_slaves
 from ..security.settings import load_broker_security
 from ..store.datadirs import broker_identity, check_data_dirs
 from ..store.manager import MessageStoreManager
 from ..store.msgid import MsgIdGenerator
+from ..store.scrub import Scrubber
 from ..zk.data_loss import reconnect_after_data_loss
 from ..zk.monitor import OutageReporter
 from .admission import ConnectionSlots, RequestBudget
+from .authz import Authz
 from .connection import ClientConnection, ConnectionLimits
 from .group_topics import GroupTopicsApplier, forget_partitions
 from .handlers import RequestHandlers
 from .metrics import BrokerMetrics, InstrumentedHandlers
 from .metrics import metrics_login as metrics_login_of
 from .registry import BrokerRegistry
-from .reload import apply_logging, reload_config
+from .live_config import LiveConfig
+from .reload import apply_logging, follow_logging, reload_config
 from .stats import BrokerStats
 from .producer_ids import RESEED_SKIP, ProducerIdAllocator, highest_counter_in, local_blocks, raise_zookeeper_counter, zookeeper_blocks
 from .transactional_ids import LocalMapping, MappingStore, TransactionalIds, ZooKeeperMapping
@@ -53,7 +56,9 @@ log = logging.getLogger(__name__)
 
 class Broker:
     def __init__(self, config: BrokerConfig, slave: SlaveConfig | None = None, register_in_zk: bool | None = None) -> None:
-        self.config = config
+        #: The configuration's one owner: a reload and ``update_topics`` swap it, readers take ``config``.
+        self.live_config = LiveConfig(config)
+        self.live_config.subscribe(follow_logging)
         self.slave = slave
         self.register_in_zk = config.zk.enabled if register_in_zk is None else register_in_zk
         self.stats = BrokerStats()
@@ -62,8 +67,14 @@ class Broker:
         self.request_budget = RequestBudget(config.max_buffered_request_bytes)
         # Read every security file now: a wrong one stops the broker before it listens.
         self.security = load_broker_security(config)
+        #: Every authorization decision (connections, handlers, the transaction coordinator).
+        self.authz = Authz(self.security)
         self.waiters = EndWaiters()
         self.store = MessageStoreManager(config.topics, config.max_message_size)
+        #: Re-verifies sealed segments' CRCs; what it finds is never served (metaq/store/scrub.py).
+        self.scrubber = Scrubber(self.store.logs, config.scrub_interval_ms, config.scrub_bytes_per_second)
+        self.scrubber.on_corrupt = self._repair_corrupt
+        self._repairs: dict[tuple[str, int, int, int], asyncio.Task[bool]] = {}
         #: Every partition's producer table and transaction index, derived from its log.
         self.txn_states = TxnStates(
             self.store, max_batches=config.txn.producer_state_max_batches, expiry_ms=config.txn.producer_expiry_ms
@@ -87,7 +98,21 @@ class Broker:
         self._stopped = asyncio.Event()
         self._tls_reload: asyncio.Future[None] | None = None
 
+    def _repair_corrupt(self, topic: str, partition: int, start: int, end: int) -> None:
+        """A master puts a corrupt range back from its slaves (a slave's replica re-fetches its own)."""
+        key = (topic, partition, start, end)
+        if not self.ha.acting_master or self.registry is None or key in self._repairs:
+            return
+        task = asyncio.get_running_loop().create_task(repair_from_slaves(self, topic, partition, start, end))
+        self._repairs[key] = task
+        task.add_done_callback(lambda _task: self._repairs.pop(key, None))
+
     # --- what the HA layer and the handlers use ---------------------------------------
+
+    @property
+    def config(self) -> BrokerConfig:
+        """The configuration now (read it each time: a reload or a topic change replaces it)."""
+        return self.live_config.current
 
     def topic_config(self, topic: str) -> TopicConfig | None:
         return self.config.topics.get(topic)
@@ -103,7 +128,7 @@ class Broker:
         if topics == self.config.topics:
             return
         added = sorted(set(topics) - set(self.config.topics))
-        self.config = replace(self.config, topics=dict(topics))
+        self.live_config.set_topics(topics)
         # Files go only when the group's configuration ended the topic (``metaq topics delete``,
         # a re-create); a server.ini section removed without one keeps them (docs/operations.md).
         in_group = self.group_topics is not None and self.group_topics.group.exists
@@ -177,6 +202,7 @@ class Broker:
             self.store.on_fsync_seconds = self.metrics.fsync_seconds.observe
             served = InstrumentedHandlers(self.handlers, self.metrics)
         self.store.start()
+        self.scrubber.start()
         self.txn_states.start()
         self.transactions.start()
         max_body = config.max_request_body
@@ -184,7 +210,7 @@ class Broker:
         limits = ConnectionLimits.from_config(config)
         tls = self.security.tls
         self._server = await loop.create_server(
-            lambda: ClientConnection(served, max_body, limits, self.security, self.slots, self.request_budget),
+            lambda: ClientConnection(served, max_body, limits, self.security, self.slots, self.request_budget, self.authz),
             host=config.host_name,
             port=config.server_port,
             reuse_address=True,
@@ -304,6 +330,7 @@ class Broker:
         self.waiters.notify_all()
         await self.txn_states.stop()
         await self.transactions.stop()
+        await self.scrubber.stop()
         await self.store.stop()
         self.txn_states.close()
         self.store.close()
@@ -373,6 +400,8 @@ class Broker:
             ("connections_not_logged_in", self.slots.not_logged_in),
             ("buffered_request_bytes", self.request_budget.held),
             *self.stats.refusal_pairs(),
+            ("scrub_bytes", self.scrubber.stats.bytes_checked),
+            ("scrub_corrupt_ranges", self.scrubber.stats.corrupt_ranges),
         ] + self.ha.status_pairs() + self.replication_pairs()
 
     def replication_pairs(self) -> list[tuple[str, Any]]:
@@ -412,6 +441,9 @@ class Broker:
                     "committed": self.ha.committed(name, n, log_),
                     "flushed": log_.flushed_end,
                 }
+                corrupt_from = log_.first_corrupt_offset()
+                if corrupt_from is not None:  # only then: healthy rows stay as they were
+                    row["corrupt_from"] = corrupt_from  # where the first range never served starts
                 pairs.append((f"{name}-{self.config.broker_id}-{n}", row))
         return pairs
 

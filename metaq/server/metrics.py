@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 #: Seconds; from a fast in-memory ack to a slow sync replication wait.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-ROLES = ("master", "slave", "starting", "following", "orphaned", "electing", "fenced", "stopped")
+ROLES = ("master", "slave", "starting", "following", "orphaned", "electing", "resigned", "fenced", "stopped")
 ZK_STATES = ("CONNECTED", "SUSPENDED", "LOST")
 #: A scrape waits this long for the event loop to read the broker's state.
 SCRAPE_TIMEOUT_S = 5.0
@@ -162,11 +162,11 @@ class InstrumentedHandlers:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._handlers, name)
 
-    def handle(self, req: Any) -> Any:
+    def handle(self, req: Any, ctx: Any) -> Any:
         if req.op not in self.TIMED:
-            return self._handlers.handle(req)
+            return self._handlers.handle(req, ctx)
         started = time.perf_counter()
-        result = self._handlers.handle(req)
+        result = self._handlers.handle(req, ctx)
         if inspect.isawaitable(result):
             return self._timed(req.op, started, result)
         self._metrics.observe_reply(req.op, started, result)
@@ -222,6 +222,10 @@ class BrokerCollector(Collector):
             role.add_metric([name], 1.0 if name == current else 0.0)
         yield role
         yield _one(GaugeMetricFamily, "metaq_epoch", "The master epoch this broker serves in", broker.ha.epoch)
+        scrub = broker.scrubber.stats
+        yield _one(CounterMetricFamily, "metaq_scrub_bytes", "Bytes of sealed segments the scrub re-verified", scrub.bytes_checked)
+        yield _one(CounterMetricFamily, "metaq_scrub_corrupt_ranges",
+                   "Corrupt byte ranges the scrub found (never served; a slave re-fetches them)", scrub.corrupt_ranges)
         yield from self._replication()
         yield self._zookeeper()
 

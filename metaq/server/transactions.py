@@ -38,7 +38,7 @@ Invariants kept here:
   answers only after the older epochs' unprepared branches are rolled back and their
   ABORT markers are as durable as a put's;
 * a producer id and epoch in a step are checked like a put's: their ``producer_token``
-  must verify for the caller (metaq/server/producer_auth.py) before anything changes;
+  must verify for the caller (metaq/server/authz.py) before anything changes;
 * who may start a branch (security on): a principal that may produce some topic (a
   branch of anyone else could never hold a message, so its start is refused at once,
   before any other work), holding fewer than ``maxOpenTransactionsPerUser`` live
@@ -66,7 +66,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import struct
 import time
@@ -76,17 +75,17 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, NamedTuple
 from ..protocol import commands as c
 from ..protocol.messages import TransactionRequest
 from ..record import stamp_msg_ids
-from ..security.acl import Operation
 from ..txn import control
 from ..txn.control import NO_PRODUCER
-from ..txn.coordinator import Branch, MarkerWrite, Reply, TransactionCoordinator
+from ..txn.coordinator import MarkerWrite, Reply, TransactionCoordinator
 from ..txn.txlog import TxLog
 from ..txn.xa import Code
-from .producer_auth import check_producer
 from .transactional_ids import MAX_EPOCH, Owner, TransactionalIds
 
 if TYPE_CHECKING:
     from ..security.principals import Principal
+    from .authz import RequestContext
+    from ..txn.config import TxnSettings
 
 log = logging.getLogger(__name__)
 
@@ -130,9 +129,13 @@ def _now_ms() -> int:
 class TransactionService:
     """One per broker; see the module's docstring. ``broker`` is metaq.server.broker.Broker."""
 
+    @property
+    def settings(self) -> "TxnSettings":
+        """The transaction keys, from the broker's configuration now (never a copy: live_config.py)."""
+        return self.broker.config.txn
+
     def __init__(self, broker: Any, clock_ms: Callable[[], int] = _now_ms) -> None:
         self.broker = broker
-        self.settings = broker.config.txn
         self.clock_ms = clock_ms
         self.journal: TxLog | None = None
         self.coordinator: TransactionCoordinator | None = None
@@ -251,7 +254,7 @@ class TransactionService:
         """The replicated BATCH records: a producer's newest epoch in any partition fences its older ones.
 
         A fence is taken only from a verified source. With security on, every BATCH in a log
-        was appended by a master that first checked its producer_token (producer_auth.py):
+        was appended by a master that first checked its producer_token (authz.py):
         its epoch was issued by init_producer to the user that put it, so it is as good as
         the mapping. With security off every client is trusted by configuration.
         """
@@ -307,7 +310,7 @@ class TransactionService:
         assert self.coordinator is not None
         if txid in self._unsettled or txid in self._pending:
             raise c.RequestError(c.SERVICE_UNAVAILABLE, f"transaction {txid} is being decided; retry")
-        if not self._may_enlist(txid, producer_id, principal):
+        if not self.broker.authz.may_enlist(principal, producer_id, self.coordinator.branches.get(txid)):
             raise c.AccessDenied(f"{principal} may not put in transaction {txid}: only its own producer "
                                  "or the user that started it may")
         reply = self.coordinator.send(txid, topic, partition, self.clock_ms())
@@ -318,31 +321,31 @@ class TransactionService:
 
     # --- the transaction command ---------------------------------------------------------------
 
-    def serve(self, req: TransactionRequest, principal: "Principal | None") -> Awaitable[Served]:
+    def serve(self, req: TransactionRequest, ctx: "RequestContext") -> Awaitable[Served]:
         refusal = self.refusal()
         if refusal is not None:
             raise c.RequestError(*refusal)
-        return self._serve(req, principal)
+        return self._serve(req, ctx)
 
-    async def _serve(self, req: TransactionRequest, principal: "Principal | None") -> Served:
+    async def _serve(self, req: TransactionRequest, ctx: "RequestContext") -> Served:
+        principal = ctx.principal
         coordinator = self.coordinator
         assert coordinator is not None
         if req.action in ("start", "recover"):
             # First: a flood by a user who could never fill a branch (nor so own one) costs nothing.
-            self._check_may_use_transactions(principal, req.action)
+            self.broker.authz.check_may_use_transactions(principal, req.action)
         if req.action == "recover":
             return c.reply_header(req.opaque, c.OK, xa_code=int(Code.XA_OK), xids=self._recoverable(principal)), b""
         xid = req.xid
         if req.producer_id != NO_PRODUCER:
-            check_producer(self.broker, req.origin, req.producer_id, req.producer_epoch, req.producer_token,
-                           principal)
+            self.broker.authz.check_producer(ctx, req.producer_id, req.producer_epoch, req.producer_token)
             self.check_fenced(req.producer_id, req.producer_epoch)
         if xid in self._pending or xid in self._unsettled:
             self._append_pending(xid)  # the previous decision's markers first (raises if they still fail)
             await self._settle(xid)
             if req.producer_id != NO_PRODUCER:  # an init may have fenced this epoch while we waited
                 self.check_fenced(req.producer_id, req.producer_epoch)
-        if req.action != "start" and not self._may_decide(principal, xid):
+        if req.action != "start" and not self.broker.authz.may_decide(principal, coordinator.branches.get(xid)):
             raise c.AccessDenied(f"{principal} may not decide transaction {xid}: only the user that "
                                  "started it (or admin) may")
         refusal = self.refusal()  # the role may have changed while we waited
@@ -360,25 +363,11 @@ class TransactionService:
             await self._settle(xid)
         return c.reply_header(req.opaque, c.OK, xa_code=int(reply.code)), b""
 
-    def _check_may_use_transactions(self, principal: "Principal | None", action: str) -> None:
-        """RequestError 403 unless ``principal`` may produce some topic, or (``recover``) is admin,
-        who decides any branch (security off: anyone may). One lookup, whatever is open."""
-        authorizer = self.broker.security.authorizer
-        if authorizer is None:
-            return
-        if action == "recover" and authorizer.allowed(principal, Operation.ADMIN):
-            return
-        denial = authorizer.any_topic_denial(principal, Operation.PRODUCE)
-        if denial is not None:
-            what = "start a transaction" if action == "start" else "recover transactions"
-            raise c.AccessDenied(f"may not {what}: {denial}")
-
     def _recoverable(self, principal: "Principal | None") -> list[str]:
-        """The in-doubt branches ``principal`` may decide (``_may_decide``): every one for admin
+        """The in-doubt branches ``principal`` may decide (``Authz.may_decide``): every one for admin
         or with security off, else those it started, from the coordinator's per-starter index."""
         assert self.coordinator is not None
-        authorizer = self.broker.security.authorizer
-        if authorizer is None or authorizer.allowed(principal, Operation.ADMIN):
+        if self.broker.authz.sees_every_branch(principal):
             return self.coordinator.recover()
         return self.coordinator.recover(starter=self._tag(principal))
 
@@ -392,8 +381,7 @@ class TransactionService:
 
     def _tag(self, principal: "Principal | None") -> str:
         """The starter a branch started by ``principal`` records ("" with security off: nobody to tell apart)."""
-        tags = self.broker.security.principal_tags
-        return "" if tags is None or principal is None else tags.tag(principal.name)
+        return self.broker.authz.starter_tag(principal)
 
     def _check_encodable(self, req: TransactionRequest, starter: str) -> None:
         """Encode a marker of the branch before its state changes: a decision is journaled only if
@@ -425,33 +413,6 @@ class TransactionService:
             return coordinator.rollback(xid, now)
         assert action == "forget", action  # TransactionRequest.check admits no other
         return coordinator.forget(xid, now)
-
-    def _may_enlist(self, xid: str, producer_id: int, principal: "Principal | None") -> bool:
-        assert self.coordinator is not None
-        branch = self.coordinator.branches.get(xid)
-        if branch is None or self.broker.security.authorizer is None:
-            return True  # no branch: the coordinator refuses the put; security off: trusted by configuration
-        # Not admin: deciding any branch (recovery) is an admin's duty, adding to another's is not.
-        return (producer_id == branch.producer_id != NO_PRODUCER) or self._is_starter(principal, branch)
-
-    def _is_starter(self, principal: "Principal | None", branch: Branch) -> bool:
-        """Whether ``principal`` started ``branch``; never for an unknown starter ("": a marker or
-        journal older than starters)."""
-        return bool(branch.starter) and hmac.compare_digest(branch.starter, self._tag(principal))
-
-    def _may_decide(self, principal: "Principal | None", xid: str) -> bool:
-        """Whether ``principal`` may act on branch ``xid``: its starter or admin (security off: anyone).
-
-        A branch this broker does not hold (unknown, or finished: a retried commit asks for its
-        outcome) may be asked about by anyone: the answer reveals no message."""
-        authorizer = self.broker.security.authorizer
-        if authorizer is None or authorizer.allowed(principal, Operation.ADMIN):
-            return True
-        assert self.coordinator is not None
-        branch = self.coordinator.branches.get(xid)
-        if branch is None:
-            return True
-        return self._is_starter(principal, branch)  # an unknown starter: admin's alone
 
     # --- markers ---------------------------------------------------------------------------------
 

@@ -84,7 +84,7 @@ class TxnStates:
         if entry is None or entry.log is not partition_log or entry.truncations != partition_log.truncations:
             entry = self._load(topic, partition, partition_log, rebuilt=entry is not None)
         elif entry.state.position < partition_log.log_end:
-            entry.state.catch_up(partition_log.read, partition_log.log_end)
+            entry.state.catch_up(partition_log.read_as_stored, partition_log.log_end)
         return entry.state
 
     def all(self) -> dict[Key, PartitionTxnState]:
@@ -175,7 +175,7 @@ class TxnStates:
                 # The log was cut under the state: its snapshot may describe bytes that are gone.
                 rebuild.discard_snapshot(directory)
                 log.info("%s-%d: log truncated; transaction state rebuilt from the log", topic, partition)
-            state = rebuild.load_state(directory, partition_log.read, partition_log.min_offset,
+            state = rebuild.load_state(directory, partition_log.read_as_stored, partition_log.min_offset,
                                        partition_log.log_end, producers=self._new_table)
         entry = _Entry(state, partition_log, partition_log.truncations)
         if not isinstance(partition_log, RefusedLog):
