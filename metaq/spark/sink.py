@@ -135,7 +135,7 @@ async def scope_closed(resource: AsyncXAResource, format_id: int, gtrid: bytes) 
 
 def client_config(options: SinkOptions) -> MetaClientConfig:
     return MetaClientConfig(zk_connect=options.zk_connect, zk_root=options.zk_root,
-                            credentials=options.login.credentials())
+                            credentials=options.login.credentials(), zk_tls=options.login.zk_tls())
 
 
 # --- placement -------------------------------------------------------------------------------
