@@ -45,7 +45,7 @@ from .stats import BrokerStats
 from .producer_ids import RESEED_SKIP, ProducerIdAllocator, highest_counter_in, local_blocks, raise_zookeeper_counter, zookeeper_blocks
 from .transactional_ids import LocalMapping, MappingStore, TransactionalIds, ZooKeeperMapping
 from .transactions import TransactionService
-from .txn_state import TxnStates
+from .partitions import Partitions
 from .waiters import EndWaiters
 
 log = logging.getLogger(__name__)
@@ -64,8 +64,8 @@ class Broker:
         self.security = load_broker_security(config)
         self.waiters = EndWaiters()
         self.store = MessageStoreManager(config.topics, config.max_message_size)
-        #: Every partition's producer table and transaction index, derived from its log.
-        self.txn_states = TxnStates(
+        #: Every partition's one owner: its log's appends and truncations, epoch history, transaction state.
+        self.partitions = Partitions(
             self.store, max_batches=config.txn.producer_state_max_batches, expiry_ms=config.txn.producer_expiry_ms
         )
         #: Local and XA transactions: the coordinator, its journal, markers and timeouts.
@@ -165,7 +165,7 @@ class Broker:
         check_data_dirs(config.data_path, config.topics.values(), str(config.source_path))
         floor = self.store.open_existing()
         # Before serving: each log's transaction state, and no batch half in a log.
-        self.txn_states.open_all()
+        self.partitions.open_all()
         self.transactions.open()
         self.ids = MsgIdGenerator(config.broker_id, floor)
         self.store.on_flushed = self.notify
@@ -177,7 +177,7 @@ class Broker:
             self.store.on_fsync_seconds = self.metrics.fsync_seconds.observe
             served = InstrumentedHandlers(self.handlers, self.metrics)
         self.store.start()
-        self.txn_states.start()
+        self.partitions.start()
         self.transactions.start()
         max_body = config.max_request_body
         loop = asyncio.get_running_loop()
@@ -247,7 +247,7 @@ class Broker:
         """
         registry = self.registry
         assert registry is not None
-        states = await asyncio.to_thread(self.txn_states.all)
+        states = await asyncio.to_thread(self.partitions.all)
         seen = (pid for state in states.values() for pid in state.producers.producers)
         floor = highest_counter_in(seen, self.config.broker_id) + RESEED_SKIP
         value = await asyncio.to_thread(
@@ -302,10 +302,10 @@ class Broker:
         if self.heartbeats is not None:
             await self.heartbeats.stop()
         self.waiters.notify_all()
-        await self.txn_states.stop()
+        await self.partitions.stop()
         await self.transactions.stop()
         await self.store.stop()
-        self.txn_states.close()
+        self.partitions.close()
         self.store.close()
         if self.metrics is not None:
             self.metrics.stop()

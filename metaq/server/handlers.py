@@ -35,7 +35,7 @@ from ..store.log import OffsetOutOfRange, SegmentVanished
 from ..store.manager import MessageStoreManager, UnknownPartition, UnknownTopic
 from ..store.msgid import MsgIdGenerator
 from ..store.refused import RefusedLog
-from ..txn.control import find_forged_control
+from ..txn.control import Control, find_forged_control
 from ..txn.producer_state import Decision, Verdict
 from ..txn.put import PutRefused, plan_put
 from . import stats as stats_text
@@ -46,7 +46,7 @@ from .registry import BrokerRegistry
 from .stats import BrokerStats
 from .transactional_ids import NotOwner, TooManyNames, TransactionalIds, check_transactional_id
 from .transactions import TransactionService, aborted_spans, stable_end
-from .txn_state import TxnStates
+from .partitions import Partition, Partitions
 from .waiters import EndWaiters
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ class ServedBroker(Protocol):
     ids: MsgIdGenerator | None
     ha: HaNode
     registry: BrokerRegistry | None
-    txn_states: TxnStates
+    partitions: Partitions
     producer_ids: ProducerIdAllocator | None
     transactional_ids: TransactionalIds | None
     transactions: TransactionService
@@ -170,14 +170,15 @@ class RequestHandlers:
         assert broker.ids is not None  # set in Broker.start, before the server listens
         first_id = broker.ids.allocate(count)
         stamp_msg_ids(body, first_id)
-        offset = self._append(req, partition, log, body, count)
-        broker.txn_states.note_append(req.topic, partition, offset, body)
+        offset = self._append(req, partition, broker.partitions.get(req.topic, partition), body, count)
         return self._ack(req, partition, offset, offset + len(body), first_id, count, count)
 
-    def _append(self, req: c.Request, partition: int, log: "PartitionLog", data: bytes | bytearray, count: int) -> int:
-        """Append a put's bytes (msg ids stamped); RequestError 500 if the store fails."""
+    def _append(self, req: c.Request, partition: int, owner: Partition, data: bytes | bytearray, count: int,
+                header: Control | None = None) -> int:
+        """Append a put's bytes (msg ids stamped; ``header``: their planned BATCH header);
+        RequestError 500 if the store fails."""
         try:
-            return log.append(data)
+            return owner.append_as_leader(data, header)
         except OSError as exc:
             self.stats.partition(req.topic, partition).put_failed += count
             if not isinstance(exc, SegmentVanished):  # that one the store has logged, once
@@ -213,8 +214,8 @@ class RequestHandlers:
                         count: int) -> Reply | Awaitable[Reply]:
         """A put from an idempotent producer: appended once behind its BATCH header, or re-acked.
 
-        Between the state's catch-up (``partition``) and ``appended`` nothing yields to the
-        event loop, so no other append can slip in: the state stays at the log end.
+        Between ``plan_put`` and the append nothing yields to the event loop, so no other
+        append can slip in: the verdict is taken on the state at the log end.
         """
         broker = self.broker
         if req.producer_epoch is None or req.sequence is None:
@@ -225,9 +226,9 @@ class RequestHandlers:
                                                 f"{req.producer_epoch} out of range (0..2^63-1, 0..32767)")
         check_producer(broker, req.origin, req.producer_id, req.producer_epoch, req.producer_token)
         broker.transactions.check_fenced(req.producer_id, req.producer_epoch)  # a newer instance of its transactional id
-        state = broker.txn_states.partition(req.topic, partition)
+        owner = broker.partitions.get(req.topic, partition)
         try:
-            plan = plan_put(state.producers, body, count, producer_id=req.producer_id, producer_epoch=req.producer_epoch,
+            plan = plan_put(owner.state.producers, body, count, producer_id=req.producer_id, producer_epoch=req.producer_epoch,
                             first_seq=req.sequence, timestamp_ms=int(time.time() * 1000), txid=req.txid or "")
         except (PutRefused, ValueError) as exc:
             raise c.RequestError(c.BAD_REQUEST, f"bad message batch: {exc}") from None
@@ -251,8 +252,7 @@ class RequestHandlers:
         assert framed is not None and broker.ids is not None
         first_id = broker.ids.allocate(count + 1)  # the BATCH header is a record and takes an id too
         stamp_msg_ids(framed, first_id)
-        offset = self._append(req, partition, log, framed, count)
-        state.appended(offset, framed, plan.header)
+        offset = self._append(req, partition, owner, framed, count, plan.header)
         return self._ack(req, partition, offset + plan.data_start, offset + len(framed), first_id + 1, count, count + 1)
 
     def _ack_duplicate(self, req: c.Request, partition: int, log: "PartitionLog", decision: Decision,

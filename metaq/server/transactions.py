@@ -201,7 +201,7 @@ class TransactionService:
 
     def _reconcile(self, epoch: int) -> None:
         assert self.coordinator is not None
-        states = self.broker.txn_states.all()
+        states = self.broker.partitions.all()
         now = self.clock_ms()
         # Marker ends of an earlier mastership refer to logs that may have been truncated since:
         # waiting for them could stall a branch until the log grows back. Markers still queued
@@ -495,9 +495,9 @@ class TransactionService:
                     data = bytearray(marker.data)
                     assert broker.ids is not None
                     stamp_msg_ids(data, broker.ids.allocate(1))
-                    offset = broker.store.get_log(marker.topic, marker.partition).append(data)
+                    # The partition's one append path: its index follows its own marker at once.
+                    offset = broker.partitions.get(marker.topic, marker.partition).append_as_leader(data)
                     end = offset + len(data)
-                    broker.txn_states.partition(marker.topic, marker.partition)  # the index follows its own marker at once
                     broker.appended(marker.topic, marker.partition, end, 1)
                     ends.append((marker.topic, marker.partition, end))
                 queued.pop(0)
@@ -514,7 +514,7 @@ class TransactionService:
 
     def _in_log(self, xid: str, marker: PendingMarker) -> bool:
         """Whether the partition's index already shows this marker of ``xid``."""
-        index = self.broker.txn_states.partition(marker.topic, marker.partition).index
+        index = self.broker.partitions.state(marker.topic, marker.partition).index
         if marker.kind is control.Kind.PREPARE:
             txn = index.open.get(xid)
             return txn is not None and txn.prepared
@@ -603,13 +603,13 @@ def stable_end(broker: Any, topic: str, partition: int, committed: int) -> int:
     min(committed, the state's position, the first offset of the earliest open
     transaction): a record of a transaction that may still roll back is never served.
     """
-    state = broker.txn_states.partition(topic, partition)
+    state = broker.partitions.state(topic, partition)
     return state.index.last_stable_offset(committed, state.position)
 
 
 def aborted_spans(broker: Any, topic: str, partition: int, start: int, end: int) -> list[list[int]]:
     """The aborted spans overlapping [start, end), as a fetch reply's ``aborted`` field."""
-    index = broker.txn_states.partition(topic, partition).index
+    index = broker.partitions.state(topic, partition).index
     if not index.aborted:
         return []
     return [[span.start, span.end] for span in index.aborted_between(start, end)]

@@ -37,7 +37,6 @@ import threading
 import time
 import zlib
 from pathlib import Path
-from typing import Callable
 
 from metaq import record
 from metaq.private_files import FILE_MODE, fsync_directory, make_private_dir
@@ -168,12 +167,6 @@ class PartitionLog:
         self._vanished: SegmentVanished | None = None
         self._checkpointed = checkpointed if checkpointed is not None else 0
         self._checkpointed_at = time.monotonic()
-        #: Bumped by every truncation: state derived from the bytes (metaq/server/txn_state.py)
-        #: compares it to know that bytes it has seen may be gone.
-        self.truncations = 0
-        #: Called with the cut offset before bytes are cut (-1: the whole log goes), so state
-        #: derived from the bytes can drop its snapshot first.
-        self.before_truncate: Callable[[int], None] | None = None
         if checkpointed != self._flushed_end:
             self._save_checkpoint(self._flushed_end)
 
@@ -395,8 +388,6 @@ class PartitionLog:
                 return None
             index = self._segment_index(segments, offset)
             self._check_record_boundary(segments[index], offset)
-            if self.before_truncate is not None:
-                self.before_truncate(offset)
             aside_path, copied = _save_aside(self._truncated_path(offset), segments[index:], offset)
             self._lower_checkpoint(offset)
             for seg in segments[index + 1 :]:
@@ -409,7 +400,6 @@ class PartitionLog:
             self._segments = segments[: index + 1]
             fsync_directory(self.directory)
             self._flushed_end = min(self._flushed_end, offset)
-            self.truncations += 1
         log.warning("%s: truncated to offset %d; %d bytes moved to %s", self.directory, offset, copied, aside_path)
         return aside_path
 
@@ -424,8 +414,6 @@ class PartitionLog:
             raise ValueError(f"offset must be >= 0, got {offset}")
         with self._structure_lock:
             segments = self._segments
-            if self.before_truncate is not None:
-                self.before_truncate(-1)
             aside_path = None
             if segments[-1].end > segments[0].start:
                 aside_path, _ = _save_aside(self._truncated_path(segments[0].start), segments, segments[0].start)
@@ -436,7 +424,6 @@ class PartitionLog:
             self._segments = [LogSegment.create(self.directory, offset)]
             fsync_directory(self.directory)
             self._flushed_end = offset
-            self.truncations += 1
         log.warning("%s: log reset to start at offset %d; old bytes moved to %s", self.directory, offset, aside_path)
         return aside_path
 

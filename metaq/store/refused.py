@@ -33,7 +33,6 @@ class RefusedLog:
         # Offsets below the end the broker knew stay taken: anything that asks for
         # where to append (a new master's epoch start, a slave's fetch) gets this end.
         self.min_offset = self.log_end = self.flushed_end = known_end
-        self.truncations = 0
 
     @property
     def segments(self) -> list[LogSegment]:

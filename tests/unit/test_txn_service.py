@@ -52,21 +52,35 @@ class FakeHa:
         return self.refusing
 
 
+class FakePartition:
+    """A partition's append path over the test's log (which the test may also append to directly)."""
+
+    def __init__(self, store: "Store", topic: str) -> None:
+        self.store, self.topic = store, topic
+
+    def append_as_leader(self, data: bytes | bytearray, header: object = None) -> int:
+        return self.store.get_log(self.topic, 0).append(data)
+
+
 class States:
-    """The registry's API over real logs: ``partition`` catches the state up to the log end."""
+    """The registry's API over real logs: ``state`` catches the state up to the log end (the
+    tests append to the logs directly too, as a put would)."""
 
     def __init__(self, store: "Store") -> None:
         self.store = store
         self.states: dict[tuple[str, int], PartitionTxnState] = {}
 
-    def partition(self, topic: str, partition: int) -> PartitionTxnState:
+    def get(self, topic: str, partition: int) -> FakePartition:
+        return FakePartition(self.store, topic)
+
+    def state(self, topic: str, partition: int) -> PartitionTxnState:
         log = self.store.get_log(topic, partition)
         state = self.states.setdefault((topic, partition), PartitionTxnState())
         state.catch_up(log.read, log.log_end)
         return state
 
     def all(self) -> dict[tuple[str, int], PartitionTxnState]:
-        return {key: self.partition(*key) for key in self.store.logs}
+        return {key: self.state(*key) for key in self.store.logs}
 
 
 class Store:
@@ -92,7 +106,7 @@ class FakeBroker:
         self.security = type("Security", (), {"authorizer": self.authorizer, "producer_tokens": self.tokens,
                                               "principal_tags": tags})()
         self.store = Store(self.base)
-        self.txn_states = States(self.store)
+        self.partitions = States(self.store)
         self.ha = FakeHa()
         self.ids = MsgIdGenerator(1)
         self.transactional_ids = None  # no init_producer here: the service fences only from the logs
