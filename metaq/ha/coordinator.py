@@ -464,6 +464,7 @@ class HaCoordinator:
 
     async def _stop_leading(self) -> None:
         """Ack nothing more: drop the lease, fail waiting sync acks, publish no sync set again."""
+        self.host.on_resigned()
         if self.lease is not None:
             await self.lease.stop()
         sync_set, self.sync_set = self.sync_set, None
@@ -708,6 +709,7 @@ class HaCoordinator:
         await self.lease.start()
         await self._start_sync_set()
         self.master_url = self.my_url
+        self.host.on_leading(self.epoch)  # the transaction service reconciles (now or once writable)
         # Last: the topic and checksum nodes tell producers to come, so we take
         # writes before they appear.
         await self.registry.set_role("master")

@@ -238,6 +238,16 @@ class Broker:
                                                   self.config.txn.max_transactional_ids_per_user,
                                                   self.security.principal_tags)
         await self.ha.start()
+        if self.ha.coordinator is None and self.ha.acting_master:
+            self.on_leading(self.ha.epoch)  # without ZooKeeper: master from the start, in epoch 0
+
+    def on_leading(self, epoch: int) -> None:
+        """This broker leads ``epoch`` now (``HaCoordinator._lead``, or at start without ZooKeeper)."""
+        self.transactions.on_leading(epoch)
+
+    def on_resigned(self) -> None:
+        """This broker stopped leading (``HaCoordinator._stop_leading``)."""
+        self.transactions.on_resigned()
 
     async def restore_after_zookeeper_loss(self) -> None:
         """This broker re-seeded its group after ZooKeeper lost its data (metaq/ha/election.py).

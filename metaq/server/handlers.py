@@ -45,7 +45,7 @@ from .producer_ids import ProducerIdAllocator
 from .registry import BrokerRegistry
 from .stats import BrokerStats
 from .transactional_ids import NotOwner, TooManyNames, TransactionalIds, check_transactional_id
-from .transactions import TransactionService, aborted_spans, stable_end
+from .transactions import Fence, TransactionService, aborted_spans, fenced_message, stable_end
 from .partitions import Partition, Partitions
 from .waiters import EndWaiters
 
@@ -225,11 +225,14 @@ class RequestHandlers:
             raise c.RequestError(c.BAD_REQUEST, f"put: producer_id {req.producer_id} or producer_epoch "
                                                 f"{req.producer_epoch} out of range (0..2^63-1, 0..32767)")
         check_producer(broker, req.origin, req.producer_id, req.producer_epoch, req.producer_token)
-        broker.transactions.check_fenced(req.producer_id, req.producer_epoch)  # a newer instance of its transactional id
         owner = broker.partitions.get(req.topic, partition)
+        # One verdict: the partition's producer table and the newest epoch of the producer's
+        # transactional id on this master (its fence) decide together whether this is a zombie.
+        fence = broker.transactions.fence_of(req.producer_id)
         try:
             plan = plan_put(owner.state.producers, body, count, producer_id=req.producer_id, producer_epoch=req.producer_epoch,
-                            first_seq=req.sequence, timestamp_ms=int(time.time() * 1000), txid=req.txid or "")
+                            first_seq=req.sequence, timestamp_ms=int(time.time() * 1000), txid=req.txid or "",
+                            fence_epoch=fence.epoch if fence is not None else 0)
         except (PutRefused, ValueError) as exc:
             raise c.RequestError(c.BAD_REQUEST, f"bad message batch: {exc}") from None
         decision = plan.decision
@@ -240,8 +243,9 @@ class RequestHandlers:
                        f"{req.topic}-{partition}, expected {decision.expected_seq}")
             return c.reply_header(req.opaque, c.BAD_REQUEST, message, expected_seq=decision.expected_seq), b""
         if decision.verdict is Verdict.FENCED:
-            message = (f"fenced: producer {req.producer_id} epoch {req.producer_epoch} is older than its "
-                       f"current epoch {decision.current_epoch}")
+            assert decision.current_epoch is not None
+            newest = Fence(decision.current_epoch, fence.name if fence is not None else None)
+            message = fenced_message(req.producer_id, req.producer_epoch, newest)
             return c.reply_header(req.opaque, c.FORBIDDEN, message, current_epoch=decision.current_epoch), b""
         if req.txid:
             # The branch must be ACTIVE on this master and this put its own (RequestError if not); a

@@ -209,6 +209,14 @@ class Partitions:
             owner = self._partitions[(topic, partition)] = Partition(self, (topic, partition), partition_log)
         return owner
 
+    def serves(self, topic: str, partition: int) -> bool:
+        """Whether this broker serves the partition now (a deleted topic's is gone)."""
+        try:
+            self.store.get_log(topic, partition)
+        except LookupError:  # UnknownTopic, UnknownPartition
+            return False
+        return True
+
     def state(self, topic: str, partition: int) -> PartitionTxnState:
         """The partition's transaction state, at its log end."""
         return self.get(topic, partition).state

@@ -70,6 +70,9 @@ class States:
         self.store = store
         self.states: dict[tuple[str, int], PartitionTxnState] = {}
 
+    def serves(self, topic: str, partition: int) -> bool:
+        return (topic, partition) in self.store.logs
+
     def get(self, topic: str, partition: int) -> FakePartition:
         return FakePartition(self.store, topic)
 
@@ -136,6 +139,14 @@ class FakeBroker:
         return [r.data for r in committed_records(buf, 0, spans).records]
 
 
+async def journaled(service: TransactionService) -> None:
+    """Markers nobody waits on (timeouts, reconcile) are appended once their decisions are fsynced
+    in a worker thread: wait for that fsync, then let the appending task run."""
+    await service._journal_durable()
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
 def request(action: str, xid: str = "", **fields: Any) -> TransactionRequest:
     return TransactionRequest(action=action, xid=xid, opaque=1, **fields)
 
@@ -149,6 +160,7 @@ def make(tmp_path: Path, clock: list[int], **kwargs: Any) -> tuple[FakeBroker, T
     broker = FakeBroker(tmp_path, **kwargs)
     service = TransactionService(broker, clock_ms=lambda: clock[0])
     service.open()
+    service.on_leading(broker.ha.epoch)  # as the broker's start without ZooKeeper does
     return broker, service
 
 
@@ -271,7 +283,7 @@ async def test_a_timeout_rolls_the_branch_back_with_abort_markers(tmp_path: Path
     broker.store.get_log("orders", 0).append(encode_record(b"plain"))
     clock[0] += 2_001
     service.tick()
-    await asyncio.sleep(0)
+    await journaled(service)
     assert broker.visible("orders") == [b"plain"]
     assert (await call(service, "end", "TX:7:1"))["xa_code"] == Code.XA_RBROLLBACK
 
@@ -287,7 +299,9 @@ async def test_a_new_master_learns_a_prepared_branch_from_the_log_and_commits_it
     successor = TransactionService(broker, clock_ms=lambda: clock[0])
     successor.open()
     broker.ha.epoch = 2
-    assert successor.refusal() is None  # reconciles on first use in the new epoch
+    assert successor.refusal() is not None  # not leading yet: refusal() only reads, it reconciles nothing
+    successor.on_leading(2)  # the coordinator's _lead: reconciled at once (this master may write)
+    assert successor.refusal() is None
     assert (await call(successor, "recover"))["xids"] == ["XID:1:01:02"]
     await asyncio.sleep(0)
     assert broker.visible("orders") == [] and broker.visible("payments") == []
@@ -306,6 +320,7 @@ async def test_a_restart_keeps_a_prepared_branch(tmp_path: Path, clock: list[int
     restarted = FakeBroker(tmp_path)  # the same directories: logs and journal reopened
     again = TransactionService(restarted, clock_ms=lambda: clock[0])
     again.open()
+    again.on_leading(restarted.ha.epoch)
     assert (await call(again, "recover"))["xids"] == ["XID:1:aa:bb"]
     assert (await call(again, "rollback", "XID:1:aa:bb"))["xa_code"] == Code.XA_OK
     assert restarted.visible("orders") == []
@@ -358,6 +373,7 @@ async def test_the_starter_survives_a_restart_and_a_take_over_and_an_unknown_one
     restarted = FakeBroker(tmp_path, authorizer=authorizer)  # the journal and the logs reopened
     again = TransactionService(restarted, clock_ms=lambda: clock[0])
     again.open()
+    again.on_leading(restarted.ha.epoch)
     assert (await call(again, "recover", principal=other))["xids"] == []
     with pytest.raises(c.RequestError, match="may not decide transaction XID:1:01:01") as refused:
         await call(again, "rollback", "XID:1:01:01", other)
@@ -370,6 +386,7 @@ async def test_the_starter_survives_a_restart_and_a_take_over_and_an_unknown_one
     successor = TransactionService(restarted, clock_ms=lambda: clock[0])
     successor.open()
     restarted.ha.epoch = 2
+    successor.on_leading(2)
     assert (await call(successor, "recover", principal=other))["xids"] == []
     assert (await call(successor, "recover", principal=app))["xids"] == ["XID:1:01:02"]
     with pytest.raises(c.RequestError, match="may not decide transaction XID:1:01:02"):
@@ -513,6 +530,7 @@ async def test_a_new_master_fences_from_the_batch_records_in_its_logs(tmp_path: 
         control.frame_batch(body, 1, producer_id=7, producer_epoch=3, first_seq=0, timestamp_ms=1, txid="TX:7:9"))
     promoted = TransactionService(broker, clock_ms=lambda: clock[0])  # a slave taking over: the log is all it knows
     promoted.open()
+    promoted.on_leading(1)
     assert promoted.refusal() is None
     with pytest.raises(c.RequestError, match="epoch 2, current epoch 3"):
         promoted.check_fenced(7, 2)
@@ -580,7 +598,7 @@ async def test_the_tick_appends_a_marker_an_earlier_failure_left_pending(tmp_pat
     with pytest.raises(c.RequestError, match="TX:7:1 is being decided"):
         service.enlist("TX:7:1", "orders", 0)
     service.tick()
-    await asyncio.sleep(0)
+    await journaled(service)
     assert broker.visible("orders") == [b"one"]
     service.tick()  # nothing left to write
     assert markers_in(broker, "orders", control.Kind.COMMIT) == 1
@@ -618,11 +636,11 @@ async def test_a_tick_whose_first_timed_out_branch_fails_to_append_still_aborts_
     fail_appends(broker, "orders")
     clock[0] += 2_001
     service.tick()
-    await asyncio.sleep(0)
+    await journaled(service)
     assert broker.visible("payments") == [b"plain two"]  # the second branch's ABORT is written
     assert broker.visible("orders") == []  # the first's is owed: its open records still hold the LSO
     service.tick()
-    await asyncio.sleep(0)
+    await journaled(service)
     assert broker.visible("orders") == [b"plain one"]
     assert markers_in(broker, "orders", control.Kind.ABORT) == 1
 
@@ -634,8 +652,10 @@ async def test_a_new_epoch_forgets_the_marker_ends_of_the_previous_mastership(tm
     await asyncio.sleep(0.01)
     assert "TX:7:1" in service._unsettled  # its marker's end: it may be truncated away as a slave
     commit.cancel()
-    broker.ha.epoch = 2  # slave, then master again in a new epoch
+    service.on_resigned()  # slave, then master again in a new epoch
+    broker.ha.epoch = 2
     broker.hold_acks = False
+    service.on_leading(2)
     assert service.refusal() is None
     assert service._unsettled == {} and service._background == set()
     assert (await call(service, "commit_one_phase", "TX:7:1"))["xa_code"] == Code.XA_OK  # no wait on the old end
@@ -644,9 +664,11 @@ async def test_a_new_epoch_forgets_the_marker_ends_of_the_previous_mastership(tm
 @in_loop
 async def test_a_new_epoch_drops_queued_markers_and_the_logs_decide(tmp_path: Path, clock: list[int]) -> None:
     broker, service = await commit_that_fails_to_append(tmp_path, clock)  # never answered XA_OK: outcome unknown
+    service.on_resigned()
     broker.ha.epoch = 2
+    service.on_leading(2)
     assert service.refusal() is None
-    await asyncio.sleep(0)
+    await journaled(service)
     assert service._pending == {}
     assert broker.visible("orders") == []  # no COMMIT landed: rolled back, as on any other new master
     assert markers_in(broker, "orders", control.Kind.COMMIT) == 0 and markers_in(broker, "orders", control.Kind.ABORT) == 1
