@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -673,3 +674,49 @@ async def test_a_new_epoch_drops_queued_markers_and_the_logs_decide(tmp_path: Pa
     assert broker.visible("orders") == []  # no COMMIT landed: rolled back, as on any other new master
     assert markers_in(broker, "orders", control.Kind.COMMIT) == 0 and markers_in(broker, "orders", control.Kind.ABORT) == 1
     assert (await call(service, "commit_one_phase", "TX:7:1"))["xa_code"] != Code.XA_OK
+
+
+@in_loop
+async def test_refusal_is_a_pure_read_and_the_reconcile_waits_for_a_writable_master(tmp_path: Path, clock: list[int]) -> None:
+    """on_leading while writes are still refused (a sync master before its set is published):
+    refusal() answers 503 without reconciling, however often asked; the tick reconciles once
+    writable; on_resigned refuses again."""
+    broker, service = make(tmp_path, clock)
+    await opened(broker, service, "TX:7:1", b"old master's")  # unprepared: a new epoch rolls it back
+    service.on_resigned()
+    broker.ha.epoch = 2
+    broker.ha.refusing = (c.SERVICE_UNAVAILABLE, "sync set not yet published")
+    service.on_leading(2)
+    for _ in range(3):
+        assert service.refusal() == broker.ha.refusing
+    broker.ha.refusing = None
+    for _ in range(3):
+        assert service.refusal() is not None and service.reconciled_epoch == 1  # asking reconciles nothing
+    service.tick()
+    assert service.reconciled_epoch == 2 and service.refusal() is None
+    await journaled(service)
+    assert markers_in(broker, "orders", control.Kind.ABORT) == 1
+    service.on_resigned()
+    assert service.refusal() is not None
+
+
+@in_loop
+async def test_a_decision_is_fsynced_off_the_event_loop_before_its_markers_and_answer(tmp_path: Path, clock: list[int]) -> None:
+    """flushTxLogAtCommit=1: the commit's journal fsync runs in a worker thread, and no COMMIT
+    marker is in the log before it returns."""
+    broker, service = make(tmp_path, clock)
+    loop_thread = threading.get_ident()
+    fsyncs: list[tuple[int, int]] = []  # (thread, COMMIT markers in the log at the fsync)
+    assert service.journal is not None
+    real_fsync = service.journal._fsync
+
+    def recording_fsync(fd: int) -> None:
+        fsyncs.append((threading.get_ident(), markers_in(broker, "orders", control.Kind.COMMIT)))
+        real_fsync(fd)
+
+    service.journal._fsync = recording_fsync
+    await opened(broker, service, "TX:7:1", b"one")
+    await call(service, "end", "TX:7:1")
+    assert (await call(service, "commit_one_phase", "TX:7:1"))["xa_code"] == Code.XA_OK
+    assert fsyncs and all(thread != loop_thread for thread, _ in fsyncs)
+    assert fsyncs[-1][1] == 0 and markers_in(broker, "orders", control.Kind.COMMIT) == 1
