@@ -42,10 +42,10 @@ from .metrics import metrics_login as metrics_login_of
 from .registry import BrokerRegistry
 from .reload import apply_logging, reload_config
 from .stats import BrokerStats
+from .partitions import Partitions
 from .producer_ids import RESEED_SKIP, ProducerIdAllocator, highest_counter_in, local_blocks, raise_zookeeper_counter, zookeeper_blocks
 from .transactional_ids import LocalMapping, MappingStore, TransactionalIds, ZooKeeperMapping
 from .transactions import TransactionService
-from .partitions import Partitions
 from .waiters import EndWaiters
 
 log = logging.getLogger(__name__)

@@ -40,13 +40,13 @@ from ..txn.producer_state import Decision, Verdict
 from ..txn.put import PutRefused, plan_put
 from . import stats as stats_text
 from .connection import FileBody
+from .partitions import Partition, Partitions
 from .producer_auth import check_producer, issued_token
 from .producer_ids import ProducerIdAllocator
 from .registry import BrokerRegistry
 from .stats import BrokerStats
 from .transactional_ids import NotOwner, TooManyNames, TransactionalIds, check_transactional_id
 from .transactions import Fence, TransactionService, aborted_spans, fenced_message, stable_end
-from .partitions import Partition, Partitions
 from .waiters import EndWaiters
 
 if TYPE_CHECKING:
