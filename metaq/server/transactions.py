@@ -360,6 +360,7 @@ class TransactionService:
             with contextlib.suppress(c.RequestError):  # every branch gets its try; the first failure is raised below
                 self._append_pending(xid)
         for xid, _reply in zombies:
+            await self._journal_durable()  # decisions journaled by other requests while we settled
             self._append_pending(xid)
             await self._settle(xid)
 
@@ -559,6 +560,12 @@ class TransactionService:
         if queued is None:
             return
         assert self._journal_synced(), "a marker may not reach a log before its decision is in the journal"
+        # The journal's fsync was awaited: this broker may have stopped leading meanwhile (a
+        # slave's log takes only its master's bytes). The markers stay queued; a new epoch's
+        # reconcile decides them.
+        if host.ha.write_refusal() is not None or self.leading_epoch != self.reconciled_epoch or self.leading_epoch is None:
+            raise c.RequestError(c.SERVICE_UNAVAILABLE, f"transaction {xid}: this broker is not the writable master "
+                                                        "right now; its markers are kept, retry")
         ends = list(self._unsettled.get(xid, []))
         try:
             while queued:

@@ -11,7 +11,7 @@ import functools
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -140,6 +140,14 @@ class FakeBroker:
         return [r.data for r in committed_records(buf, 0, spans).records]
 
 
+async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Poll: the journal's fsync runs in a worker thread, so markers land a moment after the step."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.002)
+
+
 async def journaled(service: TransactionService) -> None:
     """Markers nobody waits on (timeouts, reconcile) are appended once their decisions are fsynced
     in a worker thread: wait for that fsync, then let the appending task run."""
@@ -250,7 +258,7 @@ async def test_the_reply_waits_until_the_markers_are_durable_and_a_retry_waits_t
     broker, service = make(tmp_path, clock, hold_acks=True)
     commit = await commit_in_flight(broker, service, "TX:7:1")
     retry = asyncio.ensure_future(call(service, "commit_one_phase", "TX:7:1"))
-    await asyncio.sleep(0.01)
+    await until(lambda: len(broker.waits) >= 2)
     assert not commit.done() and not retry.done()  # the COMMIT marker is appended, not yet safe
     for wait in broker.waits:
         wait.set_result(None)
@@ -265,13 +273,13 @@ async def test_a_marker_that_fails_to_replicate_fails_the_reply_and_the_retry_wa
     await call(service, "end", "TX:7:1")
     service.coordinator.branches["TX:7:1"].partitions.append(("orders", 0))  # as if it had written there
     commit = asyncio.ensure_future(call(service, "commit_one_phase", "TX:7:1"))
-    await asyncio.sleep(0.01)
+    await until(lambda: len(broker.waits) >= 1)
     broker.waits[0].set_exception(c.RequestError(c.GATEWAY_TIMEOUT, "sync slaves did not confirm in time"))
     with pytest.raises(c.RequestError) as failed:
         await commit
     assert failed.value.code == c.GATEWAY_TIMEOUT
     retry = asyncio.ensure_future(call(service, "commit_one_phase", "TX:7:1"))
-    await asyncio.sleep(0.01)
+    await until(lambda: len(broker.waits) >= 2)
     assert not retry.done() and len(broker.waits) == 2
     broker.waits[1].set_result(None)
     assert (await retry)["xa_code"] == Code.XA_OK
@@ -650,7 +658,7 @@ async def test_a_tick_whose_first_timed_out_branch_fails_to_append_still_aborts_
 async def test_a_new_epoch_forgets_the_marker_ends_of_the_previous_mastership(tmp_path: Path, clock: list[int]) -> None:
     broker, service = make(tmp_path, clock, hold_acks=True)
     commit = await commit_in_flight(broker, service, "TX:7:1")
-    await asyncio.sleep(0.01)
+    await until(lambda: "TX:7:1" in service._unsettled)
     assert "TX:7:1" in service._unsettled  # its marker's end: it may be truncated away as a slave
     commit.cancel()
     service.on_resigned()  # slave, then master again in a new epoch
