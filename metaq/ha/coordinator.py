@@ -42,7 +42,7 @@ from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
 from ..client.connection import BrokerConnection, ConnectionClosed
-from ..config import SlaveConfig
+from ..config import BrokerConfig, SlaveConfig
 from ..protocol.messages import EpochsRequest
 from ..store.datadirs import broker_identity
 from ..zk.group import ZK_CALL_TIMEOUT_S, GroupState, read_group_state
@@ -88,10 +88,14 @@ ZK_ERRORS = (KazooException, KazooTimeoutError)
 
 
 class HaCoordinator:
+    @property
+    def config(self) -> BrokerConfig:
+        """The broker's configuration now (never a copy: a reload replaces it, metaq/server/live_config.py)."""
+        return self.host.config
+
     def __init__(self, host: BrokerHost, slave: SlaveConfig | None, progress: ReplicationProgress) -> None:
         self.host = host
         self.progress = progress
-        self.config = host.config
         self.prefers_master = slave is None
         self.slave_template = slave
         self.machine = RoleMachine()
@@ -730,7 +734,7 @@ class HaCoordinator:
         try:
             group = await asyncio.to_thread(
                 update_group_topics, self.zk, self.paths, self.broker_id,
-                seed_with(self.host.config.topics, self.config.topic_defaults),
+                seed_with(self.config.topics, self.config.topic_defaults),
                 security=self.registry.security,
             )
         except (*ZK_ERRORS, RuntimeError) as exc:

@@ -40,6 +40,11 @@ class ZkLease:
         confirmed = self._confirmed_at
         return confirmed is not None and self._clock() - confirmed < self.valid_for
 
+    @property
+    def confirmed_once(self) -> bool:
+        """Whether ZooKeeper has vouched for this lease since it was (re)started."""
+        return self._confirmed_at is not None
+
     def remaining(self) -> float:
         if self._confirmed_at is None:
             return 0.0

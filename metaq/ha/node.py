@@ -107,6 +107,10 @@ class HaNode:
             if role in (Role.FOLLOWING, Role.ORPHANED):
                 master = coordinator.master_url or "(none registered)"
                 return c.FORBIDDEN, f"broker {broker_id} {self.role_name} is a slave; writes go to its master {master}"
+            if role is Role.LEADING and (coordinator.lease is None or not coordinator.lease.confirmed_once):
+                # Won the election, still taking over (fsync, epoch start, lease, sync set):
+                # not an expiry, and a retry in a moment is acked.
+                return c.SERVICE_UNAVAILABLE, f"broker {broker_id} is taking over as master of epoch {self.epoch}; nothing stored, retry shortly"
             if role is Role.LEADING:
                 return c.SERVICE_UNAVAILABLE, "master lease expired: ZooKeeper has not confirmed this master recently; retry"
             return c.SERVICE_UNAVAILABLE, f"broker {broker_id} is {role.value}; no master here right now, retry"

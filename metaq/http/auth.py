@@ -4,7 +4,7 @@ The file is the brokers' security file (``securityConfig``): the same users, pas
 ACLs. A request carries ``Authorization: Basic`` (the gateway serves HTTPS whenever users
 are required, so the password never crosses the network in the clear); the password is
 checked against the stored SCRAM secret, then the route's operation against the user's
-ACL with the brokers' own Authorizer:
+ACL by the brokers' own decider (metaq/server/authz.py, ``Authz.denial``):
 
     GET  /topics, /topics/{topic}                         describe
     POST /topics/{topic}/messages                         produce on {topic}
@@ -42,10 +42,12 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 
-from ..security.acl import Authorizer, Operation
+from ..protocol.messages import Operation
+from ..security.acl import Authorizer
 from ..security.credentials import SecurityFile
 from ..security.principals import Principal
 from ..security.scram import DEFAULT_ITERATIONS, decoy_secret
+from ..server.authz import Authz, FixedRules
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -117,7 +119,7 @@ class HttpUsers:
                  failure_rate: float = DEFAULT_FAILURE_RATE) -> None:
         self.users = users
         # Brokers are never HTTP users (their names are reserved): no group to name.
-        self.authorizer = Authorizer(-1, users.acls())
+        self.authz = Authz(FixedRules(Authorizer(-1, users.acls())))
         self._key = os.urandom(32)
         self._decoy = os.urandom(32)
         # The decoy costs what most users' checks cost: the iteration count they have.
@@ -191,7 +193,7 @@ class HttpUsers:
             route = request.match_info.route.resource
             operation = _ROUTES.get(route.canonical) if route is not None else None
             if operation is not None:
-                reason = self.authorizer.denial(principal, operation, request.match_info.get("topic"))
+                reason = self.authz.denial(principal, operation, request.match_info.get("topic"))
                 if reason is not None:
                     return web.json_response({"error": reason}, status=403)
             return await handler(request)

@@ -9,8 +9,9 @@ carries ``code`` (MetaQ's HTTP-like result codes) and, on errors, ``msg``.
     op         request fields (besides op, opaque)                  body            reply
     ---------  ---------------------------------------------------  --------------  -------------------------------------------
     put        topic, partition (-1 = broker picks), [count],       records         200 partition offset msg_id count end_offset epoch
-               [producer_id, producer_epoch, sequence], [txid]                      [duplicate] (a retry of a stored batch)
-    init_producer  -                                                -               200 producer_id epoch
+               [producer_id, producer_epoch, sequence,                              [duplicate] (a retry of a stored batch)
+               producer_token], [txid]
+    init_producer  [transactional_id]                               -               200 producer_id epoch [producer_token]
     get        topic, partition, offset, max_size, [group],         -               200 offset committed log_end + log bytes;
                [max_wait_ms], [replica: {slave_id, epoch, log_end}]                 301 offset (moved); 404 (no data yet)
     offset     topic, partition, offset                             -               200 offset min_offset max_offset
@@ -27,6 +28,13 @@ carries ``code`` (MetaQ's HTTP-like result codes) and, on errors, ``msg``.
                                                                                         in [start, end), end clamped to log end)
     position   topic, partition, replica: {slave_id, epoch,         -               200 committed log_end epoch
                log_end}
+    transaction  action, [xid], [timeout_s], [producer_id,          -               200 xa_code [xids (recover)]
+               producer_epoch, producer_token]
+    auth       mechanism, step, data (metaq/security/messages.py)   -               200 step data [principal]; 403
+                                                                                    (security on: the SCRAM handshake)
+
+What each command needs of its sender (security on) is declared by its class in
+messages.py (``OPERATION``, ``access``) and decided by metaq/server/authz.py.
 
 ``get`` with a ``replica`` field is a slave's fetch: it reads past the committed
 offset (up to the log end) and reports the slave's progress to the master.

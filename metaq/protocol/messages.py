@@ -6,6 +6,10 @@ one from ``parse_request(frame)``, which checks every field against the class's
 declaration and turns a missing or ill-typed field into a 400 with a one-line message.
 Handlers read fields as attributes (``req.topic``, ``req.partition``, ``req.replica``).
 
+Each command also declares what a principal must hold to make it: ``operation=`` in its
+class statement (read as ``OPERATION``), and ``access`` for the two whose need depends on
+a field. metaq/server/authz.py decides with that declaration, before the fields are checked.
+
 A field is declared with ``required(kind)`` or ``optional(kind, default)``. ``None``
 on the wire means "absent" (msgpack clients send it for unset optionals), and an absent
 optional field takes its default; ``to_header()`` leaves out fields that are None.
@@ -15,9 +19,10 @@ Replies are read through the views in replies.py.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, ClassVar, Hashable, Protocol
+from typing import Any, ClassVar, Hashable, Mapping, Protocol
 
 from .codes import BAD_REQUEST, RequestError
 from .frames import Frame
@@ -28,11 +33,34 @@ STATS_FORMATS = ("text", "map")
 DEFAULT_MAX_SIZE = 1024 * 1024
 
 
+class Operation(enum.Enum):
+    """What a principal may do (security on); who holds which is metaq/security/acl.py's table."""
+
+    PRODUCE = "produce"
+    CONSUME = "consume"
+    DESCRIBE = "describe"
+    ADMIN = "admin"
+    REPLICATION = "replication"
+
+
+#: The operations by name, for the commands' declarations below.
+PRODUCE, CONSUME, DESCRIBE, ADMIN, REPLICATION = (
+    Operation.PRODUCE, Operation.CONSUME, Operation.DESCRIBE, Operation.ADMIN, Operation.REPLICATION,
+)
+#: Operations on one topic: a request needing one is authorized for the topic it names.
+ON_A_TOPIC = (Operation.PRODUCE, Operation.CONSUME, Operation.REPLICATION)
+#: What a request needs: (operation, topic or None); None: open before login.
+Access = tuple[Operation, str | None] | None
+
+
 class Origin(Hashable, Protocol):
     """The connection a request came on, as the broker uses it: a key (compared by
     identity) under which it remembers the slaves fetching on it, dropped when it closes."""
 
     peer: str
+
+
+_UNDECLARED = object()
 
 
 def required(kind: type) -> Any:
@@ -48,15 +76,38 @@ class Request:
     """A request: its command's fields, plus ``opaque``, ``body`` and (received) ``origin``."""
 
     OP: ClassVar[str] = ""
+    #: What a principal must hold to make this request; None: open before login. Each command
+    #: declares its own in its class statement (``class PutRequest(Request, operation=...)``).
+    OPERATION: ClassVar[Operation | None] = Operation.ADMIN
     opaque: int = -1
     body: bytes | bytearray = field(default=b"", repr=False)
     #: The connection it came on (set by the server; lets the broker notice a slave's
     #: replication connection closing).
     origin: Origin | None = field(default=None, repr=False)
 
+    def __init_subclass__(cls, *, operation: Any = _UNDECLARED, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if operation is _UNDECLARED:  # a new command is never open by accident
+            raise TypeError(f"{cls.__name__}: declare the operation it needs: class {cls.__name__}(Request, operation=...)")
+        cls.OPERATION = operation
+
     @property
     def op(self) -> str:
         return self.OP
+
+    @classmethod
+    def access(cls, header: Mapping[str, Any]) -> Access:
+        """What a request of this command needs, read from its raw header (it is authorized before
+        its fields are checked, so a principal that may not make it learns nothing from their checks).
+        The topic is the header's ``topic`` when it is a string and the operation is on a topic."""
+        return cls._access(cls.OPERATION, header)
+
+    @staticmethod
+    def _access(operation: Operation | None, header: Mapping[str, Any]) -> Access:
+        if operation is None:
+            return None
+        topic = header.get("topic")
+        return operation, topic if operation in ON_A_TOPIC and isinstance(topic, str) else None
 
     def check(self) -> None:
         """Checks of a decoded request's values beyond their kinds (RequestError); none by default."""
@@ -82,7 +133,7 @@ def _fields(cls: type[Request]) -> tuple[tuple[str, type, bool, Any], ...]:
 
 
 @dataclass(kw_only=True, eq=False)
-class PutRequest(Request):
+class PutRequest(Request, operation=PRODUCE):
     OP = "put"
     topic: str = required(str)
     partition: int = optional(int, -1)  # -1: the broker picks
@@ -99,8 +150,9 @@ class PutRequest(Request):
 
 
 @dataclass(kw_only=True, eq=False)
-class InitProducerRequest(Request):
+class InitProducerRequest(Request, operation=DESCRIBE):
     """A new producer id, unique in the cluster, for an idempotent producer (reply: producer_id, epoch).
+    DESCRIBE: no topic yet, anyone who may look at the cluster.
 
     With ``transactional_id``: that name's producer id with its epoch raised by one, once
     every unprepared transaction of the older epochs is rolled back
@@ -112,7 +164,8 @@ class InitProducerRequest(Request):
 
 
 @dataclass(kw_only=True, eq=False)
-class GetRequest(Request):
+class GetRequest(Request, operation=CONSUME):
+    # A consumer's fetch needs CONSUME; a slave's (``replica`` set) REPLICATION (``access``).
     OP = "get"
     topic: str = required(str)
     partition: int = required(int)
@@ -123,9 +176,13 @@ class GetRequest(Request):
     #: A slave's fetch: ``replica_field(slave_id, epoch, log_end)``.
     replica: dict[str, Any] | None = optional(dict, None)
 
+    @classmethod
+    def access(cls, header: Mapping[str, Any]) -> Access:
+        return cls._access(Operation.REPLICATION if header.get("replica") is not None else cls.OPERATION, header)
+
 
 @dataclass(kw_only=True, eq=False)
-class OffsetRequest(Request):
+class OffsetRequest(Request, operation=CONSUME):
     OP = "offset"
     topic: str = required(str)
     partition: int = required(int)
@@ -133,10 +190,17 @@ class OffsetRequest(Request):
 
 
 @dataclass(kw_only=True, eq=False)
-class StatsRequest(Request):
+class StatsRequest(Request, operation=DESCRIBE):
+    # Plain stats need DESCRIBE; the items in ``ADMIN_ITEMS`` ADMIN (``access``).
     OP = "stats"
+    ADMIN_ITEMS: ClassVar[frozenset[str]] = frozenset({"reset", "config"})
     item: str = optional(str, "")
     format: str = optional(str, "text")  # "map": the stats as msgpack data (StatsReply)
+
+    @classmethod
+    def access(cls, header: Mapping[str, Any]) -> Access:
+        item = str(header.get("item") or "").strip()
+        return cls._access(Operation.ADMIN if item in cls.ADMIN_ITEMS else cls.OPERATION, header)
 
     def check(self) -> None:
         if self.format not in STATS_FORMATS:
@@ -144,27 +208,28 @@ class StatsRequest(Request):
 
 
 @dataclass(kw_only=True, eq=False)
-class VersionRequest(Request):
+class VersionRequest(Request, operation=None):
     OP = "version"
 
 
 @dataclass(kw_only=True, eq=False)
-class QuitRequest(Request):
+class QuitRequest(Request, operation=None):
     OP = "quit"
 
 
 @dataclass(kw_only=True, eq=False)
-class ConfigRequest(Request):
+class ConfigRequest(Request, operation=ADMIN):
     OP = "config"
 
 
 @dataclass(kw_only=True, eq=False)
-class TopicsRequest(Request):
+class TopicsRequest(Request, operation=DESCRIBE):
     OP = "topics"
 
 
 @dataclass(kw_only=True, eq=False)
-class EpochEndRequest(Request):
+class EpochEndRequest(Request, operation=REPLICATION):
+    # REPLICATION: the truncation answer of a rejoining broker.
     OP = "epoch_end"
     topic: str = required(str)
     partition: int = required(int)
@@ -172,14 +237,15 @@ class EpochEndRequest(Request):
 
 
 @dataclass(kw_only=True, eq=False)
-class EpochsRequest(Request):
+class EpochsRequest(Request, operation=ADMIN):
+    # ADMIN: a read for operators (a drill); it carries no epoch claim, so it never fences.
     OP = "epochs"
     topic: str = required(str)
     partition: int = required(int)
 
 
 @dataclass(kw_only=True, eq=False)
-class ChecksumRequest(Request):
+class ChecksumRequest(Request, operation=ADMIN):
     OP = "checksum"
     topic: str = required(str)
     partition: int = required(int)
@@ -188,7 +254,7 @@ class ChecksumRequest(Request):
 
 
 @dataclass(kw_only=True, eq=False)
-class PositionRequest(Request):
+class PositionRequest(Request, operation=REPLICATION):
     OP = "position"
     topic: str = required(str)
     partition: int = required(int)
@@ -203,8 +269,12 @@ TRANSACTION_ACTIONS = (
 
 
 @dataclass(kw_only=True, eq=False)
-class TransactionRequest(Request):
-    """One step of a local or XA transaction branch on the master of a broker group."""
+class TransactionRequest(Request, operation=DESCRIBE):
+    """One step of a local or XA transaction branch on the master of a broker group.
+
+    DESCRIBE: any principal that may look at the cluster reaches the coordinator, which decides
+    per action and branch with metaq/server/authz.py (who started a branch is known only there).
+    """
 
     OP = "transaction"
     action: str = required(str)

@@ -1,4 +1,8 @@
-"""The Authorizer: may this principal do this operation (on this topic)?
+"""The Authorizer: the ACL rules, and whether they let this principal do this operation (on this topic).
+
+Only metaq/server/authz.py asks it (the broker's connections, its handlers and transaction
+coordinator, and the HTTP gateway all decide there); which operation a request needs is
+declared by its class (metaq/protocol/messages.py).
 
 Operations and who holds them:
 
@@ -21,22 +25,14 @@ says what was missing, never what exists.
 
 from __future__ import annotations
 
-import enum
 import fnmatch
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Mapping
 
+from ..protocol.messages import Operation
 from .errors import AccessDenied, SecurityError
 from .principals import Principal
-
-
-class Operation(enum.Enum):
-    PRODUCE = "produce"
-    CONSUME = "consume"
-    DESCRIBE = "describe"
-    ADMIN = "admin"
-    REPLICATION = "replication"
 
 
 TOPIC_OPERATIONS = (Operation.PRODUCE, Operation.CONSUME)
@@ -120,46 +116,3 @@ class Authorizer:
         if acl.patterns(operation):
             return None
         return f"{principal} may not {operation.value} any topic (no ACL rule grants it)"
-
-
-# --- requests to operations -------------------------------------------------------------------
-
-#: Ops a connection may send before it has authenticated.
-UNAUTHENTICATED_OPS = frozenset({"auth", "version", "quit"})
-_ADMIN_STATS_ITEMS = frozenset({"reset", "config"})
-_REPLICATION_OPS = frozenset({"position", "epoch_end"})
-#: Reads for operators only; ``epochs`` carries no epoch claim, so it can never fence.
-_ADMIN_OPS = frozenset({"config", "checksum", "epochs"})
-_DESCRIBE_OPS = frozenset({"topics", "stats"})
-
-
-def required_operation(header: Mapping[str, Any]) -> tuple[Operation, str | None] | None:
-    """What a request needs: (operation, topic or None); None for ops open before authentication.
-
-    Unknown ops need ``admin``: a new command is closed until someone decides otherwise.
-    """
-    op = header.get("op")
-    topic = header.get("topic") if isinstance(header.get("topic"), str) else None
-    if op in UNAUTHENTICATED_OPS:
-        return None
-    if op == "put":
-        return Operation.PRODUCE, topic
-    if op == "get":
-        return (Operation.REPLICATION, topic) if header.get("replica") is not None else (Operation.CONSUME, topic)
-    if op == "offset":
-        return Operation.CONSUME, topic
-    if op in _REPLICATION_OPS:
-        return Operation.REPLICATION, topic
-    if op in _ADMIN_OPS or (op == "stats" and str(header.get("item") or "").strip() in _ADMIN_STATS_ITEMS):
-        return Operation.ADMIN, None
-    if op in _DESCRIBE_OPS:
-        return Operation.DESCRIBE, None
-    if op == "init_producer":  # a producer id, no topic yet: anyone who may look at the cluster
-        return Operation.DESCRIBE, None
-    if op == "transaction":
-        # Any authenticated principal may reach the coordinator; the broker then requires
-        # produce on some topic for ``start`` and ``recover`` (Authorizer.any_topic_denial; admin
-        # may recover too) and the branch's starter (admin: any branch) for every other action, see
-        # metaq/server/transactions.py, because who started a branch is known only there.
-        return Operation.DESCRIBE, None
-    return Operation.ADMIN, None

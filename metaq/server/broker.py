@@ -18,7 +18,6 @@ import asyncio
 import logging
 import os
 import signal
-from dataclasses import replace
 from typing import Any, Awaitable, Callable
 
 from .. import __version__
@@ -34,13 +33,15 @@ from ..store.msgid import MsgIdGenerator
 from ..zk.data_loss import reconnect_after_data_loss
 from ..zk.monitor import OutageReporter
 from .admission import ConnectionSlots, RequestBudget
+from .authz import Authz
 from .connection import ClientConnection, ConnectionLimits
 from .group_topics import GroupTopicsApplier, forget_partitions
 from .handlers import RequestHandlers
 from .metrics import BrokerMetrics, InstrumentedHandlers
 from .metrics import metrics_login as metrics_login_of
 from .registry import BrokerRegistry
-from .reload import apply_logging, reload_config
+from .live_config import LiveConfig
+from .reload import apply_logging, follow_logging, reload_config
 from .stats import BrokerStats
 from .partitions import Partitions
 from .producer_ids import RESEED_SKIP, ProducerIdAllocator, highest_counter_in, local_blocks, raise_zookeeper_counter, zookeeper_blocks
@@ -53,7 +54,9 @@ log = logging.getLogger(__name__)
 
 class Broker:
     def __init__(self, config: BrokerConfig, slave: SlaveConfig | None = None, register_in_zk: bool | None = None) -> None:
-        self.config = config
+        #: The configuration's one owner: a reload and ``update_topics`` swap it, readers take ``config``.
+        self.live_config = LiveConfig(config)
+        self.live_config.subscribe(follow_logging)
         self.slave = slave
         self.register_in_zk = config.zk.enabled if register_in_zk is None else register_in_zk
         self.stats = BrokerStats()
@@ -62,6 +65,8 @@ class Broker:
         self.request_budget = RequestBudget(config.max_buffered_request_bytes)
         # Read every security file now: a wrong one stops the broker before it listens.
         self.security = load_broker_security(config)
+        #: Every authorization decision (connections, handlers, the transaction coordinator).
+        self.authz = Authz(self.security)
         self.waiters = EndWaiters()
         self.store = MessageStoreManager(config.topics, config.max_message_size)
         #: Every partition's one owner: its log's appends and truncations, epoch history, transaction state.
@@ -89,6 +94,11 @@ class Broker:
 
     # --- what the HA layer and the handlers use ---------------------------------------
 
+    @property
+    def config(self) -> BrokerConfig:
+        """The configuration now (read it each time: a reload or a topic change replaces it)."""
+        return self.live_config.current
+
     def topic_config(self, topic: str) -> TopicConfig | None:
         return self.config.topics.get(topic)
 
@@ -103,7 +113,7 @@ class Broker:
         if topics == self.config.topics:
             return
         added = sorted(set(topics) - set(self.config.topics))
-        self.config = replace(self.config, topics=dict(topics))
+        self.live_config.set_topics(topics)
         # Files go only when the group's configuration ended the topic (``metaq topics delete``,
         # a re-create); a server.ini section removed without one keeps them (docs/operations.md).
         in_group = self.group_topics is not None and self.group_topics.group.exists
@@ -184,7 +194,7 @@ class Broker:
         limits = ConnectionLimits.from_config(config)
         tls = self.security.tls
         self._server = await loop.create_server(
-            lambda: ClientConnection(served, max_body, limits, self.security, self.slots, self.request_budget),
+            lambda: ClientConnection(served, max_body, limits, self.security, self.slots, self.request_budget, self.authz),
             host=config.host_name,
             port=config.server_port,
             reuse_address=True,

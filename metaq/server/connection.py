@@ -10,9 +10,10 @@ Replies are written whole: a reply whose body is sent from a file holds the
 connection's write lock between its header and its last body byte.
 
 Trust (docs/security.md): with security on, a connection starts unauthenticated; the
-``auth`` op runs the SCRAM handshake here, and every other request is checked against
-the Authorizer before a handler sees it (``required_operation``), so a handler never
-runs for a peer that may not make its request.
+``auth`` op runs the SCRAM handshake here, and every other request comes with a
+``RequestContext`` built once for it and is checked by metaq/server/authz.py
+(``Authz.request_denial``) before a handler sees it, so a handler never runs for a peer
+that may not make its request.
 
 Bounded resources: a connection stops reading (``pause_reading``) while it has
 ``maxRequestsInFlight`` requests unanswered or ``maxQueuedReplyBytes`` of replies its
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Protocol
 
 from ..protocol import commands as c
+from ..protocol.messages import QuitRequest
 from ..protocol.frames import (
     CLOSED,
     NEED_DATA,
@@ -54,10 +56,10 @@ from ..protocol.frames import (
     encode_frame_head,
 )
 from ..security import handshake
-from ..security.acl import UNAUTHENTICATED_OPS, required_operation
 from ..security.messages import OP as AUTH_OP
 from ..security.messages import auth_reply
 from .admission import ConnectionSlots, RequestBudget
+from .authz import OPEN_BEFORE_LOGIN, Authz, ProducerClaim, RequestContext
 from .stats import BrokerStats
 
 if TYPE_CHECKING:
@@ -74,6 +76,8 @@ SENDFILE_MIN_BYTES = 64 * 1024
 PRE_LOGIN_MAX_FRAME_PART = 4 * 1024
 #: Before login: replies the peer has not read before the connection is closed.
 PRE_LOGIN_MAX_QUEUED_REPLY_BYTES = 64 * 1024
+#: Commands the connection serves itself (no handler): ``quit`` closes it.
+CONNECTION_COMMANDS = frozenset({QuitRequest})
 
 
 @dataclass(frozen=True)
@@ -121,7 +125,7 @@ class Handlers(Protocol):
 
     stats: BrokerStats
 
-    def handle(self, req: c.Request) -> Any: ...
+    def handle(self, req: c.Request, ctx: RequestContext) -> Any: ...
 
     def handle_text(self, req: c.Request) -> Any: ...
 
@@ -137,6 +141,7 @@ class ClientConnection(asyncio.Protocol):
         security: "BrokerSecurity | None" = None,
         slots: ConnectionSlots | None = None,
         budget: RequestBudget | None = None,
+        authz: Authz | None = None,
     ) -> None:
         self.handlers = handlers
         self.max_body = max_body
@@ -150,10 +155,12 @@ class ClientConnection(asyncio.Protocol):
         self.peer = "?"
         self.peer_host = "?"
         self.security = security
+        #: Decides every request (security off: allows every one).
+        self.authz = authz if authz is not None else Authz(security) if security is not None else None
         #: Who the peer proved to be (None: not authenticated, or security off).
         self.principal: "Principal | None" = None
-        #: The last (producer id, epoch, token) verified for this principal (metaq/server/producer_auth.py).
-        self.verified_producer: tuple[int, int, str] | None = None
+        #: The last producer claim verified for this principal (``Authz.check_producer``).
+        self._producer_claim = ProducerClaim()
         self._auth = security.server_authenticator() if security is not None and security.authentication_required else None
         if self._auth is not None:
             self.decoder.max_header = self.decoder.max_body = PRE_LOGIN_MAX_FRAME_PART
@@ -289,9 +296,9 @@ class ClientConnection(asyncio.Protocol):
         if not self.awaiting_login:
             return False
         op = header.get("op")
-        if op in UNAUTHENTICATED_OPS and body_len <= PRE_LOGIN_MAX_FRAME_PART:
+        if op in OPEN_BEFORE_LOGIN and body_len <= PRE_LOGIN_MAX_FRAME_PART:
             return False
-        what = f"op {op!r}" if op not in UNAUTHENTICATED_OPS else f"a body of {body_len} bytes"
+        what = f"op {op!r}" if op not in OPEN_BEFORE_LOGIN else f"a body of {body_len} bytes"
         log.info(
             "closing connection from %s: %s before login (only auth, version and quit, bodies up to %d bytes)",
             self.peer, what, PRE_LOGIN_MAX_FRAME_PART,
@@ -421,30 +428,27 @@ class ClientConnection(asyncio.Protocol):
         if header.get("op") == AUTH_OP:
             self._authenticate(header)
             return
-        if self.security is not None and self.security.authorizer is not None:
-            denial = self._denial(header)
-            if denial is not None:
-                self.send_reply(c.AccessDenied(denial).reply(_opaque(header)))
-                return
+        ctx = self._context()
+        # Before the fields are parsed: a peer that may not make the request learns nothing from their checks.
+        denial = self.authz.request_denial(ctx, header) if self.authz is not None else None
+        if denial is not None:
+            self.send_reply(c.AccessDenied(denial).reply(_opaque(header)))
+            return
         try:
             request = c.parse_request(frame)
         except c.RequestError as exc:
             self.handlers.stats.bad_request()
             self.send_reply(exc.reply(exc.opaque))
             return
-        if request.op == "quit":
+        if type(request) in CONNECTION_COMMANDS:
             self.close()
             return
         request.origin = self
-        self._run(request, self.handlers.handle(request))
+        self._run(request, self.handlers.handle(request, ctx))
 
-    def _denial(self, header: dict[str, Any]) -> str | None:
-        """Why this connection's principal may not make this request, or None."""
-        assert self.security is not None and self.security.authorizer is not None
-        need = required_operation(header)
-        if need is None:
-            return None
-        return self.security.authorizer.denial(self.principal, *need)
+    def _context(self) -> RequestContext:
+        """Who sends the request being dispatched (the principal is fixed once logged in)."""
+        return RequestContext(self.principal, self.peer, self._producer_claim)
 
     def _authenticate(self, header: dict[str, Any]) -> None:
         """One step of the SCRAM handshake (metaq/security/handshake.py)."""
@@ -477,15 +481,14 @@ class ClientConnection(asyncio.Protocol):
         except c.RequestError as exc:
             self._write(f"ERROR {exc.message}\r\n".encode())
             return
-        if request.op == "quit":
+        if type(request) in CONNECTION_COMMANDS:
             self.close()
             return
-        if self.security is not None and self.security.authorizer is not None:
-            # A text line cannot authenticate: with security on only `version` answers.
-            denial = self._denial({"op": request.op, "item": getattr(request, "item", "")})
-            if denial is not None:
-                self._write(f"ERROR {denial}\r\n".encode())
-                return
+        # A text line cannot authenticate: with security on only `version` answers.
+        denial = self.authz.request_denial(self._context(), request.to_header()) if self.authz is not None else None
+        if denial is not None:
+            self._write(f"ERROR {denial}\r\n".encode())
+            return
         self._run(request, self.handlers.handle_text(request), text=True)
 
     def _run(self, request: c.Request, result: Any, text: bool = False) -> None:

@@ -6,6 +6,12 @@ the checks and the append itself happen in the synchronous part, so a put is
 in the log, in arrival order, before the next request on the connection is
 looked at.
 
+Each command has exactly one handler, registered for its request type with
+``@handles(...)`` (``HANDLERS``). A handler gets the request already authorized by its
+connection, with the ``RequestContext`` it was decided with; any further decision about
+who may do what (a producer's token, a transaction branch) is asked of ``broker.authz``
+(metaq/server/authz.py).
+
 Invariants kept here:
 * nothing is appended unless the whole batch validated (lengths, CRCs, flags),
   so a malformed put never leaves a partial message in a log;
@@ -21,16 +27,15 @@ import asyncio
 import itertools
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Protocol
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol, TypeVar
 
 from .. import __version__
 from ..config import BrokerConfig, TopicConfig
 from ..ha.node import HaNode
 from ..ha.sync_set import SyncWaitFailed
 from ..protocol import commands as c
+from ..protocol import messages as m
 from ..record import HEADER, HEADER_SIZE, RecordError, stamp_msg_ids, validate_batch
-from ..security.acl import Operation
-from ..security.settings import BrokerSecurity
 from ..store.log import OffsetOutOfRange, SegmentVanished
 from ..store.manager import MessageStoreManager, UnknownPartition, UnknownTopic
 from ..store.msgid import MsgIdGenerator
@@ -39,9 +44,9 @@ from ..txn.control import Control, find_forged_control
 from ..txn.producer_state import Decision, Verdict
 from ..txn.put import PutRefused, plan_put
 from . import stats as stats_text
+from .authz import Authz, RequestContext
 from .connection import FileBody
 from .partitions import Partition, Partitions
-from .producer_auth import check_producer, issued_token
 from .producer_ids import ProducerIdAllocator
 from .registry import BrokerRegistry
 from .stats import BrokerStats
@@ -59,6 +64,23 @@ MAX_CHECKSUM_RANGE = 256 * 1024 * 1024
 #: A slave's fetch may carry more than maxTransferSize: sync acks wait on its round trips.
 MAX_REPLICA_TRANSFER = 16 * 1024 * 1024
 Reply = tuple[dict[str, Any], Any]
+Handler = Callable[["RequestHandlers", Any, RequestContext], "Reply | Awaitable[Reply]"]
+H = TypeVar("H", bound=Handler)
+#: The one handler of each command, by request type (``handles``). ``quit`` has none: the
+#: connection closes itself (connection.CONNECTION_COMMANDS).
+HANDLERS: dict[type[c.Request], Handler] = {}
+
+
+def handles(request_type: type[c.Request]) -> Callable[[H], H]:
+    """Register the decorated method as the handler of ``request_type``'s requests."""
+
+    def register(handler: H) -> H:
+        if request_type in HANDLERS:
+            raise TypeError(f"two handlers for {request_type.OP!r}")
+        HANDLERS[request_type] = handler
+        return handler
+
+    return register
 
 
 class ServedBroker(Protocol):
@@ -75,7 +97,7 @@ class ServedBroker(Protocol):
     producer_ids: ProducerIdAllocator | None
     transactional_ids: TransactionalIds | None
     transactions: TransactionService
-    security: BrokerSecurity
+    authz: Authz
 
     def topic_config(self, topic: str) -> TopicConfig | None: ...
 
@@ -96,9 +118,10 @@ class RequestHandlers:
         self.stats = broker.stats
         self._round_robin = itertools.count()
 
-    def handle(self, req: c.Request) -> Reply | Awaitable[Reply]:
+    def handle(self, req: c.Request, ctx: RequestContext) -> Reply | Awaitable[Reply]:
+        """Serve ``req`` (authorized by its connection, metaq/server/authz.py) with its command's handler."""
         try:
-            return getattr(self, "_" + req.op)(req)
+            return HANDLERS[type(req)](self, req, ctx)
         except c.RequestError as exc:
             if exc.code == c.BAD_REQUEST:
                 self.stats.bad_request()
@@ -134,7 +157,8 @@ class RequestHandlers:
 
     # --- put ----------------------------------------------------------------------
 
-    def _put(self, req: c.Request) -> Reply | Awaitable[Reply]:
+    @handles(m.PutRequest)
+    def _put(self, req: c.Request, ctx: RequestContext) -> Reply | Awaitable[Reply]:
         broker = self.broker
         topic = self._topic(req.topic)
         if not topic.accept_publish:
@@ -161,7 +185,7 @@ class RequestHandlers:
         if req.txid is not None and req.producer_id is None:
             raise c.RequestError(c.BAD_REQUEST, "put: a transactional put (txid) needs producer_id, producer_epoch and sequence")
         if req.producer_id is not None:
-            return self._put_idempotent(req, partition, log, body, count)
+            return self._put_idempotent(req, ctx, partition, log, body, count)
         # Control records are the broker's own: a producer that sends one would forge a
         # batch header or a transaction outcome in the replicated log.
         forged = find_forged_control(body)
@@ -210,8 +234,8 @@ class RequestHandlers:
             return reply, b""
         return self._ack_after(wait, req, partition, reply)
 
-    def _put_idempotent(self, req: c.Request, partition: int, log: "PartitionLog", body: bytearray,
-                        count: int) -> Reply | Awaitable[Reply]:
+    def _put_idempotent(self, req: c.Request, ctx: RequestContext, partition: int, log: "PartitionLog",
+                        body: bytearray, count: int) -> Reply | Awaitable[Reply]:
         """A put from an idempotent producer: appended once behind its BATCH header, or re-acked.
 
         Between ``plan_put`` and the append nothing yields to the event loop, so no other
@@ -224,7 +248,7 @@ class RequestHandlers:
         if not 0 <= req.producer_id < 1 << 63 or not 0 <= req.producer_epoch < 1 << 15:
             raise c.RequestError(c.BAD_REQUEST, f"put: producer_id {req.producer_id} or producer_epoch "
                                                 f"{req.producer_epoch} out of range (0..2^63-1, 0..32767)")
-        check_producer(broker, req.origin, req.producer_id, req.producer_epoch, req.producer_token)
+        broker.authz.check_producer(ctx, req.producer_id, req.producer_epoch, req.producer_token)
         owner = broker.partitions.get(req.topic, partition)
         # One verdict: the partition's producer table and the newest epoch of the producer's
         # transactional id on this master (its fence) decide together whether this is a zombie.
@@ -250,8 +274,7 @@ class RequestHandlers:
         if req.txid:
             # The branch must be ACTIVE on this master and this put its own (RequestError if not); a
             # DUPLICATE above needs no check: it appends nothing.
-            broker.transactions.enlist(req.txid, req.topic, partition, req.producer_id,
-                                       getattr(req.origin, "principal", None))
+            broker.transactions.enlist(req.txid, req.topic, partition, req.producer_id, ctx.principal)
         framed = plan.append
         assert framed is not None and broker.ids is not None
         first_id = broker.ids.allocate(count + 1)  # the BATCH header is a record and takes an id too
@@ -286,12 +309,13 @@ class RequestHandlers:
 
     # --- init_producer --------------------------------------------------------------
 
-    def _init_producer(self, req: c.Request) -> Reply | Awaitable[Reply]:
+    @handles(m.InitProducerRequest)
+    def _init_producer(self, req: c.Request, ctx: RequestContext) -> Reply | Awaitable[Reply]:
         allocator, names = self.broker.producer_ids, self.broker.transactional_ids
         if allocator is None or names is None:
             raise c.RequestError(c.SERVICE_UNAVAILABLE, "this broker is still starting: no producer ids yet")
         if req.transactional_id is None:
-            return self._allocate_producer_id(req, allocator)
+            return self._allocate_producer_id(req, ctx, allocator)
         try:
             name = check_transactional_id(req.transactional_id)
         except ValueError as exc:
@@ -300,14 +324,11 @@ class RequestHandlers:
         refusal = self.broker.transactions.refusal()
         if refusal is not None:
             raise c.RequestError(*refusal)
-        principal = getattr(req.origin, "principal", None)
-        authorizer = self.broker.security.authorizer
-        user = None if authorizer is None or principal is None else principal.name  # None: security off
-        admin = authorizer is not None and authorizer.allowed(principal, Operation.ADMIN)
-        return self._init_transactional(req, names, name, user, admin)
+        user, admin = self.broker.authz.transactional_owner(ctx.principal)  # user None: security off
+        return self._init_transactional(req, ctx, names, name, user, admin)
 
-    async def _init_transactional(self, req: c.Request, names: TransactionalIds, name: str, user: str | None,
-                                  admin: bool) -> Reply:
+    async def _init_transactional(self, req: c.Request, ctx: RequestContext, names: TransactionalIds, name: str,
+                                  user: str | None, admin: bool) -> Reply:
         try:
             owner, previous = await names.init(name, user, admin=admin)
         except (NotOwner, TooManyNames) as exc:
@@ -317,20 +338,21 @@ class RequestHandlers:
             return c.reply_header(req.opaque, c.SERVICE_UNAVAILABLE, f"cannot init transactional id {name}: {exc}"), b""
         await self.broker.transactions.fence(name, owner, previous)  # RequestError: the producer asks again
         return c.reply_header(req.opaque, c.OK, producer_id=owner.producer_id, epoch=owner.epoch,
-                              **issued_token(self.broker, req.origin, owner.producer_id, owner.epoch)), b""
+                              **self.broker.authz.issued_token(ctx, owner.producer_id, owner.epoch)), b""
 
-    async def _allocate_producer_id(self, req: c.Request, allocator: ProducerIdAllocator) -> Reply:
+    async def _allocate_producer_id(self, req: c.Request, ctx: RequestContext, allocator: ProducerIdAllocator) -> Reply:
         try:
             producer_id = await allocator.allocate()
         except Exception as exc:  # ZooKeeper unreachable, a full disk: the producer asks again
             logger.warning("producer id allocation failed: %s", exc)
             return c.reply_header(req.opaque, c.SERVICE_UNAVAILABLE, f"cannot allocate a producer id: {exc}"), b""
         return c.reply_header(req.opaque, c.OK, producer_id=producer_id, epoch=0,
-                              **issued_token(self.broker, req.origin, producer_id, 0)), b""
+                              **self.broker.authz.issued_token(ctx, producer_id, 0)), b""
 
     # --- get ----------------------------------------------------------------------
 
-    def _get(self, req: c.Request) -> Reply | Awaitable[Reply]:
+    @handles(m.GetRequest)
+    def _get(self, req: c.Request, _ctx: RequestContext) -> Reply | Awaitable[Reply]:
         topic = self._topic(req.topic)
         replica = req.replica
         if not topic.accept_subscribe and replica is None:
@@ -347,7 +369,8 @@ class RequestHandlers:
             return reply if reply is not None else self._no_data(req, log)
         return self._long_poll(req, log, max_bytes)
 
-    def _position(self, req: c.Request) -> Reply:
+    @handles(m.PositionRequest)
+    def _position(self, req: c.Request, _ctx: RequestContext) -> Reply:
         """A slave's log end, reported between fetches (see replica.py: pieces of a large reply)."""
         self._topic(req.topic)
         log = self._log(req.topic, req.partition)
@@ -491,13 +514,15 @@ class RequestHandlers:
 
     # --- transactions -----------------------------------------------------------------
 
-    def _transaction(self, req: c.Request) -> Awaitable[Reply]:
+    @handles(m.TransactionRequest)
+    def _transaction(self, req: c.Request, ctx: RequestContext) -> Awaitable[Reply]:
         """A local or XA transaction step (metaq/server/transactions.py)."""
-        return self.broker.transactions.serve(req, getattr(req.origin, "principal", None))  # type: ignore[arg-type]
+        return self.broker.transactions.serve(req, ctx)  # type: ignore[arg-type]
 
     # --- offset, topics, config, version, stats -------------------------------------
 
-    def _offset(self, req: c.Request) -> Reply:
+    @handles(m.OffsetRequest)
+    def _offset(self, req: c.Request, _ctx: RequestContext) -> Reply:
         self._topic(req.topic)
         log = self._log(req.topic, req.partition)
         readable = self._consumer_end(req.topic, req.partition, log)
@@ -507,7 +532,8 @@ class RequestHandlers:
             b"",
         )
 
-    def _topics(self, req: c.Request) -> Reply:
+    @handles(m.TopicsRequest)
+    def _topics(self, req: c.Request, _ctx: RequestContext) -> Reply:
         broker = self.broker
         topics = {name: cfg.num_partitions for name, cfg in broker.config.topics.items()}
         # Slaves start a partition only once we serve the incarnation they serve (follower.py).
@@ -520,7 +546,8 @@ class RequestHandlers:
             b"",
         )
 
-    def _checksum(self, req: c.Request) -> Reply | Awaitable[Reply]:
+    @handles(m.ChecksumRequest)
+    def _checksum(self, req: c.Request, _ctx: RequestContext) -> Reply | Awaitable[Reply]:
         """CRC32 of a byte range of the log, for ``metaq verify`` (computed off the event loop)."""
         self._topic(req.topic)
         log = self._log(req.topic, req.partition)
@@ -537,7 +564,8 @@ class RequestHandlers:
         crc = await asyncio.to_thread(log.crc32, start, end)
         return c.reply_header(req.opaque, c.OK, start=start, end=end, crc=crc), b""
 
-    def _epoch_end(self, req: c.Request) -> Reply:
+    @handles(m.EpochEndRequest)
+    def _epoch_end(self, req: c.Request, _ctx: RequestContext) -> Reply:
         """Where epoch ``req.epoch`` ends in this log: a rejoining broker truncates there."""
         self._topic(req.topic)
         self._log(req.topic, req.partition)
@@ -547,20 +575,24 @@ class RequestHandlers:
         epoch, end = found
         return c.reply_header(req.opaque, c.OK, epoch=epoch, end_offset=end), b""
 
-    def _epochs(self, req: c.Request) -> Reply:
+    @handles(m.EpochsRequest)
+    def _epochs(self, req: c.Request, _ctx: RequestContext) -> Reply:
         self._topic(req.topic)
         self._log(req.topic, req.partition)
         entries = self.broker.ha.epoch_entries(req.topic, req.partition)
         return c.reply_header(req.opaque, c.OK, entries=[list(e) for e in entries]), b""
 
-    def _config(self, req: c.Request) -> Reply:
+    @handles(m.ConfigRequest)
+    def _config(self, req: c.Request, _ctx: RequestContext) -> Reply:
         config = self.broker.config
         return c.reply_header(req.opaque, c.OK, checksum=config.checksum), config.raw
 
-    def _version(self, req: c.Request) -> Reply:
+    @handles(m.VersionRequest)
+    def _version(self, req: c.Request, _ctx: RequestContext) -> Reply:
         return c.reply_header(req.opaque, c.OK, version=f"metaq-py {__version__}"), f"metaq-py {__version__}".encode()
 
-    def _stats(self, req: c.Request) -> Reply:
+    @handles(m.StatsRequest)
+    def _stats(self, req: c.Request, _ctx: RequestContext) -> Reply:
         item = req.item
         if item == "reset":
             self.stats.reset()

@@ -162,11 +162,11 @@ class InstrumentedHandlers:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._handlers, name)
 
-    def handle(self, req: Any) -> Any:
+    def handle(self, req: Any, ctx: Any) -> Any:
         if req.op not in self.TIMED:
-            return self._handlers.handle(req)
+            return self._handlers.handle(req, ctx)
         started = time.perf_counter()
-        result = self._handlers.handle(req)
+        result = self._handlers.handle(req, ctx)
         if inspect.isawaitable(result):
             return self._timed(req.op, started, result)
         self._metrics.observe_reply(req.op, started, result)

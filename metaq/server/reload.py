@@ -21,11 +21,11 @@ above, so that ``logLevel=WARNING`` still shows it.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from typing import Any
 
 from ..config import BrokerConfig, ConfigError, changed_keys, load_server_ini
 from ..logsetup import configure as configure_logging
+from .live_config import logging_changed
 
 
 log = logging.getLogger(__name__)
@@ -51,19 +51,10 @@ async def reload_config(broker: Any) -> str:
     keys = changed_keys(old, new)
     restart = [key for key in keys if key not in LIVE_KEYS]
     applied = [key for key in keys if key in LIVE_KEYS]
-    running = replace(
-        old,
-        topic_defaults=replace(new.topic_defaults, data_path=old.topic_defaults.data_path),
-        raw=new.raw, checksum=new.checksum,
-        log_file=new.log_file, log_format=new.log_format, log_level=new.log_level,
-        log_max_bytes=new.log_max_bytes, log_backup_count=new.log_backup_count,
-    )
-    if any(key.startswith("log") for key in applied):
-        apply_logging(running)
     edited = {name: (broker.local_topics.get(name), topic) for name, topic in new.topics.items() if broker.local_topics.get(name) != topic}
     removed = sorted(set(broker.local_topics) - set(new.topics))
     broker.local_topics = dict(new.topics)
-    broker.config = running
+    broker.live_config.reload(new)  # its subscribers follow (follow_logging)
     if broker.registry is not None and new.checksum != old.checksum:
         await broker.registry.set_checksum(new.checksum)  # slaves with autoSyncMasterConfig re-read it
     applied += await _apply_topics(broker, new, edited, removed)
@@ -106,6 +97,12 @@ def _reload_users(broker: Any, restart: list[str]) -> list[str]:
         restart.append(f"nothing from {broker.config.security.security_config} (kept the old users: {exc})")
         return []
     return [change] if change else []
+
+
+def follow_logging(old: BrokerConfig, new: BrokerConfig) -> None:
+    """A LiveConfig subscriber: apply the logging keys when a swap changed them."""
+    if logging_changed(old, new):
+        apply_logging(new)
 
 
 def apply_logging(config: BrokerConfig) -> None:

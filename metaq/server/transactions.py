@@ -44,7 +44,7 @@ Invariants kept here:
   answers only after the older epochs' unprepared branches are rolled back and their
   ABORT markers are as durable as a put's;
 * a producer id and epoch in a step are checked like a put's: their ``producer_token``
-  must verify for the caller (metaq/server/producer_auth.py) before anything changes;
+  must verify for the caller (metaq/server/authz.py) before anything changes;
 * who may start a branch (security on): a principal that may produce some topic (a
   branch of anyone else could never hold a message, so its start is refused at once,
   before any other work), holding fewer than ``maxOpenTransactionsPerUser`` live
@@ -72,7 +72,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import struct
 import time
@@ -82,20 +81,19 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, NamedTuple
 from ..protocol import commands as c
 from ..protocol.messages import TransactionRequest
 from ..record import stamp_msg_ids
-from ..security.acl import Operation
 from ..txn import control
 from ..txn.control import NO_PRODUCER
-from ..txn.coordinator import Branch, MarkerWrite, Reply, TransactionCoordinator
+from ..txn.coordinator import MarkerWrite, Reply, TransactionCoordinator
 from ..txn.txlog import TxLog
 from ..txn.xa import Code
-from .producer_auth import check_producer
 from .transactional_ids import MAX_EPOCH, Owner, TransactionalIds
 
 if TYPE_CHECKING:
     from ..config import BrokerConfig
     from ..security.principals import Principal
-    from ..security.settings import BrokerSecurity
     from ..store.msgid import MsgIdGenerator
+    from ..txn.config import TxnSettings
+    from .authz import Authz, RequestContext
     from .partitions import Partitions
 
 log = logging.getLogger(__name__)
@@ -150,7 +148,7 @@ class TxnHost(Protocol):
     def config(self) -> "BrokerConfig": ...
 
     @property
-    def security(self) -> "BrokerSecurity": ...
+    def authz(self) -> "Authz": ...
 
     @property
     def ha(self) -> WriteGate: ...
@@ -172,9 +170,13 @@ class TxnHost(Protocol):
 class TransactionService:
     """One per broker; see the module's docstring."""
 
+    @property
+    def settings(self) -> "TxnSettings":
+        """The transaction keys, from the broker's configuration now (never a copy: live_config.py)."""
+        return self.host.config.txn
+
     def __init__(self, host: TxnHost, clock_ms: Callable[[], int] = _now_ms) -> None:
         self.host = host
-        self.settings = host.config.txn
         self.clock_ms = clock_ms
         self.journal: TxLog | None = None
         self.coordinator: TransactionCoordinator | None = None
@@ -318,7 +320,7 @@ class TransactionService:
         """The replicated BATCH records: a producer's newest epoch in any partition fences its older ones.
 
         A fence is taken only from a verified source. With security on, every BATCH in a log
-        was appended by a master that first checked its producer_token (producer_auth.py):
+        was appended by a master that first checked its producer_token (authz.py):
         its epoch was issued by init_producer to the user that put it, so it is as good as
         the mapping. With security off every client is trusted by configuration.
         """
@@ -376,7 +378,7 @@ class TransactionService:
         assert self.coordinator is not None
         if txid in self._unsettled or txid in self._pending:
             raise c.RequestError(c.SERVICE_UNAVAILABLE, f"transaction {txid} is being decided; retry")
-        if not self._may_enlist(txid, producer_id, principal):
+        if not self.host.authz.may_enlist(principal, producer_id, self.coordinator.branches.get(txid)):
             raise c.AccessDenied(f"{principal} may not put in transaction {txid}: only its own producer "
                                  "or the user that started it may")
         reply = self.coordinator.send(txid, topic, partition, self.clock_ms())
@@ -387,24 +389,24 @@ class TransactionService:
 
     # --- the transaction command ---------------------------------------------------------------
 
-    def serve(self, req: TransactionRequest, principal: "Principal | None") -> Awaitable[Served]:
+    def serve(self, req: TransactionRequest, ctx: "RequestContext") -> Awaitable[Served]:
         refusal = self.refusal()
         if refusal is not None:
             raise c.RequestError(*refusal)
-        return self._serve(req, principal)
+        return self._serve(req, ctx)
 
-    async def _serve(self, req: TransactionRequest, principal: "Principal | None") -> Served:
+    async def _serve(self, req: TransactionRequest, ctx: "RequestContext") -> Served:
+        principal = ctx.principal
         coordinator = self.coordinator
         assert coordinator is not None
         if req.action in ("start", "recover"):
             # First: a flood by a user who could never fill a branch (nor so own one) costs nothing.
-            self._check_may_use_transactions(principal, req.action)
+            self.host.authz.check_may_use_transactions(principal, req.action)
         if req.action == "recover":
             return c.reply_header(req.opaque, c.OK, xa_code=int(Code.XA_OK), xids=self._recoverable(principal)), b""
         xid = req.xid
         if req.producer_id != NO_PRODUCER:
-            check_producer(self.host, req.origin, req.producer_id, req.producer_epoch, req.producer_token,
-                           principal)
+            self.host.authz.check_producer(ctx, req.producer_id, req.producer_epoch, req.producer_token)
             self.check_fenced(req.producer_id, req.producer_epoch)
         if xid in self._pending or xid in self._unsettled:
             await self._journal_durable()
@@ -412,7 +414,7 @@ class TransactionService:
             await self._settle(xid)
             if req.producer_id != NO_PRODUCER:  # an init may have fenced this epoch while we waited
                 self.check_fenced(req.producer_id, req.producer_epoch)
-        if req.action != "start" and not self._may_decide(principal, xid):
+        if req.action != "start" and not self.host.authz.may_decide(principal, coordinator.branches.get(xid)):
             raise c.AccessDenied(f"{principal} may not decide transaction {xid}: only the user that "
                                  "started it (or admin) may")
         refusal = self.refusal()  # the role may have changed while we waited
@@ -432,25 +434,11 @@ class TransactionService:
             await self._settle(xid)
         return c.reply_header(req.opaque, c.OK, xa_code=int(reply.code)), b""
 
-    def _check_may_use_transactions(self, principal: "Principal | None", action: str) -> None:
-        """RequestError 403 unless ``principal`` may produce some topic, or (``recover``) is admin,
-        who decides any branch (security off: anyone may). One lookup, whatever is open."""
-        authorizer = self.host.security.authorizer
-        if authorizer is None:
-            return
-        if action == "recover" and authorizer.allowed(principal, Operation.ADMIN):
-            return
-        denial = authorizer.any_topic_denial(principal, Operation.PRODUCE)
-        if denial is not None:
-            what = "start a transaction" if action == "start" else "recover transactions"
-            raise c.AccessDenied(f"may not {what}: {denial}")
-
     def _recoverable(self, principal: "Principal | None") -> list[str]:
-        """The in-doubt branches ``principal`` may decide (``_may_decide``): every one for admin
+        """The in-doubt branches ``principal`` may decide (``Authz.may_decide``): every one for admin
         or with security off, else those it started, from the coordinator's per-starter index."""
         assert self.coordinator is not None
-        authorizer = self.host.security.authorizer
-        if authorizer is None or authorizer.allowed(principal, Operation.ADMIN):
+        if self.host.authz.sees_every_branch(principal):
             return self.coordinator.recover()
         return self.coordinator.recover(starter=self._tag(principal))
 
@@ -464,8 +452,7 @@ class TransactionService:
 
     def _tag(self, principal: "Principal | None") -> str:
         """The starter a branch started by ``principal`` records ("" with security off: nobody to tell apart)."""
-        tags = self.host.security.principal_tags
-        return "" if tags is None or principal is None else tags.tag(principal.name)
+        return self.host.authz.starter_tag(principal)
 
     def _check_encodable(self, req: TransactionRequest, starter: str) -> None:
         """Encode a marker of the branch before its state changes: a decision is journaled only if
@@ -497,33 +484,6 @@ class TransactionService:
             return coordinator.rollback(xid, now)
         assert action == "forget", action  # TransactionRequest.check admits no other
         return coordinator.forget(xid, now)
-
-    def _may_enlist(self, xid: str, producer_id: int, principal: "Principal | None") -> bool:
-        assert self.coordinator is not None
-        branch = self.coordinator.branches.get(xid)
-        if branch is None or self.host.security.authorizer is None:
-            return True  # no branch: the coordinator refuses the put; security off: trusted by configuration
-        # Not admin: deciding any branch (recovery) is an admin's duty, adding to another's is not.
-        return (producer_id == branch.producer_id != NO_PRODUCER) or self._is_starter(principal, branch)
-
-    def _is_starter(self, principal: "Principal | None", branch: Branch) -> bool:
-        """Whether ``principal`` started ``branch``; never for an unknown starter ("": a marker or
-        journal older than starters)."""
-        return bool(branch.starter) and hmac.compare_digest(branch.starter, self._tag(principal))
-
-    def _may_decide(self, principal: "Principal | None", xid: str) -> bool:
-        """Whether ``principal`` may act on branch ``xid``: its starter or admin (security off: anyone).
-
-        A branch this broker does not hold (unknown, or finished: a retried commit asks for its
-        outcome) may be asked about by anyone: the answer reveals no message."""
-        authorizer = self.host.security.authorizer
-        if authorizer is None or authorizer.allowed(principal, Operation.ADMIN):
-            return True
-        assert self.coordinator is not None
-        branch = self.coordinator.branches.get(xid)
-        if branch is None:
-            return True
-        return self._is_starter(principal, branch)  # an unknown starter: admin's alone
 
     # --- markers ---------------------------------------------------------------------------------
 

@@ -231,8 +231,17 @@ def rogue_summary(result: dict) -> dict:
     assert rogue["rss_mb"] and all(r["growth"] <= rogue["rss_growth_limit_mb"] for r in rogue["rss_mb"]), rogue["rss_mb"]
     # Issue 23's attacks ran, were refused and got nothing through; the put latency was measured and held.
     attacks = rogue["attacks"]
-    assert {name.split(" ")[0] for name in attacks} >= {"big-body", "slots"}, attacks
-    assert all(a["sent"] > 0 and a["refused"] > 0 and a["accepted"] == 0 for a in attacks.values()), attacks
+    assert all(a["accepted"] == 0 for a in attacks.values()), attacks
+    # Each kind sent and was refused at some broker. Not at each: a round is judged only if its
+    # target ran all along, and a secured slot round lasts past the login deadline (13 s), so
+    # at a broker the fault kills or pauses in a short run no round may complete.
+    by_kind: dict[str, dict[str, int]] = {}
+    for name, a in attacks.items():
+        kind = by_kind.setdefault(name.split(" ")[0], {"sent": 0, "refused": 0})
+        kind["sent"] += a["sent"]
+        kind["refused"] += a["refused"]
+    assert set(by_kind) >= {"big-body", "slots"}, attacks
+    assert all(k["sent"] > 0 and k["refused"] > 0 for k in by_kind.values()), (by_kind, attacks)
     assert rogue["latency"]["ok"], rogue["latency"]
     return rogue
 

@@ -119,7 +119,9 @@ def wait_leads(broker: BrokerProcess, group: Group, above_epoch: int, timeout: f
             reply = topics_reply(broker)
         except Exception:
             return None
-        if reply.get("role") == "master" and reply.get("epoch") == group.epoch():
+        # Role "master" is claimed on winning; the take-over (fsync, epoch start, lease) ends
+        # when ZooKeeper first confirms the lease.
+        if reply.get("role") == "master" and reply.get("epoch") == group.epoch() and int(stat(broker, "ha_lease_ms") or 0) > 0:
             return int(reply["epoch"])
         return None
 

@@ -31,7 +31,10 @@ from metaq.zk.paths import ZkPaths
 from .replication_support import stats_lines
 
 TOPIC = "t"
-SYNC = {"replicationMode": "sync", "onSyncSlaveLoss": "reject", "syncSlaveTimeoutMs": 1000, "unflushThreshold": 0}
+# An idle slave is heard from every slaveMaxDelayMs (500 ms long polls): a timeout of 3 s keeps a
+# slave stalled for a moment on a busy machine counted (reject would refuse every put meanwhile);
+# no test here waits for the timeout (a killed slave's connection closes: removed at once).
+SYNC = {"replicationMode": "sync", "onSyncSlaveLoss": "reject", "syncSlaveTimeoutMs": 3000, "unflushThreshold": 0}
 
 
 # --- helpers ----------------------------------------------------------------------------------

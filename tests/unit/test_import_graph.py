@@ -13,6 +13,7 @@ only modules of its own row or of rows above it.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -30,6 +31,7 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+@functools.lru_cache(maxsize=1)  # parsed once per run: the tests below only read it
 def import_graph() -> dict[str, set[str]]:
     files = {module_name(path): path for package in PACKAGES for path in (REPO / package).rglob("*.py")}
     graph: dict[str, set[str]] = {name: set() for name in files}

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from metaq.protocol import commands as c
 from metaq.security.group import GroupSecret
 from metaq.security.principals import Principal
 from metaq.security.producer_tokens import TOKEN_CHARS, ProducerTokens
-from metaq.server.producer_auth import check_producer, issued_token
+from metaq.server.authz import Authz, FixedRules, ProducerClaim, RequestContext
 
 KEY = GroupSecret(1, b"s" * 64).producer_token_key()
 
@@ -25,15 +23,13 @@ class CountingTokens(ProducerTokens):
         return super().issue(producer_id, epoch, user)
 
 
-class FakeBroker:
-    def __init__(self, tokens: ProducerTokens | None) -> None:
-        self.security = type("Security", (), {"producer_tokens": tokens})()
+def authz_with(tokens: ProducerTokens | None) -> Authz:
+    return Authz(FixedRules(None, tokens))
 
 
-class Origin:
-    def __init__(self, name: str | None) -> None:
-        self.principal = Principal(name) if name is not None else None
-        self.verified_producer: Any = None
+def sender(name: str | None) -> RequestContext:
+    """A connection's requests: they share its producer claim."""
+    return RequestContext(Principal(name) if name is not None else None, "127.0.0.1:1", ProducerClaim())
 
 
 def test_a_token_verifies_only_for_its_id_epoch_and_user() -> None:
@@ -58,40 +54,40 @@ def test_the_key_is_the_groups_own_and_differs_from_its_other_keys() -> None:
 
 
 def test_check_producer_refuses_with_403_naming_the_user() -> None:
-    broker = FakeBroker(ProducerTokens(KEY))
-    token = issued_token(broker, Origin("alice"), 7, 0)["producer_token"]
-    check_producer(broker, Origin("alice"), 7, 0, token)
-    for origin, epoch, sent in ((Origin("bob"), 0, token), (Origin("alice"), 1, token), (Origin("alice"), 0, None),
-                                (Origin(None), 0, token)):
+    broker = authz_with(ProducerTokens(KEY))
+    token = broker.issued_token(sender("alice"), 7, 0)["producer_token"]
+    broker.check_producer(sender("alice"), 7, 0, token)
+    for origin, epoch, sent in ((sender("bob"), 0, token), (sender("alice"), 1, token), (sender("alice"), 0, None),
+                                (sender(None), 0, token)):
         with pytest.raises(c.RequestError) as refused:
-            check_producer(broker, origin, 7, epoch, sent)
+            broker.check_producer(origin, 7, epoch, sent)
         assert refused.value.code == c.FORBIDDEN
         assert "producer id 7 not issued to" in refused.value.message
 
 
 def test_a_stream_of_puts_verifies_once_per_connection_and_a_new_claim_again() -> None:
     tokens = CountingTokens(KEY)
-    broker, alice = FakeBroker(tokens), Origin("alice")
+    broker, alice = authz_with(tokens), sender("alice")
     token = tokens.issue(7, 0, "alice")
     tokens.macs = 0
     for _ in range(100):
-        check_producer(broker, alice, 7, 0, token)
+        broker.check_producer(alice, 7, 0, token)
     assert tokens.macs == 1
     with pytest.raises(c.RequestError):
-        check_producer(broker, alice, 7, 1, token)  # a different claim is checked, not served from the cache
+        broker.check_producer(alice, 7, 1, token)  # a different claim is checked, not served from the cache
     assert tokens.macs == 2
-    check_producer(broker, alice, 7, 0, token)
+    broker.check_producer(alice, 7, 0, token)
     assert tokens.macs == 2  # a refused claim leaves the verified one cached
-    check_producer(broker, alice, 8, 0, tokens.issue(8, 0, "alice"))  # a new id (after an unknown outcome)
+    broker.check_producer(alice, 8, 0, tokens.issue(8, 0, "alice"))  # a new id (after an unknown outcome)
     assert tokens.macs == 4
-    check_producer(broker, alice, 7, 0, token)  # the cache holds the last verified claim only
+    broker.check_producer(alice, 7, 0, token)  # the cache holds the last verified claim only
     assert tokens.macs == 5
 
 
 def test_security_off_issues_no_token_and_trusts_every_claim() -> None:
-    broker = FakeBroker(None)
-    assert issued_token(broker, Origin(None), 7, 0) == {}
-    check_producer(broker, Origin(None), 7, 32767, None)
+    broker = authz_with(None)
+    assert broker.issued_token(sender(None), 7, 0) == {}
+    broker.check_producer(sender(None), 7, 32767, None)
 
 
 def test_principal_tags_are_the_same_on_every_broker_of_a_group_and_unlinkable_elsewhere() -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from metaq.security.acl import Authorizer, Operation, UserAcl, parse_patterns, required_operation
+from metaq.protocol.messages import Operation
+from metaq.security.acl import Authorizer, UserAcl, parse_patterns
+from metaq.server.authz import required_access
 from metaq.security.errors import AccessDenied, SecurityError
 from metaq.security.principals import Principal, broker_username, parse_broker_username, principal_for
 
@@ -103,11 +105,11 @@ def test_denials_say_what_is_missing() -> None:
     ],
 )
 def test_requests_map_to_operations(header: dict, expected: tuple | None) -> None:
-    assert required_operation(header) == expected
+    assert required_access(header) == expected
 
 
 def test_a_put_with_a_non_string_topic_is_denied() -> None:
-    operation, topic = required_operation({"op": "put", "topic": ["x"]}) or (None, None)
+    operation, topic = required_access({"op": "put", "topic": ["x"]}) or (None, None)
     assert operation is Operation.PRODUCE and not AUTH.allowed(ALICE, operation, topic)
 
 

@@ -17,11 +17,12 @@ import pytest
 
 from metaq.protocol.frames import Frame, FrameDecoder, encode_frame
 from metaq.security import messages as m
-from metaq.security.acl import Authorizer, required_operation
+from metaq.security.acl import Authorizer
 from metaq.security.credentials import SecurityFile
 from metaq.security.group import GroupSecret, write_group_secret
 from metaq.security.handshake import Authenticated, ClientAuthenticator, Failed, SendReply, SendRequest, ServerAuthenticator
 from metaq.security.tls import client_context, server_context
+from metaq.server.authz import required_access
 from tests.security_support import TestCA
 
 
@@ -61,7 +62,7 @@ class MiniBroker:
                         if close:
                             return
                         continue
-                    need = required_operation(header)
+                    need = required_access(header)
                     reason = self.authorizer.denial(principal, *need) if need else None
                     reply = {"opaque": opaque, "code": 403, "msg": reason} if reason else {"opaque": opaque, "code": 200}
                     writer.write(encode_frame(reply))

@@ -18,10 +18,12 @@ import pytest
 from metaq.protocol import commands as c
 from metaq.protocol.messages import TransactionRequest
 from metaq.record import encode_record, iter_records
-from metaq.security.acl import Authorizer, Operation, UserAcl, required_operation
+from metaq.protocol.messages import Operation
+from metaq.security.acl import Authorizer, UserAcl
 from metaq.security.principal_tags import PrincipalTags
 from metaq.security.principals import Principal
 from metaq.security.producer_tokens import ProducerTokens
+from metaq.server.authz import Authz, ProducerClaim, RequestContext, required_access
 from metaq.server.transactional_ids import MAX_EPOCH, Owner
 from metaq.server.transactions import TransactionService, aborted_spans, stable_end
 from metaq.store.log import PartitionLog
@@ -109,6 +111,7 @@ class FakeBroker:
         tags = PrincipalTags(b"t" * 32) if self.authorizer is not None else None
         self.security = type("Security", (), {"authorizer": self.authorizer, "producer_tokens": self.tokens,
                                               "principal_tags": tags})()
+        self.authz = Authz(self.security)
         self.store = Store(self.base)
         self.partitions = States(self.store)
         self.ha = FakeHa()
@@ -175,7 +178,8 @@ def make(tmp_path: Path, clock: list[int], **kwargs: Any) -> tuple[FakeBroker, T
 
 async def call(service: TransactionService, action: str, xid: str = "", principal: Principal | None = None,
                **fields: Any) -> dict[str, Any]:
-    header, _body = await service.serve(request(action, xid, **fields), principal)
+    ctx = RequestContext(principal, "127.0.0.1:1", ProducerClaim())
+    header, _body = await service.serve(request(action, xid, **fields), ctx)
     return header
 
 
@@ -247,7 +251,7 @@ async def test_only_a_writable_master_serves_and_a_slave_answers_like_for_puts(t
     broker, service = make(tmp_path, clock)
     broker.ha.refusing = (c.FORBIDDEN, "broker 1 slave1 is a slave; writes go to its master")
     with pytest.raises(c.RequestError) as refused:
-        service.serve(request("start", "x"), None)
+        service.serve(request("start", "x"), RequestContext(None, "127.0.0.1:1", ProducerClaim()))
     assert refused.value.code == c.FORBIDDEN
     with pytest.raises(c.RequestError):
         service.enlist("x", "orders", 0)
@@ -343,7 +347,7 @@ async def test_deciding_a_branch_needs_the_user_that_started_it_or_admin(tmp_pat
     app, other, ops = Principal("app"), Principal("other"), Principal("ops")
     assert await branch(broker, service, "TX:7:1", "prepare", ("orders",), app) == Code.XA_OK
     # The connection lets any authenticated principal reach the coordinator; the coordinator decides.
-    assert required_operation({"op": "transaction", "action": "commit", "xid": "TX:7:1"}) == (Operation.DESCRIBE, None)
+    assert required_access({"op": "transaction", "action": "commit", "xid": "TX:7:1"}) == (Operation.DESCRIBE, None)
     # produce on the branch's topics is not enough: the branch is app's
     with pytest.raises(c.RequestError, match="user 'other' may not decide transaction TX:7:1: only the user that started"):
         await call(service, "commit", "TX:7:1", other)

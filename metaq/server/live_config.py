@@ -1,0 +1,69 @@
+"""The broker's configuration as it is now: one owner, replaced whole, read fresh.
+
+A running broker's ``BrokerConfig`` changes in two ways: a SIGHUP reload takes over the
+live keys of server.ini (metaq/server/reload.py decides what changed and says so), and
+the topic map changes (``Broker.update_topics``: a reload, the group's topic
+configuration, a slave adopting its master's topics). Both go through ``LiveConfig``,
+which swaps in a new frozen ``BrokerConfig`` in one step and then tells its subscribers.
+
+Invariant: nobody keeps a copy of the config, or of a part of it that can change (topics,
+topic defaults, logging); readers take ``current`` (``Broker.config``, ``BrokerHost.config``)
+each time, so no stale copy is ever read next to a fresh one. Values fixed for the life of
+the process (ids, ports, data paths, the transaction keys) may be read once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+from ..config import BrokerConfig, TopicConfig
+
+#: Called after each swap with (old, new).
+Subscriber = Callable[[BrokerConfig, BrokerConfig], None]
+
+
+class LiveConfig:
+    def __init__(self, config: BrokerConfig) -> None:
+        self._current = config
+        self._subscribers: list[Subscriber] = []
+
+    @property
+    def current(self) -> BrokerConfig:
+        return self._current
+
+    def subscribe(self, subscriber: Subscriber) -> None:
+        self._subscribers.append(subscriber)
+
+    def reload(self, new: BrokerConfig) -> BrokerConfig:
+        """Take over what a running broker applies from a reloaded server.ini (``reload.LIVE_KEYS``):
+        the topic defaults except ``dataPath``, the file's text and checksum, and logging. The topic
+        map is not changed here (``set_topics`` does, after the group's configuration had its say);
+        everything else keeps its value until a restart. Returns the config now running."""
+        old = self._current
+        return self._swap(replace(
+            old,
+            topic_defaults=replace(new.topic_defaults, data_path=old.topic_defaults.data_path),
+            raw=new.raw, checksum=new.checksum,
+            log_file=new.log_file, log_format=new.log_format, log_level=new.log_level,
+            log_max_bytes=new.log_max_bytes, log_backup_count=new.log_backup_count,
+        ))
+
+    def set_topics(self, topics: dict[str, TopicConfig]) -> BrokerConfig:
+        """Serve this topic map from now on (``Broker.update_topics`` alone calls it)."""
+        return self._swap(replace(self._current, topics=dict(topics)))
+
+    def _swap(self, new: BrokerConfig) -> BrokerConfig:
+        # One assignment: a reader sees the old config or the new one, never a mix.
+        old, self._current = self._current, new
+        for subscriber in self._subscribers:
+            subscriber(old, new)
+        return new
+
+
+#: The ``[system]`` logging keys, as BrokerConfig fields.
+LOGGING_FIELDS = ("log_file", "log_format", "log_level", "log_max_bytes", "log_backup_count")
+
+
+def logging_changed(old: BrokerConfig, new: BrokerConfig) -> bool:
+    return any(getattr(old, name) != getattr(new, name) for name in LOGGING_FIELDS)

@@ -1,0 +1,61 @@
+"""The broker's configuration has one owner (metaq/server/live_config.py): a reload and a topic
+change swap it whole, subscribers hear of it, and readers never hold a stale copy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+from metaq.config import BrokerConfig, parse_server_ini
+from metaq.ha.coordinator import HaCoordinator
+from metaq.ha.progress import ReplicationProgress
+from metaq.server.live_config import LiveConfig
+from metaq.server.transactions import TransactionService
+
+BEFORE = b"[system]\nbrokerId=3\nserverPort=8123\ndataPath=/data/a\nunflushThreshold=10\n[topic=t]\n"
+AFTER = (b"[system]\nbrokerId=3\nserverPort=9000\ndataPath=/data/b\nunflushThreshold=99\nlogLevel=WARNING\n"
+         b"maxOpenTransactionsPerUser=7\n[topic=t]\n[topic=u]\n")
+
+
+class Host:
+    """A broker as HA and the transaction service see it: ``config`` read from the owner."""
+
+    def __init__(self, live: LiveConfig, base: Path) -> None:
+        self.live = live
+        self.registry = SimpleNamespace(client=object(), url="meta://127.0.0.1:8123")
+        self.base = base
+
+    @property
+    def config(self) -> BrokerConfig:
+        return self.live.current
+
+
+def test_a_reload_takes_the_live_keys_only_and_leaves_topics_to_set_topics() -> None:
+    live = LiveConfig(parse_server_ini(BEFORE, "/etc/server.ini"))
+    heard: list[tuple[BrokerConfig, BrokerConfig]] = []
+    live.subscribe(lambda old, new: heard.append((old, new)))
+    old = live.current
+    running = live.reload(parse_server_ini(AFTER, "/etc/server.ini"))
+    assert live.current is running and heard == [(old, running)]
+    assert running.topic_defaults.unflush_threshold == 99 and running.log_level is not None  # live keys
+    assert running.server_port == 8123 and running.topic_defaults.data_path == old.topic_defaults.data_path  # restart
+    assert running.txn == old.txn  # the transaction keys need a restart too
+    assert set(running.topics) == {"t"}  # the group's configuration has its say first (Broker.update_topics)
+    topics = parse_server_ini(AFTER, "/etc/server.ini").topics
+    assert set(live.set_topics(topics).topics) == {"t", "u"} and len(heard) == 2
+
+
+def test_readers_follow_the_owner_instead_of_keeping_a_copy(tmp_path: Path) -> None:
+    """Regression: the coordinator and the transaction service copied the config at construction
+    and read the copy next to the broker's fresh one (a re-seed after a reload mixed both)."""
+    live = LiveConfig(parse_server_ini(BEFORE, "/etc/server.ini"))
+    host = Host(live, tmp_path)
+    coordinator = HaCoordinator(host, None, ReplicationProgress())  # type: ignore[arg-type]
+    service = TransactionService(host)
+    live.reload(parse_server_ini(AFTER, "/etc/server.ini"))
+    assert coordinator.config is live.current
+    assert coordinator.config.topic_defaults.unflush_threshold == 99
+    # A swap with other transaction settings (what a restart-free change would bring) is seen at once.
+    live._swap(parse_server_ini(AFTER, "/etc/server.ini"))
+    assert service.settings is live.current.txn
+    assert service.settings.max_open_transactions_per_user == 7
