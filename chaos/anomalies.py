@@ -28,6 +28,7 @@ from typing import Any, Iterable
 import networkx as nx
 
 from chaos.history import History, brief, group_of, is_control
+from chaos.topic_ops import check_topic_ops
 
 READ_COMMITTED = "read_committed"
 
@@ -506,4 +507,6 @@ CHECKS = {
     "intermediate-read": check_intermediate_read,
     "G0": check_g0,
     "G1c": check_g1c,
+    # Not Jepsen's: every topic operation of the run left its state on every member (chaos/topic_ops.py).
+    "topic-ops": check_topic_ops,
 }

@@ -54,6 +54,7 @@ class Setup:
     groups: int
     secure: bool
     power_loss: bool = False  # brokers under the power-loss shim: random also draws power-loss faults
+    corruption: bool = False  # small segments and a fast scrub: random also draws corrupt-* faults
 
     @property
     def name(self) -> str:
@@ -70,14 +71,16 @@ class Setup:
                 "--seed", str(self.seed), "--mode", self.mode, "--slaves", str(self.slaves),
                 "--groups", str(self.groups), "--zk-nodes", str(zk_nodes),
                 "--secure" if self.secure else "--insecure", *(["--power-loss"] if self.power_loss else []),
+                *(["--corruption"] if self.corruption else []),
                 "--out", str(out / self.name)]
 
 
-def plan(runs: int, first_seed: int, power_loss: bool = False) -> list[Setup]:
+def plan(runs: int, first_seed: int, power_loss: bool = False, corruption: bool = False) -> list[Setup]:
     """The campaign's runs: the same arguments always give the same plan (resuming relies on it)."""
     combos = list(itertools.product(("sync", "async"), (1, 2), (1, 2), (True, False)))
     random.Random(f"campaign/{first_seed}").shuffle(combos)
-    return [Setup(i, first_seed + i, *combos[i % len(combos)], power_loss=power_loss) for i in range(runs)]
+    return [Setup(i, first_seed + i, *combos[i % len(combos)], power_loss=power_loss, corruption=corruption)
+            for i in range(runs)]
 
 
 def load_result(out: Path, setup: Setup) -> dict[str, Any] | None:
@@ -88,13 +91,15 @@ def load_result(out: Path, setup: Setup) -> dict[str, Any] | None:
         return None
 
 
-def check_settings(out: Path, seconds: float, first_seed: int, zk_nodes: int, power_loss: bool = False) -> str | None:
+def check_settings(out: Path, seconds: float, first_seed: int, zk_nodes: int, power_loss: bool = False,
+                   corruption: bool = False) -> str | None:
     """Resuming with other settings would mix runs of two campaigns in one table: the
     problem as one line, or None (and the settings recorded) when they match or are new."""
     path = out / SETTINGS_FILE
-    wanted = {"seconds": seconds, "first_seed": first_seed, "zk_nodes": zk_nodes, "power_loss": power_loss}
+    wanted = {"seconds": seconds, "first_seed": first_seed, "zk_nodes": zk_nodes, "power_loss": power_loss,
+              "corruption": corruption}
     try:
-        known = {"power_loss": False, **json.loads(path.read_text())}  # recorded before the option: without
+        known = {"power_loss": False, "corruption": False, **json.loads(path.read_text())}  # recorded before the option: without
     except (OSError, ValueError):
         out.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(wanted))
@@ -200,9 +205,11 @@ def unavailability_table(rows: dict[str, dict[str, Any]]) -> list[str]:
                      for kind, row in sorted(rows.items())])
 
 
-def command_line(runs: int, seconds: float, first_seed: int, zk_nodes: int, out: Path, power_loss: bool = False) -> str:
+def command_line(runs: int, seconds: float, first_seed: int, zk_nodes: int, out: Path, power_loss: bool = False,
+                 corruption: bool = False) -> str:
     return (f"python -m chaos campaign --runs {runs} --seconds {seconds:g} --first-seed {first_seed} "
-            f"--zk-nodes {zk_nodes}{' --power-loss' if power_loss else ''} --out {out}")
+            f"--zk-nodes {zk_nodes}{' --power-loss' if power_loss else ''}{' --corruption' if corruption else ''}"
+            f" --out {out}")
 
 
 def report(results: list[tuple[Setup, dict[str, Any] | None]], seconds: float, command: str) -> str:
@@ -228,6 +235,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--power-loss", action="store_true",
                    help="every run with --power-loss: brokers under the power-loss shim, random also draws "
                         "power-loss-master and power-loss-slave")
+    p.add_argument("--corruption", action="store_true",
+                   help="every run with --corruption: small segments and a fast scrub, random also draws "
+                        "corrupt-master and corrupt-slave")
     p.add_argument("--out", default="/tmp/chaos-campaign",
                    help="directory of the runs and of campaign.md; run the same command again to resume")
 
@@ -239,13 +249,13 @@ def main(args: argparse.Namespace) -> int:
         print(f"error: --runs and --seconds must be positive, got {args.runs} and {args.seconds:g}", file=sys.stderr)
         return 2
     out = Path(args.out)
-    problem = check_settings(out, args.seconds, args.first_seed, args.zk_nodes, args.power_loss)
+    problem = check_settings(out, args.seconds, args.first_seed, args.zk_nodes, args.power_loss, args.corruption)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    setups = plan(args.runs, args.first_seed, args.power_loss)
+    setups = plan(args.runs, args.first_seed, args.power_loss, args.corruption)
     results = {s: load_result(out, s) for s in setups}
-    command = command_line(args.runs, args.seconds, args.first_seed, args.zk_nodes, out, args.power_loss)
+    command = command_line(args.runs, args.seconds, args.first_seed, args.zk_nodes, out, args.power_loss, args.corruption)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         with Progress(*columns) as progress:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -54,6 +55,7 @@ from metaq.zk.embedded import EmbeddedZooKeeper, Peer, free_port
 from metaq.zk.group import read_members
 from metaq.zk.paths import ZkPaths, decode_epoch
 
+from .corruption import Corruption, flip_bit
 from .hosts import Host, HostNetwork
 from .power_loss import PowerLossDisk, PowerLossReport, build_shim
 from .toxiproxy_client import FaultProxy
@@ -67,6 +69,9 @@ CLIENT_USER = "app"
 
 
 ON_SYNC_SLAVE_LOSS = ("degrade", "reject")
+#: Broker settings of a run with the corrupt-* faults: sealed segments appear after 16 KiB,
+#: and the scrub re-reads them every second.
+CORRUPTION_SYSTEM = {"maxSegmentSize": 16 * 1024, "scrubIntervalMs": 1000}
 #: Where the processes run: all on 127.0.0.1 behind the proxy, or each on a host of its own.
 HOSTS_MODES = ("local", "netns")
 #: Ports on a host of its own (--hosts netns): each host has its own port space.
@@ -163,6 +168,7 @@ class ChaosCluster:
         secure: bool = False,
         hosts: str = "local",
         power_loss: bool = False,
+        corruption: bool = False,
     ) -> None:
         if hosts not in HOSTS_MODES:
             raise ValueError(f"hosts must be local or netns, got {hosts!r}")
@@ -209,6 +215,9 @@ class ChaosCluster:
         #: journalled by the LD_PRELOAD shim), by broker name.
         self.power_loss = power_loss
         self.disks: dict[str, PowerLossDisk] = {}
+        #: With ``corruption``: small segments (so there are sealed ones to corrupt) and a
+        #: scrub pass every second (chaos/corruption.py, the corrupt-* faults).
+        self.corruption = corruption
         # ZooKeeper JVMs die with the *thread* that forked them (PR_SET_PDEATHSIG, see
         # metaq/zk/embedded.py): start them all from this one long-lived thread, never from
         # the short-lived worker threads the runner's fault schedule runs in.
@@ -272,6 +281,8 @@ class ChaosCluster:
         self._zk = KazooClient(hosts=self.zk_connect, timeout=10)
         self._zk.start(timeout=30)
         system = mode_system(self.mode, self.on_sync_slave_loss)
+        if self.corruption:
+            system = {**system, **CORRUPTION_SYSTEM}
         power_loss_shim = build_shim(self.work_dir / "powerloss-shim") if self.power_loss else None
         for group in range(self.num_groups):
             for slave_id, role in enumerate("abc"[: 1 + self.slaves_per_group]):
@@ -314,6 +325,11 @@ class ChaosCluster:
         for b in slaves:
             b.process.start(wait=False)
         self.wait_settled(timeout)
+
+    def group_secret_file(self, group: int) -> str | None:
+        """With ``secure``: the file of group ``group``'s secret (its ZooKeeper login, as an
+        operator's ``metaq topics --group-secret`` uses it); None without security."""
+        return self._group_security.get(group, {}).get("groupSecretFile")
 
     def _hosted_broker(self, name: str, group: int, system: dict[str, Any],
                        slave_props: dict[str, Any] | None) -> ChaosBroker:
@@ -420,6 +436,12 @@ class ChaosCluster:
         report = self.disks[b.name].lose_power()
         log.info("%s lost power: %s", b.name, report)
         return report
+
+    def corrupt(self, b: ChaosBroker, rng: random.Random) -> Corruption | None:
+        """Flip one payload bit of a flushed record in a broker's data (chaos/corruption.py)."""
+        found = flip_bit(b.data_dir(), rng, self.topic, sealed_only=b.process.alive)
+        log.info("%s corrupted: %s", b.name, found or "nothing flushed to corrupt yet")
+        return found
 
     def wipe(self, b: ChaosBroker) -> None:
         """Empty a stopped broker's data directory: it comes back as a new, empty member."""

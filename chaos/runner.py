@@ -18,7 +18,10 @@ One run:
    (exactly once: a duplicate is a violation); with ``--consumer-group`` (on in ``random``)
    also consumer processes of one group, killed, stopped and restarted
    (chaos/group_consumer.py), whose polls feed the checker's consumer checks; with
-   ``--transactions`` (on in ``random``) two transactional producers (``x0``, ``x1``);
+   ``--transactions`` (on in ``random``) two transactional producers (``x0``, ``x1``); with
+   ``--topic-ops`` (on in ``random``) each group's side topic created, grown, altered, deleted
+   and re-created beside the faults, each operation's state checked on every member
+   (chaos/topic_ops.py);
 3. a monitor thread watches ZooKeeper and records every failover (with the old master's
    unreplicated tail: bytes and messages past the new master's epoch start, for async);
 4. the fault schedule (chaos/scenarios.py) runs for ``--seconds``: inject, hold, heal, wait
@@ -66,6 +69,7 @@ from .hosts import nft_unavailable
 from .hosts import unavailable as hosts_unavailable
 from .liveness import default_bound, render_table
 from .raw_producer import ProducerSettings, RawProducer
+from .topic_ops import SideTopicLoad
 from .scenarios import FAULTS, Step, inject, scenario_names, schedule, writes_expected
 from .transactions import TransactionLoad, roll_back, send_values
 
@@ -377,7 +381,7 @@ class Run:
                  on_sync_slave_loss: str = "degrade", liveness_bound: float | None = None,
                  secure: bool = False, rogue: bool = False, producers: ProducerSettings = ProducerSettings(),
                  consumer_group: bool = False, transactions: bool = False, hosts: str = "local",
-                 power_loss: bool = False) -> None:
+                 power_loss: bool = False, corruption: bool = False, topic_ops: bool = False) -> None:
         self.scenario, self.seconds, self.seed, self.out = scenario, seconds, seed, Path(out)
         self.mode, self.groups, self.zk_nodes, self.rate = mode, groups, zk_nodes, rate
         self.slaves, self.on_sync_slave_loss = slaves, on_sync_slave_loss
@@ -386,9 +390,10 @@ class Run:
         self.producers = producers
         self.hosts = hosts
         self.power_loss = power_loss
+        self.corruption = corruption
         self.cluster = ChaosCluster(self.out / "cluster", groups=groups, mode=mode, zk_nodes=zk_nodes,
                                     slaves=slaves, on_sync_slave_loss=on_sync_slave_loss, secure=secure, hosts=hosts,
-                                    power_loss=power_loss)
+                                    power_loss=power_loss, corruption=corruption)
         session_ms = self.cluster.session_ms
         self.liveness_bound = liveness_bound if liveness_bound is not None else default_bound(session_ms)
         self.history = History({"mode": mode, "scenario": scenario, "seed": seed, "seconds": seconds,
@@ -397,7 +402,7 @@ class Run:
                                 "session_ms": session_ms, "liveness_bound_s": self.liveness_bound,
                                 "secure": secure, "rogue": rogue, "producers": producers.to_json(),
                                 "consumer_group": consumer_group, "transactions": transactions,
-                                "power_loss": power_loss})
+                                "power_loss": power_loss, "corruption": corruption, "topic_ops": topic_ops})
         self.hostile = HostileLoad(self.cluster, self.history) if rogue else None
         self.transactions = transactions
         self.consumers = ConsumerGroupLoad(self.cluster, self.history, seed, self.out) if consumer_group else None
@@ -405,11 +410,13 @@ class Run:
         self.settle_failures: list[str] = []
         self.unavailable: list[float] = []
         self.txn_load: TransactionLoad | None = None
+        # --- topic operations (chaos/topic_ops.py): the side topic churns beside the faults ---
+        self.side_topics = SideTopicLoad(self.cluster, self.history, seed) if topic_ops else None
 
     def _fault_loop(self, stop_at: float, stopping: threading.Event) -> None:
         session_s = self.cluster.session_ms / 1000
         plan = schedule(self.scenario, self.seed, self.groups, self.zk_nodes, session_s, hosts=self.hosts,
-                        can_cut=can_cut(self.hosts), power_loss=self.power_loss)
+                        can_cut=can_cut(self.hosts), power_loss=self.power_loss, corruption=self.corruption)
         self.history.meta["schedule"] = [s.to_json() for s in plan[:50]]
         self.history.meta["hosts"] = self.hosts
         rng = random.Random(f"targets/{self.seed}")
@@ -488,7 +495,13 @@ class Run:
         stop_at = time.monotonic() + self.seconds
         stopping = threading.Event()
         try:
-            await asyncio.to_thread(self._fault_loop, stop_at, stopping)
+            side = (asyncio.to_thread(self.side_topics.run, stop_at, stopping) if self.side_topics is not None
+                    else asyncio.sleep(0))
+            results = await asyncio.gather(asyncio.to_thread(self._fault_loop, stop_at, stopping), side,
+                                           return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
         finally:
             stopping.set()
             if self.hostile is not None:
@@ -516,11 +529,15 @@ class Run:
                 self.cluster.wait_settled(max(self.settle_timeout, 120))
             except AssertionError as exc:
                 self.settle_failures.append(f"final: {exc}")
+            if self.side_topics is not None:
+                self.side_topics.final_check()
             if self.consumers is not None:
                 self.consumers.drain()
             self.cluster.snapshot(self.history)
             self._consumers_ran_to_the_end()
         finally:
+            if self.side_topics is not None:
+                self.side_topics.close()
             if self.consumers is not None:
                 self.consumers.kill_all()
             self.history.close_open()
@@ -541,6 +558,7 @@ class Run:
                    "master_faults_without_failover": self.no_failover, "violations": len(result.violations()),
                    "steps": self.steps_done, "hostile_problems": self.hostile_problems,
                    "txn_problems": self.txn_problems,
+                   "topic_ops": self.side_topics.summary() if self.side_topics is not None else None,
                    "rogue": self.hostile.summary() if self.hostile is not None else None}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
         print(report)
@@ -605,7 +623,7 @@ class Run:
         faults_list = self.history.faults
         for i, f in enumerate(faults_list):
             if f["kind"] in ("kill-master", "lose-master", "pause-master", "partition-master-zk", "silence-master",
-                             "power-loss-master") \
+                             "power-loss-master", "corrupt-master") \
                     and f.get("target") != "none":
                 heal_t = next((h["time"] for h in faults_list[i + 1:] if h["kind"] == "heal"), f["time"] + 60)
                 if not any(f["time"] <= fo["time"] <= heal_t + 1 and fo["group"] == f.get("group")
@@ -622,13 +640,16 @@ class Run:
             + (" --rogue" if self.rogue else "")
             + (f" --hosts {self.hosts}" if self.hosts != "local" else "")
             + (" --power-loss" if self.power_loss else "")
+            + (" --corruption" if self.corruption else "")
             + (" --idempotent" if self.producers.idempotent else " --retry-unknown" if self.producers.retry_unknown else "")
             + (" --consumer-group" if self.consumers is not None else " --no-consumer-group")
             + (" --transactions" if self.transactions else " --no-transactions")
+            + (" --topic-ops" if self.side_topics is not None else " --no-topic-ops")
             + f" --out {self.out}",
             f"producers: {self.producers_text()}",
             *self.consumers_lines(),
             self.transactions_line(),
+            self.side_topics.line() if self.side_topics is not None else "topic operations: off",
             f"faults: {sum(faults.values())} {dict(sorted(faults.items()))}",
             f"operations: puts {s['puts_ok']} ok / {s['puts_fail']} failed / {s['puts_info']} unknown; "
             f"reads {s['reads']} messages in {s['gets']} fetches",
@@ -691,6 +712,10 @@ def add_parser(sub: Any) -> None:
                    help="two transactional producers (local transactions of 1-3 messages, one in four rolled "
                         "back) whose outcomes feed the read-committed checks: precommitted-read, aborted-read, "
                         "intermediate-read, G0, G1c (default: on in the random scenario)")
+    p.add_argument("--topic-ops", action=argparse.BooleanOptionalAction, default=None,
+                   help="topic operations beside the faults: each group's side topic is created, grown, altered, "
+                        "deleted and re-created smaller, and after each the state it must leave is checked on every "
+                        "member (the topic-ops check; default: on in the random scenario)")
     p.add_argument("--hosts", choices=HOSTS_MODES, default="local",
                    help="local: every process on 127.0.0.1, links through the fault proxy (default); netns: each "
                         "ZooKeeper node and broker on a host of its own (a network namespace on one bridge; needs "
@@ -699,6 +724,10 @@ def add_parser(sub: Any) -> None:
                    help="every broker runs under the power-loss shim (chaos/power_loss.py; needs gcc, --hosts local) "
                         "with group commit (unflushThreshold=0): enables the power-loss-master and power-loss-slave "
                         "faults (kill -9, unsynced writes lost, restart), also in the random scenario")
+    p.add_argument("--corruption", action="store_true",
+                   help="brokers with 16 KiB segments and a scrub pass every second: enables the corrupt-master and "
+                        "corrupt-slave faults (kill -9, one payload bit of a flushed record flipped on disk, restart), "
+                        "also in the random scenario (docs/chaos.md, 'Corruption')")
     p.add_argument("--liveness-bound", type=float, default=None,
                    help="seconds within which reads and writes must resume after a fault "
                         "(default 2 x zk.zkSessionTimeoutMs + 1 s)")
@@ -729,7 +758,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     try:
         schedule(args.scenario, args.seed, args.groups, args.zk_nodes, 1.0, steps=1, hosts=args.hosts,
-                 can_cut=can_cut(args.hosts), power_loss=args.power_loss)
+                 can_cut=can_cut(args.hosts), power_loss=args.power_loss, corruption=args.corruption)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -740,5 +769,6 @@ def main(args: argparse.Namespace) -> int:
               producers=ProducerSettings(idempotent=args.idempotent, retry_unknown=args.retry_unknown),
               consumer_group=args.consumer_group if args.consumer_group is not None else args.scenario == "random",
               transactions=args.transactions if args.transactions is not None else args.scenario == "random",
-              power_loss=args.power_loss)
+              power_loss=args.power_loss, corruption=args.corruption,
+              topic_ops=args.topic_ops if args.topic_ops is not None else args.scenario == "random")
     return run.execute()

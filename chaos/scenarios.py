@@ -5,7 +5,7 @@ cluster to settle and for ``gap_s`` of fault-free load; a fault that never heals
 lost for good) is the last step. Targets are roles ("the master of group 1"), resolved
 when the step runs. A *scenario* is a fixed list of fault kinds, repeated until the run's
 time is up; ``random`` draws each step from every fault kind that heals and fits the run
-(power-loss kinds only with ``--power-loss``) (seeded). The whole schedule (kinds, groups, holds, gaps) is drawn from the seed up front,
+(power-loss kinds only with ``--power-loss``, corrupt-* only with ``--corruption``) (seeded). The whole schedule (kinds, groups, holds, gaps) is drawn from the seed up front,
 so two runs with the same seed inject the same faults in the same order.
 """
 
@@ -39,6 +39,7 @@ class FaultKind:
     needs: str = ""                 # "proxy": only with every process on 127.0.0.1 behind the fault
                                     # proxy; "netns": only with hosts of their own (--hosts netns)
     needs_power_loss: bool = False  # only with every broker under the power-loss shim (--power-loss)
+    needs_corruption: bool = False  # only in a run with small segments and a fast scrub (--corruption)
 
 
 FAULTS: dict[str, FaultKind] = {
@@ -72,6 +73,11 @@ FAULTS: dict[str, FaultKind] = {
     # restarted after the hold like kill-*: only in a cluster run under the shim (--power-loss).
     "power-loss-master": FaultKind("master", (1.0, 3.0), needs_power_loss=True),
     "power-loss-slave": FaultKind("slave", (1.0, 3.0), needs_power_loss=True),
+    # kill -9, one payload bit of a flushed record flipped on its disk (chaos/corruption.py),
+    # restarted after the hold: recovery or the scrub finds it, a slave (also the old master,
+    # back as a slave) fetches it again; only with --corruption.
+    "corrupt-master": FaultKind("master", (1.0, 3.0), needs_corruption=True),
+    "corrupt-slave": FaultKind("slave", (1.0, 3.0), needs_corruption=True),
 }
 
 SCENARIOS: dict[str, list[str]] = {
@@ -95,6 +101,8 @@ SCENARIOS: dict[str, list[str]] = {
     "silence-slave": ["silence-slave"],
     "power-loss-master": ["power-loss-master"],
     "power-loss-slave": ["power-loss-slave"],
+    "corrupt-master": ["corrupt-master"],
+    "corrupt-slave": ["corrupt-slave"],
 }
 # ``random`` draws from every fault that heals (a fault that never heals ends the schedule).
 RANDOM_KINDS = [k for k, f in FAULTS.items() if f.heals]
@@ -127,6 +135,11 @@ def fits_power_loss(kind: str, power_loss: bool) -> bool:
     return power_loss or not FAULTS[kind].needs_power_loss
 
 
+def fits_corruption(kind: str, corruption: bool) -> bool:
+    """Whether the fault can be injected: corruption only in a run set up for it."""
+    return corruption or not FAULTS[kind].needs_corruption
+
+
 def fits_hosts(kind: str, hosts: str, can_cut: bool = True) -> bool:
     """Whether the fault can be injected where the processes run (``local`` or ``netns``;
     ``can_cut``: whether a netns host can be cut from a peer, i.e. nftables works here)."""
@@ -137,14 +150,16 @@ def fits_hosts(kind: str, hosts: str, can_cut: bool = True) -> bool:
 
 
 def schedule(scenario: str, seed: int, groups: int, zk_nodes: int, session_s: float, steps: int = 400,
-             hosts: str = "local", can_cut: bool = True, power_loss: bool = False) -> list[Step]:
+             hosts: str = "local", can_cut: bool = True, power_loss: bool = False,
+             corruption: bool = False) -> list[Step]:
     """The first ``steps`` fault steps of a scenario (the runner stops when time is up);
-    ``power_loss``: the brokers run under the power-loss shim, so power-loss faults fit."""
+    ``power_loss``: the brokers run under the power-loss shim, so power-loss faults fit;
+    ``corruption``: the run is set up for the corrupt-* faults."""
     rng = random.Random(f"schedule/{scenario}/{seed}")
     if scenario == "random":
         kinds = [k for k in RANDOM_KINDS
                  if (FAULTS[k].role != "zk" or zk_nodes >= 3) and fits_hosts(k, hosts, can_cut)
-                 and fits_power_loss(k, power_loss)]
+                 and fits_power_loss(k, power_loss) and fits_corruption(k, corruption)]
         sequence = [rng.choice(kinds) for _ in range(steps)]
     elif scenario in SCENARIOS:
         base = SCENARIOS[scenario]
@@ -152,6 +167,8 @@ def schedule(scenario: str, seed: int, groups: int, zk_nodes: int, session_s: fl
             raise ValueError(f"scenario {scenario} needs --zk-nodes 3")
         if not all(fits_power_loss(k, power_loss) for k in base):
             raise ValueError(f"scenario {scenario} needs --power-loss (brokers under the power-loss shim)")
+        if not all(fits_corruption(k, corruption) for k in base):
+            raise ValueError(f"scenario {scenario} needs --corruption (small segments, a fast scrub)")
         unfit = [k for k in base if not fits_hosts(k, hosts, can_cut)]
         if unfit:
             needs = FAULTS[unfit[0]].needs
@@ -209,6 +226,11 @@ def inject(cluster: ChaosCluster, step: Step, rng: random.Random) -> tuple[str, 
         cluster.kill(b)
         lost = cluster.lose_power(b)
         return b.name, {"bytes_lost": lost.bytes_lost, "power_loss": str(lost)}, lambda: cluster.restart(b)
+    if kind.startswith("corrupt-"):
+        cluster.kill(b)
+        found = cluster.corrupt(b, rng)
+        details = found.to_json() if found is not None else {"corruption": "nothing flushed yet"}
+        return b.name, details, lambda: cluster.restart(b)
     if kind == "replace-slave":
         cluster.kill(b)
         cluster.wipe(b)

@@ -185,7 +185,13 @@ async def send_values(producer: Any, topic: str, txn: str, count: int, sends: li
     Raises TransactionError on the first send that was not stored."""
     for j in range(count):
         value = f"{txn}-{j}"
-        result = await producer.send_message(Message(topic, value.encode()))
+        try:
+            result = await producer.send_message(Message(topic, value.encode()))
+        except Exception:
+            # The client gave up on it (retries exhausted): it may be stored all the same, so it
+            # is one of the transaction's messages, at an unknown partition and offset.
+            sends.append([None, None, value])
+            raise
         part = f"{topic}/{result.partition}" if result.partition is not None else None
         sends.append([part, result.offset if result.success and result.offset >= 0 else None, value])
         if not result.success:

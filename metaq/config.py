@@ -124,6 +124,10 @@ class BrokerConfig:
     login_timeout_ms: int = 10_000
     # Connections from one peer address (IP); past it that address's new connections are refused.
     max_connections_per_address: int = 256
+    # Background scrub of sealed segments (metaq/store/scrub.py): the pause between passes
+    # (0: off) and the most it reads per second.
+    scrub_interval_ms: int = 3_600_000
+    scrub_bytes_per_second: int = 8 * 1024 * 1024
     source_path: str | None = None
     security: SecurityConfig = field(default_factory=SecurityConfig)
     # MetaQ's transaction settings (maxCheckpoints, flushTxLogAtCommit, ...; metaq/txn/config.py).
@@ -321,6 +325,8 @@ _SYSTEM_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "maxBufferedRequestBytes": ("max_buffered_request_bytes", _int(64 * 1024)),
     "loginTimeoutMs": ("login_timeout_ms", _int(100)),
     "maxConnectionsPerAddress": ("max_connections_per_address", _int(1)),
+    "scrubIntervalMs": ("scrub_interval_ms", _int(0)),
+    "scrubBytesPerSecond": ("scrub_bytes_per_second", _int(1024)),
 }
 
 # [system] security keys -> SecurityConfig fields.

@@ -36,7 +36,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import MetaqError
-from .admin import add_action, add_actions, add_json_option, ask, print_json, render_table, table_json, zk_client
+from .admin import NEEDS_LOGIN, UNREACHABLE, Answer, add_action, add_actions, add_json_option, ask, ask_answer, print_json, render_table, table_json, zk_client
 from .login import credentials
 
 if TYPE_CHECKING:
@@ -152,14 +152,28 @@ def live_members(client: Any, paths: Any, group: str) -> list[str]:
 # --- brokers -----------------------------------------------------------------------------------
 
 
-async def bounds(row: PartitionRow, timeout: float, creds: Any) -> tuple[int, int] | None:
-    """``(earliest, readable end)`` of a partition on its master; None if it cannot answer."""
+async def bounds_answer(row: PartitionRow, timeout: float, creds: Any) -> tuple[tuple[int, int] | None, str]:
+    """``((earliest, readable end), "")`` of a partition on its master, or ``(None, why not)``.
+
+    A master with security on asked without a login cannot answer anything: that is a
+    MetaqError naming the missing login, not a partition row saying "unreachable".
+    """
     from ..protocol.messages import OffsetRequest
 
     if row.master_url is None:
-        return None
-    reply = await ask(row.master_url, OffsetRequest(topic=row.topic, partition=row.partition, offset=0).to_header(), timeout, creds)
-    return None if reply is None else (int(reply["min_offset"]), int(reply["max_offset"]))
+        return None, UNREACHABLE
+    answer: Answer = await ask_answer(row.master_url, OffsetRequest(topic=row.topic, partition=row.partition, offset=0).to_header(), timeout, creds)
+    if answer.problem == NEEDS_LOGIN:
+        raise MetaqError(f"broker group {row.broker_id}'s master {row.master_url} has security on and needs a login: "
+                         "give --user and --password-file (a user with consume rights on the topic)")
+    if answer.reply is None:
+        return None, answer.problem or UNREACHABLE
+    return (int(answer.reply["min_offset"]), int(answer.reply["max_offset"])), ""
+
+
+async def bounds(row: PartitionRow, timeout: float, creds: Any) -> tuple[int, int] | None:
+    """``(earliest, readable end)`` of a partition on its master; None if it cannot answer."""
+    return (await bounds_answer(row, timeout, creds))[0]
 
 
 async def walk(
@@ -245,9 +259,9 @@ def run_describe(args: argparse.Namespace) -> int:
 
 async def _describe(rows: list[PartitionRow], timeout: float, creds: Any) -> list[tuple[Any, ...]]:
     async def one(row: PartitionRow) -> tuple[Any, ...]:
-        found = await bounds(row, timeout, creds)
+        found, why_not = await bounds_answer(row, timeout, creds)
         if found is None:
-            return (row.topic, row.name, row.committed, "unreachable", None, None)
+            return (row.topic, row.name, row.committed, why_not, None, None)
         earliest, end = found
         start = earliest if row.committed is None else max(row.committed, earliest)
         messages = (await walk(row, start, end, timeout, creds))[0] if start < end else 0

@@ -288,7 +288,7 @@ def run_create(args: argparse.Namespace) -> int:
             raise MetaqError(f"broker group {args.broker_id} already has a topic {args.topic!r} (use metaq topics alter)")
         return group.with_topic(args.topic, {**settings, "numPartitions": str(args.partitions or 1)})
 
-    return _write(args, change, f"created {args.topic}")
+    return _write(args, change, f"created {args.topic}", ends_incarnation=True)
 
 
 def run_alter(args: argparse.Namespace) -> int:
@@ -322,7 +322,7 @@ def run_delete(args: argparse.Namespace) -> int:
             raise MetaqError(f"broker group {args.broker_id} has no topic {args.topic!r} (see metaq topics list)")
         return group.without_topic(args.topic)
 
-    return _write(args, change, f"deleted {args.topic} (every member deletes its partition files)")
+    return _write(args, change, f"deleted {args.topic} (every member deletes its partition files)", ends_incarnation=True)
 
 
 def _settings(args: argparse.Namespace) -> dict[str, str]:
@@ -343,10 +343,10 @@ def _settings(args: argparse.Namespace) -> dict[str, str]:
     return settings
 
 
-def _write(args: argparse.Namespace, change: Any, done: str) -> int:
+def _write(args: argparse.Namespace, change: Any, done: str, ends_incarnation: bool = False) -> int:
     from ..config import check_topic_name
     from ..zk.group import read_members
-    from ..zk.topic_config import read_group_topics, update_group_topics
+    from ..zk.topic_config import delete_group_offsets, read_group_topics, update_group_topics
     from kazoo.exceptions import NoAuthError, NoNodeError
 
     try:
@@ -374,12 +374,21 @@ def _write(args: argparse.Namespace, change: Any, done: str) -> int:
             return 0
         except NoAuthError:
             raise zk_write_refused(args, f"the write of {paths.topic_config(args.broker_id)}") from None
+        if ends_incarnation:
+            # Kafka's rule: a topic's stored consumer offsets end with it. The group's master
+            # deletes them when it applies the change (and again at a create, for a consumer
+            # that ran on), but only a master that leads while it applies it: one paused, or
+            # between masters in a failover, leaves them. So the tool that ends it deletes them too.
+            stale = delete_group_offsets(client, paths, args.broker_id, args.topic)
+            if stale:
+                print(f"deleted {len(stale)} stored consumer offset(s) of {args.topic}'s partitions in broker group {args.broker_id}")
     expected = group.topics.get(args.topic)
     partitions = int(expected.get("numPartitions", "1")) if expected else None
     print(f"broker group {args.broker_id}: {done} (topic configuration version {group.version})")
     if args.wait <= 0 or not urls:
         return 0
-    late = asyncio.run(_wait_applied(urls, args.topic, partitions, args.wait, args.timeout, credentials(args)))
+    incarnation = group.incarnations.get(args.topic)
+    late = asyncio.run(_wait_applied(urls, args.topic, partitions, incarnation, args.wait, args.timeout, credentials(args)))
     if late:
         print(f"not applied within {args.wait:g} s by: {', '.join(u.removeprefix('meta://') for u in late)}")
         return 1
@@ -387,14 +396,17 @@ def _write(args: argparse.Namespace, change: Any, done: str) -> int:
     return 0
 
 
-async def _wait_applied(urls: list[str], topic: str, partitions: int | None, wait: float, timeout: float, creds: Any) -> list[str]:
-    """The members that do not serve ``topic`` with ``partitions`` (None: not at all) in time."""
+async def _wait_applied(urls: list[str], topic: str, partitions: int | None, incarnation: str | None, wait: float,
+                        timeout: float, creds: Any) -> list[str]:
+    """The members that do not serve ``topic`` with ``partitions`` (None: not at all) of
+    ``incarnation`` in time: a put acked by a master still serving the old incarnation of a
+    re-created topic is deleted with it, so "applied" must mean the new one."""
     from ..protocol.messages import TopicsRequest
     from ..protocol.replies import TopicsReply
 
     async def applied(url: str) -> bool:
         reply = await ask(url, TopicsRequest().to_header(), timeout, creds)
-        return reply is not None and TopicsReply.of(reply).topics.get(topic) == partitions
+        return reply is not None and TopicsReply.of(reply).serves(topic, partitions, incarnation)
 
     deadline = time.monotonic() + wait
     pending = list(urls)

@@ -142,11 +142,15 @@ class _FetcherState:
 class PartitionFetcher:
     """Fetches one partition in a loop and hands each message to the consumer's listener."""
 
-    def __init__(self, consumer: "AsyncMessageConsumer", subscription: Subscription, partition: Partition, position: Position | None) -> None:
+    def __init__(self, consumer: "AsyncMessageConsumer", subscription: Subscription, partition: Partition, position: Position | None,
+                 incarnation: str | None = None) -> None:
         self.consumer = consumer
         self.subscription = subscription
         self.topic = subscription.topic
         self.partition = partition
+        #: The topic's incarnation when the fetcher started (None: unknown, or a store that
+        #: does not keep them): its commits are stored as of that incarnation.
+        self.incarnation = incarnation
         self.state = _FetcherState(position)
         self._stopping = False
         self._in_wait = False
@@ -645,7 +649,11 @@ class AsyncMessageConsumer:
                 changed[fetcher.partition] = position
         if not changed:
             return
-        await self.offset_store.commit(self.config.group, topic, changed)  # type: ignore[arg-type]
+        if self._keeps_incarnations:
+            incarnations = {f.partition: f.incarnation for f in fetchers if f.partition in changed}
+            await self.offset_store.commit(self.config.group, topic, changed, incarnations=incarnations)  # type: ignore[arg-type, call-arg]
+        else:
+            await self.offset_store.commit(self.config.group, topic, changed)  # type: ignore[arg-type]
         for fetcher in fetchers:
             if fetcher.partition in changed:
                 fetcher.state.committed = changed[fetcher.partition]
@@ -708,10 +716,34 @@ class AsyncMessageConsumer:
                 log.info("group %s: %s still owned by others, will retry", self.config.group, [str(p) for p in unclaimed])
         return complete
 
+    @property
+    def _keeps_incarnations(self) -> bool:
+        """A store the brokers cannot clean (file, SQL) keeps each offset's topic incarnation
+        (offsets.py); the ZooKeeper offsets are deleted by the brokers instead."""
+        return bool(getattr(self.offset_store, "keeps_incarnations", False))
+
+    async def _incarnation(self, topic: str, partition: Partition) -> str | None:
+        """The topic's current incarnation in the partition's broker group; None when unknown."""
+        from ..zk.topic_config import read_group_topics
+
+        try:
+            group = await self.cluster.call(read_group_topics, self.cluster.zk, self.cluster.paths, partition.broker_id)
+        except Exception as exc:  # ZooKeeper busy: unknown, so a stored offset is kept (offsets.applies)
+            log.warning("group %s: cannot read the incarnation of %s-%s: %r", self.config.group, topic, partition, exc)
+            return None
+        return group.incarnations.get(topic, "") if topic in group.topics else None
+
+    async def _load_position(self, topic: str, partition: Partition, incarnation: str | None) -> Position | None:
+        if not self._keeps_incarnations:
+            return await self.offset_store.load(self.config.group, topic, partition)
+        # Invariant: never resume in one incarnation of a topic at an offset of another (offsets.applies).
+        return await self.offset_store.load(self.config.group, topic, partition, incarnation=incarnation)  # type: ignore[call-arg]
+
     async def _start_fetcher(self, topic: str, partition: Partition) -> None:
+        incarnation = await self._incarnation(topic, partition) if self._keeps_incarnations else None
         # MetaQ's setConsumeFromMaxOffset(always=True): stored offsets are ignored.
-        position = None if self.config.always_consume_from_max_offset else await self.offset_store.load(self.config.group, topic, partition)
-        fetcher = PartitionFetcher(self, self.subscriptions[topic], partition, position)
+        position = None if self.config.always_consume_from_max_offset else await self._load_position(topic, partition, incarnation)
+        fetcher = PartitionFetcher(self, self.subscriptions[topic], partition, position, incarnation)
         self.fetchers[(topic, partition)] = fetcher
         fetcher.start()
         log.info("group %s: consuming %s-%s from %s", self.config.group, topic, partition,

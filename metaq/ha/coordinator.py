@@ -893,6 +893,7 @@ class HaCoordinator:
     async def _truncate_partition(self, conn: BrokerConnection, topic: str, partition: int, log_: Any) -> None:
         cache = self.cache(topic, partition)
         floor = self.follower.committed_seen(topic, partition) if self.follower is not None else 0
+        self.host.partitions.get(topic, partition).truncate_corrupt()  # corrupt bytes (scrub, recovery) cannot be compared: fetched again
         end = await divergence_point(conn, topic, partition, log_, cache, floor)
         if end < log_.log_end:
             removed = log_.log_end - end

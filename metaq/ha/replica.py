@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..protocol import commands as c
 from ..protocol.messages import GetRequest, PositionRequest
 from ..record import HEADER, HEADER_SIZE, buffer_reader, walk_records
+from ..store.flush import AppendTruncated
 
 if TYPE_CHECKING:
     from ..client.connection import BrokerConnection
@@ -127,6 +128,7 @@ class PartitionReplica:
 
     async def fetch_once(self, conn: "BrokerConnection") -> bool:
         """One fetch round; returns True if it appended anything. Raises ReplicaDiverged."""
+        self._repair_corruption()
         if self.durable_positions:
             # A fetch reports its offset as our position: only once it is fsynced.
             await self.flusher.flush_now()
@@ -169,6 +171,19 @@ class PartitionReplica:
         if reply.code == c.MOVED:
             return self._moved(offset, int(reply.get("offset", -1)))
         raise ConnectionError(f"{self.name}: master answered {reply.code}: {reply.message}")
+
+    def _repair_corruption(self) -> None:
+        """Bytes of ours found corrupt (metaq/store/scrub.py, recovery) are cut and fetched again.
+
+        Between fetches, in this partition's one task, so no reply is appended across the
+        cut. Our log up to the cut was verified (the range starts where valid records end),
+        and what is fetched next is the master's bytes: the prefix invariant holds.
+        """
+        cut = self.owner.truncate_corrupt()
+        if cut is not None:
+            self.status.extra["repairs"] = int(self.status.extra.get("repairs", 0)) + 1
+            log.warning("%s: corrupt bytes at %d: cut %d bytes (kept in %s), fetching them again from the master",
+                        self.name, *cut)
 
     def _incarnation_field(self) -> dict[str, str]:
         return {"incarnation": self.incarnation} if self.incarnation else {}
@@ -270,4 +285,7 @@ def _ignore_reply(future: "asyncio.Future[Any]") -> None:
 
 def _log_flush_error(task: "asyncio.Future[None]") -> None:
     if not task.cancelled() and task.exception() is not None:
+        if isinstance(task.exception(), AppendTruncated):  # a repair or a truncation cut the log: expected
+            log.info("slave flush not needed: %s", task.exception())
+            return
         log.error("slave flush failed: %s", task.exception())

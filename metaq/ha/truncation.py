@@ -88,6 +88,15 @@ async def _ranges_agree(conn: "BrokerConnection", topic: str, partition: int, lo
         reply = await conn.request(
             ChecksumRequest(topic=topic, partition=partition, start=pos, end=stop).to_header(), timeout=60
         )
+        if not reply.ok and reply.get("reason") == "corrupt":
+            # The master cannot vouch for a range its scrub found corrupt (it serves it to no one
+            # and repairs it from a slave, maybe from us): compare around it, never cut for it.
+            # Our copy of it passed its CRC check when we fetched it.
+            bad_start, bad_end = int(reply["corrupt_start"]), int(reply["corrupt_end"])
+            if not bad_start < stop or not pos < bad_end:
+                return False  # not a range of this request: an answer we cannot use
+            return (await _ranges_agree(conn, topic, partition, log_, pos, max(pos, bad_start))
+                    and await _ranges_agree(conn, topic, partition, log_, min(end, bad_end), end))
         if not reply.ok or int(reply["end"]) != stop:
             return False
         # Up to 64 MiB of our log: off the event loop, as the broker's own checksum op does.

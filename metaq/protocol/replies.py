@@ -9,7 +9,7 @@ branch on error codes (the replica fetcher on 301/404) check ``reply.code`` firs
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Iterator, Protocol
 
 import msgpack
@@ -164,6 +164,8 @@ class TopicsReply:
     role: str
     epoch: int
     replication_mode: str
+    #: name -> the incarnation served (topics without one are left out, as the broker sends it).
+    incarnations: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, reply: ReceivedReply) -> "TopicsReply":
@@ -171,7 +173,16 @@ class TopicsReply:
         with _well_formed("topics"):
             topics = {str(name): int(parts) for name, parts in dict(header["topics"]).items()}
             mode = str(header.get("replication_mode", "async"))
-            return cls(topics, str(header.get("role", "")), int(header.get("epoch", 0)), mode)
+            incarnations = {str(name): str(id_) for name, id_ in dict(header.get("incarnations") or {}).items()}
+            return cls(topics, str(header.get("role", "")), int(header.get("epoch", 0)), mode, incarnations)
+
+    def serves(self, topic: str, partitions: int | None, incarnation: str | None) -> bool:
+        """Whether the broker serves ``topic`` as written: ``partitions`` (None: not at all) of
+        ``incarnation`` (None or "": a topic without one). The count alone cannot tell a topic
+        re-created with as many partitions from the old one a member has not dropped yet."""
+        if self.topics.get(topic) != partitions:
+            return False
+        return partitions is None or self.incarnations.get(topic, "") == (incarnation or "")
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,12 @@ from ..config import BrokerConfig, ConfigError, SlaveConfig, TopicConfig, topic_
 from ..ha.heartbeat import HeartbeatResponder
 from ..ha.joining import check_join
 from ..ha.node import HaNode
+from ..ha.repair import repair_from_slaves
 from ..security.settings import load_broker_security
 from ..store.datadirs import broker_identity, check_data_dirs
 from ..store.manager import MessageStoreManager
 from ..store.msgid import MsgIdGenerator
+from ..store.scrub import Scrubber
 from ..zk.data_loss import reconnect_after_data_loss
 from ..zk.monitor import OutageReporter
 from .admission import ConnectionSlots, RequestBudget
@@ -69,6 +71,10 @@ class Broker:
         self.authz = Authz(self.security)
         self.waiters = EndWaiters()
         self.store = MessageStoreManager(config.topics, config.max_message_size)
+        #: Re-verifies sealed segments' CRCs; what it finds is never served (metaq/store/scrub.py).
+        self.scrubber = Scrubber(self.store.logs, config.scrub_interval_ms, config.scrub_bytes_per_second)
+        self.scrubber.on_corrupt = self._repair_corrupt
+        self._repairs: dict[tuple[str, int, int, int], asyncio.Task[bool]] = {}
         #: Every partition's one owner: its log's appends and truncations, epoch history, transaction state.
         self.partitions = Partitions(
             self.store, max_batches=config.txn.producer_state_max_batches, expiry_ms=config.txn.producer_expiry_ms
@@ -91,6 +97,15 @@ class Broker:
         self._server: asyncio.AbstractServer | None = None
         self._stopped = asyncio.Event()
         self._tls_reload: asyncio.Future[None] | None = None
+
+    def _repair_corrupt(self, topic: str, partition: int, start: int, end: int) -> None:
+        """A master puts a corrupt range back from its slaves (a slave's replica re-fetches its own)."""
+        key = (topic, partition, start, end)
+        if not self.ha.acting_master or self.registry is None or key in self._repairs:
+            return
+        task = asyncio.get_running_loop().create_task(repair_from_slaves(self, topic, partition, start, end))
+        self._repairs[key] = task
+        task.add_done_callback(lambda _task: self._repairs.pop(key, None))
 
     # --- what the HA layer and the handlers use ---------------------------------------
 
@@ -187,6 +202,7 @@ class Broker:
             self.store.on_fsync_seconds = self.metrics.fsync_seconds.observe
             served = InstrumentedHandlers(self.handlers, self.metrics)
         self.store.start()
+        self.scrubber.start()
         self.partitions.start()
         self.transactions.start()
         max_body = config.max_request_body
@@ -324,6 +340,7 @@ class Broker:
         self.waiters.notify_all()
         await self.partitions.stop()
         await self.transactions.stop()
+        await self.scrubber.stop()
         await self.store.stop()
         self.partitions.close()
         self.store.close()
@@ -393,6 +410,8 @@ class Broker:
             ("connections_not_logged_in", self.slots.not_logged_in),
             ("buffered_request_bytes", self.request_budget.held),
             *self.stats.refusal_pairs(),
+            ("scrub_bytes", self.scrubber.stats.bytes_checked),
+            ("scrub_corrupt_ranges", self.scrubber.stats.corrupt_ranges),
         ] + self.ha.status_pairs() + self.replication_pairs()
 
     def replication_pairs(self) -> list[tuple[str, Any]]:
@@ -432,6 +451,9 @@ class Broker:
                     "committed": self.ha.committed(name, n, log_),
                     "flushed": log_.flushed_end,
                 }
+                corrupt_from = log_.first_corrupt_offset()
+                if corrupt_from is not None:  # only then: healthy rows stay as they were
+                    row["corrupt_from"] = corrupt_from  # where the first range never served starts
                 pairs.append((f"{name}-{self.config.broker_id}-{n}", row))
         return pairs
 

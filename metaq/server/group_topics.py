@@ -142,9 +142,10 @@ class GroupTopicsApplier:
                 log.info("deleted %d stored consumer offset(s) of topic %s's earlier incarnation", len(paths), topic)
 
     def _remove_deleted_files(self, group: GroupTopics) -> None:
-        """Files of deleted topics this broker kept (it was down, or ran a version that kept them)."""
+        """Files of deleted topics this broker kept (it was down, or ran a version that kept them),
+        and of the partitions a topic re-created with fewer partitions no longer has."""
         broker = self.broker
-        for name in sorted(group.deleted):
+        for name in sorted(group.deleted | set(group.topics)):
             local = broker.local_topics.get(name)
             broker.store.remove_unserved(name, local.data_path if local is not None else broker.config.topic_defaults.data_path)
 

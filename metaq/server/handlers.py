@@ -36,7 +36,7 @@ from ..ha.sync_set import SyncWaitFailed
 from ..protocol import commands as c
 from ..protocol import messages as m
 from ..record import HEADER, HEADER_SIZE, RecordError, stamp_msg_ids, validate_batch
-from ..store.log import OffsetOutOfRange, SegmentVanished
+from ..store.log import CorruptRange, OffsetOutOfRange, SegmentVanished
 from ..store.manager import MessageStoreManager, UnknownPartition, UnknownTopic
 from ..store.msgid import MsgIdGenerator
 from ..store.refused import RefusedLog
@@ -470,6 +470,8 @@ class RequestHandlers:
             segment, position, length = log.file_range(offset, max_bytes, upto)
         except OffsetOutOfRange as exc:
             raise c.RequestError(c.MOVED, str(exc)) from None
+        except CorruptRange as exc:  # never garbage: the reader is told which bytes and why
+            raise c.RequestError(c.INTERNAL_ERROR, exc.strerror, reason="corrupt") from None
         if length == 0:
             return None
         counters = self.stats.partition(req.topic, req.partition)
@@ -561,7 +563,11 @@ class RequestHandlers:
         return self._checksum_range(req, log, start, end)
 
     async def _checksum_range(self, req: c.Request, log: "PartitionLog", start: int, end: int) -> Reply:
-        crc = await asyncio.to_thread(log.crc32, start, end)
+        try:
+            crc = await asyncio.to_thread(log.crc32, start, end)
+        except CorruptRange as exc:  # named, so a rejoining slave compares around it (ha/truncation.py)
+            return c.reply_header(req.opaque, c.INTERNAL_ERROR, exc.strerror, reason="corrupt",
+                                  corrupt_start=exc.start, corrupt_end=exc.end), b""
         return c.reply_header(req.opaque, c.OK, start=start, end=end, crc=crc), b""
 
     @handles(m.EpochEndRequest)

@@ -222,6 +222,10 @@ class BrokerCollector(Collector):
             role.add_metric([name], 1.0 if name == current else 0.0)
         yield role
         yield _one(GaugeMetricFamily, "metaq_epoch", "The master epoch this broker serves in", broker.ha.epoch)
+        scrub = broker.scrubber.stats
+        yield _one(CounterMetricFamily, "metaq_scrub_bytes", "Bytes of sealed segments the scrub re-verified", scrub.bytes_checked)
+        yield _one(CounterMetricFamily, "metaq_scrub_corrupt_ranges",
+                   "Corrupt byte ranges the scrub found (never served; a slave re-fetches them)", scrub.corrupt_ranges)
         yield from self._replication()
         yield self._zookeeper()
 

@@ -94,7 +94,7 @@ class Partition:
         """The snapshot, then a walk of the log past it (only at open and after a truncation)."""
         if self.refused:  # no bytes to derive anything from
             return PartitionTxnState(self._owner.new_table(), TransactionIndex(), self.log.log_end)
-        return rebuild.load_state(self.directory, self.log.read, self.log.min_offset, self.log.log_end,
+        return rebuild.load_state(self.directory, self.log.read_as_stored, self.log.min_offset, self.log.log_end,
                                   producers=self._owner.new_table)
 
     # --- appends: the one path of each kind --------------------------------------------------
@@ -115,14 +115,14 @@ class Partition:
         end = offset + len(data)
         if state.position != offset:
             # An earlier append failed after writing (its bytes are in the log): follow them first.
-            state.catch_up(self.log.read, offset)
+            state.catch_up(self.log.read_as_stored, offset)
         if header is not None:
             state.appended(offset, data, header)
         elif state.position == offset and not may_hold_control(data):
             _length, crc, msg_id, _flag = HEADER.unpack_from(data, 0)
             state.passed_plain(offset, end, (msg_id, crc))
         else:  # a marker, or a replicated BATCH: the state reads its own bytes
-            state.catch_up(self.log.read, end)
+            state.catch_up(self.log.read_as_stored, end)
         return offset
 
     # --- truncation: the one path -------------------------------------------------------------
@@ -148,6 +148,17 @@ class Partition:
         # names no offset of the bytes just dropped (the log was empty: nothing to cut).
         self._after_cut(-1)
         return aside
+
+    def truncate_corrupt(self) -> tuple[int, int, Path | None] | None:
+        """A replica's repair: cut the log at its first corrupt range (metaq/store/scrub.py,
+        recovery; kept aside like any truncation) so the bytes are fetched again from the
+        master. Returns ``(offset, bytes cut, aside file)``, or None if nothing is known
+        corrupt. Only for a log that follows a master: a master's bytes exist nowhere else."""
+        bad = self.log.first_corrupt_offset()
+        if bad is None:
+            return None
+        removed = self.log.log_end - bad
+        return bad, removed, self.truncate_to(bad)
 
     def cut_incomplete_tail(self, when: str) -> int | None:
         """Cut a batch whose records are not all in the log (never acked); return the cut offset.

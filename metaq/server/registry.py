@@ -447,6 +447,13 @@ class BrokerRegistry:
         """Register ``path`` again if it is still ours to have and someone else removed it."""
         if self._stopping or path not in self._registered:
             return  # withdrawn by us (the step that deleted it also forgot it)
+        if self.session_id is None or self.session_id != self._registered_session:
+            # Invariant: only a node deleted while the session that registered it lives is
+            # restored. An expired session's nodes are gone with it, and ZooKeeper's deletions
+            # of them can reach us late (queued on the old connection of a paused broker): the
+            # reconnection registers everything again, with the role it decides (a master's
+            # nodes only once the HA coordinator wins an election again).
+            return
         try:
             if self._retry(self._client.exists, path) is not None:
                 return

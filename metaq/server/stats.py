@@ -112,7 +112,7 @@ ITEM_HELP = {
     "(empty)": "pid, broker id, role, epoch, version, uptime, connections, put/get counters, connections not logged in, buffered request bytes, refusals, HA state, replication lag",
     "realtime": "the same as (empty)",
     "topics": "per topic: put_messages put_bytes get_requests get_bytes get_miss replica_get_bytes replica_positions",
-    "offsets": "per partition {topic}-{brokerId}-{n}: min_offset max_offset committed flushed",
+    "offsets": "per partition {topic}-{brokerId}-{n}: min_offset max_offset committed flushed [corrupt_from]",
     "<topic>": "offsets for one topic",
     "config": "the server.ini as loaded, then the topics served now (from the group's configuration in ZooKeeper)",
     "reset": "clear the counters (never data), then show the general stats",

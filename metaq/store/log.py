@@ -81,6 +81,18 @@ class SegmentVanished(OSError):
     """A segment file of the open log was deleted: its bytes live only in an unlinked inode."""
 
 
+class CorruptRange(OSError):
+    """A read reached bytes known to be corrupt (found by the scrub or by recovery): never served."""
+
+    def __init__(self, where: str, start: int, end: int, offset: int) -> None:
+        self.start, self.end, self.offset = start, end, offset
+        super().__init__(
+            errno.EIO,
+            f"{where}: offset {offset} is in a corrupt byte range [{start}, {end}) (a record fails its CRC"
+            " check); it is not served: read it from another replica (see 'metaq verify')",
+        )
+
+
 def _timestamp() -> str:
     """Sortable wall-clock stamp for files moved aside (milliseconds, to avoid collisions)."""
     now = time.time()
@@ -151,13 +163,17 @@ class PartitionLog:
         self._directory_version = 0
         self._directory_synced_version = 0
         make_private_dir(self.directory)
+        #: Byte ranges ``(start, end)`` known corrupt (``mark_corrupt``: recovery, the scrub),
+        #: sorted. Invariant: ``file_range`` never returns a range that overlaps one, so no
+        #: reader (consumer, slave fetch, checksum) ever gets these bytes.
+        self.corrupt_ranges: list[tuple[int, int]] = []
         self._segments = self._load_segments()
         checkpointed = self._refuse_if_shorter_than_flushed()
         if not self._segments:
             self._segments = [LogSegment.create(self.directory, start_offset)]
             self._directory_version += 1
         else:
-            self._recover_tail()
+            self._recover_tail(checkpointed or 0)
         # What survived a crash of this process is in the page cache, not necessarily on
         # disk; sync it once so that flushed_end can honestly start at log_end.
         for segment in self._segments:
@@ -215,21 +231,39 @@ class PartitionLog:
             expected,
         )
 
-    def _valid_end(self, segment: LogSegment) -> int:
-        """Absolute offset where the whole, CRC-valid records of ``segment`` end."""
+    def _valid_end(self, segment: LogSegment, start: int | None = None) -> int:
+        """Absolute offset where the whole, CRC-valid records of ``segment`` (from ``start``) end."""
         # No length limit: a record written under a larger maxMessageSize is still a
         # good record, and a garbage length is caught by the end of the file or the CRC.
-        valid_end = segment.start
-        for run in record.walk_records(segment.read, segment.start, segment.end):
+        valid_end = segment.start if start is None else start
+        for run in record.walk_records(segment.read, valid_end, segment.end):
             valid_end = run.end
         return valid_end
 
-    def _recover_tail(self) -> None:
-        """CRC-scan the active segment; move a torn or corrupt tail aside and cut it off."""
+    def _recover_tail(self, checkpointed: int) -> None:
+        """CRC-scan the active segment; move a torn or corrupt tail aside and cut it off.
+
+        Bytes below the flushed-end checkpoint were fsynced, so they cannot be a torn
+        write: a bad record there is corruption (a bit flip in the middle of the log), and
+        cutting there would throw away every good record after it. That range is marked
+        corrupt instead (never served; a slave re-fetches it, see metaq/store/scrub.py), and
+        only what follows the checkpoint is scanned as the tail.
+        """
         active = self._segments[-1]
         valid_end = self._valid_end(active)
         if valid_end == active.end:
             return
+        if valid_end < checkpointed <= active.end:
+            self.mark_corrupt(valid_end, checkpointed)
+            log.error(
+                "%s: records in [%d, %d) fail their CRC check below the flushed end %d: corruption, not a"
+                " torn write; the range is not served (a slave re-fetches it from its master; on a master"
+                " see docs/operations.md, 'Corruption')",
+                active.path, valid_end, checkpointed, checkpointed,
+            )
+            valid_end = self._valid_end(active, checkpointed)
+            if valid_end == active.end:
+                return
         aside_path, bad = _save_aside(
             self.directory / f"{segment_file_name(active.start)}.corrupt-{_timestamp()}", [active], valid_end
         )
@@ -268,6 +302,44 @@ class PartitionLog:
         one's ``start``. Caller has checked ``min_offset <= offset <= log_end``.
         """
         return bisect.bisect_right(segments, offset, key=lambda s: s.start) - 1
+
+    def mark_corrupt(self, start: int, end: int) -> bool:
+        """Record ``[start, end)`` as corrupt (reads of it fail with CorruptRange); False if already known."""
+        if any(s <= start and end <= e for s, e in self.corrupt_ranges):
+            return False
+        self.corrupt_ranges = sorted([*self.corrupt_ranges, (start, end)])
+        return True
+
+    def first_corrupt_offset(self) -> int | None:
+        return self.corrupt_ranges[0][0] if self.corrupt_ranges else None
+
+    def repair_corrupt(self, start: int, data: bytes) -> bool:
+        """Put a corrupt range's bytes back from a replica (a master's repair); False if refused.
+
+        ``data`` must be exactly the range ``[start, end)`` marked corrupt, and whole records
+        that pass every check: a replica's log is a byte-identical prefix of ours at the same
+        offsets, so these are the bytes that were written. The range stays marked (unserved)
+        until they are fsynced.
+        """
+        end = start + len(data)
+        if (start, end) not in self.corrupt_ranges or record.valid_prefix(data) != len(data):
+            return False
+        with self._structure_lock:
+            segments = self._segments
+            if not segments or start < segments[0].start or end > segments[-1].end:
+                return False
+            segment = segments[self._segment_index(segments, start)]
+            if end > segment.end or segment.closed:
+                return False
+            segment.restore(start, data)
+            segment.flush()
+            self.corrupt_ranges = [r for r in self.corrupt_ranges if r != (start, end)]
+        log.warning("%s: corrupt bytes [%d, %d) restored from a replica", self.directory, start, end)
+        return True
+
+    def _drop_corrupt_from(self, offset: int) -> None:
+        """Bytes at and after ``offset`` are gone (truncation): so are their corrupt marks."""
+        self.corrupt_ranges = [(s, min(e, offset)) for s, e in self.corrupt_ranges if s < offset]
 
     def _check_offset(self, segments: list[LogSegment], offset: int) -> None:
         if offset < segments[0].start or offset > segments[-1].end:
@@ -400,6 +472,7 @@ class PartitionLog:
             self._segments = segments[: index + 1]
             fsync_directory(self.directory)
             self._flushed_end = min(self._flushed_end, offset)
+            self._drop_corrupt_from(offset)
         log.warning("%s: truncated to offset %d; %d bytes moved to %s", self.directory, offset, copied, aside_path)
         return aside_path
 
@@ -424,6 +497,7 @@ class PartitionLog:
             self._segments = [LogSegment.create(self.directory, offset)]
             fsync_directory(self.directory)
             self._flushed_end = offset
+            self.corrupt_ranges = []
         log.warning("%s: log reset to start at offset %d; old bytes moved to %s", self.directory, offset, aside_path)
         return aside_path
 
@@ -436,8 +510,8 @@ class PartitionLog:
         Not a proof (that needs a scan from the segment start), but it refuses the
         common mistake of passing a position inside a record.
         """
-        if offset == segment.start:
-            return
+        if offset == segment.start or any(start == offset for start, _ in self.corrupt_ranges):
+            return  # a corrupt range starts where a CRC walk found the last good record's end
         header = segment.read(offset, record.HEADER_SIZE)
         if len(header) == record.HEADER_SIZE:
             length = record.HEADER.unpack(header)[0]
@@ -458,6 +532,12 @@ class PartitionLog:
         self._check_offset(segments, offset)
         segment = segments[self._segment_index(segments, offset)]
         limit = segment.end if upto is None else min(upto, segment.end)
+        for bad_start, bad_end in self.corrupt_ranges:
+            if bad_start <= offset < bad_end:
+                raise CorruptRange(self.directory.name, bad_start, bad_end, offset)
+            if offset < bad_start:
+                limit = min(limit, bad_start)  # the good bytes before it are served, then the error
+                break
         length = max(0, min(max_bytes, limit - offset))
         return segment, offset - segment.start, length
 
@@ -465,6 +545,16 @@ class PartitionLog:
         """The bytes ``file_range`` describes (may end inside a record, as in MetaQ)."""
         segment, position, length = self.file_range(offset, max_bytes, upto)
         return segment.read(segment.start + position, length) if length else b""
+
+    def read_as_stored(self, offset: int, max_bytes: int) -> bytes:
+        """Like ``read``, corrupt ranges included: only for state the broker derives from its
+        own log at start (transactions, producers), which must open also when a range is bad
+        (the range itself stays unserved; a slave cuts and re-fetches it, see
+        metaq/server/partitions.py ``Partition.truncate_corrupt``)."""
+        segments = self._segments
+        self._check_offset(segments, offset)
+        segment = segments[self._segment_index(segments, offset)]
+        return segment.read(offset, max(0, min(max_bytes, segment.end - offset)))
 
     def crc32(self, start: int, end: int) -> int:
         """CRC32 of the log bytes in [start, end) (for comparing replicas; may run in a worker thread)."""
@@ -521,6 +611,8 @@ class PartitionLog:
                 count += 1
             if count:
                 self._segments = segments[count:]
+                # A corrupt range in a segment that left is gone with it (not to be repaired).
+                self.corrupt_ranges = [r for r in self.corrupt_ranges if r[1] > self._segments[0].start]
         return segments[:count]
 
     # --- lifecycle -----------------------------------------------------------------

@@ -283,18 +283,25 @@ class MessageStoreManager:
         future.add_done_callback(self._removals.discard)
 
     def remove_unserved(self, topic: str, data_path: str) -> None:
-        """Delete a deleted topic's directories left on disk (this broker was down or missed it)."""
-        if topic in self._topics:
-            return
+        """Delete a topic's directories left on disk that no log of it will ever use (this broker
+        was down or missed the change): every one of a deleted topic; of a served topic, those of
+        partitions beyond its count holding another incarnation's files (deleted, then created
+        again with fewer partitions). A partition within the count is opened when asked, and its
+        files checked then (``get_or_create_log``); files without a marker are kept."""
+        served = self._topics.get(topic)
         root = Path(data_path)
         if not root.is_dir():
             return
         for path in root.iterdir():
             name, sep, suffix = path.name.rpartition("-")
-            if name == topic and sep and suffix.isdigit() and (topic, int(suffix)) not in self._logs and path.is_dir():
-                aside = incarnation.move_aside(path)
-                log.info("%s: files of deleted topic %s moved aside to %s, being deleted", path, topic, aside)
-                self._remove_later(aside)
+            if name != topic or not sep or not suffix.isdigit() or (topic, int(suffix)) in self._logs or not path.is_dir():
+                continue
+            if served is not None and (int(suffix) < served.num_partitions or incarnation.belongs(path, served.incarnation)):
+                continue
+            aside = incarnation.move_aside(path)
+            log.info("%s: files of %s topic %s moved aside to %s, being deleted", path,
+                     "deleted" if served is None else "an earlier incarnation of", topic, aside)
+            self._remove_later(aside)
 
     # --- retention -----------------------------------------------------------------
 

@@ -33,6 +33,13 @@ class RefusedLog:
         # Offsets below the end the broker knew stay taken: anything that asks for
         # where to append (a new master's epoch start, a slave's fetch) gets this end.
         self.min_offset = self.log_end = self.flushed_end = known_end
+        self.corrupt_ranges: list[tuple[int, int]] = []
+
+    def first_corrupt_offset(self) -> None:
+        return None
+
+    def mark_corrupt(self, start: int, end: int) -> bool:
+        return False
 
     @property
     def segments(self) -> list[LogSegment]:
@@ -45,6 +52,9 @@ class RefusedLog:
         self._refuse()
 
     def read(self, offset: int, max_bytes: int, upto: int | None = None) -> bytes:
+        self._refuse()
+
+    def read_as_stored(self, offset: int, max_bytes: int) -> bytes:
         self._refuse()
 
     def file_range(self, offset: int, max_bytes: int, upto: int | None = None) -> tuple[LogSegment, int, int]:

@@ -93,6 +93,16 @@ class LogSegment:
         self.size += written
         return offset
 
+    def restore(self, offset: int, data: bytes) -> None:
+        """Write ``data`` over bytes already in the file at absolute ``offset`` (a corrupt
+        range put back from a replica); never past ``end``, so ``size`` does not change."""
+        if offset < self.start or offset + len(data) > self.end:
+            raise ValueError(f"{self.path}: [{offset}, {offset + len(data)}) is not inside [{self.start}, {self.end})")
+        view = memoryview(data)
+        written = 0
+        while written < len(view):
+            written += os.pwrite(self._fd, view[written:], offset - self.start + written)
+
     def read(self, offset: int, length: int) -> bytes:
         """Up to ``length`` bytes from absolute ``offset``, never past ``end``."""
         if offset < self.start or offset > self.end:

@@ -43,7 +43,7 @@ class PartitionCheck:
     topic: str
     partition: int
     slave: str  # "slave{k}"
-    status: str  # ok | diverged | ahead | missing | error
+    status: str  # ok | diverged | ahead | missing | corrupt | error
     master_range: tuple[int, int] | None = None
     slave_range: tuple[int, int] | None = None
     compared_bytes: int = 0
@@ -87,12 +87,25 @@ class VerifyReport:
 
 async def log_bounds(conn: BrokerConnection, topic: str, partition: int, broker_id: int, timeout: float = 10) -> tuple[int, int] | None:
     """``(min_offset, log_end)`` of a partition on one broker, or None if it has no such log."""
+    state = await log_state(conn, topic, partition, broker_id, timeout)
+    return None if state is None else state[0]
+
+
+async def log_state(
+    conn: BrokerConnection, topic: str, partition: int, broker_id: int, timeout: float = 10
+) -> tuple[tuple[int, int], int | None] | None:
+    """``((min_offset, log_end), corrupt_from)`` of a partition on one broker (``corrupt_from``:
+    where the first range its scrub or recovery found corrupt starts, None if none), or None
+    if it has no such log."""
     try:
         stats = await fetch_stats(conn, topic, timeout)
     except ReplyError:  # e.g. no such topic on this broker
         return None
     row = stats.row(f"{topic}-{broker_id}-{partition}")
-    return None if row is None else (int(row["min_offset"]), int(row["max_offset"]))
+    if row is None:
+        return None
+    corrupt_from = int(row.get("corrupt_from", -1))
+    return (int(row["min_offset"]), int(row["max_offset"])), (corrupt_from if corrupt_from >= 0 else None)
 
 
 async def range_crc(conn: BrokerConnection, topic: str, partition: int, start: int, end: int, timeout: float = 60) -> int:
@@ -152,16 +165,25 @@ async def compare_partition(
     """Is the slave's log of ``topic-partition`` a byte-identical prefix of the master's?"""
     check = PartitionCheck(topic, partition, slave_name, "error")
     try:
-        slave_bounds = await log_bounds(slave, topic, partition, broker_id)
-        master_bounds = await log_bounds(master, topic, partition, broker_id)
-        if master_bounds is None:
+        slave_state = await log_state(slave, topic, partition, broker_id)
+        master_state = await log_state(master, topic, partition, broker_id)
+        if master_state is None:
             check.status, check.detail = "error", f"the master has no log for {topic}-{partition}"
             return check
+        master_bounds, master_corrupt = master_state
         check.master_range = master_bounds
-        if slave_bounds is None:
+        if slave_state is None:
             check.status, check.detail = "missing", f"{slave_name} has no log for {topic}-{partition}"
             return check
+        slave_bounds, slave_corrupt = slave_state
         check.slave_range = slave_bounds
+        # Corrupt bytes are not served, so they cannot be compared: say where they are instead.
+        for who, corrupt in (("the master", master_corrupt), (slave_name, slave_corrupt)):
+            if corrupt is not None:
+                check.status, check.diff_offset = "corrupt", corrupt
+                check.detail = (f"{who} holds corrupt bytes from offset {corrupt} (a record fails its CRC check;"
+                                " not served" + (", re-fetched from the master" if who == slave_name else "") + ")")
+                return check
         (s_min, s_end), (m_min, m_end) = slave_bounds, master_bounds
         start, end = max(s_min, m_min), min(s_end, m_end)
         if start < end:

@@ -176,7 +176,9 @@ def test_broadcast_delivers_every_message_to_every_member(two_brokers, factory, 
     # Offsets are local, one file per member; nothing in ZooKeeper's group nodes.
     for k in range(2):
         stored = json.loads((tmp_path / f"member{k}.json").read_text())["g"][TOPIC]
-        assert set(stored) == {"0-0", "0-1", "1-0", "1-1"}
+        # Beside the offsets, the topic incarnation each was committed in ("": a server.ini topic).
+        incarnations = stored.pop("incarnations")
+        assert set(stored) == set(incarnations) == {"0-0", "0-1", "1-0", "1-1"}
     assert not zk_client.exists(ZkPaths(zk_root).offsets("g", TOPIC))
     assert not zk_client.exists(ZkPaths(zk_root).owners("g", TOPIC))
 

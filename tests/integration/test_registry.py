@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from typing import Any, Awaitable, Callable
 
 import pytest
 from kazoo.client import KazooClient
+from kazoo.protocol.states import EventType, KeeperState, WatchedEvent
 
 from metaq.config import TopicConfig, ZkConfig
 from metaq.server.registry import BrokerRegistry, RegistrationConflict, RegistryError
@@ -339,3 +341,36 @@ def test_survives_a_short_zookeeper_stall(tmp_path) -> None:
         run(scenario)
     finally:
         server.stop()
+
+
+def test_a_deletion_seen_late_after_a_session_expiry_restores_nothing(zk: EmbeddedZooKeeper, zk_root: str, zk_client: KazooClient) -> None:
+    """Found by the chaos run's topic operations (seed 44). A master paused past its session
+    finds, when it runs again, ZooKeeper's deletions of its expired session's nodes queued on
+    its old connection: each reads as "deleted by another client, register it again". Handled
+    once its new session is up but before the reconnection had dropped the master role, that
+    put master nodes (a topic's ``topics-sub/T/0-m``) back under the new session of a broker
+    that no longer led, where they stayed while it followed, so the real master could not
+    register them. Here the worker is held while the late deletion event and the expiry
+    arrive, in that order, as on the paused broker."""
+    paths = ZkPaths(zk_root)
+    audit = paths.topic_sub_node("audit", BROKER_ID)
+
+    async def scenario() -> None:
+        registry = make_registry(zk, zk_root)
+        await registry.start()
+        try:
+            old_session = registry.session_id
+            hold = threading.Event()
+            registry._worker.submit(hold.wait, 30)  # the broker is not running yet (SIGSTOP)
+            registry._node_event(WatchedEvent(EventType.DELETED, KeeperState.CONNECTED, audit))
+            await asyncio.get_running_loop().run_in_executor(None, expire_session, zk, registry)
+            await eventually(lambda: registry.session_id not in (None, old_session), message="a new session")
+            hold.set()
+            await eventually(lambda: registry.role is None and zk_client.exists(paths.master(BROKER_ID)) is None,
+                             message="the reconnection dropping the master role")
+            await asyncio.sleep(0.5)
+            assert zk_client.exists(audit) is None, "a broker that no longer leads registered a topic as master"
+        finally:
+            await registry.stop()
+
+    run(scenario)

@@ -6,13 +6,17 @@ Group 0: A (master) and B (``--slave``, slaveId 1), ZK session 1500 ms.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from metaq.client.codec import encode_messages
-from metaq.client.message import Message
+from metaq.client.message import Message, Partition
+from metaq.client.offsets import LocalOffsetStore, Position
+from metaq.client.offsets_sql import SqlOffsetStore
 from metaq.protocol import commands as c
 from metaq.protocol.messages import InitProducerRequest, PutRequest
 from metaq.zk.paths import ZkPaths, format_offset
+from metaq.zk.topic_config import read_group_topics
 
 from .failover_support import SESSION_MS, Group, async_system, make_pair, sync_system, wait_follows, wait_leads
 from .replication_support import bounds, put, replica_rows, request, stat, wait_caught_up, wait_for
@@ -40,7 +44,7 @@ def partition_dirs(broker, topic: str) -> list[str]:
     return sorted(p.name for p in (broker.dir / "data").glob(f"{topic}-*"))
 
 
-def test_delete_and_recreate_with_fewer_partitions_on_a_sync_pair(broker_factory, zk, zk_root, zk_client, capsys):
+def test_delete_and_recreate_with_fewer_partitions_on_a_sync_pair(broker_factory, zk, zk_root, zk_client, capsys, tmp_path):
     """Items 1-3 in sync mode with onSyncSlaveLoss=reject (every put needs the slave), then a kill -9."""
     group = Group(zk_client, zk_root)
     a, b = make_pair(broker_factory, sync_system(onSyncSlaveLoss="reject", minSyncSlaves=1), group)
@@ -62,6 +66,10 @@ def test_delete_and_recreate_with_fewer_partitions_on_a_sync_pair(broker_factory
     paths = ZkPaths(zk_root)
     for name in ("0-0", "0-1", "1-0"):
         zk_client.create(paths.offset("g", "x", name), format_offset(-1, old_end).encode(), makepath=True)
+
+    # The old incarnation's id and its record size on partition 1 (20 equal messages).
+    old_incarnation = read_group_topics(zk_client, paths, 0).incarnations["x"]
+    record_size = bounds(a, "x", 1)[1] // 20
 
     # Step 1: delete. Both stop serving it, drop every record of it and delete its files.
     code, out = metaq(capsys, zk, zk_root, "topics", "delete", "--broker-id", "0", "--topic", "x")
@@ -94,7 +102,19 @@ def test_delete_and_recreate_with_fewer_partitions_on_a_sync_pair(broker_factory
     # Group g has no stored offset for the new incarnation: it reads it from its oldest message.
     code, out = metaq(capsys, zk, zk_root, "consume", "--max=10", "--topic", "x", "--group", "g", "--idle-timeout", "15")
     assert code == 0, out
-    assert [line for line in out.splitlines() if line.startswith("x-")] == [f"x-1-{n:08d}".ljust(100, ".") for n in range(10)]
+    new_messages = [f"x-1-{n:08d}".ljust(100, ".") for n in range(10)]
+    assert [line for line in out.splitlines() if line.startswith("x-")] == new_messages
+    # Offsets in a file or a SQL database (no broker can delete them), committed in the old
+    # incarnation after its third message: an offset that starts a message of the new one too,
+    # where resuming would silently skip three. They are not applied: from the oldest message.
+    offset_file, offset_url = tmp_path / "offsets.json", f"sqlite:///{tmp_path / 'offsets.db'}"
+    stale = {Partition(0, 1): Position(-1, 3 * record_size)}
+    for store in (LocalOffsetStore(offset_file), SqlOffsetStore(offset_url)):
+        asyncio.run(store.commit("f", "x", stale, incarnations={Partition(0, 1): old_incarnation}))
+    for option in (["--offset-file", str(offset_file)], ["--offset-url", offset_url]):
+        code, out = metaq(capsys, zk, zk_root, "consume", "--max=10", "--topic", "x", "--group", "f", *option, "--idle-timeout", "15")
+        assert code == 0, out
+        assert [line for line in out.splitlines() if line.startswith("x-")] == new_messages, option
     # The producer's sequence numbers of the old incarnation do not apply: the same batch is new here.
     again = idempotent_put(a, producer_id, 0)
     assert again.code == c.OK and not again.get("duplicate"), again.header
@@ -128,19 +148,23 @@ def test_async_slave_takes_over_after_a_topic_was_deleted(broker_factory, zk, zk
     # A member down while a topic is deleted and created again still has the old files: it
     # drops them when it starts (they carry the old incarnation) and copies the new log; the
     # files of a topic deleted for good meanwhile go when it starts too.
-    for action, topic in (("create", "gone"), ("create", "left"), ("delete", "gone"), ("create", "gone"), ("delete", "left")):
+    # "gone" has 2 partitions when B stops and 1 when it starts: its second partition's files
+    # belong to no partition served, and go too.
+    for action, topic, *more in (("create", "gone", "--partitions", "2"), ("create", "left"), ("delete", "gone"),
+                                 ("create", "gone"), ("delete", "left")):
         if action == "delete" and b.alive:
             put(a, "gone", 0, 10)
             put(a, "left", 0, 10)
             wait_caught_up(a, b, [("gone", 0), ("left", 0)])
             old_end = bounds(b, "gone", 0)[1]
             b.stop()
-        code, out = metaq(capsys, zk, zk_root, "topics", action, "--broker-id", "0", "--topic", topic)
+        code, out = metaq(capsys, zk, zk_root, "topics", action, "--broker-id", "0", "--topic", topic, *more)
         assert code == 0, out
-    assert partition_dirs(b, "left") == ["left-0"]
+    assert partition_dirs(b, "left") == ["left-0"] and partition_dirs(b, "gone") == ["gone-0", "gone-1"]
     b.start()
     wait_follows(b, a, group)
     wait_for(lambda: not partition_dirs(b, "left"), 10, "the deleted topic's files gone on the restarted slave")
+    wait_for(lambda: partition_dirs(b, "gone") == ["gone-0"], 10, "the dropped partition's files gone on the restarted slave")
     put(a, "gone", 0, 3)
     wait_caught_up(a, b, [("gone", 0)])
     assert bounds(b, "gone", 0) == bounds(a, "gone", 0) == (0, bounds(a, "gone", 0)[1])
@@ -164,3 +188,28 @@ def test_async_slave_takes_over_after_a_topic_was_deleted(broker_factory, zk, zk
     wait_leads(b, group, epoch)
     put(b, "fo", 0, 5)
     assert errors_in(a, b) == []
+
+
+
+def test_a_topic_deleted_while_its_master_is_paused_loses_its_stored_offsets(broker_factory, zk, zk_root, zk_client, capsys):
+    """Found by the chaos run's topic operations (seed 44): the group's master deletes a deleted
+    topic's stored consumer offsets when it applies the delete, but only while it leads. A
+    master paused past its session applies it as a deposed one, the slave applied it as a
+    slave and then took over: nobody deleted them. ``metaq topics delete`` deletes them too."""
+    group = Group(zk_client, zk_root)
+    a, b = make_pair(broker_factory, async_system(), group)
+    paths = ZkPaths(zk_root)
+    code, out = metaq(capsys, zk, zk_root, "topics", "create", "--broker-id", "0", "--topic", "y", "--partitions", "2")
+    assert code == 0, out
+    for name in ("0-0", "0-1"):
+        zk_client.create(paths.offset("g", "y", name), format_offset(-1, 100).encode(), makepath=True)
+
+    epoch = group.epoch()
+    a.pause()
+    code, out = metaq(capsys, zk, zk_root, "topics", "delete", "--broker-id", "0", "--topic", "y", "--wait", "0")
+    assert code == 0, out
+    wait_leads(b, group, epoch)  # B applied the delete as a slave, then took over
+    try:
+        assert zk_client.get_children(paths.offsets("g", "y")) == [], "the deleted topic's stored offsets outlived it"
+    finally:
+        a.resume()

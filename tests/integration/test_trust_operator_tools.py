@@ -2,7 +2,7 @@
 
 A secured sync master and slave (real processes, real ZooKeeper): ``metaq stats`` and
 ``metaq cluster`` answer for an admin user and are refused without a login; ``metaq
-verify`` compares the logs and a ``metaq drill`` (kill -9 under load) loses nothing as
+groups describe`` names the missing login; ``metaq verify`` compares the logs and a ``metaq drill`` (kill -9 under load) loses nothing as
 that user; ``metaq promote`` writes the group's ZooKeeper nodes only with its secret.
 """
 
@@ -58,6 +58,19 @@ def test_stats_cluster_and_verify_need_a_login_with_security_on(broker_factory, 
     done = metaq("verify", *zk_args, "--broker-id", "0", *admin)
     assert done.returncode == 0, done.stdout + done.stderr
     assert metaq("verify", *zk_args, "--broker-id", "0").returncode != 0
+
+    # metaq groups describe: without a login, one line naming the missing login (it said
+    # "unreachable" in the table before); logged in as a consumer, the group's lag.
+    zk_client.create(ZkPaths(zk_root).offset("billing", TOPIC, "0-0"), b"-1-0", makepath=True)
+    app_password = tmp_path / "app.password"
+    app_password.write_text(PASSWORDS["app"] + "\n")
+    refused = metaq("groups", "describe", *zk_args, "--group", "billing")
+    error = refused.stderr.decode().strip()
+    assert refused.returncode == 1 and "unreachable" not in refused.stdout.decode() + error, refused.stdout
+    assert len(error.splitlines()) == 1 and "needs a login" in error and "--user" in error, error
+    described = metaq("groups", "describe", *zk_args, "--group", "billing", "--user", "app", "--password-file", str(app_password))
+    assert described.returncode == 0 and " 0-0 " in described.stdout.decode(), described.stderr
+    assert "unreachable" not in described.stdout.decode(), described.stdout
 
 
 def test_promote_writes_a_secured_groups_nodes_only_with_its_secret(broker_factory, zk, zk_client, zk_root, tmp_path) -> None:  # type: ignore[no-untyped-def]

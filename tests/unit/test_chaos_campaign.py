@@ -53,7 +53,7 @@ def test_finished_runs_are_skipped_and_crashed_ones_run_again(tmp_path: Path, mo
         return summary(True, {}, 0, []), 0
 
     monkeypatch.setattr(campaign, "execute", execute)
-    args = argparse.Namespace(runs=3, seconds=30.0, first_seed=1, zk_nodes=3, power_loss=False, out=str(tmp_path))
+    args = argparse.Namespace(runs=3, seconds=30.0, first_seed=1, zk_nodes=3, power_loss=False, corruption=False, out=str(tmp_path))
     assert campaign.main(args) == 0
     assert ran == [2, 3]
     text = (tmp_path / "campaign.md").read_text()

@@ -90,7 +90,8 @@ def test_the_clean_history_passes_and_every_anomaly_check_looks_at_it():
     result = verdict(clean())
     assert result.ok, result.report()
     for name in anomalies.CHECKS:
-        if name not in ("G0", "G1c"):
+        # topic-ops looks at topic operations, which this history has none of (tests/unit/test_chaos_topic_ops.py).
+        if name not in ("G0", "G1c", "topic-ops"):
             assert result.checks[name]["checked"] > 0, name
         assert not result.checks[name]["expected"], name
     assert result.checks["G1c"]["checked"] > 0  # T1, T3 and the polls that read them

@@ -43,8 +43,9 @@ def test_a_scenario_of_the_other_mode_is_refused_by_name() -> None:
 
 def test_the_default_mode_draws_as_before_the_hosts_only_faults() -> None:
     """A seed's schedule in the default mode did not change when hosts-only (or, without
-    --power-loss, power-loss) faults were added."""
-    before = [k for k, f in FAULTS.items() if f.heals and k not in HOSTS_ONLY and not f.needs_power_loss]
+    --power-loss, power-loss, or without --corruption, corruption) faults were added."""
+    before = [k for k, f in FAULTS.items()
+              if f.heals and k not in HOSTS_ONLY and not f.needs_power_loss and not f.needs_corruption]
     rng = random.Random("schedule/random/4")
     expected = [rng.choice(before) for _ in range(50)]
     assert [s.kind for s in schedule("random", 4, 1, 3, 1.5, steps=50)] == expected

@@ -37,7 +37,7 @@ def test_creates_metaq_table_and_round_trips(url) -> None:
     store = SqlOffsetStore(url)
     assert run(store.load("g", "t", P0)) is None
     columns = {c["name"] for c in inspect(store.engine).get_columns(DEFAULT_TABLE_NAME)}
-    assert columns == {"id", "topic", "partition", "group_id", "offset", "msg_id"}
+    assert columns == {"id", "topic", "partition", "group_id", "offset", "msg_id", "incarnation"}
     run(store.commit("g", "t", {P0: Position(7, 120), P1: Position(-1, 0)}))
     run(store.commit("g", "t", {P0: Position(9, 3 * 2**31)}))  # past int32: BIGINT columns
     assert run(store.load("g", "t", P0)) == Position(9, 3 * 2**31)
@@ -98,3 +98,19 @@ def test_consumer_config_offset_store_url_selects_the_sql_store(url) -> None:
 def test_bad_url_is_a_clear_error() -> None:
     with pytest.raises(Exception, match="Could not parse"):
         SqlOffsetStore("not a url")
+
+
+def test_an_offset_of_another_incarnation_of_the_topic_is_not_loaded(url) -> None:
+    """offsets.applies on the SQL store: committed in incarnation "a", loaded for "b" (the topic
+    was deleted and re-created): not applied. Rows of a MetaQ-made table (no column) are kept."""
+    store = SqlOffsetStore(url)
+    run(store.commit("g", "t", {P0: Position(7, 120)}, incarnations={P0: "a"}))
+    run(store.commit("g", "t", {P1: Position(8, 130)}, incarnations={P1: ""}))  # the topic had no id yet
+    assert run(store.load("g", "t", P0, incarnation="a")) == Position(7, 120)
+    assert run(store.load("g", "t", P0, incarnation="b")) is None
+    assert run(store.load("g", "t", P0)) == Position(7, 120)  # incarnation unknown: kept
+    assert run(store.load("g", "t", P1, incarnation="b")) is None  # only a create gives a topic an id
+    assert run(store.load("g", "t", P1, incarnation="")) == Position(8, 130)
+    # The next commit of the new incarnation replaces the row and its incarnation.
+    run(store.commit("g", "t", {P0: Position(-1, 40)}, incarnations={P0: "b"}))
+    assert run(store.load("g", "t", P0, incarnation="b")) == Position(-1, 40)

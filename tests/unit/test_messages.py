@@ -102,6 +102,16 @@ def test_reply_views_name_their_fields() -> None:
     assert (topics.topics, topics.replication_mode) == ({"t": 2}, "sync")
 
 
+def test_a_topic_is_served_as_written_only_in_its_incarnation() -> None:
+    """metaq topics create --wait: a member still serving the old incarnation of a topic
+    re-created with as many partitions has not applied the create (its acks would be lost)."""
+    old = TopicsReply.of(reply(code=200, topics={"x": 2, "seeded": 1}, incarnations={"x": "old"}))
+    assert old.serves("x", 2, "old") and not old.serves("x", 2, "new")
+    assert not old.serves("x", 3, "old") and not old.serves("x", None, None)
+    assert old.serves("seeded", 1, None) and old.serves("seeded", 1, "") and not old.serves("seeded", 1, "new")
+    assert old.serves("gone", None, None)  # deleted: not served at all, whatever the id was
+
+
 def test_reply_views_reject_errors_and_missing_fields() -> None:
     with pytest.raises(ReplyError, match="403 put: not the master") as err:
         PutReply.of(reply(code=403, msg="not the master"))

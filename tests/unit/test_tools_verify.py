@@ -16,8 +16,9 @@ from metaq.tools.verify import compare_partition, first_difference
 class FakeConn:
     """Answers ``checksum`` and ``stats {topic}`` from a bytes object starting at ``base``."""
 
-    def __init__(self, data: bytes, base: int = 0) -> None:
+    def __init__(self, data: bytes, base: int = 0, corrupt_from: int | None = None) -> None:
         self.data, self.base, self.calls = data, base, 0
+        self.corrupt_from = corrupt_from  # what ``stats offsets`` says the broker's scrub found
         self.address = "fake:1"
 
     async def request(self, header, body=b"", timeout=None):  # noqa: ANN001
@@ -26,6 +27,8 @@ class FakeConn:
         if header["op"] == "stats":
             assert header["format"] == "map"
             row = {"min_offset": self.base, "max_offset": end_of_log, "committed": 0, "flushed": 0}
+            if self.corrupt_from is not None:
+                row["corrupt_from"] = self.corrupt_from
             return SimpleNamespace(header={"code": 200, "format": "map"}, body=encode_map([(f"{header['item']}-0-0", row)]))
         start, end = header["start"], min(header["end"], end_of_log)
         crc = zlib.crc32(self.data[start - self.base : end - self.base])
@@ -70,3 +73,13 @@ def test_only_the_common_range_is_compared():
     # The master's retention dropped its first 5000 bytes; the slave still has them.
     result = run(compare_partition(FakeConn(log[5000:], base=5000), FakeConn(log), "t", 0, 0, "slave0"))
     assert result.status == "ok" and result.compared_bytes == 15_000 and "no longer on the master" in result.detail
+
+
+def test_corrupt_bytes_a_broker_found_are_reported_with_their_offset_not_compared():
+    master = random.Random(2).randbytes(50_000)
+    on_master = run(compare_partition(FakeConn(master, corrupt_from=12_000), FakeConn(master), "t", 0, 0, "slave1"))
+    assert on_master.status == "corrupt" and not on_master.ok and on_master.diff_offset == 12_000
+    assert "the master holds corrupt bytes from offset 12000" in on_master.describe()
+    on_slave = run(compare_partition(FakeConn(master), FakeConn(master, corrupt_from=700), "t", 0, 0, "slave1"))
+    assert on_slave.status == "corrupt" and "slave1 holds corrupt bytes from offset 700" in on_slave.describe()
+    assert "re-fetched from the master" in on_slave.describe()
