@@ -20,7 +20,8 @@ the median of each round's ratio (both systems measured back to back):
 * batches of 100, one in flight: ``send_batch`` vs a pipeline of 100 ``XADD``
   (sync replication: + ``WAIT 1``);
 * per-message ``send_message_async`` with 1,000 outstanding (Redis has no counterpart);
-* blocking per-message ``send_message`` vs ``XADD`` (+ ``WAIT 1``) per message;
+* blocking per-message ``send_message`` vs ``XADD`` (+ ``WAIT 1``) per message, with each
+  send's latency (a second table: p50 and p99 per round, medians over the rounds);
 * consuming everything back from the slave / the replica: a consumer iterating the
   messages (``for message in consumer``) and one with a batch listener, vs ``XREAD
   COUNT 1000`` on the replica.
@@ -39,7 +40,7 @@ import threading
 import time
 from functools import partial
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -55,11 +56,17 @@ from metaq.client import (  # noqa: E402
 )
 from metaq.client.connection import BrokerConnection  # noqa: E402
 from metaq.protocol.messages import OffsetRequest  # noqa: E402
+from metaq.record import HEADER_SIZE  # noqa: E402
 from metaq.tools.launcher import BrokerProcess, wait_until  # noqa: E402
 from metaq.zk.embedded import EmbeddedZooKeeper, free_port  # noqa: E402
 
 TOPIC = "bench"
 CONSUME_TOPIC = "consume"
+READERS = ("iterator", "batch listener", "listener per message")
+
+
+def consume_row(reader: str) -> str:
+    return f"consume all from the slave: {reader} vs XREAD COUNT 1000"
 
 
 # --- Redis ---------------------------------------------------------------------------------
@@ -100,6 +107,9 @@ class RedisPair:
                 return False
 
         wait_until(linked, 30, interval=0.1, message="redis replica connected")
+        # The replica's first acknowledgement comes after its initial sync (seconds): not a WAIT to time.
+        self.master.set("warm-up", b"1")
+        self.master.execute_command("WAIT", 1, 0)
         return self
 
     def stop(self) -> None:
@@ -124,17 +134,39 @@ def redis_batches(r, key: str, n: int, payload: bytes, wait: bool) -> float:
     return (n // 100 * 100) / (time.perf_counter() - started)
 
 
-def redis_per_message(r, key: str, seconds: float, payload: bytes, wait: bool) -> float:
-    sent = 0
-    started = time.perf_counter()
+def redis_per_message(r, key: str, seconds: float, payload: bytes, wait: bool) -> Measured:
+    def send() -> None:
+        r.xadd(key, {"d": payload})
+        if wait:
+            r.execute_command("WAIT", 1, 0)
+
+    return timed_one_by_one(send, seconds)
+
+
+class Measured(NamedTuple):
+    """A rate and, for one-at-a-time sends, each send's latency in seconds."""
+
+    rate: float
+    latencies: list[float]
+
+
+def timed_one_by_one(send: Callable[[], None], seconds: float) -> Measured:
+    """Call ``send`` back to back for ``seconds``: the rate, and every call's own duration."""
+    latencies: list[float] = []
+    clock = time.perf_counter
+    started = now = clock()
     deadline = started + seconds
-    while time.perf_counter() < deadline:
-        for _ in range(100):
-            r.xadd(key, {"d": payload})
-            if wait:
-                r.execute_command("WAIT", 1, 0)
-        sent += 100
-    return sent / (time.perf_counter() - started)
+    while now < deadline:
+        send()
+        done = clock()
+        latencies.append(done - now)
+        now = done
+    return Measured(len(latencies) / (now - started), latencies)
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
 class Clock:
@@ -230,18 +262,15 @@ def metaq_batches(factory: MessageSessionFactory, broker_id: int, n: int, payloa
         return (n // 100 * 100) / (time.perf_counter() - started)
 
 
-def metaq_per_message(factory: MessageSessionFactory, broker_id: int, seconds: float, payload: bytes) -> float:
+def metaq_per_message(factory: MessageSessionFactory, broker_id: int, seconds: float, payload: bytes) -> Measured:
     with factory.create_producer(with_selector(broker_id)) as producer:
         producer.publish(TOPIC)
-        sent = 0
-        started = time.perf_counter()
-        deadline = started + seconds
-        while time.perf_counter() < deadline:
-            for _ in range(100):
-                result = producer.send_message(Message(TOPIC, payload))
-                assert result.success, result
-            sent += 100
-        return sent / (time.perf_counter() - started)
+
+        def send() -> None:
+            result = producer.send_message(Message(TOPIC, payload))
+            assert result.success, result
+
+        return timed_one_by_one(send, seconds)
 
 
 async def metaq_async_per_message(config: MetaClientConfig, broker_id: int, n: int, payload: bytes, outstanding: int) -> float:
@@ -337,12 +366,16 @@ def metaq_consume_listening(factory: MessageSessionFactory, n: int, group: str, 
 
 def fill_for_consuming(factory: MessageSessionFactory, redis_pair: RedisPair, n: int, payload: bytes) -> None:
     producer = factory.create_producer(with_selector(0))
+    end = 0
     for start in range(0, n, 1000):
         results = producer.send_batch([Message(CONSUME_TOPIC, payload) for _ in range(min(1000, n - start))])
         assert all(results)
+        end = results[-1].offset + HEADER_SIZE + len(payload)
     producer.close()
-    wait_until(lambda: asyncio.run(slave_caught_up(factory.aio.cluster.snapshot.brokers[0])), 120, interval=0.5,
-               message="the slave to replicate the messages to consume")
+    # Readers are served what the slave has flushed (its default policy flushes every 1,000
+    # messages or 10 s): wait for all of it, or the first read would wait out the flush.
+    wait_until(lambda: asyncio.run(slave_readable_end(factory.aio.cluster.snapshot.brokers[0])) >= end, 120,
+               interval=0.5, message="the slave to serve all the messages to consume")
     for start in range(0, n, 1000):
         pipe = redis_pair.master.pipeline(transaction=False)
         for _ in range(min(1000, n - start)):
@@ -351,18 +384,15 @@ def fill_for_consuming(factory: MessageSessionFactory, redis_pair: RedisPair, n:
     redis_pair.master.execute_command("WAIT", 1, 0)
 
 
-async def slave_caught_up(broker) -> bool:
-    """The slave of ``broker`` (a group's addresses) exposes as much of the topic as its master."""
-    ends = []
-    for url in (broker.master, broker.slaves[0][1]):
-        host, port = url.removeprefix("meta://").rsplit(":", 1)
-        conn = await BrokerConnection.open(host, int(port))
-        try:
-            reply = await conn.request(OffsetRequest(topic=CONSUME_TOPIC, partition=0, offset=0).to_header())
-            ends.append(int(reply["max_offset"]))
-        finally:
-            conn.close()
-    return ends[0] == ends[1]
+async def slave_readable_end(broker) -> int:
+    """How far a consumer of the slave of ``broker`` (a group's addresses) may read the topic."""
+    host, port = broker.slaves[0][1].removeprefix("meta://").rsplit(":", 1)
+    conn = await BrokerConnection.open(host, int(port))
+    try:
+        reply = await conn.request(OffsetRequest(topic=CONSUME_TOPIC, partition=0, offset=0).to_header())
+        return int(reply["max_offset"])
+    finally:
+        conn.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -382,16 +412,24 @@ def main(argv: list[str] | None = None) -> int:
     metaq = MetaqPairs(work)
     redis_pair = RedisPair(work)
     rows: dict[str, dict[str, list[float]]] = {}
+    # Per workload and system, each round's (p50, p99) send latency in seconds.
+    latency_rows: dict[str, dict[str, list[tuple[float, float]]]] = {}
 
-    def record(name: str, system: str, rate: float) -> None:
+    def record(name: str, system: str, measured: float | Measured) -> None:
+        rate = measured.rate if isinstance(measured, Measured) else measured
         rows.setdefault(name, {}).setdefault(system, []).append(rate)
-        print(f"  {name:<58} {system:<6} {rate:>12,.0f} msgs/s", file=sys.stderr, flush=True)
+        line = f"  {name:<58} {system:<6} {rate:>12,.0f} msgs/s"
+        if isinstance(measured, Measured):
+            p50, p99 = percentile(measured.latencies, 0.50), percentile(measured.latencies, 0.99)
+            latency_rows.setdefault(name, {}).setdefault(system, []).append((p50, p99))
+            line += f"  p50 {p50 * 1000:.3f} ms  p99 {p99 * 1000:.3f} ms"
+        print(line, file=sys.stderr, flush=True)
 
     try:
         metaq.start()
         redis_pair.start()
         with MessageSessionFactory(metaq.config()) as factory:
-            if not args.only or "consume" in args.only:
+            if not args.only or any(args.only in consume_row(label) for label in READERS):
                 fill_for_consuming(factory, redis_pair, consume_n, payload)
             for round_no in range(args.rounds):
                 metaq_first = round_no % 2 == 0
@@ -409,12 +447,12 @@ def main(argv: list[str] | None = None) -> int:
                                       partial(metaq_per_message, factory, group_id, seconds, payload),
                                       partial(redis_per_message, redis_pair.master, f"p-{mode}", seconds, payload, wait)))
                 readers = (
-                    ("iterator", partial(metaq_consume_iterating, factory, consume_n, f"it{round_no}", work)),
-                    ("batch listener", partial(metaq_consume_listening, factory, consume_n, f"bl{round_no}", work, True)),
-                    ("listener per message", partial(metaq_consume_listening, factory, consume_n, f"ml{round_no}", work, False)),
+                    partial(metaq_consume_iterating, factory, consume_n, f"it{round_no}", work),
+                    partial(metaq_consume_listening, factory, consume_n, f"bl{round_no}", work, True),
+                    partial(metaq_consume_listening, factory, consume_n, f"ml{round_no}", work, False),
                 )
-                for label, read in readers:
-                    workloads.append((f"consume all from the slave: {label} vs XREAD COUNT 1000", read,
+                for label, read in zip(READERS, readers):
+                    workloads.append((consume_row(label), read,
                                       partial(redis_consume, redis_pair.replica, CONSUME_TOPIC, consume_n)))
                 for name, run_metaq, run_redis in workloads:
                     if args.only and args.only not in name:
@@ -443,6 +481,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {name} | {m:,.0f} | {r:,.0f} | {m / r:.2f}x | {paired:.2f}x |")
         else:
             print(f"| {name} | {m:,.0f} | n/a | - | - |")
+    if latency_rows:
+        print()
+        print("Latency of one blocking send (ms; medians of the rounds' p50 and p99; ratio: metaq / Redis, "
+              "median of the rounds' ratios, below 1 is faster)")
+        print()
+        print("| workload | metaq-py p50 | p99 | Redis p50 | p99 | p50 ratio | p99 ratio |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for name, by_system in latency_rows.items():
+            metaq_rounds, redis_rounds = by_system.get("metaq", []), by_system.get("redis", [])
+            cells = []
+            for rounds in (metaq_rounds, redis_rounds):
+                cells += [f"{statistics.median(r[i] for r in rounds) * 1000:.3f}" if rounds else "-" for i in (0, 1)]
+            for i in (0, 1):
+                pairs = [a[i] / b[i] for a, b in zip(metaq_rounds, redis_rounds)]
+                cells.append(f"{statistics.median(pairs):.2f}x" if pairs else "-")
+            print(f"| {name} | " + " | ".join(cells) + " |")
     return 0
 
 

@@ -1,4 +1,11 @@
-"""The idempotent producer's numbering: a producer id, and a sequence per partition.
+"""A producer's identity and numbering: a producer id, and a sequence per partition.
+
+Both producers that number their puts, the idempotent one (producer.py) and the
+transactional one (transactional.py), hold one ``ProducerIdentity`` (who they are to the
+brokers: producer id, epoch, token; the one way to ask for them) inside one ``Sequencer``
+(their puts' numbers). They differ only in where they ask and how they retry (the
+senders; the retry policy is ``retry.RetryPolicy``), as aiokafka's TransactionManager
+keeps the producer id and sequences apart from its Sender.
 
 Every put of an idempotent producer carries ``(producer id, epoch, first sequence)``;
 the broker appends a batch once and answers a retry of it as a duplicate, with the
@@ -45,8 +52,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Hashable, NamedTuple
+from typing import Any, Awaitable, Callable, Hashable, NamedTuple
 
+from ..protocol.messages import InitProducerRequest
 from ..txn.control import MAX_SEQUENCE
 
 #: The broker remembers this many batches per producer and partition (``producerStateMaxBatches``
@@ -99,27 +107,93 @@ class NoProducerId(Exception):
     """``claim`` needs a producer id first."""
 
 
-class Sequencer:
-    def __init__(self, limit: int = 1) -> None:
-        if not 1 <= limit <= BROKER_MAX_BATCHES:
-            raise ValueError(f"numbered batches in flight per partition must be 1..{BROKER_MAX_BATCHES}, got {limit}")
-        self.limit = limit
-        self._lock = threading.Lock()
+class ProducerIdentity:
+    """Who a producer is to the brokers: a producer id, its epoch and (security on) the token
+    proving both were issued to this user; with a ``transactional_id``, that name's id.
+
+    One writer: ``obtain`` sets it from an ``init_producer`` reply (one request in flight
+    for the whole producer), the owning ``Sequencer`` drops it when the numbering under it
+    is unknown (``Sequencer.end``). Each new id is a new ``generation``: every partition's
+    numbering starts over at 0 under it.
+    """
+
+    def __init__(self, transactional_id: str | None = None) -> None:
+        self.transactional_id = transactional_id
         self.producer_id: int | None = None
         self.epoch = 0
         self.token: str | None = None
-        self._generation = 0
+        self.generation = 0
+        #: Guards the id with the numbering that reads it (the owning Sequencer's lock: the
+        #: blocking facade numbers on the caller's thread).
+        self.lock = threading.Lock()
+        self._asking: asyncio.Future[None] | None = None
+
+    @property
+    def known(self) -> bool:
+        return self.producer_id is not None
+
+    def request(self) -> InitProducerRequest:
+        """The one request for an id: a new one, or (transactional id) that name's, one epoch up."""
+        return InitProducerRequest(transactional_id=self.transactional_id)
+
+    def set(self, producer_id: int, epoch: int, token: str | None = None) -> None:
+        """Adopt an issued id, unless one is held (a late answer never replaces the current id)."""
+        with self.lock:
+            if self.producer_id is None:
+                self.producer_id, self.epoch, self.token = producer_id, epoch, token
+                self.generation += 1
+
+    def adopt(self, reply_header: dict[str, Any]) -> None:
+        self.set(int(reply_header["producer_id"]), int(reply_header["epoch"]), reply_header.get("producer_token"))
+
+    def drop(self) -> None:
+        """Forget the id (called with ``lock`` held, by ``Sequencer.end``)."""
+        self.producer_id = None
+
+    async def obtain(self, ask: Callable[[InitProducerRequest], Awaitable[dict[str, Any]]]) -> None:
+        """Make sure an id is held: ``ask`` sends the request and returns the 200 reply's header
+        (or raises its sender's failure). Concurrent callers share one request."""
+        if self.producer_id is not None:
+            return
+        if self._asking is None or self._asking.done():
+            self._asking = asyncio.ensure_future(self._ask(ask))
+        await asyncio.shield(self._asking)
+
+    async def _ask(self, ask: Callable[[InitProducerRequest], Awaitable[dict[str, Any]]]) -> None:
+        self.adopt(await ask(self.request()))
+
+
+class Sequencer:
+    def __init__(self, limit: int = 1, identity: ProducerIdentity | None = None) -> None:
+        if not 1 <= limit <= BROKER_MAX_BATCHES:
+            raise ValueError(f"numbered batches in flight per partition must be 1..{BROKER_MAX_BATCHES}, got {limit}")
+        self.limit = limit
+        self.identity = identity or ProducerIdentity()
+        self._lock = self.identity.lock
         self._lanes: dict[Hashable, Lane] = {}
 
     @property
+    def producer_id(self) -> int | None:
+        return self.identity.producer_id
+
+    @property
+    def epoch(self) -> int:
+        return self.identity.epoch
+
+    @property
+    def token(self) -> str | None:
+        return self.identity.token
+
+    @property
+    def _generation(self) -> int:
+        return self.identity.generation
+
+    @property
     def has_id(self) -> bool:
-        return self.producer_id is not None
+        return self.identity.known
 
     def set_id(self, producer_id: int, epoch: int, token: str | None = None) -> None:
-        with self._lock:
-            if self.producer_id is None:
-                self.producer_id, self.epoch, self.token = producer_id, epoch, token
-                self._generation += 1
+        self.identity.set(producer_id, epoch, token)
 
     def _lane(self, key: Hashable) -> Lane:
         lane = self._lanes.get(key)
@@ -253,7 +327,7 @@ class Sequencer:
                 elif stored is False and lane.next == (numbered.sequence + numbered.count) & MAX_SEQUENCE:
                     lane.next = numbered.sequence  # nothing written after it: its numbers are free again
                 else:
-                    self.producer_id = None  # unknown, or a gap the broker would refuse: start over
+                    self.identity.drop()  # unknown, or a gap the broker would refuse: start over
             if not lane.in_flight:
                 lane.failed, lane.conn = False, None
             waiters, lane.waiters = lane.waiters, []

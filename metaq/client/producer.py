@@ -14,7 +14,7 @@ Failure classes (see ``classify_reply``):
     504, timeout, connection lost after sending       unknown   while retry_unknown_outcome (default)
     (or the broker left ZooKeeper meanwhile)
 
-Retries are bounded by attempts and total time (tenacity, exponential back-off), and a
+Retries are bounded by attempts and total time (``retry.RetryPolicy``: exponential back-off), and a
 send that runs out of either ends in a SendResult saying why, so nothing is dropped in
 silence. The retry machinery is entered only after a failed first attempt: a put that
 succeeds costs one request and no retry bookkeeping.
@@ -40,8 +40,6 @@ import time
 from collections import defaultdict, deque
 from typing import Any, Hashable, Iterable
 
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
-
 from ..addresses import parse_broker_url
 from ..protocol import commands as c
 from ..protocol.messages import InitProducerRequest, PutRequest
@@ -63,6 +61,7 @@ from .errors import access_denied
 from .idempotence import NoProducerId, Numbered, Sequencer
 from .message import Message, Partition, SendResult
 from .pool import ConnectionPool
+from .retry import RetryPolicy
 from .selector import NoPartitionAvailable, PartitionSelector, RoundRobinPartitionSelector
 
 log = logging.getLogger(__name__)
@@ -88,8 +87,6 @@ class SendFailure(Exception):
         self.outcome_unknown = outcome_unknown
         #: The broker's numbering differs from ours (out of order): number anew under a new id.
         self.renumber = renumber
-        #: Out of order while an earlier batch of the partition is unsettled: expected, resent in turn.
-        self.behind = False
 
 
 def classify_reply(code: int, message: str, retry_unknown_outcome: bool = False, *,
@@ -143,7 +140,6 @@ class AsyncMessageProducer:
         self._closed = False
         #: Numbers idempotent puts (None: idempotence off).
         self.sequencer: Sequencer | None = Sequencer(config.max_in_flight_per_partition) if config.idempotence else None
-        self._producer_id_request: asyncio.Future[None] | None = None
 
     async def publish(self, topic: str) -> None:
         """Start tracking the topic's masters (MetaQ's ``publish``); sending also does this lazily."""
@@ -467,31 +463,23 @@ class AsyncMessageProducer:
         ``failed`` is the outcome of a first attempt already made (here or by the
         blocking facade's direct put); it counts against ``send_max_attempts``.
         """
-        config = self.config
-        total = timeout if timeout is not None else config.send_timeout_s
-        attempts = 0 if failed is None else 1
-        if attempts >= config.send_max_attempts:
-            return self._not_stored(topic, partition, messages, failed, attempts)  # type: ignore[arg-type]
-        if failed is not None:
-            await asyncio.sleep(config.send_retry_min_wait_s)
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(config.send_max_attempts - attempts) | stop_after_delay(total),
-            wait=wait_exponential(multiplier=config.send_retry_min_wait_s, max=config.send_retry_max_wait_s),
-            retry=retry_if_exception(lambda exc: isinstance(exc, SendFailure) and exc.retriable),
-            reraise=True,
-        )
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    attempts += 1
-                    if attempts > 1 or partition is None or partition not in self._candidates(topic):
-                        partition = self._reselect(topic, messages[0])
-                    header = await self._put(topic, partition, body, len(messages))
-        except SendFailure as failure:
-            if attempts > 1:
-                log.debug("send to %s gave up after %d attempts: %s", topic, attempts, failure.message)
-            return self._not_stored(topic, partition, messages, failure, attempts)
-        return stored_results(topic, partition, header, starts, attempts)  # type: ignore[arg-type]
+        policy = RetryPolicy(self.config, timeout, attempts=0 if failed is None else 1)
+        failure = failed
+        while True:
+            if failure is not None:
+                if not failure.retriable or policy.exhausted:
+                    if policy.attempts > 1:
+                        log.debug("send to %s gave up after %d attempts: %s", topic, policy.attempts, failure.message)
+                    return self._not_stored(topic, partition, messages, failure, policy.attempts)
+                await policy.back_off()
+            try:
+                if policy.attempted() > 1 or partition is None or partition not in self._candidates(topic):
+                    partition = self._reselect(topic, messages[0])
+                header = await self._put(topic, partition, body, len(messages))
+            except SendFailure as exc:
+                failure = exc
+                continue
+            return stored_results(topic, partition, header, starts, policy.attempts)
 
     async def send_numbered(
         self,
@@ -511,14 +499,15 @@ class AsyncMessageProducer:
         ``numbered`` and ``failed``: a first attempt already made (the blocking facade's direct
         put). The partition may change only before the batch is numbered.
         """
-        config, sequencer = self.config, self.sequencer
+        sequencer = self.sequencer
         assert sequencer is not None
-        deadline = time.monotonic() + (timeout if timeout is not None else config.send_timeout_s)
-        attempts = 0 if failed is None else 1
+        policy = RetryPolicy(self.config, timeout, attempts=0 if failed is None else 1)
         failure = failed
+        retriable = failed is not None and failed.retriable
+        #: Out of order while an earlier batch of the partition is unsettled: expected, resent in turn.
+        behind = False
         # Ends unsettled: an attempt may have stored it, or the broker's sequence for us is not ours.
         drop_id = failed is not None and (failed.outcome_unknown or failed.renumber)
-        wait = config.send_retry_min_wait_s
         # A new batch's place in its partition's line, taken before the first await (send order).
         def enter(p: Partition) -> tuple[Hashable, object]:
             key = lane_key(topic, p)
@@ -530,11 +519,10 @@ class AsyncMessageProducer:
                 if failure is not None:
                     if numbered is not None:
                         sequencer.failed(numbered)
-                    if not failure.retriable or attempts >= config.send_max_attempts or time.monotonic() + wait > deadline:
+                    if not retriable or policy.exhausted:
                         break
-                    if not failure.behind:
-                        await asyncio.sleep(wait)
-                        wait = min(wait * 2, config.send_retry_max_wait_s)
+                    if not behind:
+                        await policy.back_off()
                 try:
                     if numbered is None and (partition is None or partition not in self._candidates(topic)):
                         partition = self._reselect(topic, messages[0])
@@ -544,24 +532,24 @@ class AsyncMessageProducer:
                             sequencer.leave(*ticket)
                         ticket = enter(partition)
                     conn = await self._master_conn(partition)
-                    claimed = await self._claim(topic, partition, len(messages), conn, numbered, failure, deadline,
+                    claimed = await self._claim(topic, partition, len(messages), conn, numbered, failure, policy.deadline,
                                                 None if ticket is None else ticket[1])
                     if numbered is not None and claimed is not numbered:
                         drop_id = False  # renumbered: never stored under its old numbers
                     numbered, ticket = claimed, None
-                    attempts += 1
+                    policy.attempted()
                     header = await self._write_put(conn, topic, partition, body, len(messages), numbered)
                 except SendFailure as exc:
-                    failure = exc
+                    failure, retriable, behind = exc, exc.retriable, False
                     if numbered is not None and exc.renumber:
                         # Behind an earlier batch being retried, or numbered under an id dropped
                         # since: expected, resent (or renumbered) in its turn. Else the broker's
                         # sequence for us differs from ours: start over under a new id.
-                        exc.behind = exc.retriable = not sequencer.is_head(numbered) or not sequencer.is_current(numbered)
-                    drop_id = drop_id or (numbered is not None and (exc.outcome_unknown or (exc.renumber and not exc.behind)))
+                        behind = retriable = not sequencer.is_head(numbered) or not sequencer.is_current(numbered)
+                    drop_id = drop_id or (numbered is not None and (exc.outcome_unknown or (exc.renumber and not behind)))
                     continue
                 sequencer.end(numbered, True)
-                return stored_results(topic, partition, header, starts, attempts)
+                return stored_results(topic, partition, header, starts, policy.attempts)
         except BaseException:
             if numbered is not None:
                 sequencer.end(numbered, None)  # cancelled mid-put: maybe stored
@@ -572,7 +560,7 @@ class AsyncMessageProducer:
         if numbered is not None:
             sequencer.end(numbered, None if drop_id else False)
         assert failure is not None
-        return self._not_stored(topic, partition, messages, failure, attempts)
+        return self._not_stored(topic, partition, messages, failure, policy.attempts)
 
     async def _claim(self, topic: str, partition: Partition, count: int, conn: BrokerConnection,
                      numbered: Numbered | None, failure: SendFailure | None, deadline: float,
@@ -617,20 +605,18 @@ class AsyncMessageProducer:
 
     async def _producer_id(self, partition: Partition) -> None:
         """Ask the partition's master for a producer id (one request at a time for the whole producer)."""
-        if self._producer_id_request is None or self._producer_id_request.done():
-            self._producer_id_request = asyncio.ensure_future(self._init_producer(partition))
-        request = self._producer_id_request
-        await asyncio.shield(request)
-
-    async def _init_producer(self, partition: Partition) -> None:
         assert self.sequencer is not None
+        await self.sequencer.identity.obtain(lambda request: self._init_producer(partition, request))
+
+    async def _init_producer(self, partition: Partition, request: InitProducerRequest) -> dict[str, Any]:
+        """Send ``request`` to the partition's master: its 200 reply's header, or SendFailure."""
         broker = self.cluster.snapshot.brokers.get(partition.broker_id)
         if broker is None or not broker.master:
             raise SendFailure(f"broker {partition.broker_id} has no master to get a producer id from", retriable=True)
         host, port = parse_broker_url(broker.master)
         try:
             conn = await self.pool.get(host, port)
-            reply = await conn.request(InitProducerRequest().to_header(), timeout=self.config.request_timeout_s)
+            reply = await conn.request(request.to_header(), timeout=self.config.request_timeout_s)
         except (ConnectionClosed, asyncio.TimeoutError) as exc:
             raise SendFailure(f"no producer id from {host}:{port}: {exc or type(exc).__name__}",
                               retriable=not isinstance(exc, CannotConnect)) from None
@@ -639,9 +625,8 @@ class AsyncMessageProducer:
                                      reason=reply.reason)
             assert failure is not None
             raise failure
-        self.sequencer.set_id(int(reply.header["producer_id"]), int(reply.header["epoch"]),
-                              reply.header.get("producer_token"))
         log.debug("idempotent producer id %s from %s:%d", reply.header["producer_id"], host, port)
+        return reply.header
 
     def _not_stored(self, topic: str, partition: Partition | None, messages: list[Message], failure: SendFailure,
                     attempts: int) -> list[SendResult]:

@@ -16,9 +16,14 @@ How it talks to the broker (docs/transactions.md, docs/protocol.md ``transaction
   ended and committed in one phase (``end``, ``commit_one_phase``) or rolled back;
 * every request goes to the group's current master and is retried, with back-off,
   through a failover (no connection, 403 from a slave, 503 while the new master
-  recovers transactions, 504 or a lost reply): until ``send_timeout_s``. A retried
-  step is safe: a put is deduplicated, and a commit or rollback retried on a decided
-  branch answers its outcome.
+  recovers transactions, 504 or a lost reply): until ``send_timeout_s``
+  (``retry.RetryPolicy``, the producers' one policy, with no bound on attempts). A
+  retried step is safe: a put is deduplicated, and a commit or rollback retried on a
+  decided branch answers its outcome.
+
+The producer id, epoch and token are a ``ProducerIdentity`` and the puts' numbers a
+``Sequencer`` (idempotence.py), the same as the idempotent producer's: this sender only
+says where to ask (the group's master) and how to retry.
 
 With a ``transactional_id`` (Kafka's ``transactional.id``), the producer id belongs to
 that name: every new instance's ``init_producer`` gets the same id with the epoch
@@ -42,17 +47,18 @@ from typing import Any, Iterable
 from ..addresses import parse_broker_url
 from ..errors import MetaqError
 from ..protocol import commands as c
-from ..protocol.messages import PutRequest, TransactionRequest
-from ..txn.control import MAX_SEQUENCE
+from ..protocol.messages import InitProducerRequest, PutRequest, TransactionRequest
 from ..txn.xa import Code
 from .cluster import Cluster
 from .codec import encode_messages
 from .config import MetaClientConfig
 from .connection import ConnectionClosed, Reply
 from .errors import access_denied
+from .idempotence import ProducerIdentity, Sequencer
 from .message import Message, Partition, SendResult
 from .pool import ConnectionPool
-from .producer import stored_results
+from .producer import lane_key, stored_results
+from .retry import RetryPolicy
 from .selector import NoPartitionAvailable, PartitionSelector, RoundRobinPartitionSelector
 
 #: XA codes that mean the branch was rolled back (XA_RBBASE..XA_RBEND).
@@ -118,15 +124,22 @@ class TransactionalSender:
         self.selector: PartitionSelector = selector or RoundRobinPartitionSelector()
         #: The broker group every branch of this sender runs on (None: the first send picks it).
         self.broker_id = broker_id
-        self.producer_id: int | None = None
-        self.producer_epoch = 0
-        #: The broker's proof that the id and epoch were issued to this user (None: security off).
-        self.producer_token: str | None = None
+        #: Who this producer is (id, epoch, token) and its puts' numbers: one put at a time
+        #: (``_lock``), so every partition's lane holds at most one batch.
+        self.identity = ProducerIdentity(transactional_id)
+        self.sequencer = Sequencer(1, self.identity)
         self.transactional_id = transactional_id
         #: Why this sender was fenced (None: it was not); set once, never cleared.
         self.fenced: str | None = None
-        self._sequences: dict[tuple[str, Partition], int] = {}
         self._lock = asyncio.Lock()  # one put at a time: sequences stay in order on every partition
+
+    @property
+    def producer_id(self) -> int | None:
+        return self.identity.producer_id
+
+    @property
+    def producer_epoch(self) -> int:
+        return self.identity.epoch
 
     # --- requests to the group's master, through failovers ---------------------------------
 
@@ -134,10 +147,9 @@ class TransactionalSender:
         """The reply of the group's master (any code but the retried ones), and the attempts it took."""
         if self.fenced is not None:
             raise ProducerFenced(self.fenced)
-        config = self.config
-        deadline = time.monotonic() + config.send_timeout_s
-        delay = config.send_retry_min_wait_s
-        for attempt in itertools.count(1):
+        policy = RetryPolicy(self.config, max_attempts=None)
+        while True:
+            attempt = policy.attempted()
             why = await self._try(broker_id, header, body)
             if isinstance(why, Reply):
                 if _fenced(why):
@@ -145,12 +157,10 @@ class TransactionalSender:
                     self.fenced = why.message if not name or name in why.message else f"{why.message} (transactional id {name})"
                     raise ProducerFenced(self.fenced, why.code)
                 return why, attempt
-            if time.monotonic() + delay > deadline:
+            if policy.exhausted:
                 raise TransactionError(f"{header['op']} to broker group {broker_id} gave up after {attempt} attempts: {why}")
             self.cluster.request_refresh()
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, config.send_retry_max_wait_s)
-        raise AssertionError("unreachable")
+            await policy.back_off()
 
     async def _try(self, broker_id: int, header: dict[str, Any], body: bytes) -> Reply | str:
         """One attempt: the reply, or why it may be tried again."""
@@ -174,31 +184,34 @@ class TransactionalSender:
     async def ensure_producer_id(self, topic: str) -> None:
         """A producer id from the cluster (once, and again after an unknown outcome): every
         transactional put carries it; a new id or epoch numbers every partition from 0."""
-        if self.producer_id is not None:
+        if self.identity.known:
             return
         group = self.broker_id if self.broker_id is not None else await self.any_master(topic)
-        header: dict[str, Any] = {"op": "init_producer"}
-        if self.transactional_id is not None:
-            header["transactional_id"] = self.transactional_id
         # The name's mapping and its transactions live on this group, and (security on) only
         # this group's brokers can verify the id's producer_token.
         self.broker_id = group
-        reply, _ = await self.request(group, header)
-        if reply.code != c.OK:
-            raise TransactionError(f"init_producer: {reply.code} {reply.message}")
-        self.producer_id, self.producer_epoch = int(reply["producer_id"]), int(reply["epoch"])
-        self.producer_token = reply.header.get("producer_token")
-        self._sequences.clear()
+
+        async def ask(request: InitProducerRequest) -> dict[str, Any]:
+            reply, _ = await self.request(group, request.to_header())
+            if reply.code != c.OK:
+                raise TransactionError(f"init_producer: {reply.code} {reply.message}")
+            return reply.header
+
+        await self.identity.obtain(ask)
+
+    def _identity_fields(self) -> dict[str, Any]:
+        identity = self.identity
+        return {"producer_id": identity.producer_id, "producer_epoch": identity.epoch}
 
     async def step(self, branch: Branch, action: str, **fields: Any) -> int:
         """One transaction step on the branch's master; its XA code."""
         assert branch.broker_id is not None
-        if self.producer_id is not None and self.transactional_id is not None:
+        if self.identity.known and self.transactional_id is not None:
             # so the broker can refuse a step of a fenced (older) instance
-            fields.setdefault("producer_id", self.producer_id)
-            fields.setdefault("producer_epoch", self.producer_epoch)
-        if fields.get("producer_id") is not None and self.producer_token is not None:
-            fields.setdefault("producer_token", self.producer_token)
+            for name, value in self._identity_fields().items():
+                fields.setdefault(name, value)
+        if fields.get("producer_id") is not None and self.identity.token is not None:
+            fields.setdefault("producer_token", self.identity.token)
         header = TransactionRequest(action=action, xid=branch.xid, **fields).to_header()
         reply, attempts = await self.request(branch.broker_id, header)
         if reply.code != c.OK:
@@ -209,8 +222,7 @@ class TransactionalSender:
         return code
 
     async def start(self, branch: Branch) -> None:
-        code = await self.step(branch, "start", timeout_s=branch.timeout_s, producer_id=self.producer_id,
-                               producer_epoch=self.producer_epoch)
+        code = await self.step(branch, "start", timeout_s=branch.timeout_s, **self._identity_fields())
         if code != Code.XA_OK:
             raise TransactionError(f"transaction {branch.xid} could not start: {xa_name(code)}", code)
         branch.started = True
@@ -251,26 +263,30 @@ class TransactionalSender:
         async with self._lock:
             if not branch.started:
                 await self.start(branch)
+            await self.ensure_producer_id(topic)  # an unknown outcome of the put before dropped it
             return await self._put(branch, topic, partition, messages)
 
     async def _put(self, branch: Branch, topic: str, partition: Partition, messages: list[Message]) -> list[SendResult]:
         body, starts = encode_messages(messages)
-        key = (topic, partition)
-        sequence = self._sequences.get(key, 0)
-        header = PutRequest(topic=topic, partition=partition.partition, count=len(messages), producer_id=self.producer_id,
-                            producer_epoch=self.producer_epoch, sequence=sequence, txid=branch.xid,
-                            producer_token=self.producer_token).to_header()
+        # One put at a time (``_lock``): the lane is empty, so the batch is numbered at once.
+        numbered = self.sequencer.try_begin(lane_key(topic, partition), len(messages))
+        assert numbered is not None, "numbered with no producer id, or beside another put"
+        header = PutRequest(topic=topic, partition=partition.partition, count=len(messages), txid=branch.xid,
+                            **numbered.put_fields()).to_header()
         try:
             reply, attempts = await self.request(partition.broker_id, header, body)
         except ProducerFenced:
+            self.sequencer.end(numbered, False)
             raise
-        except TransactionError:
-            # Stored or not, nobody knows: the transaction cannot be committed as the caller sent it.
-            self.producer_id = None  # and the numbering under this id is unknown: start over with a new one
+        except BaseException:
+            # Stored or not, nobody knows: the transaction cannot be committed as the caller sent it,
+            # and the numbering under this id is unknown: the sequencer drops it (a new one next).
+            self.sequencer.end(numbered, None)
             raise
         if reply.code != c.OK:
+            self.sequencer.end(numbered, False)
             raise TransactionError(f"put in transaction {branch.xid} to {topic}-{partition}: {reply.code} {reply.message}")
-        self._sequences[key] = (sequence + len(messages)) & MAX_SEQUENCE
+        self.sequencer.end(numbered, True)
         branch.partitions.add(partition)
         return stored_results(topic, partition, reply.header, starts, attempts)
 

@@ -20,6 +20,13 @@ Entry actions:
 * LEADING: add ``(epoch, log end)`` to every partition's epoch checkpoint,
   register as master, start the lease and (sync mode) the sync set, then take
   writes.
+* HANDING_OVER (``metaq promote``): writes are refused from the first moment
+  (node.write_refusal); a watch of the target's position posts CAUGHT_UP once it
+  holds every log end, or ABANDONED (the hand-over node cleared) after
+  HANDOVER_TIMEOUT_S or when we leave the state. It only observes and posts: the
+  lock is given back by RESIGNED's entry action, on the event worker.
+* RESIGNED: stop acking, withdraw the master registration and delete the lock
+  (the hand-over's target, or anyone eligible, takes the next epoch).
 * FENCED: stop acking at once (the lease is dropped; waiting sync acks fail
   with "unknown outcome").
 
@@ -27,7 +34,9 @@ Ownership: the coordinator alone creates, starts and stops the lease, the sync
 set (sync_set.py) and the follower (follower.py), and it alone moves the epoch
 this broker serves in (``serving_epoch``). Each is started in one entry action
 and stopped in one method (``_stop_leading``, ``_stop_following``); the broker
-sees them only through the HA facade (node.py).
+sees them only through the HA facade (node.py). The registry registers
+whatever role the coordinator's entry actions give it (``set_role``): the
+coordinator is its one writer.
 """
 
 from __future__ import annotations
@@ -38,9 +47,6 @@ import time
 from dataclasses import replace
 from typing import Any, Awaitable, Callable, Union
 
-from kazoo.exceptions import KazooException
-from kazoo.handlers.threading import KazooTimeoutError
-
 from ..client.connection import BrokerConnection, ConnectionClosed
 from ..config import BrokerConfig, SlaveConfig
 from ..protocol.messages import EpochsRequest
@@ -48,25 +54,17 @@ from ..store.datadirs import broker_identity
 from ..zk.group import ZK_CALL_TIMEOUT_S, GroupState, read_group_state
 from ..zk.paths import ZkPaths, decode_epoch, slave_node_id
 from ..zk.topic_config import seed_with, update_group_topics
+from .candidacy import Candidacy
 from .election import (
     HANDOVER_TIMEOUT_S,
-    Candidate,
-    ReseedClaim,
-    candidate_turn,
+    ZK_ERRORS,
+    Handover,
     clear_handover,
     decode_handover,
-    read_handover,
     eligibility,
-    post_candidacy,
     publish_sync_set,
-    post_reseed_claim,
-    read_candidates,
-    read_reseed_claims,
-    reseed_turn,
+    read_handover,
     try_take_master,
-    was_last_leader,
-    withdraw_candidacy,
-    withdraw_reseed_claim,
 )
 from .epochs import EpochCache, read_led_epoch, record_led_epoch
 from .follower import MasterFollower
@@ -74,7 +72,17 @@ from .host import BrokerHost
 from .lease import ZkLease
 from .peers import open_peer
 from .progress import ReplicationProgress
-from .role import Event, Role, RoleMachine, master_event, reconnected_event
+from .role import (
+    HOLDS_LOCK,
+    Event,
+    Role,
+    RoleMachine,
+    catch_up_event,
+    entry_failed_event,
+    handover_event,
+    master_event,
+    reconnected_event,
+)
 from .sync_set import SyncReplication
 from .truncation import divergence_point
 
@@ -83,8 +91,7 @@ log = logging.getLogger(__name__)
 #: A queued event, or how to decide it when its turn comes.
 Pending = Union[Event, Callable[[], Awaitable[Event]]]
 
-# What a ZooKeeper call may raise when ZooKeeper is slow or away.
-ZK_ERRORS = (KazooException, KazooTimeoutError)
+__all__ = ["HaCoordinator", "ZK_ERRORS"]
 
 
 class HaCoordinator:
@@ -124,15 +131,12 @@ class HaCoordinator:
         self.cannot_lead: str | None = None
         #: This broker's stable identity (datadirs.broker_identity), recorded with each epoch it takes.
         self.identity: str | None = None
-        #: When this broker first posted its candidacy in the current orphaned period.
-        self._candidate_since: float | None = None
-        #: The slave a `metaq promote` hand-over goes to while we pause writes, or None.
-        self.handing_over: int | None = None
-        self._last_turn: str | None = None
-        #: ZooKeeper lost its data: when we first posted our re-seed claim, and the newest
-        #: epoch any posted member's history reaches (the next epoch goes above it).
-        self._reseed_since: float | None = None
-        self._newest_claimed = 0
+        #: Our standing among the slaves (or members) that may take over, while orphaned.
+        self.candidacy = Candidacy(host, self.paths, self._look_again_in)
+        #: The slave the last `metaq promote` hand-over went to (read while HANDING_OVER).
+        self.handover_target: int | None = None
+        #: Watches the hand-over's target catch up (posts CAUGHT_UP or ABANDONED).
+        self._catch_up: asyncio.Future[None] | None = None
         #: The last "not following a master below our history" line logged (each is logged once).
         self._refused_master: str | None = None
         #: The epoch we won re-seeds a group whose ZooKeeper lost its data.
@@ -162,6 +166,7 @@ class HaCoordinator:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self.identity = await asyncio.to_thread(broker_identity, self.config.data_path)
+        self.candidacy.identity = self.identity
         self.lease = ZkLease(self.zk, self.config.zk.session_timeout_ms)
         registry = self.registry
         registry.on_session_suspended = lambda: self.post(Event.SUSPENDED)
@@ -235,44 +240,8 @@ class HaCoordinator:
 
     def _handover_changed(self, data: bytes | None) -> None:
         handover = decode_handover(data) if data else None
-        if handover is None:
-            return
-        if self.machine.state is Role.LEADING and handover.epoch == self.serving_epoch and not handover.unclean:
-            if self.handing_over is None:
-                self.handing_over = handover.slave_id
-                asyncio.ensure_future(self._hand_over(handover.slave_id))
-        else:
-            self.post(Event.REEVALUATE)  # an orphan may now be the one named (or no longer)
-
-    async def _hand_over(self, slave_id: int) -> None:
-        """``metaq promote``: pause writes, wait for the target to hold our whole log, give up the lock.
-
-        Writes are refused (503, nothing stored) from the first line on, so the log ends
-        stop moving; once the target's reported position reaches every log end it holds
-        every acked message, and we release the master node: only the target may elect
-        (election.eligibility reads the hand-over node), and it wins the next epoch.
-        """
-        paused_at = time.monotonic()
-        log.warning("handing broker group %d over to slave %d (metaq promote): writes paused", self.broker_id, slave_id)
-        store = self.host.store
-        deadline = paused_at + HANDOVER_TIMEOUT_S
-        while True:
-            behind = [
-                (t, p) for (t, p), l in store.logs().items()
-                if (self.progress.position(slave_id, t, p, epoch=self.serving_epoch) or 0) < l.log_end
-            ]
-            if not behind:
-                break
-            if time.monotonic() > deadline or self.machine.state is not Role.LEADING:
-                log.error("hand-over to slave %d abandoned: it did not catch up on %s within %.0fs; writes resume",
-                          slave_id, behind[:3], HANDOVER_TIMEOUT_S)
-                self.handing_over = None
-                await asyncio.to_thread(clear_handover, self.zk, self.paths, self.broker_id)
-                return
-            await asyncio.sleep(0.002)
-        log.warning("slave %d holds our whole log after %.0f ms; releasing the master lock",
-                    slave_id, (time.monotonic() - paused_at) * 1000)
-        await self._release_master()
+        if handover is not None:
+            self.post(handover_event(handover.epoch, handover.unclean, self.serving_epoch), handover)
 
     def _epoch_changed(self, data: bytes | None) -> None:
         if not data:
@@ -312,6 +281,8 @@ class HaCoordinator:
             self.last_transition_at = time.time()
             # Re-entries (an orphan looking again while waiting its turn) would flood the log.
             log.log(logging.DEBUG if new is before else logging.INFO, "role: %s --%s--> %s", before.value, event.value, new.value)
+            if not step.enter:
+                continue  # back to a state whose work is still in place (an abandoned hand-over)
             try:
                 await self._enter(new, detail)
             except Exception as exc:
@@ -321,17 +292,16 @@ class HaCoordinator:
                 return
 
     async def _entry_failed(self, role: Role, exc: Exception) -> None:
-        """An entry action raised: tell a blip of ZooKeeper from a broker that cannot serve."""
-        if role is Role.LEADING and isinstance(exc, ZK_ERRORS):
-            # ZooKeeper dropped us while we took up leading (a server losing its quorum
-            # let our session back in, then closed it): nothing is wrong with this broker.
-            # Fence, as on any lost connection; ZooKeeper decides again once it answers.
-            # Stepping down for good here left a group with no master at all.
+        """An entry action raised: tell a blip of ZooKeeper from a broker that cannot serve
+        (role.entry_failed_event decides; stepping down for a ZooKeeper blip once left a
+        group with no master at all)."""
+        event = entry_failed_event(role, isinstance(exc, ZK_ERRORS))
+        if event is Event.SUSPENDED:
             log.warning("ZooKeeper went away while taking up leading (%s); fenced until it answers",
                         str(exc) or type(exc).__name__)
-            self.post(Event.SUSPENDED)
-        elif role is Role.LEADING:
-            await self._step_down(exc)
+            self.post(event)
+        elif event is Event.CANNOT_LEAD:
+            self._step_down(exc)
         else:
             log.exception("entering %s failed; re-evaluating", role.value)
             if role is Role.FOLLOWING:
@@ -364,9 +334,10 @@ class HaCoordinator:
                 # Fenced while our lock still stands (a claimed epoch, a blip): ZooKeeper
                 # decides whether we still lead our epoch, as after a reconnect.
                 self.post(self._reconnected)
-            elif self.machine.state is not Role.LEADING:
-                # Our own node from a previous life (kill -9, quick restart): wait it out.
-                log.info("the master node still names this broker (a previous run); waiting for it to expire")
+            elif self.machine.state not in HOLDS_LOCK:
+                # Our own node from a previous life (kill -9, quick restart), or a lock we
+                # gave back that could not be deleted (it goes with our session): wait it out.
+                log.info("the master node still names this broker (a previous run, or a lock given back); waiting for it to go")
                 await asyncio.sleep(0.5)
                 self.post(Event.REEVALUATE)
         else:
@@ -404,7 +375,7 @@ class HaCoordinator:
         """The registered master is this broker's previous run on another address (its
         session has not expired yet): recognised by the identity recorded with its epoch."""
         return (
-            self.machine.state is not Role.LEADING
+            self.machine.state not in HOLDS_LOCK
             and state.master_url == state.leader_url
             and state.leader_identity is not None
             and state.leader_identity == self.identity
@@ -421,24 +392,74 @@ class HaCoordinator:
             await self._elect(detail)
         elif role is Role.LEADING:
             await self._lead()
+        elif role is Role.HANDING_OVER:
+            self._hand_over(detail)
+        elif role is Role.RESIGNED:
+            await self._resign()
         elif role is Role.FENCED:
             await self._fence()
         elif role is Role.STOPPED:
             await self._shutdown()
 
-    async def _step_down(self, exc: Exception) -> None:
+    def _step_down(self, exc: Exception) -> None:
         """We won the lock but cannot serve (a log that cannot open, say): give the lock back.
 
         Invariant: the master lock is held only by a broker that serves its group. A
         broker that failed to take up leading never tries again until restarted, so the
         group is left to an eligible slave instead of a master that serves nothing.
+        CANNOT_LEAD moves us to RESIGNED, whose entry action releases the lock.
         """
         self.cannot_lead = f"{type(exc).__name__}: {exc}"
         log.error(
             "cannot lead broker group %d: %s; releasing the master lock (this broker will not take over"
             " again until it is restarted with the cause fixed)", self.broker_id, self.cannot_lead,
         )
+        self.post(Event.CANNOT_LEAD)
+
+    def _hand_over(self, handover: Handover) -> None:
+        """HANDING_OVER (``metaq promote``): writes are paused; watch the target catch up.
+
+        Writes are refused (503, nothing stored) from now on (node.write_refusal), so the
+        log ends stop moving; once the target's reported position reaches every log end it
+        holds every acked message: CAUGHT_UP, and RESIGNED releases the master node. Only
+        the target may elect (election.eligibility reads the hand-over node), and it wins
+        the next epoch.
+        """
+        self.handover_target = handover.slave_id
+        log.warning("handing broker group %d over to slave %d (metaq promote): writes paused", self.broker_id, handover.slave_id)
+        self._catch_up = asyncio.ensure_future(self._watch_catch_up(handover.slave_id))
+
+    async def _watch_catch_up(self, slave_id: int) -> None:
+        """Post CAUGHT_UP once ``slave_id`` holds every log end; ABANDONED (the hand-over node
+        cleared, writes resume) after HANDOVER_TIMEOUT_S or once we left HANDING_OVER."""
+        paused_at = time.monotonic()
+        store = self.host.store
+        while True:
+            behind = [
+                (t, p) for (t, p), l in store.logs().items()
+                if (self.progress.position(slave_id, t, p, epoch=self.serving_epoch) or 0) < l.log_end
+            ]
+            event = catch_up_event(self.machine.state, bool(behind), time.monotonic() - paused_at, HANDOVER_TIMEOUT_S)
+            if event is Event.CAUGHT_UP:
+                log.warning("slave %d holds our whole log after %.0f ms; releasing the master lock",
+                            slave_id, (time.monotonic() - paused_at) * 1000)
+                self.post(event)
+                return
+            if event is Event.ABANDONED:
+                log.error("hand-over to slave %d abandoned: it did not catch up on %s within %.0fs; writes resume",
+                          slave_id, behind[:3], HANDOVER_TIMEOUT_S)
+                try:
+                    await asyncio.to_thread(clear_handover, self.zk, self.paths, self.broker_id)
+                except ZK_ERRORS as exc:
+                    log.warning("could not clear the hand-over node (%s)", exc)
+                self.post(event)
+                return
+            await asyncio.sleep(0.002)
+
+    async def _resign(self) -> None:
+        """RESIGNED: give the lock back; ZooKeeper shows next who leads."""
         await self._release_master()
+        self.post(Event.REEVALUATE)
 
     async def _release_master(self) -> None:
         """Stop acking, withdraw our master registration and give the lock back."""
@@ -510,7 +531,8 @@ class HaCoordinator:
             handover = None  # a stale request, for an earlier master
         history = self.history
         led_history = history > 0 and await asyncio.to_thread(read_led_epoch, self.config.data_path) == history
-        claims = await self._post_reseed_claim(state, history, led_history)
+        candidacy = self.candidacy
+        claims = await candidacy.post_reseed_claim(state, history, led_history)
         if claims is None:
             return False  # ZooKeeper did not answer; a re-evaluation is scheduled
         ok, why = eligibility(
@@ -529,11 +551,11 @@ class HaCoordinator:
             led_history=led_history,
         )
         if handover is None and ok and history > state.epoch:
-            ok, why = self._reseed_turn(history, led_history, claims, why)
+            ok, why = candidacy.reseed_turn(history, led_history, claims, why)
             if why is None:
                 return False  # waiting for the other members' claims; a re-evaluation is scheduled
-        elif handover is None and self._ranks_candidates(state):
-            ok, why = await self._candidacy(state, ok, why)
+        elif handover is None and candidacy.ranks_candidates(state, self.config.replication_mode):
+            ok, why = await candidacy.candidate(state, ok, why)
             if why is None:
                 return False  # waiting for our turn; a re-evaluation is scheduled
         # Each decision is logged once: an orphan re-evaluates on every ZooKeeper event, and
@@ -564,104 +586,14 @@ class HaCoordinator:
             f" with `metaq promote --zk ZK --broker-id {self.broker_id} {who} --unclean` (it may lose acked messages)"
         )
 
-    def _ranks_candidates(self, state: GroupState) -> bool:
-        """Async failover by a slave: the most caught-up one goes first (election.candidate_turn)."""
-        return (
-            self.config.replication_mode == "async"
-            and self.registry.slave_id is not None
-            and not was_last_leader(state, self.my_url, self.identity)
-        )
-
-    async def _candidacy(self, state: GroupState, eligible: bool, why: str) -> tuple[bool, str | None]:
-        """Post our log end; ``(ok, why)``, or ``(False, None)`` while waiting for our turn."""
-        slave_id = self.registry.slave_id
-        now = time.monotonic()
-        if self._candidate_since is None:
-            self._candidate_since = now
-        me = Candidate(slave_id, sum(l.log_end for l in self.host.store.logs().values()), state.epoch, eligible)
-        try:
-            await asyncio.to_thread(post_candidacy, self.zk, self.paths, self.broker_id, me)
-            candidates, live = await asyncio.to_thread(read_candidates, self.zk, self.paths, self.broker_id)
-        except ZK_ERRORS as exc:
-            log.warning("cannot post or read election candidates (%s); retrying", exc)
-            self._look_again_in(0.2)
-            return False, None
-        if not eligible:
-            return False, why
-        turn = candidate_turn(slave_id, state.epoch, candidates, live, now - self._candidate_since)
-        # Poll: a better candidate may post, win, or vanish in the meantime.
-        return self._my_turn(why, *turn, poll_s=0.05, waiting="not taking over yet", level=logging.INFO)
-
-    def _my_turn(self, why: str, ok: bool, turn: str, retry_after: float, *, poll_s: float, waiting: str, level: int) -> tuple[bool, str | None]:
-        """``(True, why; turn)`` to go now, or ``(False, None)`` while waiting (each new reason logged once, a look scheduled)."""
-        if ok:
-            return True, f"{why}; {turn}"
-        if turn != self._last_turn:
-            log.log(level, "%s: %s", waiting, turn)
-            self._last_turn = turn
-        self._look_again_in(min(retry_after, poll_s))
-        return False, None
-
-    def _my_claim(self, history: int, led_history: bool) -> ReseedClaim:
-        assert self.identity is not None
-        log_end = sum(l.log_end for l in self.host.store.logs().values())
-        return ReseedClaim(self.identity, self.my_url, history, led_history, log_end)
-
-    async def _post_reseed_claim(self, state: GroupState, history: int, led_history: bool) -> list[ReseedClaim] | None:
-        """ZooKeeper lost its data (our history is past its epoch): post our claim, read everyone's.
-
-        ``[]`` when ZooKeeper has not lost anything we know of; None if it did not answer.
-        """
-        if history <= state.epoch:
-            self._reseed_since, self._newest_claimed = None, 0
-            return []
-        if self._reseed_since is None:
-            self._reseed_since = time.monotonic()
-        me = self._my_claim(history, led_history)
-        try:
-            await asyncio.to_thread(post_reseed_claim, self.zk, self.paths, self.broker_id, me)
-            claims = await asyncio.to_thread(read_reseed_claims, self.zk, self.paths, self.broker_id)
-        except ZK_ERRORS as exc:
-            log.warning("cannot post or read re-seed claims (%s); retrying", exc)
-            self._look_again_in(0.2)
-            return None
-        self._newest_claimed = max([history, *(c.history for c in claims)])
-        if not led_history:
-            self._look_again_in(0.5)  # a claim may be gone with its broker, or a master may come
-        return claims
-
-    def _reseed_turn(self, history: int, led_history: bool, claims: list[ReseedClaim], why: str) -> tuple[bool, str | None]:
-        """``(True, why)`` to re-seed now, or ``(False, None)`` while waiting (a look is scheduled)."""
-        assert self._reseed_since is not None
-        turn = reseed_turn(self._my_claim(history, led_history), claims, time.monotonic() - self._reseed_since)
-        return self._my_turn(why, *turn, poll_s=0.2, waiting="not re-seeding yet", level=logging.WARNING)
-
     def _look_again_in(self, seconds: float) -> None:
         asyncio.get_running_loop().call_later(seconds, self.post, Event.REEVALUATE)
-
-    async def _withdraw_candidacy(self) -> None:
-        """Leaving the orphaned state: our candidacy and re-seed claim (if any) are over."""
-        if self._reseed_since is not None and self.identity is not None:
-            self._reseed_since, self._last_turn = None, None
-            try:
-                await asyncio.to_thread(withdraw_reseed_claim, self.zk, self.paths, self.broker_id, self.identity)
-            except ZK_ERRORS as exc:
-                log.debug("re-seed claim not withdrawn (%s); it goes with our session", exc)
-        if self._candidate_since is None:
-            return
-        self._candidate_since, self._last_turn = None, None
-        slave_id = self.registry.slave_id
-        if slave_id is not None:
-            try:
-                await asyncio.to_thread(withdraw_candidacy, self.zk, self.paths, self.broker_id, slave_id)
-            except ZK_ERRORS as exc:
-                log.debug("candidacy not withdrawn (%s); it goes with our session", exc)
 
     async def _elect(self, seen: GroupState) -> None:
         try:
             # Above every epoch a member's history holds (ZooKeeper may have lost them): the
             # epoch checkpoints of the new term must grow past every member's.
-            floor = max(self.history, self._newest_claimed)
+            floor = max(self.history, self.candidacy.newest_claimed)
             epoch = await asyncio.to_thread(
                 try_take_master, self.zk, self.paths, self.broker_id, self.my_url, seen, self.identity, floor,
             )
@@ -678,8 +610,7 @@ class HaCoordinator:
 
     async def _lead(self) -> None:
         host = self.host
-        await self._withdraw_candidacy()
-        self.handing_over = None
+        await self.candidacy.withdraw()
         try:
             handover = await asyncio.to_thread(read_handover, self.zk, self.paths, self.broker_id)
             if handover is not None and handover.epoch < self.epoch:
@@ -790,8 +721,7 @@ class HaCoordinator:
         )
 
     async def _become_follower(self, url: str) -> None:
-        await self._withdraw_candidacy()
-        self.handing_over = None
+        await self.candidacy.withdraw()
         await self._stop_leading()
         await self._unfollow()
         self.master_url = url
@@ -801,13 +731,16 @@ class HaCoordinator:
         self.serving_epoch = self.epoch
         await self._truncate_against(url)
         self.followed_epoch = self.epoch
-        follower = self._ensure_follower(self._slave_config())
+        follower = await self._ensure_follower(self._slave_config())
         await follower.follow(url)
 
-    def _ensure_follower(self, slave: SlaveConfig) -> MasterFollower:
+    async def _ensure_follower(self, slave: SlaveConfig) -> MasterFollower:
         """The replication follower (created on first use, and again if our slave id changed)."""
         if self.follower is None or self.follower.slave.slave_id != slave.slave_id:
-            # A follower of another slave id is left stopped-following (unfollow ran) and dropped.
+            if self.follower is not None:
+                # Stopped, not dropped: its heartbeats and checksum watch would otherwise go on
+                # under the old slave id beside the new follower's.
+                await self.follower.stop()
             self.follower = MasterFollower(
                 self.host, slave, self.zk, self.paths,
                 epoch=lambda: self.serving_epoch,

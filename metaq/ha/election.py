@@ -26,10 +26,14 @@ import json
 from dataclasses import dataclass
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
 
 from ..zk.group import ZK_CALL_TIMEOUT_S, GroupState
 from ..zk.paths import ZkPaths, decode_epoch, encode_epoch, encode_sync_set, slave_node_id
+
+# What a ZooKeeper call may raise when ZooKeeper is slow or away.
+ZK_ERRORS = (KazooException, KazooTimeoutError)
 
 
 def _get(client: KazooClient, path: str) -> tuple[bytes, object]:

@@ -28,7 +28,7 @@ from ..zk.group import read_group_state
 from .coordinator import ZK_ERRORS, HaCoordinator
 from .host import BrokerHost
 from .progress import ReplicationProgress
-from .role import Event, Role
+from .role import ACTING_MASTER, HOLDS_LOCK, Event, Role
 from .sync_set import SyncReplication
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class HaNode:
     @property
     def role_name(self) -> str:
         role = self.role
-        if role is Role.LEADING:
+        if role in HOLDS_LOCK:
             return "master"
         slave_id = self.host.registry.slave_id if self.coordinator is not None else None
         if role in (Role.FOLLOWING, Role.ORPHANED) and slave_id is not None:
@@ -82,8 +82,9 @@ class HaNode:
 
     @property
     def acting_master(self) -> bool:
-        """Leading, possibly fenced: committed offsets are ours to compute, slaves fetch from us."""
-        return self.role in (Role.LEADING, Role.FENCED)
+        """Leading this term (possibly handing over, fenced or resigning): committed offsets are ours
+        to compute, slaves fetch from us."""
+        return self.role in ACTING_MASTER
 
     @property
     def epoch(self) -> int:
@@ -113,11 +114,11 @@ class HaNode:
                 return c.SERVICE_UNAVAILABLE, f"broker {broker_id} is taking over as master of epoch {self.epoch}; nothing stored, retry shortly"
             if role is Role.LEADING:
                 return c.SERVICE_UNAVAILABLE, "master lease expired: ZooKeeper has not confirmed this master recently; retry"
+            if role is Role.HANDING_OVER:
+                return c.SERVICE_UNAVAILABLE, f"broker {broker_id} is handing over to slave {coordinator.handover_target} (metaq promote); nothing stored, retry"
             return c.SERVICE_UNAVAILABLE, f"broker {broker_id} is {role.value}; no master here right now, retry"
         if not self.ready:
             return c.SERVICE_UNAVAILABLE, f"broker {broker_id} is starting; retry shortly"
-        if coordinator is not None and coordinator.handing_over is not None:
-            return c.SERVICE_UNAVAILABLE, f"broker {broker_id} is handing over to slave {coordinator.handing_over} (metaq promote); nothing stored, retry"
         sync_set = self.sync_set
         return sync_set.refusal() if sync_set is not None else None
 

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 #: Seconds; from a fast in-memory ack to a slow sync replication wait.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-ROLES = ("master", "slave", "starting", "following", "orphaned", "electing", "fenced", "stopped")
+ROLES = ("master", "slave", "starting", "following", "orphaned", "electing", "resigned", "fenced", "stopped")
 ZK_STATES = ("CONNECTED", "SUSPENDED", "LOST")
 #: A scrape waits this long for the event loop to read the broker's state.
 SCRAPE_TIMEOUT_S = 5.0

@@ -106,7 +106,12 @@ class BrokerRegistry:
         self.broker_id = broker_id
         self.host = host
         self.port = port
-        self.role = _validate_role(role)
+        #: The role the HA coordinator gave (``set_role``, its one writer; the constructor's
+        #: for a registry without one). What is registered follows from it: see ``role``.
+        self._assigned = _validate_role(role)
+        #: The session in which the master role was registered: the master node is the
+        #: election lock of that session, and no other session may take it back by itself.
+        self._master_session: int | None = None
         self.paths = paths or ZkPaths(zk.root)
         self.url = broker_url(host, port)
         self._topics = dict(topics)
@@ -146,6 +151,8 @@ class BrokerRegistry:
         self._state_lock = threading.Lock()
         self._registered: dict[str, bytes] = {}
         self._registered_session: int | None = None
+        #: The session whose nodes ``_registered`` lists (set as its registration starts).
+        self._node_session: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
         self._stopping = False
@@ -156,6 +163,15 @@ class BrokerRegistry:
     def client(self) -> KazooClient:
         """The registry's kazoo client; other components may share its session."""
         return self._client
+
+    @property
+    def role(self) -> str | int | None:
+        """What this registry registers: the coordinator's role, except a master role of an
+        expired session, which is nothing (its lock died with that session; only a new
+        election, and then the coordinator's ``set_role``, makes this broker master again)."""
+        if self._assigned == MASTER and self._master_session not in (None, self._node_session):
+            return None
+        return self._assigned
 
     @property
     def _registers_master(self) -> bool:
@@ -212,12 +228,15 @@ class BrokerRegistry:
         if role == self.role:
             return
         previous = self._role_name()
-        self.role = role
-        await self._run(self._sync_role_change)
+        await self._run(self._sync_role_change, role)
         was = "" if previous == UNDECIDED else f" (was {previous})"
         log.info("broker %s is now registered in ZooKeeper as %s%s", self.broker_id, self._role_name(), was)
 
-    def _sync_role_change(self) -> None:
+    def _sync_role_change(self, role: str | int | None) -> None:
+        self._assigned = role
+        # A master role belongs to the session that registers it (None before any: bound
+        # when the first session registers).
+        self._master_session = self._node_session if role == MASTER else None
         self._ensure_broker_parent()
         self._sync()
 
@@ -293,7 +312,9 @@ class BrokerRegistry:
         if session is not None and session == self._registered_session:
             return False
         # Nodes of an expired session are gone: start from nothing.
-        self._registered = {}
+        if self._assigned == MASTER and self._master_session is None:
+            self._master_session = session  # the first session registers the constructor's master role
+        self._registered, self._node_session = {}, session
         if self.security is not None:
             self.security.ensure_tree(self._client)
         self._ensure_broker_parent()
@@ -513,11 +534,7 @@ class BrokerRegistry:
         if session is None:
             return
         try:
-            if self._registers_master and session != self._registered_session:
-                # The master node was the election lock of the expired session: it is
-                # gone, and only a new election may take it again (the HA coordinator
-                # decides). Register nothing until then.
-                self.role = None
+            # A master role of the expired session registers nothing in the new one (``role``).
             new_session = self._register_session(session)
             if not new_session:
                 # Same session: apply changes that could not be written while disconnected.

@@ -223,6 +223,35 @@ def test_promote_hands_a_sync_pair_over_with_writes_paused_under_a_second(broker
     assert zk_client.exists(f"{zk_root}/brokers/ids/0/handover") is None
 
 
+def test_a_hand_over_to_a_slave_that_never_catches_up_is_abandoned_and_writes_resume(broker_factory, zk_client, zk_root):
+    """The hand-over is a role of the table (ha/role.py): HANDING_OVER refuses writes (nothing
+    stored); a target that never reports its position makes it ABANDONED after
+    HANDOVER_TIMEOUT_S: the same master leads the same epoch again, its writes resume without
+    a new term, and the hand-over node is cleared (no later failover is bound to it)."""
+    from metaq.ha.election import HANDOVER_TIMEOUT_S, Handover, write_handover
+    from metaq.zk.paths import ZkPaths
+
+    group = Group(zk_client, zk_root)
+    a = broker_factory(0, {"fo": 1}, {"replicationMode": "async"}, name="solo", zookeeper={"zk.zkSessionTimeoutMs": SESSION_MS})
+    assert put_one(a, b"before").code == 200
+    epoch = group.epoch()
+    write_handover(zk_client, ZkPaths(zk_root), 0, Handover(slave_id=5, epoch=epoch))
+    tries: list[bytes] = []
+
+    def refused() -> object:
+        tries.append(b"try-%d" % len(tries))
+        reply = put_one(a, tries[-1])
+        return reply if reply.code != 200 else None
+
+    paused = wait_until(refused, 5, interval=0.02, message="writes paused")
+    assert paused.code == c.SERVICE_UNAVAILABLE and "handing over to slave 5" in paused.message, paused.message
+    _, resumed_at = first_ack_after(a, b"resumed", timeout=HANDOVER_TIMEOUT_S + 10)
+    assert group.master() == a.url and group.epoch() == epoch, "the same master, the same term"
+    wait_until(lambda: zk_client.exists(f"{zk_root}/brokers/ids/0/handover") is None, 5, message="hand-over node cleared")
+    assert "hand-over to slave 5 abandoned" in a.log_text()
+    assert tries[-1] not in fetch_all(a).values(), "a put refused while handing over stored nothing"
+
+
 def test_promote_unclean_elects_a_slave_that_is_not_eligible(broker_factory, zk_client, zk_root):
     """`metaq promote --unclean`: a sync group whose master died while its only slave was out
     of the sync set has no eligible slave; the operator elects it explicitly, and the report

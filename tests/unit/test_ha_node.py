@@ -21,7 +21,7 @@ def node_in(state: Role, slave: SlaveConfig | None = None) -> HaNode:
     node = HaNode(HOST, slave, in_zookeeper=True)
     node.coordinator = SimpleNamespace(
         state=state, serving_epoch=4, sync_set=None, follower=None, master_url="m:1", may_ack=lambda: state is Role.LEADING,
-        handing_over=None,
+        handover_target=1,
     )
     node.ready = True
     return node
@@ -57,7 +57,7 @@ def test_a_departed_slave_is_forgotten_once_its_last_connection_closes() -> None
 
 
 def test_a_master_handing_over_refuses_writes_before_storing_anything() -> None:
-    node = node_in(Role.LEADING)
-    node.coordinator.handing_over = 1
+    node = node_in(Role.HANDING_OVER)
+    assert node.role_name == "master" and node.acting_master, "still the master its slaves fetch from"
     code, message = node.write_refusal()
     assert code == 503 and "handing over to slave 1" in message

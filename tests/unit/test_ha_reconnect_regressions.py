@@ -105,3 +105,20 @@ def test_regression_a_failed_start_of_following_follows_the_same_master_again() 
     coordinator.master_url = "meta://127.0.0.1:9002"
     asyncio.run(coordinator._entry_failed(Role.FOLLOWING, ConnectionError("offset chaos-0: 403")))
     assert coordinator.master_url is None, "the master seen next must count as changed, to be followed again"
+
+
+def test_a_new_leader_that_cannot_serve_resigns_through_the_table() -> None:
+    """The other side of the fix above: a failure of this broker's own (a log that cannot
+    open) gives the lock back, as a row of the table (CANNOT_LEAD -> RESIGNED, whose entry
+    action releases the lock on the event worker), and keeps it from leading again."""
+    coordinator = fenced_master()
+    coordinator.machine.state = Role.LEADING
+
+    async def fail() -> list[object]:
+        await coordinator._entry_failed(Role.LEADING, OSError("no space left on device"))
+        return queued_events(coordinator)
+
+    assert asyncio.run(fail()) == [Event.CANNOT_LEAD]
+    assert coordinator.cannot_lead == "OSError: no space left on device"
+    coordinator.machine.handle(Event.CANNOT_LEAD)
+    assert coordinator.machine.state is Role.RESIGNED
