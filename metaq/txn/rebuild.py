@@ -19,7 +19,7 @@ the anchor must still be in the log and the records from it must end at
 ``position``, so a snapshot taken before an HA truncation cut the log (and the log
 grew again past it) is refused instead of reused; the state is then rebuilt from
 the log start. (The broker also deletes the snapshot before any truncation:
-metaq/server/txn_state.py.)
+metaq/server/partitions.py, ``Partition.truncate_to``.)
 """
 
 from __future__ import annotations
