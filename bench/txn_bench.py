@@ -39,7 +39,7 @@ from metaq.client import Message, MetaClientConfig  # noqa: E402
 from metaq.config import TopicConfig  # noqa: E402
 from metaq.record import encode_batch  # noqa: E402
 from metaq.server.transactions import aborted_spans, stable_end  # noqa: E402
-from metaq.server.txn_state import TxnStates  # noqa: E402
+from metaq.server.partitions import Partitions  # noqa: E402
 from metaq.store.manager import MessageStoreManager  # noqa: E402
 from metaq.client.session import AsyncMessageSessionFactory  # noqa: E402
 from metaq.tools.launcher import BrokerFactory  # noqa: E402
@@ -96,7 +96,7 @@ def read_side_us(directory: Path, calls: int = 100_000) -> float:
     log = store.get_log(TOPIC, 0)
     for _ in range(1000):
         log.append(encode_batch([(PAYLOAD, None)] * 10))
-    broker = SimpleNamespace(txn_states=TxnStates(store))
+    broker = SimpleNamespace(partitions=Partitions(store))
     end = log.log_end
     seconds = timeit.timeit(lambda: (stable_end(broker, TOPIC, 0, end), aborted_spans(broker, TOPIC, 0, 0, end)),
                             number=calls)

@@ -120,7 +120,6 @@ class HaCoordinator:
         self.truncations: list[dict[str, Any]] = []
         self._events: asyncio.Queue[tuple[Pending, Any]] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
-        self._caches: dict[tuple[str, int], EpochCache] = {}
         self.lease: ZkLease | None = None
         #: The sync set while leading in sync mode (None otherwise).
         self.sync_set: SyncReplication | None = None
@@ -490,6 +489,7 @@ class HaCoordinator:
 
     async def _stop_leading(self) -> None:
         """Ack nothing more: drop the lease, fail waiting sync acks, publish no sync set again."""
+        self.host.on_resigned()
         if self.lease is not None:
             await self.lease.stop()
         sync_set, self.sync_set = self.sync_set, None
@@ -624,16 +624,13 @@ class HaCoordinator:
         await self._flush_all()
         for name, topic in host.config.topics.items():
             for partition in range(topic.num_partitions):
-                log_ = host.store.get_log(name, partition)
-                cache = self.cache(name, partition)
+                owner = host.partitions.get(name, partition)
                 # Before the epoch's start offset is recorded and before any put: a batch the
                 # old master had only partly replicated to us was never acked; cut it, so no
                 # batch is ever half in the log we now serve and extend.
-                cut = host.txn_states.cut_incomplete_tail(name, partition, "at promotion")
-                if cut is not None:
-                    cache.truncate_from_end(cut)
-                if cache.assign(self.epoch, log_.log_end):
-                    cache.save()
+                owner.cut_incomplete_tail("at promotion")
+                if owner.epochs.assign(self.epoch, owner.log.log_end):
+                    owner.epochs.save()
         # Durably, before any ack in this epoch: what re-seeds the group if ZooKeeper loses its data.
         await asyncio.to_thread(record_led_epoch, self.config.data_path, self.epoch)
         if self._reseeding:
@@ -647,6 +644,7 @@ class HaCoordinator:
         await self.lease.start()
         await self._start_sync_set()
         self.master_url = self.my_url
+        self.host.on_leading(self.epoch)  # the transaction service reconciles (now or once writable)
         # Last: the topic and checksum nodes tell producers to come, so we take
         # writes before they appear.
         await self.registry.set_role("master")
@@ -701,7 +699,7 @@ class HaCoordinator:
             position=lambda slave_id, t, p: self.progress.position(slave_id, t, p, epoch=self.serving_epoch),
             on_committed=self.host.notify,
             # Committed never stops inside a batch (idempotent/transactional put).
-            batch_boundary=self.host.txn_states.batch_boundary,
+            batch_boundary=self.host.partitions.batch_boundary,
         )
         await self.sync_set.start()
         log.info(
@@ -785,18 +783,11 @@ class HaCoordinator:
     # --- epochs and truncation ------------------------------------------------------------
 
     def cache(self, topic: str, partition: int) -> EpochCache:
-        key = (topic, partition)
-        cache = self._caches.get(key)
-        if cache is None:
-            log_ = self.host.store.get_log(topic, partition)
-            cache = EpochCache.load(log_.directory)
-            self._caches[key] = cache
-        return cache
+        return self.host.partitions.get(topic, partition).epochs
 
     def forget_partitions(self, keys: list[tuple[str, int]]) -> None:
-        """Partitions no longer served: their epoch histories, replicas and sync-set state go."""
-        for key in keys:
-            self._caches.pop(key, None)
+        """Partitions no longer served: their replicas and sync-set state go (their epoch
+        histories go with their owners: ``Partitions.drop``)."""
         if self.follower is not None:
             self.follower.forget_partitions(keys)
         if self.sync_set is not None:
@@ -835,13 +826,11 @@ class HaCoordinator:
     async def _truncate_partition(self, conn: BrokerConnection, topic: str, partition: int, log_: Any) -> None:
         cache = self.cache(topic, partition)
         floor = self.follower.committed_seen(topic, partition) if self.follower is not None else 0
-        log_.truncate_corrupt()  # corrupt bytes (scrub, recovery) cannot be compared: fetched again
+        self.host.partitions.get(topic, partition).truncate_corrupt()  # corrupt bytes (scrub, recovery) cannot be compared: fetched again
         end = await divergence_point(conn, topic, partition, log_, cache, floor)
         if end < log_.log_end:
             removed = log_.log_end - end
-            aside = log_.truncate_to(end)
-            cache.truncate_from_end(end)
-            cache.save()
+            aside = self.host.partitions.get(topic, partition).truncate_to(end)  # the epoch history follows
             record = {"topic": topic, "partition": partition, "offset": end, "bytes": removed, "file": str(aside)}
             self.truncations.append(record)
             log.warning("truncated %s-%d at %d: %d divergent bytes moved aside to %s", topic, partition, end, removed, aside)

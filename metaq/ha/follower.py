@@ -296,12 +296,11 @@ class MasterFollower:
             replica = PartitionReplica(
                 topic,
                 partition,
-                store.get_log(topic, partition),
+                self.host.partitions.get(topic, partition),
                 store.flusher(topic, partition),
                 self._replica_info,
                 self.host.notify,
                 self.slave.slave_max_delay_ms,
-                after_append=self.host.txn_states.note_append,
                 incarnation=store.topic_config(topic).incarnation,
             )
             replica.status.extra["started_at"] = time.time()

@@ -7,6 +7,7 @@ the broker through these protocols, so the dependency points one way
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from kazoo.client import KazooClient
@@ -14,6 +15,7 @@ from kazoo.client import KazooClient
 from ..config import BrokerConfig, TopicConfig
 from ..security.settings import BrokerSecurity
 from ..zk.acl import ZkSecurity
+from .epochs import EpochCache
 
 
 class LogStore(Protocol):
@@ -28,6 +30,37 @@ class LogStore(Protocol):
     def logs(self) -> dict[tuple[str, int], Any]: ...
 
     def flusher(self, topic: str, partition: int) -> Any: ...
+
+
+class PartitionOwner(Protocol):
+    """One partition's log, epoch history and transaction state, written only through it
+    (metaq.server.partitions.Partition)."""
+
+    @property
+    def log(self) -> Any: ...
+
+    @property
+    def epochs(self) -> EpochCache: ...
+
+    def append_as_follower(self, data: bytes | bytearray | memoryview) -> int: ...
+
+    def truncate_to(self, offset: int) -> Path | None: ...
+
+    def restart_at(self, offset: int) -> Path | None: ...
+
+    def truncate_corrupt(self) -> tuple[int, int, Path | None] | None: ...
+
+    def repair_corrupt(self, start: int, data: bytes) -> bool: ...
+
+    def cut_incomplete_tail(self, when: str) -> int | None: ...
+
+
+class PartitionOwners(Protocol):
+    """Every served partition's owner (metaq.server.partitions.Partitions)."""
+
+    def get(self, topic: str, partition: int) -> PartitionOwner: ...
+
+    def batch_boundary(self, topic: str, partition: int, offset: int, committed: int) -> int: ...
 
 
 class Registry(Protocol):
@@ -74,9 +107,15 @@ class BrokerHost(Protocol):
         """Credentials and TLS for talking to the group's other brokers (metaq/ha/peers.py)."""
 
     @property
-    def txn_states(self) -> Any:
-        """Per-partition transaction state (metaq/server/txn_state.TxnStates): caught up after
-        replica appends, its incomplete batch cut at promotion."""
+    def partitions(self) -> PartitionOwners:
+        """Each partition's one owner: replica appends, truncations, epoch histories."""
+
+    def on_leading(self, epoch: int) -> None:
+        """This broker now leads ``epoch`` (its logs are cut to whole batches, its lease and
+        sync set are up): the transaction service reconciles for it."""
+
+    def on_resigned(self) -> None:
+        """This broker stopped leading: the transaction service serves nothing more."""
 
     def notify(self, topic: str, partition: int) -> None:
         """Wake fetches parked on a partition (its log end or committed offset moved)."""

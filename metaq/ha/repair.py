@@ -54,14 +54,15 @@ async def range_from(broker: BrokerHost, url: str, topic: str, partition: int, s
 
 async def repair_from_slaves(broker: BrokerHost, topic: str, partition: int, start: int, end: int) -> bool:
     """Put a master's corrupt range back from the first registered slave that has it whole."""
-    partition_log = broker.store.logs().get((topic, partition))
-    if partition_log is None:
+    if (topic, partition) not in broker.store.logs():
         return False
+    # Through the partition's owner: its transaction state is rebuilt once the bytes are back.
+    owner = broker.partitions.get(topic, partition)
     members = await asyncio.to_thread(read_members, broker.registry.client, ZkPaths(broker.config.zk.root),
                                       broker.config.broker_id)
     for slave_id, url in members.slaves.items():
         data = await range_from(broker, url, topic, partition, start, end)
-        if data is not None and partition_log.repair_corrupt(start, data):
+        if data is not None and owner.repair_corrupt(start, data):
             log.warning("%s-%d: corrupt bytes [%d, %d) put back from slave%d (%s)", topic, partition, start, end,
                         slave_id, url)
             return True

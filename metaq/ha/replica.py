@@ -37,7 +37,7 @@ from ..store.flush import AppendTruncated
 if TYPE_CHECKING:
     from ..client.connection import BrokerConnection
     from ..store.flush import LogFlusher
-    from ..store.log import PartitionLog
+    from .host import PartitionOwner
 
 log = logging.getLogger(__name__)
 
@@ -81,18 +81,20 @@ class PartitionReplica:
         self,
         topic: str,
         partition: int,
-        log_: "PartitionLog",
+        owner: "PartitionOwner",
         flusher: "LogFlusher",
         replica_info: Callable[[], dict[str, Any]],
         on_appended: Callable[[str, int], None],
         max_delay_ms: int,
         fetch_size: int = DEFAULT_FETCH_SIZE,
-        after_append: Callable[[str, int, int, bytes | memoryview, int], object] | None = None,
         incarnation: str = "",
     ) -> None:
         self.topic = topic
         self.partition = partition
-        self.log = log_
+        #: The partition's one writer: every append and restart of the log goes through it, so
+        #: its transaction state and epoch history follow (metaq/server/partitions.py).
+        self.owner = owner
+        self.log = owner.log
         #: Sent with each fetch: the master serves only the same life of the topic.
         self.incarnation = incarnation
         self.flusher = flusher
@@ -100,9 +102,6 @@ class PartitionReplica:
         self.on_appended = on_appended
         self.max_delay_ms = max_delay_ms
         self.fetch_size = fetch_size
-        #: Called with (topic, partition, offset, whole records, their end) after each append
-        #: (the broker's transaction state follows the log).
-        self.after_append = after_append
         self.status = ReplicaStatus()
         #: Report progress within large replies (the follower sets it for sync masters).
         self.report_positions = False
@@ -180,7 +179,7 @@ class PartitionReplica:
         cut. Our log up to the cut was verified (the range starts where valid records end),
         and what is fetched next is the master's bytes: the prefix invariant holds.
         """
-        cut = self.log.truncate_corrupt()
+        cut = self.owner.truncate_corrupt()
         if cut is not None:
             self.status.extra["repairs"] = int(self.status.extra.get("repairs", 0)) + 1
             log.warning("%s: corrupt bytes at %d: cut %d bytes (kept in %s), fetching them again from the master",
@@ -224,10 +223,8 @@ class PartitionReplica:
             chunk_size=piece, max_message_size=self.log.max_message_size,
         )
         for run in runs:
-            start = self.log.append(run.data)
+            start = self.owner.append_as_follower(run.data)
             assert start == run.offset, "append must continue the log exactly where the fetch started"
-            if self.after_append is not None:
-                self.after_append(self.topic, self.partition, run.offset, run.data, run.offset + len(run.data))
             whole += len(run.data)
             count += run.count
             if report is not None and whole < len(body):
@@ -262,7 +259,7 @@ class PartitionReplica:
         if offset == self.log.min_offset and offset == self.log.log_end and new_offset > offset:
             # Empty local log: start it where the master's retained log starts.
             log.info("%s: empty log restarted at the master's log start %d", self.name, new_offset)
-            self.log.truncate_fully_and_start_at(new_offset)
+            self.owner.restart_at(new_offset)
             return False
         raise ReplicaDiverged(
             f"{self.name}: master no longer has offset {offset} (its log starts at {new_offset});"

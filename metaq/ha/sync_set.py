@@ -114,7 +114,7 @@ class SyncReplication:
         self._on_committed = on_committed
         self._clock = clock
         #: (topic, partition, offset, committed) -> the highest offset <= offset not inside a
-        #: batch, or ``committed`` when that cannot be told (metaq/server/txn_state.py).
+        #: batch, or ``committed`` when that cannot be told (metaq/server/partitions.py).
         self._batch_boundary = batch_boundary
         #: Members as published in ZooKeeper.
         self.members: frozenset[int] = frozenset()

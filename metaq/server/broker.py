@@ -45,10 +45,10 @@ from .registry import BrokerRegistry
 from .live_config import LiveConfig
 from .reload import apply_logging, follow_logging, reload_config
 from .stats import BrokerStats
+from .partitions import Partitions
 from .producer_ids import RESEED_SKIP, ProducerIdAllocator, highest_counter_in, local_blocks, raise_zookeeper_counter, zookeeper_blocks
 from .transactional_ids import LocalMapping, MappingStore, TransactionalIds, ZooKeeperMapping
 from .transactions import TransactionService
-from .txn_state import TxnStates
 from .waiters import EndWaiters
 
 log = logging.getLogger(__name__)
@@ -75,8 +75,8 @@ class Broker:
         self.scrubber = Scrubber(self.store.logs, config.scrub_interval_ms, config.scrub_bytes_per_second)
         self.scrubber.on_corrupt = self._repair_corrupt
         self._repairs: dict[tuple[str, int, int, int], asyncio.Task[bool]] = {}
-        #: Every partition's producer table and transaction index, derived from its log.
-        self.txn_states = TxnStates(
+        #: Every partition's one owner: its log's appends and truncations, epoch history, transaction state.
+        self.partitions = Partitions(
             self.store, max_batches=config.txn.producer_state_max_batches, expiry_ms=config.txn.producer_expiry_ms
         )
         #: Local and XA transactions: the coordinator, its journal, markers and timeouts.
@@ -190,7 +190,7 @@ class Broker:
         check_data_dirs(config.data_path, config.topics.values(), str(config.source_path))
         floor = self.store.open_existing()
         # Before serving: each log's transaction state, and no batch half in a log.
-        self.txn_states.open_all()
+        self.partitions.open_all()
         self.transactions.open()
         self.ids = MsgIdGenerator(config.broker_id, floor)
         self.store.on_flushed = self.notify
@@ -203,7 +203,7 @@ class Broker:
             served = InstrumentedHandlers(self.handlers, self.metrics)
         self.store.start()
         self.scrubber.start()
-        self.txn_states.start()
+        self.partitions.start()
         self.transactions.start()
         max_body = config.max_request_body
         loop = asyncio.get_running_loop()
@@ -264,6 +264,16 @@ class Broker:
                                                   self.config.txn.max_transactional_ids_per_user,
                                                   self.security.principal_tags)
         await self.ha.start()
+        if self.ha.coordinator is None and self.ha.acting_master:
+            self.on_leading(self.ha.epoch)  # without ZooKeeper: master from the start, in epoch 0
+
+    def on_leading(self, epoch: int) -> None:
+        """This broker leads ``epoch`` now (``HaCoordinator._lead``, or at start without ZooKeeper)."""
+        self.transactions.on_leading(epoch)
+
+    def on_resigned(self) -> None:
+        """This broker stopped leading (``HaCoordinator._stop_leading``)."""
+        self.transactions.on_resigned()
 
     async def restore_after_zookeeper_loss(self) -> None:
         """This broker re-seeded its group after ZooKeeper lost its data (metaq/ha/election.py).
@@ -273,7 +283,7 @@ class Broker:
         """
         registry = self.registry
         assert registry is not None
-        states = await asyncio.to_thread(self.txn_states.all)
+        states = await asyncio.to_thread(self.partitions.all)
         seen = (pid for state in states.values() for pid in state.producers.producers)
         floor = highest_counter_in(seen, self.config.broker_id) + RESEED_SKIP
         value = await asyncio.to_thread(
@@ -328,11 +338,11 @@ class Broker:
         if self.heartbeats is not None:
             await self.heartbeats.stop()
         self.waiters.notify_all()
-        await self.txn_states.stop()
+        await self.partitions.stop()
         await self.transactions.stop()
         await self.scrubber.stop()
         await self.store.stop()
-        self.txn_states.close()
+        self.partitions.close()
         self.store.close()
         if self.metrics is not None:
             self.metrics.stop()

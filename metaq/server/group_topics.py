@@ -189,7 +189,7 @@ def forget_partitions(broker: Any, keys: list[tuple[str, int]]) -> None:
     markers, replication (follower, sync set, progress, epoch histories) and counters; parked
     fetches of them wake up and are answered "unknown topic".
     """
-    broker.txn_states.forget(keys)
+    broker.partitions.drop(keys)
     broker.transactions.forget_partitions(keys)
     broker.ha.forget_partitions(keys)
     broker.stats.forget_partitions(keys)

@@ -40,18 +40,18 @@ from ..store.log import CorruptRange, OffsetOutOfRange, SegmentVanished
 from ..store.manager import MessageStoreManager, UnknownPartition, UnknownTopic
 from ..store.msgid import MsgIdGenerator
 from ..store.refused import RefusedLog
-from ..txn.control import find_forged_control
+from ..txn.control import Control, find_forged_control
 from ..txn.producer_state import Decision, Verdict
 from ..txn.put import PutRefused, plan_put
 from . import stats as stats_text
 from .authz import Authz, RequestContext
 from .connection import FileBody
+from .partitions import Partition, Partitions
 from .producer_ids import ProducerIdAllocator
 from .registry import BrokerRegistry
 from .stats import BrokerStats
 from .transactional_ids import NotOwner, TooManyNames, TransactionalIds, check_transactional_id
-from .transactions import TransactionService, aborted_spans, stable_end
-from .txn_state import TxnStates
+from .transactions import Fence, TransactionService, aborted_spans, fenced_message, stable_end
 from .waiters import EndWaiters
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ class ServedBroker(Protocol):
     ids: MsgIdGenerator | None
     ha: HaNode
     registry: BrokerRegistry | None
-    txn_states: TxnStates
+    partitions: Partitions
     producer_ids: ProducerIdAllocator | None
     transactional_ids: TransactionalIds | None
     transactions: TransactionService
@@ -194,14 +194,15 @@ class RequestHandlers:
         assert broker.ids is not None  # set in Broker.start, before the server listens
         first_id = broker.ids.allocate(count)
         stamp_msg_ids(body, first_id)
-        offset = self._append(req, partition, log, body, count)
-        broker.txn_states.note_append(req.topic, partition, offset, body)
+        offset = self._append(req, partition, broker.partitions.get(req.topic, partition), body, count)
         return self._ack(req, partition, offset, offset + len(body), first_id, count, count)
 
-    def _append(self, req: c.Request, partition: int, log: "PartitionLog", data: bytes | bytearray, count: int) -> int:
-        """Append a put's bytes (msg ids stamped); RequestError 500 if the store fails."""
+    def _append(self, req: c.Request, partition: int, owner: Partition, data: bytes | bytearray, count: int,
+                header: Control | None = None) -> int:
+        """Append a put's bytes (msg ids stamped; ``header``: their planned BATCH header);
+        RequestError 500 if the store fails."""
         try:
-            return log.append(data)
+            return owner.append_as_leader(data, header)
         except OSError as exc:
             self.stats.partition(req.topic, partition).put_failed += count
             if not isinstance(exc, SegmentVanished):  # that one the store has logged, once
@@ -237,8 +238,8 @@ class RequestHandlers:
                         body: bytearray, count: int) -> Reply | Awaitable[Reply]:
         """A put from an idempotent producer: appended once behind its BATCH header, or re-acked.
 
-        Between the state's catch-up (``partition``) and ``appended`` nothing yields to the
-        event loop, so no other append can slip in: the state stays at the log end.
+        Between ``plan_put`` and the append nothing yields to the event loop, so no other
+        append can slip in: the verdict is taken on the state at the log end.
         """
         broker = self.broker
         if req.producer_epoch is None or req.sequence is None:
@@ -248,11 +249,14 @@ class RequestHandlers:
             raise c.RequestError(c.BAD_REQUEST, f"put: producer_id {req.producer_id} or producer_epoch "
                                                 f"{req.producer_epoch} out of range (0..2^63-1, 0..32767)")
         broker.authz.check_producer(ctx, req.producer_id, req.producer_epoch, req.producer_token)
-        broker.transactions.check_fenced(req.producer_id, req.producer_epoch)  # a newer instance of its transactional id
-        state = broker.txn_states.partition(req.topic, partition)
+        owner = broker.partitions.get(req.topic, partition)
+        # One verdict: the partition's producer table and the newest epoch of the producer's
+        # transactional id on this master (its fence) decide together whether this is a zombie.
+        fence = broker.transactions.fence_of(req.producer_id)
         try:
-            plan = plan_put(state.producers, body, count, producer_id=req.producer_id, producer_epoch=req.producer_epoch,
-                            first_seq=req.sequence, timestamp_ms=int(time.time() * 1000), txid=req.txid or "")
+            plan = plan_put(owner.state.producers, body, count, producer_id=req.producer_id, producer_epoch=req.producer_epoch,
+                            first_seq=req.sequence, timestamp_ms=int(time.time() * 1000), txid=req.txid or "",
+                            fence_epoch=fence.epoch if fence is not None else 0)
         except (PutRefused, ValueError) as exc:
             raise c.RequestError(c.BAD_REQUEST, f"bad message batch: {exc}") from None
         decision = plan.decision
@@ -263,8 +267,9 @@ class RequestHandlers:
                        f"{req.topic}-{partition}, expected {decision.expected_seq}")
             return c.reply_header(req.opaque, c.BAD_REQUEST, message, expected_seq=decision.expected_seq), b""
         if decision.verdict is Verdict.FENCED:
-            message = (f"fenced: producer {req.producer_id} epoch {req.producer_epoch} is older than its "
-                       f"current epoch {decision.current_epoch}")
+            assert decision.current_epoch is not None
+            newest = Fence(decision.current_epoch, fence.name if fence is not None else None)
+            message = fenced_message(req.producer_id, req.producer_epoch, newest)
             return c.reply_header(req.opaque, c.FORBIDDEN, message, current_epoch=decision.current_epoch), b""
         if req.txid:
             # The branch must be ACTIVE on this master and this put its own (RequestError if not); a
@@ -274,8 +279,7 @@ class RequestHandlers:
         assert framed is not None and broker.ids is not None
         first_id = broker.ids.allocate(count + 1)  # the BATCH header is a record and takes an id too
         stamp_msg_ids(framed, first_id)
-        offset = self._append(req, partition, log, framed, count)
-        state.appended(offset, framed, plan.header)
+        offset = self._append(req, partition, owner, framed, count, plan.header)
         return self._ack(req, partition, offset + plan.data_start, offset + len(framed), first_id + 1, count, count + 1)
 
     def _ack_duplicate(self, req: c.Request, partition: int, log: "PartitionLog", decision: Decision,

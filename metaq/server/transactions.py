@@ -14,12 +14,18 @@ and does what the coordinator asks of its caller:
   own: see below);
 * a timer (every ``TICK_S``) fires due timeouts (their ABORT markers), runs the
   journal's checkpoints and ``flushTxLogAtCommit=2`` fsyncs;
-* ``reconcile``: the first time this broker acts as master in an epoch (at start, at
-  promotion), before it answers any transaction request or enlists any batch, the
-  coordinator merges what the replicated partition logs show (open, prepared,
+* ``reconcile``: an explicit step when this broker takes up mastership of an epoch
+  (``on_leading``, called by the HA coordinator's ``_lead``, or by the broker at start
+  without ZooKeeper; Kafka's ``onElection``): as soon as the broker may write (at once,
+  or on a later tick), before it answers any transaction request or enlists any batch,
+  the coordinator merges what the replicated partition logs show (open, prepared,
   committed or aborted transactions: their control records) with its journal, and
   the markers that decides (roll a half-written commit forward, abort unprepared
-  work of the old master) are appended.
+  work of the old master) are appended. Until then requests get 503 (LOAD_IN_PROGRESS);
+  ``refusal`` only reads that state. ``on_resigned`` (``_stop_leading``) ends the mastership;
+* journal fsyncs (flushTxLogAtCommit=1) run in a worker thread, like the store's: a decision
+  is journaled on the event loop and fsynced off it (``_journal_durable``); no marker of a
+  decision is appended, and no answer that depends on it sent, before that fsync.
 
 Invariants kept here:
 
@@ -70,7 +76,7 @@ import logging
 import struct
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, NamedTuple, Protocol
 
 from ..protocol import commands as c
 from ..protocol.messages import TransactionRequest
@@ -83,9 +89,12 @@ from ..txn.xa import Code
 from .transactional_ids import MAX_EPOCH, Owner, TransactionalIds
 
 if TYPE_CHECKING:
+    from ..config import BrokerConfig
     from ..security.principals import Principal
-    from .authz import RequestContext
+    from ..store.msgid import MsgIdGenerator
     from ..txn.config import TxnSettings
+    from .authz import Authz, RequestContext
+    from .partitions import Partitions
 
 log = logging.getLogger(__name__)
 
@@ -126,21 +135,57 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+class WriteGate(Protocol):
+    """Whether this broker may write now (metaq.ha.node.HaNode)."""
+
+    def write_refusal(self) -> tuple[int, str] | None: ...
+
+
+class TxnHost(Protocol):
+    """What the transaction service needs of the broker (metaq.server.broker.Broker), and nothing more."""
+
+    @property
+    def config(self) -> "BrokerConfig": ...
+
+    @property
+    def authz(self) -> "Authz": ...
+
+    @property
+    def ha(self) -> WriteGate: ...
+
+    @property
+    def partitions(self) -> "Partitions": ...
+
+    @property
+    def ids(self) -> "MsgIdGenerator | None": ...
+
+    @property
+    def transactional_ids(self) -> TransactionalIds | None: ...
+
+    def appended(self, topic: str, partition: int, end: int, count: int) -> None: ...
+
+    def durability_wait(self, topic: str, partition: int, end: int, count: int) -> Awaitable[None] | None: ...
+
+
 class TransactionService:
-    """One per broker; see the module's docstring. ``broker`` is metaq.server.broker.Broker."""
+    """One per broker; see the module's docstring."""
 
     @property
     def settings(self) -> "TxnSettings":
         """The transaction keys, from the broker's configuration now (never a copy: live_config.py)."""
-        return self.broker.config.txn
+        return self.host.config.txn
 
-    def __init__(self, broker: Any, clock_ms: Callable[[], int] = _now_ms) -> None:
-        self.broker = broker
+    def __init__(self, host: TxnHost, clock_ms: Callable[[], int] = _now_ms) -> None:
+        self.host = host
         self.clock_ms = clock_ms
         self.journal: TxLog | None = None
         self.coordinator: TransactionCoordinator | None = None
         #: The epoch whose reconcile has run (None: not yet as master in any).
         self.reconciled_epoch: int | None = None
+        #: The epoch this broker leads (``on_leading``; None: not leading, ``on_resigned``).
+        self.leading_epoch: int | None = None
+        #: The worker-thread fsync of the journal in flight (``_journal_durable``).
+        self._journal_sync: asyncio.Future[None] | None = None
         #: Branches whose markers are appended but not yet known durable (xid -> their ends).
         self._unsettled: dict[str, list[MarkerEnd]] = {}
         #: Branches whose decision is journaled but some of whose markers could not be appended
@@ -159,8 +204,9 @@ class TransactionService:
 
     def open(self) -> None:
         """At start, after the logs are open and before serving: open the journal."""
-        base = Path(self.settings.data_log_path or self.broker.config.data_path)
+        base = Path(self.settings.data_log_path or self.host.config.data_path)
         self.journal = TxLog.open(base, self.settings, self.clock_ms())
+        self.journal.defer_decision_fsyncs = True  # fsynced in a worker thread: _journal_durable
         self.coordinator = TransactionCoordinator(self.settings, self.journal)
         if self.coordinator.branches:
             log.info("transaction journal %s: %d branches", self.journal.directory, len(self.coordinator.branches))
@@ -169,7 +215,7 @@ class TransactionService:
         self._timer = asyncio.ensure_future(self._tick_loop())
 
     async def stop(self) -> None:
-        tasks = [self._timer, self._owners_loaded, *self._background]
+        tasks = [self._timer, self._owners_loaded, self._journal_sync, *self._background]
         for task in tasks:
             if task is not None:
                 task.cancel()
@@ -184,27 +230,39 @@ class TransactionService:
     # --- who may serve -------------------------------------------------------------------
 
     def refusal(self) -> tuple[int, str] | None:
-        """Why this broker must not take a transaction step now (as for puts), or None."""
-        refusal = self.broker.ha.write_refusal()
+        """Why this broker must not take a transaction step now (as for puts), or None. A pure read."""
+        refusal = self.host.ha.write_refusal()
         if refusal is not None:
             return refusal
-        if not self._reconciled() or (self._owners_loaded is not None and not self._owners_loaded.done()):
+        if (self.leading_epoch is None or self.reconciled_epoch != self.leading_epoch
+                or (self._owners_loaded is not None and not self._owners_loaded.done())):
             return c.SERVICE_UNAVAILABLE, "transactions are being recovered from the logs after a start or take-over; retry"
         return None
 
-    def _reconciled(self) -> bool:
-        """Reconcile now if this broker is the writable master of an epoch it has not reconciled."""
-        ha = self.broker.ha
-        if self.reconciled_epoch == ha.epoch:
-            return True
-        if self.coordinator is None or not ha.acting_master or ha.write_refusal() is not None:
-            return False
-        self._reconcile(ha.epoch)
-        return True
+    def on_leading(self, epoch: int) -> None:
+        """This broker took up mastership of ``epoch``: reconcile for it as soon as it may write
+        (now, or on a tick: a new sync master may still wait for its sync set to be published)."""
+        self.leading_epoch = epoch
+        self._reconcile_if_due()
+
+    def on_resigned(self) -> None:
+        """This broker stopped leading: no transaction step until ``on_leading`` again. What was
+        reconciled stays (the same session may come back in the same epoch); a new epoch
+        reconciles again."""
+        self.leading_epoch = None
+
+    def _reconcile_if_due(self) -> None:
+        """Invariant: a leading epoch is reconciled exactly once, and only while this broker may write."""
+        epoch = self.leading_epoch
+        if epoch is None or self.reconciled_epoch == epoch or self.coordinator is None:
+            return
+        if self.host.ha.write_refusal() is not None:
+            return  # the tick tries again
+        self._reconcile(epoch)
 
     def _reconcile(self, epoch: int) -> None:
         assert self.coordinator is not None
-        states = self.broker.txn_states.all()
+        states = self.host.partitions.all()
         now = self.clock_ms()
         # Marker ends of an earlier mastership refer to logs that may have been truncated since:
         # waiting for them could stall a branch until the log grows back. Markers still queued
@@ -221,7 +279,7 @@ class TransactionService:
         self._fence_from_batches(states.values())
         if self._owners_loaded is not None:
             self._owners_loaded.cancel()
-        mapping = self.broker.transactional_ids  # None: a broker not started (unit tests drive the service alone)
+        mapping = self.host.transactional_ids  # None: a broker not started (unit tests drive the service alone)
         self._owners_loaded = None if mapping is None else asyncio.ensure_future(self._load_owners(mapping))
         prepared = self.coordinator.recover()
         log.info("transactions reconciled in epoch %d: %d markers to write, %d branches in doubt",
@@ -229,6 +287,14 @@ class TransactionService:
         self._write_in_background(replies, now)
 
     # --- fencing ---------------------------------------------------------------------------
+
+    def fence_of(self, producer_id: int) -> Fence | None:
+        """The newest epoch of ``producer_id``'s transactional id on this master (None: unknown).
+
+        This map is the master's one notion of it: raised by ``init_producer`` (the group's
+        mapping, ``TransactionalIds``), read from that mapping at a take-over and from the
+        partitions' BATCH records at reconcile. The put path passes it to ``plan_put``."""
+        return self.fences.get(producer_id)
 
     def check_fenced(self, producer_id: int, epoch: int) -> None:
         """RequestError 403 if ``epoch`` of ``producer_id`` is older than its newest instance's."""
@@ -291,10 +357,12 @@ class TransactionService:
             log.info("transaction %s of a fenced instance of transactional id %s rolled back", xid, name)
             if reply.markers:
                 self._queue_markers(xid, reply.markers, now)
+        await self._journal_durable()
         for xid, _reply in zombies:
             with contextlib.suppress(c.RequestError):  # every branch gets its try; the first failure is raised below
                 self._append_pending(xid)
         for xid, _reply in zombies:
+            await self._journal_durable()  # decisions journaled by other requests while we settled
             self._append_pending(xid)
             await self._settle(xid)
 
@@ -310,7 +378,7 @@ class TransactionService:
         assert self.coordinator is not None
         if txid in self._unsettled or txid in self._pending:
             raise c.RequestError(c.SERVICE_UNAVAILABLE, f"transaction {txid} is being decided; retry")
-        if not self.broker.authz.may_enlist(principal, producer_id, self.coordinator.branches.get(txid)):
+        if not self.host.authz.may_enlist(principal, producer_id, self.coordinator.branches.get(txid)):
             raise c.AccessDenied(f"{principal} may not put in transaction {txid}: only its own producer "
                                  "or the user that started it may")
         reply = self.coordinator.send(txid, topic, partition, self.clock_ms())
@@ -333,19 +401,20 @@ class TransactionService:
         assert coordinator is not None
         if req.action in ("start", "recover"):
             # First: a flood by a user who could never fill a branch (nor so own one) costs nothing.
-            self.broker.authz.check_may_use_transactions(principal, req.action)
+            self.host.authz.check_may_use_transactions(principal, req.action)
         if req.action == "recover":
             return c.reply_header(req.opaque, c.OK, xa_code=int(Code.XA_OK), xids=self._recoverable(principal)), b""
         xid = req.xid
         if req.producer_id != NO_PRODUCER:
-            self.broker.authz.check_producer(ctx, req.producer_id, req.producer_epoch, req.producer_token)
+            self.host.authz.check_producer(ctx, req.producer_id, req.producer_epoch, req.producer_token)
             self.check_fenced(req.producer_id, req.producer_epoch)
         if xid in self._pending or xid in self._unsettled:
+            await self._journal_durable()
             self._append_pending(xid)  # the previous decision's markers first (raises if they still fail)
             await self._settle(xid)
             if req.producer_id != NO_PRODUCER:  # an init may have fenced this epoch while we waited
                 self.check_fenced(req.producer_id, req.producer_epoch)
-        if req.action != "start" and not self.broker.authz.may_decide(principal, coordinator.branches.get(xid)):
+        if req.action != "start" and not self.host.authz.may_decide(principal, coordinator.branches.get(xid)):
             raise c.AccessDenied(f"{principal} may not decide transaction {xid}: only the user that "
                                  "started it (or admin) may")
         refusal = self.refusal()  # the role may have changed while we waited
@@ -358,7 +427,9 @@ class TransactionService:
         self._check_encodable(req, starter)
         reply = self._step(req, now, starter)
         if reply.markers:
-            self._queue_markers(xid, reply.markers, now)
+            self._queue_markers(xid, reply.markers, now)  # queued first: a retry of the step waits for them
+        await self._journal_durable()  # the decision (if any) before its markers and its answer
+        if reply.markers:
             self._append_pending(xid)
             await self._settle(xid)
         return c.reply_header(req.opaque, c.OK, xa_code=int(reply.code)), b""
@@ -367,7 +438,7 @@ class TransactionService:
         """The in-doubt branches ``principal`` may decide (``Authz.may_decide``): every one for admin
         or with security off, else those it started, from the coordinator's per-starter index."""
         assert self.coordinator is not None
-        if self.broker.authz.sees_every_branch(principal):
+        if self.host.authz.sees_every_branch(principal):
             return self.coordinator.recover()
         return self.coordinator.recover(starter=self._tag(principal))
 
@@ -381,7 +452,7 @@ class TransactionService:
 
     def _tag(self, principal: "Principal | None") -> str:
         """The starter a branch started by ``principal`` records ("" with security off: nobody to tell apart)."""
-        return self.broker.authz.starter_tag(principal)
+        return self.host.authz.starter_tag(principal)
 
     def _check_encodable(self, req: TransactionRequest, starter: str) -> None:
         """Encode a marker of the branch before its state changes: a decision is journaled only if
@@ -440,26 +511,36 @@ class TransactionService:
         Invariant: a marker leaves ``_pending`` only once it is in its log, so a decided branch
         whose append failed keeps its markers until a retry or a tick appends them; a marker
         its partition's index already shows (an append that failed after writing) is not
-        written twice. RequestError 503 if an append fails (the rest stay queued)."""
-        broker = self.broker
+        written twice. RequestError 503 if an append fails (the rest stay queued).
+
+        Invariant: every decision journaled is fsynced first (flushTxLogAtCommit=1): each
+        caller awaits ``_journal_durable`` and appends with no ``await`` in between."""
+        host = self.host
         queued = self._pending.get(xid)
         if queued is None:
             return
+        assert self._journal_synced(), "a marker may not reach a log before its decision is in the journal"
+        # The journal's fsync was awaited: this broker may have stopped leading meanwhile (a
+        # slave's log takes only its master's bytes). The markers stay queued; a new epoch's
+        # reconcile decides them.
+        if host.ha.write_refusal() is not None or self.leading_epoch != self.reconciled_epoch or self.leading_epoch is None:
+            raise c.RequestError(c.SERVICE_UNAVAILABLE, f"transaction {xid}: this broker is not the writable master "
+                                                        "right now; its markers are kept, retry")
         ends = list(self._unsettled.get(xid, []))
         try:
             while queued:
                 marker = queued[0]
-                if not _has_log(broker.store, marker.topic, marker.partition):
+                if not host.partitions.serves(marker.topic, marker.partition):
                     queued.pop(0)  # its topic was deleted: no log to mark, none ever will be
                     continue
                 if not self._in_log(xid, marker):
                     data = bytearray(marker.data)
-                    assert broker.ids is not None
-                    stamp_msg_ids(data, broker.ids.allocate(1))
-                    offset = broker.store.get_log(marker.topic, marker.partition).append(data)
+                    assert host.ids is not None
+                    stamp_msg_ids(data, host.ids.allocate(1))
+                    # The partition's one append path: its index follows its own marker at once.
+                    offset = host.partitions.get(marker.topic, marker.partition).append_as_leader(data)
                     end = offset + len(data)
-                    broker.txn_states.partition(marker.topic, marker.partition)  # the index follows its own marker at once
-                    broker.appended(marker.topic, marker.partition, end, 1)
+                    host.appended(marker.topic, marker.partition, end, 1)
                     ends.append((marker.topic, marker.partition, end))
                 queued.pop(0)
         except Exception as exc:
@@ -475,7 +556,7 @@ class TransactionService:
 
     def _in_log(self, xid: str, marker: PendingMarker) -> bool:
         """Whether the partition's index already shows this marker of ``xid``."""
-        index = self.broker.txn_states.partition(marker.topic, marker.partition).index
+        index = self.host.partitions.state(marker.topic, marker.partition).index
         if marker.kind is control.Kind.PREPARE:
             txn = index.open.get(xid)
             return txn is not None and txn.prepared
@@ -488,7 +569,7 @@ class TransactionService:
         waits = []
         try:
             for topic, partition, end in ends:
-                wait = self.broker.durability_wait(topic, partition, end, 0)
+                wait = self.host.durability_wait(topic, partition, end, 0)
                 if wait is not None:
                     waits.append(wait)
             if waits:
@@ -500,7 +581,7 @@ class TransactionService:
             del self._unsettled[xid]
 
     def _write_in_background(self, replies: list[tuple[str, Reply]], now: int) -> None:
-        """Markers nobody waits on (timeouts, reconcile): appended now, settled by a task.
+        """Markers nobody waits on (timeouts, reconcile): appended once journaled, settled by a task.
 
         Each branch on its own: one whose append fails keeps its markers queued (the next tick
         retries them) and the others' are still written."""
@@ -510,9 +591,44 @@ class TransactionService:
                     self._queue_markers(xid, reply.markers, now)
                 except Exception:  # not expected (the request check keeps fields encodable); never the others' loss
                     log.exception("transaction %s: its markers could not be encoded", xid)
-        self._append_all_pending(xid for xid, reply in replies if reply.markers)
+        self._append_when_journaled([xid for xid, reply in replies if reply.markers])
 
-    def _append_all_pending(self, xids: Any) -> None:
+    def _append_when_journaled(self, xids: list[str]) -> None:
+        """Append the queued markers of ``xids``: at once if every decision is in the fsynced
+        journal, else from a task once it is (the event loop never waits for the fsync)."""
+        if not xids:
+            return
+        if self._journal_synced():
+            self._append_all_pending(xids)
+            return
+        task = asyncio.ensure_future(self._append_after_journal(xids))
+        self._background.add(task)
+        task.add_done_callback(self._background_done)
+
+    async def _append_after_journal(self, xids: list[str]) -> None:
+        await self._journal_durable()
+        self._append_all_pending(xids)
+
+    def _journal_synced(self) -> bool:
+        journal = self.journal
+        return journal is None or journal.decisions_synced >= journal.decisions_written
+
+    async def _journal_durable(self) -> None:
+        """Every decision journaled so far is fsynced (flushTxLogAtCommit=1), in a worker thread:
+        the event loop keeps serving meanwhile; callers waiting together share one fsync."""
+        journal = self.journal
+        while journal is not None and not self._journal_synced():
+            if self._journal_sync is None or self._journal_sync.done():
+                self._journal_sync = asyncio.ensure_future(self._fsync_journal(journal))
+            await asyncio.shield(self._journal_sync)
+
+    @staticmethod
+    async def _fsync_journal(journal: TxLog) -> None:
+        fd, covered = journal.sync_handle()
+        await asyncio.to_thread(journal.fsync_handle, fd)
+        journal.decisions_synced = max(journal.decisions_synced, covered)
+
+    def _append_all_pending(self, xids: Iterable[str]) -> None:
         for xid in list(xids):
             try:
                 self._append_pending(xid)
@@ -530,12 +646,16 @@ class TransactionService:
     # --- the timer ---------------------------------------------------------------------------------
 
     def tick(self) -> None:
-        """Fire due timeouts, fsync/checkpoint the journal; only on the writable master."""
-        if self.coordinator is None or self.journal is None or self.refusal() is not None:
+        """Reconcile a new mastership once writable; fire due timeouts, fsync/checkpoint the
+        journal; only on the writable master."""
+        if self.coordinator is None or self.journal is None:
+            return
+        self._reconcile_if_due()
+        if self.refusal() is not None:
             return
         now = self.clock_ms()
         self.journal.tick(now)
-        self._append_all_pending(self._pending)  # markers an earlier failure left queued
+        self._append_when_journaled(list(self._pending))  # markers an earlier failure left queued
         fired = self.coordinator.expire(now)
         for xid, reply in fired:
             log.info("transaction %s timed out: %s", xid, reply.code.name)
@@ -550,27 +670,19 @@ class TransactionService:
                 log.exception("transaction timer")
 
 
-def _has_log(store: Any, topic: str, partition: int) -> bool:
-    try:
-        store.get_log(topic, partition)
-    except LookupError:  # UnknownTopic, UnknownPartition
-        return False
-    return True
-
-
 def stable_end(broker: Any, topic: str, partition: int, committed: int) -> int:
     """What a consumer may read up to: the last stable offset (LSO).
 
     min(committed, the state's position, the first offset of the earliest open
     transaction): a record of a transaction that may still roll back is never served.
     """
-    state = broker.txn_states.partition(topic, partition)
+    state = broker.partitions.state(topic, partition)
     return state.index.last_stable_offset(committed, state.position)
 
 
 def aborted_spans(broker: Any, topic: str, partition: int, start: int, end: int) -> list[list[int]]:
     """The aborted spans overlapping [start, end), as a fetch reply's ``aborted`` field."""
-    index = broker.txn_states.partition(topic, partition).index
+    index = broker.partitions.state(topic, partition).index
     if not index.aborted:
         return []
     return [[span.start, span.end] for span in index.aborted_between(start, end)]

@@ -1,5 +1,8 @@
-"""How the ``metaq`` Spark source logs in to brokers with security on: options ``user``,
-``passwordFile`` and ``tlsCa`` (the CLI's ``--user``, ``--password-file``, ``--tls-ca``).
+"""How the ``metaq`` Spark source and sink log in to brokers with security on: options ``user``,
+``passwordFile`` and ``tlsCa`` (the CLI's ``--user``, ``--password-file``, ``--tls-ca``); and
+how they reach a ZooKeeper that speaks TLS only: ``zkTlsCaFile``, ``zkTlsCertFile``,
+``zkTlsKeyFile``, ``zkTlsVerifyHostname`` (the broker's ``zk.zkTls*`` keys; without them the
+``METAQ_ZK_TLS_*`` environment of each process applies, as for every client).
 
 Only paths travel in the plan: ``SparkLogin`` is part of the options, of the pickled reader
 and of every input partition, so it must never hold the password. The password file is
@@ -16,9 +19,11 @@ from pathlib import Path
 from typing import Mapping
 
 from ..client.connection import Credentials
+from ..config import ZkTls, ZkTlsError
 from .options_error import OptionError
 
-LOGIN_OPTIONS = ("user", "passwordFile", "tlsCa")
+ZK_TLS_OPTIONS = ("zkTlsCaFile", "zkTlsCertFile", "zkTlsKeyFile", "zkTlsVerifyHostname")
+LOGIN_OPTIONS = ("user", "passwordFile", "tlsCa", *ZK_TLS_OPTIONS)
 
 
 def _text(options: Mapping[str, str], name: str) -> str | None:
@@ -32,11 +37,16 @@ class SparkLogin:
     password_file: str | None = None
     #: CA bundle that signed the brokers' certificates: connect over TLS and verify them.
     tls_ca: str | None = None
+    #: ZooKeeper over TLS: its CA bundle (turns TLS on), an optional client certificate and key.
+    zk_tls_ca: str | None = None
+    zk_tls_cert: str | None = None
+    zk_tls_key: str | None = None
+    zk_tls_verify_hostname: bool = True
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "SparkLogin":
         """From canonical option names; a user needs a password file and vice versa."""
-        user, password_file, tls_ca = (_text(options, name) for name in LOGIN_OPTIONS)
+        user, password_file, tls_ca, zk_ca, zk_cert, zk_key, zk_verify = (_text(options, name) for name in LOGIN_OPTIONS)
         if user is not None and password_file is None:
             # Not a password option: its value would be in the query plan, the UI and logs.
             raise OptionError(
@@ -45,7 +55,14 @@ class SparkLogin:
             )
         if password_file is not None and user is None:
             raise OptionError("option passwordFile needs option user (the user to log in as)")
-        return cls(user, password_file, tls_ca)
+        if (zk_cert or zk_key or zk_verify) and zk_ca is None:
+            raise OptionError("options zkTlsCertFile, zkTlsKeyFile and zkTlsVerifyHostname need option zkTlsCaFile (which turns ZooKeeper TLS on)")
+        if bool(zk_cert) != bool(zk_key):
+            raise OptionError("options zkTlsCertFile and zkTlsKeyFile go together (a client certificate and its key)")
+        verify = (zk_verify or "true").lower()
+        if verify not in ("true", "false"):
+            raise OptionError(f"option zkTlsVerifyHostname must be true or false, got {zk_verify!r}")
+        return cls(user, password_file, tls_ca, zk_ca, zk_cert, zk_key, verify == "true")
 
     def credentials(self) -> Credentials:
         """The login of this process: reads the password file and checks the CA file here."""
@@ -60,6 +77,15 @@ class SparkLogin:
         if self.tls_ca is not None and not Path(self.tls_ca).is_file():
             raise OptionError(f"option tlsCa {self.tls_ca}: no such file on host {socket.gethostname()}")
         return Credentials(self.user, password, self.tls_ca)
+
+    def zk_tls(self) -> ZkTls | None:
+        """ZooKeeper TLS settings of this process (None: the METAQ_ZK_TLS_* environment decides)."""
+        if self.zk_tls_ca is None:
+            return None
+        try:
+            return ZkTls(self.zk_tls_ca, self.zk_tls_cert, self.zk_tls_key, self.zk_tls_verify_hostname)
+        except ZkTlsError as exc:
+            raise OptionError(f"options zkTls*: {exc} (on host {socket.gethostname()})") from None
 
     def _unreadable(self, why: str) -> OptionError:
         return OptionError(f"option passwordFile {self.password_file}: cannot read a password on host {socket.gethostname()}: {why}")

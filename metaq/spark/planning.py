@@ -138,6 +138,7 @@ async def _discover(options: SourceOptions) -> list[TopicPartition]:
         zk_root=options.zk_root,
         zk_session_timeout_ms=10_000,
         zk_connection_timeout_ms=min(options.timeout_ms, 15_000),
+        zk_tls=options.login.zk_tls(),
     )
     cluster = Cluster(config)
     try:

@@ -11,6 +11,19 @@ its write that it did not decide to commit. An unprepared branch of a dead task 
 back by the broker when its transaction timeout passes; until then it holds back the
 partition's last stable offset, never shows.
 
+Spark calls the driver's ``commit``/``abort`` without waiting for the attempts it is still
+killing (a failed job's other tasks, a speculative loser): such an attempt may prepare
+after the driver's ``recover`` sweep, and nobody would decide its branch. So the driver
+*closes* the write on every broker group before it sweeps (``close_scope``: a marker xid,
+started and rolled back, that the broker remembers), and a task checks for that mark after
+preparing (``scope_closed``): a closed write means this attempt's result will never be
+used, and it rolls its branches back itself. A prepare is either before the sweep (which
+finds it) or after the mark (which the task then sees); the coordinator of a group orders
+both. The mark lives only in the master's memory (it writes no record): a branch prepared
+after a failover or restart that lost it, or by an attempt killed between its prepare and
+its check, waits for the next sweep of any sink write (``BranchResolver.in_doubt`` rolls
+back in-doubt branches of closed batch writes) or the broker's timeout.
+
 Streams: the xid prefix is the query id and the batch id, so branches of a micro-batch are
 found again after a driver crash. Before committing a micro-batch the driver writes its
 decision (the xids it commits) to ``{checkpointLocation}/metaq-sink/{batchId}``: a batch
@@ -45,7 +58,9 @@ from ..client.config import MetaClientConfig
 from ..client.message import Message, Partition
 from ..client.selector import KeyHashPartitionSelector, NoPartitionAvailable
 from ..client.session import AsyncMessageSessionFactory
-from ..client.xa import TMFAIL, AsyncXAProducer, Xid, XAError
+from ..client.transactional import Branch, xa_name
+from ..client.xa import TMFAIL, AsyncXAProducer, AsyncXAResource, Xid, XAError
+from ..txn.xa import Code
 from .options_error import OptionError
 from .sink_options import SinkOptions
 
@@ -58,6 +73,9 @@ STREAM_FORMAT_ID = 0x4D515353
 #: Micro-batch decisions kept in the checkpoint (Spark keeps 100 batches by default too).
 DECISIONS_KEPT = 100
 DECISIONS_DIR = "metaq-sink"
+#: Branch qualifier of a write's closing mark (``close_scope``). A task's qualifier is its
+#: 4-byte Spark partition and 8 random bytes, so no task branch is ever named like this.
+CLOSED_BQUAL = b"\xff\xff\xff\xffclosed"
 
 
 @dataclass
@@ -80,9 +98,44 @@ def task_xid(scope: tuple[int, bytes], partition_id: int) -> Xid:
     return Xid(scope[0], scope[1], partition_id.to_bytes(4, "big") + os.urandom(8))
 
 
+def closed_xid(format_id: int, gtrid: bytes) -> Xid:
+    """The closing mark of the write (or micro-batch) whose branches share ``gtrid``."""
+    return Xid(format_id, gtrid, CLOSED_BQUAL)
+
+
+async def close_scope(resource: AsyncXAResource, group: int, scope: tuple[int, bytes]) -> None:
+    """Driver: mark the write decided on one broker group, before its last ``recover`` sweep.
+
+    The mark is a branch that is started, ended and rolled back at once (it writes nothing,
+    so it never holds a partition back); the broker remembers it as rolled back, and a
+    ``rollback`` of it answers XA_OK from then on instead of XAER_NOTA (``scope_closed``)."""
+    mark = Branch(str(closed_xid(*scope)), broker_id=group, started=True)
+    for action in ("start", "end", "rollback"):
+        # A retried start that finds the mark (XAER_DUPID) is our own: step() answers XA_OK.
+        code = await resource.sender.step(mark, action)
+        if code != Code.XA_OK:
+            raise XAError(f"metaq sink: closing the write on broker group {group}: {action} answered {xa_name(code)}", code)
+
+
+async def scope_closed(resource: AsyncXAResource, format_id: int, gtrid: bytes) -> bool:
+    """Whether the driver has closed the write (``close_scope``) on this resource's broker group.
+
+    A rollback of the mark: XAER_NOTA (no such branch) means open; XA_OK (remembered as rolled
+    back, or idle and now rolled back by us) and XAER_PROTO (being closed right now) mean the
+    driver has begun to close it."""
+    try:
+        await resource.rollback(closed_xid(format_id, gtrid))
+    except XAError as exc:
+        if exc.code == Code.XAER_NOTA:
+            return False
+        if exc.code != Code.XAER_PROTO:
+            raise
+    return True
+
+
 def client_config(options: SinkOptions) -> MetaClientConfig:
     return MetaClientConfig(zk_connect=options.zk_connect, zk_root=options.zk_root,
-                            credentials=options.login.credentials())
+                            credentials=options.login.credentials(), zk_tls=options.login.zk_tls())
 
 
 # --- placement -------------------------------------------------------------------------------
@@ -172,13 +225,21 @@ class XAWrites:
         await producer.send_batch(messages)
 
     async def finish(self) -> tuple[tuple[int, str], ...]:
-        """End and prepare every branch: the xids the driver may commit."""
+        """End and prepare every branch: the xids the driver may commit (none if the write is
+        already decided: this attempt is late and its branches are rolled back here)."""
         prepared = []
         for group, producer in sorted(self.producers.items()):
             resource = producer.xa_resource()
             await resource.end(self.xid)
             if await resource.prepare(self.xid) == resource.XA_OK:
                 prepared.append((group, str(self.xid)))
+        # Checked after the prepares, on each group prepared on: a prepare the driver's sweep
+        # missed came after its closing mark, so this check sees the mark (module docstring).
+        for group, _ in prepared:
+            if await scope_closed(self.producers[group].xa_resource(), self.xid.format_id, self.xid.gtrid):
+                log.warning("metaq sink: attempt %s finished after its write was decided; rolling its branches back", self.xid)
+                await self.fail()
+                return ()
         return tuple(prepared)
 
     async def fail(self) -> None:
@@ -291,12 +352,23 @@ class BranchResolver:
             self._resources[group] = self.factory.create_xa_producer(group).xa_resource()
         return self._resources[group]
 
-    async def in_doubt(self, format_id: int, prefix: bytes) -> list[tuple[int, Xid]]:
-        """Prepared branches of the sink whose gtrid starts with ``prefix``, on every broker group."""
+    def groups(self) -> list[int]:
+        return [group for group, addresses in sorted(self.factory.cluster.snapshot.brokers.items()) if addresses.master]
+
+    async def close(self, scope: tuple[int, bytes]) -> None:
+        """Mark the write decided on every broker group (``close_scope``), before the last sweep."""
+        for group in self.groups():
+            try:
+                await close_scope(self.resource(group), group, scope)
+            except Exception as exc:
+                # Safe to go on: an attempt that prepares late on this group is then left to the
+                # next sweep of a sink write or to the broker's timeout; it never shows.
+                log.warning("metaq sink: could not close the write on broker group %s (%s)", group, exc)
+
+    async def recovered(self) -> list[tuple[int, Xid]]:
+        """In-doubt branches of the sink (either format) on every broker group."""
         found = []
-        for group, addresses in sorted(self.factory.cluster.snapshot.brokers.items()):
-            if not addresses.master:
-                continue
+        for group in self.groups():
             try:
                 xids = await self.resource(group).recover()
             except Exception as exc:
@@ -304,8 +376,27 @@ class BranchResolver:
                 # rolled back by the broker's timeout; either way it never shows half-decided.
                 log.warning("metaq sink: recover on broker group %s failed (%s); its in-doubt branches wait", group, exc)
                 continue
-            found.extend((group, xid) for xid in xids if xid.format_id == format_id and xid.gtrid.startswith(prefix))
+            found.extend((group, xid) for xid in xids if xid.format_id in (BATCH_FORMAT_ID, STREAM_FORMAT_ID))
         return found
+
+    async def in_doubt(self, format_id: int, prefix: bytes) -> list[tuple[int, Xid]]:
+        """Prepared branches of the sink whose gtrid starts with ``prefix``, on every broker group;
+        in-doubt branches of other batch writes that are closed are rolled back on the way (left
+        by attempts killed between their prepare and their check, or prepared after a failover)."""
+        mine, closed_elsewhere = [], []
+        known: dict[tuple[int, bytes], bool] = {}
+        for group, xid in await self.recovered():
+            if xid.format_id == format_id and xid.gtrid.startswith(prefix):
+                mine.append((group, xid))
+            elif xid.format_id == BATCH_FORMAT_ID:
+                # Only batch writes: a closed write committed every branch it chose before its
+                # mark (a stream's batch may be closed with decided branches still to commit).
+                if (group, xid.gtrid) not in known:
+                    known[group, xid.gtrid] = await scope_closed(self.resource(group), xid.format_id, xid.gtrid)
+                if known[group, xid.gtrid]:
+                    closed_elsewhere.append((group, xid))
+        await self.rollback(closed_elsewhere)
+        return mine
 
     async def commit(self, branches: Iterable[tuple[int, Xid]]) -> None:
         for group, xid in branches:
@@ -321,8 +412,12 @@ class BranchResolver:
         for group, xid in branches:
             try:
                 await self.resource(group).rollback(xid)
-            except XAError:
-                pass  # already rolled back (timeout, XAER_NOTA after its tombstone went): nothing visible
+            except XAError as exc:
+                if exc.code == Code.XA_HEURRB:
+                    # The broker rolled it back on its timeout, as we wanted; XA leaves the
+                    # heuristic outcome listed by recover until the transaction manager forgets it.
+                    await self.resource(group).forget(xid)
+                # else already rolled back (XAER_NOTA after its tombstone went): nothing visible
 
 
 def reported(messages: Sequence[WriterCommitMessage | None]) -> list[tuple[int, Xid]]:
@@ -366,6 +461,7 @@ class MetaQBatchWriter(DataSourceArrowWriter):
 
         async def work(resolver: BranchResolver) -> None:
             await resolver.commit(chosen)
+            await resolver.close(self.scope)  # attempts still running roll themselves back from here on
             # Branches no message reports: attempts that failed or lost to another after prepare.
             await resolver.rollback(b for b in await resolver.in_doubt(*self.scope) if b not in chosen)
 
@@ -377,6 +473,7 @@ class MetaQBatchWriter(DataSourceArrowWriter):
 
         async def work(resolver: BranchResolver) -> None:
             await resolver.rollback(reported(messages))
+            await resolver.close(self.scope)  # attempts Spark is still killing roll themselves back
             await resolver.rollback(await resolver.in_doubt(*self.scope))
 
         _run(self.options, work)
@@ -468,6 +565,10 @@ class MetaQStreamWriter(DataSourceStreamArrowWriter):
                 # Spark re-runs a batch the sink had already committed (the driver died before Spark's
                 # commit log recorded it): the first run's rows stand, this run's never show.
                 await resolver.rollback(mine)
+            if commit_this_run:
+                # The batch is decided: attempts still running roll themselves back. Not on abort:
+                # Spark runs an aborted batch again after a restart, under the same xids' gtrid.
+                await resolver.close(xid_scope(STREAM_FORMAT_ID, query, batch_id))
             # In-doubt branches of this query: committed if their batch was decided, else rolled back
             # (failed or speculative attempts, a run that died before deciding).
             _, prefix = xid_scope(STREAM_FORMAT_ID, query, 0)

@@ -136,6 +136,9 @@ class MetaQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         #: Trigger.AvailableNow: the offsets available when the query started; batches stop there.
         self.available_now_end: dict[str, int] | None = None
+        #: What the last ``latestOffset`` found available, before any read limit: Spark shows it
+        #: as the source's ``latestOffset`` in each progress, next to ``endOffset`` (the lag).
+        self._available: dict | None = None
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_messages_per_trigger is not None:
@@ -155,6 +158,7 @@ class MetaQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.available_now_end is not None:
             latest = {name: max(start.get(name, 0), min(end, self.available_now_end.get(name, end)))
                       for name, end in latest.items()}
+        self._available = offsets_json_map(latest)
         if limit is None or isinstance(limit, ReadAllAvailable):
             # Spark asks for everything (e.g. a trigger that ignores limits): the options do not apply.
             return offsets_json_map(latest)
@@ -162,6 +166,12 @@ class MetaQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Both options set: the default limit is the messages', the bytes' applies too.
         max_bytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else self.options.max_bytes_per_trigger
         return offsets_json_map(self._limited(start, latest, max_rows, max_bytes))
+
+    def reportLatestOffset(self) -> dict | None:
+        """Per partition, the offset readable when this batch was planned (no extra round trip:
+        what ``latestOffset`` found). A query's progress then shows each partition's lag behind
+        it as ``sources[0].latestOffset[p] - sources[0].endOffset[p]`` (bytes of log)."""
+        return self._available
 
     def _limited(self, start: dict[str, int], latest: dict[str, int], max_rows: int | None,
                  max_bytes: int | None) -> dict[str, int]:

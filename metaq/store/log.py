@@ -37,7 +37,6 @@ import threading
 import time
 import zlib
 from pathlib import Path
-from typing import Callable
 
 from metaq import record
 from metaq.private_files import FILE_MODE, fsync_directory, make_private_dir
@@ -184,13 +183,6 @@ class PartitionLog:
         self._vanished: SegmentVanished | None = None
         self._checkpointed = checkpointed if checkpointed is not None else 0
         self._checkpointed_at = time.monotonic()
-        #: Bumped by every truncation (and repair): state derived from the bytes
-        #: (metaq/server/txn_state.py) compares it to know that bytes it has seen may be gone
-        #: (or that bytes it could not read are back).
-        self.truncations = 0
-        #: Called with the cut offset before bytes are cut (-1: the whole log goes), so state
-        #: derived from the bytes can drop its snapshot first.
-        self.before_truncate: Callable[[int], None] | None = None
         if checkpointed != self._flushed_end:
             self._save_checkpoint(self._flushed_end)
 
@@ -344,7 +336,7 @@ class PartitionLog:
         """Whether the record at ``offset`` of a sealed segment fails its checks (a flip the
         scrub has not reached yet); then ``[offset, the segment's end)`` is marked corrupt, as
         the scrub would. For a walk of the records that stopped there at start
-        (metaq/server/txn_state.py): corruption, never a torn batch to cut."""
+        (metaq/server/partitions.py): corruption, never a torn batch to cut."""
         segments = self._segments
         if not segments[0].start <= offset < segments[-1].start:
             return False  # the active segment was CRC-scanned at open (``_recover_tail``)
@@ -360,17 +352,6 @@ class PartitionLog:
 
     def first_corrupt_offset(self) -> int | None:
         return self.corrupt_ranges[0][0] if self.corrupt_ranges else None
-
-    def truncate_corrupt(self) -> tuple[int, int, Path | None] | None:
-        """A replica's repair: cut the log at its first corrupt range (kept aside like any
-        truncation) so the bytes are fetched again from the master. Returns ``(offset, bytes
-        cut, aside file)``, or None if nothing is known corrupt. Only for a log that follows
-        a master: a master's bytes exist nowhere else once cut."""
-        bad = self.first_corrupt_offset()
-        if bad is None:
-            return None
-        removed = self.log_end - bad
-        return bad, removed, self.truncate_to(bad)
 
     def repair_corrupt(self, start: int, data: bytes) -> bool:
         """Put a corrupt range's bytes back from a replica (a master's repair); False if refused.
@@ -393,9 +374,6 @@ class PartitionLog:
             segment.restore(start, data)
             segment.flush()
             self.corrupt_ranges = [r for r in self.corrupt_ranges if r != (start, end)]
-            # State derived from the bytes (metaq/server/txn_state.py) passed this range without
-            # reading it (or read it as it was stored): rebuilt from the log now that it is whole.
-            self.truncations += 1
         log.warning("%s: corrupt bytes [%d, %d) restored from a replica", self.directory, start, end)
         return True
 
@@ -522,8 +500,6 @@ class PartitionLog:
                 return None
             index = self._segment_index(segments, offset)
             self._check_record_boundary(segments[index], offset)
-            if self.before_truncate is not None:
-                self.before_truncate(offset)
             aside_path, copied = _save_aside(self._truncated_path(offset), segments[index:], offset)
             self._lower_checkpoint(offset)
             for seg in segments[index + 1 :]:
@@ -537,7 +513,6 @@ class PartitionLog:
             fsync_directory(self.directory)
             self._flushed_end = min(self._flushed_end, offset)
             self._drop_corrupt_from(offset)
-            self.truncations += 1
         log.warning("%s: truncated to offset %d; %d bytes moved to %s", self.directory, offset, copied, aside_path)
         return aside_path
 
@@ -552,8 +527,6 @@ class PartitionLog:
             raise ValueError(f"offset must be >= 0, got {offset}")
         with self._structure_lock:
             segments = self._segments
-            if self.before_truncate is not None:
-                self.before_truncate(-1)
             aside_path = None
             if segments[-1].end > segments[0].start:
                 aside_path, _ = _save_aside(self._truncated_path(segments[0].start), segments, segments[0].start)
@@ -565,7 +538,6 @@ class PartitionLog:
             fsync_directory(self.directory)
             self._flushed_end = offset
             self.corrupt_ranges = []
-            self.truncations += 1
         log.warning("%s: log reset to start at offset %d; old bytes moved to %s", self.directory, offset, aside_path)
         return aside_path
 
@@ -617,7 +589,8 @@ class PartitionLog:
     def read_as_stored(self, offset: int, max_bytes: int) -> bytes:
         """Like ``read``, corrupt ranges included: only for state the broker derives from its
         own log at start (transactions, producers), which must open also when a range is bad
-        (the range itself stays unserved; a slave cuts and re-fetches it, see ``truncate_corrupt``)."""
+        (the range itself stays unserved; a slave cuts and re-fetches it, see
+        metaq/server/partitions.py ``Partition.truncate_corrupt``)."""
         segments = self._segments
         self._check_offset(segments, offset)
         segment = segments[self._segment_index(segments, offset)]

@@ -33,13 +33,9 @@ class RefusedLog:
         # Offsets below the end the broker knew stay taken: anything that asks for
         # where to append (a new master's epoch start, a slave's fetch) gets this end.
         self.min_offset = self.log_end = self.flushed_end = known_end
-        self.truncations = 0
         self.corrupt_ranges: list[tuple[int, int]] = []
 
     def first_corrupt_offset(self) -> None:
-        return None
-
-    def truncate_corrupt(self) -> None:
         return None
 
     def corrupt_end_at(self, offset: int) -> None:

@@ -96,14 +96,17 @@ class ProducerStateTable:
         self.expiry_ms = expiry_ms
         self.producers: dict[int, ProducerEntry] = {}
 
-    def check(self, producer_id: int, epoch: int, first_seq: int, record_count: int) -> Decision:
+    def check(self, producer_id: int, epoch: int, first_seq: int, record_count: int, fence_epoch: int = 0) -> Decision:
+        """The verdict on a batch; ``fence_epoch``: the producer's newest epoch known beyond this
+        partition (the master's fence), so one verdict decides whether the batch is a zombie's."""
         if not 0 <= first_seq <= MAX_SEQUENCE or record_count < 1:
             raise ValueError(f"bad sequence range: first {first_seq}, count {record_count}")
         entry = self.producers.get(producer_id)
+        current = max(fence_epoch, entry.epoch if entry is not None else 0)
+        if epoch < current:
+            return Decision(Verdict.FENCED, current_epoch=current)
         if entry is None:
             return Decision(Verdict.NEW)
-        if epoch < entry.epoch:
-            return Decision(Verdict.FENCED, current_epoch=entry.epoch)
         if epoch > entry.epoch:
             return Decision(Verdict.NEW) if first_seq == 0 else Decision(Verdict.OUT_OF_ORDER, expected_seq=0)
         last_seq = (first_seq + record_count - 1) & MAX_SEQUENCE

@@ -35,11 +35,13 @@ class PutPlan(NamedTuple):
 
 
 def plan_put(producers: ProducerStateTable, batch: bytes | bytearray, record_count: int, *, producer_id: int,
-             producer_epoch: int, first_seq: int, timestamp_ms: int, txid: str = "") -> PutPlan:
+             producer_epoch: int, first_seq: int, timestamp_ms: int, txid: str = "", fence_epoch: int = 0) -> PutPlan:
+    """``fence_epoch``: the producer's newest epoch on this broker (its transactional id's fence;
+    0: none), so a zombie's batch gets its one FENCED verdict here, with the partition's own."""
     forged = find_forged_control(batch)
     if forged is not None:
         raise PutRefused(f"record {forged} of the batch uses the reserved control attribute")
-    decision = producers.check(producer_id, producer_epoch, first_seq, record_count)
+    decision = producers.check(producer_id, producer_epoch, first_seq, record_count, fence_epoch)
     if decision.verdict is not Verdict.NEW:
         return PutPlan(decision, None)
     header = Control(Kind.BATCH, producer_id, producer_epoch, timestamp_ms, txid, first_seq, record_count, len(batch))

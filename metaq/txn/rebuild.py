@@ -19,7 +19,7 @@ the anchor must still be in the log and the records from it must end at
 ``position``, so a snapshot taken before an HA truncation cut the log (and the log
 grew again past it) is refused instead of reused; the state is then rebuilt from
 the log start. (The broker also deletes the snapshot before any truncation:
-metaq/server/txn_state.py.)
+metaq/server/partitions.py, ``Partition.truncate_to``.)
 """
 
 from __future__ import annotations
@@ -79,8 +79,8 @@ class PartitionTxnState:
     def pass_unreadable(self, end: int) -> None:
         """Go on at ``end`` (a segment's start: a record boundary) past bytes that cannot be read.
 
-        What they held is unknown until a replica puts them back (the log then counts a
-        truncation, so this state is rebuilt from the log: metaq/server/txn_state.py). Meanwhile
+        What they held is unknown until a replica puts them back (through
+        ``Partition.repair_corrupt``, which rebuilds this state from the log). Meanwhile
         no batch is known before ``end``: a committed offset does not move inside the range, it
         moves past it once a slave holds its end (so a slave can serve the bytes back).
         """

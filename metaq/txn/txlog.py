@@ -100,6 +100,12 @@ class TxLog:
         self._redo = open(directory / _redo_name(redo_number), "ab", opener=private_opener)
         self._dirty_since_ms: int | None = None
         self._last_checkpoint_ms = now_ms
+        #: flushTxLogAtCommit=1: when set, ``record`` does not fsync a decision itself; its caller
+        #: fsyncs off its event loop (``sync_handle`` / ``fsync_handle``) and lets no marker of a
+        #: decision reach a log, nor any answer leave, before ``decisions_synced`` covers it.
+        self.defer_decision_fsyncs = False
+        self.decisions_written = 0  # decision records written under flushTxLogAtCommit=1
+        self.decisions_synced = 0  # of those, how many are known fsynced
         fsync_directory(directory, fsync)
 
     @classmethod
@@ -123,7 +129,10 @@ class TxLog:
         self._redo.write(_encode_line({"xid": xid, "branch": branch}))
         self._redo.flush()  # to the OS: mode 0 durability, and what a reader of the file sees
         if decision and self.settings.flush_tx_log_at_commit is FlushTxLog.AT_COMMIT:
-            self._fsync(self._redo.fileno())
+            self.decisions_written += 1
+            if not self.defer_decision_fsyncs:
+                self._fsync(self._redo.fileno())
+                self.decisions_synced = self.decisions_written
         elif self._dirty_since_ms is None:
             self._dirty_since_ms = now_ms
 
@@ -136,9 +145,24 @@ class TxLog:
         if now_ms - self._last_checkpoint_ms >= self.settings.checkpoint_interval_ms:
             self.checkpoint(now_ms)
 
+    def sync_handle(self) -> tuple[int, int]:
+        """For an fsync on another thread: a duplicate of the redo file's descriptor (it stays valid
+        across a checkpoint's rotation) and the count of decisions written so far, which its
+        fsync makes durable. Pass both to ``fsync_handle``."""
+        return os.dup(self._redo.fileno()), self.decisions_written
+
+    def fsync_handle(self, fd: int) -> None:
+        """fsync (and close) a ``sync_handle`` descriptor: safe in a worker thread, the event loop
+        only appends whole lines to the file."""
+        try:
+            self._fsync(fd)
+        finally:
+            os.close(fd)
+
     def checkpoint(self, now_ms: int) -> None:
         """Write every live branch, start a new redo file, keep the newest maxCheckpoints checkpoints."""
         self._fsync(self._redo.fileno())
+        self.decisions_synced = self.decisions_written
         self._redo.close()
         self._redo_number += 1
         raw = json.dumps({"version": _VERSION, "branches": self.branches}, sort_keys=True).encode()

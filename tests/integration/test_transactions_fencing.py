@@ -32,6 +32,8 @@ from metaq.client.connection import BrokerConnection, Reply
 from metaq.client.session import AsyncMessageSessionFactory
 from metaq.client.transactional import AsyncTransactionalProducer
 from metaq.protocol import commands as c
+from metaq.protocol.messages import PutRequest
+from metaq.record import encode_record
 from metaq.server.producer_ids import ProducerIdAllocator, zookeeper_blocks
 from metaq.server.transactional_ids import Owner, TransactionalIds, ZooKeeperMapping
 from metaq.tools.launcher import BrokerProcess, wait_until
@@ -44,10 +46,10 @@ from .trust_support import SecuredGroup, request_as, run
 NAME = "app-1"
 
 
-async def raw(broker: BrokerProcess, header: dict[str, Any]) -> Reply:
+async def raw(broker: BrokerProcess, header: dict[str, Any], body: bytes = b"") -> Reply:
     conn = await BrokerConnection.open(*broker.address, timeout=5)
     try:
-        return await conn.request(header, timeout=10)
+        return await conn.request(header, body, timeout=10)
     finally:
         conn.close()
 
@@ -111,6 +113,13 @@ def test_a_new_instance_fences_the_old_one_and_its_open_transaction_is_never_see
             refused = await raw(a, {"op": "transaction", "action": "end", "xid": f"TX:{pid}.{epoch - 1}:1",
                                     "producer_id": pid, "producer_epoch": epoch - 1})
             assert refused.code == c.FORBIDDEN and "fenced" in refused.message, refused.header
+            # A zombie's put gets one verdict (the partition's table and the name's fence decide
+            # together): fenced, naming the transactional id and the newest epoch.
+            zombie_put = PutRequest(topic=TOPIC, partition=PARTITIONS - 1, producer_id=pid, producer_epoch=epoch - 1,
+                                    sequence=1000, txid=f"TX:{pid}.{epoch - 1}:1").to_header()
+            refused = await raw(a, zombie_put, encode_record(b"zombie-put"))
+            assert refused.code == c.FORBIDDEN and refused.get("current_epoch") == epoch, refused.header
+            assert refused.message.startswith(f"fenced: a newer instance of transactional id {NAME} exists"), refused.header
 
             await new.begin_transaction()
             await new.send_message(Message(TOPIC, b"new-2"))

@@ -187,3 +187,23 @@ def test_metaq_zk_serves_tls_only_and_tools_reach_it_through_the_environment(cer
         plaintext = cluster_tool(2)  # it can only time out: the cause is found after
         assert plaintext.returncode != 0
         assert "speaks ZooKeeper TLS only" in plaintext.stderr and plaintext.stderr.count("\n") == 1, plaintext.stderr
+
+
+def test_spark_options_reach_a_tls_only_zookeeper(pair, tls_zk, certs, monkeypatch):
+    # The Spark source plans (on the driver) and the sink writes (on executors) through
+    # ZooKeeper: the zkTls* options carry the same settings as the brokers' zk.zkTls* keys.
+    from metaq.spark.options import SourceOptions
+    from metaq.spark.planning import discover
+    from metaq.spark.sink import client_config as sink_client_config
+    from metaq.spark.sink_options import SinkOptions
+
+    monkeypatch.delenv("METAQ_ZK_TLS_CA", raising=False)
+    tls_options = {"zkConnect": tls_zk.connect_string, "zkRoot": ROOT, "topic": TOPIC, "zkTlsCaFile": certs.ca_file,
+                   "zkTlsCertFile": certs.client_cert, "zkTlsKeyFile": certs.client_key}
+    partitions = discover(SourceOptions.parse({**tls_options, "readFrom": "master", "timeoutMs": "5000"}))
+    assert [p.partition for p in partitions] == [0]
+    assert sink_client_config(SinkOptions.parse(tls_options)).zk_tls == client_tls(certs)
+    # Spark lower-cases option keys; without the options the plaintext attempt is named.
+    lowered = {k.lower(): v for k, v in tls_options.items() if not k.startswith("zkTls")}
+    with pytest.raises(Exception, match="ZooKeeper TLS"):
+        discover(SourceOptions.parse({**lowered, "timeoutMs": "1500"}))

@@ -60,3 +60,27 @@ def test_what_spark_pickles_holds_the_password_path_not_the_password(tmp_path):
     opts.login.credentials()  # reading the password must not leave it in the objects Spark ships
     for shipped in (pickle.dumps(opts), pickle.dumps(part)):
         assert str(password_file).encode() in shipped and b"s3cret-password" not in shipped
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"zkTlsCertFile": "/c.pem", "zkTlsKeyFile": "/k.pem"}, "need option zkTlsCaFile"),
+        ({"zkTlsCaFile": "/ca.pem", "zkTlsCertFile": "/c.pem"}, "zkTlsCertFile and zkTlsKeyFile go together"),
+        ({"zkTlsCaFile": "/ca.pem", "zkTlsVerifyHostname": "maybe"}, "zkTlsVerifyHostname must be true or false"),
+    ],
+)
+def test_zookeeper_tls_options_are_checked_on_the_driver(options, message):
+    with pytest.raises(OptionError, match=message):
+        SourceOptions.parse({**BASE, **options})
+
+
+def test_zookeeper_tls_files_are_checked_where_the_client_starts(tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("x")
+    login = SourceOptions.parse({**BASE, "zktlscafile": str(ca), "zkTlsVerifyHostname": "false"}).login
+    tls = login.zk_tls()
+    assert tls is not None and tls.ca_file == str(ca) and tls.verify_hostname is False
+    assert SparkLogin().zk_tls() is None  # the METAQ_ZK_TLS_* environment decides
+    with pytest.raises(OptionError, match="options zkTls\\*: .*does not exist"):
+        SparkLogin(zk_tls_ca=str(tmp_path / "missing.pem")).zk_tls()

@@ -5,21 +5,32 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from chaos.transactions import read_committed
 from metaq.client import Message, MetaClientConfig
 from metaq.client.message import Partition
 from metaq.client.selector import KeyHashPartitionSelector
 from metaq.client.session import AsyncMessageSessionFactory
+from metaq.client.connection import BrokerConnection
 from metaq.client.xa import Xid
+from metaq.record import encode_record
 from metaq.tools.launcher import BrokerFactory
+from tests.spark.conftest import REPO
 from tests.spark.support import committed, produce
 
 pytestmark = pytest.mark.spark
-TOPICS = {"keyed": 2, "failed": 2, "stream-in": 1, "stream-out": 2, "plain-a": 1, "plain-b": 1}
+TOPICS = {"keyed": 2, "failed": 2, "stream-in": 1, "stream-out": 2, "plain-a": 1, "plain-b": 1,
+          "late-abort": 1, "late-commit": 1, "late-stream": 1, "late-killed": 1, "driver-in": 1, "driver-out": 2}
 SYSTEM = {"unflushThreshold": 0}
 
 
@@ -123,15 +134,16 @@ def test_a_batch_write_failing_halfway_leaves_nothing_visible(spark, cluster):
     assert _in_doubt(zk_connect, root) == []
 
 
-def _prepared_branch(zk_connect, root, xid: Xid, text: str) -> None:
+def _prepared_branch(zk_connect, root, xid: Xid, text: str, topic: str = "stream-out", timeout_s: int = 0) -> None:
     """A branch a task of an earlier run left prepared (its driver died before committing it)."""
 
     async def run() -> None:
         async with AsyncMessageSessionFactory(MetaClientConfig(zk_connect=zk_connect, zk_root=root)) as factory:
             producer = factory.create_xa_producer(0)
             resource = producer.xa_resource()
+            resource.set_transaction_timeout(timeout_s)
             await resource.start(xid)
-            await producer.send_message(Message("stream-out", text.encode()))
+            await producer.send_message(Message(topic, text.encode()))
             await resource.end(xid)
             assert await resource.prepare(xid) == resource.XA_OK
 
@@ -180,4 +192,206 @@ def test_a_micro_batch_rerun_after_a_driver_crash_is_not_written_twice(spark, cl
     again = [v for _, _, v in _read(spark, zk_connect, root, "stream-out")]
     # ...that never show: every input row once, the decided leftover committed, the other rolled back.
     assert sorted(again) == sorted([v for _, _, v in first] + [b"decided-but-not-committed"])
+    assert _in_doubt(zk_connect, root) == []
+
+
+# --- attempts that outlive the driver's decision -------------------------------------------------
+# Spark calls the driver's commit or abort without waiting for the attempts it is still killing
+# (the failed job's other tasks, a speculative loser): they can prepare after the driver's
+# recover sweep. These tests drive the sink's halves directly, as Spark calls them, so that the
+# late prepare deterministically comes after the driver's decision.
+
+
+def _visible(masters, topic) -> list[bytes]:
+    """What a read-committed consumer gets from the topic now, every partition of both groups."""
+
+    async def run() -> list[bytes]:
+        return [m for master in masters for n in range(TOPICS[topic]) for m in await read_committed(master.address, topic, n)]
+
+    return sorted(asyncio.run(run()))
+
+
+class _LateAttempt:
+    """A task attempt that has sent its rows and reaches its prepare only when released."""
+
+    def __init__(self, options, xid: Xid, partition_id: int, rows: list[bytes]) -> None:
+        import pyarrow as pa
+        from metaq.spark.sink import write_task
+
+        self.sent, self.release = threading.Event(), threading.Event()
+        self.branches: tuple | None = None
+
+        def batches():
+            yield pa.record_batch({"value": rows})
+            self.sent.set()  # the writer asks for more: the rows of full chunks went out
+            assert self.release.wait(60)
+
+        def run() -> None:
+            self.branches, _ = asyncio.run(write_task(options, batches(), xid, partition_id))
+
+        self.thread = threading.Thread(target=run)
+        self.thread.start()
+        assert self.sent.wait(60)
+
+    def finish(self) -> tuple:
+        self.release.set()
+        self.thread.join(60)
+        assert not self.thread.is_alive()
+        return self.branches
+
+
+@pytest.mark.parametrize("decision", ["batch-abort", "batch-commit", "stream-commit"])
+def test_an_attempt_that_prepares_after_the_driver_decided_rolls_itself_back(cluster, tmp_path, decision):
+    zk_connect, root, masters = cluster
+    from metaq.spark.sink import STREAM_FORMAT_ID, MetaQBatchWriter, MetaQStreamWriter, SinkCommit, task_xid, write_task, xid_scope
+    from metaq.spark.sink_options import SinkOptions
+    import pyarrow as pa
+
+    topic = {"batch-abort": "late-abort", "batch-commit": "late-commit", "stream-commit": "late-stream"}[decision]
+    options = SinkOptions.parse({"zkConnect": zk_connect, "zkRoot": root, "topic": topic, "batchBytes": "64",
+                                 "checkpointLocation": str(tmp_path)})
+    query = uuid.uuid4()
+    if decision == "stream-commit":
+        writer = MetaQStreamWriter(options)
+        scope = xid_scope(STREAM_FORMAT_ID, query, 0)
+    else:
+        writer = MetaQBatchWriter(options)
+        scope = writer.scope
+    won = [f"won-{n}".encode() for n in range(40)]
+    lost = [f"lost-{n}".encode() for n in range(40)]
+    # Partition 0's winning attempt, reported; its twin (a speculative loser, or with abort a task
+    # Spark is still killing) has sent its rows and prepares only after the driver's decision.
+    late = _LateAttempt(options, task_xid(scope, 0), 0, lost)
+    if decision == "batch-abort":
+        writer.abort([None])
+    else:
+        branches, rows = asyncio.run(write_task(options, [pa.record_batch({"value": won})], task_xid(scope, 0), 0))
+        assert branches  # prepared on the groups it wrote to
+        if decision == "stream-commit":
+            writer.commit([SinkCommit(branches, rows, str(query))], 0)
+        else:
+            writer.commit([SinkCommit(branches, rows)])
+    assert late.finish() == ()  # it found its write decided and reported nothing
+
+    assert _visible(masters, topic) == ([] if decision == "batch-abort" else sorted(won))
+    assert _log_bytes(masters, topic) > 0  # the late attempt's rows did reach the logs...
+    assert _in_doubt(zk_connect, root) == []  # ...and it left nothing in doubt
+
+
+def test_a_branch_left_in_a_closed_write_is_rolled_back_by_the_next_sink_decision(cluster):
+    """An attempt killed between its prepare and its check leaves its branch prepared in a
+    closed write: the next decision of any sink write against the cluster rolls it back."""
+    zk_connect, root, masters = cluster
+    from metaq.spark.sink import MetaQBatchWriter, task_xid
+    from metaq.spark.sink_options import SinkOptions
+
+    options = SinkOptions.parse({"zkConnect": zk_connect, "zkRoot": root, "topic": "late-killed"})
+    aborted = MetaQBatchWriter(options)
+    aborted.abort([None])
+    killed = task_xid(aborted.scope, 3)
+    _prepared_branch(zk_connect, root, killed, "killed-after-prepare", topic="late-killed")
+    assert _in_doubt(zk_connect, root) == [killed]
+
+    MetaQBatchWriter(options).abort([None])  # another write's decision sweeps closed writes too
+    assert _in_doubt(zk_connect, root) == []
+    assert _visible(masters, "late-killed") == []
+
+
+def test_a_branch_the_broker_rolled_back_on_its_timeout_is_forgotten_by_the_sweep(cluster):
+    """recover lists a heuristically rolled-back branch until its transaction manager forgets it."""
+    zk_connect, root, _ = cluster
+    from metaq.spark.sink import MetaQBatchWriter, task_xid
+    from metaq.spark.sink_options import SinkOptions
+
+    writer = MetaQBatchWriter(SinkOptions.parse({"zkConnect": zk_connect, "zkRoot": root, "topic": "late-killed"}))
+    expired = task_xid(writer.scope, 0)
+    _prepared_branch(zk_connect, root, expired, "timed-out", topic="late-killed", timeout_s=1)
+    time.sleep(1.5)  # past the branch's deadline (1 s after its prepare): it binds from then on
+    assert _in_doubt(zk_connect, root) == [expired]  # heuristically rolled back, still listed
+    writer.abort([None])
+    assert _in_doubt(zk_connect, root) == []
+
+
+# --- kill -9 of the driver --------------------------------------------------------------------
+
+
+def _produce_keyed(master, topic: str, count: int, keys: int) -> None:
+    """Payloads ``k{n % keys}:{n}``, n = 0..count-1, in that order into partition 0 of ``master``."""
+
+    async def run() -> None:
+        conn = await BrokerConnection.open(master.host, master.port)
+        try:
+            for first in range(0, count, 100):
+                records = [encode_record(f"k{n % keys}:{n}".encode()) for n in range(first, min(first + 100, count))]
+                reply = await conn.request({"op": "put", "topic": topic, "partition": 0, "count": len(records)}, b"".join(records))
+                assert reply.ok, reply.header
+        finally:
+            conn.close()
+
+    asyncio.run(run())
+
+
+def _entries(directory: Path) -> set[int]:
+    """Batch ids with an entry in a checkpoint directory (``commits``, ``metaq-sink``)."""
+    return {int(p.name) for p in directory.iterdir() if p.name.isdigit()} if directory.is_dir() else set()
+
+
+def _stream_job(zk_connect: str, root: str, checkpoint: Path, log: Path) -> subprocess.Popen:
+    """The driver (tests/spark/stream_job.py) in its own OS process and session: its JVM is its child."""
+    command = [sys.executable, "-m", "tests.spark.stream_job", "--zk", zk_connect, "--zk-root", root,
+               "--source", "driver-in", "--sink", "driver-out", "--checkpoint", str(checkpoint), "--max-messages", "100"]
+    with open(log, "ab") as out:
+        return subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@pytest.mark.timeout(300)
+def test_kill_9_of_the_driver_during_a_commit_and_a_restart_write_each_row_once(cluster, tmp_path):
+    zk_connect, root, masters = cluster
+    rows, keys = 1000, 7
+    _produce_keyed(masters[0], "driver-in", rows, keys)
+    checkpoint, log = tmp_path / "checkpoint", tmp_path / "driver.log"
+    decisions, commits = checkpoint / "metaq-sink", checkpoint / "commits"
+
+    driver = _stream_job(zk_connect, root, checkpoint, log)
+    try:
+        # Kill the whole driver (Python and its JVM: one process group) inside a micro-batch's
+        # commit: the sink has written its decision for batch N, Spark's commit log has no N yet.
+        deadline = time.monotonic() + 180
+        while not (in_commit := {n for n in _entries(decisions) - _entries(commits) if n >= 1}):
+            assert driver.poll() is None, f"the driver ended before it could be killed: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "no commit of a batch after the first seen within 180 s"
+            time.sleep(0.002)
+        os.killpg(driver.pid, signal.SIGKILL)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(30)
+    killed_in = min(in_commit)
+    visible_at_kill = len(_visible(masters, "driver-out"))
+    assert 0 < visible_at_kill < rows  # mid-stream: some batches through, not all
+
+    restarted = _stream_job(zk_connect, root, checkpoint, log)
+    try:
+        assert restarted.wait(180) == 0, log.read_text()[-3000:]
+    finally:
+        if restarted.poll() is None:
+            os.killpg(restarted.pid, signal.SIGKILL)
+            restarted.wait(30)
+    assert killed_in in _entries(commits)  # Spark re-ran the batch it was committing, and committed it
+
+    # Every input row exactly once; a key's rows all in one partition, in input order.
+    seen: dict[int, int] = {}
+    partition_of: dict[str, tuple[int, int]] = {}
+    last: dict[str, int] = {}
+    for group, master in enumerate(masters):
+        for n in range(TOPICS["driver-out"]):
+            for value in asyncio.run(read_committed(master.address, "driver-out", n)):
+                key, number = value.decode().split(":")
+                seen[int(number)] = seen.get(int(number), 0) + 1
+                assert partition_of.setdefault(key, (group, n)) == (group, n), f"{key} in two partitions"
+                assert int(number) > last.get(key, -1), f"{key}: {number} after {last[key]} in partition {group}-{n}"
+                last[key] = int(number)
+    duplicates = sorted(n for n, times in seen.items() if times > 1)
+    lost = sorted(set(range(rows)) - set(seen))
+    assert (duplicates, lost) == ([], [])
     assert _in_doubt(zk_connect, root) == []

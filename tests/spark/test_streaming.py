@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import threading
 import time
 
@@ -137,12 +139,24 @@ def test_rate_limits_cut_available_now_into_steps(spark, zk, zk_root, broker_fac
                  .trigger(availableNow=True).start())
         query.awaitTermination(180)
         assert query.exception() is None, query.exception()
+        progress.extend(p for p in query.recentProgress if p["numInputRows"])
         everything = sorted(row for batch in batches for row in batch)
         assert everything == sorted((m.partition, m.offset) for m in produced)  # all of it, once
         return [batch for batch in batches if batch]
 
+    progress: list[dict] = []
     # Both partitions are equally behind: each gets half of the limit per batch.
     assert [len(b) for b in run("messages", maxMessagesPerTrigger="200")] == [200, 200, 200]
+    # Each progress shows the lag per partition: what was readable (latestOffset) past what the
+    # batch read up to (endOffset), 200 and then 100 records behind, none after the last batch.
+    lags = []
+    for p in progress:
+        source = p["sources"][0]
+        latest, end = json.loads(source["latestOffset"]), json.loads(source["endOffset"])
+        lags.append(sorted(latest[name] - end[name] for name in end))
+    by_partition = [sorted((m.offset, m.end) for m in produced if m.partition == p) for p in {m.partition for m in produced}]
+    behind = [sorted(records[-1][1] - records[read][0] for records in by_partition) for read in (100, 200)]
+    assert lags == [*behind, [0, 0]], lags
     # Bytes: each partition's share (9000 B) ends at the first message boundary at or past it.
     size = {(m.partition, m.offset): m.end - m.offset for m in produced}
     by_bytes = run("bytes", maxBytesPerTrigger="18000")

@@ -12,8 +12,10 @@ from metaq import record
 from metaq.client.connection import Reply
 from metaq.ha.replica import REPORT_PIECE_BYTES, PartitionReplica, ReplicaDiverged
 from metaq.protocol import commands as c
+from metaq.config import TopicConfig
+from metaq.server.partitions import Partition, Partitions
 from metaq.store.flush import LogFlusher
-from metaq.store.log import PartitionLog
+from metaq.store.manager import MessageStoreManager
 
 
 class NoFlush:
@@ -24,9 +26,14 @@ class NoFlush:
         self.calls.append((end, count))
 
 
+def partition_owner(tmp_path: Path) -> Partition:
+    """The slave's partition: its log appended through its one owner, as the follower wires it."""
+    config = TopicConfig(name="t", data_path=str(tmp_path), num_partitions=1, max_segment_size=64 << 20)
+    return Partitions(MessageStoreManager({"t": config}, max_message_size=1 << 20)).get("t", 0)
+
+
 def make_replica(tmp_path: Path) -> PartitionReplica:
-    log = PartitionLog(tmp_path / "t-0", max_segment_size=64 << 20)
-    return PartitionReplica("t", 0, log, NoFlush(), lambda: {"slave_id": 1, "epoch": 0}, lambda *_: None, 100)  # type: ignore[arg-type]
+    return PartitionReplica("t", 0, partition_owner(tmp_path), NoFlush(), lambda: {"slave_id": 1, "epoch": 0}, lambda *_: None, 100)  # type: ignore[arg-type]
 
 
 def records(count: int, size: int = 100) -> bytearray:
@@ -120,8 +127,9 @@ def test_a_group_commit_slave_of_a_sync_master_reports_only_fsynced_positions(tm
     """durable_positions: a fetch (whose offset is the slave's reported position) waits for
     the fsync of the previous reply, and no position inside a reply is reported before its
     fsync; a sync master's ack then survives a power loss of this slave (docs/guarantees.md P3)."""
-    log = PartitionLog(tmp_path / "t-0", max_segment_size=64 << 20)
-    replica = PartitionReplica("t", 0, log, LogFlusher(log, 0, 1000), lambda: {"slave_id": 1, "epoch": 0}, lambda *_: None, 100)
+    owner = partition_owner(tmp_path)
+    log = owner.log
+    replica = PartitionReplica("t", 0, owner, LogFlusher(log, 0, 1000), lambda: {"slave_id": 1, "epoch": 0}, lambda *_: None, 100)
     replica.report_positions = replica.durable_positions = True
     body = records(10_000)  # several pieces: a page-cache slave would report inside it
     master = RecordingMaster(replica, body)

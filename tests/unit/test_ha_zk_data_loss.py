@@ -23,9 +23,11 @@ MY_URL, MASTER = "meta://127.0.0.1:9001", "meta://127.0.0.1:9002"
 def member_with_history(tmp_path: Path, newest_epoch: int) -> HaCoordinator:
     config = SimpleNamespace(broker_id=0, zk=SimpleNamespace(root="/meta"))
     store = SimpleNamespace(logs=lambda: {("t", 0): object()})
-    host = SimpleNamespace(config=config, store=store, registry=SimpleNamespace(client=object(), url=MY_URL))
+    history = SimpleNamespace(epochs=EpochCache(tmp_path, [(1, 0), (newest_epoch, 500)]))  # the partition's owner
+    partitions = SimpleNamespace(get=lambda topic, partition: history)
+    host = SimpleNamespace(config=config, store=store, partitions=partitions,
+                           registry=SimpleNamespace(client=object(), url=MY_URL))
     coordinator = HaCoordinator(host, None, ReplicationProgress())  # type: ignore[arg-type]
-    coordinator._caches[("t", 0)] = EpochCache(tmp_path, [(1, 0), (newest_epoch, 500)])
     return coordinator
 
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from metaq.config import TopicConfig
 from metaq.record import buffer_reader, encode_batch, record_ends
-from metaq.server.txn_state import TxnStates
+from metaq.server.partitions import Partitions
 from metaq.store.manager import MessageStoreManager
 from metaq.txn.batch_spans import BatchSpans
 from metaq.txn.control import frame_batch
@@ -152,13 +152,12 @@ def test_the_registry_answers_for_a_real_partition_and_forgets_committed_batches
     config = TopicConfig(name="t", data_path=str(tmp_path), num_partitions=1, max_segment_size=300)
     manager = MessageStoreManager({"t": config}, max_message_size=1024)
     try:
-        states = TxnStates(manager)
-        log_ = manager.get_log("t", 0)
+        states = Partitions(manager)
         data, spans = build_log()
-        log_.append(data)  # as a slave appends (in segments of 300 bytes)
+        states.get("t", 0).append_as_follower(data)  # as a slave appends (in segments of 300 bytes)
         ends = record_ends(data)
         assert [states.batch_boundary("t", 0, o, 0) for o in ends] == [expected(spans, o) for o in ends]
-        state = states.partition("t", 0)
+        state = states.state("t", 0)
         states.batch_boundary("t", 0, len(data), spans[1][1])
         assert len(state.batches) == 1  # the two batches below committed are gone
     finally:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -54,21 +55,38 @@ class FakeHa:
         return self.refusing
 
 
+class FakePartition:
+    """A partition's append path over the test's log (which the test may also append to directly)."""
+
+    def __init__(self, store: "Store", topic: str) -> None:
+        self.store, self.topic = store, topic
+
+    def append_as_leader(self, data: bytes | bytearray, header: object = None) -> int:
+        return self.store.get_log(self.topic, 0).append(data)
+
+
 class States:
-    """The registry's API over real logs: ``partition`` catches the state up to the log end."""
+    """The registry's API over real logs: ``state`` catches the state up to the log end (the
+    tests append to the logs directly too, as a put would)."""
 
     def __init__(self, store: "Store") -> None:
         self.store = store
         self.states: dict[tuple[str, int], PartitionTxnState] = {}
 
-    def partition(self, topic: str, partition: int) -> PartitionTxnState:
+    def serves(self, topic: str, partition: int) -> bool:
+        return (topic, partition) in self.store.logs
+
+    def get(self, topic: str, partition: int) -> FakePartition:
+        return FakePartition(self.store, topic)
+
+    def state(self, topic: str, partition: int) -> PartitionTxnState:
         log = self.store.get_log(topic, partition)
         state = self.states.setdefault((topic, partition), PartitionTxnState())
         state.catch_up(log.read, log.log_end)
         return state
 
     def all(self) -> dict[tuple[str, int], PartitionTxnState]:
-        return {key: self.partition(*key) for key in self.store.logs}
+        return {key: self.state(*key) for key in self.store.logs}
 
 
 class Store:
@@ -95,7 +113,7 @@ class FakeBroker:
                                               "principal_tags": tags})()
         self.authz = Authz(self.security)
         self.store = Store(self.base)
-        self.txn_states = States(self.store)
+        self.partitions = States(self.store)
         self.ha = FakeHa()
         self.ids = MsgIdGenerator(1)
         self.transactional_ids = None  # no init_producer here: the service fences only from the logs
@@ -125,6 +143,22 @@ class FakeBroker:
         return [r.data for r in committed_records(buf, 0, spans).records]
 
 
+async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Poll: the journal's fsync runs in a worker thread, so markers land a moment after the step."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.002)
+
+
+async def journaled(service: TransactionService) -> None:
+    """Markers nobody waits on (timeouts, reconcile) are appended once their decisions are fsynced
+    in a worker thread: wait for that fsync, then let the appending task run."""
+    await service._journal_durable()
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
 def request(action: str, xid: str = "", **fields: Any) -> TransactionRequest:
     return TransactionRequest(action=action, xid=xid, opaque=1, **fields)
 
@@ -138,6 +172,7 @@ def make(tmp_path: Path, clock: list[int], **kwargs: Any) -> tuple[FakeBroker, T
     broker = FakeBroker(tmp_path, **kwargs)
     service = TransactionService(broker, clock_ms=lambda: clock[0])
     service.open()
+    service.on_leading(broker.ha.epoch)  # as the broker's start without ZooKeeper does
     return broker, service
 
 
@@ -227,7 +262,7 @@ async def test_the_reply_waits_until_the_markers_are_durable_and_a_retry_waits_t
     broker, service = make(tmp_path, clock, hold_acks=True)
     commit = await commit_in_flight(broker, service, "TX:7:1")
     retry = asyncio.ensure_future(call(service, "commit_one_phase", "TX:7:1"))
-    await asyncio.sleep(0.01)
+    await until(lambda: len(broker.waits) >= 2)
     assert not commit.done() and not retry.done()  # the COMMIT marker is appended, not yet safe
     for wait in broker.waits:
         wait.set_result(None)
@@ -242,13 +277,13 @@ async def test_a_marker_that_fails_to_replicate_fails_the_reply_and_the_retry_wa
     await call(service, "end", "TX:7:1")
     service.coordinator.branches["TX:7:1"].partitions.append(("orders", 0))  # as if it had written there
     commit = asyncio.ensure_future(call(service, "commit_one_phase", "TX:7:1"))
-    await asyncio.sleep(0.01)
+    await until(lambda: len(broker.waits) >= 1)
     broker.waits[0].set_exception(c.RequestError(c.GATEWAY_TIMEOUT, "sync slaves did not confirm in time"))
     with pytest.raises(c.RequestError) as failed:
         await commit
     assert failed.value.code == c.GATEWAY_TIMEOUT
     retry = asyncio.ensure_future(call(service, "commit_one_phase", "TX:7:1"))
-    await asyncio.sleep(0.01)
+    await until(lambda: len(broker.waits) >= 2)
     assert not retry.done() and len(broker.waits) == 2
     broker.waits[1].set_result(None)
     assert (await retry)["xa_code"] == Code.XA_OK
@@ -261,7 +296,7 @@ async def test_a_timeout_rolls_the_branch_back_with_abort_markers(tmp_path: Path
     broker.store.get_log("orders", 0).append(encode_record(b"plain"))
     clock[0] += 2_001
     service.tick()
-    await asyncio.sleep(0)
+    await journaled(service)
     assert broker.visible("orders") == [b"plain"]
     assert (await call(service, "end", "TX:7:1"))["xa_code"] == Code.XA_RBROLLBACK
 
@@ -277,7 +312,9 @@ async def test_a_new_master_learns_a_prepared_branch_from_the_log_and_commits_it
     successor = TransactionService(broker, clock_ms=lambda: clock[0])
     successor.open()
     broker.ha.epoch = 2
-    assert successor.refusal() is None  # reconciles on first use in the new epoch
+    assert successor.refusal() is not None  # not leading yet: refusal() only reads, it reconciles nothing
+    successor.on_leading(2)  # the coordinator's _lead: reconciled at once (this master may write)
+    assert successor.refusal() is None
     assert (await call(successor, "recover"))["xids"] == ["XID:1:01:02"]
     await asyncio.sleep(0)
     assert broker.visible("orders") == [] and broker.visible("payments") == []
@@ -296,6 +333,7 @@ async def test_a_restart_keeps_a_prepared_branch(tmp_path: Path, clock: list[int
     restarted = FakeBroker(tmp_path)  # the same directories: logs and journal reopened
     again = TransactionService(restarted, clock_ms=lambda: clock[0])
     again.open()
+    again.on_leading(restarted.ha.epoch)
     assert (await call(again, "recover"))["xids"] == ["XID:1:aa:bb"]
     assert (await call(again, "rollback", "XID:1:aa:bb"))["xa_code"] == Code.XA_OK
     assert restarted.visible("orders") == []
@@ -348,6 +386,7 @@ async def test_the_starter_survives_a_restart_and_a_take_over_and_an_unknown_one
     restarted = FakeBroker(tmp_path, authorizer=authorizer)  # the journal and the logs reopened
     again = TransactionService(restarted, clock_ms=lambda: clock[0])
     again.open()
+    again.on_leading(restarted.ha.epoch)
     assert (await call(again, "recover", principal=other))["xids"] == []
     with pytest.raises(c.RequestError, match="may not decide transaction XID:1:01:01") as refused:
         await call(again, "rollback", "XID:1:01:01", other)
@@ -360,6 +399,7 @@ async def test_the_starter_survives_a_restart_and_a_take_over_and_an_unknown_one
     successor = TransactionService(restarted, clock_ms=lambda: clock[0])
     successor.open()
     restarted.ha.epoch = 2
+    successor.on_leading(2)
     assert (await call(successor, "recover", principal=other))["xids"] == []
     assert (await call(successor, "recover", principal=app))["xids"] == ["XID:1:01:02"]
     with pytest.raises(c.RequestError, match="may not decide transaction XID:1:01:02"):
@@ -503,6 +543,7 @@ async def test_a_new_master_fences_from_the_batch_records_in_its_logs(tmp_path: 
         control.frame_batch(body, 1, producer_id=7, producer_epoch=3, first_seq=0, timestamp_ms=1, txid="TX:7:9"))
     promoted = TransactionService(broker, clock_ms=lambda: clock[0])  # a slave taking over: the log is all it knows
     promoted.open()
+    promoted.on_leading(1)
     assert promoted.refusal() is None
     with pytest.raises(c.RequestError, match="epoch 2, current epoch 3"):
         promoted.check_fenced(7, 2)
@@ -570,7 +611,7 @@ async def test_the_tick_appends_a_marker_an_earlier_failure_left_pending(tmp_pat
     with pytest.raises(c.RequestError, match="TX:7:1 is being decided"):
         service.enlist("TX:7:1", "orders", 0)
     service.tick()
-    await asyncio.sleep(0)
+    await journaled(service)
     assert broker.visible("orders") == [b"one"]
     service.tick()  # nothing left to write
     assert markers_in(broker, "orders", control.Kind.COMMIT) == 1
@@ -608,11 +649,11 @@ async def test_a_tick_whose_first_timed_out_branch_fails_to_append_still_aborts_
     fail_appends(broker, "orders")
     clock[0] += 2_001
     service.tick()
-    await asyncio.sleep(0)
+    await journaled(service)
     assert broker.visible("payments") == [b"plain two"]  # the second branch's ABORT is written
     assert broker.visible("orders") == []  # the first's is owed: its open records still hold the LSO
     service.tick()
-    await asyncio.sleep(0)
+    await journaled(service)
     assert broker.visible("orders") == [b"plain one"]
     assert markers_in(broker, "orders", control.Kind.ABORT) == 1
 
@@ -621,11 +662,13 @@ async def test_a_tick_whose_first_timed_out_branch_fails_to_append_still_aborts_
 async def test_a_new_epoch_forgets_the_marker_ends_of_the_previous_mastership(tmp_path: Path, clock: list[int]) -> None:
     broker, service = make(tmp_path, clock, hold_acks=True)
     commit = await commit_in_flight(broker, service, "TX:7:1")
-    await asyncio.sleep(0.01)
+    await until(lambda: "TX:7:1" in service._unsettled)
     assert "TX:7:1" in service._unsettled  # its marker's end: it may be truncated away as a slave
     commit.cancel()
-    broker.ha.epoch = 2  # slave, then master again in a new epoch
+    service.on_resigned()  # slave, then master again in a new epoch
+    broker.ha.epoch = 2
     broker.hold_acks = False
+    service.on_leading(2)
     assert service.refusal() is None
     assert service._unsettled == {} and service._background == set()
     assert (await call(service, "commit_one_phase", "TX:7:1"))["xa_code"] == Code.XA_OK  # no wait on the old end
@@ -634,10 +677,58 @@ async def test_a_new_epoch_forgets_the_marker_ends_of_the_previous_mastership(tm
 @in_loop
 async def test_a_new_epoch_drops_queued_markers_and_the_logs_decide(tmp_path: Path, clock: list[int]) -> None:
     broker, service = await commit_that_fails_to_append(tmp_path, clock)  # never answered XA_OK: outcome unknown
+    service.on_resigned()
     broker.ha.epoch = 2
+    service.on_leading(2)
     assert service.refusal() is None
-    await asyncio.sleep(0)
+    await journaled(service)
     assert service._pending == {}
     assert broker.visible("orders") == []  # no COMMIT landed: rolled back, as on any other new master
     assert markers_in(broker, "orders", control.Kind.COMMIT) == 0 and markers_in(broker, "orders", control.Kind.ABORT) == 1
     assert (await call(service, "commit_one_phase", "TX:7:1"))["xa_code"] != Code.XA_OK
+
+
+@in_loop
+async def test_refusal_is_a_pure_read_and_the_reconcile_waits_for_a_writable_master(tmp_path: Path, clock: list[int]) -> None:
+    """on_leading while writes are still refused (a sync master before its set is published):
+    refusal() answers 503 without reconciling, however often asked; the tick reconciles once
+    writable; on_resigned refuses again."""
+    broker, service = make(tmp_path, clock)
+    await opened(broker, service, "TX:7:1", b"old master's")  # unprepared: a new epoch rolls it back
+    service.on_resigned()
+    broker.ha.epoch = 2
+    broker.ha.refusing = (c.SERVICE_UNAVAILABLE, "sync set not yet published")
+    service.on_leading(2)
+    for _ in range(3):
+        assert service.refusal() == broker.ha.refusing
+    broker.ha.refusing = None
+    for _ in range(3):
+        assert service.refusal() is not None and service.reconciled_epoch == 1  # asking reconciles nothing
+    service.tick()
+    assert service.reconciled_epoch == 2 and service.refusal() is None
+    await journaled(service)
+    assert markers_in(broker, "orders", control.Kind.ABORT) == 1
+    service.on_resigned()
+    assert service.refusal() is not None
+
+
+@in_loop
+async def test_a_decision_is_fsynced_off_the_event_loop_before_its_markers_and_answer(tmp_path: Path, clock: list[int]) -> None:
+    """flushTxLogAtCommit=1: the commit's journal fsync runs in a worker thread, and no COMMIT
+    marker is in the log before it returns."""
+    broker, service = make(tmp_path, clock)
+    loop_thread = threading.get_ident()
+    fsyncs: list[tuple[int, int]] = []  # (thread, COMMIT markers in the log at the fsync)
+    assert service.journal is not None
+    real_fsync = service.journal._fsync
+
+    def recording_fsync(fd: int) -> None:
+        fsyncs.append((threading.get_ident(), markers_in(broker, "orders", control.Kind.COMMIT)))
+        real_fsync(fd)
+
+    service.journal._fsync = recording_fsync
+    await opened(broker, service, "TX:7:1", b"one")
+    await call(service, "end", "TX:7:1")
+    assert (await call(service, "commit_one_phase", "TX:7:1"))["xa_code"] == Code.XA_OK
+    assert fsyncs and all(thread != loop_thread for thread, _ in fsyncs)
+    assert fsyncs[-1][1] == 0 and markers_in(broker, "orders", control.Kind.COMMIT) == 1

@@ -1,0 +1,343 @@
+"""Every partition this broker serves (master or slave), each with one owner: ``Partition``.
+
+A ``Partition`` holds a log (metaq/store/log.py), its epoch history (metaq/ha/epochs.py),
+and the transaction state derived from its bytes (``PartitionTxnState``, metaq/txn/rebuild.py:
+the producer dedup table, the transaction index, the batch spans and ``position``). It is
+the only writer of all four (Kafka's ``UnifiedLog``), through one path per change:
+
+* ``append_as_leader(data, header)``: a master's put (plain or an idempotent batch, its
+  BATCH ``header`` planned by ``txn/put.py : plan_put``) and a transaction marker;
+* ``append_as_follower(data)``: a slave's replica append (``ha/replica.py``);
+* ``truncate_to(offset)`` / ``restart_at(offset)``: HA truncation, the cut of an incomplete
+  batch at start and at promotion (``cut_incomplete_tail``), a slave restarting an empty
+  log at its master's log start; each fixes the epoch history and the state itself;
+* ``Partitions.drop(keys)``: a topic deleted or re-created.
+
+Invariants (kept here, because nothing else writes these objects):
+
+* the state follows the log end: after every append and truncation ``state.position ==
+  log.log_end`` (an append that failed after writing part of its bytes is caught up by the
+  next append), and the state is a pure function of the log bytes below ``position`` (but
+  for the idle producers forgotten, judged by the newest batch timestamp in those bytes,
+  never the wall clock, so every replica forgets the same ones once it has read as far).
+  Master and slaves hold byte-identical logs, so they derive the same state, and a promoted
+  slave knows every batch its master acked;
+* a put or fetch never loads a snapshot nor walks the log: a state is loaded when its
+  partition is first opened (``open_all`` at start, or when an empty log is created) and
+  rebuilt inside ``truncate_to``; readers take ``state`` as it is;
+* a snapshot never describes bytes that are gone: ``truncate_to`` discards it before the
+  cut (a crash between cut and rebuild finds none and walks the log), and a snapshot
+  serialized before a cut is not written after it (``cuts``);
+* no batch is half in a log that is served or appended to (``cut_incomplete_tail``);
+* the epoch history never names an offset past the log end (``truncate_to``).
+
+Snapshots are written on close and every ``SNAPSHOT_INTERVAL_S``; each round first
+forgets the producers idle for ``producerExpiryMs`` (``expire_producers``). A sync
+master's committed offset is moved down to a batch boundary here (``batch_boundary``),
+so readers never get part of a batch that is not acked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+from ..ha.epochs import EpochCache
+from ..record import HEADER
+from ..store.refused import RefusedLog
+from ..txn import rebuild
+from ..txn.control import Control, may_hold_control
+from ..txn.index import TransactionIndex
+from ..txn.producer_state import DEFAULT_EXPIRY_MS, DEFAULT_MAX_BATCHES, ProducerStateTable
+from ..txn.rebuild import PartitionTxnState
+
+log = logging.getLogger(__name__)
+
+#: How often the snapshots of the states that moved are rewritten (bounds the walk at a restart).
+SNAPSHOT_INTERVAL_S = 60.0
+Key = tuple[str, int]
+
+
+class Partition:
+    """One partition's log, epoch history and transaction state, and their only writer."""
+
+    def __init__(self, owner: "Partitions", key: Key, partition_log: Any) -> None:
+        self._owner = owner
+        self.key = key
+        self.log = partition_log  # PartitionLog | RefusedLog
+        self.directory = Path(owner.store.partition_dir(*key))
+        self.state = self._load()
+        self._epochs: EpochCache | None = None
+        self.snapshot_position = -1  # position of the last snapshot written (-1: none)
+        self.cuts = 0  # truncations and drops: a snapshot serialized before one is stale
+
+    @property
+    def name(self) -> str:
+        return f"{self.key[0]}-{self.key[1]}"
+
+    @property
+    def refused(self) -> bool:
+        return isinstance(self.log, RefusedLog)
+
+    @property
+    def epochs(self) -> EpochCache:
+        """The log's epoch history (read from its checkpoint on first use)."""
+        if self._epochs is None:
+            self._epochs = EpochCache.load(self.log.directory)
+        return self._epochs
+
+    def _load(self) -> PartitionTxnState:
+        """The snapshot, then a walk of the log past it (only at open and after a truncation)."""
+        if self.refused:  # no bytes to derive anything from
+            return PartitionTxnState(self._owner.new_table(), TransactionIndex(), self.log.log_end)
+        return rebuild.load_state(self.directory, self.log.read_as_stored, self.log.min_offset, self.log.log_end,
+                                  producers=self._owner.new_table, unreadable_end=self.log.corrupt_end_at)
+
+    # --- appends: the one path of each kind --------------------------------------------------
+
+    def append_as_leader(self, data: bytes | bytearray, header: Control | None = None) -> int:
+        """Append a master's whole records (msg ids stamped); ``header``: the BATCH header
+        ``plan_put`` framed them with. Returns the offset. OSError from the store."""
+        return self._append(data, header)
+
+    def append_as_follower(self, data: bytes | bytearray | memoryview) -> int:
+        """Append whole records fetched from the master, byte for byte (a slave's log is a
+        prefix of its master's: the caller asked for them at exactly this log end)."""
+        return self._append(data, None)
+
+    def _append(self, data: bytes | bytearray | memoryview, header: Control | None) -> int:
+        state = self.state
+        offset = self.log.append(data)
+        end = offset + len(data)
+        if state.position != offset:
+            # An earlier append failed after writing (its bytes are in the log): follow them first.
+            state.catch_up(self.log.read_as_stored, offset, self.log.corrupt_end_at)
+        if header is not None:
+            state.appended(offset, data, header)
+        elif state.position == offset and not may_hold_control(data):
+            _length, crc, msg_id, _flag = HEADER.unpack_from(data, 0)
+            state.passed_plain(offset, end, (msg_id, crc))
+        else:  # a marker, or a replicated BATCH: the state reads its own bytes
+            state.catch_up(self.log.read_as_stored, end, self.log.corrupt_end_at)
+        return offset
+
+    # --- truncation: the one path -------------------------------------------------------------
+
+    def truncate_to(self, offset: int) -> Path | None:
+        """Cut every byte at and after ``offset`` (a record boundary; kept aside in a
+        ``truncated-*`` file, returned; None if nothing is cut); the epoch history and the
+        state follow at once. Every truncation of a served log comes through here or
+        ``restart_at``: nothing else has to notice one."""
+        if offset == self.log.log_end:
+            return None
+        self._discard_snapshot()
+        aside = self.log.truncate_to(offset)
+        self._after_cut(offset)
+        return aside
+
+    def restart_at(self, offset: int) -> Path | None:
+        """Drop the whole log and restart it empty at ``offset`` (a slave whose log cannot
+        continue its master's); the old bytes are kept aside (returned)."""
+        self._discard_snapshot()
+        aside = self.log.truncate_fully_and_start_at(offset)
+        # The epoch history stays: it is the master's, adopted before the first fetch, and
+        # names no offset of the bytes just dropped (the log was empty: nothing to cut).
+        self._after_cut(-1)
+        return aside
+
+    def truncate_corrupt(self) -> tuple[int, int, Path | None] | None:
+        """A replica's repair: cut the log at its first corrupt range (metaq/store/scrub.py,
+        recovery; kept aside like any truncation) so the bytes are fetched again from the
+        master. Returns ``(offset, bytes cut, aside file)``, or None if nothing is known
+        corrupt. Only for a log that follows a master: a master's bytes exist nowhere else."""
+        bad = self.log.first_corrupt_offset()
+        if bad is None:
+            return None
+        removed = self.log.log_end - bad
+        return bad, removed, self.truncate_to(bad)
+
+    def repair_corrupt(self, start: int, data: bytes) -> bool:
+        """A master's repair: a corrupt or missing range put back from a replica
+        (``PartitionLog.repair_corrupt``); the state, which passed the range without reading
+        it (or read it as stored), is then rebuilt from the log now that it is whole."""
+        if not self.log.repair_corrupt(start, data):
+            return False
+        self._discard_snapshot()
+        self.state = self._load()
+        return True
+
+    def cut_incomplete_tail(self, when: str) -> int | None:
+        """Cut a batch whose records are not all in the log (never acked); return the cut offset.
+
+        At start (a torn write) and at promotion (the part of a batch the old master had
+        not finished replicating): a batch is never half-there when the log is appended to.
+        """
+        cut = self.state.incomplete_tail(self.log.log_end)
+        if cut is None or self.log.mark_if_corrupt_record(cut):
+            return None  # a flipped record in a sealed segment: repaired, never cut (the walk passes it)
+        removed = self.log.log_end - cut
+        aside = self.truncate_to(cut)
+        log.warning("%s: cut an incomplete batch %s at %d: %d bytes moved aside to %s",
+                    self.name, when, cut, removed, aside)
+        return cut
+
+    def _discard_snapshot(self) -> None:
+        # Before the cut: a snapshot must never describe bytes that are gone.
+        with self._owner.files:
+            self.cuts += 1
+            rebuild.discard_snapshot(self.directory)
+        self.snapshot_position = -1
+
+    def _after_cut(self, offset: int) -> None:
+        """The log was cut at ``offset`` (-1: all of it): fix the epoch history and the state."""
+        if offset >= 0:
+            epochs = self.epochs
+            before = list(epochs.entries)
+            epochs.truncate_from_end(offset)  # no epoch may start past the log end
+            if epochs.entries != before:
+                epochs.save()
+        if 0 <= offset and self.state.position <= offset:
+            return  # a pure function of bytes that stay: still valid (no walk at promotion)
+        log.info("%s: log truncated; transaction state rebuilt from the log", self.name)
+        self.state = self._load()
+
+
+class Partitions:
+    """``get(topic, partition)``: the ``Partition`` of each open log of one broker."""
+
+    def __init__(self, store: Any, *, max_batches: int = DEFAULT_MAX_BATCHES, expiry_ms: int = DEFAULT_EXPIRY_MS) -> None:
+        self.store = store  # MessageStoreManager: get_log, logs, partition_dir
+        self.max_batches = max_batches
+        self.expiry_ms = expiry_ms
+        self._partitions: dict[Key, Partition] = {}
+        self._snapshots: asyncio.Task[None] | None = None
+        #: Orders snapshot writes (a worker thread) and deletions before a cut (the loop), so
+        #: a snapshot serialized before a cut is never written after it.
+        self.files = threading.Lock()
+
+    def new_table(self) -> ProducerStateTable:
+        return ProducerStateTable(self.max_batches, self.expiry_ms)
+
+    def get(self, topic: str, partition: int) -> Partition:
+        """The partition's owner; opened (its state loaded) if its log is new to this registry."""
+        partition_log = self.store.get_log(topic, partition)
+        owner = self._partitions.get((topic, partition))
+        if owner is None or owner.log is not partition_log:  # a new log, or a new incarnation's
+            owner = self._partitions[(topic, partition)] = Partition(self, (topic, partition), partition_log)
+        return owner
+
+    def serves(self, topic: str, partition: int) -> bool:
+        """Whether this broker serves the partition now (a deleted topic's is gone)."""
+        try:
+            self.store.get_log(topic, partition)
+        except LookupError:  # UnknownTopic, UnknownPartition
+            return False
+        return True
+
+    def state(self, topic: str, partition: int) -> PartitionTxnState:
+        """The partition's transaction state, at its log end."""
+        return self.get(topic, partition).state
+
+    def all(self) -> dict[Key, PartitionTxnState]:
+        """The state of every open partition log."""
+        return {key: self.state(*key) for key in sorted(self.store.logs())}
+
+    def batch_boundary(self, topic: str, partition: int, offset: int, committed: int) -> int:
+        """The highest offset <= ``offset`` that is not inside a batch; ``committed`` if unknown.
+
+        A sync master's committed offset goes through here (``SyncReplication``): the
+        positions its slaves report are record boundaries, not batch boundaries.
+        """
+        return self.state(topic, partition).committed_bound(offset, committed)
+
+    def drop(self, keys: list[Key]) -> None:
+        """Partitions no longer served (topic deleted or re-created): their producers,
+        transactions and epoch history never apply to another incarnation of the topic."""
+        with self.files:
+            for key in keys:
+                owner = self._partitions.pop(key, None)
+                if owner is not None:
+                    owner.cuts += 1  # a snapshot serialized before now is not written (``_write_all``)
+
+    # --- start -------------------------------------------------------------------------------
+
+    def open_all(self) -> None:
+        """At start, before serving: load every open log's state and cut torn batches."""
+        for topic, partition in sorted(self.store.logs()):
+            self.get(topic, partition).cut_incomplete_tail("at start")
+
+    # --- snapshots -----------------------------------------------------------------------------
+
+    def snapshot_all(self) -> None:
+        """Write the snapshot of every state that moved since its last one (blocking: fsync)."""
+        self._write_all(self._changed_snapshots())
+
+    def _changed_snapshots(self) -> list[tuple[Partition, int, bytes]]:
+        """(partition, its cuts, content) of each state that moved: serialized now, on the loop."""
+        changed = []
+        for owner in list(self._partitions.values()):
+            if owner.refused:
+                continue
+            if owner.state.position != owner.snapshot_position:
+                changed.append((owner, owner.cuts, rebuild.snapshot_bytes(owner.state)))
+                owner.snapshot_position = owner.state.position
+        return changed
+
+    def expire_producers(self) -> int:
+        """Forget, in every state, the producers idle for ``expiry_ms``; how many.
+
+        Idle by the log's clock (the newest batch timestamp the state has seen), not this
+        broker's: replicas with the same bytes forget the same producers.
+        """
+        gone = 0
+        for owner in list(self._partitions.values()):
+            if owner.refused:
+                continue
+            table = owner.state.producers
+            log_clock = max((p.last_timestamp_ms for p in table.producers.values()), default=0)
+            gone += len(table.expire(log_clock))
+        return gone
+
+    def start(self, interval_s: float = SNAPSHOT_INTERVAL_S) -> None:
+        self._snapshots = asyncio.ensure_future(self._snapshot_loop(interval_s))
+
+    async def _snapshot_loop(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self._snapshot_round()
+            except Exception as exc:  # the loop must outlive one bad round; the next one tries again
+                log.warning("transaction state snapshot failed (rebuilt from the log at start): %r", exc)
+
+    async def _snapshot_round(self) -> None:
+        gone = self.expire_producers()
+        if gone:
+            log.info("forgot %d producers idle for %d ms", gone, self.expiry_ms)
+        # Serialized on the event loop (the states change there), written in a thread.
+        bodies = self._changed_snapshots()
+        await asyncio.to_thread(self._write_all, bodies)
+
+    def _write_all(self, bodies: list[tuple[Partition, int, bytes]]) -> None:
+        for owner, cuts, body in bodies:
+            with self.files:
+                if owner.cuts == cuts:  # else the log was cut since: this content may describe gone bytes
+                    rebuild.write_snapshot_bytes(owner.directory, body)
+
+    async def stop(self) -> None:
+        if self._snapshots is not None:
+            self._snapshots.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._snapshots
+            self._snapshots = None
+
+    def close(self) -> None:
+        """Before the logs close: snapshot every state (a restart then walks only what is new)."""
+        try:
+            self.snapshot_all()
+        except OSError as exc:
+            log.warning("transaction state snapshot at close failed (rebuilt from the log at start): %s", exc)
+        self._partitions.clear()
