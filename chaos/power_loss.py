@@ -177,7 +177,9 @@ class PowerLossDisk:
             old, new, stash = args
             if os.path.exists(new) and os.path.isdir(os.path.dirname(old)):
                 os.rename(new, old)
-            if stash != "-":
+            # The replaced file comes back, unless its directory is gone since (a topic deleted:
+            # an unlink counts as durable at once, see the module docstring).
+            if stash != "-" and os.path.isdir(os.path.dirname(new)):
                 shutil.copyfile(self.stash / stash, new)
             report.renames_undone.append((self._relative(Path(new)), self._relative(Path(old))))
 

@@ -146,3 +146,27 @@ def test_an_fsync_still_in_flight_at_the_power_loss_keeps_nothing(tmp_path: Path
     assert disk.lose_power().truncated == {"f.log": (8, 0)}
     assert (root / "quick").read_bytes() == b"kept"
     assert not disk.slow_flag.exists()  # the next run of the process has a normal disk
+
+
+def test_a_replace_in_a_directory_deleted_since_is_not_undone_there(tmp_path: Path) -> None:
+    """A checkpoint replaced without a directory fsync, then its whole directory deleted (a
+    topic deleted by the chaos topic operations): the deletion is durable at once, so the
+    loss does not put the replaced file back into a directory that is gone (before: the tool
+    raised FileNotFoundError and ended a campaign run, seed 2040)."""
+    root = tmp_path / "root"
+    (root / "side-2").mkdir(parents=True)
+    (root / "side-2" / "cp").write_bytes(b"old")
+    disk = PowerLossDisk(root, tmp_path / "powerloss", build_shim(tmp_path / "shim"))
+    program = textwrap.dedent(
+        """
+        import os, shutil, sys
+        d = os.path.join(sys.argv[1], "side-2")
+        with open(os.path.join(d, "cp.tmp"), "wb") as f:
+            f.write(b"new"); f.flush(); os.fsync(f.fileno())
+        os.replace(os.path.join(d, "cp.tmp"), os.path.join(d, "cp"))
+        shutil.rmtree(d)
+        """
+    )
+    subprocess.run([sys.executable, "-c", program, str(root)], env={**os.environ, **disk.env()}, check=True)
+    disk.lose_power()
+    assert not (root / "side-2").exists()
