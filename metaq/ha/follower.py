@@ -103,6 +103,11 @@ class MasterFollower:
         self._conn_lock = asyncio.Lock()
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._sync_task: asyncio.Task[None] | None = None
+        #: Bumped each time following stops. Every loop of a task also ends once its generation
+        #: is gone: a task whose cancellation is lost (in Python 3.11 ``asyncio.wait_for`` can
+        #: swallow a cancel that races its result) must not fetch on forever, nor hold up
+        #: ``_stop_following``, and with it the HA coordinator's event worker, for good.
+        self._generation = 0
         self._stopped = False
         #: Why the master's config could not be adopted (None: it was); shown in stats.
         self.config_sync_error: str | None = None
@@ -189,6 +194,7 @@ class MasterFollower:
             self._schedule_topic_sync()
 
     async def _stop_following(self) -> None:
+        self._generation += 1
         tasks = list(self._tasks.values())
         if self._sync_task is not None:
             tasks.append(self._sync_task)
@@ -203,13 +209,13 @@ class MasterFollower:
 
     def _schedule_topic_sync(self) -> None:
         if self._sync_task is None or self._sync_task.done():
-            self._sync_task = asyncio.ensure_future(self._sync_topics_until_done())
+            self._sync_task = asyncio.ensure_future(self._sync_topics_until_done(self._generation))
 
-    async def _sync_topics_until_done(self) -> None:
+    async def _sync_topics_until_done(self, generation: int) -> None:
         """Read (and adopt) the master's topics until it works; nothing the master sends ends this task."""
         delay = 0.05
         waiting_for: str | None = None
-        while not self._stopped and self.master_url is not None:
+        while not self._stopped and self.master_url is not None and generation == self._generation:
             try:
                 await self._sync_topics()
                 self.config_sync_error = None
@@ -310,16 +316,18 @@ class MasterFollower:
         replica.report_positions = self.master_mode == "sync"  # acks wait on our position
         replica.durable_positions = replica.report_positions and replica.flusher.group_commit
         replica.status.state = "following"
-        self._tasks[(topic, partition)] = asyncio.ensure_future(self._replicate(replica))
+        self._tasks[(topic, partition)] = asyncio.ensure_future(self._replicate(replica, self._generation))
 
     def _replica_info(self) -> dict[str, Any]:
         return {"slave_id": self.slave.slave_id, "epoch": self._epoch()}
 
-    async def _replicate(self, replica: PartitionReplica) -> None:
-        """Fetch forever; back off (up to slaveMaxDelayInMills) only after errors."""
+    async def _replicate(self, replica: PartitionReplica, generation: int) -> None:
+        """Fetch until following stops or the partition is forgotten; back off (up to
+        slaveMaxDelayInMills) only after errors."""
         max_delay = max(self.slave.slave_max_delay_ms, 10) / 1000
         delay = 0.0
-        while not self._stopped:
+        key = (replica.topic, replica.partition)
+        while not self._stopped and generation == self._generation and self.replicas.get(key) is replica:
             try:
                 conn = await self._connection()
                 appended = replica.log.log_end

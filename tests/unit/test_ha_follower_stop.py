@@ -1,0 +1,58 @@
+"""The follower's stop must end its tasks even when a cancellation is lost.
+
+In Python 3.11 ``asyncio.wait_for`` can swallow a cancel that races its result; a replica
+task that then went on fetching kept ``_stop_following`` (and the HA coordinator's event
+worker awaiting it) waiting for good: a slave stayed orphaned after a failover (chaos
+campaign seed 2028). Every task's loop also ends once its follow generation is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from metaq.config import SlaveConfig
+from metaq.ha.follower import MasterFollower
+
+
+class StubbornReplica:
+    """A replica whose fetch swallows the first cancellation, as a lost one looks."""
+
+    def __init__(self) -> None:
+        self.topic, self.partition = "t", 0
+        self.log = SimpleNamespace(log_end=0)
+        self.fetches = 0
+        self.swallowed = False
+
+    async def fetch_once(self, conn: object) -> None:
+        self.fetches += 1
+        try:
+            await asyncio.sleep(0.01)
+        except asyncio.CancelledError:
+            if self.swallowed:
+                raise
+            self.swallowed = True  # lost: the task runs on as if nothing happened
+
+
+def test_a_replica_task_whose_cancel_is_lost_still_ends_when_following_stops() -> None:
+    host = SimpleNamespace(config=SimpleNamespace(broker_id=0), security=SimpleNamespace(heartbeat_key=None))
+    follower = MasterFollower(host, SlaveConfig(slave_id=0, slave_group="g"), None, None,  # type: ignore[arg-type]
+                              lambda: 1, None, lambda: None)  # type: ignore[arg-type]
+    replica = StubbornReplica()
+
+    async def connection() -> object:
+        return object()
+
+    follower._connection = connection  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        follower.replicas[("t", 0)] = replica  # type: ignore[assignment]
+        follower._tasks[("t", 0)] = asyncio.ensure_future(follower._replicate(replica, follower._generation))  # type: ignore[arg-type]
+        while replica.fetches < 3:
+            await asyncio.sleep(0.005)
+        await asyncio.wait_for(follower._stop_following(), 2)  # hung for good before the fix
+        fetches = replica.fetches
+        await asyncio.sleep(0.05)
+        assert replica.swallowed and replica.fetches == fetches, "the task fetched on after following stopped"
+
+    asyncio.run(scenario())
