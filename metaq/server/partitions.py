@@ -50,7 +50,7 @@ from ..ha.epochs import EpochCache
 from ..record import HEADER
 from ..store.refused import RefusedLog
 from ..txn import rebuild
-from ..txn.control import Control, may_hold_control
+from ..txn.control import Control, ControlError, may_hold_control
 from ..txn.index import TransactionIndex
 from ..txn.producer_state import DEFAULT_EXPIRY_MS, DEFAULT_MAX_BATCHES, ProducerStateTable
 from ..txn.rebuild import PartitionTxnState
@@ -94,8 +94,19 @@ class Partition:
         """The snapshot, then a walk of the log past it (only at open and after a truncation)."""
         if self.refused:  # no bytes to derive anything from
             return PartitionTxnState(self._owner.new_table(), TransactionIndex(), self.log.log_end)
-        return rebuild.load_state(self.directory, self.log.read_as_stored, self.log.min_offset, self.log.log_end,
-                                  producers=self._owner.new_table, unreadable_end=self.log.corrupt_end_at)
+        marked: set[int] = set()
+        while True:
+            try:
+                return rebuild.load_state(self.directory, self.log.read_as_stored, self.log.min_offset, self.log.log_end,
+                                          producers=self._owner.new_table, unreadable_end=self.log.corrupt_end_at)
+            except ControlError as exc:
+                # A marker whose body a bit flip broke (the walk does not check CRCs): in a
+                # sealed segment that is corruption like any other, unserved until a replica
+                # puts it back, and the walk passes it. Anything else stays fatal, as does a
+                # range already marked (the walk should have passed it).
+                if exc.offset is None or exc.offset in marked or not self.log.mark_if_corrupt_record(exc.offset):
+                    raise
+                marked.add(exc.offset)
 
     # --- appends: the one path of each kind --------------------------------------------------
 

@@ -83,6 +83,15 @@ _STARTER_LEN = struct.Struct(">B")
 class ControlError(ValueError):
     """A record carries the control attribute but its body is not a control body we know."""
 
+    #: Where the record starts, when a walk of a log found it (metaq/txn/rebuild.py).
+    offset: int | None = None
+
+    @classmethod
+    def at(cls, offset: int, exc: Exception) -> "ControlError":
+        error = cls(f"record at {offset}: {exc}")
+        error.offset = offset
+        return error
+
 
 class Kind(enum.IntEnum):
     BATCH = 1

@@ -68,8 +68,14 @@ class PartitionTxnState:
         them (``pass_unreadable``) instead of stopping there for good.
         """
         while self.position < end:
-            if self._pass_batch_at_position(read, end) or self._walk_to_next_batch(read, end):
-                continue
+            try:
+                if self._pass_batch_at_position(read, end) or self._walk_to_next_batch(read, end):
+                    continue
+            except ControlError as exc:
+                # A marker a bit flip broke, in a range already known corrupt: passed with the
+                # rest of it (the walk stands at that record: every record before it observed).
+                if unreadable_end is None or exc.offset != self.position or unreadable_end(exc.offset) is None:
+                    raise
             gap_end = unreadable_end(self.position) if unreadable_end is not None else None
             if gap_end is None or gap_end <= self.position:
                 break
@@ -106,7 +112,7 @@ class PartitionTxnState:
         try:
             control = control_at(record)
         except ControlError as exc:
-            raise ControlError(f"record at {pos}: {exc}") from None
+            raise ControlError.at(pos, exc) from None
         if control is None or control.kind is not Kind.BATCH or stop + control.data_bytes > end:
             return False  # a marker (the walk follows it), or a batch not all here yet
         self._observe(control, pos, stop, (pos, msg_id, crc))
@@ -129,7 +135,7 @@ class PartitionTxnState:
                 try:
                     control = control_at(run.data, at)
                 except ControlError as exc:
-                    raise ControlError(f"record at {pos}: {exc}") from None
+                    raise ControlError.at(pos, exc) from None
                 if control is not None and control.kind is Kind.BATCH and stop + control.data_bytes > end:
                     return False  # the batch is not all here yet
                 _length, crc, msg_id, _flag = HEADER.unpack_from(run.data, at)

@@ -336,10 +336,11 @@ def _entries(directory: Path) -> set[int]:
     return {int(p.name) for p in directory.iterdir() if p.name.isdigit()} if directory.is_dir() else set()
 
 
-def _stream_job(zk_connect: str, root: str, checkpoint: Path, log: Path) -> subprocess.Popen:
+def _stream_job(zk_connect: str, root: str, checkpoint: Path, log: Path, *flags: str) -> subprocess.Popen:
     """The driver (tests/spark/stream_job.py) in its own OS process and session: its JVM is its child."""
     command = [sys.executable, "-m", "tests.spark.stream_job", "--zk", zk_connect, "--zk-root", root,
-               "--source", "driver-in", "--sink", "driver-out", "--checkpoint", str(checkpoint), "--max-messages", "100"]
+               "--source", "driver-in", "--sink", "driver-out", "--checkpoint", str(checkpoint), "--max-messages", "100",
+               *flags]
     with open(log, "ab") as out:
         return subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -370,9 +371,12 @@ def test_kill_9_of_the_driver_during_a_commit_and_a_restart_write_each_row_once(
     visible_at_kill = len(_visible(masters, "driver-out"))
     assert 0 < visible_at_kill < rows  # mid-stream: some batches through, not all
 
-    restarted = _stream_job(zk_connect, root, checkpoint, log)
+    # The restarted driver also meets task failures: the first attempt of each task holding a
+    # record numbered n % 100 == 50 fails mid-write, and Spark retries it.
+    restarted = _stream_job(zk_connect, root, checkpoint, log, "--fail-first-attempts")
     try:
         assert restarted.wait(180) == 0, log.read_text()[-3000:]
+        assert "injected task failure" in log.read_text()  # the retried attempts were there
     finally:
         if restarted.poll() is None:
             os.killpg(restarted.pid, signal.SIGKILL)

@@ -227,3 +227,47 @@ def test_truncate_to_cuts_the_epoch_history_with_the_log(tmp_path: Path) -> None
     assert owner.state == fresh(manager) and owner.state.position == owner.log.log_end == cut_at
     assert owner.truncate_to(cut_at) is None  # nothing to cut
     manager.close()
+
+
+def test_a_marker_a_bit_flip_broke_in_a_sealed_segment_is_marked_corrupt_not_fatal(tmp_path: Path) -> None:
+    """The walk at start does not check CRCs: a flip in a marker's body used to raise
+    ControlError and stop the broker at every start (chaos campaign seed 2028, corrupt-master:
+    `record at 1730: control record body is truncated`). It is corruption like any other: the
+    record and the rest of its sealed segment are unserved until a replica puts them back."""
+    from metaq.record import HEADER_SIZE
+    from metaq.txn.control import _ATTR_BLOCK, ControlError, Kind, decode_body, marker
+
+    manager = store(tmp_path)
+    states = Partitions(manager)
+    plain_put(manager, states, 3)
+    log = manager.get_log(TOPIC, 0)
+    at = log.append(marker(Kind.ABORT, "tx-1", producer_id=7, producer_epoch=0, timestamp_ms=5))
+    for _ in range(6):  # seal the marker's segment (400 bytes each)
+        plain_put(manager, states, 3)
+    log.flush()
+    sealed_end = next(s.end for s in log._segments if s.start <= at < s.end)
+    assert sealed_end < log.log_end
+    states.close()
+    manager.close()
+
+    (tmp_path / f"{TOPIC}-0" / SNAPSHOT_FILE).unlink(missing_ok=True)  # the walk reads the marker again
+    segment = max((p for p in (tmp_path / f"{TOPIC}-0").glob("*.meta") if int(p.stem) <= at), key=lambda p: int(p.stem))
+    version_byte = at - int(segment.stem) + HEADER_SIZE + len(_ATTR_BLOCK)
+    data = bytearray(segment.read_bytes())
+    data[version_byte] ^= 0x40
+    segment.write_bytes(bytes(data))
+    try:
+        decode_body(bytes(data[version_byte:version_byte + 40]))
+        raise AssertionError("the flip should break the marker's body")
+    except ControlError:
+        pass
+
+    reopened = store(tmp_path)
+    reopened.open_existing()
+    again = Partitions(reopened)
+    again.open_all()  # raised ControlError before
+    log = reopened.get_log(TOPIC, 0)
+    assert log.corrupt_ranges == [(at, sealed_end)]
+    assert again.state(TOPIC, 0).position == log.log_end  # the walk went on past the range
+    again.close()
+    reopened.close()
