@@ -115,6 +115,9 @@ class HaCoordinator:
         #: The epoch this broker leads or follows in: put replies and replica fetches carry it.
         self.serving_epoch = 0
         self.followed_epoch = 0
+        #: The newest epoch this broker led (its led-epoch file; 0: none). A partition whose
+        #: newest epoch is this one may end in writes of ours no slave has (HaNode.committed).
+        self.led_epoch = 0
         self.master_url: str | None = None
         self.last_transition_at = time.time()
         self.truncations: list[dict[str, Any]] = []
@@ -166,6 +169,7 @@ class HaCoordinator:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self.identity = await asyncio.to_thread(broker_identity, self.config.data_path)
+        self.led_epoch = await asyncio.to_thread(read_led_epoch, self.config.data_path)
         self.candidacy.identity = self.identity
         self.lease = ZkLease(self.zk, self.config.zk.session_timeout_ms)
         registry = self.registry
@@ -633,6 +637,7 @@ class HaCoordinator:
                     owner.epochs.save()
         # Durably, before any ack in this epoch: what re-seeds the group if ZooKeeper loses its data.
         await asyncio.to_thread(record_led_epoch, self.config.data_path, self.epoch)
+        self.led_epoch = self.epoch
         if self._reseeding:
             # Before any producer id is handed out (a reused one would share an old producer's
             # sequence state: its batches taken for duplicates, acked, not stored). A failure
