@@ -9,11 +9,12 @@ Async pair A (founder) / B (slave 1), ZK session 1.5 s, each stopped with SIGSTO
 1. A stopped: B takes over (epoch e2) and A, resumed, follows it (so B has followed a master
    before, like the chaos run's old master: a masterless slave then serves its whole log).
 2. ``shared`` put on B and replicated to A; A stopped; ``b-1..3`` put on B, acked (and
-   readable on B while it leads, the documented async read caveat).
+   readable on B while it leads, the documented async read caveat). A fetch A had parked
+   on B may still carry ``b-1`` into A's socket buffer; the others reach no slave.
 3. B stopped, A resumed: A takes over (epoch e3) without (most of) them. A stopped again so that
    B, resumed, cannot truncate against it: B is deposed (orphaned or following, not yet
    truncated) with those writes still at the end of its log.
-4. Reads from B must return none of them (the old code returned them), but still ``shared``.
+4. Reads from B must return none of those A lacks (the old code returned them), but still ``shared``.
 5. A resumed, ``a-own`` acked by A at that offset; once B follows A, B serves ``a-own`` there.
 """
 
