@@ -12,8 +12,8 @@ and does what the coordinator asks of its caller:
 * ``enlist(txid, topic, partition, producer_id, principal)`` is the put path's check
   before it appends a transactional batch (the branch must be ACTIVE, and the put its
   own: see below);
-* a timer (every ``TICK_S``) fires due timeouts (their ABORT markers), runs the
-  journal's checkpoints and ``flushTxLogAtCommit=2`` fsyncs;
+* a timer (every ``TICK_S``) fires due timeouts (their ABORT markers) and starts the
+  journal's checkpoints and ``flushTxLogAtCommit=2`` fsyncs, which run in a worker thread;
 * ``reconcile``: an explicit step when this broker takes up mastership of an epoch
   (``on_leading``, called by the HA coordinator's ``_lead``, or by the broker at start
   without ZooKeeper; Kafka's ``onElection``): as soon as the broker may write (at once,
@@ -23,9 +23,12 @@ and does what the coordinator asks of its caller:
   the markers that decides (roll a half-written commit forward, abort unprepared
   work of the old master) are appended. Until then requests get 503 (LOAD_IN_PROGRESS);
   ``refusal`` only reads that state. ``on_resigned`` (``_stop_leading``) ends the mastership;
-* journal fsyncs (flushTxLogAtCommit=1) run in a worker thread, like the store's: a decision
-  is journaled on the event loop and fsynced off it (``_journal_durable``); no marker of a
-  decision is appended, and no answer that depends on it sent, before that fsync.
+* journal fsyncs run in a worker thread, like the store's: a decision is journaled on the
+  event loop and fsynced off it (flushTxLogAtCommit=1: ``_journal_durable``); no marker of a
+  decision is appended, and no answer that depends on it sent, before that fsync. The
+  once-a-second fsync of flushTxLogAtCommit=2 and the periodic checkpoint run there too
+  (``_start_upkeep``): only serializing the branches and rotating the redo file stay on the
+  loop, in one step, so a checkpoint covers exactly the redo files before it.
 
 Invariants kept here:
 
@@ -84,7 +87,7 @@ from ..record import stamp_msg_ids
 from ..txn import control
 from ..txn.control import NO_PRODUCER
 from ..txn.coordinator import MarkerWrite, Reply, TransactionCoordinator
-from ..txn.txlog import TxLog
+from ..txn.txlog import TxLog, Upkeep
 from ..txn.xa import Code
 from .transactional_ids import MAX_EPOCH, Owner, TransactionalIds
 
@@ -186,6 +189,8 @@ class TransactionService:
         self.leading_epoch: int | None = None
         #: The worker-thread fsync of the journal in flight (``_journal_durable``).
         self._journal_sync: asyncio.Future[None] | None = None
+        #: The journal's mode-2 fsync or checkpoint in flight in a worker thread (``_start_upkeep``).
+        self._upkeep: asyncio.Future[None] | None = None
         #: Branches whose markers are appended but not yet known durable (xid -> their ends).
         self._unsettled: dict[str, list[MarkerEnd]] = {}
         #: Branches whose decision is journaled but some of whose markers could not be appended
@@ -224,6 +229,9 @@ class TransactionService:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
         self._timer = None
+        if self._upkeep is not None:  # not cancelled: its thread runs on, and the journal closes after it
+            with contextlib.suppress(Exception):
+                await self._upkeep
         if self.journal is not None:
             self.journal.close()
 
@@ -624,9 +632,31 @@ class TransactionService:
 
     @staticmethod
     async def _fsync_journal(journal: TxLog) -> None:
-        fd, covered = journal.sync_handle()
-        await asyncio.to_thread(journal.fsync_handle, fd)
-        journal.decisions_synced = max(journal.decisions_synced, covered)
+        handle = journal.sync_handle()
+        await asyncio.to_thread(journal.fsync_handle, handle)
+        journal.synced(handle)
+
+    def _start_upkeep(self, now: int) -> None:
+        """The journal's flushTxLogAtCommit=2 fsync and its checkpoint, when due: what must see the
+        journal as it is (the branches serialized, the redo file rotated) now on the event loop,
+        the fsyncs and the checkpoint file in a worker thread. One at a time (``TxLog.begin_upkeep``)."""
+        journal = self.journal
+        if journal is None or (self._upkeep is not None and not self._upkeep.done()):
+            return
+        upkeep = journal.begin_upkeep(now)
+        if upkeep is not None:
+            self._upkeep = asyncio.ensure_future(self._run_upkeep(journal, upkeep))
+
+    @staticmethod
+    async def _run_upkeep(journal: TxLog, upkeep: Upkeep) -> None:
+        ok = False
+        try:
+            await asyncio.to_thread(journal.run_upkeep, upkeep)
+            ok = True
+        except OSError as exc:  # the next tick tries again; decisions it did not make durable stay unsynced
+            log.warning("transaction journal fsync or checkpoint failed, retried: %s", exc)
+        finally:
+            journal.upkeep_done(upkeep, ok=ok)
 
     def _append_all_pending(self, xids: Iterable[str]) -> None:
         for xid in list(xids):
@@ -654,7 +684,7 @@ class TransactionService:
         if self.refusal() is not None:
             return
         now = self.clock_ms()
-        self.journal.tick(now)
+        self._start_upkeep(now)
         self._append_when_journaled(list(self._pending))  # markers an earlier failure left queued
         fired = self.coordinator.expire(now)
         for xid, reply in fired:

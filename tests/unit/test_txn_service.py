@@ -29,8 +29,9 @@ from metaq.server.transactions import TransactionService, aborted_spans, stable_
 from metaq.store.log import PartitionLog
 from metaq.store.msgid import MsgIdGenerator
 from metaq.txn import control
-from metaq.txn.config import TxnSettings
+from metaq.txn.config import FlushTxLog, TxnSettings
 from metaq.txn.reader import committed_records
+from metaq.txn.txlog import TxLog
 from metaq.txn.rebuild import PartitionTxnState
 from metaq.txn.xa import Code, State
 
@@ -732,3 +733,39 @@ async def test_a_decision_is_fsynced_off_the_event_loop_before_its_markers_and_a
     assert (await call(service, "commit_one_phase", "TX:7:1"))["xa_code"] == Code.XA_OK
     assert fsyncs and all(thread != loop_thread for thread, _ in fsyncs)
     assert fsyncs[-1][1] == 0 and markers_in(broker, "orders", control.Kind.COMMIT) == 1
+
+
+@in_loop
+async def test_the_mode_2_fsync_and_the_checkpoint_run_off_the_event_loop(tmp_path: Path, clock: list[int]) -> None:
+    """flushTxLogAtCommit=2: the once-a-second fsync and the periodic checkpoint are started by the
+    tick and run in a worker thread; every fsync of the journal (redo files, checkpoint, directory)
+    is off the loop, and a branch journaled meanwhile survives a reopen."""
+    settings = TxnSettings(flush_tx_log_at_commit=FlushTxLog.EVERY_SECOND, checkpoint_interval_ms=5000)
+    broker, service = make(tmp_path, clock, settings=settings)
+    journal = service.journal
+    assert journal is not None
+    loop_thread = threading.get_ident()
+    fsync_threads: list[int] = []
+    real_fsync = journal._fsync
+
+    def recording_fsync(fd: int) -> None:
+        fsync_threads.append(threading.get_ident())
+        real_fsync(fd)
+
+    journal._fsync = recording_fsync
+    assert (await call(service, "start", "TX:7:1"))["xa_code"] == Code.XA_OK
+    clock[0] += 1500  # a second after the write: the mode-2 fsync is due
+    service.tick()
+    assert service._upkeep is not None
+    await until(lambda: bool(fsync_threads) and service._upkeep is not None and service._upkeep.done())
+    assert journal._dirty_since_ms is None
+    clock[0] += 5000  # the checkpoint is due
+    service.tick()
+    assert (await call(service, "start", "TX:7:2"))["xa_code"] == Code.XA_OK  # while it runs
+    await until(lambda: service._upkeep is not None and service._upkeep.done())
+    assert any(p.name.startswith("checkpoint.") for p in journal.directory.iterdir())
+    assert fsync_threads and loop_thread not in fsync_threads
+    await service.stop()
+    again = TxLog.open(tmp_path, settings, clock[0])
+    assert {"TX:7:1", "TX:7:2"} <= set(again.branches)
+    again.close()
