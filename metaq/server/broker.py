@@ -138,6 +138,9 @@ class Broker:
             # state once its log is gone, nor carry it over to a re-created topic.
             forget_partitions(self, [(d.topic, d.partition) for d in dropped])
             self.store.dispose(dropped)
+        # A partition with files that is new to this broker's map (a topic re-added, partitions
+        # added): its transaction state loads in a worker thread now, not at its first put.
+        self.partitions.open_added()
         if self.registry is not None:
             await self.registry.update_topics(topics)
         if added and (self.group_topics is None or not self.group_topics.group.exists):
