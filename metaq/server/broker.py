@@ -88,8 +88,6 @@ class Broker:
         self.ha = HaNode(self, slave, in_zookeeper=self.register_in_zk)
         self.handlers = RequestHandlers(self)
         self.ids: MsgIdGenerator | None = None
-        #: The topic sections of server.ini as last loaded (the group's configuration may differ).
-        self.local_topics = dict(config.topics)
         self.group_topics: GroupTopicsApplier | None = None
         self.metrics: BrokerMetrics | None = None
         self.registry: BrokerRegistry | None = None
@@ -116,6 +114,12 @@ class Broker:
 
     def topic_config(self, topic: str) -> TopicConfig | None:
         return self.config.topics.get(topic)
+
+    @property
+    def local_topics(self) -> dict[str, TopicConfig]:
+        """The topic sections of server.ini as last loaded (the group's configuration may differ;
+        one writer: ``LiveConfig``)."""
+        return self.live_config.local_topics
 
     def notify(self, topic: str, partition: int) -> None:
         """A partition's log end, flushed end or committed offset moved: wake parked fetches."""

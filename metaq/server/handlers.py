@@ -451,11 +451,11 @@ class RequestHandlers:
         """A replica reads to the log end; a consumer to the last stable offset below ``committed``."""
         if req.replica is not None:
             return log.log_end
-        return stable_end(self.broker, req.topic, req.partition, committed)
+        return stable_end(self.broker.partitions, req.topic, req.partition, committed)
 
     def _consumer_end(self, topic: str, partition: int, log: "PartitionLog") -> int:
         """The last stable offset: committed, and before the first open transaction."""
-        return stable_end(self.broker, topic, partition, self.broker.ha.committed(topic, partition, log))
+        return stable_end(self.broker.partitions, topic, partition, self.broker.ha.committed(topic, partition, log))
 
     def _read(self, req: c.Request, log: "PartitionLog", max_bytes: int) -> Reply | None:
         """The reply for data at ``req.offset``, or None when there is none yet."""
@@ -493,7 +493,7 @@ class RequestHandlers:
             # Only partitions with transactions carry these: plain topics' replies stay byte-identical.
             if upto < committed:
                 header["lso"] = upto
-            aborted = aborted_spans(self.broker, req.topic, req.partition, offset, offset + length)
+            aborted = aborted_spans(self.broker.partitions, req.topic, req.partition, offset, offset + length)
             if aborted:
                 header["aborted"] = aborted
         return header, FileBody(segment.fileno(), position, length, lambda: segment.read(offset, length))

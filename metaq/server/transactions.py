@@ -96,6 +96,7 @@ if TYPE_CHECKING:
     from ..security.principals import Principal
     from ..store.msgid import MsgIdGenerator
     from ..txn.config import TxnSettings
+    from ..txn.rebuild import PartitionTxnState
     from .authz import Authz, RequestContext
     from .partitions import Partitions
 
@@ -700,19 +701,25 @@ class TransactionService:
                 log.exception("transaction timer")
 
 
-def stable_end(broker: Any, topic: str, partition: int, committed: int) -> int:
+class TxnStates(Protocol):
+    """Where the readers' side finds a partition's transaction state (``Partitions``)."""
+
+    def state(self, topic: str, partition: int) -> "PartitionTxnState": ...
+
+
+def stable_end(states: TxnStates, topic: str, partition: int, committed: int) -> int:
     """What a consumer may read up to: the last stable offset (LSO).
 
     min(committed, the state's position, the first offset of the earliest open
     transaction): a record of a transaction that may still roll back is never served.
     """
-    state = broker.partitions.state(topic, partition)
+    state = states.state(topic, partition)
     return state.index.last_stable_offset(committed, state.position)
 
 
-def aborted_spans(broker: Any, topic: str, partition: int, start: int, end: int) -> list[list[int]]:
+def aborted_spans(states: TxnStates, topic: str, partition: int, start: int, end: int) -> list[list[int]]:
     """The aborted spans overlapping [start, end), as a fetch reply's ``aborted`` field."""
-    index = broker.partitions.state(topic, partition).index
+    index = states.state(topic, partition).index
     if not index.aborted:
         return []
     return [[span.start, span.end] for span in index.aborted_between(start, end)]

@@ -138,9 +138,9 @@ class FakeBroker:
     def visible(self, topic: str) -> list[bytes]:
         """What a read-committed consumer gets: up to the LSO, aborted spans and control records skipped."""
         log = self.store.get_log(topic, 0)
-        upto = stable_end(self, topic, 0, log.log_end)
+        upto = stable_end(self.partitions, topic, 0, log.log_end)
         buf = log.read(0, upto, upto)
-        spans = aborted_spans(self, topic, 0, 0, upto)
+        spans = aborted_spans(self.partitions, topic, 0, 0, upto)
         return [r.data for r in committed_records(buf, 0, spans).records]
 
 
