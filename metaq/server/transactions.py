@@ -40,12 +40,13 @@ Invariants kept here:
   settling (or failed to settle: a sync timeout) waits for them first, so a retried
   commit never gets XA_OK before its COMMIT markers are safe;
 * fencing (transactional ids): a producer id's epochs below its newest known one are
-  zombies: their puts and transaction steps get 403 ``fenced: ...``. The newest epoch
-  is learned from ``init_producer`` with a transactional id on this broker, from the
-  group's mapping (loaded when this broker takes up mastership; transaction requests
-  wait for it with 503) and from the BATCH records in the replicated logs. An init
-  answers only after the older epochs' unprepared branches are rolled back and their
-  ABORT markers are as durable as a put's;
+  zombies: their puts and transaction steps get 403 ``fenced: ...``. The newest epoch has
+  one owner, ``TransactionalIds`` (the group's mapping: raised by ``init_producer`` with a
+  transactional id, read again when this broker takes up mastership; transaction requests
+  and numbered puts wait for that read with 503); ``fence_of`` only reads it. A
+  partition's producer table records only the epochs appended to it. An init answers
+  only after the older epochs' unprepared branches are rolled back and their ABORT
+  markers are as durable as a put's;
 * a producer id and epoch in a step are checked like a put's: their ``producer_token``
   must verify for the caller (metaq/server/authz.py) before anything changes;
 * who may start a branch (security on): a principal that may produce some topic (a
@@ -89,7 +90,7 @@ from ..txn.control import NO_PRODUCER
 from ..txn.coordinator import MarkerWrite, Reply, TransactionCoordinator
 from ..txn.txlog import TxLog, Upkeep
 from ..txn.xa import Code
-from .transactional_ids import MAX_EPOCH, Owner, TransactionalIds
+from .transactional_ids import Fence, Owner, TransactionalIds
 
 if TYPE_CHECKING:
     from ..config import BrokerConfig
@@ -120,13 +121,6 @@ class PendingMarker(NamedTuple):
 Served = tuple[dict[str, Any], bytes]
 #: How long to wait before reading the transactional id mapping again after a failure.
 OWNERS_RETRY_S = 0.5
-
-
-class Fence(NamedTuple):
-    """A producer id's lowest epoch still allowed, and its transactional id when known."""
-
-    epoch: int
-    name: str | None = None
 
 
 def fenced_message(producer_id: int, epoch: int, fence: Fence) -> str:
@@ -201,8 +195,6 @@ class TransactionService:
         self._pending: dict[str, list[PendingMarker]] = {}
         self._timer: asyncio.Task[None] | None = None
         self._background: set[asyncio.Future[Any]] = set()
-        #: Producer id -> the fence on its older epochs (see the module's docstring).
-        self.fences: dict[int, Fence] = {}
         #: Reads the group's transactional id mapping after a take-over (None: nothing to read).
         self._owners_loaded: asyncio.Future[None] | None = None
 
@@ -285,7 +277,6 @@ class TransactionService:
         self._pending.clear()
         replies = self.coordinator.reconcile({key: state.index for key, state in states.items()}, now)
         self.reconciled_epoch = epoch
-        self._fence_from_batches(states.values())
         if self._owners_loaded is not None:
             self._owners_loaded.cancel()
         mapping = self.host.transactional_ids  # None: a broker not started (unit tests drive the service alone)
@@ -298,70 +289,48 @@ class TransactionService:
     # --- fencing ---------------------------------------------------------------------------
 
     def fence_of(self, producer_id: int) -> Fence | None:
-        """The newest epoch of ``producer_id``'s transactional id on this master (None: unknown).
-
-        This map is the master's one notion of it: raised by ``init_producer`` (the group's
-        mapping, ``TransactionalIds``), read from that mapping at a take-over and from the
-        partitions' BATCH records at reconcile. The put path passes it to ``plan_put``."""
-        return self.fences.get(producer_id)
+        """The newest epoch of ``producer_id``'s transactional id (None: no name known), read from its
+        one owner, ``TransactionalIds`` (metaq/server/transactional_ids.py): nothing here keeps a
+        copy. The put path passes it to ``plan_put``. RequestError 503 while a take-over still reads
+        the group's mapping: a zombie's put is not judged without it."""
+        mapping = self.host.transactional_ids
+        if mapping is None:  # a broker not started (unit tests drive the service alone)
+            return None
+        if self._owners_loaded is not None and not self._owners_loaded.done():
+            raise c.RequestError(c.SERVICE_UNAVAILABLE, "the transactional id mapping is being read after a "
+                                                        "take-over; retry")
+        return mapping.fence_of(producer_id)
 
     def check_fenced(self, producer_id: int, epoch: int) -> None:
         """RequestError 403 if ``epoch`` of ``producer_id`` is older than its newest instance's."""
-        fence = self.fences.get(producer_id)
+        fence = self.fence_of(producer_id)
         if fence is not None and epoch < fence.epoch:
             raise c.RequestError(c.FORBIDDEN, fenced_message(producer_id, epoch, fence))
-
-    def _raise_fence(self, producer_id: int, epoch: int, name: str | None) -> None:
-        old = self.fences.get(producer_id)
-        if old is None or epoch >= old.epoch:
-            self.fences[producer_id] = Fence(epoch, name or (old.name if old else None))
-
-    def _fence_owner(self, name: str, owner: Owner, previous: Owner | None) -> list[int]:
-        """Raise the fences an init of ``name`` implies; the producer ids whose zombies to roll back."""
-        self._raise_fence(owner.producer_id, owner.epoch, name)
-        if previous is not None and previous.producer_id != owner.producer_id:
-            # The epoch overflowed and the name moved to a new id: every epoch of the old one is a zombie.
-            self._raise_fence(previous.producer_id, MAX_EPOCH + 1, name)
-            return [owner.producer_id, previous.producer_id]
-        return [owner.producer_id]
-
-    def _fence_from_batches(self, states: Any) -> None:
-        """The replicated BATCH records: a producer's newest epoch in any partition fences its older ones.
-
-        A fence is taken only from a verified source. With security on, every BATCH in a log
-        was appended by a master that first checked its producer_token (authz.py):
-        its epoch was issued by init_producer to the user that put it, so it is as good as
-        the mapping. With security off every client is trusted by configuration.
-        """
-        for state in states:
-            for producer_id, entry in state.producers.producers.items():
-                if entry.epoch > 0:
-                    self._raise_fence(producer_id, entry.epoch, None)
 
     async def _load_owners(self, mapping: TransactionalIds) -> None:
         """The group's transactional id mapping, read once per take-over (a newer instance may not have put yet)."""
         while True:
             try:
-                owners = await mapping.all()
+                await mapping.load()
             except Exception as exc:  # ZooKeeper away: transaction requests keep getting 503 meanwhile
                 log.warning("reading the transactional id mapping failed, retrying: %s", exc)
                 await asyncio.sleep(OWNERS_RETRY_S)
                 continue
-            for name, owner in owners.items():
-                self._raise_fence(owner.producer_id, owner.epoch, name)
             return
 
     async def fence(self, name: str, owner: Owner, previous: Owner | None) -> None:
-        """After ``init_producer`` of ``name`` took ``owner``: fence the older epochs and roll back
-        their unprepared branches; returns once their ABORT markers are safe (RequestError if not)."""
-        fenced = self._fence_owner(name, owner, previous)
+        """After ``init_producer`` of ``name`` took ``owner`` (``TransactionalIds.init`` raised its fence):
+        roll back the older epochs' unprepared branches; returns once their ABORT markers are safe
+        (RequestError if not)."""
         refusal = self.refusal()  # the init awaited ZooKeeper: the role may have changed
         if refusal is not None:
             raise c.RequestError(*refusal)
         coordinator = self.coordinator
         assert coordinator is not None
         now = self.clock_ms()
-        zombies = [z for pid in fenced for z in coordinator.fence(pid, self.fences[pid].epoch, now)]
+        fenced = {owner.producer_id} | ({previous.producer_id} if previous is not None else set())
+        fences = [(pid, self.fence_of(pid)) for pid in sorted(fenced)]
+        zombies = [z for pid, fence in fences if fence is not None for z in coordinator.fence(pid, fence.epoch, now)]
         for xid, reply in zombies:
             log.info("transaction %s of a fenced instance of transactional id %s rolled back", xid, name)
             if reply.markers:
