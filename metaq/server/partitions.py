@@ -108,6 +108,11 @@ class Partition:
     def state(self) -> PartitionTxnState:
         """The transaction state at the log end; waits for a load still running in its worker
         thread (the put and fetch paths never get here before ``ready``: ``Partitions.serving``)."""
+        return self._join_load()
+
+    def _join_load(self) -> PartitionTxnState:
+        """The state, once a load in the worker thread finished: every change of the log or the
+        snapshot comes after it (nothing moves under the walk)."""
         if self._state is None:
             assert self._loading is not None
             self._state = self._loading.result()  # a failed load raises here, as it would have at open
@@ -172,7 +177,7 @@ class Partition:
         return self._append(data, None)
 
     def _append(self, data: bytes | bytearray | memoryview, header: Control | None) -> int:
-        state = self.state  # first: no byte is appended while a worker thread walks the log
+        state = self._join_load()  # first: no byte is appended while a worker thread walks the log
         offset = self.log.append(data)
         end = offset + len(data)
         if state.position != offset:
@@ -196,7 +201,7 @@ class Partition:
         ``restart_at``: nothing else has to notice one."""
         if offset == self.log.log_end:
             return None
-        self._discard_snapshot()  # after any load in a worker thread (it may be reading the snapshot)
+        self._discard_snapshot()  # after any load in the worker thread (it may be reading the snapshot)
         aside = self.log.truncate_to(offset)
         self._after_cut(offset)
         return aside
@@ -226,7 +231,7 @@ class Partition:
         """A master's repair: a corrupt or missing range put back from a replica
         (``PartitionLog.repair_corrupt``); the state, which passed the range without reading
         it (or read it as stored), is then rebuilt from the log now that it is whole."""
-        self.state  # noqa: B018 (waits for a load in a worker thread: no byte changes under its walk)
+        self._join_load()
         if not self.log.repair_corrupt(start, data):
             return False
         self._discard_snapshot()
@@ -251,7 +256,7 @@ class Partition:
     def _discard_snapshot(self) -> None:
         # Before the cut: a snapshot must never describe bytes that are gone. After a load still
         # running in a worker thread: nothing is cut under its walk.
-        self.state  # noqa: B018 (waits for the load)
+        self._join_load()
         with self._owner.files:
             self.cuts += 1
             rebuild.discard_snapshot(self.directory)
