@@ -8,13 +8,13 @@ from __future__ import annotations
 import asyncio
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import pytest
 
 from metaq import record
 from metaq.protocol.messages import PutRequest
-from metaq.txn import rebuild
+from tests.unit.test_partitions import HeldLoads
 from tests.unit.test_server_handlers import run, running
 
 
@@ -39,22 +39,13 @@ def test_a_topic_added_back_at_run_time_loads_its_producers_off_the_event_loop(
             served = broker.config.topics
             # The section removed (no group configuration: its files stay), then added back.
             await broker.update_topics({name: topic for name, topic in served.items() if name != "gc"})
-            release = threading.Event()
-            load_threads: list[int] = []
-            real_load = rebuild.load_state
-
-            def held_load(*args: Any, **kwargs: Any) -> Any:
-                load_threads.append(threading.get_ident())
-                assert release.wait(10)
-                return real_load(*args, **kwargs)
-
-            monkeypatch.setattr(rebuild, "load_state", held_load)
+            held = HeldLoads(monkeypatch)
             await broker.update_topics(served)  # opens gc-0 at once: its files hold a batch
-            await until(lambda: bool(load_threads), "the load to start")
-            assert threading.get_ident() not in load_threads  # not on the event loop's thread
+            await until(lambda: bool(held.threads), "the load to start")
+            assert threading.get_ident() not in held.threads  # not on the event loop's thread
             loading = await conn.request(header, body)  # the event loop still answers, and nothing is stored
             assert loading.code == 503 and "still being loaded" in loading.message, loading.header
-            release.set()
+            held.release.set()
             await until(lambda: broker.partitions.get("gc", 0).ready, "the load to finish")
             retry = await conn.request(header, body)
             assert retry.code == 200 and retry.get("duplicate") and retry["offset"] == first["offset"], retry.header

@@ -278,6 +278,21 @@ def test_a_marker_a_bit_flip_broke_in_a_sealed_segment_is_marked_corrupt_not_fat
     reopened.close()
 
 
+class HeldLoads:
+    """``rebuild.load_state`` held until ``release`` is set; ``threads``: where each load ran."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.release = threading.Event()
+        self.threads: list[int] = []
+        self._real = rebuild.load_state
+        monkeypatch.setattr(rebuild, "load_state", self._held)
+
+    def _held(self, *args: Any, **kwargs: Any) -> PartitionTxnState:
+        self.threads.append(threading.get_ident())
+        assert self.release.wait(10), "never released"
+        return self._real(*args, **kwargs)
+
+
 def test_a_log_opened_at_run_time_loads_its_state_in_a_worker_thread_and_puts_get_a_retriable_answer(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A partition with bytes opened after start (a topic re-added, partitions added): its snapshot
@@ -289,16 +304,7 @@ def test_a_log_opened_at_run_time_loads_its_state_in_a_worker_thread_and_puts_ge
     states.close()
     manager.close()
 
-    release = threading.Event()
-    load_threads: list[int] = []
-    real_load = rebuild.load_state
-
-    def held_load(*args: Any, **kwargs: Any) -> PartitionTxnState:
-        load_threads.append(threading.get_ident())
-        assert release.wait(10)
-        return real_load(*args, **kwargs)
-
-    monkeypatch.setattr(rebuild, "load_state", held_load)
+    held = HeldLoads(monkeypatch)
     reopened = store(tmp_path)
     again = Partitions(reopened)  # started: open_all ran over no log; the topic's files come back now
     again.open_added()
@@ -310,8 +316,8 @@ def test_a_log_opened_at_run_time_loads_its_state_in_a_worker_thread_and_puts_ge
         assert refused.value.code == c.SERVICE_UNAVAILABLE and "retry" in refused.value.message
     assert again.batch_boundary(TOPIC, 0, 10, 5) == 5  # unknown yet: the committed offset stays
     assert again.get(TOPIC, 1).ready  # no bytes, no snapshot: nothing to load
-    assert load_threads and threading.get_ident() not in load_threads
-    release.set()
+    assert held.threads and threading.get_ident() not in held.threads
+    held.release.set()
     assert again.all()[(TOPIC, 0)] is owner.state  # the reconcile's read waits for the load
     assert again.serving(TOPIC, 0) is owner and owner.ready
     assert again.state(TOPIC, 0) == fresh(reopened)
