@@ -62,6 +62,7 @@ from .admission import ConnectionSlots, RequestBudget
 from .authz import OPEN_BEFORE_LOGIN, Authz, ProducerClaim, RequestContext
 from .deferred import Deferred
 from .stats import BrokerStats
+from .waiters import EndWaiters
 
 if TYPE_CHECKING:
     from ..config import BrokerConfig
@@ -143,8 +144,11 @@ class ClientConnection(asyncio.Protocol):
         slots: ConnectionSlots | None = None,
         budget: RequestBudget | None = None,
         authz: Authz | None = None,
+        waiters: EndWaiters | None = None,
     ) -> None:
         self.handlers = handlers
+        #: The broker's parked fetches: woken once per read of requests (``_process_batch``).
+        self.waiters = waiters
         self.max_body = max_body
         self.decoder = FrameDecoder(max_body=max_body, announce_heads=True)
         self.limits = limits or ConnectionLimits()
@@ -251,9 +255,16 @@ class ClientConnection(asyncio.Protocol):
     def _process_batch(self) -> None:
         self._out = []
         self._out_bytes = 0
+        waiters = self.waiters
+        if waiters is not None:
+            waiters.hold()
         try:
             self._process_events()
         finally:
+            if waiters is not None:
+                # Fetches parked on what these requests appended are answered now, once each
+                # (before this read's acks: a sync master's slave starts copying at once).
+                waiters.release()
             self._flush_out()
             self._count_buffered()
         if self._text_answered and not self._closing:

@@ -477,6 +477,8 @@ class RequestHandlers:
                 nonlocal log
                 if self.broker.store.open_log(req.topic, req.partition) is not log:
                     log = self._log(req.topic, req.partition)  # dropped while parked (topic deleted): 404
+                elif req.replica is not None and log.log_end <= req.offset:
+                    return None  # a commit, not an append: nothing new for a slave
                 return self._read(req, log, max_bytes)
 
             answer(read)

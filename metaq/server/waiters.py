@@ -8,6 +8,11 @@ A parked fetch is a plain callback, called by ``notify`` itself: the append (or
 commit, or flush) that gives a fetch its data also reads and writes its reply, with
 no task and no turn of the event loop in between. On a sync master that is the first
 leg of every ack's round trip (docs/sync-replication.md, "The round trip").
+
+While a connection processes one read of requests (``hold`` .. ``release``), notifies
+are gathered and delivered at its end: pipelined puts then wake a parked fetch once,
+with all of their bytes, instead of once per put; a single put still wakes it before
+its own ack is written.
 """
 
 from __future__ import annotations
@@ -23,6 +28,20 @@ class EndWaiters:
     def __init__(self) -> None:
         self._watchers: dict[tuple[str, int], dict[int, Callable[[], None]]] = {}
         self._ids = itertools.count()
+        self._held = 0
+        #: Partitions notified while held, in order (a dict: each once).
+        self._pending: dict[tuple[str, int], None] = {}
+
+    def hold(self) -> None:
+        """Gather notifies until the matching ``release`` (holds nest)."""
+        self._held += 1
+
+    def release(self) -> None:
+        self._held -= 1
+        if not self._held and self._pending:
+            pending, self._pending = self._pending, {}
+            for topic, partition in pending:
+                self._wake(topic, partition)
 
     def watch(self, topic: str, partition: int, woken: Callable[[], None]) -> Callable[[], None]:
         """Call ``woken()`` once, at the partition's next ``notify``; returns what withdraws it."""
@@ -43,6 +62,12 @@ class EndWaiters:
         return withdraw
 
     def notify(self, topic: str, partition: int) -> None:
+        if self._held:
+            self._pending[(topic, partition)] = None
+            return
+        self._wake(topic, partition)
+
+    def _wake(self, topic: str, partition: int) -> None:
         # Taken out first: a watcher that finds nothing for it yet watches again, for the next notify.
         watching = self._watchers.pop((topic, partition), None)
         if watching:

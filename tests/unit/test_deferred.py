@@ -70,6 +70,29 @@ def test_notify_calls_each_watcher_once_and_a_withdrawn_one_never() -> None:
     assert calls == ["a"]
 
 
+def test_notifies_while_held_are_delivered_once_each_at_the_outermost_release() -> None:
+    """One read of pipelined puts wakes a parked fetch once, with all of them (connection.py)."""
+    waiters = EndWaiters()
+    woken: list[str] = []
+
+    def watch_again() -> None:
+        woken.append("fetch")
+        waiters.watch("t", 0, watch_again)
+
+    waiters.watch("t", 0, watch_again)
+    waiters.hold()
+    for _ in range(3):
+        waiters.notify("t", 0)  # three puts of one read
+    waiters.hold()  # nested: another connection answered from inside this read
+    waiters.notify("t", 0)
+    waiters.release()
+    assert woken == [], "delivered only when the outermost hold ends"
+    waiters.release()
+    assert woken == ["fetch"]
+    waiters.notify("t", 0)  # not held: at once
+    assert woken == ["fetch", "fetch"]
+
+
 def test_a_sync_put_is_released_inside_the_slave_report_that_covers_it() -> None:
     """The ack needs no turn of the loop after the slave's fetch reports the put (old: an
     asyncio.Future, whose callbacks and waiting task ran a loop turn later)."""
