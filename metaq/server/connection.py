@@ -538,7 +538,10 @@ class ClientConnection(asyncio.Protocol):
         self._emit(request, done.result() if exc is None else self._failed_reply(request, exc), text)
         self._last_activity = time.monotonic()
         if self._reading_paused:
-            self._update_flow()
+            # On the next turn, not here: this runs inside another request's handling (a sync
+            # set releasing its waiters, a put waking parked fetches), which must not process
+            # this connection's buffered requests in the middle of it.
+            asyncio.get_running_loop().call_soon(self._update_flow)
 
     def _failed_reply(self, request: c.Request, exc: BaseException) -> tuple[dict[str, Any], bytes]:
         if isinstance(exc, c.RequestError):
