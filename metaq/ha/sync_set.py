@@ -60,8 +60,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
+from ..deferred import Deferred
 from ..protocol import commands as c
-from ..server.deferred import Deferred
 
 log = logging.getLogger(__name__)
 

@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Protocol
 
+from ..deferred import Deferred
 from ..protocol import commands as c
 from ..protocol.messages import QuitRequest
 from ..protocol.frames import (
@@ -60,7 +61,6 @@ from ..security.messages import OP as AUTH_OP
 from ..security.messages import auth_reply
 from .admission import ConnectionSlots, RequestBudget
 from .authz import OPEN_BEFORE_LOGIN, Authz, ProducerClaim, RequestContext
-from .deferred import Deferred
 from .stats import BrokerStats
 from .waiters import EndWaiters
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol, TypeVar
 
 from .. import __version__
 from ..config import BrokerConfig, TopicConfig
+from ..deferred import Deferred
 from ..ha.node import HaNode
 from ..ha.sync_set import SyncWaitFailed
 from ..protocol import commands as c
@@ -46,7 +47,6 @@ from ..txn.put import PutRefused, plan_put
 from . import stats as stats_text
 from .authz import Authz, RequestContext
 from .connection import FileBody
-from .deferred import Deferred
 from .partitions import Partition, Partitions
 from .producer_ids import ProducerIdAllocator
 from .registry import BrokerRegistry

@@ -33,9 +33,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ..config import BrokerConfig, ConfigError
+from ..deferred import Deferred
 from ..security.errors import SecurityError
 from ..security.files import read_private
-from .deferred import Deferred
 from .stats import REFUSAL_KINDS
 
 

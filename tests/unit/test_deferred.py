@@ -1,4 +1,4 @@
-"""Deferred (metaq/server/deferred.py) and the waits built on it: a sync put's ack and a parked
+"""Deferred (metaq/deferred.py) and the waits built on it: a sync put's ack and a parked
 fetch are handed on inside the event that releases them, not on a later turn of the loop."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from metaq.ha.sync_set import SyncReplication, SyncWaitFailed
-from metaq.server.deferred import Deferred
+from metaq.deferred import Deferred
 from metaq.server.waiters import EndWaiters
 
 
@@ -19,7 +19,7 @@ def test_callbacks_run_at_once_in_order_and_a_failing_one_does_not_stop_the_othe
     deferred.add_done_callback(lambda d: seen.append(f"first {d.result()}"))
     deferred.add_done_callback(lambda d: 1 / 0)
     deferred.add_done_callback(lambda d: seen.append(f"third {d.result()}"))
-    with caplog.at_level(logging.ERROR, logger="metaq.server.deferred"):
+    with caplog.at_level(logging.ERROR, logger="metaq.deferred"):
         deferred.set_result(7)
     assert seen == ["first 7", "third 7"]
     assert "ZeroDivisionError" in caplog.text
