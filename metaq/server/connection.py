@@ -510,7 +510,9 @@ class ClientConnection(asyncio.Protocol):
 
     def _run(self, request: c.Request, result: Any, text: bool = False) -> None:
         """Send the reply now if the handler finished synchronously, else when its awaitable does."""
-        if isinstance(result, Deferred):
+        if type(result) is tuple:  # most replies: before the ABC check of Awaitable, which is slow
+            self._emit(request, result, text)
+        elif isinstance(result, Deferred):
             self._deferred.add(result)
             result.add_done_callback(lambda done: self._deferred_done(request, done, text))
         elif isinstance(result, Awaitable):
