@@ -105,8 +105,10 @@ class Deferred(Generic[T]):
             self._callbacks.append(callback)
 
     def then(self, outcome: Callable[["Deferred[T]"], U]) -> "Deferred[U]":
-        """A Deferred of ``outcome(self)``, computed as soon as this one is done (not on cancel)."""
+        """A Deferred of ``outcome(self)``, computed as soon as this one is done; cancelling it
+        cancels this one too (nobody else waits for it: a parked fetch lets go of its watch)."""
         derived: Deferred[U] = Deferred()
+        derived.on_cancel(self.cancel)
 
         def forward(done: "Deferred[T]") -> None:
             if derived.done() or done.cancelled():
