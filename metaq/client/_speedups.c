@@ -51,6 +51,13 @@ static PyObject *new_message(PyTypeObject *cls, PyObject *topic, PyObject *parti
     PyTuple_SET_ITEM(message, 3, id);
     PyTuple_SET_ITEM(message, 4, partition);
     PyTuple_SET_ITEM(message, 5, where);
+    /* Not tracked by the cyclic garbage collector: a received Message holds a str, bytes,
+     * None, two ints and a Partition (a frozen dataclass of two ints), so no reference cycle
+     * can pass through it (CPython untracks a plain tuple of atomic items the same way;
+     * a Partition is not atomic to it). Tracked, the messages of each fetch set off
+     * collections that walk every object of the process: about 40% of the decode's time
+     * with 100,000 other objects alive. */
+    PyObject_GC_UnTrack(message);
     return message;
 }
 

@@ -6,6 +6,7 @@ built (scripts/setup.sh builds it).
 
 from __future__ import annotations
 
+import gc
 import struct
 
 import pytest
@@ -48,6 +49,15 @@ def test_plain_and_attribute_records_decode_in_order_with_offsets(decoder) -> No
     first = messages[0]
     assert type(first) is Message and first.data == b"a" * 100 and first.attribute is None and first.partition is P
     assert first._replace(data=b"z").data == b"z" and hash(first) == hash(Message(*first))
+
+
+def test_compiled_messages_are_not_tracked_by_the_garbage_collector() -> None:
+    if COMPILED is None:
+        pytest.skip("metaq.client._speedups is not built")
+    messages, _ = codec.decode_messages(encode_batch([(b"a", None)] * 3), 0, "t", P)
+    assert not any(gc.is_tracked(m) for m in messages)  # no cycle can pass through one (_speedups.c)
+    del messages
+    gc.collect()
 
 
 def test_msg_ids_and_bytearray_input(decoder) -> None:
