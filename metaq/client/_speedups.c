@@ -1,21 +1,24 @@
 /* The client's compiled decode of fetched records into Messages (optional).
  *
- * codec.decode_messages calls decode_plain() when this module is built (setup.py, during
+ * codec.decode_messages calls decode_valid() when this module is built (setup.py, during
  * scripts/setup.sh) and falls back to pure Python (record.decode_columns) when it is not.
- * It does only the common case: records without an attribute whose header and CRC are
- * right. It stops at the first record that is anything else (an attribute block, a control
- * record, a bad header, a CRC mismatch, a partial tail) and returns its position, so the
- * record rules and their error messages stay in one place, metaq/record.py, which
- * decodes that record. The record format is record.py's: a 20-byte big-endian header
- * (int32 length, int32 crc32(payload) & 0x7fffffff, int64 msg_id, int32 flag), then the
- * payload.
+ * It decodes valid records only, with or without an attribute, and leaves out control
+ * records as decode_messages does. It stops at the first record that is not whole and
+ * valid (a partial tail, a bad header, a CRC mismatch, a bad attribute block) and returns
+ * its position: record.py decodes from there, so the error messages stay there. The
+ * record format is record.py's: a 20-byte big-endian header (int32 length, int32
+ * crc32(payload) & 0x7fffffff, int64 msg_id, int32 flag), then the payload, which starts
+ * with an attribute block (int32 length, UTF-8) when flag bit 0 is set.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <zlib.h>
 
+#include <string.h>
+
 #define HEADER_SIZE 20
+#define FLAG_HAS_ATTRIBUTE 1u /* record.KNOWN_FLAGS: any other bit is a bad header */
 #define MESSAGE_FIELDS 6 /* Message: topic, data, attribute, id, partition, offset */
 
 static inline uint32_t be32(const unsigned char *p)
@@ -28,8 +31,9 @@ static inline int64_t be64(const unsigned char *p)
     return (int64_t)(((uint64_t)be32(p) << 32) | (uint64_t)be32(p + 4));
 }
 
-/* Message(topic, data, None, msg_id, partition, offset), built as tuple.__new__ does. */
-static PyObject *new_message(PyTypeObject *cls, PyObject *topic, PyObject *partition,
+/* Message(topic, data, attribute, msg_id, partition, offset), built as tuple.__new__ does;
+ * takes over the reference to ``attribute``. */
+static PyObject *new_message(PyTypeObject *cls, PyObject *topic, PyObject *partition, PyObject *attribute,
                              const unsigned char *payload, Py_ssize_t length, int64_t msg_id, long long offset)
 {
     PyObject *data = PyBytes_FromStringAndSize((const char *)payload, length);
@@ -37,22 +41,22 @@ static PyObject *new_message(PyTypeObject *cls, PyObject *topic, PyObject *parti
     PyObject *where = id ? PyLong_FromLongLong(offset) : NULL;
     PyObject *message = where ? cls->tp_alloc(cls, MESSAGE_FIELDS) : NULL;
     if (message == NULL) {
+        Py_DECREF(attribute);
         Py_XDECREF(data);
         Py_XDECREF(id);
         Py_XDECREF(where);
         return NULL;
     }
     Py_INCREF(topic);
-    Py_INCREF(Py_None);
     Py_INCREF(partition);
     PyTuple_SET_ITEM(message, 0, topic);
     PyTuple_SET_ITEM(message, 1, data);
-    PyTuple_SET_ITEM(message, 2, Py_None);
+    PyTuple_SET_ITEM(message, 2, attribute);
     PyTuple_SET_ITEM(message, 3, id);
     PyTuple_SET_ITEM(message, 4, partition);
     PyTuple_SET_ITEM(message, 5, where);
     /* Not tracked by the cyclic garbage collector: a received Message holds a str, bytes,
-     * None, two ints and a Partition (a frozen dataclass of two ints), so no reference cycle
+     * a str or None, two ints and a Partition (a frozen dataclass of two ints), so no reference cycle
      * can pass through it (CPython untracks a plain tuple of atomic items the same way;
      * a Partition is not atomic to it). Tracked, the messages of each fetch set off
      * collections that walk every object of the process: about 40% of the decode's time
@@ -61,25 +65,28 @@ static PyObject *new_message(PyTypeObject *cls, PyObject *topic, PyObject *parti
     return message;
 }
 
-PyDoc_STRVAR(decode_plain_doc,
-"decode_plain(buf, pos, base_offset, topic, partition, message_class, out) -> int\n\n"
-"Append a message_class(topic, data, None, msg_id, partition, offset) to the list ``out``\n"
-"for each whole, CRC-valid record without an attribute in bytes ``buf`` from ``pos`` on\n"
-"(``buf[0]`` is at log offset ``base_offset``); return where it stopped: the end of ``buf``\n"
-"or the first record it leaves to record.py (a partial tail, an attribute, a bad record).");
+PyDoc_STRVAR(decode_valid_doc,
+"decode_valid(buf, pos, base_offset, topic, partition, message_class, out, control_mark) -> int\n\n"
+"Append a message_class(topic, data, attribute, msg_id, partition, offset) to the list ``out``\n"
+"for each whole, valid record in bytes ``buf`` from ``pos`` on (``buf[0]`` is at log offset\n"
+"``base_offset``), leaving out control records (attribute bytes == ``control_mark``); return\n"
+"where it stopped: the end of ``buf`` or the first record that is not whole and valid.");
 
-static PyObject *decode_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *decode_valid(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "decode_plain takes 7 arguments");
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "decode_valid takes 8 arguments");
         return NULL;
     }
-    PyObject *buf = args[0], *topic = args[3], *partition = args[4], *cls = args[5], *out = args[6];
-    if (!PyBytes_Check(buf) || !PyList_Check(out) || !PyType_Check(cls)
+    PyObject *buf = args[0], *topic = args[3], *partition = args[4], *cls = args[5], *out = args[6], *mark = args[7];
+    if (!PyBytes_Check(buf) || !PyList_Check(out) || !PyBytes_Check(mark) || !PyType_Check(cls)
         || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)) {
-        PyErr_SetString(PyExc_TypeError, "decode_plain: buf must be bytes, message_class a tuple type, out a list");
+        PyErr_SetString(PyExc_TypeError,
+                        "decode_valid: buf and control_mark must be bytes, message_class a tuple type, out a list");
         return NULL;
     }
+    const char *control = PyBytes_AS_STRING(mark);
+    Py_ssize_t control_len = PyBytes_GET_SIZE(mark);
     Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
     long long base = PyLong_AsLongLong(args[2]);
     if ((pos == -1 || base == -1) && PyErr_Occurred())
@@ -87,7 +94,7 @@ static PyObject *decode_plain(PyObject *module, PyObject *const *args, Py_ssize_
     const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(buf);
     Py_ssize_t end = PyBytes_GET_SIZE(buf);
     if (pos < 0 || pos > end) {
-        PyErr_SetString(PyExc_ValueError, "decode_plain: pos outside buf");
+        PyErr_SetString(PyExc_ValueError, "decode_valid: pos outside buf");
         return NULL;
     }
     while (end - pos >= HEADER_SIZE) {
@@ -95,13 +102,34 @@ static PyObject *decode_plain(PyObject *module, PyObject *const *args, Py_ssize_
         int32_t length = (int32_t)be32(header);
         uint32_t crc = be32(header + 4);
         uint32_t flag = be32(header + 16);
-        /* Anything but a plain, whole record is record.py's to decode or to reject. */
-        if (length < 0 || flag != 0 || length > end - pos - HEADER_SIZE)
+        /* A record that is not whole and valid is record.py's to reject (or to wait for). */
+        if (length < 0 || (flag & ~FLAG_HAS_ATTRIBUTE) || length > end - pos - HEADER_SIZE)
             break;
         const unsigned char *payload = header + HEADER_SIZE;
         if ((crc32(0L, payload, (uInt)length) & 0x7FFFFFFFu) != crc)
             break;
-        PyObject *message = new_message((PyTypeObject *)cls, topic, partition, payload, length,
+        PyObject *attribute = Py_None;
+        const unsigned char *data_start = payload;
+        Py_ssize_t data_len = length;
+        if (flag) {
+            int32_t attr_len = length >= 4 ? (int32_t)be32(payload) : -1;
+            if (attr_len < 0 || attr_len > length - 4)
+                break;
+            if (attr_len == control_len && memcmp(payload + 4, control, (size_t)control_len) == 0) {
+                pos += HEADER_SIZE + length; /* a control record: no message, the end moves past it */
+                continue;
+            }
+            attribute = PyUnicode_DecodeUTF8((const char *)payload + 4, attr_len, NULL);
+            if (attribute == NULL) { /* not UTF-8: record.py says so */
+                PyErr_Clear();
+                break;
+            }
+            data_start = payload + 4 + attr_len;
+            data_len = length - 4 - attr_len;
+        } else {
+            Py_INCREF(Py_None);
+        }
+        PyObject *message = new_message((PyTypeObject *)cls, topic, partition, attribute, data_start, data_len,
                                         be64(header + 8), base + (long long)pos);
         if (message == NULL)
             return NULL;
@@ -115,7 +143,7 @@ static PyObject *decode_plain(PyObject *module, PyObject *const *args, Py_ssize_
 }
 
 static PyMethodDef speedups_methods[] = {
-    {"decode_plain", (PyCFunction)(void (*)(void))decode_plain, METH_FASTCALL, decode_plain_doc},
+    {"decode_valid", (PyCFunction)(void (*)(void))decode_valid, METH_FASTCALL, decode_valid_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -8,23 +8,23 @@ decode_payload, so the attribute rules live in one place.
 
 from __future__ import annotations
 
-import struct
 import zlib
 from itertools import repeat
 from typing import Sequence
 
 from ..record import HEADER, HEADER_SIZE, decode_columns, encode_payload
-from ..txn.control import drop_control_columns
+from ..txn.control import CONTROL_ATTRIBUTE, drop_control_columns
 from .message import Message, Partition
 
 try:  # compiled during setup (setup.py, _speedups.c); the same results in pure Python without it
-    from ._speedups import decode_plain
+    from ._speedups import decode_valid
 except ImportError:
-    decode_plain = None
+    decode_valid = None
 
 _pack = HEADER.pack
-_LENGTH = struct.Struct(">i")
 _crc32 = zlib.crc32
+#: The reserved attribute of control records as it is in a record (the compiled decode skips them).
+_CONTROL_MARK = CONTROL_ATTRIBUTE.encode("utf-8")
 
 
 def encode_messages(messages: Sequence[Message]) -> tuple[bytes, list[int]]:
@@ -55,28 +55,22 @@ def decode_messages(buf: bytes | bytearray, base_offset: int, topic: str, partit
     still moves past them.
     """
     buf = bytes(buf)
-    if decode_plain is None:
-        return _decode_columns_as_messages(buf, 0, base_offset, topic, partition)
+    if decode_valid is None:
+        return _decode_columns_as_messages(buf, base_offset, topic, partition)
     messages: list[Message] = []
-    pos, end = 0, len(buf)
-    while True:
-        pos = decode_plain(buf, pos, base_offset, topic, partition, Message, messages)
-        if end - pos < HEADER_SIZE:
-            return messages, base_offset + pos
-        # The compiled loop left this record to record.py: an attribute (a control record
-        # too), a partial tail, or damage (decode_columns raises and says what is wrong).
-        length = max(0, _LENGTH.unpack_from(buf, pos)[0])
-        record, stop = _decode_columns_as_messages(buf[pos : pos + HEADER_SIZE + length], pos, base_offset, topic, partition)
-        if stop == base_offset + pos:  # a partial tail
-            return messages, stop
-        messages += record
-        pos = stop - base_offset
+    pos = decode_valid(buf, 0, base_offset, topic, partition, Message, messages, _CONTROL_MARK)
+    if len(buf) - pos < HEADER_SIZE:
+        return messages, base_offset + pos
+    # The compiled decode stopped at a record that is not whole and valid: record.py decodes
+    # the rest, so it is the one to raise and say what is wrong (or to leave a partial tail).
+    rest, end = _decode_columns_as_messages(buf[pos:], base_offset + pos, topic, partition)
+    return messages + rest, end
 
 
-def _decode_columns_as_messages(buf: bytes, at: int, base_offset: int, topic: str, partition: Partition) -> tuple[list[Message], int]:
-    """The pure-Python decode of ``buf`` (the records at ``base_offset + at``): Messages and their end offset."""
-    offsets, ids, attributes, datas, consumed = decode_columns(buf, base_offset + at)
+def _decode_columns_as_messages(buf: bytes, base_offset: int, topic: str, partition: Partition) -> tuple[list[Message], int]:
+    """The pure-Python decode: ``buf``'s records (at ``base_offset``) as Messages, and their end offset."""
+    offsets, ids, attributes, datas, consumed = decode_columns(buf, base_offset)
     offsets, ids, attributes, datas = drop_control_columns(offsets, ids, attributes, datas)
     # tuple.__new__ mapped over zip builds each Message in C, without NamedTuple.__new__.
     fields = zip(repeat(topic), datas, attributes, ids, repeat(partition), offsets)
-    return list(map(tuple.__new__, repeat(Message), fields)), base_offset + at + consumed
+    return list(map(tuple.__new__, repeat(Message), fields)), base_offset + consumed

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import struct
+import zlib
 
 import pytest
 from hypothesis import given, settings
@@ -15,10 +16,10 @@ from hypothesis import strategies as st
 
 from metaq.client import codec
 from metaq.client.message import Message, Partition
-from metaq.record import HEADER_SIZE, RecordError, encode_batch, encode_record
+from metaq.record import HEADER, HEADER_SIZE, RecordError, encode_batch, encode_record
 from metaq.txn.control import frame_batch
 
-COMPILED = codec.decode_plain
+COMPILED = codec.decode_valid
 P = Partition(3, 1)
 
 
@@ -27,9 +28,9 @@ def decoder(request, monkeypatch):
     if request.param == "compiled":
         if COMPILED is None:
             pytest.skip("metaq.client._speedups is not built (python setup.py build_ext --inplace)")
-        monkeypatch.setattr(codec, "decode_plain", COMPILED)
+        monkeypatch.setattr(codec, "decode_valid", COMPILED)
     else:
-        monkeypatch.setattr(codec, "decode_plain", None)
+        monkeypatch.setattr(codec, "decode_valid", None)
     return codec.decode_messages
 
 
@@ -54,7 +55,8 @@ def test_plain_and_attribute_records_decode_in_order_with_offsets(decoder) -> No
 def test_compiled_messages_are_not_tracked_by_the_garbage_collector() -> None:
     if COMPILED is None:
         pytest.skip("metaq.client._speedups is not built")
-    messages, _ = codec.decode_messages(encode_batch([(b"a", None)] * 3), 0, "t", P)
+    messages, _ = codec.decode_messages(encode_batch([(b"a", None), (b"b", "tag"), (b"c", None)]), 0, "t", P)
+    assert [m.attribute for m in messages] == [None, "tag", None]
     assert not any(gc.is_tracked(m) for m in messages)  # no cycle can pass through one (_speedups.c)
     del messages
     gc.collect()
@@ -112,6 +114,13 @@ def test_a_bad_attribute_block_raises_naming_its_offset(decoder) -> None:
         decoder(encode_record(b"a") + bytes(record), 0, "t", P)
 
 
+def test_an_attribute_that_is_not_utf8_raises_naming_its_offset(decoder) -> None:
+    payload = struct.pack(">i", 2) + b"\xff\xfe" + b"data"
+    record = HEADER.pack(len(payload), zlib.crc32(payload) & 0x7FFFFFFF, 0, 1) + payload
+    with pytest.raises(RecordError, match="record at offset 27: attribute is not UTF-8"):
+        decoder(encode_record(b"a", "ok") + record + encode_record(b"c"), 0, "t", P)
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     records=st.lists(st.tuples(st.binary(max_size=300), st.none() | st.text(max_size=10)), max_size=20),
@@ -123,11 +132,11 @@ def test_both_decoders_agree_on_any_records(records, cut, base) -> None:
     buf = buf[: max(0, len(buf) - cut)]
     results = []
     for implementation in ([COMPILED] if COMPILED is not None else []) + [None]:
-        codec.decode_plain = implementation
+        codec.decode_valid = implementation
         try:
             results.append(codec.decode_messages(buf, base, "t", P))
         finally:
-            codec.decode_plain = COMPILED
+            codec.decode_valid = COMPILED
     messages, end = results[-1]
     assert all(result == results[-1] for result in results)
     assert messages == expected(records, base)[: len(messages)]
