@@ -68,9 +68,12 @@ static PyObject *new_message(PyTypeObject *cls, PyObject *topic, PyObject *parti
 PyDoc_STRVAR(decode_valid_doc,
 "decode_valid(buf, pos, base_offset, topic, partition, message_class, out, control_mark) -> int\n\n"
 "Append a message_class(topic, data, attribute, msg_id, partition, offset) to the list ``out``\n"
-"for each whole, valid record in bytes ``buf`` from ``pos`` on (``buf[0]`` is at log offset\n"
+"for each whole, valid record in ``buf`` (bytes-like) from ``pos`` on (``buf[0]`` is at log offset\n"
 "``base_offset``), leaving out control records (attribute bytes == ``control_mark``); return\n"
 "where it stopped: the end of ``buf`` or the first record that is not whole and valid.");
+
+static PyObject *decode_records(Py_buffer *view, Py_ssize_t pos, long long base, PyObject *topic, PyObject *partition,
+                                PyTypeObject *cls, PyObject *out, const char *control, Py_ssize_t control_len);
 
 static PyObject *decode_valid(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -79,10 +82,10 @@ static PyObject *decode_valid(PyObject *module, PyObject *const *args, Py_ssize_
         return NULL;
     }
     PyObject *buf = args[0], *topic = args[3], *partition = args[4], *cls = args[5], *out = args[6], *mark = args[7];
-    if (!PyBytes_Check(buf) || !PyList_Check(out) || !PyBytes_Check(mark) || !PyType_Check(cls)
+    if (!PyList_Check(out) || !PyBytes_Check(mark) || !PyType_Check(cls)
         || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)) {
         PyErr_SetString(PyExc_TypeError,
-                        "decode_valid: buf and control_mark must be bytes, message_class a tuple type, out a list");
+                        "decode_valid: control_mark must be bytes, message_class a tuple type, out a list");
         return NULL;
     }
     const char *control = PyBytes_AS_STRING(mark);
@@ -91,8 +94,21 @@ static PyObject *decode_valid(PyObject *module, PyObject *const *args, Py_ssize_
     long long base = PyLong_AsLongLong(args[2]);
     if ((pos == -1 || base == -1) && PyErr_Occurred())
         return NULL;
-    const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(buf);
-    Py_ssize_t end = PyBytes_GET_SIZE(buf);
+    /* A buffer export: a bytearray (a fetch reply's body, not copied) cannot be resized
+     * while it is held, whatever code a garbage collection in between may run. */
+    Py_buffer view;
+    if (PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *stopped = decode_records(&view, pos, base, topic, partition, (PyTypeObject *)cls, out, control, control_len);
+    PyBuffer_Release(&view);
+    return stopped;
+}
+
+static PyObject *decode_records(Py_buffer *view, Py_ssize_t pos, long long base, PyObject *topic, PyObject *partition,
+                                PyTypeObject *cls, PyObject *out, const char *control, Py_ssize_t control_len)
+{
+    const unsigned char *data = (const unsigned char *)view->buf;
+    Py_ssize_t end = view->len;
     if (pos < 0 || pos > end) {
         PyErr_SetString(PyExc_ValueError, "decode_valid: pos outside buf");
         return NULL;
@@ -129,7 +145,7 @@ static PyObject *decode_valid(PyObject *module, PyObject *const *args, Py_ssize_
         } else {
             Py_INCREF(Py_None);
         }
-        PyObject *message = new_message((PyTypeObject *)cls, topic, partition, attribute, data_start, data_len,
+        PyObject *message = new_message(cls, topic, partition, attribute, data_start, data_len,
                                         be64(header + 8), base + (long long)pos);
         if (message == NULL)
             return NULL;

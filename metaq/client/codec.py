@@ -54,16 +54,15 @@ def decode_messages(buf: bytes | bytearray, base_offset: int, topic: str, partit
     transaction markers, docs/storage.md) are no messages: they are left out, and the end
     still moves past them.
     """
-    buf = bytes(buf)
     if decode_valid is None:
-        return _decode_columns_as_messages(buf, base_offset, topic, partition)
+        return _decode_columns_as_messages(bytes(buf), base_offset, topic, partition)
     messages: list[Message] = []
-    pos = decode_valid(buf, 0, base_offset, topic, partition, Message, messages, _CONTROL_MARK)
+    pos = decode_valid(buf, 0, base_offset, topic, partition, Message, messages, _CONTROL_MARK)  # buf not copied
     if len(buf) - pos < HEADER_SIZE:
         return messages, base_offset + pos
     # The compiled decode stopped at a record that is not whole and valid: record.py decodes
     # the rest, so it is the one to raise and say what is wrong (or to leave a partial tail).
-    rest, end = _decode_columns_as_messages(buf[pos:], base_offset + pos, topic, partition)
+    rest, end = _decode_columns_as_messages(bytes(buf[pos:]), base_offset + pos, topic, partition)
     return messages + rest, end
 
 
