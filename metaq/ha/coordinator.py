@@ -335,8 +335,10 @@ class HaCoordinator:
                 # decides whether we still lead our epoch, as after a reconnect.
                 self.post(self._reconnected)
             elif self.machine.state not in HOLDS_LOCK:
-                # Our own node from a previous life (kill -9, quick restart), or a lock we
-                # gave back that could not be deleted (it goes with our session): wait it out.
+                if self.machine.state is not Role.ELECTING and await self._give_back_unused_lock():
+                    return  # its deletion shows as MASTER_GONE: an election follows
+                # Our own node from a previous life (kill -9, quick restart) goes with that
+                # session: wait it out.
                 log.info("the master node still names this broker (a previous run, or a lock given back); waiting for it to go")
                 await asyncio.sleep(0.5)
                 self.post(Event.REEVALUATE)
@@ -470,12 +472,35 @@ class HaCoordinator:
         except ZK_ERRORS as exc:
             log.error("could not release the master lock (%s); it goes when our session ends", exc)
 
-    def _release_lock(self) -> None:
-        """Delete the master node if our session holds it (never another broker's)."""
+    def _release_lock(self) -> bool:
+        """Delete the master node if our session holds it (never another broker's); whether it did."""
         path = self.paths.master(self.broker_id)
         stat = self.zk.exists_async(path).get(timeout=ZK_CALL_TIMEOUT_S)
         if stat is not None and stat.ephemeralOwner == self.registry.session_id:
             self.zk.delete_async(path, version=stat.version).get(timeout=ZK_CALL_TIMEOUT_S)
+            return True
+        return False
+
+    async def _give_back_unused_lock(self) -> bool:
+        """Delete the master node if this session holds it while this broker does not lead.
+
+        Invariant: a master node held by our live session is acted on by this broker (it
+        leads, is fenced or hands over) or deleted. Such a node never expires by itself, so
+        waiting for it to go left a group without a master for good (chaos campaign, seed
+        3002): a session expiry seen late (SESSION_LOST, queued while the election ran on the
+        new session) moved ELECTING to ORPHANED after the election had taken the lock, and
+        the WON behind it is ignored there. Not in ELECTING itself: its WON may be queued.
+        A lock given back (RESIGNED) whose delete failed is retried here too.
+        """
+        try:
+            released = await asyncio.to_thread(self._release_lock)
+        except ZK_ERRORS as exc:
+            log.warning("could not give back the master node this session holds (%s); trying again", exc)
+            return False
+        if released:
+            log.warning("gave back the master lock this session held while %s (a session event seen late); "
+                        "a new election follows", self.machine.state.value)
+        return released
 
     async def _fence(self) -> None:
         await self._stop_leading()

@@ -464,7 +464,7 @@ class ClientConnection(asyncio.Protocol):
                 self.principal = event.principal
                 self.slots.logged_in(self)
                 self.decoder.max_header, self.decoder.max_body = MAX_HEADER_SIZE, self.max_body
-                self.security.logged_in(self)  # a SIGHUP that removes the user closes it
+                self.security.logged_in(self, event.principal)  # a SIGHUP that removes the user closes it
                 log.info("connection from %s authenticated as %s", self.peer, event.principal)
             elif isinstance(event, handshake.Failed):
                 log.warning("authentication from %s failed: %s", self.peer, event.error)

@@ -194,7 +194,7 @@ class RequestHandlers:
         assert broker.ids is not None  # set in Broker.start, before the server listens
         first_id = broker.ids.allocate(count)
         stamp_msg_ids(body, first_id)
-        offset = self._append(req, partition, broker.partitions.get(req.topic, partition), body, count)
+        offset = self._append(req, partition, broker.partitions.serving(req.topic, partition), body, count)
         return self._ack(req, partition, offset, offset + len(body), first_id, count, count)
 
     def _append(self, req: c.Request, partition: int, owner: Partition, data: bytes | bytearray, count: int,
@@ -249,7 +249,7 @@ class RequestHandlers:
             raise c.RequestError(c.BAD_REQUEST, f"put: producer_id {req.producer_id} or producer_epoch "
                                                 f"{req.producer_epoch} out of range (0..2^63-1, 0..32767)")
         broker.authz.check_producer(ctx, req.producer_id, req.producer_epoch, req.producer_token)
-        owner = broker.partitions.get(req.topic, partition)
+        owner = broker.partitions.serving(req.topic, partition)
         # One verdict: the partition's producer table and the newest epoch of the producer's
         # transactional id on this master (its fence) decide together whether this is a zombie.
         fence = broker.transactions.fence_of(req.producer_id)
@@ -451,11 +451,11 @@ class RequestHandlers:
         """A replica reads to the log end; a consumer to the last stable offset below ``committed``."""
         if req.replica is not None:
             return log.log_end
-        return stable_end(self.broker, req.topic, req.partition, committed)
+        return stable_end(self.broker.partitions, req.topic, req.partition, committed)
 
     def _consumer_end(self, topic: str, partition: int, log: "PartitionLog") -> int:
         """The last stable offset: committed, and before the first open transaction."""
-        return stable_end(self.broker, topic, partition, self.broker.ha.committed(topic, partition, log))
+        return stable_end(self.broker.partitions, topic, partition, self.broker.ha.committed(topic, partition, log))
 
     def _read(self, req: c.Request, log: "PartitionLog", max_bytes: int) -> Reply | None:
         """The reply for data at ``req.offset``, or None when there is none yet."""
@@ -493,7 +493,7 @@ class RequestHandlers:
             # Only partitions with transactions carry these: plain topics' replies stay byte-identical.
             if upto < committed:
                 header["lso"] = upto
-            aborted = aborted_spans(self.broker, req.topic, req.partition, offset, offset + length)
+            aborted = aborted_spans(self.broker.partitions, req.topic, req.partition, offset, offset + length)
             if aborted:
                 header["aborted"] = aborted
         return header, FileBody(segment.fileno(), position, length, lambda: segment.read(offset, length))
