@@ -7,8 +7,8 @@
 Starts what ``vs_redis.py`` starts of metaq (an embedded ZooKeeper, an async pair and a sync
 pair, default flush policy), warms each pair up with 500 sends, then times ``--n`` blocking
 sends one at a time and reads each broker's ``utime + stime`` from ``/proc/PID/stat`` before
-and after: the CPU each broker spent per put (the user part in brackets), the rate and the
-median send. The machine's other load counts in neither broker's CPU, but it does in the
+and after: the CPU each broker (and this client process) spent per put (the user part in
+brackets), the rate and the median send. The machine's other load counts in neither broker's CPU, but it does in the
 rate; compare CPU per put across changes, interleaving runs.
 """
 
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "-o", f"{args.py_spy}-{mode}-{name}.txt", "--pid", str(broker.pid)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
                         time.sleep(1.5)  # attached before the clock starts
-                    before = cpu_seconds(master.pid), cpu_seconds(slave.pid)
+                    before = cpu_seconds(master.pid), cpu_seconds(slave.pid), cpu_seconds(os.getpid())
                     sends: list[float] = []
                     started = time.perf_counter()
                     for _ in range(args.n):
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
                         send()
                         sends.append(time.perf_counter() - sent)
                     elapsed = time.perf_counter() - started
-                    after = cpu_seconds(master.pid), cpu_seconds(slave.pid)
+                    after = cpu_seconds(master.pid), cpu_seconds(slave.pid), cpu_seconds(os.getpid())
                     for spy in spies:
                         spy.send_signal(2)  # py-spy writes its file on SIGINT
                         spy.wait(30)
@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
                     sends.sort()
                     print(f"{mode} pair: {args.n * args.batch / elapsed:,.0f} msgs/s, send p50 {sends[len(sends) // 2] * 1e3:.3f} ms;"
                           f" CPU per put: master {per_put[0][0]:.0f} us (user {per_put[0][1]:.0f}),"
-                          f" slave {per_put[1][0]:.0f} us (user {per_put[1][1]:.0f})", flush=True)
+                          f" slave {per_put[1][0]:.0f} us (user {per_put[1][1]:.0f}),"
+                          f" client {per_put[2][0]:.0f} us (user {per_put[2][1]:.0f})", flush=True)
     finally:
         pairs.stop()
     return 0

@@ -16,8 +16,13 @@ a slave's log stays a byte-identical copy of its master's at the same offsets.
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import struct
+import sys
 import zlib
+from pathlib import Path
+from types import ModuleType
 from typing import Callable, Iterator, NamedTuple
 
 HEADER = struct.Struct(">iiqi")
@@ -34,6 +39,35 @@ FLAG_HAS_ATTRIBUTE = 1
 KNOWN_FLAGS = FLAG_HAS_ATTRIBUTE
 
 DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024
+
+
+def _load_speedups() -> ModuleType:
+    """``metaq.client._speedups``, the optional compiled record walks (setup.py builds it from
+    ``metaq/client/_speedups.c`` during scripts/setup.sh); ImportError when it was not built.
+
+    Loaded from its file rather than imported: an import would run ``metaq/client/__init__``
+    (the whole client, a layer far above this one) from here, the bottom of the import graph.
+    It goes into ``sys.modules``, so the client's ``codec`` gets this same module.
+    """
+    name = "metaq.client._speedups"
+    if name in sys.modules:
+        return sys.modules[name]
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = Path(__file__).parent / "client" / f"_speedups{suffix}"
+        spec = importlib.util.spec_from_file_location(name, path) if path.is_file() else None
+        if spec is not None and spec.loader is not None:
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            sys.modules[name] = module
+            return module
+    raise ImportError(f"{name} is not built")
+
+
+try:  # the same results in pure Python without it (_scan, stamp_msg_ids); tests run both
+    _speedups = _load_speedups()
+    scan_valid, stamp_ids = _speedups.scan_valid, _speedups.stamp_ids
+except (ImportError, AttributeError):
+    scan_valid = stamp_ids = None
 
 
 class RecordError(ValueError):
@@ -155,8 +189,15 @@ def valid_prefix(buf: bytes | bytearray | memoryview, max_message_size: int = AN
 def _scan(buf: bytes | bytearray | memoryview, max_message_size: int, attributes_utf8: bool) -> tuple[int, int]:
     """``(length, count)`` of the longest prefix of ``buf`` whose records follow the rules.
 
-    The one place the record rules are walked (validate_batch adds: attributes are UTF-8).
+    The one place the record rules are walked (validate_batch adds: attributes are UTF-8),
+    compiled when ``scan_valid`` is built: per record, the same rules in C (a put of 100
+    records of 100 B: ~110 µs of Python per walk, on the master's put and again on the
+    slave's append).
     """
+    if scan_valid is not None:
+        scanned = scan_valid(buf, max_message_size, attributes_utf8)
+        if scanned is not None:  # None: not a contiguous byte buffer, walked below
+            return scanned
     view = memoryview(buf)
     pos, count, end = 0, 0, len(view)
     unpack, crc32 = HEADER.unpack_from, zlib.crc32
@@ -262,6 +303,10 @@ def buffer_reader(buf: bytes | bytearray | memoryview, base_offset: int) -> Call
 
 def stamp_msg_ids(buf: bytearray, first_id: int) -> int:
     """Write ids ``first_id, first_id + 1, ...`` into a validated batch; return the count."""
+    if stamp_ids is not None:
+        stamped = stamp_ids(buf, first_id)
+        if stamped is not None:  # None: nothing written, left to the loop below (which raises)
+            return stamped
     pos, n, end = 0, 0, len(buf)
     while pos < end:
         (length,) = _ATTR_LEN.unpack_from(buf, pos)

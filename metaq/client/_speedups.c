@@ -1,4 +1,9 @@
-/* The client's compiled decode of fetched records into Messages (optional).
+/* Compiled record walks (optional): the client's decode of fetched records into Messages, and
+ * the broker's check of a put or a fetch reply (scan_valid) and msg id stamping (stamp_ids).
+ *
+ * scan_valid and stamp_ids are record.py's _scan and stamp_msg_ids, chosen by record.py when
+ * this module is built; they return exactly what those return, and stamp_ids hands anything it
+ * would not write (not whole records, an id past int64) back to record.py, which raises.
  *
  * codec.decode_messages calls decode_valid() when this module is built (setup.py, during
  * scripts/setup.sh) and falls back to pure Python (record.decode_columns) when it is not.
@@ -15,6 +20,7 @@
 #include <stdint.h>
 #include <zlib.h>
 
+#include <limits.h>
 #include <string.h>
 
 #define HEADER_SIZE 20
@@ -158,14 +164,158 @@ static PyObject *decode_records(Py_buffer *view, Py_ssize_t pos, long long base,
     return PyLong_FromSsize_t(pos);
 }
 
+/* --- The broker's record walks (record.py's _scan and stamp_msg_ids) ------------------------- */
+
+/* A contiguous byte view of ``obj`` (writable if asked); 0 without an error set when there is
+ * none (not a buffer, read-only, items wider than a byte): the caller hands obj back to record.py,
+ * which raises what it raises for it. */
+static int byte_view(PyObject *obj, Py_buffer *view, int writable)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (view->itemsize != 1) {
+        PyBuffer_Release(view);
+        return 0;
+    }
+    return 1;
+}
+
+PyDoc_STRVAR(scan_valid_doc,
+"scan_valid(buf, max_message_size, attributes_utf8) -> (length, count) or None\n\n"
+"record._scan compiled: the length and record count of the longest prefix of ``buf`` (bytes-like)\n"
+"whose records follow the record rules (length 0..max_message_size, known flag bits, a positive\n"
+"CRC that matches, an attribute block that fits, UTF-8 when ``attributes_utf8``); None when\n"
+"``buf`` is not a contiguous byte buffer (record.py walks it).");
+
+static PyObject *scan_valid(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "scan_valid takes 3 arguments");
+        return NULL;
+    }
+    int overflow = 0;
+    long long max_size = PyLong_AsLongLongAndOverflow(args[1], &overflow);
+    if (max_size == -1 && PyErr_Occurred()) { /* not an int: record.py compares it as it is */
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (overflow) /* beyond int64: no record length is above (or, negative, below) it */
+        max_size = overflow > 0 ? LLONG_MAX : LLONG_MIN;
+    int attributes_utf8 = PyObject_IsTrue(args[2]);
+    if (attributes_utf8 < 0)
+        return NULL;
+    Py_buffer view;
+    if (!byte_view(args[0], &view, 0))
+        Py_RETURN_NONE;
+    const unsigned char *data = (const unsigned char *)view.buf;
+    Py_ssize_t pos = 0, count = 0, end = view.len;
+    int failed = 0;
+    /* Every read below is inside [pos, pos + HEADER_SIZE + length), checked against end first. */
+    while (end - pos >= HEADER_SIZE) {
+        const unsigned char *header = data + pos;
+        int32_t length = (int32_t)be32(header);
+        uint32_t crc = be32(header + 4);
+        uint32_t flag = be32(header + 16);
+        if (length < 0 || (long long)length > max_size || (flag & ~FLAG_HAS_ATTRIBUTE) || (crc & 0x80000000u))
+            break;
+        if (length > end - pos - HEADER_SIZE)
+            break;
+        const unsigned char *payload = header + HEADER_SIZE;
+        if ((crc32(0L, payload, (uInt)length) & 0x7FFFFFFFu) != crc)
+            break;
+        if (flag) {
+            /* The flag is outside the CRC: an attribute block that cannot be one means a damaged header. */
+            if (length < 4)
+                break;
+            int32_t attr_len = (int32_t)be32(payload);
+            if (attr_len < 0 || attr_len > length - 4)
+                break;
+            if (attributes_utf8) {
+                PyObject *attribute = PyUnicode_DecodeUTF8((const char *)payload + 4, attr_len, NULL);
+                if (attribute == NULL) {
+                    if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+                        failed = 1;
+                        break;
+                    }
+                    PyErr_Clear();
+                    break;
+                }
+                Py_DECREF(attribute);
+            }
+        }
+        pos += HEADER_SIZE + length;
+        count++;
+    }
+    PyBuffer_Release(&view);
+    if (failed)
+        return NULL;
+    return Py_BuildValue("(nn)", pos, count);
+}
+
+PyDoc_STRVAR(stamp_ids_doc,
+"stamp_ids(buf, first_id) -> int or None\n\n"
+"record.stamp_msg_ids compiled: write ids first_id, first_id + 1, ... into the records of the\n"
+"writable buffer ``buf`` and return their count; None, with nothing written, when ``buf`` is not\n"
+"a whole number of records or an id would not fit an int64 (record.py then does it, and raises).");
+
+static PyObject *stamp_ids(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "stamp_ids takes 2 arguments");
+        return NULL;
+    }
+    int overflow = 0;
+    long long first_id = PyLong_AsLongLongAndOverflow(args[1], &overflow);
+    if (first_id == -1 && PyErr_Occurred()) { /* not an int: record.py raises for it */
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (overflow) /* no id fits an int64: record.py raises */
+        Py_RETURN_NONE;
+    Py_buffer view;
+    if (!byte_view(args[0], &view, 1))
+        Py_RETURN_NONE;
+    unsigned char *data = (unsigned char *)view.buf;
+    Py_ssize_t pos = 0, count = 0, end = view.len;
+    /* First the walk alone: nothing is written unless every header is inside buf and the
+     * records end exactly at its end. */
+    while (end - pos >= HEADER_SIZE) {
+        int32_t length = (int32_t)be32(data + pos);
+        if (length < 0 || length > end - pos - HEADER_SIZE)
+            break;
+        pos += HEADER_SIZE + length;
+        count++;
+    }
+    if (pos != end || (count > 0 && first_id > INT64_MAX - (long long)(count - 1))) {
+        PyBuffer_Release(&view);
+        Py_RETURN_NONE;
+    }
+    pos = 0;
+    for (Py_ssize_t n = 0; n < count; n++) {
+        uint64_t id = (uint64_t)(first_id + (long long)n);
+        unsigned char *at = data + pos + 8;
+        for (int i = 7; i >= 0; i--) {
+            at[i] = (unsigned char)(id & 0xFFu);
+            id >>= 8;
+        }
+        pos += HEADER_SIZE + (int32_t)be32(data + pos);
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(count);
+}
+
 static PyMethodDef speedups_methods[] = {
     {"decode_valid", (PyCFunction)(void (*)(void))decode_valid, METH_FASTCALL, decode_valid_doc},
+    {"scan_valid", (PyCFunction)(void (*)(void))scan_valid, METH_FASTCALL, scan_valid_doc},
+    {"stamp_ids", (PyCFunction)(void (*)(void))stamp_ids, METH_FASTCALL, stamp_ids_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef speedups_module = {
     PyModuleDef_HEAD_INIT, "metaq.client._speedups",
-    "The client's compiled record decode (optional; codec.py falls back to pure Python).",
+    "Compiled record walks (optional; codec.py and record.py fall back to pure Python).",
     -1, speedups_methods,
 };
 
