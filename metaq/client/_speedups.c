@@ -37,6 +37,15 @@ static inline int64_t be64(const unsigned char *p)
     return (int64_t)(((uint64_t)be32(p) << 32) | (uint64_t)be32(p + 4));
 }
 
+/* A METH_FASTCALL function's argument count: 1 (TypeError set) when it is not ``want``. */
+static int wrong_nargs(const char *name, Py_ssize_t nargs, Py_ssize_t want)
+{
+    if (nargs == want)
+        return 0;
+    PyErr_Format(PyExc_TypeError, "%s takes %zd arguments", name, want);
+    return 1;
+}
+
 /* Message(topic, data, attribute, msg_id, partition, offset), built as tuple.__new__ does;
  * takes over the reference to ``attribute``. */
 static PyObject *new_message(PyTypeObject *cls, PyObject *topic, PyObject *partition, PyObject *attribute,
@@ -83,10 +92,8 @@ static PyObject *decode_records(Py_buffer *view, Py_ssize_t pos, long long base,
 
 static PyObject *decode_valid(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "decode_valid takes 8 arguments");
+    if (wrong_nargs("decode_valid", nargs, 8))
         return NULL;
-    }
     PyObject *buf = args[0], *topic = args[3], *partition = args[4], *cls = args[5], *out = args[6], *mark = args[7];
     if (!PyList_Check(out) || !PyBytes_Check(mark) || !PyType_Check(cls)
         || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)) {
@@ -182,6 +189,20 @@ static int byte_view(PyObject *obj, Py_buffer *view, int writable)
     return 1;
 }
 
+/* ``obj`` as an int64 in *value (LLONG_MAX or LLONG_MIN past either end, *overflow then set);
+ * 0 without an error set when it is no int: the caller hands it back to record.py. */
+static int int64_arg(PyObject *obj, long long *value, int *overflow)
+{
+    *value = PyLong_AsLongLongAndOverflow(obj, overflow);
+    if (*value == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (*overflow)
+        *value = *overflow > 0 ? LLONG_MAX : LLONG_MIN;
+    return 1;
+}
+
 PyDoc_STRVAR(scan_valid_doc,
 "scan_valid(buf, max_message_size, attributes_utf8) -> (length, count) or None\n\n"
 "record._scan compiled: the length and record count of the longest prefix of ``buf`` (bytes-like)\n"
@@ -191,18 +212,13 @@ PyDoc_STRVAR(scan_valid_doc,
 
 static PyObject *scan_valid(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "scan_valid takes 3 arguments");
+    if (wrong_nargs("scan_valid", nargs, 3))
         return NULL;
-    }
-    int overflow = 0;
-    long long max_size = PyLong_AsLongLongAndOverflow(args[1], &overflow);
-    if (max_size == -1 && PyErr_Occurred()) { /* not an int: record.py compares it as it is */
-        PyErr_Clear();
+    /* Past int64 either way, the limit is above (or below) every record length alike. */
+    int overflow;
+    long long max_size;
+    if (!int64_arg(args[1], &max_size, &overflow))
         Py_RETURN_NONE;
-    }
-    if (overflow) /* beyond int64: no record length is above (or, negative, below) it */
-        max_size = overflow > 0 ? LLONG_MAX : LLONG_MIN;
     int attributes_utf8 = PyObject_IsTrue(args[2]);
     if (attributes_utf8 < 0)
         return NULL;
@@ -262,17 +278,11 @@ PyDoc_STRVAR(stamp_ids_doc,
 
 static PyObject *stamp_ids(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "stamp_ids takes 2 arguments");
+    if (wrong_nargs("stamp_ids", nargs, 2))
         return NULL;
-    }
-    int overflow = 0;
-    long long first_id = PyLong_AsLongLongAndOverflow(args[1], &overflow);
-    if (first_id == -1 && PyErr_Occurred()) { /* not an int: record.py raises for it */
-        PyErr_Clear();
-        Py_RETURN_NONE;
-    }
-    if (overflow) /* no id fits an int64: record.py raises */
+    int overflow;
+    long long first_id;
+    if (!int64_arg(args[1], &first_id, &overflow) || overflow) /* record.py raises for it */
         Py_RETURN_NONE;
     Py_buffer view;
     if (!byte_view(args[0], &view, 1))

@@ -70,7 +70,7 @@ def test_a_good_batch_is_counted_and_stamped(walks) -> None:
     assert validate_batch(batch, LIMIT) == 4  # the ids are outside the CRC
 
 
-@pytest.mark.parametrize("batch, says", BAD_BATCHES)
+@pytest.mark.parametrize("batch, says", BAD_BATCHES, ids=[says for _, says in BAD_BATCHES])
 def test_a_bad_batch_is_refused_with_the_same_message(walks, batch, says) -> None:
     with pytest.raises(RecordError, match=says.replace("(", r"\(").replace(")", r"\)")):
         validate_batch(batch, LIMIT)
