@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 
-from tests.chaos.run_support import MARKER, ChaosRuns, Outcome, checked
+from tests.chaos.run_support import MARKER, ChaosRuns, Outcome
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -25,11 +25,7 @@ def chaos_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 
 @pytest.fixture
 def chaos_outcome(request: pytest.FixtureRequest, chaos_runs: ChaosRuns) -> Outcome:
-    """The finished run of this test's ``@chaos_run(...)``."""
+    """The finished run of this test's ``@chaos_run(...)``; the test checks it (``checked``), so
+    that a failed check is the test's failure, not an error of its set-up."""
     return chaos_runs.outcome(request.node)
 
-
-@pytest.fixture
-def chaos_result(chaos_outcome: Outcome) -> dict[str, Any]:
-    """The run's ``check.json`` (its history under ``history``), once ``checked``."""
-    return checked(chaos_outcome)

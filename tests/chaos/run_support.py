@@ -53,11 +53,35 @@ class RunSpec:
                 *self.options]
 
 
+@dataclass(frozen=True)
+class TransactionsRunSpec:
+    """``python -m chaos.transactions``: transactional writers under one scenario's faults
+    (chaos/transactions.py); its verdicts in ``transactions.json``."""
+
+    scenario: str
+    seed: int
+    seconds: float = 15
+    alone: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"transactions-{self.scenario}-{self.seed}"
+
+    def command(self, out: Path) -> list[str]:
+        return [sys.executable, "-m", "chaos.transactions", "--scenario", self.scenario, "--seed", str(self.seed),
+                "--seconds", f"{self.seconds:g}", "--out", str(out)]
+
+
+def transactions_run(scenario: str, seed: int, seconds: float = 15) -> pytest.MarkDecorator:
+    """Marks a test as checking ``python -m chaos.transactions --scenario SCENARIO ...`` (its
+    outcome: the ``chaos_outcome`` fixture, as for ``chaos_run``)."""
+    return getattr(pytest.mark, MARKER)(TransactionsRunSpec(scenario, seed, seconds))
+
+
 def chaos_run(scenario: str, seed: int, seconds: float = 12, mode: str = "sync", zk_nodes: int = 1,
               *options: str, alone: bool = False) -> pytest.MarkDecorator:
     """Marks a test as checking ``python -m chaos run --scenario SCENARIO --seed SEED ...``;
-    the test takes the outcome from the ``chaos_outcome`` fixture, or the result ``checked``
-    from ``chaos_result``."""
+    the test takes the outcome from the ``chaos_outcome`` fixture."""
     return getattr(pytest.mark, MARKER)(RunSpec(scenario, seed, seconds, mode, zk_nodes, tuple(options), alone))
 
 
@@ -65,7 +89,7 @@ def chaos_run(scenario: str, seed: int, seconds: float = 12, mode: str = "sync",
 class Outcome:
     """A finished run: its exit status, its output directory and its report."""
 
-    spec: RunSpec
+    spec: RunSpec | TransactionsRunSpec
     command: list[str]
     returncode: int
     out: Path
@@ -86,7 +110,7 @@ class StartedRun:
     end of the test session kills its process group: the runner, its brokers, proxy and
     consumers (its ZooKeeper JVMs die with the runner)."""
 
-    def __init__(self, spec: RunSpec, out: Path) -> None:
+    def __init__(self, spec: RunSpec | TransactionsRunSpec, out: Path) -> None:
         self.spec, self.out = spec, out
         self.command = spec.command(out)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -129,11 +153,11 @@ class ChaosRuns:
         self.runs: dict[str, StartedRun] = {}
 
     @staticmethod
-    def spec_of(item: pytest.Item) -> RunSpec | None:
+    def spec_of(item: pytest.Item) -> RunSpec | TransactionsRunSpec | None:
         marker = item.get_closest_marker(MARKER)
         return marker.args[0] if marker is not None else None
 
-    def _start(self, item: pytest.Item, spec: RunSpec) -> StartedRun:
+    def _start(self, item: pytest.Item, spec: RunSpec | TransactionsRunSpec) -> StartedRun:
         if item.nodeid not in self.runs:
             self.runs[item.nodeid] = StartedRun(spec, self.mktemp(spec.name) / "run")
         return self.runs[item.nodeid]

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.chaos.run_support import chaos_run
+from tests.chaos.run_support import Outcome, chaos_run, checked
 
 pytestmark = pytest.mark.chaos
 
 
 @chaos_run("kill-master", 1, 12, "sync", 1, "--idempotent")
-def test_kill_master_sync_idempotent_resends_lose_nothing_and_store_nothing_twice(chaos_result: dict) -> None:
-    result = chaos_result
+def test_kill_master_sync_idempotent_resends_lose_nothing_and_store_nothing_twice(chaos_outcome: Outcome) -> None:
+    result = checked(chaos_outcome)
     stats, history = result["stats"], result["history"]
     assert history["meta"]["producers"] == {"idempotent": True, "retry_unknown": True}
     assert stats["lost_acked"] == 0 and stats["duplicates"] == 0, stats

@@ -49,7 +49,7 @@ from __future__ import annotations
 import pytest
 
 from chaos.scenarios import schedule, writes_expected
-from tests.chaos.run_support import chaos_run
+from tests.chaos.run_support import Outcome, chaos_run, checked
 
 pytestmark = pytest.mark.chaos
 
@@ -115,12 +115,12 @@ def rogue_summary(result: dict) -> dict:
 
 
 @chaos_run("kill-master", 1, 10, "sync", 1, "--secure", "--rogue", alone=True)
-def test_chaos_secure_group_with_rogue_peers_kill_master(chaos_result: dict) -> None:
+def test_chaos_secure_group_with_rogue_peers_kill_master(chaos_outcome: Outcome) -> None:
     # Security on (group secrets, ZooKeeper digest ACLs, SCRAM users; the workload logs in)
     # while rogue peers forge positions, epoch claims, phantom joins, replica reads and
     # heartbeats at both brokers, and a ZooKeeper client without credentials writes the
     # group's nodes; the master is killed: failover, the old master rejoins, 0 lost.
-    result = chaos_result
+    result = checked(chaos_outcome)
     assert result["stats"]["failovers"] >= 1 and result["stats"]["lost_acked"] == 0
     rogue = rogue_summary(result)
     zk = rogue["zookeeper"]
@@ -130,18 +130,18 @@ def test_chaos_secure_group_with_rogue_peers_kill_master(chaos_result: dict) -> 
 
 
 @chaos_run("pause-master", 3, 10, "sync", 1, "--rogue", alone=True)
-def test_chaos_rogue_peers_pause_master_security_off(chaos_result: dict) -> None:
+def test_chaos_rogue_peers_pause_master_security_off(chaos_outcome: Outcome) -> None:
     # The default (security off): the brokers alone refuse every TCP forgery (a replica
     # claim needs a slave ZooKeeper names; a claimed epoch never fences) and ignore the
     # heartbeats of unknown slaves, through a fencing failover.
-    result = chaos_result
+    result = checked(chaos_outcome)
     assert result["stats"]["failovers"] >= 1 and result["stats"]["lost_acked"] == 0
     assert isinstance(rogue_summary(result)["zookeeper"], str)  # not run: ZooKeeper is open without security
 
 
 @chaos_run("kill-master", seed=1, zk_nodes=3)
-def test_chaos_kill_master_sync_ensemble(chaos_result: dict) -> None:
-    result = chaos_result
+def test_chaos_kill_master_sync_ensemble(chaos_outcome: Outcome) -> None:
+    result = checked(chaos_outcome)
     s = result["stats"]
     assert s["failovers"] >= 1 and s["lost_acked"] == 0 and s["puts_ok"] > 0
     assert result["checks"]["split_brain"]["checked"] > 0
@@ -149,8 +149,8 @@ def test_chaos_kill_master_sync_ensemble(chaos_result: dict) -> None:
 
 
 @chaos_run("kill-master", 1, 12, "sync", 1, "--consumer-group", "--transactions")
-def test_chaos_consumer_group_kill_master(chaos_result: dict) -> None:
-    result = chaos_result
+def test_chaos_consumer_group_kill_master(chaos_outcome: Outcome) -> None:
+    result = checked(chaos_outcome)
     history, checks = result["history"], result["checks"]
     churn = [f["kind"] for f in history["faults"] if f["kind"] in ("consumer-kill", "consumer-stop")]
     assert "consumer-kill" in churn, churn  # a member died without committing: it redelivers
@@ -180,51 +180,51 @@ def test_chaos_consumer_group_kill_master(chaos_result: dict) -> None:
 
 
 @chaos_run("kill-slave", seed=2, seconds=10)
-def test_chaos_kill_slave_sync(chaos_result: dict) -> None:
-    result = chaos_result
+def test_chaos_kill_slave_sync(chaos_outcome: Outcome) -> None:
+    result = checked(chaos_outcome)
     assert result["stats"]["lost_acked"] == 0
 
 
 @chaos_run("pause-master", seed=3)
-def test_chaos_pause_master_sync(chaos_result: dict) -> None:
-    result = chaos_result
+def test_chaos_pause_master_sync(chaos_outcome: Outcome) -> None:
+    result = checked(chaos_outcome)
     assert result["stats"]["failovers"] >= 1 and result["stats"]["lost_acked"] == 0
 
 
 @chaos_run("partition-master-zk", seed=2)
-def test_chaos_partition_master_zk_split_brain(chaos_result: dict) -> None:
-    result = chaos_result
+def test_chaos_partition_master_zk_split_brain(chaos_outcome: Outcome) -> None:
+    result = checked(chaos_outcome)
     assert result["stats"]["failovers"] >= 1 and result["stats"]["lost_acked"] == 0
     assert result["checks"]["split_brain"]["ok"]
 
 
 @chaos_run("partition-master-peers", seed=3)
-def test_chaos_partition_master_peers_sync(chaos_result: dict) -> None:
-    result = chaos_result
+def test_chaos_partition_master_peers_sync(chaos_outcome: Outcome) -> None:
+    result = checked(chaos_outcome)
     assert result["stats"]["lost_acked"] == 0
 
 
 @chaos_run("partition-master-slave", seed=5)
-def test_chaos_partition_master_slave_sync(chaos_result: dict) -> None:
+def test_chaos_partition_master_slave_sync(chaos_outcome: Outcome) -> None:
     # Only the replication link is cut: clients still reach the master, which drops the
     # slave from the sync set (degrade) and goes on acking; the slave rejoins after the heal.
-    result = chaos_result
+    result = checked(chaos_outcome)
     assert result["stats"]["lost_acked"] == 0 and result["stats"]["failovers"] == 0
     assert acks_during(result["history"], "partition-master-slave") > 0
     assert result["checks"]["replica_prefix"]["ok"]
 
 
 @chaos_run("partition-client-master", seed=6)
-def test_chaos_partition_client_master_sync(chaos_result: dict) -> None:
+def test_chaos_partition_client_master_sync(chaos_outcome: Outcome) -> None:
     # Only the clients' link is cut: the master keeps its ZooKeeper session and its slave,
     # so no failover may happen; nothing acked is lost.
-    result = chaos_result
+    result = checked(chaos_outcome)
     assert result["stats"]["lost_acked"] == 0 and result["stats"]["failovers"] == 0
 
 
 @chaos_run("kill-master", seed=4, mode="async")
-def test_chaos_kill_master_async_loss_within_lag(chaos_result: dict) -> None:
-    result = chaos_result
+def test_chaos_kill_master_async_loss_within_lag(chaos_outcome: Outcome) -> None:
+    result = checked(chaos_outcome)
     assert result["stats"]["failovers"] >= 1
     assert result["checks"]["async_loss_bound"]["ok"] and result["checks"]["replica_prefix"]["ok"]
 
@@ -236,46 +236,46 @@ def unavailability(result: dict, kind: str) -> dict:
 
 
 @chaos_run("lose-master", 1, 8, "sync", 1, "--on-sync-slave-loss", "reject")
-def test_chaos_lose_master_sync_reject(chaos_result: dict) -> None:
-    result = chaos_result
+def test_chaos_lose_master_sync_reject(chaos_outcome: Outcome) -> None:
+    result = checked(chaos_outcome)
     row = unavailability(result, "lose-master")
     assert result["stats"]["failovers"] == 1 and not row["writes_expected"]
 
 
 @chaos_run("lose-master", 1, 8, "sync", 1, "--on-sync-slave-loss", "degrade")
-def test_chaos_lose_master_sync_degrade(chaos_result: dict) -> None:
-    result = chaos_result
+def test_chaos_lose_master_sync_degrade(chaos_outcome: Outcome) -> None:
+    result = checked(chaos_outcome)
     row = unavailability(result, "lose-master")
     assert result["stats"]["failovers"] == 1 and row["writes_expected"] and row["write_recovery_s"] is not None
 
 
 @chaos_run("lose-master", 1, 8, "async")
-def test_chaos_lose_master_async(chaos_result: dict) -> None:
-    result = chaos_result
+def test_chaos_lose_master_async(chaos_outcome: Outcome) -> None:
+    result = checked(chaos_outcome)
     row = unavailability(result, "lose-master")
     assert result["stats"]["failovers"] == 1 and row["write_recovery_s"] is not None
     assert result["checks"]["async_loss_bound"]["ok"]
 
 
 @chaos_run("lose-master", 1, 8, "sync", 1, "--slaves", "2", "--on-sync-slave-loss", "reject")
-def test_chaos_two_slaves_lose_master_sync_reject(chaos_result: dict) -> None:
+def test_chaos_two_slaves_lose_master_sync_reject(chaos_outcome: Outcome) -> None:
     # With two slaves, losing the master for good still leaves one slave for the new
     # master's sync set: reject mode must write on.
-    result = chaos_result
+    result = checked(chaos_outcome)
     row = unavailability(result, "lose-master")
     assert row["writes_expected"] and row["write_recovery_s"] is not None
     assert result["checks"]["replica_prefix"]["checked"] >= 4  # two slaves x two partitions
 
 
 @chaos_run("zk-majority", 1, 10, "sync", 3)
-def test_chaos_zk_majority_lost_and_restored(chaos_result: dict) -> None:
-    result = chaos_result
+def test_chaos_zk_majority_lost_and_restored(chaos_outcome: Outcome) -> None:
+    result = checked(chaos_outcome)
     unavailability(result, "zk-majority")
     assert result["stats"]["failovers"] == 0 and result["stats"]["lost_acked"] == 0
 
 
 @chaos_run("replace-slave", 1, 10)
-def test_chaos_replace_slave_with_empty_data_dir(chaos_result: dict) -> None:
-    result = chaos_result
+def test_chaos_replace_slave_with_empty_data_dir(chaos_outcome: Outcome) -> None:
+    result = checked(chaos_outcome)
     unavailability(result, "replace-slave")
     assert result["checks"]["replica_prefix"]["ok"] and result["checks"]["replica_prefix"]["checked"] >= 2
