@@ -1,4 +1,5 @@
-"""``python -m chaos run`` processes for the chaos tests, the next one started ahead.
+"""``python -m chaos run`` (and ``python -m chaos.transactions``) processes for the chaos
+tests, the next one started ahead.
 
 A chaos run is mostly waiting: fault holds, session timeouts, settles (the runner, its
 brokers, ZooKeeper and proxy use about a fifth of one core). So a test marked
@@ -35,6 +36,8 @@ MARKER = "chaos_run"
 
 @dataclass(frozen=True)
 class RunSpec:
+    """``python -m chaos run`` with these options (the runner's defaults for the rest)."""
+
     scenario: str
     seed: int
     seconds: float = 12
