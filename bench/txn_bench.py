@@ -29,7 +29,6 @@ import sys
 import tempfile
 import time
 import timeit
-from types import SimpleNamespace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,10 +95,12 @@ def read_side_us(directory: Path, calls: int = 100_000) -> float:
     log = store.get_log(TOPIC, 0)
     for _ in range(1000):
         log.append(encode_batch([(PAYLOAD, None)] * 10))
-    broker = SimpleNamespace(partitions=Partitions(store))
+    partitions = Partitions(store)
+    partitions.open_all()  # as the broker's start does: each state loaded before serving
     end = log.log_end
-    seconds = timeit.timeit(lambda: (stable_end(broker, TOPIC, 0, end), aborted_spans(broker, TOPIC, 0, 0, end)),
+    seconds = timeit.timeit(lambda: (stable_end(partitions, TOPIC, 0, end), aborted_spans(partitions, TOPIC, 0, 0, end)),
                             number=calls)
+    partitions.close()
     store.close()
     return seconds / calls * 1e6
 

@@ -15,7 +15,9 @@ checks
 ``order``           per partition, if put A completed (ok) before put B was invoked, A's
                     final offset is below B's (real-time order survives failover).
 ``read_lost``       every message a consumer read (offset, value) is in the final log at that
-                    offset: nobody read a message that a failover later took back.
+                    offset: nobody read a message that a failover later took back. (async:
+                    a read that a failover of the group took back inside its lag is expected,
+                    see ``taken_back_reads``; counted in ``stats["async_reads_taken_back"]``.)
 ``split_brain``     no two masters acked writes in the same epoch of a group (from the
                     ``epoch``/``master`` that each ok put carries); a put acked at a lower
                     epoch after a higher-epoch ack had completed is a warning (``stale_ack``).
@@ -40,6 +42,8 @@ Jepsen's Kafka workload anomalies (chaos/anomalies.py, by Jepsen's names; ``acke
 its ``lost-write``): ``unseen``, ``duplicate``, ``inconsistent-offsets``, ``poll-skip``,
 ``nonmonotonic-poll``, ``nonmonotonic-send``, ``int-poll-skip``, ``int-nonmonotonic-poll``,
 ``precommitted-read``, ``aborted-read`` (G1a), ``intermediate-read`` (G1b), ``G0``, ``G1c``.
+``inconsistent-offsets`` is Jepsen's, with the same async allowance as ``read_lost``: an
+offset seen holding a value a failover took back inside its lag, besides the final one.
 A check may also return anomalies its mode allows (``expected``): counted, never a failure.
 """
 
@@ -91,6 +95,11 @@ class Index:
     def kafka_graphs(self) -> tuple[Any, Any]:
         """The (ww, wr) dependency graphs of transactions and read-committed reads."""
         return anomalies.dependency_graphs(self.kafka)
+
+    @cached_property
+    def taken_back(self) -> "TakenBack":
+        """Reads an async failover took back inside its lag (``read_lost``, ``inconsistent-offsets``)."""
+        return taken_back_reads(self.history, self)
 
     @cached_property
     def lost_and_moved(self) -> tuple[list[dict], list[dict], int]:
@@ -233,20 +242,110 @@ def check_order(history: History, index: Index) -> tuple[list[dict], int]:
     return out, checked
 
 
-def check_read_lost(history: History, index: Index) -> tuple[list[dict], int]:
-    out, checked = [], 0
+def check_read_lost(history: History, index: Index) -> tuple[list[dict], int, list[dict]]:
+    out, expected, checked = [], [], 0
+    excused = index.taken_back.excused
     for op in index.gets:
-        log = index.logs.get(op.get("partition"))
+        partition = op.get("partition")
+        log = index.logs.get(partition)
         for offset, value in op.get("reads", []):
             checked += 1
             at = log.by_offset.get(offset) if log else None
             if at is None or at[0] != value:
-                out.append({"kind": "read_lost", "partition": op.get("partition"), "offset": offset,
-                            "value": value, "replica": op.get("replica"), "read_time": op.get("time"),
-                            "final_there": at[0] if at else None,
-                            "why": f"read {value!r} at offset {offset}, the final log has "
-                                   + (f"{at[0]!r}" if at else "nothing") + " there"})
-    return out, checked
+                case = {"kind": "read_lost", "partition": partition, "offset": offset,
+                        "value": value, "replica": op.get("replica"), "read_time": op.get("time"),
+                        "final_there": at[0] if at else None,
+                        "why": f"read {value!r} at offset {offset}, the final log has "
+                               + (f"{at[0]!r}" if at else "nothing") + " there"}
+                (expected if value in excused.get((partition, offset), ()) else out).append(case)
+    return out, checked, expected
+
+
+# --- reads an async failover took back -----------------------------------------------
+
+
+@dataclass
+class TakenBack:
+    """Read records the final log no longer holds at their offset that an async failover of
+    their group took back inside its replication lag (docs/guarantees.md, async reads)."""
+
+    excused: dict[tuple[str, int], set[Any]]  # (partition, offset) -> the values read there
+
+    @property
+    def count(self) -> int:
+        return sum(len(values) for values in self.excused.values())
+
+
+def lag_window(index: Index, failover: dict[str, Any], partition: str) -> tuple[float, float] | None:
+    """``[lo, hi)``: the offsets of ``partition`` whose records ``failover`` may have taken back,
+    or None when its lag there was nothing.
+
+    The new master's log ended at its promotion at some D, and it lacked the old master's
+    last L bytes (the lag): [D, D + L) was taken back. D is not recorded, but the acks bound
+    it: a put acked in an earlier epoch that is still at its offset in the final log ends at
+    or below D; a put the new master acked in its epoch starts at or above D.
+    """
+    lag = failover.get("lag", {}).get(partition) or {}
+    if not int(lag.get("bytes", 0)) and not int(lag.get("messages", 0)):
+        return None
+    epoch = failover.get("epoch")
+    if epoch is None:
+        return (0.0, float("inf"))
+    log = index.logs.get(partition)
+    lo, first_new = 0, float("inf")
+    for op in index.puts:
+        offset, acked_in = op.get("offset"), op.get("epoch")
+        if op["type"] != "ok" or op.get("partition") != partition or offset is None or acked_in is None:
+            continue
+        if int(acked_in) == int(epoch):
+            first_new = min(first_new, offset)
+        elif int(acked_in) < int(epoch) and log is not None:
+            at = log.by_offset.get(offset)
+            if at is not None and at[0] == op.get("value"):
+                lo = max(lo, offset + at[1])
+    return (lo, first_new + int(lag["bytes"]) if "bytes" in lag else float("inf"))
+
+
+def taken_back_reads(history: History, index: Index) -> TakenBack:
+    """Async only: every read of a record the final log does not hold at its offset (raw
+    fetches and consumer polls alike) is taken back by a failover if its offset lies in that
+    failover's lag window (``lag_window``) and, per partition, there are no more such
+    records than the failovers' lags in messages add up to (when recorded). Anything else
+    stays a violation of the checks that found it."""
+    if history.meta.get("mode", "sync") != "async":
+        return TakenBack({})
+    gone: dict[str, set[tuple[int, Any]]] = defaultdict(set)
+    for batch in index.kafka.batches:
+        log = index.logs.get(batch.partition)
+        for offset, value in batch.pairs:
+            at = log.by_offset.get(offset) if log else None
+            if at is None or at[0] != value:
+                gone[batch.partition].add((offset, value))
+    excused: dict[tuple[str, int], set[Any]] = defaultdict(set)
+    for partition, reads in gone.items():
+        failovers = [f for f in history.failovers if f.get("group") == group_of(partition)]
+        windows = [w for f in failovers if (w := lag_window(index, f, partition)) is not None]
+        inside = [(o, v) for o, v in reads if any(lo <= o < hi for lo, hi in windows)]
+        lags = [f.get("lag", {}).get(partition) or {} for f in failovers]
+        if lags and all("messages" in lag for lag in lags) and len(inside) > sum(int(lag["messages"]) for lag in lags):
+            continue  # more taken back than the lags held: none of it is explained
+        for offset, value in inside:
+            excused[(partition, offset)].add(value)
+    return TakenBack(dict(excused))
+
+
+def check_inconsistent_offsets(history: History, index: Index) -> tuple[list[dict], int, list[dict]]:
+    """Jepsen's ``inconsistent-offsets`` (chaos.anomalies); also expected in async mode: an
+    offset whose values besides the final log's are reads a failover took back."""
+    out, checked, expected = anomalies.check_inconsistent_offsets(history, index)
+    final = index.kafka.final_value
+    violations = []
+    for case in out:
+        partition, offset = case["partition"], case["offset"]
+        taken_back = {str(v) for v in index.taken_back.excused.get((partition, offset), ())}
+        others = set(case["values"]) - {str(final.get(partition, {}).get(offset))}
+        (expected if taken_back and others <= taken_back else violations).append(case)
+    return violations, checked, expected
 
 
 def check_split_brain(history: History, index: Index) -> tuple[list[dict], int]:
@@ -419,6 +518,7 @@ CHECKS: dict[str, Callable[[History, Index], tuple[list[dict], int]]] = {
     "phantoms": check_phantoms,
     "liveness": lambda history, index: (index.liveness.violations, len(index.liveness.faults)),
     **anomalies.CHECKS,
+    "inconsistent-offsets": check_inconsistent_offsets,  # in place: Jepsen's, plus the async allowance
 }
 
 #: The checks that are Jepsen's Kafka workload anomalies under another name here.
@@ -453,7 +553,8 @@ class CheckResult:
         lines.append(f"  puts: {s['puts_ok']} ok, {s['puts_fail']} failed, {s['puts_info']} unknown; "
                      f"reads: {s['reads']} messages in {s['gets']} fetches")
         lines.append(f"  faults: {s['faults_by_kind'] or 'none'}; failovers: {s['failovers']}; "
-                     f"max gap between acks: {s['max_unavailable_s']:.2f}s; lost acked: {s['lost_acked']}")
+                     f"max gap between acks: {s['max_unavailable_s']:.2f}s; lost acked: {s['lost_acked']}"
+                     + (f"; reads a failover took back (async): {s['async_reads_taken_back']}" if self.mode == "async" else ""))
         lines.append(f"  {duplicates_line(s)}; {resends_line(s)}")
         lines.append(f"  {anomalies_line(self.checks)}")
         for name, c in self.checks.items():
@@ -521,6 +622,8 @@ def _stats(history: History, index: Index) -> dict[str, Any]:
         "failovers": len(history.failovers),
         "max_unavailable_s": round(gap, 3),
         "lost_acked": len(lost),
+        # Records read that an async failover then took back inside its lag (not violations).
+        "async_reads_taken_back": index.taken_back.count,
         # Extra copies: a value stored n times counts n - 1.
         "duplicates": sum(len(at) - 1 for at in copies.values()),
         "duplicates_expected": sum(len(at) - 1 for value, at in copies.items()

@@ -115,6 +115,9 @@ class HaCoordinator:
         #: The epoch this broker leads or follows in: put replies and replica fetches carry it.
         self.serving_epoch = 0
         self.followed_epoch = 0
+        #: The newest epoch this broker led (its led-epoch file; 0: none). A partition whose
+        #: newest epoch is this one may end in writes of ours no slave has (HaNode.committed).
+        self.led_epoch = 0
         self.master_url: str | None = None
         self.last_transition_at = time.time()
         self.truncations: list[dict[str, Any]] = []
@@ -166,6 +169,7 @@ class HaCoordinator:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self.identity = await asyncio.to_thread(broker_identity, self.config.data_path)
+        self.led_epoch = await asyncio.to_thread(read_led_epoch, self.config.data_path)
         self.candidacy.identity = self.identity
         self.lease = ZkLease(self.zk, self.config.zk.session_timeout_ms)
         registry = self.registry
@@ -335,8 +339,10 @@ class HaCoordinator:
                 # decides whether we still lead our epoch, as after a reconnect.
                 self.post(self._reconnected)
             elif self.machine.state not in HOLDS_LOCK:
-                # Our own node from a previous life (kill -9, quick restart), or a lock we
-                # gave back that could not be deleted (it goes with our session): wait it out.
+                if self.machine.state is not Role.ELECTING and await self._give_back_unused_lock():
+                    return  # its deletion shows as MASTER_GONE: an election follows
+                # Our own node from a previous life (kill -9, quick restart) goes with that
+                # session: wait it out.
                 log.info("the master node still names this broker (a previous run, or a lock given back); waiting for it to go")
                 await asyncio.sleep(0.5)
                 self.post(Event.REEVALUATE)
@@ -470,12 +476,35 @@ class HaCoordinator:
         except ZK_ERRORS as exc:
             log.error("could not release the master lock (%s); it goes when our session ends", exc)
 
-    def _release_lock(self) -> None:
-        """Delete the master node if our session holds it (never another broker's)."""
+    def _release_lock(self) -> bool:
+        """Delete the master node if our session holds it (never another broker's); whether it did."""
         path = self.paths.master(self.broker_id)
         stat = self.zk.exists_async(path).get(timeout=ZK_CALL_TIMEOUT_S)
         if stat is not None and stat.ephemeralOwner == self.registry.session_id:
             self.zk.delete_async(path, version=stat.version).get(timeout=ZK_CALL_TIMEOUT_S)
+            return True
+        return False
+
+    async def _give_back_unused_lock(self) -> bool:
+        """Delete the master node if this session holds it while this broker does not lead.
+
+        Invariant: a master node held by our live session is acted on by this broker (it
+        leads, is fenced or hands over) or deleted. Such a node never expires by itself, so
+        waiting for it to go left a group without a master for good (chaos campaign, seed
+        3002): a session expiry seen late (SESSION_LOST, queued while the election ran on the
+        new session) moved ELECTING to ORPHANED after the election had taken the lock, and
+        the WON behind it is ignored there. Not in ELECTING itself: its WON may be queued.
+        A lock given back (RESIGNED) whose delete failed is retried here too.
+        """
+        try:
+            released = await asyncio.to_thread(self._release_lock)
+        except ZK_ERRORS as exc:
+            log.warning("could not give back the master node this session holds (%s); trying again", exc)
+            return False
+        if released:
+            log.warning("gave back the master lock this session held while %s (a session event seen late); "
+                        "a new election follows", self.machine.state.value)
+        return released
 
     async def _fence(self) -> None:
         await self._stop_leading()
@@ -633,6 +662,7 @@ class HaCoordinator:
                     owner.epochs.save()
         # Durably, before any ack in this epoch: what re-seeds the group if ZooKeeper loses its data.
         await asyncio.to_thread(record_led_epoch, self.config.data_path, self.epoch)
+        self.led_epoch = self.epoch
         if self._reseeding:
             # Before any producer id is handed out (a reused one would share an old producer's
             # sequence state: its batches taken for duplicates, acked, not stored). A failure
@@ -687,13 +717,20 @@ class HaCoordinator:
         if config.replication_mode != "sync":
             return
         store = self.host.store
+
+        def log_of(topic: str, partition: int) -> Any:
+            # Asked several times per put: the open log first, without get_log's checks
+            # of the topic's configuration (the sync set only asks about logs it serves).
+            found = store.open_log(topic, partition)
+            return found if found is not None else store.get_log(topic, partition)
+
         self.sync_set = SyncReplication(
             config.min_sync_slaves,
             config.sync_slave_timeout_ms,
             config.on_sync_slave_loss,
             self._publish_sync_set,
-            log_end=lambda t, p: store.get_log(t, p).log_end,
-            flushed_end=lambda t, p: store.get_log(t, p).flushed_end,
+            log_end=lambda t, p: log_of(t, p).log_end,
+            flushed_end=lambda t, p: log_of(t, p).flushed_end,
             partitions=lambda: list(store.logs()),
             # Only positions reported in this term count (progress outlives terms).
             position=lambda slave_id, t, p: self.progress.position(slave_id, t, p, epoch=self.serving_epoch),

@@ -362,8 +362,9 @@ class MasterFollower:
         if replica is None:
             return log_end if self.master_url is None else 0
         if self.master_url is None:
-            # No master: nothing can take our log back but a master returning with a
-            # longer log (ours is its prefix), so all of it is safe to read.
+            # No master: a plain slave's log is a prefix of the master it followed, so all
+            # of it is readable. A deposed master's log may end in its own term's writes no
+            # slave has: HaNode.committed bounds those (``_deposed_bound``).
             return log_end
         return replica.committed()
 

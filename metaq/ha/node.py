@@ -47,6 +47,9 @@ class HaNode:
         self._slave = slave
         self._replica_connections: dict[Any, set[int]] = {}
         self._epoch_check_pending = False
+        #: Per partition, ``(epoch, highest log end a slave reported fetching in it)`` for the
+        #: epoch this broker leads: how much of its own term's writes the group shares.
+        self._replicated: dict[tuple[str, int], tuple[int, int]] = {}
 
     async def start(self) -> None:
         """Take part in the group's HA (with ZooKeeper), then accept puts."""
@@ -125,14 +128,44 @@ class HaNode:
     # --- offsets and acks ---------------------------------------------------------------
 
     def committed(self, topic: str, partition: int, log: Any) -> int:
-        """The end of what consumers may read: no failover can take back anything below it."""
+        """The end of what consumers may read. No failover can take back anything below it,
+        except on an async master: its flushed end may run ahead of every slave, and a failover
+        takes back what lay inside the replication lag (docs/guarantees.md, async reads)."""
         if not self.acting_master:
             follower = self.follower
-            return follower.committed(topic, partition, log.log_end) if follower is not None else 0
+            readable = follower.committed(topic, partition, log.log_end) if follower is not None else 0
+            return min(readable, self._deposed_bound(topic, partition, log.log_end))
         sync_set = self.sync_set
         if sync_set is not None:
             return sync_set.committed(topic, partition)
         return log.flushed_end
+
+    def _deposed_bound(self, topic: str, partition: int, log_end: int) -> int:
+        """How far a broker that no longer leads may serve a partition whose newest epoch it led.
+
+        Invariant: a deposed master serves none of its own term's writes past the highest
+        position a slave reported fetching in that term, until it has truncated against the
+        next master. Bytes no slave fetched are not in the next master's log, which writes
+        other messages at those offsets: whatever this broker served of them while leading
+        is the async read caveat (docs/guarantees.md), but serving them after it was deposed
+        would hand consumers messages the group already took back. Truncation ends this: it
+        replaces the partition's epoch history with the master's, whose newest epoch is not
+        ours. A broker whose newest epoch of the partition it did not lead (a plain slave)
+        is not bounded here.
+        """
+        coordinator = self.coordinator
+        if coordinator is None:
+            return log_end
+        epochs = coordinator.cache(topic, partition)
+        led = epochs.latest_epoch
+        if led == 0 or led != coordinator.led_epoch:
+            return log_end
+        term_start = epochs.entries[-1][1]  # what we held as a slave when our term began
+        shared = self._replicated.get((topic, partition))
+        if shared is None or shared[0] != led:
+            return term_start  # no slave reported in our term (or we restarted since)
+        # Slaves report record ends; a batch stays whole (readable in full or not at all).
+        return self.host.partitions.batch_boundary(topic, partition, shared[1], term_start)
 
     def appended(self, topic: str, partition: int, end: int, count: int) -> None:
         self.progress.appended(topic, partition, end, count)
@@ -156,6 +189,11 @@ class HaNode:
     def replica_fetched(self, slave_id: int, epoch: int, topic: str, partition: int, log_end: int, origin: Any) -> None:
         """A slave's fetch or position report (already fenced by epoch) says where it is."""
         self.progress.fetched(slave_id, topic, partition, log_end, epoch)
+        if self.acting_master and epoch == self.epoch:
+            key = (topic, partition)
+            shared = self._replicated.get(key)
+            if shared is None or shared[0] != epoch or log_end > shared[1]:
+                self._replicated[key] = (epoch, log_end)
         if origin is not None:
             self._replica_connections.setdefault(origin, set()).add(slave_id)
         sync_set = self.sync_set
@@ -171,6 +209,8 @@ class HaNode:
     def forget_partitions(self, keys: list[tuple[str, int]]) -> None:
         """Partitions no longer served (topic deleted or re-created): every HA record of them goes."""
         self.progress.forget_partitions(keys)
+        for key in keys:
+            self._replicated.pop(key, None)
         if self.coordinator is not None:
             self.coordinator.forget_partitions(keys)
 

@@ -11,7 +11,7 @@ import functools
 import ssl
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 from ..config import BrokerConfig, SecurityConfig
 from ..zk.acl import ZkSecurity
@@ -19,10 +19,17 @@ from .acl import Authorizer
 from .credentials import SecurityFile
 from .group import GroupSecret
 from .principal_tags import PrincipalTags
+from .principals import Principal
 from .producer_tokens import ProducerTokens
 from .handshake import ClientAuthenticator, ServerAuthenticator
 from .scram import ScramSecret
 from .tls import ReloadingServerContext, client_context
+
+
+class Closable(Protocol):
+    """A logged-in connection, as far as a reload that invalidates its login needs it."""
+
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -34,9 +41,11 @@ class BrokerSecurity:
     group_scram: ScramSecret | None = None
     tls: ReloadingServerContext | None = None
     zookeeper: ZkSecurity | None = None
-    #: Connections logged in as a user (not a broker): closed when a reload removes the
-    #: user or changes its password (``reload_users``). Weak: a closed connection just goes.
-    _logged_in: "weakref.WeakSet[Any]" = field(default_factory=weakref.WeakSet, repr=False)
+    #: Connections logged in as a user (not a broker), with the principal each proved: closed
+    #: when a reload removes the user or changes its password (``reload_users``). Weak: a
+    #: closed connection just goes.
+    _logged_in: "weakref.WeakKeyDictionary[Closable, Principal]" = field(
+        default_factory=weakref.WeakKeyDictionary, repr=False)
 
     @property
     def authentication_required(self) -> bool:
@@ -59,11 +68,10 @@ class BrokerSecurity:
         """A user of the security file now, or one of this group's brokers."""
         return self.lookup(name) is not None
 
-    def logged_in(self, connection: Any) -> None:
-        """``connection`` (its ``principal`` set, a ``close()`` method) proved a user's password."""
-        principal = getattr(connection, "principal", None)
-        if principal is not None and not principal.is_broker:
-            self._logged_in.add(connection)
+    def logged_in(self, connection: "Closable", principal: Principal) -> None:
+        """``connection`` proved ``principal``'s password (the handshake's verdict)."""
+        if not principal.is_broker:
+            self._logged_in[connection] = principal
 
     def reload_users(self) -> str | None:
         """Re-read the security file (SIGHUP); what changed as one phrase, None if nothing did.
@@ -87,7 +95,7 @@ class BrokerSecurity:
         self.users = new
         self.authorizer = Authorizer(self.authorizer.broker_id if self.authorizer else 0, new.acls())
         invalid = set(removed) | set(changed)
-        closed = [conn for conn in list(self._logged_in) if conn.principal.name in invalid]
+        closed = [conn for conn, principal in list(self._logged_in.items()) if principal.name in invalid]
         for conn in closed:
             conn.close()
         parts = [f"{what} {', '.join(names)}" for what, names in

@@ -88,8 +88,6 @@ class Broker:
         self.ha = HaNode(self, slave, in_zookeeper=self.register_in_zk)
         self.handlers = RequestHandlers(self)
         self.ids: MsgIdGenerator | None = None
-        #: The topic sections of server.ini as last loaded (the group's configuration may differ).
-        self.local_topics = dict(config.topics)
         self.group_topics: GroupTopicsApplier | None = None
         self.metrics: BrokerMetrics | None = None
         self.registry: BrokerRegistry | None = None
@@ -117,6 +115,12 @@ class Broker:
     def topic_config(self, topic: str) -> TopicConfig | None:
         return self.config.topics.get(topic)
 
+    @property
+    def local_topics(self) -> dict[str, TopicConfig]:
+        """The topic sections of server.ini as last loaded (the group's configuration may differ;
+        one writer: ``LiveConfig``)."""
+        return self.live_config.local_topics
+
     def notify(self, topic: str, partition: int) -> None:
         """A partition's log end, flushed end or committed offset moved: wake parked fetches."""
         self.waiters.notify(topic, partition)
@@ -138,6 +142,9 @@ class Broker:
             # state once its log is gone, nor carry it over to a re-created topic.
             forget_partitions(self, [(d.topic, d.partition) for d in dropped])
             self.store.dispose(dropped)
+        # A partition with files that is new to this broker's map (a topic re-added, partitions
+        # added): its transaction state loads in a worker thread now, not at its first put.
+        self.partitions.open_added()
         if self.registry is not None:
             await self.registry.update_topics(topics)
         if added and (self.group_topics is None or not self.group_topics.group.exists):
@@ -210,7 +217,8 @@ class Broker:
         limits = ConnectionLimits.from_config(config)
         tls = self.security.tls
         self._server = await loop.create_server(
-            lambda: ClientConnection(served, max_body, limits, self.security, self.slots, self.request_budget, self.authz),
+            lambda: ClientConnection(served, max_body, limits, self.security, self.slots, self.request_budget, self.authz,
+                                     self.waiters),
             host=config.host_name,
             port=config.server_port,
             reuse_address=True,

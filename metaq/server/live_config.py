@@ -27,6 +27,15 @@ class LiveConfig:
     def __init__(self, config: BrokerConfig) -> None:
         self._current = config
         self._subscribers: list[Subscriber] = []
+        #: The topic sections of server.ini as last loaded (the topics served may differ: the
+        #: group's configuration wins, a slave adopts its master's). Written here alone: at
+        #: construction and by ``reload``.
+        self._local_topics = dict(config.topics)
+
+    @property
+    def local_topics(self) -> dict[str, TopicConfig]:
+        """server.ini's topic sections as last loaded (a copy)."""
+        return dict(self._local_topics)
 
     @property
     def current(self) -> BrokerConfig:
@@ -39,8 +48,10 @@ class LiveConfig:
         """Take over what a running broker applies from a reloaded server.ini (``reload.LIVE_KEYS``):
         the topic defaults except ``dataPath``, the file's text and checksum, and logging. The topic
         map is not changed here (``set_topics`` does, after the group's configuration had its say);
-        everything else keeps its value until a restart. Returns the config now running."""
+        everything else keeps its value until a restart; the file's topic sections become
+        ``local_topics``. Returns the config now running."""
         old = self._current
+        self._local_topics = dict(new.topics)
         return self._swap(replace(
             old,
             topic_defaults=replace(new.topic_defaults, data_path=old.topic_defaults.data_path),

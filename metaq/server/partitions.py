@@ -22,9 +22,15 @@ Invariants (kept here, because nothing else writes these objects):
   never the wall clock, so every replica forgets the same ones once it has read as far).
   Master and slaves hold byte-identical logs, so they derive the same state, and a promoted
   slave knows every batch its master acked;
-* a put or fetch never loads a snapshot nor walks the log: a state is loaded when its
-  partition is first opened (``open_all`` at start, or when an empty log is created) and
-  rebuilt inside ``truncate_to``; readers take ``state`` as it is;
+* a put or fetch never loads a snapshot nor walks the log, and never waits for either on
+  the event loop: a state is loaded when its partition is opened (``open_all`` at start,
+  before serving), rebuilt inside ``truncate_to``, and for a log first opened at run time
+  (a topic created or re-added, partitions added: ``open_added`` from
+  ``Broker.update_topics``, or a first ``get``) loaded in a worker thread; meanwhile
+  ``serving`` answers the put and fetch paths ``PartitionLoading`` (503, retriable: Kafka's
+  LOAD_IN_PROGRESS), and the owner's other callers (HA truncation, promotion, the
+  reconcile) wait for that load (``Partition.state``). A log with no bytes and no snapshot
+  (a partition just created) has nothing to load and is ready at once;
 * a snapshot never describes bytes that are gone: ``truncate_to`` discards it before the
   cut (a crash between cut and rebuild finds none and walks the log), and a snapshot
   serialized before a cut is not written after it (``cuts``);
@@ -40,6 +46,7 @@ so readers never get part of a batch that is not acked.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import threading
@@ -47,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from ..ha.epochs import EpochCache
+from ..protocol import commands as c
 from ..record import HEADER
 from ..store.refused import RefusedLog
 from ..txn import rebuild
@@ -62,18 +70,63 @@ SNAPSHOT_INTERVAL_S = 60.0
 Key = tuple[str, int]
 
 
+class PartitionLoading(c.RequestError):
+    """A put or fetch on a partition whose transaction state a worker thread is still loading."""
+
+    def __init__(self, topic: str, partition: int) -> None:
+        super().__init__(c.SERVICE_UNAVAILABLE, f"{topic}-{partition}: its transaction state is still being loaded "
+                                                "after it was opened; retry")
+
+
 class Partition:
     """One partition's log, epoch history and transaction state, and their only writer."""
 
-    def __init__(self, owner: "Partitions", key: Key, partition_log: Any) -> None:
+    def __init__(self, owner: "Partitions", key: Key, partition_log: Any, *, in_background: bool = False) -> None:
         self._owner = owner
         self.key = key
         self.log = partition_log  # PartitionLog | RefusedLog
         self.directory = Path(owner.store.partition_dir(*key))
-        self.state = self._load()
+        self._state: PartitionTxnState | None = None
+        #: The worker thread's load of the state (``in_background``), until ``state`` adopts it.
+        self._loading: concurrent.futures.Future[PartitionTxnState] | None = None
+        if not self._has_state_to_load():
+            self._state = self._empty_state()
+        elif in_background:
+            self._loading = owner.loader.submit(self._load)
+        else:
+            self._state = self._load()
         self._epochs: EpochCache | None = None
         self.snapshot_position = -1  # position of the last snapshot written (-1: none)
         self.cuts = 0  # truncations and drops: a snapshot serialized before one is stale
+
+    @property
+    def ready(self) -> bool:
+        """Whether the state is loaded (never blocks)."""
+        return self._state is not None or (self._loading is not None and self._loading.done())
+
+    @property
+    def state(self) -> PartitionTxnState:
+        """The transaction state at the log end; waits for a load still running in its worker
+        thread (the put and fetch paths never get here before ``ready``: ``Partitions.serving``)."""
+        return self._join_load()
+
+    def _join_load(self) -> PartitionTxnState:
+        """The state, once a load in the worker thread finished: every change of the log or the
+        snapshot comes after it (nothing moves under the walk)."""
+        if self._state is None:
+            assert self._loading is not None
+            self._state = self._loading.result()  # a failed load raises here, as it would have at open
+            self._loading = None
+        return self._state
+
+    @state.setter
+    def state(self, state: PartitionTxnState) -> None:
+        self._state = state
+
+    def _has_state_to_load(self) -> bool:
+        """Whether opening this log means reading a snapshot or walking bytes (a stat, no read)."""
+        return not self.refused and (self.log.log_end > self.log.min_offset
+                                     or (self.directory / rebuild.SNAPSHOT_FILE).exists())
 
     @property
     def name(self) -> str:
@@ -90,10 +143,13 @@ class Partition:
             self._epochs = EpochCache.load(self.log.directory)
         return self._epochs
 
+    def _empty_state(self) -> PartitionTxnState:
+        return PartitionTxnState(self._owner.new_table(), TransactionIndex(), self.log.log_end)
+
     def _load(self) -> PartitionTxnState:
         """The snapshot, then a walk of the log past it (only at open and after a truncation)."""
         if self.refused:  # no bytes to derive anything from
-            return PartitionTxnState(self._owner.new_table(), TransactionIndex(), self.log.log_end)
+            return self._empty_state()
         marked: set[int] = set()
         while True:
             try:
@@ -121,7 +177,7 @@ class Partition:
         return self._append(data, None)
 
     def _append(self, data: bytes | bytearray | memoryview, header: Control | None) -> int:
-        state = self.state
+        state = self._join_load()  # first: no byte is appended while a worker thread walks the log
         offset = self.log.append(data)
         end = offset + len(data)
         if state.position != offset:
@@ -145,7 +201,7 @@ class Partition:
         ``restart_at``: nothing else has to notice one."""
         if offset == self.log.log_end:
             return None
-        self._discard_snapshot()
+        self._discard_snapshot()  # after any load in the worker thread (it may be reading the snapshot)
         aside = self.log.truncate_to(offset)
         self._after_cut(offset)
         return aside
@@ -175,6 +231,7 @@ class Partition:
         """A master's repair: a corrupt or missing range put back from a replica
         (``PartitionLog.repair_corrupt``); the state, which passed the range without reading
         it (or read it as stored), is then rebuilt from the log now that it is whole."""
+        self._join_load()
         if not self.log.repair_corrupt(start, data):
             return False
         self._discard_snapshot()
@@ -197,7 +254,9 @@ class Partition:
         return cut
 
     def _discard_snapshot(self) -> None:
-        # Before the cut: a snapshot must never describe bytes that are gone.
+        # Before the cut: a snapshot must never describe bytes that are gone. After a load still
+        # running in a worker thread: nothing is cut under its walk.
+        self._join_load()
         with self._owner.files:
             self.cuts += 1
             rebuild.discard_snapshot(self.directory)
@@ -226,6 +285,8 @@ class Partitions:
         self.expiry_ms = expiry_ms
         self._partitions: dict[Key, Partition] = {}
         self._snapshots: asyncio.Task[None] | None = None
+        #: Loads the state of a log first opened at run time (``Partition(in_background=True)``).
+        self.loader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="partition-load")
         #: Orders snapshot writes (a worker thread) and deletions before a cut (the loop), so
         #: a snapshot serialized before a cut is never written after it.
         self.files = threading.Lock()
@@ -234,12 +295,31 @@ class Partitions:
         return ProducerStateTable(self.max_batches, self.expiry_ms)
 
     def get(self, topic: str, partition: int) -> Partition:
-        """The partition's owner; opened (its state loaded) if its log is new to this registry."""
+        """The partition's owner; opened if its log is new to this registry (its state then
+        loads in a worker thread: see ``serving``, ``Partition.state``)."""
         partition_log = self.store.get_log(topic, partition)
         owner = self._partitions.get((topic, partition))
         if owner is None or owner.log is not partition_log:  # a new log, or a new incarnation's
-            owner = self._partitions[(topic, partition)] = Partition(self, (topic, partition), partition_log)
+            owner = Partition(self, (topic, partition), partition_log, in_background=True)
+            self._partitions[(topic, partition)] = owner
         return owner
+
+    def serving(self, topic: str, partition: int) -> Partition:
+        """The owner, for the put and fetch paths: ``PartitionLoading`` (503, retriable) while its
+        state still loads in a worker thread, so the event loop never waits for that load."""
+        owner = self.get(topic, partition)
+        if not owner.ready:
+            raise PartitionLoading(topic, partition)
+        return owner
+
+    def open_added(self) -> None:
+        """After a topic change: open every configured partition with files on disk that is not
+        open yet (a topic re-added, partitions added), its state loading in a worker thread at
+        once rather than at its first put or fetch."""
+        for topic, config in self.store.topics.items():
+            for partition in range(config.num_partitions):
+                if (topic, partition) not in self._partitions and self.store.has_log(topic, partition):
+                    self.get(topic, partition)
 
     def serves(self, topic: str, partition: int) -> bool:
         """Whether this broker serves the partition now (a deleted topic's is gone)."""
@@ -250,12 +330,13 @@ class Partitions:
         return True
 
     def state(self, topic: str, partition: int) -> PartitionTxnState:
-        """The partition's transaction state, at its log end."""
-        return self.get(topic, partition).state
+        """The partition's transaction state, at its log end (``PartitionLoading`` while it loads)."""
+        return self.serving(topic, partition).state
 
     def all(self) -> dict[Key, PartitionTxnState]:
-        """The state of every open partition log."""
-        return {key: self.state(*key) for key in sorted(self.store.logs())}
+        """The state of every open partition log (waiting for any still loading: the reconcile
+        of a take-over must see every partition's transactions)."""
+        return {key: self.get(*key).state for key in sorted(self.store.logs())}
 
     def batch_boundary(self, topic: str, partition: int, offset: int, committed: int) -> int:
         """The highest offset <= ``offset`` that is not inside a batch; ``committed`` if unknown.
@@ -263,7 +344,10 @@ class Partitions:
         A sync master's committed offset goes through here (``SyncReplication``): the
         positions its slaves report are record boundaries, not batch boundaries.
         """
-        return self.state(topic, partition).committed_bound(offset, committed)
+        owner = self.get(topic, partition)
+        if not owner.ready:
+            return committed  # unknown yet: the committed offset stays where it was
+        return owner.state.committed_bound(offset, committed)
 
     def drop(self, keys: list[Key]) -> None:
         """Partitions no longer served (topic deleted or re-created): their producers,
@@ -291,7 +375,7 @@ class Partitions:
         """(partition, its cuts, content) of each state that moved: serialized now, on the loop."""
         changed = []
         for owner in list(self._partitions.values()):
-            if owner.refused:
+            if owner.refused or not owner.ready:
                 continue
             if owner.state.position != owner.snapshot_position:
                 changed.append((owner, owner.cuts, rebuild.snapshot_bytes(owner.state)))
@@ -306,7 +390,7 @@ class Partitions:
         """
         gone = 0
         for owner in list(self._partitions.values()):
-            if owner.refused:
+            if owner.refused or not owner.ready:
                 continue
             table = owner.state.producers
             log_clock = max((p.last_timestamp_ms for p in table.producers.values()), default=0)
@@ -352,3 +436,4 @@ class Partitions:
         except OSError as exc:
             log.warning("transaction state snapshot at close failed (rebuilt from the log at start): %s", exc)
         self._partitions.clear()
+        self.loader.shutdown(wait=True)  # before the logs close: no load reads a closed log

@@ -51,10 +51,10 @@ async def reload_config(broker: Any) -> str:
     keys = changed_keys(old, new)
     restart = [key for key in keys if key not in LIVE_KEYS]
     applied = [key for key in keys if key in LIVE_KEYS]
-    edited = {name: (broker.local_topics.get(name), topic) for name, topic in new.topics.items() if broker.local_topics.get(name) != topic}
-    removed = sorted(set(broker.local_topics) - set(new.topics))
-    broker.local_topics = dict(new.topics)
-    broker.live_config.reload(new)  # its subscribers follow (follow_logging)
+    local = broker.local_topics  # before the reload replaces them
+    edited = {name: (local.get(name), topic) for name, topic in new.topics.items() if local.get(name) != topic}
+    removed = sorted(set(local) - set(new.topics))
+    broker.live_config.reload(new)  # its subscribers follow (follow_logging); server.ini's topics too
     if broker.registry is not None and new.checksum != old.checksum:
         await broker.registry.set_checksum(new.checksum)  # slaves with autoSyncMasterConfig re-read it
     applied += await _apply_topics(broker, new, edited, removed)

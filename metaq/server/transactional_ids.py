@@ -5,6 +5,13 @@ epoch raised by one (the first init of a name takes a fresh producer id, epoch 0
 The broker then treats every lower epoch of that producer id as a zombie
 (metaq/server/transactions.py ``fence``).
 
+``TransactionalIds`` is the one owner of a producer id's newest epoch (its ``Fence``;
+Kafka's coordinator-side ``TransactionMetadata``): the group's mapping, and this broker's
+view of it (``fence_of``), written only here: by ``init`` once its compare-and-set
+succeeded, and by ``load`` (the mapping read when this broker takes up mastership: another
+master's inits). A partition's producer table (metaq/txn/producer_state.py) records only
+what was appended to that partition; the put path asks both (``plan_put``'s one verdict).
+
 Rules kept here:
 
 * **one owner per name, epochs only rise**: the mapping name -> (producer id, epoch)
@@ -81,6 +88,13 @@ class TooManyNames(PermissionError):
     """A new name past its user's or the group's cap."""
 
 
+class Fence(NamedTuple):
+    """A producer id's lowest epoch still allowed, and its transactional id when known."""
+
+    epoch: int
+    name: str | None = None
+
+
 class Owner(NamedTuple):
     producer_id: int
     epoch: int
@@ -136,6 +150,29 @@ class TransactionalIds:
         # Inits served by this broker go one at a time (the local file has no other guard);
         # the compare-and-set below keeps inits on different brokers apart.
         self._lock = asyncio.Lock()
+        #: Producer id -> its fence, this broker's view of the mapping. Written only by ``_note``
+        #: (from ``_init`` after its write, and ``load``); epochs in it only rise, like the mapping's.
+        self._fences: dict[int, Fence] = {}
+
+    def fence_of(self, producer_id: int) -> Fence | None:
+        """The newest epoch of the transactional id holding ``producer_id`` (None: no name known)."""
+        return self._fences.get(producer_id)
+
+    async def load(self) -> None:
+        """Read the group's mapping into ``fence_of`` (at a take-over: inits another master served)."""
+        for name, owner in (await self.all()).items():
+            self._note(name, owner, None)
+
+    def _note(self, name: str, owner: Owner, previous: Owner | None) -> None:
+        self._raise(owner.producer_id, owner.epoch, name)
+        if previous is not None and previous.producer_id != owner.producer_id:
+            # The epoch overflowed and the name moved to a new id: every epoch of the old one is a zombie.
+            self._raise(previous.producer_id, MAX_EPOCH + 1, name)
+
+    def _raise(self, producer_id: int, epoch: int, name: str) -> None:
+        old = self._fences.get(producer_id)
+        if old is None or epoch >= old.epoch:  # never lowered: a read older than an init changes nothing
+            self._fences[producer_id] = Fence(epoch, name)
 
     async def init(self, name: str, principal: str | None = None, *, admin: bool = False) -> tuple[Owner, Owner | None]:
         """``principal``: the requesting user (None: security off); ``admin`` may init any name."""
@@ -168,6 +205,7 @@ class TransactionalIds:
             if await asyncio.to_thread(self.store.write, name, owner, version):
                 if current is None and self._counts is not None:
                     self._counts[user_tag] = self._counts.get(user_tag, 0) + 1
+                self._note(name, owner, current)  # the fence moves with the mapping, nowhere else
                 return owner, current
         raise RuntimeError(f"transactional id {name}: too many concurrent inits")
 

@@ -12,8 +12,8 @@ and does what the coordinator asks of its caller:
 * ``enlist(txid, topic, partition, producer_id, principal)`` is the put path's check
   before it appends a transactional batch (the branch must be ACTIVE, and the put its
   own: see below);
-* a timer (every ``TICK_S``) fires due timeouts (their ABORT markers), runs the
-  journal's checkpoints and ``flushTxLogAtCommit=2`` fsyncs;
+* a timer (every ``TICK_S``) fires due timeouts (their ABORT markers) and starts the
+  journal's checkpoints and ``flushTxLogAtCommit=2`` fsyncs, which run in a worker thread;
 * ``reconcile``: an explicit step when this broker takes up mastership of an epoch
   (``on_leading``, called by the HA coordinator's ``_lead``, or by the broker at start
   without ZooKeeper; Kafka's ``onElection``): as soon as the broker may write (at once,
@@ -23,9 +23,12 @@ and does what the coordinator asks of its caller:
   the markers that decides (roll a half-written commit forward, abort unprepared
   work of the old master) are appended. Until then requests get 503 (LOAD_IN_PROGRESS);
   ``refusal`` only reads that state. ``on_resigned`` (``_stop_leading``) ends the mastership;
-* journal fsyncs (flushTxLogAtCommit=1) run in a worker thread, like the store's: a decision
-  is journaled on the event loop and fsynced off it (``_journal_durable``); no marker of a
-  decision is appended, and no answer that depends on it sent, before that fsync.
+* journal fsyncs run in a worker thread, like the store's: a decision is journaled on the
+  event loop and fsynced off it (flushTxLogAtCommit=1: ``_journal_durable``); no marker of a
+  decision is appended, and no answer that depends on it sent, before that fsync. The
+  once-a-second fsync of flushTxLogAtCommit=2 and the periodic checkpoint run there too
+  (``_start_upkeep``): only serializing the branches and rotating the redo file stay on the
+  loop, in one step, so a checkpoint covers exactly the redo files before it.
 
 Invariants kept here:
 
@@ -37,12 +40,13 @@ Invariants kept here:
   settling (or failed to settle: a sync timeout) waits for them first, so a retried
   commit never gets XA_OK before its COMMIT markers are safe;
 * fencing (transactional ids): a producer id's epochs below its newest known one are
-  zombies: their puts and transaction steps get 403 ``fenced: ...``. The newest epoch
-  is learned from ``init_producer`` with a transactional id on this broker, from the
-  group's mapping (loaded when this broker takes up mastership; transaction requests
-  wait for it with 503) and from the BATCH records in the replicated logs. An init
-  answers only after the older epochs' unprepared branches are rolled back and their
-  ABORT markers are as durable as a put's;
+  zombies: their puts and transaction steps get 403 ``fenced: ...``. The newest epoch has
+  one owner, ``TransactionalIds`` (the group's mapping: raised by ``init_producer`` with a
+  transactional id, read again when this broker takes up mastership; transaction requests
+  and transactional puts wait for that read with 503); ``fence_of`` only reads it. A
+  partition's producer table records only the epochs appended to it. An init answers
+  only after the older epochs' unprepared branches are rolled back and their ABORT
+  markers are as durable as a put's;
 * a producer id and epoch in a step are checked like a put's: their ``producer_token``
   must verify for the caller (metaq/server/authz.py) before anything changes;
 * who may start a branch (security on): a principal that may produce some topic (a
@@ -84,15 +88,16 @@ from ..record import stamp_msg_ids
 from ..txn import control
 from ..txn.control import NO_PRODUCER
 from ..txn.coordinator import MarkerWrite, Reply, TransactionCoordinator
-from ..txn.txlog import TxLog
+from ..txn.txlog import TxLog, Upkeep
 from ..txn.xa import Code
-from .transactional_ids import MAX_EPOCH, Owner, TransactionalIds
+from .transactional_ids import Fence, Owner, TransactionalIds
 
 if TYPE_CHECKING:
     from ..config import BrokerConfig
     from ..security.principals import Principal
     from ..store.msgid import MsgIdGenerator
     from ..txn.config import TxnSettings
+    from ..txn.rebuild import PartitionTxnState
     from .authz import Authz, RequestContext
     from .partitions import Partitions
 
@@ -116,13 +121,6 @@ class PendingMarker(NamedTuple):
 Served = tuple[dict[str, Any], bytes]
 #: How long to wait before reading the transactional id mapping again after a failure.
 OWNERS_RETRY_S = 0.5
-
-
-class Fence(NamedTuple):
-    """A producer id's lowest epoch still allowed, and its transactional id when known."""
-
-    epoch: int
-    name: str | None = None
 
 
 def fenced_message(producer_id: int, epoch: int, fence: Fence) -> str:
@@ -186,6 +184,8 @@ class TransactionService:
         self.leading_epoch: int | None = None
         #: The worker-thread fsync of the journal in flight (``_journal_durable``).
         self._journal_sync: asyncio.Future[None] | None = None
+        #: The journal's mode-2 fsync or checkpoint in flight in a worker thread (``_start_upkeep``).
+        self._upkeep: asyncio.Future[None] | None = None
         #: Branches whose markers are appended but not yet known durable (xid -> their ends).
         self._unsettled: dict[str, list[MarkerEnd]] = {}
         #: Branches whose decision is journaled but some of whose markers could not be appended
@@ -195,8 +195,6 @@ class TransactionService:
         self._pending: dict[str, list[PendingMarker]] = {}
         self._timer: asyncio.Task[None] | None = None
         self._background: set[asyncio.Future[Any]] = set()
-        #: Producer id -> the fence on its older epochs (see the module's docstring).
-        self.fences: dict[int, Fence] = {}
         #: Reads the group's transactional id mapping after a take-over (None: nothing to read).
         self._owners_loaded: asyncio.Future[None] | None = None
 
@@ -224,6 +222,9 @@ class TransactionService:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
         self._timer = None
+        if self._upkeep is not None:  # not cancelled: its thread runs on, and the journal closes after it
+            with contextlib.suppress(Exception):
+                await self._upkeep
         if self.journal is not None:
             self.journal.close()
 
@@ -276,7 +277,6 @@ class TransactionService:
         self._pending.clear()
         replies = self.coordinator.reconcile({key: state.index for key, state in states.items()}, now)
         self.reconciled_epoch = epoch
-        self._fence_from_batches(states.values())
         if self._owners_loaded is not None:
             self._owners_loaded.cancel()
         mapping = self.host.transactional_ids  # None: a broker not started (unit tests drive the service alone)
@@ -289,70 +289,43 @@ class TransactionService:
     # --- fencing ---------------------------------------------------------------------------
 
     def fence_of(self, producer_id: int) -> Fence | None:
-        """The newest epoch of ``producer_id``'s transactional id on this master (None: unknown).
-
-        This map is the master's one notion of it: raised by ``init_producer`` (the group's
-        mapping, ``TransactionalIds``), read from that mapping at a take-over and from the
-        partitions' BATCH records at reconcile. The put path passes it to ``plan_put``."""
-        return self.fences.get(producer_id)
+        """The newest epoch of ``producer_id``'s transactional id (None: no name known), read from its
+        one owner, ``TransactionalIds`` (metaq/server/transactional_ids.py): nothing here keeps a
+        copy. The put path passes it to ``plan_put``; transaction steps and enlisted puts come
+        only after a take-over's read of the mapping (``refusal``)."""
+        mapping = self.host.transactional_ids
+        return None if mapping is None else mapping.fence_of(producer_id)
 
     def check_fenced(self, producer_id: int, epoch: int) -> None:
         """RequestError 403 if ``epoch`` of ``producer_id`` is older than its newest instance's."""
-        fence = self.fences.get(producer_id)
+        fence = self.fence_of(producer_id)
         if fence is not None and epoch < fence.epoch:
             raise c.RequestError(c.FORBIDDEN, fenced_message(producer_id, epoch, fence))
-
-    def _raise_fence(self, producer_id: int, epoch: int, name: str | None) -> None:
-        old = self.fences.get(producer_id)
-        if old is None or epoch >= old.epoch:
-            self.fences[producer_id] = Fence(epoch, name or (old.name if old else None))
-
-    def _fence_owner(self, name: str, owner: Owner, previous: Owner | None) -> list[int]:
-        """Raise the fences an init of ``name`` implies; the producer ids whose zombies to roll back."""
-        self._raise_fence(owner.producer_id, owner.epoch, name)
-        if previous is not None and previous.producer_id != owner.producer_id:
-            # The epoch overflowed and the name moved to a new id: every epoch of the old one is a zombie.
-            self._raise_fence(previous.producer_id, MAX_EPOCH + 1, name)
-            return [owner.producer_id, previous.producer_id]
-        return [owner.producer_id]
-
-    def _fence_from_batches(self, states: Any) -> None:
-        """The replicated BATCH records: a producer's newest epoch in any partition fences its older ones.
-
-        A fence is taken only from a verified source. With security on, every BATCH in a log
-        was appended by a master that first checked its producer_token (authz.py):
-        its epoch was issued by init_producer to the user that put it, so it is as good as
-        the mapping. With security off every client is trusted by configuration.
-        """
-        for state in states:
-            for producer_id, entry in state.producers.producers.items():
-                if entry.epoch > 0:
-                    self._raise_fence(producer_id, entry.epoch, None)
 
     async def _load_owners(self, mapping: TransactionalIds) -> None:
         """The group's transactional id mapping, read once per take-over (a newer instance may not have put yet)."""
         while True:
             try:
-                owners = await mapping.all()
+                await mapping.load()
             except Exception as exc:  # ZooKeeper away: transaction requests keep getting 503 meanwhile
                 log.warning("reading the transactional id mapping failed, retrying: %s", exc)
                 await asyncio.sleep(OWNERS_RETRY_S)
                 continue
-            for name, owner in owners.items():
-                self._raise_fence(owner.producer_id, owner.epoch, name)
             return
 
     async def fence(self, name: str, owner: Owner, previous: Owner | None) -> None:
-        """After ``init_producer`` of ``name`` took ``owner``: fence the older epochs and roll back
-        their unprepared branches; returns once their ABORT markers are safe (RequestError if not)."""
-        fenced = self._fence_owner(name, owner, previous)
+        """After ``init_producer`` of ``name`` took ``owner`` (``TransactionalIds.init`` raised its fence):
+        roll back the older epochs' unprepared branches; returns once their ABORT markers are safe
+        (RequestError if not)."""
         refusal = self.refusal()  # the init awaited ZooKeeper: the role may have changed
         if refusal is not None:
             raise c.RequestError(*refusal)
         coordinator = self.coordinator
         assert coordinator is not None
         now = self.clock_ms()
-        zombies = [z for pid in fenced for z in coordinator.fence(pid, self.fences[pid].epoch, now)]
+        fenced = {owner.producer_id} | ({previous.producer_id} if previous is not None else set())
+        fences = [(pid, self.fence_of(pid)) for pid in sorted(fenced)]
+        zombies = [z for pid, fence in fences if fence is not None for z in coordinator.fence(pid, fence.epoch, now)]
         for xid, reply in zombies:
             log.info("transaction %s of a fenced instance of transactional id %s rolled back", xid, name)
             if reply.markers:
@@ -624,9 +597,31 @@ class TransactionService:
 
     @staticmethod
     async def _fsync_journal(journal: TxLog) -> None:
-        fd, covered = journal.sync_handle()
-        await asyncio.to_thread(journal.fsync_handle, fd)
-        journal.decisions_synced = max(journal.decisions_synced, covered)
+        handle = journal.sync_handle()
+        await asyncio.to_thread(journal.fsync_handle, handle)
+        journal.synced(handle)
+
+    def _start_upkeep(self, now: int) -> None:
+        """The journal's flushTxLogAtCommit=2 fsync and its checkpoint, when due: what must see the
+        journal as it is (the branches serialized, the redo file rotated) now on the event loop,
+        the fsyncs and the checkpoint file in a worker thread. One at a time (``TxLog.begin_upkeep``)."""
+        journal = self.journal
+        if journal is None or (self._upkeep is not None and not self._upkeep.done()):
+            return
+        upkeep = journal.begin_upkeep(now)
+        if upkeep is not None:
+            self._upkeep = asyncio.ensure_future(self._run_upkeep(journal, upkeep))
+
+    @staticmethod
+    async def _run_upkeep(journal: TxLog, upkeep: Upkeep) -> None:
+        ok = False
+        try:
+            await asyncio.to_thread(journal.run_upkeep, upkeep)
+            ok = True
+        except OSError as exc:  # the next tick tries again; decisions it did not make durable stay unsynced
+            log.warning("transaction journal fsync or checkpoint failed, retried: %s", exc)
+        finally:
+            journal.upkeep_done(upkeep, ok=ok)
 
     def _append_all_pending(self, xids: Iterable[str]) -> None:
         for xid in list(xids):
@@ -654,7 +649,7 @@ class TransactionService:
         if self.refusal() is not None:
             return
         now = self.clock_ms()
-        self.journal.tick(now)
+        self._start_upkeep(now)
         self._append_when_journaled(list(self._pending))  # markers an earlier failure left queued
         fired = self.coordinator.expire(now)
         for xid, reply in fired:
@@ -670,19 +665,25 @@ class TransactionService:
                 log.exception("transaction timer")
 
 
-def stable_end(broker: Any, topic: str, partition: int, committed: int) -> int:
+class TxnStates(Protocol):
+    """Where the readers' side finds a partition's transaction state (``Partitions``)."""
+
+    def state(self, topic: str, partition: int) -> "PartitionTxnState": ...
+
+
+def stable_end(states: TxnStates, topic: str, partition: int, committed: int) -> int:
     """What a consumer may read up to: the last stable offset (LSO).
 
     min(committed, the state's position, the first offset of the earliest open
     transaction): a record of a transaction that may still roll back is never served.
     """
-    state = broker.partitions.state(topic, partition)
+    state = states.state(topic, partition)
     return state.index.last_stable_offset(committed, state.position)
 
 
-def aborted_spans(broker: Any, topic: str, partition: int, start: int, end: int) -> list[list[int]]:
+def aborted_spans(states: TxnStates, topic: str, partition: int, start: int, end: int) -> list[list[int]]:
     """The aborted spans overlapping [start, end), as a fetch reply's ``aborted`` field."""
-    index = broker.partitions.state(topic, partition).index
+    index = states.state(topic, partition).index
     if not index.aborted:
         return []
     return [[span.start, span.end] for span in index.aborted_between(start, end)]

@@ -38,7 +38,7 @@ import os
 import re
 import zlib
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable, NamedTuple
 
 from metaq.private_files import fsync_directory, make_private_dir, private_opener
 from metaq.txn.config import FlushTxLog, TxnSettings
@@ -97,12 +97,14 @@ class TxLog:
         self.branches = branches
         self._fsync = fsync
         self._redo_number = redo_number
-        self._redo = open(directory / _redo_name(redo_number), "ab", opener=private_opener)
+        self._redo: BinaryIO = open(directory / _redo_name(redo_number), "ab", opener=private_opener)
+        #: Redo files a checkpoint rotated out whose fsync has not finished (``begin_upkeep``).
+        self._retired: list[BinaryIO] = []
         self._dirty_since_ms: int | None = None
         self._last_checkpoint_ms = now_ms
         #: flushTxLogAtCommit=1: when set, ``record`` does not fsync a decision itself; its caller
-        #: fsyncs off its event loop (``sync_handle`` / ``fsync_handle``) and lets no marker of a
-        #: decision reach a log, nor any answer leave, before ``decisions_synced`` covers it.
+        #: fsyncs off its event loop (``sync_handle`` / ``fsync_handle`` / ``synced``) and lets no
+        #: marker of a decision reach a log, nor any answer leave, before ``decisions_synced`` covers it.
         self.defer_decision_fsyncs = False
         self.decisions_written = 0  # decision records written under flushTxLogAtCommit=1
         self.decisions_synced = 0  # of those, how many are known fsynced
@@ -137,40 +139,60 @@ class TxLog:
             self._dirty_since_ms = now_ms
 
     def tick(self, now_ms: int) -> None:
-        """Run by a timer (at least every few hundred ms): mode-2 fsyncs and periodic checkpoints."""
-        if (self._dirty_since_ms is not None and self.settings.flush_tx_log_at_commit is FlushTxLog.EVERY_SECOND
-                and now_ms - self._dirty_since_ms >= EVERY_SECOND_MS):
-            self._fsync(self._redo.fileno())
-            self._dirty_since_ms = None
-        if now_ms - self._last_checkpoint_ms >= self.settings.checkpoint_interval_ms:
-            self.checkpoint(now_ms)
-
-    def sync_handle(self) -> tuple[int, int]:
-        """For an fsync on another thread: a duplicate of the redo file's descriptor (it stays valid
-        across a checkpoint's rotation) and the count of decisions written so far, which its
-        fsync makes durable. Pass both to ``fsync_handle``."""
-        return os.dup(self._redo.fileno()), self.decisions_written
-
-    def fsync_handle(self, fd: int) -> None:
-        """fsync (and close) a ``sync_handle`` descriptor: safe in a worker thread, the event loop
-        only appends whole lines to the file."""
-        try:
-            self._fsync(fd)
-        finally:
-            os.close(fd)
+        """Mode-2 fsyncs and periodic checkpoints, all on the caller's thread (tools, tests);
+        the broker splits it: ``begin_upkeep`` on its event loop, ``run_upkeep`` in a worker thread."""
+        upkeep = self.begin_upkeep(now_ms)
+        if upkeep is not None:
+            self._finish(upkeep)
 
     def checkpoint(self, now_ms: int) -> None:
         """Write every live branch, start a new redo file, keep the newest maxCheckpoints checkpoints."""
-        self._fsync(self._redo.fileno())
-        self.decisions_synced = self.decisions_written
-        self._redo.close()
-        self._redo_number += 1
-        raw = json.dumps({"version": _VERSION, "branches": self.branches}, sort_keys=True).encode()
-        write_crc_file(self.directory / _checkpoint_name(self._redo_number), raw, self._fsync)
-        self._redo = open(self.directory / _redo_name(self._redo_number), "ab", opener=private_opener)
-        self._dirty_since_ms = None
-        self._last_checkpoint_ms = now_ms
-        checkpoints = _numbered(self.directory, _CHECKPOINT)
+        self._finish(self.begin_upkeep(now_ms, checkpoint=True))
+
+    def _finish(self, upkeep: "Upkeep") -> None:
+        try:
+            self.run_upkeep(upkeep)
+        except BaseException:
+            self.upkeep_done(upkeep, ok=False)
+            raise
+        self.upkeep_done(upkeep, ok=True)
+
+    def begin_upkeep(self, now_ms: int, *, checkpoint: bool = False) -> "Upkeep | None":
+        """What is due now (a mode-2 fsync, a checkpoint), or None: the part that must see the
+        journal as it is (the branches serialized, the redo file rotated), done at once on the
+        thread that writes records; hand the result to ``run_upkeep`` (any thread), then
+        ``upkeep_done`` (the writing thread again). At most one upkeep at a time."""
+        fsync_due = (self._dirty_since_ms is not None and self.settings.flush_tx_log_at_commit is FlushTxLog.EVERY_SECOND
+                     and now_ms - self._dirty_since_ms >= EVERY_SECOND_MS)
+        checkpoint = checkpoint or now_ms - self._last_checkpoint_ms >= self.settings.checkpoint_interval_ms
+        if not (fsync_due or checkpoint):
+            return None
+        body = None
+        if checkpoint:
+            # Invariant: checkpoint n covers exactly the redo files below n. The branches are
+            # serialized and the redo file rotated in one step, with no record in between, so
+            # every record after this body goes to redo file n.
+            body = json.dumps({"version": _VERSION, "branches": self.branches}, sort_keys=True).encode()
+            self._retired.append(self._redo)  # fsynced by the upkeep (and any sync meanwhile), closed after it
+            self._redo_number += 1
+            self._redo = open(self.directory / _redo_name(self._redo_number), "ab", opener=private_opener)
+            self._last_checkpoint_ms = now_ms
+        # Every write before now is covered by the fsync below (of the current file, or of the
+        # retired one the checkpoint covers); a later write marks the journal dirty again.
+        dirty_since, self._dirty_since_ms = self._dirty_since_ms, None
+        return Upkeep(self.sync_handle(), None if body is None else (self._redo_number, body), dirty_since)
+
+    def run_upkeep(self, upkeep: "Upkeep") -> None:
+        """The slow part (fsyncs, the checkpoint file, pruning): safe in a worker thread, it
+        touches no file the writing thread appends to but through its own descriptors."""
+        self.fsync_handle(upkeep.sync)
+        if upkeep.checkpoint is None:
+            return
+        number, body = upkeep.checkpoint
+        # After the redo files it covers are fsynced: a crash finds either this checkpoint or
+        # the older one with every redo file it needs.
+        write_crc_file(self.directory / _checkpoint_name(number), body, self._fsync)
+        checkpoints = [entry for entry in _numbered(self.directory, _CHECKPOINT) if entry[0] <= number]
         for _n, old in checkpoints[: -self.settings.max_checkpoints]:
             old.unlink()
         oldest_kept = checkpoints[-self.settings.max_checkpoints:][0][0]
@@ -179,10 +201,69 @@ class TxLog:
                 redo.unlink()
         fsync_directory(self.directory, self._fsync)
 
+    def upkeep_done(self, upkeep: "Upkeep", *, ok: bool) -> None:
+        """On the writing thread, after ``run_upkeep``: what it made durable counts now. A failed
+        one keeps the retired files (every later sync fsyncs them again) and the dirty mark."""
+        if not ok:
+            if upkeep.dirty_since_ms is not None and self._dirty_since_ms is None:
+                self._dirty_since_ms = upkeep.dirty_since_ms
+            return
+        self.synced(upkeep.sync)
+        for retired in upkeep.sync.retired:
+            self._retired.remove(retired)
+            retired.close()
+
+    def sync_handle(self) -> "SyncHandle":
+        """For an fsync on another thread: duplicates of the descriptors of the redo file and of
+        those a checkpoint retired and whose fsync has not finished (they stay valid across a
+        rotation), and the count of decisions written so far, which that fsync makes durable.
+        Pass it to ``fsync_handle``."""
+        files = [*self._retired, self._redo]
+        return SyncHandle([os.dup(f.fileno()) for f in files], self.decisions_written, tuple(self._retired),
+                          self.directory if self._retired else None)
+
+    def synced(self, handle: "SyncHandle") -> None:
+        """On the writing thread, after ``fsync_handle(handle)`` returned: its decisions are durable."""
+        self.decisions_synced = max(self.decisions_synced, handle.covered)
+
+    def fsync_handle(self, handle: "SyncHandle") -> None:
+        """fsync (and close) a ``sync_handle``'s descriptors: safe in a worker thread, the event loop
+        only appends whole lines to the files. While a rotation is unfinished the directory too:
+        a decision in the new redo file is durable only with that file's name."""
+        try:
+            for fd in handle.fds:
+                self._fsync(fd)
+            if handle.directory is not None:
+                fsync_directory(handle.directory, self._fsync)
+        finally:
+            for fd in handle.fds:
+                os.close(fd)
+
     def close(self) -> None:
+        for retired in self._retired:
+            self._fsync(retired.fileno())
+            retired.close()
+        self._retired.clear()
         if not self._redo.closed:
             self._fsync(self._redo.fileno())
             self._redo.close()
+
+
+class SyncHandle(NamedTuple):
+    """``TxLog.sync_handle``: what one fsync off the writing thread covers."""
+
+    fds: list[int]  # duplicates, closed by ``fsync_handle``
+    covered: int  # decisions durable once they are fsynced
+    retired: tuple[BinaryIO, ...]  # redo files a checkpoint rotated out, closed once fsynced
+    directory: Path | None  # fsynced too while a rotation's new file name may not be durable yet
+
+
+class Upkeep(NamedTuple):
+    """``TxLog.begin_upkeep``: a mode-2 fsync and/or a checkpoint, to run off the writing thread."""
+
+    sync: SyncHandle
+    checkpoint: tuple[int, bytes] | None  # (its number: the first redo file it does not cover, body)
+    dirty_since_ms: int | None  # the dirty mark the fsync clears (restored if it fails)
 
 
 def _load_checkpoint(directory: Path) -> tuple[Branches, int]:

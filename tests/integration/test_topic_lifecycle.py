@@ -9,18 +9,17 @@ from __future__ import annotations
 import asyncio
 import time
 
-from metaq.client.codec import encode_messages
-from metaq.client.message import Message, Partition
+from metaq.client.message import Partition
 from metaq.client.offsets import LocalOffsetStore, Position
 from metaq.client.offsets_sql import SqlOffsetStore
 from metaq.protocol import commands as c
-from metaq.protocol.messages import InitProducerRequest, PutRequest
+from metaq.protocol.messages import InitProducerRequest
 from metaq.zk.paths import ZkPaths, format_offset
 from metaq.zk.topic_config import read_group_topics
 
 from .failover_support import SESSION_MS, Group, async_system, make_pair, sync_system, wait_follows, wait_leads
 from .replication_support import bounds, put, replica_rows, request, stat, wait_caught_up, wait_for
-from .test_topics_cli import metaq, serves
+from .test_topics_cli import idempotent_put, metaq, serves
 
 #: Log lines of an error loop on the master (heartbeat handling raising on a dropped topic)
 #: or of a slave giving up a partition; none may appear.
@@ -29,15 +28,6 @@ ERROR_LINES = ("heartbeat handling failed", "Traceback", "replication of", "was 
 
 def errors_in(*brokers) -> list[str]:
     return [line for b in brokers for line in b.log_text().splitlines() if any(e in line for e in ERROR_LINES)]
-
-
-def idempotent_put(broker, producer_id: int, partition: int):
-    """One batch of an idempotent producer: epoch 0, sequence 0 (the same batch each time)."""
-    payloads = [b"idem-0", b"idem-1", b"idem-2"]
-    body, _ = encode_messages([Message("x", p) for p in payloads])
-    header = PutRequest(topic="x", partition=partition, count=len(payloads), producer_id=producer_id,
-                        producer_epoch=0, sequence=0).to_header()
-    return request(broker, header, body)
 
 
 def partition_dirs(broker, topic: str) -> list[str]:
@@ -57,7 +47,7 @@ def test_delete_and_recreate_with_fewer_partitions_on_a_sync_pair(broker_factory
     wait_caught_up(a, b, [("x", p) for p in range(5)])
     producer_id = int(request(a, InitProducerRequest().to_header())["producer_id"])
     plain_end = bounds(a, "x", 0)[1]
-    first = idempotent_put(a, producer_id, 0)
+    first = idempotent_put(a, "x", producer_id, 0)
     assert first.code == c.OK and not first.get("duplicate"), first.header
     wait_caught_up(a, b, [("x", 0)])
     old_end = bounds(a, "x", 0)[1]
@@ -116,7 +106,7 @@ def test_delete_and_recreate_with_fewer_partitions_on_a_sync_pair(broker_factory
         assert code == 0, out
         assert [line for line in out.splitlines() if line.startswith("x-")] == new_messages, option
     # The producer's sequence numbers of the old incarnation do not apply: the same batch is new here.
-    again = idempotent_put(a, producer_id, 0)
+    again = idempotent_put(a, "x", producer_id, 0)
     assert again.code == c.OK and not again.get("duplicate"), again.header
     assert again["end_offset"] == first["end_offset"] - plain_end, "appended at the start of the new log"
 

@@ -10,6 +10,9 @@ import logging
 import signal
 
 from metaq.cli import main
+from metaq.client.codec import encode_messages
+from metaq.client.message import Message
+from metaq.protocol.messages import PutRequest
 from metaq.zk.paths import ZkPaths
 
 from .failover_support import Group, make_pair, stat, sync_system, topics_reply, wait_follows, wait_leads
@@ -37,6 +40,15 @@ def serves(broker, topic: str) -> int | None:
     return topics_reply(broker)["topics"].get(topic)
 
 
+def idempotent_put(broker, topic: str, producer_id: int, partition: int):
+    """One batch of an idempotent producer: epoch 0, sequence 0 (the same batch each time)."""
+    payloads = [b"idem-0", b"idem-1", b"idem-2"]
+    body, _ = encode_messages([Message(topic, p) for p in payloads])
+    header = PutRequest(topic=topic, partition=partition, count=len(payloads), producer_id=producer_id,
+                        producer_epoch=0, sequence=0).to_header()
+    return request(broker, header, body)
+
+
 def test_topic_created_on_a_running_pair_survives_role_swaps(broker_factory, zk, zk_root, zk_client, capsys):
     group = Group(zk_client, zk_root)
     a, b = make_pair(broker_factory, sync_system(), group)
@@ -48,6 +60,11 @@ def test_topic_created_on_a_running_pair_survives_role_swaps(broker_factory, zk,
     assert serves(a, "audit") == 3 and serves(b, "audit") == 3
     for partition in range(3):
         put(a, "audit", partition, 20)
+    # A partition opened at run time has its producer state: an idempotent batch is stored
+    # once and its retry answered as a duplicate.
+    first, retry = idempotent_put(a, "audit", 4242, 2), idempotent_put(a, "audit", 4242, 2)
+    assert first.code == 200 and not first.get("duplicate"), first.header
+    assert retry.code == 200 and retry.get("duplicate") and retry["offset"] == first["offset"], retry.header
     wait_caught_up(a, b, [("audit", p) for p in range(3)])
 
     # describe: both members, the sync set, exact lag (0 once caught up)
@@ -74,6 +91,9 @@ def test_topic_created_on_a_running_pair_survives_role_swaps(broker_factory, zk,
     assert code == 0, out
     assert serves(a, "audit") == 4 and serves(b, "audit") == 4
     put(b, "audit", 3, 5)
+    added = idempotent_put(b, "audit", 4343, 3)  # a partition added at run time, on the swapped pair
+    assert added.code == 200 and not added.get("duplicate"), added.header
+    assert idempotent_put(b, "audit", 4343, 3).get("duplicate")
     wait_caught_up(b, a, [("audit", 3)])
     slave_config = bytes(request(a, {"op": "stats", "item": "config"}).body).decode()
     assert "; [topic=audit] numPartitions=4 unflushThreshold=0" in slave_config

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 from metaq.config import SlaveConfig
+from metaq.ha.epochs import EpochCache
 from metaq.ha.node import HaNode
 from metaq.ha.role import Role
 from metaq.protocol import commands as c
@@ -61,3 +63,55 @@ def test_a_master_handing_over_refuses_writes_before_storing_anything() -> None:
     assert node.role_name == "master" and node.acting_master, "still the master its slaves fetch from"
     code, message = node.write_refusal()
     assert code == 503 and "handing over to slave 1" in message
+
+
+def deposable_node(epochs: EpochCache, led_epoch: int) -> tuple[HaNode, SimpleNamespace]:
+    """A node leading epoch ``led_epoch`` of partition t-0 (log end 300), whose follower (as
+    after an earlier follow) serves a masterless partition's whole log."""
+    host = SimpleNamespace(
+        config=HOST.config, registry=HOST.registry,
+        # Batches end at 100, 200, 300: a slave position inside one is cut to its start.
+        partitions=SimpleNamespace(batch_boundary=lambda t, p, offset, fallback: offset - offset % 100),
+    )
+    node = HaNode(host, None, in_zookeeper=True)
+    coordinator = SimpleNamespace(
+        state=Role.LEADING, serving_epoch=led_epoch, sync_set=None, led_epoch=led_epoch,
+        follower=SimpleNamespace(committed=lambda t, p, log_end: log_end),
+        cache=lambda t, p: epochs, master_url=None,
+    )
+    node.coordinator = coordinator
+    return node, coordinator
+
+
+def test_a_deposed_master_serves_none_of_its_terms_writes_that_no_slave_fetched() -> None:
+    epochs = EpochCache(Path("/nonexistent"), [(1, 0), (3, 100)])  # we led epoch 3 from offset 100
+    node, coordinator = deposable_node(epochs, led_epoch=3)
+    node.replica_fetched(1, 3, "t", 0, 150, object())  # slave 1 fetched to 150 (inside a batch)
+    node.replica_fetched(2, 3, "t", 0, 120, object())
+    node.replica_fetched(2, 2, "t", 0, 290, object())  # a stale term's report: not ours to count
+    assert node.committed("t", 0, Log()) == 300, "leading (async): the flushed end"
+    coordinator.state = Role.ORPHANED  # deposed; 200..300 were ours alone
+    assert node.committed("t", 0, Log()) == 100, "the highest slave position, cut to a whole batch"
+    node.replica_fetched(1, 3, "t", 0, 250, object())  # a late report while deposed: ignored
+    coordinator.state = Role.FOLLOWING  # the next master chosen, our log not yet truncated
+    assert node.committed("t", 0, Log()) == 100
+    # Truncated against the new master: its epoch history replaces ours, so the bound goes.
+    epochs.entries = [(1, 0), (3, 100), (4, 150)]
+    assert node.committed("t", 0, Log()) == 300
+
+
+def test_a_deposed_master_no_slave_reported_to_serves_only_what_it_held_when_its_term_began() -> None:
+    epochs = EpochCache(Path("/nonexistent"), [(2, 0), (5, 180)])
+    node, coordinator = deposable_node(epochs, led_epoch=5)  # e.g. restarted since: no reports
+    coordinator.state = Role.ORPHANED
+    assert node.committed("t", 0, Log()) == 180
+
+
+def test_a_slave_that_never_led_the_partitions_newest_epoch_serves_its_whole_log() -> None:
+    epochs = EpochCache(Path("/nonexistent"), [(1, 0), (3, 100)])
+    node, coordinator = deposable_node(epochs, led_epoch=2)  # led an older epoch only
+    coordinator.state = Role.ORPHANED
+    assert node.committed("t", 0, Log()) == 300, "a plain orphaned slave keeps today's reads"
+    node, coordinator = deposable_node(EpochCache(Path("/nonexistent")), led_epoch=0)
+    coordinator.state = Role.FOLLOWING
+    assert node.committed("t", 0, Log()) == 300

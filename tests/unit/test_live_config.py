@@ -6,9 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from metaq.config import BrokerConfig, parse_server_ini
 from metaq.ha.coordinator import HaCoordinator
 from metaq.ha.progress import ReplicationProgress
+from metaq.server.broker import Broker
 from metaq.server.live_config import LiveConfig
 from metaq.server.transactions import TransactionService
 
@@ -43,6 +46,24 @@ def test_a_reload_takes_the_live_keys_only_and_leaves_topics_to_set_topics() -> 
     assert set(running.topics) == {"t"}  # the group's configuration has its say first (Broker.update_topics)
     topics = parse_server_ini(AFTER, "/etc/server.ini").topics
     assert set(live.set_topics(topics).topics) == {"t", "u"} and len(heard) == 2
+
+
+def test_server_ini_topics_have_one_writer() -> None:
+    """Regression: the broker set its own ``local_topics`` and the reload wrote them again. Now the
+    owner keeps them (at construction and by ``reload``); the topics served are another thing."""
+    live = LiveConfig(parse_server_ini(BEFORE, "/etc/server.ini"))
+    assert set(live.local_topics) == {"t"}
+    live.set_topics({})  # the group's configuration or a master's topics: not server.ini's
+    assert set(live.local_topics) == {"t"}
+    live.reload(parse_server_ini(AFTER, "/etc/server.ini"))
+    assert set(live.local_topics) == {"t", "u"}
+    live.local_topics.clear()  # a copy: a reader cannot write them
+    assert set(live.local_topics) == {"t", "u"}
+    broker = Broker.__new__(Broker)
+    broker.live_config = live
+    assert broker.local_topics == live.local_topics
+    with pytest.raises(AttributeError):
+        broker.local_topics = {}  # type: ignore[misc]  # no second writer
 
 
 def test_readers_follow_the_owner_instead_of_keeping_a_copy(tmp_path: Path) -> None:

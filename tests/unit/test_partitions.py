@@ -4,12 +4,17 @@ the transaction state and the epoch history kept in step by it alone."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from metaq.config import TopicConfig
 from metaq.ha.epochs import EpochCache
 from metaq.record import encode_batch, record_ends, stamp_msg_ids
-from metaq.server.partitions import Partitions
+from metaq.protocol import commands as c
+from metaq.server.partitions import PartitionLoading, Partitions
 from metaq.store.manager import MessageStoreManager
 from metaq.txn.put import plan_put
 from metaq.txn import rebuild
@@ -269,5 +274,53 @@ def test_a_marker_a_bit_flip_broke_in_a_sealed_segment_is_marked_corrupt_not_fat
     log = reopened.get_log(TOPIC, 0)
     assert log.corrupt_ranges == [(at, sealed_end)]
     assert again.state(TOPIC, 0).position == log.log_end  # the walk went on past the range
+    again.close()
+    reopened.close()
+
+
+class HeldLoads:
+    """``rebuild.load_state`` held until ``release`` is set; ``threads``: where each load ran."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.release = threading.Event()
+        self.threads: list[int] = []
+        self._real = rebuild.load_state
+        monkeypatch.setattr(rebuild, "load_state", self._held)
+
+    def _held(self, *args: Any, **kwargs: Any) -> PartitionTxnState:
+        self.threads.append(threading.get_ident())
+        assert self.release.wait(10), "never released"
+        return self._real(*args, **kwargs)
+
+
+def test_a_log_opened_at_run_time_loads_its_state_in_a_worker_thread_and_puts_get_a_retriable_answer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A partition with bytes opened after start (a topic re-added, partitions added): its snapshot
+    and walk run in a worker thread; meanwhile the put and fetch paths get 503 (LOAD_IN_PROGRESS),
+    never a wait; the owner's other readers (HA, the reconcile) wait for it; an empty new partition is ready at once."""
+    manager = store(tmp_path)
+    states = Partitions(manager)
+    idempotent_put(manager, states, 7, 0, 3)
+    states.close()
+    manager.close()
+
+    held = HeldLoads(monkeypatch)
+    reopened = store(tmp_path)
+    again = Partitions(reopened)  # started: open_all ran over no log; the topic's files come back now
+    again.open_added()
+    owner = again.get(TOPIC, 0)
+    assert not owner.ready and (TOPIC, 1) not in reopened.logs()  # partition 1 has no files: not opened
+    for ask in (lambda: again.serving(TOPIC, 0), lambda: again.state(TOPIC, 0)):
+        with pytest.raises(PartitionLoading) as refused:
+            ask()
+        assert refused.value.code == c.SERVICE_UNAVAILABLE and "retry" in refused.value.message
+    assert again.batch_boundary(TOPIC, 0, 10, 5) == 5  # unknown yet: the committed offset stays
+    assert again.get(TOPIC, 1).ready  # no bytes, no snapshot: nothing to load
+    assert held.threads and threading.get_ident() not in held.threads
+    held.release.set()
+    assert again.all()[(TOPIC, 0)] is owner.state  # the reconcile's read waits for the load
+    assert again.serving(TOPIC, 0) is owner and owner.ready
+    assert again.state(TOPIC, 0) == fresh(reopened)
+    assert again.state(TOPIC, 0).producers.check(7, 0, 0, 3).verdict is Verdict.DUPLICATE
     again.close()
     reopened.close()

@@ -116,6 +116,16 @@ def test_one_setting_turns_everything_on(secured: Path) -> None:
     assert security.describe() == "security on (SCRAM logins, ACLs, ZooKeeper ACLs), TLS on (client certificates: none)"
 
 
+class Connection:
+    """A logged-in connection as ``BrokerSecurity`` sees it: it can be closed."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
 def test_reloaded_users_apply_at_once_and_a_removed_users_tokens_stop_verifying(secured: Path) -> None:
     from metaq.config import load_server_ini
 
@@ -126,12 +136,18 @@ def test_reloaded_users_apply_at_once_and_a_removed_users_tokens_stop_verifying(
     token = tokens.issue(7, 0, "alice")
     assert tokens.valid(7, 0, "alice", token)
     assert security.reload_users() is None, "an unchanged file changes nothing"
+    # The connections that proved a user's password (the principal the handshake gave, not
+    # an attribute read off the connection); a broker's login is never closed by a reload.
+    alice_conn, broker_conn = Connection(), Connection()
+    security.logged_in(alice_conn, Principal("alice"))
+    security.logged_in(broker_conn, Principal("broker:0:slave1", group=0))
 
     users = SecurityFile.load(config.security.security_config)
     users.remove_user("alice")
     users.add_user("bob", "bob-pw", consume="*")
     users.save()
-    assert security.reload_users() == "security.ini users (added bob; removed alice)"
+    assert security.reload_users() == "security.ini users (added bob; removed alice; closed 1 connection(s))"
+    assert alice_conn.closed and not broker_conn.closed
     assert not tokens.valid(7, 0, "alice", token), "a removed user's producer token"
     assert isinstance(_authenticate(security, "alice", "alice-pw"), Failed)
     assert isinstance(_authenticate(security, "bob", "bob-pw"), Authenticated)

@@ -24,13 +24,15 @@ from metaq.security.principal_tags import PrincipalTags
 from metaq.security.principals import Principal
 from metaq.security.producer_tokens import ProducerTokens
 from metaq.server.authz import Authz, ProducerClaim, RequestContext, required_access
-from metaq.server.transactional_ids import MAX_EPOCH, Owner
+from metaq.server.producer_ids import ProducerIdAllocator, local_blocks
+from metaq.server.transactional_ids import MAX_EPOCH, LocalMapping, Owner, TransactionalIds
 from metaq.server.transactions import TransactionService, aborted_spans, stable_end
 from metaq.store.log import PartitionLog
 from metaq.store.msgid import MsgIdGenerator
 from metaq.txn import control
-from metaq.txn.config import TxnSettings
+from metaq.txn.config import FlushTxLog, TxnSettings
 from metaq.txn.reader import committed_records
+from metaq.txn.txlog import TxLog
 from metaq.txn.rebuild import PartitionTxnState
 from metaq.txn.xa import Code, State
 
@@ -116,7 +118,8 @@ class FakeBroker:
         self.partitions = States(self.store)
         self.ha = FakeHa()
         self.ids = MsgIdGenerator(1)
-        self.transactional_ids = None  # no init_producer here: the service fences only from the logs
+        #: None: no transactional ids (``with_names`` gives the broker some).
+        self.transactional_ids: TransactionalIds | None = None
 
     def appended(self, topic: str, partition: int, end: int, count: int) -> None:
         pass
@@ -137,9 +140,9 @@ class FakeBroker:
     def visible(self, topic: str) -> list[bytes]:
         """What a read-committed consumer gets: up to the LSO, aborted spans and control records skipped."""
         log = self.store.get_log(topic, 0)
-        upto = stable_end(self, topic, 0, log.log_end)
+        upto = stable_end(self.partitions, topic, 0, log.log_end)
         buf = log.read(0, upto, upto)
-        spans = aborted_spans(self, topic, 0, 0, upto)
+        spans = aborted_spans(self.partitions, topic, 0, 0, upto)
         return [r.data for r in committed_records(buf, 0, spans).records]
 
 
@@ -497,6 +500,24 @@ def test_markers_in_the_log_are_ordinary_records_readers_skip(tmp_path: Path) ->
     assert len(records) == 1 and records[0].attribute == control.CONTROL_ATTRIBUTE
 
 
+def with_names(broker: FakeBroker) -> TransactionalIds:
+    """The broker's transactional ids over a local mapping (after ``make``: its reconcile read none)."""
+    names = TransactionalIds(ProducerIdAllocator(1, local_blocks(broker.base)), LocalMapping(broker.base))
+    broker.transactional_ids = names
+    return names
+
+
+async def init_after(broker: FakeBroker, service: TransactionService, name: str, previous: Owner) -> Owner:
+    """``init_producer`` of ``name`` whose mapping held ``previous``: the owner raises the fence, the
+    service rolls the zombies back (what ``RequestHandlers._init_transactional`` does)."""
+    names = broker.transactional_ids or with_names(broker)
+    names.store.write(name, previous, None)
+    owner, replaced = await names.init(name)
+    assert replaced == previous
+    await service.fence(name, owner, replaced)
+    return owner
+
+
 @in_loop
 async def test_an_init_of_a_newer_instance_rolls_back_the_zombies_open_branch_and_refuses_its_steps(
         tmp_path: Path, clock: list[int]) -> None:
@@ -507,7 +528,7 @@ async def test_an_init_of_a_newer_instance_rolls_back_the_zombies_open_branch_an
     assert (await call(service, "prepare", "XA:prepared"))["xa_code"] == Code.XA_OK
     await opened(broker, service, "TX:8:1", b"another producer's", producer_id=8, producer_epoch=0)
 
-    await service.fence("app", Owner(7, 1), Owner(7, 0))
+    assert await init_after(broker, service, "app", Owner(7, 0)) == Owner(7, 1)
     assert service.coordinator is not None
     assert service.coordinator.state_of("TX:7:1") is State.ROLLED_BACK  # its ABORT marker is in the log
     assert service.coordinator.state_of("XA:prepared") is State.PREPARED  # left to its transaction manager
@@ -528,7 +549,8 @@ async def test_an_init_of_a_newer_instance_rolls_back_the_zombies_open_branch_an
 async def test_an_overflowed_name_fences_every_epoch_of_its_old_producer_id(tmp_path: Path, clock: list[int]) -> None:
     broker, service = make(tmp_path, clock)
     await opened(broker, service, "TX:7:1", b"zombie's", producer_id=7, producer_epoch=MAX_EPOCH)
-    await service.fence("app", Owner(9, 0), Owner(7, MAX_EPOCH))
+    owner = await init_after(broker, service, "app", Owner(7, MAX_EPOCH))
+    assert owner.producer_id != 7 and owner.epoch == 0
     assert service.coordinator is not None and service.coordinator.state_of("TX:7:1") is State.ROLLED_BACK
     with pytest.raises(c.RequestError, match="fenced"):
         service.check_fenced(7, MAX_EPOCH)
@@ -536,18 +558,44 @@ async def test_an_overflowed_name_fences_every_epoch_of_its_old_producer_id(tmp_
 
 
 @in_loop
-async def test_a_new_master_fences_from_the_batch_records_in_its_logs(tmp_path: Path, clock: list[int]) -> None:
+async def test_the_newest_epoch_of_a_transactional_id_has_one_owner_and_one_writer(tmp_path: Path, clock: list[int]) -> None:
+    """Regression: the service kept its own fences, merged from the init, the mapping and the
+    logs' BATCH records. Now ``TransactionalIds`` alone holds and writes them; the service reads."""
+    broker, service = make(tmp_path, clock)
+    names = with_names(broker)
+    owner, _ = await names.init("app")
+    fence = service.fence_of(owner.producer_id)  # before the service heard of the init: nothing to copy
+    assert fence is not None and fence.epoch == owner.epoch and fence is names.fence_of(owner.producer_id)
+    again, _ = await names.init("app")
+    assert service.fence_of(owner.producer_id) == (again.epoch, "app")
+    # No second table of producer ids anywhere in the service (a copy would go stale).
+    assert not [name for name, value in vars(service).items() if isinstance(value, dict) and owner.producer_id in value]
+
+
+@in_loop
+async def test_a_new_master_fences_from_the_groups_mapping_and_a_partitions_table_holds_only_its_appends(
+        tmp_path: Path, clock: list[int]) -> None:
     broker = FakeBroker(tmp_path)
-    body = encode_record(b"newer instance")
-    broker.store.get_log("orders", 0).append(
-        control.frame_batch(body, 1, producer_id=7, producer_epoch=3, first_seq=0, timestamp_ms=1, txid="TX:7:9"))
-    promoted = TransactionService(broker, clock_ms=lambda: clock[0])  # a slave taking over: the log is all it knows
+    log = broker.store.get_log("orders", 0)
+    log.append(control.frame_batch(encode_record(b"newer instance"), 1, producer_id=7, producer_epoch=3, first_seq=0,
+                                   timestamp_ms=1, txid="TX:7:9"))
+    log.append(control.frame_batch(encode_record(b"no name"), 1, producer_id=8, producer_epoch=2, first_seq=0,
+                                   timestamp_ms=1))
+    names = with_names(broker)
+    names.store.write("app", Owner(7, 3), None)  # written by the old master's init
+    promoted = TransactionService(broker, clock_ms=lambda: clock[0])  # a slave taking over
     promoted.open()
     promoted.on_leading(1)
-    assert promoted.refusal() is None
+    assert promoted.refusal() is not None  # transaction steps wait for the mapping
+    await until(lambda: promoted.refusal() is None)
     with pytest.raises(c.RequestError, match="epoch 2, current epoch 3"):
         promoted.check_fenced(7, 2)
     promoted.check_fenced(7, 3)
+    # Producer 8 has no transactional id: its partition's table judges its puts there (plan_put),
+    # and no epoch of it is fenced across partitions from the logs.
+    assert promoted.fence_of(8) is None
+    promoted.check_fenced(8, 1)
+    await promoted.stop()
 
 
 class FailingAppends:
@@ -732,3 +780,39 @@ async def test_a_decision_is_fsynced_off_the_event_loop_before_its_markers_and_a
     assert (await call(service, "commit_one_phase", "TX:7:1"))["xa_code"] == Code.XA_OK
     assert fsyncs and all(thread != loop_thread for thread, _ in fsyncs)
     assert fsyncs[-1][1] == 0 and markers_in(broker, "orders", control.Kind.COMMIT) == 1
+
+
+@in_loop
+async def test_the_mode_2_fsync_and_the_checkpoint_run_off_the_event_loop(tmp_path: Path, clock: list[int]) -> None:
+    """flushTxLogAtCommit=2: the once-a-second fsync and the periodic checkpoint are started by the
+    tick and run in a worker thread; every fsync of the journal (redo files, checkpoint, directory)
+    is off the loop, and a branch journaled meanwhile survives a reopen."""
+    settings = TxnSettings(flush_tx_log_at_commit=FlushTxLog.EVERY_SECOND, checkpoint_interval_ms=5000)
+    broker, service = make(tmp_path, clock, settings=settings)
+    journal = service.journal
+    assert journal is not None
+    loop_thread = threading.get_ident()
+    fsync_threads: list[int] = []
+    real_fsync = journal._fsync
+
+    def recording_fsync(fd: int) -> None:
+        fsync_threads.append(threading.get_ident())
+        real_fsync(fd)
+
+    journal._fsync = recording_fsync
+    assert (await call(service, "start", "TX:7:1"))["xa_code"] == Code.XA_OK
+    clock[0] += 1500  # a second after the write: the mode-2 fsync is due
+    service.tick()
+    assert service._upkeep is not None
+    await until(lambda: bool(fsync_threads) and service._upkeep is not None and service._upkeep.done())
+    assert journal._dirty_since_ms is None
+    clock[0] += 5000  # the checkpoint is due
+    service.tick()
+    assert (await call(service, "start", "TX:7:2"))["xa_code"] == Code.XA_OK  # while it runs
+    await until(lambda: service._upkeep is not None and service._upkeep.done())
+    assert any(p.name.startswith("checkpoint.") for p in journal.directory.iterdir())
+    assert fsync_threads and loop_thread not in fsync_threads
+    await service.stop()
+    again = TxLog.open(tmp_path, settings, clock[0])
+    assert {"TX:7:1", "TX:7:2"} <= set(again.branches)
+    again.close()

@@ -118,3 +118,41 @@ def test_a_damaged_newest_checkpoint_falls_back_to_an_older_one(tmp_path: Path) 
     newest = tmp_path / DIRECTORY / files(tmp_path, "checkpoint.")[-1]
     newest.write_bytes(newest.read_bytes()[:-3])
     assert set(TxLog.open(tmp_path, settings, 4).branches) == {"a", "b"}
+
+
+def test_a_record_written_while_a_checkpoint_runs_goes_to_the_new_redo_file_and_survives(tmp_path: Path) -> None:
+    """The broker's split checkpoint: serialized and rotated at once, written later elsewhere."""
+    settings = TxnSettings(flush_tx_log_at_commit=FlushTxLog.AT_COMMIT, checkpoint_interval_ms=1000)
+    txlog = TxLog.open(tmp_path, settings, 0)
+    txlog.defer_decision_fsyncs = True
+    txlog.record("before", {"state": "prepared"}, decision=True, now_ms=10)
+    upkeep = txlog.begin_upkeep(1000)
+    assert upkeep is not None and upkeep.checkpoint is not None
+    txlog.record("during", {"state": "prepared"}, decision=True, now_ms=1001)  # after the body: not in it
+    # A decision sync taken now also fsyncs the retired file "before" is in (and the directory).
+    handle = txlog.sync_handle()
+    assert len(handle.fds) == 2 and handle.directory is not None
+    txlog.fsync_handle(handle)
+    txlog.synced(handle)
+    assert txlog.decisions_synced == txlog.decisions_written == 2
+    txlog.run_upkeep(upkeep)
+    txlog.upkeep_done(upkeep, ok=True)
+    assert txlog.sync_handle().directory is None  # the rotation is finished
+    assert files(tmp_path, "checkpoint.") == ["checkpoint.00000000000000000001.json"]
+    txlog.close()
+    assert set(TxLog.open(tmp_path, settings, 2000).branches) == {"before", "during"}
+
+
+def test_a_failed_mode_2_fsync_keeps_the_journal_dirty_for_the_next_tick(tmp_path: Path) -> None:
+    settings = TxnSettings(flush_tx_log_at_commit=FlushTxLog.EVERY_SECOND)
+    txlog = TxLog.open(tmp_path, settings, 0)
+    txlog.record("a", {"state": "committed"}, decision=True, now_ms=100)
+    upkeep = txlog.begin_upkeep(1100)
+    assert upkeep is not None and upkeep.checkpoint is None
+    assert txlog.begin_upkeep(1200) is None  # nothing written since: nothing due
+    txlog.upkeep_done(upkeep, ok=False)  # its fsync failed
+    again = txlog.begin_upkeep(1200)
+    assert again is not None
+    txlog.run_upkeep(again)
+    txlog.upkeep_done(again, ok=True)
+    txlog.close()
