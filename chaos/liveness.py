@@ -15,7 +15,8 @@ and for every group it touches:
   put of the group completes within ``[E, E + B]``;
 * **reads**: for every partition of the group, the newest message acked by ``E`` that is in
   the final log (an async failover may legitimately drop acked messages, bounded by the
-  lag: ``async_loss_bound``) is read back, or a later one, within ``[E, E + B]``;
+  lag: ``async_loss_bound``) is read back, or a later one, within ``[E, E + B]`` (later
+  when a transaction whose client gave up holds it back: below);
 * with ``reads_during`` (ZooKeeper majority lost): reads never stop for longer than ``B``
   between ``S`` and ``E``, except those of a partition where a transaction open at ``S``
   holds back the awaited message (below); with ``master_fixed``: no failover of the group
@@ -44,7 +45,7 @@ When a transaction is decided (``decided_at``, per partition holding its first r
   one the timeout counts from that completion instead;
 * in any case, at the latest, when a read first reached its record or past it (a reader
   never gets past an undecided transaction's record; a client may learn of its decision
-  late, a timer may fire early).
+  late, a failover's reconcile may abort it before its timeout).
 
 So a transaction whose client gave up holds its partition's reads until its timeout even
 when the fault ended long before: for the **reads** rule, when such a transaction,
