@@ -13,11 +13,18 @@ from itertools import repeat
 from typing import Sequence
 
 from ..record import HEADER, HEADER_SIZE, decode_columns, encode_payload
-from ..txn.control import drop_control_columns
+from ..txn.control import CONTROL_ATTRIBUTE, drop_control_columns
 from .message import Message, Partition
+
+try:  # compiled during setup (setup.py, _speedups.c); the same results in pure Python without it
+    from ._speedups import decode_valid
+except ImportError:
+    decode_valid = None
 
 _pack = HEADER.pack
 _crc32 = zlib.crc32
+#: The reserved attribute of control records as it is in a record (the compiled decode skips them).
+_CONTROL_MARK = CONTROL_ATTRIBUTE.encode("utf-8")
 
 
 def encode_messages(messages: Sequence[Message]) -> tuple[bytes, list[int]]:
@@ -47,7 +54,21 @@ def decode_messages(buf: bytes | bytearray, base_offset: int, topic: str, partit
     transaction markers, docs/storage.md) are no messages: they are left out, and the end
     still moves past them.
     """
-    offsets, ids, attributes, datas, consumed = decode_columns(bytes(buf), base_offset)
+    if decode_valid is None:
+        return _decode_columns_as_messages(bytes(buf), base_offset, topic, partition)
+    messages: list[Message] = []
+    pos = decode_valid(buf, 0, base_offset, topic, partition, Message, messages, _CONTROL_MARK)  # buf not copied
+    if len(buf) - pos < HEADER_SIZE:
+        return messages, base_offset + pos
+    # The compiled decode stopped at a record that is not whole and valid: record.py decodes
+    # the rest, so it is the one to raise and say what is wrong (or to leave a partial tail).
+    rest, end = _decode_columns_as_messages(bytes(buf[pos:]), base_offset + pos, topic, partition)
+    return messages + rest, end
+
+
+def _decode_columns_as_messages(buf: bytes, base_offset: int, topic: str, partition: Partition) -> tuple[list[Message], int]:
+    """The pure-Python decode: ``buf``'s records (at ``base_offset``) as Messages, and their end offset."""
+    offsets, ids, attributes, datas, consumed = decode_columns(buf, base_offset)
     offsets, ids, attributes, datas = drop_control_columns(offsets, ids, attributes, datas)
     # tuple.__new__ mapped over zip builds each Message in C, without NamedTuple.__new__.
     fields = zip(repeat(topic), datas, attributes, ids, repeat(partition), offsets)

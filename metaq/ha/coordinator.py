@@ -717,13 +717,20 @@ class HaCoordinator:
         if config.replication_mode != "sync":
             return
         store = self.host.store
+
+        def log_of(topic: str, partition: int) -> Any:
+            # Asked several times per put: the open log first, without get_log's checks
+            # of the topic's configuration (the sync set only asks about logs it serves).
+            found = store.open_log(topic, partition)
+            return found if found is not None else store.get_log(topic, partition)
+
         self.sync_set = SyncReplication(
             config.min_sync_slaves,
             config.sync_slave_timeout_ms,
             config.on_sync_slave_loss,
             self._publish_sync_set,
-            log_end=lambda t, p: store.get_log(t, p).log_end,
-            flushed_end=lambda t, p: store.get_log(t, p).flushed_end,
+            log_end=lambda t, p: log_of(t, p).log_end,
+            flushed_end=lambda t, p: log_of(t, p).flushed_end,
             partitions=lambda: list(store.logs()),
             # Only positions reported in this term count (progress outlives terms).
             position=lambda slave_id, t, p: self.progress.position(slave_id, t, p, epoch=self.serving_epoch),

@@ -267,6 +267,10 @@ class PartitionReplica:
         )
 
     def _schedule_flush(self, end: int, count: int) -> None:
+        if not self.flusher.group_commit:
+            # The threshold policy's bookkeeping needs no task (one per reply otherwise).
+            self.flusher.note_appended(count)
+            return
         task = asyncio.ensure_future(self.flusher.appended(end, count))
         task.add_done_callback(_log_flush_error)
 

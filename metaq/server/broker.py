@@ -217,7 +217,8 @@ class Broker:
         limits = ConnectionLimits.from_config(config)
         tls = self.security.tls
         self._server = await loop.create_server(
-            lambda: ClientConnection(served, max_body, limits, self.security, self.slots, self.request_budget, self.authz),
+            lambda: ClientConnection(served, max_body, limits, self.security, self.slots, self.request_budget, self.authz,
+                                     self.waiters),
             host=config.host_name,
             port=config.server_port,
             reuse_address=True,

@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Protocol
 
+from ..deferred import Deferred
 from ..protocol import commands as c
 from ..protocol.messages import QuitRequest
 from ..protocol.frames import (
@@ -61,6 +62,7 @@ from ..security.messages import auth_reply
 from .admission import ConnectionSlots, RequestBudget
 from .authz import OPEN_BEFORE_LOGIN, Authz, ProducerClaim, RequestContext
 from .stats import BrokerStats
+from .waiters import EndWaiters
 
 if TYPE_CHECKING:
     from ..config import BrokerConfig
@@ -142,8 +144,11 @@ class ClientConnection(asyncio.Protocol):
         slots: ConnectionSlots | None = None,
         budget: RequestBudget | None = None,
         authz: Authz | None = None,
+        waiters: EndWaiters | None = None,
     ) -> None:
         self.handlers = handlers
+        #: The broker's parked fetches: woken once per read of requests (``_process_batch``).
+        self.waiters = waiters
         self.max_body = max_body
         self.decoder = FrameDecoder(max_body=max_body, announce_heads=True)
         self.limits = limits or ConnectionLimits()
@@ -171,6 +176,9 @@ class ClientConnection(asyncio.Protocol):
         self._watchdog: asyncio.TimerHandle | None = None
         self._counted = False
         self._tasks: set[asyncio.Task[None]] = set()
+        #: Requests whose handler returned a ``Deferred`` (a parked fetch, a sync put): in
+        #: flight like the tasks, answered from its callback without a task of their own.
+        self._deferred: set[Deferred[Any]] = set()
         self._write_lock = asyncio.Lock()
         self._closing = False
         self._paused = False
@@ -227,6 +235,8 @@ class ClientConnection(asyncio.Protocol):
         self.handlers.connection_closed(self)
         for task in list(self._tasks):
             task.cancel()
+        for deferred in list(self._deferred):
+            deferred.cancel()  # a parked fetch lets go of its timer and its watch
         self._drained.set()
 
     def pause_writing(self) -> None:
@@ -245,9 +255,16 @@ class ClientConnection(asyncio.Protocol):
     def _process_batch(self) -> None:
         self._out = []
         self._out_bytes = 0
+        waiters = self.waiters
+        if waiters is not None:
+            waiters.hold()
         try:
             self._process_events()
         finally:
+            if waiters is not None:
+                # Fetches parked on what these requests appended are answered now, once each
+                # (before this read's acks: a sync master's slave starts copying at once).
+                waiters.release()
             self._flush_out()
             self._count_buffered()
         if self._text_answered and not self._closing:
@@ -259,7 +276,7 @@ class ClientConnection(asyncio.Protocol):
 
     def _over_limits(self) -> bool:
         """Too much of this peer's work is pending: answer what we have before reading more."""
-        if len(self._tasks) >= self.limits.max_in_flight:
+        if len(self._tasks) + len(self._deferred) >= self.limits.max_in_flight:
             return True
         queued = self._out_bytes + (self.transport.get_write_buffer_size() if self.transport is not None else 0)
         limit = PRE_LOGIN_MAX_QUEUED_REPLY_BYTES if self.awaiting_login else self.limits.max_queued_reply_bytes
@@ -364,7 +381,7 @@ class ClientConnection(asyncio.Protocol):
             self.handlers.stats.refused("login_timeout")
             self.close()
             return
-        idle = not self._tasks and self._partial_since is None
+        idle = not self._tasks and not self._deferred and self._partial_since is None
         if idle and limits.idle_timeout_s > 0 and now - self._last_activity > limits.idle_timeout_s:
             log.info("closing connection from %s: idle for %.0f s (connectionIdleTimeoutMs)", self.peer, limits.idle_timeout_s)
             self.close()
@@ -493,7 +510,12 @@ class ClientConnection(asyncio.Protocol):
 
     def _run(self, request: c.Request, result: Any, text: bool = False) -> None:
         """Send the reply now if the handler finished synchronously, else when its awaitable does."""
-        if isinstance(result, Awaitable):
+        if type(result) is tuple:  # most replies: before the ABC check of Awaitable, which is slow
+            self._emit(request, result, text)
+        elif isinstance(result, Deferred):
+            self._deferred.add(result)
+            result.add_done_callback(lambda done: self._deferred_done(request, done, text))
+        elif isinstance(result, Awaitable):
             task = asyncio.ensure_future(self._finish(request, result, text))
             self._tasks.add(task)
             task.add_done_callback(self._task_done)
@@ -505,22 +527,41 @@ class ClientConnection(asyncio.Protocol):
             result = await awaitable
         except asyncio.CancelledError:
             return
-        except c.RequestError as exc:
-            result = (exc.reply(request.opaque), b"")
-        except Exception as exc:  # a handler bug must cost one request, not the broker
-            log.exception("error serving %s from %s", request.op, self.peer)
-            result = (c.reply_header(request.opaque, c.INTERNAL_ERROR, f"internal error: {exc}"), b"")
-        if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], FileBody):
-            await self.send_file_reply(result[0], result[1])
-        else:
-            self._emit(request, result, text)
+        except Exception as exc:
+            result = self._failed_reply(request, exc)
+        self._emit(request, result, text)
+
+    def _deferred_done(self, request: c.Request, done: Deferred[Any], text: bool) -> None:
+        """A ``Deferred`` reply is known: written now, inside whatever resolved it."""
+        self._deferred.discard(done)
+        if done.cancelled() or self._closing:
+            return
+        exc = done.exception()
+        self._emit(request, done.result() if exc is None else self._failed_reply(request, exc), text)
+        self._last_activity = time.monotonic()
+        if self._reading_paused:
+            # On the next turn, not here: this runs inside another request's handling (a sync
+            # set releasing its waiters, a put waking parked fetches), which must not process
+            # this connection's buffered requests in the middle of it.
+            asyncio.get_running_loop().call_soon(self._update_flow)
+
+    def _failed_reply(self, request: c.Request, exc: BaseException) -> tuple[dict[str, Any], bytes]:
+        if isinstance(exc, c.RequestError):
+            return exc.reply(request.opaque), b""
+        # A handler bug must cost one request, not the broker.
+        log.error("error serving %s from %s", request.op, self.peer, exc_info=exc)
+        return c.reply_header(request.opaque, c.INTERNAL_ERROR, f"internal error: {exc}"), b""
 
     def _emit(self, request: c.Request, result: Any, text: bool) -> None:
         if text:
             self._write(result if isinstance(result, bytes) else str(result).encode())
             return
         header, body = result
-        if isinstance(body, FileBody):
+        if isinstance(body, FileBody) and body.length < SENDFILE_MIN_BYTES:
+            # A small range is copied and written now, like any reply (behind a file reply
+            # on its way out, if there is one): no task for it.
+            self.send_reply(header, body.read())
+        elif isinstance(body, FileBody):
             task = asyncio.ensure_future(self.send_file_reply(header, body))
             self._tasks.add(task)
             task.add_done_callback(self._task_done)

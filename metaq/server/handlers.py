@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol, TypeVar
 
 from .. import __version__
 from ..config import BrokerConfig, TopicConfig
+from ..deferred import Deferred
 from ..ha.node import HaNode
 from ..ha.sync_set import SyncWaitFailed
 from ..protocol import commands as c
@@ -232,6 +233,10 @@ class RequestHandlers:
             raise c.RequestError(exc.code, exc.message) from None
         if wait is None:
             return reply, b""
+        if isinstance(wait, Deferred):
+            # The sync wait alone: acked inside the slave's fetch that covers the put, no task.
+            return wait.then(lambda done: (reply, b"") if done.exception() is None
+                             else self._not_acked(done.exception(), req, partition))
         return self._ack_after(wait, req, partition, reply)
 
     def _put_idempotent(self, req: c.Request, ctx: RequestContext, partition: int, log: "PartitionLog",
@@ -300,12 +305,19 @@ class RequestHandlers:
         """Acks follow durability: the flush policy's wait, then (sync mode) the replication wait."""
         try:
             await wait
-        except SyncWaitFailed as exc:
+        except (SyncWaitFailed, OSError) as exc:
+            return self._not_acked(exc, req, partition)
+        return reply, b""
+
+    @staticmethod
+    def _not_acked(exc: BaseException, req: c.Request, partition: int) -> Reply:
+        """Why a put's wait ended without its ack (anything but these two is a bug: re-raised)."""
+        if isinstance(exc, SyncWaitFailed):
             return c.reply_header(req.opaque, exc.code, exc.message, partition=partition), b""
-        except OSError as exc:
+        if isinstance(exc, OSError):
             logger.error("flush of %s-%d failed, put not acked: %s", req.topic, partition, exc)
             return c.reply_header(req.opaque, c.INTERNAL_ERROR, f"flush of {req.topic}-{partition} failed: {exc}"), b""
-        return reply, b""
+        raise exc
 
     # --- init_producer --------------------------------------------------------------
 
@@ -433,19 +445,58 @@ class RequestHandlers:
         if epoch < ha.epoch:
             raise c.RequestError(c.FORBIDDEN, f"stale epoch {epoch}: the master is in epoch {ha.epoch}; re-sync")
 
-    async def _long_poll(self, req: c.Request, log: "PartitionLog", max_bytes: int) -> Reply:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + req.max_wait_ms / 1000
-        while True:
-            left = deadline - loop.time()
-            if left <= 0:
-                return self._no_data(req, log)
-            await self.broker.waiters.wait(req.topic, req.partition, left)
-            if self.broker.store.open_log(req.topic, req.partition) is not log:
-                log = self._log(req.topic, req.partition)  # dropped while parked (topic deleted): 404
-            reply = self._read(req, log, max_bytes)
-            if reply is not None:
-                return reply
+    def _long_poll(self, req: c.Request, log: "PartitionLog", max_bytes: int) -> Deferred[Reply]:
+        """Park the fetch until its partition has data for it, or ``max_wait_ms`` passes.
+
+        Woken by ``EndWaiters.notify`` inside the append, commit or flush that moved the
+        partition, and answered right there (no task, no turn of the loop: a sync
+        master's slave gets a put's bytes before that put's request is done with).
+        """
+        parked: Deferred[Reply] = Deferred()
+        waiters = self.broker.waiters
+        withdraw: Callable[[], None] | None = None
+
+        def answer(reply: Callable[[], Reply | None]) -> None:
+            nonlocal withdraw
+            try:
+                result = reply()
+            except c.RequestError as exc:
+                result = exc.reply(req.opaque), b""
+            except Exception as exc:  # noqa: BLE001 - answered as the connection answers handler bugs
+                timer.cancel()
+                parked.set_exception(exc)
+                return
+            if result is None:
+                withdraw = waiters.watch(req.topic, req.partition, woken)
+                return
+            timer.cancel()
+            parked.set_result(result)
+
+        def woken() -> None:
+            def read() -> Reply | None:
+                nonlocal log
+                if self.broker.store.open_log(req.topic, req.partition) is not log:
+                    log = self._log(req.topic, req.partition)  # dropped while parked (topic deleted): 404
+                elif req.replica is not None and log.log_end <= req.offset:
+                    return None  # a commit, not an append: nothing new for a slave
+                return self._read(req, log, max_bytes)
+
+            answer(read)
+
+        def expired() -> None:
+            if withdraw is not None:
+                withdraw()
+            answer(lambda: self._no_data(req, log))
+
+        def release() -> None:
+            timer.cancel()
+            if withdraw is not None:
+                withdraw()
+
+        timer = asyncio.get_running_loop().call_later(req.max_wait_ms / 1000, expired)
+        withdraw = waiters.watch(req.topic, req.partition, woken)
+        parked.on_cancel(release)
+        return parked
 
     def _visible_end(self, req: c.Request, log: "PartitionLog", committed: int) -> int:
         """A replica reads to the log end; a consumer to the last stable offset below ``committed``."""

@@ -174,8 +174,13 @@ class MessageStoreManager:
         return _holds_a_log(directory) and incarnation.belongs(directory, self.topic_config(topic).incarnation)
 
     def flusher(self, topic: str, partition: int) -> LogFlusher:
-        self.get_log(topic, partition)
-        return self._flushers[(topic, partition)]
+        # Asked on every put: an open log's flusher straight away (get_log's checks of the
+        # topic's configuration were made by whoever is appending to it).
+        flusher = self._flushers.get((topic, partition))
+        if flusher is None:
+            self.get_log(topic, partition)
+            flusher = self._flushers[(topic, partition)]
+        return flusher
 
     def open_existing(self) -> int:
         """Open every configured partition that has segments on disk; return the largest msg id in them."""

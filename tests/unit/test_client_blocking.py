@@ -58,6 +58,20 @@ def test_a_stored_message_costs_one_direct_put_and_no_loop_put() -> None:
     assert len(direct.puts) == 2 and direct.puts[1]["count"] == 3 and pool.log == []
 
 
+def test_plain_put_headers_are_built_once_and_stay_per_partition_and_count() -> None:
+    producer, direct, pool, runner = blocking_producer([], FakeCluster(brokers=1, parts=2))
+    try:
+        for _ in range(4):
+            producer.send_message(Message("t", b"x"))
+        producer.send_batch([Message("t", b"y") for _ in range(3)])
+    finally:
+        runner.stop()
+    assert [(p["topic"], p["count"]) for p in direct.puts] == [("t", 1)] * 4 + [("t", 3)]
+    assert all(set(p) == {"op", "topic", "partition", "count"} and p["op"] == "put" for p in direct.puts)
+    assert {p["partition"] for p in direct.puts[:4]} == {0, 1}  # one cached header per partition, not one for all
+    assert len(producer._put_headers) == len({(p["topic"], p["partition"], p["count"]) for p in direct.puts})
+
+
 def test_failed_first_attempts_continue_in_the_loop_with_their_class() -> None:
     producer, direct, pool, runner = blocking_producer([NotSent("refused"), 503, 400, NoReply("lost")], retry_unknown_outcome=False)
     try:

@@ -19,11 +19,15 @@ from metaq.store.manager import MessageStoreManager
 
 
 class NoFlush:
-    def __init__(self) -> None:
-        self.calls: list[tuple[int, int]] = []
+    """A flusher of the threshold policy that never flushes (the slave only counts appends)."""
 
-    async def appended(self, end: int, count: int) -> None:
-        self.calls.append((end, count))
+    group_commit = False
+
+    def __init__(self) -> None:
+        self.counted = 0
+
+    def note_appended(self, count: int) -> None:
+        self.counted += count
 
 
 def partition_owner(tmp_path: Path) -> Partition:

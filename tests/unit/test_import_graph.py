@@ -34,8 +34,13 @@ def module_name(path: Path) -> str:
 @functools.lru_cache(maxsize=1)  # parsed once per run: the tests below only read it
 def import_graph() -> dict[str, set[str]]:
     files = {module_name(path): path for package in PACKAGES for path in (REPO / package).rglob("*.py")}
+    # A compiled module (its C source, e.g. metaq/client/_speedups.c) is a module too, one
+    # that imports nothing of ours.
+    files.update({module_name(path): path for package in PACKAGES for path in (REPO / package).rglob("*.c")})
     graph: dict[str, set[str]] = {name: set() for name in files}
     for name, path in files.items():
+        if path.suffix != ".py":
+            continue
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             targets: list[str] = []

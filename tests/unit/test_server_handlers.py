@@ -220,6 +220,44 @@ def test_consumers_see_only_flushed_bytes_in_interval_mode_but_replicas_see_the_
     run(scenario())
 
 
+def test_a_parked_replica_fetch_is_answered_inside_the_put_that_feeds_it(tmp_path: Path, monkeypatch) -> None:
+    """The first leg of a sync ack's round trip takes no loop turn: the put's append writes the
+    slave's fetch reply before the put's own ack is written (docs/sync-replication.md)."""
+    from metaq.server import connection as server_connection
+
+    written: list[str] = []  # who each write to a socket went to, in order
+    real_write = server_connection.ClientConnection._write
+
+    def recording_write(self: Any, data: bytes) -> None:
+        if self._out is None:  # to the socket now, not gathered for the end of the read
+            written.append("slave" if b"replicate me" in data else "producer")
+        real_write(self, data)
+
+    monkeypatch.setattr(server_connection.ClientConnection, "_write", recording_write)
+
+    async def scenario() -> None:
+        async with running(tmp_path) as (broker, conn):
+            broker.registry = RegisteredSlaves(0)
+            slave = await BrokerConnection.open("127.0.0.1", broker.port)
+            try:
+                fetch = {"op": "get", "topic": "lazy", "partition": 0, "offset": 0, "max_size": 1 << 20,
+                         "max_wait_ms": 10_000, "replica": {"slave_id": 0, "epoch": 0, "log_end": 0}}
+                parked = slave.send(fetch)
+                await asyncio.sleep(0.1)
+                assert not parked.done(), "nothing to replicate yet: the fetch must be parked"
+                written.clear()
+                put = await conn.request(put_header("lazy"), record.encode_record(b"replicate me"))
+                assert put.code == 200
+                reply = await asyncio.wait_for(parked, 5)
+                assert reply.code == 200 and next(record.iter_records(reply.body, 0)).data == b"replicate me"
+                assert written == ["slave", "producer"], (
+                    f"the slave's reply must be written inside the put, before its ack; writes were {written}")
+            finally:
+                slave.close()
+
+    run(scenario())
+
+
 def test_position_reports_a_slaves_log_end_and_refuses_bad_reports(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with running(tmp_path) as (broker, conn):

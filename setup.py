@@ -1,0 +1,10 @@
+"""The compiled part of metaq-py: optional, everything else is in pyproject.toml.
+
+``metaq.client._speedups`` decodes fetched records into Messages in C (the consumer's
+hot path). ``optional=True``: without a C compiler, Python's headers or zlib's, the
+install goes on and ``metaq.client.codec`` uses its pure-Python decode instead.
+"""
+
+from setuptools import Extension, setup
+
+setup(ext_modules=[Extension("metaq.client._speedups", ["metaq/client/_speedups.c"], libraries=["z"], optional=True)])
