@@ -428,8 +428,10 @@ class SideTopicLoad:
                     except Exception as exc:
                         out.append(f"{b.name}: {SIDE_TOPIC}-{n} not readable: {exc!r}")
                         continue
+                    problem = refusal_problem(b.name, n, reply.code, reply.message, reply.header)
+                    if problem is not None:
+                        out.append(problem)
                     if not reply.ok:
-                        out.append(f"{b.name}: {SIDE_TOPIC}-{n} not served: {reply.code} {reply.message}")
                         continue
                     old = [record_value(r.attribute, r.data) for r in iter_records(bytes(reply.body), 0, verify=False)]
                     old = [v for v in old if not v.startswith(self._prefix(group))]
@@ -439,6 +441,22 @@ class SideTopicLoad:
             return out
 
         return asyncio.run(ask_all())
+
+
+def refusal_problem(member: str, partition: int, code: int, message: str | None, header: dict) -> str | None:
+    """What a consumer's get at offset 0 of a side partition says is wrong, or None.
+
+    A partition served with nothing readable at offset 0 yet (a re-created topic nobody
+    wrote to since, or writes not yet committed) answers ``404`` *with* its ``log_end``
+    and ``committed``: served, and a reader is given no earlier incarnation's message.
+    Any other refusal (an unknown topic or partition: 404 without them, 403, 503) means the
+    member does not serve the partition the operation left.
+    """
+    if code == 200:
+        return None
+    if code == 404 and "log_end" in header and "committed" in header:
+        return None
+    return f"{member}: {SIDE_TOPIC}-{partition} not served: {code} {message}"
 
 
 _PARTITION_DIR = re.compile(rf"^{SIDE_TOPIC}-(\d+)$")

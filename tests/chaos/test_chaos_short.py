@@ -49,6 +49,7 @@ from __future__ import annotations
 import pytest
 
 from chaos.scenarios import schedule, writes_expected
+from chaos.transactions import TIMED_OUT_TIMEOUT_S
 from tests.chaos.run_support import Outcome, chaos_run, checked
 
 pytestmark = pytest.mark.chaos
@@ -169,7 +170,10 @@ def test_chaos_consumer_group_kill_master(chaos_outcome: Outcome) -> None:
     # rolled back by the broker (or unknown), none committed; every older instance of the
     # zombie's transactional id refused (``checked``: its commit never succeeded).
     assert any(op["type"] == "ok" and op.get("phases") == 2 for op in txns if op["process"] == "xa0")
-    timed_out = [op for op in txns if op.get("timeout_s")]
+    # Every transaction records the timeout it asked for (the liveness check awaits the
+    # reads one whose client gave up holds until that timeout).
+    assert all(op.get("timeout_s") for op in txns), [op for op in txns if not op.get("timeout_s")][:3]
+    timed_out = [op for op in txns if op.get("timeout_s") == TIMED_OUT_TIMEOUT_S]
     assert timed_out and "ok" not in [op["type"] for op in timed_out]
     older = [op for op in txns if op["process"] == "z0-older"]
     assert any(op["type"] == "fail" and "fenced" in op.get("error", "") for op in older), older[:3]

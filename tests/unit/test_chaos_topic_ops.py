@@ -3,7 +3,8 @@ import pytest
 from chaos.checker import check
 from chaos.history import History
 
-from chaos.topic_ops import ALTERED_SETTING, SideTopicState, apply_op, plan
+from chaos.topic_ops import ALTERED_SETTING, SideTopicState, apply_op, plan, refusal_problem
+from metaq.protocol import commands as c
 
 
 def test_plan_walks_the_cycle_and_recreates_smaller():
@@ -48,3 +49,18 @@ def test_deferred_and_clean_topic_operations_pass():
                  only=["topic-ops"]).ok
     clean = check(_history_with_topic_op(), only=["topic-ops"])
     assert clean.ok and clean.checks["topic-ops"]["checked"] == 1
+
+
+def test_a_served_partition_with_nothing_readable_yet_is_no_violation_but_an_unserved_one_is():
+    # Campaign seeds 3002 and 3004: a topic re-created near the end, nothing written to it
+    # since. The broker's no-data answer (handlers._no_data) says the partition is served.
+    empty = c.reply_header(7, c.NOT_FOUND, "no new messages", committed=0, log_end=0, epoch=3)
+    assert refusal_problem("g0-a", 0, empty["code"], empty["msg"], empty) is None
+    behind = c.reply_header(7, c.NOT_FOUND, "offset 0 is beyond the committed offset 0", committed=0, log_end=120, epoch=3)
+    assert refusal_problem("g0-a", 0, behind["code"], behind["msg"], behind) is None
+    unknown = c.reply_header(7, c.NOT_FOUND, "unknown topic 'side' on broker 0")
+    assert "side-0 not served: 404 unknown topic" in refusal_problem("g0-a", 0, unknown["code"], unknown["msg"], unknown)
+    for code in (c.BAD_REQUEST, c.FORBIDDEN, c.SERVICE_UNAVAILABLE):
+        refused = c.reply_header(7, code, "no")
+        assert refusal_problem("g0-b", 1, refused["code"], refused["msg"], refused) is not None
+    assert refusal_problem("g0-a", 0, c.OK, None, c.reply_header(7)) is None
