@@ -13,6 +13,11 @@ interrupted campaign stopped. A run that ends without a summary (crashed) is run
 next time; one that overruns its time limit is stopped (its process group, SIGTERM then
 SIGKILL) and recorded as failed, so a hang is a finding, not a retry loop.
 
+Lanes: ``--lane K/N`` runs only the setups whose index is ``K - 1`` modulo ``N``, so ``N``
+processes started with ``--lane 1/N`` ... ``--lane N/N`` on the same ``--out`` share one
+campaign without ever running the same setup (each run has its own cluster and ports);
+every lane's ``campaign.md`` covers every run finished so far, whichever lane ran it.
+
 When done (or interrupted) it writes ``{out}/campaign.md``: the campaign's size and
 command, one row per run (seed, setup, every anomaly count of the checker, other
 violations, faults, failovers, acked puts, verdict) and the unavailability per fault
@@ -92,6 +97,23 @@ def load_result(out: Path, setup: Setup) -> dict[str, Any] | None:
         return json.loads((out / setup.name / RESULT_FILE).read_text())
     except (OSError, ValueError):
         return None
+
+
+def parse_lane(text: str) -> tuple[int, int]:
+    """``"K/N"`` -> (K, N) with 1 <= K <= N; ValueError naming the problem otherwise."""
+    try:
+        k, n = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--lane wants K/N (e.g. 1/2), got {text!r}") from None
+    if not 1 <= k <= n:
+        raise ValueError(f"--lane K/N needs 1 <= K <= N, got {text!r}")
+    return k, n
+
+
+def lane_setups(setups: list[Setup], lane: tuple[int, int]) -> list[Setup]:
+    """The setups lane ``K/N`` runs: every N-th, from the (K-1)-th; the lanes partition the plan."""
+    k, n = lane
+    return [s for s in setups if s.index % n == k - 1]
 
 
 def check_settings(out: Path, seconds: float, first_seed: int, zk_nodes: int, power_loss: bool = False,
@@ -243,6 +265,9 @@ def add_parser(sub: Any) -> None:
                         "corrupt-master, corrupt-slave, truncate-master and truncate-slave")
     p.add_argument("--hosts", choices=("local", "netns"), default="local",
                    help="every run with --hosts: netns puts each process on a host of its own (needs root)")
+    p.add_argument("--lane", default="1/1", metavar="K/N",
+                   help="run only every N-th setup, from the K-th: N processes with lanes 1/N..N/N share one "
+                        "--out (default 1/1: every setup)")
     p.add_argument("--out", default="/tmp/chaos-campaign",
                    help="directory of the runs and of campaign.md; run the same command again to resume")
 
@@ -253,6 +278,11 @@ def main(args: argparse.Namespace) -> int:
     if args.runs < 1 or args.seconds <= 0:
         print(f"error: --runs and --seconds must be positive, got {args.runs} and {args.seconds:g}", file=sys.stderr)
         return 2
+    try:
+        lane = parse_lane(args.lane)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     out = Path(args.out)
     problem = check_settings(out, args.seconds, args.first_seed, args.zk_nodes, args.power_loss, args.corruption,
                              args.hosts)
@@ -260,15 +290,16 @@ def main(args: argparse.Namespace) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     setups = plan(args.runs, args.first_seed, args.power_loss, args.corruption, args.hosts)
+    mine = lane_setups(setups, lane)
     results = {s: load_result(out, s) for s in setups}
     command = command_line(args.runs, args.seconds, args.first_seed, args.zk_nodes, out, args.power_loss, args.corruption,
                            args.hosts)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         with Progress(*columns) as progress:
-            task = progress.add_task("campaign", total=len(setups),
-                                     completed=sum(r is not None for r in results.values()))
-            for setup in setups:
+            task = progress.add_task("campaign", total=len(mine),
+                                     completed=sum(results[s] is not None for s in mine))
+            for setup in mine:
                 if results[setup] is not None:
                     continue  # finished in an earlier invocation
                 progress.update(task, description=f"seed {setup.seed} ({setup.label})")
@@ -281,7 +312,9 @@ def main(args: argparse.Namespace) -> int:
                 if results[setup] is not None:
                     progress.advance(task)
     finally:
+        # Other lanes' runs finished meanwhile are read again: the table covers them too.
+        results = {s: results[s] if s in mine else load_result(out, s) for s in setups}
         text = report(list(results.items()), args.seconds, command)
         (out / "campaign.md").write_text(text)
         print(text)
-    return 0 if all(verdict(r) == "PASS" for r in results.values()) else 1
+    return 0 if all(verdict(results[s]) == "PASS" for s in mine) else 1  # this lane's runs

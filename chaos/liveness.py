@@ -15,7 +15,8 @@ and for every group it touches:
   put of the group completes within ``[E, E + B]``;
 * **reads**: for every partition of the group, the newest message acked by ``E`` that is in
   the final log (an async failover may legitimately drop acked messages, bounded by the
-  lag: ``async_loss_bound``) is read back, or a later one, within ``[E, E + B]``;
+  lag: ``async_loss_bound``) is read back, or a later one, within ``[E, E + B]`` (later
+  when a transaction whose client gave up holds it back: below);
 * with ``reads_during`` (ZooKeeper majority lost): reads never stop for longer than ``B``
   between ``S`` and ``E``, except those of a partition where a transaction open at ``S``
   holds back the awaited message (below); with ``master_fixed``: no failover of the group
@@ -27,6 +28,31 @@ the master and on the slaves alike, get nothing past that record until the trans
 decided, and its decision (a COMMIT or ABORT marker, also the abort of a timeout) is a
 write, which needs ZooKeeper's quorum. For such a partition the ``reads_during`` rule does
 not apply; its reads are bounded as writes are: by the **reads** rule, within ``B`` of ``E``.
+
+When a transaction is decided (``decided_at``, per partition holding its first record):
+
+* its client committed it, or heard it rolled back (``ok``; ``fail``, which the workloads
+  record only for a confirmed abort): at that completion, the broker having written the
+  marker before it answered;
+* its client gave up (``info``, outcome unknown): only the broker's timer decides it, at
+  ``invoke time + timeout_s + TICK_S`` (the branch starts at its first send, just after
+  the invocation; its timer fires every ``TICK_S``). ``timeout_s`` is the one its ``txn``
+  operation records; a history without it (older runs recorded it only for transactions
+  left open on purpose) falls back to ``TXN_TIMEOUT_S``, what every other transaction of
+  the runner's workload asks for, when ``meta["transactions"]`` says that workload ran,
+  else to the client's completion (as strict as a decided transaction). An XA branch's
+  timeout runs again from its prepare, which comes before its client's completion: for
+  one the timeout counts from that completion instead;
+* in any case, at the latest, when a read first reached its record or past it (a reader
+  never gets past an undecided transaction's record; a client may learn of its decision
+  late, a failover's reconcile may abort it before its timeout).
+
+So a transaction whose client gave up holds its partition's reads until its timeout even
+when the fault ended long before: for the **reads** rule, when such a transaction,
+undecided at ``E``, holds the awaited message (its record at or below the awaited offset),
+the awaited read is due within ``B`` of ``max(E, decided_at)``, not of ``E``
+(``reads_wait_for_timeout`` in the fault's record names it). A transaction its client
+committed or rolled back keeps the bound ``E + B``: its decision is the client's write.
 
 If the history ends, or the next fault begins, before ``E + B`` and before the awaited
 event, that is a warning (inconclusive), not a violation.
@@ -42,11 +68,14 @@ awaited message after ``E``.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
 from chaos.history import History, group_of
+from chaos.transactions import TXN_TIMEOUT_S
+from metaq.server.transactions import TICK_S
 
 SKIPPED_KINDS = ("heal", "heal_all", "settle_timeout")
 
@@ -117,6 +146,34 @@ def _first_at_or_after(times: list[float], t: float) -> float | None:
     return times[i] if i < len(times) else None
 
 
+@dataclass(frozen=True)
+class HeldBy:
+    """A transaction with a record in a partition: the read-committed readers of the
+    partition get nothing at or past ``first`` from ``invoked`` until ``decided_at``."""
+
+    name: str
+    invoked: float
+    decided_at: float
+    first: int  # its first stored offset in the partition
+    unknown: bool  # its client gave up: only the broker's timeout (or a read past it) shows the decision
+
+
+def _decidable_at(op: dict[str, Any], meta: dict[str, Any]) -> float:
+    """When the broker's timer can have decided a transaction whose client gave up (``op``:
+    its ``info`` completion): its timeout after its start (XA: after its prepare, at the
+    latest its client's completion), plus a tick of the timer. Without a recorded timeout
+    (histories before every ``txn`` operation carried ``timeout_s``): the runner's workload
+    asked for ``TXN_TIMEOUT_S`` unless it recorded another; an unknown producer's
+    transaction counts as decided when its client completed it (the strict reading)."""
+    timeout_s = op.get("timeout_s")
+    if timeout_s is None and meta.get("transactions"):
+        timeout_s = TXN_TIMEOUT_S
+    if timeout_s is None:
+        return op["time"]
+    counted_from = op["time"] if op.get("xa") else op["invoke_time"]
+    return counted_from + float(timeout_s) + TICK_S
+
+
 class Timeline:
     """Success times of a history: acks per group, reads per partition (with what they reached)."""
 
@@ -135,19 +192,30 @@ class Timeline:
                     self.acked[partition].append((op["time"], int(offset)))
             elif op.get("f") == "get" and op.get("reads"):
                 self.reads[partition].append((op["time"], max(int(o) for o, _v in op["reads"])))
-        # partition -> (invoked, completed, first stored offset there, name) of every transaction
-        # that stored a record: undecided from its invocation until its completion at the latest.
-        self.transactions: dict[str, list[tuple[float, float, int, str]]] = defaultdict(list)
+        for lists in (self.acks, self.acked, self.reads):
+            for key in lists:
+                lists[key].sort()
+        # partition -> (read times, the highest offset read by each): the second never falls,
+        # so a bisection finds when a read first reached an offset.
+        self.reached: dict[str, tuple[list[float], list[int]]] = {}
+        for partition, reads in self.reads.items():
+            highest = itertools.accumulate((top for _t, top in reads), max)
+            self.reached[partition] = ([t for t, _top in reads], list(highest))
+        # partition -> every transaction that stored a record there: undecided from its
+        # invocation until ``decided_at`` (the module docstring says when that is).
+        self.transactions: dict[str, list[HeldBy]] = defaultdict(list)
         for op in history.completions("txn"):
             first: dict[str, int] = {}
             for partition, offset, _value in op.get("sends") or []:
                 if partition is not None and offset is not None:
                     first[partition] = min(int(offset), first.get(partition, int(offset)))
+            unknown = op.get("type") == "info"
+            by_client = _decidable_at(op, history.meta) if unknown else op["time"]
             for partition, offset in first.items():
-                self.transactions[partition].append((op["invoke_time"], op["time"], offset, op.get("txn") or ""))
-        for lists in (self.acks, self.acked, self.reads):
-            for key in lists:
-                lists[key].sort()
+                read_past = self.first_read_reaching(partition, offset)
+                decided_at = by_client if read_past is None else min(by_client, read_past)
+                self.transactions[partition].append(
+                    HeldBy(op.get("txn") or "", op["invoke_time"], decided_at, offset, unknown))
         self.end = max((op["time"] for op in history.ops), default=0.0)
 
     def partitions_of(self, group: int) -> list[str]:
@@ -160,18 +228,28 @@ class Timeline:
     def read_times(self, partition: str, reaching: int | None = None) -> list[float]:
         return [t for t, top in self.reads.get(partition, []) if reaching is None or top >= reaching]
 
-    def holding_back(self, partition: str, at: float) -> str | None:
-        """The transaction undecided at ``at`` whose record in ``partition`` lies at or below
-        the newest message acked there by then (so the last stable offset keeps readers from
-        that message), or None. A client may learn of a decision late (a lost reply), so a
-        transaction counts as decided once any read by ``at`` reached past its record: readers
-        never get a record of an undecided transaction, nor anything after it."""
+    def first_read_reaching(self, partition: str, offset: int) -> float | None:
+        """When a read of ``partition`` first got ``offset`` or a later one (None: never)."""
+        times, highest = self.reached.get(partition, ([], []))
+        i = bisect.bisect_left(highest, offset)
+        return times[i] if i < len(times) else None
+
+    def holding_back(self, partition: str, at: float) -> list[HeldBy]:
+        """The transactions undecided at ``at`` whose record in ``partition`` lies at or below
+        the newest message acked there by then: the last stable offset keeps readers from
+        that message until each is decided."""
         newest = self.newest_acked(partition, at)
         if newest is None:
-            return None
-        read_up_to = max((top for t, top in self.reads.get(partition, []) if t <= at), default=-1)
-        return next((name for invoked, completed, first, name in self.transactions.get(partition, [])
-                     if invoked <= at < completed and read_up_to < first <= newest), None)
+            return []
+        return [held for held in self.transactions.get(partition, [])
+                if held.invoked <= at < held.decided_at and held.first <= newest]
+
+    def waiting_for_timeout(self, partition: str, end: float) -> HeldBy | None:
+        """Of the transactions holding back ``partition``'s reads at ``end``, the last to be
+        decided among those only the broker's timeout (or a read past them) decides; None
+        when there is none (every other hold is the reads rule's plain ``E + B``)."""
+        by_timeout = [held for held in self.holding_back(partition, end) if held.unknown]
+        return max(by_timeout, key=lambda held: held.decided_at, default=None)
 
 
 def check_liveness(history: History, present: dict[str, set[int]] | None = None) -> tuple[list[dict], list[dict], list[dict]]:
@@ -191,14 +269,15 @@ def check_liveness(history: History, present: dict[str, set[int]] | None = None)
             what = f"{f.get('kind')} on {f.get('target')} at {w.start:.1f}s" + (
                 f" (healed at {w.end:.1f}s)" if rec["heals"] else " (never healed)")
 
-            def late(kind: str, first: float | None, detail: str) -> None:
-                if first is not None and first - w.end <= bound:
+            def late(kind: str, first: float | None, detail: str, since: float = w.end) -> None:
+                """``first`` (the awaited success) is due within ``bound`` of ``since``."""
+                if first is not None and first - since <= bound:
                     return
                 entry = {**base, "kind": kind, "fault": f.get("kind"), "bound_s": bound,
                          "why": f"group {group}: {detail} within {bound:g}s after {what}"
                                 + (f"; first at +{first - w.end:.2f}s" if first is not None else "; none by the end")}
-                cut = w.next_start is not None and w.next_start < w.end + bound and (first is None or first > w.next_start)
-                if first is None and timeline.end < w.end + bound:
+                cut = w.next_start is not None and w.next_start < since + bound and (first is None or first > w.next_start)
+                if first is None and timeline.end < since + bound:
                     warnings.append({**entry, "why": entry["why"] + " (history ended before the bound: inconclusive)"})
                 elif cut:
                     warnings.append({**entry, "why": entry["why"] + f" (the next fault began at {w.next_start:.1f}s, "
@@ -224,15 +303,26 @@ def check_liveness(history: History, present: dict[str, set[int]] | None = None)
                 first_read = _first_at_or_after(timeline.read_times(partition, newest), w.end)
                 rec["first_read_after"][partition] = first_read
                 rec["last_read_before"][partition] = _last_at_or_before(timeline.read_times(partition), w.start)
-                late("reads_stalled", first_read, f"{partition}: acked offset {newest} not read back")
+                # A transaction whose client gave up holds the awaited message until the
+                # broker's timeout decides it, however early the fault ended (T1, V9).
+                waiting = timeline.waiting_for_timeout(partition, w.end)
+                if waiting is not None:
+                    rec.setdefault("reads_wait_for_timeout", {})[partition] = {
+                        "transaction": waiting.name, "decidable_at": round(waiting.decided_at, 3)}
+                    late("reads_stalled", first_read,
+                         f"{partition}: acked offset {newest} held by transaction {waiting.name} (outcome unknown, "
+                         f"decided by {waiting.decided_at:.1f}s at the latest) not read back", waiting.decided_at)
+                else:
+                    late("reads_stalled", first_read, f"{partition}: acked offset {newest} not read back")
                 every_read = timeline.read_times(partition)
                 read_gap = max(read_gap, _gap(every_read, w.start, first_read, timeline.end))
                 read_recovery = max(read_recovery, (first_read if first_read is not None else timeline.end) - w.end)
-                held_by = timeline.holding_back(partition, w.start) if f.get("reads_during") else None
-                if held_by is not None:
+                held = timeline.holding_back(partition, w.start) if f.get("reads_during") else []
+                if held:
                     # Reads past an undecided transaction wait for its marker, a write: they
-                    # are bounded like writes, by the reads rule above (within B of E).
-                    rec.setdefault("reads_held_by_transaction", {})[partition] = held_by
+                    # are bounded like writes, by the reads rule above (within B of E, or of
+                    # its timeout when only that decides it).
+                    rec.setdefault("reads_held_by_transaction", {})[partition] = held[0].name
                 elif f.get("reads_during"):
                     during = _gap(every_read, w.start, w.end, timeline.end)
                     if during > bound:

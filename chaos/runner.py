@@ -71,7 +71,7 @@ from .liveness import default_bound, render_table
 from .raw_producer import ProducerSettings, RawProducer
 from .topic_ops import SideTopicLoad
 from .scenarios import FAULTS, Step, inject, scenario_names, schedule, writes_expected
-from .transactions import TransactionLoad, roll_back, send_values
+from .transactions import TXN_TIMEOUT_S, TransactionLoad, roll_back, send_values
 
 log = logging.getLogger("chaos.runner")
 
@@ -260,11 +260,11 @@ class Workload:
 
     async def _transaction(self, producer: Any, process: str, txn: str, rng: random.Random) -> None:
         """One transaction, recorded as one ``txn`` operation."""
-        op = self.history.invoke(process, "txn", txn=txn)
+        op = self.history.invoke(process, "txn", txn=txn, timeout_s=TXN_TIMEOUT_S)
         sends: list[list[Any]] = []
         committing = False
         try:
-            await producer.begin_transaction(timeout_s=10)
+            await producer.begin_transaction(timeout_s=TXN_TIMEOUT_S)
             await send_values(producer, self.cluster.topic, txn, rng.randint(1, 3), sends)
             if rng.random() < 0.25:
                 await producer.rollback()

@@ -131,7 +131,7 @@ async def transactional_writer(w: int, config: MetaClientConfig, topic: str, sto
             i += 1
             sent = outcomes.sent[name] = Counter()
             try:
-                await producer.begin_transaction(timeout_s=10)
+                await producer.begin_transaction(timeout_s=TXN_TIMEOUT_S)
                 for j in range(size):
                     result = await producer.send_message(Message(topic, f"{name}-{j}".encode()))
                     assert result.partition is not None
@@ -167,6 +167,11 @@ async def scan_all(replicas: dict[str, tuple[str, int]], topic: str, partitions:
 
 # --- the runner's transactional workloads (python -m chaos run --transactions) -----------------
 
+#: The timeout (seconds) every other transaction of the workload asks for: local, XA and
+#: the zombie's. Each ``txn`` invocation records its timeout as ``timeout_s``: while its
+#: client's outcome is unknown, only the broker's timer (or a reader getting past it) shows
+#: when it was decided, which is when the liveness check awaits the reads it holds back.
+TXN_TIMEOUT_S = 10
 #: A transaction left open on purpose asks for this timeout (seconds) and then waits
 #: ``TIMEOUT_WAIT_S`` before its commit: three timeouts, time for the broker's timer.
 TIMED_OUT_TIMEOUT_S = 1
@@ -279,9 +284,9 @@ class TransactionLoad:
         resource = producer.xa_resource()
         xid = Xid(XA_FORMAT, txn.encode(), b"b0")
         left_open = rng.random() < 0.1
-        resource.set_transaction_timeout(TIMED_OUT_TIMEOUT_S if left_open else 10)
-        op = self.history.invoke(process, "txn", txn=txn, xa=True,
-                                 **({"timeout_s": TIMED_OUT_TIMEOUT_S} if left_open else {}))
+        timeout_s = TIMED_OUT_TIMEOUT_S if left_open else TXN_TIMEOUT_S
+        resource.set_transaction_timeout(timeout_s)
+        op = self.history.invoke(process, "txn", txn=txn, xa=True, timeout_s=timeout_s)
         sends: list[list[Any]] = []
         decided, commit_time = False, None
         began = time.monotonic()
@@ -347,10 +352,10 @@ class TransactionLoad:
                 if self.workload.stopping.is_set():
                     break
                 older_txn = f"{name}-t{number}-older"
-                op = self.history.invoke(f"{name}-older", "txn", txn=older_txn, zombie=True)
+                op = self.history.invoke(f"{name}-older", "txn", txn=older_txn, zombie=True, timeout_s=TXN_TIMEOUT_S)
                 sends: list[list[Any]] = []
                 try:
-                    await current.begin_transaction(timeout_s=10)
+                    await current.begin_transaction(timeout_s=TXN_TIMEOUT_S)
                     await send_values(current, self.topic, older_txn, 1, sends)
                 except Exception as exc:
                     await self._settle_open(current, op, sends, exc)

@@ -54,7 +54,7 @@ from ..integration.failover_support import (
     wait_leads,
 )
 from ..integration.replication_support import assert_identical, request, stat, stats_lines, wait_caught_up
-from .test_chaos_short import run_chaos
+from tests.chaos.run_support import run_chaos
 
 pytestmark = pytest.mark.chaos
 PARTS = [(TOPIC, 0)]

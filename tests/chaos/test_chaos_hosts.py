@@ -37,7 +37,7 @@ from chaos import hosts
 from chaos.cluster import SESSION_MS, ChaosCluster
 from metaq.client import ConsumerConfig, MessageSessionFactory, MetaClientConfig
 from metaq.tools.launcher import port_accepts
-from tests.chaos.test_chaos_short import run_chaos
+from tests.chaos.run_support import run_chaos
 from tests.integration.failover_support import TOPIC, fetch_all, wait_until
 from tests.integration.test_failover_silent_master import CI_ALLOWANCE_S, IN_TRANSIT_S, Sender, producers_and_consumer
 

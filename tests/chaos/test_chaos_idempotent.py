@@ -11,17 +11,16 @@ unknown outcome that then got acked: without them the run would prove nothing ab
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from .test_chaos_short import run_chaos
+from tests.chaos.run_support import Outcome, chaos_run, checked
 
 pytestmark = pytest.mark.chaos
 
 
-def test_kill_master_sync_idempotent_resends_lose_nothing_and_store_nothing_twice(tmp_path: Path) -> None:
-    result = run_chaos(tmp_path, "kill-master", 1, 12, "sync", 1, "--idempotent")
+@chaos_run("kill-master", 1, 12, "sync", 1, "--idempotent")
+def test_kill_master_sync_idempotent_resends_lose_nothing_and_store_nothing_twice(chaos_outcome: Outcome) -> None:
+    result = checked(chaos_outcome)
     stats, history = result["stats"], result["history"]
     assert history["meta"]["producers"] == {"idempotent": True, "retry_unknown": True}
     assert stats["lost_acked"] == 0 and stats["duplicates"] == 0, stats

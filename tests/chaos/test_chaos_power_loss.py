@@ -58,7 +58,7 @@ from ..integration.failover_support import (
     wait_leads,
 )
 from ..integration.replication_support import wait_caught_up
-from .test_chaos_short import run_chaos
+from tests.chaos.run_support import run_chaos
 
 pytestmark = pytest.mark.chaos
 PARTS = [(TOPIC, 0)]

@@ -46,42 +46,13 @@ bound after every fault) and reads its verdicts from ``check.json``. What each p
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from chaos.scenarios import schedule, writes_expected
+from chaos.transactions import TIMED_OUT_TIMEOUT_S
+from tests.chaos.run_support import Outcome, chaos_run, checked
 
 pytestmark = pytest.mark.chaos
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def run_chaos(tmp_path: Path, scenario: str, seed: int, seconds: int = 12, mode: str = "sync",
-              zk_nodes: int = 1, *options: str) -> dict:
-    out = tmp_path / f"{scenario}-{mode}-{seed}"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    cmd = [sys.executable, "-m", "chaos", "run", "--scenario", scenario, "--seconds", str(seconds),
-           "--seed", str(seed), "--mode", mode, "--zk-nodes", str(zk_nodes), "--out", str(out), *options]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
-    report = (out / "report.txt").read_text() if (out / "report.txt").exists() else proc.stdout
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{report}\n{proc.stderr[-3000:]}"
-    result = json.loads((out / "check.json").read_text())
-    assert result["ok"], report
-    history = json.loads((out / "history.json").read_text())
-    faults = [f for f in history["faults"] if f["kind"] == scenario.split("/")[0]]
-    assert faults, f"no {scenario} fault was injected:\n{report}"
-    summary = json.loads((out / "summary.json").read_text())
-    # Liveness: every master fault (kill -9, SIGSTOP, ZK partition) led to a failover
-    # (test_regression_deposed_master_sync_set_publish_retry's end-to-end form).
-    assert summary["master_faults_without_failover"] == [], report
-    result["history"] = history
-    return result
 
 
 def acks_during(history: dict, kind: str) -> int:
@@ -96,131 +67,29 @@ def acks_during(history: dict, kind: str) -> int:
                and any(start <= op["time"] <= end for start, end in windows))
 
 
-def test_chaos_kill_master_sync_ensemble(tmp_path: Path) -> None:
-    result = run_chaos(tmp_path, "kill-master", seed=1, zk_nodes=3)
-    s = result["stats"]
-    assert s["failovers"] >= 1 and s["lost_acked"] == 0 and s["puts_ok"] > 0
-    assert result["checks"]["split_brain"]["checked"] > 0
-    assert result["checks"]["replica_prefix"]["checked"] >= 2
+def test_writes_expected_only_where_the_configuration_allows() -> None:
+    assert writes_expected("kill-master", "sync", "reject", 1)  # healed: the group is whole again
+    assert not writes_expected("lose-master", "sync", "reject", 1)  # no slave left for the sync set
+    assert not writes_expected("lose-slave", "sync", "reject", 1)
+    assert writes_expected("lose-master", "sync", "reject", 2)
+    assert writes_expected("lose-master", "sync", "degrade", 1)
+    assert writes_expected("lose-slave", "async", "reject", 1)
 
 
-def test_chaos_consumer_group_kill_master(tmp_path: Path) -> None:
-    result = run_chaos(tmp_path, "kill-master", 1, 12, "sync", 1, "--consumer-group", "--transactions")
-    history, checks = result["history"], result["checks"]
-    churn = [f["kind"] for f in history["faults"] if f["kind"] in ("consumer-kill", "consumer-stop")]
-    assert "consumer-kill" in churn, churn  # a member died without committing: it redelivers
-    assert history["meta"]["consumer_groups"]["chaos-g0"]["drained"]
-    polls = [op for op in history["ops"] if op.get("f") == "poll" and op["type"] == "ok"]
-    assert len({op["process"] for op in polls}) >= 3
-    # Every acked message was given to the group; no member's polls skipped or went back
-    # within an assignment, nor was it given a message twice in one (run_chaos: all ok).
-    assert checks["unseen"]["checked"] > 0 and checks["poll-skip"]["checked"] > 0
-    # The members read committed: no transaction's message before its commit, none of a
-    # rolled-back one, no torn transaction.
-    txns = [op for op in history["ops"] if op.get("f") == "txn" and op["type"] != "invoke"]
-    ends = [op["type"] for op in txns]
-    assert "ok" in ends and "fail" in ends
-    # XA branches committed in two phases; transactions left open past their timeout all
-    # rolled back by the broker (or unknown), none committed; every older instance of the
-    # zombie's transactional id refused (run_chaos: its commit never succeeded).
-    assert any(op["type"] == "ok" and op.get("phases") == 2 for op in txns if op["process"] == "xa0")
-    timed_out = [op for op in txns if op.get("timeout_s")]
-    assert timed_out and "ok" not in [op["type"] for op in timed_out]
-    older = [op for op in txns if op["process"] == "z0-older"]
-    assert any(op["type"] == "fail" and "fenced" in op.get("error", "") for op in older), older[:3]
-    assert "ok" not in [op["type"] for op in older]
-    assert checks["precommitted-read"]["checked"] > 0 and checks["aborted-read"]["checked"] > 0
-    assert checks["intermediate-read"]["checked"] > 0
-    assert result["stats"]["anomalies"] == {name: 0 for name in result["stats"]["anomalies"]}
+def test_schedule_is_deterministic_by_seed() -> None:
+    a = [s.to_json() for s in schedule("random", 1, 2, 3, 1.5, steps=50)]
+    assert a == [s.to_json() for s in schedule("random", 1, 2, 3, 1.5, steps=50)]
+    assert a != [s.to_json() for s in schedule("random", 2, 2, 3, 1.5, steps=50)]
+    kinds = {s["kind"] for s in a}
+    assert {"kill-master", "pause-master", "partition-master-zk"} <= kinds
+    assert all(s["kind"] == "pause-master" for s in (x.to_json() for x in schedule("pause-master", 7, 1, 1, 1.5, 5)))
+    assert not kinds & {"lose-master", "lose-slave"}  # random only draws faults that heal
+    with pytest.raises(ValueError, match="needs --zk-nodes 3"):
+        schedule("zk-majority", 1, 1, 1, 1.5)
 
 
-def test_chaos_kill_slave_sync(tmp_path: Path) -> None:
-    result = run_chaos(tmp_path, "kill-slave", seed=2, seconds=10)
-    assert result["stats"]["lost_acked"] == 0
-
-
-def test_chaos_pause_master_sync(tmp_path: Path) -> None:
-    result = run_chaos(tmp_path, "pause-master", seed=3)
-    assert result["stats"]["failovers"] >= 1 and result["stats"]["lost_acked"] == 0
-
-
-def test_chaos_partition_master_zk_split_brain(tmp_path: Path) -> None:
-    result = run_chaos(tmp_path, "partition-master-zk", seed=2)
-    assert result["stats"]["failovers"] >= 1 and result["stats"]["lost_acked"] == 0
-    assert result["checks"]["split_brain"]["ok"]
-
-
-def test_chaos_partition_master_peers_sync(tmp_path: Path) -> None:
-    result = run_chaos(tmp_path, "partition-master-peers", seed=3)
-    assert result["stats"]["lost_acked"] == 0
-
-
-def test_chaos_partition_master_slave_sync(tmp_path: Path) -> None:
-    # Only the replication link is cut: clients still reach the master, which drops the
-    # slave from the sync set (degrade) and goes on acking; the slave rejoins after the heal.
-    result = run_chaos(tmp_path, "partition-master-slave", seed=5)
-    assert result["stats"]["lost_acked"] == 0 and result["stats"]["failovers"] == 0
-    assert acks_during(result["history"], "partition-master-slave") > 0
-    assert result["checks"]["replica_prefix"]["ok"]
-
-
-def test_chaos_partition_client_master_sync(tmp_path: Path) -> None:
-    # Only the clients' link is cut: the master keeps its ZooKeeper session and its slave,
-    # so no failover may happen; nothing acked is lost.
-    result = run_chaos(tmp_path, "partition-client-master", seed=6)
-    assert result["stats"]["lost_acked"] == 0 and result["stats"]["failovers"] == 0
-
-
-def test_chaos_kill_master_async_loss_within_lag(tmp_path: Path) -> None:
-    result = run_chaos(tmp_path, "kill-master", seed=4, mode="async")
-    assert result["stats"]["failovers"] >= 1
-    assert result["checks"]["async_loss_bound"]["ok"] and result["checks"]["replica_prefix"]["ok"]
-
-
-def unavailability(result: dict, kind: str) -> dict:
-    row = result["stats"]["unavailability"][kind]
-    assert result["checks"]["liveness"]["checked"] >= 1 and row["faults"] >= 1
-    return row
-
-
-def test_chaos_lose_master_sync_reject(tmp_path: Path) -> None:
-    result = run_chaos(tmp_path, "lose-master", 1, 8, "sync", 1, "--on-sync-slave-loss", "reject")
-    row = unavailability(result, "lose-master")
-    assert result["stats"]["failovers"] == 1 and not row["writes_expected"]
-
-
-def test_chaos_lose_master_sync_degrade(tmp_path: Path) -> None:
-    result = run_chaos(tmp_path, "lose-master", 1, 8, "sync", 1, "--on-sync-slave-loss", "degrade")
-    row = unavailability(result, "lose-master")
-    assert result["stats"]["failovers"] == 1 and row["writes_expected"] and row["write_recovery_s"] is not None
-
-
-def test_chaos_lose_master_async(tmp_path: Path) -> None:
-    result = run_chaos(tmp_path, "lose-master", 1, 8, "async")
-    row = unavailability(result, "lose-master")
-    assert result["stats"]["failovers"] == 1 and row["write_recovery_s"] is not None
-    assert result["checks"]["async_loss_bound"]["ok"]
-
-
-def test_chaos_two_slaves_lose_master_sync_reject(tmp_path: Path) -> None:
-    # With two slaves, losing the master for good still leaves one slave for the new
-    # master's sync set: reject mode must write on.
-    result = run_chaos(tmp_path, "lose-master", 1, 8, "sync", 1, "--slaves", "2", "--on-sync-slave-loss", "reject")
-    row = unavailability(result, "lose-master")
-    assert row["writes_expected"] and row["write_recovery_s"] is not None
-    assert result["checks"]["replica_prefix"]["checked"] >= 4  # two slaves x two partitions
-
-
-def test_chaos_zk_majority_lost_and_restored(tmp_path: Path) -> None:
-    result = run_chaos(tmp_path, "zk-majority", 1, 10, "sync", 3)
-    unavailability(result, "zk-majority")
-    assert result["stats"]["failovers"] == 0 and result["stats"]["lost_acked"] == 0
-
-
-def test_chaos_replace_slave_with_empty_data_dir(tmp_path: Path) -> None:
-    result = run_chaos(tmp_path, "replace-slave", 1, 10)
-    unavailability(result, "replace-slave")
-    assert result["checks"]["replica_prefix"]["ok"] and result["checks"]["replica_prefix"]["checked"] >= 2
+# The tests that run no cluster come first, then the two --rogue runs, which run alone
+# (tests/chaos/run_support.py); every other run starts beside the one before it.
 
 
 def rogue_summary(result: dict) -> dict:
@@ -246,12 +115,13 @@ def rogue_summary(result: dict) -> dict:
     return rogue
 
 
-def test_chaos_secure_group_with_rogue_peers_kill_master(tmp_path: Path) -> None:
+@chaos_run("kill-master", 1, 10, "sync", 1, "--secure", "--rogue", alone=True)
+def test_chaos_secure_group_with_rogue_peers_kill_master(chaos_outcome: Outcome) -> None:
     # Security on (group secrets, ZooKeeper digest ACLs, SCRAM users; the workload logs in)
     # while rogue peers forge positions, epoch claims, phantom joins, replica reads and
     # heartbeats at both brokers, and a ZooKeeper client without credentials writes the
     # group's nodes; the master is killed: failover, the old master rejoins, 0 lost.
-    result = run_chaos(tmp_path, "kill-master", 1, 10, "sync", 1, "--secure", "--rogue")
+    result = checked(chaos_outcome)
     assert result["stats"]["failovers"] >= 1 and result["stats"]["lost_acked"] == 0
     rogue = rogue_summary(result)
     zk = rogue["zookeeper"]
@@ -260,31 +130,156 @@ def test_chaos_secure_group_with_rogue_peers_kill_master(tmp_path: Path) -> None
     assert result["checks"]["replica_prefix"]["ok"] and result["checks"]["replica_prefix"]["checked"] >= 2
 
 
-def test_chaos_rogue_peers_pause_master_security_off(tmp_path: Path) -> None:
+@chaos_run("pause-master", 3, 10, "sync", 1, "--rogue", alone=True)
+def test_chaos_rogue_peers_pause_master_security_off(chaos_outcome: Outcome) -> None:
     # The default (security off): the brokers alone refuse every TCP forgery (a replica
     # claim needs a slave ZooKeeper names; a claimed epoch never fences) and ignore the
     # heartbeats of unknown slaves, through a fencing failover.
-    result = run_chaos(tmp_path, "pause-master", 3, 10, "sync", 1, "--rogue")
+    result = checked(chaos_outcome)
     assert result["stats"]["failovers"] >= 1 and result["stats"]["lost_acked"] == 0
     assert isinstance(rogue_summary(result)["zookeeper"], str)  # not run: ZooKeeper is open without security
 
 
-def test_writes_expected_only_where_the_configuration_allows() -> None:
-    assert writes_expected("kill-master", "sync", "reject", 1)  # healed: the group is whole again
-    assert not writes_expected("lose-master", "sync", "reject", 1)  # no slave left for the sync set
-    assert not writes_expected("lose-slave", "sync", "reject", 1)
-    assert writes_expected("lose-master", "sync", "reject", 2)
-    assert writes_expected("lose-master", "sync", "degrade", 1)
-    assert writes_expected("lose-slave", "async", "reject", 1)
+@chaos_run("kill-master", seed=1, zk_nodes=3)
+def test_chaos_kill_master_sync_ensemble(chaos_outcome: Outcome) -> None:
+    result = checked(chaos_outcome)
+    s = result["stats"]
+    assert s["failovers"] >= 1 and s["lost_acked"] == 0 and s["puts_ok"] > 0
+    assert result["checks"]["split_brain"]["checked"] > 0
+    assert result["checks"]["replica_prefix"]["checked"] >= 2
 
 
-def test_schedule_is_deterministic_by_seed() -> None:
-    a = [s.to_json() for s in schedule("random", 1, 2, 3, 1.5, steps=50)]
-    assert a == [s.to_json() for s in schedule("random", 1, 2, 3, 1.5, steps=50)]
-    assert a != [s.to_json() for s in schedule("random", 2, 2, 3, 1.5, steps=50)]
-    kinds = {s["kind"] for s in a}
-    assert {"kill-master", "pause-master", "partition-master-zk"} <= kinds
-    assert all(s["kind"] == "pause-master" for s in (x.to_json() for x in schedule("pause-master", 7, 1, 1, 1.5, 5)))
-    assert not kinds & {"lose-master", "lose-slave"}  # random only draws faults that heal
-    with pytest.raises(ValueError, match="needs --zk-nodes 3"):
-        schedule("zk-majority", 1, 1, 1, 1.5)
+@chaos_run("kill-master", 1, 12, "sync", 1, "--consumer-group", "--transactions")
+def test_chaos_consumer_group_kill_master(chaos_outcome: Outcome) -> None:
+    result = checked(chaos_outcome)
+    history, checks = result["history"], result["checks"]
+    churn = [f["kind"] for f in history["faults"] if f["kind"] in ("consumer-kill", "consumer-stop")]
+    assert "consumer-kill" in churn, churn  # a member died without committing: it redelivers
+    assert history["meta"]["consumer_groups"]["chaos-g0"]["drained"]
+    polls = [op for op in history["ops"] if op.get("f") == "poll" and op["type"] == "ok"]
+    assert len({op["process"] for op in polls}) >= 3
+    # Every acked message was given to the group; no member's polls skipped or went back
+    # within an assignment, nor was it given a message twice in one (``checked``: all ok).
+    assert checks["unseen"]["checked"] > 0 and checks["poll-skip"]["checked"] > 0
+    # The members read committed: no transaction's message before its commit, none of a
+    # rolled-back one, no torn transaction.
+    txns = [op for op in history["ops"] if op.get("f") == "txn" and op["type"] != "invoke"]
+    ends = [op["type"] for op in txns]
+    assert "ok" in ends and "fail" in ends
+    # XA branches committed in two phases; transactions left open past their timeout all
+    # rolled back by the broker (or unknown), none committed; every older instance of the
+    # zombie's transactional id refused (``checked``: its commit never succeeded).
+    assert any(op["type"] == "ok" and op.get("phases") == 2 for op in txns if op["process"] == "xa0")
+    # Every transaction records the timeout it asked for (the liveness check awaits the
+    # reads one whose client gave up holds until that timeout).
+    assert all(op.get("timeout_s") for op in txns), [op for op in txns if not op.get("timeout_s")][:3]
+    timed_out = [op for op in txns if op.get("timeout_s") == TIMED_OUT_TIMEOUT_S]
+    assert timed_out and "ok" not in [op["type"] for op in timed_out]
+    older = [op for op in txns if op["process"] == "z0-older"]
+    assert any(op["type"] == "fail" and "fenced" in op.get("error", "") for op in older), older[:3]
+    assert "ok" not in [op["type"] for op in older]
+    assert checks["precommitted-read"]["checked"] > 0 and checks["aborted-read"]["checked"] > 0
+    assert checks["intermediate-read"]["checked"] > 0
+    assert result["stats"]["anomalies"] == {name: 0 for name in result["stats"]["anomalies"]}
+
+
+@chaos_run("kill-slave", seed=2, seconds=10)
+def test_chaos_kill_slave_sync(chaos_outcome: Outcome) -> None:
+    result = checked(chaos_outcome)
+    assert result["stats"]["lost_acked"] == 0
+
+
+@chaos_run("pause-master", seed=3)
+def test_chaos_pause_master_sync(chaos_outcome: Outcome) -> None:
+    result = checked(chaos_outcome)
+    assert result["stats"]["failovers"] >= 1 and result["stats"]["lost_acked"] == 0
+
+
+@chaos_run("partition-master-zk", seed=2)
+def test_chaos_partition_master_zk_split_brain(chaos_outcome: Outcome) -> None:
+    result = checked(chaos_outcome)
+    assert result["stats"]["failovers"] >= 1 and result["stats"]["lost_acked"] == 0
+    assert result["checks"]["split_brain"]["ok"]
+
+
+@chaos_run("partition-master-peers", seed=3)
+def test_chaos_partition_master_peers_sync(chaos_outcome: Outcome) -> None:
+    result = checked(chaos_outcome)
+    assert result["stats"]["lost_acked"] == 0
+
+
+@chaos_run("partition-master-slave", seed=5)
+def test_chaos_partition_master_slave_sync(chaos_outcome: Outcome) -> None:
+    # Only the replication link is cut: clients still reach the master, which drops the
+    # slave from the sync set (degrade) and goes on acking; the slave rejoins after the heal.
+    result = checked(chaos_outcome)
+    assert result["stats"]["lost_acked"] == 0 and result["stats"]["failovers"] == 0
+    assert acks_during(result["history"], "partition-master-slave") > 0
+    assert result["checks"]["replica_prefix"]["ok"]
+
+
+@chaos_run("partition-client-master", seed=6)
+def test_chaos_partition_client_master_sync(chaos_outcome: Outcome) -> None:
+    # Only the clients' link is cut: the master keeps its ZooKeeper session and its slave,
+    # so no failover may happen; nothing acked is lost.
+    result = checked(chaos_outcome)
+    assert result["stats"]["lost_acked"] == 0 and result["stats"]["failovers"] == 0
+
+
+@chaos_run("kill-master", seed=4, mode="async")
+def test_chaos_kill_master_async_loss_within_lag(chaos_outcome: Outcome) -> None:
+    result = checked(chaos_outcome)
+    assert result["stats"]["failovers"] >= 1
+    assert result["checks"]["async_loss_bound"]["ok"] and result["checks"]["replica_prefix"]["ok"]
+
+
+def unavailability(result: dict, kind: str) -> dict:
+    row = result["stats"]["unavailability"][kind]
+    assert result["checks"]["liveness"]["checked"] >= 1 and row["faults"] >= 1
+    return row
+
+
+@chaos_run("lose-master", 1, 8, "sync", 1, "--on-sync-slave-loss", "reject")
+def test_chaos_lose_master_sync_reject(chaos_outcome: Outcome) -> None:
+    result = checked(chaos_outcome)
+    row = unavailability(result, "lose-master")
+    assert result["stats"]["failovers"] == 1 and not row["writes_expected"]
+
+
+@chaos_run("lose-master", 1, 8, "sync", 1, "--on-sync-slave-loss", "degrade")
+def test_chaos_lose_master_sync_degrade(chaos_outcome: Outcome) -> None:
+    result = checked(chaos_outcome)
+    row = unavailability(result, "lose-master")
+    assert result["stats"]["failovers"] == 1 and row["writes_expected"] and row["write_recovery_s"] is not None
+
+
+@chaos_run("lose-master", 1, 8, "async")
+def test_chaos_lose_master_async(chaos_outcome: Outcome) -> None:
+    result = checked(chaos_outcome)
+    row = unavailability(result, "lose-master")
+    assert result["stats"]["failovers"] == 1 and row["write_recovery_s"] is not None
+    assert result["checks"]["async_loss_bound"]["ok"]
+
+
+@chaos_run("lose-master", 1, 8, "sync", 1, "--slaves", "2", "--on-sync-slave-loss", "reject")
+def test_chaos_two_slaves_lose_master_sync_reject(chaos_outcome: Outcome) -> None:
+    # With two slaves, losing the master for good still leaves one slave for the new
+    # master's sync set: reject mode must write on.
+    result = checked(chaos_outcome)
+    row = unavailability(result, "lose-master")
+    assert row["writes_expected"] and row["write_recovery_s"] is not None
+    assert result["checks"]["replica_prefix"]["checked"] >= 4  # two slaves x two partitions
+
+
+@chaos_run("zk-majority", 1, 10, "sync", 3)
+def test_chaos_zk_majority_lost_and_restored(chaos_outcome: Outcome) -> None:
+    result = checked(chaos_outcome)
+    unavailability(result, "zk-majority")
+    assert result["stats"]["failovers"] == 0 and result["stats"]["lost_acked"] == 0
+
+
+@chaos_run("replace-slave", 1, 10)
+def test_chaos_replace_slave_with_empty_data_dir(chaos_outcome: Outcome) -> None:
+    result = checked(chaos_outcome)
+    unavailability(result, "replace-slave")
+    assert result["checks"]["replica_prefix"]["ok"] and result["checks"]["replica_prefix"]["checked"] >= 2

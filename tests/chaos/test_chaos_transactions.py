@@ -10,18 +10,23 @@ exactly the committed transactions.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from chaos.transactions import run
+from tests.chaos.run_support import Outcome, transactions_run
 
 pytestmark = pytest.mark.chaos
 
 
-@pytest.mark.parametrize("scenario, seed", [("kill-master", 1), ("partition-master-peers", 2)])
-def test_transactions_are_all_or_nothing_under_faults(tmp_path: Path, scenario: str, seed: int) -> None:
-    result = run(scenario, 15, seed, tmp_path)
+@pytest.mark.parametrize("scenario, seed", [
+    pytest.param("kill-master", 1, marks=transactions_run("kill-master", 1, 15)),
+    pytest.param("partition-master-peers", 2, marks=transactions_run("partition-master-peers", 2, 15)),
+])
+def test_transactions_are_all_or_nothing_under_faults(chaos_outcome: Outcome, scenario: str, seed: int) -> None:
+    # python -m chaos.transactions --scenario SCENARIO --seed SEED --seconds 15 (the second run
+    # starts beside the first: tests/chaos/run_support.py).
+    assert (chaos_outcome.out / "transactions.json").exists(), chaos_outcome.stderr_tail
+    result = chaos_outcome.json("transactions.json")
+    assert (result["scenario"], result["seed"]) == (scenario, seed)
     assert result["faults"] and all(f.get("skipped") is None for f in result["faults"]), result["faults"]
     assert not result["violations"], result["violations"]
     assert result["committed"] > 50 and result["rolled_back"] > 10, result

@@ -54,13 +54,38 @@ def test_finished_runs_are_skipped_and_crashed_ones_run_again(tmp_path: Path, mo
 
     monkeypatch.setattr(campaign, "execute", execute)
     args = argparse.Namespace(runs=3, seconds=30.0, first_seed=1, zk_nodes=3, power_loss=False, corruption=False, hosts="local",
-                              out=str(tmp_path))
+                              lane="1/1", out=str(tmp_path))
     assert campaign.main(args) == 0
     assert ran == [2, 3]
     text = (tmp_path / "campaign.md").read_text()
     assert "3 finished, 3 passed" in text and "--runs 3 --seconds 30 --first-seed 1" in text
     args.seconds = 60.0  # another campaign's settings into the same directory
     assert campaign.main(args) == 2
+
+
+def test_lanes_partition_the_plan_and_each_lanes_table_covers_every_finished_run(tmp_path: Path,
+                                                                                 monkeypatch) -> None:
+    setups = plan(5, 1)
+    lanes = [campaign.lane_setups(setups, (k, 2)) for k in (1, 2)]
+    assert [s.seed for s in lanes[0]] == [1, 3, 5] and [s.seed for s in lanes[1]] == [2, 4]
+    ran: list[int] = []
+
+    def execute(setup, seconds, out, zk_nodes):
+        ran.append(setup.seed)
+        write_result(out, setup, summary(True, {}, 0, []))  # as the run writes it
+        return summary(True, {}, 0, []), 0
+
+    monkeypatch.setattr(campaign, "execute", execute)
+    args = argparse.Namespace(runs=5, seconds=30.0, first_seed=1, zk_nodes=3, power_loss=False, corruption=False,
+                              hosts="local", lane="2/2", out=str(tmp_path))
+    assert campaign.main(args) == 0 and ran == [2, 4]
+    assert "5 random runs of 30 s each: 2 finished" in (tmp_path / "campaign.md").read_text()
+    args.lane = "1/2"
+    assert campaign.main(args) == 0 and ran == [2, 4, 1, 3, 5]
+    assert "5 finished, 5 passed" in (tmp_path / "campaign.md").read_text()  # the other lane's runs too
+    for bad in ("3/2", "0/2", "2", "a/b"):
+        args.lane = bad
+        assert campaign.main(args) == 2
 
 
 def test_run_rows_count_every_anomaly_other_violations_and_the_verdict() -> None:

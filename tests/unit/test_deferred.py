@@ -9,6 +9,7 @@ import logging
 import pytest
 
 from metaq.ha.sync_set import SyncReplication, SyncWaitFailed
+from tests.unit.sync_set_support import sync_over
 from metaq.deferred import Deferred
 from metaq.server.waiters import EndWaiters
 
@@ -102,14 +103,7 @@ def test_a_sync_put_is_released_inside_the_slave_report_that_covers_it() -> None
         ends = {("t", 0): 0}
         positions: dict[tuple[int, str, int], int] = {}
 
-        async def publish(members: frozenset[int]) -> None:
-            pass
-
-        sync = SyncReplication(
-            1, 60_000, "reject", publish,
-            log_end=lambda t, p: ends[(t, p)], flushed_end=lambda t, p: ends[(t, p)],
-            partitions=lambda: list(ends), position=lambda s, t, p: positions.get((s, t, p)),
-        )
+        sync = sync_over(ends, positions)
         await sync.start()
         positions[(1, "t", 0)] = 0
         sync.slave_position(1, "t", 0)

@@ -12,6 +12,7 @@ import pytest
 from metaq.ha.heartbeat import HeartbeatResponder, decode, encode
 from metaq.ha.progress import ReplicationProgress
 from metaq.ha.sync_set import SyncReplication, SyncWaitFailed
+from tests.unit.sync_set_support import sync_over
 from metaq.server.stats import BrokerStats
 from metaq.store.manager import UnknownTopic
 
@@ -52,14 +53,7 @@ def test_sync_set_ends_waiting_puts_of_a_dropped_partition_and_restarts_its_offs
         ends = {("gone", 0): 100, ("kept", 0): 100}
         positions = {(1, "gone", 0): 100, (1, "kept", 0): 100}
 
-        async def publish(members: frozenset[int]) -> None:
-            pass
-
-        sync = SyncReplication(
-            1, 60_000, "reject", publish,
-            log_end=lambda t, p: ends[(t, p)], flushed_end=lambda t, p: ends[(t, p)],
-            partitions=lambda: list(ends), position=lambda s, t, p: positions.get((s, t, p)),
-        )
+        sync = sync_over(ends, positions)
         await sync.start()
         sync.slave_position(1, "gone", 0)
         await asyncio.sleep(0.01)

@@ -1,0 +1,111 @@
+"""Liveness (chaos.liveness) of reads held back by a transaction whose client gave up:
+undecided until the broker's timeout, so its partition's reads are due within the bound
+of that timeout, not of the fault's end; every other hold keeps the bound of the end.
+
+The rest of the liveness checks are tested in test_chaos_checker.py (``TimedRun``)."""
+
+from __future__ import annotations
+
+from chaos.checker import check
+from chaos.transactions import TXN_TIMEOUT_S
+from metaq.server.transactions import TICK_S
+from tests.unit.test_chaos_checker import BOUND, TimedRun
+
+INVOKED, START, END = 9.6, 10.2, 13.0  # the transaction begins; ZooKeeper loses its majority; it is back
+
+
+def transaction_across_a_quorum_loss(outcome: str, completed: float, reads_resume: float, timeout_s: float | None = 10,
+                                     xa: bool = False, transactions_meta: bool = False) -> TimedRun:
+    """Seed 2007's shape: a transaction stores a record in t/0-0 and plain puts are acked
+    after it; ZooKeeper loses its majority (START to END) before it is decided; its client
+    completes it at ``completed`` (``info``: it gave up, "broker 0 is fenced"; ``ok`` /
+    ``fail``: it heard the commit / the abort). Writes and t/0-1's reads go on from just
+    after END; t/0-0's reads of the acked messages past the record resume at
+    ``reads_resume``. ``timeout_s`` None: the operation does not record it (older runs)."""
+    run = TimedRun()
+    if transactions_meta:
+        run.h.meta["transactions"] = True
+    run.load(1, 9.5)
+    extra = {"xa": True} if xa else {}
+    if timeout_s is not None:
+        extra["timeout_s"] = timeout_s
+    txn = run.at(INVOKED).h.invoke("x1", "txn", txn="x1-t1", **extra)
+    sent = run.append("t/0-0", "x1-t1-0")
+    run.at(9.8).put("p0-after-the-txn", partition="t/0-0")
+    run.fault("zk-majority", START, END, reads_during=True, master_fixed=True)
+    sends = [["t/0-0", sent, "x1-t1-0"]]
+    run.at(completed)
+    if outcome == "info":
+        run.h.info(txn, "unknown: transaction to broker group 0 gave up: 503 broker 0 is fenced", sends=sends)
+    elif outcome == "fail":
+        run.h.fail(txn, "rolled back", sends=sends)
+    else:
+        run.h.ok(txn, sends=sends, commit_time=completed - 0.1)
+    run.load(10.5, 30, writes=False, partitions=("t/0-1",))
+    run.load(13.5, 30, reads=False)
+    run.load(reads_resume, 30, writes=False, partitions=("t/0-0",))
+    return run
+
+
+def reads_stalled(run: TimedRun) -> list[dict]:
+    result = check(run.finish())
+    assert {v["kind"] for v in result.violations()} <= {"reads_stalled"}, result.report()
+    return result.violations()
+
+
+def test_reads_held_by_a_transaction_whose_client_gave_up_are_due_within_the_bound_of_its_timeout():
+    """The client gave up during the outage (15 s); the broker's timer aborts the
+    transaction at 9.6 + 10 s (+ a tick): t/0-0's reads resume just after, 6.8 s after the
+    quorum came back (> B, but nothing could be read earlier)."""
+    decidable = INVOKED + 10 + TICK_S
+    run = transaction_across_a_quorum_loss("info", completed=15.0, reads_resume=decidable + 0.1)
+    result = check(run.finish())
+    assert result.ok, result.report()
+    (record,) = result.stats["liveness_faults"]
+    assert record["reads_wait_for_timeout"] == {"t/0-0": {"transaction": "x1-t1", "decidable_at": round(decidable, 3)}}
+    assert record["reads_held_by_transaction"] == {"t/0-0": "x1-t1"}
+
+
+def test_reads_resuming_long_after_the_timeout_of_a_transaction_whose_client_gave_up_are_caught():
+    decidable = INVOKED + 10 + TICK_S
+    run = transaction_across_a_quorum_loss("info", completed=15.0, reads_resume=decidable + BOUND + 1)
+    (violation,) = reads_stalled(run)
+    assert "held by transaction x1-t1 (outcome unknown, decided by 19.7s at the latest)" in violation["why"]
+
+
+def test_a_transaction_its_client_committed_or_rolled_back_keeps_the_bound_of_the_faults_end():
+    """Decided by its client just after the quorum's return (a write): the reads it held
+    are due within B of the end, and resuming as late as the test above is caught."""
+    for outcome in ("ok", "fail"):
+        late = transaction_across_a_quorum_loss(outcome, completed=13.4, reads_resume=INVOKED + 10 + TICK_S + 0.1)
+        (violation,) = reads_stalled(late)
+        assert "held by transaction" not in violation["why"]
+        assert "reads_wait_for_timeout" not in check(late.finish()).stats["liveness_faults"][0]
+        in_time = transaction_across_a_quorum_loss(outcome, completed=13.4, reads_resume=END + BOUND - 0.5)
+        assert check(in_time.finish()).ok
+
+
+def test_a_read_past_the_record_decides_a_transaction_whose_client_gave_up():
+    """A reader got past the record before the quorum went (a timer or a failover decided
+    it; the client never heard): it holds nothing, and the reads keep the bound of the end."""
+    run = transaction_across_a_quorum_loss("info", completed=15.0, reads_resume=INVOKED + 10 + TICK_S + 0.1)
+    run.at(9.9).read_newest("t/0-0")  # the plain put acked after the transaction's record
+    assert reads_stalled(run)
+
+
+def test_an_xa_branch_whose_client_gave_up_counts_its_timeout_from_the_completion():
+    """An XA branch's timeout runs again from its prepare, sent before its client gave up
+    (15 s): decidable at 15 + 10 s; a local transaction's counts from its invocation."""
+    resume = 15.0 + 10 + TICK_S + 0.1
+    assert check(transaction_across_a_quorum_loss("info", completed=15.0, reads_resume=resume, xa=True).finish()).ok
+    assert reads_stalled(transaction_across_a_quorum_loss("info", completed=15.0, reads_resume=resume))
+
+
+def test_a_history_without_the_timeout_takes_the_workloads_default_only_when_it_ran():
+    """Histories before ``timeout_s`` was recorded on every ``txn`` operation: the runner's
+    transactional workload (``meta.transactions``) asked for ``TXN_TIMEOUT_S``; a history
+    from another source gets no grace (its client's completion decides, the strict reading)."""
+    resume = INVOKED + TXN_TIMEOUT_S + TICK_S + 0.1
+    runner = transaction_across_a_quorum_loss("info", 15.0, resume, timeout_s=None, transactions_meta=True)
+    assert check(runner.finish()).ok
+    assert reads_stalled(transaction_across_a_quorum_loss("info", 15.0, resume, timeout_s=None))

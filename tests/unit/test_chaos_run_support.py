@@ -1,0 +1,86 @@
+"""tests/chaos/run_support.py: which chaos run starts ahead, and that none outlives its bound or the session.
+
+Real child processes (a Python that sleeps, in place of ``python -m chaos run``), fake test items.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from types import SimpleNamespace
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.chaos import run_support
+from tests.chaos.run_support import MARKER, ChaosRuns
+
+
+@dataclass(frozen=True)
+class SleepSpec:
+    """Stands in for a RunSpec: a process that sleeps ``seconds``, then writes report.txt."""
+
+    name: str
+    seconds: float = 0.0
+    alone: bool = False
+
+    def command(self, out: Path) -> list[str]:
+        script = (f"import pathlib, time; time.sleep({self.seconds}); p = pathlib.Path({str(out)!r}); "
+                  "p.mkdir(parents=True); (p / 'report.txt').write_text('done')")
+        return [sys.executable, "-c", script]
+
+
+class Item:
+    def __init__(self, spec: SleepSpec | None) -> None:
+        self.nodeid = spec.name if spec else f"unmarked-{id(self)}"
+        self.spec = spec
+
+    def get_closest_marker(self, name: str) -> SimpleNamespace | None:
+        assert name == MARKER
+        return SimpleNamespace(args=(self.spec,)) if self.spec else None
+
+
+def make_runs(tmp_path: Path, *specs: SleepSpec | None) -> tuple[ChaosRuns, list[Item]]:
+    items = [Item(spec) for spec in specs]
+    counter = iter(range(100))
+    return ChaosRuns(items, lambda name: tmp_path / f"{name}{next(counter)}"), items  # type: ignore[arg-type]
+
+
+def test_the_next_marked_test_starts_beside_the_current_one_unless_either_runs_alone(tmp_path: Path) -> None:
+    runs, items = make_runs(tmp_path, SleepSpec("a", 1.0), SleepSpec("b"), SleepSpec("c", alone=True),
+                            SleepSpec("d"), None, SleepSpec("e"))
+    try:
+        assert runs.outcome(items[0]).report == "done"
+        assert set(runs.runs) == {"a", "b"}  # b was started while a ran
+        assert runs.runs["b"].started < runs.runs["a"].started + 1.0
+        runs.outcome(items[1])
+        assert set(runs.runs) == {"a", "b"}  # c runs alone: not started ahead
+        runs.outcome(items[2])
+        assert set(runs.runs) == {"a", "b", "c"}  # nor does it start d beside it
+        runs.outcome(items[3])
+        assert "e" not in runs.runs  # the next test is not marked: nothing beside d
+    finally:
+        runs.close()
+
+
+def test_a_run_started_ahead_is_killed_when_the_session_ends_first(tmp_path: Path) -> None:
+    runs, items = make_runs(tmp_path, SleepSpec("a"), SleepSpec("b", 60.0))
+    runs.outcome(items[0])
+    ahead = runs.runs["b"].process
+    assert ahead.poll() is None
+    runs.close()
+    assert ahead.returncode == -9
+
+
+def test_a_run_past_its_bound_is_killed_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(run_support, "RUN_TIMEOUT_S", 1.0)
+    runs, items = make_runs(tmp_path, SleepSpec("slow", 60.0))
+    started = time.monotonic()
+    try:
+        outcome = runs.outcome(items[0])
+    finally:
+        runs.close()
+    assert time.monotonic() - started < 30
+    assert outcome.returncode == -9 and "killed: still running 1 s after its start" in outcome.stderr_tail
+    assert outcome.report == "(no report.txt)"
