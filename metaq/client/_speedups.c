@@ -210,24 +210,28 @@ PyDoc_STRVAR(scan_valid_doc,
 "CRC that matches, an attribute block that fits, UTF-8 when ``attributes_utf8``); None when\n"
 "``buf`` is not a contiguous byte buffer (record.py walks it).");
 
-static PyObject *scan_valid(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+/* Whether the attribute bytes are UTF-8: 1 yes, 0 no, -1 another error (set). Needs the GIL. */
+static int is_utf8(const unsigned char *attr, int32_t attr_len)
 {
-    if (wrong_nargs("scan_valid", nargs, 3))
-        return NULL;
-    /* Past int64 either way, the limit is above (or below) every record length alike. */
-    int overflow;
-    long long max_size;
-    if (!int64_arg(args[1], &max_size, &overflow))
-        Py_RETURN_NONE;
-    int attributes_utf8 = PyObject_IsTrue(args[2]);
-    if (attributes_utf8 < 0)
-        return NULL;
-    Py_buffer view;
-    if (!byte_view(args[0], &view, 0))
-        Py_RETURN_NONE;
-    const unsigned char *data = (const unsigned char *)view.buf;
-    Py_ssize_t pos = 0, count = 0, end = view.len;
-    int failed = 0;
+    PyObject *attribute = PyUnicode_DecodeUTF8((const char *)attr, attr_len, NULL);
+    if (attribute != NULL) {
+        Py_DECREF(attribute);
+        return 1;
+    }
+    if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+        return -1;
+    PyErr_Clear();
+    return 0;
+}
+
+/* record._scan's loop over data[0:end]: the end of the valid prefix, its record count in
+ * *count; -1 when is_utf8 failed otherwise (error set). Without ``attributes_utf8`` it calls
+ * nothing of Python and may run with the GIL released. */
+static Py_ssize_t scan_records(const unsigned char *data, Py_ssize_t end, long long max_size, int attributes_utf8,
+                               Py_ssize_t *count)
+{
+    Py_ssize_t pos = 0;
+    *count = 0;
     /* Every read below is inside [pos, pos + HEADER_SIZE + length), checked against end first. */
     while (end - pos >= HEADER_SIZE) {
         const unsigned char *header = data + pos;
@@ -249,23 +253,51 @@ static PyObject *scan_valid(PyObject *module, PyObject *const *args, Py_ssize_t 
             if (attr_len < 0 || attr_len > length - 4)
                 break;
             if (attributes_utf8) {
-                PyObject *attribute = PyUnicode_DecodeUTF8((const char *)payload + 4, attr_len, NULL);
-                if (attribute == NULL) {
-                    if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
-                        failed = 1;
-                        break;
-                    }
-                    PyErr_Clear();
+                int utf8 = is_utf8(payload + 4, attr_len);
+                if (utf8 < 0)
+                    return -1;
+                if (!utf8)
                     break;
-                }
-                Py_DECREF(attribute);
             }
         }
         pos += HEADER_SIZE + length;
-        count++;
+        (*count)++;
+    }
+    return pos;
+}
+
+/* From this size on a walk without the UTF-8 rule lets other threads run (zlib.crc32 in the
+ * pure walk releases the GIL too): recovery and the scrub walk chunks of megabytes in worker
+ * threads while the event loop serves. */
+#define SCAN_WITHOUT_GIL_BYTES (64 * 1024)
+
+static PyObject *scan_valid(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (wrong_nargs("scan_valid", nargs, 3))
+        return NULL;
+    /* Past int64 either way, the limit is above (or below) every record length alike. */
+    int overflow;
+    long long max_size;
+    if (!int64_arg(args[1], &max_size, &overflow))
+        Py_RETURN_NONE;
+    int attributes_utf8 = PyObject_IsTrue(args[2]);
+    if (attributes_utf8 < 0)
+        return NULL;
+    /* A buffer export: a bytearray cannot be resized while it is held, GIL released or not. */
+    Py_buffer view;
+    if (!byte_view(args[0], &view, 0))
+        Py_RETURN_NONE;
+    const unsigned char *data = (const unsigned char *)view.buf;
+    Py_ssize_t count, pos;
+    if (!attributes_utf8 && view.len >= SCAN_WITHOUT_GIL_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        pos = scan_records(data, view.len, max_size, 0, &count);
+        Py_END_ALLOW_THREADS
+    } else {
+        pos = scan_records(data, view.len, max_size, attributes_utf8, &count);
     }
     PyBuffer_Release(&view);
-    if (failed)
+    if (pos < 0)
         return NULL;
     return Py_BuildValue("(nn)", pos, count);
 }

@@ -89,6 +89,22 @@ def test_stamping_what_is_not_whole_records_raises_as_record_py_does(walks) -> N
     assert stamp_msg_ids(bytearray(), 1) == 0
 
 
+@pytest.mark.skipif(COMPILED[0] is None, reason="metaq.client._speedups is not built")
+@pytest.mark.parametrize("damage", ["none", "flip", "cut"])
+def test_both_walks_agree_on_a_walk_chunk_of_megabytes(damage) -> None:
+    """Past 64 KiB without the UTF-8 rule the compiled walk runs with the GIL released."""
+    plain, tagged = len(encode_record(b"x" * 1000)), len(encode_record(b"z", "tag"))
+    buf = bytearray(encode_batch([(bytes([i % 251]) * 1000, None) for i in range(300)] + [(b"z", "tag")] * 40))
+    whole = len(buf)
+    if damage == "flip":
+        buf[196 * plain + HEADER_SIZE + 5] ^= 1  # in the payload of record 196
+    elif damage == "cut":
+        buf = buf[:-7]
+    length, count = scan_both(bytes(buf), 1 << 30, False)
+    assert (length, count) == {"none": (whole, 340), "flip": (196 * plain, 196), "cut": (whole - tagged, 339)}[damage]
+    assert scan_both(buf, 1 << 30, True) == (length, count)
+
+
 def scan_both(buf, limit: int, utf8: bool) -> tuple:
     compiled = record._scan(buf, limit, utf8)
     with pure_python():
