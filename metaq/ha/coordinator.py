@@ -144,6 +144,8 @@ class HaCoordinator:
         self._refused_master: str | None = None
         #: The epoch we won re-seeds a group whose ZooKeeper lost its data.
         self._reseeding = False
+        #: Set by stop(): entry actions waiting on a peer give up instead of holding STOP back.
+        self._stopping = False
 
     # --- wiring -----------------------------------------------------------------------
 
@@ -182,6 +184,9 @@ class HaCoordinator:
         await asyncio.to_thread(self.zk.DataWatch, self.paths.handover(self.broker_id), self._zk_watch(self._handover_changed))
 
     async def stop(self) -> None:
+        # Seen by entry actions that wait on a peer (_truncate_against): they give up at
+        # once, so STOP is handled next instead of after their own deadline.
+        self._stopping = True
         self.post(Event.STOP)
         if self._worker is not None:
             try:
@@ -850,7 +855,7 @@ class HaCoordinator:
                 conn = await open_peer(self.host, url, self.registry.slave_id, timeout=3)
                 break
             except ConnectionClosed as exc:
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline or self._stopping:
                     raise
                 log.info("waiting for the master at %s: %s", url, exc)
                 await asyncio.sleep(0.2)

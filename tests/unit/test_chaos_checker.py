@@ -448,7 +448,8 @@ def test_liveness_reads_stopping_during_a_zookeeper_majority_loss_is_caught():
             assert {v["kind"] for v in result.violations()} == {"reads_stopped"}
 
 
-def zk_majority_with_open_transaction(decided_before_the_fault: bool, reads_resume: float) -> TimedRun:
+def zk_majority_with_open_transaction(decided_before_the_fault: bool, reads_resume: float,
+                                      acked_at: float = 9.8) -> TimedRun:
     """Seed 44's shape: a transaction stores a record in t/0-0, plain puts are acked after
     it, ZooKeeper loses its majority (10.2 s to 16.0 s) before the transaction is decided, so
     t/0-0's last stable offset stays at the record and its reads stop; t/0-1 is read on."""
@@ -456,7 +457,7 @@ def zk_majority_with_open_transaction(decided_before_the_fault: bool, reads_resu
     run.load(1, 9.5)
     txn = run.at(9.6).h.invoke("x0", "txn", txn="x0-t1")
     sent = run.append("t/0-0", "x0-t1-0")
-    run.at(9.8).put("p0-after-the-txn", partition="t/0-0")
+    run.at(acked_at).put("p0-after-the-txn", partition="t/0-0")
     decided = 9.9 if decided_before_the_fault else 17.0
     if decided_before_the_fault:
         run.at(decided).read("t/0-0", [(sent, "x0-t1-0")], replica="meta://m0")
@@ -477,6 +478,17 @@ def test_liveness_reads_held_by_a_transaction_open_when_zookeeper_lost_its_major
     (record,) = result.stats["liveness_faults"]
     assert record["reads_held_by_transaction"] == {"t/0-0": "x0-t1"}
     result = check(zk_majority_with_open_transaction(False, reads_resume=20.5).finish())
+    assert {v["kind"] for v in result.violations()} == {"reads_stalled"}, result.report()
+
+
+def test_liveness_a_message_acked_just_after_the_quorum_went_is_held_like_one_acked_before():
+    """Campaign seeds 3005 and 3007: the master acked a put 0.08 s after the quorum was lost
+    (before it noticed), above an open transaction's record; reads of it wait for the
+    transaction like reads of a message acked before the fault."""
+    result = check(zk_majority_with_open_transaction(False, reads_resume=17.0, acked_at=10.3).finish())
+    assert result.ok, result.report()
+    assert result.stats["liveness_faults"][0]["reads_held_by_transaction"] == {"t/0-0": "x0-t1"}
+    result = check(zk_majority_with_open_transaction(False, reads_resume=20.5, acked_at=10.3).finish())
     assert {v["kind"] for v in result.violations()} == {"reads_stalled"}, result.report()
 
 
