@@ -98,7 +98,11 @@ class PowerLossDisk:
         if milliseconds is None:
             self.slow_flag.unlink(missing_ok=True)
         else:
-            self.slow_flag.write_text(f"{milliseconds} {suffix}".strip())
+            # Whole or absent, never empty: the shim reads the flag at every fsync, and one
+            # reading it between write_text's truncate and its write took it for "not slow".
+            partial = self.slow_flag.with_name(self.slow_flag.name + ".partial")
+            partial.write_text(f"{milliseconds} {suffix}".strip())
+            os.replace(partial, self.slow_flag)
 
     def arm(self) -> None:
         """Take what is on disk now as durable and start a new journal.
