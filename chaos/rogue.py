@@ -249,11 +249,12 @@ Running = Callable[[], Any]
 
 
 def _closed_by_broker(sockets: list[socket.socket], seconds: float, *, replies_close: bool,
-                      running: Running) -> set[socket.socket] | None:
+                      running: Running, stop: threading.Event | None = None) -> set[socket.socket] | None:
     """The sockets the broker closed within ``seconds`` (EOF or reset); with ``replies_close`` a reply counts too.
 
     None when the broker did not run all along (paused or restarted by a fault): it could
-    refuse nothing then, and the round proves nothing either way.
+    refuse nothing then, and the round proves nothing either way. None too as soon as
+    ``stop`` is set: for a caller that judges no round the run's end cuts short.
     """
     closed: set[socket.socket] = set()
     token = running()
@@ -265,7 +266,7 @@ def _closed_by_broker(sockets: list[socket.socket], seconds: float, *, replies_c
             selector.register(sock, selectors.EVENT_READ)
         deadline = time.monotonic() + seconds
         while len(closed) < len(sockets) and (left := deadline - time.monotonic()) > 0:
-            if running() != token:
+            if running() != token or (stop is not None and stop.is_set()):
                 return None
             for key, _ in selector.select(min(left, 0.2)):
                 sock = key.fileobj
@@ -359,7 +360,10 @@ class SlotFlood(_Looper):
         held = [s for s in sockets if s not in early]
         if len(held) > MAX_CONNECTIONS_PER_ADDRESS:
             self.accepted.append(f"{len(held)} connections from one address held (cap {MAX_CONNECTIONS_PER_ADDRESS})")
-        late = _closed_by_broker(held, self.hold_s - 1.0, replies_close=False, running=self.running)
+        # A round the run's end cuts short is not judged (its connections are closed by us, not
+        # the broker), so the wait ends at the stop: a secured round would hold the run's end
+        # up to the login deadline and its margin (13 s) for nothing.
+        late = _closed_by_broker(held, self.hold_s - 1.0, replies_close=False, running=self.running, stop=self._stop)
         if late is None or self._stop.is_set():
             return
         if self.secure and len(late) < len(held):
