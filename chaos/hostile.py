@@ -14,13 +14,13 @@
 * every broker process's RSS sampled each second;
 * a logged-in producer's put latency (``PutLatencyProbe``, group 0's master): first for
   ``WINDOW_S`` before any attack (the quiet run), then for ``WINDOW_S`` with every attack
-  going, before the fault schedule starts (so faults do not decide it).
+  going, before the fault schedule starts (so faults do not decide it); a window goes on
+  (up to ``MAX_WINDOW_S``) until ``MIN_SAMPLES`` puts were acked.
 
 The run fails if any forgery was accepted or any attack got through, if a broker process
 grew by more than ``RSS_GROWTH_LIMIT_MB`` over its life (measured from ``WARM_UP_S`` after
 it was first seen, so that loading its log after a restart does not count), or if the
-put latency p99 under attack is more than ``LATENCY_FACTOR`` times the quiet one (quiet
-p99s below ``LATENCY_FLOOR_S`` count as that: timer and scheduler noise on a shared machine).
+attacked put latency is out of bounds (``latency_summary``).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from .rogue import (
     RogueZk,
     SlotFlood,
     TxnStartFlood,
-    p99,
+    percentile,
 )
 
 #: The same bound the hostile-peer integration test holds a master to.
@@ -58,10 +58,14 @@ IMPERSONATED_SLAVE = 1
 #: The put latency windows (seconds): quiet, then with every attack going after RAMP_S.
 WINDOW_S = 3.0
 RAMP_S = 2.0  # past the floods' first connect bursts: the window sees the attacks going, not their start-up
-LATENCY_FACTOR = 3.0
-LATENCY_FLOOR_S = 0.002
-#: Acked puts a window needs for its p99 to mean something.
+#: Acked puts a window needs for its percentiles to mean something; a window goes on past
+#: WINDOW_S until it has them, up to MAX_WINDOW_S (a starved probe still ends with fewer).
 MIN_SAMPLES = 100
+MAX_WINDOW_S = 3 * WINDOW_S
+#: The attacked percentiles' bounds: LATENCY_FACTOR x the quiet one + a margin (latency_summary).
+LATENCY_FACTOR = 3.0
+MEDIAN_MARGIN_S = 0.020
+P99_MARGIN_S = 0.250
 #: With ``secure``: the security file's user that may consume one topic and produce none.
 NO_PRODUCE_USER = "reader"
 
@@ -105,6 +109,42 @@ def running(b: Any) -> int | None:
     return None if state in ("T", "t", "Z", "X") else pid
 
 
+def latency_verdict(quiet: list[float], attacked: list[float]) -> dict[str, Any]:
+    """The put-latency check of a ``--rogue`` run: the attacked window's median and p99 each
+    within ``LATENCY_FACTOR`` x the quiet window's + a margin, and ``MIN_SAMPLES`` acked puts in each.
+
+    Why these bounds: the attackers run on the same (shared, 2-core) machine as the brokers,
+    so the attacked window also pays for the attackers' own CPU and for whatever else the
+    machine runs then; a p99 of a 3 s window moves with that alone (on a busy machine, quiet
+    p99s of 3-44 ms and attacked ones up to 149 ms, in runs with no broker at fault). The
+    median moves little with it (at most 1.8x there, at most 5x with two attacked runs at
+    once at load 20), the tail a lot: so the median gets the tight bound (3x + 20 ms) and the
+    p99 a margin for the scheduler (3x + 250 ms, far under the probe's 3 s put timeout).
+    A broker that starves puts fails: one spending 20 ms of its event loop on each forged
+    request (a scratch test of this check) gave an attacked median of 60.8 ms (bound 28.1 ms,
+    quiet 2.7 ms) and needed 7.3 s for 100 acked puts; MIN_SAMPLES fails a probe that mostly
+    waits even within MAX_WINDOW_S.
+    """
+    figures = {name: {"p50": percentile(samples, 0.50), "p99": percentile(samples, 0.99)}
+               for name, samples in (("quiet", quiet), ("attacked", attacked))}
+    bounds = {"p50": LATENCY_FACTOR * figures["quiet"]["p50"] + MEDIAN_MARGIN_S,
+              "p99": LATENCY_FACTOR * figures["quiet"]["p99"] + P99_MARGIN_S}
+    within = all(figures["attacked"][q] <= bounds[q] for q in bounds)
+    def ms(seconds: float) -> float:
+        return round(seconds * 1000, 2)
+
+    return {**{f"{name}_{q}_ms": ms(v) for name, row in figures.items() for q, v in row.items()},
+            **{f"bound_{q}_ms": ms(v) for q, v in bounds.items()},
+            "samples": [len(quiet), len(attacked)],
+            "ok": len(quiet) >= MIN_SAMPLES and len(attacked) >= MIN_SAMPLES and within}
+
+
+def latency_line(latency: dict[str, Any]) -> str:
+    return (f"median quiet {latency['quiet_p50_ms']} ms, under attack {latency['attacked_p50_ms']} ms "
+            f"(bound {latency['bound_p50_ms']} ms); p99 quiet {latency['quiet_p99_ms']} ms, under attack "
+            f"{latency['attacked_p99_ms']} ms (bound {latency['bound_p99_ms']} ms)")
+
+
 class HostileLoad:
     def __init__(self, cluster: ChaosCluster, history: Any) -> None:
         self.cluster = cluster
@@ -136,10 +176,10 @@ class HostileLoad:
         """Blocks for the two latency windows (run it off the workload's event loop)."""
         self._sampler.start()
         probe = PutLatencyProbe(self._probe_target, self.cluster.credentials, self.cluster.topic, 0, self.history)
-        self.latency["quiet"] = probe.measure(WINDOW_S, "quiet")
+        self.latency["quiet"] = probe.measure(WINDOW_S, "quiet", MIN_SAMPLES, MAX_WINDOW_S)
         self._start_attacks()
         time.sleep(RAMP_S)
-        self.latency["attacked"] = probe.measure(WINDOW_S, "attacked")
+        self.latency["attacked"] = probe.measure(WINDOW_S, "attacked", MIN_SAMPLES, MAX_WINDOW_S)
 
     def _start_attacks(self) -> None:
         cluster = self.cluster
@@ -197,11 +237,7 @@ class HostileLoad:
             self._halt.wait(1.0)
 
     def latency_summary(self) -> dict[str, Any]:
-        quiet, attacked = self.latency.get("quiet", []), self.latency.get("attacked", [])
-        bound = LATENCY_FACTOR * max(p99(quiet), LATENCY_FLOOR_S)
-        return {"quiet_p99_ms": round(p99(quiet) * 1000, 2), "attacked_p99_ms": round(p99(attacked) * 1000, 2),
-                "bound_ms": round(bound * 1000, 2), "samples": [len(quiet), len(attacked)],
-                "ok": len(quiet) >= MIN_SAMPLES and len(attacked) >= MIN_SAMPLES and p99(attacked) <= bound}
+        return latency_verdict(self.latency.get("quiet", []), self.latency.get("attacked", []))
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -223,8 +259,8 @@ class HostileLoad:
                   if attack.sent and not attack.refused]
         latency = self.latency_summary()
         if not latency["ok"]:
-            found.append(f"put latency p99 {latency['attacked_p99_ms']} ms under attack, quiet {latency['quiet_p99_ms']} ms "
-                         f"(bound {latency['bound_ms']} ms; acked puts measured {latency['samples']}, at least {MIN_SAMPLES} each)")
+            found.append(f"put latency under attack out of bounds: {latency_line(latency)}; "
+                         f"acked puts measured {latency['samples']}, at least {MIN_SAMPLES} each")
         if self.zk is not None and self.zk.accepted:
             found.append(f"ZooKeeper: {len(self.zk.accepted)} writes without credentials accepted, e.g. {self.zk.accepted[:2]}")
         found += [f"{t.broker} (pid {pid}): RSS grew by {t.growth_mb:.0f} MB (limit {RSS_GROWTH_LIMIT_MB:.0f})"
@@ -248,8 +284,7 @@ class HostileLoad:
                         f"{sum(a['accepted'] for a in rows)} got through" for kind, rows in by_kind.items()]
         return [
             *attack_lines,
-            f"put latency p99 (logged-in producer, {latency['samples']} acked puts): quiet {latency['quiet_p99_ms']} ms, "
-            f"under attack {latency['attacked_p99_ms']} ms (bound {latency['bound_ms']} ms)",
+            f"put latency (logged-in producer, {latency['samples']} acked puts): {latency_line(latency)}",
             f"rogue peers: {sent} forged requests to {len(s['peers'])} brokers, {accepted} accepted",
             f"rogue ZooKeeper client: {zk_line}",
             f"broker RSS: peak {peak:.0f} MB, largest growth of one process {growth:.1f} MB "

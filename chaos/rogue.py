@@ -542,12 +542,12 @@ class FakeRegistration(_Looper):
         return {**super().summary(), "refused": self.refused, "registered": self.registered}
 
 
-def p99(samples: list[float]) -> float:
-    """The 99th percentile (nearest rank) of ``samples`` (0.0 when empty)."""
+def percentile(samples: list[float], fraction: float) -> float:
+    """The ``fraction`` percentile (nearest rank) of ``samples`` (0.0 when empty)."""
     if not samples:
         return 0.0
     ordered = sorted(samples)
-    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
 
 
 class PutLatencyProbe:
@@ -566,8 +566,9 @@ class PutLatencyProbe:
         self.master, self.credentials, self.topic, self.group = master, credentials, topic, group
         self.history, self.interval_s = history, interval_s
 
-    def measure(self, seconds: float, phase: str) -> list[float]:
-        """Seconds each acked put took, over ``seconds`` (blocking)."""
+    def measure(self, seconds: float, phase: str, min_acked: int = 0, max_seconds: float | None = None) -> list[float]:
+        """Seconds each acked put took, over ``seconds`` (blocking), and on past them until
+        ``min_acked`` puts were acked or ``max_seconds`` passed."""
         found = self.master()
         if found is None:
             return []
@@ -576,8 +577,8 @@ class PutLatencyProbe:
         context = multiprocessing.get_context("spawn")
         ours, theirs = context.Pipe()
         child = context.Process(target=_timed_puts, daemon=True, name=f"latency-{phase}", args=(
-            theirs, host, port, self.credentials.user, self.credentials.password, self.topic, seconds, self.interval_s,
-            f"latency-{phase}"))
+            theirs, host, port, self.credentials.user, self.credentials.password, self.topic, seconds,
+            max(seconds, max_seconds or seconds), min_acked, self.interval_s, f"latency-{phase}"))
         child.start()
         theirs.close()
         latencies: list[float] = []
@@ -609,8 +610,9 @@ class PutLatencyProbe:
 
 
 def _timed_puts(pipe: Any, host: str, port: int, user: str | None, password: str | None, topic: str,
-                seconds: float, interval_s: float, prefix: str) -> None:
-    """The probe's process: puts for ``seconds``, each announced on ``pipe`` before it is sent and reported after."""
+                seconds: float, max_seconds: float, min_acked: int, interval_s: float, prefix: str) -> None:
+    """The probe's process: puts for ``seconds`` (up to ``max_seconds`` until ``min_acked`` were acked),
+    each announced on ``pipe`` before it is sent and reported after."""
 
     async def run() -> None:
         try:
@@ -618,9 +620,10 @@ def _timed_puts(pipe: Any, host: str, port: int, user: str | None, password: str
         except Exception:
             return
         try:
-            deadline = time.monotonic() + seconds
-            seq = 0
-            while time.monotonic() < deadline:
+            started_at = time.monotonic()
+            deadline, last_deadline = started_at + seconds, started_at + max_seconds
+            seq = acked = 0
+            while (now := time.monotonic()) < deadline or (acked < min_acked and now < last_deadline):
                 value = f"{prefix}-{seq}"
                 seq += 1
                 pipe.send(("invoke", value))
@@ -634,6 +637,7 @@ def _timed_puts(pipe: Any, host: str, port: int, user: str | None, password: str
                     return
                 took = time.perf_counter() - started
                 if reply.ok:
+                    acked += 1
                     pipe.send(("ok", value, int(reply["offset"]), reply.get("epoch"), took))
                 else:  # not stored for a 503, but a 5xx may be: unknown either way for the checker
                     pipe.send(("info", value, f"{reply.code} {reply.message}"))

@@ -40,7 +40,8 @@ bound after every fault) and reads its verdicts from ``check.json``. What each p
   secured, ZooKeeper writes without credentials) for the whole run, and flood the brokers
   before login (big bodies, connection slots; secured also transaction starts, replayed
   heartbeats, a fake group in ZooKeeper): nothing accepted, no loss, the brokers' memory
-  bounded, a logged-in producer's put p99 within 3x of the quiet one; with security on,
+  bounded, a logged-in producer's put latency within bounds of the quiet one (median 3x
+  + 20 ms, p99 3x + 250 ms: chaos/hostile.py, latency_verdict); with security on,
   the old master rejoins its group.
 """
 
