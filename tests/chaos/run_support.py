@@ -9,9 +9,11 @@ that test's run is started at once, beside this one: at most two runs at a time,
 its own cluster (own ports, data dirs, ZooKeeper, proxy). Nothing about a run changes (same
 command, same seed, same checks), only when it starts.
 
-A run marked ``alone=True`` neither starts early nor gets a neighbour: the ``--rogue`` runs,
-whose put-latency check compares a quiet window with an attacked one of the same run and
-must not see a neighbour's load come or go between the two.
+A run marked ``alone=True`` neither starts early nor gets a neighbour (none is now). Two
+``--rogue`` runs (``hostile``) never run side by side: each one's attackers load the machine,
+which the other's put-latency check would pay for twice (chaos/hostile.py, latency_verdict);
+beside a plain run they go like any other (that check bounds the attacked window against a
+quiet one of the same run with margins for the machine's own load).
 """
 
 from __future__ import annotations
@@ -50,6 +52,11 @@ class RunSpec:
     def name(self) -> str:
         return f"{self.scenario}-{self.mode}-{self.seed}"
 
+    @property
+    def hostile(self) -> bool:
+        """A ``--rogue`` run: attackers on the machine for the whole run."""
+        return "--rogue" in self.options
+
     def command(self, out: Path) -> list[str]:
         return [sys.executable, "-m", "chaos", "run", "--scenario", self.scenario, "--seconds", f"{self.seconds:g}",
                 "--seed", str(self.seed), "--mode", self.mode, "--zk-nodes", str(self.zk_nodes), "--out", str(out),
@@ -65,6 +72,7 @@ class TransactionsRunSpec:
     seed: int
     seconds: float = 15
     alone: bool = False
+    hostile = False
 
     @property
     def name(self) -> str:
@@ -148,7 +156,7 @@ class StartedRun:
 
 class ChaosRuns:
     """The session's chaos runs by test: each started once; the next test's run (when it is
-    marked too) started beside the current one, unless either is ``alone``."""
+    marked too) started beside the current one, unless either is ``alone`` or both are ``hostile``."""
 
     def __init__(self, items: list[pytest.Item], mktemp: Callable[[str], Path]) -> None:
         self.items = items
@@ -172,7 +180,7 @@ class ChaosRuns:
         position = self.items.index(item)
         following = self.items[position + 1] if position + 1 < len(self.items) else None
         ahead = self.spec_of(following) if following is not None else None
-        if ahead is not None and not spec.alone and not ahead.alone:
+        if ahead is not None and not spec.alone and not ahead.alone and not (spec.hostile and ahead.hostile):
             self._start(following, ahead)
         return run.finish()
 

@@ -24,6 +24,7 @@ class SleepSpec:
     name: str
     seconds: float = 0.0
     alone: bool = False
+    hostile: bool = False
 
     def command(self, out: Path) -> list[str]:
         script = (f"import pathlib, time; time.sleep({self.seconds}); p = pathlib.Path({str(out)!r}); "
@@ -60,6 +61,22 @@ def test_the_next_marked_test_starts_beside_the_current_one_unless_either_runs_a
         assert set(runs.runs) == {"a", "b", "c"}  # nor does it start d beside it
         runs.outcome(items[3])
         assert "e" not in runs.runs  # the next test is not marked: nothing beside d
+    finally:
+        runs.close()
+
+
+def test_two_hostile_runs_never_run_side_by_side_but_each_beside_a_plain_one(tmp_path: Path) -> None:
+    runs, items = make_runs(tmp_path, SleepSpec("rogue1", hostile=True), SleepSpec("rogue2", hostile=True),
+                            SleepSpec("plain"), SleepSpec("rogue3", hostile=True), SleepSpec("plain2"))
+    try:
+        runs.outcome(items[0])
+        assert set(runs.runs) == {"rogue1"}  # the next run is hostile too: not beside it
+        runs.outcome(items[1])
+        assert set(runs.runs) == {"rogue1", "rogue2", "plain"}  # a plain run beside a hostile one
+        runs.outcome(items[2])
+        assert "rogue3" in runs.runs
+        runs.outcome(items[3])
+        assert "plain2" in runs.runs
     finally:
         runs.close()
 
