@@ -233,6 +233,11 @@ class RogueZk(_Looper):
 MAX_BUFFERED_REQUEST_BYTES = 64 * 1024 * 1024
 MAX_CONNECTIONS_PER_ADDRESS = 256
 LOGIN_TIMEOUT_S = 10.0
+#: How long a slot round waits for the broker to close the connections past the cap. The
+#: broker closes each as it accepts it, but until it accepts it the kernel has completed the
+#: connect: on a loaded machine the backlog took over 1 s (the old wait) to drain. Well under
+#: the login deadline, which closes them all.
+OVER_CAP_CLOSE_S = 5.0
 BIG_BODY = 16 * 1024 * 1024
 
 
@@ -249,8 +254,10 @@ Running = Callable[[], Any]
 
 
 def _closed_by_broker(sockets: list[socket.socket], seconds: float, *, replies_close: bool,
-                      running: Running, stop: threading.Event | None = None) -> set[socket.socket] | None:
+                      running: Running, stop: threading.Event | None = None,
+                      enough: int | None = None) -> set[socket.socket] | None:
     """The sockets the broker closed within ``seconds`` (EOF or reset); with ``replies_close`` a reply counts too.
+    With ``enough``, returns as soon as that many are closed.
 
     None when the broker did not run all along (paused or restarted by a fault): it could
     refuse nothing then, and the round proves nothing either way. None too as soon as
@@ -265,7 +272,8 @@ def _closed_by_broker(sockets: list[socket.socket], seconds: float, *, replies_c
             sock.setblocking(False)
             selector.register(sock, selectors.EVENT_READ)
         deadline = time.monotonic() + seconds
-        while len(closed) < len(sockets) and (left := deadline - time.monotonic()) > 0:
+        wanted = len(sockets) if enough is None else enough
+        while len(closed) < wanted and (left := deadline - time.monotonic()) > 0:
             if running() != token or (stop is not None and stop.is_set()):
                 return None
             for key, _ in selector.select(min(left, 0.2)):
@@ -353,8 +361,10 @@ class SlotFlood(_Looper):
             self._stop.wait(self.pause_s)
 
     def _judge(self, sockets: list[socket.socket], at_connect: int) -> None:
-        # Refused at connect past the cap: the broker closes those at once.
-        early = _closed_by_broker(sockets, 1.0, replies_close=False, running=self.running)
+        # Refused at connect past the cap: the broker closes those as it accepts them.
+        started = time.monotonic()
+        early = _closed_by_broker(sockets, OVER_CAP_CLOSE_S, replies_close=False, running=self.running,
+                                  enough=len(sockets) - MAX_CONNECTIONS_PER_ADDRESS)
         if early is None:
             return  # the broker was paused or restarted: nothing to judge
         held = [s for s in sockets if s not in early]
@@ -363,7 +373,8 @@ class SlotFlood(_Looper):
         # A round the run's end cuts short is not judged (its connections are closed by us, not
         # the broker), so the wait ends at the stop: a secured round would hold the run's end
         # up to the login deadline and its margin (13 s) for nothing.
-        late = _closed_by_broker(held, self.hold_s - 1.0, replies_close=False, running=self.running, stop=self._stop)
+        late = _closed_by_broker(held, max(0.0, self.hold_s - (time.monotonic() - started)), replies_close=False,
+                                 running=self.running, stop=self._stop)
         if late is None or self._stop.is_set():
             return
         if self.secure and len(late) < len(held):

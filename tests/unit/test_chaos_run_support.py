@@ -101,3 +101,13 @@ def test_a_run_past_its_bound_is_killed_and_says_so(tmp_path: Path, monkeypatch:
     assert time.monotonic() - started < 30
     assert outcome.returncode == -9 and "killed: still running 1 s after its start" in outcome.stderr_tail
     assert outcome.report == "(no report.txt)"
+
+
+def test_the_marked_tests_are_put_one_after_another_from_the_first_of_them() -> None:
+    from tests.chaos.conftest import pytest_collection_modifyitems
+
+    plain1, a, plain2, b, plain3, c = Item(None), Item(SleepSpec("a")), Item(None), Item(SleepSpec("b")), Item(None), \
+        Item(SleepSpec("c"))
+    items = [plain1, a, plain2, b, plain3, c]
+    pytest_collection_modifyitems(items)  # type: ignore[arg-type]
+    assert items == [plain1, a, b, c, plain2, plain3]
