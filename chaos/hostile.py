@@ -20,7 +20,7 @@
 The run fails if any forgery was accepted or any attack got through, if a broker process
 grew by more than ``RSS_GROWTH_LIMIT_MB`` over its life (measured from ``WARM_UP_S`` after
 it was first seen, so that loading its log after a restart does not count), or if the
-attacked put latency is out of bounds (``latency_summary``).
+attacked put latency is out of bounds (``latency_verdict``).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ RAMP_S = 2.0  # past the floods' first connect bursts: the window sees the attac
 #: WINDOW_S until it has them, up to MAX_WINDOW_S (a starved probe still ends with fewer).
 MIN_SAMPLES = 100
 MAX_WINDOW_S = 3 * WINDOW_S
-#: The attacked percentiles' bounds: LATENCY_FACTOR x the quiet one + a margin (latency_summary).
+#: The attacked percentiles' bounds: LATENCY_FACTOR x the quiet one + a margin (latency_verdict).
 LATENCY_FACTOR = 3.0
 MEDIAN_MARGIN_S = 0.010
 P99_MARGIN_S = 0.250
@@ -132,6 +132,7 @@ def latency_verdict(quiet: list[float], attacked: list[float]) -> dict[str, Any]
     bounds = {"p50": LATENCY_FACTOR * figures["quiet"]["p50"] + MEDIAN_MARGIN_S,
               "p99": LATENCY_FACTOR * figures["quiet"]["p99"] + P99_MARGIN_S}
     within = all(figures["attacked"][q] <= bounds[q] for q in bounds)
+
     def ms(seconds: float) -> float:
         return round(seconds * 1000, 2)
 
