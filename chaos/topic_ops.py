@@ -61,6 +61,10 @@ ALTERED_SETTING = ("deletePolicy", "delete,168")
 #: than before is the case the broker's topic incarnations exist for.
 TOPIC_OP_KINDS = ["topic-create", "topic-add-partitions", "topic-alter", "topic-delete", "topic-recreate"]
 CYCLE = [*TOPIC_OP_KINDS, "topic-add-partitions", "topic-alter", "topic-recreate"]
+#: Past the run's end the loop goes on, at most this long, until each group's side topic has
+#: had every kind of operation once (the first len(TOPIC_OP_KINDS) steps of CYCLE): on a
+#: loaded machine operations take longer, and a 10 s run ended before its first topic-recreate.
+FULL_PASS_GRACE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -161,12 +165,16 @@ class SideTopicLoad:
 
     def run(self, stop_at: float, stopping: Any) -> None:
         stopping.wait(1.0)  # plain load first
-        while time.monotonic() < stop_at and not stopping.is_set():
+        while not stopping.is_set() and (time.monotonic() < stop_at or (
+                not self._every_kind_done() and time.monotonic() < stop_at + FULL_PASS_GRACE_S)):
             for group in range(self.cluster.num_groups):
                 if stopping.is_set():
                     break
                 self.step(group, stopping)
             stopping.wait(self.rng.uniform(*self.gap_s))
+
+    def _every_kind_done(self) -> bool:
+        return all(self.steps[group] >= len(TOPIC_OP_KINDS) for group in range(self.cluster.num_groups))
 
     def step(self, group: int, stopping: Any = None) -> None:
         state = self.state[group]
