@@ -121,6 +121,7 @@ class Monitor(threading.Thread):
 
     def _failover(self, group: int, old_url: str, new_url: str, epoch: int) -> None:
         self.failovers += 1
+        seen_at = self.history.now()  # measuring the lag below may take seconds
         old, new = self.cluster.by_url(old_url), self.cluster.by_url(new_url)
         lag: dict[str, dict[str, int]] = {}
         # The old master's logs are read first: it may come back, follow and truncate while
@@ -136,7 +137,7 @@ class Monitor(threading.Thread):
                 continue
             lag[name] = {"bytes": max(0, len(old_log) - start),
                          "messages": sum(1 for _ in iter_records(old_log[start:], start, verify=False))}
-        self.history.failover(group, old_url, new_url, epoch, lag,
+        self.history.failover(group, old_url, new_url, epoch, lag, at=seen_at,
                               old_broker=old.name if old else None, new_broker=new.name if new else None)
         log.info("failover in group %d: %s -> %s (epoch %d) lag %s", group, old_url, new_url, epoch, lag)
 
