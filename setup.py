@@ -1,6 +1,6 @@
 """The compiled part of metaq-py: optional, everything else is in pyproject.toml.
 
-``metaq.client._speedups`` decodes fetched records into Messages in C (the consumer's
+``metaq._speedups`` decodes fetched records into Messages in C (the consumer's
 hot path), and validates, walks and stamps record batches in C (the broker's put and a
 slave's append, through ``metaq.record``). ``optional=True``: without a C compiler,
 Python's headers or zlib's, the install goes on and ``metaq.client.codec`` and
@@ -9,4 +9,4 @@ Python's headers or zlib's, the install goes on and ``metaq.client.codec`` and
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("metaq.client._speedups", ["metaq/client/_speedups.c"], libraries=["z"], optional=True)])
+setup(ext_modules=[Extension("metaq._speedups", ["metaq/_speedups.c"], libraries=["z"], optional=True)])

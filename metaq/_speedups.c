@@ -356,7 +356,7 @@ static PyMethodDef speedups_methods[] = {
 };
 
 static struct PyModuleDef speedups_module = {
-    PyModuleDef_HEAD_INIT, "metaq.client._speedups",
+    PyModuleDef_HEAD_INIT, "metaq._speedups",
     "Compiled record walks (optional; codec.py and record.py fall back to pure Python).",
     -1, speedups_methods,
 };
