@@ -32,18 +32,18 @@ if [ "$mode" = "--bench" ] && ! command -v redis-server >/dev/null; then
     apt_install redis-server "for bench/vs_redis.py"
 fi
 
-# The compiled record code (metaq/_speedups.c: the client's decode of fetched records, the
-# broker's record walks; built by setup.py during the pip install below) needs a C compiler
+# The compiled hot paths (metaq/_speedups.c: the client's decode of fetched records, the
+# broker's record walks, frames and request parsing; built by setup.py during the pip install below) needs a C compiler
 # and the headers of Python and zlib; without them the install still succeeds and metaq runs
 # the same code in pure Python (slower).
 if ! command -v cc >/dev/null; then
-    apt_install gcc "to build the compiled record code"
+    apt_install gcc "to build the compiled hot paths"
 fi
 if [ ! -f "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ]; then
-    apt_install python3-dev "to build the compiled record code"
+    apt_install python3-dev "to build the compiled hot paths"
 fi
 if [ ! -f /usr/include/zlib.h ]; then
-    apt_install zlib1g-dev "to build the compiled record code"
+    apt_install zlib1g-dev "to build the compiled hot paths"
 fi
 
 extras=""
@@ -58,4 +58,4 @@ fi
 rm -f "$log"
 command -v metaq >/dev/null || { echo "setup: the metaq command is not on PATH" >&2; exit 1; }
 python3 -c "import metaq._speedups" 2>/dev/null \
-    || echo "setup: warning: metaq._speedups was not built; metaq runs its pure-Python record code" >&2
+    || echo "setup: warning: metaq._speedups was not built; metaq runs its pure-Python code" >&2

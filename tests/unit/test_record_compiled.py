@@ -170,8 +170,8 @@ def test_both_walks_agree_on_random_bytes(buf, first_id) -> None:
 
 
 def test_without_the_extension_every_user_falls_back_to_pure_python() -> None:
-    """An install without a C compiler has no metaq._speedups: importing its users must still
-    work, each choosing its pure-Python code (a fresh interpreter in which the import fails)."""
+    """An install without a C compiler has no metaq._speedups: importing its users (record, the
+    client's codec, frames, messages) must still work, each choosing its pure-Python code (a fresh interpreter in which the import fails)."""
     probe = (
         "import sys; sys.modules['metaq._speedups'] = None\n"  # `import` of it now raises ImportError
         "from metaq import record; from metaq.client import codec; from metaq.client.message import Partition\n"
@@ -180,6 +180,11 @@ def test_without_the_extension_every_user_falls_back_to_pure_python() -> None:
         "assert record.validate_batch(batch, 100) == 2 and record.stamp_msg_ids(batch, 5) == 2\n"
         "messages, _ = codec.decode_messages(batch, 0, 't', Partition(0, 0))\n"
         "assert [(m.data, m.attribute, m.id) for m in messages] == [(b'a', None, 5), (b'b', 'tag', 6)]\n"
+        "from metaq.protocol import frames, messages\n"
+        "assert frames.frame_at is None and frames.pack_frame is None and messages.request_from is None\n"
+        "decoder = frames.FrameDecoder(); decoder.receive_data(frames.encode_frame({'op': 'put', 'opaque': 1, 'topic': 't'}, batch))\n"
+        "request = messages.parse_request(decoder.next_event())\n"
+        "assert (request.topic, request.partition, request.body) == ('t', -1, batch)\n"
     )
     root = Path(record.__file__).parent.parent
     done = subprocess.run([sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, timeout=60,
