@@ -797,7 +797,8 @@ static PyObject *request_from(PyObject *module, PyObject *const *args, Py_ssize_
     if (wrong_nargs("request_from", nargs, 4))
         return NULL;
     PyObject *cls = args[0], *fields = args[1], *header = args[2], *body = args[3];
-    if (!PyType_Check(cls) || !PyTuple_Check(fields) || !PyDict_Check(header))
+    /* An exact dict: a subclass's own get() is what parse_request calls. */
+    if (!PyType_Check(cls) || !PyTuple_Check(fields) || !PyDict_CheckExact(header))
         Py_RETURN_NONE;
     PyObject *opaque = PyDict_GetItemString(header, "opaque"); /* borrowed */
     if (opaque == NULL || !PyLong_Check(opaque) || PyBool_Check(opaque))
