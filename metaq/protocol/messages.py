@@ -323,7 +323,9 @@ def _sets_only_its_fields(cls: type[Request]) -> bool:
     object's __new__, a dataclass __init__ with no __post_init__, and no field without a kind
     besides the base's."""
     names = {f.name for f in dataclasses.fields(cls)}
-    return (cls.__new__ is object.__new__ and not hasattr(cls, "__post_init__")
+    init = getattr(cls.__init__, "__code__", None)
+    generated = init is not None and init.co_filename == "<string>"  # dataclass's, not one written in the class
+    return (generated and cls.__new__ is object.__new__ and not hasattr(cls, "__post_init__")
             and names == {"opaque", "body", "origin"} | {name for name, *_ in _fields(cls)})
 
 

@@ -12,6 +12,7 @@ in any pieces, and require the same result.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Iterator
 from unittest import mock
 
@@ -112,6 +113,27 @@ def test_both_encode_each_format_edge_alike(value) -> None:
     outcome = both(encode_frame, {"v": value, "opaque": 1}, b"x")
     if outcome[0] == "result":  # and read back alike
         both(events_of, [outcome[1]], 1 << 20, 1 << 20, False)
+
+
+def test_only_commands_whose_init_just_sets_fields_are_built_in_c() -> None:
+    assert messages._PLAIN_INIT == frozenset(messages.REQUESTS.values())  # every command today
+
+    @dataclass(kw_only=True, eq=False)
+    class Remembered(messages.Request, operation=None):
+        name: str = messages.required(str)
+
+        def __post_init__(self) -> None:
+            self.seen = True
+
+    @dataclass(kw_only=True, eq=False)
+    class Written(messages.Request, operation=None):
+        name: str = messages.required(str)
+
+        def __init__(self, **fields) -> None:  # noqa: ANN003
+            self.__dict__.update(fields, seen=True)
+
+    assert not messages._sets_only_its_fields(Remembered) and not messages._sets_only_its_fields(Written)
+    assert messages._sets_only_its_fields(messages.PutRequest)
 
 
 @needs_compiled
