@@ -261,11 +261,15 @@ class ClientConnection(asyncio.Protocol):
         try:
             self._process_events()
         finally:
-            if waiters is not None:
-                # Fetches parked on what these requests appended are answered now, once each
-                # (before this read's acks: a sync master's slave starts copying at once).
-                waiters.release()
+            # This read's replies first, then the fetches parked on what its requests appended,
+            # once each: an ack that does not wait for a slave (async pair; a sync master
+            # alone) leaves before the slave's reply is built and its process woken. A sync
+            # ack is a Deferred, not in ``_out``: it still goes out after the slave reports.
+            # From here ``_out`` is None, so whatever the release writes (a fetch parked on
+            # this connection) goes straight to the socket, after this read's replies.
             self._flush_out()
+            if waiters is not None:
+                waiters.release()
             self._count_buffered()
         if self._text_answered and not self._closing:
             self.close()
