@@ -49,7 +49,6 @@ from kazoo.client import KazooClient
 
 from metaq.addresses import parse_broker_url
 from metaq.client.connection import BrokerConnection, Credentials
-from metaq.record import iter_records
 from metaq.tools.launcher import BrokerProcess, port_accepts, wait_until
 from metaq.zk.embedded import EmbeddedZooKeeper, Peer, free_port
 from metaq.zk.group import read_members
@@ -642,12 +641,6 @@ class ChaosCluster:
 
     def disk_log(self, b: ChaosBroker, partition: int) -> bytes:
         return b.disk_log(self.topic, partition)
-
-    def count_records(self, b: ChaosBroker, partition: int, start: int) -> int:
-        data = b.disk_log(self.topic, partition)
-        if start >= len(data):
-            return 0
-        return sum(1 for _ in iter_records(data[start:], start, verify=False))
 
     def log_report(self, last_lines: int = 40) -> str:
         parts = []

@@ -260,9 +260,10 @@ class History:
             self.faults.append({"time": self.now(), "kind": kind, "target": target, **details})
 
     def failover(self, group: int, old_master: str | None, new_master: str | None, epoch: int | None,
-                 lag: dict[str, dict[str, int]] | None = None, **details: Any) -> None:
+                 lag: dict[str, dict[str, int]] | None = None, at: float | None = None, **details: Any) -> None:
+        """``at``: when it was seen (``now()`` then), if recording it came later."""
         with self._lock:
-            self.failovers.append({"time": self.now(), "group": group, "old_master": old_master,
+            self.failovers.append({"time": self.now() if at is None else at, "group": group, "old_master": old_master,
                                    "new_master": new_master, "epoch": epoch, "lag": lag or {}, **details})
 
     def snapshot(self, name: str, group: int, role: str, partitions: dict[str, bytes], url: str | None = None,

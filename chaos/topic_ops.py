@@ -149,9 +149,14 @@ class SideTopicLoad:
         #: Which life of the side topic this is (tags the values written), per group.
         self.life = {g: 0 for g in groups}
         self.acked: dict[int, dict[int, list[str]]] = {g: {} for g in groups}
-        #: The master that acked them: in async mode a failover may take acked messages back
-        #: (the workload's async_loss_bound judges that), so they are awaited only from it.
-        self.acked_by: dict[int, str | None] = {g: None for g in groups}
+        #: Who acked each message: (master URL, failovers of its group seen by then). In
+        #: async mode a failover may take acked messages back (the workload's
+        #: async_loss_bound judges that), so a message is awaited only while no failover of
+        #: its group came after its ack. Per message, not per group: a later step's messages
+        #: acked by the next master do not make the earlier ones its due (campaign seed 3027:
+        #: a re-create's messages acked by the old master, taken back by an async failover,
+        #: were then required of the new one after an add-partitions).
+        self.acked_by: dict[str, tuple[str, int]] = {}
         #: Offset nodes a consumer of an ended incarnation left: each must be gone.
         self.stale_offsets: dict[int, list[str]] = {g: [] for g in groups}
         #: The partition count of the side topic's last life, once it ended (for the offsets it leaves).
@@ -305,28 +310,29 @@ class SideTopicLoad:
 
     def _write_messages(self, group: int, partitions: int, within_s: float = 15.0) -> None:
         """A few messages to every partition through the group's master (retried through a fault)."""
-        self.acked_by[group] = self.cluster.view(group).master
-
         async def put_all() -> None:
             deadline = time.monotonic() + within_s
             for n in range(partitions):
                 for j in range(MESSAGES_PER_PARTITION):
                     value = f"{self._prefix(group)}p{n}-{len(self.acked[group].get(n, []))}-{j}"
                     while time.monotonic() < deadline:
-                        if await self._put(group, n, value):
+                        acker = await self._put(group, n, value)
+                        if acker is not None:
                             self.acked[group].setdefault(n, []).append(value)
+                            self.acked_by[value] = (acker, self._failovers_of(group))
                             break
                         await asyncio.sleep(0.2)
 
         asyncio.run(put_all())
 
-    async def _put(self, group: int, n: int, value: str) -> bool:
+    async def _put(self, group: int, n: int, value: str) -> str | None:
         """One put to the master, once it serves the operation's result (as ``metaq topics --wait``
         waits for): a put that reached it before it applied a re-create went to the old
-        incarnation, deleted with it, and is no message of the new one."""
+        incarnation, deleted with it, and is no message of the new one. Returns the URL of
+        the master that acked it, None when it was not acked."""
         url = self.cluster.view(group).master
         if url is None:
-            return False
+            return None
         try:
             conn = await self.cluster.connect(url, 2.0)
             try:
@@ -338,8 +344,8 @@ class SideTopicLoad:
             finally:
                 conn.close()
         except Exception:
-            return False
-        return reply.ok
+            return None
+        return url if reply.ok else None
 
     def _serves_now(self, group: int, topics_reply: Any) -> bool:
         """Whether a member's topics reply shows the side topic as the last operation left it."""
@@ -405,8 +411,8 @@ class SideTopicLoad:
         old = [v for v in values if not v.startswith(self._prefix(group))]
         if old:
             out.append(f"{b.name}: {SIDE_TOPIC}-{n} holds {len(old)} message(s) of an earlier incarnation ({old[0]})")
-        if is_master and self._acks_must_survive(group, b):
-            missing = [v for v in self.acked[group].get(n, []) if v not in values]
+        if is_master:
+            missing = [v for v in self.acked[group].get(n, []) if self._ack_must_survive(v, b) and v not in values]
             if missing:
                 out.append(f"{b.name} (master): {SIDE_TOPIC}-{n} lacks {len(missing)} acked message(s) ({missing[0]})")
         elif data != master_log:
@@ -414,9 +420,16 @@ class SideTopicLoad:
                        f"({len(data)} bytes, master {len(master_log)})")
         return out
 
-    def _acks_must_survive(self, group: int, master: Any) -> bool:
-        """Sync: every ack survives any failover. Async: only while the master that acked leads."""
-        return self.cluster.mode == "sync" or master.url == self.acked_by[group]
+    def _ack_must_survive(self, value: str, master: Any) -> bool:
+        """Sync: every ack survives any failover. Async: only while the master that acked it
+        leads, with no failover of its group since (one away and back truncates it)."""
+        if self.cluster.mode == "sync":
+            return True
+        acker = self.acked_by.get(value)
+        return acker is not None and acker == (master.url, self._failovers_of(master.group))
+
+    def _failovers_of(self, group: int) -> int:
+        return sum(1 for f in self.history.failovers if f.get("group") == group)
 
     def _served_problems(self, group: int, wanted: set[int]) -> list[str]:
         """A reader of each running member (through the network, as a consumer) sees only this life."""

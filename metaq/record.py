@@ -16,13 +16,8 @@ a slave's log stays a byte-identical copy of its master's at the same offsets.
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import struct
-import sys
 import zlib
-from pathlib import Path
-from types import ModuleType
 from typing import Callable, Iterator, NamedTuple
 
 HEADER = struct.Struct(">iiqi")
@@ -41,32 +36,9 @@ KNOWN_FLAGS = FLAG_HAS_ATTRIBUTE
 DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024
 
 
-def _load_speedups() -> ModuleType:
-    """``metaq.client._speedups``, the optional compiled record walks (setup.py builds it from
-    ``metaq/client/_speedups.c`` during scripts/setup.sh); ImportError when it was not built.
-
-    Loaded from its file rather than imported: an import would run ``metaq/client/__init__``
-    (the whole client, a layer far above this one) from here, the bottom of the import graph.
-    It goes into ``sys.modules``, so the client's ``codec`` gets this same module.
-    """
-    name = "metaq.client._speedups"
-    if name in sys.modules:
-        return sys.modules[name]
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = Path(__file__).parent / "client" / f"_speedups{suffix}"
-        spec = importlib.util.spec_from_file_location(name, path) if path.is_file() else None
-        if spec is not None and spec.loader is not None:
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            sys.modules[name] = module
-            return module
-    raise ImportError(f"{name} is not built")
-
-
-try:  # the same results in pure Python without it (_scan, stamp_msg_ids); tests run both
-    _speedups = _load_speedups()
-    scan_valid, stamp_ids = _speedups.scan_valid, _speedups.stamp_ids
-except (ImportError, AttributeError):
+try:  # compiled during setup (setup.py, metaq/_speedups.c); the same results in pure Python without it
+    from ._speedups import scan_valid, stamp_ids  # (_scan, stamp_msg_ids); the unit tests run both
+except ImportError:
     scan_valid = stamp_ids = None
 
 

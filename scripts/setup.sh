@@ -32,17 +32,18 @@ if [ "$mode" = "--bench" ] && ! command -v redis-server >/dev/null; then
     apt_install redis-server "for bench/vs_redis.py"
 fi
 
-# The client's compiled record decoder (metaq/client/_speedups.c, built by setup.py during
-# the pip install below) needs a C compiler and the headers of Python and zlib; without them
-# the install still succeeds and the client decodes in pure Python (slower reads).
+# The compiled hot paths (metaq/_speedups.c: the client's decode of fetched records, the
+# broker's record walks, frames and request parsing; built by setup.py during the pip install below) needs a C compiler
+# and the headers of Python and zlib; without them the install still succeeds and metaq runs
+# the same code in pure Python (slower).
 if ! command -v cc >/dev/null; then
-    apt_install gcc "to build the client's compiled record decoder"
+    apt_install gcc "to build the compiled hot paths"
 fi
 if [ ! -f "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ]; then
-    apt_install python3-dev "to build the client's compiled record decoder"
+    apt_install python3-dev "to build the compiled hot paths"
 fi
 if [ ! -f /usr/include/zlib.h ]; then
-    apt_install zlib1g-dev "to build the client's compiled record decoder"
+    apt_install zlib1g-dev "to build the compiled hot paths"
 fi
 
 extras=""
@@ -56,5 +57,5 @@ if ! python3 -m pip install -q --disable-pip-version-check -e ".${extras}" >"$lo
 fi
 rm -f "$log"
 command -v metaq >/dev/null || { echo "setup: the metaq command is not on PATH" >&2; exit 1; }
-python3 -c "import metaq.client._speedups" 2>/dev/null \
-    || echo "setup: warning: metaq.client._speedups was not built; the client decodes in pure Python" >&2
+python3 -c "import metaq._speedups" 2>/dev/null \
+    || echo "setup: warning: metaq._speedups was not built; metaq runs its pure-Python code" >&2

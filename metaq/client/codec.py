@@ -16,8 +16,8 @@ from ..record import HEADER, HEADER_SIZE, decode_columns, encode_payload
 from ..txn.control import CONTROL_ATTRIBUTE, drop_control_columns
 from .message import Message, Partition
 
-try:  # compiled during setup (setup.py, _speedups.c); the same results in pure Python without it
-    from ._speedups import decode_valid
+try:  # compiled during setup (setup.py, metaq/_speedups.c); the same results in pure Python without it
+    from .._speedups import decode_valid
 except ImportError:
     decode_valid = None
 

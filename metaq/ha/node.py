@@ -103,11 +103,12 @@ class HaNode:
         return self.coordinator.follower if self.coordinator is not None else None
 
     def write_refusal(self) -> tuple[int, str] | None:
-        """Why this broker must not accept a put right now, or None."""
-        broker_id = self.host.config.broker_id
+        """Why this broker must not accept a put right now, or None (asked per put: the
+        role and the broker id are looked up only for a refusal)."""
         coordinator = self.coordinator
-        role = self.role
         if coordinator is not None and not coordinator.may_ack():
+            broker_id = self.host.config.broker_id
+            role = self.role
             if role in (Role.FOLLOWING, Role.ORPHANED):
                 master = coordinator.master_url or "(none registered)"
                 return c.FORBIDDEN, f"broker {broker_id} {self.role_name} is a slave; writes go to its master {master}"
@@ -121,7 +122,7 @@ class HaNode:
                 return c.SERVICE_UNAVAILABLE, f"broker {broker_id} is handing over to slave {coordinator.handover_target} (metaq promote); nothing stored, retry"
             return c.SERVICE_UNAVAILABLE, f"broker {broker_id} is {role.value}; no master here right now, retry"
         if not self.ready:
-            return c.SERVICE_UNAVAILABLE, f"broker {broker_id} is starting; retry shortly"
+            return c.SERVICE_UNAVAILABLE, f"broker {self.host.config.broker_id} is starting; retry shortly"
         sync_set = self.sync_set
         return sync_set.refusal() if sync_set is not None else None
 

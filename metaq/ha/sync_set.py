@@ -55,6 +55,7 @@ Nothing here does I/O itself: ZooKeeper writes go through the injected
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -176,6 +177,11 @@ class SyncReplication:
         """The slaves every ack waits for: members and joining slaves."""
         return self.members | self.joining
 
+    @property
+    def nobody_counted(self) -> bool:
+        """``not counted``, without building the set (asked several times per put)."""
+        return not self.members and not self.joining
+
     def refusal(self) -> tuple[int, str] | None:
         """Why a new put must be refused before it is written, or None.
 
@@ -218,7 +224,7 @@ class SyncReplication:
         """
         key = (topic, partition)
         current = self._safe.get(key, 0)
-        if not self.counted:
+        if self.nobody_counted:
             # Invariant: the safe end = the lowest end over the counted slaves; with nobody
             # counted, what no failover can take back and (reject) no ack is pending on.
             # An empty set is published before the first ack and before any waiter is
@@ -240,13 +246,13 @@ class SyncReplication:
         """The highest offset every counted slave has (capped at the log end).
 
         ``_replica_end`` of each counted slave, inlined: this runs several times per put
-        on a sync master, and the log end is looked up once here instead of per slave.
+        on a sync master, and the log end is looked up once here instead of per slave (and
+        the counted slaves are walked without building their set; one in both is seen twice).
         """
-        counted = self.counted
-        if not counted:
+        if self.nobody_counted:
             return 0
         log_end = lowest = self._log_end(topic, partition)
-        for slave_id in counted:
+        for slave_id in itertools.chain(self.members, self.joining):
             position = self._position(slave_id, topic, partition) if slave_id in self._slaves else None
             if position is None or position > log_end:
                 return 0  # unknown, or a divergent tail: holds nothing of ours
@@ -277,7 +283,7 @@ class SyncReplication:
                 slave_id, log_end, topic, partition, self._log_end(topic, partition),
             )
             return
-        if slave_id in self.counted:
+        if slave_id in self.members or slave_id in self.joining:  # counted
             self._resolve(topic, partition)
         elif self._caught_up(slave_id):
             # From here on acks wait for it; ZooKeeper names it once published.
@@ -312,7 +318,7 @@ class SyncReplication:
         refusal = self.refusal()
         if refusal is not None:
             raise SyncWaitFailed(*refusal)
-        if not self.counted:
+        if self.nobody_counted:
             return None  # degraded: the master alone
         if self._replicated_end(topic, partition) >= end:
             self._note_committed(topic, partition)

@@ -60,6 +60,11 @@ from typing import Any, Union
 
 import msgpack
 
+try:  # compiled during setup (setup.py, metaq/_speedups.c); the same events and bytes without it
+    from .._speedups import frame_at, pack_frame  # the unit tests run both
+except ImportError:
+    frame_at = pack_frame = None
+
 MAGIC = 0xCA
 VERSION = 1
 PREFIX = struct.Struct(">BBII")
@@ -71,6 +76,8 @@ DEFAULT_MAX_BODY = 64 * 1024 * 1024
 
 def encode_frame(header: dict[str, Any], body: bytes | bytearray | memoryview = b"") -> bytes:
     """One complete frame: prefix, msgpack header, body."""
+    if pack_frame is not None and (frame := pack_frame(header, body)) is not None:
+        return frame  # None: a header of other types (msgpack packs it, or raises)
     packed = msgpack.packb(header, use_bin_type=True)
     return PREFIX.pack(MAGIC, VERSION, len(packed), len(body)) + packed + bytes(body)
 
@@ -218,6 +225,14 @@ class FrameDecoder:
             return CLOSED if self._eof else NEED_DATA
         first = self._buf[self._pos]
         if first == MAGIC:
+            if frame_at is not None:
+                # The common case compiled: a whole frame within the limits with a plain header
+                # map; None for everything else, which _binary_frame decides as ever.
+                whole = frame_at(self._buf, self._pos, self.max_header, self.max_body, Frame)
+                if whole is not None:
+                    self._announced = None
+                    event, self._pos = whole
+                    return event
             event = self._binary_frame(available)
         elif self.allow_text and (0x41 <= first <= 0x5A or 0x61 <= first <= 0x7A):
             event = self._text_line(available)

@@ -167,8 +167,12 @@ class ClientConnection(asyncio.Protocol):
         #: The last producer claim verified for this principal (``Authz.check_producer``).
         self._producer_claim = ProducerClaim()
         self._auth = security.server_authenticator() if security is not None and security.authentication_required else None
+        #: What ``_over_limits`` compares with (asked several times per request): the limits now.
+        self._max_in_flight = self.limits.max_in_flight
+        self._max_queued_reply_bytes = self.limits.max_queued_reply_bytes
         if self._auth is not None:
             self.decoder.max_header = self.decoder.max_body = PRE_LOGIN_MAX_FRAME_PART
+            self._max_queued_reply_bytes = PRE_LOGIN_MAX_QUEUED_REPLY_BYTES
         self._reading_paused = False
         self._out_bytes = 0
         self._partial_since: float | None = None
@@ -261,11 +265,15 @@ class ClientConnection(asyncio.Protocol):
         try:
             self._process_events()
         finally:
-            if waiters is not None:
-                # Fetches parked on what these requests appended are answered now, once each
-                # (before this read's acks: a sync master's slave starts copying at once).
-                waiters.release()
+            # This read's replies first, then the fetches parked on what its requests appended,
+            # once each: an ack that does not wait for a slave (async pair; a sync master
+            # alone) leaves before the slave's reply is built and its process woken. A sync
+            # ack is a Deferred, not in ``_out``: it still goes out after the slave reports.
+            # From here ``_out`` is None, so whatever the release writes (a fetch parked on
+            # this connection) goes straight to the socket, after this read's replies.
             self._flush_out()
+            if waiters is not None:
+                waiters.release()
             self._count_buffered()
         if self._text_answered and not self._closing:
             self.close()
@@ -276,17 +284,18 @@ class ClientConnection(asyncio.Protocol):
 
     def _over_limits(self) -> bool:
         """Too much of this peer's work is pending: answer what we have before reading more."""
-        if len(self._tasks) + len(self._deferred) >= self.limits.max_in_flight:
+        if len(self._tasks) + len(self._deferred) >= self._max_in_flight:
             return True
-        queued = self._out_bytes + (self.transport.get_write_buffer_size() if self.transport is not None else 0)
-        limit = PRE_LOGIN_MAX_QUEUED_REPLY_BYTES if self.awaiting_login else self.limits.max_queued_reply_bytes
-        return queued >= limit
+        transport = self.transport
+        queued = self._out_bytes + (transport.get_write_buffer_size() if transport is not None else 0)
+        return queued >= self._max_queued_reply_bytes
 
     def _count_buffered(self) -> None:
         """Count in the broker's budget what the decoder holds now, and what the frame it is receiving will."""
         if self._counted:
             wanted = 0 if self._closing else max(self.decoder.buffered, self.decoder.announced_frame_len)
-            self._budget_held = self.budget.move(self._budget_held, wanted)
+            if wanted != self._budget_held:  # most reads end with nothing buffered, as they began
+                self._budget_held = self.budget.move(self._budget_held, wanted)
 
     def _admit_head(self, head: FrameHead) -> None:
         """A frame whose body is still to come: reserve its whole size in the budget, or skip it unread."""
@@ -481,6 +490,7 @@ class ClientConnection(asyncio.Protocol):
                 self.principal = event.principal
                 self.slots.logged_in(self)
                 self.decoder.max_header, self.decoder.max_body = MAX_HEADER_SIZE, self.max_body
+                self._max_queued_reply_bytes = self.limits.max_queued_reply_bytes
                 self.security.logged_in(self, event.principal)  # a SIGHUP that removes the user closes it
                 log.info("connection from %s authenticated as %s", self.peer, event.principal)
             elif isinstance(event, handshake.Failed):

@@ -449,8 +449,9 @@ class RequestHandlers:
         """Park the fetch until its partition has data for it, or ``max_wait_ms`` passes.
 
         Woken by ``EndWaiters.notify`` inside the append, commit or flush that moved the
-        partition, and answered right there (no task, no turn of the loop: a sync
-        master's slave gets a put's bytes before that put's request is done with).
+        partition, and answered right there (no task, no turn of the loop: a slave gets a
+        put's bytes within the handling of the read that carried the put; an append's
+        notify is held until that read's replies are written, see waiters.py).
         """
         parked: Deferred[Reply] = Deferred()
         waiters = self.broker.waiters

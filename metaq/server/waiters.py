@@ -11,8 +11,10 @@ leg of every ack's round trip (docs/sync-replication.md, "The round trip").
 
 While a connection processes one read of requests (``hold`` .. ``release``), notifies
 are gathered and delivered at its end: pipelined puts then wake a parked fetch once,
-with all of their bytes, instead of once per put; a single put still wakes it before
-its own ack is written.
+with all of their bytes, instead of once per put. The connection writes that read's
+replies first and releases after (connection.py ``_process_batch``): an ack that does
+not wait for a slave leaves before the slave's reply is built and the slave woken; a
+sync ack waits for the slave's report anyway.
 """
 
 from __future__ import annotations

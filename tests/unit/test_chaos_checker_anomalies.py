@@ -163,6 +163,42 @@ def test_async_offset_rewritten_across_a_failover_is_expected():
     assert check_["ok"] and len(check_["expected"]) == 1
 
 
+@pytest.mark.parametrize("ticks_before_recorded, expected", [(0, True), (2, False)], ids=["seen-late", "long-after"])
+def test_async_a_failover_recorded_just_after_what_it_explains_still_explains_it(ticks_before_recorded, expected):
+    # Campaign seed 3026: a reader got the new master's record at an offset 0.04 s before the
+    # monitor recorded the failover that took the old value back (FAILOVER_SEEN_LATE_S).
+    k = Kafka("async")
+    old = k.h.invoke("p0", "put", "p0-old", "t/0-0")
+    k.h.ok(old, offset=0, epoch=1, master="meta://m0")
+    k.read("t/0-0", [(0, "p0-old")])
+    first = k.append("t/0-0", "marker-new", control=True)  # the new master's first record, read before ...
+    k.read("t/0-0", [(first, k.records["t/0-0"][-1][1])])
+    for _ in range(ticks_before_recorded):
+        k.h.now()
+    k.h.failover(0, "meta://m0", "meta://s1", 2)  # ... the failover is recorded (1 tick = 1 s)
+    check_ = verdict(k).checks["inconsistent-offsets"]
+    assert check_["ok"] is expected and len(check_["expected"]) == int(expected)
+
+
+def test_async_a_group_that_read_past_records_a_failover_took_back_misses_what_replaced_them_expectedly():
+    # Campaign seed 3026: the group read offsets an async failover then took back (A3) and
+    # committed past them; the new master's messages at those offsets were never delivered.
+    # What the group had not read past is still due.
+    k = Kafka("async")
+    old = k.h.invoke("p0", "put", "p0-old", "t/0-0")
+    k.h.ok(old, offset=0, epoch=1, master="meta://m0")
+    k.h.assign("g0-c0", "g0", 1, PARTS)
+    k.h.poll("g0-c0", "g0", 1, {"t/0-0": [(0, "p0-old")]})
+    size = len(encode_record(b"p0-old"))
+    k.h.failover(0, "meta://m0", "meta://s1", 2, {"t/0-0": {"messages": 1, "bytes": size}})
+    k.put("p0-a", epoch=2, master="meta://s1")  # at offset 0: the group's position is past it
+    k.put("p0-b", epoch=2, master="meta://s1")  # past what the group read: due
+    k.h.group_drained("g0")
+    check_ = verdict(k).checks["unseen"]
+    assert [v["value"] for v in check_["violations"]] == ["p0-b"]
+    assert [v["value"] for v in check_["expected"]] == ["p0-a"]
+
+
 def test_poll_skip_is_caught():
     skip_one = lambda p, vis: (vis[:2], vis[3:]) if p == "t/0-0" else (vis,)  # noqa: E731
     result = verdict(clean(drained=False, polls=skip_one))

@@ -3,7 +3,7 @@ import pytest
 from chaos.checker import check
 from chaos.history import History
 
-from chaos.topic_ops import ALTERED_SETTING, SideTopicState, apply_op, plan, refusal_problem
+from chaos.topic_ops import ALTERED_SETTING, SideTopicLoad, SideTopicState, apply_op, plan, refusal_problem
 from metaq.protocol import commands as c
 
 
@@ -64,3 +64,59 @@ def test_a_served_partition_with_nothing_readable_yet_is_no_violation_but_an_uns
         refused = c.reply_header(7, code, "no")
         assert refusal_problem("g0-b", 1, refused["code"], refused["msg"], refused) is not None
     assert refusal_problem("g0-a", 0, c.OK, None, c.reply_header(7)) is None
+
+
+class _Broker:
+    def __init__(self, name: str, url: str, tmp_path) -> None:
+        self.name, self.url, self.group = name, url, 0
+        self._dir = tmp_path / name
+
+    def data_dir(self):
+        return self._dir
+
+
+class _Cluster:
+    num_groups = 1
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+
+
+def _side_load(mode: str) -> SideTopicLoad:
+    load = SideTopicLoad(_Cluster(mode), History({"mode": mode}), seed=1)
+    load.life[0] = 1
+    return load
+
+
+def _ack(load, value: str, url: str) -> None:
+    load.acked[0].setdefault(0, []).append(value)
+    load.acked_by[value] = (url, load._failovers_of(0))
+
+
+def test_async_a_message_acked_by_the_master_before_a_failover_is_not_required_of_the_next(tmp_path):
+    # Campaign seed 3027: the re-create's messages were acked by g1-b, an async failover to
+    # g1-a took them back (allowed: async_loss_bound judges it), then an add-partitions step
+    # acked new messages on g1-a; the check then asked g1-a for the old ones too.
+    from metaq.record import encode_batch
+
+    load = _side_load("async")
+    old_master, new_master = _Broker("g0-b", "meta://b", tmp_path), _Broker("g0-a", "meta://a", tmp_path)
+    _ack(load, "side-g0-life1-p0-0-0", old_master.url)
+    load.history.failover(0, old_master.url, new_master.url, 2, {})
+    _ack(load, "side-g0-life1-p0-1-0", new_master.url)
+    log = encode_batch([(b"side-g0-life1-p0-1-0", None)])
+    assert load._partition_problems(0, new_master, 0, True, log, None) == []
+    # What the new master acked itself is still due from it.
+    assert "lacks 1 acked message(s) (side-g0-life1-p0-1-0)" in load._partition_problems(0, new_master, 0, True, b"", None)[0]
+    # Back to the old master (a second failover truncated it): none of the earlier acks is due.
+    load.history.failover(0, new_master.url, old_master.url, 3, {})
+    assert load._partition_problems(0, old_master, 0, True, b"", None) == []
+
+
+def test_sync_every_acked_message_is_due_from_every_later_master(tmp_path):
+    load = _side_load("sync")
+    old_master, new_master = _Broker("g0-b", "meta://b", tmp_path), _Broker("g0-a", "meta://a", tmp_path)
+    _ack(load, "side-g0-life1-p0-0-0", old_master.url)
+    load.history.failover(0, old_master.url, new_master.url, 2, {})
+    problems = load._partition_problems(0, new_master, 0, True, b"", None)
+    assert problems and "lacks 1 acked message(s) (side-g0-life1-p0-0-0)" in problems[0]

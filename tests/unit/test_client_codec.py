@@ -1,4 +1,4 @@
-"""codec.decode_messages, compiled (metaq/client/_speedups.c) and pure Python: the same results.
+"""codec.decode_messages, compiled (metaq/_speedups.c) and pure Python: the same results.
 
 Every test runs against both decoders; the compiled one is skipped only where it was not
 built (scripts/setup.sh builds it).
@@ -27,7 +27,7 @@ P = Partition(3, 1)
 def decoder(request, monkeypatch):
     if request.param == "compiled":
         if COMPILED is None:
-            pytest.skip("metaq.client._speedups is not built (python setup.py build_ext --inplace)")
+            pytest.skip("metaq._speedups is not built (python setup.py build_ext --inplace)")
         monkeypatch.setattr(codec, "decode_valid", COMPILED)
     else:
         monkeypatch.setattr(codec, "decode_valid", None)
@@ -54,7 +54,7 @@ def test_plain_and_attribute_records_decode_in_order_with_offsets(decoder) -> No
 
 def test_compiled_messages_are_not_tracked_by_the_garbage_collector() -> None:
     if COMPILED is None:
-        pytest.skip("metaq.client._speedups is not built")
+        pytest.skip("metaq._speedups is not built")
     messages, _ = codec.decode_messages(encode_batch([(b"a", None), (b"b", "tag"), (b"c", None)]), 0, "t", P)
     assert [m.attribute for m in messages] == [None, "tag", None]
     assert not any(gc.is_tracked(m) for m in messages)  # no cycle can pass through one (_speedups.c)

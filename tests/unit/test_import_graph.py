@@ -34,7 +34,7 @@ def module_name(path: Path) -> str:
 @functools.lru_cache(maxsize=1)  # parsed once per run: the tests below only read it
 def import_graph() -> dict[str, set[str]]:
     files = {module_name(path): path for package in PACKAGES for path in (REPO / package).rglob("*.py")}
-    # A compiled module (its C source, e.g. metaq/client/_speedups.c) is a module too, one
+    # A compiled module (its C source, e.g. metaq/_speedups.c) is a module too, one
     # that imports nothing of ours.
     files.update({module_name(path): path for package in PACKAGES for path in (REPO / package).rglob("*.c")})
     graph: dict[str, set[str]] = {name: set() for name in files}

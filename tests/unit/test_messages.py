@@ -24,6 +24,11 @@ from metaq.protocol.messages import (
 from metaq.protocol.replies import ChecksumReply, EpochEndReply, EpochsReply, FetchReply, OffsetReply, PutReply, ReplyError, StatsReply, TopicsReply
 from metaq.server.stats import encode_map, render
 
+from tests.unit.test_protocol_compiled import both_implementations  # noqa: F401  (a fixture)
+
+#: Every case runs with the compiled request path and in pure Python (metaq/_speedups.c).
+pytestmark = pytest.mark.usefixtures("both_implementations")
+
 
 def received(request, opaque: int = 7):  # noqa: ANN001, ANN201
     """What the broker parses from a request as the client would send it."""

@@ -23,6 +23,11 @@ from metaq.protocol.frames import (
     encode_frame,
 )
 
+from tests.unit.test_protocol_compiled import both_implementations  # noqa: F401  (a fixture)
+
+#: Every case runs with the compiled request path and in pure Python (metaq/_speedups.c).
+pytestmark = pytest.mark.usefixtures("both_implementations")
+
 
 def events(decoder: FrameDecoder) -> list:
     out = []

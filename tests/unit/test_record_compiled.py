@@ -1,4 +1,4 @@
-"""record.py's record walks, compiled (metaq/client/_speedups.c) and pure Python: the same results.
+"""record.py's record walks, compiled (metaq/_speedups.c) and pure Python: the same results.
 
 ``_scan`` (validate_batch, valid_prefix, walk_records) and ``stamp_msg_ids`` use the compiled
 ``scan_valid`` / ``stamp_ids`` when they are built. Every case below runs against both; the
@@ -8,8 +8,12 @@ the network) and require the same answer, the same error, the same bytes written
 
 from __future__ import annotations
 
+import os
 import struct
+import subprocess
+import sys
 from contextlib import contextmanager
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -34,7 +38,7 @@ def pure_python():
 def walks(request):
     if request.param == "compiled":
         if COMPILED[0] is None:
-            pytest.skip("metaq.client._speedups is not built (python setup.py build_ext --inplace)")
+            pytest.skip("metaq._speedups is not built (python setup.py build_ext --inplace)")
         yield
     else:
         with pure_python():
@@ -89,7 +93,7 @@ def test_stamping_what_is_not_whole_records_raises_as_record_py_does(walks) -> N
     assert stamp_msg_ids(bytearray(), 1) == 0
 
 
-@pytest.mark.skipif(COMPILED[0] is None, reason="metaq.client._speedups is not built")
+@pytest.mark.skipif(COMPILED[0] is None, reason="metaq._speedups is not built")
 @pytest.mark.parametrize("damage", ["none", "flip", "cut"])
 def test_both_walks_agree_on_a_walk_chunk_of_megabytes(damage) -> None:
     """Past 64 KiB without the UTF-8 rule the compiled walk runs with the GIL released."""
@@ -141,7 +145,7 @@ def _compiled():
 batches = st.lists(st.tuples(st.binary(max_size=120), st.one_of(st.none(), st.text(max_size=12))), max_size=6)
 
 
-@pytest.mark.skipif(COMPILED[0] is None, reason="metaq.client._speedups is not built")
+@pytest.mark.skipif(COMPILED[0] is None, reason="metaq._speedups is not built")
 @SETTINGS
 @given(batches, st.data())
 def test_both_walks_agree_on_damaged_batches(msgs, data) -> None:
@@ -157,9 +161,32 @@ def test_both_walks_agree_on_damaged_batches(msgs, data) -> None:
     stamp_both(bytes(buf), data.draw(st.integers(-(1 << 63), (1 << 63) - 1)))
 
 
-@pytest.mark.skipif(COMPILED[0] is None, reason="metaq.client._speedups is not built")
+@pytest.mark.skipif(COMPILED[0] is None, reason="metaq._speedups is not built")
 @SETTINGS
 @given(st.binary(max_size=200), st.integers(-(1 << 64), 1 << 64))
 def test_both_walks_agree_on_random_bytes(buf, first_id) -> None:
     scan_both(buf, LIMIT, True)
     stamp_both(buf, first_id)
+
+
+def test_without_the_extension_every_user_falls_back_to_pure_python() -> None:
+    """An install without a C compiler has no metaq._speedups: importing its users (record, the
+    client's codec, frames, messages) must still work, each choosing its pure-Python code (a fresh interpreter in which the import fails)."""
+    probe = (
+        "import sys; sys.modules['metaq._speedups'] = None\n"  # `import` of it now raises ImportError
+        "from metaq import record; from metaq.client import codec; from metaq.client.message import Partition\n"
+        "assert record.scan_valid is None and record.stamp_ids is None and codec.decode_valid is None\n"
+        "batch = bytearray(record.encode_batch([(b'a', None), (b'b', 'tag')]))\n"
+        "assert record.validate_batch(batch, 100) == 2 and record.stamp_msg_ids(batch, 5) == 2\n"
+        "messages, _ = codec.decode_messages(batch, 0, 't', Partition(0, 0))\n"
+        "assert [(m.data, m.attribute, m.id) for m in messages] == [(b'a', None, 5), (b'b', 'tag', 6)]\n"
+        "from metaq.protocol import frames, messages\n"
+        "assert frames.frame_at is None and frames.pack_frame is None and messages.request_from is None\n"
+        "decoder = frames.FrameDecoder(); decoder.receive_data(frames.encode_frame({'op': 'put', 'opaque': 1, 'topic': 't'}, batch))\n"
+        "request = messages.parse_request(decoder.next_event())\n"
+        "assert (request.topic, request.partition, request.body) == ('t', -1, batch)\n"
+    )
+    root = Path(record.__file__).parent.parent
+    done = subprocess.run([sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr

@@ -220,9 +220,12 @@ def test_consumers_see_only_flushed_bytes_in_interval_mode_but_replicas_see_the_
     run(scenario())
 
 
-def test_a_parked_replica_fetch_is_answered_inside_the_put_that_feeds_it(tmp_path: Path, monkeypatch) -> None:
-    """The first leg of a sync ack's round trip takes no loop turn: the put's append writes the
-    slave's fetch reply before the put's own ack is written (docs/sync-replication.md)."""
+def test_a_parked_replica_fetch_is_answered_inside_the_put_read_after_its_ack(tmp_path: Path, monkeypatch) -> None:
+    """The slave's reply takes no loop turn: it is written while the master still handles the
+    read that carried the put, but after that read's ack, which does not wait for the slave
+    here (async: old, the slave's reply was built and sent first and the ack waited behind
+    it and the slave's wake-up). A fetch parked on the producer's own connection is answered
+    too, behind the ack (connection.py ``_process_batch``; docs/sync-replication.md)."""
     from metaq.server import connection as server_connection
 
     written: list[str] = []  # who each write to a socket went to, in order
@@ -235,23 +238,30 @@ def test_a_parked_replica_fetch_is_answered_inside_the_put_that_feeds_it(tmp_pat
 
     monkeypatch.setattr(server_connection.ClientConnection, "_write", recording_write)
 
+    def replica_fetch(offset: int) -> dict[str, Any]:
+        return {"op": "get", "topic": "lazy", "partition": 0, "offset": offset, "max_size": 1 << 20,
+                "max_wait_ms": 10_000, "replica": {"slave_id": 0, "epoch": 0, "log_end": offset}}
+
+    async def put_and_check(conn: BrokerConnection, parked: "asyncio.Future[Any]", data: bytes) -> None:
+        await asyncio.sleep(0.1)
+        assert not parked.done(), "nothing to replicate yet: the fetch must be parked"
+        written.clear()
+        put = await conn.request(put_header("lazy"), record.encode_record(data))
+        assert put.code == 200
+        reply = await asyncio.wait_for(parked, 5)
+        assert reply.code == 200 and next(record.iter_records(reply.body, put.header["offset"])).data == data
+        assert written == ["producer", "slave"], (
+            f"the ack must be written before the slave's reply, in the same read; writes were {written}")
+
     async def scenario() -> None:
         async with running(tmp_path) as (broker, conn):
             broker.registry = RegisteredSlaves(0)
             slave = await BrokerConnection.open("127.0.0.1", broker.port)
             try:
-                fetch = {"op": "get", "topic": "lazy", "partition": 0, "offset": 0, "max_size": 1 << 20,
-                         "max_wait_ms": 10_000, "replica": {"slave_id": 0, "epoch": 0, "log_end": 0}}
-                parked = slave.send(fetch)
-                await asyncio.sleep(0.1)
-                assert not parked.done(), "nothing to replicate yet: the fetch must be parked"
-                written.clear()
-                put = await conn.request(put_header("lazy"), record.encode_record(b"replicate me"))
-                assert put.code == 200
-                reply = await asyncio.wait_for(parked, 5)
-                assert reply.code == 200 and next(record.iter_records(reply.body, 0)).data == b"replicate me"
-                assert written == ["slave", "producer"], (
-                    f"the slave's reply must be written inside the put, before its ack; writes were {written}")
+                await put_and_check(conn, slave.send(replica_fetch(0)), b"replicate me")
+                end = broker.store.get_log("lazy", 0).log_end
+                # Parked on the producer's own connection: its reply follows the ack on that socket.
+                await put_and_check(conn, conn.send(replica_fetch(end)), b"replicate me too")
             finally:
                 slave.close()
 

@@ -1,0 +1,168 @@
+"""The broker's Python request path for one put, without sockets: CPU time per put.
+
+    python bench/put_path.py                 # 20,000 single-message puts, best of 5 runs
+    python bench/put_path.py --n 50000 --runs 7
+
+An in-process broker (``zk.zkEnable=false``, default flush policy) gets pre-encoded put
+frames through ``ClientConnection.data_received`` of a connection whose transport only
+counts bytes, one frame per read, as a blocking producer sends them. A second connection
+holds a slave's replica fetch parked at the log end, as an async master's slave does: each
+put wakes it (the reply is read from the segment and written) and the next fetch, at the new
+end, parks again. So a put here is what the master runs in Python for one blocking send on
+an async pair, minus the kernel (no ``send``, no wake-up of another process): the frame
+decode, the request parse, the handler, the append (``pwrite``, ``fstat``), the ack, the
+slave's reply and its next fetch. ``time.process_time`` of the loop, per put; the best of
+``--runs`` (the machine's other load only ever adds to it). Also the median time from a put's
+``data_received`` to its ack's ``transport.write`` (what a producer waits for in the broker,
+less the kernel): whether the slave's reply is built and written before the ack or after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from metaq import record  # noqa: E402
+from metaq.config import parse_server_ini  # noqa: E402
+from metaq.protocol.frames import encode_frame  # noqa: E402
+from metaq.server.broker import Broker  # noqa: E402
+from metaq.server.connection import ClientConnection, ConnectionLimits  # noqa: E402
+
+SERVER_INI = """\
+[system]
+brokerId=0
+hostName=127.0.0.1
+serverPort=0
+dataPath={data}
+
+[zookeeper]
+zk.zkEnable=false
+
+[topic=bench]
+numPartitions=1
+"""
+SLAVE_ID = 0
+
+
+class CountingTransport:
+    """What a connection uses of its transport: bytes written are counted, nothing is sent."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.written = 0
+        self.written_at = 0.0
+
+    def write(self, data: bytes) -> None:
+        self.written += len(data)
+        self.written_at = time.perf_counter()
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", self.port) if name == "peername" else default
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class RegisteredSlave:
+    """Stands in for the ZooKeeper registry of a broker without ZooKeeper: it names slave 0."""
+
+    slave_ids = frozenset({SLAVE_ID})
+
+    async def stop(self, sync_time_ms: int | None = None) -> None:
+        pass
+
+
+def replica_fetch(opaque: int, offset: int) -> bytes:
+    return encode_frame({"op": "get", "opaque": opaque, "topic": "bench", "partition": 0, "offset": offset,
+                         "max_size": 1 << 20, "max_wait_ms": 60_000,
+                         "replica": {"slave_id": SLAVE_ID, "epoch": 0, "log_end": offset}})
+
+
+async def one_run(work: Path, n: int, payload: bytes) -> tuple[float, float]:
+    """CPU seconds per put over ``n`` puts on a fresh broker, and the median seconds to each ack."""
+    ini = work / "server.ini"
+    ini.write_text(SERVER_INI.format(data=work / "data"))
+    broker = Broker(parse_server_ini(ini.read_bytes(), str(ini)))
+    await broker.start()
+    broker.registry = RegisteredSlave()
+    config = broker.config
+
+    def connection(port: int) -> tuple[ClientConnection, CountingTransport]:
+        conn = ClientConnection(broker.handlers, config.max_request_body, ConnectionLimits.from_config(config),
+                                broker.security, broker.slots, broker.request_budget, broker.authz, broker.waiters)
+        transport = CountingTransport(port)
+        conn.connection_made(transport)  # type: ignore[arg-type]
+        return conn, transport
+
+    try:
+        producer, producer_out = connection(1)
+        slave, slave_out = connection(2)
+        message = bytes(record.encode_record(payload))
+        puts = [encode_frame({"op": "put", "opaque": i, "topic": "bench", "partition": 0, "count": 1}, message)
+                for i in range(n)]
+        end = broker.store.get_log("bench", 0).log_end
+        slave.data_received(replica_fetch(0, end))
+        to_ack = []
+        started = time.process_time()
+        for i, frame in enumerate(puts):
+            replied, acked = slave_out.written, producer_out.written
+            received = time.perf_counter()
+            producer.data_received(frame)
+            to_ack.append(producer_out.written_at - received)
+            assert slave_out.written > replied, "the parked replica fetch was not answered"
+            assert producer_out.written > acked, "the put was not acked"
+            end += len(message)
+            slave.data_received(replica_fetch(i + 1, end))
+        elapsed = time.process_time() - started
+        assert producer_out.written > 0
+        producer.connection_lost(None)
+        slave.connection_lost(None)
+        return elapsed / n, sorted(to_ack)[n // 2]
+    finally:
+        await broker.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=20_000, help="puts per run")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--size", type=int, default=100, help="message bytes")
+    args = parser.parse_args(argv)
+    payload = b"x" * args.size
+    per_put, to_ack = [], []
+    for _ in range(args.runs):
+        with tempfile.TemporaryDirectory(prefix="put-path-") as work:
+            cpu, ack = asyncio.run(one_run(Path(work), args.n, payload))
+            per_put.append(cpu)
+            to_ack.append(ack)
+    runs = " / ".join(f"{p * 1e6:.1f}" for p in per_put)
+    acks = " / ".join(f"{a * 1e6:.1f}" for a in to_ack)
+    print(f"put path (put + ack + the parked replica fetch's reply and next fetch): best {min(per_put) * 1e6:.1f} us"
+          f" CPU per put (runs: {runs}); put read -> ack written, median: best {min(to_ack) * 1e6:.1f} us (runs: {acks})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

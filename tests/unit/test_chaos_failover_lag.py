@@ -1,0 +1,60 @@
+"""The chaos monitor's record of a failover's lag (what async_loss_bound allows to be lost)."""
+
+from pathlib import Path
+
+from chaos import runner
+from chaos.history import History
+from metaq.ha.epochs import EpochCache
+from metaq.record import encode_batch
+
+
+class _Broker:
+    def __init__(self, name: str, data_dir: Path, log: bytes) -> None:
+        self.name, self.group, self.log, self._dir = name, 0, log, data_dir
+
+    def data_dir(self) -> Path:
+        return self._dir
+
+    def disk_log(self, topic: str, partition: int) -> bytes:
+        return self.log
+
+    def disk_end(self, topic: str, partition: int) -> int:
+        return len(self.log)
+
+
+class _Cluster:
+    topic, partitions = "chaos", 1
+
+    def __init__(self, brokers: dict[str, _Broker]) -> None:
+        self.brokers = brokers
+
+    def by_url(self, url: str) -> _Broker:
+        return self.brokers[url]
+
+    def client_address(self, url: str) -> tuple[str, int]:
+        return ("127.0.0.1", 1)
+
+
+def test_the_lag_is_the_old_masters_log_past_the_new_epochs_start_even_when_the_new_master_does_not_answer(tmp_path, monkeypatch):
+    # Campaign seed 3026 recorded a lag of 0 for a failover that took back an ack: the new
+    # master did not answer in time (load 30), its log end *now* stood in for its epoch's
+    # start, and the old master's log was read only after that, when it could have rejoined.
+    common = encode_batch([(b"a", None), (b"b", None)])
+    old = _Broker("g0-b", tmp_path / "b", common + encode_batch([(b"acked-then-lost", None)]))
+    new = _Broker("g0-a", tmp_path / "a", common + encode_batch([(b"new-1", None), (b"new-2", None)]))
+    (new.data_dir() / "chaos-0").mkdir(parents=True)
+    cache = EpochCache(new.data_dir() / "chaos-0", [(1, 0), (8, len(common))])
+    cache.save()
+    asked = []
+
+    def no_answer(address, topic, partition, epoch, timeout=2.0):
+        asked.append(timeout)
+        old.log = common  # meanwhile the old master came back and truncated to follow
+        return None
+
+    monkeypatch.setattr(runner, "_epoch_start", no_answer)
+    history = History({"mode": "async"})
+    monitor = runner.Monitor(_Cluster({"meta://b": old, "meta://a": new}), history)
+    monitor._failover(0, "meta://b", "meta://a", 8)
+    assert history.failovers[0]["lag"] == {"chaos/0-0": {"bytes": len(encode_batch([(b"acked-then-lost", None)])), "messages": 1}}
+    assert len(asked) == 3  # asked again before the checkpoint on disk was read
