@@ -318,7 +318,10 @@ class BrokerRegistry:
             self._master_session = session  # the first session registers the constructor's master role
         self._registered, self._node_session = {}, session
         if self.security is not None:
-            self.security.ensure_tree(self._client)
+            # Retried like every call here (ensure_tree is idempotent): a ZooKeeper ensemble
+            # still electing at start answered ConnectionLoss and the broker died with a
+            # traceback (chaos campaign seed 3029, loaded machine).
+            self._retry(self.security.ensure_tree, self._client)
         self._ensure_broker_parent()
         self._watch_slaves()
         self._sync()

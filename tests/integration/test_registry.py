@@ -374,3 +374,34 @@ def test_a_deletion_seen_late_after_a_session_expiry_restores_nothing(zk: Embedd
             await registry.stop()
 
     run(scenario)
+
+
+def test_a_connection_loss_while_securing_the_tree_at_start_is_retried(zk: EmbeddedZooKeeper, zk_root: str) -> None:
+    """Chaos campaign seed 3029: with security on, a ConnectionLoss from an ensemble still
+    electing (the request done, its answer lost) ended the broker's start with a traceback.
+    Securing the tree is retried like every registration call, and it is idempotent."""
+    from kazoo.exceptions import ConnectionLoss
+
+    from metaq.zk.acl import ZkSecurity
+
+    calls: list[int] = []
+
+    class AnswerLostOnce(ZkSecurity):
+        def ensure_tree(self, client: KazooClient) -> None:
+            calls.append(1)
+            super().ensure_tree(client)
+            if len(calls) == 1:
+                raise ConnectionLoss()
+
+    security = AnswerLostOnce(zk_root, BROKER_ID, "group-0-password")
+
+    async def scenario() -> None:
+        registry = BrokerRegistry(zk_config(zk, zk_root), BROKER_ID, HOST, PORT, TOPICS, CHECKSUM, "master", security=security)
+        await registry.start()
+        try:
+            assert len(calls) == 2
+            assert registry.client.exists(ZkPaths(zk_root).topic_pub_node("orders", BROKER_ID)) is not None
+        finally:
+            await registry.stop()
+
+    run(scenario)
