@@ -113,11 +113,16 @@ class MasterFollower:
         self.config_sync_error: str | None = None
         # UDP heartbeats to the current master: lag figures only (roles are ZooKeeper's).
         self.heartbeat = SlaveHeartbeat(
-            self.broker_id, slave.slave_id, epoch, self._log_ends, key=host.security.heartbeat_key
+            self.broker_id, slave.slave_id, epoch, self._log_ends, key=host.security.heartbeat_key,
+            incarnations=self._incarnations,
         )
 
     def _log_ends(self) -> dict[tuple[str, int], int]:
         return {key: replica.position() for key, replica in self.replicas.items()}
+
+    def _incarnations(self) -> dict[str, str]:
+        """The life of its topic each replica copies (its fetches carry it too)."""
+        return {topic: replica.incarnation for (topic, _partition), replica in self.replicas.items() if replica.incarnation}
 
     # --- lifecycle ------------------------------------------------------------------
 

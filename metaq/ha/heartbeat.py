@@ -5,7 +5,7 @@ port) and answers heartbeats; a slave that follows a master sends one every
 ``interval`` (500 ms) to the master's address::
 
     slave  -> master  {kind:"hb", role:"slave", broker_id, slave_id, epoch,
-                       log_ends: {"topic/partition": end}, sent_at}
+                       log_ends: {"topic/partition": end}, incarnations: {topic: id}, sent_at}
     master -> slave   {kind:"hb", role:"master", broker_id, epoch, log_ends,
                        committed: {"topic/partition": offset}, sent_at, echo}
 
@@ -13,6 +13,12 @@ port) and answers heartbeats; a slave that follows a master sends one every
 
 What they are for: lag figures only. The master records each slave's log ends
 (``ReplicationProgress.heartbeat``) and keeps a quiet sync-set member counted;
+a log end counts only for the life of its topic the master serves: each comes with
+the slave's incarnation of its topic, and one of another life (a heartbeat sent
+before the slave applied a delete and re-create, or by a slave that has not yet) is
+dropped. Otherwise the old log's end, once the new log grows past it, would count
+as copies the slave does not have and release sync acks it lacks (chaos campaign
+seed 3040: three acked messages of a re-created topic lost at the next failover).
 the slave learns the master's log ends even while its fetches are blocked, and
 shows how long the master has been silent (``master_silent_for_ms`` in stats).
 Nothing acts on that silence: they never decide roles, **ZooKeeper alone
@@ -110,6 +116,19 @@ def _ends(message: dict[str, Any], name: str) -> dict[tuple[str, int], int]:
     return ends
 
 
+def _incarnations(message: dict[str, Any]) -> dict[str, str]:
+    raw = message.get("incarnations", {})
+    if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
+        raise BadHeartbeat("field 'incarnations' must map topic names to strings")
+    return raw
+
+
+def _same_life(theirs: str, ours: str) -> bool:
+    """The rule of a replica fetch (``Handlers._replica_progress``): a topic without an
+    incarnation on either side (defined in a config file, not created at run time) has one life."""
+    return not theirs or not ours or theirs == ours
+
+
 def _mac(key: bytes, message: dict[str, Any]) -> bytes:
     return hmac.new(key, encode(message), hashlib.sha256).digest()
 
@@ -139,6 +158,7 @@ def decode(data: bytes, expect_role: str, key: bytes | None = None) -> dict[str,
     if not isinstance(sent_at, (int, float)) or isinstance(sent_at, bool):
         raise BadHeartbeat("field 'sent_at' must be a number")
     message["_log_ends"] = _ends(message, "log_ends")
+    message["_incarnations"] = _incarnations(message) if expect_role == "slave" else {}
     message["_committed"] = _ends(message, "committed") if expect_role == "master" else {}
     return message
 
@@ -187,10 +207,13 @@ class HeartbeatResponder:
         known_slave: Callable[[int], bool] = lambda slave_id: True,
         slave_hosts: Callable[[int], Collection[str] | None] | None = None,
         clock: Callable[[], float] = time.time,
+        incarnations: Callable[[], dict[str, str]] = dict,
     ) -> None:
         self.broker_id = broker_id
         self.key = key
         self.known_slave = known_slave
+        #: The incarnation of each topic this broker serves (topic -> id; "" or absent: none).
+        self.incarnations = incarnations
         #: The addresses (IPs) a slave registered from; None (or a None answer): any source, as it is not known.
         self.slave_hosts = slave_hosts
         self.clock = clock
@@ -278,8 +301,11 @@ class HeartbeatResponder:
         logs = self.logs()
         if master:
             address = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) and len(addr) >= 2 else None
-            # Only partitions we have: made-up keys must not grow the progress table.
-            ends = {key: end for key, end in message["_log_ends"].items() if key in logs}
+            # Only partitions we have (made-up keys must not grow the progress table), and
+            # only in the life of their topic we serve (see the module docstring).
+            ours, theirs = self.incarnations(), message["_incarnations"]
+            ends = {key: end for key, end in message["_log_ends"].items()
+                    if key in logs and _same_life(theirs.get(key[0], ""), ours.get(key[0], ""))}
             ha.slave_heartbeat(message["slave_id"], address, ends, message["epoch"])
         if not self._registered_source(message["slave_id"], addr):
             self.unanswered += 1
@@ -380,12 +406,15 @@ class SlaveHeartbeat:
         interval: float = HEARTBEAT_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
         key: bytes | None = None,
+        incarnations: Callable[[], dict[str, str]] = dict,
     ) -> None:
         self.broker_id = broker_id
         self.key = key
         self.slave_id = slave_id
         self.epoch = epoch
         self.log_ends = log_ends
+        #: The incarnation of the topic each log end is of (topic -> id).
+        self.incarnations = incarnations
         self.interval = interval
         self.clock = clock
         self.target: tuple[str, int] | None = None
@@ -433,7 +462,10 @@ class SlaveHeartbeat:
         return max(0.0, (self.clock() - self.master.received_at) * 1000)
 
     def message(self) -> bytes:
-        ends = {partition_key(t, p): end for (t, p), end in self.log_ends().items()}
+        log_ends = self.log_ends()
+        ends = {partition_key(t, p): end for (t, p), end in log_ends.items()}
+        topics = {topic for topic, _partition in log_ends}
+        lives = {topic: life for topic, life in self.incarnations().items() if topic in topics and life}
         message = {
             "kind": "hb",
             "role": "slave",
@@ -441,13 +473,14 @@ class SlaveHeartbeat:
             "slave_id": self.slave_id,
             "epoch": self.epoch(),
             "log_ends": ends,
+            "incarnations": lives,
             "sent_at": time.time(),
             # Room for the answer, which the master never makes bigger than this heartbeat.
             "pad": bytes(REPLY_ROOM_FIXED + sum(len(key) + REPLY_ROOM_PER_PARTITION for key in ends)),
         }
         encoded = encode_signed(message, self.key)
         if len(encoded) > MAX_DATAGRAM:
-            message["log_ends"], message["pad"] = {}, bytes(REPLY_ROOM_FIXED)
+            message["log_ends"], message["incarnations"], message["pad"] = {}, {}, bytes(REPLY_ROOM_FIXED)
             encoded = encode_signed(message, self.key)
         return encoded
 

@@ -256,3 +256,25 @@ def test_answers_go_only_to_the_registered_host_and_never_outgrow_the_heartbeat(
     bare = slave_message(pad=b"")
     smaller = responder.handle(bare, ("127.0.0.5", 9))
     assert smaller is not None and len(smaller) <= len(bare)
+
+
+def test_a_log_end_of_another_life_of_its_topic_is_not_recorded() -> None:
+    # Chaos campaign seed 3040 (sync): the master re-created topic t; its slave, not yet
+    # following the new life, still heartbeated its old t-0 end. Recorded, it counted once
+    # the new t-0 grew past it: acks released for messages the slave never had, lost at the
+    # next failover. A log end counts only with the incarnation the master serves.
+    ha = fake_ha()
+    lives = {"t": "new-life"}
+    responder = HeartbeatResponder(3, ha, lambda: LOGS, "127.0.0.1", 0, incarnations=lambda: lives)
+    responder.handle(slave_message(incarnations={"t": "old-life"}), ("127.0.0.1", 9))
+    assert ha.progress.position(1, "t", 0) is None and ha.heard == [1]
+    responder.handle(slave_message(incarnations={"t": "new-life"}), ("127.0.0.1", 9))
+    assert ha.progress.position(1, "t", 0) == 400
+
+
+def test_a_slave_heartbeat_names_the_life_of_each_topic_it_reports() -> None:
+    slave = SlaveHeartbeat(3, 1, lambda: 2, lambda: {("t", 0): 400}, incarnations=lambda: {"t": "life-2", "u": "other"})
+    message = decode(slave.message(), "slave")
+    assert message["_log_ends"] == {("t", 0): 400} and message["incarnations"] == {"t": "life-2"}
+    with pytest.raises(BadHeartbeat, match="incarnations"):
+        decode(slave_message(incarnations={"t": 7}), "slave")
