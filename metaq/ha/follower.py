@@ -289,9 +289,21 @@ class MasterFollower:
             for partition in range(min(partitions, served.num_partitions if served is not None else 0)):
                 if (topic, partition) not in self._tasks:
                     await self._start_partition(conn, topic, partition)
-        if other_lives:
-            raise MasterLacksPartition(f"the master serves another incarnation of {', '.join(other_lives)} (deleted and"
-                                       " re-created; one of us has not applied it yet)")
+        # A topic created at run time (it has an incarnation) that we serve and the master does
+        # not list: it has not applied the creation or re-creation yet. Asked again until it
+        # does; nothing else would bring us back (campaign seed 3042: the master's config
+        # checksum went A -> B -> A over a delete and re-create, its watch saw no change, and
+        # the re-created partition was never replicated).
+        not_yet = sorted(name for name, topic in self.host.config.topics.items()
+                         if topic.incarnation and name not in master_topics)
+        if other_lives or not_yet:
+            raise MasterLacksPartition(
+                "; ".join(part for part in (
+                    f"the master serves another incarnation of {', '.join(other_lives)} (deleted and re-created;"
+                    " one of us has not applied it yet)" if other_lives else "",
+                    f"the master does not serve {', '.join(not_yet)} yet (created or re-created; it has not applied it"
+                    " yet)" if not_yet else "",
+                ) if part))
 
     async def _start_partition(self, conn: BrokerConnection, topic: str, partition: int) -> None:
         store = self.host.store

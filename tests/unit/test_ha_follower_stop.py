@@ -56,3 +56,51 @@ def test_a_replica_task_whose_cancel_is_lost_still_ends_when_following_stops() -
         assert replica.swallowed and replica.fetches == fetches, "the task fetched on after following stopped"
 
     asyncio.run(scenario())
+
+
+def test_a_topic_created_at_run_time_that_the_master_does_not_list_yet_is_asked_for_again() -> None:
+    """Campaign seed 3042: the slave applied a re-create first and read the master's topics
+    while the master served none of that topic; nothing asked again (the master's config
+    checksum ended where it began), so the re-created partition was never replicated."""
+    import pytest
+
+    from metaq.config import TopicConfig
+    from metaq.ha.replica import MasterLacksPartition
+
+    side = TopicConfig("side", num_partitions=1, incarnation="life-2")
+    plain = TopicConfig("plain", num_partitions=1)  # from a config file: no incarnation
+    config = SimpleNamespace(broker_id=0, topics={"side": side, "plain": plain}, topic_defaults=plain)
+    started: list[tuple[str, int]] = []
+
+    async def update_topics(topics: object) -> None:
+        return None
+
+    host = SimpleNamespace(config=config, security=SimpleNamespace(heartbeat_key=None), update_topics=update_topics)
+    follower = MasterFollower(host, SlaveConfig(slave_id=0, slave_group="g", auto_sync_master_config=False),  # type: ignore[arg-type]
+                              None, None, lambda: 1, None, lambda: None)  # type: ignore[arg-type]
+    listed: dict[str, int] = {"plain": 1}
+
+    class Connection:
+        async def request(self, header: object, timeout: float) -> object:
+            return SimpleNamespace(ok=True, get=lambda key, default=None: {
+                "topics": dict(listed), "replication_mode": "async", "incarnations": {}}.get(key, default))
+
+    async def connection() -> object:
+        return Connection()
+
+    async def start_partition(conn: object, topic: str, partition: int) -> None:
+        started.append((topic, partition))
+        follower._tasks[(topic, partition)] = asyncio.ensure_future(asyncio.sleep(0))  # type: ignore[assignment]
+
+    follower._connection = connection  # type: ignore[method-assign]
+    follower._start_partition = start_partition  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        with pytest.raises(MasterLacksPartition, match="the master does not serve side yet"):
+            await follower._sync_topics()
+        assert started == [("plain", 0)]  # the others replicate meanwhile
+        listed["side"] = 1
+        await follower._sync_topics()
+        assert started == [("plain", 0), ("side", 0)]
+
+    asyncio.run(scenario())
