@@ -304,8 +304,9 @@ class HeartbeatResponder:
             # Only partitions we have (made-up keys must not grow the progress table), and
             # only in the life of their topic we serve (see the module docstring).
             ours, theirs = self.incarnations(), message["_incarnations"]
+            # Never past our log end either (Handlers._replica_progress: a longer log is not ours).
             ends = {key: end for key, end in message["_log_ends"].items()
-                    if key in logs and _same_life(theirs.get(key[0], ""), ours.get(key[0], ""))}
+                    if key in logs and end <= logs[key].log_end and _same_life(theirs.get(key[0], ""), ours.get(key[0], ""))}
             ha.slave_heartbeat(message["slave_id"], address, ends, message["epoch"])
         if not self._registered_source(message["slave_id"], addr):
             self.unanswered += 1

@@ -375,7 +375,7 @@ class RequestHandlers:
         cap = topic.max_transfer_size if replica is None else max(topic.max_transfer_size, MAX_REPLICA_TRANSFER)
         max_bytes = min(req.max_size, cap)
         if replica is not None:
-            self._replica_progress(req, req.offset)
+            self._replica_progress(req, req.offset, log)
         reply = self._read(req, log, max_bytes)
         if reply is not None or req.max_wait_ms <= 0:
             return reply if reply is not None else self._no_data(req, log)
@@ -390,7 +390,7 @@ class RequestHandlers:
         log_end = replica.get("log_end")
         if not isinstance(log_end, int) or log_end < 0:
             raise c.RequestError(c.BAD_REQUEST, "position: replica needs a non-negative integer 'log_end'")
-        self._replica_progress(req, log_end)
+        self._replica_progress(req, log_end, log)
         self.stats.partition(req.topic, req.partition).replica_positions += 1
         header = c.reply_header(
             req.opaque,
@@ -401,8 +401,15 @@ class RequestHandlers:
         )
         return header, b""
 
-    def _replica_progress(self, req: c.Request, log_end: int) -> None:
-        """A slave's fetch or position report: check who sends it, fence by epoch, record where it is."""
+    def _replica_progress(self, req: c.Request, log_end: int, log: "PartitionLog") -> None:
+        """A slave's fetch or position report: check who sends it, fence by epoch, record where it is.
+
+        Invariant: a recorded position is never past our log end. A slave's log is a prefix
+        of ours; one that claims more holds bytes we never wrote (a divergent tail, or another
+        log: chaos campaign seeds 3040 and 3047, a re-created topic's slave reporting its old
+        log's end). Recorded, it would count once our log grew past it and release sync acks
+        for messages the slave never had; the fetch's answer (our log end) lets the slave
+        find its divergence instead."""
         replica = req.replica
         slave_id = replica.get("slave_id")
         if not isinstance(slave_id, int) or isinstance(slave_id, bool) or slave_id < 0:
@@ -415,6 +422,10 @@ class RequestHandlers:
         if theirs and ours and theirs != ours:
             raise c.RequestError(c.NOT_FOUND, f"topic {req.topic!r}: this master serves another incarnation of it"
                                               " (deleted and re-created); retry once both apply the change")
+        if log_end > log.log_end:
+            logger.debug("slave%d reports %s-%d at %d, past our log end %d: not recorded",
+                      slave_id, req.topic, req.partition, log_end, log.log_end)
+            return
         self.broker.ha.replica_fetched(slave_id, replica["epoch"], req.topic, req.partition, log_end, req.origin)
 
     def _check_registered_slave(self, slave_id: int) -> None:

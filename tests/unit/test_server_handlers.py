@@ -297,6 +297,29 @@ def test_position_reports_a_slaves_log_end_and_refuses_bad_reports(tmp_path: Pat
     run(scenario())
 
 
+def test_a_slave_position_past_our_log_end_is_never_recorded_so_never_counts_later(tmp_path: Path) -> None:
+    """Chaos campaign seeds 3040 and 3047: a re-created topic's slave reported its old log's
+    end (past the new log's); recorded, it counted once the new log grew past it and released
+    sync acks for messages the slave never had."""
+    async def scenario() -> None:
+        async with running(tmp_path) as (broker, conn):
+            broker.registry = RegisteredSlaves(4)
+            position = {"op": "position", "topic": "gc", "partition": 0}
+            fetch = {"op": "get", "topic": "gc", "partition": 0, "max_size": 4096, "max_wait_ms": 0}
+            reply = await conn.request({**position, "replica": {"slave_id": 4, "epoch": 0, "log_end": 80}})
+            assert reply.code == 200 and reply["log_end"] == 0
+            reply = await conn.request({**fetch, "offset": 80, "replica": {"slave_id": 4, "epoch": 0, "log_end": 80}})
+            assert reply["log_end"] == 0  # what lets the slave see that its log is not ours
+            assert broker.ha.progress.position(4, "gc", 0) is None
+            await conn.request(put_header("gc"), record.encode_batch([(b"x" * 60, None)] * 2))
+            assert broker.store.get_log("gc", 0).log_end > 80
+            assert broker.ha.progress.position(4, "gc", 0) is None, "a claim past our end counted once we grew"
+            reply = await conn.request({**position, "replica": {"slave_id": 4, "epoch": 0, "log_end": 0}})
+            assert broker.ha.progress.position(4, "gc", 0) == 0  # a position inside our log is recorded
+
+    run(scenario())
+
+
 # --- stats --------------------------------------------------------------------------------------
 
 
