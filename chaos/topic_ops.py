@@ -338,7 +338,7 @@ class SideTopicLoad:
             try:
                 topics = await conn.request(TopicsRequest().to_header(), timeout=3.0)
                 if not topics.ok or not self._serves_now(group, topics):
-                    return False
+                    return None  # not sent: not acked (a False here once counted as an ack)
                 header = PutRequest(topic=SIDE_TOPIC, partition=n, count=1).to_header()
                 reply = await conn.request(header, encode_batch([(value.encode(), None)]), timeout=3.0)
             finally:

@@ -120,3 +120,35 @@ def test_sync_every_acked_message_is_due_from_every_later_master(tmp_path):
     load.history.failover(0, old_master.url, new_master.url, 2, {})
     problems = load._partition_problems(0, new_master, 0, True, b"", None)
     assert problems and "lacks 1 acked message(s) (side-g0-life1-p0-0-0)" in problems[0]
+
+
+def test_a_put_not_sent_because_the_master_does_not_serve_the_new_life_yet_is_not_acked() -> None:
+    # The campaign's sync runs from 05:47 on reported acked side-topic messages missing on
+    # every broker: _put said False (not sent) where the caller tested "is not None", so a
+    # put never sent counted as acked.
+    import asyncio
+    from types import SimpleNamespace
+
+    load = _side_load("sync")
+    load.state[0] = SideTopicState(1)
+    load.incarnation[0] = "new-life"
+
+    class Connection:
+        sent: list[object] = []
+
+        async def request(self, header, body=None, timeout=None):
+            self.sent.append(header)
+            # The master still serves the old life of the topic.
+            header = {"code": 200, "topics": {"side": 1}, "incarnations": {"side": "old-life"}}
+            return SimpleNamespace(ok=True, header=header, get=lambda key, default=None: header.get(key, default))
+
+        def close(self) -> None:
+            pass
+
+    async def connect(url, timeout):
+        return Connection()
+
+    load.cluster.view = lambda group: SimpleNamespace(master="meta://a")
+    load.cluster.connect = connect
+    assert asyncio.run(load._put(0, 0, "side-g0-life1-p0-0-0")) is None
+    assert [h["op"] for h in Connection.sent] == ["topics"]  # the put itself was never sent
