@@ -17,8 +17,8 @@ a log end counts only for the life of its topic the master serves: each comes wi
 the slave's incarnation of its topic, and one of another life (a heartbeat sent
 before the slave applied a delete and re-create, or by a slave that has not yet) is
 dropped. Otherwise the old log's end, once the new log grows past it, would count
-as copies the slave does not have and release sync acks it lacks (chaos campaign
-seed 3040: three acked messages of a re-created topic lost at the next failover).
+as copies the slave does not have and release sync acks it lacks (a path found in
+review; no run has shown it).
 the slave learns the master's log ends even while its fetches are blocked, and
 shows how long the master has been silent (``master_silent_for_ms`` in stats).
 Nothing acts on that silence: they never decide roles, **ZooKeeper alone

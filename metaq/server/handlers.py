@@ -406,7 +406,6 @@ class RequestHandlers:
 
         Invariant: a recorded position is never past our log end. A slave's log is a prefix
         of ours; one that claims more holds bytes we never wrote (a divergent tail, or another
-        log: chaos campaign seeds 3040 and 3047, a re-created topic's slave reporting its old
         log's end). Recorded, it would count once our log grew past it and release sync acks
         for messages the slave never had; the fetch's answer (our log end) lets the slave
         find its divergence instead."""

@@ -259,10 +259,10 @@ def test_answers_go_only_to_the_registered_host_and_never_outgrow_the_heartbeat(
 
 
 def test_a_log_end_of_another_life_of_its_topic_is_not_recorded() -> None:
-    # Chaos campaign seed 3040 (sync): the master re-created topic t; its slave, not yet
-    # following the new life, still heartbeated its old t-0 end. Recorded, it counted once
-    # the new t-0 grew past it: acks released for messages the slave never had, lost at the
-    # next failover. A log end counts only with the incarnation the master serves.
+    # The master re-created topic t; its slave, not yet following the new life, still
+    # heartbeats its old t-0 end. Recorded, it would count once the new t-0 grew past it and
+    # release acks for messages the slave never had. A log end counts only with the
+    # incarnation the master serves.
     ha = fake_ha()
     lives = {"t": "new-life"}
     responder = HeartbeatResponder(3, ha, lambda: LOGS, "127.0.0.1", 0, incarnations=lambda: lives)

@@ -298,9 +298,9 @@ def test_position_reports_a_slaves_log_end_and_refuses_bad_reports(tmp_path: Pat
 
 
 def test_a_slave_position_past_our_log_end_is_never_recorded_so_never_counts_later(tmp_path: Path) -> None:
-    """Chaos campaign seeds 3040 and 3047: a re-created topic's slave reported its old log's
-    end (past the new log's); recorded, it counted once the new log grew past it and released
-    sync acks for messages the slave never had."""
+    """A slave that reports more than our log (a divergent tail, a re-created topic's old log):
+    recorded, the claim would count once our log grew past it and release sync acks for
+    messages the slave never had."""
     async def scenario() -> None:
         async with running(tmp_path) as (broker, conn):
             broker.registry = RegisteredSlaves(4)
