@@ -64,6 +64,8 @@ from typing import Any, Callable, Collection, Protocol
 import asyncio_dgram
 import msgpack
 
+from metaq.store.incarnation import same_life
+
 log = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL = 0.5
@@ -121,12 +123,6 @@ def _incarnations(message: dict[str, Any]) -> dict[str, str]:
     if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
         raise BadHeartbeat("field 'incarnations' must map topic names to strings")
     return raw
-
-
-def _same_life(theirs: str, ours: str) -> bool:
-    """The rule of a replica fetch (``Handlers._replica_progress``): a topic without an
-    incarnation on either side (defined in a config file, not created at run time) has one life."""
-    return not theirs or not ours or theirs == ours
 
 
 def _mac(key: bytes, message: dict[str, Any]) -> bytes:
@@ -306,7 +302,7 @@ class HeartbeatResponder:
             ours, theirs = self.incarnations(), message["_incarnations"]
             # Never past our log end either (Handlers._replica_progress: a longer log is not ours).
             ends = {key: end for key, end in message["_log_ends"].items()
-                    if key in logs and end <= logs[key].log_end and _same_life(theirs.get(key[0], ""), ours.get(key[0], ""))}
+                    if key in logs and end <= logs[key].log_end and same_life(theirs.get(key[0], ""), ours.get(key[0], ""))}
             ha.slave_heartbeat(message["slave_id"], address, ends, message["epoch"])
         if not self._registered_source(message["slave_id"], addr):
             self.unanswered += 1

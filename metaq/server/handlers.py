@@ -39,6 +39,7 @@ from ..protocol import messages as m
 from ..record import HEADER, HEADER_SIZE, RecordError, stamp_msg_ids, validate_batch
 from ..store.log import CorruptRange, OffsetOutOfRange, SegmentVanished
 from ..store.manager import MessageStoreManager, UnknownPartition, UnknownTopic
+from ..store.incarnation import same_life
 from ..store.msgid import MsgIdGenerator
 from ..store.refused import RefusedLog
 from ..txn.control import Control, find_forged_control
@@ -417,8 +418,7 @@ class RequestHandlers:
         self._check_replica_epoch(replica)
         # A slave replicates only the life of the topic it serves: bytes of a deleted topic
         # must never fill a re-created one's log, nor a position in one count for the other.
-        theirs, ours = replica.get("incarnation", ""), self._topic(req.topic).incarnation
-        if theirs and ours and theirs != ours:
+        if not same_life(replica.get("incarnation", ""), self._topic(req.topic).incarnation):
             raise c.RequestError(c.NOT_FOUND, f"topic {req.topic!r}: this master serves another incarnation of it"
                                               " (deleted and re-created); retry once both apply the change")
         if log_end > log.log_end:

@@ -39,6 +39,13 @@ def ended(before: TopicConfig, after: TopicConfig | None) -> bool:
     return before.incarnation != "" and after.incarnation != "" and after.incarnation != before.incarnation
 
 
+def same_life(theirs: str, ours: str) -> bool:
+    """Whether a peer's report of a topic (a replica fetch, a heartbeat's log end) is of the life
+    we serve: a topic without an incarnation on either side (defined in a config file, not
+    created at run time) has one life."""
+    return not theirs or not ours or theirs == ours
+
+
 def read_marker(directory: Path) -> str | None:
     try:
         return (directory / MARKER).read_text().strip()
