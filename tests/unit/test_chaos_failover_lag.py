@@ -28,6 +28,9 @@ class _Cluster:
     def __init__(self, brokers: dict[str, _Broker]) -> None:
         self.brokers = brokers
 
+    def partition_names(self, group: int) -> list[tuple[str, int, str]]:
+        return [(self.topic, 0, f"{self.topic}/{group}-0")]
+
     def by_url(self, url: str) -> _Broker:
         return self.brokers[url]
 
