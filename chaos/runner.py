@@ -794,9 +794,12 @@ def add_parser(sub: Any) -> None:
                         "group to the end; their polls feed the poll, duplicate and unseen checks "
                         "(default: on in the random scenario)")
     p.add_argument("--transactions", action=argparse.BooleanOptionalAction, default=None,
-                   help="two transactional producers (local transactions of 1-3 messages, one in four rolled "
-                        "back) whose outcomes feed the read-committed checks: precommitted-read, aborted-read, "
-                        "intermediate-read, G0, G1c (default: on in the random scenario)")
+                   help="transactional producers (local x0, x1: transactions of 2-4 messages, one in four rolled "
+                        "back; XA xa0; the zombie z0; some left open past their timeout), every transaction spread "
+                        "over two topics (chaos and txn-b), and a read-committed reader of both topics per group on "
+                        "every replica; their outcomes and reads feed lost-write and the read-committed checks: "
+                        "precommitted-read, aborted-read, intermediate-read, G0, G1c (default: on in the random "
+                        "scenario)")
     p.add_argument("--topic-ops", action=argparse.BooleanOptionalAction, default=None,
                    help="topic operations beside the faults: each group's side topic is created, grown, altered, "
                         "deleted and re-created smaller, and after each the state it must leave is checked on every "

@@ -78,6 +78,8 @@ def spread_over(topics: Sequence[str], count: int, rng: random.Random) -> list[s
     """The topic of each of a transaction's ``count`` messages: every topic at least once
     (``count`` >= len(topics)), the rest at random, in a random order. A transaction that
     commits must then be visible whole on every topic; one rolled back on none."""
+    if isinstance(topics, str):
+        raise TypeError(f"topics must be a list of topic names, not one name: {topics!r}")
     if count < len(topics):
         raise ValueError(f"{count} messages cannot reach {len(topics)} topics")
     chosen = [*topics, *(rng.choice(topics) for _ in range(count - len(topics)))]
