@@ -285,17 +285,19 @@ class Workload:
                 await asyncio.sleep(1 / self.rate)
             await producer.close()
 
-    async def transactional_producer(self, name: str) -> None:
+    async def transactional_producer(self, name: str, group: int) -> None:
         """Local transactions of 2-4 messages over both topics' partitions (each topic at
         least once; the client's routing within a topic), three in four committed, one in
         four rolled back. Each is one ``txn``
         operation: ``ok`` committed (with ``commit_time``, when commit was invoked), ``fail``
         rolled back (by us, or by the broker at commit), ``info`` unknown; ``sends`` lists
         every message tried, with its acked offset (None when its send failed). One in ten
-        is left open past its timeout (``TransactionLoad.timed_out``)."""
+        is left open past its timeout (``TransactionLoad.timed_out``). Its transactions run
+        in broker group ``group`` (a transaction stays in one group: with two groups, ``x1``
+        takes the second, so both groups' topics get transactions)."""
         rng = random.Random(f"workload/{name}/{self.seed}")
         async with AsyncMessageSessionFactory(self.client_config()) as factory:
-            producer = factory.create_transactional_producer()
+            producer = factory.create_transactional_producer(broker_id=group)
             for number in itertools.count():
                 if self.stopping.is_set():
                     break
@@ -407,7 +409,8 @@ class Workload:
         raw = [RawProducer(self, name, self.producers, self.resend_budget_s) for name in ("r0", "r1")]
         tasks = [*(asyncio.create_task(p.run()) for p in raw), asyncio.create_task(self.client_producer("c0"))]
         if self.transactions:
-            tasks += [asyncio.create_task(self.transactional_producer(name)) for name in ("x0", "x1")]
+            tasks += [asyncio.create_task(self.transactional_producer(name, i % self.cluster.num_groups))
+                      for i, name in enumerate(("x0", "x1"))]
             tasks += [asyncio.create_task(self.txn_load.xa_producer("xa0")),
                       asyncio.create_task(self.txn_load.zombie("z0"))]
         tasks += [asyncio.create_task(self.reader(g)) for g in range(self.cluster.num_groups)]
