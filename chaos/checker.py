@@ -8,8 +8,9 @@ checks
 ------
 ``acked_lost``      (sync) every ``ok`` put, and every message of a committed transaction
                     (on whichever topic it went to), is in the final log of its partition at
-                    its acked offset with its value: half a transaction missing is a loss. (async: only ``moved`` is a violation here, the
-                    losses are judged by ``async_loss_bound``.)
+                    its acked offset with its value: half a transaction missing is a loss.
+                    (async: only ``moved`` is a violation here, the losses are judged by
+                    ``async_loss_bound``.)
 ``async_loss_bound``(async) acked puts missing from the final log number no more than the
                     replication lag (messages, else bytes) reported at failovers of their
                     group; a loss with no failover at all is a violation.

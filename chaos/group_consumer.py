@@ -3,8 +3,8 @@
 ``ConsumerGroupLoad`` (run by chaos/runner.py) keeps ``size`` members of group
 ``chaos-g0`` alive, each a separate OS process (``python -m chaos.group_consumer``)
 subscribed to both of the cluster's topics (the workload's and the transactions' second
-one, ``ChaosCluster.topics``), running the real client's consumer (``AsyncMessageConsumer``: ZooKeeper owners and
-offsets, read committed, ``read_from`` master / slave / prefer-slave in turn, offsets
+one, ``ChaosCluster.topics``), running the real client's consumer
+(``AsyncMessageConsumer``: ZooKeeper owners and offsets, read committed, ``read_from`` master / slave / prefer-slave in turn, offsets
 committed every 0.5 s). Every few seconds (seeded) one member is SIGKILLed (no commit: it
 redelivers since its last commit) or SIGTERMed (it commits and leaves the group), and
 restarted under a new process name. At the end every member leaves, and one drain member

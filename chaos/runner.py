@@ -340,8 +340,7 @@ class Workload:
         aborted spans), both topics the transactions write, so that the read-committed
         checks (aborted-read, precommitted-read, intermediate-read, G1c) see what masters and
         slaves served of each."""
-        topics = ({self.cluster.topic: self.cluster.partitions, self.cluster.txn_topic: self.cluster.txn_partitions}
-                  if committed_only else {self.cluster.topic: self.cluster.partitions})
+        topics = self.cluster.topics if committed_only else {self.cluster.topic: self.cluster.partitions}
         process = f"{'committed-reader' if committed_only else 'reader'}-g{group}"
         positions: dict[tuple[str, str, int], int] = {}
         conns: dict[str, BrokerConnection] = {}

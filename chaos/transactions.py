@@ -122,6 +122,13 @@ class TxnOutcomes:
         missing, extra = self.committed - seen, seen - self.committed - self.unknown
         if missing:
             self.violations.append(f"{where}: committed transactions not visible at the end: {sorted(missing)[:5]}")
+        # Whole on every partition it wrote, on each topic: a transaction visible on one
+        # topic and absent from the other is torn (a scan's partial partition is check's).
+        visible = {(txn_of(m), p) for p, m in messages}
+        torn = sorted(f"{name} in {p}" for name in self.committed & seen for p in self.sent[name]
+                      if (name, p) not in visible)
+        if torn:
+            self.violations.append(f"{where}: committed transactions missing from partitions they wrote: {torn[:5]}")
         if extra:
             self.violations.append(f"{where}: visible transactions that were not committed: {sorted(extra)[:5]}")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections import Counter
 from types import SimpleNamespace
 
 import pytest
@@ -15,7 +16,7 @@ from chaos.anomalies import READ_COMMITTED
 from chaos.checker import check
 from chaos.history import History
 from chaos.runner import Workload, committed_messages_by_topic
-from chaos.transactions import spread_over
+from chaos.transactions import TxnOutcomes, spread_over
 from metaq.client.message import Partition
 from tests.unit.test_chaos_checker import failing
 from tests.unit.test_chaos_checker_anomalies import Kafka
@@ -145,3 +146,19 @@ def test_a_read_committed_read_of_part_of_a_transaction_on_the_second_topic_is_t
     assert failing(result) <= {"intermediate-read", "int-poll-skip"}
     (case,) = result.violations("intermediate-read")
     assert (case["partition"], case["txn"]) == (SECOND, "T1"), case
+
+
+def test_the_scanning_checker_catches_a_transaction_visible_on_one_topic_only():
+    """chaos.transactions' own checker (``python -m chaos.transactions``): at the end every
+    committed transaction is whole on each partition it wrote, on both topics."""
+    outcomes = TxnOutcomes()
+    outcomes.committed |= {"w0-t0", "w0-t1"}
+    outcomes.sent["w0-t0"] = Counter({"chaos-0": 1, "txn-b-2": 1})
+    outcomes.sent["w0-t1"] = Counter({"chaos-1": 1, "txn-b-0": 2})
+    whole = [("chaos-0", b"w0-t0-0"), ("txn-b-2", b"w0-t0-1"),
+             ("chaos-1", b"w0-t1-0"), ("txn-b-0", b"w0-t1-1"), ("txn-b-0", b"w0-t1-2")]
+    outcomes.final(whole, "g0-a")
+    assert outcomes.check() == []
+    torn = [m for m in whole if m[0] != "txn-b-2"]  # w0-t0 on chaos only
+    outcomes.final(torn, "g0-b")
+    assert outcomes.check() == ["g0-b: committed transactions missing from partitions they wrote: ['w0-t0 in txn-b-2']"]
