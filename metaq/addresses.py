@@ -1,6 +1,7 @@
-"""Broker addresses: ``meta://host:port`` urls and ``host:port`` pairs (IPv6 in brackets).
+"""Broker addresses: ``meta://host:port`` urls and ``host:port`` pairs (IPv6 in brackets),
+and ZooKeeper connect strings (such pairs, comma-separated).
 
-Used by the config, the registry, clients and tools alike; nothing here knows about ZooKeeper.
+Used by the config, the registry, clients and tools alike.
 """
 
 from __future__ import annotations
@@ -50,3 +51,21 @@ def parse_host_port(text: str) -> tuple[str, int]:
         return parse_broker_url(URL_SCHEME + text.strip())
     except ValueError:
         raise ValueError(f"expected host:port, got {text!r}") from None
+
+
+def check_zk_connect(text: str) -> str:
+    """A ZooKeeper connect string ``host[:port][,host[:port]...][/chroot]``, stripped; ValueError naming it.
+
+    Checked with kazoo's own parser, the one every ZooKeeper client here hands it to, so a
+    string accepted here never fails later inside a client, a broker or a tool.
+    """
+    from kazoo.hosts import collect_hosts
+
+    value = text.strip()
+    try:
+        hosts, _chroot = collect_hosts(value)
+    except ValueError as exc:
+        raise ValueError(f"expected HOST:PORT[,HOST:PORT...], got {text!r} ({exc})") from None
+    if not value or not all(host for host, _port in hosts):
+        raise ValueError(f"expected HOST:PORT[,HOST:PORT...], got {text!r}")
+    return value

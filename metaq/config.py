@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .addresses import parse_host_port
+from .addresses import check_zk_connect, parse_host_port
 from .errors import MetaqError
 from .txn import config as txn_config
 from .txn.config import TxnSettings
@@ -417,7 +417,7 @@ _SECURITY_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
 _SECURITY_PATH_FIELDS = ("security_config", "group_secret_file", "tls_cert_file", "tls_key_file", "tls_ca_file")
 
 _ZK_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
-    "zk.zkConnect": ("zk_connect", _text),
+    "zk.zkConnect": ("zk_connect", lambda text: check_zk_connect(_text(text))),
     "zk.zkSessionTimeoutMs": ("session_timeout_ms", _int(400)),  # 400: two ticks of a 200 ms ZooKeeper; failover < 1 s needs < 1000
     "zk.zkConnectionTimeoutMs": ("connection_timeout_ms", _int(100)),
     "zk.zkSyncTimeMs": ("sync_time_ms", _int(0)),

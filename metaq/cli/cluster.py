@@ -30,7 +30,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .admin import LOGIN_REFUSED, NEEDS_LOGIN, Answer, print_json, render_table, stats_answer
-from .login import add_group_login_argument, add_group_secret_argument, add_login_arguments, credentials, group_credentials
+from .login import (
+    add_group_login_argument, add_group_secret_argument, add_login_arguments, credentials, group_credentials, zk_connect_arg,
+)
 
 
 NO_MASTER = "NO MASTER"
@@ -47,7 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--broker-id", type=int, metavar="ID", help="the broker group (remove-group, remove-slave; show: only this group)")
     parser.add_argument("--slave-id", type=int, metavar="K", help="the slave (remove-slave)")
     add_group_secret_argument(parser)
-    parser.add_argument("--zk", required=True, metavar="HOST:PORT[,...]", help="ZooKeeper connect string")
+    parser.add_argument("--zk", type=zk_connect_arg, required=True, metavar="HOST:PORT[,...]", help="ZooKeeper connect string")
     parser.add_argument("--zk-root", default="/meta", help="ZooKeeper root of the cluster (default /meta)")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds per ZooKeeper/broker request (default 5)")
     parser.add_argument("--json", action="store_true", help="one JSON object: members, problems, healthy")

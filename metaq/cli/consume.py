@@ -92,7 +92,10 @@ async def consume(args: argparse.Namespace) -> int:
 
     factory = await AsyncMessageSessionFactory(config).start()
     try:
-        consumer = factory.create_consumer(consumer_config)
+        try:
+            consumer = factory.create_consumer(consumer_config)
+        except ValueError as exc:  # the offset store's URL (--offset-url) is checked only here
+            raise MetaqError(str(exc)) from None
         consumer.subscribe(args.topic, None, listener, message_filter=AttributeFilter(*args.attribute) if args.attribute else None)
         await consumer.complete_subscribe()
         await _warn_if_unserved(factory, args.topic)

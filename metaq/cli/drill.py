@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from ..errors import MetaqError
-from .login import add_login_arguments, credentials
+from .login import add_login_arguments, credentials, zk_connect_arg
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -18,7 +18,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "drill",
         help="fault the master of a running group under load; measure failover; check for lost messages",
     )
-    parser.add_argument("--zk", required=True, help="ZooKeeper connect string")
+    parser.add_argument("--zk", type=zk_connect_arg, required=True, metavar="HOST:PORT[,...]", help="ZooKeeper connect string")
     parser.add_argument("--zk-root", default="/meta", help="ZooKeeper root of the cluster (default /meta)")
     parser.add_argument("--broker-id", type=int, required=True, help="the broker group to drill")
     parser.add_argument("--fault", choices=("kill", "stop", "partition"), default="kill", help="kill -9, SIGSTOP, or a network partition through a fault proxy (default kill)")
@@ -110,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.repeat < 1:
         raise MetaqError("--repeat must be >= 1")
+    if not args.rate > 0:  # the load paces its sends at 1/rate seconds
+        raise MetaqError(f"--rate must be > 0 messages per second, got {args.rate:g}")
     proxy = (args.proxy_url, args.proxy_name) if args.proxy_url or args.proxy_name else None
     if proxy is not None and not (args.proxy_url and args.proxy_name):
         raise MetaqError("--proxy-url and --proxy-name go together")

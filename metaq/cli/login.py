@@ -1,12 +1,22 @@
-"""How a command logs in to brokers with ``securityEnabled=true``: ``--user``,
-``--password-file`` and ``--tls-ca``, shared by produce/consume and the operator tools."""
+"""How a command reaches the cluster and logs in to brokers with ``securityEnabled=true``:
+``--zk`` (checked as it is parsed), ``--user``, ``--password-file`` and ``--tls-ca``, shared
+by produce/consume and the operator tools."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from ..addresses import check_zk_connect
 from ..errors import MetaqError
+
+
+def zk_connect_arg(text: str) -> str:
+    """``--zk``'s type: a bad connect string is one usage line, not a traceback from the ZooKeeper client."""
+    try:
+        return check_zk_connect(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_login_arguments(parser: argparse.ArgumentParser) -> None:

@@ -9,7 +9,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..addresses import parse_host_port
+from ..addresses import check_zk_connect, parse_host_port
 from ..config import ZkTls
 from .connection import Credentials
 
@@ -80,6 +80,10 @@ class MetaClientConfig:
     zk_tls: ZkTls | None = None
 
     def __post_init__(self) -> None:
+        try:
+            check_zk_connect(self.zk_connect)
+        except ValueError as exc:
+            raise ValueError(f"zk_connect: {exc}") from None
         if not self.zk_root.startswith("/"):
             raise ValueError(f"zk_root must start with '/', got {self.zk_root!r}")
         if self.linger_ms < 0:

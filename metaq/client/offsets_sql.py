@@ -38,7 +38,7 @@ from pathlib import Path
 
 from sqlalchemy import BigInteger, Column, Integer, MetaData, String, Table, UniqueConstraint, and_, create_engine, inspect, select, text
 from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, ProgrammingError
 
 from .config import DEFAULT_CLIENT_DIR
 from .message import Partition
@@ -94,9 +94,14 @@ class SqlOffsetStore:
     def __init__(self, url: str | None = None, table: str = DEFAULT_TABLE_NAME, engine: Engine | None = None) -> None:
         self.url = url or default_url()
         if engine is None:
-            _make_sqlite_dir(self.url)
-        # pool_pre_ping: a MariaDB that restarted between two commits must not fail the next one.
-        self.engine = engine or create_engine(self.url, pool_pre_ping=True)
+            try:
+                _make_sqlite_dir(self.url)
+                # pool_pre_ping: a MariaDB that restarted between two commits must not fail the next one.
+                engine = create_engine(self.url, pool_pre_ping=True)
+            except (ArgumentError, ImportError) as exc:
+                # A malformed URL, an unknown dialect or a driver not installed: one line naming the URL.
+                raise ValueError(f"offset store url {self.url!r}: {exc}") from None
+        self.engine = engine
         self.table = offsets_table(table)
         self._created = False
         self._create_lock = threading.Lock()

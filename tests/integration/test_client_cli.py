@@ -43,3 +43,31 @@ def test_bad_input_is_one_line_without_traceback(zk, zk_root) -> None:
     done = metaq("produce", "--zk", "127.0.0.1:1", "--zk-connect-timeout", "1", "--topic", "t", "--count", "1")
     assert done.returncode == 1 and b"Traceback" not in done.stderr
     assert done.stderr.decode().strip().splitlines() == ["metaq produce: error: cannot connect to ZooKeeper at 127.0.0.1:1: Connection time-out"]
+
+
+def one_error_line(done: subprocess.CompletedProcess, usage: bool = False) -> str:
+    """The one error line (after argparse's usage lines for a usage error), and no traceback."""
+    lines = done.stderr.decode().strip().splitlines()
+    assert b"Traceback" not in done.stderr and (usage or len(lines) == 1), done.stderr.decode()
+    return lines[-1]
+
+
+def test_a_bad_connect_string_offset_url_or_drill_rate_is_one_line(zk, zk_root, tmp_path) -> None:
+    # A connect string kazoo cannot read: a usage error before anything connects.
+    for command in (["produce", "--topic", "t", "--count", "1"], ["cluster"]):
+        done = metaq(*command, "--zk", "bad:::")
+        assert done.returncode == 2
+        assert "argument --zk: expected HOST:PORT[,HOST:PORT...], got 'bad:::'" in one_error_line(done, usage=True)
+    ini = tmp_path / "server.ini"
+    ini.write_text(f"[system]\nbrokerId=0\nserverPort=0\ndataPath={tmp_path / 'data'}\n[zookeeper]\nzk.zkConnect=h:1,\n")
+    done = metaq("broker", "-c", str(ini))
+    assert done.returncode == 1
+    assert one_error_line(done).startswith(f"metaq broker: error: {ini}: [zookeeper] zk.zkConnect: expected HOST:PORT")
+    # The SQL offset store's URL is checked when the consumer is made, with ZooKeeper reached.
+    done = metaq("consume", "--zk", zk.connect_string, "--zk-root", zk_root, "--topic", "t", "--group", "g",
+                 "--offset-url", "bogus://", "--max", "1", "--idle-timeout", "1")
+    assert done.returncode == 1
+    assert one_error_line(done).startswith("metaq consume: error: offset store url 'bogus://': ")
+    done = metaq("drill", "--zk", zk.connect_string, "--zk-root", zk_root, "--broker-id", "0", "--rate", "0")
+    assert done.returncode == 1
+    assert one_error_line(done) == "metaq drill: error: --rate must be > 0 messages per second, got 0"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from metaq.addresses import broker_url, parse_broker_url, parse_host_port
+from metaq.addresses import broker_url, check_zk_connect, parse_broker_url, parse_host_port
 
 
 @pytest.mark.parametrize(
@@ -36,3 +36,24 @@ def test_parse_host_port(text: str, expected: tuple[str, int]) -> None:
 def test_parse_host_port_rejects_garbage(bad: str) -> None:
     with pytest.raises(ValueError, match="expected host:port"):
         parse_host_port(bad)
+
+
+@pytest.mark.parametrize("text", ["127.0.0.1:2181", " a:1,b:2/chroot ", "[::1]:2181", "localhost"])
+def test_check_zk_connect_accepts_what_kazoo_reads(text: str) -> None:
+    assert check_zk_connect(text) == text.strip()
+
+
+@pytest.mark.parametrize("bad", ["", " ", "bad:::", "a:99999", "a:1,,b:2", "a:x"])
+def test_check_zk_connect_names_a_bad_string(bad: str) -> None:
+    with pytest.raises(ValueError, match=r"expected HOST:PORT\[,HOST:PORT...\], got "):
+        check_zk_connect(bad)
+
+
+def test_the_client_and_the_broker_config_check_their_connect_string() -> None:
+    from metaq.client import MetaClientConfig
+    from metaq.config import ConfigError, parse_server_ini
+
+    with pytest.raises(ValueError, match=r"^zk_connect: expected HOST:PORT"):
+        MetaClientConfig(zk_connect="bad:::")
+    with pytest.raises(ConfigError, match=r"\[zookeeper\] zk.zkConnect: expected HOST:PORT"):
+        parse_server_ini(b"[system]\nbrokerId=0\n[zookeeper]\nzk.zkConnect=h:1,\n")

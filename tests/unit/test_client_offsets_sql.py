@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import sqlite3
 
 import pytest
@@ -45,6 +46,12 @@ def test_creates_metaq_table_and_round_trips(url) -> None:
     assert run(store.load("other-group", "t", P0)) is None
     assert run(store.load("g", "other-topic", P0)) is None
     assert rows(url) == [("t", "0-0", "g", 3 * 2**31, 9), ("t", "0-1", "g", 0, -1)], "one row per place"
+
+
+@pytest.mark.parametrize("bad", ["bogus://", "bogus", "mysql+nosuchdriver://h/db"])
+def test_a_bad_url_is_a_value_error_naming_it(bad: str) -> None:
+    with pytest.raises(ValueError, match=rf"^offset store url '{re.escape(bad)}': "):
+        SqlOffsetStore(bad)
 
 
 def test_a_second_store_on_the_same_database_sees_the_commits(url) -> None:
