@@ -37,6 +37,13 @@ def run_zk(port: int, data_dir: str | None, tick_ms: int, *, super_digest: str |
     The data lives in ``data_dir``, else ``default_data_dir(port)``, both kept; with
     ``ephemeral`` in a temporary directory removed on exit.
     """
+    # Checked here, not left to the JVM, whose refusal is a page of log with the reason inside.
+    if not 0 <= port <= 65535:
+        print(f"metaq zk: --port must be between 0 and 65535, got {port}", file=sys.stderr)
+        return EXIT_USAGE
+    if tick_ms < 1:
+        print(f"metaq zk: --tick-ms must be >= 1, got {tick_ms}", file=sys.stderr)
+        return EXIT_USAGE
     if super_digest is not None and not re.fullmatch(r"super:[A-Za-z0-9+/]{27}=", super_digest):
         print("metaq zk: --super-digest must look like super:HASH (see 'metaq security zk-super-digest')", file=sys.stderr)
         return EXIT_USAGE
@@ -51,6 +58,13 @@ def run_zk(port: int, data_dir: str | None, tick_ms: int, *, super_digest: str |
                   file=sys.stderr)
             return EXIT_USAGE
         data_dir = str(default_data_dir(port))
+    if data_dir is not None:
+        # Made here, as start() would, so an unusable path is one line (stop() cleans up inside it too).
+        try:
+            Path(data_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            print(f"metaq zk: data dir {data_dir}: {exc.strerror or exc}", file=sys.stderr)
+            return EXIT_FAILED
     try:
         server = EmbeddedZooKeeper(port=port, data_dir=data_dir, tick_ms=tick_ms, super_digest=super_digest, host=host,
                                    tls=tls)
