@@ -110,8 +110,6 @@ def run(args: argparse.Namespace) -> int:
 
     if args.repeat < 1:
         raise MetaqError("--repeat must be >= 1")
-    if not args.rate > 0:  # the load paces its sends at 1/rate seconds
-        raise MetaqError(f"--rate must be > 0 messages per second, got {args.rate:g}")
     proxy = (args.proxy_url, args.proxy_name) if args.proxy_url or args.proxy_name else None
     if proxy is not None and not (args.proxy_url and args.proxy_name):
         raise MetaqError("--proxy-url and --proxy-name go together")

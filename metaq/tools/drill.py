@@ -235,6 +235,10 @@ class Drill:
     ) -> None:
         if fault not in ("kill", "stop", "partition"):
             raise MetaqError(f"unknown fault {fault!r} (kill, stop or partition)")
+        if not rate > 0:
+            # Checked before any fault: the load paces its sends at 1/rate s, and a load that
+            # dies after the kill would leave the old master down and nothing measured.
+            raise MetaqError(f"--rate must be > 0 messages per second, got {rate:g}")
         if fault == "partition" and proxy is None:
             raise MetaqError(
                 "--fault partition needs the master's ZooKeeper link to run through a Toxiproxy proxy:"
