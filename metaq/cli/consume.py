@@ -52,6 +52,8 @@ async def consume(args: argparse.Namespace) -> int:
 
     if args.max is not None and args.max < 1:
         raise MetaqError("--max must be positive")
+    if args.idle_timeout is not None and not args.idle_timeout > 0 or not args.commit_interval > 0:
+        raise MetaqError("--idle-timeout and --commit-interval must be > 0 seconds")
     try:
         consumer_config = ConsumerConfig(
             group=args.group,

@@ -86,6 +86,8 @@ async def produce(args: argparse.Namespace) -> int:
 
     if args.count is not None and args.count < 0 or args.size < 1 or args.batch < 1 or args.in_flight < 1:
         raise MetaqError("--count, --size, --batch and --in-flight must be positive")
+    if not args.send_timeout > 0:
+        raise MetaqError(f"--send-timeout must be > 0 seconds, got {args.send_timeout:g}")
     config = client_config(args, send_timeout_s=args.send_timeout)
     factory = await AsyncMessageSessionFactory(config).start()
     progress = Progress(f"producing to {args.topic}", total=args.count)

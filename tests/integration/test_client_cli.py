@@ -52,7 +52,7 @@ def one_error_line(done: subprocess.CompletedProcess, usage: bool = False) -> st
     return lines[-1]
 
 
-def test_a_bad_connect_string_offset_url_or_drill_rate_is_one_line(zk, zk_root, tmp_path) -> None:
+def test_bad_connect_strings_urls_rates_and_timeouts_are_one_line(zk, zk_root, tmp_path) -> None:
     # A connect string kazoo cannot read: a usage error before anything connects.
     for command in (["produce", "--topic", "t", "--count", "1"], ["cluster"]):
         done = metaq(*command, "--zk", "bad:::")
@@ -68,6 +68,10 @@ def test_a_bad_connect_string_offset_url_or_drill_rate_is_one_line(zk, zk_root, 
                  "--offset-url", "bogus://", "--max", "1", "--idle-timeout", "1")
     assert done.returncode == 1
     assert one_error_line(done).startswith("metaq consume: error: offset store url 'bogus://': ")
+    done = metaq("produce", "--zk", zk.connect_string, "--topic", "t", "--count", "1", "--send-timeout", "-1")
+    assert (done.returncode, one_error_line(done)) == (1, "metaq produce: error: --send-timeout must be > 0 seconds, got -1")
+    done = metaq("consume", "--zk", zk.connect_string, "--topic", "t", "--group", "g", "--idle-timeout", "0")
+    assert (done.returncode, one_error_line(done)) == (1, "metaq consume: error: --idle-timeout and --commit-interval must be > 0 seconds")
     done = metaq("drill", "--zk", zk.connect_string, "--zk-root", zk_root, "--broker-id", "0", "--rate", "0")
     assert done.returncode == 1
     assert one_error_line(done) == "metaq drill: error: --rate must be > 0 messages per second, got 0"
