@@ -250,7 +250,8 @@ class BrokerConnection:
                                   "/ --tls-ca, or to the broker's TLS port") from None
             raise ConnectionClosed(f"cannot connect to {host}:{port}: {exc}") from None
         except (OSError, asyncio.TimeoutError) as exc:
-            raise ConnectionClosed(f"cannot connect to {host}:{port}: {exc or 'timed out'}") from None
+            # str(), not the exception: an exception is always true, and a timeout's text is empty.
+            raise ConnectionClosed(f"cannot connect to {host}:{port}: {str(exc) or 'timed out'}") from None
         conn._transport = transport  # type: ignore[assignment]
         if authenticator is not None:
             try:

@@ -72,6 +72,9 @@ def test_bad_connect_strings_urls_rates_and_timeouts_are_one_line(zk, zk_root, t
     assert (done.returncode, one_error_line(done)) == (1, "metaq produce: error: --send-timeout must be > 0 seconds, got -1")
     done = metaq("consume", "--zk", zk.connect_string, "--topic", "t", "--group", "g", "--idle-timeout", "0")
     assert (done.returncode, one_error_line(done)) == (1, "metaq consume: error: --idle-timeout and --commit-interval must be > 0 seconds")
+    # A connect that times out says so (ZooKeeper's port listens; no time is given to reach it).
+    done = metaq("stats", zk.connect_string, "--timeout", "0")
+    assert (done.returncode, one_error_line(done)) == (1, f"metaq stats: error: cannot connect to {zk.connect_string}: timed out")
     done = metaq("drill", "--zk", zk.connect_string, "--zk-root", zk_root, "--broker-id", "0", "--rate", "0")
     assert done.returncode == 1
     assert one_error_line(done) == "metaq drill: error: --rate must be > 0 messages per second, got 0"
