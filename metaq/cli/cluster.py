@@ -31,7 +31,7 @@ from typing import Any
 
 from .admin import LOGIN_REFUSED, NEEDS_LOGIN, Answer, print_json, render_table, stats_answer
 from .login import (
-    add_group_login_argument, add_group_secret_argument, add_login_arguments, credentials, group_credentials, zk_connect_arg,
+    add_group_login_argument, add_group_secret_argument, add_login_arguments, credentials, group_credentials, zk_connect_arg, zk_root_arg,
 )
 
 
@@ -50,7 +50,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--slave-id", type=int, metavar="K", help="the slave (remove-slave)")
     add_group_secret_argument(parser)
     parser.add_argument("--zk", type=zk_connect_arg, required=True, metavar="HOST:PORT[,...]", help="ZooKeeper connect string")
-    parser.add_argument("--zk-root", default="/meta", help="ZooKeeper root of the cluster (default /meta)")
+    parser.add_argument("--zk-root", type=zk_root_arg, default="/meta", help="ZooKeeper root of the cluster (default /meta)")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds per ZooKeeper/broker request (default 5)")
     parser.add_argument("--json", action="store_true", help="one JSON object: members, problems, healthy")
     add_login_arguments(parser)

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from ..errors import MetaqError
-from .login import add_login_arguments, credentials, zk_connect_arg
+from .login import add_login_arguments, credentials, zk_connect_arg, zk_root_arg
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -19,7 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="fault the master of a running group under load; measure failover; check for lost messages",
     )
     parser.add_argument("--zk", type=zk_connect_arg, required=True, metavar="HOST:PORT[,...]", help="ZooKeeper connect string")
-    parser.add_argument("--zk-root", default="/meta", help="ZooKeeper root of the cluster (default /meta)")
+    parser.add_argument("--zk-root", type=zk_root_arg, default="/meta", help="ZooKeeper root of the cluster (default /meta)")
     parser.add_argument("--broker-id", type=int, required=True, help="the broker group to drill")
     parser.add_argument("--fault", choices=("kill", "stop", "partition"), default="kill", help="kill -9, SIGSTOP, or a network partition through a fault proxy (default kill)")
     parser.add_argument("--topic", help="topic to load (default: the group's first topic)")

@@ -1,5 +1,5 @@
 """How a command reaches the cluster and logs in to brokers with ``securityEnabled=true``:
-``--zk`` (checked as it is parsed), ``--user``, ``--password-file`` and ``--tls-ca``, shared
+``--zk`` and ``--zk-root`` (checked as they are parsed), ``--user``, ``--password-file`` and ``--tls-ca``, shared
 by produce/consume and the operator tools."""
 
 from __future__ import annotations
@@ -17,6 +17,17 @@ def zk_connect_arg(text: str) -> str:
         return check_zk_connect(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def zk_root_arg(text: str) -> str:
+    """``--zk-root``'s type: checked by the same rule as every ZooKeeper path (ZkPaths), as one usage line."""
+    from ..zk.paths import ZkPaths
+
+    try:
+        ZkPaths(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def add_login_arguments(parser: argparse.ArgumentParser) -> None:

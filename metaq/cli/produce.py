@@ -14,7 +14,7 @@ import sys
 from typing import AsyncIterator
 
 from ..errors import MetaqError
-from .login import add_login_arguments, credentials, zk_connect_arg
+from .login import add_login_arguments, credentials, zk_connect_arg, zk_root_arg
 from .progress import Progress
 
 MAX_ERRORS_SHOWN = 5
@@ -37,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def add_zk_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--zk", type=zk_connect_arg, required=True, metavar="HOST:PORT[,...]", help="ZooKeeper connect string")
-    parser.add_argument("--zk-root", default="/meta", help="ZooKeeper root of the cluster (default /meta)")
+    parser.add_argument("--zk-root", type=zk_root_arg, default="/meta", help="ZooKeeper root of the cluster (default /meta)")
     parser.add_argument("--zk-session-timeout-ms", type=int, default=30000, help=argparse.SUPPRESS)
     parser.add_argument("--zk-connect-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper (default 10)")
     add_login_arguments(parser)

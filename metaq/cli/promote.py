@@ -26,13 +26,13 @@ from typing import Any
 
 from ..errors import MetaqError
 from .admin import stats_map
-from .login import add_group_secret_argument, add_login_arguments, credentials, zk_connect_arg, zk_security, zk_write_refused
+from .login import add_group_secret_argument, add_login_arguments, credentials, zk_connect_arg, zk_root_arg, zk_security, zk_write_refused
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("promote", help="hand a broker group over to one of its slaves (planned, or --unclean)")
     parser.add_argument("--zk", type=zk_connect_arg, required=True, metavar="HOST:PORT[,...]", help="ZooKeeper connect string")
-    parser.add_argument("--zk-root", default="/meta", help="ZooKeeper root of the cluster (default /meta)")
+    parser.add_argument("--zk-root", type=zk_root_arg, default="/meta", help="ZooKeeper root of the cluster (default /meta)")
     parser.add_argument("--broker-id", type=int, required=True, help="the broker group")
     parser.add_argument("--slave", type=int, required=True, metavar="N", help="the slave id to promote")
     parser.add_argument("--unclean", action="store_true", help="elect it although it may lack acked messages (no master, no eligible slave)")

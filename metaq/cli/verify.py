@@ -27,7 +27,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..errors import MetaqError
-from .login import add_login_arguments, credentials, zk_connect_arg
+from .login import add_login_arguments, credentials, zk_connect_arg, zk_root_arg
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -35,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "verify", help="check a group's logs for corruption and that every slave's log is a byte-identical prefix of its master's"
     )
     parser.add_argument("--zk", type=zk_connect_arg, metavar="HOST:PORT[,...]", help="ZooKeeper connect string (a running group)")
-    parser.add_argument("--zk-root", default="/meta", help="ZooKeeper root of the cluster (default /meta)")
+    parser.add_argument("--zk-root", type=zk_root_arg, default="/meta", help="ZooKeeper root of the cluster (default /meta)")
     parser.add_argument("--broker-id", type=int, help="the broker group (master's brokerId), with --zk")
     parser.add_argument("--data-dir", type=Path, metavar="DIR",
                         help="check a stopped broker's dataPath offline instead (every segment's CRCs)")

@@ -58,6 +58,9 @@ def test_bad_connect_strings_urls_rates_and_timeouts_are_one_line(zk, zk_root, t
         done = metaq(*command, "--zk", "bad:::")
         assert done.returncode == 2
         assert "argument --zk: expected HOST:PORT[,HOST:PORT...], got 'bad:::'" in one_error_line(done, usage=True)
+        done = metaq(*command, "--zk", zk.connect_string, "--zk-root", "meta")
+        assert done.returncode == 2
+        assert "argument --zk-root: ZooKeeper root must start with '/', got 'meta'" in one_error_line(done, usage=True)
     ini = tmp_path / "server.ini"
     ini.write_text(f"[system]\nbrokerId=0\nserverPort=0\ndataPath={tmp_path / 'data'}\n[zookeeper]\nzk.zkConnect=h:1,\n")
     done = metaq("broker", "-c", str(ini))
