@@ -5,6 +5,7 @@ by produce/consume and the operator tools."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from ..addresses import check_zk_connect
@@ -52,9 +53,15 @@ def _password(user: str, password_file: str | None, option: str) -> str:
     """The first line of ``password_file``; without one, asked for on the terminal."""
     if password_file:
         try:
-            return Path(password_file).read_text().splitlines()[0]
-        except (OSError, IndexError) as exc:
-            raise MetaqError(f"{option} {password_file}: cannot read a password: {exc or 'empty file'}") from None
+            lines = Path(password_file).read_text().splitlines()
+        except OSError as exc:
+            raise MetaqError(f"{option} {password_file}: cannot read a password: {exc}") from None
+        if not lines:
+            raise MetaqError(f"{option} {password_file}: cannot read a password: empty file")
+        return lines[0]
+    # Never from a piped stdin: it carries produce's messages.
+    if not sys.stdin.isatty():
+        raise MetaqError(f"no password for {user}: give {option} (there is no terminal to ask on)")
     import getpass
 
     return getpass.getpass(f"password for {user}: ")

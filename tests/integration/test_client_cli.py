@@ -75,6 +75,10 @@ def test_bad_connect_strings_urls_rates_and_timeouts_are_one_line(zk, zk_root, t
     assert (done.returncode, one_error_line(done)) == (1, "metaq produce: error: --send-timeout must be > 0 seconds, got -1")
     done = metaq("consume", "--zk", zk.connect_string, "--topic", "t", "--group", "g", "--idle-timeout", "0")
     assert (done.returncode, one_error_line(done)) == (1, "metaq consume: error: --idle-timeout and --commit-interval must be > 0 seconds")
+    # --user without --password-file and no terminal to ask on (stdin is a pipe here).
+    done = metaq("stats", zk.connect_string, "--user", "app")
+    assert (done.returncode, one_error_line(done)) == (
+        1, "metaq stats: error: no password for app: give --password-file (there is no terminal to ask on)")
     # A connect that times out says so (ZooKeeper's port listens; no time is given to reach it).
     done = metaq("stats", zk.connect_string, "--timeout", "0")
     assert (done.returncode, one_error_line(done)) == (1, f"metaq stats: error: cannot connect to {zk.connect_string}: timed out")
