@@ -49,10 +49,12 @@ def _message(topic: str, item: Any, index: int, max_message_size: int) -> Messag
     attribute = item.get("attribute")
     if attribute is not None and not isinstance(attribute, str):
         raise HttpError(400, f"{where}: \"attribute\" must be a string")
+    if attribute is not None:
+        _utf8(attribute, where, "attribute")
     if "data" in item:
         if not isinstance(item["data"], str):
             raise HttpError(400, f"{where}: \"data\" must be a string (use \"data_base64\" for bytes)")
-        data = item["data"].encode("utf-8")
+        data = _utf8(item["data"], where, "data")
     else:
         if not isinstance(item["data_base64"], str):
             raise HttpError(400, f"{where}: \"data_base64\" must be a base64 string")
@@ -61,6 +63,14 @@ def _message(topic: str, item: Any, index: int, max_message_size: int) -> Messag
         except (binascii.Error, ValueError) as exc:
             raise HttpError(400, f"{where}: \"data_base64\" is not valid base64: {exc}") from None
     return checked_message(Message(topic, data, attribute), where, max_message_size)
+
+
+def _utf8(text: str, where: str, field: str) -> bytes:
+    """``text`` as UTF-8; JSON's ``\\ud800`` escapes decode to lone surrogates, which have none: 400, not 500."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise HttpError(400, f"{where}: \"{field}\" is not valid Unicode text (a lone surrogate escape)") from None
 
 
 def checked_message(message: Message, where: str, max_message_size: int) -> Message:

@@ -144,6 +144,11 @@ def test_bad_input_gets_4xx_with_one_line_and_stores_nothing(cluster) -> None:
         ("malformed JSON", call("POST", produce, b'{"messages": [', json_type), 400, "malformed JSON"),
         ("no data field", call("POST", produce, b'{"messages": [{"text": "x"}]}', json_type), 400, "unknown field"),
         ("bad base64", call("POST", produce, b'{"messages": [{"data": "ok"}, {"data_base64": "@@@"}]}', json_type), 400, "base64"),
+        # JSON's \ud800 escape is a lone surrogate: no UTF-8 bytes (this was a 500).
+        ("lone surrogate", call("POST", produce, b'{"messages": [{"data": "ok"}, {"data": "\\ud800"}]}', json_type), 400,
+         "not valid Unicode text"),
+        ("lone surrogate attribute", call("POST", produce, b'{"data": "ok", "attribute": "\\udfff"}', json_type), 400,
+         '"attribute" is not valid Unicode text'),
         ("oversized", call("POST", produce, json.dumps({"messages": [{"data": "ok"}, {"data": "x" * 1_100_000}]}).encode(), json_type),
          413, "exceeds the maximum message size"),
         ("oversized raw", call("POST", produce, b"x" * 1_100_000, {"Content-Type": "application/octet-stream"}), 413, "maximum message size"),
