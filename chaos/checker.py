@@ -6,9 +6,11 @@ the master snapshot of each group after healing ("the final log").
 
 checks
 ------
-``acked_lost``      (sync) every ``ok`` put is in the final log of its partition at its acked
-                    offset with its value. (async: only ``moved`` is a violation here, the
-                    losses are judged by ``async_loss_bound``.)
+``acked_lost``      (sync) every ``ok`` put, and every message of a committed transaction
+                    (on whichever topic it went to), is in the final log of its partition at
+                    its acked offset with its value: half a transaction missing is a loss.
+                    (async: only ``moved`` is a violation here, the losses are judged by
+                    ``async_loss_bound``.)
 ``async_loss_bound``(async) acked puts missing from the final log number no more than the
                     replication lag (messages, else bytes) reported at failovers of their
                     group; a loss with no failover at all is a violation.
@@ -147,11 +149,21 @@ def check_final_masters(history: History, index: Index) -> tuple[list[dict], int
     return out, len(groups)
 
 
+def acked_writes(index: Index) -> list[dict[str, Any]]:
+    """Every write that must be in the final log, each as a put's completion: the ``ok`` puts
+    and, per message of a committed transaction, its ``txn`` completion with that message's
+    ``partition``, acked ``offset`` and ``value`` (a transaction commits whole: every topic
+    and partition it wrote, or none)."""
+    writes = [op for op in index.puts if op["type"] == "ok"]
+    for w in index.kafka.writes:
+        if w.transactional and w.committed and w.partition is not None:
+            writes.append({**w.op, "partition": w.partition, "offset": w.offset, "value": w.value})
+    return writes
+
+
 def _lost_and_moved(index: Index) -> tuple[list[dict], list[dict], int]:
     lost, moved, checked = [], [], 0
-    for op in index.puts:
-        if op["type"] != "ok":
-            continue
+    for op in acked_writes(index):
         checked += 1
         partition = op.get("partition")
         log = index.logs.get(partition)
@@ -162,7 +174,8 @@ def _lost_and_moved(index: Index) -> tuple[list[dict], list[dict], int]:
         acked = op.get("offset")
         if acked is None:
             if not offsets:
-                lost.append({**brief(op), "kind": "lost", "why": f"acked put {op.get('value')!r} is not in the final log of {partition}"})
+                what = f"transaction {op.get('txn')}'s message" if op.get("f") == "txn" else "acked put"
+                lost.append({**brief(op), "kind": "lost", "why": f"{what} {op.get('value')!r} is not in the final log of {partition}"})
         elif acked not in offsets:
             if offsets:
                 moved.append({**brief(op), "kind": "moved", "found_at": offsets,

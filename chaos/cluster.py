@@ -63,6 +63,11 @@ from .toxiproxy_client import FaultProxy
 log = logging.getLogger(__name__)
 
 TOPIC = "chaos"
+#: The transactions' second topic (``--transactions``): each transaction of the workload
+#: spreads its messages over both topics, so "all or nothing" spans topics, not just
+#: partitions (chaos/transactions.py). On every broker group, like ``TOPIC``.
+TXN_TOPIC = "txn-b"
+TXN_PARTITIONS = 3
 SESSION_MS = 1500
 #: The workload's user with ``secure``: produce and consume on every topic, no admin.
 CLIENT_USER = "app"
@@ -161,6 +166,8 @@ class ChaosCluster:
         zk_nodes: int = 1,
         partitions: int = 2,
         topic: str = TOPIC,
+        txn_topic: str = TXN_TOPIC,
+        txn_partitions: int = TXN_PARTITIONS,
         session_ms: int = SESSION_MS,
         tick_ms: int = 100,
         proxy_mode: str = "auto",
@@ -186,6 +193,8 @@ class ChaosCluster:
         self.mode = mode
         self.partitions = partitions
         self.topic = topic
+        self.txn_topic = txn_topic
+        self.txn_partitions = txn_partitions
         self.session_ms = session_ms
         self.tick_ms = tick_ms
         self.zk_root = "/meta"
@@ -243,6 +252,17 @@ class ChaosCluster:
             EmbeddedZooKeeper(data_dir=self.work_dir / f"zk{i}", tick_ms=self.tick_ms, server_id=i, peers=peers)
             for i in range(1, nodes + 1)
         ]
+
+    @property
+    def topics(self) -> dict[str, int]:
+        """Every topic of every broker group (broker config) -> its partition count: the
+        workload's topic and the transactions' second one (the side topic of
+        ``--topic-ops`` is made and dropped at run time, chaos/topic_ops.py)."""
+        return {self.topic: self.partitions, self.txn_topic: self.txn_partitions}
+
+    def partition_names(self, group: int) -> list[tuple[str, int, str]]:
+        """Every partition of ``topics`` in ``group``: (topic, n, its history name ``{topic}/{group}-{n}``)."""
+        return [(topic, n, f"{topic}/{group}-{n}") for topic, count in self.topics.items() for n in range(count)]
 
     @property
     def zk_connect(self) -> str:
@@ -305,7 +325,7 @@ class ChaosCluster:
                 client.create(upstream=f"127.0.0.1:{server_port}", name=f"client-{name}", listen=f"127.0.0.1:{client_port}")
                 zk_connect = ",".join(f"127.0.0.1:{p}" for p in zk_ports)
                 process = BrokerProcess(
-                    self.work_dir, zk_connect, group, {self.topic: self.partitions},
+                    self.work_dir, zk_connect, group, self.topics,
                     {**system, **self._group_security.get(group, {}), "serverPort": server_port,
                      "advertisedAddress": f"127.0.0.1:{peer_port}"},
                     slave_props, self.zk_root,
@@ -342,7 +362,7 @@ class ChaosCluster:
         assert self.network is not None
         host = self.network.add_host(name)
         process = BrokerProcess(
-            self.work_dir, self.zk_connect, group, {self.topic: self.partitions}, {**system, "serverPort": BROKER_PORT},
+            self.work_dir, self.zk_connect, group, self.topics, {**system, "serverPort": BROKER_PORT},
             slave_props, self.zk_root, name=name, zookeeper={"zk.zkSessionTimeoutMs": self.session_ms},
             host=host.address, command_prefix=host.command([]),
         )
@@ -610,11 +630,11 @@ class ChaosCluster:
                 ids = {sid for sid, url in view.slaves.items() if url != master.url}
                 if not ids <= view.sync_set:
                     return f"group {group}: sync set {sorted(view.sync_set)} lacks some of {sorted(ids)}"
-            for n in range(self.partitions):
-                end = master.disk_end(self.topic, n)
+            for topic, n, _name in self.partition_names(group):
+                end = master.disk_end(topic, n)
                 for b in self.group_brokers(group):
-                    if b is not master and b.disk_end(self.topic, n) != end:
-                        return f"{b.name} behind on {self.topic}-{n}: {b.disk_end(self.topic, n)} < {end}"
+                    if b is not master and b.disk_end(topic, n) != end:
+                        return f"{b.name} behind on {topic}-{n}: {b.disk_end(topic, n)} < {end}"
         return None
 
     def wait_settled(self, timeout: float = 90.0) -> float:
@@ -636,11 +656,11 @@ class ChaosCluster:
             view = self.view(group)
             for b in self.group_brokers(group):
                 role = "master" if b.url == view.master else "slave"
-                parts = {f"{self.topic}/{group}-{n}": self.disk_log(b, n) for n in range(self.partitions)}
+                # Both topics: the checker's replica_prefix compares each slave's logs of
+                # every one of them with its master's, and the final master logs are the truth
+                # for the transactions' messages on the second topic too.
+                parts = {name: b.disk_log(topic, n) for topic, n, name in self.partition_names(group)}
                 history.snapshot(b.name, group, role, parts, url=b.url, epoch=view.epoch)
-
-    def disk_log(self, b: ChaosBroker, partition: int) -> bytes:
-        return b.disk_log(self.topic, partition)
 
     def log_report(self, last_lines: int = 40) -> str:
         parts = []
@@ -650,4 +670,4 @@ class ChaosCluster:
         return "\n".join(parts)
 
 
-__all__ = ["ChaosBroker", "ChaosCluster", "GroupView", "HOSTS_MODES", "TOPIC", "mode_system", "parse_broker_url"]
+__all__ = ["ChaosBroker", "ChaosCluster", "GroupView", "HOSTS_MODES", "TOPIC", "TXN_TOPIC", "mode_system", "parse_broker_url"]

@@ -2,8 +2,9 @@
 
 ``ConsumerGroupLoad`` (run by chaos/runner.py) keeps ``size`` members of group
 ``chaos-g0`` alive, each a separate OS process (``python -m chaos.group_consumer``)
-running the real client's consumer (``AsyncMessageConsumer``: ZooKeeper owners and
-offsets, read committed, ``read_from`` master / slave / prefer-slave in turn, offsets
+subscribed to both of the cluster's topics (the workload's and the transactions' second
+one, ``ChaosCluster.topics``), running the real client's consumer
+(``AsyncMessageConsumer``: ZooKeeper owners and offsets, read committed, ``read_from`` master / slave / prefer-slave in turn, offsets
 committed every 0.5 s). Every few seconds (seeded) one member is SIGKILLed (no commit: it
 redelivers since its last commit) or SIGTERMed (it commits and leaves the group), and
 restarted under a new process name. At the end every member leaves, and one drain member
@@ -90,7 +91,8 @@ async def member(args: argparse.Namespace) -> None:
             consumer = factory.create_consumer(ConsumerConfig(
                 group=args.group, read_from=args.read_from, consumer_id=args.process, commit_interval_s=0.5,
                 fetch_wait_ms=500, claim_timeout_s=30.0, recover_dir=str(Path(args.out).with_suffix(".recover"))))
-            consumer.subscribe(args.topic, batch_listener=lambda ms: log.batch(consumer, args.topic, ms))
+            for topic in args.topic:
+                consumer.subscribe(topic, batch_listener=lambda ms, topic=topic: log.batch(consumer, topic, ms))
             await consumer.complete_subscribe()
             owned: list[str] = []
             while not stop.is_set():  # what it owns, for the drain to know it has every partition
@@ -107,9 +109,9 @@ async def member(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m chaos.group_consumer", description="one consumer-group member")
-    for name in ("--zk-connect", "--zk-root", "--topic", "--group", "--process", "--read-from", "--out",
-                 "--address-map"):
+    for name in ("--zk-connect", "--zk-root", "--group", "--process", "--read-from", "--out", "--address-map"):
         p.add_argument(name, required=True)
+    p.add_argument("--topic", action="append", required=True, help="a topic to subscribe to (repeatable)")
     p.add_argument("--t0", type=float, required=True, help="the runner's monotonic clock origin")
     p.add_argument("--user", default=None, help="SCRAM user (password in $CHAOS_CLIENT_PASSWORD)")
     asyncio.run(member(p.parse_args(argv)))
@@ -142,7 +144,7 @@ class ConsumerGroupLoad:
         if credentials.password:
             env["CHAOS_CLIENT_PASSWORD"] = credentials.password
         cmd = [sys.executable, "-m", "chaos.group_consumer", "--zk-connect", self.cluster.zk_connect,
-               "--zk-root", self.cluster.zk_root, "--topic", self.cluster.topic, "--group", GROUP,
+               "--zk-root", self.cluster.zk_root, *(f"--topic={topic}" for topic in self.cluster.topics), "--group", GROUP,
                "--process", name, "--read-from", read_from, "--out", str(self.dir / f"{name}.jsonl"),
                "--address-map", json.dumps(self.cluster.client_address_map), "--t0", repr(self.history.t0)]
         if credentials.user:
@@ -204,8 +206,7 @@ class ConsumerGroupLoad:
         self._spawn(0, "master")
         name, _proc = self.members[0]
         path = self.dir / f"{name}.jsonl"
-        every = {f"{self.cluster.topic}/{g}-{n}" for g in range(self.cluster.num_groups)
-                 for n in range(self.cluster.partitions)}
+        every = {name for g in range(self.cluster.num_groups) for _t, _n, name in self.cluster.partition_names(g)}
         deadline, last, since = time.monotonic() + limit_s, "", time.monotonic()
         while time.monotonic() < deadline:
             text = path.read_text() if path.exists() else ""

@@ -31,6 +31,9 @@ A read is one completed ``get``::
     {"id": 40, "type": "ok", "process": "c0", "f": "get", "partition": "t/0-0",
      "replica": "meta://...", "reads": [[offset, value], ...], "time": ...}
 
+A raw read (every record, read uncommitted) carries no ``isolation``; a reader that filters
+as a read-committed consumer does records ``"isolation": "read_committed"``.
+
 A consumer (a member of a consumer group, ``process`` is one consumer process) records
 each assignment it is given and each poll it makes; the group's name is ``group``::
 
@@ -205,11 +208,16 @@ class History:
     def info(self, op_id: int, error: str, **extra: Any) -> dict[str, Any]:
         return self._complete(op_id, "info", {"error": error, **extra})
 
-    def read(self, process: str, partition: str, reads: Iterable[tuple[int, Any]], replica: str | None = None) -> None:
+    def read(self, process: str, partition: str, reads: Iterable[tuple[int, Any]], replica: str | None = None,
+             isolation: str | None = None) -> None:
+        """One fetch's records; ``isolation`` ``"read_committed"`` for a reader that filters
+        as a read-committed consumer does (else a raw read: read uncommitted)."""
         with self._lock:
             t = self.now()
             op_id = next(self._ids)
             base = {"id": op_id, "process": process, "f": "get", "partition": partition, "replica": replica}
+            if isolation is not None:
+                base["isolation"] = isolation
             self.ops.append({**base, "type": "invoke", "time": t})
             self.ops.append({**base, "type": "ok", "time": t, "reads": [[int(o), v] for o, v in reads]})
 

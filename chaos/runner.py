@@ -18,7 +18,10 @@ One run:
    (exactly once: a duplicate is a violation); with ``--consumer-group`` (on in ``random``)
    also consumer processes of one group, killed, stopped and restarted
    (chaos/group_consumer.py), whose polls feed the checker's consumer checks; with
-   ``--transactions`` (on in ``random``) two transactional producers (``x0``, ``x1``); with
+   ``--transactions`` (on in ``random``) transactional producers (local ``x0``, ``x1``, XA ``xa0``,
+   the zombie ``z0``; chaos/transactions.py) whose every transaction spreads its messages
+   over two topics (the workload's and ``txn-b``), and one read-committed reader per group
+   reading both topics from every replica (master and slaves); with
    ``--topic-ops`` (on in ``random``) each group's side topic created, grown, altered, deleted
    and re-created beside the faults, each operation's state checked on every member
    (chaos/topic_ops.py);
@@ -59,8 +62,11 @@ from metaq.client.connection import BrokerConnection, ConnectionClosed
 from metaq.ha.epochs import EpochCache, EpochCacheError
 from metaq.protocol import commands as c
 from metaq.protocol.messages import EpochsRequest, GetRequest
+from metaq.protocol.replies import aborted_spans
 from metaq.record import iter_records
+from metaq.txn.reader import committed_records
 
+from .anomalies import READ_COMMITTED
 from .checker import check, duplicates_line, resends_line
 from .cluster import HOSTS_MODES, ON_SYNC_SLAVE_LOSS, ChaosCluster
 from .group_consumer import GROUP, ConsumerGroupLoad
@@ -126,13 +132,16 @@ class Monitor(threading.Thread):
         lag: dict[str, dict[str, int]] = {}
         # The old master's logs are read first: it may come back, follow and truncate while
         # the new master is asked where its epoch began.
-        old_logs = {n: _log_or_none(old, self.cluster.topic, n) for n in range(self.cluster.partitions)} if old else {}
-        for n in range(self.cluster.partitions):
-            name = f"{self.cluster.topic}/{group}-{n}"
-            start = self._epoch_start(new_url, new, n, epoch)
+        # Every topic's partitions: a committed transaction's messages on the second topic
+        # are acked writes that async_loss_bound judges by this lag too.
+        partitions = self.cluster.partition_names(group)
+        old_logs = {name: _log_or_none(old, topic, n) for topic, n, name in partitions} if old else {}
+        starts = self._epoch_starts(new_url, new, [(topic, n) for topic, n, _name in partitions], epoch)
+        for topic, n, name in partitions:
+            start = starts[(topic, n)]
             if old is None or start is None:
                 continue
-            old_log = old_logs[n]
+            old_log = old_logs[name]
             if old_log is None:
                 continue
             lag[name] = {"bytes": max(0, len(old_log) - start),
@@ -141,19 +150,26 @@ class Monitor(threading.Thread):
                               old_broker=old.name if old else None, new_broker=new.name if new else None)
         log.info("failover in group %d: %s -> %s (epoch %d) lag %s", group, old_url, new_url, epoch, lag)
 
-    def _epoch_start(self, new_url: str, new: Any, partition: int, epoch: int) -> int | None:
-        """Where the new master's epoch began in a partition: asked of it (a just-elected
-        master on a loaded machine may answer slowly: asked again), else read from its
-        epoch checkpoint on disk, else its log end now. The last is an over-estimate (it
-        may have appended since), which makes the lag, and so async_loss_bound, too small:
-        campaign seed 3026 recorded a lag of 0 for a failover that took back one ack."""
-        topic = self.cluster.topic
+    def _epoch_starts(self, new_url: str, new: Any, keys: list[tuple[str, int]], epoch: int) -> dict[tuple[str, int], int | None]:
+        """Where the new master's epoch began in each partition: asked of it, every partition
+        at once (a just-elected master on a loaded machine may answer slowly: asked again, at
+        most 2 + 4 + 8 s in all, whatever the number of partitions), else read from its epoch
+        checkpoint on disk, else its log end now. The last is an over-estimate (it may have
+        appended since), which makes the lag, and so async_loss_bound, too small: campaign
+        seed 3026 recorded a lag of 0 for a failover that took back one ack."""
+        starts: dict[tuple[str, int], int | None] = dict.fromkeys(keys)
+        address = self.cluster.client_address(new_url)
         for timeout in (2.0, 4.0, 8.0):
-            start = _epoch_start(self.cluster.client_address(new_url), topic, partition, epoch, timeout)
-            if start is not None:
-                return start
-        if new is None:
-            return None
+            unknown = [key for key in keys if starts[key] is None]
+            if not unknown:
+                break
+            starts.update(_epoch_starts(address, unknown, epoch, timeout))
+        if new is not None:
+            for topic, partition in [key for key in keys if starts[key] is None]:
+                starts[(topic, partition)] = self._epoch_start_on_disk(new, topic, partition, epoch)
+        return starts
+
+    def _epoch_start_on_disk(self, new: Any, topic: str, partition: int, epoch: int) -> int:
         try:
             entries = EpochCache.load(new.data_dir() / f"{topic}-{partition}").entries
         except (OSError, EpochCacheError):
@@ -188,22 +204,31 @@ def _log_or_none(broker: Any, topic: str, partition: int) -> bytes | None:
         return None
 
 
-def _epoch_start(address: tuple[str, int], topic: str, partition: int, epoch: int, timeout: float = 2.0) -> int | None:
-    async def ask() -> int | None:
-        conn = await BrokerConnection.open(*address, timeout)
+def _epoch_starts(address: tuple[str, int], keys: list[tuple[str, int]], epoch: int,
+                  timeout: float = 2.0) -> dict[tuple[str, int], int | None]:
+    """Ask the broker at ``address`` where ``epoch`` began in each partition, all at once
+    (None for a partition it did not answer for in ``timeout``)."""
+    async def ask(topic: str, partition: int) -> int | None:
         try:
-            reply = await conn.request(EpochsRequest(topic=topic, partition=partition).to_header(), timeout=timeout)
-        finally:
-            conn.close()
+            conn = await BrokerConnection.open(*address, timeout)
+            try:
+                reply = await conn.request(EpochsRequest(topic=topic, partition=partition).to_header(), timeout=timeout)
+            finally:
+                conn.close()
+        except Exception:
+            return None
         for entry_epoch, start in reply.get("entries", []) or []:
             if entry_epoch == epoch:
                 return int(start)
         return None
 
+    async def ask_all() -> list[int | None]:
+        return await asyncio.gather(*(ask(topic, partition) for topic, partition in keys))
+
     try:
-        return asyncio.run(ask())
+        return dict(zip(keys, asyncio.run(ask_all())))
     except Exception:
-        return None
+        return dict.fromkeys(keys)
 
 
 class Workload:
@@ -278,16 +303,19 @@ class Workload:
                 await asyncio.sleep(1 / self.rate)
             await producer.close()
 
-    async def transactional_producer(self, name: str) -> None:
-        """Local transactions of 1-3 messages over the topic's partitions (the client's
-        routing), three in four committed, one in four rolled back. Each is one ``txn``
+    async def transactional_producer(self, name: str, group: int) -> None:
+        """Local transactions of 2-4 messages over both topics' partitions (each topic at
+        least once; the client's routing within a topic), three in four committed, one in
+        four rolled back. Each is one ``txn``
         operation: ``ok`` committed (with ``commit_time``, when commit was invoked), ``fail``
         rolled back (by us, or by the broker at commit), ``info`` unknown; ``sends`` lists
         every message tried, with its acked offset (None when its send failed). One in ten
-        is left open past its timeout (``TransactionLoad.timed_out``)."""
+        is left open past its timeout (``TransactionLoad.timed_out``). Its transactions run
+        in broker group ``group`` (a transaction stays in one group: with two groups, ``x1``
+        takes the second, so both groups' topics get transactions)."""
         rng = random.Random(f"workload/{name}/{self.seed}")
         async with AsyncMessageSessionFactory(self.client_config()) as factory:
-            producer = factory.create_transactional_producer()
+            producer = factory.create_transactional_producer(broker_id=group)
             for number in itertools.count():
                 if self.stopping.is_set():
                     break
@@ -304,7 +332,7 @@ class Workload:
         committing = False
         try:
             await producer.begin_transaction(timeout_s=TXN_TIMEOUT_S)
-            await send_values(producer, self.cluster.topic, txn, rng.randint(1, 3), sends)
+            await send_values(producer, self.txn_load.targets(rng, 2, 4), txn, sends)
             if rng.random() < 0.25:
                 await producer.rollback()
                 self.history.fail(op, "rolled back", sends=sends)
@@ -321,17 +349,25 @@ class Workload:
                 self.history.info(op, f"unknown: {exc}", sends=sends)
             await asyncio.sleep(0.1)
 
-    async def reader(self, group: int) -> None:
-        """Reads every partition from every replica of the group, each at its own position."""
-        topic = self.cluster.topic
-        positions: dict[tuple[str, int], int] = {}
+    async def reader(self, group: int, committed_only: bool = False) -> None:
+        """Reads every partition from every replica of the group, each at its own position:
+        raw (``reader-g{group}``: every record up to the last stable offset, control records
+        and aborted transactions' messages included), the workload's topic; or, with
+        ``committed_only`` (``committed-reader-g{group}``, with ``--transactions``), as a
+        read-committed consumer does (no control record, no aborted message: the reply's
+        aborted spans), both topics the transactions write, so that the read-committed
+        checks (aborted-read, precommitted-read, intermediate-read, G1c) see what masters and
+        slaves served of each."""
+        topics = self.cluster.topics if committed_only else {self.cluster.topic: self.cluster.partitions}
+        process = f"{'committed-reader' if committed_only else 'reader'}-g{group}"
+        positions: dict[tuple[str, str, int], int] = {}
         conns: dict[str, BrokerConnection] = {}
         while not self.stopping.is_set():
             for url in list(self.monitor.replicas.get(group, [])):
-                for n in range(self.cluster.partitions):
+                for topic, n in ((t, n) for t, count in topics.items() for n in range(count)):
                     if self.stopping.is_set():
                         return
-                    key = (url, n)
+                    key = (url, topic, n)
                     offset = positions.get(key, 0)
                     try:
                         conn = await self._cached_conn(conns, url)
@@ -348,11 +384,10 @@ class Workload:
                         if isinstance(committed, int) and offset > committed and "beyond the log end" in reply.message:
                             positions[key] = committed  # this replica was truncated below our position
                         continue
-                    records = list(iter_records(bytes(reply.body), offset))
-                    if records:
-                        self.history.read(f"reader-g{group}", f"{topic}/{group}-{n}",
-                                          [(r.offset, record_value(r.attribute, r.data)) for r in records], replica=url)
-                        positions[key] = records[-1].offset + records[-1].size
+                    pairs, positions[key] = _read_pairs(bytes(reply.body), offset, reply.header, committed_only)
+                    if pairs:
+                        self.history.read(process, f"{topic}/{group}-{n}", pairs, replica=url,
+                                          isolation=READ_COMMITTED if committed_only else None)
             await asyncio.sleep(0.3)
         for conn in conns.values():
             conn.close()
@@ -391,10 +426,13 @@ class Workload:
         raw = [RawProducer(self, name, self.producers, self.resend_budget_s) for name in ("r0", "r1")]
         tasks = [*(asyncio.create_task(p.run()) for p in raw), asyncio.create_task(self.client_producer("c0"))]
         if self.transactions:
-            tasks += [asyncio.create_task(self.transactional_producer(name)) for name in ("x0", "x1")]
+            tasks += [asyncio.create_task(self.transactional_producer(name, i % self.cluster.num_groups))
+                      for i, name in enumerate(("x0", "x1"))]
             tasks += [asyncio.create_task(self.txn_load.xa_producer("xa0")),
                       asyncio.create_task(self.txn_load.zombie("z0"))]
         tasks += [asyncio.create_task(self.reader(g)) for g in range(self.cluster.num_groups)]
+        if self.transactions:
+            tasks += [asyncio.create_task(self.reader(g, committed_only=True)) for g in range(self.cluster.num_groups)]
         tasks += [asyncio.create_task(self.prober(g)) for g in range(self.cluster.num_groups)]
         results = await asyncio.gather(*tasks, return_exceptions=True)
         for conn in self.conns.values():
@@ -402,6 +440,30 @@ class Workload:
         for r in results:
             if isinstance(r, BaseException):
                 log.error("workload task failed: %r", r)
+
+
+def _read_pairs(body: bytes, offset: int, header: dict[str, Any], committed_only: bool) -> tuple[list[tuple[int, str]], int]:
+    """A fetched range as a history's reads, and where the next fetch starts. Raw: every
+    record. Read-committed: the records a read-committed consumer is given (no control
+    record, nothing inside the reply's aborted spans); the next fetch starts past the
+    filtered ones too."""
+    if committed_only:
+        filtered = committed_records(body, offset, aborted_spans(header))
+        return [(r.offset, value_of(bytes(r.data))) for r in filtered.records], filtered.next_offset
+    records = list(iter_records(body, offset))
+    end = records[-1].offset + records[-1].size if records else offset
+    return [(r.offset, record_value(r.attribute, r.data)) for r in records], end
+
+
+def committed_messages_by_topic(txns: list[dict[str, Any]]) -> dict[str, int]:
+    """Of ``txn`` completions: the committed transactions' messages per topic."""
+    counts: dict[str, int] = {}
+    for op in txns:
+        if op["type"] == "ok":
+            for partition, _offset, _value in op.get("sends") or []:
+                topic = str(partition).rsplit("/", 1)[0]
+                counts[topic] = counts.get(topic, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def injected_faults(faults: list[dict[str, Any]]) -> dict[str, int]:
@@ -437,6 +499,7 @@ class Run:
         self.liveness_bound = liveness_bound if liveness_bound is not None else default_bound(session_ms)
         self.history = History({"mode": mode, "scenario": scenario, "seed": seed, "seconds": seconds,
                                 "groups": groups, "zk_nodes": zk_nodes, "topic": self.cluster.topic,
+                                "txn_topic": self.cluster.txn_topic,
                                 "slaves": slaves, "on_sync_slave_loss": on_sync_slave_loss,
                                 "session_ms": session_ms, "liveness_bound_s": self.liveness_bound,
                                 "secure": secure, "rogue": rogue, "producers": producers.to_json(),
@@ -641,9 +704,12 @@ class Run:
     def transactions_line(self) -> str:
         if not self.transactions:
             return "transactions: off"
-        ends = [op["type"] for op in self.history.ops if op.get("f") == "txn" and op["type"] != "invoke"]
-        return (f"transactions (x0, x1 local, xa0 XA, z0 zombie): {ends.count('ok')} committed, "
-                f"{ends.count('fail')} rolled back, {ends.count('info')} unknown; "
+        ends = [op for op in self.history.ops if op.get("f") == "txn" and op["type"] != "invoke"]
+        types = [op["type"] for op in ends]
+        by_topic = committed_messages_by_topic(ends)
+        return (f"transactions (x0, x1 local, xa0 XA, z0 zombie): {types.count('ok')} committed "
+                f"(messages by topic: {', '.join(f'{t} {n}' for t, n in by_topic.items()) or 'none'}), "
+                f"{types.count('fail')} rolled back, {types.count('info')} unknown; "
                 + (self.txn_load.line() if self.txn_load is not None else ""))
 
     def producers_text(self) -> str:
@@ -748,9 +814,12 @@ def add_parser(sub: Any) -> None:
                         "group to the end; their polls feed the poll, duplicate and unseen checks "
                         "(default: on in the random scenario)")
     p.add_argument("--transactions", action=argparse.BooleanOptionalAction, default=None,
-                   help="two transactional producers (local transactions of 1-3 messages, one in four rolled "
-                        "back) whose outcomes feed the read-committed checks: precommitted-read, aborted-read, "
-                        "intermediate-read, G0, G1c (default: on in the random scenario)")
+                   help="transactional producers (local x0, x1: transactions of 2-4 messages, one in four rolled "
+                        "back; XA xa0; the zombie z0; some left open past their timeout), every transaction spread "
+                        "over two topics (chaos and txn-b), and a read-committed reader of both topics per group on "
+                        "every replica; their outcomes and reads feed lost-write and the read-committed checks: "
+                        "precommitted-read, aborted-read, intermediate-read, G0, G1c (default: on in the random "
+                        "scenario)")
     p.add_argument("--topic-ops", action=argparse.BooleanOptionalAction, default=None,
                    help="topic operations beside the faults: each group's side topic is created, grown, altered, "
                         "deleted and re-created smaller, and after each the state it must leave is checked on every "

@@ -6,17 +6,20 @@ The chaos topology (chaos/cluster.py: brokers and ZooKeeper behind fault proxies
 seeded fault schedule (chaos/scenarios.py), and instead of the plain workload:
 
 * ``WRITERS`` transactional producers (the real client, through the proxies) running
-  transactions of 1-4 messages over the topic's partitions, three in four committed,
-  one in four rolled back; every outcome recorded: committed (``commit`` returned),
-  rolled back (``rollback`` returned, or ``commit`` raised ``TransactionRolledBack``),
-  unknown (a step gave up);
-* a reader scanning every replica (masters and slaves) read-committed every 0.1 s.
+  transactions of 2-4 messages spread over both topics' partitions (the cluster's
+  ``topic`` and ``txn_topic``: every transaction writes to each), three in four
+  committed, one in four rolled back; every outcome recorded: committed (``commit``
+  returned), rolled back (``rollback`` returned, or ``commit`` raised
+  ``TransactionRolledBack``), unknown (a step gave up);
+* a reader scanning both topics on every replica (masters and slaves) read-committed
+  every 0.1 s.
 
 ``TxnOutcomes.check`` then requires, of every scan of every replica: each partition's
 share of a committed transaction whole or absent (a scan reads partitions one after
 the other, and each partition's COMMIT marker lands on its own), no rolled-back
 transaction, no message twice; and at the end, on every replica once settled, exactly
-the committed transactions (an unknown one may be there or not, whole).
+the committed transactions, each on both topics (an unknown one may be there or not,
+whole).
 
 The same checker serves ``tests/integration/test_transactions_failover.py``.
 """
@@ -33,7 +36,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from metaq.client import Message, MetaClientConfig, TransactionError, TransactionRolledBack, XAError, Xid
 from metaq.client.transactional import ROLLED_BACK_CODES, ProducerFenced
@@ -71,6 +74,24 @@ async def read_committed(address: tuple[str, int], topic: str, partition: int) -
         conn.close()
 
 
+def spread_over(topics: Sequence[str], count: int, rng: random.Random) -> list[str]:
+    """The topic of each of a transaction's ``count`` messages: every topic at least once
+    (``count`` >= len(topics)), the rest at random, in a random order. A transaction that
+    commits must then be visible whole on every topic; one rolled back on none."""
+    if isinstance(topics, str):
+        raise TypeError(f"topics must be a list of topic names, not one name: {topics!r}")
+    if count < len(topics):
+        raise ValueError(f"{count} messages cannot reach {len(topics)} topics")
+    chosen = [*topics, *(rng.choice(topics) for _ in range(count - len(topics)))]
+    rng.shuffle(chosen)
+    return chosen
+
+
+def partition_key(topic: str, partition: int) -> str:
+    """How ``TxnOutcomes`` names a partition: ``{topic}-{n}`` (its directory name)."""
+    return f"{topic}-{partition}"
+
+
 def txn_of(message: bytes) -> str:
     """``w{w}-t{i}-{j}`` -> ``w{w}-t{i}``."""
     return message.decode().rpartition("-")[0]
@@ -81,26 +102,33 @@ class TxnOutcomes:
         self.committed: set[str] = set()
         self.rolled_back: set[str] = set()
         self.unknown: set[str] = set()
-        #: transaction -> partition -> messages its acked puts stored there
-        self.sent: dict[str, Counter[int]] = {}
+        #: transaction -> partition (``partition_key``) -> messages its acked puts stored there
+        self.sent: dict[str, Counter[str]] = {}
         #: every scan: (replica, Counter of (transaction, partition))
-        self.scans: list[tuple[str, Counter[tuple[str, int]]]] = []
+        self.scans: list[tuple[str, Counter[tuple[str, str]]]] = []
         self.violations: list[str] = []
 
-    def scan(self, messages: list[tuple[int, bytes]], where: str) -> None:
+    def scan(self, messages: list[tuple[str, bytes]], where: str) -> None:
         counts = Counter(messages)
         twice = [m for m, n in counts.items() if n > 1]
         if twice:
             self.violations.append(f"{where}: messages seen twice: {twice[:3]}")
         self.scans.append((where, Counter((txn_of(m), p) for p, m in counts)))
 
-    def final(self, messages: list[tuple[int, bytes]], where: str) -> None:
+    def final(self, messages: list[tuple[str, bytes]], where: str) -> None:
         """A scan once everything settled: exactly the committed transactions (unknown ones optional)."""
         self.scan(messages, f"{where} (final)")
         seen = {txn_of(m) for _p, m in messages}
         missing, extra = self.committed - seen, seen - self.committed - self.unknown
         if missing:
             self.violations.append(f"{where}: committed transactions not visible at the end: {sorted(missing)[:5]}")
+        # Whole on every partition it wrote, on each topic: a transaction visible on one
+        # topic and absent from the other is torn (a scan's partial partition is check's).
+        visible = {(txn_of(m), p) for p, m in messages}
+        torn = sorted(f"{name} in {p}" for name in self.committed & seen for p in self.sent[name]
+                      if (name, p) not in visible)
+        if torn:
+            self.violations.append(f"{where}: committed transactions missing from partitions they wrote: {torn[:5]}")
         if extra:
             self.violations.append(f"{where}: visible transactions that were not committed: {sorted(extra)[:5]}")
 
@@ -116,26 +144,31 @@ class TxnOutcomes:
         return self.violations
 
     def summary(self) -> dict[str, Any]:
+        by_topic: Counter[str] = Counter()
+        for name in self.committed:
+            for key, n in self.sent[name].items():
+                by_topic[key.rpartition("-")[0]] += n
         return {"committed": len(self.committed), "rolled_back": len(self.rolled_back), "unknown": len(self.unknown),
+                "committed_messages_by_topic": dict(sorted(by_topic.items())),
                 "scans": len(self.scans), "violations": self.violations[:20]}
 
 
-async def transactional_writer(w: int, config: MetaClientConfig, topic: str, stop: threading.Event,
+async def transactional_writer(w: int, config: MetaClientConfig, topics: Sequence[str], stop: threading.Event,
                                outcomes: TxnOutcomes) -> None:
     rng = random.Random(w)
     async with AsyncMessageSessionFactory(config) as factory:
         producer = factory.create_transactional_producer()
         i = 0
         while not stop.is_set():
-            name, size = f"w{w}-t{i}", rng.randint(1, 4)
+            name = f"w{w}-t{i}"
             i += 1
             sent = outcomes.sent[name] = Counter()
             try:
                 await producer.begin_transaction(timeout_s=TXN_TIMEOUT_S)
-                for j in range(size):
+                for j, topic in enumerate(spread_over(topics, rng.randint(2, 4), rng)):
                     result = await producer.send_message(Message(topic, f"{name}-{j}".encode()))
                     assert result.partition is not None
-                    sent[result.partition.partition] += 1
+                    sent[partition_key(topic, result.partition.partition)] += 1
                 if rng.random() < 0.25:
                     await producer.rollback()
                     outcomes.rolled_back.add(name)
@@ -153,12 +186,15 @@ async def transactional_writer(w: int, config: MetaClientConfig, topic: str, sto
                         pass
 
 
-async def scan_all(replicas: dict[str, tuple[str, int]], topic: str, partitions: int) -> list[tuple[str, list[tuple[int, bytes]]]]:
-    """One read-committed scan of each replica that answers: (name, [(partition, message), ...])."""
+async def scan_all(replicas: dict[str, tuple[str, int]],
+                   topics: dict[str, int]) -> list[tuple[str, list[tuple[str, bytes]]]]:
+    """One read-committed scan of every partition of ``topics`` (topic -> partition count) on
+    each replica that answers: (name, [(``partition_key``, message), ...])."""
     found = []
     for name, address in replicas.items():
         try:
-            messages = [(p, m) for p in range(partitions) for m in await read_committed(address, topic, p)]
+            messages = [(partition_key(topic, p), m) for topic, count in topics.items() for p in range(count)
+                        for m in await read_committed(address, topic, p)]
         except (OSError, ConnectionError, asyncio.TimeoutError):
             continue  # down, cut off or not serving right now
         found.append((name, messages))
@@ -184,11 +220,13 @@ XA_FORMAT = 0x4D51
 XA_ROLLED_BACK = ROLLED_BACK_CODES | {int(Code.XA_HEURRB)}
 
 
-async def send_values(producer: Any, topic: str, txn: str, count: int, sends: list[list[Any]]) -> None:
-    """Send ``{txn}-0`` .. ``{txn}-{count-1}`` in the producer's open transaction; each goes
-    into ``sends`` as ``[partition, acked offset or None, value]`` (the history's form).
-    Raises TransactionError on the first send that was not stored."""
-    for j in range(count):
+async def send_values(producer: Any, topics: Sequence[str], txn: str, sends: list[list[Any]]) -> None:
+    """Send ``{txn}-0`` .. ``{txn}-{n-1}`` in the producer's open transaction, message j to
+    ``topics[j]`` (``spread_over``); each goes into ``sends`` as ``[partition, acked offset or
+    None, value]`` (the history's form: ``partition`` is ``{topic}/{brokerId}-{n}``, so the
+    checker sees which topic each went to). Raises TransactionError on the first send that
+    was not stored."""
+    for j, topic in enumerate(topics):
         value = f"{txn}-{j}"
         try:
             result = await producer.send_message(Message(topic, value.encode()))
@@ -215,7 +253,8 @@ async def roll_back(producer: Any) -> bool:
 
 
 class TransactionLoad:
-    """The transactions issue 25 asks for beyond plain local ones, each one ``txn``
+    """The transactions issue 25 asks for beyond plain local ones, each spread over both
+    topics (``targets``: the cluster's ``topic`` and ``txn_topic``) and each one ``txn``
     operation of the history (``ok`` committed, ``fail`` surely rolled back, ``info``
     unknown), so that the read-committed checks (precommitted-read, aborted-read,
     intermediate-read, G1c) judge what the consumers saw of them:
@@ -234,9 +273,14 @@ class TransactionLoad:
     def __init__(self, workload: Any) -> None:
         self.workload = workload
         self.history = workload.history
-        self.topic = workload.cluster.topic
+        #: Every transaction spreads its messages over both (``spread_over``).
+        self.topics = [workload.cluster.topic, workload.cluster.txn_topic]
         self.problems: list[str] = []
         self.counts: Counter[str] = Counter()
+
+    def targets(self, rng: random.Random, low: int, high: int) -> list[str]:
+        """The topics of a transaction's ``low``-``high`` messages, both topics among them."""
+        return spread_over(self.topics, rng.randint(low, high), rng)
 
     async def timed_out(self, producer: Any, process: str, txn: str, rng: random.Random) -> None:
         op = self.history.invoke(process, "txn", txn=txn, timeout_s=TIMED_OUT_TIMEOUT_S)
@@ -245,7 +289,7 @@ class TransactionLoad:
         began = time.monotonic()
         try:
             await producer.begin_transaction(timeout_s=TIMED_OUT_TIMEOUT_S)
-            await send_values(producer, self.topic, txn, rng.randint(1, 2), sends)
+            await send_values(producer, self.targets(rng, 2, 3), txn, sends)
         except Exception as exc:
             await self._settle_open(producer, op, sends, exc)
             return
@@ -292,7 +336,7 @@ class TransactionLoad:
         began = time.monotonic()
         try:
             await resource.start(xid)
-            await send_values(producer, self.topic, txn, rng.randint(1, 3), sends)
+            await send_values(producer, self.targets(rng, 2, 4), txn, sends)
             await resource.end(xid)
             if left_open:
                 self.counts["timed_out"] += 1
@@ -356,7 +400,7 @@ class TransactionLoad:
                 sends: list[list[Any]] = []
                 try:
                     await current.begin_transaction(timeout_s=TXN_TIMEOUT_S)
-                    await send_values(current, self.topic, older_txn, 1, sends)
+                    await send_values(current, self.targets(rng, 2, 2), older_txn, sends)
                 except Exception as exc:
                     await self._settle_open(current, op, sends, exc)
                     current = factory.create_transactional_producer(transactional_id=name, broker_id=0)
@@ -407,12 +451,13 @@ def run(scenario: str, seconds: float, seed: int, out: Path, mode: str = "sync")
         config = MetaClientConfig(zk_connect=cluster.zk_connect, zk_root=cluster.zk_root, zk_session_timeout_ms=5000,
                                   send_timeout_s=30, address_map=cluster.client_address_map)
         replicas = {b.name: (b.address, b.client_port) for b in cluster.brokers}
-        topic, partitions = cluster.topic, cluster.partitions
+        topics = cluster.topics
 
         async def load() -> None:
-            writers = [asyncio.ensure_future(transactional_writer(w, config, topic, stop, outcomes)) for w in range(WRITERS)]
+            writers = [asyncio.ensure_future(transactional_writer(w, config, list(topics), stop, outcomes))
+                       for w in range(WRITERS)]
             while not stop.is_set():
-                for where, messages in await scan_all(replicas, topic, partitions):
+                for where, messages in await scan_all(replicas, topics):
                     outcomes.scan(messages, where)
                 await asyncio.sleep(0.1)
             await asyncio.gather(*writers)
@@ -435,7 +480,7 @@ def run(scenario: str, seconds: float, seed: int, out: Path, mode: str = "sync")
         loader.join(120)
         cluster.wait_settled()
         time.sleep(1)  # slaves' committed offsets catch up
-        for where, messages in asyncio.run(scan_all(replicas, topic, partitions)):
+        for where, messages in asyncio.run(scan_all(replicas, topics)):
             outcomes.final(messages, where)
     outcomes.check()
     result = {"scenario": scenario, "seed": seed, "faults": faults, **outcomes.summary()}

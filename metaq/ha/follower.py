@@ -296,13 +296,22 @@ class MasterFollower:
         # the re-created partition was never replicated).
         not_yet = sorted(name for name, topic in self.host.config.topics.items()
                          if topic.incarnation and name not in master_topics)
-        if other_lives or not_yet:
+        # The same for partitions added at run time: the master lists fewer than we serve
+        # (campaign seed 3048: a slave started after an add-partitions, the master not yet
+        # serving it, copied only the old partitions, and nothing asked again).
+        fewer = sorted(f"{name}-{master_topics[name]}..{topic.num_partitions - 1}"
+                       for name, topic in self.host.config.topics.items()
+                       if topic.incarnation and name in master_topics and name not in other_lives
+                       and master_topics[name] < topic.num_partitions)
+        if other_lives or not_yet or fewer:
             raise MasterLacksPartition(
                 "; ".join(part for part in (
                     f"the master serves another incarnation of {', '.join(other_lives)} (deleted and re-created;"
                     " one of us has not applied it yet)" if other_lives else "",
                     f"the master does not serve {', '.join(not_yet)} yet (created or re-created; it has not applied it"
                     " yet)" if not_yet else "",
+                    f"the master does not serve partitions {', '.join(fewer)} yet (added; it has not applied it yet)"
+                    if fewer else "",
                 ) if part))
 
     async def _start_partition(self, conn: BrokerConnection, topic: str, partition: int) -> None:

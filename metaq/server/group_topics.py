@@ -86,8 +86,15 @@ class GroupTopicsApplier:
             except ValueError as exc:
                 log.error("ignoring %s: %s", self.node, exc)
                 return True
-            loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.apply(group)))
+            loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._apply_watched(group)))
         return True
+
+    async def _apply_watched(self, group: GroupTopics) -> None:
+        """``apply`` for the watch: a failure is said, not left in a task nobody awaits."""
+        try:
+            await self.apply(group)
+        except Exception:
+            log.exception("applying version %d of the group's topic configuration failed", group.version)
 
     # --- applying ------------------------------------------------------------------------
 

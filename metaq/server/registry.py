@@ -70,6 +70,16 @@ class RegistryError(RuntimeError):
 class RegistrationConflict(RegistryError):
     """Another live session holds one of our nodes (and kept it past the session timeout)."""
 
+    def __init__(self, message: str, paths: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        #: The nodes another session holds.
+        self.paths = paths
+
+
+class SessionMoved(RegistryError):
+    """The session changed while a registration step ran: the new session's registration
+    (``_register_session``) decides what it holds, not the step that was under way."""
+
 
 def _validate_role(role: str | int | None) -> str | int | None:
     if role is None or role == MASTER:
@@ -152,6 +162,9 @@ class BrokerRegistry:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"zk-registry-{broker_id}")
         self._state_lock = threading.Lock()
         self._registered: dict[str, bytes] = {}
+        #: Nodes another live session held past the wait at run time, each with a deletion watch
+        #: that tries again: later steps do not wait for them again (``_ensure_ephemeral``).
+        self._held_elsewhere: set[str] = set()
         self._registered_session: int | None = None
         #: The session whose nodes ``_registered`` lists (set as its registration starts).
         self._node_session: int | None = None
@@ -206,7 +219,12 @@ class BrokerRegistry:
         self._client.add_listener(self._on_state_change)
         try:
             await self._run(self._client.start, self._connect_timeout_s)
-            await self._run(self._register_session)
+            while True:
+                try:
+                    await self._run(self._register_session)
+                    break
+                except SessionMoved:
+                    continue  # expired while registering: register the new session from the start
         except KazooTimeoutError:
             await self._run(self._close_client)
             raise RegistryError(await self._run(
@@ -324,7 +342,12 @@ class BrokerRegistry:
             self._retry(self.security.ensure_tree, self._client)
         self._ensure_broker_parent()
         self._watch_slaves()
-        self._sync()
+        try:
+            self._sync()
+        except RegistrationConflict as exc:
+            if not self._started:
+                raise  # at start: most likely another broker runs with our id; refuse to start
+            self._defer_conflict(exc)
         self._registered_session = session
         return True
 
@@ -378,26 +401,76 @@ class BrokerRegistry:
             self._retry(self._client.set, parent, self.url.encode())
 
     def _sync(self) -> None:
+        """Make ZooKeeper hold ``desired``; raises RegistrationConflict for the nodes another
+        live session held past the wait, after registering every other one."""
         desired = self._desired_nodes()
         # Withdraw first, in reverse order (topics before the broker node).
         for path in reversed(list(self._registered)):
             if path not in desired:
                 self._delete_own(path)
                 del self._registered[path]
+        conflicts: list[RegistrationConflict] = []
         for path, data in desired.items():
             if self._registered.get(path) != data:
-                self._ensure_ephemeral(path, data)
+                try:
+                    self._ensure_ephemeral(path, data)
+                except RegistrationConflict as exc:
+                    # One node held by another session must not keep the others (other topics,
+                    # the config checksum) from being registered: campaign seed 3048.
+                    conflicts.append(exc)
+                    continue
                 self._registered[path] = data
         # Keep the registration order of `desired` for a later reverse-order withdrawal.
-        self._registered = {path: desired[path] for path in desired}
+        held = {path for exc in conflicts for path in exc.paths}
+        self._registered = {path: desired[path] for path in desired if path not in held}
+        if conflicts:
+            raise RegistrationConflict("; ".join(str(exc) for exc in conflicts), tuple(sorted(held)))
 
     def _sync_or_defer(self) -> None:
+        """``_sync`` at run time: nothing it meets ends the broker or its caller's step."""
         try:
             self._sync()
-        except (ConnectionLoss, SessionExpiredError, OperationTimeoutError, RetryFailedError) as exc:
+        except (ConnectionLoss, SessionExpiredError, OperationTimeoutError, RetryFailedError, SessionMoved) as exc:
             # Not lost: the state is kept, and the next (re)connection applies it.
             log.warning("ZooKeeper unavailable (%s); broker %s registration will be updated on reconnect",
                         type(exc).__name__, self.broker_id)
+        except RegistrationConflict as exc:
+            # Raising here ended the topic applier's step half-way, and nothing tried again
+            # (campaign seed 3048).
+            self._defer_conflict(exc)
+
+    def _defer_conflict(self, exc: RegistrationConflict) -> None:
+        """A node another session holds at run time (a deposed master's session that lives on,
+        a broker run twice with one id): everything else is registered, and this one is tried
+        again when that node goes."""
+        fresh = [path for path in exc.paths if path not in self._held_elsewhere]
+        if fresh:
+            log.error("broker %s: %s; registering it when it is deleted", self.broker_id, exc)
+        for path in fresh:
+            self._retry_when_deleted(path)
+
+    def _retry_when_deleted(self, path: str) -> None:
+        """Run ``_sync_or_defer`` again once ``path`` is gone (at once if it is gone already)."""
+        def deleted(event: WatchedEvent) -> None:
+            if event.type == EventType.DELETED:
+                self._held_elsewhere.discard(path)
+                self._submit_sync()
+
+        self._held_elsewhere.add(path)
+        try:
+            if self._retry(self._client.exists, path, watch=deleted) is None:
+                self._held_elsewhere.discard(path)
+                self._submit_sync()
+        except KazooException:
+            self._held_elsewhere.discard(path)  # ZooKeeper away: the reconnection registers everything again
+
+    def _submit_sync(self) -> None:
+        if self._stopping:
+            return
+        try:
+            self._worker.submit(self._sync_or_defer)
+        except RuntimeError:
+            pass  # worker shut down: we are stopping
 
     def _deregister(self) -> None:
         with self._state_lock:
@@ -420,6 +493,9 @@ class BrokerRegistry:
         incarnation, killed before its session expired) holds it, wait for it to go."""
         deadline: float | None = None
         while not self._stopping:
+            current = self.session_id
+            if current is not None and current != self._node_session:
+                raise SessionMoved(f"the session changed while waiting to register {path}")
             try:
                 self._create_ephemeral(path, data)
                 return
@@ -435,6 +511,8 @@ class BrokerRegistry:
                     self._retry(self._client.set, path, data, version=stat.version)
                 return
             now = time.monotonic()
+            if deadline is None and path in self._held_elsewhere:
+                deadline = now  # waited for once already; its deletion watch tries again
             if deadline is None:
                 deadline = now + self._stale_node_wait_s
                 log.warning(
@@ -444,7 +522,8 @@ class BrokerRegistry:
             if now >= deadline:
                 raise RegistrationConflict(
                     f"{path} is still held by session 0x{stat.ephemeralOwner:x} (data {value!r}) "
-                    f"after {self._stale_node_wait_s:.1f}s: is another broker running with id {self.broker_id}?"
+                    f"after {self._stale_node_wait_s:.1f}s: is another broker running with id {self.broker_id}?",
+                    (path,),
                 )
             gone = threading.Event()
             if self._retry(self._client.exists, path, watch=lambda event: gone.set()) is not None:
@@ -456,7 +535,21 @@ class BrokerRegistry:
         else:
             # Each missing parent gets the ACL of its kind (makepath would lock shared ones to us).
             self._retry(self.security.create, self._client, path, data, ephemeral=True)
-        self._retry(self._client.exists, path, watch=self._node_event)
+        stat = self._retry(self._client.exists, path, watch=self._node_event)
+        # Invariant: every node this registry's session holds is in ``_registered``. A step
+        # decides its nodes for the session it started in (``_node_session``: the role, say,
+        # is a master's only in the session that won the election); a create that lands in a
+        # newer session would outlive that decision, unlisted, and hold the node against the
+        # broker that owns it now. Campaign seed 3048: a deposed master, waiting for a topic
+        # node, lost its session, then created the node in its new one as soon as the new
+        # master let go of it; the new master could never register that topic again.
+        if stat is not None and stat.ephemeralOwner != self._node_session:
+            try:
+                self._retry(self._client.delete, path, version=stat.version)
+            except NoNodeError:
+                pass
+            raise SessionMoved(f"{path} was created in session 0x{stat.ephemeralOwner:x}, after the session"
+                               f" this step registers for (0x{self._node_session or 0:x}) ended; deleted it")
 
     def _node_event(self, event: WatchedEvent) -> None:
         """One of our nodes was deleted: by us (nothing to do), or by another client (ZooKeeper
@@ -543,7 +636,10 @@ class BrokerRegistry:
             new_session = self._register_session(session)
             if not new_session:
                 # Same session: apply changes that could not be written while disconnected.
-                self._sync()
+                try:
+                    self._sync()
+                except RegistrationConflict as exc:
+                    self._defer_conflict(exc)
         except (KazooException, RegistryError) as exc:
             log.error("re-registering broker %s failed (%s); retrying", self.broker_id, exc)
             retry = threading.Timer(REREGISTER_RETRY_S, self._submit_reconnect)

@@ -10,11 +10,13 @@ bound after every fault) and reads its verdicts from ``check.json``. What each p
   epoch; the restarted old master's log is a byte-identical prefix of the new master's.
 * kill-master with the consumer-group and transactions workloads (``--consumer-group
   --transactions``): three consumer processes of one group (read_from master, slave,
-  prefer-slave) SIGKILLed, SIGTERMed and restarted while the master is killed and two
-  transactional producers commit and roll back: every acked message and committed
-  transaction reaches the group (``unseen``), no poll skips or goes back within an
-  assignment, nothing is given twice within one, no rolled-back, uncommitted or torn
-  transaction is read.
+  prefer-slave) SIGKILLed, SIGTERMed and restarted while the master is killed and
+  transactional producers (local, XA, a zombie) commit and roll back transactions spread
+  over two topics: every acked message and committed transaction reaches the group on
+  both topics (``unseen``) and the final logs (``lost-write``), no poll skips or goes back
+  within an assignment, nothing is given twice within one, no rolled-back, uncommitted or
+  torn transaction is read, by the group or by the read-committed reader of both topics
+  on master and slave.
 * kill-slave (sync): kill -9 of the slave: the master degrades, nothing acked is lost.
 * pause-master (sync): SIGSTOP past the ZK session timeout: the paused master is fenced
   (no stale acks in its old epoch survive), failover, rejoin + truncation.
@@ -49,6 +51,7 @@ from __future__ import annotations
 
 import pytest
 
+from chaos.runner import committed_messages_by_topic
 from chaos.scenarios import schedule, writes_expected
 from chaos.transactions import TIMED_OUT_TIMEOUT_S
 from tests.chaos.run_support import Outcome, chaos_run, checked
@@ -158,6 +161,20 @@ def test_chaos_consumer_group_kill_master(chaos_outcome: Outcome) -> None:
     assert "ok" not in [op["type"] for op in older]
     assert checks["precommitted-read"]["checked"] > 0 and checks["aborted-read"]["checked"] > 0
     assert checks["intermediate-read"]["checked"] > 0
+    # Every transaction spans both topics; committed ones were read committed on both, from
+    # the master and the slave, and the group consumed both (its ``unseen`` covers both).
+    topics = {history["meta"]["topic"], history["meta"]["txn_topic"]}
+    assert all({p.rsplit("/", 1)[0] for p, _o, _v in op["sends"]} == topics for op in txns if op["type"] == "ok")
+    by_topic = committed_messages_by_topic(txns)
+    assert set(by_topic) == topics and min(by_topic.values()) > 20, by_topic
+    committed_reads = [op for op in history["ops"] if op.get("f") == "get" and op["type"] == "ok"
+                       and op.get("isolation") == "read_committed"]
+    for topic in topics:
+        replicas = {op["replica"] for op in committed_reads if op["partition"].startswith(f"{topic}/")}
+        assert len(replicas) >= 2, (topic, replicas)
+    assert {p.rsplit("/", 1)[0] for op in polls for p in op["polls"]} == topics
+    snapshot = history["final"]["replicas"]
+    assert all({p.rsplit("/", 1)[0] for p in r["partitions"]} == topics for r in snapshot.values()), snapshot.keys()
     assert result["stats"]["anomalies"] == {name: 0 for name in result["stats"]["anomalies"]}
 
 

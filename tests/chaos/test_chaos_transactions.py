@@ -1,8 +1,8 @@
 """Chaos with transactional producers (chaos/transactions.py): all or nothing per transaction.
 
 The chaos topology (brokers and ZooKeeper behind the fault proxy, sync mode), two
-transactional producers through the real client, a reader scanning every replica
-read-committed every 0.1 s; the fault schedule of one scenario with a fixed seed. The
+transactional producers through the real client, each transaction spread over two topics,
+a reader scanning both topics on every replica read-committed every 0.1 s; the fault schedule of one scenario with a fixed seed. The
 checker requires, of every scan: each partition's share of a committed transaction whole
 or absent, no rolled-back transaction, no message twice; at the end, on every replica,
 exactly the committed transactions.
@@ -30,3 +30,6 @@ def test_transactions_are_all_or_nothing_under_faults(chaos_outcome: Outcome, sc
     assert result["faults"] and all(f.get("skipped") is None for f in result["faults"]), result["faults"]
     assert not result["violations"], result["violations"]
     assert result["committed"] > 50 and result["rolled_back"] > 10, result
+    # Both topics got committed transactions' messages (every transaction writes both).
+    by_topic = result["committed_messages_by_topic"]
+    assert set(by_topic) == {"chaos", "txn-b"} and min(by_topic.values()) > 50, by_topic

@@ -6,7 +6,7 @@ import asyncio
 import json
 import threading
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Iterator
 
 import pytest
 from kazoo.client import KazooClient
@@ -401,6 +401,94 @@ def test_a_connection_loss_while_securing_the_tree_at_start_is_retried(zk: Embed
         try:
             assert len(calls) == 2
             assert registry.client.exists(ZkPaths(zk_root).topic_pub_node("orders", BROKER_ID)) is not None
+        finally:
+            await registry.stop()
+
+    run(scenario)
+
+
+#: TOPICS and one more, whose publish node another session holds in the tests below.
+WITH_FRESH = {**TOPICS, "fresh": TopicConfig("fresh", num_partitions=1)}
+
+
+@pytest.fixture
+def held_by_another_session(zk: EmbeddedZooKeeper, zk_root: str) -> Iterator[tuple[str, KazooClient]]:
+    """``topics-pub/fresh/0-m`` held by another live session (a deposed master's, or a second
+    broker with our id): (that path, the other session's client, to stop when it lets go)."""
+    path = ZkPaths(zk_root).topic_pub_node("fresh", BROKER_ID)
+    other = KazooClient(hosts=zk.connect_string, timeout=4)
+    other.start(timeout=10)
+    other.create(path, b'{"numParts":1,"broker":"0-m"}', ephemeral=True, makepath=True)
+    try:
+        yield path, other
+    finally:
+        other.stop()
+        other.close()
+
+
+def test_a_topic_node_held_by_another_session_at_run_time_is_registered_once_it_goes(
+    zk: EmbeddedZooKeeper, zk_root: str, zk_client: KazooClient, held_by_another_session: tuple[str, KazooClient]
+) -> None:
+    """Campaign seed 3048: a topic's node held past the wait by another live session ended the
+    topic change half-way (the caller got RegistrationConflict, the nodes after it were never
+    written) and nothing tried again once it was gone. Now the rest is registered and that
+    node is taken as soon as its holder lets go."""
+    paths = ZkPaths(zk_root)
+    fresh_pub, other = held_by_another_session
+
+    async def scenario() -> None:
+        registry = make_registry(zk, zk_root, session_timeout_ms=1000)
+        await registry.start()
+        try:
+            await registry.set_checksum(7)
+            await registry.update_topics(WITH_FRESH)  # raised before
+            assert read(zk_client, paths.topic_sub_node("fresh", BROKER_ID))[1].ephemeralOwner == registry.session_id
+            assert read(zk_client, paths.master_config_checksum(BROKER_ID))[0] == b"7"
+            assert fresh_pub not in registry.registered_nodes
+            await asyncio.get_running_loop().run_in_executor(None, other.stop)
+            await eventually(lambda: fresh_pub in registry.registered_nodes, timeout=10,
+                             message="the freed topic node registered by its broker")
+            assert read(zk_client, fresh_pub)[1].ephemeralOwner == registry.session_id
+        finally:
+            await registry.stop()
+
+    run(scenario)
+
+
+def test_a_node_is_never_created_for_a_session_other_than_the_one_its_step_registers(
+    zk: EmbeddedZooKeeper, zk_root: str, zk_client: KazooClient, held_by_another_session: tuple[str, KazooClient]
+) -> None:
+    """Campaign seed 3048: a master waiting for a topic node another session held lost its
+    session; when the holder let go, it created the node in its new session, in which it was
+    no master, and forgot it (a new session starts from nothing). The node stayed for the
+    rest of the run and the real master could never register that topic."""
+    paths = ZkPaths(zk_root)
+    fresh_pub, other = held_by_another_session
+
+    async def scenario() -> None:
+        registry = make_registry(zk, zk_root, session_timeout_ms=1000)
+        events: list[Any] = []
+        registry.on_connected = lambda new_session: events.append(("connected", new_session))
+        await registry.start()
+        try:
+            old_session = registry.session_id
+            # As on the deposed master: the topic change is queued on the registry's worker
+            # before the expiry, and runs once the new session is up, before its registration.
+            hold = threading.Event()
+            registry._worker.submit(hold.wait, 30)
+            change = asyncio.ensure_future(registry.update_topics(WITH_FRESH))
+            await asyncio.sleep(0.1)
+            await asyncio.get_running_loop().run_in_executor(None, expire_session, zk, registry)
+            await eventually(lambda: registry.session_id not in (None, old_session), message="a new session")
+            hold.set()
+            await asyncio.sleep(0.5)
+            await asyncio.get_running_loop().run_in_executor(None, other.stop)  # the holder lets go
+            await asyncio.wait_for(change, 10)
+            await eventually(lambda: ("connected", True) in events, message="the new session's registration")
+            await asyncio.sleep(0.3)
+            assert registry.role is None  # the master role was the expired session's
+            stat = zk_client.exists(fresh_pub)
+            assert stat is None, f"{fresh_pub} held by session 0x{stat.ephemeralOwner:x} of a broker that no longer leads"
         finally:
             await registry.stop()
 

@@ -203,3 +203,37 @@ def test_a_topic_deleted_while_its_master_is_paused_loses_its_stored_offsets(bro
         assert zk_client.get_children(paths.offsets("g", "y")) == [], "the deleted topic's stored offsets outlived it"
     finally:
         a.resume()
+
+
+def test_a_topic_node_another_session_holds_does_not_stop_topic_changes(broker_factory, zk, zk_root, zk_client, capsys):
+    """Campaign seed 3048: the master's topic node held by another live session (there a
+    deposed master's) ended the master's step applying a topic change with a traceback
+    nobody read, and the master never registered the node once it was free. The change is
+    served, later changes apply, the slave copies the partitions added, and the node is the
+    master's as soon as the other session lets it go."""
+    from kazoo.client import KazooClient
+
+    group = Group(zk_client, zk_root)
+    a, b = make_pair(broker_factory, async_system(), group)
+    pub_node = ZkPaths(zk_root).topic_pub_node("held", 0)
+    other = KazooClient(hosts=zk.connect_string, timeout=4)
+    other.start(timeout=10)
+    try:
+        other.create(pub_node, b'{"numParts":1,"broker":"0-m"}', ephemeral=True, makepath=True)
+        code, out = metaq(capsys, zk, zk_root, "topics", "create", "--broker-id", "0", "--topic", "held")
+        assert code == 0, out
+        wait_for(lambda: "now serving held" in a.log_text(), 15, "the master applying the topic's creation")
+        code, out = metaq(capsys, zk, zk_root, "topics", "alter", "--broker-id", "0", "--topic", "held", "--partitions", "3")
+        assert code == 0, out
+        wait_for(lambda: "changed held (numPartitions 1 -> 3)" in a.log_text(), 15, "the master applying the added partitions")
+        for partition in range(3):
+            put(a, "held", partition, 5)
+        wait_caught_up(a, b, [("held", p) for p in range(3)])
+        assert zk_client.get(pub_node)[1].ephemeralOwner == other.client_id[0]
+    finally:
+        other.stop()
+        other.close()
+    wait_for(lambda: (stat := zk_client.exists(pub_node)) is not None and zk_client.get(pub_node)[0] == b'{"numParts":3,"broker":"0-m"}',
+             15, "the freed topic node registered by the master")
+    assert "never retrieved" not in a.log_text()
+    assert errors_in(a, b) == []

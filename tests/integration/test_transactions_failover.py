@@ -39,13 +39,13 @@ def test_transactions_stay_all_or_nothing_through_two_kill_9_failovers(broker_fa
     replicas = {"A": a.address, "B": b.address}
 
     async def run() -> None:
-        writers = [asyncio.ensure_future(transactional_writer(w, config, TOPIC, stop, outcomes)) for w in range(WRITERS)]
+        writers = [asyncio.ensure_future(transactional_writer(w, config, [TOPIC], stop, outcomes)) for w in range(WRITERS)]
 
         async def reads(seconds: float) -> None:
             loop = asyncio.get_running_loop()
             until = loop.time() + seconds
             while loop.time() < until:
-                for where, messages in await scan_all(replicas, TOPIC, PARTITIONS):
+                for where, messages in await scan_all(replicas, {TOPIC: PARTITIONS}):
                     outcomes.scan(messages, where)
                 await asyncio.sleep(0.1)
 
@@ -59,7 +59,7 @@ def test_transactions_stay_all_or_nothing_through_two_kill_9_failovers(broker_fa
         stop.set()
         await asyncio.gather(*writers)
         await asyncio.sleep(1)  # the slave's committed offset catches up
-        final = await scan_all(replicas, TOPIC, PARTITIONS)
+        final = await scan_all(replicas, {TOPIC: PARTITIONS})
         assert len(final) == 2, f"both brokers must answer at the end: {[w for w, _ in final]}"
         for where, messages in final:
             outcomes.final(messages, where)

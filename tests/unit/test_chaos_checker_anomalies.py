@@ -19,9 +19,9 @@ PARTS = ("t/0-0", "t/0-1")
 class Kafka(Run):
     """A ``Run`` that also writes transactions and control records and records consumers."""
 
-    def __init__(self, mode: str = "sync") -> None:
-        super().__init__(mode, PARTS)
-        self.records: dict[str, list[tuple[int, str]]] = {p: [] for p in PARTS}
+    def __init__(self, mode: str = "sync", partitions: tuple[str, ...] = PARTS) -> None:
+        super().__init__(mode, partitions)
+        self.records: dict[str, list[tuple[int, str]]] = {p: [] for p in partitions}
         self.aborted: set[str] = set()
 
     def append(self, partition: str, value: str, control: bool = False) -> int:

@@ -28,6 +28,9 @@ class _Cluster:
     def __init__(self, brokers: dict[str, _Broker]) -> None:
         self.brokers = brokers
 
+    def partition_names(self, group: int) -> list[tuple[str, int, str]]:
+        return [(self.topic, 0, f"{self.topic}/{group}-0")]
+
     def by_url(self, url: str) -> _Broker:
         return self.brokers[url]
 
@@ -47,14 +50,36 @@ def test_the_lag_is_the_old_masters_log_past_the_new_epochs_start_even_when_the_
     cache.save()
     asked = []
 
-    def no_answer(address, topic, partition, epoch, timeout=2.0):
+    def no_answer(address, keys, epoch, timeout=2.0):
         asked.append(timeout)
         old.log = common  # meanwhile the old master came back and truncated to follow
-        return None
+        return dict.fromkeys(keys)
 
-    monkeypatch.setattr(runner, "_epoch_start", no_answer)
+    monkeypatch.setattr(runner, "_epoch_starts", no_answer)
     history = History({"mode": "async"})
     monitor = runner.Monitor(_Cluster({"meta://b": old, "meta://a": new}), history)
     monitor._failover(0, "meta://b", "meta://a", 8)
     assert history.failovers[0]["lag"] == {"chaos/0-0": {"bytes": len(encode_batch([(b"acked-then-lost", None)])), "messages": 1}}
     assert len(asked) == 3  # asked again before the checkpoint on disk was read
+
+
+def test_a_new_master_that_does_not_answer_is_asked_about_every_partition_at_once(tmp_path, monkeypatch):
+    """Two topics of 2 and 3 partitions: three rounds of asking in all, not three per
+    partition (up to 14 s each, the monitor blocked meanwhile)."""
+    new = _Broker("g0-a", tmp_path / "a", encode_batch([(b"new-1", None)]))
+    rounds: list[list[tuple[str, int]]] = []
+
+    def no_answer(address, keys, epoch, timeout=2.0):
+        rounds.append(list(keys))
+        return {key: (7 if key == ("txn-b", 1) else None) for key in keys}  # one partition answers
+
+    class _TwoTopics(_Cluster):
+        def partition_names(self, group: int) -> list[tuple[str, int, str]]:
+            return [(t, n, f"{t}/{group}-{n}") for t, count in (("chaos", 2), ("txn-b", 3)) for n in range(count)]
+
+    monkeypatch.setattr(runner, "_epoch_starts", no_answer)
+    monitor = runner.Monitor(_TwoTopics({"meta://a": new}), History({"mode": "async"}))
+    starts = monitor._epoch_starts("meta://a", new, [(t, n) for t, n, _ in monitor.cluster.partition_names(0)], 8)
+    assert len(rounds) == 3 and len(rounds[0]) == 5 and ("txn-b", 1) not in rounds[1]
+    assert starts[("txn-b", 1)] == 7
+    assert all(start == len(new.log) for key, start in starts.items() if key != ("txn-b", 1))  # no checkpoint: the log end

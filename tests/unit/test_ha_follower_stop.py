@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+import pytest
+
 from metaq.config import SlaveConfig
 from metaq.ha.follower import MasterFollower
 
@@ -58,18 +60,11 @@ def test_a_replica_task_whose_cancel_is_lost_still_ends_when_following_stops() -
     asyncio.run(scenario())
 
 
-def test_a_topic_created_at_run_time_that_the_master_does_not_list_yet_is_asked_for_again() -> None:
-    """Campaign seed 3042: the slave applied a re-create first and read the master's topics
-    while the master served none of that topic; nothing asked again (the master's config
-    checksum ended where it began), so the re-created partition was never replicated."""
-    import pytest
-
-    from metaq.config import TopicConfig
-    from metaq.ha.replica import MasterLacksPartition
-
-    side = TopicConfig("side", num_partitions=1, incarnation="life-2")
-    plain = TopicConfig("plain", num_partitions=1)  # from a config file: no incarnation
-    config = SimpleNamespace(broker_id=0, topics={"side": side, "plain": plain}, topic_defaults=plain)
+def follower_of(topics: dict[str, object], listed: dict[str, int]) -> tuple[MasterFollower, list[tuple[str, int]]]:
+    """A follower serving ``topics`` whose master lists ``listed`` (topic -> partitions; the
+    dict is read at each ask), and the partitions it started replicating."""
+    plain = next(iter(topics.values()))
+    config = SimpleNamespace(broker_id=0, topics=topics, topic_defaults=plain)
     started: list[tuple[str, int]] = []
 
     async def update_topics(topics: object) -> None:
@@ -78,7 +73,6 @@ def test_a_topic_created_at_run_time_that_the_master_does_not_list_yet_is_asked_
     host = SimpleNamespace(config=config, security=SimpleNamespace(heartbeat_key=None), update_topics=update_topics)
     follower = MasterFollower(host, SlaveConfig(slave_id=0, slave_group="g", auto_sync_master_config=False),  # type: ignore[arg-type]
                               None, None, lambda: 1, None, lambda: None)  # type: ignore[arg-type]
-    listed: dict[str, int] = {"plain": 1}
 
     class Connection:
         async def request(self, header: object, timeout: float) -> object:
@@ -94,6 +88,19 @@ def test_a_topic_created_at_run_time_that_the_master_does_not_list_yet_is_asked_
 
     follower._connection = connection  # type: ignore[method-assign]
     follower._start_partition = start_partition  # type: ignore[method-assign]
+    return follower, started
+
+
+def test_a_topic_created_at_run_time_that_the_master_does_not_list_yet_is_asked_for_again() -> None:
+    """Campaign seed 3042: the slave applied a re-create first and read the master's topics
+    while the master served none of that topic; nothing asked again (the master's config
+    checksum ended where it began), so the re-created partition was never replicated."""
+    from metaq.config import TopicConfig
+    from metaq.ha.replica import MasterLacksPartition
+
+    listed: dict[str, int] = {"plain": 1}
+    follower, started = follower_of({"plain": TopicConfig("plain", num_partitions=1),  # from a file: no incarnation
+                                     "side": TopicConfig("side", num_partitions=1, incarnation="life-2")}, listed)
 
     async def scenario() -> None:
         with pytest.raises(MasterLacksPartition, match="the master does not serve side yet"):
@@ -102,5 +109,27 @@ def test_a_topic_created_at_run_time_that_the_master_does_not_list_yet_is_asked_
         listed["side"] = 1
         await follower._sync_topics()
         assert started == [("plain", 0), ("side", 0)]
+
+    asyncio.run(scenario())
+
+
+def test_partitions_added_at_run_time_that_the_master_does_not_list_yet_are_asked_for_again() -> None:
+    """Campaign seed 3048: a slave (re)started after partitions were added read the master's
+    topics before the master applied the change, copied the old partitions only, and
+    nothing asked again: the added partition stayed empty on the slave for good."""
+    from metaq.config import TopicConfig
+    from metaq.ha.replica import MasterLacksPartition
+
+    listed: dict[str, int] = {"plain": 1, "side": 1}
+    follower, started = follower_of({"plain": TopicConfig("plain", num_partitions=2),  # from a file: the master's layout rules
+                                     "side": TopicConfig("side", num_partitions=3, incarnation="life-1")}, listed)
+
+    async def scenario() -> None:
+        with pytest.raises(MasterLacksPartition, match=r"partitions side-1\.\.2 yet"):
+            await follower._sync_topics()
+        assert started == [("plain", 0), ("side", 0)]
+        listed["side"] = 3
+        await follower._sync_topics()
+        assert started == [("plain", 0), ("side", 0), ("side", 1), ("side", 2)]
 
     asyncio.run(scenario())
