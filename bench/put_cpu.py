@@ -9,12 +9,15 @@ pair, default flush policy), warms each pair up with 500 sends, then times ``--n
 sends one at a time and reads each broker's ``utime + stime`` from ``/proc/PID/stat`` before
 and after: the CPU each broker (and this client process) spent per put (the user part in
 brackets), the rate and the median send. The machine's other load counts in neither broker's CPU, but it does in the
-rate; compare CPU per put across changes, interleaving runs.
+rate; compare CPU per put across changes, interleaving runs. Also the master's replica fetches
+answered with data per put (its ``replica_get_requests`` stat): 1 on a sync pair, a fraction on
+an async pair, whose slave waits a moment after a small reply (docs/replication.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import subprocess
 import sys
@@ -26,6 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vs_redis import TOPIC, MetaqPairs, with_selector  # noqa: E402
 
 from metaq.client import Message, MessageSessionFactory  # noqa: E402
+from metaq.client.connection import BrokerConnection  # noqa: E402
+from metaq.protocol.replies import fetch_stats  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -34,6 +39,19 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     """(user, system) CPU seconds of a process so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return int(fields[11]) / TICKS, int(fields[12]) / TICKS
+
+
+def replica_fetches(address: tuple[str, int]) -> int:
+    """A master's replica fetches answered with data so far."""
+
+    async def ask() -> int:
+        conn = await BrokerConnection.open(*address)
+        try:
+            return int((await fetch_stats(conn)).get("replica_get_requests", 0))
+        finally:
+            conn.close()
+
+    return asyncio.run(ask())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "-o", f"{args.py_spy}-{mode}-{name}.txt", "--pid", str(broker.pid)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
                         time.sleep(1.5)  # attached before the clock starts
+                    fetched = replica_fetches(master.address)
                     before = cpu_seconds(master.pid), cpu_seconds(slave.pid), cpu_seconds(os.getpid())
                     sends: list[float] = []
                     started = time.perf_counter()
@@ -80,12 +99,14 @@ def main(argv: list[str] | None = None) -> int:
                     for spy in spies:
                         spy.send_signal(2)  # py-spy writes its file on SIGINT
                         spy.wait(30)
+                    fetches = (replica_fetches(master.address) - fetched) / args.n
                     per_put = [(1e6 * (sum(a) - sum(b)) / args.n, 1e6 * (a[0] - b[0]) / args.n) for a, b in zip(after, before)]
                     sends.sort()
                     print(f"{mode} pair: {args.n * args.batch / elapsed:,.0f} msgs/s, send p50 {sends[len(sends) // 2] * 1e3:.3f} ms;"
                           f" CPU per put: master {per_put[0][0]:.0f} us (user {per_put[0][1]:.0f}),"
                           f" slave {per_put[1][0]:.0f} us (user {per_put[1][1]:.0f}),"
-                          f" client {per_put[2][0]:.0f} us (user {per_put[2][1]:.0f})", flush=True)
+                          f" client {per_put[2][0]:.0f} us (user {per_put[2][1]:.0f});"
+                          f" replica fetches per put {fetches:.3f}", flush=True)
     finally:
         pairs.stop()
     return 0

@@ -15,17 +15,21 @@ slave's reply and its next fetch. ``time.process_time`` of the loop, per put; th
 ``--runs`` (the machine's other load only ever adds to it). Also the median time from a put's
 ``data_received`` to its ack's ``transport.write`` (what a producer waits for in the broker,
 less the kernel): whether the slave's reply is built and written before the ack or after it.
+And the cyclic garbage collector's runs during the puts (``gc.callbacks``): how many per
+1,000 puts and the longest, i.e. whether the put path leaves reference cycles behind.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -125,23 +129,50 @@ async def one_run(work: Path, n: int, payload: bytes) -> tuple[float, float]:
         end = broker.store.get_log("bench", 0).log_end
         slave.data_received(replica_fetch(0, end))
         to_ack = []
-        started = time.process_time()
-        for i, frame in enumerate(puts):
-            replied, acked = slave_out.written, producer_out.written
-            received = time.perf_counter()
-            producer.data_received(frame)
-            to_ack.append(producer_out.written_at - received)
-            assert slave_out.written > replied, "the parked replica fetch was not answered"
-            assert producer_out.written > acked, "the put was not acked"
-            end += len(message)
-            slave.data_received(replica_fetch(i + 1, end))
-        elapsed = time.process_time() - started
+        with collector_runs() as collections:
+            elapsed = put_all(producer, producer_out, slave, slave_out, puts, end, len(message), to_ack)
         assert producer_out.written > 0
         producer.connection_lost(None)
         slave.connection_lost(None)
-        return elapsed / n, sorted(to_ack)[n // 2]
+        return elapsed / n, sorted(to_ack)[n // 2], collections
     finally:
         await broker.stop()
+
+
+def put_all(producer: ClientConnection, producer_out: "CountingTransport", slave: ClientConnection,
+            slave_out: "CountingTransport", puts: list[bytes], end: int, size: int, to_ack: list[float]) -> float:
+    """Every put, each waking the parked replica fetch, which parks again: process seconds."""
+    started = time.process_time()
+    for i, frame in enumerate(puts):
+        replied, acked = slave_out.written, producer_out.written
+        received = time.perf_counter()
+        producer.data_received(frame)
+        to_ack.append(producer_out.written_at - received)
+        assert slave_out.written > replied, "the parked replica fetch was not answered"
+        assert producer_out.written > acked, "the put was not acked"
+        end += size
+        slave.data_received(replica_fetch(i + 1, end))
+    return time.process_time() - started
+
+
+@contextlib.contextmanager
+def collector_runs() -> Iterator[list[float]]:
+    """The seconds of each run of the cyclic garbage collector inside the block."""
+    runs: list[float] = []
+    began = [0.0]
+
+    def timed(phase: str, _info: dict[str, Any]) -> None:
+        if phase == "start":
+            began[0] = time.perf_counter()
+        else:
+            runs.append(time.perf_counter() - began[0])
+
+    gc.collect()  # the set-up's garbage is not the puts'
+    gc.callbacks.append(timed)
+    try:
+        yield runs
+    finally:
+        gc.callbacks.remove(timed)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,16 +182,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=100, help="message bytes")
     args = parser.parse_args(argv)
     payload = b"x" * args.size
-    per_put, to_ack = [], []
+    per_put, to_ack, collections = [], [], []
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="put-path-") as work:
-            cpu, ack = asyncio.run(one_run(Path(work), args.n, payload))
+            cpu, ack, runs = asyncio.run(one_run(Path(work), args.n, payload))
             per_put.append(cpu)
             to_ack.append(ack)
+            collections += runs
     runs = " / ".join(f"{p * 1e6:.1f}" for p in per_put)
     acks = " / ".join(f"{a * 1e6:.1f}" for a in to_ack)
     print(f"put path (put + ack + the parked replica fetch's reply and next fetch): best {min(per_put) * 1e6:.1f} us"
           f" CPU per put (runs: {runs}); put read -> ack written, median: best {min(to_ack) * 1e6:.1f} us (runs: {acks})")
+    print(f"cyclic GC during the puts: {1000 * len(collections) / (args.n * args.runs):.1f} runs per 1,000 puts,"
+          f" {1e6 * sum(collections) / (args.n * args.runs):.1f} us per put, longest {1e3 * max(collections, default=0):.2f} ms")
     return 0
 
 

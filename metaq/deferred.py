@@ -90,6 +90,9 @@ class Deferred(Generic[T]):
         if self._state != _PENDING:
             raise asyncio.InvalidStateError("Deferred is already done")
         self._state, self._value = state, value
+        # Done, there is nothing left to release: dropped, so that a wait whose release
+        # refers back to this Deferred (a parked fetch) forms no reference cycle.
+        self._on_cancel = None
         callbacks, self._callbacks = self._callbacks, None
         if callbacks:
             for callback in callbacks:

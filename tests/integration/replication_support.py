@@ -84,6 +84,26 @@ def replica_rows(slave: BrokerProcess) -> dict[tuple[str, int], dict[str, str]]:
     return rows
 
 
+async def _blocking_puts(address: tuple[str, int], topic: str, partition: int, count: int) -> list[float]:
+    conn = await BrokerConnection.open(*address)
+    seconds = []
+    try:
+        for seq in range(count):
+            body = encode_batch([(f"{topic}-{partition}-{seq:08d}".encode().ljust(100, b"."), None)])
+            started = time.perf_counter()
+            reply = await conn.request({"op": "put", "topic": topic, "partition": partition}, body, timeout=30)
+            seconds.append(time.perf_counter() - started)
+            assert reply.ok, reply.header
+    finally:
+        conn.close()
+    return seconds
+
+
+def blocking_puts(broker: BrokerProcess, topic: str, partition: int, count: int) -> list[float]:
+    """``count`` puts of one 100 B message, each sent once the one before is acked: their seconds."""
+    return run(_blocking_puts(broker.address, topic, partition, count))
+
+
 def bounds(broker: BrokerProcess, topic: str, partition: int) -> tuple[int, int] | None:
     async def go() -> Any:
         conn = await BrokerConnection.open(*broker.address)

@@ -11,15 +11,18 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 
 import msgpack
 
 from metaq.cli.cluster import collect
+from metaq.ha.follower import LINGER_S
 from metaq.protocol import commands as c
 from tests.integration.replication_support import (
     NO_FAILOVER,
     BackgroundProducer,
     assert_identical,
+    blocking_puts,
     bounds,
     put,
     replica_rows,
@@ -93,6 +96,30 @@ def test_slave_catches_up_from_empty_identical(broker_factory, zk):
     assert master.alive
     put(master, "orders", 0, 10)
     wait_caught_up(master, slave, PARTS)
+
+
+def test_async_slave_gathers_a_stream_of_small_puts_into_few_fetches_and_catches_up(broker_factory):
+    """docs/replication.md: after a small reply an async slave waits LINGER_S before its next
+    fetch, so a stream of blocking one-message puts reaches it in few replies (without the
+    wait: a fetch for almost every put, each a request and a reply the master handles between
+    puts), and it still holds every put shortly after the last one."""
+    master = broker_factory(0, {"orders": 1}, system=NO_FAILOVER)
+    slave = broker_factory(0, {"orders": 1}, system=NO_FAILOVER, slave_props={"slaveId": 0})
+    put(master, "orders", 0, 10)
+    wait_caught_up(master, slave, [("orders", 0)])
+
+    fetched_before = int(stat(master, "replica_get_requests"))
+    started = time.perf_counter()
+    seconds = blocking_puts(master, "orders", 0, 400)
+    wait_caught_up(master, slave, [("orders", 0)])
+    elapsed = time.perf_counter() - started
+    fetches = int(stat(master, "replica_get_requests")) - fetched_before
+    # Each reply with data is followed by LINGER_S of waiting, whatever the machine's speed.
+    assert fetches <= elapsed / LINGER_S + 2, (
+        f"{fetches} replica fetches with data for 400 puts in {elapsed:.2f}s (puts took {sum(seconds):.2f}s):"
+        f" more than one per {LINGER_S * 1000:.0f} ms")
+    assert fetches >= 1
+    assert_identical(master)
 
 
 def test_slave_kill9_during_produce_resumes_from_own_log_end(broker_factory):

@@ -22,13 +22,14 @@ from typing import Any
 import pytest
 
 from metaq.client.connection import BrokerConnection
+from metaq.ha.follower import LINGER_S
 from metaq.ha.replica import REPORT_PIECE_BYTES
 from metaq.tools.launcher import BrokerProcess, wait_until
 from metaq.protocol import commands as c
 from metaq.record import encode_batch
 from metaq.zk.paths import ZkPaths
 
-from .replication_support import stats_lines
+from .replication_support import blocking_puts, stat, stats_lines
 
 TOPIC = "t"
 # An idle slave is heard from every slaveMaxDelayMs (500 ms long polls): a timeout of 3 s keeps a
@@ -205,6 +206,20 @@ def test_kill_master_after_acked_stream_leaves_every_ack_on_slave(
         assert on_disk(master, partition)[:acked_end] == got, "slave is not a byte-identical prefix of the master"
         # The live slave process serves the same bytes (CRC of the range, as metaq verify does).
         assert asyncio.run(range_crc(slave, partition, 0, acked_end)) == zlib.crc32(expected)
+
+
+def test_sync_slave_fetches_again_at_once_so_a_put_never_waits_for_the_async_linger(
+    broker_factory, zk_client, zk_root
+) -> None:
+    """An async slave waits LINGER_S after a small reply (test_replication_pair.py); a sync
+    slave must not, as every ack waits for its next fetch: one reply per blocking put, and
+    a put's median time far below LINGER_S (with the wait, no put could take less)."""
+    master, _slaves = start_pair(broker_factory, zk_client, zk_root, partitions=1)
+    fetched_before = int(stat(master, "replica_get_requests"))
+    seconds = sorted(blocking_puts(master, TOPIC, 0, 50))
+    assert int(stat(master, "replica_get_requests")) - fetched_before >= 50, "a reply per put"
+    median = seconds[len(seconds) // 2]
+    assert median < LINGER_S, f"a sync put's median is {median * 1000:.2f} ms, not under the async linger"
 
 
 def test_reject_fails_fast_when_only_slave_killed_and_recovers_after_rejoin(broker_factory, zk_client, zk_root) -> None:

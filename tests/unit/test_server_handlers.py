@@ -268,6 +268,52 @@ def test_a_parked_replica_fetch_is_answered_inside_the_put_read_after_its_ack(tm
     run(scenario())
 
 
+def test_a_parked_fetch_leaves_no_reference_cycle_once_answered_expired_or_abandoned(tmp_path: Path) -> None:
+    """A sync master parks one replica fetch per put: each used to be a reference cycle (the
+    Deferred, its release, the watch and the timer, closures over each other) that only the
+    cyclic collector freed, a collection every ~20 puts and now and then a full one of tens
+    of ms in the middle of a put. Answered by a put, by its timer, or dropped with its
+    connection, a parked fetch must now be freed by reference counting alone."""
+    import gc
+
+    from metaq.deferred import Deferred
+    from metaq.server.handlers import ParkedFetch
+
+    def replica_fetch(offset: int, wait_ms: int) -> dict[str, Any]:
+        return {"op": "get", "topic": "lazy", "partition": 0, "offset": offset, "max_size": 1 << 20,
+                "max_wait_ms": wait_ms, "replica": {"slave_id": 0, "epoch": 0, "log_end": offset}}
+
+    async def scenario() -> None:
+        async with running(tmp_path) as (broker, conn):
+            broker.registry = RegisteredSlaves(0)
+            slave = await BrokerConnection.open("127.0.0.1", broker.port)
+            log = broker.store.get_log("lazy", 0)
+            for n in range(20):  # answered by a put
+                parked = slave.send(replica_fetch(log.log_end, 10_000))
+                await asyncio.sleep(0.005)  # parked before the put arrives
+                assert (await conn.request(put_header("lazy"), record.encode_record(b"m%d" % n))).code == 200
+                assert (await asyncio.wait_for(parked, 5)).code == 200
+            for _ in range(5):  # answered by its timer
+                assert (await slave.request(replica_fetch(log.log_end, 20), timeout=5)).code == 404
+            abandoned = await BrokerConnection.open("127.0.0.1", broker.port)
+            abandoned.send(replica_fetch(log.log_end, 10_000))
+            await asyncio.sleep(0.05)
+            abandoned.close()  # dropped with its connection
+            await asyncio.sleep(0.1)
+            slave.close()
+
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # whatever the collector frees from here on is kept for a look
+    try:
+        run(scenario())
+        gc.collect()
+        cyclic = [type(o).__name__ for o in gc.garbage if isinstance(o, (Deferred, ParkedFetch))]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert cyclic == [], f"parked fetches left for the cyclic collector: {len(cyclic)} ({sorted(set(cyclic))})"
+
+
 def test_position_reports_a_slaves_log_end_and_refuses_bad_reports(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with running(tmp_path) as (broker, conn):
