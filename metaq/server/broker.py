@@ -18,6 +18,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 from typing import Any, Awaitable, Callable
 
 from .. import __version__
@@ -220,17 +221,20 @@ class Broker:
         loop = asyncio.get_running_loop()
         limits = ConnectionLimits.from_config(config)
         tls = self.security.tls
-        self._server = await loop.create_server(
-            lambda: ClientConnection(served, max_body, limits, self.security, self.slots, self.request_budget, self.authz,
-                                     self.waiters),
-            host=config.host_name,
-            port=config.server_port,
-            reuse_address=True,
-            backlog=512,
-            ssl=tls.context if tls is not None else None,
-            # A TLS handshake comes before any login: it gets no longer than the login itself.
-            ssl_handshake_timeout=config.login_timeout_ms / 1000 if tls is not None else None,
-        )
+        try:
+            self._server = await loop.create_server(
+                lambda: ClientConnection(served, max_body, limits, self.security, self.slots, self.request_budget, self.authz,
+                                         self.waiters),
+                host=config.host_name,
+                port=config.server_port,
+                reuse_address=True,
+                backlog=512,
+                ssl=tls.context if tls is not None else None,
+                # A TLS handshake comes before any login: it gets no longer than the login itself.
+                ssl_handshake_timeout=config.login_timeout_ms / 1000 if tls is not None else None,
+            )
+        except socket.gaierror as exc:  # else the line would not say which name failed to resolve
+            raise ConfigError(f"{config.source_path}: [system] hostName: {config.host_name!r} does not resolve: {exc.strerror}") from None
         if tls is not None and config.security.tls_reload_interval_ms > 0:
             self._tls_reload = asyncio.ensure_future(self._reload_certificates(config.security.tls_reload_interval_ms / 1000))
         sock = self._server.sockets[0]

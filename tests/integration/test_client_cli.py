@@ -52,7 +52,7 @@ def one_error_line(done: subprocess.CompletedProcess, usage: bool = False) -> st
     return lines[-1]
 
 
-def test_bad_connect_strings_urls_rates_and_timeouts_are_one_line(zk, zk_root, tmp_path) -> None:
+def test_bad_addresses_urls_rates_timeouts_and_logins_are_one_line_each(zk, zk_root, tmp_path) -> None:
     # A connect string kazoo cannot read: a usage error before anything connects.
     for command in (["produce", "--topic", "t", "--count", "1"], ["cluster"]):
         done = metaq(*command, "--zk", "bad:::")
@@ -66,6 +66,12 @@ def test_bad_connect_strings_urls_rates_and_timeouts_are_one_line(zk, zk_root, t
     done = metaq("broker", "-c", str(ini))
     assert done.returncode == 1
     assert one_error_line(done).startswith(f"metaq broker: error: {ini}: [zookeeper] zk.zkConnect: expected HOST:PORT")
+    # A hostName that does not resolve is named (the line said only "Name or service not known").
+    ini.write_text(f"[system]\nbrokerId=0\nserverPort=0\nhostName=no-such-host.invalid\ndataPath={tmp_path / 'data'}\n"
+                   f"[zookeeper]\nzk.zkConnect={zk.connect_string}\nzk.zkRoot={zk_root}\n")
+    done = metaq("broker", "-c", str(ini))
+    assert done.returncode == 1
+    assert f"{ini}: [system] hostName: 'no-such-host.invalid' does not resolve" in one_error_line(done)
     # The SQL offset store's URL is checked when the consumer is made, with ZooKeeper reached.
     done = metaq("consume", "--zk", zk.connect_string, "--zk-root", zk_root, "--topic", "t", "--group", "g",
                  "--offset-url", "bogus://", "--max", "1", "--idle-timeout", "1")
