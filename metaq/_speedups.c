@@ -8,6 +8,10 @@
  * this module is built; they return exactly what those return, and stamp_ids hands anything it
  * would not write (not whole records, an id past int64) back to record.py, which raises.
  *
+ * codec.encode_messages calls encode_plain() for a put of messages without attributes (each
+ * record's header and CRC written in one pass, no per-message Python); anything else, and
+ * any message that is not a plain Message with bytes data, is left to codec.py (None).
+ *
  * codec.decode_messages calls decode_valid() when this module is built (setup.py, during
  * scripts/setup.sh) and falls back to pure Python (record.decode_columns) when it is not.
  * It decodes valid records only, with or without an attribute, and leaves out control
@@ -836,6 +840,65 @@ static PyObject *request_from(PyObject *module, PyObject *const *args, Py_ssize_
     return instance_with(cls, attributes);
 }
 
+PyDoc_STRVAR(encode_plain_doc,
+"encode_plain(messages, cls) -> (body, starts) or None\n\n"
+"codec.encode_messages compiled for the common case: the put body of ``messages`` (a list of\n"
+"instances of ``cls``, Message) with msg id 0, and each record's start within it; None when any\n"
+"message has an attribute, data that is not bytes or longer than an int32, or is not of exactly\n"
+"that class (codec.py encodes those, and raises what it raises).");
+
+static PyObject *encode_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (wrong_nargs("encode_plain", nargs, 2))
+        return NULL;
+    PyObject *messages = args[0];
+    PyTypeObject *cls = (PyTypeObject *)args[1];
+    if (!PyList_Check(messages))
+        Py_RETURN_NONE;
+    Py_ssize_t count = PyList_GET_SIZE(messages), total = 0;
+    /* First every message is checked and the body's size added up, so nothing is built for a
+     * list that codec.py must encode anyway. */
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *message = PyList_GET_ITEM(messages, i);
+        /* Message is a tuple (topic, data, attribute, ...): fields by position. */
+        if (Py_TYPE(message) != cls || !PyTuple_Check(message) || PyTuple_GET_SIZE(message) < 3
+            || PyTuple_GET_ITEM(message, 2) != Py_None)
+            Py_RETURN_NONE;
+        PyObject *data = PyTuple_GET_ITEM(message, 1);
+        if (!PyBytes_Check(data) || PyBytes_GET_SIZE(data) > INT32_MAX || total > PY_SSIZE_T_MAX - HEADER_SIZE - PyBytes_GET_SIZE(data))
+            Py_RETURN_NONE;
+        total += HEADER_SIZE + PyBytes_GET_SIZE(data);
+    }
+    PyObject *body = PyBytes_FromStringAndSize(NULL, total);
+    PyObject *starts = body ? PyList_New(count) : NULL;
+    if (starts == NULL) {
+        Py_XDECREF(body);
+        return NULL;
+    }
+    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(body);
+    Py_ssize_t pos = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *data = PyTuple_GET_ITEM(PyList_GET_ITEM(messages, i), 1);
+        Py_ssize_t length = PyBytes_GET_SIZE(data);
+        const unsigned char *payload = (const unsigned char *)PyBytes_AS_STRING(data);
+        PyObject *start = PyLong_FromSsize_t(pos);
+        if (start == NULL) {
+            Py_DECREF(body);
+            Py_DECREF(starts);
+            return NULL;
+        }
+        PyList_SET_ITEM(starts, i, start);
+        unsigned char *header = out + pos;
+        /* record.py's header: length, crc32(payload) & 0x7fffffff, msg id 0, flag 0. */
+        put_be32(header, (uint32_t)length);
+        put_be32(header + 4, (uint32_t)crc32(0L, payload, (uInt)length) & 0x7FFFFFFFu);
+        memset(header + 8, 0, 12);
+        memcpy(header + HEADER_SIZE, payload, (size_t)length);
+        pos += HEADER_SIZE + length;
+    }
+    return Py_BuildValue("(NN)", body, starts);
+}
+
 static PyMethodDef speedups_methods[] = {
     {"decode_valid", (PyCFunction)(void (*)(void))decode_valid, METH_FASTCALL, decode_valid_doc},
     {"scan_valid", (PyCFunction)(void (*)(void))scan_valid, METH_FASTCALL, scan_valid_doc},
@@ -843,6 +906,7 @@ static PyMethodDef speedups_methods[] = {
     {"frame_at", (PyCFunction)(void (*)(void))frame_at, METH_FASTCALL, frame_at_doc},
     {"pack_frame", (PyCFunction)(void (*)(void))pack_frame, METH_FASTCALL, pack_frame_doc},
     {"request_from", (PyCFunction)(void (*)(void))request_from, METH_FASTCALL, request_from_doc},
+    {"encode_plain", (PyCFunction)(void (*)(void))encode_plain, METH_FASTCALL, encode_plain_doc},
     {NULL, NULL, 0, NULL},
 };
 
