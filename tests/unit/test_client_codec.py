@@ -184,3 +184,21 @@ def test_both_encodes_agree_on_any_messages(records) -> None:
     results = encode_both([Message("t", data, attribute) for data, attribute in records])
     assert all(result == results[-1] for result in results)
     assert results[-1][0] == encode_batch(records)
+
+
+def test_the_compiled_crc_is_zlibs_at_every_length_and_alignment() -> None:
+    """_speedups.c computes short payloads' CRCs itself (slicing-by-8) and longer ones with zlib:
+    every length around the switch and the 8-byte steps, at every alignment within the body."""
+    if COMPILED_ENCODE is None or COMPILED is None:
+        pytest.skip("metaq._speedups is not built")
+    pattern = bytes(range(256)) * 3
+    for length in range(0, 600):
+        payloads = [pattern[length % 7 : length % 7 + n] for n in (length % 9, length)]
+        body, starts = COMPILED_ENCODE([Message("t", p) for p in payloads], Message)
+        assert body == encode_batch([(p, None) for p in payloads]), length
+        messages, end = codec.decode_messages(body, 0, "t", P)  # the compiled check of every CRC
+        assert [m.data for m in messages] == payloads and end == len(body)
+        damaged = bytearray(body)
+        damaged[-1 if length else starts[1] + 4] ^= 0x01  # the last payload byte (or its CRC when empty)
+        with pytest.raises(RecordError, match="checksum mismatch"):
+            codec.decode_messages(damaged, 0, "t", P)
