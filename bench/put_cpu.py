@@ -2,7 +2,7 @@
 
     python bench/put_cpu.py                     # 6,000 blocking send_message per pair
     python bench/put_cpu.py --batch 100         # send_batch of 100 instead
-    python bench/put_cpu.py --py-spy OUT        # also py-spy (raw text) of each broker, OUT-<pair>-<broker>.txt
+    python bench/put_cpu.py --py-spy OUT        # also py-spy (raw text) of each broker and this client, OUT-<pair>-<process>.txt
 
 Starts what ``vs_redis.py`` starts of metaq (an embedded ZooKeeper, an async pair and a sync
 pair, default flush policy), warms each pair up with 500 sends, then times ``--n`` blocking
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=6000, help="timed sends per pair")
     parser.add_argument("--batch", type=int, default=1, help="messages per send (1: send_message)")
-    parser.add_argument("--py-spy", metavar="OUT", help="record each broker with py-spy into OUT-<pair>-<broker>.txt")
+    parser.add_argument("--py-spy", metavar="OUT", help="record each broker and this client with py-spy into OUT-<pair>-<process>.txt")
     args = parser.parse_args(argv)
     pairs = MetaqPairs(Path(tempfile.mkdtemp(prefix="put-cpu-"))).start()
     payload = b"x" * 100
@@ -80,10 +80,10 @@ def main(argv: list[str] | None = None) -> int:
                         send()
                     spies = []
                     if args.py_spy:
-                        for name, broker in (("master", master), ("slave", slave)):
+                        for name, pid in (("master", master.pid), ("slave", slave.pid), ("client", os.getpid())):
                             spies.append(subprocess.Popen(
                                 ["py-spy", "record", "--nonblocking", "-r", "500", "--format", "raw",
-                                 "-o", f"{args.py_spy}-{mode}-{name}.txt", "--pid", str(broker.pid)],
+                                 "-o", f"{args.py_spy}-{mode}-{name}.txt", "--pid", str(pid)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
                         time.sleep(1.5)  # attached before the clock starts
                     fetched = replica_fetches(master.address)

@@ -17,9 +17,9 @@ from ..txn.control import CONTROL_ATTRIBUTE, drop_control_columns
 from .message import Message, Partition
 
 try:  # compiled during setup (setup.py, metaq/_speedups.c); the same results in pure Python without it
-    from .._speedups import decode_valid
+    from .._speedups import decode_valid, encode_plain
 except ImportError:
-    decode_valid = None
+    decode_valid = encode_plain = None
 
 _pack = HEADER.pack
 _crc32 = zlib.crc32
@@ -29,6 +29,12 @@ _CONTROL_MARK = CONTROL_ATTRIBUTE.encode("utf-8")
 
 def encode_messages(messages: Sequence[Message]) -> tuple[bytes, list[int]]:
     """The put body for ``messages`` (msg id 0) and each record's start within it."""
+    if encode_plain is not None and type(messages) is list:
+        # Compiled for messages without attributes (a batch of 100: ~36 -> ~4 µs); None hands
+        # the list back to the loop below (an attribute, data that is not bytes, a subclass).
+        encoded = encode_plain(messages, Message)
+        if encoded is not None:
+            return encoded
     parts: list[bytes] = []
     starts: list[int] = []
     position = 0

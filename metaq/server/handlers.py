@@ -196,15 +196,18 @@ class RequestHandlers:
         assert broker.ids is not None  # set in Broker.start, before the server listens
         first_id = broker.ids.allocate(count)
         stamp_msg_ids(body, first_id)
-        offset = self._append(req, partition, broker.partitions.serving(req.topic, partition), body, count)
+        # No record of body is a control record (checked above): the partition's state takes
+        # the batch as plain without a second search of it.
+        offset = self._append(req, partition, broker.partitions.serving(req.topic, partition), body, count, no_control=True)
         return self._ack(req, partition, offset, offset + len(body), first_id, count, count)
 
     def _append(self, req: c.Request, partition: int, owner: Partition, data: bytes | bytearray, count: int,
-                header: Control | None = None) -> int:
-        """Append a put's bytes (msg ids stamped; ``header``: their planned BATCH header);
+                header: Control | None = None, no_control: bool = False) -> int:
+        """Append a put's bytes (msg ids stamped; ``header``: their planned BATCH header;
+        ``no_control``: no record is a control record, see ``Partition.append_as_leader``);
         RequestError 500 if the store fails."""
         try:
-            return owner.append_as_leader(data, header)
+            return owner.append_as_leader(data, header, no_control=no_control)
         except OSError as exc:
             self.stats.partition(req.topic, partition).put_failed += count
             if not isinstance(exc, SegmentVanished):  # that one the store has logged, once

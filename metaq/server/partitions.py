@@ -166,17 +166,20 @@ class Partition:
 
     # --- appends: the one path of each kind --------------------------------------------------
 
-    def append_as_leader(self, data: bytes | bytearray, header: Control | None = None) -> int:
+    def append_as_leader(self, data: bytes | bytearray, header: Control | None = None, *, no_control: bool = False) -> int:
         """Append a master's whole records (msg ids stamped); ``header``: the BATCH header
-        ``plan_put`` framed them with. Returns the offset. OSError from the store."""
-        return self._append(data, header)
+        ``plan_put`` framed them with. Returns the offset. OSError from the store.
+
+        ``no_control``: the caller found that no record of ``data`` is a control record (the
+        put handler's ``find_forged_control``), so the state need not search the batch again."""
+        return self._append(data, header, no_control)
 
     def append_as_follower(self, data: bytes | bytearray | memoryview) -> int:
         """Append whole records fetched from the master, byte for byte (a slave's log is a
         prefix of its master's: the caller asked for them at exactly this log end)."""
         return self._append(data, None)
 
-    def _append(self, data: bytes | bytearray | memoryview, header: Control | None) -> int:
+    def _append(self, data: bytes | bytearray | memoryview, header: Control | None, no_control: bool = False) -> int:
         state = self._join_load()  # first: no byte is appended while a worker thread walks the log
         offset = self.log.append(data)
         end = offset + len(data)
@@ -185,7 +188,7 @@ class Partition:
             state.catch_up(self.log.read_as_stored, offset, self.log.corrupt_end_at)
         if header is not None:
             state.appended(offset, data, header)
-        elif state.position == offset and not may_hold_control(data):
+        elif state.position == offset and (no_control or not may_hold_control(data)):
             _length, crc, msg_id, _flag = HEADER.unpack_from(data, 0)
             state.passed_plain(offset, end, (msg_id, crc))
         else:  # a marker, or a replicated BATCH: the state reads its own bytes

@@ -1,7 +1,8 @@
-"""codec.decode_messages, compiled (metaq/_speedups.c) and pure Python: the same results.
+"""codec.decode_messages and codec.encode_messages, compiled (metaq/_speedups.c) and pure
+Python: the same results.
 
-Every test runs against both decoders; the compiled one is skipped only where it was not
-built (scripts/setup.sh builds it).
+Every test runs against both implementations; the compiled one is skipped only where it was
+not built (scripts/setup.sh builds it).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from metaq.record import HEADER, HEADER_SIZE, RecordError, encode_batch, encode_
 from metaq.txn.control import frame_batch
 
 COMPILED = codec.decode_valid
+COMPILED_ENCODE = codec.encode_plain
 P = Partition(3, 1)
 
 
@@ -141,3 +143,62 @@ def test_both_decoders_agree_on_any_records(records, cut, base) -> None:
     assert all(result == results[-1] for result in results)
     assert messages == expected(records, base)[: len(messages)]
     assert end == (messages[-1].offset + len(encode_record(messages[-1].data, messages[-1].attribute)) if messages else base)
+
+
+def encode_both(messages) -> list[tuple[bytes, list[int]]]:
+    """codec.encode_messages's answer with the compiled encode (when built), then without it."""
+    results = []
+    for implementation in ([COMPILED_ENCODE] if COMPILED_ENCODE is not None else []) + [None]:
+        codec.encode_plain = implementation
+        try:
+            results.append(codec.encode_messages(messages))
+        finally:
+            codec.encode_plain = COMPILED_ENCODE
+    return results
+
+
+def test_a_put_body_is_the_records_of_the_batch_with_their_starts_compiled_or_not() -> None:
+    payloads = [b"x" * 100, b"", b"\x00\xff" * 700, b"last"]
+    for body, starts in encode_both([Message("t", p) for p in payloads]):
+        assert body == encode_batch([(p, None) for p in payloads])
+        assert starts == [0, 120, 140, 1560]
+        assert codec.decode_messages(body, 0, "t", P)[0] == expected([(p, None) for p in payloads], 0)
+    assert encode_both([]) == [(b"", [])] * len(encode_both([]))
+
+
+def test_messages_with_an_attribute_or_not_plain_are_left_to_the_python_encode() -> None:
+    if COMPILED_ENCODE is None:
+        pytest.skip("metaq._speedups is not built")
+    with_attribute = [Message("t", b"a"), Message("t", b"b", "tag")]
+    assert COMPILED_ENCODE(with_attribute, Message) is None
+    assert COMPILED_ENCODE([("t", b"a", None)], Message) is None  # not a Message: codec.py raises for it
+    assert COMPILED_ENCODE([Message("t", b"a")], tuple) is None
+    assert codec.encode_messages(with_attribute)[0] == encode_batch([(b"a", None), (b"b", "tag")])
+    with pytest.raises(AttributeError):
+        codec.encode_messages([("t", b"a", None)])  # the same error with the compiled encode built
+
+
+@settings(max_examples=150, deadline=None)
+@given(records=st.lists(st.tuples(st.binary(max_size=300), st.none() | st.text(max_size=10)), max_size=20))
+def test_both_encodes_agree_on_any_messages(records) -> None:
+    results = encode_both([Message("t", data, attribute) for data, attribute in records])
+    assert all(result == results[-1] for result in results)
+    assert results[-1][0] == encode_batch(records)
+
+
+def test_the_compiled_crc_is_zlibs_at_every_length_and_alignment() -> None:
+    """_speedups.c computes short payloads' CRCs itself (slicing-by-8) and longer ones with zlib:
+    every length around the switch and the 8-byte steps, at every alignment within the body."""
+    if COMPILED_ENCODE is None or COMPILED is None:
+        pytest.skip("metaq._speedups is not built")
+    pattern = bytes(range(256)) * 3
+    for length in range(0, 600):
+        payloads = [pattern[length % 7 : length % 7 + n] for n in (length % 9, length)]
+        body, starts = COMPILED_ENCODE([Message("t", p) for p in payloads], Message)
+        assert body == encode_batch([(p, None) for p in payloads]), length
+        messages, end = codec.decode_messages(body, 0, "t", P)  # the compiled check of every CRC
+        assert [m.data for m in messages] == payloads and end == len(body)
+        damaged = bytearray(body)
+        damaged[-1 if length else starts[1] + 4] ^= 0x01  # the last payload byte (or its CRC when empty)
+        with pytest.raises(RecordError, match="checksum mismatch"):
+            codec.decode_messages(damaged, 0, "t", P)
