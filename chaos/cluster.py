@@ -256,8 +256,11 @@ class ChaosCluster:
     @property
     def topics(self) -> dict[str, int]:
         """Every topic of every broker group (broker config) -> its partition count: the
-        workload's topic and the transactions' second one (the side topic of
-        ``--topic-ops`` is made and dropped at run time, chaos/topic_ops.py)."""
+        workload's topic and the transactions' second one, unless it has no partitions (a
+        run without transactions); the side topic of ``--topic-ops`` is made and dropped at
+        run time, chaos/topic_ops.py."""
+        if not self.txn_partitions:
+            return {self.topic: self.partitions}
         return {self.topic: self.partitions, self.txn_topic: self.txn_partitions}
 
     def partition_names(self, group: int) -> list[tuple[str, int, str]]:

@@ -68,7 +68,7 @@ from metaq.txn.reader import committed_records
 
 from .anomalies import READ_COMMITTED
 from .checker import check, duplicates_line, resends_line
-from .cluster import HOSTS_MODES, ON_SYNC_SLAVE_LOSS, ChaosCluster
+from .cluster import HOSTS_MODES, ON_SYNC_SLAVE_LOSS, TXN_PARTITIONS, ChaosCluster
 from .group_consumer import GROUP, ConsumerGroupLoad
 from .history import History, group_of, record_value, value_of
 from .hostile import HostileLoad
@@ -492,9 +492,12 @@ class Run:
         self.hosts = hosts
         self.power_loss = power_loss
         self.corruption = corruption
+        # The transactions' second topic only where transactions run: a run without them
+        # would only wait for its empty partitions to settle and be compared.
         self.cluster = ChaosCluster(self.out / "cluster", groups=groups, mode=mode, zk_nodes=zk_nodes,
                                     slaves=slaves, on_sync_slave_loss=on_sync_slave_loss, secure=secure, hosts=hosts,
-                                    power_loss=power_loss, corruption=corruption)
+                                    power_loss=power_loss, corruption=corruption,
+                                    txn_partitions=TXN_PARTITIONS if transactions else 0)
         session_ms = self.cluster.session_ms
         self.liveness_bound = liveness_bound if liveness_bound is not None else default_bound(session_ms)
         self.history = History({"mode": mode, "scenario": scenario, "seed": seed, "seconds": seconds,
