@@ -162,3 +162,17 @@ def test_the_scanning_checker_catches_a_transaction_visible_on_one_topic_only():
     torn = [m for m in whole if m[0] != "txn-b-2"]  # w0-t0 on chaos only
     outcomes.final(torn, "g0-b")
     assert outcomes.check() == ["g0-b: committed transactions missing from partitions they wrote: ['w0-t0 in txn-b-2']"]
+
+
+def test_the_second_topic_is_in_the_cluster_only_where_transactions_run(tmp_path) -> None:
+    from chaos.cluster import TOPIC, TXN_TOPIC, ChaosCluster
+
+    assert ChaosCluster(tmp_path / "txn", zk_nodes=1).topics == {TOPIC: 2, TXN_TOPIC: 3}
+    plain = ChaosCluster(tmp_path / "plain", zk_nodes=1, txn_partitions=0)
+    assert plain.topics == {TOPIC: 2}
+    assert [name for _topic, _n, name in plain.partition_names(1)] == [f"{TOPIC}/1-0", f"{TOPIC}/1-1"]
+    # What ``python -m chaos run`` builds (nothing started here).
+    from chaos.runner import Run
+
+    assert TXN_TOPIC in Run("kill-master", 1, 1, tmp_path / "run-txn", zk_nodes=1, transactions=True).cluster.topics
+    assert TXN_TOPIC not in Run("kill-master", 1, 1, tmp_path / "run-plain", zk_nodes=1).cluster.topics
