@@ -155,8 +155,9 @@ class Broker:
         """Does ZooKeeper name ``slave{slave_id}`` in our group (heartbeats from others are ignored)?"""
         return self.registry is not None and slave_id in self.registry.slave_ids
 
-    def _topic_incarnations(self) -> dict[str, str]:
-        """Each served topic's life (a slave's heartbeat counts only for the same one)."""
+    def topic_incarnations(self) -> dict[str, str]:
+        """Each served topic's life, for topics created at run time (a slave's fetch, heartbeat
+        and topic sync count only for the same one)."""
         return {name: topic.incarnation for name, topic in self.config.topics.items() if topic.incarnation}
 
     def _slave_hosts(self, slave_id: int) -> frozenset[str] | None:
@@ -250,7 +251,7 @@ class Broker:
         self.heartbeats = HeartbeatResponder(
             config.broker_id, self.ha, self.store.logs, config.host_name, self.port,
             key=self.security.heartbeat_key, known_slave=self._slave_registered, slave_hosts=self._slave_hosts,
-            incarnations=self._topic_incarnations,
+            incarnations=self.topic_incarnations,
         )
         await self.heartbeats.start()
         if self.register_in_zk:

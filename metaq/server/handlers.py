@@ -426,7 +426,7 @@ class RequestHandlers:
                                               " (deleted and re-created); retry once both apply the change")
         if log_end > log.log_end:
             logger.debug("slave%d reports %s-%d at %d, past our log end %d: not recorded",
-                      slave_id, req.topic, req.partition, log_end, log.log_end)
+                         slave_id, req.topic, req.partition, log_end, log.log_end)
             return
         self.broker.ha.replica_fetched(slave_id, replica["epoch"], req.topic, req.partition, log_end, req.origin)
 
@@ -554,7 +554,7 @@ class RequestHandlers:
         broker = self.broker
         topics = {name: cfg.num_partitions for name, cfg in broker.config.topics.items()}
         # Slaves start a partition only once we serve the incarnation they serve (follower.py).
-        incarnations = {name: cfg.incarnation for name, cfg in broker.config.topics.items() if cfg.incarnation}
+        incarnations = broker.topic_incarnations()
         return (
             c.reply_header(
                 req.opaque, c.OK, topics=topics, broker_id=broker.config.broker_id, role=broker.ha.role_name,
