@@ -623,8 +623,12 @@ class ChaosCluster:
             if master is None:
                 return f"group {group}: no master"
             for b in self.group_brokers(group):
-                if not b.process.alive or b.paused:
-                    return f"{b.name} not running"
+                if b.paused:
+                    return f"{b.name} paused"
+                if not b.process.alive:
+                    # Its last words: a broker that died at start says why (a port taken, ...).
+                    tail = b.process.log_text(last_lines=5).replace("\n", " | ")
+                    return f"{b.name} not running (log: {tail})"
                 if b is not master and b.url not in view.slaves.values():
                     return f"{b.name} not registered as a slave of group {group}"
                 if not port_accepts(b.address, b.peer_port):

@@ -17,6 +17,7 @@ import ctypes
 import importlib.util
 import logging
 import os
+import random
 import re
 import shutil
 import signal
@@ -166,11 +167,58 @@ def find_java() -> str:
 # --- small helpers -------------------------------------------------------------------
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that is free right now (the OS picks it; someone may still take it before us)."""
+#: Ports this process has handed out: never handed out twice, even once free again (a
+#: broker that is down keeps its port for its restart).
+_handed_out: set[int] = set()
+_LOWEST_PORT = 10000
+_EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = (int(v) for v in _EPHEMERAL_RANGE_FILE.read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def _bindable(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that is free right now, and that an outgoing connection will not take later.
+
+    Why not simply ``bind(0)``: that port comes from the kernel's ephemeral range, the same
+    range every outgoing connection (a proxy's upstream, a ZooKeeper client) draws its
+    local port from. A port chosen for a broker that starts later, or restarts at the
+    same address, could be taken by such a connection in between, and the broker then
+    fails to bind. So the port is drawn at random from outside the ephemeral range (and
+    not one this process handed out before); ``bind(0)`` is the fallback when the range
+    leaves no room. Another process may still bind it first: that is what the check at
+    bind time is for.
+    """
+    low, high = _ephemeral_range()
+    candidates = [(_LOWEST_PORT, low - 1), (high + 1, 65535)]
+    candidates = [(a, b) for a, b in candidates if b - a >= 1000]
+    for _ in range(200 if candidates else 0):
+        a, b = random.choice(candidates)
+        port = random.randint(a, b)
+        if port not in _handed_out and _bindable(host, port):
+            _handed_out.add(port)
+            return port
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def _port_in_use(host: str, port: int) -> bool:
