@@ -34,7 +34,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Sequence
 
 from .message import Message, Partition, SendResult
 
@@ -57,15 +57,21 @@ def record_size(message: Message) -> int:
     return len(message.data) + RECORD_OVERHEAD + (len(attribute) * 4 if attribute else 0)
 
 
+def deliver(entries: Sequence[Entry], results: Sequence[SendResult]) -> None:
+    """Set each entry's result and call its callback, in order (a failing callback is logged, nothing else)."""
+    for (_, future, _, callback), result in zip(entries, results):
+        if not future.done():
+            future.set_result(result)
+        if callback is not None:
+            try:
+                callback(result)
+            except Exception:
+                log.exception("send callback %r failed", callback)
+
+
 def resolve(future: "asyncio.Future[SendResult]", callback: Callback | None, result: SendResult) -> None:
     """Set a send's result and call its callback (a failing callback is logged, nothing else)."""
-    if not future.done():
-        future.set_result(result)
-    if callback is not None:
-        try:
-            callback(result)
-        except Exception:
-            log.exception("send callback %r failed", callback)
+    deliver(((None, future, 0, callback),), (result,))  # type: ignore[arg-type]
 
 
 @dataclass
@@ -216,14 +222,18 @@ class Accumulator:
             if queue.entries and queue.in_flight < self.config.max_in_flight_per_partition:
                 self._start_put(queue)
 
-    def _start_put(self, queue: PartitionQueue) -> None:
+    def _start_put(self, queue: PartitionQueue) -> bool:
+        """Start a put of the oldest entries of ``queue``; False if its broker's connection has no free slot."""
         sender = self._senders.get(queue.partition.broker_id)
         if sender is None:
             sender = self._senders[queue.partition.broker_id] = _BrokerSender()
         if sender.in_flight >= self.config.max_in_flight_per_connection:
             if queue not in sender.waiting:
                 sender.waiting.append(queue)
-            return
+            return False
+        if queue.timer is not None:  # going out now: no linger left to wait for
+            queue.timer.cancel()
+            queue.timer = None
         entries, nbytes = queue.take(self.config.batch_size)
         queue.in_flight += 1
         sender.in_flight += 1
@@ -232,6 +242,7 @@ class Accumulator:
         task.add_done_callback(self._puts.pop)
         if queue.entries and queue.in_flight < self.config.max_in_flight_per_partition:
             self._make_ready(queue)  # more than one put's worth queued: the next may go out too
+        return True
 
     async def _put(self, queue: PartitionQueue, sender: _BrokerSender, entries: list[Entry], nbytes: int) -> None:
         try:
@@ -239,21 +250,46 @@ class Accumulator:
         except BaseException as exc:  # never a message without a result, even on a bug or a cancel
             error = f"send failed: {exc!r}"
             failed = [SendResult(False, queue.partition, error_message=error, topic=queue.topic) for _ in entries]
-            self._finish(queue, sender, nbytes, entries, failed)
+            self._settle(queue, sender, nbytes)
+            deliver(entries, failed)
             if isinstance(exc, Exception):
                 return
             raise
-        self._finish(queue, sender, nbytes, entries, results)
+        # This task stays in _puts (so flush() waits for it) until every result is handed out.
+        await self._deliver(queue, entries, results, self._settle(queue, sender, nbytes))
 
-    def _finish(self, queue: PartitionQueue, sender: _BrokerSender, nbytes: int, entries: list[Entry],
-                results: list[SendResult]) -> None:
+    def _settle(self, queue: PartitionQueue, sender: _BrokerSender, nbytes: int) -> bool:
+        """A put of ``queue`` ended: free its slot and memory; True if another put of it started."""
         queue.in_flight -= 1
         sender.in_flight -= 1
         self.release(nbytes)
-        # Messages appended during the put already waited one round trip: send them now.
-        if queue.entries:
-            self._make_ready(queue)
         while sender.waiting and sender.in_flight < self.config.max_in_flight_per_connection:
             self._make_ready(sender.waiting.pop(0))
-        for (_, future, _, callback), result in zip(entries, results):
-            resolve(future, callback, result)
+        # Messages appended during the put already waited one round trip: they leave now,
+        # ahead of this put's callbacks (which may append more), not with them.
+        return bool(queue.entries) and self._start_put(queue)
+
+    async def _deliver(self, queue: PartitionQueue, entries: list[Entry], results: list[SendResult],
+                       next_put_started: bool) -> None:
+        """Set a put's results and call its callbacks, in order, keeping the partition's next put on the wire meanwhile.
+
+        Pipelining across the reply: callbacks that send again (a window of sends refilled
+        from result callbacks) would otherwise leave the broker idle while they run, and
+        the client idle while the broker handles their single next put. If the partition
+        has no put in flight once half of the results are out, and the callbacks queued
+        something, that goes out before the other half are handed out: the two halves then
+        take turns, one put on the wire while the other's callbacks run. Order within the
+        partition is unchanged (still at most ``max_in_flight_per_partition`` puts, in
+        queue order); only with ``linger_ms`` 0, as a lingering queue is meant to wait.
+        """
+        half = len(entries) // 2 if self.config.linger_ms <= 0 else 0
+        try:
+            if next_put_started:
+                await asyncio.sleep(0)  # its task was scheduled first: it writes its put, then the callbacks run
+            if half:
+                deliver(entries[:half], results[:half])
+                entries, results = entries[half:], results[half:]
+                if queue.entries and not queue.in_flight and self._start_put(queue):
+                    await asyncio.sleep(0)
+        finally:  # the rest even if cancelled at the sleep: exactly one result per message
+            deliver(entries, results)

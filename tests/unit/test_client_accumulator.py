@@ -10,6 +10,7 @@ import asyncio
 import time
 from typing import Any
 
+from metaq.client.codec import encode_messages
 from metaq.client.accumulator import Accumulator, AccumulatorConfig, record_size
 from metaq.client.message import Message, Partition, SendResult
 from metaq.client.producer import AsyncMessageProducer
@@ -227,3 +228,59 @@ def test_producer_is_an_async_context_manager_that_drains() -> None:
         return [f.result() for f in futures]
 
     assert all(r.success for r in asyncio.run(scenario()))
+
+
+def test_a_put_cancelled_while_its_results_are_handed_out_still_ends_each_message_in_a_result() -> None:
+    # Results go out in two halves with a loop turn between (the next put is written
+    # there): a cancel at that point must not leave the second half without results.
+    pool, p = one_partition()
+
+    async def scenario():
+        seen: list[int] = []
+
+        def on_result(i: int) -> Any:
+            def callback(result: SendResult) -> None:
+                seen.append(i)
+                p.send_message_async(Message("t", b"again"))  # gives the halves' split a put to start
+                if i == 0:
+                    asyncio.current_task().cancel()  # the put's task, at its turn between the halves
+            return callback
+
+        futures = [p.send_message_async(Message("t", b"x"), on_result(i)) for i in range(6)]
+        await until(lambda: pool.open_puts == 1)
+        pool.release_all()
+        await asyncio.wait_for(asyncio.wait(futures), 2)
+        flushed = asyncio.ensure_future(p.flush())
+        while not flushed.done():
+            pool.release_all()
+            await asyncio.sleep(0.001)
+        return [f.result() for f in futures], seen
+
+    results, seen = asyncio.run(scenario())
+    assert all(r.success for r in results) and seen == list(range(6))
+    # The first put, then the 3 messages the first half's callbacks sent, then the other 3.
+    assert pool.bodies == [encode_messages([Message("t", d)] * n)[0] for d, n in ((b"x", 6), (b"again", 3), (b"again", 3))]
+
+
+def test_flush_waits_for_results_not_yet_handed_out() -> None:
+    # flush() called by a callback of the first half of a put's results: the second half
+    # is still to be handed out, and flush must wait for it.
+    pool, p = one_partition()
+
+    async def scenario():
+        flushes: list[asyncio.Future] = []
+        done_at_flush: list[bool] = []
+
+        def callback(result: SendResult) -> None:
+            p.send_message_async(Message("t", b"y"))
+            if not flushes:
+                flushes.append(asyncio.ensure_future(p.flush()))
+                flushes[0].add_done_callback(lambda _: done_at_flush.append(all(f.done() for f in futures)))
+
+        futures = [p.send_message_async(Message("t", b"x"), callback) for _ in range(4)]
+        while not flushes or not flushes[0].done():
+            pool.release_all()
+            await asyncio.sleep(0.001)
+        return done_at_flush
+
+    assert asyncio.run(scenario()) == [True]
