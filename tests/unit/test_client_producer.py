@@ -223,3 +223,16 @@ def test_sends_without_a_master_wait_in_order_and_later_sends_queue_behind_them(
     assert all(r.success for r in results) and len({r.partition for r in results}) == 1
     assert [r.offset for r in results] == sorted(r.offset for r in results)  # stored in send order
     assert not p._parked and p.accumulator.buffered == 0
+
+
+def test_a_producer_idle_between_two_event_loops_sends_on_the_second() -> None:
+    # The producer keeps the running loop while messages are buffered (asking asyncio costs
+    # a system call per send); once everything is answered it asks again.
+    p = producer(FakePool({0: [], 1: []}))
+
+    async def send_on_this_loop() -> bool:
+        future = p.send_message_async(Message("t", b"x"))
+        result = await future
+        return result.success and future.get_loop() is asyncio.get_running_loop()
+
+    assert asyncio.run(send_on_this_loop()) and asyncio.run(send_on_this_loop())
