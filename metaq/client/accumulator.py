@@ -34,7 +34,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Sequence
+from typing import Awaitable, Callable, Iterable, Sequence
 
 from .message import Message, Partition, SendResult
 
@@ -45,7 +45,7 @@ MAX_BATCH_COUNT = 4096
 #: Bytes a record takes on the wire besides its data (header, attribute length field).
 RECORD_OVERHEAD = 24
 
-SendChunk = Callable[[str, Partition, list[Message]], Awaitable[list[SendResult]]]
+SendChunk = Callable[[str, Partition, list[Message]], Awaitable[Sequence[SendResult]]]
 Callback = Callable[[SendResult], object]
 #: One queued message: the message, its result's future, its record_size, the sender's callback.
 Entry = tuple[Message, "asyncio.Future[SendResult]", int, "Callback | None"]
@@ -57,9 +57,19 @@ def record_size(message: Message) -> int:
     return len(message.data) + RECORD_OVERHEAD + (len(attribute) * 4 if attribute else 0)
 
 
-def deliver(entries: Sequence[Entry], results: Sequence[SendResult]) -> None:
-    """Set each entry's result and call its callback, in order (a failing callback is logged, nothing else)."""
-    for (_, future, _, callback), result in zip(entries, results):
+def deliver(entries: list[Entry | None], results: Iterable[SendResult], start: int = 0, stop: int | None = None) -> None:
+    """Set the results of ``entries[start:stop]`` and call their callbacks, in order (a failing callback is logged).
+
+    Reads one result per entry (``zip`` takes the entry's index first, so an iterator of
+    results is left at the first one not read). Each entry is dropped from the list once
+    resolved, freeing its message and future at once unless the sender kept them: CPython's
+    cyclic garbage collector runs whenever allocations outnumber frees by 700, and callbacks
+    that send again allocate as they go, so a put's worth of entries held to the end made it
+    run several times per put (a sixth of a client sending from its callbacks).
+    """
+    for i, result in zip(range(start, len(entries) if stop is None else stop), results):
+        _, future, _, callback = entries[i]  # type: ignore[misc]
+        entries[i] = None
         if not future.done():
             future.set_result(result)
         if callback is not None:
@@ -71,7 +81,7 @@ def deliver(entries: Sequence[Entry], results: Sequence[SendResult]) -> None:
 
 def resolve(future: "asyncio.Future[SendResult]", callback: Callback | None, result: SendResult) -> None:
     """Set a send's result and call its callback (a failing callback is logged, nothing else)."""
-    deliver(((None, future, 0, callback),), (result,))  # type: ignore[arg-type]
+    deliver([(None, future, 0, callback)], (result,))  # type: ignore[list-item]
 
 
 @dataclass
@@ -130,7 +140,7 @@ class Accumulator:
         self._senders: dict[int, _BrokerSender] = {}
         self._ready: list[PartitionQueue] = []
         self._drain_scheduled = False
-        self._puts: dict[asyncio.Task[None], list[Entry]] = {}
+        self._puts: dict[asyncio.Task[None], list[Entry | None]] = {}  # each put's entries, None once resolved
         self.buffered = 0  # bytes held by queued and in-flight messages
         self._room = asyncio.Event()
         self._room.set()
@@ -193,7 +203,7 @@ class Accumulator:
 
     def flush_all(self) -> list["asyncio.Future[SendResult]"]:
         """Make every queue ready now; the futures of every message queued or in flight."""
-        futures = [entry[1] for entries in self._puts.values() for entry in entries]
+        futures = [entry[1] for entries in self._puts.values() for entry in entries if entry is not None]
         for queue in self._queues.values():
             futures.extend(entry[1] for entry in queue.entries)
             if queue.entries:
@@ -269,7 +279,7 @@ class Accumulator:
         # ahead of this put's callbacks (which may append more), not with them.
         return bool(queue.entries) and self._start_put(queue)
 
-    async def _deliver(self, queue: PartitionQueue, entries: list[Entry], results: list[SendResult],
+    async def _deliver(self, queue: PartitionQueue, entries: list[Entry | None], results: Sequence[SendResult],
                        next_put_started: bool) -> None:
         """Set a put's results and call its callbacks, in order, keeping the partition's next put on the wire meanwhile.
 
@@ -283,13 +293,15 @@ class Accumulator:
         queue order); only with ``linger_ms`` 0, as a lingering queue is meant to wait.
         """
         half = len(entries) // 2 if self.config.linger_ms <= 0 else 0
+        unread = iter(results)  # read once, in order: results may be built as they are read
+        delivered = 0
         try:
             if next_put_started:
                 await asyncio.sleep(0)  # its task was scheduled first: it writes its put, then the callbacks run
             if half:
-                deliver(entries[:half], results[:half])
-                entries, results = entries[half:], results[half:]
+                deliver(entries, unread, 0, half)
+                delivered = half
                 if queue.entries and not queue.in_flight and self._start_put(queue):
                     await asyncio.sleep(0)
-        finally:  # the rest even if cancelled at the sleep: exactly one result per message
-            deliver(entries, results)
+        finally:  # the rest even if cancelled at a sleep: exactly one result per message
+            deliver(entries, unread, delivered)

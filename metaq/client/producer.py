@@ -38,7 +38,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict, deque
-from typing import Any, Hashable, Iterable
+from typing import Any, Hashable, Iterable, Iterator, Sequence
 
 from ..addresses import parse_broker_url
 from ..protocol import commands as c
@@ -445,7 +445,7 @@ class AsyncMessageProducer:
 
     async def _send_chunk(
         self, topic: str, partition: Partition | None, messages: list[Message], timeout: float | None = None
-    ) -> list[SendResult]:
+    ) -> Sequence[SendResult]:
         """One put of ``messages``; only if it fails, the retries (see the module's table)."""
         body, starts = encode_messages(messages)
         if self.sequencer is not None:
@@ -458,7 +458,7 @@ class AsyncMessageProducer:
             if not failure.retriable:
                 return self._not_stored(topic, partition, messages, failure, 1)
             return await self.retry_chunk(topic, partition, messages, body, starts, timeout, failure)
-        return stored_results(topic, partition, header, starts, 1)
+        return StoredResults(topic, partition, header, starts, 1)  # built as the accumulator reads them
 
     async def retry_chunk(
         self,
@@ -722,12 +722,43 @@ def lane_key(topic: str, partition: Partition) -> tuple[str, int, int]:
 
 def stored_results(topic: str, partition: Partition, header: dict, starts: list[int], attempts: int) -> list[SendResult]:
     """One SendResult per record of a put the broker stored (``header`` is its 200 reply)."""
-    number = header["partition"]
-    stored_in = partition if number == partition.partition else Partition(partition.broker_id, int(number))
-    first_offset, first_id = int(header["offset"]), int(header["msg_id"])
-    if first_offset < 0:  # a duplicate of a batch stored so long ago that the broker no longer knows where
-        return [SendResult(True, stored_in, -1, -1, None, topic, c.OK, False, attempts) for _ in starts]
-    return [
-        SendResult(True, stored_in, first_offset + start, first_id + i, None, topic, c.OK, False, attempts)
-        for i, start in enumerate(starts)
-    ]
+    return list(StoredResults(topic, partition, header, starts, attempts))
+
+
+class StoredResults(Sequence[SendResult]):
+    """The SendResults of a put the broker stored, each built when it is read (``stored_results``: all at once).
+
+    The accumulator hands a put's results to their callbacks one by one: built just before
+    its callback and, unless the callback keeps it, freed right after, a result does not add
+    to the allocations that set off CPython's cyclic garbage collector (see ``deliver``).
+    """
+
+    __slots__ = ("topic", "partition", "first_offset", "first_id", "starts", "attempts")
+
+    def __init__(self, topic: str, partition: Partition, header: dict, starts: list[int], attempts: int) -> None:
+        number = header["partition"]
+        self.topic = topic
+        self.partition = partition if number == partition.partition else Partition(partition.broker_id, int(number))
+        self.first_offset, self.first_id = int(header["offset"]), int(header["msg_id"])
+        self.starts = starts
+        self.attempts = attempts
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def, override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self.starts)))]
+        start = self.starts[index]  # IndexError past either end
+        return self._result(index % len(self.starts), start)
+
+    def __iter__(self) -> Iterator[SendResult]:
+        result = self._result
+        for i, start in enumerate(self.starts):
+            yield result(i, start)
+
+    def _result(self, i: int, start: int) -> SendResult:
+        if self.first_offset < 0:  # a duplicate of a batch stored so long ago that the broker no longer knows where
+            return SendResult(True, self.partition, -1, -1, None, self.topic, c.OK, False, self.attempts)
+        return SendResult(True, self.partition, self.first_offset + start, self.first_id + i, None, self.topic, c.OK,
+                          False, self.attempts)

@@ -11,7 +11,14 @@ from metaq.client.cluster import ClusterSnapshot
 from metaq.client.config import MetaClientConfig
 from metaq.client.connection import ConnectionClosed, Reply
 from metaq.client.message import Message, Partition
-from metaq.client.producer import PROBE_INTERVAL_S, SUSPECT_SECONDS, AsyncMessageProducer, classify_reply
+from metaq.client.producer import (
+    PROBE_INTERVAL_S,
+    SUSPECT_SECONDS,
+    AsyncMessageProducer,
+    StoredResults,
+    classify_reply,
+    stored_results,
+)
 from metaq.client.routing import BrokerAddresses
 from metaq.client.selector import KeyHashPartitionSelector
 from metaq.protocol import commands as c
@@ -236,3 +243,19 @@ def test_a_producer_idle_between_two_event_loops_sends_on_the_second() -> None:
         return result.success and future.get_loop() is asyncio.get_running_loop()
 
     assert asyncio.run(send_on_this_loop()) and asyncio.run(send_on_this_loop())
+
+
+def test_stored_results_built_as_read_are_the_same_results() -> None:
+    header = {"partition": 1, "offset": 1000, "msg_id": 7}
+    starts = [0, 30, 65]
+    lazy = StoredResults("t", Partition(0, 1), header, starts, 2)
+    eager = stored_results("t", Partition(0, 1), header, starts, 2)
+    assert list(lazy) == eager and len(lazy) == 3
+    assert [r.offset for r in eager] == [1000, 1030, 1065] and [r.msg_id for r in eager] == [7, 8, 9]
+    assert lazy[1] == eager[1] and lazy[-1] == eager[2] and lazy[1:] == eager[1:]
+    with pytest.raises(IndexError):
+        lazy[3]
+    # Stored in another partition than asked (the broker's reply says which), or long ago.
+    moved = StoredResults("t", Partition(0, 1), {**header, "partition": 0}, starts, 1)
+    assert {r.partition for r in moved} == {Partition(0, 0)}
+    assert [r.offset for r in StoredResults("t", Partition(0, 1), {**header, "offset": -1}, starts, 1)] == [-1] * 3
