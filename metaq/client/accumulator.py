@@ -109,6 +109,10 @@ class PartitionQueue:
 
     def take(self, batch_size: int) -> tuple[list[Entry], int]:
         """The oldest entries up to ``batch_size`` bytes (at least one), removed from the queue."""
+        if self.nbytes <= batch_size and len(self.entries) <= MAX_BATCH_COUNT:  # all of them: no walk
+            taken, self.entries = self.entries, []
+            nbytes, self.nbytes = self.nbytes, 0
+            return taken, nbytes
         count, nbytes = 0, 0
         for entry in self.entries:
             size = entry[2]

@@ -753,9 +753,7 @@ class StoredResults(Sequence[SendResult]):
         return self._result(index % len(self.starts), start)
 
     def __iter__(self) -> Iterator[SendResult]:
-        result = self._result
-        for i, start in enumerate(self.starts):
-            yield result(i, start)
+        return map(self._result, range(len(self.starts)), self.starts)
 
     def _result(self, i: int, start: int) -> SendResult:
         if self.first_offset < 0:  # a duplicate of a batch stored so long ago that the broker no longer knows where
