@@ -164,6 +164,19 @@ def _expire(future: "asyncio.Future[Reply]", address: str) -> None:
         future.set_exception(asyncio.TimeoutError(f"no reply from {address} in time"))
 
 
+async def reply_within(future: "asyncio.Future[Reply]", timeout: float, address: str) -> Reply:
+    """The reply ``future`` (from ``BrokerConnection.send``) gets, or asyncio.TimeoutError after ``timeout`` s.
+
+    A timer instead of asyncio.wait_for, which costs a future, a callback and an extra turn
+    of the event loop per reply.
+    """
+    timer = future.get_loop().call_later(timeout, _expire, future, address)
+    try:
+        return await future
+    finally:
+        timer.cancel()
+
+
 class _ReplyProtocol(asyncio.Protocol):
     def __init__(self, conn: "BrokerConnection") -> None:
         self._conn = conn
@@ -306,13 +319,9 @@ class BrokerConnection:
     ) -> Reply:
         """Send one request and wait for its reply (raises ConnectionClosed, asyncio.TimeoutError)."""
         opaque, future = self._send(header, body)
-        # A timer instead of asyncio.wait_for: wait_for costs a task per request.
-        timer = asyncio.get_running_loop().call_later(timeout, _expire, future, self.address) if timeout else None
         try:
-            return await future
+            return await (reply_within(future, timeout, self.address) if timeout else future)
         finally:
-            if timer is not None:
-                timer.cancel()
             # Its limit stays until its reply comes (or the connection ends): a late large
             # reply to a timed-out fetch is skipped as usual, not taken for a hostile one.
             self._pending.pop(opaque, None)

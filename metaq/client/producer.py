@@ -56,7 +56,7 @@ from .accumulator import (
 from .cluster import Cluster, ClusterSnapshot
 from .codec import encode_messages
 from .config import MetaClientConfig
-from .connection import BrokerConnection, CannotConnect, ConnectionClosed
+from .connection import BrokerConnection, CannotConnect, ConnectionClosed, reply_within
 from .errors import access_denied
 from .idempotence import NoProducerId, Numbered, Sequencer
 from .message import Message, Partition, SendResult
@@ -695,7 +695,7 @@ class AsyncMessageProducer:
             self._suspect(partition.broker_id)
             raise SendFailure(f"broker {partition.broker_id} unreachable: {exc}", retriable=True) from None
         try:
-            reply = await asyncio.wait_for(future, self.config.request_timeout_s)
+            reply = await reply_within(future, self.config.request_timeout_s, f"broker {partition.broker_id}")
         except ConnectionClosed as exc:
             explained = await conn.diagnose(exc, self.config.connect_timeout_s)
             if isinstance(explained, CannotConnect):  # a TLS port never read the put: not stored
