@@ -18,14 +18,16 @@ Invariants (enforced here, relied on by callers):
   is being retried: per-partition order survives retries. The idempotent producer allows
   up to 5, because its numbering keeps their order (``idempotence.py``). Messages appended
   meanwhile wait, and are sent as soon as a put returns (they already waited a round
-  trip), which batches naturally under load.
+  trip), before that put's callbacks run, which batches naturally under load; a put whose
+  callbacks refill the queue hands out its results in two halves (``_deliver``).
 * **Bounded memory.** Every queued or in-flight message holds its size against
   ``buffer_memory`` until its SendResult is set; ``reserve`` refuses (or ``wait_for_room``
   waits for) a message that would go over it. One message larger than the whole buffer
   is still taken when nothing else is buffered, so it is never stuck.
 * **Exactly one SendResult per message.** A drained batch goes to ``send_chunk`` (the
   producer's put with its retries), which returns one result per message; the results
-  are set on the futures, and ``close()`` waits for all of them.
+  are set on the futures in send order, the put stays where ``flush()`` looks until its
+  last result is set (even if cancelled meanwhile), and ``close()`` waits for all of them.
 """
 
 from __future__ import annotations
