@@ -38,6 +38,9 @@ import asyncio
 import logging
 import time
 from collections import defaultdict, deque
+from functools import partial
+from itertools import repeat
+from operator import add
 from typing import Any, Hashable, Iterable, Iterator, Sequence
 
 from ..addresses import parse_broker_url
@@ -747,16 +750,15 @@ class StoredResults(Sequence[SendResult]):
         return len(self.starts)
 
     def __getitem__(self, index):  # type: ignore[no-untyped-def, override]
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self.starts)))]
-        start = self.starts[index]  # IndexError past either end
-        return self._result(index % len(self.starts), start)
+        return list(self)[index]  # builds them all: meant to be iterated (or made a list once, stored_results)
 
     def __iter__(self) -> Iterator[SendResult]:
-        return map(self._result, range(len(self.starts)), self.starts)
-
-    def _result(self, i: int, start: int) -> SendResult:
+        count = len(self.starts)
         if self.first_offset < 0:  # a duplicate of a batch stored so long ago that the broker no longer knows where
-            return SendResult(True, self.partition, -1, -1, None, self.topic, c.OK, False, self.attempts)
-        return SendResult(True, self.partition, self.first_offset + start, self.first_id + i, None, self.topic, c.OK,
-                          False, self.attempts)
+            offsets: Iterable[int] = repeat(-1, count)
+            ids: Iterable[int] = repeat(-1, count)
+        else:
+            offsets, ids = map(add, repeat(self.first_offset, count), self.starts), range(self.first_id, self.first_id + count)
+        # SendResult(True, partition, offset, msg_id, None, topic, OK, False, attempts): no Python frame but __init__'s.
+        return map(partial(SendResult, True, self.partition), offsets, ids, repeat(None), repeat(self.topic), repeat(c.OK),
+                   repeat(False), repeat(self.attempts))
