@@ -48,6 +48,7 @@ from ..protocol import commands as c
 from ..protocol.messages import InitProducerRequest, PutRequest
 from .accumulator import (
     MAX_BATCH_COUNT,
+    RECORD_OVERHEAD,
     Accumulator,
     AccumulatorConfig,
     Callback,
@@ -164,9 +165,11 @@ class AsyncMessageProducer:
         this call). With the buffer full (``buffer_memory``) the result is at once a
         failure saying so: use ``await send()`` to wait for room instead.
         """
-        future: asyncio.Future[SendResult] = self._running_loop().create_future()
-        size = record_size(message)
         accumulator = self.accumulator
+        loop = self._loop if accumulator.buffered else self._running_loop()  # (_running_loop, without its call)
+        future: asyncio.Future[SendResult] = loop.create_future()  # type: ignore[union-attr]
+        attribute = message.attribute
+        size = len(message.data) + RECORD_OVERHEAD + (len(attribute) * 4 if attribute else 0)  # record_size, inlined
         if self._closed:
             self._refuse(message, future, callback, "producer is closed")
         elif accumulator.buffered + size > self.config.buffer_memory and not accumulator.has_room(size):

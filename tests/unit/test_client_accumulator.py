@@ -284,3 +284,19 @@ def test_flush_waits_for_results_not_yet_handed_out() -> None:
         return done_at_flush
 
     assert asyncio.run(scenario()) == [True]
+
+
+def test_a_queued_message_holds_its_record_size_attribute_included() -> None:
+    pool, p = one_partition()
+
+    async def scenario():
+        messages = [Message("t", b"x" * 10), Message("t", b"y", attribute="key-ü")]
+        futures = [p.send_message_async(m) for m in messages]
+        held = p.accumulator.buffered
+        await until(lambda: pool.open_puts == 1)
+        pool.release_all()
+        await asyncio.gather(*futures)
+        return held, sum(map(record_size, messages))
+
+    held, expected = asyncio.run(scenario())
+    assert held == expected
