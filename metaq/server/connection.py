@@ -166,6 +166,8 @@ class ClientConnection(asyncio.Protocol):
         self.principal: "Principal | None" = None
         #: The last producer claim verified for this principal (``Authz.check_producer``).
         self._producer_claim = ProducerClaim()
+        #: The context of this connection's requests (``_context``).
+        self._ctx: RequestContext | None = None
         self._auth = security.server_authenticator() if security is not None and security.authentication_required else None
         #: What ``_over_limits`` compares with (asked several times per request): the limits now.
         self._max_in_flight = self.limits.max_in_flight
@@ -293,7 +295,7 @@ class ClientConnection(asyncio.Protocol):
     def _count_buffered(self) -> None:
         """Count in the broker's budget what the decoder holds now, and what the frame it is receiving will."""
         if self._counted:
-            wanted = 0 if self._closing else max(self.decoder.buffered, self.decoder.announced_frame_len)
+            wanted = 0 if self._closing else self.decoder.held
             if wanted != self._budget_held:  # most reads end with nothing buffered, as they began
                 self._budget_held = self.budget.move(self._budget_held, wanted)
 
@@ -405,13 +407,19 @@ class ClientConnection(asyncio.Protocol):
     # --- dispatch -------------------------------------------------------------------
 
     def _process_events(self) -> None:
+        decoder = self.decoder
         while not self._closing:
+            if decoder.used_up():
+                # What NEED_DATA with nothing buffered does below; the limits need no look when
+                # there is nothing to take (the end of nearly every read of whole frames).
+                self._partial_since = None
+                return
             if self._over_limits():
                 return  # the rest stays in the decoder until the peer drains (_update_flow)
-            event = self.decoder.next_event()
+            event = decoder.next_event()
             if event is NEED_DATA:
                 # Bytes of an incomplete frame wait here: they must complete in time (slowloris).
-                if not self.decoder.buffered:
+                if not decoder.buffered:
                     self._partial_since = None
                 elif self._partial_since is None:
                     self._partial_since = time.monotonic()
@@ -421,7 +429,8 @@ class ClientConnection(asyncio.Protocol):
                 self.close()
                 return
             if isinstance(event, Frame):
-                if not self._closed_before_login(event.header, len(event.body)):
+                # ``_auth is None``: security off, never awaiting login (``_closed_before_login``).
+                if self._auth is None or not self._closed_before_login(event.header, len(event.body)):
                     self._dispatch_frame(event)
             elif isinstance(event, FrameHead):
                 if not self._closed_before_login(event.header, event.body_len):
@@ -473,8 +482,13 @@ class ClientConnection(asyncio.Protocol):
         self._run(request, self.handlers.handle(request, ctx))
 
     def _context(self) -> RequestContext:
-        """Who sends the request being dispatched (the principal is fixed once logged in)."""
-        return RequestContext(self.principal, self.peer, self._producer_claim)
+        """Who sends the request being dispatched (the principal is fixed once logged in): one
+        immutable context per connection, made again whenever the principal or the peer differs
+        from the one it holds."""
+        ctx = self._ctx
+        if ctx is None or ctx.principal is not self.principal or ctx.peer is not self.peer:
+            ctx = self._ctx = RequestContext(self.principal, self.peer, self._producer_claim)
+        return ctx
 
     def _authenticate(self, header: dict[str, Any]) -> None:
         """One step of the SCRAM handshake (metaq/security/handshake.py)."""
@@ -567,16 +581,16 @@ class ClientConnection(asyncio.Protocol):
             self._write(result if isinstance(result, bytes) else str(result).encode())
             return
         header, body = result
-        if isinstance(body, FileBody) and body.length < SENDFILE_MIN_BYTES:
+        if not isinstance(body, FileBody):
+            self.send_reply(header, body)
+        elif body.length < SENDFILE_MIN_BYTES:
             # A small range is copied and written now, like any reply (behind a file reply
             # on its way out, if there is one): no task for it.
             self.send_reply(header, body.read())
-        elif isinstance(body, FileBody):
+        else:
             task = asyncio.ensure_future(self.send_file_reply(header, body))
             self._tasks.add(task)
             task.add_done_callback(self._task_done)
-        else:
-            self.send_reply(header, body)
 
     # --- output ---------------------------------------------------------------------
 
