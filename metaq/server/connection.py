@@ -181,10 +181,10 @@ class ClientConnection(asyncio.Protocol):
         self._last_activity = self._opened_at = time.monotonic()
         self._watchdog: asyncio.TimerHandle | None = None
         self._counted = False
-        self._tasks: set[asyncio.Task[None]] = set()
-        #: Requests whose handler returned a ``Deferred`` (a parked fetch, a sync put): in
-        #: flight like the tasks, answered from its callback without a task of their own.
-        self._deferred: set[Deferred[Any]] = set()
+        #: What is in flight: tasks (a wait, a file reply) and the Deferreds of requests whose
+        #: handler returned one (a parked fetch, a sync put), answered from its callback without
+        #: a task of their own. One set: its size is what ``_over_limits`` compares.
+        self._in_flight: set[asyncio.Task[None] | Deferred[Any]] = set()
         self._write_lock = asyncio.Lock()
         self._closing = False
         self._paused = False
@@ -239,10 +239,8 @@ class ClientConnection(asyncio.Protocol):
         self._budget_held = self.budget.move(self._budget_held, 0)
         self.handlers.stats.connection_closed()
         self.handlers.connection_closed(self)
-        for task in list(self._tasks):
-            task.cancel()
-        for deferred in list(self._deferred):
-            deferred.cancel()  # a parked fetch lets go of its timer and its watch
+        for waiting in list(self._in_flight):
+            waiting.cancel()  # a task; a parked fetch's Deferred lets go of its timer and its watch
         self._drained.set()
 
     def pause_writing(self) -> None:
@@ -286,7 +284,7 @@ class ClientConnection(asyncio.Protocol):
 
     def _over_limits(self) -> bool:
         """Too much of this peer's work is pending: answer what we have before reading more."""
-        if len(self._tasks) + len(self._deferred) >= self._max_in_flight:
+        if len(self._in_flight) >= self._max_in_flight:
             return True
         transport = self.transport
         queued = self._out_bytes + (transport.get_write_buffer_size() if transport is not None else 0)
@@ -367,7 +365,7 @@ class ClientConnection(asyncio.Protocol):
                 self._process_batch()
 
     def _task_done(self, task: "asyncio.Task[None]") -> None:
-        self._tasks.discard(task)
+        self._in_flight.discard(task)
         self._last_activity = time.monotonic()
         if self._reading_paused:
             self._update_flow()
@@ -392,7 +390,7 @@ class ClientConnection(asyncio.Protocol):
             self.handlers.stats.refused("login_timeout")
             self.close()
             return
-        idle = not self._tasks and not self._deferred and self._partial_since is None
+        idle = not self._in_flight and self._partial_since is None
         if idle and limits.idle_timeout_s > 0 and now - self._last_activity > limits.idle_timeout_s:
             log.info("closing connection from %s: idle for %.0f s (connectionIdleTimeoutMs)", self.peer, limits.idle_timeout_s)
             self.close()
@@ -537,11 +535,11 @@ class ClientConnection(asyncio.Protocol):
         if type(result) is tuple:  # most replies: before the ABC check of Awaitable, which is slow
             self._emit(request, result, text)
         elif isinstance(result, Deferred):
-            self._deferred.add(result)
+            self._in_flight.add(result)
             result.add_done_callback(lambda done: self._deferred_done(request, done, text))
         elif isinstance(result, Awaitable):
             task = asyncio.ensure_future(self._finish(request, result, text))
-            self._tasks.add(task)
+            self._in_flight.add(task)
             task.add_done_callback(self._task_done)
         else:
             self._emit(request, result, text)
@@ -557,7 +555,7 @@ class ClientConnection(asyncio.Protocol):
 
     def _deferred_done(self, request: c.Request, done: Deferred[Any], text: bool) -> None:
         """A ``Deferred`` reply is known: written now, inside whatever resolved it."""
-        self._deferred.discard(done)
+        self._in_flight.discard(done)
         if done.cancelled() or self._closing:
             return
         exc = done.exception()
@@ -589,7 +587,7 @@ class ClientConnection(asyncio.Protocol):
             self.send_reply(header, body.read())
         else:
             task = asyncio.ensure_future(self.send_file_reply(header, body))
-            self._tasks.add(task)
+            self._in_flight.add(task)
             task.add_done_callback(self._task_done)
 
     # --- output ---------------------------------------------------------------------
@@ -610,7 +608,7 @@ class ClientConnection(asyncio.Protocol):
         if self._write_lock.locked():
             # A file body is on its way out; queue behind it to keep frames whole.
             task = asyncio.ensure_future(self._locked_send(header, body))
-            self._tasks.add(task)
+            self._in_flight.add(task)
             task.add_done_callback(self._task_done)
         else:
             self._write(encode_frame(header, body))
