@@ -381,7 +381,11 @@ class RequestHandlers:
         max_bytes = min(req.max_size, cap)
         if replica is not None:
             self._replica_progress(req, req.offset, log, topic)
-        reply = self._read(req, log, max_bytes)
+        # A replica reads to the log end: at or past it ``_read`` finds nothing (as in
+        # ParkedFetch.read), so a slave's fetch at our end, the next fetch after every
+        # reply, parks without building the committed offset it would not send.
+        at_end = replica is not None and req.offset >= log.log_end
+        reply = None if at_end else self._read(req, log, max_bytes)
         if reply is not None or req.max_wait_ms <= 0:
             return reply if reply is not None else self._no_data(req, log)
         # Parked until its partition has data for it, or ``max_wait_ms`` passes.
