@@ -729,12 +729,16 @@ class HaCoordinator:
             found = store.open_log(topic, partition)
             return found if found is not None else store.get_log(topic, partition)
 
+        def log_end(topic: str, partition: int) -> int:
+            found = store.open_log(topic, partition)  # ``log_of``, inline: per put, several times
+            return (found if found is not None else log_of(topic, partition)).log_end
+
         self.sync_set = SyncReplication(
             config.min_sync_slaves,
             config.sync_slave_timeout_ms,
             config.on_sync_slave_loss,
             self._publish_sync_set,
-            log_end=lambda t, p: log_of(t, p).log_end,
+            log_end=log_end,
             flushed_end=lambda t, p: log_of(t, p).flushed_end,
             partitions=lambda: list(store.logs()),
             # Only positions reported in this term count (progress outlives terms).

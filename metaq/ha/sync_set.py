@@ -201,11 +201,12 @@ class SyncReplication:
             )
         return None
 
-    def committed(self, topic: str, partition: int) -> int:
-        """What consumers may read: ``_safe_end`` moved down to a batch boundary; never decreases."""
+    def committed(self, topic: str, partition: int, replicated: int | None = None) -> int:
+        """What consumers may read: ``_safe_end`` moved down to a batch boundary; never decreases.
+        ``replicated``: ``_replicated_end`` as the caller has just computed it (see ``_safe_end``)."""
         key = (topic, partition)
         current = self._committed.get(key, 0)
-        candidate = self._safe_end(topic, partition)
+        candidate = self._safe_end(topic, partition, replicated)
         if candidate > current:
             # Invariant: committed is never inside a batch (see the module docstring). Only
             # a candidate that would move it is looked at: one lookup per advance, and none
@@ -216,11 +217,13 @@ class SyncReplication:
                 return candidate
         return current
 
-    def _safe_end(self, topic: str, partition: int) -> int:
+    def _safe_end(self, topic: str, partition: int, replicated: int | None = None) -> int:
         """What no failover can take back (a record boundary); never decreases. The join bar.
 
         Unlike ``committed`` it is not moved down to a batch boundary, so a slave joins
-        exactly when it holds everything acked, whatever the batches.
+        exactly when it holds everything acked, whatever the batches. ``replicated``:
+        ``_replicated_end(topic, partition)`` computed by the caller with nothing moved since
+        (``_resolve``, in the same slave report), so it is not walked again.
         """
         key = (topic, partition)
         current = self._safe.get(key, 0)
@@ -236,7 +239,7 @@ class SyncReplication:
             flushed = self._flushed_end(topic, partition)
             candidate = flushed if self.on_loss == "degrade" else min(flushed, self._term_start.get(key, 0))
         else:
-            candidate = self._replicated_end(topic, partition)
+            candidate = self._replicated_end(topic, partition) if replicated is None else replicated
         if candidate > current:
             self._safe[key] = candidate
             return candidate
@@ -320,8 +323,9 @@ class SyncReplication:
             raise SyncWaitFailed(*refusal)
         if self.nobody_counted:
             return None  # degraded: the master alone
-        if self._replicated_end(topic, partition) >= end:
-            self._note_committed(topic, partition)
+        replicated = self._replicated_end(topic, partition)
+        if replicated >= end:
+            self._note_committed(topic, partition, replicated)
             return None
         future: Deferred[None] = Deferred()
         waiter = _Waiter(topic, partition, end, self._clock() + self.timeout, future)
@@ -351,6 +355,8 @@ class SyncReplication:
             self._note_committed(topic, partition)
             return
         replicated = self._replicated_end(topic, partition)
+        # Releasing a waiter writes its put's ack (a Deferred's callback) and nothing else: no
+        # log end and no slave position moves before ``_note_committed`` uses ``replicated``.
         still = []
         for waiter in waiters:
             if waiter.end <= replicated:
@@ -362,11 +368,11 @@ class SyncReplication:
             self._waiters[(topic, partition)] = still
         else:
             del self._waiters[(topic, partition)]
-        self._note_committed(topic, partition)
+        self._note_committed(topic, partition, replicated)
 
-    def _note_committed(self, topic: str, partition: int) -> None:
+    def _note_committed(self, topic: str, partition: int, replicated: int | None = None) -> None:
         before = self._committed.get((topic, partition), 0)
-        if self.committed(topic, partition) > before:
+        if self.committed(topic, partition, replicated) > before:
             self._on_committed(topic, partition)
 
     def _desired_members(self) -> frozenset[int]:
