@@ -10,8 +10,8 @@ Replies are written whole: a reply whose body is sent from a file holds the
 connection's write lock between its header and its last body byte.
 
 Trust (docs/security.md): with security on, a connection starts unauthenticated; the
-``auth`` op runs the SCRAM handshake here, and every other request comes with a
-``RequestContext`` built once for it and is checked by metaq/server/authz.py
+``auth`` op runs the SCRAM handshake here, and every other request comes with the
+connection's ``RequestContext`` (its principal now: ``_context``) and is checked by metaq/server/authz.py
 (``Authz.request_denial``) before a handler sees it, so a handler never runs for a peer
 that may not make its request.
 
