@@ -743,7 +743,7 @@ class HaCoordinator:
             partitions=lambda: list(store.logs()),
             # Only positions reported in this term count (progress outlives terms).
             position=lambda slave_id, t, p: self.progress.position(slave_id, t, p, epoch=self.serving_epoch),
-            on_committed=self.host.notify,
+            on_committed=self.host.notify_committed,  # a slave's parked fetch waits for appends only
             # Committed never stops inside a batch (idempotent/transactional put).
             batch_boundary=self.host.partitions.batch_boundary,
         )

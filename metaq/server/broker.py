@@ -126,6 +126,11 @@ class Broker:
         """A partition's log end, flushed end or committed offset moved: wake parked fetches."""
         self.waiters.notify(topic, partition)
 
+    def notify_committed(self, topic: str, partition: int) -> None:
+        """Only a partition's committed offset or flushed end moved: wake the fetches that wait
+        for it (consumers'; a slave's fetch waits for the log end)."""
+        self.waiters.notify_committed(topic, partition)
+
     async def update_topics(self, topics: dict[str, TopicConfig]) -> None:
         """Adopt a new topic map (a slave learning its master's topics, a reload)."""
         if self.group_topics is not None:
@@ -204,7 +209,7 @@ class Broker:
         self.partitions.open_all()
         self.transactions.open()
         self.ids = MsgIdGenerator(config.broker_id, floor)
-        self.store.on_flushed = self.notify
+        self.store.on_flushed = self.notify_committed
         served: Any = self.handlers
         metrics_login = None
         if config.metrics_port is not None:

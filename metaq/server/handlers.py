@@ -683,7 +683,9 @@ class ParkedFetch:
         self.max_bytes = max_bytes
         self.parked: Deferred[Reply] = Deferred()
         self.timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(req.max_wait_ms / 1000, self.expired)
-        self.withdraw: Callable[[], None] | None = handlers.broker.waiters.watch(req.topic, req.partition, self.woken)
+        # A slave's fetch reads to the log end: a commit or flush alone has nothing for it.
+        self.withdraw: Callable[[], None] | None = handlers.broker.waiters.watch(
+            req.topic, req.partition, self.woken, on_commit=req.replica is None)
         self.parked.on_cancel(self.release)
 
     def woken(self) -> None:
@@ -715,7 +717,9 @@ class ParkedFetch:
             self.parked.set_exception(exc)
             return
         if result is None:
-            self.withdraw = self.handlers.broker.waiters.watch(self.req.topic, self.req.partition, self.woken)
+            req = self.req
+            self.withdraw = self.handlers.broker.waiters.watch(req.topic, req.partition, self.woken,
+                                                               on_commit=req.replica is None)
             return
         self.let_go()
         self.parked.set_result(result)
