@@ -63,7 +63,8 @@ class Member:
     broker_id: int
     role: str  # master | slave{k}
     url: str
-    epoch: str = "-"
+    #: The group's epoch (a number in --json too); None: no epoch node, or an unreadable one.
+    epoch: int | None = None
     sync_set: str = "-"
     state: str = "?"
     lag_bytes: int | None = None
@@ -79,7 +80,7 @@ class Member:
 
         address = self.url.removeprefix("meta://")
         return (
-            str(self.broker_id), self.role, address, self.state, self.epoch, self.sync_set,
+            str(self.broker_id), self.role, address, self.state, "-" if self.epoch is None else str(self.epoch), self.sync_set,
             num(self.lag_bytes), num(self.lag_messages), num(self.lag_ms), num(self.heartbeat_age_ms, " ms"),
         )
 
@@ -110,10 +111,10 @@ def _members(client: Any, paths: Any) -> list[Member]:
             continue
         try:
             state = read_group_state(client, paths, broker_id)
-            epoch = "-" if state.epoch_version < 0 else str(state.epoch)
+            epoch = None if state.epoch_version < 0 else state.epoch
             sync_text = "-" if state.sync_set is None else ",".join(f"slave{s}" for s in sorted(state.sync_set)) or "(empty)"
         except ValueError:  # a malformed epoch or sync set node: show the rest
-            epoch, sync_text = "?", "?"
+            epoch, sync_text = None, "?"
         if group.master_url is not None:
             members.append(Member(broker_id, "master", group.master_url, epoch, sync_text))
         else:

@@ -249,23 +249,29 @@ def run_describe(args: argparse.Namespace) -> int:
         members = live_members(client, paths, args.group)
     table = asyncio.run(_describe(rows, args.timeout, credentials(args)))
     columns = ("topic", "partition", "committed", "log end", "lag bytes", "lag messages")
+    cells = [row[:-1] for row in table]
+    problems = [row[-1] for row in table]
     if args.json:
-        print_json({"group": args.group, "live_members": members, "partitions": table_json(columns, table)})
+        # The numbers stay numbers (null when unknown); why a master gave none is "problem".
+        partitions = [{**row, "problem": problem} for row, problem in zip(table_json(columns, cells), problems)]
+        print_json({"group": args.group, "live_members": members, "partitions": partitions})
         return 0
     print(f"group {args.group}: {len(members)} live member(s){': ' + ', '.join(members) if members else ''}")
-    print(render_table(columns, table))
+    # In the table, why a master gave no log end stands in that column.
+    print(render_table(columns, [row if problem is None else (*row[:3], problem, *row[4:]) for row, problem in zip(cells, problems)]))
     return 0
 
 
 async def _describe(rows: list[PartitionRow], timeout: float, creds: Any) -> list[tuple[Any, ...]]:
+    """One row per partition: the describe columns, then why its master gave no bounds (None: it did)."""
     async def one(row: PartitionRow) -> tuple[Any, ...]:
         found, why_not = await bounds_answer(row, timeout, creds)
         if found is None:
-            return (row.topic, row.name, row.committed, why_not, None, None)
+            return (row.topic, row.name, row.committed, None, None, None, why_not)
         earliest, end = found
         start = earliest if row.committed is None else max(row.committed, earliest)
         messages = (await walk(row, start, end, timeout, creds))[0] if start < end else 0
-        return (row.topic, row.name, row.committed, end, max(0, end - start), messages)
+        return (row.topic, row.name, row.committed, end, max(0, end - start), messages, None)
 
     return list(await asyncio.gather(*(one(row) for row in rows)))
 

@@ -157,7 +157,7 @@ DESCRIBE_COLUMNS = ("partition", "member", "address", "state", "log end", "commi
 
 def _describe_text(topic: str, head: dict[str, Any], rows: list[tuple[Any, ...]]) -> str:
     line = (
-        f"topic {topic}, broker group {head['broker']}: {head['partition_count']} partitions, epoch {head['epoch']}, "
+        f"topic {topic}, broker group {head['broker']}: {head['partition_count']} partitions, epoch {'-' if head['epoch'] is None else head['epoch']}, "
         f"master {head['master'] or '-'}, slaves {','.join(head['slaves']) or '-'}, sync set {head['sync_set']}"
     )
     return line + "\n" + render_table(DESCRIBE_COLUMNS, rows)
@@ -176,7 +176,8 @@ async def _describe_group(args: argparse.Namespace, broker_id: int, config: Any,
     roles: list[tuple[str, str | None]] = [("master", master_url)] + [(f"slave{k}", url) for k, url in registered.items()]
     roles += [(f"slave{k}", None) for k in sorted(state.sync_set or ()) if k not in registered]
     head = {
-        "topic": args.topic, "broker": broker_id, "partition_count": partitions, "epoch": state.epoch,
+        "topic": args.topic, "broker": broker_id, "partition_count": partitions,
+        "epoch": None if state.epoch_version < 0 else state.epoch,  # None: the group never had a master
         "master": master_url.removeprefix("meta://") if master_url else None,
         "slaves": [f"slave{k}" for k in registered], "sync_set": sync_set,
     }

@@ -1,0 +1,113 @@
+"""The CLI as a user meets it at its edges, against one shared cluster (real ZooKeeper, real
+broker processes): every ``--json`` output keeps its numbers numbers, and a topic no broker
+group has is an error naming it.
+
+Group 0: a sync pair, A (master) and B (``--slave``, slaveId 1), topic ``fo`` with 10
+messages, and consumer group ``g`` with stored offsets.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import uuid
+from typing import Any, Iterator
+
+import pytest
+
+from metaq.cli import main
+from metaq.tools.launcher import BrokerFactory, BrokerProcess
+from tests.harness import kazoo_client
+
+from .failover_support import TOPIC, Group, make_pair, sync_system
+from .replication_support import put, wait_caught_up
+
+
+class Cluster:
+    def __init__(self, zk: Any, root: str, factory: BrokerFactory) -> None:
+        self.zk, self.root, self.factory = zk, root, factory
+        self.a: BrokerProcess
+        self.b: BrokerProcess
+
+    def metaq(self, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+        """``metaq ARGV --zk … --zk-root …`` in this process: (exit code, stdout + stderr)."""
+        return metaq(capsys, *argv, "--zk", self.zk.connect_string, "--zk-root", self.root)
+
+
+def metaq(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    """``metaq ARGV`` in this process: (exit code, stdout + stderr); a usage error's exit code too."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        code = main(list(argv))
+    except SystemExit as exit_:  # argparse's usage errors
+        code = int(exit_.code or 0)
+    finally:  # main() sets up logging for a process; the test session's stays as it was
+        ours = getattr(root, "_metaq_handler", None)
+        if ours is not None:
+            ours.close()
+            delattr(root, "_metaq_handler")
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+@pytest.fixture(scope="module")
+def cluster(zk: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = f"/meta-{uuid.uuid4().hex[:12]}"
+    factory = BrokerFactory(tmp_path_factory.mktemp("cli-edges"), zk.connect_string, root)
+    edges = Cluster(zk, root, factory)
+    try:
+        with kazoo_client(zk.connect_string) as client:
+            edges.a, edges.b = make_pair(factory, sync_system(), Group(client, root))
+        put(edges.a, TOPIC, 0, 10, size=64, batch=5)
+        wait_caught_up(edges.a, edges.b, [(TOPIC, 0)])
+        yield edges
+    finally:
+        factory.stop_all()
+
+
+# --- --json: numbers are numbers ------------------------------------------------------------
+
+NUMBER = re.compile(r"[+-]?\d+(\.\d+)?")
+#: Free text (a message's data and attribute) and verbatim server.ini settings: strings by nature.
+TEXT_KEYS = {"data", "attribute", "settings"}
+
+
+def numeric_strings(value: Any, where: str = "") -> list[str]:
+    """Where a JSON document holds a number as a string (free-text keys aside)."""
+    if isinstance(value, dict):
+        return [found for key, item in value.items() if key not in TEXT_KEYS for found in numeric_strings(item, f"{where}.{key}")]
+    if isinstance(value, list):
+        return [found for i, item in enumerate(value) for found in numeric_strings(item, f"{where}[{i}]")]
+    return [f"{where}={value!r}"] if isinstance(value, str) and NUMBER.fullmatch(value) else []
+
+
+def test_every_json_output_keeps_numbers_numbers(cluster, capsys):
+    code, out = cluster.metaq(capsys, "groups", "reset-offsets", "--group", "g", "--topic", TOPIC, "--to-earliest", "--execute")
+    assert code == 0, out
+    outputs = {}
+    for argv in (
+        ("cluster", "show"),
+        ("topics", "list"),
+        ("topics", "describe", "--topic", TOPIC),
+        ("topics", "get", "--topic", TOPIC, "--partition", "0-0", "--offset", "0"),
+        ("groups", "list"),
+        ("groups", "describe", "--group", "g"),
+        ("verify", "--broker-id", "0"),
+    ):
+        code, out = cluster.metaq(capsys, *argv, "--json")
+        assert code == 0, (argv, out)
+        outputs[" ".join(argv[:2])] = document = json.loads(out)
+        assert numeric_strings(document) == [], (argv, out)
+    code, out = metaq(capsys, "verify", "--data-dir", str(cluster.b.dir / "data"), "--json")
+    assert code == 0 and numeric_strings(json.loads(out)) == [], out
+
+    # The epoch, the field that was a string, is the group's epoch in both places.
+    epoch = outputs["topics describe"][0]["epoch"]
+    assert isinstance(epoch, int) and epoch >= 1, outputs["topics describe"]
+    assert [(m["role"], m["epoch"]) for m in outputs["cluster show"]["members"]] == [("master", epoch), ("slave1", epoch)]
+    described = outputs["groups describe"]["partitions"]
+    assert [(p["committed"], p["log_end"] > 0, p["lag_messages"], p["problem"]) for p in described] == [(0, True, 10, None)], described
