@@ -12,13 +12,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterator, Sequence
 
 from ..errors import MetaqError
+from . import numbers
 from .login import add_login_arguments, zk_connect_arg, zk_root_arg, zk_security
 
 
 def add_zk_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--zk", type=zk_connect_arg, required=True, metavar="HOST:PORT[,...]", help="ZooKeeper connect string")
     parser.add_argument("--zk-root", type=zk_root_arg, default="/meta", metavar="PATH", help="ZooKeeper root of the cluster (default /meta)")
-    parser.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds per ZooKeeper or broker request (default 5)")
+    parser.add_argument("--timeout", type=numbers.positive, default=5.0, metavar="S", help="seconds per ZooKeeper or broker request (default 5)")
     add_login_arguments(parser)
 
 

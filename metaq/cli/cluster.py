@@ -29,6 +29,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from . import numbers
 from .admin import LOGIN_REFUSED, NEEDS_LOGIN, Answer, print_json, render_table, stats_answer
 from .login import (
     add_group_login_argument, add_group_secret_argument, add_login_arguments, credentials, group_credentials, zk_connect_arg, zk_root_arg,
@@ -46,12 +47,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("cluster", help="masters, slaves, epochs, sync sets and replication lag in one table; remove a dead group or slave")
     parser.add_argument("action", nargs="?", choices=("show", "remove-group", "remove-slave"), default="show",
                         help="show (default): the table; remove-group: forget a dead broker group; remove-slave: take a dead slave out of its group's sync set")
-    parser.add_argument("--broker-id", type=int, metavar="ID", help="the broker group (remove-group, remove-slave; show: only this group)")
-    parser.add_argument("--slave-id", type=int, metavar="K", help="the slave (remove-slave)")
+    parser.add_argument("--broker-id", type=numbers.broker_id, metavar="ID", help="the broker group (remove-group, remove-slave; show: only this group)")
+    parser.add_argument("--slave-id", type=numbers.slave_id, metavar="K", help="the slave (remove-slave)")
     add_group_secret_argument(parser)
     parser.add_argument("--zk", type=zk_connect_arg, required=True, metavar="HOST:PORT[,...]", help="ZooKeeper connect string")
     parser.add_argument("--zk-root", type=zk_root_arg, default="/meta", help="ZooKeeper root of the cluster (default /meta)")
-    parser.add_argument("--timeout", type=float, default=5.0, help="seconds per ZooKeeper/broker request (default 5)")
+    parser.add_argument("--timeout", type=numbers.positive, default=5.0, help="seconds per ZooKeeper/broker request (default 5)")
     parser.add_argument("--json", action="store_true", help="one JSON object: members, problems, healthy")
     add_login_arguments(parser)
     add_group_login_argument(parser)

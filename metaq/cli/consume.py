@@ -19,6 +19,7 @@ import sys
 from typing import Any
 
 from ..errors import MetaqError
+from . import numbers
 from .produce import add_zk_arguments, client_config
 from .progress import Progress
 
@@ -29,18 +30,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--topic", required=True, help="the topic to read")
     parser.add_argument("--group", required=True, help="the consumer group (its offsets live in ZooKeeper)")
     parser.add_argument("--read-from", choices=("master", "slave", "prefer-slave"), default="master", help="which replica serves the reads (default master)")
-    parser.add_argument("--max", type=int, help="stop after N messages")
+    parser.add_argument("--max", type=numbers.positive_int, help="stop after N messages")
     start = parser.add_mutually_exclusive_group()
     start.add_argument("--from-beginning", action="store_true", help="the default now (a new group starts at the oldest message); kept for old scripts")
     start.add_argument("--from-max-offset", action="store_true", help="a group without stored offsets starts at the newest message")
     start.add_argument("--always-from-max-offset", action="store_true", help="start at the newest message even if the group has stored offsets")
-    start.add_argument("--offset", type=int, default=0, help="a group without stored offsets starts at this message offset (default 0: the oldest)")
+    start.add_argument("--offset", type=numbers.offset, default=0, help="a group without stored offsets starts at this message offset (default 0: the oldest)")
     parser.add_argument("--attribute", action="append", help="print only messages with this attribute (repeatable); the others are skipped, offsets move past them")
     parser.add_argument("--broadcast", action="store_true", help="get every message, whatever the group's other members get")
     parser.add_argument("--offset-file", help="keep offsets in this JSON file instead of ZooKeeper")
     parser.add_argument("--offset-url", help="keep offsets in this SQL database (SQLAlchemy URL, e.g. sqlite:///offsets.db) instead of ZooKeeper")
-    parser.add_argument("--commit-interval", type=float, default=5.0, help="seconds between offset commits (default 5)")
-    parser.add_argument("--idle-timeout", type=float, help="stop after this many seconds without a message")
+    parser.add_argument("--commit-interval", type=numbers.positive, default=5.0, help="seconds between offset commits (default 5)")
+    parser.add_argument("--idle-timeout", type=numbers.positive, help="stop after this many seconds without a message")
     parser.add_argument("--print-offsets", action="store_true", help="prefix each line with partition and offset (tab-separated)")
     parser.add_argument("--consumer-id", help=argparse.SUPPRESS)
     parser.add_argument("--recover-dir", help=argparse.SUPPRESS)
@@ -50,10 +51,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 async def consume(args: argparse.Namespace) -> int:
     from ..client import AsyncMessageSessionFactory, AttributeFilter, ConsumerConfig, Message
 
-    if args.max is not None and args.max < 1:
-        raise MetaqError("--max must be positive")
-    if args.idle_timeout is not None and not args.idle_timeout > 0 or not args.commit_interval > 0:
-        raise MetaqError("--idle-timeout and --commit-interval must be > 0 seconds")
     try:
         consumer_config = ConsumerConfig(
             group=args.group,

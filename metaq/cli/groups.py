@@ -36,6 +36,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import MetaqError
+from . import numbers
 from .admin import NEEDS_LOGIN, UNREACHABLE, Answer, add_action, add_actions, add_json_option, ask, ask_answer, print_json, render_table, table_json, zk_client
 from .login import credentials
 
@@ -65,7 +66,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     target.add_argument("--to-current", action="store_true", help="where the group is now (never committed: the oldest message); with --export, a backup")
     target.add_argument("--to-datetime", metavar="TIME", help="the first message at or after TIME (ISO 8601, e.g. 2026-11-23T09:30:00Z; no zone: local time)")
     target.add_argument("--by-duration", metavar="DURATION", help="the first message at or after now minus DURATION (30m, 2h, 1d, or ISO 8601 like PT1H30M)")
-    target.add_argument("--to-offset", type=int, metavar="OFFSET", help="this byte offset (must start a message)")
+    target.add_argument("--to-offset", type=numbers.offset, metavar="OFFSET", help="this byte offset (must start a message)")
     target.add_argument("--shift-by", type=int, metavar="N", help="N messages forward (negative: back) from the current offset, within the retained log")
     target.add_argument("--from-file", metavar="CSV", help="the offsets in CSV lines TOPIC,BROKER-N,OFFSET (what --export prints); each must start a message")
     reset.add_argument("--export", action="store_true", help="print the plan as CSV lines TOPIC,BROKER-N,OFFSET instead of a table")

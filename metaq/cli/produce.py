@@ -13,7 +13,7 @@ import asyncio
 import sys
 from typing import AsyncIterator
 
-from ..errors import MetaqError
+from . import numbers
 from .login import add_login_arguments, credentials, zk_connect_arg, zk_root_arg
 from .progress import Progress
 
@@ -24,13 +24,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("produce", help="send stdin lines (or N generated messages) to a topic")
     add_zk_arguments(parser)
     parser.add_argument("--topic", required=True, help="the topic to send to")
-    parser.add_argument("--count", type=int, help="send N generated messages instead of reading stdin")
-    parser.add_argument("--size", type=int, default=100, help="bytes per generated message (default 100)")
+    parser.add_argument("--count", type=numbers.positive_int, help="send N generated messages instead of reading stdin")
+    parser.add_argument("--size", type=numbers.positive_int, default=100, help="bytes per generated message (default 100)")
     parser.add_argument("--sync", action="store_true", help="one message at a time, each acknowledged before the next")
-    parser.add_argument("--batch", type=int, default=1000, help="messages per batch when not --sync (default 1000)")
-    parser.add_argument("--in-flight", type=int, default=4, help="batches in flight when not --sync (default 4)")
+    parser.add_argument("--batch", type=numbers.positive_int, default=1000, help="messages per batch when not --sync (default 1000)")
+    parser.add_argument("--in-flight", type=numbers.positive_int, default=4, help="batches in flight when not --sync (default 4)")
     parser.add_argument("--attribute", help="attribute string stored with every message")
-    parser.add_argument("--send-timeout", type=float, default=15.0, help="seconds a send may retry before it fails (default 15)")
+    parser.add_argument("--send-timeout", type=numbers.positive, default=15.0, help="seconds a send may retry before it fails (default 15)")
     parser.add_argument("--quiet", action="store_true", help="no summary")
     parser.set_defaults(run=run)
 
@@ -38,8 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def add_zk_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--zk", type=zk_connect_arg, required=True, metavar="HOST:PORT[,...]", help="ZooKeeper connect string")
     parser.add_argument("--zk-root", type=zk_root_arg, default="/meta", help="ZooKeeper root of the cluster (default /meta)")
-    parser.add_argument("--zk-session-timeout-ms", type=int, default=30000, help=argparse.SUPPRESS)
-    parser.add_argument("--zk-connect-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper (default 10)")
+    parser.add_argument("--zk-session-timeout-ms", type=numbers.positive_int, default=30000, help=argparse.SUPPRESS)
+    parser.add_argument("--zk-connect-timeout", type=numbers.positive, default=10.0, help="seconds to wait for ZooKeeper (default 10)")
     add_login_arguments(parser)
 
 
@@ -84,10 +84,6 @@ async def stdin_lines(batch: int) -> AsyncIterator[list[bytes]]:
 async def produce(args: argparse.Namespace) -> int:
     from ..client import AsyncMessageSessionFactory, Message
 
-    if args.count is not None and args.count < 0 or args.size < 1 or args.batch < 1 or args.in_flight < 1:
-        raise MetaqError("--count, --size, --batch and --in-flight must be positive")
-    if not args.send_timeout > 0:
-        raise MetaqError(f"--send-timeout must be > 0 seconds, got {args.send_timeout:g}")
     config = client_config(args, send_timeout_s=args.send_timeout)
     factory = await AsyncMessageSessionFactory(config).start()
     progress = Progress(f"producing to {args.topic}", total=args.count)

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from ..errors import MetaqError
+from . import numbers
 from .admin import add_action, add_actions, add_json_option, ask, parse_settings, print_json, render_table, stats_answer, table_json, zk_client
 from .login import add_group_secret_argument, credentials, zk_security, zk_write_refused
 
@@ -24,12 +25,12 @@ from .login import add_group_secret_argument, credentials, zk_security, zk_write
 def add_parser(sub: argparse._SubParsersAction) -> None:
     actions = add_actions(sub, "topics", "list, describe, create, alter or delete topics of a broker group")
     listing = add_action(actions, "list", "every group's topics and their settings", run_list)
-    listing.add_argument("--broker-id", type=int, metavar="ID", help="only this broker group")
+    listing.add_argument("--broker-id", type=numbers.broker_id, metavar="ID", help="only this broker group")
     add_json_option(listing)
 
     describe = add_action(actions, "describe", "partitions, master, slaves, sync set, committed offsets, lag per slave", run_describe)
     describe.add_argument("--topic", required=True, help="the topic")
-    describe.add_argument("--broker-id", type=int, metavar="ID", help="only this broker group")
+    describe.add_argument("--broker-id", type=numbers.broker_id, metavar="ID", help="only this broker group")
     only = describe.add_mutually_exclusive_group()
     only.add_argument("--under-replicated-partitions", action="store_true",
                       help="only partitions a registered slave does not hold fully: unreachable, not serving it, out of the sync set (sync) or behind (async)")
@@ -40,7 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     get.add_argument("--topic", required=True, help="the topic")
     get.add_argument("--partition", required=True, metavar="BROKER-N", help="the partition, e.g. 0-1")
     which = get.add_mutually_exclusive_group(required=True)
-    which.add_argument("--offset", type=int, help="the message starting at this byte offset")
+    which.add_argument("--offset", type=numbers.offset, help="the message starting at this byte offset")
     which.add_argument("--msg-id", type=int, help="the message with this msg id (walks the partition from its oldest message)")
     add_json_option(get)
 
@@ -50,10 +51,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         ("delete", "delete a topic in a broker group: every member drops it and its files", run_delete),
     ):
         action = add_action(actions, name, helptext, runner)
-        action.add_argument("--broker-id", type=int, required=True, metavar="ID", help="the broker group")
+        action.add_argument("--broker-id", type=numbers.broker_id, required=True, metavar="ID", help="the broker group")
         action.add_argument("--topic", required=True, help="the topic")
         if name != "delete":
-            action.add_argument("--partitions", type=int, metavar="N", help="number of partitions" + (" (default 1)" if name == "create" else " (can only grow)"))
+            action.add_argument("--partitions", type=numbers.positive_int, metavar="N", help="number of partitions" + (" (default 1)" if name == "create" else " (can only grow)"))
             action.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                                 help="a topic key in MetaQ's name (unflushThreshold, deletePolicy, acceptPublish, ...); repeatable"
                                 + ("; KEY= (empty) removes the override, the key then follows each broker's [system] default" if name == "alter" else ""))
@@ -62,7 +63,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         if name == "delete":
             action.add_argument("--if-exists", action="store_true", help="exit 0 without a change if the group has no such topic")
         add_group_secret_argument(action)
-        action.add_argument("--wait", type=float, default=15.0, metavar="S", help="seconds to wait for every live member to apply it (0: do not wait; default 15)")
+        action.add_argument("--wait", type=numbers.non_negative, default=15.0, metavar="S", help="seconds to wait for every live member to apply it (0: do not wait; default 15)")
 
 
 # --- reading -----------------------------------------------------------------------------------
@@ -331,8 +332,6 @@ def _settings(args: argparse.Namespace) -> dict[str, str]:
     from ..zk.topic_config import check_settings
 
     settings = parse_settings(args.set)
-    if args.partitions is not None and args.partitions < 1:
-        raise MetaqError(f"--partitions must be >= 1, got {args.partitions}")
     unknown = [key for key in settings if key not in SHARED_TOPIC_KEYS]
     if unknown:
         raise MetaqError(f"--set: {unknown[0]}: not a shared topic key (one of {', '.join(SHARED_TOPIC_KEYS)})")
