@@ -152,6 +152,12 @@ def table_json(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[di
     return [dict(zip(keys, row)) for row in rows]
 
 
+def no_such_topic(topic: str, zk_root: str) -> MetaqError:
+    """The one line for a topic no broker group has: no group's topic configuration names it
+    and no broker registered it (a typo, or a topic not created yet)."""
+    return MetaqError(f"no broker group has a topic {topic!r} under {zk_root} (see metaq topics list)")
+
+
 def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, default=str))
 

@@ -1,4 +1,7 @@
-"""``metaq consume --zk Z --topic T --group G [--read-from ...] [--max N] [--from-max-offset]``.
+"""``metaq consume --zk Z --topic T --group G [--read-from ...] [--max N] [--from-max-offset] [--wait-for-topic]``.
+
+A topic no broker group has is an error naming it (exit 1), unless ``--wait-for-topic``:
+then it is waited for, as is a topic whose group has no master serving it for now.
 
 A group without stored offsets starts at the oldest message (MetaQ's rule), at ``--offset``,
 or at the newest with ``--from-max-offset`` (``--always-from-max-offset``: even with stored
@@ -20,7 +23,7 @@ from typing import Any
 
 from ..errors import MetaqError
 from . import numbers
-from .produce import add_zk_arguments, client_config
+from .produce import add_zk_arguments, client_config, require_topic
 from .progress import Progress
 
 
@@ -28,6 +31,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("consume", help="print a topic's messages as a member of a consumer group")
     add_zk_arguments(parser)
     parser.add_argument("--topic", required=True, help="the topic to read")
+    parser.add_argument("--wait-for-topic", action="store_true",
+                        help="wait for a topic no broker group has yet (created later) instead of exiting 1 naming it")
     parser.add_argument("--group", required=True, help="the consumer group (its offsets live in ZooKeeper)")
     parser.add_argument("--read-from", choices=("master", "slave", "prefer-slave"), default="master", help="which replica serves the reads (default master)")
     parser.add_argument("--max", type=numbers.positive_int, help="stop after N messages")
@@ -95,6 +100,8 @@ async def consume(args: argparse.Namespace) -> int:
             consumer = factory.create_consumer(consumer_config)
         except ValueError as exc:  # the offset store's URL (--offset-url) is checked only here
             raise MetaqError(str(exc)) from None
+        if not args.wait_for_topic:
+            await require_topic(factory, args.topic, args.zk_root)
         consumer.subscribe(args.topic, None, listener, message_filter=AttributeFilter(*args.attribute) if args.attribute else None)
         await consumer.complete_subscribe()
         await _warn_if_unserved(factory, args.topic)
@@ -118,7 +125,8 @@ async def consume(args: argparse.Namespace) -> int:
 
 
 async def _warn_if_unserved(factory: Any, topic: str) -> None:
-    """A topic no broker serves (a typo?) would otherwise just print nothing, forever."""
+    """A topic no broker serves now (a group's master is down, or --wait-for-topic and it is
+    not created yet) would otherwise just print nothing until it is."""
     snapshot = await factory.cluster.refresh()
     if not snapshot.readable_partitions(topic):
         print(f"metaq consume: warning: no broker serves topic {topic!r} (yet); waiting for it "

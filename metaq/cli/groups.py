@@ -37,7 +37,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import MetaqError
 from . import numbers
-from .admin import NEEDS_LOGIN, UNREACHABLE, Answer, add_action, add_actions, add_json_option, ask, ask_answer, print_json, render_table, table_json, zk_client
+from .admin import (
+    NEEDS_LOGIN, UNREACHABLE, Answer, add_action, add_actions, add_json_option, ask, ask_answer, no_such_topic, print_json, render_table, table_json,
+    zk_client,
+)
 from .login import credentials
 
 if TYPE_CHECKING:
@@ -104,8 +107,9 @@ def _children(client: Any, path: str) -> list[str]:
         return []
 
 
-def _topic_partitions(client: Any, paths: Any, topic: str) -> dict[int, int]:
-    """broker id -> partitions of ``topic``, from the brokers' topic nodes and group configurations."""
+def topic_partitions(client: Any, paths: Any, topic: str) -> dict[int, int]:
+    """broker id -> partitions of ``topic``, from the brokers' topic nodes and group configurations
+    (empty: no broker group has the topic)."""
     from ..zk.paths import parse_topic_node_data
     from ..zk.topic_config import read_group_topics
 
@@ -131,7 +135,7 @@ def read_rows(client: Any, paths: Any, group: str, topic: str) -> list[Partition
     from ..zk.paths import parse_offset
 
     rows = []
-    for broker_id, partitions in _topic_partitions(client, paths, topic).items():
+    for broker_id, partitions in topic_partitions(client, paths, topic).items():
         try:
             master = read_members(client, paths, broker_id).master_url
         except NoNodeError:
@@ -247,6 +251,8 @@ def run_describe(args: argparse.Namespace) -> int:
         if not topics and not _children(client, paths.consumer_group(args.group)):
             raise MetaqError(f"no consumer group {args.group!r} under {args.zk_root} (see metaq groups list)")
         rows = [row for topic in topics for row in read_rows(client, paths, args.group, topic)]
+        if args.topic and not rows:
+            raise no_such_topic(args.topic, args.zk_root)
         members = live_members(client, paths, args.group)
     table = asyncio.run(_describe(rows, args.timeout, credentials(args)))
     columns = ("topic", "partition", "committed", "log end", "lag bytes", "lag messages")

@@ -1,5 +1,6 @@
 """``metaq produce --zk Z --topic T [--count N --size B] [--sync]``: messages to a topic.
 
+A topic no broker group has is an error naming it (exit 1) before anything is sent.
 Without ``--count`` every stdin line (newline stripped) is one message. By default
 messages go out in batches with several puts in flight; ``--sync`` sends one message
 at a time and waits for each acknowledgement. Ends with a summary on stdout; exit code
@@ -11,8 +12,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
+from ..errors import MetaqError
 from . import numbers
 from .login import add_login_arguments, credentials, zk_connect_arg, zk_root_arg
 from .progress import Progress
@@ -81,6 +83,24 @@ async def stdin_lines(batch: int) -> AsyncIterator[list[bytes]]:
         yield lines
 
 
+async def require_topic(factory: Any, topic: str, zk_root: str) -> None:
+    """MetaqError naming ``topic`` unless some broker group has it (its topic configuration in
+    ZooKeeper, or a broker's registration): a typo'd topic would otherwise be waited for
+    until the sends time out, or, by a consumer, forever. A topic a group has but no master
+    serves right now (a failover) is waited for as before."""
+    from ..config import check_topic_name
+    from ..zk.paths import ZkPaths
+    from .admin import no_such_topic
+    from .groups import topic_partitions
+
+    try:
+        check_topic_name(topic)
+    except ValueError as exc:
+        raise MetaqError(str(exc)) from None
+    if not await factory.cluster.call(topic_partitions, factory.cluster.zk, ZkPaths(zk_root), topic):
+        raise no_such_topic(topic, zk_root)
+
+
 async def produce(args: argparse.Namespace) -> int:
     from ..client import AsyncMessageSessionFactory, Message
 
@@ -103,6 +123,7 @@ async def produce(args: argparse.Namespace) -> int:
         progress.advance(len(results))
 
     try:
+        await require_topic(factory, args.topic, args.zk_root)
         producer = factory.create_producer()
         await producer.publish(args.topic)
         if not factory.cluster.snapshot.writable_partitions(args.topic):

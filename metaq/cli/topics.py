@@ -18,7 +18,9 @@ from typing import Any
 
 from ..errors import MetaqError
 from . import numbers
-from .admin import add_action, add_actions, add_json_option, ask, parse_settings, print_json, render_table, stats_answer, table_json, zk_client
+from .admin import (
+    add_action, add_actions, add_json_option, ask, no_such_topic, parse_settings, print_json, render_table, stats_answer, table_json, zk_client,
+)
 from .login import add_group_secret_argument, credentials, zk_security, zk_write_refused
 
 
@@ -123,13 +125,15 @@ def run_describe(args: argparse.Namespace) -> int:
             config = read_group_topics(client, paths, broker_id, args.timeout)
             if args.topic not in config.topics and args.broker_id is None:
                 continue
+            if args.topic not in config.topics and config.exists:
+                raise MetaqError(f"broker group {broker_id} has no topic {args.topic!r} (see metaq topics list)")
             try:
                 members = read_members(client, paths, broker_id)
             except NoNodeError:
                 members = None
             groups.append((broker_id, config, members, read_group_state(client, paths, broker_id)))
     if not groups:
-        raise MetaqError(f"no broker group has a topic {args.topic!r} (see metaq topics list)")
+        raise no_such_topic(args.topic, args.zk_root)
     described = [asyncio.run(_describe_group(args, *group)) for group in groups]
     if args.under_replicated_partitions or args.unavailable_partitions:
         keep = _under_replicated if args.under_replicated_partitions else _unavailable

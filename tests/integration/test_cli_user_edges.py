@@ -111,3 +111,35 @@ def test_every_json_output_keeps_numbers_numbers(cluster, capsys):
     assert [(m["role"], m["epoch"]) for m in outputs["cluster show"]["members"]] == [("master", epoch), ("slave1", epoch)]
     described = outputs["groups describe"]["partitions"]
     assert [(p["committed"], p["log_end"] > 0, p["lag_messages"], p["problem"]) for p in described] == [(0, True, 10, None)], described
+
+
+# --- a topic no broker group has --------------------------------------------------------------
+
+
+def test_a_topic_no_group_has_is_an_error_naming_it(cluster, capsys):
+    unknown = f"no broker group has a topic 'nosuch' under {cluster.root} (see metaq topics list)"
+    # It used to exit 0 after --idle-timeout (consume), or after --send-timeout with a send error (produce).
+    for argv in (
+        ("consume", "--topic", "nosuch", "--group", "g2", "--idle-timeout", "30"),
+        ("produce", "--topic", "nosuch", "--count", "1", "--send-timeout", "30"),
+        ("groups", "describe", "--group", "g", "--topic", "nosuch"),
+    ):
+        code, out = cluster.metaq(capsys, *argv)
+        assert (code, out.strip().splitlines()[-1]) == (1, f"metaq {argv[0]}: error: {unknown}"), (argv, out)
+    # The other commands that take a topic say so too.
+    for argv in (("topics", "get", "--topic", "nosuch", "--partition", "0-0", "--offset", "0"), ("verify", "--broker-id", "0", "--topic", "nosuch")):
+        code, out = cluster.metaq(capsys, *argv)
+        assert code == 1 and "nosuch" in out.strip().splitlines()[-1], (argv, out)
+    code, out = cluster.metaq(capsys, "topics", "describe", "--topic", "nosuch")
+    assert (code, out.strip()) == (1, f"metaq topics: error: {unknown}"), out
+    code, out = cluster.metaq(capsys, "topics", "describe", "--topic", "nosuch", "--broker-id", "0")
+    assert (code, out.strip()) == (1, "metaq topics: error: broker group 0 has no topic 'nosuch' (see metaq topics list)"), out
+
+    # Waiting for a topic to be created is asked for by name.
+    code, out = cluster.metaq(capsys, "consume", "--topic", "nosuch", "--group", "g2", "--wait-for-topic", "--idle-timeout", "1")
+    assert code == 0 and "warning: no broker serves topic 'nosuch' (yet); waiting for it" in out, out
+    # A topic the group has is read and written as before.
+    code, out = cluster.metaq(capsys, "consume", "--topic", TOPIC, "--group", "g2", "--max", "10")
+    assert code == 0 and len([line for line in out.splitlines() if line.startswith(f"{TOPIC}-0-")]) == 10, out
+    code, out = cluster.metaq(capsys, "produce", "--topic", TOPIC, "--count", "1")
+    assert code == 0 and "sent 1 of 1 messages" in out, out
