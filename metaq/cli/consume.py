@@ -22,6 +22,7 @@ import sys
 from typing import Any
 
 from ..errors import MetaqError
+from .files import check_parent_directory
 from . import numbers
 from .produce import add_zk_arguments, client_config, require_topic
 from .progress import Progress
@@ -72,6 +73,7 @@ async def consume(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise MetaqError(str(exc)) from None
+    _check_offset_store_directory(args)
     config = client_config(args)
     loop = asyncio.get_running_loop()
     done = asyncio.Event()
@@ -122,6 +124,22 @@ async def consume(args: argparse.Namespace) -> int:
         summary += f"; {stats.recovered} moved to the recover store"
     print(summary, file=sys.stderr)
     return 0
+
+
+def _check_offset_store_directory(args: argparse.Namespace) -> None:
+    """The directory of ``--offset-file``, or of a SQLite ``--offset-url``, must exist: the
+    store would create it, and a typo'd path would keep the offsets where nobody looks."""
+    if args.offset_file is not None:
+        check_parent_directory(args.offset_file, "--offset-file")
+    if args.offset_url is not None:
+        from sqlalchemy.engine import make_url
+
+        try:
+            url = make_url(args.offset_url)
+        except Exception:  # malformed: the store names it when the consumer is made
+            return
+        if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+            check_parent_directory(url.database, "--offset-url")
 
 
 async def _warn_if_unserved(factory: Any, topic: str) -> None:

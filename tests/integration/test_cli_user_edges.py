@@ -143,3 +143,38 @@ def test_a_topic_no_group_has_is_an_error_naming_it(cluster, capsys):
     assert code == 0 and len([line for line in out.splitlines() if line.startswith(f"{TOPIC}-0-")]) == 10, out
     code, out = cluster.metaq(capsys, "produce", "--topic", TOPIC, "--count", "1")
     assert code == 0 and "sent 1 of 1 messages" in out, out
+
+
+# --- files written where the user said ----------------------------------------------------------
+
+
+def test_a_file_in_a_directory_that_does_not_exist_is_refused_naming_it(tmp_path, capsys):
+    password = tmp_path / "password"
+    password.write_text("secret-1\n")
+    typo = tmp_path / "secuirty"
+    missing = f"directory {typo} does not exist (create it first, or fix the path)"
+    cases = [
+        (("security", "add-user", "-f", str(typo / "users.ini"), "--user", "alice", "--password-file", str(password)),
+         f"metaq security: error: -f {typo / 'users.ini'}: {missing}"),
+        (("security", "new-group-secret", str(typo / "group.secret")),
+         f"metaq security: error: new-group-secret {typo / 'group.secret'}: {missing}"),
+        (("security", "passwd", "-f", str(typo / "users.ini"), "--user", "alice", "--password-file", str(password)),
+         f"metaq security: error: -f {typo / 'users.ini'}: {missing}"),
+        (("security", "list", "-f", str(tmp_path / "users.ini")),
+         f"metaq security: error: -f {tmp_path / 'users.ini'}: no such security file (metaq security add-user creates one)"),
+        # Checked before ZooKeeper is asked (nothing listens at 127.0.0.1:1).
+        (("consume", "--zk", "127.0.0.1:1", "--topic", "t", "--group", "g", "--offset-file", str(typo / "offsets.json")),
+         f"metaq consume: error: --offset-file {typo / 'offsets.json'}: {missing}"),
+        (("consume", "--zk", "127.0.0.1:1", "--topic", "t", "--group", "g", "--offset-url", f"sqlite:///{typo / 'offsets.db'}"),
+         f"metaq consume: error: --offset-url {typo / 'offsets.db'}: {missing}"),
+        (("security", "add-user", "-f", str(password / "users.ini"), "--user", "alice", "--password-file", str(password)),
+         f"metaq security: error: -f {password / 'users.ini'}: {password} is not a directory"),
+    ]
+    for argv, line in cases:
+        code, out = metaq(capsys, *argv)
+        assert (code, out.strip().splitlines()) == (1, [line]), (argv, out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["password"], "a directory or file was created"
+
+    # Where the directory exists, the file is made there, owner-only.
+    code, out = metaq(capsys, "security", "add-user", "-f", str(tmp_path / "users.ini"), "--user", "alice", "--password-file", str(password))
+    assert code == 0 and (tmp_path / "users.ini").stat().st_mode & 0o777 == 0o600, out
