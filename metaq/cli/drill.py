@@ -81,7 +81,7 @@ def render(reports: list, first: int = 1) -> str:
             + (f"; acked by other groups of the topic {r.acked_other_groups} (not checked)" if r.acked_other_groups else "")
         )
         lines.append(
-            f"  old master rejoined as {r.rejoined_as or 'nothing (yet)'}; logs identical: "
+            f"  old master rejoined as {_rejoined(r)}; logs identical: "
             f"{'-' if r.logs_identical is None else r.logs_identical}"
         )
         for note in r.notes:
@@ -100,6 +100,15 @@ def render_summary(summary: dict) -> str:
             p50=_s(summary["first_ack_p50_s"]), p99=_s(summary["first_ack_p99_s"]), mx=_s(summary["first_ack_max_s"]), **summary
         )
     )
+
+
+def _rejoined(report: Any) -> str:
+    """``slave1``, with its address when it came back at another one (``serverPort=0``)."""
+    if report.rejoined_as is None:
+        return "nothing (yet)"
+    if report.rejoined_at in (None, report.old_master):
+        return report.rejoined_as
+    return f"{report.rejoined_as} at {report.rejoined_at.removeprefix('meta://')}"
 
 
 def _s(value: float | None) -> str:

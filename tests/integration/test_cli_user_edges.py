@@ -1,9 +1,11 @@
 """The CLI as a user meets it at its edges, against one shared cluster (real ZooKeeper, real
-broker processes): every ``--json`` output keeps its numbers numbers, and a topic no broker
-group has is an error naming it.
+broker processes): every ``--json`` output keeps its numbers numbers, a topic no broker
+group has is an error naming it, a file is never written into a directory that a typo made
+up, and a drill reports where a master with ``serverPort=0`` came back.
 
 Group 0: a sync pair, A (master) and B (``--slave``, slaveId 1), topic ``fo`` with 10
 messages, and consumer group ``g`` with stored offsets.
+Group 1 (the drill's own): a master with ``serverPort=0`` and its slave 0, topic ``dr``.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from typing import Any, Iterator
 
 import pytest
 
+from metaq.addresses import parse_broker_url
 from metaq.cli import main
-from metaq.tools.launcher import BrokerFactory, BrokerProcess
+from metaq.process import stop_pid
+from metaq.tools.launcher import BrokerFactory, BrokerProcess, wait_until
 from tests.harness import kazoo_client
 
-from .failover_support import TOPIC, Group, make_pair, sync_system
+from .failover_support import TOPIC, ZK_SETTINGS, Group, make_pair, sync_system, wait_follows, wait_in_sync_set
 from .replication_support import put, wait_caught_up
 
 
@@ -178,3 +182,46 @@ def test_a_file_in_a_directory_that_does_not_exist_is_refused_naming_it(tmp_path
     # Where the directory exists, the file is made there, owner-only.
     code, out = metaq(capsys, "security", "add-user", "-f", str(tmp_path / "users.ini"), "--user", "alice", "--password-file", str(password))
     assert code == 0 and (tmp_path / "users.ini").stat().st_mode & 0o777 == 0o600, out
+
+
+# --- a drill against a master with serverPort=0 ------------------------------------------------
+
+
+def start_on_any_port(broker: BrokerProcess, client: Any) -> None:
+    """Start ``broker`` with ``serverPort=0`` and learn its port from its registration (the
+    harness picks fixed ports: the one it chose is replaced in its server.ini)."""
+    config = broker.config_path.read_text()
+    broker.config_path.write_text(config.replace(f"serverPort={broker.port}\n", "serverPort=0\n"))
+    broker.start(wait=False)
+    node = broker.zk_node
+    url = wait_until(lambda: client.exists(node) and client.get(node)[0].decode(), 30, message=f"{broker.name} to register")
+    broker.port = parse_broker_url(url)[1]
+    broker.wait_ready()
+
+
+def test_a_drill_finds_a_master_that_comes_back_on_another_port(cluster, capsys):
+    with kazoo_client(cluster.zk.connect_string) as client:
+        group = Group(client, cluster.root, broker_id=1)
+        master = cluster.factory(1, {"dr": 1}, sync_system(), name="M1", zookeeper=ZK_SETTINGS, start=False)
+        start_on_any_port(master, client)
+        slave = cluster.factory(1, {"dr": 1}, sync_system(), {"slaveId": 0}, name="S1", zookeeper=ZK_SETTINGS)
+        wait_follows(slave, master, group)
+        wait_in_sync_set(group, 0)
+        old_port = master.port
+
+        code, out = cluster.metaq(capsys, "drill", "--broker-id", "1", "--topic", "dr", "--rate", "50", "--json")
+        restarted = re.search(r'"restarted_pid": (\d+)', out)
+        try:
+            report = json.loads(out[out.index("{"):])
+            run = report["runs"][0]
+            assert numeric_strings(report) == [], out
+            assert run["new_master"] == slave.url and run["lost"] == 0, out
+            # It said "rejoined as nothing (yet)": it was looked for at its old port only.
+            rejoined_port = parse_broker_url(run["rejoined_at"])[1]
+            assert run["rejoined_as"].startswith("slave") and rejoined_port != old_port, out
+            assert group.slaves().get(int(run["rejoined_as"][5:])) == run["rejoined_at"], out
+            assert any("came back at " + run["rejoined_at"] in note for note in run["notes"]), out
+            assert run["logs_identical"] is True and code == 0, out
+        finally:
+            if restarted:
+                stop_pid(int(restarted.group(1)))
