@@ -177,6 +177,9 @@ def test_a_file_in_a_directory_that_does_not_exist_is_refused_naming_it(tmp_path
     for argv, line in cases:
         code, out = metaq(capsys, *argv)
         assert (code, out.strip().splitlines()) == (1, [line]), (argv, out)
+    # --log-file is opened before the command runs: a usage error.
+    code, out = metaq(capsys, "--log-file", str(typo / "metaq.log"), "stats", "127.0.0.1:1")
+    assert (code, out.strip().splitlines()) == (2, [f"metaq: error: --log-file {typo / 'metaq.log'}: {missing}"]), out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["password"], "a directory or file was created"
 
     # Where the directory exists, the file is made there, owner-only.
