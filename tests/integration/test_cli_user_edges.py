@@ -11,7 +11,6 @@ Group 1 (the drill's own): a master with ``serverPort=0`` and its slave 0, topic
 from __future__ import annotations
 
 import json
-import logging
 import re
 import uuid
 from typing import Any, Iterator
@@ -19,13 +18,13 @@ from typing import Any, Iterator
 import pytest
 
 from metaq.addresses import parse_broker_url
-from metaq.cli import main
 from metaq.process import stop_pid
 from metaq.tools.launcher import BrokerFactory, BrokerProcess, wait_until
 from tests.harness import kazoo_client
 
 from .failover_support import TOPIC, ZK_SETTINGS, Group, make_pair, sync_system, wait_follows, wait_in_sync_set
 from .replication_support import put, wait_caught_up
+from .test_topics_cli import run_cli as metaq
 
 
 class Cluster:
@@ -37,25 +36,6 @@ class Cluster:
     def metaq(self, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
         """``metaq ARGV --zk … --zk-root …`` in this process: (exit code, stdout + stderr)."""
         return metaq(capsys, *argv, "--zk", self.zk.connect_string, "--zk-root", self.root)
-
-
-def metaq(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
-    """``metaq ARGV`` in this process: (exit code, stdout + stderr); a usage error's exit code too."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    try:
-        code = main(list(argv))
-    except SystemExit as exit_:  # argparse's usage errors
-        code = int(exit_.code or 0)
-    finally:  # main() sets up logging for a process; the test session's stays as it was
-        ours = getattr(root, "_metaq_handler", None)
-        if ours is not None:
-            ours.close()
-            delattr(root, "_metaq_handler")
-        root.handlers[:] = handlers
-        root.setLevel(level)
-    captured = capsys.readouterr()
-    return code, captured.out + captured.err
 
 
 @pytest.fixture(scope="module")
