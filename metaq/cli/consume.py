@@ -22,8 +22,8 @@ import sys
 from typing import Any
 
 from ..errors import MetaqError
-from .files import check_parent_directory
 from . import numbers
+from .files import check_parent_directory
 from .produce import add_zk_arguments, client_config, require_topic
 from .progress import Progress
 

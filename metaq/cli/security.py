@@ -18,9 +18,13 @@ import argparse
 import getpass
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import MetaqError
 from .files import check_parent_directory
+
+if TYPE_CHECKING:
+    from ..security.credentials import SecurityFile
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -95,7 +99,7 @@ def run_add_user(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_existing(path: str):  # type: ignore[no-untyped-def]
+def load_existing(path: str) -> "SecurityFile":
     """The security file at ``path``; a missing one is named with the way to make it."""
     from ..security.credentials import SecurityFile
 
