@@ -152,10 +152,12 @@ def table_json(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[di
     return [dict(zip(keys, row)) for row in rows]
 
 
-def no_such_topic(topic: str, zk_root: str) -> MetaqError:
+def no_such_topic(topic: str, zk_root: str, wait_option: str | None = None) -> MetaqError:
     """The one line for a topic no broker group has: no group's topic configuration names it
-    and no broker registered it (a typo, or a topic not created yet)."""
-    return MetaqError(f"no broker group has a topic {topic!r} under {zk_root} (see metaq topics list)")
+    and no broker registered it (a typo, or a topic not created yet); ``wait_option``: the
+    command's option that waits for it instead."""
+    also = f"; {wait_option} waits for it" if wait_option else ""
+    return MetaqError(f"no broker group has a topic {topic!r} under {zk_root} (see metaq topics list{also})")
 
 
 def print_json(value: Any) -> None:

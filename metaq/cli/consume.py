@@ -103,7 +103,7 @@ async def consume(args: argparse.Namespace) -> int:
         except ValueError as exc:  # the offset store's URL (--offset-url) is checked only here
             raise MetaqError(str(exc)) from None
         if not args.wait_for_topic:
-            await require_topic(factory, args.topic, args.zk_root)
+            await require_topic(factory, args.topic, args.zk_root, "--wait-for-topic")
         consumer.subscribe(args.topic, None, listener, message_filter=AttributeFilter(*args.attribute) if args.attribute else None)
         await consumer.complete_subscribe()
         await _warn_if_unserved(factory, args.topic)

@@ -83,7 +83,7 @@ async def stdin_lines(batch: int) -> AsyncIterator[list[bytes]]:
         yield lines
 
 
-async def require_topic(factory: Any, topic: str, zk_root: str) -> None:
+async def require_topic(factory: Any, topic: str, zk_root: str, wait_option: str | None = None) -> None:
     """MetaqError naming ``topic`` unless some broker group has it (its topic configuration in
     ZooKeeper, or a broker's registration): a typo'd topic would otherwise be waited for
     until the sends time out, or, by a consumer, forever. A topic a group has but no master
@@ -98,7 +98,7 @@ async def require_topic(factory: Any, topic: str, zk_root: str) -> None:
     except ValueError as exc:
         raise MetaqError(str(exc)) from None
     if not await factory.cluster.call(topic_partitions, factory.cluster.zk, ZkPaths(zk_root), topic):
-        raise no_such_topic(topic, zk_root)
+        raise no_such_topic(topic, zk_root, wait_option)
 
 
 async def produce(args: argparse.Namespace) -> int:

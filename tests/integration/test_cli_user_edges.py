@@ -103,17 +103,20 @@ def test_every_json_output_keeps_numbers_numbers(cluster, capsys):
 def test_a_topic_no_group_has_is_an_error_naming_it(cluster, capsys):
     unknown = f"no broker group has a topic 'nosuch' under {cluster.root} (see metaq topics list)"
     # It used to exit 0 after --idle-timeout (consume), or after --send-timeout with a send error (produce).
-    for argv in (
-        ("consume", "--topic", "nosuch", "--group", "g2", "--idle-timeout", "30"),
-        ("produce", "--topic", "nosuch", "--count", "1", "--send-timeout", "30"),
-        ("groups", "describe", "--group", "g", "--topic", "nosuch"),
+    for argv, line in (
+        (("consume", "--topic", "nosuch", "--group", "g2", "--idle-timeout", "30"),
+         unknown.replace(")", "; --wait-for-topic waits for it)")),
+        (("produce", "--topic", "nosuch", "--count", "1", "--send-timeout", "30"), unknown),
+        (("groups", "describe", "--group", "g", "--topic", "nosuch"), unknown),
     ):
         code, out = cluster.metaq(capsys, *argv)
-        assert (code, out.strip().splitlines()[-1]) == (1, f"metaq {argv[0]}: error: {unknown}"), (argv, out)
+        assert (code, out.strip().splitlines()[-1]) == (1, f"metaq {argv[0]}: error: {line}"), (argv, out)
     # The other commands that take a topic say so too.
     for argv in (("topics", "get", "--topic", "nosuch", "--partition", "0-0", "--offset", "0"), ("verify", "--broker-id", "0", "--topic", "nosuch")):
         code, out = cluster.metaq(capsys, *argv)
         assert code == 1 and "nosuch" in out.strip().splitlines()[-1], (argv, out)
+    code, out = metaq(capsys, "stats", "%s:%d" % cluster.a.address, "nosuch")
+    assert code == 1 and "nosuch" in out, out
     code, out = cluster.metaq(capsys, "topics", "describe", "--topic", "nosuch")
     assert (code, out.strip()) == (1, f"metaq topics: error: {unknown}"), out
     code, out = cluster.metaq(capsys, "topics", "describe", "--topic", "nosuch", "--broker-id", "0")
