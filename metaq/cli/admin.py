@@ -152,6 +152,21 @@ def table_json(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[di
     return [dict(zip(keys, row)) for row in rows]
 
 
+def sync_set_text(members: "frozenset[int] | set[int] | None") -> str:
+    """A sync set as the tables show it: ``slave1,slave2``, ``(empty)``, or ``-`` (none: async)."""
+    if members is None:
+        return "-"
+    return ",".join(f"slave{k}" for k in sorted(members)) or "(empty)"
+
+
+def sync_set_json(text: str) -> list[str] | None:
+    """The table's sync set (``sync_set_text``, or ``?`` when unreadable) as JSON: a list of
+    slave names, ``[]`` for an empty set, ``null`` for none or unknown."""
+    if text in ("-", "?"):
+        return None
+    return [] if text == "(empty)" else text.split(",")
+
+
 def no_such_topic(topic: str, zk_root: str, wait_option: str | None = None) -> MetaqError:
     """The one line for a topic no broker group has: no group's topic configuration names it
     and no broker registered it (a typo, or a topic not created yet); ``wait_option``: the

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import numbers
-from .admin import LOGIN_REFUSED, NEEDS_LOGIN, Answer, print_json, render_table, stats_answer
+from .admin import LOGIN_REFUSED, NEEDS_LOGIN, Answer, print_json, render_table, stats_answer, sync_set_json, sync_set_text
 from .login import (
     add_group_login_argument, add_group_secret_argument, add_login_arguments, credentials, group_credentials, zk_connect_arg, zk_root_arg,
 )
@@ -113,7 +113,7 @@ def _members(client: Any, paths: Any) -> list[Member]:
         try:
             state = read_group_state(client, paths, broker_id)
             epoch = None if state.epoch_version < 0 else state.epoch
-            sync_text = "-" if state.sync_set is None else ",".join(f"slave{s}" for s in sorted(state.sync_set)) or "(empty)"
+            sync_text = sync_set_text(state.sync_set)
         except ValueError:  # a malformed epoch or sync set node: show the rest
             epoch, sync_text = None, "?"
         if group.master_url is not None:
@@ -217,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     problems = unhealthy(members) if members else [f"UNHEALTHY: no brokers registered under {where}"]
     if args.json:
         print_json({"zk": args.zk, "zk_root": args.zk_root, "healthy": not problems, "problems": problems,
-                    "members": [asdict(m) for m in members]})
+                    "members": [{**asdict(m), "sync_set": sync_set_json(m.sync_set)} for m in members]})
     elif members and sys.stdout.isatty():
         render_rich(members, args.zk, args.zk_root)
     elif members:

@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import MetaqError
 from . import numbers
 from .admin import (
-    add_action, add_actions, add_json_option, ask, no_such_topic, parse_settings, print_json, render_table, stats_answer, table_json, zk_client,
+    add_action, add_actions, add_json_option, ask, no_such_topic, parse_settings, print_json, render_table, stats_answer, sync_set_json, sync_set_text, table_json, zk_client,
 )
 from .login import add_group_secret_argument, credentials, zk_security, zk_write_refused
 
@@ -139,7 +139,10 @@ def run_describe(args: argparse.Namespace) -> int:
         keep = _under_replicated if args.under_replicated_partitions else _unavailable
         described = [(head, [row for row in rows if row[0] in keep(rows)]) for head, rows in described]
     if args.json:
-        print_json([{**head, "partitions": table_json(DESCRIBE_COLUMNS, rows)} for head, rows in described])
+        print_json([{**head, "sync_set": sync_set_json(head["sync_set"]),
+                     "partitions": [{**row, "in_sync_set": IN_SYNC_JSON[row["in_sync_set"]]}
+                                    for row in table_json(DESCRIBE_COLUMNS, rows)]}
+                    for head, rows in described])
         return 0
     print("\n\n".join(_describe_text(args.topic, head, rows) for head, rows in described))
     return 0
@@ -158,6 +161,8 @@ def _unavailable(rows: list[tuple[Any, ...]]) -> set[int]:
 
 
 DESCRIBE_COLUMNS = ("partition", "member", "address", "state", "log end", "committed", "lag bytes", "in sync set")
+#: The table's "in sync set" column in JSON: a master's row, or a group without a sync set, is null.
+IN_SYNC_JSON = {"yes": True, "no": False, "-": None}
 
 
 def _describe_text(topic: str, head: dict[str, Any], rows: list[tuple[Any, ...]]) -> str:
@@ -172,7 +177,7 @@ async def _describe_group(args: argparse.Namespace, broker_id: int, config: Any,
     """The group's head facts and one row per partition and member."""
     settings = config.topics.get(args.topic)
     partitions = int(settings.get("numPartitions", "1")) if settings else 0
-    sync_set = "-" if state.sync_set is None else ",".join(f"slave{s}" for s in sorted(state.sync_set)) or "(empty)"
+    sync_set = sync_set_text(state.sync_set)
     registered = members.slaves if members is not None else {}
     master_url = members.master_url if members is not None else None
     # Who should hold the partitions, present or not: the master (a row even when none is

@@ -93,6 +93,10 @@ def test_every_json_output_keeps_numbers_numbers(cluster, capsys):
     epoch = outputs["topics describe"][0]["epoch"]
     assert isinstance(epoch, int) and epoch >= 1, outputs["topics describe"]
     assert [(m["role"], m["epoch"]) for m in outputs["cluster show"]["members"]] == [("master", epoch), ("slave1", epoch)]
+    # The sync set is a list of slave names, membership a boolean (null for the master's row).
+    assert outputs["topics describe"][0]["sync_set"] == ["slave1"], outputs["topics describe"]
+    assert [(p["member"], p["in_sync_set"]) for p in outputs["topics describe"][0]["partitions"]] == [("master", None), ("slave1", True)]
+    assert {m["sync_set"] == ["slave1"] for m in outputs["cluster show"]["members"]} == {True}
     described = outputs["groups describe"]["partitions"]
     assert [(p["committed"], p["log_end"] > 0, p["lag_messages"], p["problem"]) for p in described] == [(0, True, 10, None)], described
 
