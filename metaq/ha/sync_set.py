@@ -127,6 +127,10 @@ class SyncReplication:
         self._slaves: dict[int, _Member] = {}
         #: What readers may read (``committed``) and what no failover can take back (``_safe_end``).
         self._committed: dict[tuple[str, int], int] = {}
+        #: The committed offset consumers' parked fetches were last woken for. Apart from
+        #: ``_committed``: a reader's ``committed()`` may be what moved it (nobody is woken
+        #: then), and the next ``_note_committed`` must still wake them.
+        self._woken_at: dict[tuple[str, int], int] = {}
         self._safe: dict[tuple[str, int], int] = {}
         self._term_start: dict[tuple[str, int], int] = {}
         self._waiters: dict[tuple[str, int], list[_Waiter]] = {}
@@ -313,7 +317,7 @@ class SyncReplication:
                 if not waiter.future.done():
                     waiter.future.set_exception(SyncWaitFailed(
                         c.NOT_FOUND, f"topic {key[0]} was deleted while this put waited for its slaves; outcome unknown"))
-            for table in (self._committed, self._safe, self._term_start):
+            for table in (self._committed, self._woken_at, self._safe, self._term_start):
                 table.pop(key, None)
 
     def wait(self, topic: str, partition: int, end: int) -> "Deferred[None] | None":
@@ -371,8 +375,12 @@ class SyncReplication:
         self._note_committed(topic, partition, replicated)
 
     def _note_committed(self, topic: str, partition: int, replicated: int | None = None) -> None:
-        before = self._committed.get((topic, partition), 0)
-        if self.committed(topic, partition, replicated) > before:
+        """Move the committed offset and wake consumers' fetches if it is past where they
+        were last woken, whoever moved it (this call, or a reader's ``committed()`` before)."""
+        key = (topic, partition)
+        committed = self.committed(topic, partition, replicated)
+        if committed > self._woken_at.get(key, 0):
+            self._woken_at[key] = committed
             self._on_committed(topic, partition)
 
     def _desired_members(self) -> frozenset[int]:
