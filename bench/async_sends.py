@@ -20,6 +20,7 @@ import asyncio
 import cProfile
 import gc
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -75,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", metavar="OUT", help="cProfile the last round into OUT (pstats format)")
     args = parser.parse_args(argv)
     puts, collections = PutSizes(), Collections()
-    pairs = MetaqPairs(Path(tempfile.mkdtemp(prefix="async-sends-"))).start()
+    work = Path(tempfile.mkdtemp(prefix="async-sends-"))
+    pairs = MetaqPairs(work).start()
     processes = (("client", os.getpid()), ("master", pairs.processes[0].pid), ("slave", pairs.processes[1].pid))
     payload = b"x" * 100
     rates = []
@@ -100,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                   f" in {collections.seconds * 1000:.1f} ms; CPU us per message: {cpu}", flush=True)
     finally:
         pairs.stop()
+        shutil.rmtree(work, ignore_errors=True)
     print(f"median {statistics.median(rates):,.0f} msgs/s over {len(rates)} rounds")
     return 0
 
