@@ -2,6 +2,7 @@
 
     python bench/put_path.py                 # 20,000 single-message puts, best of 5 runs
     python bench/put_path.py --n 50000 --runs 7
+    python bench/put_path.py --calls --n 5000  # cProfile's count of calls per put instead, and the top functions
 
 An in-process broker (``zk.zkEnable=false``, default flush policy) gets pre-encoded put
 frames through ``ClientConnection.data_received`` of a connection whose transport only
@@ -24,7 +25,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import cProfile
 import gc
+import pstats
 import sys
 import tempfile
 import time
@@ -175,13 +178,44 @@ def collector_runs() -> Iterator[list[float]]:
         gc.callbacks.remove(timed)
 
 
+def count_calls(n: int, payload: bytes, top: int) -> None:
+    """One run's puts under cProfile: calls per put (of Python functions, the rest builtins), and the most called."""
+    global put_all
+    timed = put_all
+    profile = cProfile.Profile()
+
+    def profiled(*args: Any) -> float:
+        profile.enable()
+        try:
+            return timed(*args)
+        finally:
+            profile.disable()
+
+    put_all = profiled
+    try:
+        with tempfile.TemporaryDirectory(prefix="put-path-") as work:
+            asyncio.run(one_run(Path(work), n, payload))
+    finally:
+        put_all = timed
+    calls = {key: row[1] / n for key, row in pstats.Stats(profile).stats.items()}
+    in_python = sum(c for (file, _line, _func), c in calls.items() if file != "~")
+    print(f"put path: {sum(calls.values()):.1f} calls per put ({in_python:.1f} of Python functions)")
+    for (file, line, func), c in sorted(calls.items(), key=lambda item: -item[1])[:top]:
+        print(f"  {c:6.2f}  {func if file == '~' else f'{Path(file).name}:{line}({func})'}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=20_000, help="puts per run")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--size", type=int, default=100, help="message bytes")
+    parser.add_argument("--calls", action="store_true", help="count calls per put with cProfile (one run; no timing)")
+    parser.add_argument("--top", type=int, default=25, help="with --calls: the functions listed")
     args = parser.parse_args(argv)
     payload = b"x" * args.size
+    if args.calls:
+        count_calls(args.n, payload, args.top)
+        return 0
     per_put, to_ack, collections = [], [], []
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="put-path-") as work:

@@ -208,10 +208,12 @@ def redis_consume(replica, key: str, n: int) -> float:
 
 
 class MetaqPairs:
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, command_prefix: list[str] | None = None) -> None:
         self.work = work
         self.zk = EmbeddedZooKeeper(data_dir=work / "zookeeper", tick_ms=200)
         self.processes: list[BrokerProcess] = []
+        #: Run each broker through this (``bench/put_calls.py``: under cProfile).
+        self.command_prefix = command_prefix or []
 
     def start(self) -> "MetaqPairs":
         self.zk.start()
@@ -220,8 +222,10 @@ class MetaqPairs:
             system = {"replicationMode": mode}
             if mode == "sync":
                 system.update(minSyncSlaves=1, onSyncSlaveLoss="reject")
-            master = BrokerProcess(self.work, self.zk.connect_string, broker_id, topics, system)
-            slave = BrokerProcess(self.work, self.zk.connect_string, broker_id, topics, {}, {"slaveId": 0})
+            master = BrokerProcess(self.work, self.zk.connect_string, broker_id, topics, system,
+                                   command_prefix=self.command_prefix)
+            slave = BrokerProcess(self.work, self.zk.connect_string, broker_id, topics, {}, {"slaveId": 0},
+                                  command_prefix=self.command_prefix)
             self.processes += [master, slave]
             master.start()
             slave.start()

@@ -308,9 +308,20 @@ def _host_port(text: str) -> str:
     return text.strip()
 
 
+#: A topic name becomes a directory name and a ZooKeeper node name: kept short and plain.
+TOPIC_NAME_MAX = 200
+
+
 def _topic_name(text: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9._\-]{1,200}", text):
+    if not text:
+        raise ValueError("topic name is empty")
+    if len(text) > TOPIC_NAME_MAX:
+        raise ValueError(f"topic name {text[:20]!r}... is {len(text)} characters long; at most {TOPIC_NAME_MAX}")
+    if not re.fullmatch(r"[A-Za-z0-9._\-]+", text):
         raise ValueError(f"topic name {text!r} may only use letters, digits, '.', '_' and '-'")
+    if text in (".", ".."):
+        # ZooKeeper refuses them as node names (as Kafka does as topic names).
+        raise ValueError(f"topic name {text!r} is not allowed")
     return text
 
 

@@ -114,7 +114,7 @@ class Deferred(Generic[T]):
         derived.on_cancel(self.cancel)
 
         def forward(done: "Deferred[T]") -> None:
-            if derived.done() or done.cancelled():
+            if derived._state != _PENDING or done._state == _CANCELLED:  # done(), cancelled(): per sync ack
                 return
             try:
                 value = outcome(done)

@@ -13,6 +13,7 @@ import sys
 from .. import __version__
 from ..errors import MetaqError
 from ..logsetup import configure as configure_logging
+from .files import check_parent_directory
 
 #: subcommand -> module under metaq.cli
 COMMANDS = {
@@ -51,7 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.log_file is not None:
+            check_parent_directory(args.log_file, "--log-file")
         configure_logging("DEBUG" if args.verbose else "INFO", args.log_file, args.log_format)
+    except MetaqError as exc:
+        print(f"metaq: error: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"metaq: error: --log-file {args.log_file}: {exc.strerror}", file=sys.stderr)
         return 2

@@ -12,13 +12,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterator, Sequence
 
 from ..errors import MetaqError
+from . import numbers
 from .login import add_login_arguments, zk_connect_arg, zk_root_arg, zk_security
 
 
 def add_zk_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--zk", type=zk_connect_arg, required=True, metavar="HOST:PORT[,...]", help="ZooKeeper connect string")
     parser.add_argument("--zk-root", type=zk_root_arg, default="/meta", metavar="PATH", help="ZooKeeper root of the cluster (default /meta)")
-    parser.add_argument("--timeout", type=float, default=5.0, metavar="S", help="seconds per ZooKeeper or broker request (default 5)")
+    parser.add_argument("--timeout", type=numbers.positive, default=5.0, metavar="S", help="seconds per ZooKeeper or broker request (default 5)")
     add_login_arguments(parser)
 
 
@@ -149,6 +150,29 @@ def table_json(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[di
     """The rows of a table as JSON objects keyed by ``json_key`` (numbers stay numbers)."""
     keys = [json_key(column) for column in columns]
     return [dict(zip(keys, row)) for row in rows]
+
+
+def sync_set_text(members: "frozenset[int] | set[int] | None") -> str:
+    """A sync set as the tables show it: ``slave1,slave2``, ``(empty)``, or ``-`` (none: async)."""
+    if members is None:
+        return "-"
+    return ",".join(f"slave{k}" for k in sorted(members)) or "(empty)"
+
+
+def sync_set_json(text: str) -> list[str] | None:
+    """The table's sync set (``sync_set_text``, or ``?`` when unreadable) as JSON: a list of
+    slave names, ``[]`` for an empty set, ``null`` for none or unknown."""
+    if text in ("-", "?"):
+        return None
+    return [] if text == "(empty)" else text.split(",")
+
+
+def no_such_topic(topic: str, zk_root: str, wait_option: str | None = None) -> MetaqError:
+    """The one line for a topic no broker group has: no group's topic configuration names it
+    and no broker registered it (a typo, or a topic not created yet); ``wait_option``: the
+    command's option that waits for it instead."""
+    also = f"; {wait_option} waits for it" if wait_option else ""
+    return MetaqError(f"no broker group has a topic {topic!r} under {zk_root} (see metaq topics list{also})")
 
 
 def print_json(value: Any) -> None:

@@ -29,7 +29,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .admin import LOGIN_REFUSED, NEEDS_LOGIN, Answer, print_json, render_table, stats_answer
+from . import numbers
+from .admin import LOGIN_REFUSED, NEEDS_LOGIN, Answer, print_json, render_table, stats_answer, sync_set_json, sync_set_text
 from .login import (
     add_group_login_argument, add_group_secret_argument, add_login_arguments, credentials, group_credentials, zk_connect_arg, zk_root_arg,
 )
@@ -46,12 +47,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("cluster", help="masters, slaves, epochs, sync sets and replication lag in one table; remove a dead group or slave")
     parser.add_argument("action", nargs="?", choices=("show", "remove-group", "remove-slave"), default="show",
                         help="show (default): the table; remove-group: forget a dead broker group; remove-slave: take a dead slave out of its group's sync set")
-    parser.add_argument("--broker-id", type=int, metavar="ID", help="the broker group (remove-group, remove-slave; show: only this group)")
-    parser.add_argument("--slave-id", type=int, metavar="K", help="the slave (remove-slave)")
+    parser.add_argument("--broker-id", type=numbers.broker_id, metavar="ID", help="the broker group (remove-group, remove-slave; show: only this group)")
+    parser.add_argument("--slave-id", type=numbers.slave_id, metavar="K", help="the slave (remove-slave)")
     add_group_secret_argument(parser)
     parser.add_argument("--zk", type=zk_connect_arg, required=True, metavar="HOST:PORT[,...]", help="ZooKeeper connect string")
     parser.add_argument("--zk-root", type=zk_root_arg, default="/meta", help="ZooKeeper root of the cluster (default /meta)")
-    parser.add_argument("--timeout", type=float, default=5.0, help="seconds per ZooKeeper/broker request (default 5)")
+    parser.add_argument("--timeout", type=numbers.positive, default=5.0, help="seconds per ZooKeeper/broker request (default 5)")
     parser.add_argument("--json", action="store_true", help="one JSON object: members, problems, healthy")
     add_login_arguments(parser)
     add_group_login_argument(parser)
@@ -63,7 +64,8 @@ class Member:
     broker_id: int
     role: str  # master | slave{k}
     url: str
-    epoch: str = "-"
+    #: The group's epoch (a number in --json too); None: no epoch node, or an unreadable one.
+    epoch: int | None = None
     sync_set: str = "-"
     state: str = "?"
     lag_bytes: int | None = None
@@ -79,7 +81,7 @@ class Member:
 
         address = self.url.removeprefix("meta://")
         return (
-            str(self.broker_id), self.role, address, self.state, self.epoch, self.sync_set,
+            str(self.broker_id), self.role, address, self.state, "-" if self.epoch is None else str(self.epoch), self.sync_set,
             num(self.lag_bytes), num(self.lag_messages), num(self.lag_ms), num(self.heartbeat_age_ms, " ms"),
         )
 
@@ -110,10 +112,10 @@ def _members(client: Any, paths: Any) -> list[Member]:
             continue
         try:
             state = read_group_state(client, paths, broker_id)
-            epoch = "-" if state.epoch_version < 0 else str(state.epoch)
-            sync_text = "-" if state.sync_set is None else ",".join(f"slave{s}" for s in sorted(state.sync_set)) or "(empty)"
+            epoch = None if state.epoch_version < 0 else state.epoch
+            sync_text = sync_set_text(state.sync_set)
         except ValueError:  # a malformed epoch or sync set node: show the rest
-            epoch, sync_text = "?", "?"
+            epoch, sync_text = None, "?"
         if group.master_url is not None:
             members.append(Member(broker_id, "master", group.master_url, epoch, sync_text))
         else:
@@ -215,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     problems = unhealthy(members) if members else [f"UNHEALTHY: no brokers registered under {where}"]
     if args.json:
         print_json({"zk": args.zk, "zk_root": args.zk_root, "healthy": not problems, "problems": problems,
-                    "members": [asdict(m) for m in members]})
+                    "members": [{**asdict(m), "sync_set": sync_set_json(m.sync_set)} for m in members]})
     elif members and sys.stdout.isatty():
         render_rich(members, args.zk, args.zk_root)
     elif members:

@@ -1,4 +1,7 @@
-"""``metaq consume --zk Z --topic T --group G [--read-from ...] [--max N] [--from-max-offset]``.
+"""``metaq consume --zk Z --topic T --group G [--read-from ...] [--max N] [--from-max-offset] [--wait-for-topic]``.
+
+A topic no broker group has is an error naming it (exit 1), unless ``--wait-for-topic``:
+then it is waited for, as is a topic whose group has no master serving it for now.
 
 A group without stored offsets starts at the oldest message (MetaQ's rule), at ``--offset``,
 or at the newest with ``--from-max-offset`` (``--always-from-max-offset``: even with stored
@@ -19,7 +22,9 @@ import sys
 from typing import Any
 
 from ..errors import MetaqError
-from .produce import add_zk_arguments, client_config
+from . import numbers
+from .files import check_parent_directory
+from .produce import add_zk_arguments, client_config, require_topic
 from .progress import Progress
 
 
@@ -27,20 +32,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("consume", help="print a topic's messages as a member of a consumer group")
     add_zk_arguments(parser)
     parser.add_argument("--topic", required=True, help="the topic to read")
+    parser.add_argument("--wait-for-topic", action="store_true",
+                        help="wait for a topic no broker group has yet (created later) instead of exiting 1 naming it")
     parser.add_argument("--group", required=True, help="the consumer group (its offsets live in ZooKeeper)")
     parser.add_argument("--read-from", choices=("master", "slave", "prefer-slave"), default="master", help="which replica serves the reads (default master)")
-    parser.add_argument("--max", type=int, help="stop after N messages")
+    parser.add_argument("--max", type=numbers.positive_int, help="stop after N messages")
     start = parser.add_mutually_exclusive_group()
     start.add_argument("--from-beginning", action="store_true", help="the default now (a new group starts at the oldest message); kept for old scripts")
     start.add_argument("--from-max-offset", action="store_true", help="a group without stored offsets starts at the newest message")
     start.add_argument("--always-from-max-offset", action="store_true", help="start at the newest message even if the group has stored offsets")
-    start.add_argument("--offset", type=int, default=0, help="a group without stored offsets starts at this message offset (default 0: the oldest)")
+    start.add_argument("--offset", type=numbers.offset, default=0, help="a group without stored offsets starts at this message offset (default 0: the oldest)")
     parser.add_argument("--attribute", action="append", help="print only messages with this attribute (repeatable); the others are skipped, offsets move past them")
     parser.add_argument("--broadcast", action="store_true", help="get every message, whatever the group's other members get")
     parser.add_argument("--offset-file", help="keep offsets in this JSON file instead of ZooKeeper")
     parser.add_argument("--offset-url", help="keep offsets in this SQL database (SQLAlchemy URL, e.g. sqlite:///offsets.db) instead of ZooKeeper")
-    parser.add_argument("--commit-interval", type=float, default=5.0, help="seconds between offset commits (default 5)")
-    parser.add_argument("--idle-timeout", type=float, help="stop after this many seconds without a message")
+    parser.add_argument("--commit-interval", type=numbers.positive, default=5.0, help="seconds between offset commits (default 5)")
+    parser.add_argument("--idle-timeout", type=numbers.positive, help="stop after this many seconds without a message")
     parser.add_argument("--print-offsets", action="store_true", help="prefix each line with partition and offset (tab-separated)")
     parser.add_argument("--consumer-id", help=argparse.SUPPRESS)
     parser.add_argument("--recover-dir", help=argparse.SUPPRESS)
@@ -50,10 +57,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 async def consume(args: argparse.Namespace) -> int:
     from ..client import AsyncMessageSessionFactory, AttributeFilter, ConsumerConfig, Message
 
-    if args.max is not None and args.max < 1:
-        raise MetaqError("--max must be positive")
-    if args.idle_timeout is not None and not args.idle_timeout > 0 or not args.commit_interval > 0:
-        raise MetaqError("--idle-timeout and --commit-interval must be > 0 seconds")
     try:
         consumer_config = ConsumerConfig(
             group=args.group,
@@ -70,6 +73,7 @@ async def consume(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise MetaqError(str(exc)) from None
+    _check_offset_store_directory(args)
     config = client_config(args)
     loop = asyncio.get_running_loop()
     done = asyncio.Event()
@@ -98,6 +102,8 @@ async def consume(args: argparse.Namespace) -> int:
             consumer = factory.create_consumer(consumer_config)
         except ValueError as exc:  # the offset store's URL (--offset-url) is checked only here
             raise MetaqError(str(exc)) from None
+        if not args.wait_for_topic:
+            await require_topic(factory, args.topic, args.zk_root, "--wait-for-topic")
         consumer.subscribe(args.topic, None, listener, message_filter=AttributeFilter(*args.attribute) if args.attribute else None)
         await consumer.complete_subscribe()
         await _warn_if_unserved(factory, args.topic)
@@ -120,8 +126,25 @@ async def consume(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_offset_store_directory(args: argparse.Namespace) -> None:
+    """The directory of ``--offset-file``, or of a SQLite ``--offset-url``, must exist: the
+    store would create it, and a typo'd path would keep the offsets where nobody looks."""
+    if args.offset_file is not None:
+        check_parent_directory(args.offset_file, "--offset-file")
+    if args.offset_url is not None:
+        from sqlalchemy.engine import make_url
+
+        try:
+            url = make_url(args.offset_url)
+        except Exception:  # malformed: the store names it when the consumer is made
+            return
+        if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+            check_parent_directory(url.database, "--offset-url")
+
+
 async def _warn_if_unserved(factory: Any, topic: str) -> None:
-    """A topic no broker serves (a typo?) would otherwise just print nothing, forever."""
+    """A topic no broker serves now (a group's master is down, or --wait-for-topic and it is
+    not created yet) would otherwise just print nothing until it is."""
     snapshot = await factory.cluster.refresh()
     if not snapshot.readable_partitions(topic):
         print(f"metaq consume: warning: no broker serves topic {topic!r} (yet); waiting for it "

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import MetaqError
 from ..process import stop_pid
+from . import numbers
 
 if TYPE_CHECKING:
     from ..client.connection import Credentials
@@ -32,7 +33,7 @@ TOPIC = "demo"
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("demo", help="showcase: ZooKeeper + a sync pair, produce, slave reads, a failover drill")
-    parser.add_argument("--messages", type=int, default=5000, help="messages to produce (default 5000)")
+    parser.add_argument("--messages", type=numbers.positive_int, default=5000, help="messages to produce (default 5000)")
     parser.add_argument("--dir", help="work directory, new or empty (default: a temporary one, removed afterwards)")
     parser.add_argument("--keep", action="store_true", help="leave the cluster running until Ctrl-C")
     parser.set_defaults(run=run)
@@ -41,8 +42,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    if args.messages < 1:
-        raise MetaqError("--messages must be >= 1")
     console = Console(highlight=False)
     # The story is told by the steps below; the components' own info lines would drown it.
     for name in ("metaq", "kazoo"):

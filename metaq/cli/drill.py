@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from ..errors import MetaqError
+from . import numbers
 from .login import add_login_arguments, credentials, zk_connect_arg, zk_root_arg
 
 
@@ -20,11 +21,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--zk", type=zk_connect_arg, required=True, metavar="HOST:PORT[,...]", help="ZooKeeper connect string")
     parser.add_argument("--zk-root", type=zk_root_arg, default="/meta", help="ZooKeeper root of the cluster (default /meta)")
-    parser.add_argument("--broker-id", type=int, required=True, help="the broker group to drill")
+    parser.add_argument("--broker-id", type=numbers.broker_id, required=True, help="the broker group to drill")
     parser.add_argument("--fault", choices=("kill", "stop", "partition"), default="kill", help="kill -9, SIGSTOP, or a network partition through a fault proxy (default kill)")
     parser.add_argument("--topic", help="topic to load (default: the group's first topic)")
-    parser.add_argument("--rate", type=float, default=200.0, help="messages per second during the drill")
-    parser.add_argument("--repeat", type=int, default=1, help="run N drills back to back (p50/p99 over them)")
+    parser.add_argument("--rate", type=numbers.positive, default=200.0, help="messages per second during the drill")
+    parser.add_argument("--repeat", type=numbers.positive_int, default=1, help="run N drills back to back (p50/p99 over them)")
     parser.add_argument("--proxy-url", help="Toxiproxy API url, for --fault partition")
     parser.add_argument("--proxy-name", help="the proxy carrying the master's ZooKeeper link")
     parser.add_argument("--json", action="store_true", help="print the reports as JSON")
@@ -80,7 +81,7 @@ def render(reports: list, first: int = 1) -> str:
             + (f"; acked by other groups of the topic {r.acked_other_groups} (not checked)" if r.acked_other_groups else "")
         )
         lines.append(
-            f"  old master rejoined as {r.rejoined_as or 'nothing (yet)'}; logs identical: "
+            f"  old master rejoined as {_rejoined(r)}; logs identical: "
             f"{'-' if r.logs_identical is None else r.logs_identical}"
         )
         for note in r.notes:
@@ -101,6 +102,15 @@ def render_summary(summary: dict) -> str:
     )
 
 
+def _rejoined(report: Any) -> str:
+    """``slave1``, with its address when it came back at another one (``serverPort=0``)."""
+    if report.rejoined_as is None:
+        return "nothing (yet)"
+    if report.rejoined_at in (None, report.old_master):
+        return report.rejoined_as
+    return f"{report.rejoined_as} at {report.rejoined_at.removeprefix('meta://')}"
+
+
 def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}s"
 
@@ -108,8 +118,6 @@ def _s(value: float | None) -> str:
 def run(args: argparse.Namespace) -> int:
     from ..tools.drill import Drill, summarize, to_json
 
-    if args.repeat < 1:
-        raise MetaqError("--repeat must be >= 1")
     proxy = (args.proxy_url, args.proxy_name) if args.proxy_url or args.proxy_name else None
     if proxy is not None and not (args.proxy_url and args.proxy_name):
         raise MetaqError("--proxy-url and --proxy-name go together")

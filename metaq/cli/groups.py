@@ -36,7 +36,11 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import MetaqError
-from .admin import NEEDS_LOGIN, UNREACHABLE, Answer, add_action, add_actions, add_json_option, ask, ask_answer, print_json, render_table, table_json, zk_client
+from . import numbers
+from .admin import (
+    NEEDS_LOGIN, UNREACHABLE, Answer, add_action, add_actions, add_json_option, ask, ask_answer, no_such_topic, print_json, render_table, table_json,
+    zk_client,
+)
 from .login import credentials
 
 if TYPE_CHECKING:
@@ -65,7 +69,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     target.add_argument("--to-current", action="store_true", help="where the group is now (never committed: the oldest message); with --export, a backup")
     target.add_argument("--to-datetime", metavar="TIME", help="the first message at or after TIME (ISO 8601, e.g. 2026-11-23T09:30:00Z; no zone: local time)")
     target.add_argument("--by-duration", metavar="DURATION", help="the first message at or after now minus DURATION (30m, 2h, 1d, or ISO 8601 like PT1H30M)")
-    target.add_argument("--to-offset", type=int, metavar="OFFSET", help="this byte offset (must start a message)")
+    target.add_argument("--to-offset", type=numbers.offset, metavar="OFFSET", help="this byte offset (must start a message)")
     target.add_argument("--shift-by", type=int, metavar="N", help="N messages forward (negative: back) from the current offset, within the retained log")
     target.add_argument("--from-file", metavar="CSV", help="the offsets in CSV lines TOPIC,BROKER-N,OFFSET (what --export prints); each must start a message")
     reset.add_argument("--export", action="store_true", help="print the plan as CSV lines TOPIC,BROKER-N,OFFSET instead of a table")
@@ -103,8 +107,9 @@ def _children(client: Any, path: str) -> list[str]:
         return []
 
 
-def _topic_partitions(client: Any, paths: Any, topic: str) -> dict[int, int]:
-    """broker id -> partitions of ``topic``, from the brokers' topic nodes and group configurations."""
+def topic_partitions(client: Any, paths: Any, topic: str) -> dict[int, int]:
+    """broker id -> partitions of ``topic``, from the brokers' topic nodes and group configurations
+    (empty: no broker group has the topic)."""
     from ..zk.paths import parse_topic_node_data
     from ..zk.topic_config import read_group_topics
 
@@ -130,7 +135,7 @@ def read_rows(client: Any, paths: Any, group: str, topic: str) -> list[Partition
     from ..zk.paths import parse_offset
 
     rows = []
-    for broker_id, partitions in _topic_partitions(client, paths, topic).items():
+    for broker_id, partitions in topic_partitions(client, paths, topic).items():
         try:
             master = read_members(client, paths, broker_id).master_url
         except NoNodeError:
@@ -246,26 +251,34 @@ def run_describe(args: argparse.Namespace) -> int:
         if not topics and not _children(client, paths.consumer_group(args.group)):
             raise MetaqError(f"no consumer group {args.group!r} under {args.zk_root} (see metaq groups list)")
         rows = [row for topic in topics for row in read_rows(client, paths, args.group, topic)]
+        if args.topic and not rows:
+            raise no_such_topic(args.topic, args.zk_root)
         members = live_members(client, paths, args.group)
     table = asyncio.run(_describe(rows, args.timeout, credentials(args)))
     columns = ("topic", "partition", "committed", "log end", "lag bytes", "lag messages")
+    cells = [row[:-1] for row in table]
+    problems = [row[-1] for row in table]
     if args.json:
-        print_json({"group": args.group, "live_members": members, "partitions": table_json(columns, table)})
+        # The numbers stay numbers (null when unknown); why a master gave none is "problem".
+        partitions = [{**row, "problem": problem} for row, problem in zip(table_json(columns, cells), problems)]
+        print_json({"group": args.group, "live_members": members, "partitions": partitions})
         return 0
     print(f"group {args.group}: {len(members)} live member(s){': ' + ', '.join(members) if members else ''}")
-    print(render_table(columns, table))
+    # In the table, why a master gave no log end stands in that column.
+    print(render_table(columns, [row if problem is None else (*row[:3], problem, *row[4:]) for row, problem in zip(cells, problems)]))
     return 0
 
 
 async def _describe(rows: list[PartitionRow], timeout: float, creds: Any) -> list[tuple[Any, ...]]:
+    """One row per partition: the describe columns, then why its master gave no bounds (None: it did)."""
     async def one(row: PartitionRow) -> tuple[Any, ...]:
         found, why_not = await bounds_answer(row, timeout, creds)
         if found is None:
-            return (row.topic, row.name, row.committed, why_not, None, None)
+            return (row.topic, row.name, row.committed, None, None, None, why_not)
         earliest, end = found
         start = earliest if row.committed is None else max(row.committed, earliest)
         messages = (await walk(row, start, end, timeout, creds))[0] if start < end else 0
-        return (row.topic, row.name, row.committed, end, max(0, end - start), messages)
+        return (row.topic, row.name, row.committed, end, max(0, end - start), messages, None)
 
     return list(await asyncio.gather(*(one(row) for row in rows)))
 

@@ -8,6 +8,7 @@ import asyncio
 import sys
 
 from ..errors import MetaqError
+from . import numbers
 from .produce import add_zk_arguments, client_config
 
 DEFAULT_PORT = 8080
@@ -17,19 +18,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("http", help="HTTP gateway: produce, fetch and list topics over HTTP/JSON")
     add_zk_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default {DEFAULT_PORT}; 0 picks a free one)")
-    parser.add_argument("--max-message-size", type=int, default=None, metavar="BYTES",
+    parser.add_argument("--port", type=numbers.port, default=DEFAULT_PORT, help=f"port to listen on (default {DEFAULT_PORT}; 0 picks a free one)")
+    parser.add_argument("--max-message-size", type=numbers.positive_int, default=None, metavar="BYTES",
                         help="largest message accepted; keep it equal to the brokers' maxMessageSize (default 1048576)")
-    parser.add_argument("--max-request-bytes", type=int, default=None, metavar="BYTES",
+    parser.add_argument("--max-request-bytes", type=numbers.positive_int, default=None, metavar="BYTES",
                         help="largest request body (default 16 MiB)")
-    parser.add_argument("--send-timeout", type=float, default=15.0, help="seconds a produce may retry before it fails (default 15)")
+    parser.add_argument("--send-timeout", type=numbers.positive, default=15.0, help="seconds a produce may retry before it fails (default 15)")
     parser.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS with this certificate chain (needs --tls-key)")
     parser.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
     parser.add_argument("--http-users", metavar="FILE",
                         help="require HTTP Basic logins of this security file's users and apply their ACLs (needs --tls-cert)")
-    parser.add_argument("--login-failure-burst", type=int, default=None, metavar="N",
+    parser.add_argument("--login-failure-burst", type=numbers.positive_int, default=None, metavar="N",
                         help="failed logins one client address, or one user, may have in a row before 429 (default 10)")
-    parser.add_argument("--login-failure-rate", type=float, default=None, metavar="PER_S",
+    parser.add_argument("--login-failure-rate", type=numbers.positive, default=None, metavar="PER_S",
                         help="failed logins per second allowed after the burst, per address and per user (default 1)")
     parser.set_defaults(run=run)
 
@@ -45,8 +46,6 @@ def http_users(args: argparse.Namespace, https: bool):
 
     burst = DEFAULT_FAILURE_BURST if args.login_failure_burst is None else args.login_failure_burst
     rate = DEFAULT_FAILURE_RATE if args.login_failure_rate is None else args.login_failure_rate
-    if burst < 1 or not rate > 0:
-        raise MetaqError(f"--login-failure-burst must be >= 1 and --login-failure-rate > 0, got {burst} and {rate}")
     try:
         return HttpUsers.load(args.http_users, failure_burst=burst, failure_rate=rate)
     except SecurityError as exc:
@@ -72,12 +71,9 @@ async def serve(args: argparse.Namespace) -> int:
     from ..http.app import DEFAULT_MAX_REQUEST_BYTES, serve
     from ..http.gateway import DEFAULT_MAX_MESSAGE_SIZE, Gateway
 
-    max_message_size = args.max_message_size or DEFAULT_MAX_MESSAGE_SIZE
-    max_request_bytes = args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES
-    if not 0 <= args.port <= 65535:
-        raise MetaqError(f"--port must be between 0 and 65535, got {args.port}")
-    if max_message_size < 1 or max_request_bytes < 1 or args.send_timeout <= 0:
-        raise MetaqError("--max-message-size, --max-request-bytes and --send-timeout must be positive")
+    # Not given: the defaults (argparse refused 0 and negative values, which mean nothing here).
+    max_message_size = DEFAULT_MAX_MESSAGE_SIZE if args.max_message_size is None else args.max_message_size
+    max_request_bytes = DEFAULT_MAX_REQUEST_BYTES if args.max_request_bytes is None else args.max_request_bytes
     ssl_context = https_context(args)
     users = http_users(args, ssl_context is not None)
     gateway = await Gateway(client_config(args, send_timeout_s=args.send_timeout), max_message_size).start()

@@ -1,5 +1,6 @@
 """``metaq produce --zk Z --topic T [--count N --size B] [--sync]``: messages to a topic.
 
+A topic no broker group has is an error naming it (exit 1) before anything is sent.
 Without ``--count`` every stdin line (newline stripped) is one message. By default
 messages go out in batches with several puts in flight; ``--sync`` sends one message
 at a time and waits for each acknowledgement. Ends with a summary on stdout; exit code
@@ -11,9 +12,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from ..errors import MetaqError
+from . import numbers
 from .login import add_login_arguments, credentials, zk_connect_arg, zk_root_arg
 from .progress import Progress
 
@@ -24,13 +26,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("produce", help="send stdin lines (or N generated messages) to a topic")
     add_zk_arguments(parser)
     parser.add_argument("--topic", required=True, help="the topic to send to")
-    parser.add_argument("--count", type=int, help="send N generated messages instead of reading stdin")
-    parser.add_argument("--size", type=int, default=100, help="bytes per generated message (default 100)")
+    parser.add_argument("--count", type=numbers.positive_int, help="send N generated messages instead of reading stdin")
+    parser.add_argument("--size", type=numbers.positive_int, default=100, help="bytes per generated message (default 100)")
     parser.add_argument("--sync", action="store_true", help="one message at a time, each acknowledged before the next")
-    parser.add_argument("--batch", type=int, default=1000, help="messages per batch when not --sync (default 1000)")
-    parser.add_argument("--in-flight", type=int, default=4, help="batches in flight when not --sync (default 4)")
+    parser.add_argument("--batch", type=numbers.positive_int, default=1000, help="messages per batch when not --sync (default 1000)")
+    parser.add_argument("--in-flight", type=numbers.positive_int, default=4, help="batches in flight when not --sync (default 4)")
     parser.add_argument("--attribute", help="attribute string stored with every message")
-    parser.add_argument("--send-timeout", type=float, default=15.0, help="seconds a send may retry before it fails (default 15)")
+    parser.add_argument("--send-timeout", type=numbers.positive, default=15.0, help="seconds a send may retry before it fails (default 15)")
     parser.add_argument("--quiet", action="store_true", help="no summary")
     parser.set_defaults(run=run)
 
@@ -38,8 +40,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def add_zk_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--zk", type=zk_connect_arg, required=True, metavar="HOST:PORT[,...]", help="ZooKeeper connect string")
     parser.add_argument("--zk-root", type=zk_root_arg, default="/meta", help="ZooKeeper root of the cluster (default /meta)")
-    parser.add_argument("--zk-session-timeout-ms", type=int, default=30000, help=argparse.SUPPRESS)
-    parser.add_argument("--zk-connect-timeout", type=float, default=10.0, help="seconds to wait for ZooKeeper (default 10)")
+    parser.add_argument("--zk-session-timeout-ms", type=numbers.positive_int, default=30000, help=argparse.SUPPRESS)
+    parser.add_argument("--zk-connect-timeout", type=numbers.positive, default=10.0, help="seconds to wait for ZooKeeper (default 10)")
     add_login_arguments(parser)
 
 
@@ -81,13 +83,27 @@ async def stdin_lines(batch: int) -> AsyncIterator[list[bytes]]:
         yield lines
 
 
+async def require_topic(factory: Any, topic: str, zk_root: str, wait_option: str | None = None) -> None:
+    """MetaqError naming ``topic`` unless some broker group has it (its topic configuration in
+    ZooKeeper, or a broker's registration): a typo'd topic would otherwise be waited for
+    until the sends time out, or, by a consumer, forever. A topic a group has but no master
+    serves right now (a failover) is waited for as before."""
+    from ..config import check_topic_name
+    from ..zk.paths import ZkPaths
+    from .admin import no_such_topic
+    from .groups import topic_partitions
+
+    try:
+        check_topic_name(topic)
+    except ValueError as exc:
+        raise MetaqError(str(exc)) from None
+    if not await factory.cluster.call(topic_partitions, factory.cluster.zk, ZkPaths(zk_root), topic):
+        raise no_such_topic(topic, zk_root, wait_option)
+
+
 async def produce(args: argparse.Namespace) -> int:
     from ..client import AsyncMessageSessionFactory, Message
 
-    if args.count is not None and args.count < 0 or args.size < 1 or args.batch < 1 or args.in_flight < 1:
-        raise MetaqError("--count, --size, --batch and --in-flight must be positive")
-    if not args.send_timeout > 0:
-        raise MetaqError(f"--send-timeout must be > 0 seconds, got {args.send_timeout:g}")
     config = client_config(args, send_timeout_s=args.send_timeout)
     factory = await AsyncMessageSessionFactory(config).start()
     progress = Progress(f"producing to {args.topic}", total=args.count)
@@ -107,6 +123,7 @@ async def produce(args: argparse.Namespace) -> int:
         progress.advance(len(results))
 
     try:
+        await require_topic(factory, args.topic, args.zk_root)
         producer = factory.create_producer()
         await producer.publish(args.topic)
         if not factory.cluster.snapshot.writable_partitions(args.topic):

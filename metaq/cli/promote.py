@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from ..errors import MetaqError
+from . import numbers
 from .admin import stats_map
 from .login import add_group_secret_argument, add_login_arguments, credentials, zk_connect_arg, zk_root_arg, zk_security, zk_write_refused
 
@@ -33,10 +34,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("promote", help="hand a broker group over to one of its slaves (planned, or --unclean)")
     parser.add_argument("--zk", type=zk_connect_arg, required=True, metavar="HOST:PORT[,...]", help="ZooKeeper connect string")
     parser.add_argument("--zk-root", type=zk_root_arg, default="/meta", help="ZooKeeper root of the cluster (default /meta)")
-    parser.add_argument("--broker-id", type=int, required=True, help="the broker group")
-    parser.add_argument("--slave", type=int, required=True, metavar="N", help="the slave id to promote")
+    parser.add_argument("--broker-id", type=numbers.broker_id, required=True, help="the broker group")
+    parser.add_argument("--slave", type=numbers.slave_id, required=True, metavar="N", help="the slave id to promote")
     parser.add_argument("--unclean", action="store_true", help="elect it although it may lack acked messages (no master, no eligible slave)")
-    parser.add_argument("--timeout", type=float, default=15.0, help="seconds to wait for it to lead (default 15)")
+    parser.add_argument("--timeout", type=numbers.positive, default=15.0, help="seconds to wait for it to lead (default 15)")
     add_login_arguments(parser)
     add_group_secret_argument(parser)
     parser.set_defaults(run=run)

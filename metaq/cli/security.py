@@ -7,7 +7,8 @@
     metaq security new-group-secret group.secret
     metaq security zk-super-digest
 
-Passwords come from ``--password-file``, from standard input when it is not a terminal,
+The file's directory must exist (a typo'd path is an error naming it; nothing is created
+but the file). Passwords come from ``--password-file``, from standard input when it is not a terminal,
 or from a prompt; never from the command line, where other users could see them in ps.
 """
 
@@ -17,8 +18,13 @@ import argparse
 import getpass
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import MetaqError
+from .files import check_parent_directory
+
+if TYPE_CHECKING:
+    from ..security.credentials import SecurityFile
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -83,6 +89,7 @@ def read_password(password_file: str | None, prompt: str = "password: ") -> str:
 def run_add_user(args: argparse.Namespace) -> int:
     from ..security.credentials import load_or_new
 
+    check_parent_directory(args.file, "-f")  # before the password is asked for
     security_file = load_or_new(args.file)
     user = security_file.add_user(
         args.user, read_password(args.password_file), produce=args.produce, consume=args.consume, admin=args.admin
@@ -92,10 +99,18 @@ def run_add_user(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_passwd(args: argparse.Namespace) -> int:
+def load_existing(path: str) -> "SecurityFile":
+    """The security file at ``path``; a missing one is named with the way to make it."""
     from ..security.credentials import SecurityFile
 
-    security_file = SecurityFile.load(args.file)
+    if not Path(path).exists():
+        check_parent_directory(path, "-f")
+        raise MetaqError(f"-f {path}: no such security file (metaq security add-user creates one)")
+    return SecurityFile.load(path)
+
+
+def run_passwd(args: argparse.Namespace) -> int:
+    security_file = load_existing(args.file)
     security_file.set_password(args.user, read_password(args.password_file))
     security_file.save()
     print(f"{args.file}: password of {args.user!r} changed")
@@ -103,9 +118,7 @@ def run_passwd(args: argparse.Namespace) -> int:
 
 
 def run_remove_user(args: argparse.Namespace) -> int:
-    from ..security.credentials import SecurityFile
-
-    security_file = SecurityFile.load(args.file)
+    security_file = load_existing(args.file)
     security_file.remove_user(args.user)
     security_file.save()
     print(f"{args.file}: user {args.user!r} removed")
@@ -113,9 +126,7 @@ def run_remove_user(args: argparse.Namespace) -> int:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from ..security.credentials import SecurityFile
-
-    security_file = SecurityFile.load(args.file)
+    security_file = load_existing(args.file)
     for user in security_file.users.values():
         print(f"{user.name}\t{_describe(user.acl)}")
     return 0
@@ -130,6 +141,7 @@ def _describe(acl) -> str:  # type: ignore[no-untyped-def]
 def run_new_group_secret(args: argparse.Namespace) -> int:
     from ..security.group import write_group_secret
 
+    check_parent_directory(args.path, "new-group-secret")
     write_group_secret(args.path)
     print(f"{args.path}: new group secret written (mode 0600); copy it to every broker of the group")
     return 0

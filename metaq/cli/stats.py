@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from ..addresses import parse_host_port
 from ..errors import MetaqError
+from . import numbers
 from .login import add_login_arguments, credentials
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("stats", help="print a broker's stats (metaq stats HOST:PORT help explains the items)")
     parser.add_argument("address", metavar="HOST:PORT", help="the broker's address")
     parser.add_argument("item", nargs="?", default="", help="topics, offsets, realtime, config, help, reset or a topic name")
-    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer (default 5)")
+    parser.add_argument("--timeout", type=numbers.positive, default=5.0, help="seconds to wait for the answer (default 5)")
     add_login_arguments(parser)
     parser.set_defaults(run=run)
 

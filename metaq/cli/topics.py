@@ -17,19 +17,22 @@ import time
 from typing import Any
 
 from ..errors import MetaqError
-from .admin import add_action, add_actions, add_json_option, ask, parse_settings, print_json, render_table, stats_answer, table_json, zk_client
+from . import numbers
+from .admin import (
+    add_action, add_actions, add_json_option, ask, no_such_topic, parse_settings, print_json, render_table, stats_answer, sync_set_json, sync_set_text, table_json, zk_client,
+)
 from .login import add_group_secret_argument, credentials, zk_security, zk_write_refused
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     actions = add_actions(sub, "topics", "list, describe, create, alter or delete topics of a broker group")
     listing = add_action(actions, "list", "every group's topics and their settings", run_list)
-    listing.add_argument("--broker-id", type=int, metavar="ID", help="only this broker group")
+    listing.add_argument("--broker-id", type=numbers.broker_id, metavar="ID", help="only this broker group")
     add_json_option(listing)
 
     describe = add_action(actions, "describe", "partitions, master, slaves, sync set, committed offsets, lag per slave", run_describe)
     describe.add_argument("--topic", required=True, help="the topic")
-    describe.add_argument("--broker-id", type=int, metavar="ID", help="only this broker group")
+    describe.add_argument("--broker-id", type=numbers.broker_id, metavar="ID", help="only this broker group")
     only = describe.add_mutually_exclusive_group()
     only.add_argument("--under-replicated-partitions", action="store_true",
                       help="only partitions a registered slave does not hold fully: unreachable, not serving it, out of the sync set (sync) or behind (async)")
@@ -40,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     get.add_argument("--topic", required=True, help="the topic")
     get.add_argument("--partition", required=True, metavar="BROKER-N", help="the partition, e.g. 0-1")
     which = get.add_mutually_exclusive_group(required=True)
-    which.add_argument("--offset", type=int, help="the message starting at this byte offset")
+    which.add_argument("--offset", type=numbers.offset, help="the message starting at this byte offset")
     which.add_argument("--msg-id", type=int, help="the message with this msg id (walks the partition from its oldest message)")
     add_json_option(get)
 
@@ -50,10 +53,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         ("delete", "delete a topic in a broker group: every member drops it and its files", run_delete),
     ):
         action = add_action(actions, name, helptext, runner)
-        action.add_argument("--broker-id", type=int, required=True, metavar="ID", help="the broker group")
+        action.add_argument("--broker-id", type=numbers.broker_id, required=True, metavar="ID", help="the broker group")
         action.add_argument("--topic", required=True, help="the topic")
         if name != "delete":
-            action.add_argument("--partitions", type=int, metavar="N", help="number of partitions" + (" (default 1)" if name == "create" else " (can only grow)"))
+            action.add_argument("--partitions", type=numbers.positive_int, metavar="N", help="number of partitions" + (" (default 1)" if name == "create" else " (can only grow)"))
             action.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                                 help="a topic key in MetaQ's name (unflushThreshold, deletePolicy, acceptPublish, ...); repeatable"
                                 + ("; KEY= (empty) removes the override, the key then follows each broker's [system] default" if name == "alter" else ""))
@@ -62,7 +65,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         if name == "delete":
             action.add_argument("--if-exists", action="store_true", help="exit 0 without a change if the group has no such topic")
         add_group_secret_argument(action)
-        action.add_argument("--wait", type=float, default=15.0, metavar="S", help="seconds to wait for every live member to apply it (0: do not wait; default 15)")
+        action.add_argument("--wait", type=numbers.non_negative, default=15.0, metavar="S", help="seconds to wait for every live member to apply it (0: do not wait; default 15)")
 
 
 # --- reading -----------------------------------------------------------------------------------
@@ -122,19 +125,24 @@ def run_describe(args: argparse.Namespace) -> int:
             config = read_group_topics(client, paths, broker_id, args.timeout)
             if args.topic not in config.topics and args.broker_id is None:
                 continue
+            if args.topic not in config.topics and config.exists:
+                raise MetaqError(f"broker group {broker_id} has no topic {args.topic!r} (see metaq topics list)")
             try:
                 members = read_members(client, paths, broker_id)
             except NoNodeError:
                 members = None
             groups.append((broker_id, config, members, read_group_state(client, paths, broker_id)))
     if not groups:
-        raise MetaqError(f"no broker group has a topic {args.topic!r} (see metaq topics list)")
+        raise no_such_topic(args.topic, args.zk_root)
     described = [asyncio.run(_describe_group(args, *group)) for group in groups]
     if args.under_replicated_partitions or args.unavailable_partitions:
         keep = _under_replicated if args.under_replicated_partitions else _unavailable
         described = [(head, [row for row in rows if row[0] in keep(rows)]) for head, rows in described]
     if args.json:
-        print_json([{**head, "partitions": table_json(DESCRIBE_COLUMNS, rows)} for head, rows in described])
+        print_json([{**head, "sync_set": sync_set_json(head["sync_set"]),
+                     "partitions": [{**row, "in_sync_set": IN_SYNC_JSON[row["in_sync_set"]]}
+                                    for row in table_json(DESCRIBE_COLUMNS, rows)]}
+                    for head, rows in described])
         return 0
     print("\n\n".join(_describe_text(args.topic, head, rows) for head, rows in described))
     return 0
@@ -153,11 +161,13 @@ def _unavailable(rows: list[tuple[Any, ...]]) -> set[int]:
 
 
 DESCRIBE_COLUMNS = ("partition", "member", "address", "state", "log end", "committed", "lag bytes", "in sync set")
+#: The table's "in sync set" column in JSON: a master's row, or a group without a sync set, is null.
+IN_SYNC_JSON = {"yes": True, "no": False, "-": None}
 
 
 def _describe_text(topic: str, head: dict[str, Any], rows: list[tuple[Any, ...]]) -> str:
     line = (
-        f"topic {topic}, broker group {head['broker']}: {head['partition_count']} partitions, epoch {head['epoch']}, "
+        f"topic {topic}, broker group {head['broker']}: {head['partition_count']} partitions, epoch {'-' if head['epoch'] is None else head['epoch']}, "
         f"master {head['master'] or '-'}, slaves {','.join(head['slaves']) or '-'}, sync set {head['sync_set']}"
     )
     return line + "\n" + render_table(DESCRIBE_COLUMNS, rows)
@@ -167,7 +177,7 @@ async def _describe_group(args: argparse.Namespace, broker_id: int, config: Any,
     """The group's head facts and one row per partition and member."""
     settings = config.topics.get(args.topic)
     partitions = int(settings.get("numPartitions", "1")) if settings else 0
-    sync_set = "-" if state.sync_set is None else ",".join(f"slave{s}" for s in sorted(state.sync_set)) or "(empty)"
+    sync_set = sync_set_text(state.sync_set)
     registered = members.slaves if members is not None else {}
     master_url = members.master_url if members is not None else None
     # Who should hold the partitions, present or not: the master (a row even when none is
@@ -176,7 +186,8 @@ async def _describe_group(args: argparse.Namespace, broker_id: int, config: Any,
     roles: list[tuple[str, str | None]] = [("master", master_url)] + [(f"slave{k}", url) for k, url in registered.items()]
     roles += [(f"slave{k}", None) for k in sorted(state.sync_set or ()) if k not in registered]
     head = {
-        "topic": args.topic, "broker": broker_id, "partition_count": partitions, "epoch": state.epoch,
+        "topic": args.topic, "broker": broker_id, "partition_count": partitions,
+        "epoch": None if state.epoch_version < 0 else state.epoch,  # None: the group never had a master
         "master": master_url.removeprefix("meta://") if master_url else None,
         "slaves": [f"slave{k}" for k in registered], "sync_set": sync_set,
     }
@@ -330,8 +341,6 @@ def _settings(args: argparse.Namespace) -> dict[str, str]:
     from ..zk.topic_config import check_settings
 
     settings = parse_settings(args.set)
-    if args.partitions is not None and args.partitions < 1:
-        raise MetaqError(f"--partitions must be >= 1, got {args.partitions}")
     unknown = [key for key in settings if key not in SHARED_TOPIC_KEYS]
     if unknown:
         raise MetaqError(f"--set: {unknown[0]}: not a shared topic key (one of {', '.join(SHARED_TOPIC_KEYS)})")

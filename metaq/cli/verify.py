@@ -27,6 +27,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..errors import MetaqError
+from . import numbers
 from .login import add_login_arguments, credentials, zk_connect_arg, zk_root_arg
 
 
@@ -36,11 +37,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--zk", type=zk_connect_arg, metavar="HOST:PORT[,...]", help="ZooKeeper connect string (a running group)")
     parser.add_argument("--zk-root", type=zk_root_arg, default="/meta", help="ZooKeeper root of the cluster (default /meta)")
-    parser.add_argument("--broker-id", type=int, help="the broker group (master's brokerId), with --zk")
+    parser.add_argument("--broker-id", type=numbers.broker_id, help="the broker group (master's brokerId), with --zk")
     parser.add_argument("--data-dir", type=Path, metavar="DIR",
                         help="check a stopped broker's dataPath offline instead (every segment's CRCs)")
     parser.add_argument("--topic", help="only this topic")
-    parser.add_argument("--chunk-mib", type=int, default=4, help="CRC chunk size in MiB (default 4)")
+    parser.add_argument("--chunk-mib", type=numbers.positive_int, default=4, help="CRC chunk size in MiB (default 4)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     add_login_arguments(parser)
     parser.set_defaults(run=run)
@@ -84,8 +85,6 @@ def run_group(args: argparse.Namespace) -> int:
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)  # errors are reported as one line below
     from ..tools.verify import VerifyError, verify_group
 
-    if args.chunk_mib <= 0:
-        raise MetaqError("--chunk-mib must be positive")
     try:
         report = asyncio.run(
             verify_group(args.zk, args.broker_id, args.zk_root, args.topic, chunk=args.chunk_mib * 1024 * 1024, creds=credentials(args))

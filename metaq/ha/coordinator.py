@@ -729,17 +729,21 @@ class HaCoordinator:
             found = store.open_log(topic, partition)
             return found if found is not None else store.get_log(topic, partition)
 
+        def log_end(topic: str, partition: int) -> int:
+            found = store.open_log(topic, partition)  # ``log_of``, inline: per put, several times
+            return (found if found is not None else log_of(topic, partition)).log_end
+
         self.sync_set = SyncReplication(
             config.min_sync_slaves,
             config.sync_slave_timeout_ms,
             config.on_sync_slave_loss,
             self._publish_sync_set,
-            log_end=lambda t, p: log_of(t, p).log_end,
+            log_end=log_end,
             flushed_end=lambda t, p: log_of(t, p).flushed_end,
             partitions=lambda: list(store.logs()),
             # Only positions reported in this term count (progress outlives terms).
             position=lambda slave_id, t, p: self.progress.position(slave_id, t, p, epoch=self.serving_epoch),
-            on_committed=self.host.notify,
+            on_committed=self.host.notify_committed,  # a slave's parked fetch waits for appends only
             # Committed never stops inside a batch (idempotent/transactional put).
             batch_boundary=self.host.partitions.batch_boundary,
         )

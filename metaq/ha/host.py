@@ -120,6 +120,9 @@ class BrokerHost(Protocol):
     def notify(self, topic: str, partition: int) -> None:
         """Wake fetches parked on a partition (its log end or committed offset moved)."""
 
+    def notify_committed(self, topic: str, partition: int) -> None:
+        """Wake the fetches that wait for a partition's committed offset (it moved, not the log end)."""
+
     async def restore_after_zookeeper_loss(self) -> None:
         """This broker re-seeded its group after ZooKeeper lost its data: restore what the
         group's nodes held that the broker's logs know (the producer id counter)."""

@@ -87,7 +87,9 @@ class HaNode:
     def acting_master(self) -> bool:
         """Leading this term (possibly handing over, fenced or resigning): committed offsets are ours
         to compute, slaves fetch from us."""
-        return self.role in ACTING_MASTER
+        coordinator = self.coordinator
+        # The coordinator's state is ``role`` (asked per request: without the property's hop).
+        return (coordinator.state if coordinator is not None else self.role) in ACTING_MASTER
 
     @property
     def epoch(self) -> int:

@@ -118,6 +118,11 @@ class Role(enum.Enum):
     FENCED = "fenced"
     STOPPED = "stopped"
 
+    # Members are singletons compared by identity: hashed by identity too, in C, instead of
+    # Enum's ``__hash__`` (a Python call hashing the name). ``role in ACTING_MASTER`` is asked
+    # several times per request (a put's refusal check, a replica fetch's fencing, reads).
+    __hash__ = object.__hash__
+
 
 class Event(enum.Enum):
     MASTER_SEEN = "master_seen"

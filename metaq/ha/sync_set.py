@@ -127,6 +127,10 @@ class SyncReplication:
         self._slaves: dict[int, _Member] = {}
         #: What readers may read (``committed``) and what no failover can take back (``_safe_end``).
         self._committed: dict[tuple[str, int], int] = {}
+        #: The committed offset consumers' parked fetches were last woken for. Apart from
+        #: ``_committed``: a reader's ``committed()`` may be what moved it (nobody is woken
+        #: then), and the next ``_note_committed`` must still wake them.
+        self._woken_at: dict[tuple[str, int], int] = {}
         self._safe: dict[tuple[str, int], int] = {}
         self._term_start: dict[tuple[str, int], int] = {}
         self._waiters: dict[tuple[str, int], list[_Waiter]] = {}
@@ -201,11 +205,12 @@ class SyncReplication:
             )
         return None
 
-    def committed(self, topic: str, partition: int) -> int:
-        """What consumers may read: ``_safe_end`` moved down to a batch boundary; never decreases."""
+    def committed(self, topic: str, partition: int, replicated: int | None = None) -> int:
+        """What consumers may read: ``_safe_end`` moved down to a batch boundary; never decreases.
+        ``replicated``: ``_replicated_end`` as the caller has just computed it (see ``_safe_end``)."""
         key = (topic, partition)
         current = self._committed.get(key, 0)
-        candidate = self._safe_end(topic, partition)
+        candidate = self._safe_end(topic, partition, replicated)
         if candidate > current:
             # Invariant: committed is never inside a batch (see the module docstring). Only
             # a candidate that would move it is looked at: one lookup per advance, and none
@@ -216,11 +221,13 @@ class SyncReplication:
                 return candidate
         return current
 
-    def _safe_end(self, topic: str, partition: int) -> int:
+    def _safe_end(self, topic: str, partition: int, replicated: int | None = None) -> int:
         """What no failover can take back (a record boundary); never decreases. The join bar.
 
         Unlike ``committed`` it is not moved down to a batch boundary, so a slave joins
-        exactly when it holds everything acked, whatever the batches.
+        exactly when it holds everything acked, whatever the batches. ``replicated``:
+        ``_replicated_end(topic, partition)`` computed by the caller with nothing moved since
+        (``_resolve``, in the same slave report), so it is not walked again.
         """
         key = (topic, partition)
         current = self._safe.get(key, 0)
@@ -236,7 +243,7 @@ class SyncReplication:
             flushed = self._flushed_end(topic, partition)
             candidate = flushed if self.on_loss == "degrade" else min(flushed, self._term_start.get(key, 0))
         else:
-            candidate = self._replicated_end(topic, partition)
+            candidate = self._replicated_end(topic, partition) if replicated is None else replicated
         if candidate > current:
             self._safe[key] = candidate
             return candidate
@@ -310,7 +317,7 @@ class SyncReplication:
                 if not waiter.future.done():
                     waiter.future.set_exception(SyncWaitFailed(
                         c.NOT_FOUND, f"topic {key[0]} was deleted while this put waited for its slaves; outcome unknown"))
-            for table in (self._committed, self._safe, self._term_start):
+            for table in (self._committed, self._woken_at, self._safe, self._term_start):
                 table.pop(key, None)
 
     def wait(self, topic: str, partition: int, end: int) -> "Deferred[None] | None":
@@ -320,8 +327,9 @@ class SyncReplication:
             raise SyncWaitFailed(*refusal)
         if self.nobody_counted:
             return None  # degraded: the master alone
-        if self._replicated_end(topic, partition) >= end:
-            self._note_committed(topic, partition)
+        replicated = self._replicated_end(topic, partition)
+        if replicated >= end:
+            self._note_committed(topic, partition, replicated)
             return None
         future: Deferred[None] = Deferred()
         waiter = _Waiter(topic, partition, end, self._clock() + self.timeout, future)
@@ -351,6 +359,8 @@ class SyncReplication:
             self._note_committed(topic, partition)
             return
         replicated = self._replicated_end(topic, partition)
+        # Releasing a waiter writes its put's ack (a Deferred's callback) and nothing else: no
+        # log end and no slave position moves before ``_note_committed`` uses ``replicated``.
         still = []
         for waiter in waiters:
             if waiter.end <= replicated:
@@ -362,11 +372,15 @@ class SyncReplication:
             self._waiters[(topic, partition)] = still
         else:
             del self._waiters[(topic, partition)]
-        self._note_committed(topic, partition)
+        self._note_committed(topic, partition, replicated)
 
-    def _note_committed(self, topic: str, partition: int) -> None:
-        before = self._committed.get((topic, partition), 0)
-        if self.committed(topic, partition) > before:
+    def _note_committed(self, topic: str, partition: int, replicated: int | None = None) -> None:
+        """Move the committed offset and wake consumers' fetches if it is past where they
+        were last woken, whoever moved it (this call, or a reader's ``committed()`` before)."""
+        key = (topic, partition)
+        committed = self.committed(topic, partition, replicated)
+        if committed > self._woken_at.get(key, 0):
+            self._woken_at[key] = committed
             self._on_committed(topic, partition)
 
     def _desired_members(self) -> frozenset[int]:

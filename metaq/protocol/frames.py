@@ -186,6 +186,18 @@ class FrameDecoder:
     def buffered(self) -> int:
         return len(self._buf) - self._pos
 
+    def used_up(self) -> bool:
+        """Whether ``next_event`` would say NEED_DATA with nothing buffered: every byte received
+        has been made an event and the peer may send more (not closed, not broken)."""
+        return self._pos == len(self._buf) and not self._eof and self._state != _BROKEN
+
+    @property
+    def held(self) -> int:
+        """What the decoder holds now, or the frame it announced will hold once whole if more."""
+        buffered = len(self._buf) - self._pos
+        announced = self._announced
+        return buffered if announced is None else max(buffered, announced.frame_len)
+
     @property
     def announced_frame_len(self) -> int:
         """The whole size of the announced frame still arriving (0: none): what it will buffer."""

@@ -347,11 +347,13 @@ def parse_request(frame: Frame) -> Request:
     """The typed request of a frame; RequestError 400 (with the opaque, if readable) if it is not one."""
     header = frame.header
     opaque = header.get("opaque")
-    if not _is_kind(opaque, int):
-        raise RequestError(BAD_REQUEST, "request header needs an integer 'opaque'", None)
     op = header.get("op")
-    if not isinstance(op, str):
-        raise RequestError(BAD_REQUEST, "request header needs a string 'op'", opaque)
+    # Exact types (what msgpack decodes) pass at once; anything else is checked as ever.
+    if type(opaque) is not int or type(op) is not str:
+        if not _is_kind(opaque, int):
+            raise RequestError(BAD_REQUEST, "request header needs an integer 'opaque'", None)
+        if not isinstance(op, str):
+            raise RequestError(BAD_REQUEST, "request header needs a string 'op'", opaque)
     cls = REQUESTS.get(op)
     if cls is None:
         raise RequestError(BAD_REQUEST, f"unknown command {op!r}", opaque)

@@ -66,10 +66,11 @@ class ProducerClaim:
 
 
 class RequestContext(NamedTuple):
-    """Who sent a request, built once per request by its connection (metaq/server/connection.py).
+    """Who sent a request, as its connection knows it (metaq/server/connection.py ``_context``:
+    one per connection, made again when the principal it names is no longer the connection's).
 
-    Immutable, and a tuple because it is built for every request (a frozen dataclass costs
-    several times more to make)."""
+    Immutable (so one serves every request of its principal), and a tuple because it is cheap
+    to make (a frozen dataclass costs several times more)."""
 
     #: Who the peer proved to be; None: not logged in, or security off.
     principal: Principal | None

@@ -114,7 +114,7 @@ class Broker:
         return self.live_config.current
 
     def topic_config(self, topic: str) -> TopicConfig | None:
-        return self.config.topics.get(topic)
+        return self.live_config.current.topics.get(topic)  # ``config``, without its property (asked per request)
 
     @property
     def local_topics(self) -> dict[str, TopicConfig]:
@@ -125,6 +125,11 @@ class Broker:
     def notify(self, topic: str, partition: int) -> None:
         """A partition's log end, flushed end or committed offset moved: wake parked fetches."""
         self.waiters.notify(topic, partition)
+
+    def notify_committed(self, topic: str, partition: int) -> None:
+        """Only a partition's committed offset or flushed end moved: wake the fetches that wait
+        for it (consumers'; a slave's fetch waits for the log end)."""
+        self.waiters.notify_committed(topic, partition)
 
     async def update_topics(self, topics: dict[str, TopicConfig]) -> None:
         """Adopt a new topic map (a slave learning its master's topics, a reload)."""
@@ -173,21 +178,19 @@ class Broker:
     def durability_wait(self, topic: str, partition: int, end: int, count: int) -> Awaitable[None] | None:
         """What a put ending at ``end`` must wait for before its ack, or None to ack now."""
         flusher = self.store.flusher(topic, partition)
-        waits: list[Awaitable[None]] = []
+        flushed: Awaitable[None] | None = None
         if flusher.group_commit:
-            waits.append(flusher.appended(end, count))
+            flushed = flusher.appended(end, count)
         else:
             flusher.note_appended(count)
         replicated = self.ha.replication_wait(topic, partition, end)
-        if replicated is not None:
-            waits.append(replicated)
-        if not waits:
-            return None
-        return waits[0] if len(waits) == 1 else _all_of(waits)
+        if flushed is None or replicated is None:
+            return replicated if flushed is None else flushed
+        return _all_of([flushed, replicated])
 
     def appended(self, topic: str, partition: int, end: int, count: int) -> None:
         self.ha.appended(topic, partition, end, count)
-        self.notify(topic, partition)
+        self.waiters.notify(topic, partition)  # ``notify``, without its hop (per put)
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -206,7 +209,7 @@ class Broker:
         self.partitions.open_all()
         self.transactions.open()
         self.ids = MsgIdGenerator(config.broker_id, floor)
-        self.store.on_flushed = self.notify
+        self.store.on_flushed = self.notify_committed
         served: Any = self.handlers
         metrics_login = None
         if config.metrics_port is not None:

@@ -10,8 +10,8 @@ Replies are written whole: a reply whose body is sent from a file holds the
 connection's write lock between its header and its last body byte.
 
 Trust (docs/security.md): with security on, a connection starts unauthenticated; the
-``auth`` op runs the SCRAM handshake here, and every other request comes with a
-``RequestContext`` built once for it and is checked by metaq/server/authz.py
+``auth`` op runs the SCRAM handshake here, and every other request comes with the
+connection's ``RequestContext`` (its principal now: ``_context``) and is checked by metaq/server/authz.py
 (``Authz.request_denial``) before a handler sees it, so a handler never runs for a peer
 that may not make its request.
 
@@ -166,6 +166,8 @@ class ClientConnection(asyncio.Protocol):
         self.principal: "Principal | None" = None
         #: The last producer claim verified for this principal (``Authz.check_producer``).
         self._producer_claim = ProducerClaim()
+        #: The context of this connection's requests (``_context``).
+        self._ctx: RequestContext | None = None
         self._auth = security.server_authenticator() if security is not None and security.authentication_required else None
         #: What ``_over_limits`` compares with (asked several times per request): the limits now.
         self._max_in_flight = self.limits.max_in_flight
@@ -179,10 +181,10 @@ class ClientConnection(asyncio.Protocol):
         self._last_activity = self._opened_at = time.monotonic()
         self._watchdog: asyncio.TimerHandle | None = None
         self._counted = False
-        self._tasks: set[asyncio.Task[None]] = set()
-        #: Requests whose handler returned a ``Deferred`` (a parked fetch, a sync put): in
-        #: flight like the tasks, answered from its callback without a task of their own.
-        self._deferred: set[Deferred[Any]] = set()
+        #: What is in flight: tasks (a wait, a file reply) and the Deferreds of requests whose
+        #: handler returned one (a parked fetch, a sync put), answered from its callback without
+        #: a task of their own. One set: its size is what ``_over_limits`` compares.
+        self._in_flight: set[asyncio.Task[None] | Deferred[Any]] = set()
         self._write_lock = asyncio.Lock()
         self._closing = False
         self._paused = False
@@ -237,10 +239,8 @@ class ClientConnection(asyncio.Protocol):
         self._budget_held = self.budget.move(self._budget_held, 0)
         self.handlers.stats.connection_closed()
         self.handlers.connection_closed(self)
-        for task in list(self._tasks):
-            task.cancel()
-        for deferred in list(self._deferred):
-            deferred.cancel()  # a parked fetch lets go of its timer and its watch
+        for waiting in list(self._in_flight):
+            waiting.cancel()  # a task; a parked fetch's Deferred lets go of its timer and its watch
         self._drained.set()
 
     def pause_writing(self) -> None:
@@ -284,7 +284,7 @@ class ClientConnection(asyncio.Protocol):
 
     def _over_limits(self) -> bool:
         """Too much of this peer's work is pending: answer what we have before reading more."""
-        if len(self._tasks) + len(self._deferred) >= self._max_in_flight:
+        if len(self._in_flight) >= self._max_in_flight:
             return True
         transport = self.transport
         queued = self._out_bytes + (transport.get_write_buffer_size() if transport is not None else 0)
@@ -293,7 +293,7 @@ class ClientConnection(asyncio.Protocol):
     def _count_buffered(self) -> None:
         """Count in the broker's budget what the decoder holds now, and what the frame it is receiving will."""
         if self._counted:
-            wanted = 0 if self._closing else max(self.decoder.buffered, self.decoder.announced_frame_len)
+            wanted = 0 if self._closing else self.decoder.held
             if wanted != self._budget_held:  # most reads end with nothing buffered, as they began
                 self._budget_held = self.budget.move(self._budget_held, wanted)
 
@@ -365,7 +365,7 @@ class ClientConnection(asyncio.Protocol):
                 self._process_batch()
 
     def _task_done(self, task: "asyncio.Task[None]") -> None:
-        self._tasks.discard(task)
+        self._in_flight.discard(task)
         self._last_activity = time.monotonic()
         if self._reading_paused:
             self._update_flow()
@@ -390,7 +390,7 @@ class ClientConnection(asyncio.Protocol):
             self.handlers.stats.refused("login_timeout")
             self.close()
             return
-        idle = not self._tasks and not self._deferred and self._partial_since is None
+        idle = not self._in_flight and self._partial_since is None
         if idle and limits.idle_timeout_s > 0 and now - self._last_activity > limits.idle_timeout_s:
             log.info("closing connection from %s: idle for %.0f s (connectionIdleTimeoutMs)", self.peer, limits.idle_timeout_s)
             self.close()
@@ -405,13 +405,19 @@ class ClientConnection(asyncio.Protocol):
     # --- dispatch -------------------------------------------------------------------
 
     def _process_events(self) -> None:
+        decoder = self.decoder
         while not self._closing:
+            if decoder.used_up():
+                # What NEED_DATA with nothing buffered does below; the limits need no look when
+                # there is nothing to take (the end of nearly every read of whole frames).
+                self._partial_since = None
+                return
             if self._over_limits():
                 return  # the rest stays in the decoder until the peer drains (_update_flow)
-            event = self.decoder.next_event()
+            event = decoder.next_event()
             if event is NEED_DATA:
                 # Bytes of an incomplete frame wait here: they must complete in time (slowloris).
-                if not self.decoder.buffered:
+                if not decoder.buffered:
                     self._partial_since = None
                 elif self._partial_since is None:
                     self._partial_since = time.monotonic()
@@ -421,7 +427,8 @@ class ClientConnection(asyncio.Protocol):
                 self.close()
                 return
             if isinstance(event, Frame):
-                if not self._closed_before_login(event.header, len(event.body)):
+                # ``_auth is None``: security off, never awaiting login (``_closed_before_login``).
+                if self._auth is None or not self._closed_before_login(event.header, len(event.body)):
                     self._dispatch_frame(event)
             elif isinstance(event, FrameHead):
                 if not self._closed_before_login(event.header, event.body_len):
@@ -473,8 +480,13 @@ class ClientConnection(asyncio.Protocol):
         self._run(request, self.handlers.handle(request, ctx))
 
     def _context(self) -> RequestContext:
-        """Who sends the request being dispatched (the principal is fixed once logged in)."""
-        return RequestContext(self.principal, self.peer, self._producer_claim)
+        """Who sends the request being dispatched (the principal is fixed once logged in): one
+        immutable context per connection, made again whenever the principal or the peer differs
+        from the one it holds."""
+        ctx = self._ctx
+        if ctx is None or ctx.principal is not self.principal or ctx.peer is not self.peer:
+            ctx = self._ctx = RequestContext(self.principal, self.peer, self._producer_claim)
+        return ctx
 
     def _authenticate(self, header: dict[str, Any]) -> None:
         """One step of the SCRAM handshake (metaq/security/handshake.py)."""
@@ -523,11 +535,11 @@ class ClientConnection(asyncio.Protocol):
         if type(result) is tuple:  # most replies: before the ABC check of Awaitable, which is slow
             self._emit(request, result, text)
         elif isinstance(result, Deferred):
-            self._deferred.add(result)
+            self._in_flight.add(result)
             result.add_done_callback(lambda done: self._deferred_done(request, done, text))
         elif isinstance(result, Awaitable):
             task = asyncio.ensure_future(self._finish(request, result, text))
-            self._tasks.add(task)
+            self._in_flight.add(task)
             task.add_done_callback(self._task_done)
         else:
             self._emit(request, result, text)
@@ -543,7 +555,7 @@ class ClientConnection(asyncio.Protocol):
 
     def _deferred_done(self, request: c.Request, done: Deferred[Any], text: bool) -> None:
         """A ``Deferred`` reply is known: written now, inside whatever resolved it."""
-        self._deferred.discard(done)
+        self._in_flight.discard(done)
         if done.cancelled() or self._closing:
             return
         exc = done.exception()
@@ -567,16 +579,16 @@ class ClientConnection(asyncio.Protocol):
             self._write(result if isinstance(result, bytes) else str(result).encode())
             return
         header, body = result
-        if isinstance(body, FileBody) and body.length < SENDFILE_MIN_BYTES:
+        if not isinstance(body, FileBody):
+            self.send_reply(header, body)
+        elif body.length < SENDFILE_MIN_BYTES:
             # A small range is copied and written now, like any reply (behind a file reply
             # on its way out, if there is one): no task for it.
             self.send_reply(header, body.read())
-        elif isinstance(body, FileBody):
-            task = asyncio.ensure_future(self.send_file_reply(header, body))
-            self._tasks.add(task)
-            task.add_done_callback(self._task_done)
         else:
-            self.send_reply(header, body)
+            task = asyncio.ensure_future(self.send_file_reply(header, body))
+            self._in_flight.add(task)
+            task.add_done_callback(self._task_done)
 
     # --- output ---------------------------------------------------------------------
 
@@ -596,7 +608,7 @@ class ClientConnection(asyncio.Protocol):
         if self._write_lock.locked():
             # A file body is on its way out; queue behind it to keep frames whole.
             task = asyncio.ensure_future(self._locked_send(header, body))
-            self._tasks.add(task)
+            self._in_flight.add(task)
             task.add_done_callback(self._task_done)
         else:
             self._write(encode_frame(header, body))

@@ -47,7 +47,7 @@ from ..txn.producer_state import Decision, Verdict
 from ..txn.put import PutRefused, plan_put
 from . import stats as stats_text
 from .authz import Authz, RequestContext
-from .connection import FileBody
+from .connection import SENDFILE_MIN_BYTES, FileBody
 from .partitions import Partition, Partitions
 from .producer_ids import ProducerIdAllocator
 from .registry import BrokerRegistry
@@ -198,7 +198,8 @@ class RequestHandlers:
         stamp_msg_ids(body, first_id)
         # No record of body is a control record (checked above): the partition's state takes
         # the batch as plain without a second search of it.
-        offset = self._append(req, partition, broker.partitions.serving(req.topic, partition), body, count, no_control=True)
+        owner = broker.partitions.serving(req.topic, partition, log)  # the log just looked up: no second lookup
+        offset = self._append(req, partition, owner, body, count, no_control=True)
         return self._ack(req, partition, offset, offset + len(body), first_id, count, count)
 
     def _append(self, req: c.Request, partition: int, owner: Partition, data: bytes | bytearray, count: int,
@@ -258,7 +259,7 @@ class RequestHandlers:
             raise c.RequestError(c.BAD_REQUEST, f"put: producer_id {req.producer_id} or producer_epoch "
                                                 f"{req.producer_epoch} out of range (0..2^63-1, 0..32767)")
         broker.authz.check_producer(ctx, req.producer_id, req.producer_epoch, req.producer_token)
-        owner = broker.partitions.serving(req.topic, partition)
+        owner = broker.partitions.serving(req.topic, partition, log)
         # One verdict: the partition's producer table and the newest epoch of the producer's
         # transactional id on this master (its fence) decide together whether this is a zombie.
         fence = broker.transactions.fence_of(req.producer_id)
@@ -379,22 +380,27 @@ class RequestHandlers:
         cap = topic.max_transfer_size if replica is None else max(topic.max_transfer_size, MAX_REPLICA_TRANSFER)
         max_bytes = min(req.max_size, cap)
         if replica is not None:
-            self._replica_progress(req, req.offset, log)
-        reply = self._read(req, log, max_bytes)
+            self._replica_progress(req, req.offset, log, topic)
+        # A replica reads to the log end: at or past it ``_read`` finds nothing (as in
+        # ParkedFetch.read), so a slave's fetch at our end, the next fetch after every
+        # reply, parks without building the committed offset it would not send.
+        at_end = replica is not None and req.offset >= log.log_end
+        reply = None if at_end else self._read(req, log, max_bytes)
         if reply is not None or req.max_wait_ms <= 0:
             return reply if reply is not None else self._no_data(req, log)
-        return self._long_poll(req, log, max_bytes)
+        # Parked until its partition has data for it, or ``max_wait_ms`` passes.
+        return ParkedFetch(self, req, log, max_bytes).parked
 
     @handles(m.PositionRequest)
     def _position(self, req: c.Request, _ctx: RequestContext) -> Reply:
         """A slave's log end, reported between fetches (see replica.py: pieces of a large reply)."""
-        self._topic(req.topic)
+        topic = self._topic(req.topic)
         log = self._log(req.topic, req.partition)
         replica = req.replica
         log_end = replica.get("log_end")
         if not isinstance(log_end, int) or log_end < 0:
             raise c.RequestError(c.BAD_REQUEST, "position: replica needs a non-negative integer 'log_end'")
-        self._replica_progress(req, log_end, log)
+        self._replica_progress(req, log_end, log, topic)
         self.stats.partition(req.topic, req.partition).replica_positions += 1
         header = c.reply_header(
             req.opaque,
@@ -405,8 +411,9 @@ class RequestHandlers:
         )
         return header, b""
 
-    def _replica_progress(self, req: c.Request, log_end: int, log: "PartitionLog") -> None:
-        """A slave's fetch or position report: check who sends it, fence by epoch, record where it is.
+    def _replica_progress(self, req: c.Request, log_end: int, log: "PartitionLog", topic: "TopicConfig") -> None:
+        """A slave's fetch or position report: check who sends it, fence by epoch, record where it is
+        (``log`` and ``topic``: the request's, as the handler looked them up).
 
         Invariant: a recorded position is never past our log end. A slave's log is a prefix
         of ours; one that claims more holds bytes we never wrote (a divergent tail, or another
@@ -421,7 +428,7 @@ class RequestHandlers:
         self._check_replica_epoch(replica)
         # A slave replicates only the life of the topic it serves: bytes of a deleted topic
         # must never fill a re-created one's log, nor a position in one count for the other.
-        if not same_life(replica.get("incarnation", ""), self._topic(req.topic).incarnation):
+        if not same_life(replica.get("incarnation", ""), topic.incarnation):
             raise c.RequestError(c.NOT_FOUND, f"topic {req.topic!r}: this master serves another incarnation of it"
                                               " (deleted and re-created); retry once both apply the change")
         if log_end > log.log_end:
@@ -452,20 +459,17 @@ class RequestHandlers:
         epoch = replica.get("epoch")
         if not isinstance(epoch, int):
             raise c.RequestError(c.BAD_REQUEST, "replica fetch needs an integer 'epoch'")
-        if epoch > ha.epoch:
+        serving = ha.epoch
+        if epoch > serving:
             ha.saw_higher_epoch(epoch)  # checked against ZooKeeper: a claim alone never fences
-            raise c.RequestError(c.FORBIDDEN, f"stale master: epoch {ha.epoch} < the slave's epoch {epoch}")
-        if epoch < ha.epoch:
-            raise c.RequestError(c.FORBIDDEN, f"stale epoch {epoch}: the master is in epoch {ha.epoch}; re-sync")
+            raise c.RequestError(c.FORBIDDEN, f"stale master: epoch {serving} < the slave's epoch {epoch}")
+        if epoch < serving:
+            raise c.RequestError(c.FORBIDDEN, f"stale epoch {epoch}: the master is in epoch {serving}; re-sync")
 
-    def _long_poll(self, req: c.Request, log: "PartitionLog", max_bytes: int) -> Deferred[Reply]:
-        """Park the fetch until its partition has data for it, or ``max_wait_ms`` passes (``ParkedFetch``)."""
-        return ParkedFetch(self, req, log, max_bytes).parked
-
-    def _visible_end(self, req: c.Request, log: "PartitionLog", committed: int) -> int:
+    def _visible_end(self, req: c.Request, log_end: int, committed: int) -> int:
         """A replica reads to the log end; a consumer to the last stable offset below ``committed``."""
         if req.replica is not None:
-            return log.log_end
+            return log_end
         return stable_end(self.broker.partitions, req.topic, req.partition, committed)
 
     def _consumer_end(self, topic: str, partition: int, log: "PartitionLog") -> int:
@@ -475,7 +479,8 @@ class RequestHandlers:
     def _read(self, req: c.Request, log: "PartitionLog", max_bytes: int) -> Reply | None:
         """The reply for data at ``req.offset``, or None when there is none yet."""
         committed = self.broker.ha.committed(req.topic, req.partition, log)
-        upto = self._visible_end(req, log, committed)
+        log_end = log.log_end
+        upto = self._visible_end(req, log_end, committed)
         offset = req.offset
         if offset < log.min_offset:
             return c.reply_header(req.opaque, c.MOVED, f"offset {offset} is before the log start", offset=log.min_offset), b""
@@ -501,7 +506,7 @@ class RequestHandlers:
             c.OK,
             offset=offset,
             committed=committed,
-            log_end=log.log_end,
+            log_end=log_end,
             epoch=self.broker.ha.epoch,
         )
         if req.replica is None:
@@ -511,11 +516,15 @@ class RequestHandlers:
             aborted = aborted_spans(self.broker.partitions, req.topic, req.partition, offset, offset + length)
             if aborted:
                 header["aborted"] = aborted
+        if length < SENDFILE_MIN_BYTES:
+            # What the connection would do with a small FileBody (copy it and write it with the
+            # reply), done here: no closure and no FileBody per reply (a slave's fetch per put).
+            return header, segment.read(offset, length)
         return header, FileBody(segment.fileno(), position, length, lambda: segment.read(offset, length))
 
     def _no_data(self, req: c.Request, log: "PartitionLog") -> Reply:
         committed = self.broker.ha.committed(req.topic, req.partition, log)
-        upto = self._visible_end(req, log, committed)
+        upto = self._visible_end(req, log.log_end, committed)
         if req.replica is None:
             self.stats.partition(req.topic, req.partition).get_miss += 1
         if req.offset > log.log_end:
@@ -674,7 +683,9 @@ class ParkedFetch:
         self.max_bytes = max_bytes
         self.parked: Deferred[Reply] = Deferred()
         self.timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(req.max_wait_ms / 1000, self.expired)
-        self.withdraw: Callable[[], None] | None = handlers.broker.waiters.watch(req.topic, req.partition, self.woken)
+        # A slave's fetch reads to the log end: a commit or flush alone has nothing for it.
+        self.withdraw: Callable[[], None] | None = handlers.broker.waiters.watch(
+            req.topic, req.partition, self.woken, on_commit=req.replica is None)
         self.parked.on_cancel(self.release)
 
     def woken(self) -> None:
@@ -706,7 +717,9 @@ class ParkedFetch:
             self.parked.set_exception(exc)
             return
         if result is None:
-            self.withdraw = self.handlers.broker.waiters.watch(self.req.topic, self.req.partition, self.woken)
+            req = self.req
+            self.withdraw = self.handlers.broker.waiters.watch(req.topic, req.partition, self.woken,
+                                                               on_commit=req.replica is None)
             return
         self.let_go()
         self.parked.set_result(result)

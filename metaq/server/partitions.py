@@ -297,20 +297,23 @@ class Partitions:
     def new_table(self) -> ProducerStateTable:
         return ProducerStateTable(self.max_batches, self.expiry_ms)
 
-    def get(self, topic: str, partition: int) -> Partition:
+    def get(self, topic: str, partition: int, partition_log: Any = None) -> Partition:
         """The partition's owner; opened if its log is new to this registry (its state then
-        loads in a worker thread: see ``serving``, ``Partition.state``)."""
-        partition_log = self.store.get_log(topic, partition)
+        loads in a worker thread: see ``serving``, ``Partition.state``). ``partition_log``: the
+        store's ``get_log(topic, partition)``, when the caller has just asked it (a put)."""
+        if partition_log is None:
+            partition_log = self.store.get_log(topic, partition)
         owner = self._partitions.get((topic, partition))
         if owner is None or owner.log is not partition_log:  # a new log, or a new incarnation's
             owner = Partition(self, (topic, partition), partition_log, in_background=True)
             self._partitions[(topic, partition)] = owner
         return owner
 
-    def serving(self, topic: str, partition: int) -> Partition:
+    def serving(self, topic: str, partition: int, partition_log: Any = None) -> Partition:
         """The owner, for the put and fetch paths: ``PartitionLoading`` (503, retriable) while its
-        state still loads in a worker thread, so the event loop never waits for that load."""
-        owner = self.get(topic, partition)
+        state still loads in a worker thread, so the event loop never waits for that load.
+        ``partition_log`` as for ``get``."""
+        owner = self.get(topic, partition, partition_log)
         if not owner.ready:
             raise PartitionLoading(topic, partition)
         return owner

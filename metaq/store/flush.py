@@ -67,7 +67,8 @@ class LogFlusher:
     def note_appended(self, count: int) -> None:
         """The threshold policy's bookkeeping, without a coroutine (the put hot path)."""
         self._unflushed_messages += count
-        if not self.group_commit and self._unflushed_messages >= self.unflush_threshold:
+        threshold = self.unflush_threshold  # > 0: not group commit (``group_commit``, inline)
+        if threshold > 0 and self._unflushed_messages >= threshold:
             # ">=" so that unflushThreshold=1 means "every message", as MetaQ documents.
             self._current_or_new_flush()
 

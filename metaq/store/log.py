@@ -305,7 +305,8 @@ class PartitionLog:
 
     @property
     def log_end(self) -> int:
-        return self._segments[-1].end
+        active = self._segments[-1]
+        return active.start + active.size  # its ``end`` (asked several times per request)
 
     @property
     def flushed_end(self) -> int:
@@ -317,6 +318,8 @@ class PartitionLog:
         At a boundary the later segment wins, because a segment's ``end`` is the next
         one's ``start``. Caller has checked ``min_offset <= offset <= log_end``.
         """
+        if offset >= segments[-1].start:
+            return len(segments) - 1  # the active segment: what puts and replica fetches read
         return bisect.bisect_right(segments, offset, key=lambda s: s.start) - 1
 
     def mark_corrupt(self, start: int, end: int) -> bool:

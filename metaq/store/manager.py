@@ -126,6 +126,13 @@ class MessageStoreManager:
 
     def get_log(self, topic: str, partition: int) -> PartitionLog | RefusedLog:
         """The log of a configured partition, created empty at offset 0 if it has none."""
+        # Asked several times per request: an open log of a configured partition at once
+        # (the same checks as ``get_or_create_log``'s, inline), anything else through it.
+        config = self._topics.get(topic)
+        if config is not None and 0 <= partition < config.num_partitions:
+            existing = self._logs.get((topic, partition))
+            if existing is not None:
+                return existing
         return self.get_or_create_log(topic, partition)
 
     def get_or_create_log(self, topic: str, partition: int, start_offset: int = 0) -> PartitionLog | RefusedLog:

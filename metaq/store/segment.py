@@ -80,14 +80,16 @@ class LogSegment:
         """Write all of ``buf`` at the end; return the absolute offset it starts at."""
         if self.read_only:
             raise PermissionError(f"{self.path}: segment is read-only")
-        view = memoryview(buf).cast("B")
-        offset = self.end
+        offset = self.start + self.size  # ``end`` (asked per put: without the property's call)
+        total = buf.nbytes if isinstance(buf, memoryview) else len(buf)
         written = 0
         try:
-            while written < len(view):
-                # pwrite at an explicit position: independent of the file pointer, and a
-                # short write simply continues where it stopped.
-                written += os.pwrite(self._fd, view[written:], self.size + written)
+            while written < total:
+                # pwrite at an explicit position: independent of the file pointer, and a short
+                # write simply continues where it stopped (the first write, nearly always whole,
+                # takes the buffer as it is).
+                rest = buf if not written else memoryview(buf).cast("B")[written:]
+                written += os.pwrite(self._fd, rest, self.size + written)
         except OSError:
             if written:
                 # Keep the invariant (file == size bytes); a half batch must not survive.
@@ -117,9 +119,10 @@ class LogSegment:
 
     def read(self, offset: int, length: int) -> bytes:
         """Up to ``length`` bytes from absolute ``offset``, never past ``end``."""
-        if offset < self.start or offset > self.end:
-            raise ValueError(f"{self.path}: offset {offset} outside [{self.start}, {self.end}]")
-        length = max(0, min(length, self.end - offset))
+        end = self.start + self.size  # ``end``, read once
+        if offset < self.start or offset > end:
+            raise ValueError(f"{self.path}: offset {offset} outside [{self.start}, {end}]")
+        length = max(0, min(length, end - offset))
         chunks: list[bytes] = []
         got = 0
         while got < length:

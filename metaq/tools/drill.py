@@ -77,7 +77,11 @@ class DrillReport:
     duplicates: int = 0
     #: The load's producer was idempotent (resends never stored twice).
     idempotent: bool = True
+    #: The old master's role once it is back in the group (``slave{k}``, ``master``); None: not (yet).
     rejoined_as: str | None = None
+    #: Where it registered then: its old address, or, after a restart with ``serverPort=0``
+    #: (a new port at every start), the new one.
+    rejoined_at: str | None = None
     restarted_pid: int | None = None
     logs_identical: bool | None = None
     notes: list[str] = field(default_factory=list)
@@ -327,7 +331,12 @@ class Drill:
         if self.fault == "kill":
             report.restarted_pid = process.restart()
             report.notes.append(f"restarted the old master as pid {report.restarted_pid}")
-        report.rejoined_as = await self._wait_rejoin(zk, old_url)
+        rejoined = await self._wait_rejoin(zk, old_url, report.restarted_pid)
+        if rejoined is not None:
+            report.rejoined_as, report.rejoined_at = rejoined
+            if report.rejoined_at != old_url:
+                report.notes.append(f"the old master came back at {report.rejoined_at}, not {old_url} "
+                                    "(serverPort=0 binds a new port at every start)")
         if report.rejoined_as is not None and report.new_master and report.new_master != old_url:
             report.logs_identical = await self._verify()
         return report
@@ -476,18 +485,24 @@ class Drill:
                     seen[payload] = seen.get(payload, 0) + 1
         report.duplicates = sum(n - 1 for n in seen.values() if n > 1)
 
-    async def _wait_rejoin(self, zk: KazooClient, old_url: str) -> str | None:
+    async def _wait_rejoin(self, zk: KazooClient, old_url: str, restarted_pid: int | None) -> tuple[str, str] | None:
+        """``(role, url)`` of the old master once it is registered in the group again, or None.
+
+        It is known by its address; a master restarted by the drill is also known by a port
+        its new process listens on (read from the kernel, not from what a broker says),
+        since with ``serverPort=0`` it binds, and registers, a new one.
+        """
         deadline = time.monotonic() + self.rejoin_timeout_s
         while time.monotonic() < deadline:
             try:
                 group = await asyncio.to_thread(read_members, zk, self.paths, self.broker_id)
             except Exception:  # ZooKeeper busy or the group's node not there yet
                 group = GroupMembers(None)
-            if group.master_url == old_url:
-                return "master"
-            for slave_id, url in group.slaves.items():
-                if url == old_url:
-                    return f"slave{slave_id}"
+            ours = listening_ports(restarted_pid) if restarted_pid is not None else set()
+            members = ([("master", group.master_url)] if group.master_url else []) + [(f"slave{k}", url) for k, url in group.slaves.items()]
+            for role, url in members:
+                if url == old_url or parse_broker_url(url)[1] in ours:
+                    return role, url
             await asyncio.sleep(0.1)
         return None
 
@@ -503,6 +518,34 @@ class Drill:
                 if time.monotonic() > deadline:
                     return False
             await asyncio.sleep(0.5)
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports process ``pid`` listens on: its sockets (``/proc/PID/fd``) found among the
+    listening ones of its network namespace (``/proc/PID/net/tcp``, ``tcp6``); empty if gone."""
+    inodes = set()
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:  # closed meanwhile
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+    except OSError:
+        return set()
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            rows = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            # sl local_address rem_address st ... inode: state 0A is LISTEN.
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "0A" and fields[9] in inodes:
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
 
 
 def _host_port(url: str) -> tuple[str, int]:

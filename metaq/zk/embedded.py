@@ -187,11 +187,13 @@ def _ephemeral_range() -> tuple[int, int]:
 
 
 def _bindable(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
+    """Free for TCP and for UDP: a broker listens on both at its port (the heartbeats)."""
+    for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+        with socket.socket(socket.AF_INET, kind) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                return False
     return True
 
 

@@ -49,18 +49,20 @@ class ConsumeProcess:
 
 
 def owners(zk_client, zk_root: str) -> dict[str, str]:
-    """Partition -> its owner now. A node released between the listing and its read (a
-    rebalance going on) is left out: the callers poll until the ownership they expect."""
+    """Partition -> owning member; a node released between the listing and its read (a
+    rebalance in progress) is left out: the callers poll until the ownership settles."""
     path = ZkPaths(zk_root).owners("workers", TOPIC)
-    if not zk_client.exists(path):
-        return {}
-    found = {}
-    for partition in zk_client.get_children(path):
+    owned = {}
+    try:
+        children = zk_client.get_children(path)
+    except NoNodeError:
+        return owned
+    for child in children:
         try:
-            found[partition] = zk_client.get(f"{path}/{partition}")[0].decode()
+            owned[child] = zk_client.get(f"{path}/{child}")[0].decode()
         except NoNodeError:
-            continue
-    return found
+            pass
+    return owned
 
 
 def test_group_of_three_processes_shares_and_rebalances_without_loss(broker_factory, zk, zk_root, zk_client, tmp_path) -> None:

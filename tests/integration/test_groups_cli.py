@@ -99,11 +99,3 @@ def test_lag_is_exact_and_resets_move_the_group(broker_factory, zk, zk_root, zk_
     finally:
         live.terminate()
         live.wait(20)
-
-
-def test_consume_warns_about_a_topic_nobody_serves(broker_factory, zk, zk_root):
-    broker_factory(0, {TOPIC: 1})
-    done = metaq_process("consume", "--zk", zk.connect_string, "--zk-root", zk_root, "--topic", "nosuch",
-                         "--group", "grp", "--idle-timeout", "1")
-    assert done.returncode == 0
-    assert "warning: no broker serves topic 'nosuch'" in done.stderr.decode()

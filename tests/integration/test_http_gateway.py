@@ -208,8 +208,12 @@ def test_cli_errors_are_one_line(zk) -> None:
                               cwd=REPO_ROOT, timeout=60)
 
     assert "--zk" in metaq("--help").stdout
-    bad_port = metaq("--zk", zk.connect_string, "--port", "70000")
-    assert bad_port.returncode == 1 and bad_port.stderr.strip() == "metaq http: error: --port must be between 0 and 65535, got 70000"
+    # A number that means nothing for its option is a usage error naming it (never a default in
+    # disguise; every numeric option: tests/unit/test_cli_numbers.py).
+    for option, value, why in (("--port", "70000", "must be <= 65535, got 70000"), ("--max-message-size", "0", "must be >= 1, got 0")):
+        bad = metaq("--zk", zk.connect_string, option, value)
+        assert (bad.returncode, bad.stderr.strip().splitlines()[-1]) == (2, f"metaq http: error: argument {option}: {why}"), bad.stderr
+        assert "Traceback" not in bad.stderr
     no_zk = metaq("--zk", "127.0.0.1:1", "--zk-connect-timeout", "1")
     assert no_zk.returncode == 1 and "cannot connect to ZooKeeper" in no_zk.stderr and "Traceback" not in no_zk.stderr
 

@@ -21,10 +21,17 @@ from .replication_support import assert_identical, put, request, wait_caught_up,
 
 def metaq(capsys, zk, zk_root, *argv: str) -> tuple[int, str]:
     """``metaq COMMAND ACTION --zk … --zk-root … ARGS`` in this process: (exit code, stdout + stderr)."""
+    return run_cli(capsys, *argv[:2], "--zk", zk.connect_string, "--zk-root", zk_root, *argv[2:])
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str]:
+    """``metaq ARGV`` in this process: (exit code, stdout + stderr); a usage error's exit code too."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     try:
-        code = main([*argv[:2], "--zk", zk.connect_string, "--zk-root", zk_root, *argv[2:]])
+        code = main(list(argv))
+    except SystemExit as exit_:  # argparse's usage errors
+        code = int(exit_.code or 0)
     finally:  # main() sets up logging for a process; the test session's stays as it was
         ours = getattr(root, "_metaq_handler", None)
         if ours is not None:

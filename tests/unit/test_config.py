@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import zlib
 from pathlib import Path
 
@@ -226,3 +227,21 @@ def test_zookeeper_tls_keys(tmp_path):
     (tmp_path / "only.ini").write_bytes(b"[system]\nbrokerId=0\n[zookeeper]\nzk.zkTlsCaFile=ca.pem\nzk.zkTlsCertFile=c.pem\n")
     with pytest.raises(ConfigError, match=r"give both or neither"):
         load_server_ini(tmp_path / "only.ini")
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("a" * 201, "is 201 characters long; at most 200"),
+        ("", "topic name is empty"),
+        ("a b", "may only use letters, digits"),
+        ("..", "topic name '..' is not allowed"),
+        (".", "topic name '.' is not allowed"),
+    ],
+)
+def test_a_bad_topic_name_is_refused_saying_what_is_wrong_with_it(name: str, message: str) -> None:
+    from metaq.config import check_topic_name
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_topic_name(name)
+    assert check_topic_name("a" * 200) == "a" * 200

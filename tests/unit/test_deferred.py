@@ -72,6 +72,36 @@ def test_notify_calls_each_watcher_once_and_a_withdrawn_one_never() -> None:
     assert calls == ["a"]
 
 
+def test_a_commit_alone_wakes_consumers_fetches_and_leaves_slaves_parked() -> None:
+    """``notify_committed`` (a sync master's commit after every put, a flush) wakes only the
+    fetches watching ``on_commit``; ``notify`` (an append, a drop) wakes every one, slaves'
+    first; held, a commit alone stays a commit and an append among them wakes everyone."""
+    waiters = EndWaiters()
+    woken: list[str] = []
+    waiters.watch("t", 0, lambda: woken.append("consumer"))
+    withdraw = waiters.watch("t", 0, lambda: woken.append("withdrawn slave"), on_commit=False)
+    waiters.watch("t", 0, lambda: woken.append("slave"), on_commit=False)
+    withdraw()
+    waiters.notify_committed("t", 0)
+    assert woken == ["consumer"]
+    waiters.watch("t", 0, lambda: woken.append("consumer"))
+    waiters.notify("t", 0)
+    assert woken == ["consumer", "slave", "consumer"]
+
+    woken.clear()
+    waiters.watch("t", 0, lambda: woken.append("slave"), on_commit=False)
+    waiters.watch("t", 1, lambda: woken.append("slave of t-1"), on_commit=False)
+    waiters.hold()
+    waiters.notify_committed("t", 0)
+    waiters.notify_committed("t", 1)
+    waiters.notify("t", 1)  # an append to t-1 after its commit: t-1 wakes everyone
+    waiters.notify_committed("t", 1)
+    waiters.release()
+    assert woken == ["slave of t-1"]
+    waiters.notify_all()  # the broker stopping: every fetch, whatever it waits for
+    assert woken == ["slave of t-1", "slave"]
+
+
 def test_notifies_while_held_are_delivered_once_each_at_the_outermost_release() -> None:
     """One read of pipelined puts wakes a parked fetch once, with all of them (connection.py)."""
     waiters = EndWaiters()

@@ -139,3 +139,31 @@ def test_announced_heads_change_nothing_but_what_is_skipped(frames, cuts, skips)
     for got, (header, body) in zip(out, frames):
         assert got == "skipped" or got == (header, body)
     assert decoder.buffered == 0 and decoder.announced_frame_len == 0
+
+
+@SETTINGS
+@given(st.lists(st.tuples(headers, st.binary(max_size=300)), min_size=1, max_size=6), st.binary(max_size=40),
+       st.lists(st.integers(0, 5000), max_size=10), st.lists(st.booleans(), max_size=6), st.integers(0, 400),
+       st.booleans())
+def test_used_up_and_held_say_what_next_event_and_the_buffer_would(frames, garbage, cuts, skips, max_body, eof):
+    """The connection's shortcuts (metaq/server/connection.py): ``used_up()`` is True exactly when
+    ``next_event`` would say NEED_DATA with nothing buffered, and ``held`` is the larger of what is
+    buffered and the announced frame's length, in any state (skipping, broken, closed, a frame half in)."""
+    stream = b"".join(encode_frame(h, b) for h, b in frames) + garbage
+    decoder = FrameDecoder(max_body=max_body, announce_heads=True)
+    announced = 0
+    for chunk in split(stream, cuts) + ([b""] if eof else []):
+        decoder.receive_data(chunk)
+        for _ in range(10_000):
+            assert decoder.held == max(decoder.buffered, decoder.announced_frame_len)
+            predicted = decoder.used_up()
+            event = decoder.next_event()
+            assert predicted == (event is NEED_DATA and decoder.buffered == 0), (predicted, event)
+            if event is NEED_DATA or event is CLOSED or isinstance(event, ProtocolError):
+                break
+            if isinstance(event, FrameHead):
+                if announced < len(skips) and skips[announced]:
+                    decoder.skip_frame()
+                announced += 1
+        else:
+            raise AssertionError("decoder made no progress")

@@ -664,3 +664,19 @@ def test_a_promoted_master_acks_nothing_until_its_sync_set_is_published() -> Non
         await other.sync.stop()
 
     asyncio.run(body())
+
+
+@scenario()
+async def test_consumers_are_woken_for_a_commit_a_reader_moved_before_the_slave_report_was_noted(h: Harness) -> None:
+    """A reader's ``committed()`` (a consumer's fetch, stats, a heartbeat) may be what moves
+    the committed offset, between a slave's position being recorded and the report being
+    noted: the report must still wake the consumers' parked fetches."""
+    await h.join(0)
+    h.put(100)
+    woken = h.committed_events
+    h.progress.fetched(0, T0[0], T0[1], 100, EPOCH)  # the slave's position is recorded...
+    assert h.sync.committed(*T0) == 100  # ...a reader computes committed: it moves here...
+    h.sync.slave_position(0, *T0)  # ...and then the report is noted
+    assert h.committed_events == woken + 1
+    h.sync.slave_position(0, *T0)  # nothing new: nobody woken again
+    assert h.committed_events == woken + 1

@@ -487,3 +487,22 @@ def test_a_failed_append_is_answered_500_and_logged(tmp_path: Path, caplog: pyte
     with caplog.at_level(logging.ERROR, logger="metaq.server.handlers"):
         run(scenario())
     assert any("append of 1 messages to gc-0 failed" in r.getMessage() for r in caplog.records)
+
+
+def test_a_connection_hands_every_request_the_same_context_until_its_principal_changes() -> None:
+    """``ClientConnection._context``: one RequestContext per connection (made per request before),
+    a new one the moment the principal differs (a login), naming the connection's producer claim."""
+    from metaq.security.principals import Principal
+    from metaq.server.connection import ClientConnection
+    from metaq.server.stats import BrokerStats
+
+    class Handlers:
+        stats = BrokerStats()
+
+    conn = ClientConnection(Handlers(), 1024)  # type: ignore[arg-type]
+    first = conn._context()
+    assert conn._context() is first and first.principal is None and first.peer == conn.peer
+    conn.principal = Principal("alice")  # what a login sets (``_authenticate``)
+    logged_in = conn._context()
+    assert logged_in is not first and logged_in.principal is conn.principal
+    assert conn._context() is logged_in and logged_in.verified_producer is first.verified_producer
