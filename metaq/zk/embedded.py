@@ -174,7 +174,7 @@ _handed_out: set[int] = set()
 _LOWEST_PORT = 10000
 _EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 #: Ports handed out by the processes of this user on this machine, one file per port holding
-#: the pid that took it (``_claim``): what ``_handed_out`` is to one process, across processes.
+#: the pid that took it (``_PortClaims``): what ``_handed_out`` is to one process, across processes.
 PORT_CLAIMS_DIR = Path(tempfile.gettempdir()) / f"metaq-port-claims-{os.getuid()}"
 
 
