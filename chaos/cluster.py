@@ -294,10 +294,10 @@ class ChaosCluster:
         if self.network is not None:
             self.network.up()
             self._make_zk(self.zk_nodes)
-        else:
-            self.proxy.start()
         for zk in self.zks:
             self._start_zk(zk)
+        if self.proxy is not None:
+            self.proxy.start()  # while the ZooKeeper JVMs start (the proxy is a process of its own)
         for zk in self.zks:
             zk.wait_until_serving(timeout)
         self._zk = make_kazoo_client(self.zk_connect, timeout=10)

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -55,7 +56,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from metaq.client import AsyncMessageSessionFactory, Message, MetaClientConfig, TransactionError, TransactionRolledBack
 from metaq.client.connection import BrokerConnection, ConnectionClosed
@@ -476,6 +477,26 @@ def injected_faults(faults: list[dict[str, Any]]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+class Phases:
+    """Wall seconds of a run's phases, in order (``phases`` in summary.json, one line of the
+    report): where a run's time goes, so that the chaos tests' share of the suite can be
+    read off their output directories."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(self.seconds.get(name, 0.0) + time.monotonic() - started, 2)
+
+    def line(self) -> str:
+        return "phases (s): " + ", ".join(f"{name} {seconds:.1f}" for name, seconds in self.seconds.items())
+
+
 class Run:
     def __init__(self, scenario: str, seconds: float, seed: int, out: Path, *, mode: str = "sync", groups: int = 1,
                  zk_nodes: int = 3, rate: float = 20.0, settle_timeout: float = 60.0, slaves: int = 1,
@@ -512,6 +533,7 @@ class Run:
         self.transactions = transactions
         self.consumers = ConsumerGroupLoad(self.cluster, self.history, seed, self.out) if consumer_group else None
         self.steps_done: list[dict[str, Any]] = []
+        self.phases = Phases()
         self.settle_failures: list[str] = []
         self.unavailable: list[float] = []
         self.txn_load: TransactionLoad | None = None
@@ -593,31 +615,34 @@ class Run:
                             resend_budget_s=self.liveness_bound + 5.0, transactions=self.transactions)
         self.txn_load = workload.txn_load
         load = asyncio.create_task(workload.run())
-        if self.hostile is not None:
-            await asyncio.to_thread(self.hostile.start)  # the quiet and attacked latency windows first
-        if self.consumers is not None:
-            self.consumers.start()
+        with self.phases("load start"):
+            if self.hostile is not None:
+                await asyncio.to_thread(self.hostile.start)  # the quiet and attacked latency windows first
+            if self.consumers is not None:
+                self.consumers.start()
         stop_at = time.monotonic() + self.seconds
         stopping = threading.Event()
         try:
-            side = (asyncio.to_thread(self.side_topics.run, stop_at, stopping) if self.side_topics is not None
-                    else asyncio.sleep(0))
-            results = await asyncio.gather(asyncio.to_thread(self._fault_loop, stop_at, stopping), side,
-                                           return_exceptions=True)
+            with self.phases("faults"):
+                side = (asyncio.to_thread(self.side_topics.run, stop_at, stopping) if self.side_topics is not None
+                        else asyncio.sleep(0))
+                results = await asyncio.gather(asyncio.to_thread(self._fault_loop, stop_at, stopping), side,
+                                               return_exceptions=True)
             for result in results:
                 if isinstance(result, BaseException):
                     raise result
         finally:
-            stopping.set()
-            if self.hostile is not None:
-                await asyncio.to_thread(self.hostile.stop)
-                self.history.meta["rogue"] = self.hostile.summary()
-            await asyncio.sleep(1.0)
-            workload.stopping.set()
-            await load
-            if self.consumers is not None:
-                await asyncio.to_thread(self.consumers.stop)
-            monitor.stop()
+            with self.phases("load stop"):
+                stopping.set()
+                if self.hostile is not None:
+                    await asyncio.to_thread(self.hostile.stop)
+                    self.history.meta["rogue"] = self.hostile.summary()
+                await asyncio.sleep(1.0)
+                workload.stopping.set()
+                await load
+                if self.consumers is not None:
+                    await asyncio.to_thread(self.consumers.stop)
+                monitor.stop()
 
     def execute(self) -> int:
         self.out.mkdir(parents=True, exist_ok=True)
@@ -625,31 +650,36 @@ class Run:
                             handlers=[logging.FileHandler(self.out / "runner.log"), logging.StreamHandler(sys.stderr)])
         logging.getLogger("kazoo").setLevel(logging.WARNING)
         started = time.monotonic()
-        self.cluster.start()
+        with self.phases("cluster start"):
+            self.cluster.start()
         try:
             asyncio.run(self._main())
-            healed = self.cluster.heal_all()
-            self.history.fault("heal_all", "cluster", actions=healed)
-            try:
-                self.cluster.wait_settled(max(self.settle_timeout, 120))
-            except AssertionError as exc:
-                self.settle_failures.append(f"final: {exc}")
-            if self.side_topics is not None:
-                self.side_topics.final_check()
-            if self.consumers is not None:
-                self.consumers.drain()
-            self.cluster.snapshot(self.history)
-            self._consumers_ran_to_the_end()
+            with self.phases("final settle"):
+                healed = self.cluster.heal_all()
+                self.history.fault("heal_all", "cluster", actions=healed)
+                try:
+                    self.cluster.wait_settled(max(self.settle_timeout, 120))
+                except AssertionError as exc:
+                    self.settle_failures.append(f"final: {exc}")
+            with self.phases("final reads"):
+                if self.side_topics is not None:
+                    self.side_topics.final_check()
+                if self.consumers is not None:
+                    self.consumers.drain()
+                self.cluster.snapshot(self.history)
+                self._consumers_ran_to_the_end()
         finally:
-            if self.side_topics is not None:
-                self.side_topics.close()
-            if self.consumers is not None:
-                self.consumers.kill_all()
-            self.history.close_open()
-            self.history.save(self.out / "history.json")
-            (self.out / "broker-logs.txt").write_text(self.cluster.log_report(200))
-            self.cluster.stop()
-        result = check(self.history)
+            with self.phases("cluster stop"):
+                if self.side_topics is not None:
+                    self.side_topics.close()
+                if self.consumers is not None:
+                    self.consumers.kill_all()
+                self.history.close_open()
+                self.history.save(self.out / "history.json")
+                (self.out / "broker-logs.txt").write_text(self.cluster.log_report(200))
+                self.cluster.stop()
+        with self.phases("check"):
+            result = check(self.history)
         (self.out / "check.json").write_text(json.dumps(result.to_json(), indent=1))
         report = self.report(result, time.monotonic() - started)
         (self.out / "report.txt").write_text(report)
@@ -661,7 +691,7 @@ class Run:
                    "seconds": self.seconds, "faults": faults, "injected": injected_faults(self.history.faults),
                    "stats": result.stats, "settle_failures": self.settle_failures,
                    "master_faults_without_failover": self.no_failover, "violations": len(result.violations()),
-                   "steps": self.steps_done, "hostile_problems": self.hostile_problems,
+                   "steps": self.steps_done, "phases": self.phases.seconds, "hostile_problems": self.hostile_problems,
                    "txn_problems": self.txn_problems,
                    "topic_ops": self.side_topics.summary() if self.side_topics is not None else None,
                    "rogue": self.hostile.summary() if self.hostile is not None else None}
@@ -758,6 +788,7 @@ class Run:
             *self.consumers_lines(),
             self.transactions_line(),
             self.side_topics.line() if self.side_topics is not None else "topic operations: off",
+            self.phases.line(),
             f"faults: {sum(faults.values())} {dict(sorted(faults.items()))}",
             f"operations: puts {s['puts_ok']} ok / {s['puts_fail']} failed / {s['puts_info']} unknown; "
             f"reads {s['reads']} messages in {s['gets']} fetches",

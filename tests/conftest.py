@@ -15,6 +15,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from metaq.zk.embedded import EmbeddedZooKeeper
+from tests.chaos.run_support import ChaosRuns
 from tests.harness import BrokerFactory, kazoo_client
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -27,6 +28,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         relative = item.path.resolve().relative_to(TESTS_DIR).parts
         if relative and relative[0] in ("integration", "chaos", "spark"):
             item.add_marker(relative[0])
+
+
+#: The test in progress, for the chaos runs in the background (an unmarked chaos test holds a place).
+TEST_IN_PROGRESS = pytest.StashKey["pytest.Item | None"]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    item.config.stash[TEST_IN_PROGRESS] = item
+    try:
+        yield
+    finally:
+        item.config.stash[TEST_IN_PROGRESS] = None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def chaos_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosRuns]:
+    """The session's ``@chaos_run`` runs (tests/chaos/run_support.py), started in the background
+    from the first test on, so that they go on beside the rest of the suite; the marked tests,
+    last in the session (tests/chaos/conftest.py), check their outcomes."""
+    runs = ChaosRuns(request.session.items, tmp_path_factory.mktemp,
+                     in_progress=lambda: request.config.stash.get(TEST_IN_PROGRESS, None))
+    runs.start_ahead()
+    try:
+        yield runs
+    finally:
+        runs.close()  # also a run started ahead for a test that never ran (-x, an interrupt)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -14,6 +14,7 @@ The class is written so that a member of a 3-node ensemble is the same object wi
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import importlib.util
 import logging
 import os
@@ -172,6 +173,9 @@ def find_java() -> str:
 _handed_out: set[int] = set()
 _LOWEST_PORT = 10000
 _EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+#: Ports handed out by the processes of this user on this machine, one file per port holding
+#: the pid that took it (``_PortClaims``): what ``_handed_out`` is to one process, across processes.
+PORT_CLAIMS_DIR = Path(tempfile.gettempdir()) / f"metaq-port-claims-{os.getuid()}"
 
 
 def _ephemeral_range() -> tuple[int, int]:
@@ -193,6 +197,64 @@ def _bindable(host: str, port: int) -> bool:
     return True
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _PortClaims:
+    """Claims on ports across the processes of this machine (``PORT_CLAIMS_DIR``), held while
+    the claiming process lives: a test session's brokers and a chaos run's, started side by
+    side, each check that a port is free before binding it later (or again, at a restart),
+    so each could pick the other's. Claims are taken under one ``flock``; a claim of a dead
+    process is taken over. Where the directory cannot be used, no claims: ``_handed_out``
+    alone, as before."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._lock_file: int | None = None
+
+    def __enter__(self) -> "_PortClaims | None":
+        try:
+            self.directory.mkdir(mode=0o700, exist_ok=True)
+            self._lock_file = os.open(self.directory / ".lock", os.O_CREAT | os.O_RDWR, 0o600)
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX)
+        except OSError:
+            self._release()
+            return None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        if self._lock_file is not None:
+            os.close(self._lock_file)  # closing drops the flock
+            self._lock_file = None
+
+    def claim(self, port: int) -> bool:
+        """Claim ``port`` for this process unless a live process (this one included) holds it."""
+        path = self.directory / str(port)
+        try:
+            owner = int(path.read_text() or 0)
+        except FileNotFoundError:
+            owner = 0
+        except (OSError, ValueError):
+            return False
+        if owner and _pid_alive(owner):
+            return False
+        try:
+            path.write_text(str(os.getpid()))
+        except OSError:
+            return False
+        return True
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that is free right now, and that an outgoing connection will not take later.
 
@@ -201,19 +263,22 @@ def free_port(host: str = "127.0.0.1") -> int:
     local port from. A port chosen for a broker that starts later, or restarts at the
     same address, could be taken by such a connection in between, and the broker then
     fails to bind. So the port is drawn at random from outside the ephemeral range (and
-    not one this process handed out before); ``bind(0)`` is the fallback when the range
-    leaves no room. Another process may still bind it first: that is what the check at
-    bind time is for.
+    not one this process handed out before, nor one another live process of this machine
+    claimed: ``_PortClaims``, as the test session and the chaos runs beside it each start
+    brokers); ``bind(0)`` is the fallback when the range leaves no room. A process that
+    does not claim may still bind it first: that is what the check at bind time is for.
     """
     low, high = _ephemeral_range()
     candidates = [(_LOWEST_PORT, low - 1), (high + 1, 65535)]
     candidates = [(a, b) for a, b in candidates if b - a >= 1000]
-    for _ in range(200 if candidates else 0):
-        a, b = random.choice(candidates)
-        port = random.randint(a, b)
-        if port not in _handed_out and _bindable(host, port):
-            _handed_out.add(port)
-            return port
+    with _PortClaims(PORT_CLAIMS_DIR) as claims:
+        for _ in range(200 if candidates else 0):
+            # Each range by its size: every port as likely as any other.
+            a, b = random.choices(candidates, weights=[b - a + 1 for a, b in candidates])[0]
+            port = random.randint(a, b)
+            if port not in _handed_out and _bindable(host, port) and (claims is None or claims.claim(port)):
+                _handed_out.add(port)
+                return port
     while True:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind((host, 0))

@@ -1,19 +1,25 @@
 """``python -m chaos run`` (and ``python -m chaos.transactions``) processes for the chaos
-tests, the next one started ahead.
+tests, started in the background from the session's first test on.
 
 A chaos run is mostly waiting: fault holds, session timeouts, settles (the runner, its
 brokers, ZooKeeper and proxy use about a fifth of one core). So a test marked
 ``@chaos_run(...)`` takes its run's outcome from the ``chaos_outcome`` fixture
-(tests/chaos/conftest.py), and when the test right after it in the session is marked too,
-that test's run is started at once, beside this one: at most two runs at a time, each with
-its own cluster (own ports, data dirs, ZooKeeper, proxy). Nothing about a run changes (same
-command, same seed, same checks), only when it starts.
+(tests/chaos/conftest.py), and the runs are not started by their tests: ``ChaosRuns``
+starts them in the background from the session's first test on, in the tests' order,
+two at a time (``PARALLEL_RUNS``), the next one as soon as one ends; each has its own
+cluster (own ports, data dirs, ZooKeeper, proxy). The marked tests come last in the
+session (tests/chaos/conftest.py), so their runs go on beside the rest of the suite, which
+mostly waits too (brokers, session timeouts), and a marked test mostly finds its run
+finished. Nothing about a run changes (same command, same seed, same checks), only when it
+starts. An unmarked test under tests/chaos (its own cluster, or a run it starts itself)
+takes one of the two places while it runs: no more than two chaos clusters at a time.
 
-A run marked ``alone=True`` neither starts early nor gets a neighbour (none is now). Two
-``--rogue`` runs (``hostile``) never run side by side: each one's attackers load the machine,
-which the other's put-latency check would pay for twice (chaos/hostile.py, latency_verdict);
-beside a plain run they go like any other (that check bounds the attacked window against a
-quiet one of the same run with margins for the machine's own load).
+A run marked ``alone=True`` runs with no other run and no unmarked chaos test beside it
+(none is marked so now). Two ``--rogue`` runs (``hostile``) never run side by side: each
+one's attackers load the machine, which the other's put-latency check would pay for twice
+(chaos/hostile.py, latency_verdict); beside a plain run they go like any other (that check
+bounds the attacked window against a quiet one of the same run with margins for the
+machine's own load).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +38,14 @@ from typing import Any, Callable
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+#: The unmarked tests under this directory run chaos clusters of their own.
+CHAOS_TESTS = Path(__file__).resolve().parent
 #: Seconds one run may take from its start (the runner itself waits up to 120 s for the final settle).
 RUN_TIMEOUT_S = 240.0
+#: Chaos clusters at a time: background runs plus an unmarked chaos test in progress.
+PARALLEL_RUNS = 2
+#: How often the background thread looks for a free place.
+FILL_INTERVAL_S = 0.1
 MARKER = "chaos_run"
 
 
@@ -145,6 +158,10 @@ class StartedRun:
             self._outcome = Outcome(self.spec, self.command, self.process.returncode, self.out, stderr)
         return self._outcome
 
+    @property
+    def running(self) -> bool:
+        return self.process.poll() is None
+
     def kill(self) -> None:
         if self.process.poll() is None:
             try:
@@ -155,37 +172,105 @@ class StartedRun:
 
 
 class ChaosRuns:
-    """The session's chaos runs by test: each started once; the next test's run (when it is
-    marked too) started beside the current one, unless either is ``alone`` or both are ``hostile``."""
+    """The session's chaos runs by test, each started once, in the tests' order, in the
+    background (``start_ahead``) while fewer than ``PARALLEL_RUNS`` go on: never a second
+    ``hostile`` run beside one, nothing beside an ``alone`` one, and an unmarked chaos test
+    in progress (``foreground``) counts as a run. A test waiting for a run not started yet
+    has it started first, as soon as it may start."""
 
-    def __init__(self, items: list[pytest.Item], mktemp: Callable[[str], Path]) -> None:
+    def __init__(self, items: list[pytest.Item], mktemp: Callable[[str], Path],
+                 in_progress: Callable[[], pytest.Item | None] = lambda: None) -> None:
         self.items = items
         self.mktemp = mktemp
+        #: The test in progress (tests/conftest.py): an unmarked chaos test holds a place.
+        self.in_progress = in_progress
+        #: The marked tests, in the session's order: the order their runs start in.
+        self.marked = [(item, spec) for item in items if (spec := self.spec_of(item)) is not None]
         self.runs: dict[str, StartedRun] = {}
+        self._outs: dict[str, Path] = {}
+        self._lock = threading.RLock()
+        self._wanted: str | None = None  # the run a test waits for: started before any other
+        self._halt = threading.Event()
+        self._filler: threading.Thread | None = None
 
     @staticmethod
     def spec_of(item: pytest.Item) -> RunSpec | TransactionsRunSpec | None:
         marker = item.get_closest_marker(MARKER)
         return marker.args[0] if marker is not None else None
 
-    def _start(self, item: pytest.Item, spec: RunSpec | TransactionsRunSpec) -> StartedRun:
-        if item.nodeid not in self.runs:
-            self.runs[item.nodeid] = StartedRun(spec, self.mktemp(spec.name) / "run")
-        return self.runs[item.nodeid]
+    def start_ahead(self) -> None:
+        """Start the runs in the background from now on (once). Call it from the test session's
+        thread: every run's output directory is made here (``mktemp`` is not for threads)."""
+        with self._lock:
+            if self._filler is None and self.marked:
+                for item, spec in self.marked:
+                    self._out_of(item, spec)
+                self._filler = threading.Thread(target=self._fill_loop, name="chaos-runs", daemon=True)
+                self._filler.start()
+
+    def _out_of(self, item: pytest.Item, spec: RunSpec | TransactionsRunSpec) -> Path:
+        if item.nodeid not in self._outs:
+            self._outs[item.nodeid] = self.mktemp(spec.name) / "run"
+        return self._outs[item.nodeid]
+
+    def _fill_loop(self) -> None:
+        while not self._halt.is_set() and self._fill():
+            self._halt.wait(FILL_INTERVAL_S)
+
+    @property
+    def foreground(self) -> int:
+        """1 while an unmarked test under tests/chaos is in progress (it runs a cluster of its own)."""
+        item = self.in_progress()
+        return int(item is not None and self.spec_of(item) is None and CHAOS_TESTS in Path(str(item.path)).parents)
+
+    def _may_start(self, spec: RunSpec | TransactionsRunSpec) -> bool:
+        running = [run.spec for run in self.runs.values() if run.running]
+        busy = len(running) + self.foreground
+        if busy >= PARALLEL_RUNS or any(other.alone for other in running):
+            return False
+        if spec.alone and busy:
+            return False
+        return not (spec.hostile and any(other.hostile for other in running))
+
+    def _fill(self) -> bool:
+        """Start what may start now; whether any run is still to start."""
+        with self._lock:
+            if self._halt.is_set():
+                return False
+            pending = [(item, spec) for item, spec in self.marked if item.nodeid not in self.runs]
+            if self._wanted is not None:
+                # A test waits for this one: no other run takes the place it needs.
+                pending = [(item, spec) for item, spec in pending if item.nodeid == self._wanted]
+            for item, spec in pending:
+                if self._may_start(spec):
+                    self.runs[item.nodeid] = StartedRun(spec, self._outs[item.nodeid])
+            return any(item.nodeid not in self.runs for item, _spec in self.marked)
 
     def outcome(self, item: pytest.Item) -> Outcome:
         spec = self.spec_of(item)
         assert spec is not None, f"{item.nodeid} has no @chaos_run(...) marker"
-        run = self._start(item, spec)
-        position = self.items.index(item)
-        following = self.items[position + 1] if position + 1 < len(self.items) else None
-        ahead = self.spec_of(following) if following is not None else None
-        if ahead is not None and not spec.alone and not ahead.alone and not (spec.hostile and ahead.hostile):
-            self._start(following, ahead)
-        return run.finish()
+        self.start_ahead()
+        with self._lock:
+            self._wanted = item.nodeid
+            if all(item.nodeid != marked.nodeid for marked, _spec in self.marked):
+                self.marked.append((item, spec))  # not in the session's list (a test calling it directly)
+            self._out_of(item, spec)
+        try:
+            while item.nodeid not in self.runs:
+                self._fill()
+                time.sleep(FILL_INTERVAL_S)
+        finally:
+            with self._lock:
+                self._wanted = None
+        return self.runs[item.nodeid].finish()
 
     def close(self) -> None:
-        for run in self.runs.values():
+        self._halt.set()
+        with self._lock:
+            runs = list(self.runs.values())
+        if self._filler is not None:
+            self._filler.join(10)
+        for run in runs:
             run.kill()
 
 
@@ -207,14 +292,3 @@ def checked(outcome: Outcome) -> dict[str, Any]:
     assert summary["master_faults_without_failover"] == [], report
     result["history"] = history
     return result
-
-
-def run_chaos(tmp_path: Path, scenario: str, seed: int, seconds: float = 12, mode: str = "sync",
-              zk_nodes: int = 1, *options: str) -> dict[str, Any]:
-    """One run started now and waited for (for tests that do more around their run), ``checked``."""
-    spec = RunSpec(scenario, seed, seconds, mode, zk_nodes, tuple(options))
-    run = StartedRun(spec, tmp_path / spec.name)
-    try:
-        return checked(run.finish())
-    finally:
-        run.kill()

@@ -54,7 +54,7 @@ from ..integration.failover_support import (
     wait_leads,
 )
 from ..integration.replication_support import assert_identical, request, stat, stats_lines, wait_caught_up
-from tests.chaos.run_support import run_chaos
+from tests.chaos.run_support import Outcome, chaos_run, checked
 
 pytestmark = pytest.mark.chaos
 PARTS = [(TOPIC, 0)]
@@ -252,11 +252,12 @@ def test_a_masters_segment_cut_short_while_it_was_down_is_never_served_and_fille
     readable_within(a, stream.acked)
 
 
-def test_chaos_run_corrupt_master_keeps_every_ack(tmp_path) -> None:
+@chaos_run("corrupt-master", 1, 6, "sync", 1, "--corruption")
+def test_chaos_run_corrupt_master_keeps_every_ack(chaos_outcome: Outcome) -> None:
     """The corrupt-master fault of ``python -m chaos run`` (kill -9, one payload bit of a flushed
     record flipped, restart after the hold): failover, the old master rejoins and fetches the
     bytes again, the checker finds every ack and every replica a prefix of the master."""
-    result = run_chaos(tmp_path, "corrupt-master", 1, 6, "sync", 1, "--corruption")
+    result = checked(chaos_outcome)
     s = result["stats"]
     assert s["failovers"] >= 1 and s["lost_acked"] == 0 and s["puts_ok"] > 0
     faults = [f for f in result["history"]["faults"] if f["kind"] == "corrupt-master"]

@@ -37,7 +37,7 @@ from chaos import hosts
 from chaos.cluster import SESSION_MS, ChaosCluster
 from metaq.client import ConsumerConfig, MessageSessionFactory, MetaClientConfig
 from metaq.tools.launcher import port_accepts
-from tests.chaos.run_support import run_chaos
+from tests.chaos.run_support import Outcome, chaos_run, checked
 from tests.integration.failover_support import TOPIC, fetch_all, wait_until
 from tests.integration.test_failover_silent_master import CI_ALLOWANCE_S, IN_TRANSIT_S, Sender, producers_and_consumer
 
@@ -166,18 +166,20 @@ def test_a_host_cut_from_one_peer_still_reaches_the_others(cluster: ChaosCluster
     assert reaches(cluster, slave.host, master.address, master.peer_port)
 
 
-def test_runner_silence_master_scenario_in_hosts_mode(tmp_path: Path) -> None:
-    result = run_chaos(tmp_path, "silence-master", 1, 8, "sync", 1, "--hosts", "netns")
+@chaos_run("silence-master", 1, 8, "sync", 1, "--hosts", "netns")
+def test_runner_silence_master_scenario_in_hosts_mode(chaos_outcome: Outcome) -> None:
+    result = checked(chaos_outcome)
     s = result["stats"]
     assert s["failovers"] >= 1 and s["lost_acked"] == 0 and s["puts_ok"] > 0
     assert result["history"]["meta"]["hosts"] == "netns"
     assert all(f["target"].startswith("g0-") for f in result["history"]["faults"] if f["kind"] == "silence-master")
 
 
-def test_runner_power_loss_master_scenario_in_hosts_mode(tmp_path: Path) -> None:
+@chaos_run("power-loss-master", 1, 6, "sync", 1, "--hosts", "netns", "--power-loss")
+def test_runner_power_loss_master_scenario_in_hosts_mode(chaos_outcome: Outcome) -> None:
     """``--hosts netns --power-loss`` (refused before): the shim journals the broker through
     ``ip netns exec``, the old master loses what it did not fsync and rejoins as a prefix."""
-    result = run_chaos(tmp_path, "power-loss-master", 1, 6, "sync", 1, "--hosts", "netns", "--power-loss")
+    result = checked(chaos_outcome)
     s = result["stats"]
     assert s["failovers"] >= 1 and s["lost_acked"] == 0 and s["puts_ok"] > 0
     meta = result["history"]["meta"]

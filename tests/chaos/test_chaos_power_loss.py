@@ -58,7 +58,7 @@ from ..integration.failover_support import (
     wait_leads,
 )
 from ..integration.replication_support import wait_caught_up
-from tests.chaos.run_support import run_chaos
+from tests.chaos.run_support import Outcome, chaos_run, checked
 
 pytestmark = pytest.mark.chaos
 PARTS = [(TOPIC, 0)]
@@ -308,10 +308,11 @@ def test_promoted_slave_loses_power_while_its_takeover_fsync_is_in_flight(broker
     assert_identical(master, slaves=1)
 
 
-def test_chaos_run_power_loss_master_loses_no_ack(tmp_path: Path) -> None:
+@chaos_run("power-loss-master", 1, 6, "sync", 1, "--power-loss")
+def test_chaos_run_power_loss_master_loses_no_ack(chaos_outcome: Outcome) -> None:
     """The power-loss-master fault of ``python -m chaos run`` (kill -9, unsynced writes cut,
     restart after the hold): failover, the old master rejoins, the checker finds every ack."""
-    result = run_chaos(tmp_path, "power-loss-master", 1, 6, "sync", 1, "--power-loss")
+    result = checked(chaos_outcome)
     s = result["stats"]
     assert s["failovers"] >= 1 and s["lost_acked"] == 0 and s["puts_ok"] > 0
     faults = [f for f in result["history"]["faults"] if f["kind"] == "power-loss-master"]

@@ -36,3 +36,27 @@ def test_with_no_room_outside_the_ephemeral_range_the_kernel_picks(monkeypatch):
     port = free_port()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))  # free indeed
+
+
+def test_a_port_another_live_process_took_is_not_handed_out_until_that_process_is_gone(tmp_path, monkeypatch):
+    """A test session and a chaos run beside it both start brokers: neither may pick a port the
+    other picked and has not bound yet (or bound, and freed while its broker restarts)."""
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(embedded, "PORT_CLAIMS_DIR", tmp_path / "claims")
+    script = ("import sys; from metaq.zk import embedded; from pathlib import Path; "
+              f"embedded.PORT_CLAIMS_DIR = Path({str(tmp_path / 'claims')!r}); "
+              "print(embedded.free_port(), flush=True); sys.stdin.read()")
+    other = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        taken = int(other.stdout.readline())
+        picks = iter([taken, taken, taken])
+        monkeypatch.setattr(embedded.random, "randint", lambda a, b: next(picks, a + 1))
+        assert free_port() != taken  # free to bind, but the other process's
+    finally:
+        other.stdin.close()
+        other.wait(10)
+    embedded._handed_out.discard(taken)
+    monkeypatch.setattr(embedded.random, "randint", lambda a, b: taken)
+    assert free_port() == taken  # its process is gone: the claim is taken over
