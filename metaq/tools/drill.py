@@ -521,31 +521,14 @@ class Drill:
 
 
 def listening_ports(pid: int) -> set[int]:
-    """The TCP ports process ``pid`` listens on: its sockets (``/proc/PID/fd``) found among the
-    listening ones of its network namespace (``/proc/PID/net/tcp``, ``tcp6``); empty if gone."""
-    inodes = set()
+    """The TCP ports process ``pid`` listens on, as the kernel says (psutil); empty if gone."""
+    import psutil
+
     try:
-        for fd in Path(f"/proc/{pid}/fd").iterdir():
-            try:
-                target = os.readlink(fd)
-            except OSError:  # closed meanwhile
-                continue
-            if target.startswith("socket:["):
-                inodes.add(target[len("socket:["):-1])
-    except OSError:
+        connections = psutil.Process(pid).net_connections(kind="tcp")
+    except (psutil.Error, OSError):
         return set()
-    ports = set()
-    for table in ("tcp", "tcp6"):
-        try:
-            rows = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            # sl local_address rem_address st ... inode: state 0A is LISTEN.
-            fields = row.split()
-            if len(fields) > 9 and fields[3] == "0A" and fields[9] in inodes:
-                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
+    return {c.laddr.port for c in connections if c.status == psutil.CONN_LISTEN}
 
 
 def _host_port(url: str) -> tuple[str, int]:
