@@ -100,7 +100,12 @@ def _first_tls_server(connect: str, timeout: float = 3.0) -> str | None:
 
 def tls_handshake_problem(connect: str, tls: ZkTls, timeout: float = 3.0) -> str | None:
     """Why a TLS handshake with the first reachable server of ``connect`` fails (None: it works or nobody answers)."""
-    context = ssl.create_default_context(cafile=tls.ca_file)
+    try:
+        context = ssl.create_default_context(cafile=tls.ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        # A file that exists but holds no PEM certificate: kazoo only times out on it, and
+        # this is where the one line saying why is made, so it must not raise itself.
+        return f"cannot load the CA file {tls.ca_file} (a PEM certificate bundle?): {exc}"
     context.check_hostname = tls.verify_hostname
     try:
         if tls.cert_file:
