@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
 import sys
 from typing import Any
@@ -136,8 +135,9 @@ async def consume(args: argparse.Namespace) -> int:
         summary += f"; {stats.recovered} moved to the recover store"
     if reader_gone:
         summary += "; stopped: the reader closed standard output"
-        # Python flushes stdout again at exit: point it at /dev/null so that flush cannot fail.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        from . import detach_stdout
+
+        detach_stdout()
     print(summary, file=sys.stderr)
     return 0
 
