@@ -297,9 +297,15 @@ def _delete_policy(text: str) -> str:
 
 
 def _delete_when(text: str) -> str:
+    """A Quartz cron expression, parsed here as retention will parse it: a value it would
+    refuse (an hour 25, ``L``) is refused with the file, not by the retention scheduler after
+    the rest of a reload was applied."""
+    from metaq.store.cron import QuartzCron  # here: metaq.store imports this module
+
     value = text.strip()
     if len(value.split()) not in (6, 7):
         raise ValueError(f"expected a 6-field Quartz cron expression, got {text!r}")
+    QuartzCron(value)
     return value
 
 

@@ -288,6 +288,24 @@ def test_sighup_reloads_the_users_and_always_logs_its_line(cluster):
     assert s.alive
 
 
+def test_a_reload_with_a_delete_when_retention_cannot_run_is_refused_whole(cluster):
+    """An hour 25 has six fields: it used to pass the file's check, be applied with the rest of
+    the reload, and fail in the retention scheduler (an unretrieved task exception)."""
+    s = cluster.s
+    original = s.config_path.read_text()
+    s.config_path.write_text(original.replace("[system]\n", "[system]\nunflushInterval=4321\ndeleteWhen=0 0 25 * * ?\n", 1))
+    try:
+        s._signal(signal.SIGHUP)
+        wait_for(lambda: "reload refused, still running the old configuration" in s.log_text(), 10, "the refusal line")
+    finally:
+        s.config_path.write_text(original)
+    line = next(line for line in s.log_text().splitlines() if "reload refused" in line)
+    assert "deleteWhen" in line and "bad hour value '25'" in line, line
+    assert "Task exception was never retrieved" not in s.log_text()
+    assert served_setting(s, "t", "unflushInterval") != "4321", "part of a refused reload was applied"
+    assert s.alive
+
+
 # --- parity with kafka-consumer-groups / kafka-topics ----------------------------------------------
 
 
