@@ -12,7 +12,7 @@ import os
 import sys
 
 from .. import __version__
-from ..errors import MetaqError
+from ..errors import MetaqError, UsageError
 from ..logsetup import configure as configure_logging
 from .files import check_parent_directory
 
@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.run(args) or 0)
+    except UsageError as exc:
+        print(f"metaq {args.command}: error: {exc}", file=sys.stderr)
+        return 2
     except MetaqError as exc:
         print(f"metaq {args.command}: error: {exc}", file=sys.stderr)
         return 1

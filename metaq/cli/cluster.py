@@ -203,8 +203,9 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)  # errors are reported as one line below
     if args.action != "show":
         from .admin import zk_client
-        from .cluster_remove import remove_group, remove_slave
+        from .cluster_remove import check_remove_options, remove_group, remove_slave
 
+        check_remove_options(args)  # a usage error before any connection
         with zk_client(args) as (client, paths):
             lines = (remove_group if args.action == "remove-group" else remove_slave)(args, client, paths)
         print("\n".join(lines))

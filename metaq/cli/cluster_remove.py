@@ -15,14 +15,21 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..errors import MetaqError
+from ..errors import MetaqError, UsageError
 from .login import zk_write_refused
 
 
 def _require_broker_id(args: argparse.Namespace) -> int:
     if args.broker_id is None:
-        raise MetaqError(f"metaq cluster {args.action} needs --broker-id ID")
+        raise UsageError(f"metaq cluster {args.action} needs --broker-id ID")
     return int(args.broker_id)
+
+
+def check_remove_options(args: argparse.Namespace) -> None:
+    """UsageError unless the options name what to remove (a group; a slave of it)."""
+    _require_broker_id(args)
+    if args.action == "remove-slave" and args.slave_id is None:
+        raise UsageError("metaq cluster remove-slave needs --slave-id K")
 
 
 def _alive(client: Any, paths: Any, broker_id: int) -> list[str]:
@@ -110,8 +117,7 @@ def remove_slave(args: argparse.Namespace, client: Any, paths: Any) -> list[str]
     from ..zk.paths import decode_sync_set, encode_sync_set
 
     broker_id = _require_broker_id(args)
-    if args.slave_id is None:
-        raise MetaqError("metaq cluster remove-slave needs --slave-id K")
+    check_remove_options(args)
     slave = f"slave{args.slave_id}"
     try:
         alive = _alive(client, paths, broker_id)

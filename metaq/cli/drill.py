@@ -9,7 +9,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from ..errors import MetaqError
+from ..errors import MetaqError, UsageError
 from . import numbers
 from .login import add_login_arguments, credentials, zk_connect_arg, zk_root_arg
 
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
 
     proxy = (args.proxy_url, args.proxy_name) if args.proxy_url or args.proxy_name else None
     if proxy is not None and not (args.proxy_url and args.proxy_name):
-        raise MetaqError("--proxy-url and --proxy-name go together")
+        raise UsageError("--proxy-url and --proxy-name go together")
 
     creds = credentials(args)  # before the loop: a password prompt must not block it
 

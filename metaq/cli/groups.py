@@ -35,7 +35,7 @@ from pathlib import Path
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..errors import MetaqError
+from ..errors import MetaqError, UsageError
 from . import numbers
 from .admin import (
     NEEDS_LOGIN, UNREACHABLE, Answer, add_action, add_actions, add_json_option, ask, ask_answer, no_such_topic, print_json, render_table, table_json,
@@ -290,15 +290,15 @@ def run_reset(args: argparse.Namespace) -> int:
     if args.by_duration:
         stop_at_ms = int(time.time() * 1000) - _parse_duration(args.by_duration)
     wanted = _read_offsets_file(args.from_file) if args.from_file else None
+    if not (args.all_topics or args.topic or wanted is not None):
+        raise UsageError("give --topic T or --all-topics (or --from-file)")
     with zk_client(args) as (client, paths):
         if args.all_topics:
             topics = _children(client, f"{paths.consumer_group(args.group)}/offsets")
         elif wanted is not None and not args.topic:
             topics = sorted({topic for topic, _ in wanted})
-        elif args.topic:
-            topics = [args.topic]
         else:
-            raise MetaqError("give --topic T or --all-topics (or --from-file)")
+            topics = [args.topic]
         rows = [row for topic in topics for row in read_rows(client, paths, args.group, topic)]
         if args.partition:
             rows = [row for row in rows if row.name == args.partition]

@@ -7,7 +7,7 @@ import argparse
 import asyncio
 import sys
 
-from ..errors import MetaqError
+from ..errors import MetaqError, UsageError
 from . import numbers
 from .produce import add_zk_arguments, client_config
 
@@ -40,7 +40,7 @@ def http_users(args: argparse.Namespace, https: bool):
     if args.http_users is None:
         return None
     if not https:
-        raise MetaqError("--http-users needs --tls-cert and --tls-key: Basic logins must not cross the network in the clear")
+        raise UsageError("--http-users needs --tls-cert and --tls-key: Basic logins must not cross the network in the clear")
     from ..http.auth import DEFAULT_FAILURE_BURST, DEFAULT_FAILURE_RATE, HttpUsers
     from ..security.errors import SecurityError
 
@@ -55,7 +55,7 @@ def http_users(args: argparse.Namespace, https: bool):
 def https_context(args: argparse.Namespace):
     """The listener's TLS context from --tls-cert/--tls-key (None: plain HTTP); MetaqError on a bad pair."""
     if (args.tls_cert is None) != (args.tls_key is None):
-        raise MetaqError("--tls-cert and --tls-key go together")
+        raise UsageError("--tls-cert and --tls-key go together")
     if args.tls_cert is None:
         return None
     from ..security.errors import SecurityError

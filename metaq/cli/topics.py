@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from ..errors import MetaqError
+from ..errors import MetaqError, UsageError
 from . import numbers
 from .admin import (
     add_action, add_actions, add_json_option, ask, no_such_topic, parse_settings, print_json, render_table, stats_answer, sync_set_json, sync_set_text, table_json, zk_client,
@@ -309,6 +309,8 @@ def run_create(args: argparse.Namespace) -> int:
 
 
 def run_alter(args: argparse.Namespace) -> int:
+    if args.partitions is None and not args.set:
+        raise UsageError("nothing to change: give --partitions N or --set KEY=VALUE (--set KEY= unsets an override)")
     settings = _settings(args)
     if settings.get("numPartitions") == "":
         raise MetaqError("--set numPartitions= : every topic has a partition count; it cannot be unset")

@@ -26,7 +26,7 @@ import logging
 from dataclasses import asdict
 from pathlib import Path
 
-from ..errors import MetaqError
+from ..errors import MetaqError, UsageError
 from . import numbers
 from .login import add_login_arguments, credentials, zk_connect_arg, zk_root_arg
 
@@ -50,10 +50,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.data_dir is not None:
         if args.zk is not None or args.broker_id is not None:
-            raise MetaqError("--data-dir checks files offline: give it without --zk and --broker-id")
+            raise UsageError("--data-dir checks files offline: give it without --zk and --broker-id")
         return run_offline(args.data_dir, args.topic, args.json)
     if args.zk is None or args.broker_id is None:
-        raise MetaqError("give --zk and --broker-id (a running group), or --data-dir (a stopped broker's files)")
+        raise UsageError("give --zk and --broker-id (a running group), or --data-dir (a stopped broker's files)")
     return run_group(args)
 
 

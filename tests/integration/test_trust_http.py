@@ -84,8 +84,8 @@ def test_https_gateway_logged_in_to_a_secured_group(broker_factory, zk, zk_root,
 
 def test_https_options_are_checked_before_anything_starts(tmp_path) -> None:  # type: ignore[no-untyped-def]
     plain = metaq("http", "--zk", "127.0.0.1:1", "--http-users", str(tmp_path / "security.ini"))
-    assert plain.returncode == 1 and "--http-users needs --tls-cert" in plain.stderr.decode()
+    assert plain.returncode == 2 and "--http-users needs --tls-cert" in plain.stderr.decode()
     alone = metaq("http", "--zk", "127.0.0.1:1", "--tls-cert", str(tmp_path / "c.pem"))
-    assert alone.returncode == 1 and "--tls-cert and --tls-key go together" in alone.stderr.decode()
+    assert alone.returncode == 2 and "--tls-cert and --tls-key go together" in alone.stderr.decode()
     missing = metaq("http", "--zk", "127.0.0.1:1", "--tls-cert", str(tmp_path / "c.pem"), "--tls-key", str(tmp_path / "k.pem"))
     assert missing.returncode == 1 and "c.pem" in missing.stderr.decode() and "Traceback" not in missing.stderr.decode()

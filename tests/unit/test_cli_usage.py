@@ -1,0 +1,34 @@
+"""Options that do not make a request (one an action needs is missing, two that go together
+are given apart) are usage errors: exit 2 and one line naming them, before anything connects.
+
+The ZooKeeper address is a port nothing listens on: a command that tried to connect first
+would say it cannot reach ZooKeeper (exit 1) instead.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from metaq.cli import main
+
+NOBODY = ["--zk", "127.0.0.1:1"]
+
+USAGE = [
+    (["verify"], "metaq verify: error: give --zk and --broker-id (a running group), or --data-dir"),
+    (["verify", "--data-dir", ".", *NOBODY], "metaq verify: error: --data-dir checks files offline: give it without --zk"),
+    (["cluster", "remove-group", *NOBODY], "metaq cluster: error: metaq cluster remove-group needs --broker-id ID"),
+    (["cluster", "remove-slave", *NOBODY, "--broker-id", "0"], "metaq cluster: error: metaq cluster remove-slave needs --slave-id K"),
+    (["drill", *NOBODY, "--broker-id", "0", "--proxy-url", "http://127.0.0.1:1"],
+     "metaq drill: error: --proxy-url and --proxy-name go together"),
+    (["http", *NOBODY, "--tls-cert", "c.pem"], "metaq http: error: --tls-cert and --tls-key go together"),
+    (["topics", "alter", *NOBODY, "--broker-id", "0", "--topic", "t"], "metaq topics: error: nothing to change: give --partitions N"),
+    (["groups", "reset-offsets", *NOBODY, "--group", "g", "--to-earliest"],
+     "metaq groups: error: give --topic T or --all-topics (or --from-file)"),
+]
+
+
+@pytest.mark.parametrize("argv, line", USAGE, ids=[" ".join(argv[:2]) for argv, _ in USAGE])
+def test_options_that_make_no_request_are_a_usage_error_before_any_connection(argv, line, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(line) and err.count("\n") == 1, err
