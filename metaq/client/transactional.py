@@ -305,8 +305,13 @@ class AsyncTransactionalProducer:
 
     async def begin_transaction(self, timeout_s: int = 0) -> None:
         """Open a transaction (``timeout_s``: rolled back by the broker after that; 0: its maximum)."""
+        if self.sender.fenced is not None:
+            # Nothing reaches the broker here, so the fence is checked where it was recorded:
+            # a fenced producer refuses everything, a new transaction too.
+            raise ProducerFenced(self.sender.fenced)
         if self._branch is not None:
-            raise TransactionError(f"transaction {self._branch.xid} is still open: commit or roll it back first")
+            name = f"transaction {self._branch.xid}" if self._branch.xid else "a transaction"
+            raise TransactionError(f"{name} is still open: commit or roll it back first")
         self._branch = Branch("", timeout_s)  # named at the first send, under the producer id
 
     async def send_message(self, message: Message) -> SendResult:

@@ -110,6 +110,8 @@ def test_a_new_instance_fences_the_old_one_and_its_open_transaction_is_never_see
                 await old.send_message(Message(TOPIC, b"zombie-late"))
             with pytest.raises(ProducerFenced):
                 await old.commit()  # the client stops for good once fenced
+            with pytest.raises(ProducerFenced, match=f"a newer instance of transactional id {NAME} exists"):
+                await old.begin_transaction()  # also a new transaction (docs/transactions.md: "refuses everything")
             refused = await raw(a, {"op": "transaction", "action": "end", "xid": f"TX:{pid}.{epoch - 1}:1",
                                     "producer_id": pid, "producer_epoch": epoch - 1})
             assert refused.code == c.FORBIDDEN and "fenced" in refused.message, refused.header
