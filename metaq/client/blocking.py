@@ -63,9 +63,18 @@ class LoopThread:
     def submit(self, coro: Coroutine[Any, Any, T]) -> "concurrent.futures.Future[T]":
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+    def refuse_loop_thread(self) -> None:
+        """A blocking call made in the loop thread (a listener, a callback) waits for that very
+        thread: refused every time, also where its first attempt would not need the loop."""
         if threading.current_thread() is self._thread:
             raise RuntimeError("a blocking metaq call from inside a listener would deadlock; use the asyncio API there")
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        try:
+            self.refuse_loop_thread()
+        except RuntimeError:
+            coro.close()  # never scheduled: no "coroutine was never awaited" warning
+            raise
         return self.submit(coro).result(timeout)
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
@@ -211,6 +220,7 @@ class MessageProducer:
         The selector picks once, with the first message. None when the loop thread must do
         it all (topic not read yet, a broker being skipped, no partition, a failing selector).
         """
+        self._runner.refuse_loop_thread()
         aio = self.aio
         credentials = aio.config.credentials
         if credentials.user is not None or credentials.tls_ca_file is not None:

@@ -1,0 +1,63 @@
+"""docs/client.md's Python API promises, checked against a real broker and ZooKeeper (one
+broker for the module)."""
+
+from __future__ import annotations
+
+import uuid
+import warnings
+from typing import Iterator
+
+import pytest
+
+from metaq.client import ConsumerConfig, Message, MessageSessionFactory, MetaClientConfig
+from metaq.tools.launcher import BrokerFactory, BrokerProcess
+from tests.harness import wait_until
+
+TOPIC = "orders"
+
+
+@pytest.fixture(scope="module")
+def cluster(zk, tmp_path_factory) -> Iterator[tuple[BrokerProcess, str]]:
+    root = f"/meta-{uuid.uuid4().hex[:12]}"
+    factory = BrokerFactory(tmp_path_factory.mktemp("docs-client"), zk.connect_string, root)
+    try:
+        yield factory(0, {TOPIC: 2}, system={"unflushThreshold": 0}), root
+    finally:
+        factory.stop_all()
+
+
+@pytest.fixture
+def factory(zk, cluster) -> Iterator[MessageSessionFactory]:
+    with MessageSessionFactory(MetaClientConfig(zk_connect=zk.connect_string, zk_root=cluster[1],
+                                                zk_session_timeout_ms=4000)) as f:
+        yield f
+
+
+def test_a_blocking_send_from_inside_a_listener_raises_every_time_and_stores_nothing(factory, tmp_path) -> None:
+    """'a blocking client call from inside one raises, as it would deadlock': also when the
+    producer already knows the topic (its first attempt would go on the caller's own socket)."""
+    producer = factory.create_producer()
+    assert producer.send_message(Message(TOPIC, b"trigger")).success  # the producer has read the topic
+    outcomes: list[str] = []
+
+    def listener(message: Message) -> None:
+        try:
+            result = producer.send_message(Message(TOPIC, b"from-listener"))
+            outcomes.append(f"sent: {result.success}")
+        except RuntimeError as exc:
+            outcomes.append(str(exc))
+
+    consumer = factory.create_consumer(ConsumerConfig(group="listener-sends", fetch_wait_ms=200,
+                                                      recover_dir=str(tmp_path / "recover")))
+    consumer.subscribe(TOPIC, listener=listener)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no coroutine left un-awaited
+        consumer.complete_subscribe()
+        wait_until(lambda: outcomes, 15, message="the listener to run")
+        consumer.shutdown()
+    assert outcomes and all("would deadlock" in outcome for outcome in outcomes), outcomes
+    reader = factory.create_consumer(ConsumerConfig(group="check", iterator_timeout_s=1.5,
+                                                    recover_dir=str(tmp_path / "recover")))
+    with reader.subscribe(TOPIC) as iterated:
+        assert [m.data for m in iterated] == [b"trigger"]
+    producer.close()
