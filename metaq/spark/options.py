@@ -94,9 +94,21 @@ def parse_offsets(text: str | None, option: str, default: str) -> OffsetSpec:
     return OffsetSpec(default, per_partition)
 
 
+#: Options of Spark's Kafka source that a user may carry over and that metaq refuses (no
+#: time index, docs/spark.md): named in the refusal as the user wrote them, not as the
+#: lower-cased keys Spark hands over.
+FOREIGN_OPTIONS = (
+    "startingTimestamp",
+    "startingOffsetsByTimestamp",
+    "startingOffsetsByTimestampStrategy",
+    "endingTimestamp",
+    "endingOffsetsByTimestamp",
+)
+
+
 def canonical_options(options: Mapping[str, str] | None, known: tuple[str, ...], what: str) -> dict[str, str]:
     """Options under their documented names (Spark may lower-case keys); unknown ones refused."""
-    canonical = {name.lower(): name for name in known}
+    canonical = {name.lower(): name for name in (*FOREIGN_OPTIONS, *known)}
     opts = {canonical.get(str(key).lower(), str(key)): value for key, value in dict(options or {}).items()}
     unknown = sorted(k for k in opts if k not in known and k.lower() != "path")
     if unknown:
