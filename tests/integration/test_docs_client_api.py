@@ -3,13 +3,14 @@ broker for the module)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 import warnings
 from typing import Iterator
 
 import pytest
 
-from metaq.client import ConsumerConfig, Message, MessageSessionFactory, MetaClientConfig
+from metaq.client import AsyncMessageSessionFactory, ConsumerConfig, Message, MessageSessionFactory, MetaClientConfig
 from metaq.tools.launcher import BrokerFactory, BrokerProcess
 from tests.harness import wait_until
 
@@ -61,3 +62,26 @@ def test_a_blocking_send_from_inside_a_listener_raises_every_time_and_stores_not
     with reader.subscribe(TOPIC) as iterated:
         assert [m.data for m in iterated] == [b"trigger"]
     producer.close()
+
+
+def test_buffer_memory_bounds_the_sends_made_before_the_topic_is_known(zk, cluster) -> None:
+    """'buffer_memory: bytes queued or in flight at most: then send_message_async (asyncio)
+    fails the message at once ("producer buffer full")', also for the first burst of a new
+    producer, whose sends wait for the topic's masters to be read."""
+    config = MetaClientConfig(zk_connect=zk.connect_string, zk_root=cluster[1], zk_session_timeout_ms=4000,
+                              buffer_memory=2000, batch_size=1000)
+
+    async def burst() -> list:
+        async with AsyncMessageSessionFactory(config) as factory:
+            async with factory.create_producer() as producer:
+                futures = [producer.send_message_async(Message(TOPIC, b"x" * 500)) for _ in range(10)]
+                assert producer.accumulator.buffered <= config.buffer_memory
+                await producer.flush()
+                assert producer.accumulator.buffered == 0
+                return [future.result() for future in futures]
+
+    results = asyncio.run(burst())
+    stored = [r for r in results if r.success]
+    refused = [r for r in results if not r.success]
+    assert 1 <= len(stored) <= 2000 // 500 and len(stored) + len(refused) == 10, results
+    assert all(r.error_message.startswith("producer buffer full") for r in refused), refused
