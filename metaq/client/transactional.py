@@ -94,6 +94,18 @@ class TransactionRolledBack(TransactionError):
     """The broker rolled the transaction back (timeout, failover, end(TMFAIL)); nothing of it is visible."""
 
 
+#: A branch's timeout travels as a non-negative int32 (``TransactionRequest.timeout_s``).
+MAX_TIMEOUT_S = (1 << 31) - 1
+
+
+def check_timeout(seconds: int) -> int:
+    """A transaction timeout the broker accepts, refused here rather than at the first send."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int) or not 0 <= seconds <= MAX_TIMEOUT_S:
+        raise ValueError(f"timeout_s must be an int 0..{MAX_TIMEOUT_S} (0: the broker's maxTxTimeoutInSeconds), "
+                         f"got {seconds!r}")
+    return seconds
+
+
 def xa_name(code: int) -> str:
     try:
         return Code(code).name
@@ -312,7 +324,7 @@ class AsyncTransactionalProducer:
         if self._branch is not None:
             name = f"transaction {self._branch.xid}" if self._branch.xid else "a transaction"
             raise TransactionError(f"{name} is still open: commit or roll it back first")
-        self._branch = Branch("", timeout_s)  # named at the first send, under the producer id
+        self._branch = Branch("", check_timeout(timeout_s))  # named at the first send, under the producer id
 
     async def send_message(self, message: Message) -> SendResult:
         return (await self.send_batch([message]))[0]
