@@ -29,6 +29,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Union
 
+from ..config import check_topic_name
 from ..protocol import commands as c
 from ..protocol.messages import GetRequest, OffsetRequest
 from ..protocol.replies import aborted_spans
@@ -400,6 +401,10 @@ class AsyncMessageConsumer:
             raise RuntimeError("subscribe() must come before complete_subscribe()")
         if listener is not None and batch_listener is not None:
             raise ValueError("subscribe() takes a listener or a batch_listener, not both")
+        # The name becomes ZooKeeper paths (owners, offsets): the brokers' rule, checked here.
+        check_topic_name(topic)
+        if max_size is not None and (isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1):
+            raise ValueError(f"subscribe(): max_size must be an int >= 1 (None: fetch_size), got {max_size!r}")
         accept = accept_function(message_filter) if message_filter is not None else None
         subscription = Subscription(topic, max_size or self.config.fetch_size, listener, batch_listener, accept)
         self.subscriptions[topic] = subscription

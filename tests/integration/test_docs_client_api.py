@@ -85,3 +85,17 @@ def test_buffer_memory_bounds_the_sends_made_before_the_topic_is_known(zk, clust
     refused = [r for r in results if not r.success]
     assert 1 <= len(stored) <= 2000 // 500 and len(stored) + len(refused) == 10, results
     assert all(r.error_message.startswith("producer buffer full") for r in refused), refused
+
+
+@pytest.mark.parametrize(("topic", "max_size", "named"), [
+    ("", None, "topic name is empty"),
+    ("a/b", None, "may only use letters, digits"),
+    (None, None, "topic name must be a string"),
+    (TOPIC, 0, "max_size must be an int >= 1"),
+    (TOPIC, -5, "max_size must be an int >= 1"),
+])
+def test_subscribe_refuses_a_bad_topic_or_max_size_naming_it(factory, tmp_path, topic, max_size, named) -> None:
+    consumer = factory.create_consumer(ConsumerConfig(group="bad-subscribe", recover_dir=str(tmp_path / "recover")))
+    with pytest.raises(ValueError, match=named):
+        consumer.subscribe(topic, max_size, print)
+    consumer.shutdown()

@@ -31,3 +31,4 @@ def test_plain_values_and_str_subclasses_are_taken() -> None:
     assert message == ("orders", b"x", "eu", None, None, None)
     assert type(message.attribute) is str and type(message.data) is bytes
     assert Message("orders", b"x").attribute is None
+
