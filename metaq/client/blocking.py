@@ -19,6 +19,7 @@ import operator
 import threading
 from typing import Any, Callable, Coroutine, Iterable, Iterator, TypeVar
 
+from ..errors import MetaqError
 from ..protocol.commands import OK, REASON_FIELD
 from ..protocol.messages import PutRequest
 from .accumulator import MAX_BATCH_COUNT, record_size
@@ -72,7 +73,9 @@ class LoopThread:
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         try:
             self.refuse_loop_thread()
-        except RuntimeError:
+            if self.loop.is_closed():
+                raise MetaqError("this session factory is shut down: create a new one")
+        except (RuntimeError, MetaqError):
             coro.close()  # never scheduled: no "coroutine was never awaited" warning
             raise
         return self.submit(coro).result(timeout)

@@ -10,7 +10,8 @@ from typing import Iterator
 
 import pytest
 
-from metaq.client import AsyncMessageSessionFactory, ConsumerConfig, Message, MessageSessionFactory, MetaClientConfig
+from metaq.client import (AsyncMessageSessionFactory, ConsumerConfig, Message, MessageSessionFactory, MetaClientConfig,
+                          MetaqError)
 from metaq.tools.launcher import BrokerFactory, BrokerProcess
 from tests.harness import wait_until
 
@@ -99,3 +100,22 @@ def test_subscribe_refuses_a_bad_topic_or_max_size_naming_it(factory, tmp_path, 
     with pytest.raises(ValueError, match=named):
         consumer.subscribe(topic, max_size, print)
     consumer.shutdown()
+
+
+def test_a_shut_down_factory_says_so(zk, cluster) -> None:
+    config = MetaClientConfig(zk_connect=zk.connect_string, zk_root=cluster[1], zk_session_timeout_ms=4000)
+    factory = MessageSessionFactory(config)
+    producer = factory.create_producer()
+    factory.shutdown()
+    with pytest.raises(MetaqError, match="this session factory is shut down: create a new one"):
+        factory.create_producer()
+    with pytest.raises(MetaqError, match="this session factory is shut down"):
+        producer.send_message(Message(TOPIC, b"late"))  # was: RuntimeError('Event loop is closed')
+
+    async def asyncio_side() -> None:
+        async with AsyncMessageSessionFactory(config) as aio_factory:
+            pass
+        with pytest.raises(MetaqError, match="this session factory is shut down"):
+            aio_factory.create_consumer(ConsumerConfig(group="late"))
+
+    asyncio.run(asyncio_side())
