@@ -34,3 +34,28 @@ def test_the_exactly_once_sink_takes_a_local_path_or_a_file_uri(tmp_path) -> Non
     from metaq.spark.sink import Decisions
 
     assert Decisions(str(tmp_path)).root == Decisions(f"file:{tmp_path}").root == Decisions(f"file://{tmp_path}").root == tmp_path
+
+
+@pytest.mark.parametrize(("option", "value", "named"), [
+    ("zkConnect", "host:abc", "option zkConnect: expected HOST:PORT"),
+    ("topic", "a/b", "option topic: topic name 'a/b' may only use letters, digits"),
+    ("topic", "x" * 201, "option topic: topic name .* at most 200"),
+])
+def test_a_bad_cluster_or_topic_option_fails_at_once_naming_it(option: str, value: str, named: str) -> None:
+    """docs/spark.md: "Bad options fail the query at once with one clear line naming the option"."""
+    from metaq.spark.sink_options import SinkOptions
+
+    options = {"zkConnect": "127.0.0.1:2181", "topic": "demo", option: value}
+    with pytest.raises(OptionError, match=named):
+        SourceOptions.parse(options, streaming=False)
+    with pytest.raises(OptionError, match=named):
+        SinkOptions.parse(options)
+
+
+def test_the_sinks_transaction_timeout_is_bounded_like_a_branchs() -> None:
+    from metaq.spark.sink_options import SinkOptions
+
+    base = {"zkConnect": "127.0.0.1:2181", "topic": "demo"}
+    assert SinkOptions.parse({**base, "transactionTimeoutS": str((1 << 31) - 1)}).transaction_timeout_s == (1 << 31) - 1
+    with pytest.raises(OptionError, match=r"^option transactionTimeoutS: at most 2147483647 seconds, got 2147483648$"):
+        SinkOptions.parse({**base, "transactionTimeoutS": str(1 << 31)})
