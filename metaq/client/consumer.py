@@ -158,6 +158,7 @@ class PartitionFetcher:
         self._task: asyncio.Task[None] | None = None
         self.handed: _HandedBatch | None = None  # the last batch handed to the iterating application
         self._fatal_reported: str | None = None  # the last fatal reason logged (once, not per retry)
+        self._slaveless_reported = False  # read_from='slave' found a master but no slave (said once per stretch)
 
     @property
     def position(self) -> Position | None:
@@ -224,7 +225,18 @@ class PartitionFetcher:
 
     def _choose_replica(self) -> Replica | None:
         broker = self.consumer.cluster.snapshot.brokers.get(self.partition.broker_id)
-        replica = choose_replica(broker, self.consumer.config.read_from, avoid=self.state.failed_replica)
+        read_from = self.consumer.config.read_from
+        replica = choose_replica(broker, read_from, avoid=self.state.failed_replica)
+        if replica is None and read_from == "slave" and broker is not None and broker.master:
+            # Not a failover (the master is there): the policy itself keeps this partition
+            # unread, possibly for good, so the user is told once instead of at debug level.
+            if not self._slaveless_reported:
+                self._slaveless_reported = True
+                log.warning("%s-%s: no slave of broker %d is registered and read_from='slave' never reads the master: "
+                            "waiting for a slave (read_from='prefer-slave' reads the master meanwhile)",
+                            self.topic, self.partition, self.partition.broker_id)
+        elif replica is not None:
+            self._slaveless_reported = False
         if replica != self.state.replica and replica is not None:
             if self.state.replica is not None:
                 log.info("%s-%s: now reading from broker %d %s (%s)", self.topic, self.partition, replica.broker_id, replica.role, replica.address)

@@ -119,3 +119,20 @@ def test_a_shut_down_factory_says_so(zk, cluster) -> None:
             aio_factory.create_consumer(ConsumerConfig(group="late"))
 
     asyncio.run(asyncio_side())
+
+
+def test_read_from_slave_without_a_slave_says_so_once_per_partition(factory, tmp_path, caplog) -> None:
+    """docs/client.md, "Reading from replicas": `slave` reads slaves only; with none registered
+    the consumer waits, and says why instead of staying silent."""
+    consumer = factory.create_consumer(ConsumerConfig(group="slave-only", read_from="slave", fetch_retry_max_s=0.2,
+                                                      recover_dir=str(tmp_path / "recover")))
+    consumer.subscribe(TOPIC, listener=print)
+    with caplog.at_level("DEBUG", logger="metaq.client.consumer"):
+        consumer.complete_subscribe()
+        # Each fetch attempt logs its failure at debug level: wait for several per partition.
+        wait_until(lambda: len([r for r in caplog.records if "no slave replica of broker 0" in r.getMessage()]) >= 6, 15,
+                   message="several fetch attempts without a slave")
+        consumer.shutdown()
+    warnings_ = [r.getMessage() for r in caplog.records if "no slave of broker 0" in r.getMessage()]
+    assert sorted(w.split(":")[0] for w in warnings_) == [f"{TOPIC}-0-0", f"{TOPIC}-0-1"], warnings_
+    assert "read_from='prefer-slave' reads the master meanwhile" in warnings_[0]
