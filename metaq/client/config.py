@@ -184,6 +184,9 @@ class ConsumerConfig:
     def __post_init__(self) -> None:
         if not self.group or "/" in self.group:
             raise ValueError(f"consumer group must be a non-empty name without '/', got {self.group!r}")
+        if not isinstance(self.consumer_id, str) or not self.consumer_id or "/" in self.consumer_id:
+            # It names the member's ZooKeeper node (ids/{group}_{consumer_id}): one path component.
+            raise ValueError(f"consumer_id must be a non-empty name without '/', got {self.consumer_id!r}")
         if self.read_from not in READ_FROM_CHOICES:
             raise ValueError(f"read_from must be one of {', '.join(READ_FROM_CHOICES)}, got {self.read_from!r}")
         _check_bounds(

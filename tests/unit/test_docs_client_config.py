@@ -14,6 +14,7 @@ CLIENT_BAD_VALUES = [
 ]
 
 CONSUMER_BAD_VALUES = [
+    ("consumer_id", ""), ("consumer_id", "host/1"),
     ("offset", -1), ("fetch_size", 0), ("fetch_wait_ms", -1), ("fetch_retry_min_s", 0), ("fetch_retry_max_s", 0),
     ("commit_interval_s", 0), ("max_retries", 0), ("recover_interval_s", 0), ("claim_timeout_s", 0),
     ("iterator_timeout_s", 0), ("iterator_timeout_s", -2.5),
