@@ -182,8 +182,9 @@ class ConsumerConfig:
     iterator_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
-        if not self.group or "/" in self.group:
-            raise ValueError(f"consumer group must be a non-empty name without '/', got {self.group!r}")
+        if not isinstance(self.group, str) or not self.group or "/" in self.group or self.group in (".", ".."):
+            # It names ZooKeeper nodes (/consumers/{group}/...), which refuse '.' and '..'.
+            raise ValueError(f"consumer group must be a non-empty name without '/' (and not '.' or '..'), got {self.group!r}")
         if not isinstance(self.consumer_id, str) or not self.consumer_id or "/" in self.consumer_id:
             # It names the member's ZooKeeper node (ids/{group}_{consumer_id}): one path component.
             raise ValueError(f"consumer_id must be a non-empty name without '/', got {self.consumer_id!r}")

@@ -52,3 +52,9 @@ def test_the_documented_defaults_and_edge_values_are_accepted() -> None:
     assert (client.send_timeout_s, client.send_max_attempts, client.batch_size) == (15.0, 100, 256 * 1024)
     consumer = ConsumerConfig(group="g", fetch_wait_ms=0, iterator_timeout_s=None, offset=0)
     assert (consumer.fetch_size, consumer.max_fetch_size, consumer.commit_interval_s) == (256 * 1024, 64 << 20, 5.0)
+
+
+@pytest.mark.parametrize("group", ["", "a/b", ".", "..", None])
+def test_a_group_that_cannot_name_a_zookeeper_node_is_refused(group: object) -> None:
+    with pytest.raises(ValueError, match="consumer group must be a non-empty name without '/'"):
+        ConsumerConfig(group=group)  # type: ignore[arg-type]
