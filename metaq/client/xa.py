@@ -28,7 +28,7 @@ from typing import NamedTuple
 from ..protocol.messages import TransactionRequest
 from ..txn.xa import Code
 from .message import Message, SendResult
-from .transactional import Branch, TransactionalSender, TransactionError, check_timeout, xa_name
+from .transactional import Branch, ProducerFenced, TransactionalSender, TransactionError, check_timeout, xa_name
 
 TMNOFLAGS = 0x00000000
 TMJOIN = 0x00200000
@@ -101,6 +101,9 @@ class AsyncXAResource:
 
     async def start(self, xid: Xid, flags: int = TMNOFLAGS) -> None:
         _check_xid(xid)
+        if self.sender.fenced is not None:
+            # A new branch reaches no broker until its first message: the fence is checked here.
+            raise ProducerFenced(self.sender.fenced)
         if flags & (TMJOIN | TMRESUME):
             branch = self._known(xid)
             if branch.started:

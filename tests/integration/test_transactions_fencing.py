@@ -260,6 +260,8 @@ def test_an_xa_instance_fences_the_old_ones_unprepared_branch_and_leaves_its_pre
             await resource.commit(fresh, one_phase=True)
             with pytest.raises(ProducerFenced):
                 await old_resource.prepare(unprepared)
+            with pytest.raises(ProducerFenced):
+                await old_resource.start(Xid(3, b"after-the-fence"))  # a fenced resource refuses everything
             assert await resource.recover() == [prepared]  # the prepared branch waits for its transaction manager
             await resource.commit(prepared, one_phase=False)
             assert await visible_all(a) == sorted([str(fresh).encode(), str(prepared).encode()])

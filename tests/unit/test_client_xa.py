@@ -21,6 +21,7 @@ class NoBroker:
     """A sender that must not be asked anything: these calls are decided in the client."""
 
     broker_id = None
+    fenced = None  # a state the resource reads, not a call to a broker
 
     def __getattr__(self, name: str) -> object:
         raise AssertionError(f"the resource called sender.{name}")
