@@ -64,10 +64,14 @@ class LoopThread:
     def submit(self, coro: Coroutine[Any, Any, T]) -> "concurrent.futures.Future[T]":
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
+    def in_loop_thread(self) -> bool:
+        """Whether the caller is the loop thread itself (a listener, a result callback)."""
+        return threading.current_thread() is self._thread
+
     def refuse_loop_thread(self) -> None:
         """A blocking call made in the loop thread (a listener, a callback) waits for that very
         thread: refused every time, also where its first attempt would not need the loop."""
-        if threading.current_thread() is self._thread:
+        if self.in_loop_thread():
             raise RuntimeError("a blocking metaq call from inside a listener would deadlock; use the asyncio API there")
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
@@ -144,6 +148,12 @@ class MessageProducer:
         limit = self.aio.config.buffer_memory
         with self._queued:
             if self._queued_bytes + size > limit and self._queued_bytes:
+                if self._runner.in_loop_thread():
+                    # Room is made by the loop thread handing out results: waiting here would
+                    # freeze the whole client for send_timeout_s and then fail anyway.
+                    future.set_result(SendResult(False, error_message=f"producer buffer full ({limit} bytes buffered); "
+                                                 "a callback or listener cannot wait for room", topic=message.topic))
+                    return future
                 self._room_waiters += 1
                 try:
                     room = self._queued.wait_for(lambda: self._queued_bytes + size <= limit or not self._queued_bytes,

@@ -4,6 +4,7 @@ broker for the module)."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 import warnings
 from typing import Iterator
@@ -136,3 +137,29 @@ def test_read_from_slave_without_a_slave_says_so_once_per_partition(factory, tmp
     warnings_ = [r.getMessage() for r in caplog.records if "no slave of broker 0" in r.getMessage()]
     assert sorted(w.split(":")[0] for w in warnings_) == [f"{TOPIC}-0-0", f"{TOPIC}-0-1"], warnings_
     assert "read_from='prefer-slave' reads the master meanwhile" in warnings_[0]
+
+
+def test_a_callback_sending_into_a_full_buffer_fails_at_once_instead_of_freezing_the_client(zk, cluster) -> None:
+    """The blocking send_message_async waits for room, but not in the client's loop thread
+    (a result callback): room is made there, so waiting would freeze every producer and
+    consumer of the factory for send_timeout_s."""
+    config = MetaClientConfig(zk_connect=zk.connect_string, zk_root=cluster[1], zk_session_timeout_ms=4000,
+                              buffer_memory=2000, batch_size=1000, send_timeout_s=3)
+    with MessageSessionFactory(config) as factory, factory.create_producer() as producer:
+        assert producer.send_message(Message(TOPIC, b"warm-up")).success
+        refilled: list = []
+        took: list[float] = []
+
+        def refill(result) -> None:
+            started = time.monotonic()
+            refilled.extend(producer.send_message_async(Message(TOPIC, b"y" * 500)) for _ in range(10))
+            took.append(time.monotonic() - started)
+
+        producer.send_message_async(Message(TOPIC, b"first"), callback=refill).result(10)
+        wait_until(lambda: took, 10, message="the callback to return")
+        producer.flush()
+        results = [future.result(10) for future in refilled]
+    assert took[0] < config.send_timeout_s / 2, took  # no wait for room inside the loop thread
+    refused = [r for r in results if not r.success]
+    assert refused and all("a callback or listener cannot wait for room" in r.error_message for r in refused), results
+    assert any(r.success for r in results)
