@@ -311,7 +311,8 @@ class FrameDecoder:
         body = self._buf[body_start : body_start + body_len]
         self._pos = body_start + body_len
         if isinstance(header, Exception):
-            return BadFrame(f"frame header is not valid msgpack: {header}")
+            # Some msgpack errors (FormatError on a reserved byte such as 0xc1) have no text.
+            return BadFrame(f"frame header is not valid msgpack: {str(header) or type(header).__name__}")
         if not isinstance(header, dict):
             return BadFrame(f"frame header must be a map, got {type(header).__name__}")
         return Frame(header, body)

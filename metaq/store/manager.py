@@ -26,7 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable
 
-from metaq.config import TopicConfig
+from metaq.config import ConfigError, TopicConfig
 from metaq.store.checkpoint import checkpoint_path
 from metaq.store.cron import QuartzCron
 from metaq.store import incarnation
@@ -351,8 +351,15 @@ class MessageStoreManager:
         # fails the reload or the start with a clear error, the old schedule intact.
         schedules = {}
         for topic, config in self._topics.items():
-            parse_delete_policy(config.delete_policy)
-            schedules[topic] = QuartzCron(config.delete_when)
+            # ConfigError: `metaq broker` then exits with one line naming the key, no traceback.
+            try:
+                parse_delete_policy(config.delete_policy)
+            except ValueError as exc:
+                raise ConfigError(f"topic {topic}: deletePolicy: {exc}") from None
+            try:
+                schedules[topic] = QuartzCron(config.delete_when)
+            except ValueError as exc:
+                raise ConfigError(f"topic {topic}: deleteWhen: {exc}") from None
         for task in self._retention_tasks.values():
             task.cancel()
         loop = asyncio.get_running_loop()

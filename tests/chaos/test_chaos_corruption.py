@@ -16,6 +16,8 @@ The promises (docs/guarantees.md, C1-C4):
   missing bytes marked like a flip's: a slave cuts there and fetches them again; a master
   (restarted alone) serves an error naming them, ``metaq verify --data-dir`` reports them
   MISSING, and it fills them from its slave once one is back.
+* C7 a master's sealed segment cut short while it is down after a kill -9: the slave takes
+  over with every ack, the old master cuts at the missing range and follows, byte-identical.
 * C3 ``python -m chaos run --scenario corrupt-master --corruption``: kill -9, a flip on disk,
   restart: failover keeps every ack, the old master (now a slave) fetches the bytes again;
   the runner's workload and checker find no acked message lost.
@@ -249,6 +251,30 @@ def test_a_masters_segment_cut_short_while_it_was_down_is_never_served_and_fille
     assert not any(p.name.startswith("truncated-") for p in (b.dir / "data" / f"{TOPIC}-0").iterdir())
     wait_caught_up(a, b, PARTS)
     assert_identical(a, slaves=1)
+    readable_within(a, stream.acked)
+
+
+def test_a_master_cut_short_while_down_fails_over_and_rejoins_without_losing_an_ack(pair) -> None:
+    """C7 at broker level (the chaos runner's truncate-master fault, made certain: a sealed
+    segment is cut only once there is one): kill -9 of the master, one of its sealed segments
+    cut short on disk, the sync slave takes over with every ack; the old master restarts, cuts
+    its log at the missing range, follows, and ends a byte-identical prefix of the new master."""
+    a, b, group = pair
+    stream = PutStream(a.address, tag="c7-failover").start()
+    stream.wait_acked(300)
+    epoch = group.epoch()
+    a.kill()
+    missing_from = cut_short(a, seed=8)
+    wait_leads(b, group, epoch)
+    stream.stop()
+    assert not missing_acks(stream.acked, fetch_all(b)), "the new master lacks acked messages"
+    a.start(wait_zk=False)
+    wait_follows(a, b, group)
+    wait_until(lambda: is_prefix(a, b) and corrupt_from(a) == -1, FOUND_WITHIN_S, interval=0.1,
+               message="A to cut its log at the missing bytes and fetch them again from B")
+    assert any(p.name.startswith(f"truncated-{missing_from:020d}") for p in (a.dir / "data" / f"{TOPIC}-0").iterdir())
+    wait_caught_up(b, a, PARTS)
+    assert_identical(b, slaves=1)
     readable_within(a, stream.acked)
 
 
