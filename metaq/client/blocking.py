@@ -194,6 +194,8 @@ class MessageProducer:
             if callback is not None:
                 callback(result)
 
+        if callback is not None:
+            done.__wrapped__ = callback  # type: ignore[attr-defined]  # a failing callback is logged under its own name
         return done
 
     def send_batch(self, messages: Iterable[Message], timeout: float | None = None) -> list[SendResult]:

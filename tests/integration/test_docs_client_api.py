@@ -163,3 +163,18 @@ def test_a_callback_sending_into_a_full_buffer_fails_at_once_instead_of_freezing
     refused = [r for r in results if not r.success]
     assert refused and all("a callback or listener cannot wait for room" in r.error_message for r in refused), results
     assert any(r.success for r in results)
+
+
+def test_a_failing_send_callback_is_logged_under_its_own_name_and_sending_goes_on(factory, caplog) -> None:
+    """docs/client.md: a callback=... runs in the client's loop thread; one that raises is
+    logged (naming the application's function, not the client's wrapper) and changes nothing else."""
+    def my_failing_callback(result) -> None:
+        raise RuntimeError("boom")
+
+    with factory.create_producer() as producer, caplog.at_level("ERROR", logger="metaq.client.accumulator"):
+        futures = [producer.send_message_async(Message(TOPIC, b"cb"), callback=my_failing_callback) for _ in range(3)]
+        producer.flush()
+        assert all(future.result(10).success for future in futures)
+        assert producer.send_message_async(Message(TOPIC, b"after")).result(10).success
+    failures = [r.getMessage() for r in caplog.records if r.getMessage().startswith("send callback")]
+    assert len(failures) == 3 and all("my_failing_callback" in f for f in failures), failures
