@@ -660,14 +660,16 @@ def load_server_ini(path: str | Path) -> BrokerConfig:
 
 
 def _read_properties(text: str) -> dict[str, str]:
-    """Java .properties, the subset MetaQ's files use: key=value or key: value, # and ! comments."""
+    """Java .properties, the subset MetaQ's files use: key=value or key: value, # and ! comments
+    (and ``;``, as in server.ini, so one comment style serves both files)."""
     values: dict[str, str] = {}
     for line in text.splitlines():
         stripped = line.strip()
-        if not stripped or stripped[0] in "#!":
+        if not stripped or stripped[0] in "#!;":
             continue
-        # A trailing comment after whitespace (``slaveId=0   # unique``), as in server.ini.
-        stripped = re.sub(r"\s+[#!].*$", "", stripped)
+        # A trailing comment after whitespace (``slaveId=0   # unique``, ``slaveId=0 ; unique``),
+        # as in server.ini: docs/operations.md promises the same rule for both files.
+        stripped = re.sub(r"\s+[#!;].*$", "", stripped)
         match = re.match(r"^([^=:\s]+)\s*[=:\s]\s*(.*)$", stripped)
         if not match:
             values[stripped] = ""

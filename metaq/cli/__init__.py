@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from .. import __version__
@@ -68,6 +69,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # Standard output's reader went away (`metaq topics get ... | head -c 100`): nothing
+        # left to say and no traceback.
+        detach_stdout()
+        return 1
+
+
+def detach_stdout() -> None:
+    """Point stdout at /dev/null once its reader is gone, so Python's flush at exit cannot fail."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 if __name__ == "__main__":

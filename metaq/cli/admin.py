@@ -66,12 +66,18 @@ def zk_client(args: argparse.Namespace) -> Iterator[tuple[Any, Any]]:
 UNREACHABLE = "unreachable"
 NEEDS_LOGIN = "needs login"
 LOGIN_REFUSED = "login refused"
+#: The broker speaks TLS and the tool connected in plaintext (no --tls-ca): not "unreachable",
+#: which would send the operator looking for a dead broker.
+NEEDS_TLS = "needs TLS (--tls-ca)"
+#: TLS on one side only the other way round, or a certificate the --tls-ca CA did not sign.
+TLS_REFUSED = "TLS mismatch"
 
 
 @dataclass(frozen=True)
 class Answer:
     """A broker's reply, or why there is none: ``UNREACHABLE``, ``NEEDS_LOGIN`` (security is
-    on and no --user was given), ``LOGIN_REFUSED`` (wrong user or password) or the broker's
+    on and no --user was given), ``LOGIN_REFUSED`` (wrong user or password), ``NEEDS_TLS`` /
+    ``TLS_REFUSED`` (TLS on one side only, or an untrusted certificate) or the broker's
     refusal (``403 ...``: the user lacks a permission)."""
 
     reply: Any | None
@@ -86,20 +92,27 @@ async def ask_answer(url: str, header: dict[str, Any], timeout: float, creds: An
     covers secured and plain groups alike.
     """
     from ..addresses import parse_broker_url
-    from ..client.connection import AuthenticationFailed, Credentials
+    from ..client.connection import AuthenticationFailed, ConnectionClosed, Credentials, TlsMismatch
     from ..protocol.codes import FORBIDDEN
 
     creds = creds or Credentials()
+    tls_problem = TLS_REFUSED if creds.tls_ca_file else NEEDS_TLS
     try:
         conn = await creds.open(*parse_broker_url(url), timeout)
     except AuthenticationFailed as exc:
         if "security is not enabled" in str(exc):
             return await ask_answer(url, header, timeout, replace(creds, user=None, password=None))
         return Answer(None, LOGIN_REFUSED)
+    except TlsMismatch:
+        return Answer(None, tls_problem)
     except Exception:  # unreachable or closing
         return Answer(None, UNREACHABLE)
     try:
         reply = await conn.request(header, timeout=timeout)
+    except ConnectionClosed as exc:
+        # Not logged in, nothing was sent before the request: a TLS listener drops it unanswered.
+        diagnosed = await conn.diagnose(exc, timeout)
+        return Answer(None, tls_problem if isinstance(diagnosed, TlsMismatch) else UNREACHABLE)
     except Exception:
         return Answer(None, UNREACHABLE)
     finally:

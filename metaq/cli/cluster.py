@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import numbers
-from .admin import LOGIN_REFUSED, NEEDS_LOGIN, Answer, print_json, render_table, stats_answer, sync_set_json, sync_set_text
+from .admin import LOGIN_REFUSED, NEEDS_LOGIN, NEEDS_TLS, TLS_REFUSED, Answer, print_json, render_table, stats_answer, sync_set_json, sync_set_text
 from .login import (
     add_group_login_argument, add_group_secret_argument, add_login_arguments, credentials, group_credentials, zk_connect_arg, zk_root_arg,
 )
@@ -236,6 +236,12 @@ def unhealthy(members: list[Member]) -> list[str]:
         if m.role == "master" and m.state in (NEEDS_LOGIN, LOGIN_REFUSED):
             lines.append(f"UNKNOWN broker group {m.broker_id}: master {m.state} ({m.url}): pass --user and "
                          f"--password-file, or --group-login {m.broker_id}=USER:PASSWORD_FILE")
+        elif m.role == "master" and m.state == NEEDS_TLS:
+            lines.append(f"UNKNOWN broker group {m.broker_id}: master {m.state} ({m.url}): pass --tls-ca with the CA "
+                         f"of the brokers' certificates")
+        elif m.role == "master" and m.state == TLS_REFUSED:
+            lines.append(f"UNKNOWN broker group {m.broker_id}: master {m.state} ({m.url}): it does not speak TLS, "
+                         f"or the --tls-ca CA did not sign its certificate")
         elif m.role == "master" and m.state != "up":
             lines.append(f"UNHEALTHY broker group {m.broker_id}: master {m.state}" + ("" if m.state == NO_MASTER else f" ({m.url})"))
         elif m.stopped:

@@ -84,11 +84,22 @@ async def consume(args: argparse.Namespace) -> int:
     progress = Progress(f"consuming {args.topic}", total=args.max)
     consumer = None
 
+    reader_gone = False
+
     def listener(message: Message) -> None:
-        if args.print_offsets:
-            out.write(f"{message.partition}\t{message.offset}\t".encode())
-        out.write(message.data + b"\n")
-        out.flush()
+        nonlocal reader_gone
+        try:
+            if args.print_offsets:
+                out.write(f"{message.partition}\t{message.offset}\t".encode())
+            out.write(message.data + b"\n")
+            out.flush()
+        except BrokenPipeError:
+            # The reader closed stdout (`metaq consume ... | head -3`): stop, as --max does,
+            # instead of failing every later message into the recover store forever.
+            reader_gone = True
+            consumer.pause()
+            done.set()
+            return
         progress.advance()
         activity.set()
         if args.max is not None and progress.count >= args.max:
@@ -122,6 +133,11 @@ async def consume(args: argparse.Namespace) -> int:
     summary = f"consumed {progress.count} messages from {args.topic} in {progress.elapsed:.2f}s ({progress.rate:,.0f} msg/s)"
     if stats and stats.recovered:
         summary += f"; {stats.recovered} moved to the recover store"
+    if reader_gone:
+        summary += "; stopped: the reader closed standard output"
+        from . import detach_stdout
+
+        detach_stdout()
     print(summary, file=sys.stderr)
     return 0
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import time
 from typing import Any
 
@@ -243,11 +244,16 @@ def run_get(args: argparse.Namespace) -> int:
 
     at = datetime.fromtimestamp(msg_id_timestamp_ms(record.msg_id) / 1000, timezone.utc).isoformat(timespec="milliseconds")
     if args.json:
+        from ..http.bodies import data_json
+
         print_json({"topic": args.topic, "partition": args.partition, "offset": record.offset, "msg_id": record.msg_id,
-                    "time": at, "attribute": record.attribute, "data": record.data.decode("utf-8", "replace")})
+                    "time": at, "attribute": record.attribute, **data_json(record.data)})
     else:
         print(f"{args.topic}-{args.partition} offset {record.offset} msg id {record.msg_id} time {at} attribute {record.attribute or '-'}")
-        print(record.data.decode("utf-8", "replace"))
+        # The bytes as stored (a decode would replace what is not UTF-8): `... | tail -c +N > file` gets them back.
+        sys.stdout.flush()
+        sys.stdout.buffer.write(record.data + b"\n")
+        sys.stdout.buffer.flush()
     return 0
 
 

@@ -114,14 +114,18 @@ def produce_status(results: list[SendResult]) -> int:
 
 def message_json(message: Message, end: int, encoding: str) -> dict[str, Any]:
     out: dict[str, Any] = {"offset": message.offset, "next_offset": end, "msg_id": message.id, "attribute": message.attribute}
-    if encoding == "utf-8":
+    return {**out, **data_json(message.data, text=encoding == "utf-8")}
+
+
+def data_json(data: bytes, text: bool = True) -> dict[str, str]:
+    """A message's bytes in JSON, exactly: ``{"data": str}`` where they are UTF-8 (and ``text``),
+    else ``{"data_base64": str}``; never a lossy decode (the HTTP API and ``metaq topics get --json``)."""
+    if text:
         try:
-            out["data"] = message.data.decode("utf-8")
-            return out
+            return {"data": data.decode("utf-8")}
         except UnicodeDecodeError:
             pass  # not text: given as base64, as the field name says
-    out["data_base64"] = base64.b64encode(message.data).decode("ascii")
-    return out
+    return {"data_base64": base64.b64encode(data).decode("ascii")}
 
 
 def parse_partition(name: str) -> Partition:

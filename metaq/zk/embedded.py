@@ -455,7 +455,10 @@ class EmbeddedZooKeeper(ChildProcess):
             "ssl.protocol=TLSv1.2",
         ]
         if self.tls.client_ca_file:
-            lines += [f"ssl.trustStore.location={self.tls.client_ca_file}", "ssl.trustStore.type=PEM", "ssl.clientAuth=need"]
+            # Absolute: the JVM runs in the data directory, where a path relative to the
+            # operator's directory (`--tls-client-ca ca.pem`) names nothing.
+            trust_store = Path(self.tls.client_ca_file).resolve()
+            lines += [f"ssl.trustStore.location={trust_store}", "ssl.trustStore.type=PEM", "ssl.clientAuth=need"]
         else:
             lines += ["ssl.clientAuth=none"]
         return lines

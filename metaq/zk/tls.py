@@ -100,7 +100,12 @@ def _first_tls_server(connect: str, timeout: float = 3.0) -> str | None:
 
 def tls_handshake_problem(connect: str, tls: ZkTls, timeout: float = 3.0) -> str | None:
     """Why a TLS handshake with the first reachable server of ``connect`` fails (None: it works or nobody answers)."""
-    context = ssl.create_default_context(cafile=tls.ca_file)
+    try:
+        context = ssl.create_default_context(cafile=tls.ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        # A file that exists but holds no PEM certificate: kazoo only times out on it, and
+        # this is where the one line saying why is made, so it must not raise itself.
+        return f"cannot load the CA file {tls.ca_file} (a PEM certificate bundle?): {exc}"
     context.check_hostname = tls.verify_hostname
     try:
         if tls.cert_file:
@@ -154,6 +159,32 @@ class ZkServerTls:
             self.probe_context()
         except (OSError, ValueError, TypeError) as exc:  # ssl.SSLError is an OSError
             raise ZkTlsError(f"ZooKeeper TLS: cannot use certificate {self.cert_file} with key {self.key_file}: {exc}") from None
+        if self.client_ca_file:
+            self._check_client_ca()
+
+    def _check_client_ca(self) -> None:
+        """The client CA loads, and signed our own chain: ZooKeeper's trust manager would
+        fail on a bad file inside the JVM, and the start-up probe (``probe_context``) presents
+        the server's own certificate, so a server outside that CA would never be seen serving."""
+        from cryptography import x509
+        from cryptography.exceptions import InvalidSignature
+
+        try:
+            ssl.create_default_context(cafile=self.client_ca_file)
+            authorities = x509.load_pem_x509_certificates(Path(self.client_ca_file).read_bytes())
+        except (OSError, ValueError) as exc:
+            raise ZkTlsError(f"ZooKeeper TLS: cannot use client CA {self.client_ca_file} "
+                             f"(a PEM certificate bundle?): {exc}") from None
+        chain = x509.load_pem_x509_certificates(Path(self.cert_file).read_bytes())
+        for cert in chain:  # the leaf, or an intermediate the file carries
+            for authority in authorities:
+                try:
+                    cert.verify_directly_issued_by(authority)
+                    return
+                except (ValueError, TypeError, InvalidSignature):
+                    continue
+        raise ZkTlsError(f"ZooKeeper TLS: client CA {self.client_ca_file} did not sign {self.cert_file}; with mutual TLS "
+                         "the server's own certificate must be signed by it too (the start-up check presents it)")
 
     def key_store_pem(self) -> str:
         """ZooKeeper's PEM key store: the private key (PKCS#8) followed by the certificate chain."""

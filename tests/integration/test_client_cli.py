@@ -36,6 +36,28 @@ def test_produce_stdin_and_generated_then_consume(broker_factory, zk, zk_root, t
     rest = done.stdout.decode().splitlines()
     assert sorted(first + rest) == sorted(["alpha", "beta", "gamma"] + [f"{i:010d}".ljust(20, "x") for i in range(50)])
 
+    # `metaq consume ... | head -3`: once the reader closes the pipe the command ends, with no
+    # traceback and nothing moved to the recover store (it used to fail every later message).
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    recover = tmp_path / "piped-recover"
+    piped = subprocess.Popen([sys.executable, "-m", "metaq", "consume", *zk_args, "--group", "piped", "--from-beginning",
+                              "--recover-dir", str(recover)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO_ROOT, env=env)
+    try:
+        assert piped.stdout is not None and piped.stderr is not None
+        lines = [piped.stdout.readline() for _ in range(3)]
+        piped.stdout.close()
+        assert all(lines), lines
+        # It may have written every message into the pipe already: one more meets the closed pipe.
+        assert metaq("produce", *zk_args, stdin=b"after the reader left\n").returncode == 0
+        assert piped.wait(timeout=30) == 0
+        stderr = piped.stderr.read().decode()
+    finally:
+        if piped.poll() is None:
+            piped.kill()
+            piped.wait()
+    assert "stopped: the reader closed standard output" in stderr and "Traceback" not in stderr, stderr
+    assert "recover store" not in stderr and not any(recover.rglob("*")), stderr
+
 
 def test_bad_input_is_one_line_without_traceback(zk, zk_root) -> None:
     done = metaq("consume", "--zk", zk.connect_string, "--zk-root", zk_root, "--topic", "t", "--group", "a/b", "--max", "1")

@@ -17,6 +17,7 @@ offsets, deleting a group, one message by offset or msg id, describe's partition
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import re
 import signal
@@ -28,7 +29,7 @@ import pytest
 
 from metaq.client.connection import BrokerConnection, ConnectionClosed
 from metaq.ha.election import Handover, write_handover
-from metaq.record import iter_records
+from metaq.record import encode_batch, iter_records
 from metaq.security.credentials import SecurityFile
 from metaq.security.handshake import ClientAuthenticator
 from metaq.tools.launcher import BrokerFactory, BrokerProcess
@@ -39,6 +40,7 @@ from .failover_support import ZK_SETTINGS, Group, make_pair, sync_system, wait_f
 from .replication_support import put, request, wait_caught_up, wait_for
 from .test_topics_cli import metaq as cli
 from .trust_support import PASSWORDS, SecuredGroup
+from .trust_support import metaq as metaq_process
 
 
 class Cluster:
@@ -356,6 +358,18 @@ def test_offsets_reset_export_import_delete_and_one_message(cluster, capsys, tmp
     assert code == 0 and zk_node(cluster, cluster.paths.consumer_group("g")) is None, out
     code, out = cli(capsys, zk, root, "groups", "list", "--json")
     assert code == 0 and json.loads(out) == [], out
+
+    # A message that is not UTF-8 comes back exactly (docs/operations.md: "then the message's
+    # data"): base64 in JSON, its bytes on stdout, never a lossy decode.
+    binary = bytes(range(256))
+    stored = request(a, {"op": "put", "topic": "fo", "partition": 0}, encode_batch([(binary, None)]))
+    assert stored.ok, stored.header
+    get = ("topics", "get", "--topic", "fo", "--partition", "0-0", "--offset", str(stored["offset"]))
+    code, out = cli(capsys, zk, root, *get, "--json")
+    shown = json.loads(out)
+    assert code == 0 and "data" not in shown and base64.b64decode(shown["data_base64"]) == binary, out
+    printed = metaq_process(*get[:2], "--zk", zk.connect_string, "--zk-root", root, *get[2:])
+    assert printed.returncode == 0 and printed.stdout.split(b"\n", 1)[1] == binary + b"\n", printed.stderr
 
 
 def disk_records(broker: BrokerProcess) -> list[Any]:

@@ -8,6 +8,8 @@ and a TLS client without credentials, get nothing.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from metaq.client.connection import BrokerConnection, ConnectionClosed, Credentials
@@ -39,3 +41,12 @@ def test_tls_and_scram_end_to_end_with_the_cli(broker_factory, zk, zk_client, zk
 
     with pytest.raises((ConnectionClosed, OSError)):
         run(plaintext())
+
+    # docs/operations.md, "Cluster health": a tool left without --tls-ca says so, logged in or
+    # not, instead of calling a running TLS broker "unreachable".
+    for login_args in ([], ["--user", "app", "--password-file", str(password_file)]):
+        shown = metaq("cluster", "--zk", zk.connect_string, "--zk-root", zk_root, "--json", *login_args)
+        report = json.loads(shown.stdout)
+        assert shown.returncode == 1 and {m["state"] for m in report["members"]} == {"needs TLS (--tls-ca)"}, shown.stdout
+        assert report["problems"] == [f"UNKNOWN broker group 0: master needs TLS (--tls-ca) ({master.url}): "
+                                      "pass --tls-ca with the CA of the brokers' certificates"]

@@ -170,8 +170,23 @@ def test_metaq_zk_serves_tls_only_and_tools_reach_it_through_the_environment(cer
                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.strip() == "metaq zk: --tls-cert and --tls-key go together", bad.stderr
 
-    with metaq_zk_command("--port", "0", "--ephemeral", "--tick-ms", "200", "--tls-cert", certs.server_cert,
-                          "--tls-key", certs.server_key, "--tls-client-ca", certs.ca_file) as process:
+    # docs/operations.md: a bad file is one line before any JVM starts; with --tls-client-ca,
+    # the server's own certificate must be signed by that CA.
+    other = make_certs(tmp_path / "other", "another CA")
+    not_pem = tmp_path / "not-a-ca.pem"
+    not_pem.write_text("not a certificate\n")
+    for client_ca, says in ((str(not_pem), "cannot use client CA"), (other.ca_file, f"client CA {other.ca_file} did not sign")):
+        bad = subprocess.run([sys.executable, "-m", "metaq", "zk", "--port", "0", "--ephemeral", "--tls-cert", certs.server_cert,
+                              "--tls-key", certs.server_key, "--tls-client-ca", client_ca],
+                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and says in bad.stderr, bad.stderr
+
+    # Relative paths, as docs/security.md writes them, name files from the operator's directory
+    # (the JVM runs in the data directory).
+    relative = {name: os.path.relpath(path, REPO_ROOT) for name, path in
+                (("cert", certs.server_cert), ("key", certs.server_key), ("ca", certs.ca_file))}
+    with metaq_zk_command("--port", "0", "--ephemeral", "--tick-ms", "200", "--tls-cert", relative["cert"],
+                          "--tls-key", relative["key"], "--tls-client-ca", relative["ca"]) as process:
         line = process.stdout.readline()
         assert "serving TLS only on 127.0.0.1:" in line, line + process.stderr.read()
         address = line.split("on ", 1)[1].split()[0]

@@ -134,6 +134,14 @@ def test_metaq_style_trailing_comments_are_accepted():
     assert config.topics["a"].num_partitions == 3 and config.topics["a"].delete_when == "0 0 6,18 * * ?"
 
 
+def test_slave_properties_take_the_same_trailing_comments_as_server_ini():
+    # docs/operations.md: "a ; or # after whitespace ends the value ..., in async_slave.properties too".
+    config = parse_slave_properties(
+        "; a comment line\nslaveId=1 ; this slave's id\nslaveMaxDelayInMills=250   # ms\nslaveGroup=g ! java style\n"
+    )
+    assert (config.slave_id, config.slave_max_delay_ms, config.slave_group) == (1, 250, "g")
+
+
 @pytest.mark.parametrize("port", ["99999", "65536", "-1"])
 def test_server_port_outside_the_tcp_range_is_refused(port):
     with pytest.raises(ConfigError, match=r"c.ini: \[system\] serverPort: must be"):
