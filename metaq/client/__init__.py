@@ -6,6 +6,7 @@ Layers, bottom up (as in aiokafka): ``connection`` (one pipelined socket) and ``
 ``session`` (the asyncio factory) and ``blocking`` (the blocking facade). See docs/client.md.
 """
 
+from ..errors import MetaqError
 from .config import ConsumerConfig, MetaClientConfig
 from .consumer import AsyncMessageConsumer, ConsumerStats
 from .filters import AttributeFilter, ConsumerMessageFilter
@@ -46,6 +47,7 @@ __all__ = [
     "MessageProducer",
     "MessageSessionFactory",
     "MetaClientConfig",
+    "MetaqError",
     "NoPartitionAvailable",
     "OffsetStore",
     "Partition",

@@ -78,7 +78,8 @@ def deliver(entries: list[Entry | None], results: Iterable[SendResult], start: i
             try:
                 callback(result)
             except Exception:
-                log.exception("send callback %r failed", callback)
+                # __wrapped__: the application's callback inside the blocking facade's wrapper.
+                log.exception("send callback %r failed", getattr(callback, "__wrapped__", callback))
 
 
 def resolve(future: "asyncio.Future[SendResult]", callback: Callback | None, result: SendResult) -> None:

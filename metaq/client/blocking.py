@@ -19,6 +19,7 @@ import operator
 import threading
 from typing import Any, Callable, Coroutine, Iterable, Iterator, TypeVar
 
+from ..errors import MetaqError
 from ..protocol.commands import OK, REASON_FIELD
 from ..protocol.messages import PutRequest
 from .accumulator import MAX_BATCH_COUNT, record_size
@@ -63,9 +64,24 @@ class LoopThread:
     def submit(self, coro: Coroutine[Any, Any, T]) -> "concurrent.futures.Future[T]":
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        if threading.current_thread() is self._thread:
+    def in_loop_thread(self) -> bool:
+        """Whether the caller is the loop thread itself (a listener, a result callback)."""
+        return threading.current_thread() is self._thread
+
+    def refuse_loop_thread(self) -> None:
+        """A blocking call made in the loop thread (a listener, a callback) waits for that very
+        thread: refused every time, also where its first attempt would not need the loop."""
+        if self.in_loop_thread():
             raise RuntimeError("a blocking metaq call from inside a listener would deadlock; use the asyncio API there")
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        try:
+            self.refuse_loop_thread()
+            if self.loop.is_closed():
+                raise MetaqError("this session factory is shut down: create a new one")
+        except (RuntimeError, MetaqError):
+            coro.close()  # never scheduled: no "coroutine was never awaited" warning
+            raise
         return self.submit(coro).result(timeout)
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
@@ -132,6 +148,12 @@ class MessageProducer:
         limit = self.aio.config.buffer_memory
         with self._queued:
             if self._queued_bytes + size > limit and self._queued_bytes:
+                if self._runner.in_loop_thread():
+                    # Room is made by the loop thread handing out results: waiting here would
+                    # freeze the whole client for send_timeout_s and then fail anyway.
+                    future.set_result(SendResult(False, error_message=f"producer buffer full ({limit} bytes buffered); "
+                                                 "a callback or listener cannot wait for room", topic=message.topic))
+                    return future
                 self._room_waiters += 1
                 try:
                     room = self._queued.wait_for(lambda: self._queued_bytes + size <= limit or not self._queued_bytes,
@@ -172,6 +194,8 @@ class MessageProducer:
             if callback is not None:
                 callback(result)
 
+        if callback is not None:
+            done.__wrapped__ = callback  # type: ignore[attr-defined]  # a failing callback is logged under its own name
         return done
 
     def send_batch(self, messages: Iterable[Message], timeout: float | None = None) -> list[SendResult]:
@@ -211,6 +235,7 @@ class MessageProducer:
         The selector picks once, with the first message. None when the loop thread must do
         it all (topic not read yet, a broker being skipped, no partition, a failing selector).
         """
+        self._runner.refuse_loop_thread()
         aio = self.aio
         credentials = aio.config.credentials
         if credentials.user is not None or credentials.tls_ca_file is not None:

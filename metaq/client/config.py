@@ -17,6 +17,26 @@ READ_FROM_CHOICES = ("master", "slave", "prefer-slave")
 DEFAULT_CLIENT_DIR = Path.home() / ".metaq"
 
 
+def _check_bounds(config: object, at_least_one: tuple[str, ...] = (), positive: tuple[str, ...] = (),
+                  not_negative: tuple[str, ...] = ()) -> None:
+    """Refuse, at construction, a setting out of its bounds with one line naming the field.
+
+    Checked here and not where a value is used: a zero timeout, interval or size would
+    otherwise show up much later as a busy loop, a hang or an odd error far from its cause.
+    """
+    for names, test, bound in ((at_least_one, lambda v: v >= 1, ">= 1"), (positive, lambda v: v > 0, "> 0"),
+                               (not_negative, lambda v: v >= 0, ">= 0")):
+        for name in names:
+            value = getattr(config, name)
+            if not test(value):
+                raise ValueError(f"{name} must be {bound}, got {value!r}")
+
+
+def _check_order(config: object, low: str, high: str) -> None:
+    if getattr(config, low) > getattr(config, high):
+        raise ValueError(f"{low} must be <= {high}, got {getattr(config, low)!r} > {getattr(config, high)!r}")
+
+
 @dataclass
 class MetaClientConfig:
     """What every producer and consumer of one factory shares: ZooKeeper and timeouts."""
@@ -86,11 +106,15 @@ class MetaClientConfig:
             raise ValueError(f"zk_connect: {exc}") from None
         if not self.zk_root.startswith("/"):
             raise ValueError(f"zk_root must start with '/', got {self.zk_root!r}")
-        if self.linger_ms < 0:
-            raise ValueError(f"linger_ms must be >= 0, got {self.linger_ms}")
-        for name in ("batch_size", "buffer_memory", "max_in_flight_per_connection"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        _check_bounds(
+            self,
+            at_least_one=("zk_session_timeout_ms", "send_max_attempts", "batch_size", "buffer_memory",
+                          "max_in_flight_per_connection"),
+            positive=("request_timeout_s", "connect_timeout_s", "send_timeout_s", "send_retry_max_wait_s"),
+            # 0 ms: one immediate try (metaq produce/consume --zk-connect-timeout rounds down to whole ms).
+            not_negative=("zk_connection_timeout_ms", "send_retry_min_wait_s", "linger_ms"),
+        )
+        _check_order(self, "send_retry_min_wait_s", "send_retry_max_wait_s")
         if not 1 <= self.max_in_flight_per_partition <= 5:
             raise ValueError(f"max_in_flight_per_partition must be 1..5 (the broker remembers 5 batches "
                              f"per producer and partition), got {self.max_in_flight_per_partition}")
@@ -158,14 +182,28 @@ class ConsumerConfig:
     iterator_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
-        if not self.group or "/" in self.group:
-            raise ValueError(f"consumer group must be a non-empty name without '/', got {self.group!r}")
+        if not isinstance(self.group, str) or not self.group or "/" in self.group or self.group in (".", ".."):
+            # It names ZooKeeper nodes (/consumers/{group}/...), which refuse '.' and '..'.
+            raise ValueError(f"consumer group must be a non-empty name without '/' (and not '.' or '..'), got {self.group!r}")
+        if not isinstance(self.consumer_id, str) or not self.consumer_id or "/" in self.consumer_id:
+            # It names the member's ZooKeeper node (ids/{group}_{consumer_id}): one path component.
+            raise ValueError(f"consumer_id must be a non-empty name without '/', got {self.consumer_id!r}")
         if self.read_from not in READ_FROM_CHOICES:
             raise ValueError(f"read_from must be one of {', '.join(READ_FROM_CHOICES)}, got {self.read_from!r}")
-        if self.max_retries < 1:
-            raise ValueError("max_retries must be >= 1")
-        if self.offset < 0:
-            raise ValueError(f"offset must be >= 0, got {self.offset}")
+        _check_bounds(
+            self,
+            at_least_one=("max_retries", "fetch_size"),
+            positive=("fetch_retry_min_s", "fetch_retry_max_s", "commit_interval_s", "recover_interval_s",
+                      "claim_timeout_s"),
+            not_negative=("offset", "fetch_wait_ms"),
+        )
+        _check_order(self, "fetch_size", "max_fetch_size")
+        _check_order(self, "fetch_retry_min_s", "fetch_retry_max_s")
+        if self.iterator_timeout_s is not None and self.iterator_timeout_s <= 0:
+            raise ValueError(f"iterator_timeout_s must be > 0 or None, got {self.iterator_timeout_s!r}")
+        if self.offset_store_path and self.offset_store_url:
+            # Two stores would each hold a part of the truth: one of them must be chosen.
+            raise ValueError("offset_store_path and offset_store_url: give one of the two, not both")
         if self.from_beginning is not None:
             warnings.warn(
                 "ConsumerConfig(from_beginning=...) is deprecated: a new group now starts at the oldest message "

@@ -29,6 +29,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Union
 
+from ..config import check_topic_name
 from ..protocol import commands as c
 from ..protocol.messages import GetRequest, OffsetRequest
 from ..protocol.replies import aborted_spans
@@ -157,6 +158,7 @@ class PartitionFetcher:
         self._task: asyncio.Task[None] | None = None
         self.handed: _HandedBatch | None = None  # the last batch handed to the iterating application
         self._fatal_reported: str | None = None  # the last fatal reason logged (once, not per retry)
+        self._slaveless_reported = False  # read_from='slave' found a master but no slave (said once per stretch)
 
     @property
     def position(self) -> Position | None:
@@ -223,7 +225,18 @@ class PartitionFetcher:
 
     def _choose_replica(self) -> Replica | None:
         broker = self.consumer.cluster.snapshot.brokers.get(self.partition.broker_id)
-        replica = choose_replica(broker, self.consumer.config.read_from, avoid=self.state.failed_replica)
+        read_from = self.consumer.config.read_from
+        replica = choose_replica(broker, read_from, avoid=self.state.failed_replica)
+        if replica is None and read_from == "slave" and broker is not None and broker.master:
+            # Not a failover (the master is there): the policy itself keeps this partition
+            # unread, possibly for good, so the user is told once instead of at debug level.
+            if not self._slaveless_reported:
+                self._slaveless_reported = True
+                log.warning("%s-%s: no slave of broker %d is registered and read_from='slave' never reads the master: "
+                            "waiting for a slave (read_from='prefer-slave' reads the master meanwhile)",
+                            self.topic, self.partition, self.partition.broker_id)
+        elif replica is not None:
+            self._slaveless_reported = False
         if replica != self.state.replica and replica is not None:
             if self.state.replica is not None:
                 log.info("%s-%s: now reading from broker %d %s (%s)", self.topic, self.partition, replica.broker_id, replica.role, replica.address)
@@ -400,6 +413,10 @@ class AsyncMessageConsumer:
             raise RuntimeError("subscribe() must come before complete_subscribe()")
         if listener is not None and batch_listener is not None:
             raise ValueError("subscribe() takes a listener or a batch_listener, not both")
+        # The name becomes ZooKeeper paths (owners, offsets): the brokers' rule, checked here.
+        check_topic_name(topic)
+        if max_size is not None and (isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1):
+            raise ValueError(f"subscribe(): max_size must be an int >= 1 (None: fetch_size), got {max_size!r}")
         accept = accept_function(message_filter) if message_filter is not None else None
         subscription = Subscription(topic, max_size or self.config.fetch_size, listener, batch_listener, accept)
         self.subscriptions[topic] = subscription

@@ -53,12 +53,20 @@ def accepted(accept: Callable[[str, Message], bool], group: str, messages: Itera
     """The messages the filter accepts, in order. A filter that raises lets the message through:
     a broken filter must not make messages vanish unseen."""
     kept = []
+    failed = 0
     for message in messages:
         try:
             ok = accept(group, message)
         except Exception:
-            log.exception("message filter failed on %s-%s@%s; delivering the message", message.topic, message.partition, message.offset)
+            # One traceback per fetch: a filter broken for every message would otherwise log
+            # one per message, burying everything else in the log.
+            if not failed:
+                log.exception("message filter failed on %s-%s@%s; delivering the message",
+                              message.topic, message.partition, message.offset)
+            failed += 1
             ok = True
         if ok:
             kept.append(message)
+    if failed > 1:
+        log.error("message filter failed on %d more message(s) of the same fetch; delivered them", failed - 1)
     return kept

@@ -73,7 +73,20 @@ class Message(_MessageFields):
             if isinstance(data, str):
                 raise TypeError("Message data must be bytes, not str: encode it first, e.g. text.encode()")
             data = bytes(data)  # bytearray, memoryview...
+        if type(topic) is not str or not topic or (attribute is not None and type(attribute) is not str):  # noqa: E721
+            topic, attribute = _checked_names(topic, attribute)
         return tuple.__new__(cls, (topic, data, attribute, id, partition, offset))
+
+
+def _checked_names(topic: object, attribute: object) -> tuple[str, str | None]:
+    """The slow path of Message(): a topic and attribute that are not plain strings are refused
+    here, with the field named, instead of failing later inside a send."""
+    if not isinstance(topic, str) or not topic:
+        raise TypeError(f"Message topic must be a non-empty str, got {topic!r}")
+    if attribute is not None and not isinstance(attribute, str):
+        raise TypeError(f"Message attribute must be a str or None, got {type(attribute).__name__} {attribute!r}")
+    # str.__str__: the plain string of a str subclass (a str Enum's value, not its name).
+    return str.__str__(topic), None if attribute is None else str.__str__(attribute)
 
 
 # Not frozen: a frozen dataclass costs several times more to build, and a batch send

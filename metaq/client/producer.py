@@ -284,6 +284,9 @@ class AsyncMessageProducer:
             if waiting is None:
                 waiting = self._unpublished[topic] = []
                 self._track(asyncio.ensure_future(self._publish_then_enqueue(topic)))
+            # Counted against buffer_memory while it waits, like a parked send: a burst sent
+            # before the topic's masters are known is bounded too.
+            self.accumulator.hold(size)
             waiting.append((entry, linger))
             return
         if topic in self._parked:
@@ -308,6 +311,7 @@ class AsyncMessageProducer:
             await self.publish(topic)
         finally:
             for entry, linger in self._unpublished.pop(topic, []):
+                self.accumulator.release(entry[2])  # _enqueue counts it again where it goes
                 self._enqueue(entry, linger)
 
     def _place(self, topic: str, message: Message) -> Partition | None:

@@ -64,6 +64,15 @@ class KeyHashPartitionSelector:
         stable: bool = False,
         all_partitions: list[Partition] | None = None,
     ) -> None:
+        if not callable(key):
+            raise TypeError(f"KeyHashPartitionSelector key must be a function of the message, got {key!r}")
+        # Each without the other would silently hash over the live partitions, so keys would
+        # move while a master is away: the very thing stable=True is asked for to prevent.
+        if stable and not all_partitions:
+            raise ValueError("KeyHashPartitionSelector(stable=True) needs all_partitions=[...]: "
+                             "every partition of the topic, the list a key hashes over")
+        if all_partitions and not stable:
+            raise ValueError("KeyHashPartitionSelector: all_partitions is used only with stable=True")
         self.key = key
         self.stable = stable
         # With ``stable``: the full partition list to hash over, e.g. from the topic's config.

@@ -94,6 +94,18 @@ class TransactionRolledBack(TransactionError):
     """The broker rolled the transaction back (timeout, failover, end(TMFAIL)); nothing of it is visible."""
 
 
+#: A branch's timeout travels as a non-negative int32 (``TransactionRequest.timeout_s``).
+MAX_TIMEOUT_S = (1 << 31) - 1
+
+
+def check_timeout(seconds: int) -> int:
+    """A transaction timeout the broker accepts, refused here rather than at the first send."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int) or not 0 <= seconds <= MAX_TIMEOUT_S:
+        raise ValueError(f"timeout_s must be an int 0..{MAX_TIMEOUT_S} (0: the broker's maxTxTimeoutInSeconds), "
+                         f"got {seconds!r}")
+    return seconds
+
+
 def xa_name(code: int) -> str:
     try:
         return Code(code).name
@@ -305,9 +317,14 @@ class AsyncTransactionalProducer:
 
     async def begin_transaction(self, timeout_s: int = 0) -> None:
         """Open a transaction (``timeout_s``: rolled back by the broker after that; 0: its maximum)."""
+        if self.sender.fenced is not None:
+            # Nothing reaches the broker here, so the fence is checked where it was recorded:
+            # a fenced producer refuses everything, a new transaction too.
+            raise ProducerFenced(self.sender.fenced)
         if self._branch is not None:
-            raise TransactionError(f"transaction {self._branch.xid} is still open: commit or roll it back first")
-        self._branch = Branch("", timeout_s)  # named at the first send, under the producer id
+            name = f"transaction {self._branch.xid}" if self._branch.xid else "a transaction"
+            raise TransactionError(f"{name} is still open: commit or roll it back first")
+        self._branch = Branch("", check_timeout(timeout_s))  # named at the first send, under the producer id
 
     async def send_message(self, message: Message) -> SendResult:
         return (await self.send_batch([message]))[0]

@@ -10,7 +10,7 @@ As in JTA, ``prepare`` returns XA_OK or XA_RDONLY, and every other outcome raise
 heuristic rollback, XAER_NOTA for an unknown xid, XAER_PROTO for a call out of order).
 
 One resource is one broker group: the group of the first message sent (or the one
-given to ``xa_resource(broker_id)``, e.g. by a transaction manager recovering after
+given to ``create_xa_producer(broker_id=...)``, e.g. by a transaction manager recovering after
 its own restart). A branch the resource has not sent anything in yet lives only here:
 ``start`` reaches the broker with the first message, and such a branch votes
 read-only in ``prepare``.
@@ -28,7 +28,7 @@ from typing import NamedTuple
 from ..protocol.messages import TransactionRequest
 from ..txn.xa import Code
 from .message import Message, SendResult
-from .transactional import Branch, TransactionalSender, TransactionError, xa_name
+from .transactional import Branch, ProducerFenced, TransactionalSender, TransactionError, check_timeout, xa_name
 
 TMNOFLAGS = 0x00000000
 TMJOIN = 0x00200000
@@ -67,8 +67,10 @@ class Xid(NamedTuple):
 
 
 def _check_xid(xid: Xid) -> Xid:
-    if len(xid.gtrid) > 64 or len(xid.bqual) > 64 or not xid.gtrid:
-        raise XAError(f"bad xid {xid!r}: gtrid 1..64 bytes, bqual at most 64", int(Code.XAER_PROTO))
+    well_typed = isinstance(xid.format_id, int) and isinstance(xid.gtrid, bytes) and isinstance(xid.bqual, bytes)
+    if not well_typed or len(xid.gtrid) > 64 or len(xid.bqual) > 64 or not xid.gtrid:
+        raise XAError(f"bad xid {xid!r}: an int format_id, gtrid 1..64 bytes, bqual at most 64 bytes (bytes, not str)",
+                      int(Code.XAER_PROTO))
     return xid
 
 
@@ -84,7 +86,11 @@ class AsyncXAResource:
         self.associated: Branch | None = None
 
     def set_transaction_timeout(self, seconds: int) -> bool:
-        self.timeout_s = max(0, int(seconds))
+        """The timeout of branches started from now on (0: the broker's maxTxTimeoutInSeconds)."""
+        try:
+            self.timeout_s = check_timeout(seconds)
+        except ValueError as exc:
+            raise XAError(f"set_transaction_timeout: {exc}", int(Code.XAER_INVAL)) from None
         return True
 
     def get_transaction_timeout(self) -> int:
@@ -95,6 +101,9 @@ class AsyncXAResource:
 
     async def start(self, xid: Xid, flags: int = TMNOFLAGS) -> None:
         _check_xid(xid)
+        if self.sender.fenced is not None:
+            # A new branch reaches no broker until its first message: the fence is checked here.
+            raise ProducerFenced(self.sender.fenced)
         if flags & (TMJOIN | TMRESUME):
             branch = self._known(xid)
             if branch.started:
@@ -171,7 +180,7 @@ class AsyncXAResource:
     def _recovered(self, xid: Xid) -> Branch:
         """A branch another resource (or an earlier life of the transaction manager) started."""
         if self.sender.broker_id is None:
-            raise XAError(f"{xid}: this resource names no broker group yet (xa_resource(broker_id=...))",
+            raise XAError(f"{xid}: this resource names no broker group yet (create_xa_producer(broker_id=...))",
                           int(Code.XAER_RMERR))
         return Branch(str(_check_xid(xid)), broker_id=self.sender.broker_id, started=True)
 

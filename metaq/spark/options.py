@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from ..addresses import check_zk_connect
+from ..config import check_topic_name
 from .login import LOGIN_OPTIONS, SparkLogin
 from .options_error import OptionError
 
@@ -94,9 +96,21 @@ def parse_offsets(text: str | None, option: str, default: str) -> OffsetSpec:
     return OffsetSpec(default, per_partition)
 
 
+#: Options of Spark's Kafka source that a user may carry over and that metaq refuses (no
+#: time index, docs/spark.md): named in the refusal as the user wrote them, not as the
+#: lower-cased keys Spark hands over.
+FOREIGN_OPTIONS = (
+    "startingTimestamp",
+    "startingOffsetsByTimestamp",
+    "startingOffsetsByTimestampStrategy",
+    "endingTimestamp",
+    "endingOffsetsByTimestamp",
+)
+
+
 def canonical_options(options: Mapping[str, str] | None, known: tuple[str, ...], what: str) -> dict[str, str]:
     """Options under their documented names (Spark may lower-case keys); unknown ones refused."""
-    canonical = {name.lower(): name for name in known}
+    canonical = {name.lower(): name for name in (*FOREIGN_OPTIONS, *known)}
     opts = {canonical.get(str(key).lower(), str(key)): value for key, value in dict(options or {}).items()}
     unknown = sorted(k for k in opts if k not in known and k.lower() != "path")
     if unknown:
@@ -127,6 +141,33 @@ def positive_int(options: Mapping[str, str], name: str, default: int | None) -> 
     return value
 
 
+def cluster_options(opts: Mapping[str, str]) -> tuple[str, str]:
+    """``zkConnect`` and ``zkRoot``, checked as the client checks them, with the option named
+    (a bad connect string would otherwise fail later, inside the client, without the option's name)."""
+    zk_connect = str(opts.get("zkConnect") or "").strip()
+    if not zk_connect:
+        raise OptionError("option zkConnect is required (the ZooKeeper connect string, like '127.0.0.1:2181')")
+    try:
+        check_zk_connect(zk_connect)
+    except ValueError as exc:
+        raise OptionError(f"option zkConnect: {exc}") from None
+    zk_root = str(opts.get("zkRoot") or "/meta").strip()
+    if not zk_root.startswith("/"):
+        raise OptionError(f"option zkRoot must start with '/', got {zk_root!r}")
+    return zk_connect, zk_root
+
+
+def topic_option(opts: Mapping[str, str]) -> str | None:
+    """Option ``topic`` (None if not given), refused at once if no broker could have such a topic."""
+    topic = str(opts.get("topic") or "").strip() or None
+    if topic is not None:
+        try:
+            check_topic_name(topic)
+        except ValueError as exc:
+            raise OptionError(f"option topic: {exc}") from None
+    return topic
+
+
 @dataclass(frozen=True)
 class SourceOptions:
     zk_connect: str
@@ -148,15 +189,10 @@ class SourceOptions:
     @classmethod
     def parse(cls, options: Mapping[str, str], streaming: bool = False) -> "SourceOptions":
         opts = canonical_options(options, KNOWN_OPTIONS, "the metaq source")
-        zk_connect = str(opts.get("zkConnect") or "").strip()
-        if not zk_connect:
-            raise OptionError("option zkConnect is required (the ZooKeeper connect string, like '127.0.0.1:2181')")
-        topic = str(opts.get("topic") or "").strip()
-        if not topic:
+        zk_connect, zk_root = cluster_options(opts)
+        topic = topic_option(opts)
+        if topic is None:
             raise OptionError("option topic is required (the topic to read)")
-        zk_root = str(opts.get("zkRoot") or "/meta").strip()
-        if not zk_root.startswith("/"):
-            raise OptionError(f"option zkRoot must start with '/', got {zk_root!r}")
         read_from = str(opts.get("readFrom") or "slave").strip().lower()
         if read_from not in READ_FROM_CHOICES:
             raise OptionError(f"option readFrom must be one of {', '.join(READ_FROM_CHOICES)}; got {opts.get('readFrom')!r}")

@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
+from ..client.transactional import MAX_TIMEOUT_S
 from .login import LOGIN_OPTIONS, SparkLogin
-from .options import boolean, canonical_options, positive_int
+from .options import boolean, canonical_options, cluster_options, positive_int, topic_option
 from .options_error import OptionError
 
 #: Option names as documented (Spark may hand them lower-cased).
@@ -46,19 +47,17 @@ class SinkOptions:
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "SinkOptions":
         opts = canonical_options(options, SINK_OPTIONS, "the metaq sink")
-        zk_connect = str(opts.get("zkConnect") or "").strip()
-        if not zk_connect:
-            raise OptionError("option zkConnect is required (the ZooKeeper connect string, like '127.0.0.1:2181')")
-        zk_root = str(opts.get("zkRoot") or "/meta").strip()
-        if not zk_root.startswith("/"):
-            raise OptionError(f"option zkRoot must start with '/', got {zk_root!r}")
+        zk_connect, zk_root = cluster_options(opts)
+        timeout_s = positive_int(opts, "transactionTimeoutS", 0) or 0
+        if timeout_s > MAX_TIMEOUT_S:
+            raise OptionError(f"option transactionTimeoutS: at most {MAX_TIMEOUT_S} seconds, got {timeout_s}")
         return cls(
             zk_connect=zk_connect,
-            topic=str(opts.get("topic") or "").strip() or None,
+            topic=topic_option(opts),
             zk_root=zk_root,
             exactly_once=boolean(opts, "exactlyOnce", True),
             batch_bytes=positive_int(opts, "batchBytes", DEFAULT_BATCH_BYTES) or DEFAULT_BATCH_BYTES,
-            transaction_timeout_s=positive_int(opts, "transactionTimeoutS", 0) or 0,
+            transaction_timeout_s=timeout_s,
             checkpoint_location=str(opts.get("checkpointLocation") or "").strip() or None,
             login=SparkLogin.parse(opts),
         )

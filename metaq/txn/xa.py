@@ -115,6 +115,7 @@ class Code(enum.IntEnum):
     XAER_NOTA = -4
     XAER_DUPID = -8
     XAER_RMERR = -3  # the coordinator's own refusal (timeout capacity), never a table row
+    XAER_INVAL = -5  # the client's refusal of an invalid argument (a negative timeout), never a table row
 
 
 class Marker(enum.Enum):

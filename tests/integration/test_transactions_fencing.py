@@ -110,6 +110,8 @@ def test_a_new_instance_fences_the_old_one_and_its_open_transaction_is_never_see
                 await old.send_message(Message(TOPIC, b"zombie-late"))
             with pytest.raises(ProducerFenced):
                 await old.commit()  # the client stops for good once fenced
+            with pytest.raises(ProducerFenced, match=f"a newer instance of transactional id {NAME} exists"):
+                await old.begin_transaction()  # also a new transaction (docs/transactions.md: "refuses everything")
             refused = await raw(a, {"op": "transaction", "action": "end", "xid": f"TX:{pid}.{epoch - 1}:1",
                                     "producer_id": pid, "producer_epoch": epoch - 1})
             assert refused.code == c.FORBIDDEN and "fenced" in refused.message, refused.header
@@ -258,6 +260,8 @@ def test_an_xa_instance_fences_the_old_ones_unprepared_branch_and_leaves_its_pre
             await resource.commit(fresh, one_phase=True)
             with pytest.raises(ProducerFenced):
                 await old_resource.prepare(unprepared)
+            with pytest.raises(ProducerFenced):
+                await old_resource.start(Xid(3, b"after-the-fence"))  # a fenced resource refuses everything
             assert await resource.recover() == [prepared]  # the prepared branch waits for its transaction manager
             await resource.commit(prepared, one_phase=False)
             assert await visible_all(a) == sorted([str(fresh).encode(), str(prepared).encode()])

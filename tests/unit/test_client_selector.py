@@ -46,3 +46,14 @@ def test_stable_key_hash_fails_instead_of_moving_a_key() -> None:
     home = selector.select("a", P, message)
     with pytest.raises(NoPartitionAvailable, match="has no master"):
         selector.select("a", [p for p in P if p != home], message)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "named"), [
+    ({"key": "attribute"}, TypeError, "key must be a function of the message"),
+    ({"stable": True}, ValueError, r"stable=True\) needs all_partitions"),
+    ({"stable": True, "all_partitions": []}, ValueError, r"stable=True\) needs all_partitions"),
+    ({"all_partitions": P}, ValueError, "all_partitions is used only with stable=True"),
+])
+def test_a_key_hash_selector_that_could_not_keep_its_promise_is_refused(kwargs, error, named) -> None:
+    with pytest.raises(error, match=named):
+        KeyHashPartitionSelector(**kwargs)

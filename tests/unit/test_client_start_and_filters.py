@@ -61,3 +61,16 @@ def test_a_raising_filter_lets_the_message_through() -> None:
         return False
 
     assert [m.offset for m in accepted(broken, "g", [message("a", 0), message("a", 10)])] == [10]
+
+
+def test_a_filter_broken_for_every_message_logs_one_traceback_per_fetch(caplog: pytest.LogCaptureFixture) -> None:
+    def broken(group: str, m: Message) -> bool:
+        raise RuntimeError("boom")
+
+    fetch = [message("a", offset) for offset in range(0, 500, 10)]
+    with caplog.at_level("ERROR", logger="metaq.client.filters"):
+        assert accepted(broken, "g", fetch) == fetch  # nothing vanishes
+    tracebacks = [r for r in caplog.records if r.exc_info]
+    assert len(tracebacks) == 1 and tracebacks[0].getMessage().endswith("@0; delivering the message")
+    assert [r.getMessage() for r in caplog.records if not r.exc_info] == [
+        "message filter failed on 49 more message(s) of the same fetch; delivered them"]

@@ -8,9 +8,11 @@ XAError with XA's code, like javax.transaction.xa.XAException.
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
+from metaq.client.transactional import AsyncTransactionalProducer
 from metaq.client.xa import TMFAIL, TMJOIN, TMSUCCESS, AsyncXAResource, XAError, Xid
 from metaq.txn.xa import Code
 
@@ -19,6 +21,7 @@ class NoBroker:
     """A sender that must not be asked anything: these calls are decided in the client."""
 
     broker_id = None
+    fenced = None  # a state the resource reads, not a call to a broker
 
     def __getattr__(self, name: str) -> object:
         raise AssertionError(f"the resource called sender.{name}")
@@ -57,6 +60,8 @@ def test_a_branch_without_work_is_read_only_and_never_reaches_a_broker() -> None
     (lambda xa: xa.start(Xid(1, b"g"), 0x1), Code.XAER_PROTO),
     (lambda xa: xa.start(Xid(1, b"")), Code.XAER_PROTO),
     (lambda xa: xa.commit(Xid(1, b"elsewhere")), Code.XAER_RMERR),
+    (lambda xa: xa.start(Xid(1, "a str gtrid", b"b")), Code.XAER_PROTO),  # type: ignore[arg-type]
+    (lambda xa: xa.start(Xid(1, b"g", "a str bqual")), Code.XAER_PROTO),  # type: ignore[arg-type]
 ])
 def test_calls_out_of_order_raise_xa_codes(call, code) -> None:
     with pytest.raises(XAError) as raised:
@@ -73,3 +78,22 @@ def test_a_second_start_of_the_same_xid_is_a_duplicate() -> None:
         assert raised.value.code == Code.XAER_DUPID
 
     asyncio.run(scenario())
+
+
+def test_a_recovered_branch_without_a_group_names_the_call_that_gives_one() -> None:
+    with pytest.raises(XAError, match=r"create_xa_producer\(broker_id=\.\.\.\)"):
+        asyncio.run(resource().commit(Xid(1, b"elsewhere")))
+
+
+@pytest.mark.parametrize("seconds", [-1, 1 << 31, 2.5, "30"])
+def test_a_timeout_the_broker_would_refuse_is_refused_at_once(seconds: object) -> None:
+    xa = resource()
+    with pytest.raises(XAError, match="set_transaction_timeout: timeout_s must be an int") as raised:
+        xa.set_transaction_timeout(seconds)  # type: ignore[arg-type]
+    assert raised.value.code == Code.XAER_INVAL and xa.get_transaction_timeout() == 0
+    producer = AsyncTransactionalProducer(SimpleNamespace(fenced=None))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="timeout_s must be an int 0..2147483647"):
+        asyncio.run(producer.begin_transaction(timeout_s=seconds))  # type: ignore[arg-type]
+    assert not producer.in_transaction
+    xa.set_transaction_timeout((1 << 31) - 1)
+    assert xa.get_transaction_timeout() == (1 << 31) - 1
