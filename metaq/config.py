@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .addresses import check_zk_connect, parse_host_port
+from .cron import QuartzCron
 from .errors import MetaqError
 from .txn import config as txn_config
 from .txn.config import TxnSettings
@@ -300,12 +301,10 @@ def _delete_when(text: str) -> str:
     """A Quartz cron expression, parsed here as retention will parse it: a value it would
     refuse (an hour 25, ``L``) is refused with the file, not by the retention scheduler after
     the rest of a reload was applied."""
-    from metaq.store.cron import QuartzCron  # here: metaq.store imports this module
-
     value = text.strip()
     if len(value.split()) not in (6, 7):
         raise ValueError(f"expected a 6-field Quartz cron expression, got {text!r}")
-    QuartzCron(value)
+    QuartzCron(value)  # ValueError naming the field and the value
     return value
 
 

@@ -4,7 +4,6 @@ from metaq.store.flush import AppendTruncated, LogFlusher
 from metaq.store.log import LogCorruptError, OffsetOutOfRange, PartitionLog
 from metaq.store.manager import MessageStoreManager, UnknownPartition, UnknownTopic
 from metaq.store.msgid import MsgIdGenerator, msg_id_timestamp_ms
-from metaq.store.cron import QuartzCron
 from metaq.store.retention import DeletePolicy, parse_delete_policy
 from metaq.store.segment import LogSegment
 
@@ -18,7 +17,6 @@ __all__ = [
     "MsgIdGenerator",
     "OffsetOutOfRange",
     "PartitionLog",
-    "QuartzCron",
     "UnknownPartition",
     "UnknownTopic",
     "msg_id_timestamp_ms",

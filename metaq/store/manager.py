@@ -28,7 +28,7 @@ from typing import Callable
 
 from metaq.config import ConfigError, TopicConfig
 from metaq.store.checkpoint import checkpoint_path
-from metaq.store.cron import QuartzCron
+from metaq.cron import QuartzCron
 from metaq.store import incarnation
 from metaq.store.flush import LogFlusher
 from metaq.store.log import LogCorruptError, PartitionLog

@@ -5,7 +5,7 @@
 it to ``.zip`` with the third field ``true``. Only read-only (closed) segments whose
 mtime is older than N are touched, oldest first, so the log stays contiguous
 (``PartitionLog.detach_segments_older_than``). When to look is ``deleteWhen``
-(``metaq.store.cron``); the pass itself is ``MessageStoreManager.run_retention``.
+(``metaq.cron``); the pass itself is ``MessageStoreManager.run_retention``.
 """
 
 from __future__ import annotations

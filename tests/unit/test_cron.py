@@ -6,7 +6,7 @@ from datetime import datetime
 
 import pytest
 
-from metaq.store.cron import QuartzCron
+from metaq.cron import QuartzCron
 
 
 @pytest.mark.parametrize(
