@@ -24,7 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--broker-id", type=numbers.broker_id, required=True, help="the broker group to drill")
     parser.add_argument("--fault", choices=("kill", "stop", "partition"), default="kill", help="kill -9, SIGSTOP, or a network partition through a fault proxy (default kill)")
     parser.add_argument("--topic", help="topic to load (default: the group's first topic)")
-    parser.add_argument("--rate", type=numbers.positive, default=200.0, help="messages per second during the drill")
+    parser.add_argument("--rate", type=numbers.positive, default=200.0, help="messages per second during the drill (default 200)")
     parser.add_argument("--repeat", type=numbers.positive_int, default=1, help="run N drills back to back (p50/p99 over them)")
     parser.add_argument("--proxy-url", help="Toxiproxy API url, for --fault partition")
     parser.add_argument("--proxy-name", help="the proxy carrying the master's ZooKeeper link")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 from typing import Any, AsyncIterator
 
@@ -55,7 +56,7 @@ def client_config(args: argparse.Namespace, **settings):
         logging.getLogger("kazoo").setLevel(logging.CRITICAL)
     return MetaClientConfig(
         zk_connect=args.zk, zk_root=args.zk_root, zk_session_timeout_ms=args.zk_session_timeout_ms,
-        zk_connection_timeout_ms=int(args.zk_connect_timeout * 1000), credentials=credentials(args), **settings,
+        zk_connection_timeout_ms=math.ceil(args.zk_connect_timeout * 1000), credentials=credentials(args), **settings,
     )
 
 

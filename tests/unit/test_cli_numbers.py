@@ -69,3 +69,13 @@ def test_the_numbers_that_mean_something_pass():
     assert parser.parse_args(["groups", "reset-offsets", *ZK, "--group", "g", "--topic", "t", "--shift-by", "-2"]).shift_by == -2
     assert parser.parse_args(["consume", *ZK, "--topic", "t", "--group", "g", "--offset", "0"]).offset == 0
     assert parser.parse_args(["drill", *ZK, "--broker-id", "1023"]).broker_id == 1023
+
+
+def test_a_zookeeper_wait_under_a_millisecond_is_rounded_up_not_to_nothing():
+    from metaq.cli.produce import client_config
+
+    for command in (["produce", *ZK, "--topic", "t"], ["consume", *ZK, "--topic", "t", "--group", "g"]):
+        args = build_parser().parse_args([*command, "--zk-connect-timeout", "0.0001"])
+        assert client_config(args).zk_connection_timeout_ms == 1
+        args = build_parser().parse_args([*command, "--zk-connect-timeout", "2.5"])
+        assert client_config(args).zk_connection_timeout_ms == 2500
