@@ -43,7 +43,14 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as exc:
             print(f"error: cannot read history {args.history}: {exc}", file=sys.stderr)
             return 2
-        result = check(history)
+        try:
+            result = check(history)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            # A field deeper than History's shape check is missing or of the wrong type: the
+            # file is unreadable as a history (exit 2), not a run with violations (exit 1).
+            print(f"error: cannot check history {args.history}: malformed entry "
+                  f"({type(exc).__name__}: {exc})", file=sys.stderr)
+            return 2
         print(json.dumps(result.to_json(), indent=2) if args.json else result.report())
         return 0 if result.ok else 1
     if args.command == "run":

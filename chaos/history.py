@@ -159,6 +159,40 @@ def snapshot_partition(log_bytes: bytes, base: int = 0) -> dict[str, Any]:
     }
 
 
+OP_TYPES = ("invoke", "ok", "fail", "info")
+
+
+def check_shape(doc: dict[str, Any]) -> None:
+    """Refuse (``ValueError`` naming the first bad entry) a document whose sections are not
+    shaped as the module docstring says, so that ``python -m chaos check`` reports a broken
+    file as unreadable instead of failing inside a check on a missing field."""
+    for section, kind in (("meta", dict), ("ops", list), ("faults", list), ("failovers", list), ("final", dict)):
+        if doc.get(section) is not None and not isinstance(doc[section], kind):
+            raise ValueError(f"{section!r} is not a JSON {'object' if kind is dict else 'array'}")
+    for i, op in enumerate(doc.get("ops") or []):
+        if not isinstance(op, dict):
+            raise ValueError(f"ops[{i}] is not a JSON object")
+        if op.get("type") not in OP_TYPES:
+            raise ValueError(f"ops[{i}] has type {op.get('type')!r}, not one of {', '.join(OP_TYPES)}")
+        if not isinstance(op.get("id"), int) or not isinstance(op.get("time"), (int, float)):
+            raise ValueError(f"ops[{i}] lacks an integer 'id' or a numeric 'time'")
+    for section in ("faults", "failovers"):
+        for i, entry in enumerate(doc.get(section) or []):
+            if not isinstance(entry, dict) or not isinstance(entry.get("time"), (int, float)):
+                raise ValueError(f"{section}[{i}] is not a JSON object with a numeric 'time'")
+    replicas = (doc.get("final") or {}).get("replicas") or {}
+    if not isinstance(replicas, dict):
+        raise ValueError("final.replicas is not a JSON object")
+    for name, replica in replicas.items():
+        if (not isinstance(replica, dict) or not isinstance(replica.get("group"), int)
+                or replica.get("role") not in ("master", "slave") or not isinstance(replica.get("partitions"), dict)):
+            raise ValueError(f"final.replicas[{name!r}] lacks an integer 'group', a 'role' (master or slave) "
+                             "or a 'partitions' object")
+        for partition, snap in replica["partitions"].items():
+            if not isinstance(snap, dict) or not isinstance(snap.get("records"), list):
+                raise ValueError(f"final.replicas[{name!r}].partitions[{partition!r}] lacks a 'records' array")
+
+
 class History:
     """A recorder (thread-safe) and the loaded form of a history."""
 
@@ -300,6 +334,7 @@ class History:
     def from_json(cls, doc: dict[str, Any]) -> "History":
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise ValueError(f"not a {FORMAT} document")
+        check_shape(doc)
         history = cls(doc.get("meta"))
         history.ops = list(doc.get("ops", []))
         history.faults = list(doc.get("faults", []))
