@@ -4,7 +4,8 @@
 
     GET    /proxies                         {name: proxy, ...}               200
     POST   /proxies                         create {name, listen, upstream, enabled}
-                                            -> proxy 201; 409 if the name exists
+                                            -> proxy 201; 409 if the name exists; 400 if
+                                            enabled is not a boolean
     POST   /populate                        [proxy, ...] create or replace -> {"proxies": [...]} 201
     GET    /proxies/{p}                     proxy                            200 / 404
     POST   /proxies/{p}                     update enabled/listen/upstream -> proxy 200
@@ -48,6 +49,15 @@ from .toxics import ApiError, Toxic, parse_toxic
 log = logging.getLogger("chaos.proxy")
 
 VERSION = "2.9.0-metaq-chaos"
+
+
+def enabled_field(body: dict[str, Any], default: bool) -> bool:
+    """A proxy's ``enabled`` from a request: a JSON boolean or absent. Anything else is a 400,
+    as Toxiproxy's decoder answers: a truthy string such as ``"no"`` must not enable it."""
+    enabled = body.get("enabled", default)
+    if not isinstance(enabled, bool):
+        raise ApiError(400, f"enabled must be true or false, got {enabled!r}")
+    return enabled
 
 
 class ToxiproxyServer:
@@ -94,7 +104,7 @@ class ToxiproxyServer:
         if name in self.proxies:
             raise ApiError(409, "proxy already exists")
         proxy = Proxy(name, listen, upstream, self.rng)
-        if body.get("enabled", True):
+        if enabled_field(body, True):
             await proxy.start()
         self.proxies[name] = proxy
         return proxy
@@ -107,7 +117,7 @@ class ToxiproxyServer:
         upstream = body.get("upstream") or proxy.upstream
         split_hostport(listen)
         split_hostport(upstream)
-        enabled = body.get("enabled", proxy.enabled)
+        enabled = enabled_field(body, proxy.enabled)
         moved = listen != proxy.listen or upstream != proxy.upstream
         if moved or not enabled:
             await proxy.stop()

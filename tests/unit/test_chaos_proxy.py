@@ -148,6 +148,17 @@ def test_version_and_bad_requests(toxi, proxy_server, echo):
     assert http(proxy_server, "POST", "/proxies/p2/toxics", {"type": "latency", "toxicity": 2})[0] == 400
 
 
+def test_enabled_that_is_not_a_boolean_is_a_400_and_changes_nothing(toxi, proxy_server, echo):
+    # "no" is truthy: it used to create an enabled proxy, and {"enabled": 1} was taken as is.
+    status, body = http(proxy_server, "POST", "/proxies", {"name": "pe", "upstream": echo, "enabled": "no"})
+    assert status == 400 and "enabled" in body["error"] and "pe" not in toxi.proxies()
+    status, body = http(proxy_server, "POST", "/proxies", {"name": "pe", "upstream": echo, "enabled": False})
+    assert status == 201 and body["enabled"] is False
+    status, body = http(proxy_server, "POST", "/proxies/pe", {"enabled": 1})
+    assert status == 400 and "enabled" in body["error"]
+    assert http(proxy_server, "GET", "/proxies/pe")[1]["enabled"] is False
+
+
 def test_toxic_json_defaults_update_delete(toxi, proxy_server, echo):
     proxy = toxi.create(upstream=echo, name="p3")
     status, toxic = http(proxy_server, "POST", "/proxies/p3/toxics", {"type": "latency", "attributes": {"latency": 5}})
