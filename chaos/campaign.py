@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import random
 import signal
@@ -275,7 +276,7 @@ def add_parser(sub: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    if args.runs < 1 or args.seconds <= 0:
+    if args.runs < 1 or not (math.isfinite(args.seconds) and args.seconds > 0):  # nan and inf compare as no error
         print(f"error: --runs and --seconds must be positive, got {args.runs} and {args.seconds:g}", file=sys.stderr)
         return 2
     try:

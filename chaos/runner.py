@@ -51,6 +51,7 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import random
 import sys
 import threading
@@ -887,9 +888,12 @@ def main(args: argparse.Namespace) -> int:
         print(f"error: unknown scenario {args.scenario!r}; choose from {', '.join(scenario_names())}", file=sys.stderr)
         return 2
     out = Path(args.out or f"/tmp/chaos-{args.scenario}-{args.seed}")
-    if args.liveness_bound is not None and args.liveness_bound <= 0:
-        print(f"error: --liveness-bound must be positive, got {args.liveness_bound:g}", file=sys.stderr)
-        return 2
+    # Checked before any process starts: a rate of 0 divided by zero in every producer once
+    # the cluster was up, a negative or infinite one made them put without pause.
+    for flag, value in (("--seconds", args.seconds), ("--rate", args.rate), ("--liveness-bound", args.liveness_bound)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            print(f"error: {flag} must be a positive number, got {value:g}", file=sys.stderr)
+            return 2
     if args.secure and args.insecure:
         print("error: --secure and --insecure contradict each other; give one", file=sys.stderr)
         return 2

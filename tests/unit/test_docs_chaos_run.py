@@ -1,0 +1,31 @@
+"""docs/chaos.md, "How to run": ``python -m chaos run`` and ``campaign`` refuse numbers that
+make no run (exit 2, one line naming the flag) before any process starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from chaos.__main__ import main
+
+
+@pytest.mark.parametrize("flags", [
+    ["--seconds", "0"], ["--seconds", "-3"], ["--seconds", "inf"],
+    # A rate of 0 divided by zero in every producer once the cluster was up; inf and a
+    # negative rate made them put without pause.
+    ["--rate", "0"], ["--rate", "-1"], ["--rate", "inf"], ["--rate", "nan"],
+    ["--liveness-bound", "0"], ["--liveness-bound", "nan"],
+])
+def test_run_refuses_a_number_that_is_not_positive_before_starting_anything(flags, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["run", "--scenario", "kill-master", "--out", str(out), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"error: {flags[0]} must be a positive number" in err, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("seconds", ["0", "nan", "inf"])
+def test_campaign_refuses_seconds_that_are_not_a_positive_number(seconds, tmp_path, capsys):
+    out = tmp_path / "campaign"
+    assert main(["campaign", "--runs", "1", "--seconds", seconds, "--out", str(out)]) == 2
+    assert "--seconds must be positive" in capsys.readouterr().err
+    assert not out.exists()
