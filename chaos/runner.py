@@ -753,6 +753,24 @@ class Run:
             return "plain, unknown outcomes resent (at least once: a resent put may be stored twice)"
         return "plain, unknown outcomes not resent (nothing is sent twice: no duplicate allowed)"
 
+    def command_line(self) -> str:
+        """The command that repeats this run's setup. It names --secure or --insecure always
+        (the default differs between random and the other scenarios) and every workload flag."""
+        return (f"python -m chaos run --scenario {self.scenario} --seconds {self.seconds:g} --seed {self.seed} "
+                f"--mode {self.mode} --groups {self.groups} --zk-nodes {self.zk_nodes} --slaves {self.slaves} "
+                f"--on-sync-slave-loss {self.on_sync_slave_loss} --liveness-bound {self.liveness_bound:g} "
+                f"--rate {self.rate:g}"
+                + (" --secure" if self.secure else " --insecure")
+                + (" --rogue" if self.rogue else "")
+                + (f" --hosts {self.hosts}" if self.hosts != "local" else "")
+                + (" --power-loss" if self.power_loss else "")
+                + (" --corruption" if self.corruption else "")
+                + (" --idempotent" if self.producers.idempotent else " --retry-unknown" if self.producers.retry_unknown else "")
+                + (" --consumer-group" if self.consumers is not None else " --no-consumer-group")
+                + (" --transactions" if self.transactions else " --no-transactions")
+                + (" --topic-ops" if self.side_topics is not None else " --no-topic-ops")
+                + f" --out {self.out}")
+
     def report(self, result: Any, elapsed: float) -> str:
         s = result.stats
         faults = injected_faults(self.history.faults)
@@ -772,19 +790,7 @@ class Run:
         lines = [
             f"chaos run: scenario={self.scenario} seed={self.seed} mode={self.mode} groups={self.groups} "
             f"zk_nodes={self.zk_nodes} seconds={self.seconds} (wall {elapsed:.0f}s)",
-            f"command: python -m chaos run --scenario {self.scenario} --seconds {self.seconds:g} --seed {self.seed} "
-            f"--mode {self.mode} --groups {self.groups} --zk-nodes {self.zk_nodes} --slaves {self.slaves} "
-            f"--on-sync-slave-loss {self.on_sync_slave_loss} --liveness-bound {self.liveness_bound:g}"
-            + (" --secure" if self.secure else " --insecure" if self.scenario == "random" else "")
-            + (" --rogue" if self.rogue else "")
-            + (f" --hosts {self.hosts}" if self.hosts != "local" else "")
-            + (" --power-loss" if self.power_loss else "")
-            + (" --corruption" if self.corruption else "")
-            + (" --idempotent" if self.producers.idempotent else " --retry-unknown" if self.producers.retry_unknown else "")
-            + (" --consumer-group" if self.consumers is not None else " --no-consumer-group")
-            + (" --transactions" if self.transactions else " --no-transactions")
-            + (" --topic-ops" if self.side_topics is not None else " --no-topic-ops")
-            + f" --out {self.out}",
+            f"command: {self.command_line()}",
             f"producers: {self.producers_text()}",
             *self.consumers_lines(),
             self.transactions_line(),
@@ -906,13 +912,17 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    run = Run(args.scenario, args.seconds, args.seed, out, mode=args.mode, groups=args.groups,
-              zk_nodes=args.zk_nodes, rate=args.rate, slaves=args.slaves,
-              on_sync_slave_loss=args.on_sync_slave_loss, liveness_bound=args.liveness_bound,
-              secure=secure_run(args.scenario, args.secure, args.insecure), rogue=args.rogue, hosts=args.hosts,
-              producers=ProducerSettings(idempotent=args.idempotent, retry_unknown=args.retry_unknown),
-              consumer_group=args.consumer_group if args.consumer_group is not None else args.scenario == "random",
-              transactions=args.transactions if args.transactions is not None else args.scenario == "random",
-              power_loss=args.power_loss, corruption=args.corruption,
-              topic_ops=args.topic_ops if args.topic_ops is not None else args.scenario == "random")
-    return run.execute()
+    return run_of(args, out).execute()
+
+
+def run_of(args: argparse.Namespace, out: Path) -> Run:
+    """The run the parsed flags ask for (not started)."""
+    return Run(args.scenario, args.seconds, args.seed, out, mode=args.mode, groups=args.groups,
+               zk_nodes=args.zk_nodes, rate=args.rate, slaves=args.slaves,
+               on_sync_slave_loss=args.on_sync_slave_loss, liveness_bound=args.liveness_bound,
+               secure=secure_run(args.scenario, args.secure, args.insecure), rogue=args.rogue, hosts=args.hosts,
+               producers=ProducerSettings(idempotent=args.idempotent, retry_unknown=args.retry_unknown),
+               consumer_group=args.consumer_group if args.consumer_group is not None else args.scenario == "random",
+               transactions=args.transactions if args.transactions is not None else args.scenario == "random",
+               power_loss=args.power_loss, corruption=args.corruption,
+               topic_ops=args.topic_ops if args.topic_ops is not None else args.scenario == "random")

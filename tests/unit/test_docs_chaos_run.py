@@ -29,3 +29,35 @@ def test_campaign_refuses_seconds_that_are_not_a_positive_number(seconds, tmp_pa
     assert main(["campaign", "--runs", "1", "--seconds", seconds, "--out", str(out)]) == 2
     assert "--seconds must be positive" in capsys.readouterr().err
     assert not out.exists()
+
+
+def parse_run(argv: list[str]):
+    import argparse
+
+    from chaos import runner
+
+    parser = argparse.ArgumentParser()
+    runner.add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["run", *argv])
+
+
+@pytest.mark.parametrize("flags", [
+    ["--scenario", "kill-master"],
+    ["--scenario", "random", "--seed", "7"],
+    ["--scenario", "random", "--insecure", "--no-topic-ops"],
+    ["--scenario", "kill-slave", "--secure", "--rogue", "--rate", "5", "--mode", "async", "--groups", "2"],
+    ["--scenario", "kill-master", "--zk-nodes", "1", "--consumer-group", "--transactions", "--idempotent"],
+])
+def test_the_reports_command_line_names_the_security_and_repeats_the_run(flags, tmp_path):
+    """docs/chaos.md: "The report's command line names which (`--secure` or `--insecure`)";
+    a single-fault run named neither, and a run's --rate was dropped."""
+    from chaos.runner import run_of
+
+    first = run_of(parse_run([*flags, "--out", str(tmp_path)]), tmp_path)
+    line = first.command_line()
+    words = line.split()
+    assert ("--secure" in words) != ("--insecure" in words), line
+    assert words[:4] == ["python", "-m", "chaos", "run"]
+    again = run_of(parse_run(words[4:]), tmp_path)
+    assert again.command_line() == line
+    assert (again.rate, again.secure, again.history.meta) == (first.rate, first.secure, first.history.meta)
