@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(serve_forever(args.host, args.port, args.seed))
         except KeyboardInterrupt:
             pass
-        except OSError as exc:
+        except (OSError, OverflowError) as exc:  # OverflowError: a port past 65535
             print(f"error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
             return 1
         return 0

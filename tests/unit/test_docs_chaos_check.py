@@ -1,7 +1,8 @@
 """docs/chaos.md, "The checker": ``python -m chaos check FILE [--json]`` exits 0 (pass),
 1 (violations), 2 (unreadable). A file that is JSON with the history's format tag but
 broken entries is unreadable too: one line on stderr naming the entry, exit 2, never a
-traceback and never exit 1 (which would claim the run lost data)."""
+traceback and never exit 1 (which would claim the run lost data). And "The fault proxy":
+``python -m chaos proxy`` on a port it cannot listen on."""
 
 from __future__ import annotations
 
@@ -50,3 +51,10 @@ def test_unreadable_files_exit_2_through_the_command_line(tmp_path):
     for path in (tmp_path / "missing.json", not_json, broken, tmp_path):
         proc = subprocess.run([sys.executable, "-m", "chaos", "check", str(path)], capture_output=True, text=True)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.startswith("error: cannot"), proc.stderr
+
+
+def test_proxy_on_a_port_it_cannot_listen_on_says_so_in_one_line(capsys):
+    """``python -m chaos proxy --port 70000``: one line and exit 1, not an OverflowError traceback."""
+    assert main(["proxy", "--port", "70000"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: cannot listen on 127.0.0.1:70000"), err
