@@ -4,8 +4,10 @@ Order of preference:
 
 1. ``TOXIPROXY_URL`` is set: use that server (not started, not stopped by us);
 2. a real ``toxiproxy-server`` is on PATH: start it on a free port, stop it by pid;
-3. otherwise our own asyncio implementation (``chaos.proxy``), either in a thread of this
-   process (``mode="thread"``, the default) or as ``python -m chaos proxy`` (``mode="process"``).
+3. otherwise our own asyncio implementation (``chaos.proxy``) in a thread of this process.
+
+That is ``mode="auto"`` (the default); ``mode="thread"`` and ``mode="process"`` always run
+ours, in a thread or as ``python -m chaos proxy``.
 
 ``toxiproxy-python`` keeps the server address in class attributes of its
 ``APIConsumer`` (one server per process); ``client_for`` sets them, so call it before
@@ -36,6 +38,9 @@ from metaq.zk.embedded import free_port
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent
 
 
+MODES = ("auto", "thread", "process")
+
+
 def client_for(url: str) -> Toxiproxy:
     """A toxiproxy-python client for the server at ``url`` (``http://host:port``)."""
     parsed = urlparse(url if "//" in url else f"http://{url}")
@@ -64,6 +69,10 @@ class FaultProxy:
     ) -> None:
         """``mode``: auto (TOXIPROXY_URL, else toxiproxy-server on PATH, else ``fallback``:
         our proxy in a thread or in a child process), thread or process."""
+        # Checked here: an unknown mode (or fallback) used to fall through to a thread silently.
+        if mode not in MODES or fallback not in MODES[1:]:
+            raise ValueError(f"fault proxy mode must be one of {', '.join(MODES)} (fallback thread or process), "
+                             f"got mode={mode!r}, fallback={fallback!r}")
         self.mode, self.host, self.seed, self.fallback = mode, host, seed, fallback
         self.url = ""
         self.kind = ""

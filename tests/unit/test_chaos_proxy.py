@@ -385,3 +385,14 @@ def test_toxiproxy_url_is_used_when_set(proxy_server, monkeypatch):
     with fault_proxy() as fp:
         assert fp.kind == "external" and fp.url == proxy_server.url
         assert fp.client.version()
+
+
+def test_forced_modes_ignore_toxiproxy_url_and_an_unknown_mode_is_refused(proxy_server, monkeypatch):
+    from chaos.toxiproxy_client import fault_proxy
+
+    monkeypatch.setenv("TOXIPROXY_URL", proxy_server.url)
+    with fault_proxy(mode="thread") as fp:
+        assert fp.kind == "chaos-thread" and fp.url != proxy_server.url and fp.client.version()
+    # "Thread" (a typo) used to start a thread proxy silently, as any unknown mode did.
+    with pytest.raises(ValueError, match="mode must be one of auto, thread, process"):
+        fault_proxy(mode="Thread")
