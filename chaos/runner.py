@@ -53,6 +53,7 @@ import json
 import logging
 import math
 import random
+import shutil
 import sys
 import threading
 import time
@@ -498,6 +499,29 @@ class Phases:
         return "phases (s): " + ", ".join(f"{name} {seconds:.1f}" for name, seconds in self.seconds.items())
 
 
+#: What a run writes in its --out directory (docs/chaos.md, "The workload and the history").
+RUN_FILES = ("history.json", "check.json", "summary.json", "report.txt", "runner.log", "broker-logs.txt")
+RUN_DIRS = ("cluster", "consumers")
+
+
+def clear_previous_run(out: Path) -> None:
+    """Remove what an earlier run left in ``out``, and only that (``--out`` may name a
+    directory holding other files). The default --out is the same for the same scenario
+    and seed, so running a command again meets the last run's files: its brokers' data
+    would be the new brokers' starting logs (hundreds of false duplicates and phantoms),
+    its consumers' record files would be appended to and runner.log would grow."""
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+    for name in RUN_DIRS:
+        directory = out / name
+        if directory.is_dir():
+            for child in directory.iterdir():
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
+
+
 class Run:
     def __init__(self, scenario: str, seconds: float, seed: int, out: Path, *, mode: str = "sync", groups: int = 1,
                  zk_nodes: int = 3, rate: float = 20.0, settle_timeout: float = 60.0, slaves: int = 1,
@@ -647,6 +671,7 @@ class Run:
 
     def execute(self) -> int:
         self.out.mkdir(parents=True, exist_ok=True)
+        clear_previous_run(self.out)
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
                             handlers=[logging.FileHandler(self.out / "runner.log"), logging.StreamHandler(sys.stderr)])
         logging.getLogger("kazoo").setLevel(logging.WARNING)
