@@ -48,6 +48,8 @@ REFUSED = [
     (["verify", *ZK, "--broker-id", "0", "--chunk-mib", "0"], "metaq verify: error: argument --chunk-mib: must be >= 1, got 0"),
     (["promote", *ZK, "--broker-id", "0", "--slave", "-1"], "metaq promote: error: argument --slave: must be >= 0, got -1"),
     (["stats", "127.0.0.1:8123", "--timeout", "0"], "metaq stats: error: argument --timeout: must be > 0, got 0"),
+    (["stats", "127.0.0.1:70000"], "metaq stats: error: argument HOST:PORT: expected HOST:PORT (port 1..65535), got '127.0.0.1:70000'"),
+    (["stats", "localhost"], "metaq stats: error: argument HOST:PORT: expected HOST:PORT (port 1..65535), got 'localhost'"),
     (["demo", "--messages", "0"], "metaq demo: error: argument --messages: must be >= 1, got 0"),
 ]
 

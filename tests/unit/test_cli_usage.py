@@ -20,6 +20,8 @@ USAGE = [
     (["cluster", "remove-slave", *NOBODY, "--broker-id", "0"], "metaq cluster: error: metaq cluster remove-slave needs --slave-id K"),
     (["drill", *NOBODY, "--broker-id", "0", "--proxy-url", "http://127.0.0.1:1"],
      "metaq drill: error: --proxy-url and --proxy-name go together"),
+    (["drill", *NOBODY, "--broker-id", "0", "--fault", "partition"],
+     "metaq drill: error: --fault partition needs --proxy-url and --proxy-name"),
     (["http", *NOBODY, "--tls-cert", "c.pem"], "metaq http: error: --tls-cert and --tls-key go together"),
     (["topics", "alter", *NOBODY, "--broker-id", "0", "--topic", "t"], "metaq topics: error: nothing to change: give --partitions N"),
     (["groups", "reset-offsets", *NOBODY, "--group", "g", "--to-earliest"],
