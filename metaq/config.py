@@ -287,13 +287,16 @@ def _text(text: str) -> str:
     return value
 
 
-_POLICY = re.compile(r"^(delete|archive),\s*\d+\s*[smh]?(,\s*(true|false))?$")
+# The third field (zip the archived segments) is archive's alone: retention
+# (store/retention.py : parse_delete_policy) refuses it after delete, so it is refused here,
+# with the file or `metaq topics alter`, not by each broker's retention scheduler afterwards.
+_POLICY = re.compile(r"^(delete,\s*\d+\s*[smh]?|archive,\s*\d+\s*[smh]?(,\s*(true|false))?)$")
 
 
 def _delete_policy(text: str) -> str:
     value = text.strip()
     if not _POLICY.match(value):
-        raise ValueError(f"expected 'delete,N[s|m|h]' or 'archive,N[s|m|h][,true]', got {text!r}")
+        raise ValueError(f"expected 'delete,N[s|m|h]' or 'archive,N[s|m|h][,true|false]', got {text!r}")
     return value
 
 

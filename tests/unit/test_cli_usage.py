@@ -34,3 +34,11 @@ def test_options_that_make_no_request_are_a_usage_error_before_any_connection(ar
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(line) and err.count("\n") == 1, err
+
+
+def test_topics_alter_refuses_a_delete_policy_retention_cannot_run_before_connecting(capsys):
+    """delete,5,true was written to the group's topic configuration ("applied by every live
+    member") and then failed in every broker's retention scheduler."""
+    assert main(["topics", "alter", *NOBODY, "--broker-id", "0", "--topic", "t", "--set", "deletePolicy=delete,5,true"]) == 1
+    err = capsys.readouterr().err
+    assert "deletePolicy" in err and "'delete,5,true'" in err and err.count("\n") == 1, err
