@@ -5,7 +5,7 @@ parser accepts, has its comment, and a default a comment states is the parser's 
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -22,11 +22,14 @@ PROPERTIES_KEY = re.compile(r"^#?([A-Za-z]\w*)=(.*)$")
 STATED_DEFAULT = re.compile(r"\bdefault:?\s+(?:`([^`]+)`|([^\s;)`]+))", re.IGNORECASE)
 
 
+@dataclass
 class Entry:
-    def __init__(self, key: str, value: str, section: str | None, active: bool, comment: list[str], run: int) -> None:
-        self.key, self.value, self.section, self.active = key, value, section, active
-        self.comment = comment  # the comment block directly above the run of key lines holding it
-        self.run = run  # how many key lines that block explains
+    key: str
+    value: str
+    section: str | None
+    active: bool  # False: commented out
+    comment: list[str]  # the comment block directly above the run of key lines holding it
+    run: int = 0  # how many key lines that block explains
 
 
 def entries(path: str) -> list[Entry]:
@@ -40,7 +43,7 @@ def entries(path: str) -> list[Entry]:
         line = raw.strip()
         key = pattern.match(line)
         if key:
-            entry = Entry(key.group(1), key.group(2).strip(), section, line[0] not in comment_signs, block, 0)
+            entry = Entry(key.group(1), key.group(2).strip(), section, line[0] not in comment_signs, block)
             run.append(entry)
             found.append(entry)
             continue
@@ -71,12 +74,13 @@ def explained_in(path: str) -> list[str]:
             and (other in text or Path(other).parent == Path(path).parent)]
 
 
-def documented(path: str, key: str) -> bool:
+def documented(path: str, key: str, seen: frozenset[str] = frozenset()) -> bool:
+    """A comment right above the key, or one naming it here or in a file this one refers to."""
     if any(entry.key == key and entry.comment for entry in entries(path)):
         return True
     if re.search(rf"\b{re.escape(key)}\b", comments(path)):
         return True
-    return any(documented(other, key) for other in explained_in(path))
+    return any(documented(other, key, seen | {path}) for other in explained_in(path) if other not in seen | {path})
 
 
 def ini_with(entry_list: list[Entry], *, all_keys: bool) -> bytes:
