@@ -75,6 +75,10 @@ def test_the_example_configs_start_an_async_and_a_sync_pair(pairs):
     for broker_id in (0, 1):
         wait_until(lambda: metaq("verify", "--zk", zk, "--zk-root", root, "--broker-id", str(broker_id)).returncode == 0, 30,
                    interval=0.2, message=f"group {broker_id}'s slave to hold the master's log")
+    # conf/sync-pair/master.ini: its stats say the mode and the sync set's state.
+    stats = metaq("stats", "%s:%d" % brokers["sync-master"].address)
+    assert stats.returncode == 0 and {"replication_mode sync", "sync_set 0", "sync_state ok"} <= set(
+        stats.stdout.decode().splitlines()), stats.stdout.decode()
     # The sync pair acked only what its slave has: the slave's copy of payments holds every message.
     consumed = metaq("consume", "--zk", zk, "--zk-root", root, "--topic", "payments", "--group", "readme",
                      "--read-from", "slave", "--max", "200", "--idle-timeout", "20")
