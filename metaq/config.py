@@ -311,6 +311,20 @@ def _delete_when(text: str) -> str:
     return value
 
 
+def check_zk_root(text: str) -> str:
+    """A ZooKeeper root (``zk.zkRoot``, ``--zk-root``), stripped; ValueError naming what is wrong.
+
+    Absolute, and no ``.`` or ``..`` component: kazoo refuses those in every call it makes,
+    so one that got through failed with a traceback at a broker's start or a tool's first read.
+    """
+    value = text.strip()
+    if not value.startswith("/"):
+        raise ValueError(f"must start with '/', got {text!r}")
+    if any(part in (".", "..") for part in value.split("/")):
+        raise ValueError(f"must not have a '.' or '..' component, got {text!r}")
+    return value
+
+
 def _host_port(text: str) -> str:
     parse_host_port(text)  # raises ValueError naming the text
     return text.strip()
@@ -440,7 +454,7 @@ _ZK_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "zk.zkSessionTimeoutMs": ("session_timeout_ms", _int(400)),  # 400: two ticks of a 200 ms ZooKeeper; failover < 1 s needs < 1000
     "zk.zkConnectionTimeoutMs": ("connection_timeout_ms", _int(100)),
     "zk.zkSyncTimeMs": ("sync_time_ms", _int(0)),
-    "zk.zkRoot": ("root", _text),
+    "zk.zkRoot": ("root", check_zk_root),
     "zk.zkEnable": ("enabled", _bool),
     "zk.zkTlsCaFile": ("tls_ca_file", _text),
     "zk.zkTlsCertFile": ("tls_cert_file", _text),
@@ -532,8 +546,6 @@ def parse_server_ini(data: bytes, path: str = "server.ini") -> BrokerConfig:
             name, parse = _ZK_KEYS[key]
             zk[name] = _convert(path, "zookeeper", key, raw, parse)
     zk_config = _zk_config(zk, path)
-    if not zk_config.root.startswith("/"):
-        raise ConfigError(f"{path}: [zookeeper] zk.zkRoot: must start with '/', got {zk_config.root!r}")
 
     log_file = system.get("log_file")
     if log_file and not Path(log_file).is_absolute() and Path(path).parent != Path(""):

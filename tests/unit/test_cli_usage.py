@@ -42,3 +42,14 @@ def test_topics_alter_refuses_a_delete_policy_retention_cannot_run_before_connec
     assert main(["topics", "alter", *NOBODY, "--broker-id", "0", "--topic", "t", "--set", "deletePolicy=delete,5,true"]) == 1
     err = capsys.readouterr().err
     assert "deletePolicy" in err and "'delete,5,true'" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("root", ["/meta/.", "/../meta"])
+def test_a_zk_root_kazoo_refuses_is_a_usage_error_not_a_traceback(root, capsys):
+    """kazoo refuses a '.' or '..' component in every call: `metaq cluster --zk-root /meta/.` died
+    with its ValueError's traceback after connecting."""
+    with pytest.raises(SystemExit) as exited:
+        main(["cluster", *NOBODY, "--zk-root", root])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"metaq cluster: error: argument --zk-root: ZooKeeper root must not have a '.' or '..' component, got {root!r}")

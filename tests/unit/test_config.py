@@ -68,6 +68,7 @@ def test_relative_data_path_is_relative_to_the_file(tmp_path):
         (b"[system]\nbrokerId=0\ndeleteWhen=0 0 25 * * ?\n", r"deleteWhen: .*'0 0 25 \* \* \?'"),
         (b"[system]\nbrokerId=0\n[topic=t]\ndeleteWhen=0 0 6 L * ?\n", r"topic=t.*deleteWhen|deleteWhen.*L"),
         (b"[system]\nbrokerId=0\n[zookeeper]\nzk.zkRoot=meta\n", r"zk.zkRoot: must start with '/'"),
+        (b"[system]\nbrokerId=0\n[zookeeper]\nzk.zkRoot=/a/../b\n", r"zk.zkRoot: must not have a '.' or '..'"),
         (b"[zookeeper]\nzk.zkConnect=x\n", r"missing section \[system\]"),
         (b"brokerId=0\n", r"line 1: .brokerId=0. comes before any section"),
         (b"[system]\nbrokerId=0\n[system]\n", r"not a valid INI file"),
