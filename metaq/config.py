@@ -287,13 +287,16 @@ def _text(text: str) -> str:
     return value
 
 
-_POLICY = re.compile(r"^(delete|archive),\s*\d+\s*[smh]?(,\s*(true|false))?$")
+# The third field (zip the archived segments) is archive's alone: retention
+# (store/retention.py : parse_delete_policy) refuses it after delete, so it is refused here,
+# with the file or `metaq topics alter`, not by each broker's retention scheduler afterwards.
+_POLICY = re.compile(r"^(delete,\s*\d+\s*[smh]?|archive,\s*\d+\s*[smh]?(,\s*(true|false))?)$")
 
 
 def _delete_policy(text: str) -> str:
     value = text.strip()
     if not _POLICY.match(value):
-        raise ValueError(f"expected 'delete,N[s|m|h]' or 'archive,N[s|m|h][,true]', got {text!r}")
+        raise ValueError(f"expected 'delete,N[s|m|h]' or 'archive,N[s|m|h][,true|false]', got {text!r}")
     return value
 
 
@@ -305,6 +308,20 @@ def _delete_when(text: str) -> str:
     if len(value.split()) not in (6, 7):
         raise ValueError(f"expected a 6-field Quartz cron expression, got {text!r}")
     QuartzCron(value)  # ValueError naming the field and the value
+    return value
+
+
+def check_zk_root(text: str) -> str:
+    """A ZooKeeper root (``zk.zkRoot``, ``--zk-root``), stripped; ValueError naming what is wrong.
+
+    Absolute, and no ``.`` or ``..`` component: kazoo refuses those in every call it makes,
+    so one that got through failed with a traceback at a broker's start or a tool's first read.
+    """
+    value = text.strip()
+    if not value.startswith("/"):
+        raise ValueError(f"must start with '/', got {text!r}")
+    if any(part in (".", "..") for part in value.split("/")):
+        raise ValueError(f"must not have a '.' or '..' component, got {text!r}")
     return value
 
 
@@ -437,7 +454,7 @@ _ZK_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "zk.zkSessionTimeoutMs": ("session_timeout_ms", _int(400)),  # 400: two ticks of a 200 ms ZooKeeper; failover < 1 s needs < 1000
     "zk.zkConnectionTimeoutMs": ("connection_timeout_ms", _int(100)),
     "zk.zkSyncTimeMs": ("sync_time_ms", _int(0)),
-    "zk.zkRoot": ("root", _text),
+    "zk.zkRoot": ("root", check_zk_root),
     "zk.zkEnable": ("enabled", _bool),
     "zk.zkTlsCaFile": ("tls_ca_file", _text),
     "zk.zkTlsCertFile": ("tls_cert_file", _text),
@@ -529,8 +546,6 @@ def parse_server_ini(data: bytes, path: str = "server.ini") -> BrokerConfig:
             name, parse = _ZK_KEYS[key]
             zk[name] = _convert(path, "zookeeper", key, raw, parse)
     zk_config = _zk_config(zk, path)
-    if not zk_config.root.startswith("/"):
-        raise ConfigError(f"{path}: [zookeeper] zk.zkRoot: must start with '/', got {zk_config.root!r}")
 
     log_file = system.get("log_file")
     if log_file and not Path(log_file).is_absolute() and Path(path).parent != Path(""):

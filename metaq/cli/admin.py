@@ -1,5 +1,6 @@
-"""What the admin commands (``metaq topics``, ``metaq groups``) share: options, a ZooKeeper
-session, asking a broker over the protocol, and a plain table."""
+"""What the admin commands (``metaq topics``, ``metaq groups``, and ``metaq cluster`` and
+``metaq promote`` for their broker questions) share: options, a ZooKeeper session, asking a
+broker over the protocol, and a plain table."""
 
 from __future__ import annotations
 

@@ -74,14 +74,15 @@ class Refusal:
 async def try_as_outsider(security: DemoSecurity, master_url: str, zk_connect: str, zk_root: str, topic: str) -> list[Refusal]:
     """An anonymous put, a user's ``stats config`` and forged replication position, and a
     ZooKeeper write to the group's epoch without its credentials: each must be refused."""
+    from ..protocol.messages import PositionRequest, PutRequest, StatsRequest, replica_field
     from ..record import encode_batch
 
     anonymous = Credentials()
-    put = {"op": "put", "topic": topic, "partition": 0}
-    position = {"op": "position", "topic": topic, "partition": 0, "replica": {"slave_id": 0, "epoch": 999, "log_end": 10**9}}
+    put = PutRequest(topic=topic, partition=0).to_header()
+    position = PositionRequest(topic=topic, partition=0, replica=replica_field(0, 999, 10**9)).to_header()
     attempts = [
         ("anonymous put", anonymous, put, encode_batch([(b"anonymous", None)])),
-        (f"stats config by {APP_USER} (not an admin)", security.app, {"op": "stats", "item": "config"}, b""),
+        (f"stats config by {APP_USER} (not an admin)", security.app, StatsRequest(item="config").to_header(), b""),
         (f"forged position by {APP_USER}", security.app, position, b""),
     ]
     results = [await _broker_attempt(master_url, *attempt) for attempt in attempts]

@@ -121,6 +121,9 @@ def run(args: argparse.Namespace) -> int:
     proxy = (args.proxy_url, args.proxy_name) if args.proxy_url or args.proxy_name else None
     if proxy is not None and not (args.proxy_url and args.proxy_name):
         raise UsageError("--proxy-url and --proxy-name go together")
+    if args.fault == "partition" and proxy is None:
+        # The action needs the proxy: a usage error before anything connects (Drill checks it too, for its API users).
+        raise UsageError("--fault partition needs --proxy-url and --proxy-name (the proxy carrying the master's ZooKeeper link)")
 
     creds = credentials(args)  # before the loop: a password prompt must not block it
 

@@ -62,7 +62,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     topics = reset.add_mutually_exclusive_group()
     topics.add_argument("--topic", help="the topic")
     topics.add_argument("--all-topics", action="store_true", help="every topic the group has offsets for")
-    reset.add_argument("--partition", metavar="BROKER-N", help="only this partition, e.g. 0-1 (default: all)")
+    reset.add_argument("--partition", type=numbers.partition, metavar="BROKER-N", help="only this partition, e.g. 0-1 (default: all)")
     target = reset.add_mutually_exclusive_group(required=True)
     target.add_argument("--to-earliest", action="store_true", help="the oldest retained message")
     target.add_argument("--to-latest", action="store_true", help="after the last readable message")

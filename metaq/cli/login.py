@@ -21,14 +21,13 @@ def zk_connect_arg(text: str) -> str:
 
 
 def zk_root_arg(text: str) -> str:
-    """``--zk-root``'s type: checked by the same rule as every ZooKeeper path (ZkPaths), as one usage line."""
-    from ..zk.paths import ZkPaths
+    """``--zk-root``'s type: checked by the rule of server.ini's zk.zkRoot (the brokers' roots), as one usage line."""
+    from ..config import check_zk_root
 
     try:
-        ZkPaths(text)
+        return check_zk_root(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
+        raise argparse.ArgumentTypeError(f"ZooKeeper root {exc}") from None
 
 
 def add_login_arguments(parser: argparse.ArgumentParser) -> None:

@@ -56,6 +56,20 @@ port = integer(0, 65535)
 broker_id = integer(0, MAX_BROKER_ID)
 #: A slave's id (``slaveId``).
 slave_id = integer(0)
+
+
+def partition(text: str) -> str:
+    """A partition named ``BROKER-N`` (``0-1``): a broker id 0..1023 and a partition number >= 0;
+    returned as the tables and ZooKeeper spell it (``00-1`` is ``0-1``)."""
+    broker, dash, number = text.strip().partition("-")
+    if not (dash and broker.isdigit() and number.isdigit()):
+        raise argparse.ArgumentTypeError(f"expected BROKER-N (e.g. 0-1), got {text!r}")
+    try:
+        return f"{broker_id(broker)}-{int(number)}"
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"the broker id {exc}") from None
+
+
 #: Timeouts, intervals and rates.
 positive = real(zero_allowed=False)
 #: A wait that 0 turns off.

@@ -15,16 +15,17 @@ if TYPE_CHECKING:
     from ..client.connection import Credentials
 
 
-def parse_address(text: str) -> tuple[str, int]:
+def address_arg(text: str) -> tuple[str, int]:
+    """The broker address's type: a malformed one (or a port outside 1..65535) is a usage line, exit 2."""
     try:
         return parse_host_port(text)
     except ValueError:
-        raise MetaqError(f"expected HOST:PORT, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT (port 1..65535), got {text!r}") from None
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("stats", help="print a broker's stats (metaq stats HOST:PORT help explains the items)")
-    parser.add_argument("address", metavar="HOST:PORT", help="the broker's address")
+    parser.add_argument("address", type=address_arg, metavar="HOST:PORT", help="the broker's address")
     parser.add_argument("item", nargs="?", default="", help="topics, offsets, realtime, config, help, reset or a topic name")
     parser.add_argument("--timeout", type=numbers.positive, default=5.0, help="seconds to wait for the answer (default 5)")
     add_login_arguments(parser)
@@ -50,7 +51,7 @@ async def fetch_stats_text(host: str, port: int, item: str, timeout: float, cred
 
 
 def run(args: argparse.Namespace) -> int:
-    host, port = parse_address(args.address)
+    host, port = args.address
     text = asyncio.run(fetch_stats_text(host, port, args.item, args.timeout, credentials(args)))
     print(text, end="")
     return 1 if text.startswith("ERROR") else 0

@@ -42,7 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     get = add_action(actions, "get", "print one message of a partition, by offset or msg id (read from its master)", run_get)
     get.add_argument("--topic", required=True, help="the topic")
-    get.add_argument("--partition", required=True, metavar="BROKER-N", help="the partition, e.g. 0-1")
+    get.add_argument("--partition", required=True, type=numbers.partition, metavar="BROKER-N", help="the partition, e.g. 0-1")
     which = get.add_mutually_exclusive_group(required=True)
     which.add_argument("--offset", type=numbers.offset, help="the message starting at this byte offset")
     which.add_argument("--msg-id", type=int, help="the message with this msg id (walks the partition from its oldest message)")
@@ -226,9 +226,7 @@ def run_get(args: argparse.Namespace) -> int:
     from ..zk.group import read_members
     from .groups import PartitionRow
 
-    broker, _, number = args.partition.partition("-")
-    if not (broker.isdigit() and number.isdigit()):
-        raise MetaqError(f"--partition expects BROKER-N (e.g. 0-1), got {args.partition!r}")
+    broker, _, number = args.partition.partition("-")  # checked by its type, numbers.partition
     with zk_client(args) as (client, paths):
         try:
             master = read_members(client, paths, int(broker)).master_url

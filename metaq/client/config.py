@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..addresses import check_zk_connect, parse_host_port
-from ..config import ZkTls
+from ..config import ZkTls, check_zk_root
 from .connection import Credentials
 
 READ_FROM_CHOICES = ("master", "slave", "prefer-slave")
@@ -104,8 +104,10 @@ class MetaClientConfig:
             check_zk_connect(self.zk_connect)
         except ValueError as exc:
             raise ValueError(f"zk_connect: {exc}") from None
-        if not self.zk_root.startswith("/"):
-            raise ValueError(f"zk_root must start with '/', got {self.zk_root!r}")
+        try:
+            check_zk_root(self.zk_root)
+        except ValueError as exc:
+            raise ValueError(f"zk_root {exc}") from None
         _check_bounds(
             self,
             at_least_one=("zk_session_timeout_ms", "send_max_attempts", "batch_size", "buffer_memory",

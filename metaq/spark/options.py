@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..addresses import check_zk_connect
-from ..config import check_topic_name
+from ..config import check_topic_name, check_zk_root
 from .login import LOGIN_OPTIONS, SparkLogin
 from .options_error import OptionError
 
@@ -151,9 +151,10 @@ def cluster_options(opts: Mapping[str, str]) -> tuple[str, str]:
         check_zk_connect(zk_connect)
     except ValueError as exc:
         raise OptionError(f"option zkConnect: {exc}") from None
-    zk_root = str(opts.get("zkRoot") or "/meta").strip()
-    if not zk_root.startswith("/"):
-        raise OptionError(f"option zkRoot must start with '/', got {zk_root!r}")
+    try:
+        zk_root = check_zk_root(str(opts.get("zkRoot") or "/meta"))
+    except ValueError as exc:
+        raise OptionError(f"option zkRoot {exc}") from None
     return zk_connect, zk_root
 
 

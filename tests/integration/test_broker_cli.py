@@ -56,13 +56,15 @@ def write_ini(tmp_path: Path, free_port: int):
         ("", NO_ZK + "[topic=bad name]\n", ["[topic=bad name] topic"]),
         ("", NO_ZK + "[queue=orders]\n", ["[queue=orders]: unknown section"]),
         ("", "[zookeeper]\nzk.zkRoot=meta\n", ["[zookeeper] zk.zkRoot: must start with '/'"]),
+        # kazoo refuses it in every call: the broker died with its ValueError's traceback.
+        ("", "[zookeeper]\nzk.zkRoot=/meta/./x\n", ["[zookeeper] zk.zkRoot: must not have a '.' or '..' component"]),
         ("", "[zookeeper]\nzk.zkEnable=maybe\n", ["[zookeeper] zk.zkEnable: expected true or false"]),
         ("", "[zookeeper]\nzk.connect=x\n", ["[zookeeper] zk.connect: unknown key"]),
         ("replicationMode=sync\n", NO_ZK, ["replicationMode=sync needs ZooKeeper"]),
     ],
     ids=[
         "unknown-key", "not-an-int", "negative", "bad-choice", "bad-delete-policy", "topic-zero-partitions",
-        "topic-bad-int", "bad-topic-name", "unknown-section", "zk-root", "zk-bool", "zk-unknown-key",
+        "topic-bad-int", "bad-topic-name", "unknown-section", "zk-root", "zk-root-dot", "zk-bool", "zk-unknown-key",
         "sync-without-zk",
     ],
 )

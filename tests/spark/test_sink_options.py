@@ -26,6 +26,7 @@ def test_defaults_and_lower_cased_keys():
         ({"batchBytes": "0"}, "option batchBytes: expected a positive integer"),
         ({"transactionTimeoutS": "soon"}, "option transactionTimeoutS: expected a positive integer"),
         ({"zkRoot": "meta"}, "option zkRoot must start with '/'"),
+        ({"zkRoot": "/meta/.."}, "option zkRoot must not have a '.' or '..' component"),
         ({"password": "x"}, "unknown option(s) password; the metaq sink takes:"),
         ({"user": "app"}, "option user needs option passwordFile"),
     ],

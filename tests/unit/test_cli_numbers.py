@@ -40,6 +40,12 @@ REFUSED = [
     (["topics", "list", *ZK, "--timeout", "0"], "metaq topics list: error: argument --timeout: must be > 0, got 0"),
     (["topics", "get", *ZK, "--topic", "t", "--partition", "0-0", "--offset", "-1"],
      "metaq topics get: error: argument --offset: must be >= 0, got -1"),
+    (["topics", "get", *ZK, "--topic", "t", "--partition", "x", "--offset", "0"],
+     "metaq topics get: error: argument --partition: expected BROKER-N (e.g. 0-1), got 'x'"),
+    (["topics", "get", *ZK, "--topic", "t", "--partition", "1024-0", "--offset", "0"],
+     "metaq topics get: error: argument --partition: the broker id must be <= 1023, got 1024"),
+    (["groups", "reset-offsets", *ZK, "--group", "g", "--topic", "t", "--partition", "0-x", "--to-earliest"],
+     "metaq groups reset-offsets: error: argument --partition: expected BROKER-N (e.g. 0-1), got '0-x'"),
     (["groups", "reset-offsets", *ZK, "--group", "g", "--topic", "t", "--to-offset", "-1"],
      "metaq groups reset-offsets: error: argument --to-offset: must be >= 0, got -1"),
     (["cluster", *ZK, "--timeout", "-1"], "metaq cluster: error: argument --timeout: must be > 0, got -1"),
@@ -48,6 +54,8 @@ REFUSED = [
     (["verify", *ZK, "--broker-id", "0", "--chunk-mib", "0"], "metaq verify: error: argument --chunk-mib: must be >= 1, got 0"),
     (["promote", *ZK, "--broker-id", "0", "--slave", "-1"], "metaq promote: error: argument --slave: must be >= 0, got -1"),
     (["stats", "127.0.0.1:8123", "--timeout", "0"], "metaq stats: error: argument --timeout: must be > 0, got 0"),
+    (["stats", "127.0.0.1:70000"], "metaq stats: error: argument HOST:PORT: expected HOST:PORT (port 1..65535), got '127.0.0.1:70000'"),
+    (["stats", "localhost"], "metaq stats: error: argument HOST:PORT: expected HOST:PORT (port 1..65535), got 'localhost'"),
     (["demo", "--messages", "0"], "metaq demo: error: argument --messages: must be >= 1, got 0"),
 ]
 
@@ -69,6 +77,10 @@ def test_the_numbers_that_mean_something_pass():
     assert parser.parse_args(["groups", "reset-offsets", *ZK, "--group", "g", "--topic", "t", "--shift-by", "-2"]).shift_by == -2
     assert parser.parse_args(["consume", *ZK, "--topic", "t", "--group", "g", "--offset", "0"]).offset == 0
     assert parser.parse_args(["drill", *ZK, "--broker-id", "1023"]).broker_id == 1023
+    # A partition as the tables and ZooKeeper name it, whatever zeros it was written with.
+    assert parser.parse_args(["topics", "get", *ZK, "--topic", "t", "--partition", "00-01", "--offset", "0"]).partition == "0-1"
+    assert parser.parse_args(["groups", "reset-offsets", *ZK, "--group", "g", "--topic", "t", "--partition", "1023-7",
+                              "--to-earliest"]).partition == "1023-7"
 
 
 def test_a_zookeeper_wait_under_a_millisecond_is_rounded_up_not_to_nothing():

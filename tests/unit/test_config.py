@@ -64,9 +64,11 @@ def test_relative_data_path_is_relative_to_the_file(tmp_path):
         (b"[system]\nbrokerId=0\n[topic=a b]\n", r"topic name 'a b'"),
         (b"[system]\nbrokerId=0\ndeletePolicy=forever\n", r"deletePolicy: expected 'delete,N"),
         (b"[system]\nbrokerId=0\ndeleteWhen=daily\n", r"deleteWhen: expected a 6-field Quartz"),
+        (b"[system]\nbrokerId=0\n[topic=t]\ndeletePolicy=delete,5,true\n", r"\[topic=t\] deletePolicy: expected 'delete,N"),
         (b"[system]\nbrokerId=0\ndeleteWhen=0 0 25 * * ?\n", r"deleteWhen: .*'0 0 25 \* \* \?'"),
         (b"[system]\nbrokerId=0\n[topic=t]\ndeleteWhen=0 0 6 L * ?\n", r"topic=t.*deleteWhen|deleteWhen.*L"),
         (b"[system]\nbrokerId=0\n[zookeeper]\nzk.zkRoot=meta\n", r"zk.zkRoot: must start with '/'"),
+        (b"[system]\nbrokerId=0\n[zookeeper]\nzk.zkRoot=/a/../b\n", r"zk.zkRoot: must not have a '.' or '..'"),
         (b"[zookeeper]\nzk.zkConnect=x\n", r"missing section \[system\]"),
         (b"brokerId=0\n", r"line 1: .brokerId=0. comes before any section"),
         (b"[system]\nbrokerId=0\n[system]\n", r"not a valid INI file"),
@@ -255,3 +257,23 @@ def test_a_bad_topic_name_is_refused_saying_what_is_wrong_with_it(name: str, mes
     with pytest.raises(ValueError, match=re.escape(message)):
         check_topic_name(name)
     assert check_topic_name("a" * 200) == "a" * 200
+
+
+@pytest.mark.parametrize("policy", ["delete,168", "delete,30m", "delete, 5 s", "archive,7", "archive,2h,true",
+                                    "archive,1,false", "delete,5,true", "delete,5,false", "delete", "purge,5", "delete,-1"])
+def test_a_delete_policy_passes_the_files_check_exactly_when_retention_can_run_it(policy):
+    """The file's check (and `metaq topics alter --set`, which uses it) and retention's parse agree:
+    delete,5,true passed the check and then failed in every broker's retention scheduler."""
+    from metaq.store.retention import parse_delete_policy
+
+    try:
+        parse_delete_policy(policy)
+        runs = True
+    except ValueError:
+        runs = False
+    try:
+        parse_server_ini(f"[system]\nbrokerId=0\ndeletePolicy={policy}\n".encode())
+        accepted = True
+    except ConfigError:
+        accepted = False
+    assert accepted == runs, (policy, accepted, runs)

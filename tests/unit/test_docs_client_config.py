@@ -11,6 +11,7 @@ CLIENT_BAD_VALUES = [
     ("connect_timeout_s", -1.0), ("send_timeout_s", 0), ("send_max_attempts", 0),
     ("send_retry_min_wait_s", -0.1), ("send_retry_max_wait_s", 0), ("linger_ms", -1), ("batch_size", 0),
     ("buffer_memory", 0), ("max_in_flight_per_connection", 0), ("max_in_flight_per_partition", 6),
+    ("zk_root", "meta"), ("zk_root", "/meta/."), ("zk_root", "/a/../meta"),  # kazoo refuses '.' and '..' in every call
 ]
 
 CONSUMER_BAD_VALUES = [
