@@ -937,6 +937,11 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    try:
+        (out / "cluster").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"error: cannot use --out {out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     return run_of(args, out).execute()
 
 

@@ -83,3 +83,11 @@ def test_a_run_clears_what_the_last_run_left_in_its_out_directory_and_nothing_el
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster", "consumers", "elsewhere", "mine.txt"]
     assert not any((tmp_path / "cluster").iterdir()) and not any((tmp_path / "consumers").iterdir())
     clear_previous_run(tmp_path / "never-run")  # nothing there: nothing to do
+
+
+def test_an_out_directory_that_cannot_be_made_is_one_line_exit_2(tmp_path, capsys):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    assert main(["run", "--scenario", "kill-master", "--out", str(a_file)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: cannot use --out {a_file}: "), err
