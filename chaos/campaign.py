@@ -285,6 +285,11 @@ def main(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"error: cannot use --out {out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     problem = check_settings(out, args.seconds, args.first_seed, args.zk_nodes, args.power_loss, args.corruption,
                              args.hosts)
     if problem:

@@ -91,3 +91,11 @@ def test_an_out_directory_that_cannot_be_made_is_one_line_exit_2(tmp_path, capsy
     assert main(["run", "--scenario", "kill-master", "--out", str(a_file)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"error: cannot use --out {a_file}: "), err
+
+
+def test_a_campaign_out_directory_that_cannot_be_made_is_one_line_exit_2(tmp_path, capsys):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    assert main(["campaign", "--runs", "1", "--seconds", "5", "--out", str(a_file)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: cannot use --out {a_file}: "), err
