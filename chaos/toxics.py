@@ -107,7 +107,8 @@ def parse_toxic(body: Any, existing: Toxic | None = None) -> Toxic:
         toxicity = float(_number(body["toxicity"], "toxicity"))
         if not 0.0 <= toxicity <= 1.0:
             raise ApiError(400, f"toxicity must be within 0..1, got {toxicity}")
-    attrs = body.get("attributes") or {}
+    attrs = body.get("attributes")
+    attrs = {} if attrs is None else attrs  # absent or null: the defaults; [] is no object either
     if not isinstance(attrs, dict):
         raise ApiError(400, "attributes must be a JSON object")
     for key, value in attrs.items():

@@ -146,6 +146,7 @@ def test_version_and_bad_requests(toxi, proxy_server, echo):
         proxy.add_toxic(type="no_such_toxic")
     assert http(proxy_server, "POST", "/proxies/p2/toxics", {"type": "latency", "stream": "sideways"})[0] == 400
     assert http(proxy_server, "POST", "/proxies/p2/toxics", {"type": "latency", "toxicity": 2})[0] == 400
+    assert http(proxy_server, "POST", "/proxies/p2/toxics", {"type": "latency", "attributes": []})[0] == 400
 
 
 def test_enabled_that_is_not_a_boolean_is_a_400_and_changes_nothing(toxi, proxy_server, echo):
