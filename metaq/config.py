@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping
 
 from .addresses import check_zk_connect, parse_host_port
 from .cron import QuartzCron
+from .delete_policy import parse_delete_policy
 from .errors import MetaqError
 from .txn import config as txn_config
 from .txn.config import TxnSettings
@@ -287,16 +288,15 @@ def _text(text: str) -> str:
     return value
 
 
-# The third field (zip the archived segments) is archive's alone: retention
-# (store/retention.py : parse_delete_policy) refuses it after delete, so it is refused here,
-# with the file or `metaq topics alter`, not by each broker's retention scheduler afterwards.
-_POLICY = re.compile(r"^(delete,\s*\d+\s*[smh]?|archive,\s*\d+\s*[smh]?(,\s*(true|false))?)$")
-
-
 def _delete_policy(text: str) -> str:
+    """Parsed by retention's own parser, so that a value it could not run (``delete,5,true``: the
+    third field is archive's alone) is refused with the file or `metaq topics alter`, not by each
+    broker's retention scheduler afterwards."""
     value = text.strip()
-    if not _POLICY.match(value):
-        raise ValueError(f"expected 'delete,N[s|m|h]' or 'archive,N[s|m|h][,true|false]', got {text!r}")
+    try:
+        parse_delete_policy(value)
+    except ValueError:
+        raise ValueError(f"expected 'delete,N[s|m|h]' or 'archive,N[s|m|h][,true|false]', got {text!r}") from None
     return value
 
 

@@ -64,12 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.run(args) or 0)
-    except UsageError as exc:
-        print(f"metaq {args.command}: error: {exc}", file=sys.stderr)
-        return 2
     except MetaqError as exc:
         print(f"metaq {args.command}: error: {exc}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, UsageError) else 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

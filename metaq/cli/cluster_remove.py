@@ -116,8 +116,8 @@ def remove_slave(args: argparse.Namespace, client: Any, paths: Any) -> list[str]
     from ..ha.election import clear_handover, read_handover
     from ..zk.paths import decode_sync_set, encode_sync_set
 
-    broker_id = _require_broker_id(args)
-    check_remove_options(args)
+    check_remove_options(args)  # run() asked first, before connecting; kept for other callers
+    broker_id = int(args.broker_id)
     slave = f"slave{args.slave_id}"
     try:
         alive = _alive(client, paths, broker_id)

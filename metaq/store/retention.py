@@ -5,40 +5,20 @@
 it to ``.zip`` with the third field ``true``. Only read-only (closed) segments whose
 mtime is older than N are touched, oldest first, so the log stays contiguous
 (``PartitionLog.detach_segments_older_than``). When to look is ``deleteWhen``
-(``metaq.cron``); the pass itself is ``MessageStoreManager.run_retention``.
+(``metaq.cron``); the pass itself is ``MessageStoreManager.run_retention``. Both settings are
+parsed by modules of the configuration's layer (``metaq/delete_policy.py``, ``metaq/cron.py``),
+so the file's check and this pass read them alike.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import zipfile
 from pathlib import Path
-from typing import NamedTuple
 
+from metaq.delete_policy import DeletePolicy, parse_delete_policy  # noqa: F401 (the store's names for them)
 from metaq.private_files import fsync_directory, private_opener
 from metaq.store.segment import LogSegment
-
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "": 3600}
-_POLICY = re.compile(r"^\s*(delete|archive)\s*,\s*(\d+)\s*([smh]?)\s*(?:,\s*(true|false)\s*)?$", re.IGNORECASE)
-
-
-class DeletePolicy(NamedTuple):
-    kind: str  # "delete" | "archive"
-    seconds: int
-    zip: bool
-
-
-def parse_delete_policy(text: str) -> DeletePolicy:
-    match = _POLICY.match(text)
-    if not match:
-        raise ValueError(f"bad deletePolicy {text!r}: expected 'delete,N[s|m|h]' or 'archive,N[s|m|h][,true]'")
-    kind, amount, unit, compress = match.groups()
-    kind = kind.lower()
-    if compress is not None and kind != "archive":
-        raise ValueError(f"bad deletePolicy {text!r}: only 'archive' takes a third field")
-    return DeletePolicy(kind, int(amount) * _UNIT_SECONDS[unit.lower()], (compress or "").lower() == "true")
-
 
 # --- disposing of detached segments ----------------------------------------------------
 
