@@ -32,6 +32,7 @@ COMMANDS = {
     "http": "http",
     "topics": "topics",
     "groups": "groups",
+    "console": "console",
 }
 
 

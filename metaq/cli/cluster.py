@@ -92,10 +92,11 @@ def read_zk(zk_connect: str, zk_root: str, timeout: float) -> list[Member]:
 
     paths = ZkPaths(zk_root)
     with zk_session(zk_connect, timeout) as client:
-        return _members(client, paths)
+        return zk_members(client, paths)
 
 
-def _members(client: Any, paths: Any) -> list[Member]:
+def zk_members(client: Any, paths: Any) -> list[Member]:
+    """Every group's members as ZooKeeper names them (states and lag unknown until ``apply_stats``)."""
     from kazoo.exceptions import NoNodeError
 
     from ..zk.group import read_group_state, read_members
@@ -213,9 +214,8 @@ def run(args: argparse.Namespace) -> int:
     members = asyncio.run(collect(args.zk, args.zk_root, args.timeout, credentials(args), group_credentials(args)))
     if args.broker_id is not None:
         members = [m for m in members if m.broker_id == args.broker_id]
-    # No broker registered is never healthy: ZooKeeper lost its data, or the root is wrong.
     where = args.zk_root if args.broker_id is None else f"{args.zk_root} as broker group {args.broker_id}"
-    problems = unhealthy(members) if members else [f"UNHEALTHY: no brokers registered under {where}"]
+    problems = verdict(members, where)
     if args.json:
         print_json({"zk": args.zk, "zk_root": args.zk_root, "healthy": not problems, "problems": problems,
                     "members": [{**asdict(m), "sync_set": sync_set_json(m.sync_set)} for m in members]})
@@ -226,6 +226,19 @@ def run(args: argparse.Namespace) -> int:
     if not args.json:
         for line in problems:
             print(line)
+    return exit_code(problems)
+
+
+def verdict(members: list[Member], where: str) -> list[str]:
+    """The problems of the cluster's members (``unhealthy``), or the one line for none
+    registered under ``where`` (a ZooKeeper root): ``metaq cluster`` and the web console
+    (metaq/console/) both judge by this."""
+    # No broker registered is never healthy: ZooKeeper lost its data, or the root is wrong.
+    return unhealthy(members) if members else [f"UNHEALTHY: no brokers registered under {where}"]
+
+
+def exit_code(problems: list[str]) -> int:
+    """``metaq cluster``'s exit status for ``verdict``'s problems: 1 if any, else 0."""
     return 1 if problems else 0
 
 

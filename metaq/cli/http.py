@@ -24,15 +24,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-request-bytes", type=numbers.positive_int, default=None, metavar="BYTES",
                         help="largest request body (default 16 MiB)")
     parser.add_argument("--send-timeout", type=numbers.positive, default=15.0, help="seconds a produce may retry before it fails (default 15)")
+    add_https_arguments(parser, "require HTTP Basic logins of this security file's users and apply their ACLs (needs --tls-cert)")
+    parser.set_defaults(run=run)
+
+
+def add_https_arguments(parser: argparse.ArgumentParser, users_help: str) -> None:
+    """HTTPS and HTTP logins: ``--tls-cert``/``--tls-key``, ``--http-users`` and its failed-login
+    limits (``metaq http`` and ``metaq console`` alike; read by ``https_context`` and ``http_users``)."""
     parser.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS with this certificate chain (needs --tls-key)")
     parser.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
-    parser.add_argument("--http-users", metavar="FILE",
-                        help="require HTTP Basic logins of this security file's users and apply their ACLs (needs --tls-cert)")
+    parser.add_argument("--http-users", metavar="FILE", help=users_help)
     parser.add_argument("--login-failure-burst", type=numbers.positive_int, default=None, metavar="N",
                         help="failed logins one client address, or one user, may have in a row before 429 (default 10)")
     parser.add_argument("--login-failure-rate", type=numbers.positive, default=None, metavar="PER_S",
                         help="failed logins per second allowed after the burst, per address and per user (default 1)")
-    parser.set_defaults(run=run)
 
 
 def http_users(args: argparse.Namespace, https: bool):

@@ -102,6 +102,8 @@ class _Ack:
     offset: int
     payload: bytes
     at: float
+    #: when the put was handed to the producer: ``at - sent_at`` is the put's latency, retries included
+    sent_at: float = 0.0
 
 
 class _Load:
@@ -128,9 +130,10 @@ class _Load:
 
     async def _send(self, seq: int) -> None:
         payload = f"{self.tag}-{seq}".encode()
+        sent_at = time.monotonic()
         result = await self.producer.send_message(Message(self.topic, payload))
         if result.success:
-            self.acks.append(_Ack(self.topic, str(result.partition), result.offset, payload, time.monotonic()))
+            self.acks.append(_Ack(self.topic, str(result.partition), result.offset, payload, time.monotonic(), sent_at))
         elif result.outcome_unknown:
             self.unknown += 1
         else:
@@ -260,6 +263,12 @@ class Drill:
         self.settle_s = settle_s
         self.rejoin_timeout_s = rejoin_timeout_s
         self.idempotence = idempotence
+        # What a live view reads while the drill runs (the web console's timeline): the load
+        # (its acks grow as they come), the report (its figures are filled in as measured)
+        # and the moment of the fault (time.monotonic()); None until each exists.
+        self.load: _Load | None = None
+        self.report: DrillReport | None = None
+        self.fault_at: float | None = None
 
     async def run(self) -> DrillReport:
         session = zk_session(self.zk_connect)
@@ -290,15 +299,15 @@ class Drill:
         pid = await _pid(old_url, self.creds)
         process = _Process.inspect(pid)
         session_ms = await self._session_timeout_ms(old_url)
-        report = DrillReport(self.fault, self.broker_id, old_url, mode=mode, epoch_before=state.epoch)
+        report = self.report = DrillReport(self.fault, self.broker_id, old_url, mode=mode, epoch_before=state.epoch)
 
         config = load_client_config(self.zk_connect, self.zk_root, session_ms, self.creds, self.idempotence)
         report.idempotent = self.idempotence
         async with AsyncMessageSessionFactory(config) as factory:
-            load = _Load(factory, topic, self.rate, f"drill-{uuid.uuid4().hex[:8]}")
+            load = self.load = _Load(factory, topic, self.rate, f"drill-{uuid.uuid4().hex[:8]}")
             load.start()
             await asyncio.sleep(1.0)
-            fault_at = time.monotonic()
+            fault_at = self.fault_at = time.monotonic()
             acked_before = list(load.acks)
             restore = await self._inject(process, session_ms)
             report.detection_s = await self._wait_master_change(zk, old_url, fault_at, timeout=session_ms / 1000 * 6 + 10)
