@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what metaq-py needs on a Debian machine (idempotent).
 #   bash scripts/setup.sh          the package and its runtime needs (ZooKeeper from Debian)
-#   bash scripts/setup.sh --test   also the test and Spark extras, and MariaDB (the SQL offset store tests)
+#   bash scripts/setup.sh --test   also the test and Spark extras (Playwright among them), MariaDB (the SQL offset store
+#                                  tests) and chromium (the web console's browser tests)
 #   bash scripts/setup.sh --bench  also what bench/vs_redis.py compares against (Debian's redis-server, redis-py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +28,11 @@ fi
 # The chaos suite's hosts mode (--hosts netns, root only) cuts hosts apart with nftables.
 if [ "$mode" = "--test" ] && [ "$(id -u)" = 0 ] && ! command -v nft >/dev/null; then
     apt_install nftables "for the chaos hosts mode's partition faults"
+fi
+# The web console's browser tests (tests/browser) drive Debian's chromium through Playwright
+# (installed with the test extras below); Playwright never downloads a browser of its own.
+if [ "$mode" = "--test" ] && [ ! -x /usr/bin/chromium ]; then
+    apt_install chromium "for the web console's browser tests"
 fi
 if [ "$mode" = "--bench" ] && ! command -v redis-server >/dev/null; then
     apt_install redis-server "for bench/vs_redis.py"

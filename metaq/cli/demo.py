@@ -6,7 +6,9 @@ authenticated slave, ZooKeeper ACLs; metaq/cli/demo_security.py); what an
 outsider tries is refused; produce through the client; consume from the slave;
 verify the logs are byte-identical; a kill -9 failover drill (the slave takes
 over under a new epoch, the old master comes back as its slave); verify again;
-a summary. Every client and tool logs in.
+a summary. Every client and tool logs in. ``--console`` also runs the web console
+(``metaq console``, docs/console.md) for the demo's cluster from the start: its URL is
+printed, and it stays up as long as the demo (with ``--keep``, until Ctrl-C).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--messages", type=numbers.positive_int, default=5000, help="messages to produce (default 5000)")
     parser.add_argument("--dir", help="work directory, new or empty (default: a temporary one, removed afterwards)")
     parser.add_argument("--keep", action="store_true", help="leave the cluster running until Ctrl-C")
+    parser.add_argument("--console", action="store_true",
+                        help="also run the web console (metaq console) for the demo's cluster: its URL is printed first, and it runs as long as the demo does")
     parser.set_defaults(run=run)
 
 
@@ -51,13 +55,13 @@ def run(args: argparse.Namespace) -> int:
         raise MetaqError(f"--dir {args.dir} is not empty: the demo starts a fresh cluster; give a new or empty directory")
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="metaq-demo-"))
     try:
-        return asyncio.run(_demo(console, work, args.messages, args.keep))
+        return asyncio.run(_demo(console, work, args.messages, args.keep, args.console))
     finally:
         if not args.dir:
             shutil.rmtree(work, ignore_errors=True)
 
 
-async def _demo(console: Any, work: Path, count: int, keep: bool) -> int:
+async def _demo(console: Any, work: Path, count: int, keep: bool, web_console: bool = False) -> int:
     from rich.table import Table
 
     from ..tools.launcher import LocalCluster
@@ -85,6 +89,12 @@ async def _demo(console: Any, work: Path, count: int, keep: bool) -> int:
             step.note(f"ZooKeeper {cluster.zk_connect}; master {master.url}; slave {slave.url} (slave0)")
             step.note(f"securityEnabled=true: users {security.app.user} (produce/consume {TOPIC}) and {security.ops.user} (admin),"
                       f" group secret and password files in {security.directory}")
+        if web_console:
+            with step("start the web console (metaq console)"):
+                pid, url = await asyncio.to_thread(_start_console, work, cluster.zk_connect, security)
+                extra_pids.append(pid)
+                step.note(f"open {url} and log in as {security.ops.user} (admin) or {security.app.user} (read-only);"
+                          f" passwords in {security.directory}/{security.ops.user}.password and {security.app.user}.password")
         with step("try what an outsider would: each attempt must be refused"):
             refusals = await try_as_outsider(security, master.url, cluster.zk_connect, cluster.zk_root, TOPIC)
             for refusal in refusals:
@@ -149,6 +159,33 @@ async def _demo(console: Any, work: Path, count: int, keep: bool) -> int:
         for pid in extra_pids:
             stop_pid(pid)
         await asyncio.to_thread(cluster.stop)
+
+
+def _start_console(work: Path, zk_connect: str, security: Any) -> tuple[int, str]:
+    """``metaq console`` for the demo's cluster, as a child process: (its pid, its URL).
+
+    It listens on 127.0.0.1 (a free port) and asks for logins of the demo's users; over
+    plain HTTP, which the console allows on a loopback address only.
+    """
+    import re
+    import subprocess
+    import sys
+
+    log = open(work / "console.log", "ab")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "metaq", "console", "--zk", zk_connect, "--port", "0", "--reports", str(work / "console-reports"),
+         "--http-users", str(security.directory / "security.ini"), "--user", security.ops.user,
+         "--password-file", str(security.directory / f"{security.ops.user}.password"),
+         "--group-secret", f"0={security.directory / 'group.secret'}"],
+        stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    found = re.search(r"serving (\S+)", line)
+    if found is None:
+        process.kill()
+        process.wait()
+        raise MetaqError(f"the web console did not start; see {work / 'console.log'}")
+    return process.pid, found.group(1)
 
 
 async def _produce(zk_connect: str, count: int, creds: Credentials) -> float:

@@ -48,7 +48,6 @@ SESSION_IDLE_S = 12 * 3600.0
 OPEN_PATHS = ("/", "/index.html", "/api/login")
 OPEN_PREFIXES = ("/static/",)
 SAFE_METHODS = ("GET", "HEAD")
-SESSION = "metaq_console.session"  # the request's Session (a plain key: aiohttp>=3.9)
 
 
 @dataclass
@@ -57,6 +56,10 @@ class Session:
     user: str | None  # None: the console requires no login (no --http-users)
     csrf: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     seen: float = field(default_factory=time.monotonic)
+
+
+#: Where a request carries its Session (a typed key where aiohttp has them: 3.12 on).
+SESSION: Any = web.RequestKey("session", Session) if hasattr(web, "RequestKey") else "metaq_console.session"
 
 
 class Access:

@@ -20,7 +20,8 @@ Every figure is the one the CLI computes, by the CLI's own functions:
   group (``describe_group``, the very function ``groups describe`` prints).
 
 Cost at scale: a cycle asks each broker for its stats (two requests per master, one per
-slave) and reads one ZooKeeper node per consumer group partition; the lag history keeps
+slave, on one connection kept per broker: links.py) and reads one ZooKeeper node per
+consumer group partition; the lag history keeps
 ``HISTORY_POINTS`` numbers per (group, topic), not per partition.
 """
 
@@ -33,8 +34,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..cli.admin import Answer, stats_answer, sync_set_json
+from ..cli.admin import Answer, sync_set_json
 from ..cli.cluster import NO_MASTER, Member, apply_stats, exit_code, verdict, zk_members
+from .links import BrokerLinks
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,7 @@ class Collector:
         self.zk_connect, self.zk_root, self.creds = zk_connect, zk_root, creds
         self.timeout, self.interval = timeout, interval
         self.paths = ZkPaths(zk_root)
+        self.links = BrokerLinks(creds, timeout)
         self.snapshot: dict[str, Any] = {}
         self.takeovers: collections.deque[Takeover] = collections.deque(maxlen=MAX_TAKEOVERS)
         self._lag_history: dict[tuple[str, str], collections.deque[tuple[int, int]]] = {}
@@ -98,6 +101,7 @@ class Collector:
                 await self._task
             except asyncio.CancelledError:
                 pass
+        self.links.close()
         if self._session is not None:
             await asyncio.to_thread(self._session.__exit__, None, None, None)
 
@@ -142,9 +146,10 @@ class Collector:
         members = await asyncio.to_thread(self._read_members)
         urls = sorted({m.url for m in members if m.state != NO_MASTER})
         masters = sorted({m.url for m in members if m.role == "master" and m.state != NO_MASTER})
+        self.links.keep_only(set(urls))
         general, offsets = await asyncio.gather(
-            asyncio.gather(*(stats_answer(url, "", self.timeout, self.creds) for url in urls)),
-            asyncio.gather(*(stats_answer(url, "offsets", self.timeout, self.creds) for url in masters)),
+            asyncio.gather(*(self.links.stats(url, "") for url in urls)),
+            asyncio.gather(*(self.links.stats(url, "offsets") for url in masters)),
         )
         answers = dict(zip(urls, general))
         apply_stats(members, answers)
