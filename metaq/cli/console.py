@@ -47,17 +47,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def group_secrets(words: list[str]) -> tuple[tuple[int, str], ...]:
     secrets = []
     for word in words:
@@ -81,6 +70,8 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     ssl_context = https_context(args)
     # Logins need HTTPS, as metaq http's do, except on a loopback address: the password then
     # never leaves this machine (and browsers count http://127.0.0.1 as a secure context).
+    from ..config import is_loopback
+
     users = http_users(args, ssl_context is not None or is_loopback(args.host))
     creds = credentials(args)
     login = ClusterLogin(args.zk, args.zk_root, creds.user, creds.password, creds.tls_ca_file, group_secrets(args.group_secret))

@@ -284,21 +284,8 @@ async def serve(collector: Collector, access: Access, drills: Drills, login: Clu
                 ready: Callable[[str], None] | None = None, *, ssl_context: ssl.SSLContext | None = None,
                 stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (SIGINT/SIGTERM set it when none is given); ``ready`` gets the URL."""
-    import signal
+    from ..http.app import serve_app
 
-    runner = web.AppRunner(build_app(collector, access, drills, login), access_log=None, shutdown_timeout=1.0)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
-        await site.start()
-        if ready is not None:
-            bound_host, bound_port = runner.addresses[0][:2]
-            ready(f"{'https' if ssl_context else 'http'}://{bound_host}:{bound_port}/")
-        if stop is None:
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(signum, stop.set)
-        await stop.wait()
-    finally:
-        await runner.cleanup()
+    # An open page's event stream never ends by itself: stopping does not wait for it.
+    await serve_app(build_app(collector, access, drills, login), host, port, ready, ssl_context=ssl_context, stop=stop,
+                    shutdown_timeout=1.0)

@@ -177,7 +177,20 @@ async def serve(gateway: Gateway, host: str, port: int, max_request_bytes: int =
                 ready: Callable[[str], None] | None = None, *, ssl_context: ssl.SSLContext | None = None,
                 users: HttpUsers | None = None) -> None:
     """Serve until SIGINT/SIGTERM (HTTPS with ``ssl_context``; logins with ``users``); ``ready`` gets the URL once the port is open."""
-    runner = web.AppRunner(build_app(gateway, max_request_bytes, users), access_log=None)
+    try:
+        await serve_app(build_app(gateway, max_request_bytes, users), host, port, ready, ssl_context=ssl_context)
+    finally:
+        if users is not None:
+            users.close()
+
+
+async def serve_app(app: web.Application, host: str, port: int, ready: Callable[[str], None] | None = None, *,
+                    ssl_context: ssl.SSLContext | None = None, stop: asyncio.Event | None = None,
+                    shutdown_timeout: float = 60.0) -> None:
+    """Serve ``app`` until ``stop`` is set (without one: until SIGINT/SIGTERM); ``ready`` gets the
+    URL once the port is open; requests still running then get ``shutdown_timeout`` seconds.
+    ``metaq http`` and ``metaq console`` both run this way."""
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
@@ -185,12 +198,11 @@ async def serve(gateway: Gateway, host: str, port: int, max_request_bytes: int =
         if ready is not None:
             bound_host, bound_port = runner.addresses[0][:2]
             ready(f"{'https' if ssl_context else 'http'}://{bound_host}:{bound_port}/")
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
+        if stop is None:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(signum, stop.set)
         await stop.wait()
     finally:
         await runner.cleanup()
-        if users is not None:
-            users.close()
