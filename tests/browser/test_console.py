@@ -206,8 +206,22 @@ def test_a_topic_created_from_the_cli_appears_without_a_reload(browser: Any, env
     assert created.returncode == 0, created.stdout + created.stderr
     row = page.locator("tr[data-topic=fresh]")
     expect(row).to_be_visible(timeout=10_000)
-    expect(row).to_contain_text("3")
+    expect(row.locator("td").nth(2)).to_have_text("3")
     assert page.evaluate("window.__notReloaded") is True
+    # Altered from the page: the CLI's own check refuses fewer partitions, with its line; more are applied.
+    row.locator("button", has_text="Alter").click()
+    page.fill("#dialog-body input[name=partitions]", "2")
+    page.click("#dialog-ok")
+    output = page.locator("#dialog-output")
+    expect(output).to_contain_text("(exit 1)", timeout=30_000)
+    expect(output).to_contain_text("metaq topics alter --broker-id=0 --topic=fresh --partitions=2")
+    assert "partitions" in output.inner_text().split("\n", 1)[1]
+    page.fill("#dialog-body input[name=partitions]", "5")
+    page.click("#dialog-ok")
+    expect(output).to_contain_text("(exit 0)", timeout=30_000)
+    assert "password" not in output.inner_text().replace("--password-file", "")
+    page.click("#dialog-cancel")
+    expect(row.locator("td").nth(2)).to_have_text("5", timeout=10_000)
     page.context.close()
 
 
@@ -255,6 +269,28 @@ def test_after_kill_9_of_the_master_the_page_shows_the_new_master_and_epoch_with
     master.start(wait_zk=False)  # it registers as a slave now, not as the master it was
     expect(card.locator("tr[data-role=slave0]")).to_contain_text("in sync set", timeout=30_000)
     expect(page.locator("#health")).to_have_attribute("data-exit-code", "0")
+    page.context.close()
+
+
+def test_a_promote_from_the_page_is_metaq_promote_behind_a_confirmation(browser: Any, env: Env) -> None:
+    page = ops_page(browser, env)
+    card = group_card(page)
+    old_master = env.cluster.masters[0]  # back as slave0 since the kill above
+    expect(card.locator("tr[data-role=slave0] .addr")).to_have_text(old_master.url.removeprefix("meta://"))
+    card.locator("tr[data-role=slave0] button", has_text="Promote").click()
+    expect(page.locator("#dialog-title")).to_have_text("Promote slave0 of broker group 0")
+    expect(page.locator("#dialog-ok")).to_be_disabled()
+    page.fill("#dialog-confirm", "1")  # not the group's id
+    expect(page.locator("#dialog-ok")).to_be_disabled()
+    page.fill("#dialog-confirm", "0")
+    page.click("#dialog-ok")
+    output = page.locator("#dialog-output")
+    expect(output).to_contain_text("(exit 0)", timeout=30_000)
+    expect(output).to_contain_text("leads broker group 0 in epoch 3")
+    page.click("#dialog-cancel")
+    expect(card.locator("[data-testid=master]")).to_have_text(old_master.url.removeprefix("meta://"))
+    expect(card.locator("[data-testid=epoch]")).to_have_text("3")
+    expect(card.locator("tr[data-role=slave0]")).to_contain_text("in sync set", timeout=30_000)
     page.context.close()
 
 
