@@ -248,6 +248,20 @@ def test_lag_rises_while_a_consumer_group_is_stopped_and_falls_when_it_resumes(b
     wait_until(lambda: _lag(page) == 0, 10, message="the lag to fall on the page")
     assert risen and risen > 0
     expect(page.locator("[data-spark] canvas").first).to_be_visible()
+    # Reset from the page (metaq groups reset-offsets): a dry run, then executed once the group's name is typed.
+    page.locator("[data-testid=consumer-billing] button", has_text="Reset offsets").click()
+    page.select_option("#dialog-body select[name=topic]", TOPIC)
+    page.select_option("#dialog-body select[name=target]", "earliest")
+    page.click("#dialog-ok")
+    output = page.locator("#dialog-output")
+    expect(output).to_contain_text("dry run: nothing written", timeout=30_000)
+    page.check("#dialog-body input[name=execute]")
+    expect(page.locator("#dialog-ok")).to_be_disabled()
+    page.fill("#dialog-confirm", "billing")
+    page.click("#dialog-ok")
+    expect(output).to_contain_text("offset(s) written", timeout=30_000)
+    page.click("#dialog-cancel")
+    wait_until(lambda: (_lag(page) or 0) > risen, 10, message="the lag to be the whole topic after the reset")
     page.context.close()
 
 

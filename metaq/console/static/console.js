@@ -410,7 +410,9 @@ async function keepChart(id) {
 
 // --- actions: dialogs over the CLI's commands ----------------------------------------------------------------
 
-function dialog({ title, body, confirmName, okLabel, run }) {
+// confirmName: what must be typed before OK (null: nothing); confirmWhen(form): when it must
+// (default: always), e.g. a reset only when it executes.
+function dialog({ title, body, confirmName, okLabel, run, confirmWhen = () => true }) {
   const d = $("#dialog");
   $("#dialog-title").textContent = title;
   $("#dialog-body").innerHTML = body;
@@ -419,8 +421,12 @@ function dialog({ title, body, confirmName, okLabel, run }) {
   $("#dialog-confirm").value = "";
   $("#dialog-output").classList.add("hidden");
   $("#dialog-ok").textContent = okLabel || "Run";
-  $("#dialog-ok").disabled = confirmName !== null;
-  $("#dialog-confirm").oninput = () => { $("#dialog-ok").disabled = $("#dialog-confirm").value.trim() !== String(confirmName); };
+  const form = $("#dialog-form");
+  const check = () => {
+    $("#dialog-ok").disabled = confirmName !== null && confirmWhen(new FormData(form)) && $("#dialog-confirm").value.trim() !== String(confirmName);
+  };
+  form.oninput = check;
+  check();
   $("#dialog-form").onsubmit = async (ev) => {
     ev.preventDefault();
     $("#dialog-ok").disabled = true;
@@ -476,17 +482,14 @@ document.addEventListener("click", (ev) => {
   if (d.reset) {
     const group = d.reset;
     const g = state.snap.consumer_groups.find((x) => x.group === group);
-    dialog({ title: `Reset the offsets of ${group}`, confirmName: null, okLabel: "Show plan",
+    dialog({ title: `Reset the offsets of ${group}`, confirmName: group, okLabel: "Run", confirmWhen: (f) => f.get("execute") === "on",
       body: `<div class="form-row"><label>Topic <select name="topic">${(g ? g.topics : []).map((t) => `<option>${esc(t.topic)}</option>`).join("")}<option value="*">all topics</option></select></label>
         <label>To <select name="target"><option value="earliest">earliest</option><option value="latest">latest</option><option value="datetime">date-time (ISO 8601)</option><option value="duration">duration ago (30m, 2h)</option><option value="shift">shift by N messages</option><option value="offset">offset</option></select></label>
         <label>Value <input name="value" placeholder="for date-time, duration, shift, offset"></label></div>
-        <p class="muted small">A dry run first (<span class="mono">metaq groups reset-offsets</span>); then type the group's name to execute. Refused while the group has live members.</p>
+        <p class="muted small">Without <i>execute</i>, a dry run (<span class="mono">metaq groups reset-offsets</span>) shows the plan; to execute, tick it and type the group's name. Refused while the group has live members.</p>
         <label style="flex-direction:row;gap:8px;align-items:center"><input type="checkbox" name="execute"> execute (write the new offsets)</label>`,
-      run: (f) => {
-        const execute = f.get("execute") === "on";
-        const confirm = execute ? window.prompt(`Type ${group} to write the new offsets`) : null;
-        return post("/api/groups/reset-offsets", { group, topic: f.get("topic"), target: f.get("target"), value: f.get("value"), execute, confirm });
-      } });
+      run: (f, confirm) => post("/api/groups/reset-offsets", { group, topic: f.get("topic"), target: f.get("target"), value: f.get("value"),
+                                                              execute: f.get("execute") === "on", confirm }) });
   }
   if (d.describe) {
     dialog({ title: `metaq groups describe --group ${d.describe}`, confirmName: null, okLabel: "Count",
