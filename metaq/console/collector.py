@@ -201,6 +201,10 @@ class Collector:
             ]
             sync_set = sync_set_json(master.sync_set)
             warnings = []
+            if master.state != NO_MASTER and len(group) == 1:
+                warnings.append(f"broker group {broker_id}: no slave registered: nothing to fail over to")
+            if mode == "sync" and sync_set == [] and master.state != NO_MASTER:
+                warnings.append(f"broker group {broker_id}: the sync set is empty: acked writes are on the master alone")
             for slave in group[1:]:
                 if mode == "sync" and sync_set is not None and slave.role not in sync_set:
                     warnings.append(f"broker group {broker_id}: {slave.role} ({slave.url}) is out of the sync set: "
