@@ -80,7 +80,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
         collector = await Collector(args.zk, args.zk_root, creds, args.timeout, args.interval).start()
     except ZooKeeperUnreachable as exc:
         raise MetaqError(str(exc)) from None
-    drills = Drills(reports, args.zk, args.zk_root, creds)
+    drills = Drills(reports, args.zk, args.zk_root, creds, dict(login.group_secrets))
 
     def ready(url: str) -> None:
         who = f"logins of {args.http_users}" if users is not None else "no login (anyone who reaches this address may act)"

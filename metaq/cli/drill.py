@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 from ..errors import MetaqError, UsageError
 from . import numbers
-from .login import add_login_arguments, credentials, zk_connect_arg, zk_root_arg
+from .login import add_group_secret_argument, add_login_arguments, credentials, zk_connect_arg, zk_root_arg, zk_security
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +22,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--zk", type=zk_connect_arg, required=True, metavar="HOST:PORT[,...]", help="ZooKeeper connect string")
     parser.add_argument("--zk-root", type=zk_root_arg, default="/meta", help="ZooKeeper root of the cluster (default /meta)")
     parser.add_argument("--broker-id", type=numbers.broker_id, required=True, help="the broker group to drill")
-    parser.add_argument("--fault", choices=("kill", "stop", "partition"), default="kill", help="kill -9, SIGSTOP, or a network partition through a fault proxy (default kill)")
+    parser.add_argument("--fault", choices=("kill", "stop", "partition", "promote"), default="kill",
+                        help="kill -9, SIGSTOP, a network partition through a fault proxy, or a planned hand-over (metaq promote's) to a sync slave (default kill)")
     parser.add_argument("--topic", help="topic to load (default: the group's first topic)")
     parser.add_argument("--rate", type=numbers.positive, default=200.0, help="messages per second during the drill (default 200)")
     parser.add_argument("--repeat", type=numbers.positive_int, default=1, help="run N drills back to back (p50/p99 over them)")
@@ -32,6 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-idempotence", dest="idempotence", action="store_false",
                         help="load with a plain (at-least-once) producer: resends after the fault may be stored twice")
     add_login_arguments(parser)
+    add_group_secret_argument(parser)
     parser.set_defaults(run=run)
 
 
@@ -131,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         reports = []
         for i in range(args.repeat):
             drill = Drill(args.zk, args.broker_id, args.fault, zk_root=args.zk_root, topic=args.topic, rate=args.rate, proxy=proxy, creds=creds,
-                          idempotence=args.idempotence)
+                          idempotence=args.idempotence, zk_security=zk_security(args, args.broker_id))
             with drill_status(f"drill {i + 1} of {args.repeat}: {args.fault} the master of group {args.broker_id} under load, "
                               "wait for the new master, check every acked message"):
                 report = await drill.run()

@@ -33,7 +33,8 @@ from ..errors import MetaqError
 log = logging.getLogger(__name__)
 
 BUCKET_S = 0.25
-FAULTS = ("kill", "stop")
+#: The faults a page may start (``partition`` needs a fault proxy the console does not know of).
+FAULTS = ("kill", "stop", "promote")
 #: A drill id: when it started (UTC), and its group (``20261207-130501-g0``; ``-2`` for a second one that second).
 DRILL_ID = re.compile(r"\d{8}-\d{6}-g\d+(-\d+)?")
 #: Largest chart image accepted (a PNG of the page's chart is far smaller).
@@ -104,9 +105,11 @@ def _timeline(acks: list[Any], origin: float) -> dict[str, list[float | None]]:
 class Drills:
     """The console's drills: the running one, and the reports kept in ``directory``."""
 
-    def __init__(self, directory: Path, zk_connect: str, zk_root: str, creds: Any) -> None:
+    def __init__(self, directory: Path, zk_connect: str, zk_root: str, creds: Any, group_secrets: dict[int, str] | None = None) -> None:
         self.directory = directory
         self.zk_connect, self.zk_root, self.creds = zk_connect, zk_root, creds
+        #: broker group id -> its group secret file: a promote drill writes the group's hand-over node
+        self.group_secrets = dict(group_secrets or {})
         self.live: dict[str, LiveDrill] = {}
         self._running: LiveDrill | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -118,7 +121,8 @@ class Drills:
             raise MetaqError(f"unknown fault {fault!r} ({' or '.join(FAULTS)})")
         if self._running is not None:
             raise DrillBusy(f"drill {self._running.id} on broker group {self._running.drill.broker_id} is still running")
-        drill = Drill(self.zk_connect, broker_id, fault, zk_root=self.zk_root, topic=topic, rate=rate, creds=self.creds)
+        drill = Drill(self.zk_connect, broker_id, fault, zk_root=self.zk_root, topic=topic, rate=rate, creds=self.creds,
+                      zk_security=self._zk_security(broker_id))
         stem = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-g{broker_id}"
         drill_id, n = stem, 1
         while drill_id in self.live or (self.directory / f"{drill_id}.json").exists():
@@ -129,6 +133,14 @@ class Drills:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return live
+
+    def _zk_security(self, broker_id: int) -> Any:
+        """Group ``broker_id``'s ZooKeeper login from its ``--group-secret`` (None without one), as the CLI's."""
+        from argparse import Namespace
+
+        from ..cli.login import zk_security
+
+        return zk_security(Namespace(group_secret=self.group_secrets.get(broker_id), zk_root=self.zk_root), broker_id)
 
     async def _run(self, live: LiveDrill) -> None:
         from ..tools.drill import summarize

@@ -8,8 +8,10 @@ A drill, against a group that is already running (it never starts one):
 2. produce a steady load through the ordinary client (which re-routes and
    retries by itself), recording every ack;
 3. inject the fault: ``kill`` (SIGKILL, then restart it), ``stop`` (SIGSTOP
-   past the ZooKeeper session timeout, then SIGCONT), or ``partition`` (the
-   master's ZooKeeper link through a Toxiproxy proxy is cut, then restored);
+   past the ZooKeeper session timeout, then SIGCONT), ``partition`` (the
+   master's ZooKeeper link through a Toxiproxy proxy is cut, then restored), or
+   ``promote`` (a planned hand-over, as ``metaq promote`` asks it, to the lowest
+   slave id the sync set names, any slave in async mode);
 4. measure: detection (the master znode changed), first acked write after the
    fault (necessarily on the new master), first read of a post-fault message;
 5. check: every message acked before the fault is in the new master's log at
@@ -48,6 +50,8 @@ from ..protocol.codes import FORBIDDEN
 from ..protocol.messages import ConfigRequest, EpochsRequest, GetRequest, OffsetRequest, PutRequest, Request, StatsRequest, TopicsRequest
 from ..protocol.replies import ConfigReply, EpochsReply, FetchReply, ReplyError, StatsReply, TopicsReply
 from ..record import iter_records
+from ..ha.election import Handover, clear_handover, write_handover
+from ..zk.acl import ZkSecurity
 from ..zk.group import GroupMembers, GroupState, read_group_state, read_members
 from ..zk.paths import ZkPaths
 from ..zk.session import zk_session
@@ -239,9 +243,10 @@ class Drill:
         rejoin_timeout_s: float = 60.0,
         creds: Credentials | None = None,
         idempotence: bool = True,
+        zk_security: ZkSecurity | None = None,
     ) -> None:
-        if fault not in ("kill", "stop", "partition"):
-            raise MetaqError(f"unknown fault {fault!r} (kill, stop or partition)")
+        if fault not in FAULTS:
+            raise MetaqError(f"unknown fault {fault!r} ({', '.join(FAULTS[:-1])} or {FAULTS[-1]})")
         if not rate > 0:
             # Checked before any fault: the load paces its sends at 1/rate s, and a load that
             # dies after the kill would leave the old master down and nothing measured.
@@ -263,6 +268,8 @@ class Drill:
         self.settle_s = settle_s
         self.rejoin_timeout_s = rejoin_timeout_s
         self.idempotence = idempotence
+        #: the group's ZooKeeper login (ZooKeeper ACLs on): a ``promote`` writes the hand-over node
+        self.zk_security = zk_security
         # What a live view reads while the drill runs (the web console's timeline): the load
         # (its acks grow as they come), the report (its figures are filled in as measured)
         # and the moment of the fault (time.monotonic()); None until each exists.
@@ -271,7 +278,7 @@ class Drill:
         self.fault_at: float | None = None
 
     async def run(self) -> DrillReport:
-        session = zk_session(self.zk_connect)
+        session = zk_session(self.zk_connect, security=self.zk_security)
         zk = await asyncio.to_thread(session.__enter__)
         try:
             return await self._run(zk)
@@ -297,7 +304,9 @@ class Drill:
         mode = topics_reply.replication_mode
         await self._check_permissions(old_url, topic)
         pid = await _pid(old_url, self.creds)
-        process = _Process.inspect(pid)
+        # A hand-over signals nothing: only the other faults need the master's process here.
+        process = _Process.inspect(pid) if self.fault != "promote" else None
+        handover = await self._handover_target(zk, state) if self.fault == "promote" else None
         session_ms = await self._session_timeout_ms(old_url)
         report = self.report = DrillReport(self.fault, self.broker_id, old_url, mode=mode, epoch_before=state.epoch)
 
@@ -309,8 +318,16 @@ class Drill:
             await asyncio.sleep(1.0)
             fault_at = self.fault_at = time.monotonic()
             acked_before = list(load.acks)
-            restore = await self._inject(process, session_ms)
+            if handover is not None:
+                await asyncio.to_thread(write_handover, zk, self.paths, self.broker_id, handover)
+                restore = None
+            else:
+                assert process is not None
+                restore = await self._inject(process, session_ms)
             report.detection_s = await self._wait_master_change(zk, old_url, fault_at, timeout=session_ms / 1000 * 6 + 10)
+            if handover is not None:
+                # As metaq promote does once the master changed: no later election is bound to it.
+                await asyncio.to_thread(clear_handover, zk, self.paths, self.broker_id)
             new_state = await self._group(zk)
             report.new_master = new_state.master_url
             report.epoch_after = new_state.epoch
@@ -338,6 +355,7 @@ class Drill:
             target = report.new_master
         await self._check(report, target, topic, acked_before, acks)
         if self.fault == "kill":
+            assert process is not None
             report.restarted_pid = process.restart()
             report.notes.append(f"restarted the old master as pid {report.restarted_pid}")
         rejoined = await self._wait_rejoin(zk, old_url, report.restarted_pid)
@@ -378,6 +396,17 @@ class Drill:
         from ..config import parse_server_ini
 
         return parse_server_ini(reply.raw, "master server.ini").zk.session_timeout_ms
+
+    async def _handover_target(self, zk: KazooClient, state: GroupState) -> Handover:
+        """The hand-over a ``promote`` drill asks: to the lowest slave id the sync set names (sync
+        mode), any registered slave's otherwise; MetaqError before any fault if there is none."""
+        members = await asyncio.to_thread(read_members, zk, self.paths, self.broker_id)
+        in_sync = state.sync_set if state.sync_set is not None and state.sync_set_epoch == state.epoch else None
+        eligible = sorted(k for k in members.slaves if in_sync is None or k in in_sync)
+        if not eligible:
+            raise MetaqError(f"not starting the drill: broker group {self.broker_id} has no slave to hand over to"
+                             f" (registered: {sorted(members.slaves)}, sync set: {sorted(in_sync or [])}); nothing was injected")
+        return Handover(eligible[0], state.epoch)
 
     async def _inject(self, process: _Process, session_ms: int) -> Any:
         if self.fault == "kill":
@@ -527,6 +556,10 @@ class Drill:
                 if time.monotonic() > deadline:
                     return False
             await asyncio.sleep(0.5)
+
+
+#: What a drill can do to the master.
+FAULTS = ("kill", "stop", "partition", "promote")
 
 
 def listening_ports(pid: int) -> set[int]:

@@ -347,3 +347,29 @@ def test_a_drill_started_from_the_page_draws_its_timeline(browser: Any, env: Env
     assert (env.reports / f"{drill_id}.png").read_bytes().startswith(b"\x89PNG")
     assert json.loads((env.reports / f"{drill_id}.json").read_text())["timeline"]["rate"] == rate
     page.context.close()
+
+
+def test_a_promote_drill_hands_the_master_over_under_load_and_loses_nothing(browser: Any, env: Env) -> None:
+    page = ops_page(browser, env)
+    old_master = page.locator("[data-testid=group-0] [data-testid=master]").inner_text()
+    page.goto(env.url + "#/drills")
+    page.select_option("#drill-form select[name=fault]", "promote")
+    page.fill("#drill-form input[name=topic]", TOPIC)
+    page.click("#start-drill")
+    expect(page.locator("#dialog-title")).to_have_text("Drill broker group 0: hand its master over to a sync slave")
+    page.fill("#dialog-confirm", "0")
+    page.click("#dialog-ok")
+    result = page.locator("[data-testid=drill-result]")
+    expect(result).to_be_visible(timeout=120_000)
+    expect(result.locator("[data-testid=lost]")).to_have_text("0")
+    expect(result.locator("[data-testid=logs-identical]")).to_have_text("true")
+    expect(result).to_contain_text(f"{old_master} →")
+    for name in ("fault", "detection", "first acked write"):
+        expect(page.locator(f"#drill-markers [data-marker='{name}']")).to_be_visible()
+    # The hand-over node is gone once the new master leads: no later election is bound to it.
+    from metaq.zk.paths import ZkPaths
+    from tests.harness import kazoo_client
+
+    with kazoo_client(env.cluster.zk_connect) as zk:
+        assert zk.exists(ZkPaths("/meta").handover(0)) is None
+    page.context.close()

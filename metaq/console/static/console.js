@@ -282,7 +282,7 @@ async function showDrills(id) {
     <div class="card"><div class="card-head"><h2>Start a drill</h2><span class="muted small">faults the master under load, measures the failover, checks every acked message (metaq drill)</span></div>
     <div class="card-body"><form id="drill-form" class="form-row">
       <label>Broker group <select name="broker_id">${groups.map((g) => `<option value="${g.broker_id}" ${g.broker_id === preset ? "selected" : ""}>${g.broker_id} (master ${addr(g.master.url)})</option>`).join("")}</select></label>
-      <label>Fault <select name="fault"><option value="kill">kill -9 the master</option><option value="stop">SIGSTOP the master</option></select></label>
+      <label>Fault <select name="fault"><option value="kill">kill -9 the master</option><option value="stop">SIGSTOP the master</option><option value="promote">planned hand-over (promote)</option></select></label>
       <label>Topic <input name="topic" placeholder="the group's first"></label>
       <label>Rate (msgs/s) <input name="rate" type="number" value="200" min="1" max="10000" style="width:100px"></label>
       <button class="danger" id="start-drill" type="submit">Start drill…</button>
@@ -508,8 +508,9 @@ document.addEventListener("submit", (ev) => {
   ev.preventDefault();
   const f = new FormData(ev.target);
   const group = Number(f.get("broker_id"));
-  dialog({ title: `Drill broker group ${group}: ${f.get("fault") === "kill" ? "kill -9" : "SIGSTOP"} its master`, confirmName: String(group), okLabel: "Start drill",
-    body: `<p>The master of broker group <b>${group}</b> is faulted under a load of ${esc(f.get("rate"))} msgs/s; a slave takes over; every acked message is checked (<span class="mono">metaq drill</span>).</p>`,
+  const fault = { kill: "kill -9 its master", stop: "SIGSTOP its master", promote: "hand its master over to a sync slave" }[f.get("fault")];
+  dialog({ title: `Drill broker group ${group}: ${fault}`, confirmName: String(group), okLabel: "Start drill",
+    body: `<p>Under a load of ${esc(f.get("rate"))} msgs/s, broker group <b>${group}</b>'s master is faulted (${esc(fault)}); a slave takes over; every acked message is checked (<span class="mono">metaq drill --fault ${esc(f.get("fault"))}</span>).</p>`,
     run: async (_f, confirm) => {
       const r = await post("/api/drills", { broker_id: group, fault: f.get("fault"), topic: f.get("topic") || null, rate: Number(f.get("rate")), confirm });
       if (r.ok) { $("#dialog").classList.add("hidden"); location.hash = `#/drills/${r.body.id}`; }
