@@ -135,7 +135,7 @@ def test_failing_listener_message_goes_to_recover_store_and_is_redelivered(two_b
             raise RuntimeError("cannot handle poison yet")
         delivered.append(message.data)
 
-    config = consumer_config(tmp_path, max_retries=3)
+    config = consumer_config(tmp_path, max_retries=3, failure_store="local")
     consumer = factory.create_consumer(config)
     consumer.subscribe(TOPIC, None, listener)
     consumer.complete_subscribe()

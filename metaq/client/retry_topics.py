@@ -1,0 +1,139 @@
+"""Durable retries: a failed message goes back to its group's retry topic, and at last to a dead-letter topic.
+
+RocketMQ's ``%RETRY%{group}`` and ``%DLQ%{group}``, under names the topic-name rule allows
+(letters, digits, ``.``, ``_`` and ``-``; metaq/config.py ``check_topic_name``):
+``__retry.{group}`` and ``__dlq.{group}`` (``failure_topic_names``; a character of the group
+name outside the rule, and ``_`` itself, is written ``_XX``, its UTF-8 bytes in hex, so two
+groups never share a topic).
+
+Theory of operation (``failure_store="topic"``, the default):
+
+* A listener that raises on a message is not called again in place. The consumer sends the
+  message to the retry topic (failure_router.py ``FailureRouter.send_back``) wrapped in an *envelope*: the
+  original data as the record's data, and as its attribute ``metaq-retry/1 `` + JSON
+  naming the original topic, partition, offset, msg id and attribute, how many deliveries
+  failed (``attempts``), the last error and the delay. Only once the retry topic acked it
+  does the partition move past the message: a consumer that dies before that redelivers
+  it from its last commit (at least once, never lost).
+* Delivery ``k`` that fails waits ``retry_delays_s[k-1]`` (the last one repeats). The message
+  goes to partition ``k-1`` (modulo their count) of the retry topic's partitions in the
+  original partition's broker group: with as many partitions as delay levels (what
+  ``ensure`` creates) a partition holds one level only, so its messages come due in the
+  order they are stored (RocketMQ's schedule queue per level) and a long delay never holds
+  back a short one.
+* The group subscribes to its retry topic like to any topic: its partitions are split among
+  the members, its offsets committed with the others. A retry partition's fetcher delivers
+  a message only when it is due (``due_at``: the retry record's own msg id time, the master's
+  append time, plus the delay), waiting on that partition alone; then it calls the original
+  topic's listener with the message as first delivered.
+* After ``1 + max_reconsume_times`` failed deliveries the envelope goes to the dead-letter
+  topic instead, where nobody consumes it: ``metaq groups dlq`` lists, replays or purges it.
+
+The topics come to exist as Kafka's and RocketMQ's do, created on first need: the client
+adds them to the broker group's topic configuration in ZooKeeper (``ensure``) when it may
+write it (failure_router.py ``FailureRouter._ensure``). With ZooKeeper ACLs on (a secured group) only the group's credentials may, so an
+operator creates them once with ``metaq topics create``; the consumer says so in one line
+(failure_router.py ``FailureTopicsMissing``) and keeps the partition where it is until they exist.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from ..config import TOPIC_NAME_MAX
+from ..store.msgid import msg_id_timestamp_ms
+from .message import Message, Partition
+
+RETRY_PREFIX = "__retry."
+DLQ_PREFIX = "__dlq."
+#: RocketMQ's delay levels from its first retry on (levels 3..18: 10s 30s 1m 2m ... 1h 2h).
+DEFAULT_RETRY_DELAYS_S: tuple[float, ...] = (10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
+ENVELOPE_MARK = "metaq-retry/1 "
+#: The last error is kept to this many characters (a traceback's last line, not the whole).
+ERROR_MAX = 1000
+_PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.-")
+
+
+def _escaped(group: str) -> str:
+    return "".join(ch if ch in _PLAIN else "".join(f"_{b:02X}" for b in ch.encode()) for ch in group)
+
+
+def failure_topic_names(group: str) -> tuple[str, str]:
+    """``(retry topic, dead-letter topic)`` of a consumer group; ValueError if too long for a topic name."""
+    safe = _escaped(group)
+    retry, dlq = RETRY_PREFIX + safe, DLQ_PREFIX + safe
+    if len(retry) > TOPIC_NAME_MAX:
+        raise ValueError(f"group {group[:20]!r}... is too long to name its retry topic ({len(retry)} characters, at most "
+                         f"{TOPIC_NAME_MAX}): use a shorter group name or failure_store='local'")
+    return retry, dlq
+
+
+@dataclass(frozen=True)
+class FailureInfo:
+    """What the envelope of a retried or dead-lettered message says about the original."""
+
+    topic: str
+    partition: Partition
+    offset: int
+    msg_id: int
+    attribute: str | None
+    attempts: int  # deliveries that failed so far
+    error: str  # the last one's error
+    delay_ms: int  # how long after it was stored the retry is due (0 in the dead-letter topic)
+
+    def encode(self) -> str:
+        return ENVELOPE_MARK + json.dumps({
+            "topic": self.topic, "partition": str(self.partition), "offset": self.offset, "msg_id": self.msg_id,
+            "attribute": self.attribute, "attempts": self.attempts, "error": self.error, "delay_ms": self.delay_ms,
+        }, separators=(",", ":"))
+
+    def original(self, data: bytes) -> Message:
+        return Message(self.topic, data, self.attribute, id=self.msg_id, partition=self.partition, offset=self.offset)
+
+
+def failure_info(message: Message) -> FailureInfo | None:
+    """The envelope of a message of a retry or dead-letter topic; None for any other message."""
+    attribute = message.attribute
+    if attribute is None or not attribute.startswith(ENVELOPE_MARK):
+        return None
+    return parse_envelope(attribute)
+
+
+def parse_envelope(attribute: str) -> FailureInfo:
+    """ValueError naming what is wrong when the attribute is not a whole envelope."""
+    if not attribute.startswith(ENVELOPE_MARK):
+        raise ValueError("not a retry envelope (its attribute does not start with 'metaq-retry/1 ')")
+    try:
+        value = json.loads(attribute[len(ENVELOPE_MARK):])
+        info = FailureInfo(str(value["topic"]), Partition.parse(str(value["partition"])), int(value["offset"]),
+                           int(value["msg_id"]), None if value["attribute"] is None else str(value["attribute"]),
+                           int(value["attempts"]), str(value["error"]), int(value["delay_ms"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"malformed retry envelope: {exc}") from None
+    if info.attempts < 1 or info.delay_ms < 0:
+        raise ValueError(f"malformed retry envelope: attempts {info.attempts}, delay_ms {info.delay_ms}")
+    return info
+
+
+def due_at_ms(retried: Message, info: FailureInfo) -> int:
+    """When a retry is due: its record's append time on the master (the msg id's time) plus the delay.
+
+    The broker's clock, not the sender's: a consumer host with a clock ahead cannot make
+    every member's retries early. Compared with this host's clock, so members should keep
+    their clocks in sync (NTP) for delays to hold to the second.
+    """
+    return msg_id_timestamp_ms(retried.id or 0) + info.delay_ms
+
+
+class RetryPartitionSelector:
+    """Delivery k's retry goes to partition k-1 (modulo) of the retry topic in the original's broker group."""
+
+    per_message = True
+
+    def select(self, topic: str, partitions: list[Partition], message: Message) -> Partition:
+        info = failure_info(message)
+        if info is None:
+            return partitions[0]
+        local = [p for p in partitions if p.broker_id == info.partition.broker_id] or partitions
+        return local[(info.attempts - 1) % len(local)]
