@@ -169,3 +169,142 @@ def test_groups_dlq_refuses_bad_use_in_one_line(broker_factory, zk, zk_root) -> 
     assert both.returncode == 2 and "not allowed with" in both.stderr
     none = metaq_cli("groups", "dlq", *zk_args, "--group", "nobody")
     assert none.returncode == 1 and none.stderr.strip().count("\n") == 0 and "no dead-letter topic" in none.stderr, none.stderr
+
+
+def test_a_member_killed_mid_retry_loses_nothing_another_member_retries_when_due(broker_factory, factory, zk, zk_root, zk_client, tmp_path) -> None:
+    from metaq.zk.paths import parse_offset
+
+    broker_factory(0, {TOPIC: 1}, system=SYSTEM)
+    delay = 6.0
+    out = tmp_path / "member.out"
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    member = subprocess.Popen([sys.executable, "-m", "tests.integration.retry_consumer_main", zk.connect_string, zk_root, TOPIC, GROUP,
+                               str(delay)], stdout=open(out, "wb"), stderr=open(tmp_path / "member.err", "wb"), cwd=REPO_ROOT, env=env)
+    try:
+        producer = factory.create_producer()
+        sent = producer.send_message(Message(TOPIC, b"poison"))
+        assert sent.success
+        wait_until(lambda: "retried\t1" in out.read_text(), 30, message="the member stored its failure in the retry topic")
+        failed_at = time.time()
+        # The member committed its place past the message (so the next owner does not read it
+        # again from the topic): the retry topic is now the only place it is pending in.
+        offset_path = ZkPaths(zk_root).offset(GROUP, TOPIC, str(sent.partition))
+        wait_until(lambda: zk_client.exists(offset_path) and parse_offset(zk_client.get(offset_path)[0])[1] > sent.offset, 10,
+                   message="the member's commit past the message")
+        member.kill()  # kill -9, mid-delay
+        member.wait()
+    finally:
+        if member.poll() is None:
+            member.kill()
+            member.wait()
+    assert time.time() - failed_at < delay, "killed before the retry was due"
+    listener = FlakyListener(failures=0)
+    consumer = factory.create_consumer(retry_config(tmp_path, retry_delays_s=(delay,)))
+    consumer.subscribe(TOPIC, listener=listener)
+    consumer.complete_subscribe()
+    # Another member takes the retry partition once the dead one's ZooKeeper session ends (4 s).
+    wait_until(lambda: listener.poison_calls(), 30, message="the retry delivered by the other member")
+    time.sleep(1.0)
+    calls = listener.poison_calls()
+    assert len(calls) == 1, calls  # once: from the retry topic, not again from the topic
+    delivered_at, message = calls[0]
+    assert delivered_at >= failed_at + delay - 0.5  # not before it was due (failed_at is a little late)
+    assert (message.topic, message.partition, message.offset, message.id) == (TOPIC, sent.partition, sent.offset, sent.msg_id)
+    consumer.shutdown()
+
+
+def test_a_retry_is_delivered_through_a_kill_9_failover_of_the_master(broker_factory, zk, zk_client, zk_root, tmp_path) -> None:
+    from .failover_support import TOPIC as FO_TOPIC, Group, make_pair, sync_system, wait_leads
+
+    group = Group(zk_client, zk_root)
+    a, b = make_pair(broker_factory, sync_system(), group)
+    epoch = group.epoch()
+    config = MetaClientConfig(zk_connect=zk.connect_string, zk_root=zk_root, zk_session_timeout_ms=4000, request_timeout_s=5)
+    with MessageSessionFactory(config) as factory:
+        listener = FlakyListener(failures=2)
+        consumer = factory.create_consumer(retry_config(tmp_path, retry_delays_s=(4.0, 1.0)))
+        consumer.subscribe(FO_TOPIC, listener=listener)
+        consumer.complete_subscribe()
+        sent = factory.create_producer().send_message(Message(FO_TOPIC, b"poison"))
+        assert sent.success
+        wait_until(lambda: consumer.stats.retried == 1, 30, message="the first failure in the retry topic (acked by the sync pair)")
+        a.kill()  # kill -9 of the master while the retry waits
+        killed_at = time.time()
+        wait_leads(b, group, epoch)
+        # The retry comes from the new master when due, fails once more (stored on the new
+        # master), and the third delivery succeeds: within 30 s of the kill.
+        wait_until(lambda: len(listener.poison_calls()) == 3, 30, message="three deliveries across the failover")
+        assert time.time() - killed_at < 30
+        time.sleep(1.5)
+        assert len(listener.poison_calls()) == 3 and consumer.stats.retried == 2 and consumer.stats.dead_lettered == 0
+        assert {m.offset for _, m in listener.poison_calls()} == {sent.offset}
+        consumer.shutdown()
+
+
+def test_security_on_the_retry_and_dead_letter_topics_need_an_operator_and_acls(broker_factory, zk, zk_root, tmp_path, caplog) -> None:
+    """A secured group: the client may not write its topic configuration, so an operator
+    creates the topics; a consumer without produce rights on them is told so in one line,
+    and its message waits in its partition (nothing lost) until it has them."""
+    import logging
+
+    from metaq.client.connection import Credentials
+    from metaq.security.credentials import SecurityFile
+
+    from .trust_support import PASSWORDS, SecuredGroup, metaq as metaq_tool
+
+    secured = SecuredGroup(tmp_path / "sec")
+    users = SecurityFile.load(secured.users_file)
+    # What a group's consumers need: consume the topic and the retry topic, produce both failure topics.
+    users.add_user("biller", "biller-password", consume=f"{TOPIC},{RETRY}", produce=f"{RETRY},{DLQ}", iterations=4096)
+    # Consume rights only: the failure topics refuse its puts.
+    users.add_user("viewer", "viewer-password", consume=f"{TOPIC},{RETRY}", iterations=4096)
+    users.save()
+    broker_factory(0, {TOPIC: 1}, system={**SYSTEM, **secured.system})
+    caplog.set_level(logging.INFO, logger="metaq.client")
+
+    def factory_as(user: str, password: str) -> MessageSessionFactory:
+        return MessageSessionFactory(MetaClientConfig(zk_connect=zk.connect_string, zk_root=zk_root, zk_session_timeout_ms=4000,
+                                                      credentials=Credentials(user, password)))
+
+    with factory_as("app", PASSWORDS["app"]) as app:
+        sent = app.create_producer().send_message(Message(TOPIC, b"poison"))
+        assert sent.success
+    with factory_as("biller", "biller-password") as biller:
+        listener = FlakyListener(failures=1)
+        consumer = biller.create_consumer(retry_config(tmp_path, retry_delays_s=(0.5,)))
+        consumer.subscribe(TOPIC, listener=listener)
+        consumer.complete_subscribe()
+        # ZooKeeper refuses the client's write of the secured group's topic configuration: one clear line.
+        wait_until(lambda: any("may not create them" in r.getMessage() for r in caplog.records), 30, message="the refusal logged")
+        line = next(r.getMessage() for r in caplog.records if "may not create them" in r.getMessage())
+        assert RETRY in line and DLQ in line and "metaq topics create" in line and "\n" not in line
+        assert consumer.stats.retried == 0 and consumer.stats.failure_send_errors >= 1
+        # The operator creates them (the group's credentials); the retry then goes through.
+        password_file = tmp_path / "ops.password"
+        password_file.write_text(PASSWORDS["ops"] + "\n")
+        for topic, partitions in ((RETRY, "1"), (DLQ, "1")):
+            done = metaq_tool("topics", "create", "--zk", zk.connect_string, "--zk-root", zk_root, "--broker-id", "0", "--topic", topic,
+                              "--partitions", partitions, "--user", "ops", "--password-file", str(password_file),
+                              "--group-secret", str(secured.secret_file))
+            assert done.returncode == 0, done.stdout + done.stderr
+        wait_until(lambda: len(listener.poison_calls()) == 2, 30, message="the retry delivered once the topics exist")
+        assert consumer.stats.retried == 1
+        consumer.shutdown()
+
+    caplog.clear()
+    with factory_as("app", PASSWORDS["app"]) as app:
+        again = app.create_producer().send_message(Message(TOPIC, b"poison"))
+    with factory_as("viewer", "viewer-password") as viewer:
+        listener = FlakyListener(failures=1)
+        consumer = viewer.create_consumer(retry_config(tmp_path, retry_delays_s=(0.5,)))
+        consumer.subscribe(TOPIC, listener=listener)
+        consumer.complete_subscribe()
+        wait_until(lambda: any(f"cannot store it in {RETRY}" in r.getMessage() for r in caplog.records), 30, message="the ACL refusal logged")
+        line = next(r.getMessage() for r in caplog.records if f"cannot store it in {RETRY}" in r.getMessage())
+        assert "viewer" in line and "produce" in line and f"{TOPIC}-{again.partition}@{again.offset}" in line, line
+        # Nothing lost: the partition stays at the message (its offset is not committed past it).
+        time.sleep(1.0)
+        position = {str(p): consumer.aio.fetchers[(TOPIC, p)].position for p in consumer.owned_partitions(TOPIC)}
+        assert position[str(again.partition)].offset == again.offset, position
+        assert consumer.stats.retried == 0 and len(listener.poison_calls()) == 1
+        consumer.shutdown()
