@@ -84,6 +84,9 @@ class Subscription:
     listener: Listener | None = None
     batch_listener: BatchListener | None = None
     accept: Callable[[str, Message], bool] | None = None  # the message filter, if any
+    #: The group's retry topic (retry_topics.py): delivered when due to the original topic's
+    #: listener, and always read from the stored offset (none: the oldest), whatever the start settings.
+    retries: bool = False
 
     def __post_init__(self) -> None:
         target = self.listener or self.batch_listener
@@ -280,12 +283,14 @@ class PartitionFetcher:
             raise _FetchError(f"offset query failed: {reply.code} {reply.message}", replica_failed=True,
                               fatal=access_denied(reply.code, reply.message, reply.reason))
         config = self.consumer.config
-        offset = config.start_offset(int(reply["min_offset"]), int(reply["max_offset"]))
+        # A retry topic starts at its oldest: a retry stored before this fetcher began must not be skipped.
+        offset = int(reply["min_offset"]) if self.subscription.retries else config.start_offset(int(reply["min_offset"]), int(reply["max_offset"]))
         self.state.position = initial_position(offset)
         # Commit the starting point at once: if we die before the first periodic commit, the
         # next owner must not start again from the (by then later) end and skip messages.
         await self.consumer.commit_partition(self)
-        log.info("%s-%s: no stored offset, starting at %d (%s)", self.topic, self.partition, offset, config.describe_start())
+        log.info("%s-%s: no stored offset, starting at %d (%s)", self.topic, self.partition, offset,
+                 "the oldest message: a retry topic" if self.subscription.retries else config.describe_start())
 
     async def _fetch(self, conn: BrokerConnection, max_size: int):
         config = self.consumer.config
@@ -378,8 +383,10 @@ class AsyncMessageConsumer:
         self.offset_store: OffsetStore = offset_store or (LocalOffsetStore(path) if path else ZkOffsetStore(cluster))
         self.recover_store = RecoverStore(config.resolved_recover_dir())
         self.recover = RecoverManager(self.recover_store, config.recover_interval_s)
-        #: failure_store="topic": the group's retry and dead-letter topics (None: the local store).
-        self.failures = FailureRouter(cluster, pool, client_config, config, self.stats) if config.failure_store == "topic" else None
+        #: failure_store="topic": the group's retry and dead-letter topics (None: the local store,
+        #: also for a broadcast consumer, whose failures are its own: each member gets every message).
+        self.failures = (FailureRouter(cluster, pool, client_config, config, self.stats)
+                         if config.failure_store == "topic" and not config.broadcast else None)
         self.subscriptions: dict[str, Subscription] = {}
         self.fetchers: dict[tuple[str, Partition], PartitionFetcher] = {}
         self.paused = False
@@ -502,7 +509,7 @@ class AsyncMessageConsumer:
         if self.failures is not None and any(s.listener or s.batch_listener for s in self.subscriptions.values()):
             # The group's retries are one more topic of the group: split among its members, offsets committed alike.
             # (Also while the topic does not exist yet: its partitions are taken once it is created.)
-            self.subscriptions.setdefault(self.failures.retry_topic, Subscription(self.failures.retry_topic, self.config.fetch_size))
+            self.subscriptions.setdefault(self.failures.retry_topic, Subscription(self.failures.retry_topic, self.config.fetch_size, retries=True))
         for topic in self.subscriptions:
             await self.cluster.watch_topic(topic, subscribe=True)
             self._last_partitions[topic] = tuple(self.cluster.snapshot.readable_partitions(topic))
@@ -556,7 +563,7 @@ class AsyncMessageConsumer:
     async def _deliver_batch(self, fetcher: PartitionFetcher, messages: list[Message], end: int) -> int:
         """Deliver one fetch's messages in order; returns how many were consumed (or handed over)."""
         subscription = fetcher.subscription
-        if self.failures is not None and subscription.topic == self.failures.retry_topic:
+        if subscription.retries:
             return await self._deliver_retries(fetcher, messages, end)
         if subscription.listener is None:
             if subscription.batch_listener is None:
@@ -840,8 +847,9 @@ class AsyncMessageConsumer:
 
     async def _start_fetcher(self, topic: str, partition: Partition) -> None:
         incarnation = await self._incarnation(topic, partition) if self._keeps_incarnations else None
-        # MetaQ's setConsumeFromMaxOffset(always=True): stored offsets are ignored.
-        position = None if self.config.always_consume_from_max_offset else await self._load_position(topic, partition, incarnation)
+        # MetaQ's setConsumeFromMaxOffset(always=True): stored offsets are ignored (never the retry topic's: they hold pending retries).
+        ignore_stored = self.config.always_consume_from_max_offset and not self.subscriptions[topic].retries
+        position = None if ignore_stored else await self._load_position(topic, partition, incarnation)
         fetcher = PartitionFetcher(self, self.subscriptions[topic], partition, position, incarnation)
         self.fetchers[(topic, partition)] = fetcher
         fetcher.start()

@@ -16,7 +16,7 @@ from .config import ConsumerConfig, MetaClientConfig
 from .message import Message, Partition
 from .pool import ConnectionPool
 from .producer import AsyncMessageProducer
-from .retry_topics import ERROR_MAX, FailureInfo, RetryPartitionSelector, failure_topic_names
+from .retry_topics import FailurePolicy, RetryPartitionSelector
 
 log = logging.getLogger(__name__)
 
@@ -73,23 +73,11 @@ class FailureRouter:
         self.cluster = cluster
         self.config = config
         self.stats = stats
-        self.retry_topic, self.dlq_topic = failure_topic_names(config.group)
-        self.delays_ms = [int(round(d * 1000)) for d in config.retry_delays_s]
+        self.policy = FailurePolicy.of(config)
+        self.retry_topic, self.dlq_topic = self.policy.retry_topic, self.policy.dlq_topic
         self.producer: AsyncMessageProducer = AsyncMessageProducer(cluster, pool, client_config, RetryPartitionSelector())
         self._ensured: set[int] = set()  # broker groups known to have both topics
-        self._reported: str | None = None  # the last failure logged at WARNING/ERROR (once, not per retry)
-
-    def delay_ms(self, attempts: int) -> int:
-        return self.delays_ms[min(attempts, len(self.delays_ms)) - 1]
-
-    def envelope(self, message: Message, error: BaseException | str, attempts: int) -> tuple[str, Message]:
-        """Where delivery ``attempts``'s failure goes (retry or dead-letter topic), and the message to send."""
-        text = error if isinstance(error, str) else (f"{type(error).__name__}: {error}" if str(error) else type(error).__name__)
-        dead = attempts > self.config.max_reconsume_times
-        topic = self.dlq_topic if dead else self.retry_topic
-        info = FailureInfo(message.topic, message.partition or Partition(0, 0), message.offset or 0, message.id or 0,
-                           message.attribute, attempts, text[:ERROR_MAX], 0 if dead else self.delay_ms(attempts))
-        return topic, Message(topic, message.data, info.encode())
+        self._reported: str | None = None  # the last failure logged (once, not per try)
 
     async def send_back(self, message: Message, error: BaseException | str, attempts: int, wait: Wait) -> None:
         """Store delivery ``attempts``'s failure of ``message``; returns once a master acked it.
@@ -97,7 +85,7 @@ class FailureRouter:
         ``wait(awaitable)`` is the fetcher's cancellable wait: a rebalance or shutdown stops
         here, and the partition's position stays at the message.
         """
-        topic, wrapped = self.envelope(message, error, attempts)
+        topic, wrapped = self.policy.envelope(message, error, attempts)
         backoff = self.config.fetch_retry_min_s
         while True:
             problem = await self._ensure(message.partition)
@@ -122,14 +110,13 @@ class FailureRouter:
         else:
             self.stats.retried += 1
             log.warning("group %s: %s-%s@%s failed delivery %d; retried through %s in %.3g s", self.config.group,
-                        message.topic, message.partition, message.offset, attempts, topic, self.delay_ms(attempts) / 1000)
+                        message.topic, message.partition, message.offset, attempts, topic, self.policy.delay_ms(attempts) / 1000)
 
     async def _ensure(self, partition: Partition | None) -> str | None:
         """None once both topics exist in the original partition's broker group; else why not (logged by the caller)."""
         broker_id = partition.broker_id if partition is not None else 0
         if broker_id in self._ensured:
             return None
-        snapshot = self.cluster.snapshot
         await self.cluster.watch_topic(self.retry_topic, publish=True)
         await self.cluster.watch_topic(self.dlq_topic, publish=True)
         snapshot = self.cluster.snapshot
@@ -141,7 +128,7 @@ class FailureRouter:
             missing = " and ".join(t for t, ok in have.items() if not ok)
             return (f"broker group {broker_id} serves no {missing} (auto_create_failure_topics is off): create them with "
                     f"metaq topics create, see docs/client.md 'Failed messages'")
-        wanted = {self.retry_topic: len(self.delays_ms), self.dlq_topic: 1}
+        wanted = {self.retry_topic: len(self.policy.delays_ms), self.dlq_topic: 1}
         try:
             created = await self.cluster.call(_create_topics, self.cluster.zk, self.cluster.paths, broker_id, wanted, self.config.group)
         except FailureTopicsMissing as exc:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from ..config import TOPIC_NAME_MAX
 from ..store.msgid import msg_id_timestamp_ms
@@ -124,6 +125,39 @@ def due_at_ms(retried: Message, info: FailureInfo) -> int:
     their clocks in sync (NTP) for delays to hold to the second.
     """
     return msg_id_timestamp_ms(retried.id or 0) + info.delay_ms
+
+
+@dataclass(frozen=True)
+class FailurePolicy:
+    """Where delivery k's failure of a message goes, and with which envelope (pure: no I/O)."""
+
+    retry_topic: str
+    dlq_topic: str
+    delays_ms: tuple[int, ...]
+    max_reconsume_times: int
+
+    @classmethod
+    def of(cls, config: Any) -> "FailurePolicy":
+        """From a ConsumerConfig (group, retry_delays_s, max_reconsume_times)."""
+        retry, dlq = failure_topic_names(config.group)
+        return cls(retry, dlq, tuple(int(round(d * 1000)) for d in config.retry_delays_s), config.max_reconsume_times)
+
+    def delay_ms(self, attempts: int) -> int:
+        """The wait after delivery ``attempts`` failed: the k-th delay, the last one repeated."""
+        return self.delays_ms[min(attempts, len(self.delays_ms)) - 1]
+
+    def envelope(self, message: Message, error: BaseException | str, attempts: int) -> tuple[str, Message]:
+        """The topic delivery ``attempts``'s failure goes to (retry or dead-letter), and the message to send there.
+
+        ``attempts`` counts failed deliveries: the first delivery is 1, so a message is
+        delivered at most ``1 + max_reconsume_times`` times.
+        """
+        text = error if isinstance(error, str) else (f"{type(error).__name__}: {error}" if str(error) else type(error).__name__)
+        dead = attempts > self.max_reconsume_times
+        topic = self.dlq_topic if dead else self.retry_topic
+        info = FailureInfo(message.topic, message.partition or Partition(0, 0), message.offset or 0, message.id or 0,
+                           message.attribute, attempts, text[:ERROR_MAX], 0 if dead else self.delay_ms(attempts))
+        return topic, Message(topic, message.data, info.encode())
 
 
 class RetryPartitionSelector:

@@ -308,3 +308,39 @@ def test_security_on_the_retry_and_dead_letter_topics_need_an_operator_and_acls(
         assert position[str(again.partition)].offset == again.offset, position
         assert consumer.stats.retried == 0 and len(listener.poison_calls()) == 1
         consumer.shutdown()
+
+
+def test_a_failed_batch_is_retried_message_by_message_and_missing_topics_without_auto_create_are_named(broker_factory, factory, tmp_path, caplog) -> None:
+    import logging
+
+    broker_factory(0, {TOPIC: 1}, system=SYSTEM)
+    caplog.set_level(logging.INFO, logger="metaq.client")
+    assert all(factory.create_producer().send_batch([Message(TOPIC, f"b{i}".encode()) for i in range(3)]))
+    batches: list[list[bytes]] = []
+    calls = 0
+
+    def on_batch(messages: list[Message]) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("database down")
+        batches.append([m.data for m in messages])
+
+    # auto_create_failure_topics=False: the missing topics are named, and the batch stays where it is.
+    consumer = factory.create_consumer(retry_config(tmp_path, group="batcher", auto_create_failure_topics=False, retry_delays_s=(0.3,)))
+    consumer.subscribe(TOPIC, batch_listener=on_batch)
+    consumer.complete_subscribe()
+    wait_until(lambda: any("auto_create_failure_topics is off" in r.getMessage() for r in caplog.records), 20, message="the missing topics named")
+    line = next(r.getMessage() for r in caplog.records if "auto_create_failure_topics is off" in r.getMessage())
+    assert "__retry.batcher" in line and "__dlq.batcher" in line and "metaq topics create" in line, line
+    consumer.shutdown()
+    assert batches == [] and consumer.stats.retried == 0
+
+    calls = 0
+    consumer = factory.create_consumer(retry_config(tmp_path, group="batcher", retry_delays_s=(0.3,)))
+    consumer.subscribe(TOPIC, batch_listener=on_batch)
+    consumer.complete_subscribe()
+    # The whole fetch failed once: each of its messages went to the retry topic, and comes back alone.
+    wait_until(lambda: sorted(batches) == [[b"b0"], [b"b1"], [b"b2"]], 20, message="each message retried alone")
+    assert consumer.stats.retried == 3 and consumer.stats.listener_failures == 1
+    consumer.shutdown()
