@@ -109,7 +109,12 @@ def test_a_listener_failing_n_times_gets_the_message_n_plus_one_times_spaced_by_
 
 
 def test_always_failing_lands_in_the_dead_letter_topic_and_groups_dlq_lists_replays_and_purges(broker_factory, factory, zk, zk_root, tmp_path) -> None:
-    broker_factory(0, {TOPIC: 1}, system=SYSTEM)
+    from metaq.tools.launcher import free_port
+
+    from .test_metrics import scrape, value
+
+    metrics_port = free_port("127.0.0.1")
+    broker_factory(0, {TOPIC: 1}, system={**SYSTEM, "metricsPort": metrics_port})
     listener = FlakyListener(failures=None)
     consumer = factory.create_consumer(retry_config(tmp_path, retry_delays_s=(0.2,), max_reconsume_times=2))
     consumer.subscribe(TOPIC, listener=listener)
@@ -131,6 +136,10 @@ def test_always_failing_lands_in_the_dead_letter_topic_and_groups_dlq_lists_repl
     assert (info.topic, info.partition, info.offset, info.msg_id, info.attribute, info.attempts) == (
         TOPIC, sent.partition, sent.offset, sent.msg_id, "eu", 3)
     assert info.error == f"ValueError: cannot bill {sent.offset} (try 3)"
+    # What the dashboard's panel shows: the brokers count the retries and dead letters as puts to those topics.
+    scraped = scrape(metrics_port)
+    assert value(scraped, f'metaq_put_messages_total{{topic="{RETRY}"}}') == 2
+    assert value(scraped, f'metaq_put_messages_total{{topic="{DLQ}"}}') == 1
 
     zk_args = ["--zk", zk.connect_string, "--zk-root", zk_root]
     listed = metaq_cli("groups", "dlq", *zk_args, "--group", GROUP)
