@@ -713,17 +713,19 @@ class AsyncMessageConsumer:
             if self.paused or fetcher._stopping:
                 break
             fetcher.state.advance(messages, done, end)
-            done += 1
             try:
                 info = parse_envelope(retried.attribute or "")
             except ValueError as exc:
                 self.stats.filtered += 1
                 log.error("group %s: %s-%s@%s is no retry of this client (%s): skipped", self.config.group, retried.topic,
                           retried.partition, retried.offset, exc)
+                done += 1
                 continue
             delay_s = (due_at_ms(retried, info) - time.time() * 1000) / 1000
             if delay_s > 0:
                 await fetcher._wait(asyncio.sleep(delay_s))
+                if self.paused or fetcher._stopping:
+                    break
             message = info.original(retried.data)
             subscription = self.subscriptions.get(info.topic)
             if subscription is None or (subscription.listener is None and subscription.batch_listener is None):
@@ -732,6 +734,7 @@ class AsyncMessageConsumer:
                 error = await self._attempt(subscription, message, info.attempts + 1, self.config.max_reconsume_times + 1)
             if error is not None:
                 await self.failures.send_back(message, error, info.attempts + 1, fetcher._wait)
+            done += 1
         fetcher.state.advance(messages, done, end)
         return done
 
