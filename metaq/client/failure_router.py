@@ -76,7 +76,6 @@ class FailureRouter:
         self.policy = FailurePolicy.of(config)
         self.retry_topic, self.dlq_topic = self.policy.retry_topic, self.policy.dlq_topic
         self.producer: AsyncMessageProducer = AsyncMessageProducer(cluster, pool, client_config, RetryPartitionSelector())
-        self._ensured: set[int] = set()  # broker groups known to have both topics
         self._reported: str | None = None  # the last failure logged (once, not per try)
 
     async def send_back(self, message: Message, error: BaseException | str, attempts: int, wait: Wait) -> None:
@@ -113,19 +112,20 @@ class FailureRouter:
                         message.topic, message.partition, message.offset, attempts, topic, self.policy.delay_ms(attempts) / 1000)
 
     async def _ensure(self, partition: Partition | None) -> str | None:
-        """None once both topics exist in the original partition's broker group; else why not (logged by the caller)."""
+        """None while both topics are served in the original partition's broker group; else why not.
+
+        Asked before every send (a look at the cluster snapshot): a topic an operator deleted
+        is created again at the next failure, as at the first.
+        """
         broker_id = partition.broker_id if partition is not None else 0
-        if broker_id in self._ensured:
-            return None
-        await self.cluster.watch_topic(self.retry_topic, publish=True)
-        await self.cluster.watch_topic(self.dlq_topic, publish=True)
+        for topic in (self.retry_topic, self.dlq_topic):
+            await self.cluster.watch_topic(topic, publish=True)  # a no-op once watched
         snapshot = self.cluster.snapshot
         have = {t: any(p.broker_id == broker_id for p in snapshot.writable_partitions(t)) for t in (self.retry_topic, self.dlq_topic)}
         if all(have.values()):
-            self._ensured.add(broker_id)
             return None
+        missing = " and ".join(t for t, ok in have.items() if not ok)
         if not self.config.auto_create_failure_topics:
-            missing = " and ".join(t for t, ok in have.items() if not ok)
             return (f"broker group {broker_id} serves no {missing} (auto_create_failure_topics is off): create them with "
                     f"metaq topics create, see docs/client.md 'Failed messages'")
         wanted = {self.retry_topic: len(self.policy.delays_ms), self.dlq_topic: 1}
@@ -133,13 +133,13 @@ class FailureRouter:
             created = await self.cluster.call(_create_topics, self.cluster.zk, self.cluster.paths, broker_id, wanted, self.config.group)
         except FailureTopicsMissing as exc:
             return str(exc)
-        except Exception as exc:  # ZooKeeper busy: tried again at the next send
-            return f"cannot create {' and '.join(wanted)} in broker group {broker_id}: {exc!r}"
+        except Exception as exc:  # ZooKeeper busy: tried again at the next try
+            return f"cannot create {missing} in broker group {broker_id}: {exc!r}"
         if created:
             log.warning("group %s: created %s in broker group %d (partitions: %s)", self.config.group, ", ".join(created),
                         broker_id, ", ".join(str(wanted[t]) for t in created))
         await self.cluster.refresh()
-        return "waiting for its masters to serve " + " and ".join(wanted)
+        return f"waiting for broker group {broker_id}'s master to serve {missing}"
 
     async def close(self) -> None:
         await self.producer.close()

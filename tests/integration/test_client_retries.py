@@ -353,3 +353,62 @@ def test_a_failed_batch_is_retried_message_by_message_and_missing_topics_without
     wait_until(lambda: sorted(batches) == [[b"b0"], [b"b1"], [b"b2"]], 20, message="each message retried alone")
     assert consumer.stats.retried == 3 and consumer.stats.listener_failures == 1
     consumer.shutdown()
+
+
+def test_a_retry_topic_an_operator_deletes_is_created_again_at_the_next_failure(broker_factory, factory, zk, zk_root, zk_client, tmp_path) -> None:
+    broker_factory(0, {TOPIC: 1}, system=SYSTEM)
+    listener = FlakyListener(failures=1)
+    consumer = factory.create_consumer(retry_config(tmp_path, retry_delays_s=(0.3,)))
+    consumer.subscribe(TOPIC, listener=listener)
+    consumer.complete_subscribe()
+    producer = factory.create_producer()
+    producer.send_message(Message(TOPIC, b"poison"))
+    wait_until(lambda: len(listener.poison_calls()) == 2, 20, message="the first poison retried")
+    paths = ZkPaths(zk_root)
+    first = read_group_topics(zk_client, paths, 0).incarnations[RETRY]
+    zk_args = ["--zk", zk.connect_string, "--zk-root", zk_root, "--broker-id", "0"]
+    deleted = metaq_cli("topics", "delete", *zk_args, "--topic", RETRY)
+    assert deleted.returncode == 0, deleted.stdout + deleted.stderr
+    # Alongside: the original topic altered (a partition added) while the consumer runs.
+    altered = metaq_cli("topics", "alter", *zk_args, "--topic", TOPIC, "--partitions", "2")
+    assert altered.returncode == 0, altered.stdout + altered.stderr
+    listener.calls.clear()
+    sent = producer.send_message(Message(TOPIC, b"poison"))
+    wait_until(lambda: len(listener.poison_calls()) == 2, 30, message="the second poison retried through a new retry topic")
+    again = read_group_topics(zk_client, paths, 0)
+    assert RETRY in again.topics and again.incarnations[RETRY] != first
+    assert {m.offset for _, m in listener.poison_calls()} == {sent.offset}
+    assert consumer.stats.retried == 2
+    consumer.shutdown()
+
+
+def test_a_broker_group_lost_for_good_holds_back_only_its_own_partitions_retries(broker_factory, factory, tmp_path) -> None:
+    """A fault that never heals: broker group 0 is killed -9 and stays down. Retries of broker
+    group 1's messages live in group 1's retry topic and go on within the stated time."""
+    brokers = [broker_factory(b, {TOPIC: 1}, system=SYSTEM) for b in (0, 1)]
+    first_try: set[tuple[str, int]] = set()
+    delivered: list[tuple[str, int]] = []
+    lock = threading.Lock()
+
+    def fails_once_each(message: Message) -> None:
+        key = (str(message.partition), message.offset)
+        with lock:
+            delivered.append(key)
+            if key not in first_try:
+                first_try.add(key)
+                raise RuntimeError("first try fails")
+
+    consumer = factory.create_consumer(retry_config(tmp_path, retry_delays_s=(0.3,)))
+    consumer.subscribe(TOPIC, listener=fails_once_each)
+    consumer.complete_subscribe()
+    producer = factory.create_producer()
+    sent = [producer.send_message(Message(TOPIC, f"m{i}".encode())) for i in range(2)]
+    assert {str(r.partition) for r in sent} == {"0-0", "1-0"}
+    wait_until(lambda: len(delivered) == 4, 30, message="each message retried once in its own broker group")
+    brokers[0].kill()  # never restarted
+    later = producer.send_message(Message(TOPIC, b"after"))
+    assert later.success and str(later.partition) == "1-0"
+    started = time.time()
+    wait_until(lambda: delivered.count((str(later.partition), later.offset)) == 2, 30, message="a retry in broker group 1")
+    assert time.time() - started < 30
+    consumer.shutdown()
