@@ -169,6 +169,16 @@ def test_always_failing_lands_in_the_dead_letter_topic_and_groups_dlq_lists_repl
     purged = metaq_cli("groups", "dlq", *zk_args, "--group", GROUP, "--purge")
     assert purged.returncode == 0 and "purged 1 dead letter(s)" in purged.stdout, purged.stdout + purged.stderr
     assert json.loads(metaq_cli("groups", "dlq", *zk_args, "--group", GROUP, "--json").stdout)["count"] == 0
+
+    # A third, replayed with the idempotent producer.
+    producer.send_message(Message(TOPIC, b"poison", attribute="us"))
+    wait_until(lambda: consumer.stats.dead_lettered == 3, 30, message="the third dead letter")
+    listener.failures = len(listener.poison_calls())  # from now on the listener takes it
+    idempotent = metaq_cli("groups", "dlq", *zk_args, "--group", GROUP, "--replay", "--idempotent")
+    assert idempotent.returncode == 0 and "replayed 1 dead letter(s)" in idempotent.stdout, idempotent.stdout + idempotent.stderr
+    wait_until(lambda: listener.poison_calls()[-1][1].attribute == "us" and listener.failures < len(listener.poison_calls()), 15,
+               message="the third replayed")
+    assert json.loads(metaq_cli("groups", "dlq", *zk_args, "--group", GROUP, "--json").stdout)["count"] == 0
     consumer.shutdown()
 
 
