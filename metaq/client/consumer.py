@@ -43,13 +43,13 @@ from .codec import decode_messages
 from .config import ConsumerConfig, MetaClientConfig
 from .connection import BrokerConnection, CannotConnect, ConnectionClosed
 from .errors import access_denied
+from .failure_router import FailureRouter
 from .filters import MessageFilter, accept_function, accepted
 from .message import Message, Partition
 from .offsets import LocalOffsetStore, OffsetStore, Position, ZkOffsetStore, initial_position
 from .pool import ConnectionPool
 from .rebalance import Assignment, BroadcastAssignment, GroupAssignment, claim_all
 from .recover import RecoverManager, RecoverStore
-from .failure_router import FailureRouter
 from .retry_topics import due_at_ms, parse_envelope
 from .routing import Replica, choose_replica
 
