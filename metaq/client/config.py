@@ -190,6 +190,10 @@ class ConsumerConfig:
     #: failure_store="topic": add the retry and dead-letter topics to a broker group's topic
     #: configuration when they are missing (refused by ZooKeeper in a secured group).
     auto_create_failure_topics: bool = True
+    #: failure_store="topic": partitions of a retry topic this consumer creates; None: one per
+    #: delay (no delay holds back a shorter one). Fewer cost less (each is a log on every
+    #: member and a long-poll fetch of the group) at the price of late retries.
+    retry_topic_partitions: int | None = None
     #: failure_store="local": calls of a failing listener per message before it goes to the recover store.
     max_retries: int = 5
     #: Store offsets in this JSON file instead of ZooKeeper (always used in broadcast mode).
@@ -249,6 +253,9 @@ class ConsumerConfig:
                 or not all(isinstance(d, (int, float)) and not isinstance(d, bool) and 0 <= d <= MAX_RETRY_DELAY_S for d in delays)):
             raise ValueError(f"retry_delays_s must be 1..{MAX_RETRY_LEVELS} delays in seconds, each 0..{MAX_RETRY_DELAY_S}, got {delays!r}")
         self.retry_delays_s = tuple(delays)
+        partitions = self.retry_topic_partitions
+        if partitions is not None and (isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= MAX_RETRY_LEVELS):
+            raise ValueError(f"retry_topic_partitions must be None (one per delay) or 1..{MAX_RETRY_LEVELS}, got {partitions!r}")
         if self.failure_store == "topic":
             failure_topic_names(self.group)  # a group name too long for its topics is refused now, not at the first failure
 

@@ -128,7 +128,7 @@ class FailureRouter:
         if not self.config.auto_create_failure_topics:
             return (f"broker group {broker_id} serves no {missing} (auto_create_failure_topics is off): create them with "
                     f"metaq topics create, see docs/client.md 'Failed messages'")
-        wanted = {self.retry_topic: len(self.policy.delays_ms), self.dlq_topic: 1}
+        wanted = {self.retry_topic: self.policy.retry_partitions, self.dlq_topic: 1}
         try:
             created = await self.cluster.call(_create_topics, self.cluster.zk, self.cluster.paths, broker_id, wanted, self.config.group)
         except FailureTopicsMissing as exc:

@@ -135,12 +135,14 @@ class FailurePolicy:
     dlq_topic: str
     delays_ms: tuple[int, ...]
     max_reconsume_times: int
+    retry_partitions: int  # what a retry topic is created with
 
     @classmethod
     def of(cls, config: Any) -> "FailurePolicy":
-        """From a ConsumerConfig (group, retry_delays_s, max_reconsume_times)."""
+        """From a ConsumerConfig (group, retry_delays_s, max_reconsume_times, retry_topic_partitions)."""
         retry, dlq = failure_topic_names(config.group)
-        return cls(retry, dlq, tuple(int(round(d * 1000)) for d in config.retry_delays_s), config.max_reconsume_times)
+        delays = tuple(int(round(d * 1000)) for d in config.retry_delays_s)
+        return cls(retry, dlq, delays, config.max_reconsume_times, config.retry_topic_partitions or len(delays))
 
     def delay_ms(self, attempts: int) -> int:
         """The wait after delivery ``attempts`` failed: the k-th delay, the last one repeated."""

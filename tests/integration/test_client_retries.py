@@ -368,13 +368,14 @@ def test_a_failed_batch_is_retried_message_by_message_and_missing_topics_without
 def test_a_retry_topic_an_operator_deletes_is_created_again_at_the_next_failure(broker_factory, factory, zk, zk_root, zk_client, tmp_path) -> None:
     broker_factory(0, {TOPIC: 1}, system=SYSTEM)
     listener = FlakyListener(failures=1)
-    consumer = factory.create_consumer(retry_config(tmp_path, retry_delays_s=(0.3,)))
+    consumer = factory.create_consumer(retry_config(tmp_path, retry_delays_s=(0.3, 0.3, 0.3), retry_topic_partitions=2))
     consumer.subscribe(TOPIC, listener=listener)
     consumer.complete_subscribe()
     producer = factory.create_producer()
     producer.send_message(Message(TOPIC, b"poison"))
     wait_until(lambda: len(listener.poison_calls()) == 2, 20, message="the first poison retried")
     paths = ZkPaths(zk_root)
+    assert read_group_topics(zk_client, paths, 0).topics[RETRY]["numPartitions"] == "2"
     first = read_group_topics(zk_client, paths, 0).incarnations[RETRY]
     zk_args = ["--zk", zk.connect_string, "--zk-root", zk_root, "--broker-id", "0"]
     deleted = metaq_cli("topics", "delete", *zk_args, "--topic", RETRY)

@@ -40,6 +40,8 @@ def test_a_group_too_long_for_its_topics_is_refused_at_construction_naming_the_w
     ({"retry_delays_s": (1,) * 65}, "retry_delays_s must be 1..64 delays"),
     ({"retry_delays_s": ("10s",)}, "retry_delays_s must be 1..64 delays"),
     ({"retry_delays_s": 10}, "retry_delays_s must be 1..64 delays"),
+    ({"retry_topic_partitions": 0}, "retry_topic_partitions must be None"),
+    ({"retry_topic_partitions": 65}, "retry_topic_partitions must be None"),
 ])
 def test_bad_failure_settings_are_one_value_error_naming_the_field(overrides, error) -> None:
     with pytest.raises(ValueError, match=error):
@@ -51,6 +53,8 @@ def test_defaults_are_rocketmqs() -> None:
     assert (config.failure_store, config.max_reconsume_times, config.auto_create_failure_topics) == ("topic", 16, True)
     assert config.retry_delays_s == DEFAULT_RETRY_DELAYS_S == (10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
     assert ConsumerConfig(group="g", retry_delays_s=[1, 2]).retry_delays_s == (1, 2)
+    assert FailurePolicy.of(ConsumerConfig(group="g")).retry_partitions == 16
+    assert FailurePolicy.of(ConsumerConfig(group="g", retry_delays_s=(1, 2), retry_topic_partitions=1)).retry_partitions == 1
 
 
 def policy(**overrides) -> FailurePolicy:
