@@ -12,7 +12,7 @@ from pathlib import Path
 from ..addresses import check_zk_connect, parse_host_port
 from ..config import ZkTls, check_zk_root
 from .connection import Credentials
-from .retry_topics import DEFAULT_RETRY_DELAYS_S, failure_topic_names
+from .retry_topics import DEFAULT_RETRY_DELAYS_S
 
 #: A retry topic gets one partition per delay level: bounded like a topic's partition count.
 MAX_RETRY_LEVELS = 64
@@ -256,8 +256,6 @@ class ConsumerConfig:
         partitions = self.retry_topic_partitions
         if partitions is not None and (isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= MAX_RETRY_LEVELS):
             raise ValueError(f"retry_topic_partitions must be None (one per delay) or 1..{MAX_RETRY_LEVELS}, got {partitions!r}")
-        if self.failure_store == "topic":
-            failure_topic_names(self.group)  # a group name too long for its topics is refused now, not at the first failure
 
     def set_consume_from_max_offset(self, always: bool = False) -> "ConsumerConfig":
         """MetaQ's ``setConsumeFromMaxOffset``: start at the newest message; ``always``: even with a stored offset."""

@@ -4,7 +4,7 @@ RocketMQ's ``%RETRY%{group}`` and ``%DLQ%{group}``, under names the topic-name r
 (letters, digits, ``.``, ``_`` and ``-``; metaq/config.py ``check_topic_name``):
 ``__retry.{group}`` and ``__dlq.{group}`` (``failure_topic_names``; a character of the group
 name outside the rule, and ``_`` itself, is written ``_XX``, its UTF-8 bytes in hex, so two
-groups never share a topic).
+groups never share a topic; a name too long is cut and ends in a hash of the whole).
 
 Theory of operation (``failure_store="topic"``, the default):
 
@@ -38,6 +38,7 @@ operator creates them once with ``metaq topics create``; the consumer says so in
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -56,18 +57,31 @@ ERROR_MAX = 1000
 _PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.-")
 
 
-def _escaped(group: str) -> str:
-    return "".join(ch if ch in _PLAIN else "".join(f"_{b:02X}" for b in ch.encode()) for ch in group)
+def _escaped(group: str) -> list[str]:
+    """The group name's characters as written in a topic name (``_XX`` per UTF-8 byte when not plain)."""
+    return [ch if ch in _PLAIN else "".join(f"_{b:02X}" for b in ch.encode()) for ch in group]
 
 
 def failure_topic_names(group: str) -> tuple[str, str]:
-    """``(retry topic, dead-letter topic)`` of a consumer group; ValueError if too long for a topic name."""
-    safe = _escaped(group)
-    retry, dlq = RETRY_PREFIX + safe, DLQ_PREFIX + safe
-    if len(retry) > TOPIC_NAME_MAX:
-        raise ValueError(f"group {group[:20]!r}... is too long to name its retry topic ({len(retry)} characters, at most "
-                         f"{TOPIC_NAME_MAX}): use a shorter group name or failure_store='local'")
-    return retry, dlq
+    """``(retry topic, dead-letter topic)`` of a consumer group.
+
+    A group whose escaped name would make them longer than a topic name may be keeps its
+    first characters and ends in ``~`` written ``_7E`` plus 16 hex digits of the SHA-256 of
+    the whole name: still one pair per group (a collision would need a SHA-256 collision).
+    """
+    pieces = _escaped(group)
+    safe = "".join(pieces)
+    room = TOPIC_NAME_MAX - len(RETRY_PREFIX)
+    if len(safe) > room:
+        suffix = "_7E" + hashlib.sha256(group.encode()).hexdigest()[:16]
+        kept, used = [], 0
+        for piece in pieces:  # whole characters only: never half an escape
+            if used + len(piece) > room - len(suffix):
+                break
+            kept.append(piece)
+            used += len(piece)
+        safe = "".join(kept) + suffix
+    return RETRY_PREFIX + safe, DLQ_PREFIX + safe
 
 
 @dataclass(frozen=True)

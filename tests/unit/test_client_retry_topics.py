@@ -23,12 +23,15 @@ def test_names_follow_the_topic_name_rule_and_two_groups_never_share_one() -> No
     assert failure_topic_names("a b")[0] == "__retry.a_20b" and failure_topic_names("a_b")[0] == "__retry.a_5Fb"
 
 
-def test_a_group_too_long_for_its_topics_is_refused_at_construction_naming_the_way_out() -> None:
+def test_a_group_too_long_for_its_topics_is_cut_and_told_apart_by_a_hash_of_the_whole_name() -> None:
     longest = "g" * (TOPIC_NAME_MAX - len("__retry."))
-    assert len(failure_topic_names(longest)[0]) == TOPIC_NAME_MAX
-    with pytest.raises(ValueError, match="failure_store='local'"):
-        ConsumerConfig(group=longest + "g")
-    assert ConsumerConfig(group=longest + "g", failure_store="local").failure_store == "local"
+    assert failure_topic_names(longest)[0] == "__retry." + longest
+    names = {failure_topic_names(longest + tail)[0] for tail in ("g", "h", " x", "_" * 300)}
+    assert len(names) == 4
+    for name in names:
+        assert check_topic_name(name) == name and len(name) <= TOPIC_NAME_MAX
+        assert "_7E" in name
+    assert failure_topic_names("ä" * 300)[1].startswith("__dlq._C3_A4")
 
 
 @pytest.mark.parametrize("overrides, error", [
