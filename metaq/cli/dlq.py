@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from ..errors import MetaqError
+from ..errors import MetaqError, UsageError
 from .admin import add_json_option, print_json, render_table, zk_client
 from .login import credentials
 
@@ -82,7 +82,7 @@ def run_dlq(args: argparse.Namespace, readers: GroupReaders) -> int:
     except ValueError as exc:
         raise MetaqError(str(exc)) from None
     if args.idempotent and not args.replay:
-        raise MetaqError("--idempotent applies to --replay only")
+        raise UsageError("--idempotent applies to --replay only")
     with zk_client(args) as (client, paths):
         rows = readers.read_rows(client, paths, args.group, topic)
     if not rows:

@@ -186,6 +186,8 @@ def test_groups_dlq_refuses_bad_use_in_one_line(broker_factory, zk, zk_root) -> 
     zk_args = ["--zk", zk.connect_string, "--zk-root", zk_root]
     both = metaq_cli("groups", "dlq", *zk_args, "--group", GROUP, "--replay", "--purge")
     assert both.returncode == 2 and "not allowed with" in both.stderr
+    idempotent = metaq_cli("groups", "dlq", *zk_args, "--group", GROUP, "--idempotent")
+    assert idempotent.returncode == 2 and "--idempotent applies to --replay only" in idempotent.stderr, idempotent.stderr
     none = metaq_cli("groups", "dlq", *zk_args, "--group", "nobody")
     assert none.returncode == 1 and none.stderr.strip().count("\n") == 0 and "no dead-letter topic" in none.stderr, none.stderr
 
