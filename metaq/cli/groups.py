@@ -1,4 +1,4 @@
-"""``metaq groups list|describe|reset-offsets|delete``: consumer groups, their lag, moving and deleting them.
+"""``metaq groups list|describe|reset-offsets|delete|dlq``: consumer groups, their lag, moving and deleting them.
 
 A group's offsets are MetaQ's: ``{root}/consumers/{group}/offsets/{topic}/{brokerId}-{n}``
 holds ``{msgId}-{offset}`` (the byte offset the group reads next). Live consumers are
@@ -17,6 +17,8 @@ the plan; ``--execute`` writes it. Refused while the group has live members
 (they would overwrite it at their next commit) unless ``--force``. The time of a
 message is the timestamp in its msg id (metaq/store/msgid.py: the append time on
 the master, in ms, never earlier than the true time).
+
+``dlq``: the group's dead letters (metaq/cli/dlq.py).
 
 ``delete``: removes the group (or one topic's offsets of it) from ZooKeeper; refused
 while the group has live members.
@@ -79,6 +81,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     delete = add_action(actions, "delete", "delete a group's stored offsets (all, or one topic's); refused while it has live members", run_delete)
     delete.add_argument("--group", required=True, help="the consumer group")
     delete.add_argument("--topic", help="only this topic's offsets (default: the whole group)")
+
+    from . import dlq
+
+    dead_letters = add_action(actions, "dlq", "a group's dead letters: list (count, oldest, by error), --replay or --purge",
+                              lambda args: dlq.run_dlq(args, dlq.GroupReaders(read_rows, bounds_answer, walk)))
+    dlq.add_arguments(dead_letters)
 
 
 @dataclass

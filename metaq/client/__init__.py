@@ -15,6 +15,7 @@ from .offsets import LocalOffsetStore, OffsetStore, Position, ZkOffsetStore
 from .producer import AsyncMessageProducer
 from .rebalance import assign_range
 from .recover import RecoverStore
+from .retry_topics import FailureInfo, failure_info, failure_topic_names
 from .routing import choose_replica
 from .selector import KeyHashPartitionSelector, NoPartitionAvailable, PartitionSelector, RoundRobinPartitionSelector
 from .session import AsyncMessageSessionFactory
@@ -54,6 +55,9 @@ __all__ = [
     "PartitionSelector",
     "Position",
     "RecoverStore",
+    "FailureInfo",
+    "failure_info",
+    "failure_topic_names",
     "RoundRobinPartitionSelector",
     "SendResult",
     "ZkOffsetStore",

@@ -12,8 +12,16 @@ from pathlib import Path
 from ..addresses import check_zk_connect, parse_host_port
 from ..config import ZkTls, check_zk_root
 from .connection import Credentials
+from .retry_topics import DEFAULT_RETRY_DELAYS_S
+
+#: A retry topic gets one partition per delay level: bounded like a topic's partition count.
+MAX_RETRY_LEVELS = 64
+#: Longer waits belong in a scheduler, not in a partition that holds back the messages behind.
+MAX_RETRY_DELAY_S = 7 * 24 * 3600
 
 READ_FROM_CHOICES = ("master", "slave", "prefer-slave")
+#: Where a message goes whose listener keeps failing (docs/client.md, "Failed messages").
+FAILURE_STORE_CHOICES = ("topic", "local")
 DEFAULT_CLIENT_DIR = Path.home() / ".metaq"
 
 
@@ -169,7 +177,24 @@ class ConsumerConfig:
     fetch_retry_min_s: float = 0.1
     fetch_retry_max_s: float = 2.0
     commit_interval_s: float = 5.0
-    #: Calls of a failing listener per message before it goes to the recover store.
+    #: Where a message whose listener raised goes: ``"topic"`` (the default), back to the
+    #: group's retry topic and after ``max_reconsume_times`` retries to its dead-letter topic
+    #: (retry_topics.py); ``"local"``, MetaQ's local recover store (``recover_dir``).
+    failure_store: str = "topic"
+    #: failure_store="topic": retries through the retry topic before the dead-letter topic
+    #: (a message is delivered at most 1 + this many times). RocketMQ's default 16.
+    max_reconsume_times: int = 16
+    #: failure_store="topic": the wait before retry k is ``retry_delays_s[k-1]`` (the last
+    #: one repeats). RocketMQ's levels from 10 s; the retry topic gets one partition per level.
+    retry_delays_s: tuple[float, ...] = DEFAULT_RETRY_DELAYS_S
+    #: failure_store="topic": add the retry and dead-letter topics to a broker group's topic
+    #: configuration when they are missing (refused by ZooKeeper in a secured group).
+    auto_create_failure_topics: bool = True
+    #: failure_store="topic": partitions of a retry topic this consumer creates; None: one per
+    #: delay (no delay holds back a shorter one). Fewer cost less (each is a log on every
+    #: member and a long-poll fetch of the group) at the price of late retries.
+    retry_topic_partitions: int | None = None
+    #: failure_store="local": calls of a failing listener per message before it goes to the recover store.
     max_retries: int = 5
     #: Store offsets in this JSON file instead of ZooKeeper (always used in broadcast mode).
     offset_store_path: str | None = None
@@ -201,6 +226,7 @@ class ConsumerConfig:
         )
         _check_order(self, "fetch_size", "max_fetch_size")
         _check_order(self, "fetch_retry_min_s", "fetch_retry_max_s")
+        self._check_failure_settings()
         if self.iterator_timeout_s is not None and self.iterator_timeout_s <= 0:
             raise ValueError(f"iterator_timeout_s must be > 0 or None, got {self.iterator_timeout_s!r}")
         if self.offset_store_path and self.offset_store_url:
@@ -216,6 +242,20 @@ class ConsumerConfig:
                 self.consume_from_max_offset = True
         if self.always_consume_from_max_offset:
             self.consume_from_max_offset = True
+
+    def _check_failure_settings(self) -> None:
+        if self.failure_store not in FAILURE_STORE_CHOICES:
+            raise ValueError(f"failure_store must be one of {', '.join(FAILURE_STORE_CHOICES)}, got {self.failure_store!r}")
+        if isinstance(self.max_reconsume_times, bool) or not isinstance(self.max_reconsume_times, int) or self.max_reconsume_times < 0:
+            raise ValueError(f"max_reconsume_times must be an int >= 0, got {self.max_reconsume_times!r}")
+        delays = self.retry_delays_s
+        if (not isinstance(delays, (tuple, list)) or not delays or len(delays) > MAX_RETRY_LEVELS
+                or not all(isinstance(d, (int, float)) and not isinstance(d, bool) and 0 <= d <= MAX_RETRY_DELAY_S for d in delays)):
+            raise ValueError(f"retry_delays_s must be 1..{MAX_RETRY_LEVELS} delays in seconds, each 0..{MAX_RETRY_DELAY_S}, got {delays!r}")
+        self.retry_delays_s = tuple(delays)
+        partitions = self.retry_topic_partitions
+        if partitions is not None and (isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= MAX_RETRY_LEVELS):
+            raise ValueError(f"retry_topic_partitions must be None (one per delay) or 1..{MAX_RETRY_LEVELS}, got {partitions!r}")
 
     def set_consume_from_max_offset(self, always: bool = False) -> "ConsumerConfig":
         """MetaQ's ``setConsumeFromMaxOffset``: start at the newest message; ``always``: even with a stored offset."""

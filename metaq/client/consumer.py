@@ -14,8 +14,10 @@ headers, transaction markers) and records of rolled-back transactions (the fetch
 ``aborted`` spans; metaq/txn/reader.py).
 
 Delivery is at least once. A partition's position is advanced only after its listener
-returned for a message (a batch listener: for the batch; or, after ``max_retries``
-failures, after the messages were written to the recover store). An iterated batch
+returned for a message (a batch listener: for the batch), or after a failed message was
+stored: by default in the group's retry topic (retry_topics.py; the group consumes it as
+one more topic, each message when due), with ``failure_store="local"`` after
+``max_retries`` calls in the local recover store (recover.py). An iterated batch
 counts as consumed when the application asks for the next one or shuts the consumer
 down. Positions are committed every ``commit_interval_s``, before every rebalance and at
 shutdown. A consumer that dies redelivers at most what it consumed since its last commit.
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Union
 
@@ -40,12 +43,14 @@ from .codec import decode_messages
 from .config import ConsumerConfig, MetaClientConfig
 from .connection import BrokerConnection, CannotConnect, ConnectionClosed
 from .errors import access_denied
+from .failure_router import FailureRouter
 from .filters import MessageFilter, accept_function, accepted
 from .message import Message, Partition
 from .offsets import LocalOffsetStore, OffsetStore, Position, ZkOffsetStore, initial_position
 from .pool import ConnectionPool
 from .rebalance import Assignment, BroadcastAssignment, GroupAssignment, claim_all
 from .recover import RecoverManager, RecoverStore
+from .retry_topics import due_at_ms, parse_envelope
 from .routing import Replica, choose_replica
 
 log = logging.getLogger(__name__)
@@ -65,6 +70,9 @@ class ConsumerStats:
     rebalances: int = 0
     commits: int = 0
     filtered: int = 0  # messages a filter rejected (skipped, offsets moved past them)
+    retried: int = 0  # failed messages stored in the group's retry topic
+    dead_lettered: int = 0  # messages stored in the group's dead-letter topic
+    failure_send_errors: int = 0  # failed tries to store a failed message there (each tried again)
 
 
 @dataclass
@@ -76,6 +84,9 @@ class Subscription:
     listener: Listener | None = None
     batch_listener: BatchListener | None = None
     accept: Callable[[str, Message], bool] | None = None  # the message filter, if any
+    #: The group's retry topic (retry_topics.py): delivered when due to the original topic's
+    #: listener, and always read from the stored offset (none: the oldest), whatever the start settings.
+    retries: bool = False
 
     def __post_init__(self) -> None:
         target = self.listener or self.batch_listener
@@ -272,12 +283,14 @@ class PartitionFetcher:
             raise _FetchError(f"offset query failed: {reply.code} {reply.message}", replica_failed=True,
                               fatal=access_denied(reply.code, reply.message, reply.reason))
         config = self.consumer.config
-        offset = config.start_offset(int(reply["min_offset"]), int(reply["max_offset"]))
+        # A retry topic starts at its oldest: a retry stored before this fetcher began must not be skipped.
+        offset = int(reply["min_offset"]) if self.subscription.retries else config.start_offset(int(reply["min_offset"]), int(reply["max_offset"]))
         self.state.position = initial_position(offset)
         # Commit the starting point at once: if we die before the first periodic commit, the
         # next owner must not start again from the (by then later) end and skip messages.
         await self.consumer.commit_partition(self)
-        log.info("%s-%s: no stored offset, starting at %d (%s)", self.topic, self.partition, offset, config.describe_start())
+        log.info("%s-%s: no stored offset, starting at %d (%s)", self.topic, self.partition, offset,
+                 "the oldest message: a retry topic" if self.subscription.retries else config.describe_start())
 
     async def _fetch(self, conn: BrokerConnection, max_size: int):
         config = self.consumer.config
@@ -370,6 +383,10 @@ class AsyncMessageConsumer:
         self.offset_store: OffsetStore = offset_store or (LocalOffsetStore(path) if path else ZkOffsetStore(cluster))
         self.recover_store = RecoverStore(config.resolved_recover_dir())
         self.recover = RecoverManager(self.recover_store, config.recover_interval_s)
+        #: failure_store="topic": the group's retry and dead-letter topics (None: the local store,
+        #: also for a broadcast consumer, whose failures are its own: each member gets every message).
+        self.failures = (FailureRouter(cluster, pool, client_config, config, self.stats)
+                         if config.failure_store == "topic" and not config.broadcast else None)
         self.subscriptions: dict[str, Subscription] = {}
         self.fetchers: dict[tuple[str, Partition], PartitionFetcher] = {}
         self.paused = False
@@ -404,8 +421,10 @@ class AsyncMessageConsumer:
         ``listener(message)`` is called per message, ``batch_listener(messages)`` with the
         messages of one fetch (in order, all of one partition); either may be a plain
         function (called in the event loop: keep it quick) or a coroutine function. If it
-        raises, it is called again with the same message(s), up to ``max_retries`` times,
-        then the message(s) go to the recover store. With neither, iterate the consumer.
+        raises, the message(s) go to the group's retry topic and come again when due, up to
+        ``max_reconsume_times`` times, then to its dead-letter topic (``failure_store="local"``:
+        called again at once up to ``max_retries`` times, then the recover store). With
+        neither, iterate the consumer.
         ``message_filter`` (MetaQ's ConsumerMessageFilter: ``accept(group, message)``, or a
         callable) drops messages before any of these; offsets still move past them.
         """
@@ -487,6 +506,10 @@ class AsyncMessageConsumer:
         if not self.subscriptions:
             raise ValueError("subscribe to at least one topic before complete_subscribe()")
         self._started = True
+        if self.failures is not None and any(s.listener or s.batch_listener for s in self.subscriptions.values()):
+            # The group's retries are one more topic of the group: split among its members, offsets committed alike.
+            # (Also while the topic does not exist yet: its partitions are taken once it is created.)
+            self.subscriptions.setdefault(self.failures.retry_topic, Subscription(self.failures.retry_topic, self.config.fetch_size, retries=True))
         for topic in self.subscriptions:
             await self.cluster.watch_topic(topic, subscribe=True)
             self._last_partitions[topic] = tuple(self.cluster.snapshot.readable_partitions(topic))
@@ -532,12 +555,16 @@ class AsyncMessageConsumer:
         for key in list(self.fetchers):
             await self._drop(*key)
         await self.assignment.stop()
+        if self.failures is not None:
+            await self.failures.close()
 
     # --- delivery ----------------------------------------------------------------------------
 
     async def _deliver_batch(self, fetcher: PartitionFetcher, messages: list[Message], end: int) -> int:
         """Deliver one fetch's messages in order; returns how many were consumed (or handed over)."""
         subscription = fetcher.subscription
+        if subscription.retries:
+            return await self._deliver_retries(fetcher, messages, end)
         if subscription.listener is None:
             if subscription.batch_listener is None:
                 return await self._hand_over(fetcher, messages, end)
@@ -554,7 +581,7 @@ class AsyncMessageConsumer:
                 break
             if is_async:
                 state.advance(messages, done, end)
-                await self._deliver_or_recover(subscription, message)
+                await self._deliver_or_recover(subscription, message, wait=fetcher._wait)
                 counted_elsewhere += 1
             else:
                 try:
@@ -565,10 +592,8 @@ class AsyncMessageConsumer:
                 except Exception as exc:
                     state.advance(messages, done, end)
                     counted_elsewhere += 1
-                    stats.listener_failures += 1
-                    log.warning("listener failed on %s-%s@%s (attempt 1 of %d): %s", message.topic, message.partition,
-                                message.offset, self.config.max_retries, exc)
-                    await self._deliver_or_recover(subscription, message, failed=1)
+                    self._failed(message, exc, 1)
+                    await self._deliver_or_recover(subscription, message, error=exc, wait=fetcher._wait)
             done += 1
         stats.delivered += done - counted_elsewhere
         state.advance(messages, done, end)
@@ -581,7 +606,9 @@ class AsyncMessageConsumer:
         subscription = fetcher.subscription
         batch_listener = subscription.batch_listener
         assert batch_listener is not None
-        for attempt in range(1, self.config.max_retries + 1):
+        attempts = 1 if self.failures is not None else self.config.max_retries  # the retry topic retries, later
+        error: Exception | None = None
+        for attempt in range(1, attempts + 1):
             try:
                 result = batch_listener(messages)
                 if result is not None and asyncio.iscoroutine(result):
@@ -589,13 +616,15 @@ class AsyncMessageConsumer:
             except Exception as exc:
                 self.stats.listener_failures += 1
                 log.warning("batch listener failed on %d messages of %s-%s from %s (attempt %d of %d): %s", len(messages),
-                            fetcher.topic, fetcher.partition, messages[0].offset, attempt, self.config.max_retries, exc)
+                            fetcher.topic, fetcher.partition, messages[0].offset, attempt, attempts, exc)
+                error = exc
                 continue
             self.stats.delivered += len(messages)
             break
         else:
-            for message in messages:  # one bad batch must not stall the partition
-                await self._recover(message)
+            for done, message in enumerate(messages):  # one bad batch must not stall the partition
+                fetcher.state.advance(messages, done, end)
+                await self._park(message, error or "batch listener failed", 1, fetcher._wait)
         fetcher.state.advance(messages, len(messages), end)
         return len(messages)
 
@@ -622,29 +651,92 @@ class AsyncMessageConsumer:
                     batch.fetcher.state.fetch_offset = None  # only at shutdown: the rest is fetched again
             batch.consumed.set()
 
+    async def _attempt(self, subscription: Subscription, message: Message, attempt: int, attempts: int) -> Exception | None:
+        """One call of the listener; the exception it raised (counted and logged), or None."""
+        try:
+            result = subscription.call(message)
+            if asyncio.iscoroutine(result):
+                await result
+        except Exception as exc:
+            self._failed(message, exc, attempt, attempts)
+            return exc
+        self.stats.delivered += 1
+        return None
+
+    def _failed(self, message: Message, exc: Exception, attempt: int, attempts: int | None = None) -> None:
+        self.stats.listener_failures += 1
+        of = f" of {attempts if attempts is not None else self.config.max_retries}" if self.failures is None else ""
+        log.warning("listener failed on %s-%s@%s (attempt %d%s): %s", message.topic, message.partition, message.offset,
+                    attempt, of, exc)
+
     async def _deliver(self, subscription: Subscription, message: Message, redelivery: bool = False, failed: int = 0) -> bool:
         """Call the listener up to max_retries times (minus ``failed``); True once it returned normally."""
         attempts = 1 if redelivery else self.config.max_retries
         for attempt in range(failed + 1, attempts + 1):
-            try:
-                result = subscription.call(message)
-                if asyncio.iscoroutine(result):
-                    await result
-            except Exception as exc:
-                self.stats.listener_failures += 1
-                log.warning("listener failed on %s-%s@%s (attempt %d of %d): %s", message.topic, message.partition,
-                            message.offset, attempt, attempts, exc)
-                continue
-            self.stats.delivered += 1
-            if redelivery:
-                self.stats.redelivered += 1
-            return True
+            if await self._attempt(subscription, message, attempt, attempts) is None:
+                if redelivery:
+                    self.stats.redelivered += 1
+                return True
         return False
 
-    async def _deliver_or_recover(self, subscription: Subscription, message: Message, failed: int = 0) -> None:
-        if await self._deliver(subscription, message, failed=failed):
+    async def _deliver_or_recover(self, subscription: Subscription, message: Message, error: Exception | None = None,
+                                  wait: Callable[[Awaitable[Any]], Awaitable[Any]] | None = None) -> None:
+        """Deliver a message whose listener raised ``error`` (None: not called yet) until stored or taken."""
+        if self.failures is not None:
+            # Broker-side retry: one call here; the retries come through the group's retry topic.
+            if error is None:
+                error = await self._attempt(subscription, message, 1, 1)
+            if error is not None:
+                await self._park(message, error, 1, wait)
+            return
+        if await self._deliver(subscription, message, failed=1 if error is not None else 0):
             return
         await self._recover(message)
+
+    async def _park(self, message: Message, error: Exception | str, attempts: int,
+                    wait: Callable[[Awaitable[Any]], Awaitable[Any]] | None) -> None:
+        """Store a failed message where failure_store says, so its partition can move on."""
+        if self.failures is None:
+            await self._recover(message)
+        else:
+            await self.failures.send_back(message, error, attempts, wait or _no_wait)
+
+    async def _deliver_retries(self, fetcher: PartitionFetcher, messages: list[Message], end: int) -> int:
+        """A partition of the group's retry topic: each message once due, to its original topic's listener.
+
+        Waits on this partition only (the fetcher's cancellable wait): other partitions, the
+        retry topic's other delay levels included, go on meanwhile.
+        """
+        assert self.failures is not None
+        done = 0
+        for retried in messages:
+            if self.paused or fetcher._stopping:
+                break
+            fetcher.state.advance(messages, done, end)
+            try:
+                info = parse_envelope(retried.attribute or "")
+            except ValueError as exc:
+                self.stats.filtered += 1
+                log.error("group %s: %s-%s@%s is no retry of this client (%s): skipped", self.config.group, retried.topic,
+                          retried.partition, retried.offset, exc)
+                done += 1
+                continue
+            delay_s = (due_at_ms(retried, info) - time.time() * 1000) / 1000
+            if delay_s > 0:
+                await fetcher._wait(asyncio.sleep(delay_s))
+                if self.paused or fetcher._stopping:
+                    break
+            message = info.original(retried.data)
+            subscription = self.subscriptions.get(info.topic)
+            if subscription is None or (subscription.listener is None and subscription.batch_listener is None):
+                error: Exception | None = LookupError(f"this member has no listener for topic {info.topic!r}")
+            else:
+                error = await self._attempt(subscription, message, info.attempts + 1, self.config.max_reconsume_times + 1)
+            if error is not None:
+                await self.failures.send_back(message, error, info.attempts + 1, fetcher._wait)
+            done += 1
+        fetcher.state.advance(messages, done, end)
+        return done
 
     async def _recover(self, message: Message) -> None:
         # One bad message must not stall the partition: park it on disk and move on.
@@ -758,8 +850,9 @@ class AsyncMessageConsumer:
 
     async def _start_fetcher(self, topic: str, partition: Partition) -> None:
         incarnation = await self._incarnation(topic, partition) if self._keeps_incarnations else None
-        # MetaQ's setConsumeFromMaxOffset(always=True): stored offsets are ignored.
-        position = None if self.config.always_consume_from_max_offset else await self._load_position(topic, partition, incarnation)
+        # MetaQ's setConsumeFromMaxOffset(always=True): stored offsets are ignored (never the retry topic's: they hold pending retries).
+        ignore_stored = self.config.always_consume_from_max_offset and not self.subscriptions[topic].retries
+        position = None if ignore_stored else await self._load_position(topic, partition, incarnation)
         fetcher = PartitionFetcher(self, self.subscriptions[topic], partition, position, incarnation)
         self.fetchers[(topic, partition)] = fetcher
         fetcher.start()
@@ -774,3 +867,7 @@ class AsyncMessageConsumer:
                 await self._commit_fetchers(topic, [fetcher])
             finally:
                 await self.assignment.release(topic, partition)
+
+
+async def _no_wait(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable

@@ -1,5 +1,10 @@
 """The local recover store: messages whose listener kept failing, redelivered in the background.
 
+``ConsumerConfig(failure_store="local")``, MetaQ's way (the default is the group's retry
+topic, retry_topics.py: replicated and seen by every member, where this store lives and
+dies with one host's disk). A consumer with the default still drains what an earlier
+version left here (its RecoverManager runs in both modes), so switching loses nothing.
+
 MetaQ moves such a message to a local store so that one bad message does not stall its
 partition, and retries it later. Here each message is one file,
 ``{dir}/{topic}/{partition}-{offset:020d}.rec``, holding the message as a record in the

@@ -135,7 +135,7 @@ def test_failing_listener_message_goes_to_recover_store_and_is_redelivered(two_b
             raise RuntimeError("cannot handle poison yet")
         delivered.append(message.data)
 
-    config = consumer_config(tmp_path, max_retries=3)
+    config = consumer_config(tmp_path, max_retries=3, failure_store="local")
     consumer = factory.create_consumer(config)
     consumer.subscribe(TOPIC, None, listener)
     consumer.complete_subscribe()
@@ -244,7 +244,8 @@ def test_batch_listener_gets_whole_fetches_and_retries_them(two_brokers, factory
             raise RuntimeError("not yet")
         batches.append([m.data for m in messages])
 
-    consumer = factory.create_consumer(consumer_config(tmp_path))
+    # failure_store="local": a failed batch is called again at once, as a whole (MetaQ's way).
+    consumer = factory.create_consumer(consumer_config(tmp_path, failure_store="local"))
     consumer.subscribe(TOPIC, batch_listener=on_batch)
     consumer.complete_subscribe()
     wait_until(lambda: sum(map(len, batches)) >= 30, 15, message="30 messages in batches")
