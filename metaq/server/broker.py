@@ -433,6 +433,7 @@ class Broker:
             *self.stats.refusal_pairs(),
             ("scrub_bytes", self.scrubber.stats.bytes_checked),
             ("scrub_corrupt_ranges", self.scrubber.stats.corrupt_ranges),
+            ("time_index_rebuilds", time_index_rebuilds.total),
         ] + self.ha.status_pairs() + self.replication_pairs()
 
     def replication_pairs(self) -> list[tuple[str, Any]]:
