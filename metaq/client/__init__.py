@@ -16,6 +16,7 @@ from .producer import AsyncMessageProducer
 from .rebalance import assign_range
 from .recover import RecoverStore
 from .routing import choose_replica
+from .times import OffsetForTimeError, TimeOffset
 from .selector import KeyHashPartitionSelector, NoPartitionAvailable, PartitionSelector, RoundRobinPartitionSelector
 from .session import AsyncMessageSessionFactory
 from .transactional import AsyncTransactionalProducer, ProducerFenced, TransactionError, TransactionRolledBack
@@ -49,6 +50,7 @@ __all__ = [
     "MetaClientConfig",
     "MetaqError",
     "NoPartitionAvailable",
+    "OffsetForTimeError",
     "OffsetStore",
     "Partition",
     "PartitionSelector",
@@ -56,6 +58,7 @@ __all__ = [
     "RecoverStore",
     "RoundRobinPartitionSelector",
     "SendResult",
+    "TimeOffset",
     "ZkOffsetStore",
     "assign_range",
     "choose_replica",
