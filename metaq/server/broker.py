@@ -31,9 +31,9 @@ from ..ha.repair import repair_from_slaves
 from ..security.settings import load_broker_security
 from ..store.datadirs import broker_identity, check_data_dirs
 from ..store.manager import MessageStoreManager
-from ..store.timeindex import REBUILDS as time_index_rebuilds
 from ..store.msgid import MsgIdGenerator
 from ..store.scrub import Scrubber
+from ..store.timeindex import REBUILDS as time_index_rebuilds
 from ..zk.data_loss import reconnect_after_data_loss
 from ..zk.monitor import OutageReporter
 from .admission import ConnectionSlots, RequestBudget

@@ -725,7 +725,7 @@ class PartitionLog:
             for segment in self._segments:
                 if not segment.closed:
                     try:
-                        segment.time_index.flush()
+                        segment.time_index.flush(everything=True)
                     except OSError as exc:  # derived data: the next lookup rebuilds what is missing
                         log.warning("%s: time index not written: %s", self.directory, exc)
                 segment.close()

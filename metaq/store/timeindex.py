@@ -65,6 +65,9 @@ INDEX_SUFFIX = ".timeindex"
 DEFAULT_INTERVAL = 4096
 #: An append longer than this is indexed inside too (a slave's large fetch reply).
 MAX_UNINDEXED_APPEND = 256 * 1024
+#: The log's flushes write the active segment's new entries once this many are pending (one
+#: small write per ~64 puts instead of one per flush); the roll and close write them all.
+WRITE_AFTER_ENTRIES = 64
 ENTRY = struct.Struct(">qqI")
 ENTRY_SIZE = ENTRY.size  # 20
 _PAYLOAD = struct.Struct(">qq")
@@ -173,11 +176,17 @@ class SegmentTimeIndex:
         with self._lock:
             if not self.ready or offset != self.covered:
                 return  # not built yet (the first lookup walks these bytes), or already covered
-            added = index_records(buf, offset, self._last, self.interval, size > MAX_UNINDEXED_APPEND)
+            self.covered = offset + size
+            last = self._last
+            if size <= MAX_UNINDEXED_APPEND:  # the common case, inline: one header read at most
+                if last is None or offset - last >= self.interval:
+                    self._pending.append((record_time(buf, 0), offset))
+                    self._last = offset
+                return
+            added = index_records(buf, offset, last, self.interval, every_record=True)
             if added:
                 self._pending.extend(added)
                 self._last = added[-1][1]
-            self.covered = offset + size
 
     # --- writing the file --------------------------------------------------------------
 
@@ -211,10 +220,11 @@ class SegmentTimeIndex:
             os.close(fd)
         os.replace(partial, self.path)
 
-    def flush(self) -> None:
-        """Write the pending entries (no fsync: a lost tail is found and rebuilt on first use)."""
+    def flush(self, everything: bool = False) -> None:
+        """Write the pending entries once there are ``WRITE_AFTER_ENTRIES`` (or all of them, with
+        ``everything``: at close). No fsync: a lost tail is walked again on first use."""
         with self._lock:
-            if self._pending and not self._sealed:
+            if self._pending and not self._sealed and (everything or len(self._pending) >= WRITE_AFTER_ENTRIES):
                 self._write_pending(None)
 
     def seal(self, end: int) -> None:
