@@ -191,33 +191,15 @@ class SegmentTimeIndex:
     # --- writing the file --------------------------------------------------------------
 
     def _append_file(self, entries: Iterable[tuple[int, int]], seal_end: int | None = None) -> None:
-        data = b"".join(pack_entry(t, o) for t, o in entries)
-        if seal_end is not None:
-            data += pack_entry(SEAL, seal_end)
-        if not data:
-            return
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)
+        data = _file_bytes(entries, seal_end)
+        if data:
+            _write_new(self.path, data, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
 
     def _rewrite_file(self, entries: list[tuple[int, int]], seal_end: int | None) -> None:
         """Replace the file whole (a crash in between leaves the old or the new one, never a mix)."""
         partial = self.path.with_name(self.path.name + ".partial")
         partial.unlink(missing_ok=True)
-        data = b"".join(pack_entry(t, o) for t, o in entries)
-        if seal_end is not None:
-            data += pack_entry(SEAL, seal_end)
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)
+        _write_new(partial, _file_bytes(entries, seal_end), os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         os.replace(partial, self.path)
 
     def flush(self, everything: bool = False) -> None:
@@ -356,6 +338,22 @@ class SegmentTimeIndex:
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
+
+
+def _file_bytes(entries: Iterable[tuple[int, int]], seal_end: int | None) -> bytes:
+    data = b"".join(pack_entry(t, o) for t, o in entries)
+    return data + pack_entry(SEAL, seal_end) if seal_end is not None else data
+
+
+def _write_new(path: Path, data: bytes, flags: int) -> None:
+    """Write all of ``data`` through a descriptor opened for this write alone (none is kept)."""
+    fd = os.open(path, flags, FILE_MODE)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
 
 
 def first_record_at_or_after(read: Callable[[int, int], bytes], low: int, high: int, time_ms: int,

@@ -21,6 +21,8 @@ from metaq.store.msgid import MsgIdGenerator, msg_id_timestamp_ms
 from metaq.store.retention import delete_segment_file
 from metaq.store.timeindex import ENTRY_SIZE, MAX_UNINDEXED_APPEND, index_path, parse_entries
 
+from .test_store_log import records_in
+
 T0 = 1_700_000_000_000
 
 
@@ -43,19 +45,10 @@ class Writer:
 
 
 def brute_force(log: PartitionLog, time_ms: int) -> int | None:
-    for r in records_of(log):
+    for r in records_in(log):
         if msg_id_timestamp_ms(r.msg_id) >= time_ms:
             return r.offset
     return None
-
-
-def records_of(log: PartitionLog) -> list[record.Record]:
-    out, offset = [], log.min_offset
-    while offset < log.log_end:
-        chunk = log.read(offset, 1 << 20)
-        out.extend(record.iter_records(chunk, offset))
-        offset += len(chunk)
-    return out
 
 
 def check_all(log: PartitionLog, times: list[int]) -> None:
@@ -64,7 +57,7 @@ def check_all(log: PartitionLog, times: list[int]) -> None:
 
 
 def sample_times(log: PartitionLog, n: int = 60, seed: int = 1) -> list[int]:
-    stamps = [msg_id_timestamp_ms(r.msg_id) for r in records_of(log)]
+    stamps = [msg_id_timestamp_ms(r.msg_id) for r in records_in(log)]
     rng = random.Random(seed)
     picks = [rng.choice(stamps) + rng.choice((-1, 0, 1)) for _ in range(n)]
     return [0, stamps[0], stamps[-1], stamps[-1] + 1, *picks]
@@ -91,7 +84,7 @@ def test_upto_bounds_the_answer(tmp_path: Path) -> None:
     log, writer = filled(tmp_path, batches=20)
     middle = writer.put(5)
     writer.put(5)
-    late = msg_id_timestamp_ms(records_of(log)[-1].msg_id)
+    late = msg_id_timestamp_ms(records_in(log)[-1].msg_id)
     assert log.offset_for_time(late) is not None
     assert log.offset_for_time(late, upto=middle) is None
 
@@ -179,7 +172,7 @@ def test_lost_unflushed_entries_of_the_active_segment_are_walked_again(tmp_path:
 
 def test_truncation_keeps_the_index_exact(tmp_path: Path) -> None:
     log, writer = filled(tmp_path)
-    records = records_of(log)
+    records = records_in(log)
     cut = records[len(records) // 2].offset
     log.truncate_to(cut)
     assert not any(p.name > index_path(log.segments[-1].path).name for p in (tmp_path / "t-0").glob("*.timeindex"))
