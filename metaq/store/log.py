@@ -57,6 +57,9 @@ _COPY_CHUNK = 4 * 1024 * 1024
 #: How often flushes raise the flushed-end checkpoint at most (close always writes it):
 #: one small fsync a second instead of one per group commit.
 CHECKPOINT_INTERVAL_S = 1.0
+#: A time lookup whose segment's index was being cut or removed while it was built starts
+#: again; after this many tries it fails (the caller answers 500 and the reader asks again).
+_LOOKUP_ATTEMPTS = 5
 
 
 class OffsetOutOfRange(LookupError):
@@ -639,35 +642,53 @@ class PartitionLog:
         whose first record is older than ``time_ms`` (or starts the next one): segments are
         told apart by their first record's header (read once per segment, kept in memory),
         then that one segment's index file is bisected and one index interval of its log
-        walked. May run in a worker thread (it holds ``_structure_lock``, so no segment it
-        reads is closed under it); the first lookup in a segment reads and checks its index
-        file, rebuilding it from the segment if it is missing, torn or corrupt.
+        walked, under ``_structure_lock`` (no segment it reads is closed under it). For a
+        worker thread. The first lookup in a segment reads and checks its index file, rebuilding
+        it from the segment if it is missing, torn or corrupt: that may read the whole segment,
+        so it runs without the lock (``_build_time_index``), and the lookup then starts again.
         """
-        with self._structure_lock:
-            segments = self._segments
-            end = segments[-1].end if upto is None else min(upto, segments[-1].end)
+        for _attempt in range(_LOOKUP_ATTEMPTS):
+            with self._structure_lock:
+                segments = self._segments
+                end = segments[-1].end if upto is None else min(upto, segments[-1].end)
 
-            def first_time(segment: LogSegment) -> float:
-                found = segment.time_index.first_time(segment.read, segment.end)
-                return float("inf") if found is None else found
+                def first_time(segment: LogSegment) -> float:
+                    found = segment.time_index.first_time(segment.read, segment.end)
+                    return float("inf") if found is None else found
 
-            i = bisect.bisect_left(segments, time_ms, key=first_time) - 1
-            if i < 0:
-                answer: int | None = segments[0].start
-            else:
-                answer = self._offset_for_time_in(segments[i], time_ms)
-                if answer is None and i + 1 < len(segments):
-                    answer = segments[i + 1].start
-            bad_end = self.corrupt_end_at(answer) if answer is not None else None
-            if bad_end is not None:  # a segment's first record inside a corrupt range: never answered
-                answer = bad_end
-        return answer if answer is not None and answer < end else None
+                i = bisect.bisect_left(segments, time_ms, key=first_time) - 1
+                unbuilt = segments[i] if i >= 0 and not segments[i].time_index.ready else None
+                if unbuilt is None:
+                    answer = segments[0].start if i < 0 else self._offset_for_time_in(segments[i], time_ms)
+                    if answer is None and 0 <= i < len(segments) - 1:
+                        answer = segments[i + 1].start
+                    bad_end = self.corrupt_end_at(answer) if answer is not None else None
+                    if bad_end is not None:  # a segment's first record inside a corrupt range: never answered
+                        answer = bad_end
+                    return answer if answer is not None and answer < end else None
+                corrupt = list(self.corrupt_ranges)
+            self._build_time_index(unbuilt, corrupt)
+        raise OSError(errno.EAGAIN, f"{self.directory.name}: the log kept changing under a time index build; ask again")
+
+    def _build_time_index(self, segment: LogSegment, corrupt: list[tuple[int, int]]) -> None:
+        """Check or rebuild ``segment``'s time index, without ``_structure_lock``: through a
+        descriptor of its own (a truncation or retention may close the segment's meanwhile; the
+        index then throws the build away, see ``SegmentTimeIndex.ensure_ready``)."""
+        try:
+            fd = os.open(segment.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return  # removed meanwhile: the next attempt picks the segment again
+        try:
+            def read(offset: int, length: int) -> bytes:
+                return os.pread(fd, max(0, length), offset - segment.start)
+
+            segment.time_index.ensure_ready(read, lambda: segment.end, lambda: segment.read_only, corrupt,
+                                            self.directory.name)
+        finally:
+            os.close(fd)
 
     def _offset_for_time_in(self, segment: LogSegment, time_ms: int) -> int | None:
-        index = segment.time_index
-        index.ensure_ready(segment.read, lambda: segment.end, segment.read_only, self.corrupt_ranges,
-                           self.directory.name)
-        low, high = index.bracket(time_ms)
+        low, high = segment.time_index.bracket(time_ms)
         found = first_record_at_or_after(
             segment.read, segment.start if low is None else low, segment.end if high is None else high,
             time_ms, self.corrupt_ranges,

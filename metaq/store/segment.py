@@ -55,7 +55,7 @@ class LogSegment:
         path = directory / segment_file_name(start)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
         segment = cls(path, start, fd, 0, read_only=False, new=True)
-        segment.time_index.remove()  # a leftover of an earlier log at this offset describes other bytes
+        segment.time_index.path.unlink(missing_ok=True)  # a leftover of an earlier log here describes other bytes
         return segment
 
     @classmethod

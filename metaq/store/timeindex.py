@@ -167,6 +167,9 @@ class SegmentTimeIndex:
         self._pending: list[tuple[int, int]] = []
         self._last: int | None = None  # offset of the newest entry
         self._first_time: int | None = None
+        #: Bumped by every change of the segment's bytes (truncate, invalidate, remove): a build
+        #: that started before one is thrown away (``ensure_ready``).
+        self._generation = 0
 
     # --- appends (event loop) ----------------------------------------------------------
 
@@ -229,15 +232,20 @@ class SegmentTimeIndex:
 
     # --- building (first use) ------------------------------------------------------------
 
-    def ensure_ready(self, read: Callable[[int, int], bytes], end: Callable[[], int], sealed: bool,
-                     corrupt: list[tuple[int, int]], where: str) -> None:
-        """Make the entries exact for the segment as it is now (read the file, walk what it lacks).
+    def ensure_ready(self, read: Callable[[int, int], bytes], end: Callable[[], int], sealed: Callable[[], bool],
+                     corrupt: list[tuple[int, int]], where: str) -> bool:
+        """Make the entries exact for the segment as it is now (read the file, walk what it lacks);
+        False when the segment was cut, repaired or removed meanwhile (nothing kept: ask again).
 
-        ``read(offset, length)`` reads the segment, ``end()`` is its current end (appends may go
-        on meanwhile: the last part is walked under the lock, which holds them back briefly).
+        Runs without the log's lock (a first use may walk a whole segment; flushes must not wait
+        for it): ``read(offset, length)`` reads the segment through a descriptor of the caller's,
+        ``end()`` is its current end (appends go on: the last part is walked under this index's
+        lock, which holds them back briefly), ``sealed()`` whether it is rolled.
         """
-        if self.ready:
-            return
+        with self._lock:
+            if self.ready:
+                return True
+            generation = self._generation
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
@@ -246,21 +254,25 @@ class SegmentTimeIndex:
         entries, was_sealed, problem = parse_entries(data or b"", self.start, segment_end)
         if data is None and segment_end > self.start:
             problem = "missing"
-        complete = was_sealed and sealed
+        complete = was_sealed and sealed()
         walked_from = entries[-1][1] if entries else self.start
         if not complete:
             entries = entries[:-1] if entries else entries  # the walk re-adds the last entry
             entries += _walk(read, walked_from, segment_end, entries[-1][1] if entries else None, self.interval, corrupt)
         with self._lock:
-            now_end = end()
+            if self.ready:
+                return True
+            if generation != self._generation:
+                return False  # cut, repaired or removed while we read: what we found may be stale
+            now_end, is_sealed = end(), sealed()
             if now_end > segment_end:
                 entries += _walk(read, segment_end, now_end, entries[-1][1] if entries else None, self.interval, corrupt)
-            seal_end = now_end if sealed else None
-            on_disk = data is not None and not problem and (complete or not sealed)
-            if on_disk and not complete and not sealed and len(entries) >= len(data) // ENTRY_SIZE:
+            seal_end = now_end if is_sealed else None
+            on_disk = data is not None and not problem and (complete or not is_sealed)
+            if on_disk and not complete and not is_sealed and len(entries) >= len(data) // ENTRY_SIZE:
                 # The active segment's file is a good prefix: append what the walk found.
                 self._append_file(entries[len(data) // ENTRY_SIZE :])
-            elif not on_disk or (sealed and not complete):
+            elif not on_disk or (is_sealed and not complete):
                 self._rewrite_file(entries, seal_end)
             if problem:
                 REBUILDS.total += 1
@@ -268,9 +280,10 @@ class SegmentTimeIndex:
                             where, self.path.name, problem or "not sealed", len(entries))
             self._written, self._pending = len(entries), []
             self._last = entries[-1][1] if entries else None
-            self._sealed = sealed
+            self._sealed = is_sealed
             self.covered = now_end
             self.ready = True
+        return True
 
     # --- reading (lookups) ---------------------------------------------------------------
 
@@ -312,6 +325,7 @@ class SegmentTimeIndex:
         """The segment was cut at ``offset`` (a record boundary): drop the entries at and after it.
         The file is rewritten now (a stale entry must never point into bytes appended later)."""
         with self._lock:
+            self._generation += 1
             try:
                 data = self.path.read_bytes()
             except FileNotFoundError:
@@ -331,13 +345,18 @@ class SegmentTimeIndex:
     def invalidate(self) -> None:
         """The segment's bytes changed in place (a repair): rebuild on first use."""
         with self._lock:
+            self._generation += 1
             self.path.unlink(missing_ok=True)
             self.ready, self._written, self._pending, self._last, self._sealed = False, 0, [], None, False
             self.covered = self.start
             self._first_time = None
 
     def remove(self) -> None:
-        self.path.unlink(missing_ok=True)
+        """The segment left the log (retention, truncation, a reset): its file goes, no build may write it again."""
+        with self._lock:
+            self._generation += 1
+            self.ready = False
+            self.path.unlink(missing_ok=True)
 
 
 def _file_bytes(entries: Iterable[tuple[int, int]], seal_end: int | None) -> bytes:

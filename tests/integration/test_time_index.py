@@ -111,7 +111,7 @@ def test_master_and_slave_answer_alike_through_failover_truncation_and_lost_inde
     a, b = make_pair(broker_factory, async_system(**SEGMENTS), group)
     put_waves(a, 8)
     wait_caught_up(a, b, PARTS)
-    assert len(list(partition_dir(a).glob("*.timeindex"))) > 3
+    assert len(list(partition_dir(a).glob("*.timeindex"))) >= 3  # the sealed segments' (an active one is written later)
     times = probe_times(record_times(a))
     before = same_everywhere([a, b], times)
     assert any(not latest for _, latest in before.values()) and any(latest for _, latest in before.values())

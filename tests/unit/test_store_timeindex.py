@@ -241,3 +241,43 @@ def test_any_history_answers_like_a_walk(tmp_path_factory, batches, segment) -> 
         writer.step_ms, writer.size = step, size
         writer.put(count)
     check_all(log, sample_times(log, n=30))
+
+
+def test_a_build_that_a_truncation_overtakes_is_thrown_away(tmp_path: Path) -> None:
+    """First use builds without the log's lock: a cut meanwhile must not let stale entries in."""
+    log, writer = filled(tmp_path, batches=60, segment=1 << 30)
+    records = records_in(log)
+    cut = records[len(records) // 2].offset
+    segment = log.segments[0]
+    segment.time_index.invalidate()
+    calls = []
+
+    def read_then_cut(offset: int, length: int) -> bytes:
+        if not calls:
+            log.truncate_to(cut)  # what an HA truncation does while the build walks
+        calls.append(offset)
+        return segment.read(offset, min(length, max(0, segment.end - offset)))
+
+    built = segment.time_index.ensure_ready(read_then_cut, lambda: segment.end, lambda: False, [], "t-0")
+    assert built is False and not segment.time_index.ready
+    entries, _, _ = parse_entries(index_path(segment.path).read_bytes(), 0, cut)
+    assert all(offset < cut for _, offset in entries)
+    writer.now += 1000
+    for _ in range(20):
+        writer.put(4)
+    check_all(log, sample_times(log))
+
+
+def test_retention_during_a_build_leaves_no_index_file_behind(tmp_path: Path) -> None:
+    log, _ = filled(tmp_path)
+    oldest = log.segments[0]
+    oldest.time_index.invalidate()
+
+    def read_then_retire(offset: int, length: int) -> bytes:
+        if oldest in log.segments:
+            for segment in log.detach_segments_older_than(float("inf")):
+                delete_segment_file(segment)
+        return b""
+
+    assert oldest.time_index.ensure_ready(read_then_retire, lambda: oldest.end, lambda: True, [], "t-0") is False
+    assert not index_path(oldest.path).exists()
