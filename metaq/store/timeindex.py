@@ -267,13 +267,13 @@ class SegmentTimeIndex:
             now_end, is_sealed = end(), sealed()
             if now_end > segment_end:
                 entries += _walk(read, segment_end, now_end, entries[-1][1] if entries else None, self.interval, corrupt)
-            seal_end = now_end if is_sealed else None
-            on_disk = data is not None and not problem and (complete or not is_sealed)
-            if on_disk and not complete and not is_sealed and len(entries) >= len(data) // ENTRY_SIZE:
+            if complete:
+                pass  # the file is the whole index
+            elif data is not None and not problem and not was_sealed and not is_sealed:
                 # The active segment's file is a good prefix: append what the walk found.
                 self._append_file(entries[len(data) // ENTRY_SIZE :])
-            elif not on_disk or (is_sealed and not complete):
-                self._rewrite_file(entries, seal_end)
+            else:  # missing, damaged, to be sealed, or sealed for an end the segment no longer has
+                self._rewrite_file(entries, now_end if is_sealed else None)
             if problem:
                 REBUILDS.total += 1
                 log.warning("%s: time index %s (%s): rebuilt from the segment, %d entries",
