@@ -16,7 +16,9 @@ what ``--export`` prints); an explicit offset must start a message. A dry run pr
 the plan; ``--execute`` writes it. Refused while the group has live members
 (they would overwrite it at their next commit) unless ``--force``. The time of a
 message is the timestamp in its msg id (metaq/store/msgid.py: the append time on
-the master, in ms, never earlier than the true time).
+the master, in ms, never earlier than the true time); a time is answered by the master's
+time index (the ``offset_for_time`` request: one index file and one index interval of
+the log read on the broker, one request per partition), the end when no message is that late.
 
 ``dlq``: the group's dead letters (metaq/cli/dlq.py).
 
@@ -366,7 +368,6 @@ def run_delete(args: argparse.Namespace) -> int:
 
 async def _plan(rows: list[PartitionRow], args: argparse.Namespace, stop_at_ms: int | None,
                 wanted: dict[tuple[str, str], int] | None) -> list[tuple[PartitionRow, int]]:
-    from ..store.msgid import msg_id_timestamp_ms
 
     creds = credentials(args)
 
@@ -383,14 +384,26 @@ async def _plan(rows: list[PartitionRow], args: argparse.Namespace, stop_at_ms: 
         if args.to_current:
             return row, current
         if stop_at_ms is not None:
-            _, at, _ = await walk(row, earliest, end, args.timeout, creds, stop=lambda r, _n: msg_id_timestamp_ms(r.msg_id) >= stop_at_ms)
-            return row, end if at is None else at
+            return row, await time_offset(row, stop_at_ms, args.timeout, creds)
         if args.shift_by is not None:
             return row, await _shifted(row, current, args.shift_by, earliest, end, args.timeout, creds)
         offset = wanted[(row.topic, row.name)] if wanted is not None else args.to_offset
         return row, await checked_offset(row, offset, earliest, end, args.timeout, creds)
 
     return list(await asyncio.gather(*(one(row) for row in rows)))
+
+
+async def time_offset(row: PartitionRow, time_ms: int, timeout: float, creds: Any) -> int:
+    """The offset of the first message at or after ``time_ms`` on the partition's master (its
+    readable end when none is that late), from the broker's time index."""
+    from ..protocol.messages import OffsetForTimeRequest
+
+    assert row.master_url is not None
+    header = OffsetForTimeRequest(topic=row.topic, partition=row.partition, time_ms=time_ms).to_header()
+    answer: Answer = await ask_answer(row.master_url, header, timeout, creds)
+    if answer.reply is None:
+        raise MetaqError(f"{row.topic}-{row.name}: its master answered no offset for the time: {answer.problem}; nothing was written")
+    return int(answer.reply["offset"])
 
 
 async def _shifted(row: PartitionRow, current: int, shift: int, earliest: int, end: int, timeout: float, creds: Any) -> int:
@@ -451,11 +464,12 @@ async def checked_offset(row: PartitionRow, offset: int, earliest: int, end: int
     return offset
 
 
-def _parse_time(text: str) -> int:
+def _parse_time(text: str, option: str = "--to-datetime") -> int:
+    """Milliseconds since 1970 of an ISO 8601 time (no zone: local time)."""
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise MetaqError(f"--to-datetime: expected ISO 8601 like 2026-11-23T09:30:00Z, got {text!r}") from None
+        raise MetaqError(f"{option}: expected ISO 8601 like 2026-11-23T09:30:00Z, got {text!r}") from None
     if moment.tzinfo is None:
         moment = moment.astimezone()  # local time, as the operator typed it
     return int(moment.astimezone(timezone.utc).timestamp() * 1000)

@@ -40,12 +40,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     only.add_argument("--unavailable-partitions", action="store_true", help="only partitions without a master serving them")
     add_json_option(describe)
 
-    get = add_action(actions, "get", "print one message of a partition, by offset or msg id (read from its master)", run_get)
+    get = add_action(actions, "get", "print one message of a partition, by offset, msg id or time (read from its master)", run_get)
     get.add_argument("--topic", required=True, help="the topic")
     get.add_argument("--partition", required=True, type=numbers.partition, metavar="BROKER-N", help="the partition, e.g. 0-1")
     which = get.add_mutually_exclusive_group(required=True)
     which.add_argument("--offset", type=numbers.offset, help="the message starting at this byte offset")
     which.add_argument("--msg-id", type=int, help="the message with this msg id (walks the partition from its oldest message)")
+    which.add_argument("--at", metavar="TIME", help="the first message at or after TIME (ISO 8601, e.g. 2026-11-23T09:30:00Z; no zone:"
+                       " local time), found by the broker's time index")
     add_json_option(get)
 
     for name, helptext, runner in (
@@ -257,7 +259,8 @@ def run_get(args: argparse.Namespace) -> int:
 
 async def _find_message(row: Any, args: argparse.Namespace) -> Any:
     """The record at ``--offset`` (which must start a message) or with ``--msg-id``, read from the master."""
-    from .groups import bounds, checked_offset, walk
+    from ..txn.control import CONTROL_ATTRIBUTE
+    from .groups import _parse_time, bounds, checked_offset, time_offset, walk
 
     creds = credentials(args)
     found = await bounds(row, args.timeout, creds)
@@ -268,12 +271,18 @@ async def _find_message(row: Any, args: argparse.Namespace) -> Any:
         if args.offset >= end:
             raise MetaqError(f"{row.topic}-{row.name}: no message at offset {args.offset} (readable messages end at {end})")
         start = await checked_offset(row, args.offset, earliest, end, args.timeout, creds)
+    elif args.at is not None:
+        start = await time_offset(row, _parse_time(args.at, "--at"), args.timeout, creds)
+        if start >= end:
+            raise MetaqError(f"{row.topic}-{row.name}: no message at or after {args.at} (every readable message is older)")
     else:
         start = earliest
     hits: list[Any] = []
 
     def wanted(record: Any, _walked: int) -> bool:
-        if args.offset is not None or record.msg_id == args.msg_id:
+        if args.at is not None and record.attribute == CONTROL_ATTRIBUTE:
+            return False  # a time finds the first message: a control record there (a batch header) is passed
+        if args.msg_id is None or record.msg_id == args.msg_id:
             hits.append(record)
             return True
         return False

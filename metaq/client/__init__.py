@@ -17,6 +17,7 @@ from .rebalance import assign_range
 from .recover import RecoverStore
 from .retry_topics import FailureInfo, failure_info, failure_topic_names
 from .routing import choose_replica
+from .times import OffsetForTimeError, TimeOffset
 from .selector import KeyHashPartitionSelector, NoPartitionAvailable, PartitionSelector, RoundRobinPartitionSelector
 from .session import AsyncMessageSessionFactory
 from .transactional import AsyncTransactionalProducer, ProducerFenced, TransactionError, TransactionRolledBack
@@ -50,6 +51,7 @@ __all__ = [
     "MetaClientConfig",
     "MetaqError",
     "NoPartitionAvailable",
+    "OffsetForTimeError",
     "OffsetStore",
     "Partition",
     "PartitionSelector",
@@ -60,6 +62,7 @@ __all__ = [
     "failure_topic_names",
     "RoundRobinPartitionSelector",
     "SendResult",
+    "TimeOffset",
     "ZkOffsetStore",
     "assign_range",
     "choose_replica",

@@ -124,6 +124,10 @@ class MessageProducer:
         self._handoff: collections.deque[tuple[Message, int, concurrent.futures.Future[SendResult], Any]] = collections.deque()
         self._handoff_scheduled = False
 
+    def offsets_for_times(self, topic: str, times: dict[Partition | str, int]) -> dict[Partition, int | None]:
+        """See AsyncMessageProducer.offsets_for_times."""
+        return self._runner.run(self.aio.offsets_for_times(topic, times))
+
     def publish(self, topic: str) -> None:
         self._runner.run(self.aio.publish(topic))
 
@@ -387,6 +391,14 @@ class MessageConsumer:
             return self.aio.owned_partitions(topic)
 
         return self._runner.run(get())
+
+    def offsets_for_times(self, topic: str, times: dict[Partition | str, int]) -> dict[Partition, int | None]:
+        """See AsyncMessageConsumer.offsets_for_times."""
+        return self._runner.run(self.aio.offsets_for_times(topic, times))
+
+    def seek_to_time(self, time_ms: int, topic: str | None = None) -> dict[tuple[str, Partition], int]:
+        """See AsyncMessageConsumer.seek_to_time."""
+        return self._runner.run(self.aio.seek_to_time(time_ms, topic))
 
     @property
     def stats(self) -> ConsumerStats:

@@ -52,6 +52,7 @@ from .rebalance import Assignment, BroadcastAssignment, GroupAssignment, claim_a
 from .recover import RecoverManager, RecoverStore
 from .retry_topics import due_at_ms, parse_envelope
 from .routing import Replica, choose_replica
+from .times import offsets_for_times, time_offsets
 
 log = logging.getLogger(__name__)
 
@@ -531,6 +532,38 @@ class AsyncMessageConsumer:
 
     def owned_partitions(self, topic: str | None = None) -> list[Partition]:
         return sorted(p for (t, p) in self.fetchers if topic is None or t == topic)
+
+    async def offsets_for_times(self, topic: str, times: dict[Partition | str, int]) -> dict[Partition, int | None]:
+        """Per partition, the first offset whose message time (its msg id's) is >= the given ms
+        since 1970, or None when no readable message is that late (metaq/client/times.py)."""
+        return await offsets_for_times(self.cluster, self.pool, topic, times, self.client_config.request_timeout_s)
+
+    async def seek_to_time(self, time_ms: int, topic: str | None = None) -> dict[tuple[str, Partition], int]:
+        """Move every partition this member owns (of ``topic``, or of all) to the first message
+        at or after ``time_ms`` (ms since 1970), or to the end when none is that late, and commit
+        the new positions; returns them. Each partition's fetcher stops between two messages,
+        moves, and starts again; partitions it takes later start at the group's offsets as usual."""
+        by_topic: dict[str, list[Partition]] = {}
+        for owned_topic, partition in self.fetchers:
+            if topic is None or owned_topic == topic:
+                by_topic.setdefault(owned_topic, []).append(partition)
+        moved: dict[tuple[str, Partition], int] = {}
+        for owned_topic, partitions in by_topic.items():
+            found = await time_offsets(self.cluster, self.pool, owned_topic, {p: time_ms for p in partitions},
+                                       self.client_config.request_timeout_s)
+            for partition, answer in found.items():
+                fetcher = self.fetchers.get((owned_topic, partition))
+                if fetcher is None:
+                    continue  # a rebalance took it meanwhile
+                await fetcher.stop()
+                fetcher.state.position = initial_position(answer.offset)
+                fetcher._stopping = False
+                fetcher.start()
+                await self.commit_partition(fetcher)
+                moved[(owned_topic, partition)] = answer.offset
+                log.info("group %s: %s-%s moved to offset %d (time %d)", self.config.group, owned_topic, partition,
+                         answer.offset, time_ms)
+        return moved
 
     async def commit(self) -> None:
         """Commit the position of every owned partition now."""

@@ -67,6 +67,7 @@ from .message import Message, Partition, SendResult
 from .pool import ConnectionPool
 from .retry import RetryPolicy
 from .selector import NoPartitionAvailable, PartitionSelector, RoundRobinPartitionSelector
+from .times import offsets_for_times
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +146,11 @@ class AsyncMessageProducer:
         self._loop: asyncio.AbstractEventLoop | None = None  # see _running_loop
         #: Numbers idempotent puts (None: idempotence off).
         self.sequencer: Sequencer | None = Sequencer(config.max_in_flight_per_partition) if config.idempotence else None
+
+    async def offsets_for_times(self, topic: str, times: dict[Partition | str, int]) -> dict[Partition, int | None]:
+        """Per partition, the first offset whose message time (its msg id's) is >= the given ms
+        since 1970, or None when no readable message is that late (metaq/client/times.py)."""
+        return await offsets_for_times(self.cluster, self.pool, topic, times, self.config.request_timeout_s)
 
     async def publish(self, topic: str) -> None:
         """Start tracking the topic's masters (MetaQ's ``publish``); sending also does this lazily."""

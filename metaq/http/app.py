@@ -3,8 +3,8 @@
     GET  /topics                                              topic names
     GET  /topics/{topic}                                      partitions, replicas, writable
     POST /topics/{topic}/messages                             produce (JSON, or one raw message)
-    GET  /topics/{topic}/partitions/{partition}/offsets       first and committed offset
-    GET  /topics/{topic}/partitions/{partition}/messages      fetch (JSON, or one raw message)
+    GET  /topics/{topic}/partitions/{partition}/offsets       first and committed offset [, the offset for ?time=MS]
+    GET  /topics/{topic}/partitions/{partition}/messages      fetch at ?offset= or ?time=MS (JSON, or one raw message)
 
 Every error is ``{"error": "one line"}`` with a 4xx/5xx status.
 """
@@ -48,6 +48,8 @@ DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
 DEFAULT_FETCH_BYTES = 1024 * 1024
 MAX_FETCH_BYTES = 64 * 1024 * 1024
 RAW = "application/octet-stream"
+#: Largest ``time`` query parameter (ms since 1970): what an int64 holds.
+MAX_TIME_MS = 2**63 - 1
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -73,7 +75,10 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except HttpError as exc:
         headers = {}
         if exc.status == 301:  # MetaQ's "moved": the same request at the offset the broker named
-            headers["Location"] = str(request.rel_url.update_query(offset=exc.extra["offset"]))
+            url = request.rel_url
+            if "time" in url.query:  # a fetch asked by time goes on by offset: its time's messages went with the log start
+                url = url.with_query([(k, v) for k, v in url.query.items() if k != "time"])
+            headers["Location"] = str(url.update_query(offset=exc.extra["offset"]))
         return web.json_response(exc.body(), status=exc.status, headers=headers)
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[MAX_REQUEST_BYTES]
@@ -117,20 +122,36 @@ async def produce(request: web.Request) -> web.Response:
 async def offsets(request: web.Request) -> web.Response:
     topic, partition = request.match_info["topic"], parse_partition(request.match_info["partition"])
     read_from = choice_param(request.query, "read_from", READ_FROM_CHOICES, "master")
-    replica, reply = await request.app[GATEWAY].offsets(topic, partition, read_from)
+    gateway = request.app[GATEWAY]
+    if "time" not in request.query:
+        replica, reply = await gateway.offsets(topic, partition, read_from)
+        return web.json_response({
+            "topic": topic, "partition": str(partition), "replica": replica.role, "broker": replica.address,
+            "min_offset": int(reply["min_offset"]), "max_offset": int(reply["max_offset"]),
+        })
+    time_ms = int_param(request.query, "time", None, 0, MAX_TIME_MS)
+    replica, reply = await gateway.offset_for_time(topic, partition, time_ms, read_from)
     return web.json_response({
         "topic": topic, "partition": str(partition), "replica": replica.role, "broker": replica.address,
         "min_offset": int(reply["min_offset"]), "max_offset": int(reply["max_offset"]),
+        "time": time_ms, "offset": int(reply["offset"]), "latest": bool(reply.get("latest")),
     })
 
 
 async def fetch(request: web.Request) -> web.Response:
     topic, partition = request.match_info["topic"], parse_partition(request.match_info["partition"])
     query = request.query
-    offset = int_param(query, "offset", None, 0, 2**63 - 1)
+    read_from = choice_param(query, "read_from", READ_FROM_CHOICES, "master")
+    if ("offset" in query) == ("time" in query):
+        raise HttpError(400, "give exactly one of the query parameters 'offset' and 'time' (ms since 1970)")
+    if "time" in query:
+        # The first message at or after the time (the end when none is that late: a long poll there waits for new ones).
+        _, answer = await request.app[GATEWAY].offset_for_time(topic, partition, int_param(query, "time", None, 0, MAX_TIME_MS), read_from)
+        offset = int(answer["offset"])
+    else:
+        offset = int_param(query, "offset", None, 0, 2**63 - 1)
     max_bytes = int_param(query, "max_bytes", DEFAULT_FETCH_BYTES, 1, MAX_FETCH_BYTES)
     wait_ms = int_param(query, "wait_ms", 0, 0, MAX_WAIT_MS)
-    read_from = choice_param(query, "read_from", READ_FROM_CHOICES, "master")
     encoding = choice_param(query, "encoding", ENCODINGS, "base64")
     raw = RAW in request.headers.get("Accept", "")
     result = await request.app[GATEWAY].fetch(topic, partition, offset, max_bytes, wait_ms, read_from)

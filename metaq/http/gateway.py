@@ -23,7 +23,7 @@ from ..client.connection import ConnectionClosed, Reply
 from ..client.message import Partition
 from ..client.routing import Replica, choose_replica
 from ..protocol import commands as c
-from ..protocol.messages import GetRequest, OffsetRequest, Request
+from ..protocol.messages import GetRequest, OffsetForTimeRequest, OffsetRequest, Request
 from ..protocol.replies import aborted_spans
 from ..record import HEADER_SIZE, RecordError
 from ..txn.reader import drop_aborted
@@ -118,6 +118,14 @@ class Gateway:
 
     async def offsets(self, topic: str, partition: Partition, read_from: str) -> tuple[Replica, Reply]:
         request = OffsetRequest(topic=topic, partition=partition.partition, offset=0)
+        replica, reply = await self._request(topic, partition, read_from, request)
+        if not reply.ok:
+            raise _broker_error(reply, replica)
+        return replica, reply
+
+    async def offset_for_time(self, topic: str, partition: Partition, time_ms: int, read_from: str) -> tuple[Replica, Reply]:
+        """The broker's ``offset_for_time`` answer: the first offset whose message time is >= ``time_ms``."""
+        request = OffsetForTimeRequest(topic=topic, partition=partition.partition, time_ms=time_ms)
         replica, reply = await self._request(topic, partition, read_from, request)
         if not reply.ok:
             raise _broker_error(reply, replica)

@@ -15,6 +15,10 @@ carries ``code`` (MetaQ's HTTP-like result codes) and, on errors, ``msg``.
     get        topic, partition, offset, max_size, [group],         -               200 offset committed log_end + log bytes;
                [max_wait_ms], [replica: {slave_id, epoch, log_end}]                 301 offset (moved); 404 (no data yet)
     offset     topic, partition, offset                             -               200 offset min_offset max_offset
+    offset_for_time  topic, partition, time_ms                      -               200 offset latest min_offset max_offset
+                                                                                    (the first offset whose record time
+                                                                                    is >= time_ms; latest: none is, offset
+                                                                                    = max_offset)
     stats      [item], [format: "text" | "map"]                         -               200 + text body, or with format
                                                                                     "map": a msgpack [[name, value], ...] body
     version    -                                                    -               200 version

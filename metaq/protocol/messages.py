@@ -195,6 +195,21 @@ class OffsetRequest(Request, operation=CONSUME):
 
 
 @dataclass(kw_only=True, eq=False)
+class OffsetForTimeRequest(Request, operation=CONSUME):
+    """The first offset whose record time (its msg id's timestamp part) is >= ``time_ms``
+    (docs/storage.md, "Time index"). CONSUME: the ACL of a fetch of the topic."""
+
+    OP = "offset_for_time"
+    topic: str = required(str)
+    partition: int = required(int)
+    time_ms: int = required(int)
+
+    def check(self) -> None:
+        if not -(1 << 63) <= self.time_ms < 1 << 63:
+            raise RequestError(BAD_REQUEST, f"offset_for_time: time_ms {self.time_ms} out of range (int64)", self.opaque)
+
+
+@dataclass(kw_only=True, eq=False)
 class StatsRequest(Request, operation=DESCRIBE):
     # Plain stats need DESCRIBE; the items in ``ADMIN_ITEMS`` ADMIN (``access``).
     OP = "stats"
@@ -313,7 +328,7 @@ REQUESTS: dict[str, type[Request]] = {
     for cls in (
         PutRequest, GetRequest, OffsetRequest, StatsRequest, VersionRequest, QuitRequest, ConfigRequest,
         TopicsRequest, EpochEndRequest, EpochsRequest, ChecksumRequest, PositionRequest,
-        InitProducerRequest, TransactionRequest,
+        InitProducerRequest, TransactionRequest, OffsetForTimeRequest,
     )
 }
 

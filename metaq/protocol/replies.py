@@ -127,6 +127,19 @@ class OffsetReply:
 
 
 @dataclass(frozen=True)
+class OffsetForTimeReply:
+    offset: int  # the first readable offset whose record time is >= the asked time; max_offset if latest
+    latest: bool  # no readable record is that late: offset is the end (where new messages will be)
+    min_offset: int
+    max_offset: int  # what consumers may read up to (the committed offset)
+
+    @classmethod
+    def of(cls, reply: ReceivedReply) -> "OffsetForTimeReply":
+        offset, min_offset, max_offset = _ints(reply, "offset_for_time", "offset", "min_offset", "max_offset")
+        return cls(offset, bool(reply.header.get("latest")), min_offset, max_offset)
+
+
+@dataclass(frozen=True)
 class ChecksumReply:
     start: int
     end: int  # clamped to the log end

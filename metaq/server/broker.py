@@ -33,6 +33,7 @@ from ..store.datadirs import broker_identity, check_data_dirs
 from ..store.manager import MessageStoreManager
 from ..store.msgid import MsgIdGenerator
 from ..store.scrub import Scrubber
+from ..store.timeindex import REBUILDS as time_index_rebuilds
 from ..zk.data_loss import reconnect_after_data_loss
 from ..zk.monitor import OutageReporter
 from .admission import ConnectionSlots, RequestBudget
@@ -433,6 +434,7 @@ class Broker:
             *self.stats.refusal_pairs(),
             ("scrub_bytes", self.scrubber.stats.bytes_checked),
             ("scrub_corrupt_ranges", self.scrubber.stats.corrupt_ranges),
+            ("time_index_rebuilds", time_index_rebuilds.total),
         ] + self.ha.status_pairs() + self.replication_pairs()
 
     def replication_pairs(self) -> list[tuple[str, Any]]:

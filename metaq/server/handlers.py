@@ -558,6 +558,25 @@ class RequestHandlers:
             b"",
         )
 
+    @handles(m.OffsetForTimeRequest)
+    def _offset_for_time(self, req: c.Request, _ctx: RequestContext) -> Awaitable[Reply]:
+        """The first readable offset whose record time is >= ``time_ms``, from the time index
+        (docs/storage.md, "Time index"); a master and its slaves answer it alike. It reads an
+        index file and one index interval of the log: off the event loop."""
+        self._topic(req.topic)
+        log = self._log(req.topic, req.partition)
+        return self._offset_for_time_lookup(req, log, self._consumer_end(req.topic, req.partition, log))
+
+    async def _offset_for_time_lookup(self, req: c.Request, log: "PartitionLog", readable: int) -> Reply:
+        found = await asyncio.to_thread(log.offset_for_time, req.time_ms, readable)
+        min_offset = log.min_offset
+        offset = readable if found is None else max(found, min_offset)
+        return (
+            c.reply_header(req.opaque, c.OK, offset=offset, latest=found is None, min_offset=min_offset,
+                           max_offset=readable),
+            b"",
+        )
+
     @handles(m.TopicsRequest)
     def _topics(self, req: c.Request, _ctx: RequestContext) -> Reply:
         broker = self.broker

@@ -36,6 +36,7 @@ from ..config import BrokerConfig, ConfigError
 from ..deferred import Deferred
 from ..security.errors import SecurityError
 from ..security.files import read_private
+from ..store.timeindex import REBUILDS as time_index_rebuilds
 from .stats import REFUSAL_KINDS
 
 
@@ -238,6 +239,9 @@ class BrokerCollector(Collector):
         yield _one(CounterMetricFamily, "metaq_scrub_bytes", "Bytes of sealed segments the scrub re-verified", scrub.bytes_checked)
         yield _one(CounterMetricFamily, "metaq_scrub_corrupt_ranges",
                    "Corrupt byte ranges the scrub found (never served; a slave re-fetches them)", scrub.corrupt_ranges)
+        yield _one(CounterMetricFamily, "metaq_time_index_rebuilds",
+                   "Segment time index files found missing, torn or corrupt and rebuilt from their segment",
+                   time_index_rebuilds.total)
         yield from self._replication()
         yield self._zookeeper()
 

@@ -20,8 +20,8 @@ from ..addresses import broker_url
 from ..client.connection import AuthenticationFailed, BrokerConnection, ConnectionClosed, Credentials, Reply
 from ..client.routing import Replica
 from ..protocol import commands as c
-from ..protocol.messages import GetRequest, OffsetRequest, StatsRequest
-from ..protocol.replies import OffsetReply, ReplyError, StatsReply
+from ..protocol.messages import GetRequest, OffsetForTimeRequest, OffsetRequest, StatsRequest
+from ..protocol.replies import OffsetForTimeReply, OffsetReply, ReplyError, StatsReply
 from ..record import HEADER, HEADER_SIZE, KNOWN_FLAGS, RecordError
 
 _unpack_from = HEADER.unpack_from
@@ -140,6 +140,14 @@ class ReplicaSession:
         """The replica's first offset and committed offset (what consumers may read)."""
         reply = self._offset(topic, partition, 0)
         return OffsetInfo(reply.min_offset, reply.max_offset)
+
+    def offset_for_time(self, topic: str, partition: int, time_ms: int) -> OffsetForTimeReply:
+        """The replica's first offset whose message time is >= ``time_ms`` (``latest``: none is)."""
+        header = OffsetForTimeRequest(topic=topic, partition=partition, time_ms=time_ms).to_header()
+        try:
+            return OffsetForTimeReply.of(self.request(header))
+        except ReplyError as exc:
+            raise ReplicaError(f"{describe(self.replica)}: offset_for_time {topic}-{partition}: {exc}") from None
 
     def segment_start(self, topic: str, partition: int, offset: int) -> int:
         """Start of the segment holding ``offset`` (a message boundary, <= offset)."""

@@ -39,8 +39,16 @@ KNOWN_OPTIONS = (
     "maxMessagesPerTrigger",
     "maxBytesPerTrigger",
     "failOnDataLoss",
+    "startingTimestamp",
+    "startingOffsetsByTimestamp",
+    "startingOffsetsByTimestampStrategy",
+    "endingTimestamp",
+    "endingOffsetsByTimestamp",
     *LOGIN_OPTIONS,
 )
+#: ``startingOffsetsByTimestampStrategy``: what a partition with no message at or after its
+#: starting time does (Kafka's): fail the query, or start at the latest offset.
+TIMESTAMP_STRATEGIES = ("error", "latest")
 
 
 @dataclass(frozen=True)
@@ -96,21 +104,57 @@ def parse_offsets(text: str | None, option: str, default: str) -> OffsetSpec:
     return OffsetSpec(default, per_partition)
 
 
-#: Options of Spark's Kafka source that a user may carry over and that metaq refuses (no
-#: time index, docs/spark.md): named in the refusal as the user wrote them, not as the
-#: lower-cased keys Spark hands over.
-FOREIGN_OPTIONS = (
-    "startingTimestamp",
-    "startingOffsetsByTimestamp",
-    "startingOffsetsByTimestampStrategy",
-    "endingTimestamp",
-    "endingOffsetsByTimestamp",
-)
+@dataclass(frozen=True)
+class TimeSpec:
+    """Kafka's ``startingTimestamp`` / ``startingOffsetsByTimestamp`` (or the ``ending`` pair): a
+    time in ms since 1970 for every partition (``every``) or per partition name."""
+
+    option: str  # the option it came from, named in errors
+    every: int | None = None
+    per_partition: Mapping[str, int] = field(default_factory=dict)
+
+    def time_for(self, name: str) -> int | None:
+        return self.every if self.every is not None else self.per_partition.get(name)
+
+
+def parse_times(opts: Mapping[str, str], single: str, by_partition: str) -> TimeSpec | None:
+    """``single`` (one time for every partition) wins over ``by_partition`` (JSON), as in Kafka."""
+    raw = str(opts.get(single) or "").strip()
+    if raw:
+        return TimeSpec(single, every=_time_ms(raw, single))
+    raw = str(opts.get(by_partition) or "").strip()
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise OptionError(f"option {by_partition}: not a JSON object of partition times (like {{\"0-0\": 1700000000000}}):"
+                          f" {exc.msg} at position {exc.pos} in {raw!r}") from None
+    if not isinstance(value, dict) or not value:
+        raise OptionError(f"option {by_partition}: expected a JSON object of partition times in ms, got {raw!r}")
+    times = {}
+    for name, time_ms in value.items():
+        if not _PARTITION_NAME.match(name):
+            raise OptionError(f"option {by_partition}: {name!r} is not a partition name (expected '{{brokerId}}-{{n}}', like '0-1')")
+        times[name] = _time_ms(time_ms, f"{by_partition} of partition {name}")
+    return TimeSpec(by_partition, per_partition=times)
+
+
+def _time_ms(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise OptionError(f"option {what}: expected milliseconds since 1970 (an integer >= 0), got {value!r}")
+    try:
+        time_ms = int(str(value).strip())
+    except ValueError:
+        raise OptionError(f"option {what}: expected milliseconds since 1970 (an integer >= 0), got {value!r}") from None
+    if not 0 <= time_ms < 1 << 63:
+        raise OptionError(f"option {what}: expected milliseconds since 1970 (an integer >= 0), got {value!r}")
+    return time_ms
 
 
 def canonical_options(options: Mapping[str, str] | None, known: tuple[str, ...], what: str) -> dict[str, str]:
     """Options under their documented names (Spark may lower-case keys); unknown ones refused."""
-    canonical = {name.lower(): name for name in (*FOREIGN_OPTIONS, *known)}
+    canonical = {name.lower(): name for name in known}
     opts = {canonical.get(str(key).lower(), str(key)): value for key, value in dict(options or {}).items()}
     unknown = sorted(k for k in opts if k not in known and k.lower() != "path")
     if unknown:
@@ -186,6 +230,11 @@ class SourceOptions:
     max_bytes_per_trigger: int | None = None
     #: Streams: a checkpointed offset that retention already deleted fails the query (else: skip ahead).
     fail_on_data_loss: bool = True
+    #: Kafka's time options: where to start (over ``starting``) and, batch only, end (over ``ending``).
+    starting_times: TimeSpec | None = None
+    ending_times: TimeSpec | None = None
+    #: ``startingOffsetsByTimestampStrategy``: a partition with no message that late fails (``error``) or starts at the end.
+    timestamp_strategy: str = "error"
 
     @classmethod
     def parse(cls, options: Mapping[str, str], streaming: bool = False) -> "SourceOptions":
@@ -205,6 +254,14 @@ class SourceOptions:
             if not streaming and opts.get(limit):
                 raise OptionError(f"option {limit} is for streams only (a batch read reads its whole range)")
         ending = parse_offsets(opts.get("endingOffsets"), "endingOffsets", LATEST)
+        if streaming:
+            for option in ("endingTimestamp", "endingOffsetsByTimestamp"):
+                if opts.get(option):
+                    raise OptionError(f"option {option} is for batch reads only (a stream reads up to the committed offsets)")
+        strategy = str(opts.get("startingOffsetsByTimestampStrategy") or "error").strip().lower()
+        if strategy not in TIMESTAMP_STRATEGIES:
+            raise OptionError(f"option startingOffsetsByTimestampStrategy must be one of {', '.join(TIMESTAMP_STRATEGIES)};"
+                              f" got {opts.get('startingOffsetsByTimestampStrategy')!r}")
         if not streaming:
             if ending.default == EARLIEST or EARLIEST in ending.per_partition.values():
                 raise OptionError("option endingOffsets: 'earliest' is not an end (use a byte offset or 'latest')")
@@ -222,4 +279,7 @@ class SourceOptions:
             max_messages_per_trigger=positive_int(opts, "maxMessagesPerTrigger", None),
             max_bytes_per_trigger=positive_int(opts, "maxBytesPerTrigger", None),
             fail_on_data_loss=boolean(opts, "failOnDataLoss", True),
+            starting_times=parse_times(opts, "startingTimestamp", "startingOffsetsByTimestamp"),
+            ending_times=parse_times(opts, "endingTimestamp", "endingOffsetsByTimestamp"),
+            timestamp_strategy=strategy,
         )

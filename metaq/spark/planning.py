@@ -37,7 +37,7 @@ from ..client.routing import BrokerAddresses, Replica, choose_replica
 from ..errors import MetaqError
 from ..zk.paths import partition_name
 from .fetch import OffsetInfo, ReplicaError, ReplicaSession, first_boundary_at_or_after
-from .options import EARLIEST, LATEST, OffsetSpec, OptionError, SourceOptions
+from .options import EARLIEST, LATEST, OffsetSpec, OptionError, SourceOptions, TimeSpec
 
 log = logging.getLogger(__name__)
 
@@ -231,6 +231,14 @@ class Planner:
     def offsets(self, tp: TopicPartition) -> OffsetInfo:
         return self._ask(tp, lambda s: s.offsets(self.options.topic, tp.partition))  # type: ignore[return-value]
 
+    def time_offset(self, tp: TopicPartition, time_ms: int, info: OffsetInfo) -> int | None:
+        """The first offset below ``info.committed`` whose message time is >= ``time_ms`` (the
+        replica's time index, docs/storage.md); None when no message there is that late."""
+        reply = self._ask(tp, lambda s: s.offset_for_time(self.options.topic, tp.partition, time_ms))
+        offset = reply.offset  # type: ignore[attr-defined]
+        # Asked after ``info``: a message committed since then is not in the planned range.
+        return None if reply.latest or offset >= info.committed else max(offset, info.min_offset)  # type: ignore[attr-defined]
+
     def serving(self, tp: TopicPartition) -> Replica | None:
         """The replica that answered for ``tp`` last (the one whose committed offset we use)."""
         return self._serving.get(tp.name)
@@ -284,15 +292,58 @@ def resolve_ranges(
     names = [tp.name for tp in partitions]
     check_partition_names(starting, names, "startingOffsets", options.topic)
     check_partition_names(ending, names, "endingOffsets", options.topic)
+    starting_times, ending_times = options.starting_times, options.ending_times
+    for times in (starting_times, ending_times):
+        if times is not None and times.every is None:
+            check_time_partitions(times, names, options.topic)
     ranges = {}
     for tp in partitions:
         info = planner.offsets(tp)
-        start = resolve_offset(starting.value_for(tp.name), info, "startingOffsets", tp.name)
-        end = resolve_offset(ending.value_for(tp.name), info, "endingOffsets", tp.name)
+        if starting_times is not None:
+            start = _start_at_time(planner, tp, starting_times, info)
+            starting_option = starting_times.option
+        else:
+            start = resolve_offset(starting.value_for(tp.name), info, "startingOffsets", tp.name)
+            starting_option = "startingOffsets"
+        if ending_times is not None:
+            # Kafka's rule: no message that late ends the range at the latest offset.
+            found = planner.time_offset(tp, ending_times.time_for(tp.name), info)  # type: ignore[arg-type]
+            end = info.committed if found is None else found
+            ending_option = ending_times.option
+        else:
+            end = resolve_offset(ending.value_for(tp.name), info, "endingOffsets", tp.name)
+            ending_option = "endingOffsets"
         if start > end:
-            raise OptionError(f"partition {tp.name}: startingOffsets {start} is after endingOffsets {end}")
+            raise OptionError(f"partition {tp.name}: {starting_option} {start} is after {ending_option} {end}")
         ranges[tp.name] = (start, end)
     return ranges
+
+
+def check_time_partitions(times: TimeSpec, known: Sequence[str], topic: str) -> None:
+    """Every partition named exists, and every partition has a time (Kafka asks for all of them)."""
+    for name in times.per_partition:
+        if name not in known:
+            listed = ", ".join(sorted(known, key=Partition.parse)) or "none"
+            raise OptionError(f"{times.option}: topic {topic!r} has no partition {name!r} (it has {listed})")
+    missing = sorted((name for name in known if name not in times.per_partition), key=Partition.parse)
+    if missing:
+        every = times.option.replace("OffsetsByTimestamp", "Timestamp")
+        raise OptionError(f"{times.option}: no time for partition(s) {', '.join(missing)} of topic {topic!r}"
+                          f" (name every partition, or give {every} for all of them)")
+
+
+def _start_at_time(planner: Planner, tp: TopicPartition, times: TimeSpec, info: OffsetInfo) -> int:
+    time_ms = times.time_for(tp.name)
+    assert time_ms is not None  # check_time_partitions
+    found = planner.time_offset(tp, time_ms, info)
+    if found is not None:
+        return found
+    if planner.options.timestamp_strategy == "latest":
+        return info.committed
+    raise OptionError(
+        f"{times.option}: partition {tp.name} has no message at or after {time_ms} (every readable message is older);"
+        " set startingOffsetsByTimestampStrategy=latest to start such partitions at their latest offset"
+    )
 
 
 def offsets_json_map(values: Mapping[str, int]) -> dict[str, int]:

@@ -1,8 +1,11 @@
 """The log of one topic-partition: an ordered run of segments in ``{dataPath}/{topic}-{n}``.
 
 Offsets are absolute byte positions, so the whole log is one address space cut into
-files; there is no index, a lookup is a bisection over the segments' start offsets
-(as in MetaQ). Only the last segment (the *active* one) is written.
+files; there is no offset index, a lookup is a bisection over the segments' start offsets
+(as in MetaQ). Only the last segment (the *active* one) is written. Each segment has a
+sparse time index (``timeindex.py``) for ``offset_for_time``; it is derived from the
+segment's bytes, and every method that changes those bytes keeps it exact (appends and
+rolls extend and seal it, truncation cuts it, a repair rebuilds it, retention removes it).
 
 Invariants, checked on open and kept by every method:
 
@@ -41,6 +44,7 @@ from pathlib import Path
 from metaq import record
 from metaq.private_files import FILE_MODE, fsync_directory, make_private_dir
 from metaq.store.checkpoint import checkpoint_path, read_flushed_end, write_flushed_end
+from metaq.store.timeindex import first_record_at_or_after
 from metaq.store.segment import (
     LogSegment,
     parse_segment_start,
@@ -53,6 +57,9 @@ _COPY_CHUNK = 4 * 1024 * 1024
 #: How often flushes raise the flushed-end checkpoint at most (close always writes it):
 #: one small fsync a second instead of one per group commit.
 CHECKPOINT_INTERVAL_S = 1.0
+#: A time lookup whose segment's index was being cut or removed while it was built starts
+#: again; after this many tries it fails (the caller answers 500 and the reader asks again).
+_LOOKUP_ATTEMPTS = 5
 
 
 class OffsetOutOfRange(LookupError):
@@ -284,6 +291,7 @@ class PartitionLog:
             self.directory / f"{segment_file_name(active.start)}.corrupt-{_timestamp()}", [active], valid_end
         )
         active.truncate(valid_end - active.start)
+        active.time_index.truncate(valid_end)
         active.flush()
         log.warning(
             "%s: truncated a torn or corrupt tail of %d bytes at offset %d; the bytes were moved to %s",
@@ -376,6 +384,7 @@ class PartitionLog:
                 return False
             segment.restore(start, data)
             segment.flush()
+            segment.time_index.invalidate()  # rebuilt from the repaired bytes on first use
             self.corrupt_ranges = [r for r in self.corrupt_ranges if r != (start, end)]
         log.warning("%s: corrupt bytes [%d, %d) restored from a replica", self.directory, start, end)
         return True
@@ -409,6 +418,7 @@ class PartitionLog:
         if not active.linked():
             active.truncate(offset - active.start)
             raise self._note_vanished(active)
+        active.time_index.on_append(offset, records)
         return offset
 
     def _roll(self) -> LogSegment:
@@ -418,6 +428,7 @@ class PartitionLog:
         # The old segment is not fsynced here, on the event loop: flush() syncs every
         # segment that ends past flushed_end, so rolled-but-unsynced bytes are covered.
         old.read_only = True
+        old.time_index.seal(old.end)
         new = LogSegment.create(self.directory, old.end)
         self._segments.append(new)
         self._directory_version += 1
@@ -436,6 +447,7 @@ class PartitionLog:
             for segment in segments:
                 if segment.end > self._flushed_end and not segment.closed:
                     segment.flush()
+                    segment.time_index.flush()
                     if not segment.linked():
                         # The fsync went to an unlinked inode: nothing it covered is durable.
                         raise self._note_vanished(segment)
@@ -508,8 +520,10 @@ class PartitionLog:
             for seg in segments[index + 1 :]:
                 seg.close()
                 seg.path.unlink()
+                seg.time_index.remove()
             kept = segments[index]
             kept.truncate(offset - kept.start)
+            kept.time_index.truncate(offset)
             kept.read_only = False
             kept.flush()
             self._segments = segments[: index + 1]
@@ -537,6 +551,7 @@ class PartitionLog:
             for seg in segments:
                 seg.close()
                 seg.path.unlink()
+                seg.time_index.remove()
             self._segments = [LogSegment.create(self.directory, offset)]
             fsync_directory(self.directory)
             self._flushed_end = offset
@@ -619,6 +634,67 @@ class PartitionLog:
             return segments[-1].end
         return segments[self._segment_index(segments, offset)].start
 
+    def offset_for_time(self, time_ms: int, upto: int | None = None) -> int | None:
+        """The first offset below ``upto`` (default ``log_end``) of a record whose time (its msg
+        id's timestamp part) is >= ``time_ms``; None when every record below ``upto`` is older.
+
+        Record times only grow along a log (msgid.py), so the answer lies in the last segment
+        whose first record is older than ``time_ms`` (or starts the next one): segments are
+        told apart by their first record's header (read once per segment, kept in memory),
+        then that one segment's index file is bisected and one index interval of its log
+        walked, under ``_structure_lock`` (no segment it reads is closed under it). For a
+        worker thread. The first lookup in a segment reads and checks its index file, rebuilding
+        it from the segment if it is missing, torn or corrupt: that may read the whole segment,
+        so it runs without the lock (``_build_time_index``), and the lookup then starts again.
+        """
+        for _attempt in range(_LOOKUP_ATTEMPTS):
+            with self._structure_lock:
+                segments = self._segments
+                end = segments[-1].end if upto is None else min(upto, segments[-1].end)
+
+                def first_time(segment: LogSegment) -> float:
+                    found = segment.time_index.first_time(segment.read, segment.end)
+                    return float("inf") if found is None else found
+
+                i = bisect.bisect_left(segments, time_ms, key=first_time) - 1
+                unbuilt = segments[i] if i >= 0 and not segments[i].time_index.ready else None
+                if unbuilt is None:
+                    answer = segments[0].start if i < 0 else self._offset_for_time_in(segments[i], time_ms)
+                    if answer is None and 0 <= i < len(segments) - 1:
+                        answer = segments[i + 1].start
+                    bad_end = self.corrupt_end_at(answer) if answer is not None else None
+                    if bad_end is not None:  # a segment's first record inside a corrupt range: never answered
+                        answer = bad_end
+                    return answer if answer is not None and answer < end else None
+                corrupt = list(self.corrupt_ranges)
+            self._build_time_index(unbuilt, corrupt)
+        raise OSError(errno.EAGAIN, f"{self.directory.name}: the log kept changing under a time index build; ask again")
+
+    def _build_time_index(self, segment: LogSegment, corrupt: list[tuple[int, int]]) -> None:
+        """Check or rebuild ``segment``'s time index, without ``_structure_lock``: through a
+        descriptor of its own (a truncation or retention may close the segment's meanwhile; the
+        index then throws the build away, see ``SegmentTimeIndex.ensure_ready``)."""
+        try:
+            fd = os.open(segment.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return  # removed meanwhile: the next attempt picks the segment again
+        try:
+            def read(offset: int, length: int) -> bytes:
+                return os.pread(fd, max(0, length), offset - segment.start)
+
+            segment.time_index.ensure_ready(read, lambda: segment.end, lambda: segment.read_only, corrupt,
+                                            self.directory.name)
+        finally:
+            os.close(fd)
+
+    def _offset_for_time_in(self, segment: LogSegment, time_ms: int) -> int | None:
+        low, high = segment.time_index.bracket(time_ms)
+        found = first_record_at_or_after(
+            segment.read, segment.start if low is None else low, segment.end if high is None else high,
+            time_ms, self.corrupt_ranges,
+        )
+        return found if found is not None else high
+
     def last_msg_id(self) -> int:
         """msg_id of the last record in the log, 0 if it holds none (scans one segment)."""
         for segment in reversed(self._segments):
@@ -668,6 +744,11 @@ class PartitionLog:
                 except OSError as exc:  # closing must still close every descriptor
                     log.warning("%s: flushed-end checkpoint not written: %s", self.directory, exc)
             for segment in self._segments:
+                if not segment.closed:
+                    try:
+                        segment.time_index.flush(everything=True)
+                    except OSError as exc:  # derived data: the next lookup rebuilds what is missing
+                        log.warning("%s: time index not written: %s", self.directory, exc)
                 segment.close()
 
     def discard(self) -> None:

@@ -8,6 +8,11 @@ mtime is older than N are touched, oldest first, so the log stays contiguous
 (``metaq.cron``); the pass itself is ``MessageStoreManager.run_retention``. Both settings are
 parsed by modules of the configuration's layer (``metaq/delete_policy.py``, ``metaq/cron.py``),
 so the file's check and this pass read them alike.
+
+Which time: a segment's age is its file's mtime (when it was last written), as in MetaQ, not
+the times in its time index: a record's time is its msg id's logical clock, which may run
+ahead of the wall clock, and a slave's copy must age as its master's does. A detached
+segment's time index file goes with it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ def archive_segment_file(segment: LogSegment, compress: bool) -> Path:
     The new name no longer matches ``*.meta``, so the log ignores it from then on.
     """
     segment.close()
+    segment.time_index.remove()  # an archived segment is out of the log: no lookup reads it
     source = segment.path
     if not compress:
         target = source.with_suffix(".arc")
@@ -53,6 +59,7 @@ def archive_segment_file(segment: LogSegment, compress: bool) -> Path:
 def delete_segment_file(segment: LogSegment) -> Path:
     """Delete a detached segment's file; returns the removed path."""
     segment.close()
+    segment.time_index.remove()
     segment.path.unlink(missing_ok=True)
     fsync_directory(segment.path.parent)
     return segment.path

@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 
 from metaq.private_files import FILE_MODE
+from metaq.store.timeindex import SegmentTimeIndex
 
 SEGMENT_SUFFIX = ".meta"
 _SEGMENT_NAME = re.compile(r"^(\d{20})\.meta$")
@@ -38,19 +39,24 @@ def parse_segment_start(path: Path) -> int | None:
 class LogSegment:
     """An open segment file. Offsets are absolute; ``start`` is its first byte's offset."""
 
-    def __init__(self, path: Path, start: int, fd: int, size: int, read_only: bool) -> None:
+    def __init__(self, path: Path, start: int, fd: int, size: int, read_only: bool, *, new: bool = False) -> None:
         self.path = path
         self.start = start
         self.size = size
         self.read_only = read_only
         self._fd = fd
+        #: Its sparse time index (metaq/store/timeindex.py): a new segment's is exact from the
+        #: start; an opened one's is read and checked on first use. Holds no descriptor.
+        self.time_index = SegmentTimeIndex(path, start, ready=new)
 
     @classmethod
     def create(cls, directory: Path, start: int) -> LogSegment:
         """A new empty, writable segment. Fails if the file already exists: never clobber data."""
         path = directory / segment_file_name(start)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
-        return cls(path, start, fd, 0, read_only=False)
+        segment = cls(path, start, fd, 0, read_only=False, new=True)
+        segment.time_index.path.unlink(missing_ok=True)  # a leftover of an earlier log here describes other bytes
+        return segment
 
     @classmethod
     def open(cls, path: Path, read_only: bool) -> LogSegment:

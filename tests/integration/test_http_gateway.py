@@ -280,3 +280,35 @@ def test_fetch_sees_only_committed_messages(broker_factory, zk, zk_root, zk_clie
         if poller is not None:
             poller.join(20)
         gateway.stop()
+
+
+def test_fetch_from_a_time_on_master_and_slave(cluster) -> None:
+    from metaq.store.msgid import msg_id_timestamp_ms
+
+    gateway, _, _ = cluster
+    url = f"{gateway.url}/topics/{TOPIC}/messages"
+    early = [post_json(url, {"data": f"early-{i}"})[1]["results"][0] for i in range(6)]
+    time.sleep(0.05)
+    late = [post_json(url, {"data": f"late-{i}"})[1]["results"][0] for i in range(6)]
+    cut = msg_id_timestamp_ms(late[0]["msg_id"])
+    assert max(msg_id_timestamp_ms(r["msg_id"]) for r in early) < cut
+    partition = late[0]["partition"]
+    late_here = [r for r in late if r["partition"] == partition]
+    wait_until(lambda: log_ends(gateway) == {p: get_json(f"{gateway.url}/topics/{TOPIC}/partitions/{p}/offsets?read_from=slave")[1]["max_offset"] for p in PARTITIONS},
+               20, message="the slave caught up")
+    for read_from in ("master", "slave"):
+        status, page = get_json(messages_url(gateway, partition, time=cut, encoding="utf-8", read_from=read_from))
+        assert status == 200, page
+        assert [m["data"] for m in page["messages"]] == [f"late-{late.index(r)}" for r in late_here]
+        assert page["offset"] == late_here[0]["offset"]
+        status, answer = get_json(f"{gateway.url}/topics/{TOPIC}/partitions/{partition}/offsets?time={cut}&read_from={read_from}")
+        assert status == 200 and answer["offset"] == late_here[0]["offset"] and answer["latest"] is False, answer
+        status, answer = get_json(f"{gateway.url}/topics/{TOPIC}/partitions/{partition}/offsets?time={cut + 10**6}&read_from={read_from}")
+        assert answer["latest"] is True and answer["offset"] == answer["max_offset"], answer
+    # Past every message: an empty page at the committed end.
+    status, page = get_json(messages_url(gateway, partition, time=cut + 10**6))
+    assert status == 200 and page["messages"] == [] and page["next_offset"] == page["committed"], page
+    for query, expected in (({"time": "soon"}, "time must be an integer"), ({"time": -1}, "time must be between"),
+                            ({"time": 1, "offset": 0}, "exactly one of"), ({}, "exactly one of")):
+        status, error = get_json(messages_url(gateway, partition, **query))
+        assert status == 400 and expected in error["error"], (query, error)

@@ -45,8 +45,7 @@ def test_defaults_and_case_insensitive_keys():
         ({**BASE, "maxBytesPerPartition": "0"}, "maxBytesPerPartition: expected a positive integer"),
         ({**BASE, "fetchBytes": "lots"}, "fetchBytes: expected a positive integer"),
         ({**BASE, "topics": "t"}, "unknown option(s) topics"),
-        # Not offered (docs/spark.md, "Starting at a time"): refused by name, never silently ignored.
-        ({**BASE, "startingTimestamp": "1700000000000"}, "unknown option(s) startingTimestamp"),
+        ({**BASE, "startingTimestamp": "in an hour"}, "startingTimestamp: expected milliseconds since 1970"),
         ({**BASE, "maxMessagesPerTrigger": "100"}, "maxMessagesPerTrigger is for streams only"),
         ({**BASE, "maxBytesPerTrigger": "1MB"}, "maxBytesPerTrigger is for streams only"),
     ],

@@ -41,6 +41,7 @@ TABLE: list[tuple[dict, set[str]]] = [
     ({"op": "get", "topic": "orders"}, CONSUMERS),
     ({"op": "get", "topic": "orders", "replica": {"slave_id": 0}}, REPLICATION),
     ({"op": "offset", "topic": "orders"}, CONSUMERS),
+    ({"op": "offset_for_time", "topic": "orders"}, CONSUMERS),
     ({"op": "stats"}, LOGGED_IN),
     ({"op": "stats", "item": "reset"}, GROUP_ADMINS),
     ({"op": "stats", "item": " config "}, GROUP_ADMINS),

@@ -1,5 +1,5 @@
-"""docs/spark.md, "Starting at a time": the refusal names `startingTimestamp` as written,
-although Spark hands the source its option keys lower-cased."""
+"""docs/spark.md, "Options" and "Starting at a time": Kafka's time options are taken under
+their documented names, although Spark hands the source its option keys lower-cased."""
 
 from __future__ import annotations
 
@@ -9,11 +9,34 @@ from metaq.spark.options import SourceOptions
 from metaq.spark.options_error import OptionError
 
 
-@pytest.mark.parametrize("key", ["startingTimestamp", "startingtimestamp", "STARTINGOFFSETSBYTIMESTAMP"])
-def test_a_time_option_is_refused_under_its_documented_name(key: str) -> None:
+@pytest.mark.parametrize("key", ["startingTimestamp", "startingtimestamp", "STARTINGTIMESTAMP"])
+def test_a_time_option_is_taken_under_any_case(key: str) -> None:
     options = {"zkconnect": "127.0.0.1:2181", "topic": "demo", key: "1700000000000"}
-    with pytest.raises(OptionError, match=r"^unknown option\(s\) starting(Timestamp|OffsetsByTimestamp); the metaq source takes: zkConnect"):
-        SourceOptions.parse(options, streaming=False)
+    parsed = SourceOptions.parse(options, streaming=False).starting_times
+    assert parsed is not None and (parsed.option, parsed.every) == ("startingTimestamp", 1700000000000)
+
+
+def test_time_options_follow_kafkas_precedence_and_are_checked() -> None:
+    base = {"zkConnect": "127.0.0.1:2181", "topic": "demo"}
+    both = SourceOptions.parse({**base, "startingTimestamp": "5", "startingOffsetsByTimestamp": '{"0-0": 7}'})
+    assert both.starting_times is not None and both.starting_times.time_for("0-0") == 5  # the single time wins
+    by_partition = SourceOptions.parse({**base, "endingoffsetsbytimestamp": '{"0-0": 7, "0-1": "8"}'}).ending_times
+    assert by_partition is not None and (by_partition.time_for("0-1"), by_partition.time_for("9-9")) == (8, None)
+    assert SourceOptions.parse(base).timestamp_strategy == "error"
+    assert SourceOptions.parse({**base, "startingOffsetsByTimestampStrategy": "Latest"}).timestamp_strategy == "latest"
+    for options, message in (
+        ({"startingTimestamp": "yesterday"}, "option startingTimestamp: expected milliseconds since 1970"),
+        ({"startingTimestamp": "-1"}, "option startingTimestamp: expected milliseconds since 1970"),
+        ({"startingOffsetsByTimestamp": '{"p0": 1}'}, "'p0' is not a partition name"),
+        ({"startingOffsetsByTimestamp": "[1]"}, "expected a JSON object of partition times"),
+        ({"endingOffsetsByTimestamp": '{"0-0": true}'}, "endingOffsetsByTimestamp of partition 0-0: expected milliseconds"),
+        ({"startingOffsetsByTimestampStrategy": "skip"}, "startingOffsetsByTimestampStrategy must be one of error, latest"),
+    ):
+        with pytest.raises(OptionError, match=message):
+            SourceOptions.parse({**base, **options})
+    with pytest.raises(OptionError, match="option endingTimestamp is for batch reads only"):
+        SourceOptions.parse({**base, "endingTimestamp": "5"}, streaming=True)
+    assert SourceOptions.parse({**base, "startingTimestamp": "5"}, streaming=True).starting_times is not None
 
 
 def test_an_unknown_option_nobody_documents_is_still_named() -> None:
