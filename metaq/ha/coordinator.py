@@ -85,7 +85,7 @@ from .role import (
     reconnected_event,
 )
 from .sync_set import SyncReplication
-from .takeover import DeadMaster, DeathWatch
+from .takeover import DeadMaster, DeathWatch, answer_challenges
 from .truncation import divergence_point
 
 log = logging.getLogger(__name__)
@@ -189,6 +189,10 @@ class HaCoordinator:
         await asyncio.to_thread(self.zk.DataWatch, self.paths.master(self.broker_id), self._zk_watch(self._master_changed))
         await asyncio.to_thread(self.zk.DataWatch, self.paths.epoch(self.broker_id), self._zk_watch(self._epoch_changed))
         await asyncio.to_thread(self.zk.DataWatch, self.paths.handover(self.broker_id), self._zk_watch(self._handover_changed))
+        # While our session may hold the lock (fenced too), we answer a slave's challenge
+        # (takeover.py): a live master is never deposed on the evidence of a dead one.
+        answers_in = HOLDS_LOCK | {Role.FENCED}
+        await asyncio.to_thread(answer_challenges, self.zk, self.paths, self.broker_id, lambda: self.machine.state in answers_in)
 
     async def stop(self) -> None:
         # Seen by entry actions that wait on a peer (_truncate_against): they give up at

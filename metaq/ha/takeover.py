@@ -3,88 +3,88 @@
 Theory of operation
 -------------------
 A master noticed only when ZooKeeper expires its session costs a failover of about
-``zk.zkSessionTimeoutMs``. When the master's *process* dies and its host stays up, the
-host's kernel says so at once, in two ways nobody can fake from inside the process:
+``zk.zkSessionTimeoutMs`` (``T``). When the master's *process* dies and its host stays up,
+the host's kernel says so at once:
 
 1. every TCP connection the process held is closed by the kernel (FIN or RST): our
-   watch connection to the master drops, and so does its ZooKeeper connection;
+   watch connection to the master drops;
 2. nothing listens on its port any more: a new connection is refused (ECONNREFUSED).
 
-Neither alone is proof of death. A fault proxy that stops listening (the chaos suite's
-``cut_peers``: the proxy's listener closes, its connections are closed) gives exactly
-(1) and (2) for the slave's side while the master lives and holds its ZooKeeper
-session; an nftables ``reject with tcp reset`` rule would too. So a third piece of
-evidence comes from ZooKeeper itself, about the session that holds the lock:
+Neither is proof of death. A fault proxy that stops listening (the chaos suite's
+``cut_peers``: the proxy's listener closes, and so do its connections) gives exactly (1)
+and (2) while the master lives and holds its ZooKeeper session; so would an nftables
+``reject with tcp reset`` rule. (The chaos suite's hosts mode drops packets silently: no
+refusal, so it never gets this far.) The third piece of evidence therefore comes through
+ZooKeeper, from the session that holds the lock:
 
-3. no ZooKeeper server of the ensemble has a connection for that session (``cons``,
-   asked of every server in ``zk.zkConnect``; the session is the master node's
-   ``ephemeralOwner`` as ZooKeeper reports it, never what the master says of itself).
+3. the lock's session does not answer a challenge within ``answer_wait_s`` (``T/4``,
+   at most 250 ms). The slave creates ``liveness/ask-{nonce}`` under the group's node;
+   every broker whose session holds the lock answers from its ZooKeeper watch thread
+   (not its event loop, so a busy broker answers too) by creating the ephemeral
+   ``liveness/ans-{nonce}``. The answer counts only if ZooKeeper reports it owned
+   (``ephemeralOwner``) by the session that holds the master node: ZooKeeper's word,
+   never what a peer says of itself. With ACLs on, only the group writes there.
 
-A live master whose ZooKeeper connection is still up is listed there (a cut slave link
-only, a paused process, a silent host); a server that does not answer, or refuses
-``cons`` (not in its ``4lw.commands.whitelist``), leaves the question open, and an open
-question is "alive". A connection can only vanish from the server if it was closed: by
-the dying process's kernel, or by something that closed it on both sides (a proxy),
-in which case the master's own ZooKeeper client saw the loss too and fenced itself
-(SUSPENDED stops acks at once). What remains is a master that has not yet noticed: it
-acks at most until its lease runs out, ``T/2`` after its last ZooKeeper round trip,
-which started before evidence (3) was gathered. The coordinator covers that window:
+A master that is alive and talks to ZooKeeper answers in milliseconds, whatever its
+replication link does: a cut slave link, a closed proxy listener, a reject rule. One
+that does not answer is dead, or cannot reach ZooKeeper either. The latter stops acking
+on its own: its ZooKeeper client sees the connection go (SUSPENDED fences it at once) or
+its lease runs out, ``T/2`` after its last ZooKeeper round trip, which started before
+the challenge. The coordinator covers that window:
 
 * sync mode: nothing to wait for. The old master acks only what every member of the
   sync set reported; we are a member and stopped reporting, and it cannot drop us from
   the set without writing the set to ZooKeeper, which checks the epoch node's version:
   after our takeover that check fails. The takeover itself checks the sync set's version,
   so a set shrunk by a live master between our read and our transaction fails it too.
-* async mode: the new master acks nothing until ``T/2`` after the evidence (its put
-  replies say "taking over" meanwhile): the old master's lease has run out by then.
+* async mode: the new master acks nothing until ``T/2`` after the evidence was complete
+  (its put replies say "taking over" meanwhile): by then the old master's lease has run out.
 
-The takeover is then the ordinary election transaction (election.try_take_master) with
-one more operation: ``check(epoch) ; delete(master) ; set(epoch) ; create(master)``.
-The master node is deleted only if its ``ephemeralOwner`` is the session of the
-evidence, read just before; any other master node (a new session of a restarted
-broker, another slave's win) can only have been created together with a new epoch,
-which fails the ``check``. Two slaves that race commit against the same epoch version:
-one wins, the other follows it. Every election rule still applies (sync-set
+The takeover is the ordinary election transaction (election.try_take_master) with one
+more operation: ``check(epoch) ; set(epoch) ; delete(master) ; create(master)``. The
+master node is deleted only if its ``ephemeralOwner`` is the session of the evidence,
+read just before; any other master node can only have been created together with a new
+epoch, which fails the ``check``. Two slaves that race commit against the same epoch
+version: one wins, the other follows it. Every election rule still applies (sync-set
 membership, ``autoFailover``, the most caught-up async slave first): the evidence only
-stands in for the session expiry.
+stands in for the session's expiry.
 
-When the fast path does not apply, today's path does, unchanged: the master node goes
-when ZooKeeper expires the session. That is the case for a silent host or a cut link
-(no drop, or a connect that times out), a paused process (the kernel still accepts
-connections on its listening socket), a master restarted on the same port (it accepts
-connections), a proxy in front of the master (it accepts, then closes), and any
-ZooKeeper server that still lists the session or does not answer.
+When the fast path does not apply, the session-timeout path does, unchanged: a silent
+host or a cut link (no drop, or a connect that times out), a paused process (the kernel
+still accepts connections on its listening socket), a master restarted on the same port
+(it accepts connections), a proxy in front of a dead master (it accepts, then closes), a
+master that answers the challenge.
 
 States and events
 -----------------
 One ``DeathWatch`` per broker, driven by the coordinator (``watch(url)`` when it starts
 following, ``unwatch()`` when it stops) and by its own task, which watches the
-connection and gathers evidence.
+connection and gathers the evidence.
 
 * IDLE: not following anyone.
 * WATCHING: a connection to the master is open; waiting for it to drop.
 * PROBING: the master's side closed it: is the port refusing connections?
-* ASKING_ZK: refused: does any ZooKeeper server still hold the lock's session?
+* CHALLENGING: refused: does the lock's session answer through ZooKeeper?
 * DEAD: all three pieces of evidence hold; the coordinator may depose the session.
-* STANDBY: evidence incomplete for this master: the session-timeout path applies.
+* STANDBY: not dead by this evidence: the session-timeout path applies to this master.
 
 Events: FOLLOW, DROPPED, REFUSED, ANSWERED (a connect was accepted), SILENT (a connect
-timed out or failed otherwise), SESSION_GONE, SESSION_SEEN (a server lists the session,
-or cannot tell, past ASK_ZK_FOR_S), UNFOLLOW.
+timed out or failed otherwise), UNANSWERED (the challenge was not answered by the lock's
+session in time), ALIVE (it was answered, or ZooKeeper could not be asked), UNFOLLOW.
 
-    state      FOLLOW    DROPPED  REFUSED    ANSWERED  SILENT   SESSION_GONE  SESSION_SEEN  UNFOLLOW
-    ---------  --------  -------  ---------  --------  -------  ------------  ------------  --------
-    IDLE       WATCHING  .        .          .         .        .             .             IDLE
-    WATCHING   WATCHING  PROBING  .          .         .        .             .             IDLE
-    PROBING    WATCHING  .        ASKING_ZK  WATCHING  STANDBY  .             .             IDLE
-    ASKING_ZK  WATCHING  .        .          .         .        DEAD          STANDBY       IDLE
-    DEAD       WATCHING  .        .          .         .        .             .             IDLE
-    STANDBY    WATCHING  .        .          .         .        .             .             IDLE
+    state        FOLLOW    DROPPED  REFUSED      ANSWERED  SILENT   UNANSWERED  ALIVE    UNFOLLOW
+    -----------  --------  -------  -----------  --------  -------  ----------  -------  --------
+    IDLE         WATCHING  .        .            .         .        .           .        IDLE
+    WATCHING     WATCHING  PROBING  .            .         .        .           .        IDLE
+    PROBING      WATCHING  .        CHALLENGING  WATCHING  STANDBY  .           .        IDLE
+    CHALLENGING  WATCHING  .        .            .         .        DEAD        STANDBY  IDLE
+    DEAD         WATCHING  .        .            .         .        .           .        IDLE
+    STANDBY      WATCHING  .        .            .         .        .           .        IDLE
 
-``.`` means ignored. PROBING + ANSWERED goes back to WATCHING (a fresh connection: the
-master closed ours for its own reasons, or was restarted and accepts again). DEAD keeps
-its evidence until the coordinator follows someone (FOLLOW) or the evidence no longer
-names the lock (``names_dead_session``).
+``.`` means ignored. PROBING + ANSWERED goes back to WATCHING with a fresh connection
+(the master closed ours for its own reasons, or was restarted and accepts again). DEAD
+keeps its evidence until the coordinator follows someone (FOLLOW), uses it, or finds the
+master node owned by another session (``names_dead_session``).
 """
 
 from __future__ import annotations
@@ -92,8 +92,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import re
-import ssl
+import secrets
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -103,8 +102,6 @@ from kazoo.exceptions import NoNodeError
 
 from ..addresses import parse_broker_url
 from ..client.connection import ConnectionClosed
-from ..config import ZkTls
-from ..zk.embedded import four_letter_word
 from ..zk.group import ZK_CALL_TIMEOUT_S
 from ..zk.paths import ZkPaths
 from .host import BrokerHost
@@ -114,21 +111,28 @@ log = logging.getLogger(__name__)
 
 #: How long a connect to the master's port may take before it counts as silent.
 PROBE_TIMEOUT_S = 0.25
-#: How long ZooKeeper's servers are asked (every ASK_ZK_EVERY_S) to drop the lock's session
-#: from their connections: a server notices a closed client socket within milliseconds.
-ASK_ZK_FOR_S = 0.3
-ASK_ZK_EVERY_S = 0.02
+#: After a drop, a port that accepts is probed again for this long (see probe_after_drop).
+PROBE_AGAIN_S = 0.1
+PROBE_AGAIN_EVERY_S = 0.02
+#: How long the lock's session has to answer a challenge: ``T/4``, within these bounds. A
+#: live master answers from its ZooKeeper watch thread in a few milliseconds.
+ANSWER_WAIT_MIN_S = 0.1
+ANSWER_WAIT_MAX_S = 0.25
+#: How often the answer is looked for while waiting.
+ANSWER_POLL_S = 0.01
 #: A fresh watch connection after the last one failed to open, at most this often.
 REWATCH_S = 0.5
 
-_SESSION_ID = re.compile(r"\bsid=0x([0-9a-fA-F]+)")
+
+def answer_wait_s(session_timeout_ms: int) -> float:
+    return min(ANSWER_WAIT_MAX_S, max(ANSWER_WAIT_MIN_S, session_timeout_ms / 4000))
 
 
 class Phase(enum.Enum):
     IDLE = "idle"
     WATCHING = "watching"
     PROBING = "probing"
-    ASKING_ZK = "asking_zk"
+    CHALLENGING = "challenging"
     DEAD = "dead"
     STANDBY = "standby"
 
@@ -141,8 +145,8 @@ class Seen(enum.Enum):
     REFUSED = "refused"
     ANSWERED = "answered"
     SILENT = "silent"
-    SESSION_GONE = "session_gone"
-    SESSION_SEEN = "session_seen"
+    UNANSWERED = "unanswered"
+    ALIVE = "alive"
     UNFOLLOW = "unfollow"
 
 
@@ -152,11 +156,11 @@ TRANSITIONS: dict[tuple[Phase, Seen], Phase] = {
     **{(phase, Seen.FOLLOW): Phase.WATCHING for phase in _ANY},
     **{(phase, Seen.UNFOLLOW): Phase.IDLE for phase in _ANY},
     (Phase.WATCHING, Seen.DROPPED): Phase.PROBING,
-    (Phase.PROBING, Seen.REFUSED): Phase.ASKING_ZK,
+    (Phase.PROBING, Seen.REFUSED): Phase.CHALLENGING,
     (Phase.PROBING, Seen.ANSWERED): Phase.WATCHING,
     (Phase.PROBING, Seen.SILENT): Phase.STANDBY,
-    (Phase.ASKING_ZK, Seen.SESSION_GONE): Phase.DEAD,
-    (Phase.ASKING_ZK, Seen.SESSION_SEEN): Phase.STANDBY,
+    (Phase.CHALLENGING, Seen.UNANSWERED): Phase.DEAD,
+    (Phase.CHALLENGING, Seen.ALIVE): Phase.STANDBY,
 }
 
 
@@ -191,40 +195,64 @@ async def probe_port(url: str, timeout: float = PROBE_TIMEOUT_S) -> Seen:
     return Seen.ANSWERED
 
 
-def zk_servers(connect: str) -> list[tuple[str, int]]:
-    """(host, port) of every server of a connect string (a chroot suffix dropped)."""
-    servers = []
-    for server in connect.split("/", 1)[0].split(","):
-        host, _, port = server.strip().rpartition(":")
-        servers.append((host.strip("[]") or server.strip(), int(port or 2181)))
-    return servers
+async def probe_after_drop(url: str) -> Seen:
+    """``probe_port`` right after our connection dropped, again a few times while it answers.
+
+    A dying process's kernel closes its descriptors one by one: our connection's may go
+    before the listening socket's, and a connect in between is still accepted (then
+    reset). A port that keeps accepting for PROBE_AGAIN_S is a live listener.
+    """
+    seen = await probe_port(url)
+    deadline = time.monotonic() + PROBE_AGAIN_S
+    while seen is Seen.ANSWERED and time.monotonic() < deadline:
+        await asyncio.sleep(PROBE_AGAIN_EVERY_S)
+        seen = await probe_port(url)
+    return seen
 
 
-def zk_tls_context(tls: ZkTls | None) -> ssl.SSLContext | None:
-    """How to ask a TLS-only ZooKeeper its four-letter words (the broker's own ZooKeeper TLS settings)."""
-    if tls is None:
-        return None
-    context = ssl.create_default_context(cafile=tls.ca_file)
-    context.check_hostname = tls.verify_hostname
-    if tls.cert_file:
-        context.load_cert_chain(tls.cert_file, tls.key_file)
-    return context
+def liveness_path(paths: ZkPaths, broker_id: int) -> str:
+    """Where challenges to the lock's session and their answers live (docs/zookeeper.md)."""
+    return f"{paths.broker(broker_id)}/liveness"
 
 
-def connected_sessions(servers: list[tuple[str, int]], tls: ssl.SSLContext | None, timeout: float = 0.5) -> set[int] | None:
-    """The session ids every server lists among its client connections (``cons``); None if
-    any server does not answer or does not allow ``cons``: then nobody can say a session
-    has no connection."""
-    sessions: set[int] = set()
-    for host, port in servers:
-        try:
-            reply = four_letter_word(host, port, "cons", timeout=timeout, tls=tls)
-        except (OSError, ssl.SSLError):
-            return None
-        if "queued=" not in reply:  # "cons is not executed because it is not in the whitelist."
-            return None
-        sessions.update(int(found, 16) for found in _SESSION_ID.findall(reply))
-    return sessions
+def challenge(client: KazooClient, paths: ZkPaths, broker_id: int, owner: int, wait_s: float) -> bool:
+    """Ask the session ``owner`` (the lock's) to answer; whether it did within ``wait_s``.
+
+    Raises a ZooKeeper error when the challenge cannot be posted (then nothing is known).
+    """
+    base = liveness_path(paths, broker_id)
+    nonce = secrets.token_hex(8)
+    ask, answer = f"{base}/ask-{nonce}", f"{base}/ans-{nonce}"
+    client.create_async(ask, b"", ephemeral=True, makepath=True).get(timeout=ZK_CALL_TIMEOUT_S)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            stat = client.exists_async(answer).get(timeout=ZK_CALL_TIMEOUT_S)
+            if stat is not None:
+                # ZooKeeper's word on who answered: only the lock's own session counts.
+                return stat.ephemeralOwner == owner
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(ANSWER_POLL_S)
+    finally:
+        for path in (answer, ask):
+            client.delete_async(path)  # not waited for: a leftover goes with its session
+
+
+def answer_challenges(client: KazooClient, paths: ZkPaths, broker_id: int, holds_lock: Callable[[], bool]) -> None:
+    """While ``holds_lock()``, answer every challenge posted to this group (on kazoo's thread)."""
+    base = liveness_path(paths, broker_id)
+    client.ensure_path(base)
+
+    def answer(children: list[str]) -> bool:
+        if holds_lock():
+            answered = {child[4:] for child in children if child.startswith("ans-")}
+            for child in children:
+                if child.startswith("ask-") and child[4:] not in answered:
+                    client.create_async(f"{base}/ans-{child[4:]}", b"", ephemeral=True)
+        return True
+
+    client.ChildrenWatch(base, answer)
 
 
 def lock_owner(client: KazooClient, paths: ZkPaths, broker_id: int, url: str) -> int | None:
@@ -327,7 +355,7 @@ class DeathWatch:
                     await asyncio.sleep(REWATCH_S)
                     continue
                 self._move(Seen.DROPPED)
-                seen = await probe_port(url)
+                seen = await probe_after_drop(url)
                 self._move(seen)
                 if seen is Seen.ANSWERED:
                     log.info("not deposing the master at %s: it closed our connection, but its port accepts connections"
@@ -335,7 +363,7 @@ class DeathWatch:
                 elif seen is Seen.SILENT:
                     self._stand_by(url, "its port did not answer a connect (a silent host or link)")
                 elif seen is Seen.REFUSED:
-                    await self._ask_zookeeper(url)
+                    await self._challenge(url)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -360,40 +388,36 @@ class DeathWatch:
             conn.close()
         return True
 
-    async def _ask_zookeeper(self, url: str) -> None:
-        registry = self.host.registry
-        zk_config = self.host.config.zk
-        servers = zk_servers(zk_config.zk_connect)
-        tls = zk_tls_context(zk_config.tls)
-        deadline = time.monotonic() + ASK_ZK_FOR_S
-        why = "ZooKeeper did not answer"
-        while True:
-            try:
-                owner = await asyncio.to_thread(lock_owner, registry.client, self.paths, self.broker_id, url)
-            except Exception as exc:
-                owner, why = None, f"the master node could not be read ({exc})"
-            if owner is None:
-                # The node is gone (the session expired meanwhile) or names another broker:
-                # nothing to depose; the master-node watch drives what follows.
-                self._stand_by(url, why if "could not" in why else "the master node no longer names it")
-                return
-            sessions = await asyncio.to_thread(connected_sessions, servers, tls)
-            if sessions is not None and owner not in sessions:
-                self.dead = DeadMaster(url, owner, time.monotonic())
-                self._move(Seen.SESSION_GONE)
-                log.warning(
-                    "the master at %s is dead: its connection dropped, its port refuses connections and no ZooKeeper"
-                    " server holds its session 0x%x; taking over without waiting for the session to expire", url, owner,
-                )
-                self._on_dead()
-                return
-            why = ("a ZooKeeper server does not answer `cons` (not in 4lw.commands.whitelist?)" if sessions is None
-                   else f"ZooKeeper still holds a connection of its session 0x{owner:x}")
-            if time.monotonic() >= deadline:
-                self._move(Seen.SESSION_SEEN)
-                self._stand_by(url, why)
-                return
-            await asyncio.sleep(ASK_ZK_EVERY_S)
+    async def _challenge(self, url: str) -> None:
+        zk = self.host.registry.client
+        wait_s = answer_wait_s(self.host.config.zk.session_timeout_ms)
+        try:
+            owner = await asyncio.to_thread(lock_owner, zk, self.paths, self.broker_id, url)
+            answered = owner is not None and await asyncio.to_thread(challenge, zk, self.paths, self.broker_id, owner, wait_s)
+            # The lock must still be that session's once the challenge went unanswered.
+            still = owner is not None and await asyncio.to_thread(lock_owner, zk, self.paths, self.broker_id, url)
+        except Exception as exc:  # ZooKeeper away or slow: nothing is known
+            self._move(Seen.ALIVE)
+            self._stand_by(url, f"ZooKeeper could not be asked ({str(exc) or type(exc).__name__})")
+            return
+        if owner is None or still != owner:
+            # The node is gone (the session expired meanwhile) or names another broker now:
+            # nothing to depose; the master-node watch drives what follows.
+            self._move(Seen.ALIVE)
+            self._stand_by(url, "the master node no longer names it")
+            return
+        if answered:
+            self._move(Seen.ALIVE)
+            self._stand_by(url, f"its ZooKeeper session 0x{owner:x} answered, so it lives (only our link to it is cut)")
+            return
+        self.dead = DeadMaster(url, owner, time.monotonic())
+        self._move(Seen.UNANSWERED)
+        log.warning(
+            "the master at %s is dead: its connection dropped, its port refuses connections and its ZooKeeper session"
+            " 0x%x did not answer within %.0f ms; taking over without waiting for the session to expire", url, owner,
+            wait_s * 1000,
+        )
+        self._on_dead()
 
     def _stand_by(self, url: str, why: str) -> None:
         self.standby_reason = why

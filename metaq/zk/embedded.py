@@ -48,12 +48,10 @@ LOG_FILE_NAME = "zookeeper.log"
 # appear in ``ps`` or /proc/PID/cmdline; the file is 0600 and deleted once the server serves.
 SECRET_ARGS_FILE_NAME = "jvm-secret.args"
 # The four-letter words this package sends (four_letter_word callers): ``conf`` and ``srvr``
-# tell is_serving() the server is ours and up, ``ruok`` is the classic liveness probe, and
-# ``cons`` tells a slave whether a dead master's session still has a connection (the fast
-# takeover, metaq/ha/takeover.py; it shows session ids and client addresses, never a
-# session's password). The others (``dump`` lists sessions and ephemeral paths, ``wchc``
-# every watch, ``stat`` the connected addresses) help nobody but someone mapping the cluster.
-FOUR_LETTER_WORDS = ("conf", "cons", "ruok", "srvr")
+# tell is_serving() the server is ours and up, ``ruok`` is the classic liveness probe. The
+# others (``dump`` lists sessions and ephemeral paths, ``cons``/``wchc`` every client and
+# watch, ``stat`` the connected addresses) help nobody but someone mapping the cluster.
+FOUR_LETTER_WORDS = ("conf", "ruok", "srvr")
 # ZooKeeper's per-address connection cap (its default is 60). One broker holds one session,
 # each client, tool and test fixture one more; a test run or a chaos run on one host stays
 # well under this, while one address cannot take every file descriptor of the server.

@@ -13,15 +13,11 @@ from kazoo.exceptions import NoNodeError
 
 from metaq.ha import takeover
 from metaq.ha.election import Deposal, _add_deposal
-from metaq.ha.takeover import Phase, Seen, connected_sessions, next_phase, probe_port, zk_servers
+from metaq.ha.takeover import Phase, Seen, next_phase, probe_port
 from metaq.zk.embedded import free_port
 from metaq.zk.paths import ZkPaths
 
-CONS = (
-    " /127.0.0.1:40668[1](queued=0,recved=5,sent=5,sid=0x1000a6f0f6f0000,lop=PING,est=1,to=700,lcxid=0x3,"
-    "lzxid=0xffffffffffffffff,lresp=1,llat=0,minlat=0,avglat=0.0,maxlat=1)\n"
-    " /127.0.0.1:40670[0](queued=0,recved=1,sent=0)\n"
-)
+PATHS = ZkPaths("/r")
 
 
 # --- the transition table ---------------------------------------------------------------------
@@ -32,11 +28,11 @@ CONS = (
     [
         (Phase.IDLE, Seen.FOLLOW, Phase.WATCHING),
         (Phase.WATCHING, Seen.DROPPED, Phase.PROBING),
-        (Phase.PROBING, Seen.REFUSED, Phase.ASKING_ZK),
+        (Phase.PROBING, Seen.REFUSED, Phase.CHALLENGING),
         (Phase.PROBING, Seen.ANSWERED, Phase.WATCHING),
         (Phase.PROBING, Seen.SILENT, Phase.STANDBY),
-        (Phase.ASKING_ZK, Seen.SESSION_GONE, Phase.DEAD),
-        (Phase.ASKING_ZK, Seen.SESSION_SEEN, Phase.STANDBY),
+        (Phase.CHALLENGING, Seen.UNANSWERED, Phase.DEAD),
+        (Phase.CHALLENGING, Seen.ALIVE, Phase.STANDBY),
         (Phase.DEAD, Seen.FOLLOW, Phase.WATCHING),
         (Phase.STANDBY, Seen.UNFOLLOW, Phase.IDLE),
     ],
@@ -50,10 +46,10 @@ def test_rows(phase, seen, expected):
     [
         # Death is only concluded in order: a drop, then a refusal, then ZooKeeper.
         (Phase.WATCHING, Seen.REFUSED),
-        (Phase.WATCHING, Seen.SESSION_GONE),
-        (Phase.PROBING, Seen.SESSION_GONE),
+        (Phase.WATCHING, Seen.UNANSWERED),
+        (Phase.PROBING, Seen.UNANSWERED),
         (Phase.IDLE, Seen.DROPPED),
-        (Phase.STANDBY, Seen.SESSION_GONE),
+        (Phase.STANDBY, Seen.UNANSWERED),
         (Phase.DEAD, Seen.DROPPED),
     ],
 )
@@ -78,34 +74,75 @@ def test_dead_is_reached_only_through_every_piece_of_evidence():
                     reached.add(trail + (seen,))
                 grown.add((new, trail + (seen,)))
         paths = grown
-    assert reached and all(t[-3:] == (Seen.DROPPED, Seen.REFUSED, Seen.SESSION_GONE) for t in reached)
+    assert reached and all(t[-3:] == (Seen.DROPPED, Seen.REFUSED, Seen.UNANSWERED) for t in reached)
 
 
 # --- the evidence ----------------------------------------------------------------------------
 
 
-def test_zk_servers_of_a_connect_string():
-    assert zk_servers("a:2181,b:2182/chroot") == [("a", 2181), ("b", 2182)]
-    assert zk_servers("[::1]:2181") == [("::1", 2181)]
+class _Answer:
+    def __init__(self, value=None, error=None):
+        self.value, self.error = value, error
+
+    def get(self, timeout=None):
+        if self.error is not None:
+            raise self.error
+        return self.value
 
 
-def test_connected_sessions_lists_every_servers_sessions(monkeypatch):
-    monkeypatch.setattr(takeover, "four_letter_word", lambda host, port, command, **_: CONS)
-    assert connected_sessions([("a", 1), ("b", 2)], None) == {0x1000A6F0F6F0000}
+class _LivenessZk:
+    """Just enough of a kazoo client for a challenge: nodes by path, with their owners."""
+
+    def __init__(self, answer_owner=None):
+        self.nodes: dict[str, int] = {}
+        self.answer_owner = answer_owner
+        self.watch = None
+
+    def create_async(self, path, value=b"", ephemeral=False, makepath=False):
+        self.nodes[path] = self.answer_owner if "/ans-" in path else 7
+        if "/ask-" in path and self.answer_owner is not None:
+            # The master answers at once.
+            self.nodes[path.replace("/ask-", "/ans-")] = self.answer_owner
+        return _Answer()
+
+    def exists_async(self, path):
+        owner = self.nodes.get(path)
+        return _Answer(None if owner is None else SimpleNamespace(ephemeralOwner=owner, version=0))
+
+    def delete_async(self, path):
+        self.nodes.pop(path, None)
+        return _Answer()
+
+    def ensure_path(self, path):
+        pass
+
+    def ChildrenWatch(self, path, func):
+        self.watch = func
 
 
-def test_connected_sessions_cannot_tell_when_cons_is_refused_or_a_server_is_down(monkeypatch):
-    monkeypatch.setattr(takeover, "four_letter_word",
-                        lambda *_, **__: "cons is not executed because it is not in the whitelist.\n")
-    assert connected_sessions([("a", 1)], None) is None
+def test_a_challenge_counts_only_the_locks_own_session():
+    assert takeover.challenge(_LivenessZk(answer_owner=42), PATHS, 0, owner=42, wait_s=0.05) is True
+    assert takeover.challenge(_LivenessZk(answer_owner=99), PATHS, 0, owner=42, wait_s=0.05) is False
+    zk = _LivenessZk(answer_owner=None)
+    assert takeover.challenge(zk, PATHS, 0, owner=42, wait_s=0.05) is False
+    assert zk.nodes == {}, "the challenge cleans up after itself"
 
-    def down(host, *_, **__):
-        if host == "b":
-            raise ConnectionRefusedError()
-        return CONS
 
-    monkeypatch.setattr(takeover, "four_letter_word", down)
-    assert connected_sessions([("a", 1), ("b", 2)], None) is None
+def test_only_a_lock_holder_answers_and_each_challenge_once():
+    zk, holds = _LivenessZk(), [False]
+    takeover.answer_challenges(zk, PATHS, 0, lambda: holds[0])
+    base = takeover.liveness_path(PATHS, 0)
+    zk.watch(["ask-a"])
+    assert zk.nodes == {}
+    holds[0] = True
+    zk.watch(["ask-a", "ask-b", "ans-b"])
+    assert set(zk.nodes) == {f"{base}/ans-a"}
+
+
+def test_answer_wait_scales_with_the_session_timeout():
+    assert takeover.answer_wait_s(700) == 0.175
+    assert takeover.answer_wait_s(200) == takeover.ANSWER_WAIT_MIN_S
+    assert takeover.answer_wait_s(30000) == takeover.ANSWER_WAIT_MAX_S
 
 
 def test_probe_port_tells_refused_from_answered():
@@ -118,16 +155,6 @@ def test_probe_port_tells_refused_from_answered():
 
 
 # --- the deposal inside the election transaction -------------------------------------------
-
-
-class _Answer:
-    def __init__(self, value=None, error=None):
-        self.value, self.error = value, error
-
-    def get(self, timeout=None):
-        if self.error is not None:
-            raise self.error
-        return self.value
 
 
 class _Client:
@@ -155,7 +182,6 @@ class _Tx:
         self.ops.append(("check", path, version))
 
 
-PATHS = ZkPaths("/r")
 
 
 def test_deposal_deletes_only_the_dead_sessions_lock():
