@@ -201,3 +201,28 @@ def test_master_restarted_on_its_port_is_not_deposed(broker_factory, zk_client, 
     leader = a if group.master() == a.url else b
     _, _ = first_ack_after(leader, b"after-restart", timeout=20)
     assert not missing_acks(stream.acked, fetch_all(leader))
+
+
+# --- two sync slaves race on the same evidence: the epoch's compare-and-set decides -----------
+
+
+def test_two_slaves_race_one_wins_the_other_follows(broker_factory, zk_client, zk_root):
+    group = Group(zk_client, zk_root)
+    a, b = make_pair(broker_factory, sync_system(), group)
+    c = broker_factory(0, {TOPIC: 1}, sync_system(), {"slaveId": 2}, name="C", zookeeper={"zk.zkSessionTimeoutMs": SESSION_MS})
+    wait_follows(c, a, group)
+    wait_in_sync_set(group, 2)
+    epoch_before = group.epoch()
+    stream = PutStream(a.address, tag="a").start()
+    stream.wait_acked(200)
+    a.kill()
+    stream.stop()
+
+    wait_until(lambda: group.master() in (b.url, c.url), 20, interval=0.05, message="B or C to lead")
+    winner, loser = (b, c) if group.master() == b.url else (c, b)
+    wait_leads(winner, group, epoch_before)
+    assert group.epoch() == epoch_before + 1, "exactly one takeover"
+    assert _fast_takeovers(winner) == 1 and _fast_takeovers(loser) == 0
+    wait_follows(loser, winner, group)
+    _, _ = first_ack_after(winner, b"after-race")
+    assert not missing_acks(stream.acked, fetch_all(winner))
