@@ -17,8 +17,8 @@ and (2) while the master lives and holds its ZooKeeper session; so would an nfta
 refusal, so it never gets this far.) The third piece of evidence therefore comes through
 ZooKeeper, from the session that holds the lock:
 
-3. the lock's session does not answer a challenge within ``answer_wait_s`` (``T/4``,
-   at most 250 ms). The slave creates ``liveness/ask-{nonce}`` under the group's node;
+3. the lock's session does not answer a challenge within ``answer_wait_s`` (``T/16``,
+   50 to 250 ms). The slave creates ``liveness/ask-{nonce}`` under the group's node;
    every broker whose session holds the lock answers from its ZooKeeper watch thread
    (not its event loop, so a busy broker answers too) by creating the ephemeral
    ``liveness/ans-{nonce}``. The answer counts only if ZooKeeper reports it owned
@@ -70,21 +70,25 @@ connection and gathers the evidence.
 
 Events: FOLLOW, DROPPED, REFUSED, ANSWERED (a connect was accepted), SILENT (a connect
 timed out or failed otherwise), UNANSWERED (the challenge was not answered by the lock's
-session in time), ALIVE (it was answered, or ZooKeeper could not be asked), UNFOLLOW.
+session in time), ALIVE (it was answered, or ZooKeeper could not be asked), RETRY
+(STANDBY_RETRY_S after STANDBY), UNFOLLOW.
 
-    state        FOLLOW    DROPPED  REFUSED      ANSWERED  SILENT   UNANSWERED  ALIVE    UNFOLLOW
-    -----------  --------  -------  -----------  --------  -------  ----------  -------  --------
-    IDLE         WATCHING  .        .            .         .        .           .        IDLE
-    WATCHING     WATCHING  PROBING  .            .         .        .           .        IDLE
-    PROBING      WATCHING  .        CHALLENGING  WATCHING  STANDBY  .           .        IDLE
-    CHALLENGING  WATCHING  .        .            .         .        DEAD        STANDBY  IDLE
-    DEAD         WATCHING  .        .            .         .        .           .        IDLE
-    STANDBY      WATCHING  .        .            .         .        .           .        IDLE
+    state        FOLLOW    DROPPED  REFUSED      ANSWERED  SILENT   UNANSWERED  ALIVE    RETRY     UNFOLLOW
+    -----------  --------  -------  -----------  --------  -------  ----------  -------  --------  --------
+    IDLE         WATCHING  .        .            .         .        .           .        .         IDLE
+    WATCHING     WATCHING  PROBING  .            .         .        .           .        .         IDLE
+    PROBING      WATCHING  .        CHALLENGING  WATCHING  STANDBY  .           .        .         IDLE
+    CHALLENGING  WATCHING  .        .            .         .        DEAD        STANDBY  .         IDLE
+    DEAD         WATCHING  .        .            .         .        .           .        .         DEAD
+    STANDBY      WATCHING  .        .            .         .        .           .        WATCHING  IDLE
 
 ``.`` means ignored. PROBING + ANSWERED goes back to WATCHING with a fresh connection
-(the master closed ours for its own reasons, or was restarted and accepts again). DEAD
-keeps its evidence until the coordinator follows someone (FOLLOW), uses it, or finds the
-master node owned by another session (``names_dead_session``).
+(the master closed ours for its own reasons, or was restarted and accepts again).
+STANDBY + RETRY watches the same master again (a healed link: if it dies later, the
+fast path applies again). DEAD + UNFOLLOW stays DEAD: the coordinator stops following
+on its way to use the evidence; it is dropped when the coordinator follows someone
+(FOLLOW), uses it (``forget``), or finds the master node owned by another session
+(``names_dead_session``).
 """
 
 from __future__ import annotations
@@ -114,18 +118,21 @@ PROBE_TIMEOUT_S = 0.25
 #: After a drop, a port that accepts is probed again for this long (see probe_after_drop).
 PROBE_AGAIN_S = 0.1
 PROBE_AGAIN_EVERY_S = 0.02
-#: How long the lock's session has to answer a challenge: ``T/4``, within these bounds. A
-#: live master answers from its ZooKeeper watch thread in a few milliseconds.
-ANSWER_WAIT_MIN_S = 0.1
+#: How long the lock's session has to answer a challenge: ``T/16``, within these bounds. A
+#: live master answers from its ZooKeeper watch thread in a few milliseconds (the log says
+#: how many when it does).
+ANSWER_WAIT_MIN_S = 0.05
 ANSWER_WAIT_MAX_S = 0.25
 #: How often the answer is looked for while waiting.
 ANSWER_POLL_S = 0.01
 #: A fresh watch connection after the last one failed to open, at most this often.
 REWATCH_S = 0.5
+#: STANDBY watches the same master again after this long.
+STANDBY_RETRY_S = 1.0
 
 
 def answer_wait_s(session_timeout_ms: int) -> float:
-    return min(ANSWER_WAIT_MAX_S, max(ANSWER_WAIT_MIN_S, session_timeout_ms / 4000))
+    return min(ANSWER_WAIT_MAX_S, max(ANSWER_WAIT_MIN_S, session_timeout_ms / 16000))
 
 
 class Phase(enum.Enum):
@@ -147,6 +154,7 @@ class Seen(enum.Enum):
     SILENT = "silent"
     UNANSWERED = "unanswered"
     ALIVE = "alive"
+    RETRY = "retry"
     UNFOLLOW = "unfollow"
 
 
@@ -154,13 +162,15 @@ _ANY = tuple(Phase)
 #: The transition table above: (state, event) -> next state; missing rows are ignored.
 TRANSITIONS: dict[tuple[Phase, Seen], Phase] = {
     **{(phase, Seen.FOLLOW): Phase.WATCHING for phase in _ANY},
-    **{(phase, Seen.UNFOLLOW): Phase.IDLE for phase in _ANY},
+    **{(phase, Seen.UNFOLLOW): Phase.IDLE for phase in _ANY if phase is not Phase.DEAD},
+    (Phase.DEAD, Seen.UNFOLLOW): Phase.DEAD,
     (Phase.WATCHING, Seen.DROPPED): Phase.PROBING,
     (Phase.PROBING, Seen.REFUSED): Phase.CHALLENGING,
     (Phase.PROBING, Seen.ANSWERED): Phase.WATCHING,
     (Phase.PROBING, Seen.SILENT): Phase.STANDBY,
     (Phase.CHALLENGING, Seen.UNANSWERED): Phase.DEAD,
     (Phase.CHALLENGING, Seen.ALIVE): Phase.STANDBY,
+    (Phase.STANDBY, Seen.RETRY): Phase.WATCHING,
 }
 
 
@@ -215,8 +225,9 @@ def liveness_path(paths: ZkPaths, broker_id: int) -> str:
     return f"{paths.broker(broker_id)}/liveness"
 
 
-def challenge(client: KazooClient, paths: ZkPaths, broker_id: int, owner: int, wait_s: float) -> bool:
-    """Ask the session ``owner`` (the lock's) to answer; whether it did within ``wait_s``.
+def challenge(client: KazooClient, paths: ZkPaths, broker_id: int, owner: int, wait_s: float) -> float | None:
+    """Ask the session ``owner`` (the lock's) to answer: the seconds it took, or None if it
+    did not within ``wait_s`` (or another session answered).
 
     Raises a ZooKeeper error when the challenge cannot be posted (then nothing is known).
     """
@@ -225,14 +236,14 @@ def challenge(client: KazooClient, paths: ZkPaths, broker_id: int, owner: int, w
     ask, answer = f"{base}/ask-{nonce}", f"{base}/ans-{nonce}"
     client.create_async(ask, b"", ephemeral=True, makepath=True).get(timeout=ZK_CALL_TIMEOUT_S)
     try:
-        deadline = time.monotonic() + wait_s
+        asked = time.monotonic()
         while True:
             stat = client.exists_async(answer).get(timeout=ZK_CALL_TIMEOUT_S)
             if stat is not None:
                 # ZooKeeper's word on who answered: only the lock's own session counts.
-                return stat.ephemeralOwner == owner
-            if time.monotonic() >= deadline:
-                return False
+                return time.monotonic() - asked if stat.ephemeralOwner == owner else None
+            if time.monotonic() - asked >= wait_s:
+                return None
             time.sleep(ANSWER_POLL_S)
     finally:
         for path in (answer, ask):
@@ -300,6 +311,7 @@ class DeathWatch:
         #: Why the last master was not deposed this way (STANDBY), for the log and stats.
         self.standby_reason: str | None = None
         self._task: asyncio.Task[None] | None = None
+        self._answered_logged = False
         #: Takeovers this broker won on this evidence (stats ``ha_fast_takeovers``).
         self.fast_takeovers = 0
 
@@ -317,7 +329,7 @@ class DeathWatch:
         """We follow the master at ``url`` now: watch it (fresh evidence only)."""
         self.unwatch()
         self._move(Seen.FOLLOW)
-        self.url, self.dead, self.standby_reason = url, None, None
+        self.url, self.dead, self.standby_reason, self._answered_logged = url, None, None, False
         self._task = asyncio.ensure_future(self._run(url))
 
     def unwatch(self) -> None:
@@ -325,8 +337,7 @@ class DeathWatch:
         if self._task is not None:
             self._task.cancel()
             self._task = None
-        if self.phase is not Phase.DEAD:
-            self._move(Seen.UNFOLLOW)
+        self._move(Seen.UNFOLLOW)
 
     async def names_dead_session(self, url: str) -> DeadMaster | None:
         """The evidence, if the master node still names ``url`` under the dead session."""
@@ -350,7 +361,11 @@ class DeathWatch:
 
     async def _run(self, url: str) -> None:
         try:
-            while self.phase is Phase.WATCHING:
+            while self.phase in (Phase.WATCHING, Phase.STANDBY):
+                if self.phase is Phase.STANDBY:
+                    await asyncio.sleep(STANDBY_RETRY_S)
+                    self._move(Seen.RETRY)
+                    continue
                 if not await self._watch_connection(url):
                     await asyncio.sleep(REWATCH_S)
                     continue
@@ -358,8 +373,12 @@ class DeathWatch:
                 seen = await probe_after_drop(url)
                 self._move(seen)
                 if seen is Seen.ANSWERED:
-                    log.info("not deposing the master at %s: it closed our connection, but its port accepts connections"
-                             " (restarted, or closed it for its own reasons)", url)
+                    # Logged once per master followed: a master that keeps closing our connection
+                    # (its connection limits, idle timeout) would repeat it.
+                    level, self._answered_logged = (logging.DEBUG if self._answered_logged else logging.INFO), True
+                    log.log(level, "not deposing the master at %s: it closed our connection, but its port accepts"
+                            " connections (restarted, or closed it for its own reasons)", url)
+                    await asyncio.sleep(REWATCH_S)
                 elif seen is Seen.SILENT:
                     self._stand_by(url, "its port did not answer a connect (a silent host or link)")
                 elif seen is Seen.REFUSED:
@@ -393,22 +412,21 @@ class DeathWatch:
         wait_s = answer_wait_s(self.host.config.zk.session_timeout_ms)
         try:
             owner = await asyncio.to_thread(lock_owner, zk, self.paths, self.broker_id, url)
-            answered = owner is not None and await asyncio.to_thread(challenge, zk, self.paths, self.broker_id, owner, wait_s)
-            # The lock must still be that session's once the challenge went unanswered.
-            still = owner is not None and await asyncio.to_thread(lock_owner, zk, self.paths, self.broker_id, url)
+            answered = None if owner is None else await asyncio.to_thread(challenge, zk, self.paths, self.broker_id, owner, wait_s)
         except Exception as exc:  # ZooKeeper away or slow: nothing is known
             self._move(Seen.ALIVE)
             self._stand_by(url, f"ZooKeeper could not be asked ({str(exc) or type(exc).__name__})")
             return
-        if owner is None or still != owner:
+        if owner is None:
             # The node is gone (the session expired meanwhile) or names another broker now:
             # nothing to depose; the master-node watch drives what follows.
             self._move(Seen.ALIVE)
             self._stand_by(url, "the master node no longer names it")
             return
-        if answered:
+        if answered is not None:
             self._move(Seen.ALIVE)
-            self._stand_by(url, f"its ZooKeeper session 0x{owner:x} answered, so it lives (only our link to it is cut)")
+            self._stand_by(url, f"its ZooKeeper session 0x{owner:x} answered in {answered * 1000:.0f} ms, so it lives"
+                                " (only our link to it is cut)")
             return
         self.dead = DeadMaster(url, owner, time.monotonic())
         self._move(Seen.UNANSWERED)

@@ -159,7 +159,7 @@ def test_cut_link_refusing_connections_does_not_depose_a_live_master(broker_fact
 
         proxy.disable()  # B's connections to A closed, its connects refused; A is alive
         wait_until(lambda: NOT_DEPOSED_LINE in b.log_text(), 10, interval=0.05, message="B to decide not to depose A")
-        assert "answered, so it lives" in b.log_text()
+        assert "so it lives (only our link to it is cut)" in b.log_text()
         # Two session timeouts later A still leads its epoch and acks (the sync set degrades).
         time.sleep(2 * SESSION_MS / 1000)
         assert group.epoch() == epoch_before and group.master() == master_before
@@ -169,6 +169,8 @@ def test_cut_link_refusing_connections_does_not_depose_a_live_master(broker_fact
         proxy.enable()
         wait_in_sync_set(group, 1, timeout=30)
         assert group.epoch() == epoch_before
+        # B watches A again: should A's process die now, the fast path applies.
+        wait_until(lambda: stat(b, "ha_death_watch") == "watching", 10, interval=0.1, message="B to watch A again")
 
 
 # --- a master restarted on its port before the slave acts: alive, not deposed -----------------
