@@ -32,6 +32,7 @@ from .failover_support import (
     TOPIC,
     Group,
     PutStream,
+    async_system,
     fetch_all,
     first_ack_after,
     make_pair,
@@ -228,3 +229,35 @@ def test_two_slaves_race_one_wins_the_other_follows(broker_factory, zk_client, z
     wait_follows(loser, winner, group)
     _, _ = first_ack_after(winner, b"after-race")
     assert not missing_acks(stream.acked, fetch_all(winner))
+
+
+# --- async mode: the fast path, with the new master's acks held until the old lease ran out ----
+
+
+def _logged_at(log: str, needle: str) -> float:
+    """The time of the first log line containing ``needle`` (seconds of the day)."""
+    line = next(line for line in log.splitlines() if needle in line)
+    clock = line.split(" ")[1].replace(",", ".")
+    hours, minutes, seconds = clock.split(":")
+    return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+
+
+def test_async_kill_takes_the_fast_path_and_holds_acks_for_half_a_session(broker_factory, zk_client, zk_root):
+    group = Group(zk_client, zk_root)
+    a, b = make_pair(broker_factory, async_system(), group)
+    epoch_before = group.epoch()
+    stream = PutStream(a.address, tag="a").start()
+    stream.wait_acked(100)
+    a.kill()
+    stream.stop()
+    first_ack_after(b, b"first-on-B")
+    wait_leads(b, group, epoch_before)
+    assert _fast_takeovers(b) == 1
+    log = b.log_text()
+    dead_at = _logged_at(log, "is dead: its connection dropped")
+    # Logged once the lease started (it runs right after the hold), before any ack.
+    leading_at = _logged_at(log, f"transactions reconciled in epoch {epoch_before + 1}")
+    # An old master that had not yet seen its ZooKeeper connection go could ack alone until
+    # its lease ran out: the new one takes writes only T/2 after the evidence.
+    assert leading_at - dead_at >= SESSION_MS / 2000 - 0.01, (dead_at, leading_at)
+    assert put_one(b, b"more").code == 200
