@@ -21,9 +21,9 @@ ZooKeeper, from the session that holds the lock:
    50 to 250 ms). The slave creates ``liveness/ask-{nonce}`` under the group's node;
    every broker whose session holds the lock answers from its ZooKeeper watch thread
    (not its event loop, so a busy broker answers too) by creating the ephemeral
-   ``liveness/ans-{nonce}``. The answer counts only if ZooKeeper reports it owned
-   (``ephemeralOwner``) by the session that holds the master node: ZooKeeper's word,
-   never what a peer says of itself. With ACLs on, only the group writes there.
+   ``liveness/ans-{nonce}-{its session id}``. The answer counts only if ZooKeeper reports
+   it owned (``ephemeralOwner``) by the session that holds the master node: ZooKeeper's
+   word, never what a peer says of itself. With ACLs on, only the group writes there.
 
 A master that is alive and talks to ZooKeeper answers in milliseconds, whatever its
 replication link does: a cut slave link, a closed proxy listener, a reject rule. One
@@ -233,7 +233,9 @@ def challenge(client: KazooClient, paths: ZkPaths, broker_id: int, owner: int, w
     """
     base = liveness_path(paths, broker_id)
     nonce = secrets.token_hex(8)
-    ask, answer = f"{base}/ask-{nonce}", f"{base}/ans-{nonce}"
+    # Each answering session names its answer: a fenced broker of an earlier term (it answers
+    # too) can never take the name of the lock holder's answer.
+    ask, answer = f"{base}/ask-{nonce}", f"{base}/ans-{nonce}-{owner:x}"
     client.create_async(ask, b"", ephemeral=True, makepath=True).get(timeout=ZK_CALL_TIMEOUT_S)
     try:
         asked = time.monotonic()
@@ -256,11 +258,13 @@ def answer_challenges(client: KazooClient, paths: ZkPaths, broker_id: int, holds
     client.ensure_path(base)
 
     def answer(children: list[str]) -> bool:
-        if holds_lock():
-            answered = {child[4:] for child in children if child.startswith("ans-")}
+        session = client.client_id[0] if client.client_id else None
+        if session is not None and holds_lock():
+            present = set(children)
             for child in children:
-                if child.startswith("ask-") and child[4:] not in answered:
-                    client.create_async(f"{base}/ans-{child[4:]}", b"", ephemeral=True)
+                mine = f"ans-{child[4:]}-{session:x}"
+                if child.startswith("ask-") and mine not in present:
+                    client.create_async(f"{base}/{mine}", b"", ephemeral=True)
         return True
 
     client.ChildrenWatch(base, answer)

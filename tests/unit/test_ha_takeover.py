@@ -96,16 +96,18 @@ class _Answer:
 class _LivenessZk:
     """Just enough of a kazoo client for a challenge: nodes by path, with their owners."""
 
-    def __init__(self, answer_owner=None):
+    def __init__(self, answer_owner=None, session=5):
         self.nodes: dict[str, int] = {}
         self.answer_owner = answer_owner
+        self.client_id = (session, b"password")
         self.watch = None
 
     def create_async(self, path, value=b"", ephemeral=False, makepath=False):
-        self.nodes[path] = self.answer_owner if "/ans-" in path else 7
+        self.nodes[path] = self.client_id[0]
         if "/ask-" in path and self.answer_owner is not None:
-            # The master answers at once.
-            self.nodes[path.replace("/ask-", "/ans-")] = self.answer_owner
+            # The lock's session answers at once, under its own name.
+            answer = path.replace("/ask-", "/ans-") + f"-{self.answer_owner:x}"
+            self.nodes[answer] = self.answer_owner
         return _Answer()
 
     def exists_async(self, path):
@@ -125,21 +127,22 @@ class _LivenessZk:
 
 def test_a_challenge_counts_only_the_locks_own_session():
     assert takeover.challenge(_LivenessZk(answer_owner=42), PATHS, 0, owner=42, wait_s=0.05) is not None
+    # Another session (a fenced broker of an earlier term) answering does not count.
     assert takeover.challenge(_LivenessZk(answer_owner=99), PATHS, 0, owner=42, wait_s=0.05) is None
     zk = _LivenessZk(answer_owner=None)
     assert takeover.challenge(zk, PATHS, 0, owner=42, wait_s=0.05) is None
     assert zk.nodes == {}, "the challenge cleans up after itself"
 
 
-def test_only_a_lock_holder_answers_and_each_challenge_once():
-    zk, holds = _LivenessZk(), [False]
+def test_only_a_lock_holder_answers_each_challenge_once_under_its_session():
+    zk, holds = _LivenessZk(session=0x2A), [False]
     takeover.answer_challenges(zk, PATHS, 0, lambda: holds[0])
     base = takeover.liveness_path(PATHS, 0)
     zk.watch(["ask-a"])
     assert zk.nodes == {}
     holds[0] = True
-    zk.watch(["ask-a", "ask-b", "ans-b"])
-    assert set(zk.nodes) == {f"{base}/ans-a"}
+    zk.watch(["ask-a", "ask-b", "ans-b-2a", "ans-a-63"])  # b answered by us already, a by another session
+    assert set(zk.nodes) == {f"{base}/ans-a-2a"}
 
 
 def test_answer_wait_scales_with_the_session_timeout():
