@@ -54,6 +54,16 @@ def _fast_takeovers(broker: Any) -> int:
     return int(stat(broker, "ha_fast_takeovers") or 0)
 
 
+def _pair_under_load(broker_factory, zk_client, zk_root, system: dict[str, Any], acked: int = 100):
+    """A (master) and B (slave 1), a put stream on A with ``acked`` puts acked: (group, a, b, epoch, stream)."""
+    group = Group(zk_client, zk_root)
+    a, b = make_pair(broker_factory, system, group)
+    epoch_before = group.epoch()
+    stream = PutStream(a.address, tag="a").start()
+    stream.wait_acked(acked)
+    return group, a, b, epoch_before, stream
+
+
 # --- kill -9: the fast path, with security on -------------------------------------------------
 
 
@@ -111,11 +121,7 @@ def test_kill_master_takes_the_fast_path_secured(broker_factory, zk_client, zk_r
 
 
 def test_paused_master_keeps_the_session_timeout_path(broker_factory, zk_client, zk_root):
-    group = Group(zk_client, zk_root)
-    a, b = make_pair(broker_factory, sync_system(), group)
-    epoch_before = group.epoch()
-    stream = PutStream(a.address, tag="a").start()
-    stream.wait_acked(100)
+    group, a, b, epoch_before, stream = _pair_under_load(broker_factory, zk_client, zk_root, sync_system())
     stopped_at = time.monotonic()
     a.pause()
     try:
@@ -243,11 +249,7 @@ def _logged_at(log: str, needle: str) -> float:
 
 
 def test_async_kill_takes_the_fast_path_and_holds_acks_for_half_a_session(broker_factory, zk_client, zk_root):
-    group = Group(zk_client, zk_root)
-    a, b = make_pair(broker_factory, async_system(), group)
-    epoch_before = group.epoch()
-    stream = PutStream(a.address, tag="a").start()
-    stream.wait_acked(100)
+    group, a, b, epoch_before, stream = _pair_under_load(broker_factory, zk_client, zk_root, async_system())
     a.kill()
     stream.stop()
     first_ack_after(b, b"first-on-B")
