@@ -58,6 +58,7 @@ from .candidacy import Candidacy
 from .election import (
     HANDOVER_TIMEOUT_S,
     ZK_ERRORS,
+    Deposal,
     Handover,
     clear_handover,
     decode_handover,
@@ -84,6 +85,7 @@ from .role import (
     reconnected_event,
 )
 from .sync_set import SyncReplication
+from .takeover import DeadMaster, DeathWatch, answer_challenges
 from .truncation import divergence_point
 
 log = logging.getLogger(__name__)
@@ -146,6 +148,11 @@ class HaCoordinator:
         self._reseeding = False
         #: Set by stop(): entry actions waiting on a peer give up instead of holding STOP back.
         self._stopping = False
+        #: Watches the master we follow for the death of its process (takeover.py): on complete
+        #: evidence, an orphan may depose the dead session's lock instead of waiting for its expiry.
+        self.death_watch = DeathWatch(host, self.paths, on_dead=lambda: self.post(Event.MASTER_GONE))
+        #: The evidence the election in progress (or the epoch just won) deposes a dead master on.
+        self._deposing: DeadMaster | None = None
 
     # --- wiring -----------------------------------------------------------------------
 
@@ -182,6 +189,10 @@ class HaCoordinator:
         await asyncio.to_thread(self.zk.DataWatch, self.paths.master(self.broker_id), self._zk_watch(self._master_changed))
         await asyncio.to_thread(self.zk.DataWatch, self.paths.epoch(self.broker_id), self._zk_watch(self._epoch_changed))
         await asyncio.to_thread(self.zk.DataWatch, self.paths.handover(self.broker_id), self._zk_watch(self._handover_changed))
+        # While our session may hold the lock (fenced too), we answer a slave's challenge
+        # (takeover.py): a live master is never deposed on the evidence of a dead one.
+        answers_in = HOLDS_LOCK | {Role.FENCED}
+        await asyncio.to_thread(answer_challenges, self.zk, self.paths, self.broker_id, lambda: self.machine.state in answers_in)
 
     async def stop(self) -> None:
         # Seen by entry actions that wait on a peer (_truncate_against): they give up at
@@ -207,6 +218,8 @@ class HaCoordinator:
         """The master znode names ``url`` (another broker): SEEN or CHANGED, decided in turn."""
 
         async def decide() -> Event:
+            if await self.death_watch.names_dead_session(url) is not None:
+                return Event.MASTER_SEEN  # ignored in every state: its process died (takeover.py)
             event = master_event(url, self.master_url)
             if event is Event.MASTER_CHANGED and await self._names_previous_life(url):
                 return Event.REEVALUATE  # not a master to follow: wait for its node to expire
@@ -531,11 +544,13 @@ class HaCoordinator:
             await sync_set.stop()
 
     async def _stop_following(self) -> None:
+        self.death_watch.unwatch()
         if self.follower is not None:
             await self.follower.stop()
 
     async def _unfollow(self) -> None:
         """Stop replicating (reads stay up): nothing may append while we truncate or lead."""
+        self.death_watch.unwatch()
         if self.follower is not None:
             await self.follower.unfollow()
 
@@ -551,7 +566,11 @@ class HaCoordinator:
         state = await self._read_state()
         if state is None:
             return False
-        if state.master_url is not None:
+        dead = None if state.master_url is None else await self.death_watch.names_dead_session(state.master_url)
+        if dead is not None:
+            # Its process died (takeover.py): the election rules apply as if its session had expired.
+            state = replace(state, master_url=None)
+        elif state.master_url is not None:
             if state.master_url != self.my_url:
                 self._post_master(state.master_url)
             return False
@@ -596,6 +615,9 @@ class HaCoordinator:
         # the same verdict again tells the operator nothing new.
         repeated = (ok, why) == self._last_verdict
         self._last_verdict = (ok, why)
+        self._deposing = dead if ok else None
+        if ok and dead is not None:
+            why = f"{why}; the master's process at {dead.url} died (fast takeover)"
         if ok:
             log.log(logging.DEBUG if repeated else logging.INFO, "may take over: %s", why)
             self.post(Event.ELIGIBLE, state)
@@ -630,17 +652,46 @@ class HaCoordinator:
             floor = max(self.history, self.candidacy.newest_claimed)
             epoch = await asyncio.to_thread(
                 try_take_master, self.zk, self.paths, self.broker_id, self.my_url, seen, self.identity, floor,
+                self._deposal(),
             )
         except ZK_ERRORS as exc:
             log.warning("election transaction failed: %s", exc)
             epoch = None
+        self.death_watch.forget()  # used: won, lost or stale, it is never acted on twice
         if epoch is None:
+            self._deposing = None
             self.post(Event.LOST)
             self.post(Event.REEVALUATE)
             return
         self.epoch = epoch
         self._reseeding = floor > seen.epoch
         self.post(Event.WON)
+
+    def _deposal(self) -> Deposal | None:
+        """The deletion of a dead master's lock the election transaction carries (takeover.py), if any."""
+        dead = self._deposing
+        if dead is None:
+            return None
+        sync_member = self.registry.slave_id if self.config.replication_mode == "sync" else None
+        if sync_member is None and self.config.replication_mode == "sync":
+            return None
+        return Deposal(dead.session_id, sync_member)
+
+    async def _wait_out_deposed_lease(self) -> None:
+        """Async mode, after deposing a dead master's session: ack nothing until its lease would
+        have run out (takeover.py: a master that had not yet seen its ZooKeeper connection go
+        acks alone in async mode until then). Sync mode needs no wait: its acks need us."""
+        dead, self._deposing = self._deposing, None
+        if dead is None:
+            return
+        self.death_watch.fast_takeovers += 1
+        log.warning("took over from the dead master at %s without waiting for its session to expire", dead.url)
+        if self.config.replication_mode == "sync":
+            return
+        lease_s = self.config.zk.session_timeout_ms / 2000
+        remaining = dead.observed_at + lease_s - time.monotonic()
+        if remaining > 0:
+            await asyncio.sleep(remaining)
 
     async def _lead(self) -> None:
         host = self.host
@@ -676,6 +727,7 @@ class HaCoordinator:
             await self.host.restore_after_zookeeper_loss()
             self._reseeding = False
         assert self.lease is not None
+        await self._wait_out_deposed_lease()
         await self.lease.start()
         await self._start_sync_set()
         self.master_url = self.my_url
@@ -779,6 +831,7 @@ class HaCoordinator:
         self.followed_epoch = self.epoch
         follower = await self._ensure_follower(self._slave_config())
         await follower.follow(url)
+        self.death_watch.watch(url)
 
     async def _ensure_follower(self, slave: SlaveConfig) -> MasterFollower:
         """The replication follower (created on first use, and again if our slave id changed)."""
@@ -897,6 +950,7 @@ class HaCoordinator:
             ("ha_epoch", self.epoch),
             ("ha_lease_ms", int(self.lease.remaining() * 1000) if self.lease else 0),
             ("ha_truncations", len(self.truncations)),
+            *self.death_watch.status_pairs(),
         ]
         for record in self.truncations[-5:]:
             pairs.append(

@@ -30,7 +30,7 @@ from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
 from ..zk.group import ZK_CALL_TIMEOUT_S, GroupState
-from ..zk.paths import ZkPaths, decode_epoch, encode_epoch, encode_sync_set, slave_node_id
+from ..zk.paths import ZkPaths, decode_epoch, decode_sync_set, encode_epoch, encode_sync_set, slave_node_id
 
 # What a ZooKeeper call may raise when ZooKeeper is slow or away.
 ZK_ERRORS = (KazooException, KazooTimeoutError)
@@ -42,12 +42,14 @@ def _get(client: KazooClient, path: str) -> tuple[bytes, object]:
 
 def try_take_master(
     client: KazooClient, paths: ZkPaths, broker_id: int, url: str, seen: GroupState, identity: str | None = None,
-    floor: int = 0,
+    floor: int = 0, depose: "Deposal | None" = None,
 ) -> int | None:
     """Atomically take the lock and the next epoch; the new epoch, or None if someone else did.
 
     The new epoch is above ``floor`` too: the newest epoch in any member's history that
     ZooKeeper, having lost its data, no longer knows (see "ZooKeeper lost its data" below).
+    ``depose``: the lock is still held by the session of a master whose process died
+    (takeover.py has the evidence); delete its node in the same transaction.
     """
     new_epoch = max(seen.epoch, floor) + 1
     value = encode_epoch(new_epoch, url, identity)
@@ -58,6 +60,8 @@ def try_take_master(
     else:
         tx.check(epoch_path, seen.epoch_version)
         tx.set_data(epoch_path, value, version=seen.epoch_version)
+    if depose is not None and not _add_deposal(client, paths, broker_id, tx, depose):
+        return None
     tx.create(paths.master(broker_id), url.encode(), ephemeral=True)
     results = tx.commit_async().get(timeout=ZK_CALL_TIMEOUT_S)
     # A failed transaction reports an exception per operation (the culprit, and
@@ -65,6 +69,45 @@ def try_take_master(
     if any(isinstance(r, Exception) for r in results):
         return None
     return new_epoch
+
+
+@dataclass(frozen=True)
+class Deposal:
+    """Deleting the lock of a dead master's session inside the election transaction."""
+
+    session_id: int  # the master node's ephemeralOwner the evidence is about
+    sync_member: int | None = None  # sync mode: our slave id, which must still be in the sync set
+
+
+def _add_deposal(client: KazooClient, paths: ZkPaths, broker_id: int, tx: object, depose: Deposal) -> bool:
+    """Add ``delete(master)`` (and ``check(sync_set)``) to ``tx``; False if the lock or the set changed.
+
+    Invariant: only the dead session's node is deleted. It is read here, and any other
+    master node can only have been created by this same transaction's kind, together with
+    a new epoch, which fails the transaction's check of the epoch's version. In sync mode
+    the sync set read here must still name us and is checked by version: a live master
+    shrinking the set between our read and our commit fails the transaction.
+    """
+    master = paths.master(broker_id)
+    stat = client.exists_async(master).get(timeout=ZK_CALL_TIMEOUT_S)
+    if stat is None:
+        return True  # the session expired meanwhile: the lock is free, the ordinary election
+    if stat.ephemeralOwner != depose.session_id:
+        return False
+    if depose.sync_member is not None:
+        try:
+            data, sync_stat = _get(client, paths.sync_set(broker_id))
+        except NoNodeError:
+            return False
+        try:
+            members = decode_sync_set(data)[0]
+        except ValueError:
+            return False
+        if depose.sync_member not in members:
+            return False
+        tx.check(paths.sync_set(broker_id), sync_stat.version)  # type: ignore[attr-defined]
+    tx.delete(master, version=stat.version)  # type: ignore[attr-defined]
+    return True
 
 
 def eligibility(

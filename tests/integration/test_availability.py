@@ -188,8 +188,11 @@ def test_async_failover_elects_the_most_caught_up_slave(broker_factory, zk_clien
     # Nobody can replicate from here: the log ends the election must compare.
     b_end, c_end = (sum(map(len, broker.disk_log("fo", 0)[1:])) for broker in (b, c))
     try:
-        wait_until(lambda: group.master() is None, 10, interval=0.02, message="the master's node to expire")
-        time.sleep(0.3)  # C, alone awake, sees the loss first
+        # C, alone awake, sees the loss first (at once when it sees A's process died, else when
+        # A's session expires) and waits for the live slave B to post its log end.
+        wait_until(lambda: "waiting for live slaves [1]" in c.log_text(), 10, interval=0.02,
+                   message="C to see the loss and wait for B")
+        time.sleep(0.3)
     finally:
         b.resume()
     wait_leads(b, group, epoch_before, timeout=15)

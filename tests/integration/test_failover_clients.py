@@ -101,7 +101,9 @@ def test_producer_reroutes_and_consumer_keeps_offsets(broker_factory, zk, zk_cli
         assert not failed, [r.error_message for r in failed[:3]]
         unknown = [r for _, r in results if r.outcome_unknown]
         assert len(unknown) <= 1, [r.error_message for r in unknown]
-        assert longest > 0.5, "the kill should have been seen as a pause"
+        # The fast takeover (docs/failover.md) still waits for the dead master's session to
+        # leave a challenge unanswered (T/16, about 0.09 s here) before anyone acks again.
+        assert longest > 0.08, "the kill should have been seen as a pause"
 
         # Every successful send is on B at its offset; sends after the kill went to B.
         ok = [(n, r) for n, r in results if r.success]

@@ -1,0 +1,215 @@
+"""The fast takeover's pieces (metaq/ha/takeover.py, election._add_deposal): the transition
+table, each piece of evidence, and the deposal added to the election transaction."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from types import SimpleNamespace
+
+import pytest
+from kazoo.exceptions import NoNodeError
+
+from metaq.ha import takeover
+from metaq.ha.election import Deposal, _add_deposal
+from metaq.ha.takeover import Phase, Seen, next_phase, probe_port
+from metaq.zk.embedded import free_port
+from metaq.zk.paths import ZkPaths
+
+PATHS = ZkPaths("/r")
+
+
+# --- the transition table ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "phase, seen, expected",
+    [
+        (Phase.IDLE, Seen.FOLLOW, Phase.WATCHING),
+        (Phase.WATCHING, Seen.DROPPED, Phase.PROBING),
+        (Phase.PROBING, Seen.REFUSED, Phase.CHALLENGING),
+        (Phase.PROBING, Seen.ANSWERED, Phase.WATCHING),
+        (Phase.PROBING, Seen.SILENT, Phase.STANDBY),
+        (Phase.CHALLENGING, Seen.UNANSWERED, Phase.DEAD),
+        (Phase.CHALLENGING, Seen.ALIVE, Phase.STANDBY),
+        (Phase.DEAD, Seen.FOLLOW, Phase.WATCHING),
+        (Phase.STANDBY, Seen.UNFOLLOW, Phase.IDLE),
+        (Phase.STANDBY, Seen.RETRY, Phase.WATCHING),
+        # Unfollowing on the way to the election keeps the evidence.
+        (Phase.DEAD, Seen.UNFOLLOW, Phase.DEAD),
+    ],
+)
+def test_rows(phase, seen, expected):
+    assert next_phase(phase, seen) is expected
+
+
+@pytest.mark.parametrize(
+    "phase, seen",
+    [
+        # Death is only concluded in order: a drop, then a refusal, then ZooKeeper.
+        (Phase.WATCHING, Seen.REFUSED),
+        (Phase.WATCHING, Seen.UNANSWERED),
+        (Phase.PROBING, Seen.UNANSWERED),
+        (Phase.IDLE, Seen.DROPPED),
+        (Phase.STANDBY, Seen.UNANSWERED),
+        (Phase.DEAD, Seen.DROPPED),
+    ],
+)
+def test_everything_else_is_ignored(phase, seen):
+    assert next_phase(phase, seen) is None
+
+
+def test_dead_is_reached_only_through_every_piece_of_evidence():
+    """No path from WATCHING to DEAD skips the drop, the refusal or ZooKeeper's word."""
+    paths = {(Phase.WATCHING, ())}
+    reached: set[tuple[Seen, ...]] = set()
+    for _ in range(6):
+        grown = set()
+        for phase, trail in paths:
+            for seen in Seen:
+                if seen in (Seen.FOLLOW, Seen.UNFOLLOW, Seen.RETRY):
+                    continue
+                new = next_phase(phase, seen)
+                if new is None:
+                    continue
+                if new is Phase.DEAD:
+                    reached.add(trail + (seen,))
+                grown.add((new, trail + (seen,)))
+        paths = grown
+    assert reached and all(t[-3:] == (Seen.DROPPED, Seen.REFUSED, Seen.UNANSWERED) for t in reached)
+
+
+# --- the evidence ----------------------------------------------------------------------------
+
+
+class _Answer:
+    def __init__(self, value=None, error=None):
+        self.value, self.error = value, error
+
+    def get(self, timeout=None):
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class _LivenessZk:
+    """Just enough of a kazoo client for a challenge: nodes by path, with their owners."""
+
+    def __init__(self, answer_owner=None, session=5):
+        self.nodes: dict[str, int] = {}
+        self.answer_owner = answer_owner
+        self.client_id = (session, b"password")
+        self.watch = None
+
+    def create_async(self, path, value=b"", ephemeral=False, makepath=False):
+        self.nodes[path] = self.client_id[0]
+        if "/ask-" in path and self.answer_owner is not None:
+            # The lock's session answers at once, under its own name.
+            answer = path.replace("/ask-", "/ans-") + f"-{self.answer_owner:x}"
+            self.nodes[answer] = self.answer_owner
+        return _Answer()
+
+    def exists_async(self, path):
+        owner = self.nodes.get(path)
+        return _Answer(None if owner is None else SimpleNamespace(ephemeralOwner=owner, version=0))
+
+    def delete_async(self, path):
+        self.nodes.pop(path, None)
+        return _Answer()
+
+    def ensure_path(self, path):
+        pass
+
+    def ChildrenWatch(self, path, func):
+        self.watch = func
+
+
+def test_a_challenge_counts_only_the_locks_own_session():
+    assert takeover.challenge(_LivenessZk(answer_owner=42), PATHS, 0, owner=42, wait_s=0.05) is not None
+    # Another session (a fenced broker of an earlier term) answering does not count.
+    assert takeover.challenge(_LivenessZk(answer_owner=99), PATHS, 0, owner=42, wait_s=0.05) is None
+    zk = _LivenessZk(answer_owner=None)
+    assert takeover.challenge(zk, PATHS, 0, owner=42, wait_s=0.05) is None
+    assert zk.nodes == {}, "the challenge cleans up after itself"
+
+
+def test_only_a_lock_holder_answers_each_challenge_once_under_its_session():
+    zk, holds = _LivenessZk(session=0x2A), [False]
+    takeover.answer_challenges(zk, PATHS, 0, lambda: holds[0])
+    base = takeover.liveness_path(PATHS, 0)
+    zk.watch(["ask-a"])
+    assert zk.nodes == {}
+    holds[0] = True
+    zk.watch(["ask-a", "ask-b", "ans-b-2a", "ans-a-63"])  # b answered by us already, a by another session
+    assert set(zk.nodes) == {f"{base}/ans-a-2a"}
+
+
+def test_answer_wait_scales_with_the_session_timeout():
+    assert takeover.answer_wait_s(1600) == 0.1
+    assert takeover.answer_wait_s(200) == takeover.ANSWER_WAIT_MIN_S
+    assert takeover.answer_wait_s(30000) == takeover.ANSWER_WAIT_MAX_S
+
+
+def test_probe_port_tells_refused_from_answered():
+    port = free_port("127.0.0.1")
+    assert asyncio.run(probe_port(f"meta://127.0.0.1:{port}")) is Seen.REFUSED
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        # Accepted by the kernel's backlog even if nobody calls accept(): like a SIGSTOPped broker.
+        bound = listening.getsockname()[1]
+        assert asyncio.run(probe_port(f"meta://127.0.0.1:{bound}")) is Seen.ANSWERED
+
+
+# --- the deposal inside the election transaction -------------------------------------------
+
+
+class _Client:
+    def __init__(self, owner, sync_set=None):
+        self.owner, self.sync_set = owner, sync_set
+
+    def exists_async(self, path):
+        return _Answer(None if self.owner is None else SimpleNamespace(ephemeralOwner=self.owner, version=0))
+
+    def get_async(self, path):
+        if self.sync_set is None:
+            return _Answer(error=NoNodeError())
+        data = json.dumps({"slaves": sorted(self.sync_set), "epoch": 1, "min": 1}).encode()
+        return _Answer((data, SimpleNamespace(version=7)))
+
+
+class _Tx:
+    def __init__(self):
+        self.ops = []
+
+    def delete(self, path, version=-1):
+        self.ops.append(("delete", path, version))
+
+    def check(self, path, version):
+        self.ops.append(("check", path, version))
+
+
+
+
+def test_deposal_deletes_only_the_dead_sessions_lock():
+    tx = _Tx()
+    assert _add_deposal(_Client(owner=42), PATHS, 0, tx, Deposal(42)) is True
+    assert tx.ops == [("delete", PATHS.master(0), 0)]
+    tx = _Tx()
+    assert _add_deposal(_Client(owner=43), PATHS, 0, tx, Deposal(42)) is False  # another session holds it now
+    assert tx.ops == []
+
+
+def test_deposal_of_an_expired_lock_is_the_ordinary_election():
+    tx = _Tx()
+    assert _add_deposal(_Client(owner=None), PATHS, 0, tx, Deposal(42)) is True
+    assert tx.ops == []
+
+
+def test_sync_deposal_checks_the_sync_set_still_names_us():
+    tx = _Tx()
+    assert _add_deposal(_Client(owner=42, sync_set={1}), PATHS, 0, tx, Deposal(42, sync_member=1)) is True
+    assert ("check", PATHS.sync_set(0), 7) in tx.ops
+    for sync_set in ({2}, None):
+        tx = _Tx()
+        assert _add_deposal(_Client(owner=42, sync_set=sync_set), PATHS, 0, tx, Deposal(42, sync_member=1)) is False
+        assert tx.ops == []
