@@ -108,8 +108,9 @@ def test_refusals_say_what_is_missing() -> None:
 
 #: Where the ACL rules may be named at all: the rules themselves, where they are loaded, and the decider.
 RULE_HOLDERS = {"security/acl.py", "security/settings.py", "server/authz.py"}
-#: Where an operation may be named: its declarations (requests, the gateway's routes), the rules, the decider.
-OPERATION_DECLARERS = {"protocol/messages.py", "http/auth.py", "security/acl.py", "server/authz.py"}
+#: Where an operation may be named: its declarations (requests, the gateway's routes, the console's
+#: actions, which declare ADMIN), the rules, the decider.
+OPERATION_DECLARERS = {"protocol/messages.py", "http/auth.py", "console/access.py", "security/acl.py", "server/authz.py"}
 
 
 def test_authz_is_the_only_place_deciding() -> None:
