@@ -131,6 +131,11 @@ class Broker:
         for it (consumers'; a slave's fetch waits for the log end)."""
         self.waiters.notify_committed(topic, partition)
 
+    def watch(self, topic: str, partition: int, woken: Callable[[], None]) -> Callable[[], None]:
+        """Call ``woken()`` once at the partition's next notify of either kind (a slave's quiet
+        partition, metaq/ha/news.py: it needs both its bytes and the committed offset)."""
+        return self.waiters.watch(topic, partition, woken, on_commit=True)
+
     async def update_topics(self, topics: dict[str, TopicConfig]) -> None:
         """Adopt a new topic map (a slave learning its master's topics, a reload)."""
         if self.group_topics is not None:
