@@ -486,6 +486,12 @@ class MasterFollower:
         if woken is not None and not woken.done():
             woken.set_result(news)
 
+    def corruption_found(self, topic: str, partition: int) -> None:
+        """Bytes of a partition were found corrupt (metaq/store/scrub.py): a quiet replica
+        fetches now, which cuts them and copies them again (``PartitionReplica._repair_corruption``),
+        instead of at the partition's next news."""
+        self._wake((topic, partition), news=True)
+
     def _wake_all(self) -> None:
         """Every quiet partition looks again (it fetches once, then registers again if still idle)."""
         for key in list(self._quiet):

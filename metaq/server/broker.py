@@ -100,7 +100,12 @@ class Broker:
     def _repair_corrupt(self, topic: str, partition: int, start: int, end: int) -> None:
         """A master puts a corrupt range back from its slaves (a slave's replica re-fetches its own)."""
         key = (topic, partition, start, end)
-        if not self.ha.acting_master or self.registry is None or key in self._repairs:
+        if not self.ha.acting_master:
+            follower = self.ha.follower
+            if follower is not None:
+                follower.corruption_found(topic, partition)  # a quiet replica fetches (and cuts) now
+            return
+        if self.registry is None or key in self._repairs:
             return
         task = asyncio.get_running_loop().create_task(repair_from_slaves(self, topic, partition, start, end))
         self._repairs[key] = task

@@ -151,3 +151,66 @@ def test_a_parked_news_poll_ends_empty_after_its_wait() -> None:
         session.close()
 
     asyncio.run(scenario())
+
+
+def quiet_follower():  # noqa: ANN201
+    from types import SimpleNamespace
+
+    from metaq.config import SlaveConfig
+    from metaq.ha.follower import MasterFollower
+
+    host = SimpleNamespace(config=SimpleNamespace(broker_id=0), security=SimpleNamespace(heartbeat_key=None))
+    return MasterFollower(host, SlaveConfig(slave_id=0, slave_group="g"), None, None,  # type: ignore[arg-type]
+                          lambda: 1, None, lambda: None)  # type: ignore[arg-type]
+
+
+def answered(code: int, message: str = "", body: bytes = b""):  # noqa: ANN201
+    from types import SimpleNamespace
+
+    future = asyncio.get_running_loop().create_future()
+    future.set_result(SimpleNamespace(ok=code == 200, code=code, message=message, body=body))
+    return future
+
+
+def test_a_master_without_news_leaves_every_partition_fetching_as_before() -> None:
+    """An older master answers ``news`` 400 unknown command: the slave stops asking, and its
+    quiet partitions look again (each then keeps a fetch parked, as before news)."""
+    import msgpack
+
+    async def scenario() -> None:
+        follower = quiet_follower()
+        loop = asyncio.get_running_loop()
+        quiet = {("t", p): loop.create_future() for p in range(3)}
+        follower._quiet.update(quiet)
+        follower._news_answered(None, answered(200, body=msgpack.packb([["t", 1]])))  # type: ignore[arg-type]
+        assert quiet[("t", 1)].result() is True and not quiet[("t", 0)].done()  # news: that one fetches
+        follower._news_answered(None, answered(400, "unknown command 'news'"))  # type: ignore[arg-type]
+        assert not follower.news_supported
+        assert all(future.done() and future.result() is False for key, future in quiet.items() if key != ("t", 1))
+        assert not follower._quiet
+
+    asyncio.run(scenario())
+
+
+def test_a_refused_news_wakes_every_quiet_partition_to_hear_why_from_its_fetch() -> None:
+    async def scenario() -> None:
+        follower = quiet_follower()
+        woken = asyncio.get_running_loop().create_future()
+        follower._quiet[("t", 0)] = woken
+        follower._news_answered(None, answered(403, "stale epoch 1: the master is in epoch 2; re-sync"))  # type: ignore[arg-type]
+        assert follower.news_supported and woken.result() is False
+
+    asyncio.run(scenario())
+
+
+def test_corrupt_bytes_found_on_a_quiet_partition_wake_its_replica() -> None:
+    """The replica cuts and fetches corrupt bytes again only in a fetch: a quiet partition
+    must not keep them until its next put (metaq/server/broker.py ``_repair_corrupt``)."""
+    async def scenario() -> None:
+        follower = quiet_follower()
+        woken = asyncio.get_running_loop().create_future()
+        follower._quiet[("t", 0)] = woken
+        follower.corruption_found("t", 0)
+        assert woken.result() is True
+
+    asyncio.run(scenario())
