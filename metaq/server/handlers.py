@@ -442,10 +442,10 @@ class RequestHandlers:
             raise c.RequestError(c.BAD_REQUEST, f"news: bad entry {entry!r}: want [topic, partition, log_end, committed, incarnation]")
         topic_name, partition, log_end, committed, incarnation = entry
         key = (topic_name, partition)
-        topic = self.broker.store.topic_config(topic_name) if topic_name in self.broker.config.topics else None
+        topic = self.broker.topic_config(topic_name)
         log = self.broker.store.open_log(topic_name, partition) if topic is not None else None
-        if log is None or not hasattr(log, "log_end") or not same_life(incarnation, topic.incarnation):
-            return key, True  # its fetch hears what is wrong (404, another life)
+        if log is None or isinstance(log, RefusedLog) or not same_life(incarnation, topic.incarnation):
+            return key, True  # its fetch hears what is wrong (404, another life, a refused log)
         moved = log.log_end != log_end or self.broker.ha.committed(topic_name, partition, log) > committed
         return key, moved
 

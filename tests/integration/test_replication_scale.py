@@ -14,8 +14,10 @@ slave rejoins after a restart.
 from __future__ import annotations
 
 import asyncio
+import time
 
 from metaq.client.connection import BrokerConnection
+from metaq.protocol.codes import SERVICE_UNAVAILABLE
 from metaq.record import encode_batch
 from metaq.tools.launcher import wait_until
 
@@ -29,18 +31,27 @@ SYNC = {"replicationMode": "sync", "onSyncSlaveLoss": "reject", "syncSlaveTimeou
 
 
 async def _put_everywhere(address: tuple[str, int], tag: str) -> int:
-    """One acked put to every partition, pipelined 200 at a time: how many were acked."""
+    """One acked put to every partition, pipelined 200 at a time: how many were acked. A 503
+    (nothing stored: the master's lease or sync set not confirmed this moment, on a loaded
+    machine) is sent again, for up to a minute; any other refusal fails the test."""
     conn = await BrokerConnection.open(*address)
     keys = [(topic, p) for topic, count in TOPICS.items() for p in range(count)]
     acked = 0
+    deadline = time.monotonic() + 60
     try:
-        for start in range(0, len(keys), 200):
+        while keys:
+            batch, keys = keys[:200], keys[200:]
             futures = [conn.send({"op": "put", "topic": topic, "partition": p},
                                  encode_batch([(f"{tag}-{topic}-{p}".encode(), None)]))
-                       for topic, p in keys[start:start + 200]]
-            for reply in await asyncio.gather(*futures):
+                       for topic, p in batch]
+            for key, reply in zip(batch, await asyncio.gather(*futures)):
+                if reply.code == SERVICE_UNAVAILABLE and time.monotonic() < deadline:
+                    keys.append(key)
+                    continue
                 assert reply.ok, reply.header
                 acked += 1
+            if keys and keys[-1] in batch:
+                await asyncio.sleep(0.2)
     finally:
         conn.close()
     return acked
