@@ -942,7 +942,9 @@ class HaCoordinator:
             raise ConnectionError(f"epochs {topic}-{partition}: {reply.code} {reply.message}")
         cache = self.cache(topic, partition)
         if cache.replace_all([(int(e), int(s)) for e, s in reply["entries"]]):
-            cache.save()
+            # Two fsyncs, off the event loop: a new slave starts many partitions at once
+            # (ha/follower.py), and their saves overlap instead of queueing on the loop.
+            await asyncio.to_thread(cache.save)
 
     def status_pairs(self) -> list[tuple[str, object]]:
         pairs: list[tuple[str, object]] = [

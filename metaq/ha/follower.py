@@ -16,6 +16,11 @@ adopts its topic sections (config_sync.py); it re-reads both whenever the
 master's ``master_config_checksum`` znode changes, so topics the master adds
 later start replicating without a restart.
 
+Cost per partition: a slave keeps a fetch parked only on busy partitions (at most
+MAX_PARKED_FETCHES); an idle one is *quiet*: named once in the slave's one ``news``
+long-poll (news.py has the master's side) and fetched again when the master says it has
+news. Nothing a slave sends per unit of time grows with its idle partitions.
+
 Threads: kazoo calls its watch functions on its own thread; they only hand the
 event to the event loop (``call_soon_threadsafe``). Everything else runs on the
 broker's event loop.
@@ -28,10 +33,13 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
+import msgpack
+
 from ..addresses import parse_broker_url
 from ..client.connection import BrokerConnection, ConnectionClosed
 from ..config import ConfigError, SlaveConfig, check_topic_name
-from ..protocol.messages import ConfigRequest, OffsetRequest, TopicsRequest
+from ..protocol import commands as c
+from ..protocol.messages import ConfigRequest, NewsRequest, OffsetRequest, TopicsRequest
 from ..store.manager import UnknownPartition, UnknownTopic
 from ..zk.paths import ZkPaths
 from .heartbeat import SlaveHeartbeat
@@ -49,6 +57,15 @@ RETRIABLE = (ConnectionClosed, ConnectionError, asyncio.TimeoutError, OSError)
 #: Async mode: after a fetch smaller than this, wait LINGER_S before the next one.
 BATCH_BYTES = 256 * 1024
 LINGER_S = 0.002
+#: At most this many fetches parked on the master at once (busy partitions), and this many
+#: that do not park (catching up, or a first look), whatever the partition count: well under
+#: the master's maxRequestsInFlight (default 1,000), which at 2,000 long-polls stopped it
+#: reading the slave's connection. Every other partition is quiet (``news``).
+MAX_PARKED_FETCHES = 256
+MAX_PLAIN_FETCHES = 32
+#: Partitions whose replication starts at once (each: an epochs request, an offset request
+#: for a new log); one at a time, a slave of 10,000 partitions took minutes to start.
+START_CONCURRENCY = 32
 
 
 #: Longest wait between attempts to adopt a master config that failed to parse.
@@ -103,6 +120,19 @@ class MasterFollower:
         self._conn_lock = asyncio.Lock()
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._sync_task: asyncio.Task[None] | None = None
+        # Quiet partitions (``news``): how many fetches are out, which partitions wait for
+        # news (each its task's future), and which are to be named in the next ``news``.
+        self._parked_fetches = 0
+        self._plain_fetches = asyncio.Semaphore(MAX_PLAIN_FETCHES)
+        self._quiet: dict[tuple[str, int], asyncio.Future[bool]] = {}
+        self._to_register: dict[tuple[str, int], list[Any]] = {}
+        self._news_task: asyncio.Task[None] | None = None
+        self._news_kick: asyncio.Future[None] | None = None
+        self._news_latest: asyncio.Future[Any] | None = None
+        self._news_conn: BrokerConnection | None = None
+        #: False once the master answered ``news`` with "unknown command" (an older version):
+        #: every partition then keeps a fetch parked, as before.
+        self.news_supported = True
         #: Bumped each time following stops. Every loop of a task also ends once its generation
         #: is gone: a task whose cancellation is lost (in Python 3.11 ``asyncio.wait_for`` can
         #: swallow a cancel that races its result) must not fetch on forever, nor hold up
@@ -203,8 +233,13 @@ class MasterFollower:
         tasks = list(self._tasks.values())
         if self._sync_task is not None:
             tasks.append(self._sync_task)
+        if self._news_task is not None:
+            tasks.append(self._news_task)
         self._tasks.clear()
-        self._sync_task = None
+        self._sync_task = self._news_task = None
+        self._to_register.clear()
+        self._news_conn = None
+        self.news_supported = True
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -278,6 +313,7 @@ class MasterFollower:
         theirs = reply.get("incarnations")
         theirs = theirs if isinstance(theirs, dict) else {}
         other_lives = []
+        starting: list[tuple[str, int]] = []
         for topic, partitions in sorted(master_topics.items()):
             served = self.host.config.topics.get(topic)
             if served is not None and served.incarnation and theirs.get(topic, served.incarnation) != served.incarnation:
@@ -286,9 +322,10 @@ class MasterFollower:
             # Only partitions this broker serves too: the master may still serve a topic the
             # group's configuration deleted (it applies the change a moment later), or not yet
             # serve one it added.
-            for partition in range(min(partitions, served.num_partitions if served is not None else 0)):
-                if (topic, partition) not in self._tasks:
-                    await self._start_partition(conn, topic, partition)
+            starting += [(topic, partition)
+                         for partition in range(min(partitions, served.num_partitions if served is not None else 0))
+                         if (topic, partition) not in self._tasks]
+        await self._start_partitions(conn, starting)
         # A topic created at run time (it has an incarnation) that we serve and the master does
         # not list: it has not applied the creation or re-creation yet. Asked again until it
         # does; nothing else would bring us back (campaign seed 3042: the master's config
@@ -313,6 +350,27 @@ class MasterFollower:
                     f"the master does not serve partitions {', '.join(fewer)} yet (added; it has not applied it yet)"
                     if fewer else "",
                 ) if part))
+
+    async def _start_partitions(self, conn: BrokerConnection, keys: list[tuple[str, int]]) -> None:
+        """Start replicating ``keys``, START_CONCURRENCY at a time (the first failure is raised
+        once all have been tried: the topic sync retries, and started ones stay started)."""
+        if not keys:
+            return
+        began = time.monotonic()
+        slots = asyncio.Semaphore(START_CONCURRENCY)
+
+        async def start(key: tuple[str, int]) -> None:
+            async with slots:
+                if key not in self._tasks:
+                    await self._start_partition(conn, *key)
+
+        results = await asyncio.gather(*(start(key) for key in keys), return_exceptions=True)
+        failed = [result for result in results if isinstance(result, BaseException)]
+        started = len(keys) - len(failed)
+        log.info("broker %d started replicating %d partitions from %s in %.1f s (%d replicating)",
+                 self.broker_id, started, self.master_url, time.monotonic() - began, len(self._tasks))
+        if failed:
+            raise failed[0]
 
     async def _start_partition(self, conn: BrokerConnection, topic: str, partition: int) -> None:
         store = self.host.store
@@ -343,26 +401,39 @@ class MasterFollower:
         replica.durable_positions = replica.report_positions and replica.flusher.group_commit
         replica.status.state = "following"
         self._tasks[(topic, partition)] = asyncio.ensure_future(self._replicate(replica, self._generation))
+        if self._news_task is None or self._news_task.done():
+            self._news_task = asyncio.ensure_future(self._poll_news(self._generation))
 
     def _replica_info(self) -> dict[str, Any]:
         return {"slave_id": self.slave.slave_id, "epoch": self._epoch()}
 
     async def _replicate(self, replica: PartitionReplica, generation: int) -> None:
         """Fetch until following stops or the partition is forgotten; back off (up to
-        slaveMaxDelayInMills) only after errors."""
+        slaveMaxDelayInMills) only after errors.
+
+        A partition keeps a fetch parked on the master while it is busy (its last fetch
+        appended, or news woke it) and a slot is free (MAX_PARKED_FETCHES); otherwise it
+        fetches without waiting. A fetch that finds nothing makes it quiet: it waits for the
+        master's ``news`` instead (``_quiet_until_news``), so idle partitions cost nothing per partition.
+        """
         max_delay = max(self.slave.slave_max_delay_ms, 10) / 1000
         delay = 0.0
         key = (replica.topic, replica.partition)
+        busy = False
         while not self._stopped and generation == self._generation and self.replicas.get(key) is replica:
             try:
                 conn = await self._connection()
                 appended = replica.log.log_end
-                await replica.fetch_once(conn)
+                await self._fetch(replica, conn, park=busy or not self.news_supported)
                 delay = 0.0
-                if self.master_mode != "sync" and 0 < replica.log.log_end - appended < BATCH_BYTES:
-                    # Async: nobody waits for our position, so let a busy master's puts
-                    # gather for a moment instead of fetching them one small reply at a time.
-                    await asyncio.sleep(LINGER_S)
+                busy = replica.log.log_end > appended
+                if busy:
+                    if self.master_mode != "sync" and replica.log.log_end - appended < BATCH_BYTES:
+                        # Async: nobody waits for our position, so let a busy master's puts
+                        # gather for a moment instead of fetching them one small reply at a time.
+                        await asyncio.sleep(LINGER_S)
+                elif self.news_supported:
+                    busy = await self._quiet_until_news(replica, conn)
             except ReplicaDiverged as exc:
                 replica.stop(str(exc))
                 return
@@ -374,6 +445,122 @@ class MasterFollower:
                 delay = min(max(delay * 2, max_delay / 10), max_delay)
                 log.debug("%s: fetch failed (%s); retrying in %.0f ms", replica.name, exc, delay * 1000)
                 await asyncio.sleep(delay)
+
+    async def _fetch(self, replica: PartitionReplica, conn: BrokerConnection, park: bool) -> None:
+        """One fetch of ``replica``: parked if asked and a slot is free, else a plain one."""
+        if park and (self._parked_fetches < MAX_PARKED_FETCHES or not self.news_supported):
+            self._parked_fetches += 1
+            try:
+                await replica.fetch_once(conn, wait=True)
+            finally:
+                self._parked_fetches -= 1
+            return
+        async with self._plain_fetches:
+            await replica.fetch_once(conn, wait=False)
+
+    # --- quiet partitions (news) -----------------------------------------------------------
+
+    async def _quiet_until_news(self, replica: PartitionReplica, conn: BrokerConnection) -> bool:
+        """Wait, fetching nothing, until the master has news for ``replica``; True: it has (the
+        partition is busy again), False: look again (the news session was lost, or refused)."""
+        key = (replica.topic, replica.partition)
+        if conn is not self._news_conn and self._news_conn is not None:
+            # The news request still runs on an older connection, whose registrations the
+            # master dropped with it: it learns of the new one, and this partition waits.
+            self._news_conn = None
+            self._kick_news()
+        woken: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._quiet[key] = woken
+        self._to_register[key] = [replica.topic, replica.partition, replica.log.log_end,
+                                  replica.status.master_committed, replica.incarnation]
+        self._kick_news()
+        try:
+            return await woken
+        finally:
+            if self._quiet.get(key) is woken:
+                del self._quiet[key]
+            self._to_register.pop(key, None)
+
+    def _wake(self, key: tuple[str, int], news: bool) -> None:
+        woken = self._quiet.pop(key, None)
+        if woken is not None and not woken.done():
+            woken.set_result(news)
+
+    def corruption_found(self, topic: str, partition: int) -> None:
+        """Bytes of a partition were found corrupt (metaq/store/scrub.py): a quiet replica
+        fetches now, which cuts them and copies them again (``PartitionReplica._repair_corruption``),
+        instead of at the partition's next news."""
+        self._wake((topic, partition), news=True)
+
+    def _wake_all(self) -> None:
+        """Every quiet partition looks again (it fetches once, then registers again if still idle)."""
+        for key in list(self._quiet):
+            self._wake(key, news=False)
+        self._to_register.clear()
+
+    def _kick_news(self) -> None:
+        kick = self._news_kick
+        if kick is not None and not kick.done():
+            kick.set_result(None)
+
+    async def _poll_news(self, generation: int) -> None:
+        """The one ``news`` request of this slave: names partitions that went quiet, and wakes
+        those the master has news for. A newer request answers the older one on the master, so
+        a registration never waits for the parked poll to end."""
+        loop = asyncio.get_running_loop()
+        # Parked as long as a fetch would be: the master hears from an idle slave as often as
+        # it did when every partition long-polled (syncSlaveTimeoutMs counts on it).
+        wait_ms = max(self.slave.slave_max_delay_ms, 10)
+        max_delay = wait_ms / 1000
+        while not self._stopped and generation == self._generation and self.news_supported:
+            self._news_kick = kick = loop.create_future()
+            try:
+                conn = await self._connection()
+                if conn is not self._news_conn:
+                    # A new connection: the master forgot what the old one registered.
+                    self._news_conn = conn
+                    self._wake_all()
+                if not self._quiet:
+                    await kick  # nothing quiet: no need to ask
+                    continue
+                entries = list(self._to_register.values())
+                self._to_register.clear()
+                header = NewsRequest(replica=self._replica_info(), max_wait_ms=wait_ms).to_header()
+                answer = self._news_latest = conn.send(header, msgpack.packb(entries))
+                answer.add_done_callback(lambda done, conn=conn: self._news_answered(conn, done))
+                await asyncio.wait_for(asyncio.shield(kick), timeout=max_delay + 30)
+            except RETRIABLE as exc:
+                log.debug("news request failed (%s); retrying", exc)
+                self._wake_all()
+                await asyncio.sleep(max_delay / 10)
+
+    def _news_answered(self, conn: BrokerConnection, answer: "asyncio.Future[Any]") -> None:
+        latest = answer is self._news_latest
+        if answer.cancelled() or answer.exception() is not None:
+            if latest:
+                self._news_conn = None  # the next poll wakes every quiet partition
+                self._kick_news()
+            return
+        reply = answer.result()
+        if reply.ok:
+            try:
+                news = msgpack.unpackb(reply.body)
+                for topic, partition in news:
+                    self._wake((topic, partition), news=True)
+            except (ValueError, TypeError, msgpack.UnpackException) as exc:
+                log.warning("master's news reply is not a list of partitions (%s); every quiet partition looks again", exc)
+                self._wake_all()
+        else:
+            if reply.code == c.BAD_REQUEST and "unknown command" in reply.message:
+                log.info("the master at %s does not know 'news' (an older version): a fetch stays parked on every partition",
+                         self.master_url)
+                self.news_supported = False
+            else:
+                # Refused (epoch, role, registration): each partition's own fetch hears why.
+                log.info("master refused news (%d %s); every quiet partition looks again", reply.code, reply.message)
+            self._wake_all()
+        if latest:
+            self._kick_news()
 
     # --- status -------------------------------------------------------------------------
 

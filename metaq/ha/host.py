@@ -123,6 +123,9 @@ class BrokerHost(Protocol):
     def notify_committed(self, topic: str, partition: int) -> None:
         """Wake the fetches that wait for a partition's committed offset (it moved, not the log end)."""
 
+    def watch(self, topic: str, partition: int, woken: Callable[[], None]) -> Callable[[], None]:
+        """Call ``woken()`` once at the partition's next notify (either kind); returns what withdraws it."""
+
     async def restore_after_zookeeper_loss(self) -> None:
         """This broker re-seeded its group after ZooKeeper lost its data: restore what the
         group's nodes held that the broker's logs know (the producer id counter)."""

@@ -27,6 +27,7 @@ from ..protocol import commands as c
 from ..zk.group import read_group_state
 from .coordinator import ZK_ERRORS, HaCoordinator
 from .host import BrokerHost
+from .news import Answer, NewsSession
 from .progress import ReplicationProgress
 from .role import ACTING_MASTER, HOLDS_LOCK, Event, Role
 from .sync_set import SyncReplication
@@ -50,6 +51,8 @@ class HaNode:
         #: Per partition, ``(epoch, highest log end a slave reported fetching in it)`` for the
         #: epoch this broker leads: how much of its own term's writes the group shares.
         self._replicated: dict[tuple[str, int], tuple[int, int]] = {}
+        #: Each slave connection's ``news`` session (news.py), gone with the connection.
+        self._news: dict[Any, NewsSession] = {}
 
     async def start(self) -> None:
         """Take part in the group's HA (with ZooKeeper), then accept puts."""
@@ -203,6 +206,23 @@ class HaNode:
         if sync_set is not None:
             sync_set.slave_position(slave_id, topic, partition)
 
+    def news_session(self, origin: Any, slave_id: int, answer: Answer) -> NewsSession:
+        """The ``news`` session of a slave's connection (made at its first ``news``); polling
+        it is contact from the slave, as a fetch is. One slave per connection."""
+        session = self._news.get(origin)
+        if session is None:
+            session = self._news[origin] = NewsSession(slave_id, self.host.watch, answer)
+        elif session.slave_id != slave_id:
+            log.warning("refused news for slave%d on the connection of slave%d (%s)",
+                        slave_id, session.slave_id, getattr(origin, "peer", "?"))
+            raise c.RequestError(c.FORBIDDEN, f"this connection replicates for slave{session.slave_id}, not slave{slave_id}")
+        if origin is not None:
+            self._replica_connections.setdefault(origin, set()).add(slave_id)
+        sync_set = self.sync_set
+        if sync_set is not None:
+            sync_set.slave_heard(slave_id)
+        return session
+
     def slave_heartbeat(self, slave_id: int, address: str | None, log_ends: dict[tuple[str, int], int], epoch: int) -> None:
         self.progress.heartbeat(slave_id, address, log_ends, epoch)
         sync_set = self.sync_set
@@ -219,6 +239,9 @@ class HaNode:
 
     def connection_closed(self, origin: Any) -> None:
         """A client connection closed; a slave that replicated over it is gone (and forgotten)."""
+        session = self._news.pop(origin, None)
+        if session is not None:
+            session.close()
         for slave_id in self._replica_connections.pop(origin, ()):
             if any(slave_id in ids for ids in self._replica_connections.values()):
                 continue  # it replicates over another connection too

@@ -126,8 +126,9 @@ class PartitionReplica:
         """The log end this slave reports to the master (fetches, heartbeats)."""
         return self.log.flushed_end if self.durable_positions else self.log.log_end
 
-    async def fetch_once(self, conn: "BrokerConnection") -> bool:
-        """One fetch round; returns True if it appended anything. Raises ReplicaDiverged."""
+    async def fetch_once(self, conn: "BrokerConnection", wait: bool = True) -> bool:
+        """One fetch round; returns True if it appended anything. Raises ReplicaDiverged.
+        ``wait``: park on the master until it has data (up to slaveMaxDelayInMills)."""
         self._repair_corruption()
         if self.durable_positions:
             # A fetch reports its offset as our position: only once it is fsynced.
@@ -138,7 +139,7 @@ class PartitionReplica:
             partition=self.partition,
             offset=offset,
             max_size=self.fetch_size,
-            max_wait_ms=max(self.max_delay_ms, 1),
+            max_wait_ms=max(self.max_delay_ms, 1) if wait else 0,
             replica={**self.replica_info(), "log_end": offset, **self._incarnation_field()},
         ).to_header()
         reply = await conn.request(header, timeout=self.max_delay_ms / 1000 + 30)

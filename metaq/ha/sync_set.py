@@ -87,9 +87,25 @@ class _Waiter:
     future: "Deferred[None]" = field(repr=False)
 
 
+#: A slave that is not counted yet is looked at over every partition (``_rescan``) from its
+#: reports at most once per P / RESCAN_SHARE of them (P partitions: a look costs P, so a report
+#: pays for 1/RESCAN_SHARE of one), and besides once per ``_check_periodically`` interval.
+RESCAN_SHARE = 64
+#: How often the master logs what a slave that is not in the sync set yet is waiting for.
+WAITING_LOG_S = 5.0
+
+
 @dataclass
 class _Member:
     last_contact: float
+    #: Not counted yet: the partitions its last full look found it behind on (None: no look yet).
+    #: A report on one of them that reaches its target takes it out; once empty, a new look
+    #: decides (targets move with puts, so a partition caught up at the look may be behind now).
+    behind: set[tuple[str, int]] | None = None
+    #: Reports since the last full look, and how many partitions that look covered.
+    reports: int = 0
+    looked_at: int = 0
+    logged_at: float = float("-inf")
 
 
 class SyncReplication:
@@ -292,10 +308,8 @@ class SyncReplication:
             return
         if slave_id in self.members or slave_id in self.joining:  # counted
             self._resolve(topic, partition)
-        elif self._caught_up(slave_id):
-            # From here on acks wait for it; ZooKeeper names it once published.
-            self.joining.add(slave_id)
-            self._schedule_publish()
+        else:
+            self._consider_joining(slave_id, member, (topic, partition))
 
     def slave_heard(self, slave_id: int) -> None:
         member = self._slaves.get(slave_id)
@@ -319,6 +333,10 @@ class SyncReplication:
                         c.NOT_FOUND, f"topic {key[0]} was deleted while this put waited for its slaves; outcome unknown"))
             for table in (self._committed, self._woken_at, self._safe, self._term_start):
                 table.pop(key, None)
+        gone = set(keys)
+        for member in self._slaves.values():
+            if member.behind:
+                member.behind -= gone  # never reported again: must not hold a join up
 
     def wait(self, topic: str, partition: int, end: int) -> "Deferred[None] | None":
         """What a put ending at ``end`` waits for, or None if it can be acked now."""
@@ -338,20 +356,68 @@ class SyncReplication:
 
     # --- internals ------------------------------------------------------------------------------
 
-    def _caught_up(self, slave_id: int) -> bool:
+    def _consider_joining(self, slave_id: int, member: _Member, key: tuple[str, int]) -> None:
+        """A report of a slave that is not counted: let it join once it holds what it must.
+
+        Not a walk over every partition per report (at thousands of partitions and one report
+        per partition that was quadratic, and kept a master's loop busy until its lease
+        lapsed): the report takes its partition out of the slave's ``behind`` set, and only
+        an empty set, or enough reports since the last look, pays for a new full look.
+        """
+        member.reports += 1
+        behind = member.behind
+        if behind:
+            if key in behind and not self._partition_behind(slave_id, key, not self.counted):
+                behind.discard(key)
+            if behind:
+                return
+        if behind is not None and member.reports * RESCAN_SHARE < member.looked_at:
+            return  # too soon for another full look: the periodic one (``_look_at_waiting_slaves``) decides
+        self._rescan(slave_id, member)
+
+    def _rescan(self, slave_id: int, member: _Member) -> None:
+        """Look at every partition: join the slave if it is behind on none, else remember where."""
+        member.reports = 0
+        keys = self._partitions()
+        member.looked_at = len(keys)
         # With nobody counted, puts already appended are acked without waiting for any
         # slave (degrade: after the master's flush, or at once with unflushThreshold>0;
         # minSyncSlaves=0: at once), and their ends can lie past the committed offset.
         # A slave that joins then must already hold the whole log, or ZooKeeper would
         # name a slave that lacks an acked message.
         alone = not self.counted
-        for topic, partition in self._partitions():
-            target = self._log_end(topic, partition) if alone else self._safe_end(topic, partition)
-            if self._replica_end(slave_id, topic, partition) < target:
-                return False
-            if self._position(slave_id, topic, partition) is None and self._log_end(topic, partition) > 0:
-                return False
-        return True
+        member.behind = {key for key in keys if self._partition_behind(slave_id, key, alone)}
+        if not member.behind:
+            # From here on acks wait for it; ZooKeeper names it once published.
+            self.joining.add(slave_id)
+            self._schedule_publish()
+
+    def _partition_behind(self, slave_id: int, key: tuple[str, int], alone: bool) -> bool:
+        """Whether the slave lacks, in one partition, what it must hold to join (the whole log
+        when nobody is counted, else what no failover can take back)."""
+        topic, partition = key
+        log_end = self._log_end(topic, partition)
+        target = log_end if alone else self._safe_end(topic, partition)
+        if self._replica_end(slave_id, topic, partition) < target:
+            return True
+        return self._position(slave_id, topic, partition) is None and log_end > 0
+
+    def _look_at_waiting_slaves(self) -> None:
+        """Periodically: a fresh look for slaves whose ``behind`` set emptied between looks (or
+        was never made), and, every WAITING_LOG_S, a log line saying what the others wait for."""
+        now = self._clock()
+        for slave_id, member in list(self._slaves.items()):
+            if slave_id in self.members or slave_id in self.joining:
+                continue
+            if not member.behind or now - member.logged_at >= WAITING_LOG_S:
+                self._rescan(slave_id, member)
+            if member.behind and now - member.logged_at >= WAITING_LOG_S:
+                member.logged_at = now
+                sample = ", ".join(f"{t}-{p} at {self._position(slave_id, t, p)} of {self._safe_end(t, p)}"
+                                   for t, p in sorted(member.behind)[:5])
+                log.info("slave %d is not in the sync set yet: behind on %d of %d partitions (%s%s)",
+                         slave_id, len(member.behind), member.looked_at, sample,
+                         ", ..." if len(member.behind) > 5 else "")
 
     def _resolve(self, topic: str, partition: int) -> None:
         waiters = self._waiters.get((topic, partition))
@@ -476,6 +542,7 @@ class SyncReplication:
         interval = min(0.1, self.timeout / 4)
         while True:
             await asyncio.sleep(interval)
+            self._look_at_waiting_slaves()
             if self._desired_members() != frozenset(self.counted):
                 self._schedule_publish()
                 continue

@@ -32,6 +32,8 @@ carries ``code`` (MetaQ's HTTP-like result codes) and, on errors, ``msg``.
                                                                                         in [start, end), end clamped to log end)
     position   topic, partition, replica: {slave_id, epoch,         -               200 committed log_end epoch
                log_end}
+    news       replica: {slave_id, epoch}, [max_wait_ms]          quiet partitions 200 epoch + msgpack [[topic, partition], ...]
+                                                                    (msgpack)       of those with news (parked until one has)
     transaction  action, [xid], [timeout_s], [producer_id,          -               200 xa_code [xids (recover)]
                producer_epoch, producer_token]
     auth       mechanism, step, data (metaq/security/messages.py)   -               200 step data [principal]; 403
@@ -45,6 +47,8 @@ offset (up to the log end) and reports the slave's progress to the master.
 ``position`` reports that progress alone: a slave of a sync master sends it while it
 appends a large fetch reply piece by piece, so the puts in the first pieces are acked
 without waiting for the whole reply to be checked and written.
+``news`` is a slave's one long-poll for every partition it has no fetch parked on
+(metaq/ha/news.py): a slave's cost on its master does not grow with idle partitions.
 """
 
 from __future__ import annotations

@@ -281,6 +281,24 @@ class PositionRequest(Request, operation=REPLICATION):
     replica: dict[str, Any] = required(dict)
 
 
+@dataclass(kw_only=True, eq=False)
+class NewsRequest(Request, operation=REPLICATION):
+    """A slave's one long-poll for all of its quiet partitions (metaq/ha/news.py).
+
+    The body is a msgpack list of partitions that went quiet on the slave since its last
+    ``news`` request, each ``[topic, partition, log_end, committed, incarnation]`` (what the
+    slave holds and has been told). The reply (200, ``epoch``) has a msgpack body listing
+    ``[topic, partition]`` of the quiet partitions that have news for it: bytes past its log
+    end, a committed offset past what it was told, or a log it must hear about (dropped,
+    re-created). It is answered at once when there is news, else at the first news or after
+    ``max_wait_ms``; a newer ``news`` on the same connection answers an older parked one.
+    """
+
+    OP = "news"
+    replica: dict[str, Any] = required(dict)  # {slave_id, epoch}
+    max_wait_ms: int = optional(int, 0)
+
+
 #: ``transaction`` actions, MetaQ's TransactionalProducer and XAResource calls (metaq/txn/xa.py's events):
 #: begin = start, send = a put carrying ``txid``, commit = end + commit_one_phase, rollback = end + rollback.
 TRANSACTION_ACTIONS = (
@@ -329,6 +347,7 @@ REQUESTS: dict[str, type[Request]] = {
         PutRequest, GetRequest, OffsetRequest, StatsRequest, VersionRequest, QuitRequest, ConfigRequest,
         TopicsRequest, EpochEndRequest, EpochsRequest, ChecksumRequest, PositionRequest,
         InitProducerRequest, TransactionRequest, OffsetForTimeRequest,
+        NewsRequest,
     )
 }
 

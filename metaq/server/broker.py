@@ -101,7 +101,12 @@ class Broker:
     def _repair_corrupt(self, topic: str, partition: int, start: int, end: int) -> None:
         """A master puts a corrupt range back from its slaves (a slave's replica re-fetches its own)."""
         key = (topic, partition, start, end)
-        if not self.ha.acting_master or self.registry is None or key in self._repairs:
+        if not self.ha.acting_master:
+            follower = self.ha.follower
+            if follower is not None:
+                follower.corruption_found(topic, partition)  # a quiet replica fetches (and cuts) now
+            return
+        if self.registry is None or key in self._repairs:
             return
         task = asyncio.get_running_loop().create_task(repair_from_slaves(self, topic, partition, start, end))
         self._repairs[key] = task
@@ -131,6 +136,11 @@ class Broker:
         """Only a partition's committed offset or flushed end moved: wake the fetches that wait
         for it (consumers'; a slave's fetch waits for the log end)."""
         self.waiters.notify_committed(topic, partition)
+
+    def watch(self, topic: str, partition: int, woken: Callable[[], None]) -> Callable[[], None]:
+        """Call ``woken()`` once at the partition's next notify of either kind (a slave's quiet
+        partition, metaq/ha/news.py: it needs both its bytes and the committed offset)."""
+        return self.waiters.watch(topic, partition, woken, on_commit=True)
 
     async def update_topics(self, topics: dict[str, TopicConfig]) -> None:
         """Adopt a new topic map (a slave learning its master's topics, a reload)."""

@@ -29,6 +29,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol, TypeVar
 
+import msgpack
+
 from .. import __version__
 from ..config import BrokerConfig, TopicConfig
 from ..deferred import Deferred
@@ -37,6 +39,7 @@ from ..ha.sync_set import SyncWaitFailed
 from ..protocol import commands as c
 from ..protocol import messages as m
 from ..record import HEADER, HEADER_SIZE, RecordError, stamp_msg_ids, validate_batch
+from ..security.principals import BROKER_PREFIX
 from ..store.log import CorruptRange, OffsetOutOfRange, SegmentVanished
 from ..store.manager import MessageStoreManager, UnknownPartition, UnknownTopic
 from ..store.incarnation import same_life
@@ -369,7 +372,7 @@ class RequestHandlers:
     # --- get ----------------------------------------------------------------------
 
     @handles(m.GetRequest)
-    def _get(self, req: c.Request, _ctx: RequestContext) -> Reply | Awaitable[Reply]:
+    def _get(self, req: c.Request, ctx: RequestContext) -> Reply | Awaitable[Reply]:
         topic = self._topic(req.topic)
         replica = req.replica
         if not topic.accept_subscribe and replica is None:
@@ -380,7 +383,7 @@ class RequestHandlers:
         cap = topic.max_transfer_size if replica is None else max(topic.max_transfer_size, MAX_REPLICA_TRANSFER)
         max_bytes = min(req.max_size, cap)
         if replica is not None:
-            self._replica_progress(req, req.offset, log, topic)
+            self._replica_progress(req, req.offset, log, topic, ctx)
         # A replica reads to the log end: at or past it ``_read`` finds nothing (as in
         # ParkedFetch.read), so a slave's fetch at our end, the next fetch after every
         # reply, parks without building the committed offset it would not send.
@@ -392,7 +395,7 @@ class RequestHandlers:
         return ParkedFetch(self, req, log, max_bytes).parked
 
     @handles(m.PositionRequest)
-    def _position(self, req: c.Request, _ctx: RequestContext) -> Reply:
+    def _position(self, req: c.Request, ctx: RequestContext) -> Reply:
         """A slave's log end, reported between fetches (see replica.py: pieces of a large reply)."""
         topic = self._topic(req.topic)
         log = self._log(req.topic, req.partition)
@@ -400,7 +403,7 @@ class RequestHandlers:
         log_end = replica.get("log_end")
         if not isinstance(log_end, int) or log_end < 0:
             raise c.RequestError(c.BAD_REQUEST, "position: replica needs a non-negative integer 'log_end'")
-        self._replica_progress(req, log_end, log, topic)
+        self._replica_progress(req, log_end, log, topic, ctx, report=True)
         self.stats.partition(req.topic, req.partition).replica_positions += 1
         header = c.reply_header(
             req.opaque,
@@ -411,7 +414,46 @@ class RequestHandlers:
         )
         return header, b""
 
-    def _replica_progress(self, req: c.Request, log_end: int, log: "PartitionLog", topic: "TopicConfig") -> None:
+    @handles(m.NewsRequest)
+    def _news(self, req: c.Request, ctx: RequestContext) -> Reply | Deferred[Reply]:
+        """A slave's one long-poll for its quiet partitions (metaq/ha/news.py): registers the
+        ones its body names and answers with those that have news, now or once one has."""
+        replica = req.replica
+        slave_id = self._replica_slave_id(replica, ctx)
+        self._check_replica_epoch(replica)
+        try:
+            entries = msgpack.unpackb(req.body) if req.body else []
+        except (ValueError, msgpack.UnpackException) as exc:
+            raise c.RequestError(c.BAD_REQUEST, f"news: the body is not msgpack: {exc}") from None
+        if not isinstance(entries, list):
+            raise c.RequestError(c.BAD_REQUEST, "news: the body must be a list of [topic, partition, log_end, committed, incarnation]")
+        ha = self.broker.ha
+        session = ha.news_session(req.origin, slave_id, self._news_reply)
+        for entry in entries:
+            session.register(*self._quiet_partition(entry))
+        return session.poll(req.opaque, req.max_wait_ms / 1000)
+
+    def _quiet_partition(self, entry: Any) -> tuple[tuple[str, int], bool]:
+        """One ``[topic, partition, log_end, committed, incarnation]`` of a news request: its key,
+        and whether it has news already (a log that moved or is not the one the slave holds)."""
+        if (not isinstance(entry, list) or len(entry) != 5 or not isinstance(entry[0], str)
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in entry[1:4])
+                or not isinstance(entry[4], str)):
+            raise c.RequestError(c.BAD_REQUEST, f"news: bad entry {entry!r}: want [topic, partition, log_end, committed, incarnation]")
+        topic_name, partition, log_end, committed, incarnation = entry
+        key = (topic_name, partition)
+        topic = self.broker.topic_config(topic_name)
+        log = self.broker.store.open_log(topic_name, partition) if topic is not None else None
+        if log is None or isinstance(log, RefusedLog) or not same_life(incarnation, topic.incarnation):
+            return key, True  # its fetch hears what is wrong (404, another life, a refused log)
+        moved = log.log_end != log_end or self.broker.ha.committed(topic_name, partition, log) > committed
+        return key, moved
+
+    def _news_reply(self, opaque: int, keys: list[tuple[str, int]]) -> Reply:
+        return c.reply_header(opaque, c.OK, epoch=self.broker.ha.epoch), msgpack.packb([list(key) for key in keys])
+
+    def _replica_progress(self, req: c.Request, log_end: int, log: "PartitionLog", topic: "TopicConfig",
+                          ctx: RequestContext, report: bool = False) -> None:
         """A slave's fetch or position report: check who sends it, fence by epoch, record where it is
         (``log`` and ``topic``: the request's, as the handler looked them up).
 
@@ -421,10 +463,7 @@ class RequestHandlers:
         for messages the slave never had; the fetch's answer (our log end) lets the slave
         find its divergence instead."""
         replica = req.replica
-        slave_id = replica.get("slave_id")
-        if not isinstance(slave_id, int) or isinstance(slave_id, bool) or slave_id < 0:
-            raise c.RequestError(c.BAD_REQUEST, "replica needs a non-negative integer 'slave_id'")
-        self._check_registered_slave(slave_id)
+        slave_id = self._replica_slave_id(replica, ctx)
         self._check_replica_epoch(replica)
         # A slave replicates only the life of the topic it serves: bytes of a deleted topic
         # must never fill a re-created one's log, nor a position in one count for the other.
@@ -432,24 +471,46 @@ class RequestHandlers:
             raise c.RequestError(c.NOT_FOUND, f"topic {req.topic!r}: this master serves another incarnation of it"
                                               " (deleted and re-created); retry once both apply the change")
         if log_end > log.log_end:
+            if report:
+                # A ``position`` is of bytes the slave appended from us: one past our log end
+                # is no copy of our log, refused and logged (a fetch there is answered instead:
+                # its reply's log end is how the slave finds its divergence).
+                logger.warning("refused a position report of slave%d from %s for %s-%d: log end %d is past ours (%d)",
+                               slave_id, ctx.peer, req.topic, req.partition, log_end, log.log_end)
+                raise c.RequestError(c.BAD_REQUEST,
+                                     f"position: log end {log_end} is past the master's log end {log.log_end}")
             logger.debug("slave%d reports %s-%d at %d, past our log end %d: not recorded",
                          slave_id, req.topic, req.partition, log_end, log.log_end)
             return
         self.broker.ha.replica_fetched(slave_id, replica["epoch"], req.topic, req.partition, log_end, req.origin)
 
-    def _check_registered_slave(self, slave_id: int) -> None:
-        """Replication progress and reads past the committed offset only for a slave ZooKeeper names.
+    def _replica_slave_id(self, replica: dict[str, Any], ctx: RequestContext) -> int:
+        """The slave id of a fetch, position report or news request, checked (see below)."""
+        slave_id = replica.get("slave_id")
+        if not isinstance(slave_id, int) or isinstance(slave_id, bool) or slave_id < 0:
+            raise c.RequestError(c.BAD_REQUEST, "replica needs a non-negative integer 'slave_id'")
+        self._check_registered_slave(slave_id, ctx)
+        return slave_id
+
+    def _check_registered_slave(self, slave_id: int, ctx: RequestContext) -> None:
+        """Replication progress and reads past the committed offset only for a slave ZooKeeper names,
+        and (security on) only from the connection that logged in as that slave.
 
         With security on the connection has already proved it is a broker of this group
-        (connection.py); this holds with security off too: a phantom slave id (one that is
-        not registered as ``slave{k}`` of this group) is refused, so it never joins the sync
-        set and never reads bytes that a failover may take back.
+        (connection.py), under the name ``broker:{brokerId}:slave{k}``: a request for any other
+        slave id is refused and logged, so one slave cannot report (or hold up the sync set)
+        for another. This holds with security off too: a phantom slave id (one that is not
+        registered as ``slave{k}`` of this group) is refused, so it never joins the sync set
+        and never reads bytes that a failover may take back.
         """
+        broker_id = self.broker.config.broker_id
+        principal = ctx.principal
+        if principal is not None and principal.name != f"{BROKER_PREFIX}{broker_id}:slave{slave_id}":
+            logger.warning("refused replication for slave%d from %s (%s): not that slave's login", slave_id, principal, ctx.peer)
+            raise c.RequestError(c.FORBIDDEN, f"{principal} may not replicate as slave{slave_id}")
         registry = self.broker.registry
         if registry is None or slave_id not in registry.slave_ids:
-            raise c.RequestError(
-                c.FORBIDDEN, f"slave{slave_id} is not registered in ZooKeeper for broker {self.broker.config.broker_id}"
-            )
+            raise c.RequestError(c.FORBIDDEN, f"slave{slave_id} is not registered in ZooKeeper for broker {broker_id}")
 
     def _check_replica_epoch(self, replica: dict[str, Any]) -> None:
         """Replication only between a master and slaves of the same epoch (fencing)."""

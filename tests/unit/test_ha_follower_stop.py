@@ -26,7 +26,7 @@ class StubbornReplica:
         self.fetches = 0
         self.swallowed = False
 
-    async def fetch_once(self, conn: object) -> None:
+    async def fetch_once(self, conn: object, wait: bool = True) -> None:
         self.fetches += 1
         try:
             await asyncio.sleep(0.01)
@@ -46,6 +46,7 @@ def test_a_replica_task_whose_cancel_is_lost_still_ends_when_following_stops() -
         return object()
 
     follower._connection = connection  # type: ignore[method-assign]
+    follower.news_supported = False  # a fetch after each fetch (no quiet wait for news)
 
     async def scenario() -> None:
         follower.replicas[("t", 0)] = replica  # type: ignore[assignment]
