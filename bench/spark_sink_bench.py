@@ -16,7 +16,9 @@ falls on all three alike):
 
 Every round's rows are counted back (read committed, waiting for the flush) so a fast
 round that lost or doubled rows cannot pass. Reported: rows/s and the ratio of Spark's rate
-per core (``local[2]``: 2 cores) to the client's (one process, one core).
+per core (``local[2]``: 2 cores) to the client's (one process, one core); and rows per
+CPU-second of every process of the run (this one and its children: the JVM and its Python
+workers, the broker, ZooKeeper), the same comparison whatever else loads the machine.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -37,6 +41,20 @@ from metaq.client.session import AsyncMessageSessionFactory  # noqa: E402
 from metaq.tools.launcher import LocalCluster  # noqa: E402
 
 BATCH = 10_000
+
+
+def tree_cpu() -> float:
+    """CPU seconds used so far by this process and every process under it (the JVM, its Python
+    workers, the broker, ZooKeeper), those that ended included."""
+    total = 0.0
+    me = psutil.Process()
+    for process in [me, *me.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
 
 
 async def client_write(zk_connect: str, topic: str, rows: int, size: int) -> None:
@@ -67,8 +85,10 @@ def main() -> int:
             spark = local_session("metaq-sink-bench", **{"spark.driver.memory": "1g"})
             seconds: dict[str, list[float]] = {w: [] for w in ways}
 
+            cpu: dict[str, list[float]] = {w: [] for w in ways}
+
             def write(way: str, topic: str, rows: int) -> float:
-                t = time.perf_counter()
+                t, used = time.perf_counter(), tree_cpu()
                 if way == "client":
                     asyncio.run(client_write(cluster.zk_connect, topic, rows, args.size))
                 else:
@@ -76,11 +96,13 @@ def main() -> int:
                         F.concat(F.col("id").cast("string"), F.lit("x" * args.size)).substr(1, args.size).cast("binary").alias("value"))
                     (df.write.format("metaq").mode("append").option("zkConnect", cluster.zk_connect).option("topic", topic)
                      .option("exactlyOnce", "true" if way.endswith("once") else "false").save())
+                cpu[way].append(tree_cpu() - used)
                 return time.perf_counter() - t
 
             try:
                 for w, way in enumerate(ways):  # warm-up, not counted: the JVM's JIT, the Python workers
                     write(way, f"t{w}-1", args.rows // 10)
+                    cpu[way].clear()
                 for r in range(args.rounds):
                     for w, way in enumerate(ways):
                         topic = f"t{w}{r}"
@@ -100,6 +122,14 @@ def main() -> int:
         print(f"{way:<20} {rate[way]:>10,.0f} rows/s (median)   rounds {[round(s, 2) for s in seconds[way]]} s")
     for way in ways[1:]:
         print(f"{way} per core / client: {rate[way] / 2 / rate['client']:.2f}x")
+    # The same comparison by CPU time instead of wall-clock time: what each way costs, whatever
+    # else runs on the machine meanwhile.
+    per_cpu = {way: args.rows / statistics.median(s) for way, s in cpu.items()}
+    for way in ways:
+        print(f"{way:<20} {per_cpu[way]:>10,.0f} rows per CPU-second (median; every process of the run: "
+              f"client or Spark, broker, ZooKeeper)   rounds {[round(s, 2) for s in cpu[way]]} s")
+    for way in ways[1:]:
+        print(f"{way} per CPU-second / client: {per_cpu[way] / per_cpu['client']:.2f}x")
     return 0
 
 

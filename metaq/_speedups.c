@@ -1088,6 +1088,8 @@ static PyObject *encode_columns(PyObject *module, PyObject *const *args, Py_ssiz
         return NULL;
     if (max_message_size > INT32_MAX)
         max_message_size = INT32_MAX; /* a record's length is an int32 */
+    if (limit_count < 1)
+        limit_count = 1; /* at least one record, so a caller's loop always moves on */
     column values, attributes;
     Py_buffer rows_view;
     int have_rows = args[2] != Py_None, have_attributes = args[1] != Py_None;

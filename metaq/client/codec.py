@@ -134,7 +134,7 @@ def _encode_columns(
     parts: list[bytes] = []
     starts = array("q")
     total, end = 0, start
-    while end < stop and end - start < limit_count:
+    while end < stop and end - start < max(limit_count, 1):
         row = end if numbers is None else numbers[end]
         data = value_of[row]
         if data is None:
