@@ -32,7 +32,7 @@ _crc32 = zlib.crc32
 _CONTROL_MARK = CONTROL_ATTRIBUTE.encode("utf-8")
 
 
-def encode_messages(messages: Sequence[Message]) -> tuple[bytes, list[int]]:
+def encode_messages(messages: Sequence[Message]) -> tuple[bytes, Sequence[int]]:
     """The put body for ``messages`` (msg id 0) and each record's start within it."""
     if messages and type(messages[0]) is EncodedRecords:
         return messages[0].encoded(messages)
@@ -76,7 +76,7 @@ class EncodedRecords(Message):
     def as_messages(self) -> list[Message]:
         return [self] * len(self.starts)  # type: ignore[attr-defined]
 
-    def encoded(self, messages: Sequence[Message]) -> tuple[bytes, list[int]]:
+    def encoded(self, messages: Sequence[Message]) -> tuple[bytes, Sequence[int]]:
         """``(body, starts)`` for a put of ``messages``, which must be ``as_messages()`` whole."""
         starts = self.starts  # type: ignore[attr-defined]
         if len(messages) != len(starts) or not isinstance(messages, list) or messages.count(self) != len(messages):
