@@ -12,6 +12,10 @@
  * record's header and CRC written in one pass, no per-message Python); anything else, and
  * any message that is not a plain Message with bytes data, is left to codec.py (None).
  *
+ * The Spark sink encodes Arrow batches with encode_columns (codec.encode_columns): the value
+ * and attribute columns are read in place through their buffers (offsets, data, validity), so
+ * no Python object is made per row; key_crc32 hashes a key column the same way for placement.
+ *
  * codec.decode_messages calls decode_valid() when this module is built (setup.py, during
  * scripts/setup.sh) and falls back to pure Python (record.decode_columns) when it is not.
  * It decodes valid records only, with or without an attribute, and leaves out control
@@ -940,6 +944,260 @@ static PyObject *encode_plain(PyObject *module, PyObject *const *args, Py_ssize_
     return Py_BuildValue("(NN)", body, starts);
 }
 
+/* --- Arrow columns to records (the Spark sink, codec.encode_columns) --------------------------- */
+
+/* One binary or string column of an Arrow batch, read in place through its buffers: the
+ * offsets (int32, or int64 for large_binary/large_string, native byte order as Arrow keeps
+ * them), the data, the validity bitmap (absent: no nulls) and the array's offset (its first
+ * row's index in the buffers, non-zero for a slice). Nothing per row becomes a Python object. */
+typedef struct {
+    Py_buffer offsets, data, validity;
+    int has_validity, wide;
+    long long shift, entries; /* entries: offsets the buffer holds */
+} column;
+
+static void column_release(column *c)
+{
+    PyBuffer_Release(&c->offsets);
+    PyBuffer_Release(&c->data);
+    if (c->has_validity)
+        PyBuffer_Release(&c->validity);
+}
+
+/* ``obj``, a tuple (offsets, data, validity or None, shift, offset width 4 or 8), as a column;
+ * -1 with ValueError set when it is not one. */
+static int column_from(PyObject *obj, column *c)
+{
+    long long width;
+    if (!PyTuple_Check(obj) || PyTuple_GET_SIZE(obj) != 5) {
+        PyErr_SetString(PyExc_ValueError, "a column is (offsets, data, validity, shift, width)");
+        return -1;
+    }
+    c->shift = PyLong_AsLongLong(PyTuple_GET_ITEM(obj, 3));
+    width = PyLong_AsLongLong(PyTuple_GET_ITEM(obj, 4));
+    if (PyErr_Occurred())
+        return -1;
+    if (c->shift < 0 || (width != 4 && width != 8)) {
+        PyErr_SetString(PyExc_ValueError, "a column's shift is >= 0 and its offsets are 4 or 8 bytes wide");
+        return -1;
+    }
+    c->wide = width == 8;
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(obj, 0), &c->offsets, PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(obj, 1), &c->data, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&c->offsets);
+        return -1;
+    }
+    c->has_validity = PyTuple_GET_ITEM(obj, 2) != Py_None;
+    if (c->has_validity && PyObject_GetBuffer(PyTuple_GET_ITEM(obj, 2), &c->validity, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&c->offsets);
+        PyBuffer_Release(&c->data);
+        return -1;
+    }
+    c->entries = (long long)(c->offsets.len / (c->wide ? 8 : 4));
+    return 0;
+}
+
+/* Row ``row``'s bytes: 1 (``*at``, ``*length`` set), 0 for null, -1 (ValueError) when the
+ * buffers do not hold it: offsets out of order or past the data. */
+static int column_item(const column *c, long long row, const unsigned char **at, Py_ssize_t *length)
+{
+    long long i = c->shift + row;
+    if (row < 0 || i + 1 >= c->entries) {
+        PyErr_Format(PyExc_ValueError, "row %lld is past the column's %lld rows", row, c->entries - 1 - c->shift);
+        return -1;
+    }
+    if (c->has_validity) {
+        if ((i >> 3) >= c->validity.len) {
+            PyErr_Format(PyExc_ValueError, "row %lld is past the column's validity bitmap", row);
+            return -1;
+        }
+        if (!((((const unsigned char *)c->validity.buf)[i >> 3] >> (i & 7)) & 1))
+            return 0;
+    }
+    long long start, end;
+    if (c->wide) {
+        int64_t pair[2];
+        memcpy(pair, (const char *)c->offsets.buf + 8 * i, sizeof pair);
+        start = pair[0], end = pair[1];
+    } else {
+        int32_t pair[2];
+        memcpy(pair, (const char *)c->offsets.buf + 4 * i, sizeof pair);
+        start = pair[0], end = pair[1];
+    }
+    if (start < 0 || end < start || end > c->data.len) {
+        PyErr_Format(PyExc_ValueError, "row %lld: offsets %lld..%lld do not fit the column's %zd data bytes", row, start,
+                     end, c->data.len);
+        return -1;
+    }
+    *at = (const unsigned char *)c->data.buf + start;
+    *length = (Py_ssize_t)(end - start);
+    return 1;
+}
+
+/* One row's record: its value and attribute (NULL: none), or -1 with the row named. */
+typedef struct {
+    const unsigned char *value, *attribute;
+    Py_ssize_t value_length, attribute_length, payload;
+} row_record;
+
+static int row_at(const column *values, const column *attributes, long long row, long long row_base,
+                  long long max_message_size, row_record *r)
+{
+    int found = column_item(values, row, &r->value, &r->value_length);
+    if (found < 0)
+        return -1;
+    if (found == 0) {
+        PyErr_Format(PyExc_ValueError, "row %lld: the value is null (column value is required)", row_base + row);
+        return -1;
+    }
+    r->attribute = NULL;
+    r->attribute_length = 0;
+    found = attributes ? column_item(attributes, row, &r->attribute, &r->attribute_length) : 0;
+    if (found < 0)
+        return -1;
+    if (found == 0)
+        r->attribute = NULL;
+    r->payload = r->value_length + (r->attribute ? 4 + r->attribute_length : 0);
+    if (r->payload > max_message_size) {
+        PyErr_Format(PyExc_ValueError, "row %lld: its record's payload is %zd bytes, more than maxMessageSize (%lld)",
+                     row_base + row, r->payload, max_message_size);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(encode_columns_doc,
+"encode_columns(values, attributes, rows, start, stop, limit_bytes, limit_count, max_message_size, row_base)\n"
+"    -> (body, starts, next)\n\n"
+"codec.encode_columns compiled: the put body (msg id 0) of rows ``rows[start:stop]`` (``rows``: a\n"
+"buffer of int64 row numbers, or None for the rows start..stop themselves) of the Arrow columns\n"
+"``values`` and ``attributes`` (None: no attributes), up to ``limit_count`` records and\n"
+"``limit_bytes`` bytes (at least one record); ``starts``: each record's start as native int64\n"
+"bytes; ``next``: the position after the last row encoded. ValueError names the row\n"
+"(``row_base`` + its number) whose value is null or whose payload exceeds ``max_message_size``.");
+
+static PyObject *encode_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (wrong_nargs("encode_columns", nargs, 9))
+        return NULL;
+    long long start = PyLong_AsLongLong(args[3]), stop = PyLong_AsLongLong(args[4]);
+    long long limit_bytes = PyLong_AsLongLong(args[5]), limit_count = PyLong_AsLongLong(args[6]);
+    long long max_message_size = PyLong_AsLongLong(args[7]), row_base = PyLong_AsLongLong(args[8]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (max_message_size > INT32_MAX)
+        max_message_size = INT32_MAX; /* a record's length is an int32 */
+    if (limit_count < 1)
+        limit_count = 1; /* at least one record, so a caller's loop always moves on */
+    column values, attributes;
+    Py_buffer rows_view;
+    int have_rows = args[2] != Py_None, have_attributes = args[1] != Py_None;
+    PyObject *result = NULL, *body = NULL, *starts = NULL;
+    if (column_from(args[0], &values) < 0)
+        return NULL;
+    if (have_attributes && column_from(args[1], &attributes) < 0) {
+        column_release(&values);
+        return NULL;
+    }
+    if (have_rows) {
+        if (PyObject_GetBuffer(args[2], &rows_view, PyBUF_C_CONTIGUOUS) < 0)
+            goto done_columns;
+        if (stop > rows_view.len / 8) {
+            PyErr_Format(PyExc_ValueError, "stop %lld is past the %zd rows given", stop, rows_view.len / 8);
+            goto done;
+        }
+    }
+    if (start < 0 || stop < start) {
+        PyErr_SetString(PyExc_ValueError, "0 <= start <= stop");
+        goto done;
+    }
+    const int64_t *rows = have_rows ? (const int64_t *)rows_view.buf : NULL;
+    const column *attrs = have_attributes ? &attributes : NULL;
+    row_record r;
+    /* First the rows that fit and the body's size, so the body is made once at its size. */
+    long long end = start, total = 0;
+    for (; end < stop && end - start < limit_count; end++) {
+        if (row_at(&values, attrs, rows ? rows[end] : end, row_base, max_message_size, &r) < 0)
+            goto done;
+        if (end > start && total + HEADER_SIZE + r.payload > limit_bytes)
+            break;
+        total += HEADER_SIZE + r.payload;
+    }
+    body = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    starts = body ? PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(8 * (end - start))) : NULL;
+    if (starts == NULL)
+        goto done;
+    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(body);
+    int64_t *start_at = (int64_t *)PyBytes_AS_STRING(starts);
+    long long pos = 0;
+    for (long long i = start; i < end; i++) {
+        row_at(&values, attrs, rows ? rows[i] : i, row_base, max_message_size, &r); /* checked above */
+        unsigned char *header = out + pos, *payload = out + pos + HEADER_SIZE, *data = payload;
+        if (r.attribute) {
+            put_be32(payload, (uint32_t)r.attribute_length);
+            memcpy(payload + 4, r.attribute, (size_t)r.attribute_length);
+            data = payload + 4 + r.attribute_length;
+        }
+        memcpy(data, r.value, (size_t)r.value_length);
+        /* record.py's header: length, crc32(payload) & 0x7fffffff, msg id 0, flag. */
+        put_be32(header, (uint32_t)r.payload);
+        put_be32(header + 4, payload_crc(payload, r.payload) & 0x7FFFFFFFu);
+        memset(header + 8, 0, 8);
+        put_be32(header + 16, r.attribute ? FLAG_HAS_ATTRIBUTE : 0u);
+        start_at[i - start] = (int64_t)pos;
+        pos += HEADER_SIZE + r.payload;
+    }
+    result = Py_BuildValue("(OOL)", body, starts, end);
+done:
+    if (have_rows)
+        PyBuffer_Release(&rows_view);
+done_columns:
+    Py_XDECREF(body);
+    Py_XDECREF(starts);
+    column_release(&values);
+    if (have_attributes)
+        column_release(&attributes);
+    return result;
+}
+
+PyDoc_STRVAR(key_crc32_doc,
+"key_crc32(column, count) -> bytes\n\n"
+"codec.key_crc32 compiled: zlib.crc32 of each of the first ``count`` rows of an Arrow binary or\n"
+"string column (as encode_columns reads it), -1 for a null row, as native int64 bytes.");
+
+static PyObject *key_crc32(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (wrong_nargs("key_crc32", nargs, 2))
+        return NULL;
+    long long count = PyLong_AsLongLong(args[1]);
+    if (count == -1 && PyErr_Occurred())
+        return NULL;
+    if (count < 0) {
+        PyErr_SetString(PyExc_ValueError, "count >= 0");
+        return NULL;
+    }
+    column keys;
+    if (column_from(args[0], &keys) < 0)
+        return NULL;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(8 * count));
+    if (out != NULL) {
+        int64_t *crcs = (int64_t *)PyBytes_AS_STRING(out);
+        for (long long row = 0; row < count; row++) {
+            const unsigned char *at;
+            Py_ssize_t length;
+            int found = column_item(&keys, row, &at, &length);
+            if (found < 0) {
+                Py_CLEAR(out);
+                break;
+            }
+            crcs[row] = found ? (int64_t)payload_crc(at, length) : -1;
+        }
+    }
+    column_release(&keys);
+    return out;
+}
+
 static PyMethodDef speedups_methods[] = {
     {"decode_valid", (PyCFunction)(void (*)(void))decode_valid, METH_FASTCALL, decode_valid_doc},
     {"scan_valid", (PyCFunction)(void (*)(void))scan_valid, METH_FASTCALL, scan_valid_doc},
@@ -948,6 +1206,8 @@ static PyMethodDef speedups_methods[] = {
     {"pack_frame", (PyCFunction)(void (*)(void))pack_frame, METH_FASTCALL, pack_frame_doc},
     {"request_from", (PyCFunction)(void (*)(void))request_from, METH_FASTCALL, request_from_doc},
     {"encode_plain", (PyCFunction)(void (*)(void))encode_plain, METH_FASTCALL, encode_plain_doc},
+    {"encode_columns", (PyCFunction)(void (*)(void))encode_columns, METH_FASTCALL, encode_columns_doc},
+    {"key_crc32", (PyCFunction)(void (*)(void))key_crc32, METH_FASTCALL, key_crc32_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -42,7 +42,7 @@ import asyncio
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from ..addresses import parse_broker_url
 from ..errors import MetaqError
@@ -57,7 +57,7 @@ from .errors import access_denied
 from .idempotence import ProducerIdentity, Sequencer
 from .message import Message, Partition, SendResult
 from .pool import ConnectionPool
-from .producer import lane_key, stored_results
+from .producer import StoredResults, lane_key
 from .retry import RetryPolicy
 from .selector import NoPartitionAvailable, PartitionSelector, RoundRobinPartitionSelector
 
@@ -256,8 +256,10 @@ class TransactionalSender:
             self.cluster.request_refresh()
             await asyncio.sleep(self.config.send_retry_max_wait_s)
 
-    async def send(self, branch: Branch, messages: list[Message]) -> list[SendResult]:
-        """Put ``messages`` (one topic) in the branch, all in one put; raises if they are not stored."""
+    async def send(self, branch: Branch, messages: list[Message]) -> Sequence[SendResult]:
+        """Put ``messages`` (one topic) in the branch, all in one put; raises if they are not stored.
+
+        The results are built as they are read (``StoredResults``; the Spark sink never reads them)."""
         if not messages:
             return []
         topic = messages[0].topic
@@ -278,7 +280,7 @@ class TransactionalSender:
             await self.ensure_producer_id(topic)  # an unknown outcome of the put before dropped it
             return await self._put(branch, topic, partition, messages)
 
-    async def _put(self, branch: Branch, topic: str, partition: Partition, messages: list[Message]) -> list[SendResult]:
+    async def _put(self, branch: Branch, topic: str, partition: Partition, messages: list[Message]) -> Sequence[SendResult]:
         body, starts = encode_messages(messages)
         # One put at a time (``_lock``): the lane is empty, so the batch is numbered at once.
         numbered = self.sequencer.try_begin(lane_key(topic, partition), len(messages))
@@ -300,7 +302,7 @@ class TransactionalSender:
             raise TransactionError(f"put in transaction {branch.xid} to {topic}-{partition}: {reply.code} {reply.message}")
         self.sequencer.end(numbered, True)
         branch.partitions.add(partition)
-        return stored_results(topic, partition, reply.header, starts, attempts)
+        return StoredResults(topic, partition, reply.header, starts, attempts)
 
 
 class AsyncTransactionalProducer:
@@ -337,7 +339,7 @@ class AsyncTransactionalProducer:
             await self.sender.ensure_producer_id(batch[0].topic)
             # The epoch keeps a newer instance of a transactional id (same producer id) off the older one's ids.
             branch.xid = f"TX:{self.sender.producer_id}.{self.sender.producer_epoch}:{next(self._numbers)}"
-        return await self.sender.send(branch, batch)
+        return list(await self.sender.send(branch, batch))
 
     async def commit(self) -> None:
         """Make every message of the transaction visible at once; TransactionRolledBack if the broker rolled it back."""

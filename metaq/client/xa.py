@@ -209,4 +209,4 @@ class AsyncXAProducer:
         branch = self.resource.associated
         if branch is None:
             raise XAError("no XA branch is associated: call xa_resource().start(xid) first", int(Code.XAER_PROTO))
-        return await self.sender.send(branch, list(messages))
+        return list(await self.sender.send(branch, list(messages)))

@@ -37,8 +37,13 @@ batch writes its rows again).
 Rows are placed by the ``partition`` column (a partition name, "0-1"), else by the
 ``key`` column (CRC32 of the key over the topic's partitions, as the client's
 ``KeyHashPartitionSelector``: the same key always lands in the same partition), else
-spread over the partitions chunk by chunk. Rows of one partition keep their order
+spread over the partitions a put at a time. Rows of one partition keep their order
 within a Spark partition.
+
+A task never makes a Python object per row: each Arrow batch is placed with Arrow's
+compute functions (``Placement.place``) and encoded from its columns' buffers
+(``codec.encode_columns``, compiled), and its puts travel to the producers as
+``EncodedRecords``.
 """
 
 from __future__ import annotations
@@ -52,11 +57,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
 from ..client.config import MetaClientConfig
+from ..client.accumulator import MAX_BATCH_COUNT
+from ..client.codec import Column, EncodedRecords, encode_columns, key_crc32
 from ..client.message import Message, Partition
-from ..client.selector import KeyHashPartitionSelector, NoPartitionAvailable
+from ..client.producer import StoredResults
+from ..client.selector import NoPartitionAvailable
 from ..client.session import AsyncMessageSessionFactory
 from ..client.transactional import Branch, xa_name
 from ..client.xa import TMFAIL, AsyncXAProducer, AsyncXAResource, Xid, XAError
@@ -138,30 +148,58 @@ def client_config(options: SinkOptions) -> MetaClientConfig:
                             credentials=options.login.credentials(), zk_tls=options.login.zk_tls())
 
 
-# --- placement -------------------------------------------------------------------------------
+# --- placement ---------------------------------------------------------------------------------
 
 
-class PlacedSelector:
-    """The sink picks each row's partition itself (``Message.partition``); the producer follows.
+def arrow_column(array: Any) -> Column:
+    """A binary or string Arrow array as ``codec.encode_columns`` reads it: its buffers, in place."""
+    kind = array.type
+    if pa.types.is_binary(kind) or pa.types.is_string(kind):
+        width = 4
+    elif pa.types.is_large_binary(kind) or pa.types.is_large_string(kind):
+        width = 8
+    else:
+        raise ValueError(f"metaq sink: a column of type {kind} is not binary or string")
+    validity, offsets, data = array.buffers()[:3]
+    return offsets, b"" if data is None else data, validity if array.null_count else None, array.offset, width
 
-    The sink hands the producer one partition's messages per call, so the producer may ask
-    once per put with the first message (``per_message = False``)."""
 
-    per_message = False
+def _array(batch: Any, name: str) -> Any:
+    index = batch.schema.get_field_index(name)
+    return None if index < 0 else batch.column(index)
 
-    def select(self, topic: str, partitions: list[Partition], message: Message) -> Partition:
-        if message.partition not in partitions:
-            raise NoPartitionAvailable(f"partition {message.partition} of topic {topic!r} has no master right now")
-        return message.partition
+
+def _int64s(buffer: Any, count: int) -> Any:
+    """An int64 Arrow array over a buffer of native int64s (``codec.key_crc32``'s)."""
+    return pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(buffer)])
+
+
+def _first_row(mask: Any) -> int:
+    """The first row where a boolean Arrow array is true."""
+    return int(pc.index(mask, True).as_py())
+
+
+@dataclass
+class Rows:
+    """Rows of one Arrow batch that go to one place, in row order: ``rows[start:stop]`` of the
+    batch's placement order, or rows ``start..stop`` themselves when ``rows`` is None."""
+
+    topic: str
+    partition: Partition | None  # None: spread, a partition per put
+    rows: Any
+    start: int
+    stop: int
 
 
 class Placement:
-    """Which partition a row goes to (per task; a topic's partitions are read from ZooKeeper once)."""
+    """Which partition each row goes to (per task; a topic's partitions are read from ZooKeeper once).
+
+    Decided per Arrow batch with Arrow's compute functions, not per row in Python: a row's
+    topic and partition name are looked up once per distinct value, a key is hashed in C."""
 
     def __init__(self, factory: AsyncMessageSessionFactory, spread_from: int) -> None:
         self.cluster = factory.cluster
         self._partitions: dict[str, list[Partition]] = {}
-        self._by_key: dict[str, KeyHashPartitionSelector] = {}
         self._spread = spread_from
 
     async def partitions(self, topic: str) -> list[Partition]:
@@ -174,35 +212,154 @@ class Placement:
             if not found:
                 raise ValueError(f"metaq sink: topic {topic!r}: no broker serves it (nothing under topics-sub)")
             self._partitions[topic] = found
-            # The client's rule (CRC32 of the key over the sorted partitions), so a Spark job
-            # and a client producer agree on a key's partition; here the "message" is the key.
-            self._by_key[topic] = KeyHashPartitionSelector(key=lambda key: key, stable=True, all_partitions=found)
         return found
 
-    def knows(self, topic: str) -> bool:
-        return topic in self._partitions
+    def _count(self, topic: str | None) -> int:
+        """How many partitions the topic has (1 for a topic code no row uses: the option's when unset)."""
+        return 1 if topic is None else len(self._partitions[topic])
 
-    def place(self, topic: str, key: bytes | str | None, name: str | None) -> Partition:
-        """The row's partition; ``partitions(topic)`` was awaited once before."""
+    def spread(self, topic: str) -> Partition:
+        """Rows without key or partition: each put to the next partition."""
         partitions = self._partitions[topic]
-        if name is not None:
-            try:
-                partition = Partition.parse(name)
-            except ValueError as exc:
-                raise ValueError(f"metaq sink: column partition: {exc}") from None
-            if partition not in partitions:
-                raise ValueError(f"metaq sink: topic {topic!r} has no partition {name} (it has {', '.join(map(str, partitions))})")
-            return partition
-        if key is not None:
-            return self._by_key[topic].select(topic, partitions, key)  # type: ignore[arg-type]
-        return partitions[self._spread % len(partitions)]
-
-    def next_chunk(self) -> None:
-        """Rows without key or partition go to the next partition after each flushed chunk."""
         self._spread += 1
+        return partitions[(self._spread - 1) % len(partitions)]
+
+    def named(self, topic: str, name: str) -> int:
+        """The index of partition ``name`` ("0-1") among the topic's partitions."""
+        partitions = self._partitions[topic]
+        try:
+            partition = Partition.parse(name)
+        except ValueError as exc:
+            raise ValueError(f"metaq sink: column partition: {exc}") from None
+        if partition not in partitions:
+            raise ValueError(f"metaq sink: topic {topic!r} has no partition {name} (it has {', '.join(map(str, partitions))})")
+        return partitions.index(partition)
+
+    async def topics(self, batch: Any, default: str | None, row_base: int) -> tuple[list[str], Any]:
+        """The batch's topics and each row's index among them (None: all rows the one topic)."""
+        column = _array(batch, "topic")
+        if column is None:
+            names: list[str | None] = [default]
+            codes = None
+        else:
+            encoded = pc.dictionary_encode(column)
+            # An empty topic is no topic (the option's), as a null one.
+            names = [name or default for name in encoded.dictionary.to_pylist()] + [default]
+            codes = encoded.indices.fill_null(len(names) - 1).cast(pa.int64())
+            for code in pc.unique(codes).to_pylist():
+                if names[code] is None:
+                    row = _first_row(pc.equal(codes, code))
+                    raise ValueError(f"metaq sink: row {row_base + row}: the topic is null and option topic is not set")
+            # One code per topic (a null and an empty topic are both the option's).
+            distinct = list(dict.fromkeys(names))
+            codes = pc.take(pa.array([distinct.index(name) for name in names], pa.int64()), codes)
+            used = pc.unique(codes).to_pylist()
+            names = distinct
+            if len(used) == 1:
+                names, codes = [names[used[0]]], None
+        if names[0] is None:
+            raise ValueError("metaq sink: a row's topic is null and option topic is not set")
+        for name in names:
+            if name is not None:
+                await self.partitions(name)
+        return names, codes  # type: ignore[return-value]
+
+    def partition_indexes(self, batch: Any, names: list[str], codes: Any) -> Any:
+        """Each row's partition index within its topic, -1 to spread; None: every row spreads."""
+        count = batch.num_rows
+        topic_codes = pa.repeat(0, count).cast(pa.int64()) if codes is None else codes
+        keys, labels = _array(batch, "key"), _array(batch, "partition")
+        if labels is not None and labels.null_count < count:
+            encoded = pc.dictionary_encode(labels)
+            labels_seen = encoded.dictionary.to_pylist()
+            spread = len(labels_seen)
+            # Each (topic, partition name) met once: checked, then mapped to its index.
+            pairs = pc.add(pc.multiply(topic_codes, spread + 1), encoded.indices.fill_null(spread).cast(pa.int64()))
+            distinct = pc.unique(pairs)
+            indexes = [-1 if label == spread else self.named(names[topic], labels_seen[label])
+                       for topic, label in (divmod(pair, spread + 1) for pair in distinct.to_pylist())]
+            return pc.take(pa.array(indexes, pa.int64()), pc.index_in(pairs, value_set=distinct))
+        if keys is not None and keys.null_count < count:
+            # The client's KeyHashPartitionSelector: CRC32 of the key over the topic's sorted partitions.
+            hashes = _int64s(key_crc32(arrow_column(keys), count), count)
+            sizes = pc.take(pa.array([self._count(name) for name in names], pa.int64()), topic_codes)
+            indexes = pc.subtract(hashes, pc.multiply(pc.divide(hashes, sizes), sizes))
+            return pc.if_else(pc.less(hashes, 0), -1, indexes)
+        return None
+
+    async def place(self, batch: Any, default_topic: str | None, row_base: int) -> list[Rows]:
+        """The batch's rows by place, each place's rows in row order (a partition's rows keep their order)."""
+        names, codes = await self.topics(batch, default_topic, row_base)
+        indexes = self.partition_indexes(batch, names, codes)
+        count = batch.num_rows
+        if indexes is not None:
+            unplaced = pc.less(indexes, 0)
+            if pc.all(unplaced).as_py():
+                indexes = None
+            elif pc.any(unplaced).as_py():
+                # Rows without a key or name beside rows with one: placed before the rows are
+                # grouped (all to the next partition), so a partition's rows stay in row order.
+                turn = pa.array([self._spread % self._count(name) for name in names], pa.int64())
+                self._spread += 1
+                indexes = pc.if_else(unplaced, pc.take(turn, pa.repeat(0, count) if codes is None else codes), indexes)
+        if indexes is None and codes is None:
+            return [Rows(names[0], None, None, 0, count)]
+        widest = max(self._count(name) for name in names)
+        places = pa.repeat(0, count).cast(pa.int64()) if codes is None else pc.multiply(codes, widest + 1)
+        if indexes is not None:
+            places = pc.add(places, pc.if_else(pc.less(indexes, 0), widest, indexes))
+        else:
+            places = pc.add(places, widest)
+        order = pc.sort_indices(places)  # stable: rows of one place stay in order
+        runs = pc.run_end_encode(pc.take(places, order))
+        rows = order.buffers()[1]
+        found, start = [], 0
+        for end, place in zip(runs.run_ends.to_pylist(), runs.values.to_pylist()):
+            topic, index = divmod(place, widest + 1)
+            partition = None if index == widest else self._partitions[names[topic]][index]
+            found.append(Rows(names[topic], partition, rows, start, end))
+            start = end
+        return found
+
+    def puts(self, batch: Any, places: list[Rows], options: SinkOptions, row_base: int) -> list[EncodedRecords]:
+        """The batch's records, encoded from its columns in puts of up to ``batchBytes``."""
+        values = arrow_column(_array(batch, "value"))
+        attribute = _array(batch, "attribute")
+        attributes = None if attribute is None or attribute.null_count == len(attribute) else arrow_column(attribute)
+        puts = []
+        for place in places:
+            position = place.start
+            while position < place.stop:
+                try:
+                    body, starts, position = encode_columns(values, attributes, place.rows, position, place.stop, options.batch_bytes,
+                                                            MAX_BATCH_COUNT, options.max_message_size, row_base)
+                except ValueError as exc:
+                    raise ValueError(f"metaq sink: {exc}") from None
+                partition = place.partition or self.spread(place.topic)
+                puts.append(EncodedRecords(place.topic, partition, body, starts))
+        return puts
 
 
 # --- the two ways of sending -------------------------------------------------------------------
+
+
+class PlacedSelector:
+    """The sink picks each put's partition itself (``Message.partition``); the producer follows."""
+
+    per_message = False
+
+    def select(self, topic: str, partitions: list[Partition], message: Message) -> Partition:
+        if message.partition not in partitions:
+            raise NoPartitionAvailable(f"partition {message.partition} of topic {topic!r} has no master right now")
+        return message.partition
+
+
+def by_key(puts: Iterable[EncodedRecords], key: Any) -> list[list[EncodedRecords]]:
+    """``puts`` grouped by ``key(put)``, each group in the order given."""
+    groups: dict[Any, list[EncodedRecords]] = {}
+    for put in puts:
+        groups.setdefault(key(put), []).append(put)
+    return list(groups.values())
 
 
 class XAWrites:
@@ -214,15 +371,24 @@ class XAWrites:
         self.timeout_s = timeout_s
         self.producers: dict[int, AsyncXAProducer] = {}
 
-    async def send(self, partition: Partition, messages: list[Message]) -> None:
-        producer = self.producers.get(partition.broker_id)
+    async def send_all(self, puts: list[EncodedRecords]) -> None:
+        """Broker groups in parallel; a group's puts one after the other (its branch takes one at a time)."""
+        await asyncio.gather(*(self._send(group) for group in by_key(puts, lambda put: put.partition.broker_id)))
+
+    async def _send(self, puts: list[EncodedRecords]) -> None:
+        group = puts[0].partition.broker_id
+        producer = self.producers.get(group)
         if producer is None:
-            producer = self.factory.create_xa_producer(partition.broker_id, PlacedSelector())
+            producer = self.factory.create_xa_producer(group, PlacedSelector())
             resource = producer.xa_resource()
             resource.set_transaction_timeout(self.timeout_s)
             await resource.start(self.xid)
-            self.producers[partition.broker_id] = producer
-        await producer.send_batch(messages)
+            self.producers[group] = producer
+        branch = producer.xa_resource().associated
+        for put in puts:
+            # The sender's put in the branch (AsyncXAProducer.send_batch without making the
+            # results a list: they are built only if read, and the sink does not read them).
+            await producer.sender.send(branch, put.as_messages())
 
     async def finish(self) -> tuple[tuple[int, str], ...]:
         """End and prepare every branch: the xids the driver may commit (none if the write is
@@ -254,17 +420,27 @@ class XAWrites:
 
 
 class PlainWrites:
-    """At least once: the client's batched producer, chunks to several partitions in parallel."""
+    """At least once: the client's producer, puts to different partitions in parallel."""
 
     def __init__(self, factory: AsyncMessageSessionFactory) -> None:
         self.producer = factory.create_producer(PlacedSelector())
 
-    async def send_all(self, groups: Iterable[list[Message]]) -> None:
-        """One partition's messages per group, the groups in parallel (order kept within each)."""
-        for results in await asyncio.gather(*(self.producer.send_batch(messages) for messages in groups)):
-            for result in results:
-                if not result.success:
-                    raise RuntimeError(f"metaq sink: a message to {result.topic}-{result.partition} was not stored: {result.error_message}")
+    async def send_all(self, puts: list[EncodedRecords]) -> None:
+        """Partitions in parallel; a partition's puts one after the other (so they keep their order)."""
+        await asyncio.gather(*(self._send(group) for group in by_key(puts, lambda put: (put.topic, put.partition))))
+
+    async def _send(self, puts: list[EncodedRecords]) -> None:
+        producer = self.producer
+        for put in puts:
+            if put.topic not in producer.cluster.snapshot.pub:
+                await producer.publish(put.topic)
+            # The producer's one put with its retries; its results are built only if read, and
+            # only a failed put's are (all of a put's results share its outcome).
+            results = await producer._send_chunk(put.topic, put.partition, put.as_messages())
+            if not isinstance(results, StoredResults) and results and not results[0].success:
+                failed = results[0]
+                raise RuntimeError(f"metaq sink: a put of {len(results)} rows to {put.topic}-{failed.partition or put.partition} "
+                                   f"was not stored: {failed.error_message}")
 
     async def finish(self) -> tuple[tuple[int, str], ...]:
         return ()
@@ -276,60 +452,21 @@ class PlainWrites:
 # --- the task ------------------------------------------------------------------------------------
 
 
-def _column(batch: Any, name: str) -> list[Any] | None:
-    index = batch.schema.get_field_index(name)
-    return None if index < 0 else batch.column(index).to_pylist()
-
-
 async def write_task(options: SinkOptions, batches: Iterable[Any], xid: Xid | None, spread_from: int) -> tuple[tuple[tuple[int, str], ...], int]:
-    """Send every row of ``batches`` (pyarrow RecordBatches); XA branches prepared when ``xid``."""
+    """Send every row of ``batches`` (pyarrow RecordBatches); XA branches prepared when ``xid``.
+
+    Each batch's rows are placed and encoded from its Arrow columns (``codec.encode_columns``,
+    no Python object per row), then sent before the next batch is read."""
     rows = 0
     async with AsyncMessageSessionFactory(client_config(options)) as factory:
         writes: XAWrites | PlainWrites = XAWrites(factory, xid, options.transaction_timeout_s) if xid else PlainWrites(factory)
         placement = Placement(factory, spread_from)
-        pending: list[Message] = []
-        pending_bytes = 0
-
-        async def flush() -> None:
-            nonlocal pending, pending_bytes
-            # Rows by (topic, partition), each group in row order: a partition's rows stay in order.
-            groups: dict[tuple[str, Partition], list[Message]] = {}
-            for m in pending:
-                groups.setdefault((m.topic, m.partition), []).append(m)
-            if isinstance(writes, PlainWrites):
-                await writes.send_all(groups.values())
-            else:
-                for (_, partition), messages in groups.items():
-                    await writes.send(partition, messages)
-            pending, pending_bytes = [], 0
-            placement.next_chunk()
-
         try:
             for batch in batches:
-                values = _column(batch, "value")
-                n = len(values or ())
-                attributes = _column(batch, "attribute") or [None] * n
-                topics = _column(batch, "topic") or [None] * n
-                keys = _column(batch, "key") or [None] * n
-                names = _column(batch, "partition") or [None] * n
-                for value, attribute, topic, key, name in zip(values, attributes, topics, keys, names):
-                    if value is None:
-                        raise ValueError("metaq sink: a row's value is null (column value is required)")
-                    if isinstance(value, str):
-                        value = value.encode("utf-8")
-                    topic = topic or options.topic
-                    if topic is None:
-                        raise ValueError("metaq sink: a row's topic is null and option topic is not set")
-                    if not placement.knows(topic):
-                        await placement.partitions(topic)
-                    partition = placement.place(topic, key, name)
-                    pending.append(Message(topic, value, attribute, partition=partition))
-                    pending_bytes += len(value)
-                    if pending_bytes >= options.batch_bytes:
-                        await flush()
-                rows += n
-            if pending:
-                await flush()
+                if batch.num_rows:
+                    places = await placement.place(batch, options.topic, rows)
+                    await writes.send_all(placement.puts(batch, places, options, rows))
+                rows += batch.num_rows
             branches = await writes.finish()
         except BaseException:
             await writes.fail()

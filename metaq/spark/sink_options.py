@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ..client.transactional import MAX_TIMEOUT_S
+from ..record import DEFAULT_MAX_MESSAGE_SIZE
 from .login import LOGIN_OPTIONS, SparkLogin
 from .options import boolean, canonical_options, cluster_options, positive_int, topic_option
 from .options_error import OptionError
@@ -22,6 +23,7 @@ SINK_OPTIONS = (
     "exactlyOnce",
     "batchBytes",
     "transactionTimeoutS",
+    "maxMessageSize",
     "checkpointLocation",  # Spark's own (writeStream); the sink keeps its decisions there
     *LOGIN_OPTIONS,
 )
@@ -42,6 +44,8 @@ class SinkOptions:
     #: XA branch timeout asked of the broker (0: its maxTxTimeoutInSeconds).
     transaction_timeout_s: int = 0
     checkpoint_location: str | None = None
+    #: The brokers' maxMessageSize: a row whose record payload is larger is refused, named.
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     login: SparkLogin = SparkLogin()
 
     @classmethod
@@ -59,6 +63,7 @@ class SinkOptions:
             batch_bytes=positive_int(opts, "batchBytes", DEFAULT_BATCH_BYTES) or DEFAULT_BATCH_BYTES,
             transaction_timeout_s=timeout_s,
             checkpoint_location=str(opts.get("checkpointLocation") or "").strip() or None,
+            max_message_size=positive_int(opts, "maxMessageSize", DEFAULT_MAX_MESSAGE_SIZE) or DEFAULT_MAX_MESSAGE_SIZE,
             login=SparkLogin.parse(opts),
         )
 

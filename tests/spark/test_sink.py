@@ -30,7 +30,8 @@ from tests.spark.support import committed, produce
 
 pytestmark = pytest.mark.spark
 TOPICS = {"keyed": 2, "failed": 2, "stream-in": 1, "stream-out": 2, "plain-a": 1, "plain-b": 1,
-          "late-abort": 1, "late-commit": 1, "late-stream": 1, "late-killed": 1, "driver-in": 1, "driver-out": 2}
+          "late-abort": 1, "late-commit": 1, "late-stream": 1, "late-killed": 1, "driver-in": 1, "driver-out": 2,
+          "placed-a": 2, "placed-b": 1, "too-big": 1}
 SYSTEM = {"unflushThreshold": 0}
 
 
@@ -110,6 +111,67 @@ def test_at_least_once_mode_with_a_topic_column_and_string_values(spark, cluster
     for topic, parity in (("plain-a", 0), ("plain-b", 1)):
         got = sorted(v.decode() for _, _, v in _read(spark, zk_connect, root, topic))
         assert got == sorted(f"row-{n}" for n in range(parity, 1000, 2))
+    assert _in_doubt(zk_connect, root) == []
+
+
+@pytest.mark.parametrize("encoder", ["compiled", "python"])
+def test_rows_go_where_their_partition_name_or_topic_says_each_partition_in_row_order(spark, cluster, monkeypatch, encoder):
+    """A task's Arrow batches (write_task, as Spark hands them): a topic column with null and empty
+    topics (the option's), a partition column with null names (spread a put at a time); the
+    compiled encoder and the pure-Python one (no compiler) write the same rows to the same places."""
+    import pyarrow as pa
+
+    from metaq.client import codec
+    from metaq.spark.sink import write_task
+    from metaq.spark.sink_options import SinkOptions
+
+    if encoder == "python":
+        monkeypatch.setattr(codec, "compiled_encode_columns", None)
+        monkeypatch.setattr(codec, "compiled_key_crc32", None)
+    zk_connect, root, masters = cluster
+    tag = encoder[0]
+    topics = [None, "placed-b", "", "placed-a"]
+    names = ["1-1", None, "0-0", "1-0", None]
+    rows = [(topics[n % 4], None if topics[n % 4] == "placed-b" else names[n % 5], f"{tag}{n}".encode()) for n in range(3000)]
+    batches = [pa.record_batch({"topic": pa.array([t for t, _, _ in rows[s:s + 700]], pa.string()),
+                                "partition": pa.array([p for _, p, _ in rows[s:s + 700]], pa.string()),
+                                "value": pa.array([v for _, _, v in rows[s:s + 700]], pa.binary()),
+                                "attribute": pa.array([None if n % 3 else "a" for n in range(s, min(s + 700, 3000))], pa.string())})
+               for s in range(0, 3000, 700)]
+    options = SinkOptions(zk_connect=zk_connect, zk_root=root, topic="placed-a", exactly_once=False, batch_bytes=1000)
+    _, count = asyncio.run(write_task(options, batches, None, 0))
+    assert count == 3000
+
+    seen = {topic: [(p, v.decode()) for p, _, v in _read(spark, zk_connect, root, topic) if v.startswith(tag.encode())]
+            for topic in ("placed-a", "placed-b")}
+    want = {topic: [(n, name) for n, (t, name, _) in enumerate(rows) if (t or "placed-a") == topic] for topic in seen}
+    for topic in seen:
+        assert sorted(int(v[1:]) for _, v in seen[topic]) == [n for n, _ in want[topic]]  # each row once
+        for partition, value in seen[topic]:
+            name = rows[int(value[1:])][1]
+            assert name is None or partition == Partition.parse(name)
+        # Rows of a partition in row order (the read is sorted by partition, then log order).
+        for partition in {p for p, _ in seen[topic]}:
+            numbers = [int(v[1:]) for p, v in seen[topic] if p == partition]
+            assert numbers == sorted(numbers)
+    spread = {p for p, v in seen["placed-a"] if rows[int(v[1:])][1] is None}
+    assert len(spread) > 1  # rows without a name are spread over the partitions, a put at a time
+    assert {p for p, _ in seen["placed-b"]} == {Partition(0, 0), Partition(1, 0)}
+
+
+def test_a_row_over_max_message_size_fails_the_write_naming_it_and_nothing_shows(spark, cluster):
+    zk_connect, root, masters = cluster
+    from pyspark.sql import functions as F
+
+    # Two tasks of 1000 rows; the second task's row 500 (id 1500) is 600 bytes.
+    df = spark.range(0, 2000, numPartitions=2).select(
+        F.when(F.col("id") == 1500, F.repeat(F.lit("x"), 600)).otherwise(F.col("id").cast("string")).cast("binary").alias("value"))
+    with pytest.raises(Exception, match=r"metaq sink: row 500: its record's payload is 600 bytes, more than maxMessageSize \(500\)"):
+        _write(df, zk_connect, root, "too-big", maxMessageSize="500", batchBytes="256")
+    nulls = spark.range(0, 10, numPartitions=1).select(F.when(F.col("id") != 7, F.lit(b"v")).alias("value"))
+    with pytest.raises(Exception, match=r"metaq sink: row 7: the value is null \(column value is required\)"):
+        _write(nulls, zk_connect, root, "too-big")
+    assert _read(spark, zk_connect, root, "too-big") == []
     assert _in_doubt(zk_connect, root) == []
 
 

@@ -16,6 +16,8 @@ def test_defaults_and_lower_cased_keys():
     assert options.exactly_once is False and options.checkpoint_location == "/c"
     assert SinkOptions.parse(BASE).exactly_once is True
     assert SinkOptions.parse(BASE).batch_bytes == DEFAULT_BATCH_BYTES
+    assert SinkOptions.parse(BASE).max_message_size == 1024 * 1024  # the brokers' default maxMessageSize
+    assert SinkOptions.parse({**BASE, "maxmessagesize": "500"}).max_message_size == 500
 
 
 @pytest.mark.parametrize(
@@ -25,6 +27,7 @@ def test_defaults_and_lower_cased_keys():
         ({"exactlyOnce": "yes"}, "option exactlyOnce: expected true or false, got 'yes'"),
         ({"batchBytes": "0"}, "option batchBytes: expected a positive integer"),
         ({"transactionTimeoutS": "soon"}, "option transactionTimeoutS: expected a positive integer"),
+        ({"maxMessageSize": "-1"}, "option maxMessageSize: expected a positive integer, got '-1'"),
         ({"zkRoot": "meta"}, "option zkRoot must start with '/'"),
         ({"zkRoot": "/meta/.."}, "option zkRoot must not have a '.' or '..' component"),
         ({"password": "x"}, "unknown option(s) password; the metaq sink takes:"),
