@@ -54,6 +54,7 @@ TABLE: list[tuple[dict, set[str]]] = [
     ({"op": "epochs", "topic": "orders"}, GROUP_ADMINS),
     ({"op": "checksum", "topic": "orders"}, GROUP_ADMINS),
     ({"op": "position", "topic": "orders"}, REPLICATION),
+    ({"op": "news"}, REPLICATION),
     ({"op": "init_producer"}, LOGGED_IN),
     ({"op": "transaction", "action": "commit"}, LOGGED_IN),  # the coordinator decides per branch
     ({"op": "something-new"}, GROUP_ADMINS),  # a new command is closed until someone decides
