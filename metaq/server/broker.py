@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 from typing import Any, Awaitable, Callable
 
 from .. import __version__
@@ -53,6 +54,11 @@ from .transactions import TransactionService
 from .waiters import EndWaiters
 
 log = logging.getLogger(__name__)
+
+#: After a SIGTERM'd broker stopped (logs flushed and closed), how long its worker threads
+#: (``asyncio.to_thread`` calls: a scrub read, a ZooKeeper call) may take to return before
+#: the process exits without them. Without a bound the interpreter's exit waits for each.
+STOP_THREADS_GRACE_S = 3.0
 
 
 class Broker:
@@ -388,6 +394,7 @@ class Broker:
         await stop.wait()
         log.info("signal received, stopping")
         await self.stop()
+        await _end_worker_threads(STOP_THREADS_GRACE_S)
 
     # --- stats ------------------------------------------------------------------------
 
@@ -492,6 +499,23 @@ def run_broker(config: BrokerConfig, slave: SlaveConfig | None = None) -> int:
     else:
         asyncio.run(broker.run_until_signalled())
     return 0
+
+
+async def _end_worker_threads(grace_s: float) -> None:
+    """Shut the loop's worker threads down within ``grace_s``, or exit the process without them.
+
+    Called once the broker has stopped: its logs are flushed and closed, so a thread still
+    running holds nothing that must reach the disk. Shutdown is bounded whatever one is doing.
+    """
+    loop = asyncio.get_running_loop()
+    try:
+        await asyncio.wait_for(loop.shutdown_default_executor(), grace_s)
+    except asyncio.TimeoutError:
+        busy = sorted(t.name for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon)
+        log.warning("worker threads still busy %.0f s after the broker stopped (%s); exiting without them",
+                    grace_s, ", ".join(busy) or "-")
+        logging.shutdown()
+        os._exit(0)
 
 
 async def _all_of(waits: list[Awaitable[None]]) -> None:
