@@ -43,7 +43,9 @@ from .group_topics import GroupTopicsApplier, forget_partitions
 from .handlers import RequestHandlers
 from .metrics import BrokerMetrics, InstrumentedHandlers
 from .metrics import metrics_login as metrics_login_of
+from . import open_files
 from .registry import BrokerRegistry
+from .replica_health import ReplicaCoverage
 from .live_config import LiveConfig
 from .reload import apply_logging, follow_logging, reload_config
 from .stats import BrokerStats
@@ -102,6 +104,8 @@ class Broker:
         self._server: asyncio.AbstractServer | None = None
         self._stopped = asyncio.Event()
         self._tls_reload: asyncio.Future[None] | None = None
+        #: Which served partitions each registered slave does not replicate (a master's check).
+        self.replica_coverage = ReplicaCoverage(self)
 
     def _repair_corrupt(self, topic: str, partition: int, start: int, end: int) -> None:
         """A master puts a corrupt range back from its slaves (a slave's replica re-fetches its own)."""
@@ -143,6 +147,7 @@ class Broker:
             topics = self.group_topics.overlay(topics)  # the group's configuration wins
         if topics == self.config.topics:
             return
+        self._check_open_files(topics)
         added = sorted(set(topics) - set(self.config.topics))
         self.live_config.set_topics(topics)
         # Files go only when the group's configuration ended the topic (``metaq topics delete``,
@@ -161,6 +166,22 @@ class Broker:
             await self.registry.update_topics(topics)
         if added and (self.group_topics is None or not self.group_topics.group.exists):
             log.info("now serving topics %s", ", ".join(added))  # else the applier says what changed
+
+    def _check_open_files(self, topics: dict[str, TopicConfig]) -> None:
+        """Refuse a topic map whose partitions cannot fit the open-file limit (metaq/server/open_files.py)."""
+        known = {key: len(getattr(log_, "segments", ())) for key, log_ in self.store.logs().items()}
+        refusal = open_files.does_not_fit(topics, self.config.max_connections, open_files.current_limit(), known)
+        if refusal is not None:
+            raise open_files.TopicsDoNotFit(refusal)
+
+    def open_files_pairs(self) -> list[tuple[str, Any]]:
+        """``stats``: the open-file limit and what the partitions served need of it (``metaq topics
+        create|alter`` refuses a change that would pass it)."""
+        known = {key: len(getattr(log_, "segments", ())) for key, log_ in self.store.logs().items()}
+        return [
+            ("open_files_limit", open_files.current_limit()),
+            ("open_files_needed", open_files.needed(self.config.topics, self.config.max_connections, known)),
+        ]
 
     def _slave_registered(self, slave_id: int) -> bool:
         """Does ZooKeeper name ``slave{slave_id}`` in our group (heartbeats from others are ignored)?"""
@@ -210,6 +231,9 @@ class Broker:
                 raise ConfigError(f"{config.source_path}: a slave needs ZooKeeper to find its master (zk.zkEnable=false)")
         # Before anything else: a broker that cannot keep logs must never hold the master lock.
         check_data_dirs(config.data_path, config.topics.values(), str(config.source_path))
+        soft, hard = open_files.raise_limit()
+        log.info("open-file limit (RLIMIT_NOFILE): soft %d, hard %d", soft, hard)
+        self._check_open_files(config.topics)  # the group's topics are checked as they are applied
         floor = self.store.open_existing()
         # Before serving: each log's transaction state, and no batch half in a log.
         self.partitions.open_all()
@@ -291,6 +315,8 @@ class Broker:
                                                   self.config.txn.max_transactional_ids_per_user,
                                                   self.security.principal_tags)
         await self.ha.start()
+        if self.registry is not None:
+            self.replica_coverage.start()
         if self.ha.coordinator is None and self.ha.acting_master:
             self.on_leading(self.ha.epoch)  # without ZooKeeper: master from the start, in epoch 0
 
@@ -350,6 +376,7 @@ class Broker:
             self.security.tls.maybe_reload()  # logs; a half-written renewal keeps the old pair
 
     async def stop(self) -> None:
+        self.replica_coverage.stop()
         if self.group_topics is not None:
             self.group_topics.stop()
         if self._tls_reload is not None:
@@ -440,6 +467,8 @@ class Broker:
             *self.stats.refusal_pairs(),
             ("scrub_bytes", self.scrubber.stats.bytes_checked),
             ("scrub_corrupt_ranges", self.scrubber.stats.corrupt_ranges),
+            *self.open_files_pairs(),
+            *self.replica_coverage.status_pairs(),
         ] + self.ha.status_pairs() + self.replication_pairs()
 
     def replication_pairs(self) -> list[tuple[str, Any]]:

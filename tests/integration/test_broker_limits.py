@@ -43,3 +43,77 @@ def test_sigterm_stops_a_broker_promptly_while_the_scrub_reads_a_large_sealed_se
         broker.kill()
     assert took < STOP_BOUND_S, f"stop took {took:.1f} s"
     assert "broker 0 stopped" in broker.log_text()
+
+
+# --- open files ---------------------------------------------------------------------------
+
+
+def _limited(broker: BrokerProcess, soft: int, hard: int) -> BrokerProcess:
+    """Run ``broker`` under an open-file limit of its own (prlimit execs: the pid is the broker's)."""
+    broker.command_prefix = ["prlimit", f"--nofile={soft}:{hard}"]
+    return broker
+
+
+def test_the_soft_open_file_limit_is_raised_to_the_hard_one_at_start(tmp_path: Path) -> None:
+    broker = _limited(BrokerProcess(tmp_path, "127.0.0.1:1", 0, topics={"t": 4}, zookeeper=NO_ZK), 256, 4096)
+    try:
+        broker.start(wait_zk=False)
+        assert "open-file limit (RLIMIT_NOFILE): soft 4096, hard 4096" in broker.log_text()
+        assert resource.prlimit(broker.pid, resource.RLIMIT_NOFILE) == (4096, 4096)
+    finally:
+        broker.stop()
+
+
+def test_a_broker_whose_partitions_cannot_fit_the_open_file_limit_refuses_to_start_in_one_line(tmp_path: Path) -> None:
+    # 300 partitions (2 descriptors each) beside maxConnections=1024 need ~1,690 open files.
+    broker = _limited(BrokerProcess(tmp_path, "127.0.0.1:1", 0, topics={"t": 300}, zookeeper=NO_ZK), 1024, 1400)
+    broker.start(wait=False)
+    assert broker._process is not None
+    assert broker._process.wait(60) == 1
+    text = broker.log_text()
+    assert "Traceback" not in text
+    line = next(line for line in text.splitlines() if "cannot run" in line)
+    assert "300 partitions and maxConnections=1024 need about 1688 open files" in line
+    assert "open-file limit (RLIMIT_NOFILE) is 1400" in line and "raise the hard limit" in line
+    # Fewer connections leave room for them: the same partitions start.
+    broker = _limited(BrokerProcess(tmp_path, "127.0.0.1:1", 1, topics={"t": 300}, zookeeper=NO_ZK,
+                                    system={"maxConnections": 256}), 1024, 1400)
+    try:
+        broker.start(wait_zk=False, timeout=60)
+    finally:
+        broker.stop()
+
+
+def test_a_topic_create_or_alter_that_cannot_fit_the_open_file_limit_is_refused(broker_factory, zk, zk_root, capsys) -> None:
+    from metaq.zk.paths import ZkPaths
+    from metaq.zk.topic_config import read_group_topics, update_group_topics
+
+    from .replication_support import put, stat, wait_for
+    from .test_topics_cli import metaq, serves
+
+    # 64 base + 16 connections + 2 per partition: 400 open files hold about 150 partitions.
+    master = broker_factory(0, {"t": 10}, {"maxConnections": 16}, start=False)
+    _limited(master, 400, 400).start()
+    assert int(stat(master, "open_files_limit")) == 400 and int(stat(master, "open_files_needed")) == 100
+    code, out = metaq(capsys, zk, zk_root, "topics", "create", "--broker-id", "0", "--topic", "big", "--partitions", "200")
+    assert code == 1 and "cannot hold 200 more partition(s) open" in out and "RLIMIT_NOFILE) is 400" in out, out
+    code, out = metaq(capsys, zk, zk_root, "topics", "create", "--broker-id", "0", "--topic", "big", "--partitions", "100")
+    assert code == 0, out
+    code, out = metaq(capsys, zk, zk_root, "topics", "alter", "--broker-id", "0", "--topic", "big", "--partitions", "160")
+    assert code == 1 and "cannot hold 60 more partition(s) open" in out, out
+    assert serves(master, "big") == 100
+
+    # Written past the tool (another version's, by hand): the broker does not apply it and says
+    # why; what it served goes on serving.
+    from metaq.zk.session import zk_session
+
+    with zk_session(zk.connect_string) as client:
+        paths = ZkPaths(zk_root)
+        update_group_topics(client, paths, 0, lambda group: group.with_topic("big", {"numPartitions": "300"}))
+        assert read_group_topics(client, paths, 0).topics["big"]["numPartitions"] == "300"
+    wait_for(lambda: "not applying version" in master.log_text(), 15, "the refusal line")
+    line = next(line for line in master.log_text().splitlines() if "not applying version" in line)
+    assert "need about" in line and "open-file limit (RLIMIT_NOFILE) is 400" in line
+    assert serves(master, "big") == 100
+    assert put(master, "big", 99, 5)
+    assert "Too many open files" not in master.log_text()
