@@ -428,7 +428,7 @@ async def _check_open_files(urls: list[str], added: int, timeout: float, creds: 
     """Refuse (before writing) partitions a live member cannot hold open: every member would
     otherwise apply the change and fail puts with ``Too many open files``. A member refuses such
     a change itself too (metaq/server/open_files.py); this says so before anything is written."""
-    from ..server.open_files import NEW_PARTITION_DESCRIPTORS
+    from ..server.open_files import with_headroom
 
     answers = await asyncio.gather(*(stats_answer(url, "", timeout, creds) for url in urls))
     for url, answer in zip(urls, answers):
@@ -436,7 +436,7 @@ async def _check_open_files(urls: list[str], added: int, timeout: float, creds: 
         if reply is None or reply.get("open_files_limit") is None:
             continue  # unreachable, or a version that does not say: it refuses by itself
         limit, need = int(reply.get("open_files_limit")), int(reply.get("open_files_needed"))
-        want = need + added * NEW_PARTITION_DESCRIPTORS
+        want = need + with_headroom(added)  # each new partition opens its active segment
         if want > limit:
             raise MetaqError(
                 f"{url.removeprefix('meta://')} cannot hold {added} more partition(s) open: it would need about {want}"

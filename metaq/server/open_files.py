@@ -16,8 +16,9 @@ budget is checked where it can still be refused cleanly:
   create|alter`` refuses before writing one (it reads each member's ``open_files_limit``
   and ``open_files_needed`` from its stats).
 
-The estimate, per partition: its segment files on disk (at least one, the active segment)
-plus ``SPARE_PER_PARTITION`` (a second segment when it rolls, a file written beside it).
+The estimate, per partition: its segment files on disk (at least one, the active segment),
+plus ``HEADROOM_PERCENT`` of that over all partitions (segments rolled from now on, a
+checkpoint or epoch file written beside a log).
 """
 
 from __future__ import annotations
@@ -36,11 +37,9 @@ log = logging.getLogger(__name__)
 #: Descriptors a broker holds beside its partitions and clients: ZooKeeper sessions, UDP
 #: heartbeats, the metrics server, journals and peers' replication connections, stdio.
 BASE_DESCRIPTORS = 64
-#: Beyond its segments on disk, what one partition may open: the next segment at a roll, a
-#: checkpoint or epoch file written beside it.
-SPARE_PER_PARTITION = 1
-#: What a new (empty) partition costs: its active segment and the spare.
-NEW_PARTITION_DESCRIPTORS = 1 + SPARE_PER_PARTITION
+#: Beyond the partitions' segments on disk, this share of them again: segments rolled from
+#: now on (every segment of a log stays open), checkpoint and epoch files written beside logs.
+HEADROOM_PERCENT = 10
 
 
 class TopicsDoNotFit(ConfigError):
@@ -91,8 +90,13 @@ def partition_descriptors(topics: dict[str, TopicConfig], known: dict[tuple[str,
             segments = known.get((name, partition))
             if segments is None:
                 segments = segments_on_disk(topic, name, partition)
-            total += max(1, segments) + SPARE_PER_PARTITION
-    return total
+            total += max(1, segments)
+    return with_headroom(total)
+
+
+def with_headroom(segments: int) -> int:
+    """Descriptors for ``segments`` open segments, with room for rolls and side files."""
+    return segments + segments * HEADROOM_PERCENT // 100
 
 
 def needed(topics: dict[str, TopicConfig], max_connections: int, known: dict[tuple[str, int], int] | None = None) -> int:

@@ -65,7 +65,7 @@ def test_the_soft_open_file_limit_is_raised_to_the_hard_one_at_start(tmp_path: P
 
 
 def test_a_broker_whose_partitions_cannot_fit_the_open_file_limit_refuses_to_start_in_one_line(tmp_path: Path) -> None:
-    # 300 partitions (2 descriptors each) beside maxConnections=1024 need ~1,690 open files.
+    # 300 partitions (one segment each, +10%) beside maxConnections=1024 need ~1,420 open files.
     broker = _limited(BrokerProcess(tmp_path, "127.0.0.1:1", 0, topics={"t": 300}, zookeeper=NO_ZK), 1024, 1400)
     broker.start(wait=False)
     assert broker._process is not None
@@ -73,7 +73,7 @@ def test_a_broker_whose_partitions_cannot_fit_the_open_file_limit_refuses_to_sta
     text = broker.log_text()
     assert "Traceback" not in text
     line = next(line for line in text.splitlines() if "cannot run" in line)
-    assert "300 partitions and maxConnections=1024 need about 1688 open files" in line
+    assert "300 partitions and maxConnections=1024 need about 1418 open files" in line
     assert "open-file limit (RLIMIT_NOFILE) is 1400" in line and "raise the hard limit" in line
     # Fewer connections leave room for them: the same partitions start.
     broker = _limited(BrokerProcess(tmp_path, "127.0.0.1:1", 1, topics={"t": 300}, zookeeper=NO_ZK,
@@ -91,12 +91,12 @@ def test_a_topic_create_or_alter_that_cannot_fit_the_open_file_limit_is_refused(
     from .replication_support import put, stat, wait_for
     from .test_topics_cli import metaq, serves
 
-    # 64 base + 16 connections + 2 per partition: 400 open files hold about 150 partitions.
+    # 64 base + 16 connections + 1.1 per partition: 250 open files hold about 150 partitions.
     master = broker_factory(0, {"t": 10}, {"maxConnections": 16}, start=False)
-    _limited(master, 400, 400).start()
-    assert int(stat(master, "open_files_limit")) == 400 and int(stat(master, "open_files_needed")) == 100
+    _limited(master, 250, 250).start()
+    assert int(stat(master, "open_files_limit")) == 250 and int(stat(master, "open_files_needed")) == 91
     code, out = metaq(capsys, zk, zk_root, "topics", "create", "--broker-id", "0", "--topic", "big", "--partitions", "200")
-    assert code == 1 and "cannot hold 200 more partition(s) open" in out and "RLIMIT_NOFILE) is 400" in out, out
+    assert code == 1 and "cannot hold 200 more partition(s) open" in out and "RLIMIT_NOFILE) is 250" in out, out
     code, out = metaq(capsys, zk, zk_root, "topics", "create", "--broker-id", "0", "--topic", "big", "--partitions", "100")
     assert code == 0, out
     code, out = metaq(capsys, zk, zk_root, "topics", "alter", "--broker-id", "0", "--topic", "big", "--partitions", "160")
@@ -113,7 +113,7 @@ def test_a_topic_create_or_alter_that_cannot_fit_the_open_file_limit_is_refused(
         assert read_group_topics(client, paths, 0).topics["big"]["numPartitions"] == "300"
     wait_for(lambda: "not applying version" in master.log_text(), 15, "the refusal line")
     line = next(line for line in master.log_text().splitlines() if "not applying version" in line)
-    assert "need about" in line and "open-file limit (RLIMIT_NOFILE) is 400" in line
+    assert "need about" in line and "open-file limit (RLIMIT_NOFILE) is 250" in line
     assert serves(master, "big") == 100
     assert put(master, "big", 99, 5)
     assert "Too many open files" not in master.log_text()
