@@ -314,11 +314,10 @@ def partitions_row(work: Path, partitions: int, args: argparse.Namespace) -> dic
         # kill -9 of the master: the slave takes over.
         master.kill()
         started = time.monotonic()
-        wait_until(lambda: master_url(zk.connect_string, root) == slave.url, PHASE_LIMIT_S, interval=0.02,
-                   message="the slave to take over")
-        took = asyncio.run(first_ack(slave.port, PHASE_LIMIT_S))
+        row["failover_took_over_s"] = timed(lambda: master_url(zk.connect_string, root) == slave.url, interval=0.02)
+        took = asyncio.run(first_ack(slave.port, PHASE_LIMIT_S)) if row["failover_took_over_s"] is not None else None
         row["failover_first_ack_s"] = None if took is None else round(time.monotonic() - started, 2)
-        served, _took = asyncio.run(put_everywhere(slave.port, partitions, PHASE_LIMIT_S))
+        served = asyncio.run(put_everywhere(slave.port, partitions, PHASE_LIMIT_S))[0] if took is not None else 0
         row["failover_all_served_s"] = round(time.monotonic() - started, 2) if served == partitions else None
         row["failover_partitions_served"] = served
     finally:
@@ -581,7 +580,7 @@ def idle_rows(work: Path, partitions: int, args: argparse.Namespace) -> list[dic
 def table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
     def cell(value: Any) -> str:
         if value is None:
-            return "**never** (> limit)"
+            return "-"
         if isinstance(value, float):
             return f"{value:,.2f}".rstrip("0").rstrip(".")
         if isinstance(value, int):
@@ -597,12 +596,13 @@ def table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
 TABLES: dict[str, list[tuple[str, str]]] = {
     "partitions": [
         ("partitions", "partitions"), ("create_s", "create (s)"), ("slave_all_replicas_s", "slave: all replicas (s)"),
+        ("slave_replicas_following", "replicas following at the limit"), ("first_put_all", "partitions a first put reached"),
         ("zk_nodes", "ZK nodes"), ("zk_bytes", "ZK bytes"), ("zk_biggest_node_bytes", "biggest node (B)"),
         ("master_rss_mib", "RSS master (MiB)"), ("slave_rss_mib", "RSS slave (MiB)"), ("master_fds", "fds master"),
         ("slave_fds", "fds slave"), ("master_idle_cpu_pct", "idle CPU master (%)"), ("slave_idle_cpu_pct", "idle CPU slave (%)"),
         ("produce_one_mb_s", "produce one (MB/s)"), ("produce_all_mb_s", "produce spread (MB/s)"),
         ("produce_all_p99_ms", "spread p99 (ms)"), ("produce_failed_puts", "failed puts"),
-        ("slave_restart_in_sync_set_s", "slave restart -> sync set (s)"), ("failover_first_ack_s", "kill -9: first ack (s)"),
+        ("slave_restart_in_sync_set_s", "slave restart -> sync set (s)"), ("failover_took_over_s", "kill -9: slave took over (s)"), ("failover_first_ack_s", "kill -9: first ack (s)"),
         ("failover_all_served_s", "kill -9: all served (s)"), ("failover_partitions_served", "served after kill -9"),
     ],
     "log": [
@@ -689,7 +689,10 @@ def main() -> int:
             if dim == "partitions":
                 results[dim] = []
                 for count in args.partitions:
-                    results[dim].append(partitions_row(work / str(count), count, args))
+                    try:
+                        results[dim].append(partitions_row(work / str(count), count, args))
+                    except Exception as exc:  # recorded, and the run goes on with the next size
+                        results[dim].append({"partitions": count, "error": repr(exc)})
                     print(json.dumps(results[dim][-1]), flush=True)
                     save()
                     shutil.rmtree(work / str(count), ignore_errors=True)
