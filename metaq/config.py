@@ -189,7 +189,7 @@ class BrokerConfig:
     # ZooKeeper) instead of hostName:serverPort: for NAT, proxies and fault injection.
     advertised_address: str | None = None
     # Bounded resources per broker and per connection (see docs/security.md, "Limits").
-    # maxConnections: each connection is an open file and up to maxQueuedReplyBytes of replies
+    # maxConnections: each connection is an open file, 5-7 KiB idle, and up to maxQueuedReplyBytes of replies
     # plus its share of maxBufferedRequestBytes; the broker's open-file limit must hold them all
     # beside its partitions (metaq/server/open_files.py refuses to start otherwise).
     max_connections: int = 1024
