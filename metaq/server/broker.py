@@ -231,8 +231,7 @@ class Broker:
                 raise ConfigError(f"{config.source_path}: a slave needs ZooKeeper to find its master (zk.zkEnable=false)")
         # Before anything else: a broker that cannot keep logs must never hold the master lock.
         check_data_dirs(config.data_path, config.topics.values(), str(config.source_path))
-        soft, hard = open_files.raise_limit()
-        log.info("open-file limit (RLIMIT_NOFILE): soft %d, hard %d", soft, hard)
+        nofile = open_files.raise_limit()  # logged once listening: a start refused before says one line only
         self._check_open_files(config.topics)  # the group's topics are checked as they are applied
         floor = self.store.open_existing()
         # Before serving: each log's transaction state, and no batch half in a log.
@@ -275,6 +274,7 @@ class Broker:
         self.port = sock.getsockname()[1]
         log.info("broker %d (%s) listening on %s:%d; %s", config.broker_id, self.ha.role_name, config.host_name, self.port,
                  self.security.describe())
+        log.info("open-file limit (RLIMIT_NOFILE): soft %d, hard %d", *nofile)
         if self.metrics is not None:
             assert config.metrics_port is not None
             metrics_tls = tls.context if config.metrics_tls and tls is not None else None
