@@ -189,6 +189,9 @@ class BrokerConfig:
     # ZooKeeper) instead of hostName:serverPort: for NAT, proxies and fault injection.
     advertised_address: str | None = None
     # Bounded resources per broker and per connection (see docs/security.md, "Limits").
+    # maxConnections: each connection is an open file, 5-7 KiB idle, and up to maxQueuedReplyBytes of replies
+    # plus its share of maxBufferedRequestBytes; the broker's open-file limit must hold them all
+    # beside its partitions (metaq/server/open_files.py refuses to start otherwise).
     max_connections: int = 1024
     max_requests_in_flight: int = 1000
     max_queued_reply_bytes: int = 16 * 1024 * 1024
@@ -198,8 +201,12 @@ class BrokerConfig:
     max_buffered_request_bytes: int = 64 * 1024 * 1024
     # A connection that has not logged in (security on) within this is closed.
     login_timeout_ms: int = 10_000
-    # Connections from one peer address (IP); past it that address's new connections are refused.
+    # Connections from one peer address (IP); past it that address's new connections are refused:
+    # one host (a runaway client, a flood) cannot take every slot from the others.
     max_connections_per_address: int = 256
+    # A master warns, counts (metaq_partitions_not_replicated) and lists in stats the partitions
+    # a registered slave has not replicated for this long (metaq/server/replica_health.py).
+    not_replicating_after_ms: int = 30_000
     # Background scrub of sealed segments (metaq/store/scrub.py): the pause between passes
     # (0: off) and the most it reads per second.
     scrub_interval_ms: int = 3_600_000
@@ -432,6 +439,7 @@ _SYSTEM_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "maxBufferedRequestBytes": ("max_buffered_request_bytes", _int(64 * 1024)),
     "loginTimeoutMs": ("login_timeout_ms", _int(100)),
     "maxConnectionsPerAddress": ("max_connections_per_address", _int(1)),
+    "notReplicatingAfterMs": ("not_replicating_after_ms", _int(1000)),
     "scrubIntervalMs": ("scrub_interval_ms", _int(0)),
     "scrubBytesPerSecond": ("scrub_bytes_per_second", _int(1024)),
 }

@@ -5,7 +5,8 @@ From ZooKeeper: each broker id's master and slaves (``/brokers/ids/{id}/master``
 (``/brokers/ids/{id}/sync_set``) where present. From each broker's ``stats``
 over the protocol: per-slave replication lag as the master sees it (bytes and
 messages summed over partitions, the worst partition's milliseconds), the age of
-the slave's last UDP heartbeat, and the slave's own view (stopped partitions).
+the slave's last UDP heartbeat, and the slave's own view (stopped partitions), and, from the master's ``topics`` reply, the
+partitions it serves that a slave has no replica of at all.
 
 A group with no master shows a ``(none)`` master row in state ``NO MASTER``; a
 master that refuses writes (lease expired, fenced, or a sync set below
@@ -13,7 +14,8 @@ minSyncSlaves with ``onSyncSlaveLoss=reject``) shows ``writes refused``. A rich
 table on a terminal, plain aligned text otherwise (``--json``: one JSON object), then
 one line per problem. Exit 1 if ZooKeeper cannot be reached, no broker is registered,
 or any group is unhealthy (no master, an unreachable master, refused writes, a slave
-with stopped partitions) or cannot be checked (its master needs a login).
+with stopped partitions or without a replica of a partition the master serves (also as the
+master itself counts them: stats ``not_replicated slave{k}``)) or cannot be checked (its master needs a login).
 
 One call covers secured and plain groups: ``--user`` logs in where security is on
 (a broker with security off is asked without a login), ``--group-login`` gives one
@@ -39,6 +41,9 @@ from .login import (
 NO_MASTER = "NO MASTER"
 NO_MASTER_URL = "(none)"
 WRITES_REFUSED = "writes refused"
+
+#: Partition names a problem line lists before "and N more".
+NAMES_SHOWN = 20
 
 COLUMNS = ("broker", "role", "address", "state", "epoch", "sync set", "lag bytes", "lag msgs", "lag ms", "heartbeat age")
 
@@ -74,6 +79,9 @@ class Member:
     heartbeat_age_ms: float | None = None
     #: a slave's partitions that stopped replicating: name -> why
     stopped: dict[str, str] = field(default_factory=dict)
+    #: partitions the master serves that this slave does not replicate (no replica of them on
+    #: the slave, or the master counted them as not replicated), stopped ones aside
+    not_replicating: list[str] = field(default_factory=list)
 
     def row(self) -> tuple[str, ...]:
         def num(value: Any, unit: str = "") -> str:
@@ -141,6 +149,11 @@ def apply_stats(members: list[Member], answers: dict[str, Answer]) -> None:
         if member.role == "master":
             if str(reply.get("writes", "accepted")).startswith("refused"):
                 member.state = WRITES_REFUSED
+            for name, value in reply.pairs:  # the master's own count (metaq/server/replica_health.py)
+                head, _, slave_name = name.partition(" ")
+                slave = by_slave.get((member.broker_id, slave_name))
+                if head == "not_replicated" and slave is not None and isinstance(value, dict):
+                    slave.not_replicating += [p for p in str(value.get("partitions", "")).split(",") if p]
             for slave_id, _partition, row in reply.slave_rows():
                 slave = by_slave.get((member.broker_id, f"slave{slave_id}"))
                 if slave is None:
@@ -164,6 +177,36 @@ def apply_stats(members: list[Member], answers: dict[str, Answer]) -> None:
             member.lag_ms = max(float(row["lag_ms"]) for row in own)
 
 
+def apply_coverage(members: list[Member], answers: dict[str, Answer], served: dict[str, Any]) -> None:
+    """Name the partitions each reachable slave has no replica of, from what its master serves
+    (``served``: a master's url -> its topics reply, None when it did not answer)."""
+    masters = {m.broker_id: m.url for m in members if m.role == "master" and m.state != NO_MASTER}
+    for member in members:
+        topics = served.get(masters.get(member.broker_id, ""))
+        answer = answers.get(member.url)
+        if member.role == "master" or topics is None or answer is None or answer.reply is None:
+            continue
+        replicas = answer.reply.replica_rows()
+        names = [f"{topic}-{member.broker_id}-{n}" for topic, count in sorted(topics.items()) for n in range(count)]
+        lacking = [name for name in names if name not in member.stopped and
+                   (name not in replicas or replicas[name].get("state") != "following")]
+        member.not_replicating = sorted(set(member.not_replicating) | set(lacking) - set(member.stopped))
+        if member.not_replicating and member.state == "up":
+            member.state = f"{len(member.not_replicating)} partition(s) not replicated"
+
+
+async def _master_topics(url: str, timeout: float, creds: Any) -> dict[str, int] | None:
+    from ..protocol.messages import TopicsRequest
+    from ..protocol.replies import TopicsReply
+    from .admin import ask
+
+    reply = await ask(url, TopicsRequest().to_header(), timeout, creds)
+    try:
+        return None if reply is None else TopicsReply.of(reply).topics
+    except ValueError:
+        return None
+
+
 async def collect(
     zk_connect: str, zk_root: str = "/meta", timeout: float = 5.0, creds: Any = None, group_creds: dict[int, Any] | None = None,
 ) -> list[Member]:
@@ -173,7 +216,11 @@ async def collect(
     login = {m.url: (group_creds or {}).get(m.broker_id, creds) for m in members if m.state != NO_MASTER}
     urls = sorted(login)
     answers = await asyncio.gather(*(stats_answer(url, "", timeout, login[url]) for url in urls))
-    apply_stats(members, dict(zip(urls, answers)))
+    by_url = dict(zip(urls, answers))
+    apply_stats(members, by_url)
+    masters = sorted({m.url for m in members if m.role == "master" and m.state not in (NO_MASTER, "unreachable")})
+    topics = await asyncio.gather(*(_master_topics(url, timeout, login[url]) for url in masters))
+    apply_coverage(members, by_url, dict(zip(masters, topics)))
     return members
 
 
@@ -258,8 +305,14 @@ def unhealthy(members: list[Member]) -> list[str]:
                          f"or the --tls-ca CA did not sign its certificate")
         elif m.role == "master" and m.state != "up":
             lines.append(f"UNHEALTHY broker group {m.broker_id}: master {m.state}" + ("" if m.state == NO_MASTER else f" ({m.url})"))
-        elif m.stopped:
-            first, why = next(iter(m.stopped.items()))
-            lines.append(f"UNHEALTHY broker group {m.broker_id}: {m.role} ({m.url}) stopped replicating "
-                         f"{len(m.stopped)} partition(s): {', '.join(m.stopped)} (first: {why})")
+        else:
+            if m.stopped:
+                first, why = next(iter(m.stopped.items()))
+                lines.append(f"UNHEALTHY broker group {m.broker_id}: {m.role} ({m.url}) stopped replicating "
+                             f"{len(m.stopped)} partition(s): {', '.join(m.stopped)} (first: {why})")
+            if m.not_replicating:
+                shown = ", ".join(m.not_replicating[:NAMES_SHOWN])
+                more = f" and {len(m.not_replicating) - NAMES_SHOWN} more" if len(m.not_replicating) > NAMES_SHOWN else ""
+                lines.append(f"UNHEALTHY broker group {m.broker_id}: {m.role} ({m.url}) does not replicate "
+                             f"{len(m.not_replicating)} partition(s) its master serves: {shown}{more}")
     return lines

@@ -383,7 +383,8 @@ def _write(args: argparse.Namespace, change: Any, done: str, ends_incarnation: b
         except NoNodeError:
             members = None
         urls = ([members.master_url] if members and members.master_url else []) + (list(members.slaves.values()) if members else [])
-        configured = read_group_topics(client, paths, args.broker_id, args.timeout).exists
+        current = read_group_topics(client, paths, args.broker_id, args.timeout)
+        configured = current.exists
         if members is None and not configured:
             # A typo'd id would otherwise create a configuration no broker ever serves.
             raise MetaqError(f"no broker group {args.broker_id} under {args.zk_root} (no broker ever registered as it; see metaq cluster)")
@@ -391,6 +392,9 @@ def _write(args: argparse.Namespace, change: Any, done: str, ends_incarnation: b
             # Members serving server.ini topics would drop them for a configuration naming only this one.
             raise MetaqError(f"broker group {args.broker_id} is running but has no topic configuration in ZooKeeper "
                              f"({paths.topic_config(args.broker_id)}); restart its master with this version first")
+        added = _added_partitions(args, current.topics.get(args.topic))
+        if added > 0 and urls:
+            asyncio.run(_check_open_files(urls, added, args.timeout, credentials(args)))
         try:
             group = update_group_topics(client, paths, args.broker_id, change, security=zk_security(args, args.broker_id))
         except Unchanged as unchanged:
@@ -418,6 +422,35 @@ def _write(args: argparse.Namespace, change: Any, done: str, ends_incarnation: b
         return 1
     print(f"applied by every live member: {', '.join(u.removeprefix('meta://') for u in urls)}")
     return 0
+
+
+def _added_partitions(args: argparse.Namespace, current: dict[str, str] | None) -> int:
+    """How many partitions a create or alter adds to the group."""
+    if args.action == "create":
+        return 0 if current is not None else args.partitions or 1
+    if args.action == "alter" and args.partitions is not None and current is not None:
+        return max(0, args.partitions - int(current.get("numPartitions", "1")))
+    return 0
+
+
+async def _check_open_files(urls: list[str], added: int, timeout: float, creds: Any) -> None:
+    """Refuse (before writing) partitions a live member cannot hold open: every member would
+    otherwise apply the change and fail puts with ``Too many open files``. A member refuses such
+    a change itself too (metaq/server/open_files.py); this says so before anything is written."""
+    from ..server.open_files import with_headroom
+
+    answers = await asyncio.gather(*(stats_answer(url, "", timeout, creds) for url in urls))
+    for url, answer in zip(urls, answers):
+        reply = answer.reply
+        if reply is None or reply.get("open_files_limit") is None:
+            continue  # unreachable, or a version that does not say: it refuses by itself
+        limit, need = int(reply.get("open_files_limit")), int(reply.get("open_files_needed"))
+        want = need + with_headroom(added)  # each new partition opens its active segment
+        if want > limit:
+            raise MetaqError(
+                f"{url.removeprefix('meta://')} cannot hold {added} more partition(s) open: it would need about {want}"
+                f" open files and its open-file limit (RLIMIT_NOFILE) is {limit}; raise its hard limit (ulimit -Hn,"
+                f" systemd LimitNOFILE=) and restart it, or add fewer partitions (docs/operations.md, 'Sizing')")
 
 
 async def _wait_applied(urls: list[str], topic: str, partitions: int | None, incarnation: str | None, wait: float,

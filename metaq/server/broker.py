@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 from typing import Any, Awaitable, Callable
 
 from .. import __version__
@@ -43,7 +44,9 @@ from .group_topics import GroupTopicsApplier, forget_partitions
 from .handlers import RequestHandlers
 from .metrics import BrokerMetrics, InstrumentedHandlers
 from .metrics import metrics_login as metrics_login_of
+from . import open_files
 from .registry import BrokerRegistry
+from .replica_health import ReplicaCoverage
 from .live_config import LiveConfig
 from .reload import apply_logging, follow_logging, reload_config
 from .stats import BrokerStats
@@ -54,6 +57,11 @@ from .transactions import TransactionService
 from .waiters import EndWaiters
 
 log = logging.getLogger(__name__)
+
+#: After a SIGTERM'd broker stopped (logs flushed and closed), how long its worker threads
+#: (``asyncio.to_thread`` calls: a scrub read, a ZooKeeper call) may take to return before
+#: the process exits without them. Without a bound the interpreter's exit waits for each.
+STOP_THREADS_GRACE_S = 3.0
 
 
 class Broker:
@@ -97,6 +105,8 @@ class Broker:
         self._server: asyncio.AbstractServer | None = None
         self._stopped = asyncio.Event()
         self._tls_reload: asyncio.Future[None] | None = None
+        #: Which served partitions each registered slave does not replicate (a master's check).
+        self.replica_coverage = ReplicaCoverage(self)
 
     def _repair_corrupt(self, topic: str, partition: int, start: int, end: int) -> None:
         """A master puts a corrupt range back from its slaves (a slave's replica re-fetches its own)."""
@@ -148,6 +158,7 @@ class Broker:
             topics = self.group_topics.overlay(topics)  # the group's configuration wins
         if topics == self.config.topics:
             return
+        self._check_open_files(topics)
         added = sorted(set(topics) - set(self.config.topics))
         self.live_config.set_topics(topics)
         # Files go only when the group's configuration ended the topic (``metaq topics delete``,
@@ -166,6 +177,22 @@ class Broker:
             await self.registry.update_topics(topics)
         if added and (self.group_topics is None or not self.group_topics.group.exists):
             log.info("now serving topics %s", ", ".join(added))  # else the applier says what changed
+
+    def _check_open_files(self, topics: dict[str, TopicConfig]) -> None:
+        """Refuse a topic map whose partitions cannot fit the open-file limit (metaq/server/open_files.py)."""
+        known = {key: len(getattr(log_, "segments", ())) for key, log_ in self.store.logs().items()}
+        refusal = open_files.does_not_fit(topics, self.config.max_connections, open_files.current_limit(), known)
+        if refusal is not None:
+            raise open_files.TopicsDoNotFit(refusal)
+
+    def open_files_pairs(self) -> list[tuple[str, Any]]:
+        """``stats``: the open-file limit and what the partitions served need of it (``metaq topics
+        create|alter`` refuses a change that would pass it)."""
+        known = {key: len(getattr(log_, "segments", ())) for key, log_ in self.store.logs().items()}
+        return [
+            ("open_files_limit", open_files.current_limit()),
+            ("open_files_needed", open_files.needed(self.config.topics, self.config.max_connections, known)),
+        ]
 
     def _slave_registered(self, slave_id: int) -> bool:
         """Does ZooKeeper name ``slave{slave_id}`` in our group (heartbeats from others are ignored)?"""
@@ -215,6 +242,8 @@ class Broker:
                 raise ConfigError(f"{config.source_path}: a slave needs ZooKeeper to find its master (zk.zkEnable=false)")
         # Before anything else: a broker that cannot keep logs must never hold the master lock.
         check_data_dirs(config.data_path, config.topics.values(), str(config.source_path))
+        nofile = open_files.raise_limit()  # logged once listening: a start refused before says one line only
+        self._check_open_files(config.topics)  # the group's topics are checked as they are applied
         floor = self.store.open_existing()
         # Before serving: each log's transaction state, and no batch half in a log.
         self.partitions.open_all()
@@ -256,6 +285,7 @@ class Broker:
         self.port = sock.getsockname()[1]
         log.info("broker %d (%s) listening on %s:%d; %s", config.broker_id, self.ha.role_name, config.host_name, self.port,
                  self.security.describe())
+        log.info("open-file limit (RLIMIT_NOFILE): soft %d, hard %d", *nofile)
         if self.metrics is not None:
             assert config.metrics_port is not None
             metrics_tls = tls.context if config.metrics_tls and tls is not None else None
@@ -296,6 +326,8 @@ class Broker:
                                                   self.config.txn.max_transactional_ids_per_user,
                                                   self.security.principal_tags)
         await self.ha.start()
+        if self.registry is not None:
+            self.replica_coverage.start()
         if self.ha.coordinator is None and self.ha.acting_master:
             self.on_leading(self.ha.epoch)  # without ZooKeeper: master from the start, in epoch 0
 
@@ -355,6 +387,7 @@ class Broker:
             self.security.tls.maybe_reload()  # logs; a half-written renewal keeps the old pair
 
     async def stop(self) -> None:
+        self.replica_coverage.stop()
         if self.group_topics is not None:
             self.group_topics.stop()
         if self._tls_reload is not None:
@@ -399,6 +432,7 @@ class Broker:
         await stop.wait()
         log.info("signal received, stopping")
         await self.stop()
+        await _end_worker_threads(STOP_THREADS_GRACE_S)
 
     # --- stats ------------------------------------------------------------------------
 
@@ -445,6 +479,8 @@ class Broker:
             ("scrub_bytes", self.scrubber.stats.bytes_checked),
             ("scrub_corrupt_ranges", self.scrubber.stats.corrupt_ranges),
             ("time_index_rebuilds", time_index_rebuilds.total),
+            *self.open_files_pairs(),
+            *self.replica_coverage.status_pairs(),
         ] + self.ha.status_pairs() + self.replication_pairs()
 
     def replication_pairs(self) -> list[tuple[str, Any]]:
@@ -504,6 +540,23 @@ def run_broker(config: BrokerConfig, slave: SlaveConfig | None = None) -> int:
     else:
         asyncio.run(broker.run_until_signalled())
     return 0
+
+
+async def _end_worker_threads(grace_s: float) -> None:
+    """Shut the loop's worker threads down within ``grace_s``, or exit the process without them.
+
+    Called once the broker has stopped: its logs are flushed and closed, so a thread still
+    running holds nothing that must reach the disk. Shutdown is bounded whatever one is doing.
+    """
+    loop = asyncio.get_running_loop()
+    try:
+        await asyncio.wait_for(loop.shutdown_default_executor(), grace_s)
+    except asyncio.TimeoutError:
+        busy = sorted(t.name for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon)
+        log.warning("worker threads still busy %.0f s after the broker stopped (%s); exiting without them",
+                    grace_s, ", ".join(busy) or "-")
+        logging.shutdown()
+        os._exit(0)
 
 
 async def _all_of(waits: list[Awaitable[None]]) -> None:

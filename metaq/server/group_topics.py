@@ -29,6 +29,7 @@ from ..config import ConfigError, TopicConfig, topic_settings
 from ..ha.peers import peer_topics
 from ..store import incarnation
 from ..zk.paths import ZkPaths
+from .open_files import TopicsDoNotFit
 from .registry import RegistryError
 from ..zk.topic_config import GroupTopics, decode_group_topics, delete_group_offsets, publish_with, read_group_topics, seed_with, serve_group_topics, update_group_topics
 
@@ -68,7 +69,7 @@ class GroupTopicsApplier:
         except (KazooException, KazooTimeoutError, RuntimeError, ValueError) as exc:
             # Serving server.ini's topics instead could contradict the rest of the group.
             raise RegistryError(f"cannot read the group's topic configuration {self.node}: {exc!r}") from None
-        await self.apply(group)
+        await self.apply(group, at_start=True)
 
     def stop(self) -> None:
         self._stopped = True
@@ -108,7 +109,9 @@ class GroupTopicsApplier:
         broker = self.broker
         return serve_group_topics(broker.config, broker.local_topics, group, self.node)
 
-    async def apply(self, group: GroupTopics) -> None:
+    async def apply(self, group: GroupTopics, at_start: bool = False) -> None:
+        """Serve ``group``; one whose partitions cannot fit the open-file limit is refused: at start
+        the broker does not start, later the partitions served stay as they are (one error line)."""
         async with self._lock:
             if not group.exists or group.version < self.group.version:
                 return  # no node yet, or an older value overtaken by a newer one
@@ -125,8 +128,15 @@ class GroupTopicsApplier:
             stale = ended_topics(before, topics) + sorted(set(topics) - set(before))
             if stale and self.broker.ha.acting_master:
                 await self._delete_consumer_offsets(stale)
-            self.group = group
-            await self.broker.update_topics(topics)
+            previous, self.group = self.group, group
+            try:
+                await self.broker.update_topics(topics)
+            except TopicsDoNotFit as exc:
+                self.group = previous
+                if at_start:
+                    raise
+                log.error("not applying version %d of the group's topic configuration: %s", group.version, exc)
+                return
             self._remove_deleted_files(group)
             if self._catch_up is not None:
                 self._catch_up.cancel()

@@ -287,7 +287,16 @@ class BrokerCollector(Collector):
                 if members.too_small:
                     lagging.update(ends)
         under.add_metric([], len(lagging))
-        yield from (lag_bytes, lag_messages, lag_seconds, sync_set, under)
+        not_replicated = GaugeMetricFamily(
+            "metaq_partitions_not_replicated",
+            "Partitions this master serves that a registered slave has not replicated for notReplicatingAfterMs"
+            " (no replica of it, or one that stopped while behind)", labels=["slave"],
+        )
+        missing = broker.replica_coverage.missing
+        registered = broker.registry.slave_ids if broker.registry is not None and broker.ha.acting_master else ()
+        for slave_id in sorted(set(registered) | set(missing)):
+            not_replicated.add_metric([str(slave_id)], len(missing.get(slave_id, ())))
+        yield from (lag_bytes, lag_messages, lag_seconds, sync_set, under, not_replicated)
 
     def _zookeeper(self) -> Any:
         state = GaugeMetricFamily("metaq_zookeeper_state", "1 for the state of the broker's ZooKeeper session", labels=["state"])

@@ -67,6 +67,9 @@ log = logging.getLogger(__name__)
 
 #: How often the snapshots of the states that moved are rewritten (bounds the walk at a restart).
 SNAPSHOT_INTERVAL_S = 60.0
+#: Snapshot files written at once when the broker stops (each is fsynced; one after another
+#: 2,000 of them took 10 s).
+CLOSE_SNAPSHOT_WORKERS = 16
 Key = tuple[str, int]
 
 
@@ -422,11 +425,23 @@ class Partitions:
         bodies = self._changed_snapshots()
         await asyncio.to_thread(self._write_all, bodies)
 
-    def _write_all(self, bodies: list[tuple[Partition, int, bytes]]) -> None:
-        for owner, cuts, body in bodies:
-            with self.files:
-                if owner.cuts == cuts:  # else the log was cut since: this content may describe gone bytes
-                    rebuild.write_snapshot_bytes(owner.directory, body)
+    def _write_all(self, bodies: list[tuple[Partition, int, bytes]], workers: int = 1) -> None:
+        def write(item: tuple[Partition, int, bytes]) -> None:
+            owner, cuts, body = item
+            if owner.cuts == cuts:  # else the log was cut since: this content may describe gone bytes
+                rebuild.write_snapshot_bytes(owner.directory, body)
+
+        if workers <= 1 or len(bodies) < 2:
+            for item in bodies:
+                with self.files:
+                    write(item)
+            return
+        # At close nothing else writes or cuts: the lock is held once, and the files (each
+        # fsynced) are written ``workers`` at a time, so a stop with thousands of changed
+        # partitions takes seconds, not one fsync after another.
+        with self.files, concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="snapshot") as pool:
+            for _ in pool.map(write, bodies):
+                pass
 
     async def stop(self) -> None:
         if self._snapshots is not None:
@@ -438,7 +453,7 @@ class Partitions:
     def close(self) -> None:
         """Before the logs close: snapshot every state (a restart then walks only what is new)."""
         try:
-            self.snapshot_all()
+            self._write_all(self._changed_snapshots(), workers=CLOSE_SNAPSHOT_WORKERS)
         except OSError as exc:
             log.warning("transaction state snapshot at close failed (rebuilt from the log at start): %s", exc)
         self._partitions.clear()

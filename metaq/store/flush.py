@@ -6,9 +6,14 @@
   that arrive while it runs wait for the next one, which the first of them starts.
   Under load this batches many puts per fsync without any timer or queue.
 * ``unflushThreshold > 0`` -- puts are acked at once; an fsync starts in the
-  background once that many messages are unflushed, and a periodic task flushes every
-  ``unflushInterval`` ms while anything is unflushed (and checks every period that no
-  segment file of the log was deleted).
+  background once that many messages are unflushed, and every ``unflushInterval`` ms a
+  periodic round flushes the log if anything is unflushed (and checks, whatever the
+  policy, that no segment file of the log was deleted).
+
+Periodic rounds of every log of a broker run from one ``FlushScheduler`` (one timer for
+the broker, a heap of due times), not one task per partition: at 10,000 partitions a task
+each would wake the event loop 1,000 times a second with the default 10 s interval while
+nothing happens.
 
 An fsync error fails every caller waiting on that fsync with the OSError (never a
 hang); the data stays unflushed and the next flush tries again.
@@ -17,7 +22,8 @@ hang); the data stays unflushed and the next flush tries again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import heapq
+import itertools
 import logging
 import time
 from typing import Callable
@@ -41,7 +47,8 @@ class LogFlusher:
         self.fsyncs = 0  # completed fsync rounds, for stats and tests
         self._unflushed_messages = 0
         self._inflight: asyncio.Future[int] | None = None
-        self._periodic: asyncio.Task[None] | None = None
+        #: The scheduler running this log's periodic rounds (None: not started).
+        self._scheduler: FlushScheduler | None = None
         #: Called on the event loop after each successful fsync (the broker wakes
         #: consumers waiting for the committed offset, which follows flushed_end).
         self.on_flushed: Callable[[], None] | None = None
@@ -114,29 +121,85 @@ class LogFlusher:
 
     # --- periodic flushing -----------------------------------------------------------
 
-    def start(self) -> None:
-        """Start the periodic flush task (needs a running event loop)."""
-        if self._periodic is None:
-            self._periodic = asyncio.get_running_loop().create_task(
-                self._flush_periodically(), name=f"flush {self.log.directory.name}"
-            )
+    def start(self, scheduler: "FlushScheduler | None" = None) -> None:
+        """Run periodic rounds from ``scheduler`` (the store's, shared by every log; a private
+        one without); needs a running event loop."""
+        if self._scheduler is None:
+            self._scheduler = scheduler if scheduler is not None else FlushScheduler()
+            self._scheduler.add(self)
 
     async def stop(self) -> None:
-        """Stop the periodic task and flush what is left."""
-        task, self._periodic = self._periodic, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        """Stop the periodic rounds and flush what is left."""
+        scheduler, self._scheduler = self._scheduler, None
+        if scheduler is not None:
+            scheduler.remove(self)
         await self.flush_now()
 
-    async def _flush_periodically(self) -> None:
-        while True:
-            # Read each round: a config reload may change the interval.
-            await asyncio.sleep(self.unflush_interval_ms / 1000)
-            self.log.check_files()  # a deleted segment file is noticed even with no puts
-            if self.log.flushed_end < self.log.log_end:
-                try:
-                    await self.flush_now()
-                except (OSError, AppendTruncated):
-                    pass  # logged by _flush_done; the next period retries
+    def periodic_round(self) -> None:
+        """One round: notice a deleted segment file even with no puts; start an fsync if
+        anything is unflushed (its failure is logged by ``_flush_done``; the next round retries)."""
+        self.log.check_files()
+        if self.log.flushed_end < self.log.log_end:
+            self._current_or_new_flush()
+
+
+class FlushScheduler:
+    """One timer for the periodic rounds of every log of a broker.
+
+    A heap of ``(due, sequence, flusher)``; the loop timer is armed for the earliest entry.
+    When it fires, every round due (within ``COALESCE_S``) runs, and each flusher is put
+    back ``unflush_interval_ms`` later (read each round: a reload may change it). A removed
+    flusher's entries are skipped when they come up (``_members``).
+    """
+
+    COALESCE_S = 0.05
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, LogFlusher]] = []
+        self._members: set[int] = set()
+        self._sequence = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def add(self, flusher: LogFlusher) -> None:
+        self._members.add(id(flusher))
+        self._push(flusher, asyncio.get_running_loop().time())
+
+    def remove(self, flusher: LogFlusher) -> None:
+        self._members.discard(id(flusher))
+        if not self._members and self._timer is not None:
+            self._timer.cancel()
+            self._timer = self._timer_at = None
+            self._heap.clear()
+
+    def _push(self, flusher: LogFlusher, now: float) -> None:
+        due = now + flusher.unflush_interval_ms / 1000
+        heapq.heappush(self._heap, (due, next(self._sequence), flusher))
+        if self._timer_at is None or due < self._timer_at:
+            self._arm(due)
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_at(when, self._fire)
+        self._timer_at = when
+
+    def _fire(self) -> None:
+        self._timer = self._timer_at = None
+        now = asyncio.get_running_loop().time()
+        due: list[LogFlusher] = []
+        while self._heap and self._heap[0][0] <= now + self.COALESCE_S:
+            flusher = heapq.heappop(self._heap)[2]
+            if id(flusher) in self._members:
+                due.append(flusher)
+        for flusher in due:
+            try:
+                flusher.periodic_round()
+            except Exception:  # one log's trouble must not stop every other log's rounds
+                log.exception("%s: periodic flush round failed", flusher.log.directory)
+            self._push(flusher, now)
+        if self._heap and self._timer is None:
+            self._arm(self._heap[0][0])

@@ -168,3 +168,37 @@ def test_waiting_for_bytes_that_were_truncated_away_fails(tmp_path):
             await flusher.wait_flushed(log.log_end + 100)
 
     asyncio.run(scenario())
+
+
+def test_one_scheduler_runs_the_periodic_rounds_of_every_log_without_a_task_per_log(tmp_path):
+    from metaq.store.flush import FlushScheduler
+
+    async def scenario():
+        scheduler = FlushScheduler()
+        logs, flushers = [], []
+        for n in range(50):
+            log = new_log(tmp_path / f"t-{n}")
+            flusher = LogFlusher(log, unflush_threshold=1000, unflush_interval_ms=20 if n % 2 else 40)
+            flusher.start(scheduler)
+            logs.append(log)
+            flushers.append(flusher)
+        assert len(scheduler) == 50
+        assert len(asyncio.all_tasks()) == 1  # this test's own: no task per log
+        ends = [await put(log, flusher) for log, flusher in zip(logs, flushers)]
+        for _ in range(200):
+            if all(log.flushed_end == end for log, end in zip(logs, ends)):
+                break
+            await asyncio.sleep(0.01)
+        assert all(log.flushed_end == end for log, end in zip(logs, ends))
+        # A stopped log leaves the rounds (its final flush is its own); the others go on.
+        await flushers[0].stop()
+        assert len(scheduler) == 49
+        end0 = await put(logs[0], flushers[0])
+        end1 = await put(logs[1], flushers[1])
+        await asyncio.sleep(0.2)
+        assert logs[1].flushed_end == end1 and logs[0].flushed_end < end0
+        for flusher in flushers[1:]:
+            await flusher.stop()
+        assert len(scheduler) == 0
+
+    asyncio.run(scenario())
