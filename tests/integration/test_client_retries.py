@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from metaq.client import ConsumerConfig, Message, MessageSessionFactory, MetaClientConfig
+from metaq.client import ConsumerConfig, Message, MessageSessionFactory, MetaClientConfig, Partition
 from metaq.client.retry_topics import failure_info, failure_topic_names
 from metaq.zk.paths import ZkPaths
 from metaq.zk.topic_config import read_group_topics
@@ -96,6 +96,11 @@ def test_a_listener_failing_n_times_gets_the_message_n_plus_one_times_spaced_by_
     # Every delivery is the original message: topic, partition, offset, msg id, attribute, data.
     assert {(m.topic, m.partition, m.offset, m.id, m.attribute, m.data) for _, m in calls} == {
         (TOPIC, sent.partition, sent.offset, sent.msg_id, "eu", b"poison")}
+    # The listener can tell which delivery it is on (RocketMQ's reconsumeTimes + 1), and the last error.
+    assert [m.delivery_attempt for _, m in calls] == [1, 2, 3, 4]
+    assert failure_info(calls[0][1]) is None
+    assert [(failure_info(m).attempts, failure_info(m).error) for _, m in calls[1:]] == [  # type: ignore[union-attr]
+        (k, f"ValueError: cannot bill {sent.offset} (try {k})") for k in (1, 2, 3)]
     stats = consumer.stats
     assert (stats.retried, stats.dead_lettered, stats.listener_failures) == (3, 0, 3)
     # The topics were created in the broker group's topic configuration: a partition per delay level.
@@ -425,3 +430,31 @@ def test_a_broker_group_lost_for_good_holds_back_only_its_own_partitions_retries
     wait_until(lambda: delivered.count((str(later.partition), later.offset)) == 2, 30, message="a retry in broker group 1")
     assert time.time() - started < 30
     consumer.shutdown()
+
+
+def test_metaq_consume_says_where_the_messages_it_failed_to_print_went(broker_factory, factory, zk, zk_root, tmp_path) -> None:
+    """Standard output on a full disk (/dev/full): every print fails. A fresh message goes to
+    the retry topic; a retry already on its last allowed delivery goes to the dead-letter topic."""
+    from metaq.client.retry_topics import FailureInfo
+
+    group = "printer"
+    retry, dlq = failure_topic_names(group)
+    broker_factory(0, {TOPIC: 1, retry: 1, dlq: 1}, system=SYSTEM)
+    producer = factory.create_producer()
+    assert producer.send_message(Message(TOPIC, b"fresh")).success
+    # As a member with the default max_reconsume_times (16) left it: 16 deliveries failed, due now.
+    last = FailureInfo(TOPIC, Partition(0, 0), 0, 1, None, 16, "ValueError: earlier", 0)
+    assert producer.send_message(Message(retry, b"old", last.encode())).success
+    with open("/dev/full", "wb") as full:
+        done = subprocess.run([sys.executable, "-m", "metaq", "consume", "--zk", zk.connect_string, "--zk-root", zk_root,
+                               "--topic", TOPIC, "--group", group, "--idle-timeout", "8", "--recover-dir", str(tmp_path / "r")],
+                              stdout=full, stderr=subprocess.PIPE, text=True, timeout=120, cwd=REPO_ROOT,
+                              env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)))
+    assert done.returncode == 0, done.stderr
+    summary = done.stderr.strip().splitlines()[-1]
+    assert summary.startswith(f"consumed 0 messages from {TOPIC}") and "Traceback" not in done.stderr, done.stderr
+    assert summary.endswith(f"; 1 failed and went to the retry topic {retry}; 1 moved to the dead-letter topic {dlq} "
+                            f"(metaq groups dlq --group {group})"), summary
+    listed = metaq_cli("groups", "dlq", "--zk", zk.connect_string, "--zk-root", zk_root, "--group", group)
+    assert listed.returncode == 0 and "OSError" in listed.stdout, listed.stdout + listed.stderr
+
