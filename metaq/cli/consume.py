@@ -9,7 +9,8 @@ offsets). ``--from-beginning`` is accepted for old scripts: it is the default no
 
 Prints each message's data on its own line on stdout (flushed per message, so a reader
 of the pipe sees every message whose offset may have been committed), a summary on
-stderr at the end. Stops after ``--max`` messages, after ``--idle-timeout`` seconds
+stderr at the end (with how many messages whose printing failed went to the group's retry
+topic, its dead-letter topic or the recover store). Stops after ``--max`` messages, after ``--idle-timeout`` seconds
 without a message, or on SIGINT/SIGTERM; offsets are committed on the way out.
 """
 
@@ -129,10 +130,9 @@ async def consume(args: argparse.Namespace) -> int:
     finally:
         progress.close()
         await factory.shutdown()
-    stats = consumer.stats if consumer else None
     summary = f"consumed {progress.count} messages from {args.topic} in {progress.elapsed:.2f}s ({progress.rate:,.0f} msg/s)"
-    if stats and stats.recovered:
-        summary += f"; {stats.recovered} moved to the recover store"
+    if consumer is not None:
+        summary += _failures_summary(consumer.stats, args.group)
     if reader_gone:
         summary += "; stopped: the reader closed standard output"
         from . import detach_stdout
@@ -140,6 +140,21 @@ async def consume(args: argparse.Namespace) -> int:
         detach_stdout()
     print(summary, file=sys.stderr)
     return 0
+
+
+def _failures_summary(stats: Any, group: str) -> str:
+    """Where the messages whose listener failed went (docs/client.md, "Failed messages"); "" when none failed."""
+    from ..client import failure_topic_names
+
+    retry_topic, dlq_topic = failure_topic_names(group)
+    parts = []
+    if stats.retried:
+        parts.append(f"{stats.retried} failed and went to the retry topic {retry_topic}")
+    if stats.dead_lettered:
+        parts.append(f"{stats.dead_lettered} moved to the dead-letter topic {dlq_topic} (metaq groups dlq --group {group})")
+    if stats.recovered:
+        parts.append(f"{stats.recovered} moved to the recover store")
+    return "".join(f"; {part}" for part in parts)
 
 
 def _check_offset_store_directory(args: argparse.Namespace) -> None:

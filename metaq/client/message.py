@@ -77,6 +77,14 @@ class Message(_MessageFields):
             topic, attribute = _checked_names(topic, attribute)
         return tuple.__new__(cls, (topic, data, attribute, id, partition, offset))
 
+    @property
+    def delivery_attempt(self) -> int:
+        """Which delivery of this message a listener is on: 1 for a first delivery, ``k + 1``
+        for a retry after ``k`` failed deliveries (``failure_store="topic"``; RocketMQ's
+        ``reconsumeTimes`` is this minus 1). A retry's message is a subclass carrying its
+        envelope (retry_topics.py ``Redelivery``); every other message is a first delivery."""
+        return 1
+
 
 def _checked_names(topic: object, attribute: object) -> tuple[str, str | None]:
     """The slow path of Message(): a topic and attribute that are not plain strings are refused

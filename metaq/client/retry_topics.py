@@ -25,7 +25,9 @@ Theory of operation (``failure_store="topic"``, the default):
   the members, its offsets committed with the others. A retry partition's fetcher delivers
   a message only when it is due (``due_at``: the retry record's own msg id time, the master's
   append time, plus the delay), waiting on that partition alone; then it calls the original
-  topic's listener with the message as first delivered.
+  topic's listener with the message as first delivered (a ``Redelivery``: equal to the
+  original and carrying the envelope, so ``delivery_attempt`` and ``failure_info`` tell the
+  listener which delivery it is on).
 * After ``1 + max_reconsume_times`` failed deliveries the envelope goes to the dead-letter
   topic instead, where nobody consumes it: ``metaq groups dlq`` lists, replays or purges it.
 
@@ -103,12 +105,36 @@ class FailureInfo:
             "attribute": self.attribute, "attempts": self.attempts, "error": self.error, "delay_ms": self.delay_ms,
         }, separators=(",", ":"))
 
-    def original(self, data: bytes) -> Message:
-        return Message(self.topic, data, self.attribute, id=self.msg_id, partition=self.partition, offset=self.offset)
+    def original(self, data: bytes) -> "Redelivery":
+        """The message as first delivered, carrying this envelope (what a retry hands the listener)."""
+        message = Redelivery(self.topic, data, self.attribute, self.msg_id, self.partition, self.offset)
+        message.failure = self
+        return message
+
+
+class Redelivery(Message):
+    """A retried message as its listener gets it: the original's fields, and ``failure``, its envelope.
+
+    Equal to, hashed and unpacked like the original (a tuple with the same fields): a
+    listener that does not ask sees the message it would have seen the first time. Without
+    ``__slots__`` on purpose: a tuple subclass keeps the envelope in an instance ``__dict__``,
+    so only retries pay for it, and it survives pickling and copying.
+    """
+
+    failure: FailureInfo
+
+    @property
+    def delivery_attempt(self) -> int:
+        failure = self.__dict__.get("failure")  # None on a copy made by _replace()
+        return 1 if failure is None else failure.attempts + 1
 
 
 def failure_info(message: Message) -> FailureInfo | None:
-    """The envelope of a message of a retry or dead-letter topic; None for any other message."""
+    """The envelope of a message of a retry or dead-letter topic, or of a retry handed to a listener
+    (``attempts`` deliveries failed before this one, ``error`` the last one's); None for any other message."""
+    failure = getattr(message, "__dict__", {}).get("failure")
+    if isinstance(failure, FailureInfo):
+        return failure
     attribute = message.attribute
     if attribute is None or not attribute.startswith(ENVELOPE_MARK):
         return None

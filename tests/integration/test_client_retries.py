@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from metaq.client import ConsumerConfig, Message, MessageSessionFactory, MetaClientConfig
+from metaq.client import ConsumerConfig, Message, MessageSessionFactory, MetaClientConfig, Partition
 from metaq.client.retry_topics import failure_info, failure_topic_names
 from metaq.zk.paths import ZkPaths
 from metaq.zk.topic_config import read_group_topics
@@ -96,6 +96,11 @@ def test_a_listener_failing_n_times_gets_the_message_n_plus_one_times_spaced_by_
     # Every delivery is the original message: topic, partition, offset, msg id, attribute, data.
     assert {(m.topic, m.partition, m.offset, m.id, m.attribute, m.data) for _, m in calls} == {
         (TOPIC, sent.partition, sent.offset, sent.msg_id, "eu", b"poison")}
+    # The listener can tell which delivery it is on (RocketMQ's reconsumeTimes + 1), and the last error.
+    assert [m.delivery_attempt for _, m in calls] == [1, 2, 3, 4]
+    assert failure_info(calls[0][1]) is None
+    assert [(failure_info(m).attempts, failure_info(m).error) for _, m in calls[1:]] == [  # type: ignore[union-attr]
+        (k, f"ValueError: cannot bill {sent.offset} (try {k})") for k in (1, 2, 3)]
     stats = consumer.stats
     assert (stats.retried, stats.dead_lettered, stats.listener_failures) == (3, 0, 3)
     # The topics were created in the broker group's topic configuration: a partition per delay level.
@@ -425,3 +430,137 @@ def test_a_broker_group_lost_for_good_holds_back_only_its_own_partitions_retries
     wait_until(lambda: delivered.count((str(later.partition), later.offset)) == 2, 30, message="a retry in broker group 1")
     assert time.time() - started < 30
     consumer.shutdown()
+
+
+def test_metaq_consume_says_where_the_messages_it_failed_to_print_went(broker_factory, factory, zk, zk_root, tmp_path) -> None:
+    """Standard output on a full disk (/dev/full): every print fails. A fresh message goes to
+    the retry topic; a retry already on its last allowed delivery goes to the dead-letter topic."""
+    from metaq.client.retry_topics import FailureInfo
+
+    group = "printer"
+    retry, dlq = failure_topic_names(group)
+    broker_factory(0, {TOPIC: 1, retry: 1, dlq: 1}, system=SYSTEM)
+    producer = factory.create_producer()
+    assert producer.send_message(Message(TOPIC, b"fresh")).success
+    # As a member with the default max_reconsume_times (16) left it: 16 deliveries failed, due now.
+    last = FailureInfo(TOPIC, Partition(0, 0), 0, 1, None, 16, "ValueError: earlier", 0)
+    assert producer.send_message(Message(retry, b"old", last.encode())).success
+    with open("/dev/full", "wb") as full:
+        done = subprocess.run([sys.executable, "-m", "metaq", "consume", "--zk", zk.connect_string, "--zk-root", zk_root,
+                               "--topic", TOPIC, "--group", group, "--idle-timeout", "8", "--recover-dir", str(tmp_path / "r")],
+                              stdout=full, stderr=subprocess.PIPE, text=True, timeout=120, cwd=REPO_ROOT,
+                              env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)))
+    assert done.returncode == 0, done.stderr
+    summary = done.stderr.strip().splitlines()[-1]
+    assert summary.startswith(f"consumed 0 messages from {TOPIC}") and "Traceback" not in done.stderr, done.stderr
+    assert summary.endswith(f"; 1 failed and went to the retry topic {retry}; 1 moved to the dead-letter topic {dlq} "
+                            f"(metaq groups dlq --group {group})"), summary
+    listed = metaq_cli("groups", "dlq", "--zk", zk.connect_string, "--zk-root", zk_root, "--group", group)
+    assert listed.returncode == 0 and "OSError" in listed.stdout, listed.stdout + listed.stderr
+
+
+def test_retries_with_security_on_through_a_topic_alter_and_a_kill_9_failover(broker_factory, zk, zk_client, zk_root, tmp_path) -> None:
+    """Everything at once: a secured sync pair, the operator-made retry and dead-letter topics,
+    the original topic altered (a partition added) while retries wait, then the master killed
+    -9 while they still wait, and more failing messages on both partitions of the new master.
+
+    Each message that fails once is delivered exactly twice; each that always fails exactly
+    1 + max_reconsume_times times and then lies once in the dead-letter topic; every one is
+    settled within 60 s of the kill. Exactly: the consumer's retry sends are idempotent
+    (``idempotence=True``), so a send cut by the kill and sent again is stored once."""
+    from collections import Counter
+
+    from metaq.client.connection import Credentials
+    from metaq.security.credentials import SecurityFile
+
+    from .failover_support import TOPIC as FO_TOPIC, Group
+    from .test_trust_producer_ids import secured_pair
+    from .trust_support import PASSWORDS, SecuredGroup, metaq as metaq_tool, request_as, run
+
+    secured = SecuredGroup(tmp_path / "sec")
+    users = SecurityFile.load(secured.users_file)
+    # The group's needs (docs/client.md, "Failed messages"), and consume on the dead-letter topic to audit it.
+    users.add_user("biller", "biller-password", consume=f"{FO_TOPIC},{RETRY},{DLQ}", produce=f"{RETRY},{DLQ}", iterations=4096)
+    users.save()
+    group = Group(zk_client, zk_root)
+    a, b = secured_pair(broker_factory, secured, group)
+    epoch = group.epoch()
+    password_file = tmp_path / "ops.password"
+    password_file.write_text(PASSWORDS["ops"] + "\n")
+    operator = ["--zk", zk.connect_string, "--zk-root", zk_root, "--broker-id", "0", "--user", "ops", "--password-file",
+                str(password_file), "--group-secret", str(secured.secret_file)]
+    delays, max_reconsume = (10.0, 3.0), 2
+    for topic, partitions in ((RETRY, len(delays)), (DLQ, 1)):
+        done = metaq_tool("topics", "create", *operator, "--topic", topic, "--partitions", str(partitions))
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    def topics_on(broker) -> dict[str, int]:  # type: ignore[no-untyped-def]
+        return run(request_as(broker, "app", {"op": "topics"})).header["topics"]
+
+    wait_until(lambda: {RETRY, DLQ} <= set(topics_on(b)), 30, message="the failure topics on the slave")
+
+    deliveries: dict[bytes, list[int]] = {}
+    lock = threading.Lock()
+
+    def listener(message: Message) -> None:
+        with lock:
+            deliveries.setdefault(message.data, []).append(message.delivery_attempt)
+            count = len(deliveries[message.data])
+        if message.data.startswith(b"always") or (message.data.startswith(b"once") and count == 1):
+            raise ValueError(f"cannot bill {message.data.decode()}")
+
+    def client(user: str, password: str) -> MessageSessionFactory:
+        return MessageSessionFactory(MetaClientConfig(
+            zk_connect=zk.connect_string, zk_root=zk_root, zk_session_timeout_ms=4000, request_timeout_s=3, send_timeout_s=60,
+            send_retry_max_wait_s=0.2, idempotence=True, credentials=Credentials(user, password)))
+
+    with client("app", PASSWORDS["app"]) as app, client("biller", "biller-password") as biller:
+        consumer = biller.create_consumer(retry_config(tmp_path, retry_delays_s=delays, max_reconsume_times=max_reconsume))
+        consumer.subscribe(FO_TOPIC, listener=listener)
+        consumer.complete_subscribe()
+        producer = app.create_producer()
+        first = [f"{kind}-{i}".encode() for kind in ("once", "always") for i in range(3)] + [f"ok-{i}".encode() for i in range(10)]
+        assert all(producer.send_batch([Message(FO_TOPIC, data) for data in first]))
+        wait_until(lambda: consumer.stats.retried >= 6, 30, message="the first failures in the retry topic")
+        failed_at = time.time()
+
+        # While they wait: the topic altered, then the master killed -9.
+        altered = metaq_tool("topics", "alter", *operator, "--topic", FO_TOPIC, "--partitions", "2")
+        assert altered.returncode == 0, altered.stdout + altered.stderr
+        wait_until(lambda: topics_on(b).get(FO_TOPIC) == 2, 30, message="the new partition on the slave")
+        a.kill()
+        killed_at = time.time()
+        assert killed_at - failed_at < delays[0], "killed before the first retries were due"
+        wait_until(lambda: group.master() == b.url and group.epoch() > epoch, 30, message="B to lead")
+
+        second = [f"{kind}-{i}".encode() for kind in ("once", "always") for i in range(3, 9)] + [f"ok-{i}".encode() for i in range(10, 20)]
+        sent = [producer.send_message(Message(FO_TOPIC, data)) for data in second]  # one by one: round robin
+        assert all(sent) and {str(r.partition) for r in sent} == {"0-0", "0-1"}, [(r.partition, r.error_message) for r in sent]
+
+        expected = {data: [1, 2] if data.startswith(b"once") else [1, 2, 3] if data.startswith(b"always") else [1]
+                    for data in first + second}
+
+        def settled() -> bool:
+            with lock:
+                return {d: list(v) for d, v in deliveries.items()} == expected and consumer.stats.dead_lettered == 9
+
+        wait_until(settled, 60, message="every failed message settled within 60 s of the kill")
+        assert time.time() - killed_at < 60
+        time.sleep(max(delays) + 1.0)  # and nothing delivered again afterwards
+        with lock:
+            assert deliveries == expected, {d: v for d, v in deliveries.items() if expected.get(d) != v}
+        assert (consumer.stats.retried, consumer.stats.dead_lettered) == (9 + 9 * max_reconsume, 9)
+        consumer.shutdown()
+
+        # The dead-letter topic on the new master holds each always-failing message once, attributes right.
+        dead: list[Message] = []
+        auditor = biller.create_consumer(ConsumerConfig(group="dlq-audit", fetch_wait_ms=200, failure_store="local",
+                                                        recover_dir=str(tmp_path / "audit")))
+        auditor.subscribe(DLQ, listener=dead.append)
+        auditor.complete_subscribe()
+        wait_until(lambda: len(dead) >= 9, 30, message="the dead letters read back")
+        time.sleep(1.0)
+        auditor.shutdown()
+    infos = [failure_info(m) for m in dead]
+    assert Counter(m.data for m in dead) == Counter(d for d in expected if d.startswith(b"always"))
+    assert all(i is not None and i.topic == FO_TOPIC and i.attempts == 1 + max_reconsume and "cannot bill" in i.error for i in infos)

@@ -121,3 +121,33 @@ def test_a_retry_is_due_at_its_records_append_time_plus_the_delay() -> None:
     retried = Message("__retry.g", b"", policy().envelope(Message("t", b""), "e", 2)[1].attribute, id=(1_000_000 << 22) | 5)
     info = failure_info(retried)
     assert info is not None and due_at_ms(retried, info) == appended_ms + 5000
+
+
+def test_a_retry_tells_its_listener_which_delivery_it_is_and_a_first_delivery_is_unchanged() -> None:
+    import copy
+    import pickle
+
+    from metaq.client.codec import decode_messages, encode_messages
+
+    original = Message("orders", b"\x00data", "eu", id=12345, partition=Partition(1, 2), offset=777)
+    assert original.delivery_attempt == 1 and failure_info(original) is None
+    # A first delivery is the plain Message: the bytes a producer sends are those of before.
+    assert type(original) is Message and encode_messages([original]) == encode_messages([Message("orders", b"\x00data", "eu")])
+    rules = policy()
+    for failed in (1, 2, 3):
+        topic, wrapped = rules.envelope(original, ValueError(f"bad row {failed}"), failed)
+        retry = failure_info(wrapped).original(wrapped.data)  # type: ignore[union-attr]
+        # Delivery failed + 1; RocketMQ's reconsumeTimes is failed; the last error is there too.
+        assert retry.delivery_attempt == failed + 1
+        info = failure_info(retry)
+        assert info is not None and info.attempts == failed and info.error == f"ValueError: bad row {failed}"
+        # Equal to, and hashed and unpacked like, the first delivery.
+        assert retry == original and hash(retry) == hash(original) and tuple(retry) == tuple(original)
+        assert isinstance(retry, Message) and retry.attribute == "eu" and encode_messages([retry]) == encode_messages([original])
+        for copied in (pickle.loads(pickle.dumps(retry)), copy.copy(retry), copy.deepcopy(retry)):
+            assert copied.delivery_attempt == failed + 1 and failure_info(copied) == info
+    # What a consumer decodes from a fetch is a first delivery.
+    body, _ = encode_messages([original])
+    decoded, _end = decode_messages(body, 0, "orders", Partition(1, 2))
+    assert [m.data for m in decoded] == [b"\x00data"]
+    assert all(type(m) is Message and m.delivery_attempt == 1 and failure_info(m) is None for m in decoded)
