@@ -1,4 +1,4 @@
-"""``python -m chaos proxy|run|check|campaign ...``"""
+"""``python -m chaos proxy|run|check|campaign|campaign-table ...``"""
 
 from __future__ import annotations
 
@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         return runner.main(args)
     if args.command == "campaign":
         return campaign.main(args)
+    if args.command == "campaign-table":
+        return campaign.main_table(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

@@ -785,6 +785,9 @@ class CheckResult:
                      f"max gap between acks: {s['max_unavailable_s']:.2f}s; lost acked: {s['lost_acked']}"
                      + (f"; reads a failover took back (async): {s['async_reads_taken_back']}" if self.mode == "async" else ""))
         lines.append(f"  {duplicates_line(s)}; {resends_line(s)}")
+        if s.get("reads_during_exemptions"):
+            lines.append("  reads-throughout rule narrowed by open transactions (faults each): "
+                         + ", ".join(f"{name} {n}" for name, n in s["reads_during_exemptions"].items()))
         lines.append(f"  {anomalies_line(self.checks)}")
         for name, c in self.checks.items():
             mark = "ok  " if c["ok"] else "FAIL"
@@ -875,6 +878,14 @@ def _stats(history: History, index: Index) -> dict[str, Any]:
         # Resends the broker answered as a duplicate: an earlier attempt had been stored.
         "resends_acked_as_duplicate": sum(bool(op.get("duplicate")) for op in raw_resends),
         "client_puts_retried": sum(resent(op) for op in puts if "resent_after_unknown" not in op),
+        # What each workload got done (the campaign's table shows them beside the verdict).
+        "workloads": {
+            "polls": sum(1 for op in history.ops if op.get("f") == "poll" and op["type"] == "ok"
+                         and any((op.get("polls") or {}).values())),
+            "transactions_committed": sum(1 for op in history.ops if op.get("f") == "txn" and op["type"] == "ok"),
+            "transactions_unknown": sum(1 for op in history.ops if op.get("f") == "txn" and op["type"] == "info"),
+            "topic_ops": sum(1 for op in history.ops if op.get("f") == "topic-op" and op["type"] == "ok"),
+        },
         "liveness_bound_s": liveness_bound(history),
         # Per transaction: how many faults' reads_during rule it narrowed (V9, chaos/liveness.py).
         "reads_during_exemptions": reads_during_exemptions(index.liveness.faults),
