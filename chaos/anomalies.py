@@ -14,8 +14,12 @@ transaction (``f: txn``). A consumer's *stream* is its batches of one partition 
 assignment epoch (``process``, ``generation``): only there does its position carry over.
 
 In async mode a failover may take back acked messages (bounded by ``async_loss_bound``);
-a skip, a step back or a rewritten offset whose two observations straddle a failover of
-the partition's group is then expected, not a violation.
+a skip, a step back or a rewritten offset is then expected only when a failover explains it
+by its lag window (``index.in_lag_window``): what was stepped back over is a read it took
+back (``index.taken_back``), what was skipped lies in its window, a rewritten offset's other
+values are reads or acks it took back (chaos.checker judges that last one). A transaction
+whose client gave up is judged by its COMMIT or ABORT marker in the final logs
+(``transaction_marker``).
 """
 
 from __future__ import annotations

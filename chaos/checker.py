@@ -11,21 +11,25 @@ checks
                     its acked offset with its value: half a transaction missing is a loss.
                     (async: only ``moved`` is a violation here, the losses are judged by
                     ``async_loss_bound``.)
-``async_loss_bound``(async) acked puts missing from the final log number no more than the
-                    replication lag (messages, else bytes) reported at failovers of their
-                    group; a loss with no failover at all is a violation.
+``async_loss_bound``(async) each acked write missing from the final log is excused only by
+                    a failover of its group recorded after the ack, deposing the epoch it
+                    was acked in, whose lag window holds its offset, and no failover by
+                    more than its lag (messages, else bytes); every other loss is a
+                    violation naming its offset, epoch and the failover compared.
 ``order``           per partition, if put A completed (ok) before put B was invoked, A's
                     final offset is below B's (real-time order survives failover).
-``read_lost``       every message a consumer read (offset, value) is in the final log at that
-                    offset: nobody read a message that a failover later took back. (async:
-                    a read that a failover of the group took back inside its lag is expected,
-                    see ``taken_back_reads``; counted in ``stats["async_reads_taken_back"]``.)
+``read_lost``       every message read (offset, value), by raw fetches, consumer polls and
+                    transactions' reads, is in the final log at that offset: nobody read a
+                    message that a failover later took back. (async: a read that a failover
+                    of the group took back inside its lag window is expected, see
+                    ``taken_back_reads``; counted in ``stats["async_reads_taken_back"]``.)
 ``split_brain``     no two masters acked writes in the same epoch of a group (from the
                     ``epoch``/``master`` that each ok put carries); a put acked at a lower
                     epoch after a higher-epoch ack had completed is a warning (``stale_ack``).
 ``replica_prefix``  after healing, every slave's log of every partition is a byte-identical
                     prefix of its master's (equal record lists: offset, size, CRC32 of the
-                    whole record, value; no torn tail; not longer than the master).
+                    whole record, value; no torn tail; not longer than the master) holding
+                    every acked write (the cluster settled: an empty slave log is no proof).
 ``duplicates``      no value appears twice in the final logs (unknown-outcome writes appear at
                     most once, never twice at different offsets), unless the producers resend
                     unknown outcomes without idempotence (at least once, ``--retry-unknown``):
@@ -39,6 +43,15 @@ checks
                     messages are read back and, where the configuration allows, writes are
                     acked again within the liveness bound (``chaos.liveness``); the per-kind
                     unavailability table is in ``stats["unavailability"]``.
+``failover``        a master fault held past the session timeout + 1 s (or never healed) is
+                    followed by a failover of its group.
+``progress``        something worked: an acked put, a read, and for each workload the run
+                    asked for (``meta``) a poll, a committed transaction, a topic operation.
+``run``             what the runner saw (``meta["run_problems"]``: settle failures,
+                    hostile-peer problems, refused-commit problems, crashed workload tasks).
+
+``CheckResult.ok`` is the one verdict: the run's exit status and ``summary.json``'s ``ok``,
+``python -m chaos check``'s exit status and the campaign's rows all are this.
 
 Jepsen's Kafka workload anomalies (chaos/anomalies.py, by Jepsen's names; ``acked_lost`` is
 its ``lost-write``): ``unseen``, ``duplicate``, ``inconsistent-offsets``, ``poll-skip``,
