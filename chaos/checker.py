@@ -128,7 +128,7 @@ class Index:
         return judge_async_losses(self.history, self)
 
     @cached_property
-    def _puts_by_partition(self) -> dict[str, list[dict[str, Any]]]:
+    def puts_by_partition(self) -> dict[str, list[dict[str, Any]]]:
         out: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for op in self.puts:
             if op["type"] == "ok":
@@ -410,9 +410,9 @@ def lag_window(index: Index, failover: dict[str, Any], partition: str) -> tuple[
         return (0.0, float("inf"))
     log = index.logs.get(partition)
     lo, first_new = 0, float("inf")
-    for op in index.puts:
+    for op in index.puts_by_partition.get(partition, []):  # acked puts of the partition
         offset, acked_in = op.get("offset"), op.get("epoch")
-        if op["type"] != "ok" or op.get("partition") != partition or offset is None or acked_in is None:
+        if offset is None or acked_in is None:
             continue
         if int(acked_in) == int(epoch):
             first_new = min(first_new, offset)

@@ -10,6 +10,7 @@ transaction's first record."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 
@@ -293,3 +294,50 @@ def test_foreign_values_ok_no_longer_turns_the_phantom_check_off():
     history = run.finish()
     history.meta["foreign_values_ok"] = True
     assert "phantoms" in failing(check(history))
+
+
+# --- 4. a crashed workload task is recorded for the verdict --------------------------------
+
+
+def test_a_workload_task_that_raises_is_a_crash_the_history_records(monkeypatch):
+    """Before: ``Workload.run`` only logged a task's exception; the run passed."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from chaos import runner
+    from chaos.raw_producer import ProducerSettings
+
+    class Crashing:
+        def __init__(self, workload, name, *_args) -> None:
+            self.name = name
+
+        async def run(self) -> None:
+            if self.name == "r1":
+                raise RuntimeError("boom")
+
+    async def quiet(*_args, **_kwargs) -> None:
+        return None
+
+    monkeypatch.setattr(runner, "RawProducer", Crashing)
+    workload = runner.Workload.__new__(runner.Workload)
+    workload.cluster = SimpleNamespace(num_groups=1)
+    workload.transactions, workload.producers, workload.resend_budget_s = False, ProducerSettings(), 1.0
+    workload.conns, workload.crashes = {}, []
+    workload.client_producer = workload.reader = workload.prober = quiet
+    asyncio.run(workload.run())
+    assert workload.crashes == ["r1: RuntimeError('boom')"]
+
+
+def test_a_consumer_that_exits_by_itself_is_a_crash(tmp_path):
+    """A group member gone with a non-zero code before the load stopped it."""
+    import subprocess as sp
+    from types import SimpleNamespace
+
+    from chaos.group_consumer import ConsumerGroupLoad
+
+    load = ConsumerGroupLoad(SimpleNamespace(), History(), 1, tmp_path)
+    proc = sp.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    proc.wait()
+    load.members[0] = ("chaos-g0-c0.0", proc)
+    load._stop(0, signal.SIGTERM, wait_s=1.0)
+    assert load.crashes == ["consumer chaos-g0-c0.0 exited by itself with code 3 (see consumers/chaos-g0-c0.0.log)"]
