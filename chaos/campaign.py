@@ -468,8 +468,8 @@ def main(args: argparse.Namespace) -> int:
                 summary, rc = execute(setup, args.seconds, out, args.zk_nodes)
                 wall = round(time.monotonic() - started, 1)
                 store(out, setup, attempt, summary, {"commit": commit, "exit": rc, "wall_s": wall,
-                                                     "command": " ".join(setup.command(args.seconds, out,
-                                                                                       args.zk_nodes)[1:])})
+                                                     "command": " ".join(["python", *setup.command(
+                                                         args.seconds, out, args.zk_nodes)[1:]])})
                 attempts[setup.seed] = attempt
                 verdicts.append(verdict(summary))
                 progress.console.print(f"seed {setup.seed} ({setup.label}), attempt {attempt}: {verdicts[-1]} "
