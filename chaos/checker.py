@@ -43,7 +43,7 @@ checks
                     messages are read back and, where the configuration allows, writes are
                     acked again within the liveness bound (``chaos.liveness``); the per-kind
                     unavailability table is in ``stats["unavailability"]``.
-``failover``        a master fault held past the session timeout + 1 s (or never healed) is
+``failover``        a master fault held at least the session timeout (or never healed) is
                     followed by a failover of its group.
 ``progress``        something worked: an acked put, a read, and for each workload the run
                     asked for (``meta``) a poll, a committed transaction, a topic operation.
@@ -682,10 +682,12 @@ MASTER_LOSS_FAULTS = ("kill-master", "lose-master", "pause-master", "partition-m
 
 
 def check_master_failover(history: History, index: Index) -> tuple[list[dict], int]:
-    """Every fault that takes a master away from ZooKeeper for longer than the session
-    timeout plus 1 s (or for good) is followed by a failover of its group, recorded between
-    the fault's start and the liveness bound after its end (its heal; its start when it
-    never heals). Held shorter, the master may keep its session: no failover is due."""
+    """Every fault that takes a master away from ZooKeeper for at least the session timeout
+    (or for good) is followed by a failover of its group, recorded between the fault's start
+    and the liveness bound after its end (its heal; its start when it never heals): its
+    session has expired by its heal, and the slave is elected before the old master, just
+    restarted or resumed, can register again. Held shorter, the master may keep its
+    session: no failover is due."""
     session_s = float(history.meta.get("session_ms", 1500)) / 1000
     bound = liveness_bound(history)
     history_end = max((float(e["time"]) for e in [*history.ops, *history.faults]), default=0.0)
@@ -694,7 +696,7 @@ def check_master_failover(history: History, index: Index) -> tuple[list[dict], i
         f = w.fault
         if f.get("kind") not in MASTER_LOSS_FAULTS or f.get("group") is None:
             continue
-        if f.get("heals", True) and float(f.get("hold_s") or 0.0) < session_s + 1.0:
+        if f.get("heals", True) and float(f.get("hold_s") or 0.0) < session_s:
             continue
         failed_over = any(fo.get("group") == f["group"] and w.start <= float(fo["time"]) <= w.end + bound
                           for fo in history.failovers)
