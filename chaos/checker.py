@@ -218,8 +218,11 @@ def _lost_and_moved(index: Index) -> tuple[list[dict], list[dict], int]:
         acked = op.get("offset")
         if op.get("marker") == "ABORT":
             # Its client heard the commit; the final log's marker says the broker aborted it.
-            lost.append({**brief(op), "kind": "lost", "why": f"transaction {op.get('txn')} committed by its client, "
-                                                             f"but its marker in {partition} says ABORT"})
+            # What was lost is the COMMIT marker, whose offset is not known (async: an excuse
+            # needs a failover after the commit with a lag in the partition, ``excuses_loss``).
+            lost.append({**brief(op), "kind": "lost", "offset": None, "acked_offset": acked,
+                         "why": f"transaction {op.get('txn')} committed by its client, "
+                                f"but its marker in {partition} says ABORT"})
         elif acked is None:
             if not offsets:
                 what = f"transaction {op.get('txn')}'s message" if op.get("f") == "txn" else "acked put"

@@ -210,7 +210,7 @@ def test_a_master_fault_held_past_the_session_without_a_failover_fails():
 # --- 6. outcome-unknown transactions, judged by their markers --------------------------
 
 
-def _unknown_transaction(kind: Kind) -> Kafka:
+def _unknown_transaction(kind: Kind, client: str = "info") -> Kafka:
     """Transaction u1 (producer 7, txid "x0") stores u1-a in t/0-0 behind its BATCH header; its
     client gives up (info); the broker's marker says ``kind``; a read-committed consumer polls
     u1-a."""
@@ -224,7 +224,10 @@ def _unknown_transaction(kind: Kind) -> Kafka:
     at = len(log) + header
     log += batch
     log += marker(kind, "x0", producer_id=7, producer_epoch=0, timestamp_ms=2)
-    k.h.info(op, "unknown: gave up", sends=[["t/0-0", at, "u1-a"]])
+    if client == "ok":
+        k.h.ok(op, sends=[["t/0-0", at, "u1-a"]], commit_time=k.h.now())
+    else:
+        k.h.info(op, "unknown: gave up", sends=[["t/0-0", at, "u1-a"]])
     k.h.assign("g0-c0", "g0", 1, PARTS)
     k.h.poll("g0-c0", "g0", 1, {"t/0-0": [(0, "p0-0"), (at, "u1-a")]})
     return k
@@ -236,6 +239,12 @@ def test_a_read_committed_read_of_an_unknown_transaction_its_marker_aborted_is_a
     assert failing(result) == {"aborted-read"}
     assert result.violations("aborted-read")[0]["value"] == "u1-a"
     assert check(_unknown_transaction(Kind.COMMIT).finish()).ok
+
+
+def test_a_transaction_its_client_saw_committed_whose_marker_says_abort_is_a_lost_write():
+    result = check(_unknown_transaction(Kind.ABORT, client="ok").finish())
+    assert failing(result) == {"acked_lost", "aborted-read"}
+    assert "its marker in t/0-0 says ABORT" in result.violations("acked_lost")[0]["why"]
 
 
 def test_an_unknown_transaction_its_marker_committed_must_be_delivered():
