@@ -18,7 +18,8 @@ and for every group it touches:
   lag: ``async_loss_bound``) is read back, or a later one, within ``[E, E + B]`` (later
   when a transaction whose client gave up holds it back: below);
 * with ``reads_during`` (ZooKeeper majority lost): reads never stop for longer than ``B``
-  between ``S`` and ``E``, except those of a partition where a transaction open at ``S``
+  between ``S`` (or the partition's first ack, when that comes later: before it there is
+  nothing to read) and ``E``, except those of a partition where a transaction open at ``S``
   holds back the awaited message (below); with ``master_fixed``: no failover of the group
   between ``S`` and ``E``.
 
@@ -230,6 +231,11 @@ class Timeline:
         offsets = [o for t, o in self.acked.get(partition, []) if t <= by]
         return max(offsets) if offsets else None
 
+    def first_acked_at(self, partition: str) -> float:
+        """When the partition's first acked message (still in the final log) was acked; inf: none."""
+        acked = self.acked.get(partition)
+        return acked[0][0] if acked else float("inf")
+
     def newest_acked_below(self, partition: str, by: float, limit: int) -> tuple[float, int] | None:
         """(ack time, offset) of the newest message acked by ``by`` at an offset below ``limit``."""
         acked = [(o, t) for t, o in self.acked.get(partition, []) if t <= by and o < limit]
@@ -349,7 +355,11 @@ def check_liveness(history: History, present: dict[str, set[int]] | None = None)
                              f"{partition}: acked offset {offset}, below transaction {held[0].name}'s first record "
                              f"{first_held}, not read", since=max(w.start, acked_at))
                 elif f.get("reads_during"):
-                    during = _gap(every_read, w.start, w.end, timeline.end)
+                    # Throughout the fault, or from the partition's first ack when that came
+                    # later (a run's first seconds): before it there was nothing to read.
+                    since = max(w.start, timeline.first_acked_at(partition))
+                    during = _gap([t for t in every_read if since == w.start or t >= since], since, w.end,
+                                  timeline.end) if since < w.end else 0.0
                     if during > bound:
                         violations.append({**base, "kind": "reads_stopped", "fault": f.get("kind"), "bound_s": bound,
                                            "why": f"group {group}: reads of {partition} stopped for {during:.2f}s "

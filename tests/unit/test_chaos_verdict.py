@@ -295,6 +295,27 @@ def test_reads_below_an_open_transaction_must_go_on_during_a_zookeeper_majority_
     assert result.stats["reads_during_exemptions"] == {"x0-t1": 1}
 
 
+@pytest.mark.parametrize("acked_at, caught", [(15.0, False), (11.0, True)])
+def test_reads_throughout_a_zookeeper_majority_loss_count_from_the_partitions_first_ack(acked_at, caught):
+    """Campaign seed 4000: the quorum went 23 s into the run, before t/0-1 (there: chaos/1-1)
+    had an acked message; a raw read got an unacked record, then nothing until the first ack
+    just before the quorum came back. Nothing acked was there to read: no ``reads_stopped``.
+    Once something is acked, reads must come within the bound."""
+    run = TimedRun()
+    run.load(1, 9.5, partitions=("t/0-0",))
+    run.put("p0-unacked", partition="t/0-1", outcome="info")
+    run.at(9.0).read("t/0-1", [(0, "p0-unacked")])
+    run.fault("zk-majority", 10.2, 16.0, reads_during=True, master_fixed=True)
+    run.load(10.5, 20, writes=False, partitions=("t/0-0",))
+    run.at(acked_at).put("p0-first", partition="t/0-1")
+    run.at(15.2).read_newest("t/0-1")
+    run.load(16.5, 20)
+    result = check(run.finish())
+    assert (failing(result) == {"liveness"}) is caught, result.report()
+    if caught:
+        assert [v["kind"] for v in result.violations("liveness")] == ["reads_stopped"]
+
+
 # --- 9. dead switches ------------------------------------------------------------------
 
 
