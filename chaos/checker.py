@@ -690,7 +690,9 @@ def check_master_failover(history: History, index: Index) -> tuple[list[dict], i
     and the liveness bound after its end (its heal; its start when it never heals): its
     session has expired by its heal, and the slave is elected before the old master, just
     restarted or resumed, can register again. Held shorter, the master may keep its
-    session: no failover is due."""
+    session: no failover is due; nor is one when the runner recorded that no slave was
+    eligible just before the fault (``eligible_slaves`` 0: in sync mode an empty sync set,
+    the master having acked alone, V4)."""
     session_s = float(history.meta.get("session_ms", 1500)) / 1000
     bound = liveness_bound(history)
     history_end = max((float(e["time"]) for e in [*history.ops, *history.faults]), default=0.0)
@@ -701,6 +703,8 @@ def check_master_failover(history: History, index: Index) -> tuple[list[dict], i
             continue
         if f.get("heals", True) and float(f.get("hold_s") or 0.0) < session_s:
             continue
+        if f.get("eligible_slaves") == 0:
+            continue  # no slave could take over (sync: an empty sync set), by design (V4)
         failed_over = any(fo.get("group") == f["group"] and w.start <= float(fo["time"]) <= w.end + bound
                           for fo in history.failovers)
         if not failed_over and history_end < w.end + bound:

@@ -592,8 +592,11 @@ class Run:
 
     def _record_fault(self, number: int, step: Step, rng: random.Random) -> tuple[str, Any]:
         kind = FAULTS[step.kind]
+        eligible = self._eligible_slaves(step.group) if kind.role == "master" else None
         target, details, heal = inject(self.cluster, step, rng)
         groups = list(range(self.groups)) if kind.role == "zk" else [step.group]
+        if eligible is not None:
+            details = {**details, "eligible_slaves": eligible}
         self.history.fault(step.kind, target, group=step.group, groups=groups, step=number, hold_s=step.hold_s,
                            heals=kind.heals, reads_during=kind.reads_during, master_fixed=kind.master_fixed,
                            writes_expected=writes_expected(step.kind, self.mode, self.on_sync_slave_loss,
@@ -601,6 +604,18 @@ class Run:
         log.info("fault %s on %s (%s)", step.kind, target,
                  f"hold {step.hold_s:.1f}s" if kind.heals else "never healed")
         return target, heal
+
+    def _eligible_slaves(self, group: int) -> int | None:
+        """How many slaves could take over from the group's master just before a master fault
+        (the checker's failover check, ``eligible_slaves``): sync, the published sync set
+        (a slave outside it may lack acked messages and never takes over on its own, V4);
+        async, every registered slave. None when ZooKeeper cannot be read."""
+        try:
+            view = self.cluster.view(group)
+        except Exception as exc:  # ZooKeeper unreachable: nothing recorded, the check stays strict
+            log.warning("cannot read group %d's slaves before a master fault: %s", group, exc)
+            return None
+        return len(view.sync_set) if self.mode == "sync" else len(view.slaves)
 
     def _lasting(self, number: int, step: Step, rng: random.Random, stop_at: float) -> None:
         """A fault that never heals: load goes on until the run ends, and at least the

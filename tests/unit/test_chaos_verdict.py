@@ -185,11 +185,11 @@ def test_an_older_history_still_fails_on_its_steps_settle_failures():
     assert failing(check(history)) == {"run"}
 
 
-def _master_fault(hold_s: float, failover_at: float | None, heals: bool = True) -> History:
+def _master_fault(hold_s: float, failover_at: float | None, heals: bool = True, **details) -> History:
     run = TimedRun()
     run.h.meta["session_ms"] = 1500
     run.load(1, 10)
-    run.fault("kill-master", 10.2, 10.2 + hold_s if heals else None, hold_s=hold_s)
+    run.fault("kill-master", 10.2, 10.2 + hold_s if heals else None, hold_s=hold_s, **details)
     if failover_at is not None:
         run.at(failover_at).h.failover(0, "meta://m0", "meta://s1", 2)
     run.load(10.5, 10.2 + hold_s + BOUND + 2)
@@ -205,6 +205,10 @@ def test_a_master_fault_held_past_the_session_without_a_failover_fails():
     assert not check(_master_fault(1.5, None)).ok  # held the session timeout: due too
     # Held shorter than the session timeout: the master may keep its session.
     assert check(_master_fault(1.0, None)).ok
+    # No slave could take over (campaign seed 4000: the sync set had emptied a second before
+    # the kill, the master acking alone): no failover is due, by design (V4).
+    assert check(_master_fault(4.0, None, eligible_slaves=0)).ok
+    assert not check(_master_fault(4.0, None, eligible_slaves=1)).ok
 
 
 # --- 6. outcome-unknown transactions, judged by their markers --------------------------
