@@ -13,6 +13,8 @@
                              on one bridge; silent link-down and nftables cuts
 * ``chaos.rogue``            hostile peers (forged replication requests, heartbeats, ZooKeeper
                              writes); ``chaos.hostile`` runs them for ``--rogue`` and watches RSS
+* ``chaos.campaign``         ``python -m chaos campaign``: many random runs, each stored as a row;
+                             ``python -m chaos campaign-table`` writes their table again
 
 ``python -m chaos proxy`` runs the proxy; see docs/chaos.md.
 """

@@ -1,10 +1,11 @@
-"""``python -m chaos proxy|run|check|campaign ...``"""
+"""``python -m chaos proxy|run|check|campaign|campaign-table ...``"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
 import sys
 
 
@@ -51,12 +52,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: cannot check history {args.history}: malformed entry "
                   f"({type(exc).__name__}: {exc})", file=sys.stderr)
             return 2
-        print(json.dumps(result.to_json(), indent=2) if args.json else result.report())
+        try:
+            print(json.dumps(result.to_json(), indent=2) if args.json else result.report())
+            sys.stdout.flush()
+        except BrokenPipeError:  # a reader that stopped early (| head): the verdict is the exit status
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0 if result.ok else 1
     if args.command == "run":
         return runner.main(args)
     if args.command == "campaign":
         return campaign.main(args)
+    if args.command == "campaign-table":
+        return campaign.main_table(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

@@ -14,8 +14,12 @@ transaction (``f: txn``). A consumer's *stream* is its batches of one partition 
 assignment epoch (``process``, ``generation``): only there does its position carry over.
 
 In async mode a failover may take back acked messages (bounded by ``async_loss_bound``);
-a skip, a step back or a rewritten offset whose two observations straddle a failover of
-the partition's group is then expected, not a violation.
+a skip, a step back or a rewritten offset is then expected only when a failover explains it
+by its lag window (``index.in_lag_window``): what was stepped back over is a read it took
+back (``index.taken_back``), what was skipped lies in its window, a rewritten offset's other
+values are reads or acks it took back (chaos.checker judges that last one). A transaction
+whose client gave up is judged by its COMMIT or ABORT marker in the final logs
+(``transaction_marker``).
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from typing import Any, Iterable
 
 import networkx as nx
 
-from chaos.history import History, brief, group_of, is_control
+from chaos.history import CONTROL_PREFIX, History, brief, group_of, is_control
 from chaos.topic_ops import check_topic_ops
+from metaq.txn.control import ControlError, Kind, decode_body
 
 READ_COMMITTED = "read_committed"
 
@@ -62,19 +67,33 @@ class Write:
     partition: str | None
     offset: int | None
     value: Any
+    #: A transaction's outcome as its COMMIT or ABORT marker in the final logs says (None:
+    #: no marker found, or a plain put). The marker is the truth: it is what readers obey.
+    marker: str | None = None
 
     @property
     def transactional(self) -> bool:
         return self.op.get("f") == "txn"
 
     @property
+    def client_committed(self) -> bool:
+        """Its client was told it was acked (a put) or committed (a transaction)."""
+        return self.op["type"] == "ok"
+
+    @property
     def committed(self) -> bool:
-        """Acked put, or committed transaction: its message must be read (committed)."""
+        """Acked put, or committed transaction (by its marker, else by what its client was
+        told): its message must be read (committed)."""
+        if self.marker is not None:
+            return self.marker == "COMMIT"
         return self.op["type"] == "ok"
 
     @property
     def aborted(self) -> bool:
-        """Definitely not committed: a failed put, a rolled-back or timed-out transaction."""
+        """Definitely not committed: a failed put, a rolled-back or timed-out transaction (by
+        its marker, else by what its client was told)."""
+        if self.marker is not None:
+            return self.marker == "ABORT"
         return self.op["type"] == "fail"
 
 
@@ -108,8 +127,9 @@ def build_view(history: History, logs: dict[str, Any]) -> View:
             writes.append(Write(op, op.get("partition"), op.get("offset"), op.get("value")))
         elif f == "txn":
             txns.append(op)
+            marker = transaction_marker(logs, op)
             for partition, offset, value in op.get("sends") or []:
-                writes.append(Write(op, partition, offset, value))
+                writes.append(Write(op, partition, offset, value, marker))
             if op["type"] == "ok":
                 for partition, pairs in (op.get("reads") or {}).items():
                     batches.append(Batch(op, partition, _pairs(pairs), READ_COMMITTED))
@@ -124,6 +144,55 @@ def build_view(history: History, logs: dict[str, Any]) -> View:
         failover_times[fo.get("group")].append(float(fo["time"]))
     return View(batches, writes, {w.value: w for w in writes}, txns, committed_offsets, final_value, final_offset,
                 {g: sorted(ts) for g, ts in failover_times.items()})
+
+
+def _controls(log: Any) -> tuple[list[int], list[Any]]:
+    """A final log's control records, decoded: (their offsets, sorted; the controls)."""
+    cached = getattr(log, "_controls", None)
+    if cached is None:
+        offsets, controls = [], []
+        for offset, _size, _crc, value in log.records:
+            if is_control(value):
+                try:
+                    controls.append(decode_body(bytes.fromhex(value[len(CONTROL_PREFIX):])))
+                except (ValueError, ControlError):
+                    continue
+                offsets.append(offset)
+        cached = log._controls = (offsets, controls)
+    return cached
+
+
+def transaction_marker(logs: dict[str, Any], op: dict[str, Any]) -> str | None:
+    """``"COMMIT"`` / ``"ABORT"``: what the final logs' markers say of transaction ``op``, whatever
+    its client saw (None: no stored message of it, or no marker after one). Each stored
+    message is found at its acked offset (else by its value), the BATCH header before it
+    names its producer and transactional id, and the first COMMIT or ABORT marker of that
+    producer and id after it decides it; markers that disagree between partitions leave it
+    undecided (the ``aborted-read`` and ``acked_lost`` checks then judge by the client)."""
+    found: set[str] = set()
+    for partition, offset, value in op.get("sends") or []:
+        log = logs.get(partition)
+        if log is None:
+            continue
+        if offset is None or not any(r[0] == offset and r[3] == value for r in _record_at(log, offset)):
+            offset = next((r[0] for r in log.records if r[3] == value), None)
+            if offset is None:
+                continue
+        offsets, controls = _controls(log)
+        i = bisect.bisect_left(offsets, offset)
+        batch = next((controls[j] for j in range(i - 1, -1, -1) if controls[j].kind == Kind.BATCH), None)
+        if batch is None or not batch.txid:
+            continue
+        end = next((c for c in controls[i:] if c.kind in (Kind.COMMIT, Kind.ABORT)
+                    and c.txid == batch.txid and c.producer_id == batch.producer_id), None)
+        if end is not None:
+            found.add(end.kind.name)
+    return found.pop() if len(found) == 1 else None
+
+
+def _record_at(log: Any, offset: int) -> list[list[Any]]:
+    at = log.by_offset.get(offset)
+    return [[offset, at[1], at[2], at[0]]] if at is not None else []
 
 
 def _pairs(raw: Iterable[Any] | None) -> list[tuple[int, Any]]:
@@ -190,28 +259,28 @@ def check_unseen(history: History, index: Any) -> tuple[list[dict], int, list[di
     """Every acked put and committed transactional message in the final log was delivered to
     every consumer group that ran to the end (``meta["consumer_groups"][g]["drained"]``).
 
-    Async only, expected: a message at an offset the group had already read past on records
-    an async failover then took back (docs/guarantees.md, A3). The group's committed offset
-    moved past them; the new master writes other messages at those offsets, and the group,
-    not knowing its position's log was cut, goes on from where it was (campaign seed 3026).
-    That such a read was inside a failover's lag is read_lost's check."""
+    Async only, expected (docs/guarantees.md, A3): a message at an offset inside a failover's
+    lag window (``index.in_lag_window``) that the group had already read past on records
+    that failover took back (reads ``index.taken_back`` excuses). The group's committed
+    offset moved past them; the new master writes other messages at those offsets, and the
+    group, not knowing its position's log was cut, goes on from where it was (campaign seed
+    3026). Any other message the group never got is a violation."""
     view: View = index.kafka
     drained = [g for g, info in (history.meta.get("consumer_groups") or {}).items() if info.get("drained")]
     out, expected, checked = [], [], 0
+    taken_back = index.taken_back.excused
     for group in sorted(drained):
         delivered: set[Any] = set()
         topics: set[str] = set()
-        #: partition -> the highest offset the group read a record at that the final log does not hold there.
+        #: partition -> the highest offset the group read a record at that a failover took back.
         read_past: dict[str, int] = {}
         for batch in view.batches:
             if batch.op.get("f") == "poll" and batch.op.get("group") == group:
                 delivered.update(v for _o, v in batch.pairs)
                 topics.add(batch.partition.rsplit("/", 1)[0])
-                if _async(history):
-                    final = view.final_value.get(batch.partition, {})
-                    for offset, value in batch.pairs:
-                        if final.get(offset) != value:
-                            read_past[batch.partition] = max(offset, read_past.get(batch.partition, -1))
+                for offset, value in batch.pairs:
+                    if value in taken_back.get((batch.partition, offset), ()):
+                        read_past[batch.partition] = max(offset, read_past.get(batch.partition, -1))
         for w in view.writes:
             if not w.committed or w.partition is None or w.partition.rsplit("/", 1)[0] not in topics:
                 continue
@@ -220,10 +289,13 @@ def check_unseen(history: History, index: Any) -> tuple[list[dict], int, list[di
                 continue  # not in the final log: lost-write's case, not unseen's
             checked += 1
             if w.value not in delivered:
-                case = _case("unseen", f"{w.value!r} ({w.partition}) was acked but never delivered to group {group}",
-                             group=group, value=w.value, partition=w.partition, writer=brief(w.op))
-                taken_back_past = _async(history) and final_offset <= read_past.get(w.partition, -1)
-                (expected if taken_back_past else out).append(case)
+                case = _case("unseen", f"{w.value!r} ({w.partition}@{final_offset}) was acked but never delivered "
+                                       f"to group {group}",
+                             group=group, value=w.value, partition=w.partition, offset=final_offset,
+                             writer=brief(w.op))
+                replaced_taken_back = (final_offset <= read_past.get(w.partition, -1)
+                                       and index.in_lag_window(w.partition, final_offset))
+                (expected if replaced_taken_back else out).append(case)
     return out, checked, expected
 
 
@@ -297,8 +369,22 @@ def _poll_order(history: History, index: Any, kind: str) -> tuple[list[dict], in
             else:
                 continue
             window = (prev.op["time"], batch.op["time"])
-            (expected if failover_between(history, view, partition, *window) else out).append(case)
+            excused = (failover_between(history, view, partition, *window)
+                       and _taken_back_over(index, partition, prev.pairs, first, case.get("skipped", [])))
+            (expected if excused else out).append(case)
     return out, checked, expected
+
+
+def _taken_back_over(index: Any, partition: str, earlier: list[tuple[int, Any]], next_offset: int,
+                     skipped_records: list[tuple[int, Any]]) -> bool:
+    """Async: whether a failover explains a reader's step back or skip in ``partition``: every
+    record it had read at or past ``next_offset`` (where it went on from) is a read a
+    failover took back, and every final-log record it skipped lies in a failover's lag window
+    (written by the new master where the taken-back records were)."""
+    taken = index.taken_back.excused
+    stepped_over = [(o, v) for o, v in earlier if o >= next_offset]
+    return (all(v in taken.get((partition, o), ()) for o, v in stepped_over)
+            and all(index.in_lag_window(partition, o) for o, _v in skipped_records))
 
 
 def check_poll_skip(history: History, index: Any) -> tuple[list[dict], int, list[dict]]:
@@ -333,7 +419,10 @@ def check_nonmonotonic_send(history: History, index: Any) -> tuple[list[dict], i
                          process=key[0], partition=w.partition, offsets=[before.offset, w.offset],
                          ops=[brief(before.op), brief(w.op)])
             window = (before.op["time"], w.op["time"])
-            (expected if failover_between(history, view, w.partition, *window) else out).append(case)
+            # A step back is a failover's only when the earlier ack is one it took back.
+            taken = index.async_losses.excused.get((w.partition, before.offset), ())
+            (expected if failover_between(history, view, w.partition, *window) and before.value in taken
+             else out).append(case)
     return out, checked, expected
 
 
@@ -355,7 +444,9 @@ def _within_batch(history: History, index: Any, kind: str) -> tuple[list[dict], 
             else:
                 continue
             t = batch.op["time"]
-            (expected if failover_between(history, view, batch.partition, t, t) else out).append(case)
+            excused = (failover_between(history, view, batch.partition, t, t)
+                       and _taken_back_over(index, batch.partition, [(a, va)], b, case.get("skipped", [])))
+            (expected if excused else out).append(case)
     return out, checked, expected
 
 
@@ -487,22 +578,12 @@ def _txn_names(view: View, ids: list[Any]) -> list[Any]:
     return [names.get(i, f"read {i}") for i in ids]
 
 
-def check_g0(history: History, index: Any) -> tuple[list[dict], int, list[dict]]:
-    """G0 (write cycles): cycles of ww edges. Kafka-style transactions do not isolate writes
-    (two transactions' sends interleave in every partition they share), so a G0 cycle is
-    expected (Jepsen allows it too): counted, never a failure."""
-    view: View = index.kafka
-    ww, _wr = index.kafka_graphs
-    cycles = [_case("G0", f"write cycle between transactions {_txn_names(view, c)}", txns=_txn_names(view, c))
-              for c in _cycles(ww)]
-    return [], ww.number_of_nodes(), cycles
-
-
 def check_g1c(history: History, index: Any) -> tuple[list[dict], int, list[dict]]:
     """G1c (circular information flow): a cycle of wr edges, each transaction reading what the
     next one wrote. At read committed it cannot happen (each read follows its writer's
     commit, which follows that writer's own reads). Cycles that need ww edges as well are
-    expected (no write isolation, as G0) and only counted."""
+    expected (Kafka-style transactions do not isolate writes: two transactions' sends
+    interleave in every partition they share, as Jepsen allows) and only counted."""
     view: View = index.kafka
     ww, wr = index.kafka_graphs
     pure = _cycles(wr)
@@ -528,7 +609,6 @@ CHECKS = {
     "precommitted-read": check_precommitted_read,
     "aborted-read": check_aborted_read,
     "intermediate-read": check_intermediate_read,
-    "G0": check_g0,
     "G1c": check_g1c,
     # Not Jepsen's: every topic operation of the run left its state on every member (chaos/topic_ops.py).
     "topic-ops": check_topic_ops,

@@ -1,32 +1,45 @@
-"""``python -m chaos campaign``: many random runs, one table.
+"""``python -m chaos campaign``: many random runs, each stored, one generated table.
 
 A campaign is ``--runs N`` runs of the ``random`` scenario, each ``--seconds S`` long, run
 one after the other as ``python -m chaos run`` child processes (each its own cluster, its
-own logging, its own fault proxy). Run ``i`` has seed ``first_seed + i`` and the ``i``-th
-setup of a seeded shuffle of every combination of sync/async, one/two slaves per group,
-one/two broker groups and security on/off, so that any 16 consecutive runs cover every
-combination once and a short campaign is already varied.
+own logging, its own fault proxy) in ``{out}/{run name}/``. Run ``i`` has seed
+``first_seed + i`` and the ``i``-th setup of a seeded shuffle of every combination of
+sync/async, one/two slaves per group, one/two broker groups and security on/off, so that
+any 16 consecutive runs cover every combination once and a short campaign is already varied.
 
-Resumable: each run writes ``{out}/{run name}/summary.json`` when it ends (passed or
-failed); a run whose summary exists is skipped, so the same command continues where an
-interrupted campaign stopped. A run that ends without a summary (crashed) is run again
-next time; one that overruns its time limit is stopped (its process group, SIGTERM then
-SIGKILL) and recorded as failed, so a hang is a finding, not a retry loop.
+**Stored results.** When a run ends, whatever its outcome, its evidence is stored as one
+*row* in ``{out}/results/{run name}-attempt-{n}/``: ``row.json`` (seed, attempt, setup and
+options, the commit the campaign runs on, the command, exit code, wall seconds), the run's
+``summary.json`` and ``check.json`` (the checker's output), and for a run that did not pass
+its ``history.json.gz`` (compressed), so anyone can check it again with ``python -m chaos
+check``. A run that ends without a summary (crashed) or overruns its time limit (stopped:
+its process group, SIGTERM then SIGKILL) is stored as an ``ERROR`` row: a hang or a crash
+is a finding, not a retry.
+
+**One commit.** ``{out}/campaign.json`` keeps the settings and the commit (``git rev-parse
+HEAD``, ``+dirty`` when tracked files differ from it): a campaign is never resumed on
+another commit or with other settings (one line, exit 2).
+
+**Resumable, and re-runs are rows.** A setup with a stored first attempt is skipped, so the
+same command continues an interrupted campaign. ``--rerun SEED`` runs that seed's setup
+again: a new row (attempt 2, 3, ...), never a replacement.
 
 Lanes: ``--lane K/N`` runs only the setups whose index is ``K - 1`` modulo ``N``, so ``N``
 processes started with ``--lane 1/N`` ... ``--lane N/N`` on the same ``--out`` share one
-campaign without ever running the same setup (each run has its own cluster and ports);
-every lane's ``campaign.md`` covers every run finished so far, whichever lane ran it.
+campaign without ever running the same setup (each run has its own cluster and ports).
 
-When done (or interrupted) it writes ``{out}/campaign.md``: the campaign's size and
-command, one row per run (seed, setup, every anomaly count of the checker, other
-violations, faults, failovers, acked puts, verdict) and the unavailability per fault
-kind over every run, ready to paste into docs/chaos.md.
+When done (or interrupted) it writes ``{out}/campaign.md`` from the stored rows alone
+(``table_text``): the first-attempt pass rate at the top, the commit and command, one row
+per stored run (seed, attempt, options, commit, verdict, faults, failovers, acked, lost,
+duplicates, every anomaly count, liveness, the other violations by check, the workloads'
+counts) and the unavailability per fault kind. ``python -m chaos campaign-table DIR``
+writes the same file again from ``DIR``'s stored rows.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import itertools
 import json
 import math
@@ -47,6 +60,11 @@ from .liveness import table
 #: The anomaly columns, in the checker's order (``lost-write`` is its ``acked_lost``).
 ANOMALY_COLUMNS = [JEPSEN_NAMES["acked_lost"], *ANOMALY_CHECKS]
 RESULT_FILE = "summary.json"
+CHECK_FILE = "check.json"
+HISTORY_FILE = "history.json"
+ROW_FILE = "row.json"
+RESULTS_DIR = "results"
+TABLE_FILE = "campaign.md"
 SETTINGS_FILE = "campaign.json"
 
 
@@ -62,6 +80,8 @@ class Setup:
     power_loss: bool = False  # brokers under the power-loss shim: random also draws power-loss faults
     corruption: bool = False  # small segments and a fast scrub: random also draws corrupt-* faults
     hosts: str = "local"  # "netns": every process on a host of its own (chaos/hosts.py)
+    producers: str = "plain"  # "plain", "retry-unknown" (at least once) or "idempotent" (exactly once)
+    rogue: bool = False  # hostile peers for the whole run (chaos/hostile.py)
 
     @property
     def name(self) -> str:
@@ -70,34 +90,40 @@ class Setup:
 
     @property
     def label(self) -> str:
-        return (f"{self.mode}, {self.slaves} slave{'s' if self.slaves > 1 else ''}, "
-                f"{self.groups} group{'s' if self.groups > 1 else ''}, {'secure' if self.secure else 'insecure'}")
+        return ", ".join([f"{self.mode}", f"{self.slaves} slave{'s' if self.slaves > 1 else ''}",
+                          f"{self.groups} group{'s' if self.groups > 1 else ''}",
+                          "secure" if self.secure else "insecure",
+                          *([self.producers] if self.producers != "plain" else []),
+                          *(["rogue"] if self.rogue else []), *(["power loss"] if self.power_loss else []),
+                          *(["corruption"] if self.corruption else []),
+                          *([f"hosts {self.hosts}"] if self.hosts != "local" else [])])
 
     def command(self, seconds: float, out: Path, zk_nodes: int) -> list[str]:
         return [sys.executable, "-m", "chaos", "run", "--scenario", "random", "--seconds", f"{seconds:g}",
                 "--seed", str(self.seed), "--mode", self.mode, "--slaves", str(self.slaves),
                 "--groups", str(self.groups), "--zk-nodes", str(zk_nodes),
-                "--secure" if self.secure else "--insecure", *(["--power-loss"] if self.power_loss else []),
-                *(["--corruption"] if self.corruption else []),
+                "--secure" if self.secure else "--insecure",
+                *([f"--{self.producers}"] if self.producers != "plain" else []), *(["--rogue"] if self.rogue else []),
+                *(["--power-loss"] if self.power_loss else []), *(["--corruption"] if self.corruption else []),
                 *(["--hosts", self.hosts] if self.hosts != "local" else []),
                 "--out", str(out / self.name)]
 
 
+#: The producers' settings, in turn: run ``i`` has ``PRODUCERS[i % 3]`` (3 and 16 are coprime,
+#: so over 48 runs every setup meets each).
+PRODUCERS = ("plain", "idempotent", "retry-unknown")
+
+
 def plan(runs: int, first_seed: int, power_loss: bool = False, corruption: bool = False,
          hosts: str = "local") -> list[Setup]:
-    """The campaign's runs: the same arguments always give the same plan (resuming relies on it)."""
+    """The campaign's runs: the same arguments always give the same plan (resuming relies on it).
+    Hostile peers (``--rogue``) in every fourth run, shifted by one each 16 runs so that
+    they meet every setup."""
     combos = list(itertools.product(("sync", "async"), (1, 2), (1, 2), (True, False)))
     random.Random(f"campaign/{first_seed}").shuffle(combos)
-    return [Setup(i, first_seed + i, *combos[i % len(combos)], power_loss=power_loss, corruption=corruption, hosts=hosts)
+    return [Setup(i, first_seed + i, *combos[i % len(combos)], power_loss=power_loss, corruption=corruption,
+                  hosts=hosts, producers=PRODUCERS[i % len(PRODUCERS)], rogue=(i + i // len(combos)) % 4 == 3)
             for i in range(runs)]
-
-
-def load_result(out: Path, setup: Setup) -> dict[str, Any] | None:
-    """The run's summary, or None if it has not finished (never started, crashed, unreadable)."""
-    try:
-        return json.loads((out / setup.name / RESULT_FILE).read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def parse_lane(text: str) -> tuple[int, int]:
@@ -117,30 +143,84 @@ def lane_setups(setups: list[Setup], lane: tuple[int, int]) -> list[Setup]:
     return [s for s in setups if s.index % n == k - 1]
 
 
-def check_settings(out: Path, seconds: float, first_seed: int, zk_nodes: int, power_loss: bool = False,
-                   corruption: bool = False, hosts: str = "local") -> str | None:
-    """Resuming with other settings would mix runs of two campaigns in one table: the
-    problem as one line, or None (and the settings recorded) when they match or are new."""
-    path = out / SETTINGS_FILE
-    wanted = {"seconds": seconds, "first_seed": first_seed, "zk_nodes": zk_nodes, "power_loss": power_loss,
-              "corruption": corruption, "hosts": hosts}
+def current_commit() -> str:
+    """The commit this code is at (``git rev-parse HEAD``), ``+dirty`` when tracked files
+    differ from it; ``unknown`` outside a git checkout."""
+    repo = Path(__file__).resolve().parent.parent
     try:
-        known = {"power_loss": False, "corruption": False, "hosts": "local", **json.loads(path.read_text())}  # recorded before the option: without
+        sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return sha + ("+dirty" if dirty else "")
+
+
+def check_settings(out: Path, seconds: float, first_seed: int, zk_nodes: int, power_loss: bool = False,
+                   corruption: bool = False, hosts: str = "local", commit: str | None = None) -> str | None:
+    """Resuming with other settings, or on another commit, would mix two campaigns in one
+    table: the problem as one line, or None (and the settings recorded) when they match or
+    are new. A campaign recorded before the commit was kept is on an unknown commit."""
+    settings: dict[str, Any] = {"seconds": seconds, "first_seed": first_seed, "zk_nodes": zk_nodes,
+                                "power_loss": power_loss, "corruption": corruption, "hosts": hosts}
+    if commit is not None:
+        settings["commit"] = commit
+    path = out / SETTINGS_FILE
+    try:
+        known = {"power_loss": False, "corruption": False, "hosts": "local", "commit": "unknown",
+                 **json.loads(path.read_text())}  # recorded before an option: without it
     except (OSError, ValueError):
         out.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(wanted))
+        path.write_text(json.dumps(settings))
         return None
-    differs = [f"--{k.replace('_', '-')} {known.get(k)} (now {v})" for k, v in wanted.items() if known.get(k) != v]
+    differs = [f"{'--' + k.replace('_', '-') if k != 'commit' else 'commit'} {known.get(k)} (now {v})"
+               for k, v in settings.items() if known.get(k) != v]
     if differs:
         return f"{out} holds a campaign run with {', '.join(differs)}; use another --out or the same settings"
     return None
 
 
-def execute(setup: Setup, seconds: float, out: Path, zk_nodes: int) -> tuple[dict[str, Any] | None, int]:
+# --- running and storing --------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One stored run: its ``row.json`` and what the run wrote (None: nothing)."""
+    meta: dict[str, Any]
+    summary: dict[str, Any]
+    check: dict[str, Any] | None
+    path: Path
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return int(self.meta["index"]), int(self.meta["attempt"])
+
+
+def stored_rows(out: Path) -> list[Row]:
+    """Every stored run under ``out/results``, by plan index then attempt."""
+    rows = []
+    for row_file in sorted((out / RESULTS_DIR).glob(f"*/{ROW_FILE}")):
+        directory = row_file.parent
+        try:
+            meta = json.loads(row_file.read_text())
+            summary = json.loads((directory / RESULT_FILE).read_text())
+        except (OSError, ValueError):
+            continue  # a row being written when the campaign was stopped: not stored
+        try:
+            checked = json.loads((directory / CHECK_FILE).read_text())
+        except (OSError, ValueError):
+            checked = None
+        rows.append(Row(meta, summary, checked, directory))
+    return sorted(rows, key=lambda r: r.key)
+
+
+def execute(setup: Setup, seconds: float, out: Path, zk_nodes: int) -> tuple[dict[str, Any], int]:
     """Runs one setup as a child process (output in its directory's campaign.log); its
-    summary (None if it wrote none) and its exit code."""
+    summary (an ``error`` one when it wrote none or was stopped) and its exit code."""
     run_dir = out / setup.name
     run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RESULT_FILE).unlink(missing_ok=True)  # a re-run's own summary, not the last attempt's
     # The run's own time plus cluster start, settling, the final drain and the checker;
     # past that it is hung.
     limit = 3 * seconds + 900
@@ -154,9 +234,27 @@ def execute(setup: Setup, seconds: float, out: Path, zk_nodes: int) -> tuple[dic
             rc = child.wait(limit)
         except subprocess.TimeoutExpired:
             rc = stop_hung(child)
-            hung = {"ok": False, "seed": setup.seed, "error": f"no result after {limit:g}s: stopped (exit {rc})"}
-            (run_dir / RESULT_FILE).write_text(json.dumps(hung))
-    return load_result(out, setup), rc
+            return {"ok": False, "seed": setup.seed, "error": f"no result after {limit:g}s: stopped (exit {rc})"}, rc
+    try:
+        return json.loads((run_dir / RESULT_FILE).read_text()), rc
+    except (OSError, ValueError):
+        return {"ok": False, "seed": setup.seed, "error": f"exit {rc} without a summary: see campaign.log"}, rc
+
+
+def store(out: Path, setup: Setup, attempt: int, summary: dict[str, Any], meta: dict[str, Any]) -> Path:
+    """The run's evidence as a new row ``results/{run name}-attempt-{attempt}`` (module
+    docstring); ``row.json`` last, so a row is stored whole or not at all."""
+    run_dir, dest = out / setup.name, out / RESULTS_DIR / f"{setup.name}-attempt-{attempt}"
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / RESULT_FILE).write_text(json.dumps(summary, indent=1))
+    if (run_dir / CHECK_FILE).exists():
+        (dest / CHECK_FILE).write_bytes((run_dir / CHECK_FILE).read_bytes())
+    if verdict(summary) != "PASS" and (run_dir / HISTORY_FILE).exists():
+        with open(run_dir / HISTORY_FILE, "rb") as src, gzip.open(dest / (HISTORY_FILE + ".gz"), "wb") as gz:
+            gz.write(src.read())
+    (dest / ROW_FILE).write_text(json.dumps({"index": setup.index, "seed": setup.seed, "attempt": attempt,
+                                             "setup": setup.label, **meta}, indent=1))
+    return dest
 
 
 def stop_hung(child: subprocess.Popen) -> int:
@@ -181,25 +279,45 @@ def verdict(result: dict[str, Any] | None) -> str:
     if result is None:
         return "not run"
     if result.get("error"):
-        return f"ERROR ({result['error']})"
+        return "ERROR"
     return "PASS" if result.get("ok") else "FAIL"
 
 
-def run_row(setup: Setup, result: dict[str, Any] | None) -> list[str]:
-    """One markdown row: seed, setup, every anomaly count, other violations (safety and
-    liveness checks outside the anomaly set, settle failures, accepted forgeries, commits
-    the broker should have refused), faults,
-    failovers, acked puts, verdict."""
-    stats = (result or {}).get("stats")
+#: Checks counted in a column of their own (besides the anomalies): the rest are "other".
+LIVENESS_CHECKS = ("liveness", "failover")
+
+
+def violation_counts(row: Row) -> dict[str, int]:
+    """check name -> violations, from the stored check.json (the checker's own output)."""
+    checks = (row.check or {}).get("checks") or {}
+    return {name: len(c.get("violations") or []) for name, c in checks.items()}
+
+
+def run_row(row: Row) -> list[str]:
+    """One markdown row of a stored run (``TABLE_HEADER``)."""
+    summary, meta = row.summary, row.meta
+    base = [str(meta["seed"]), str(meta["attempt"]), meta.get("setup", ""), str(meta.get("commit", "?"))[:12],
+            verdict(summary) + (f" ({summary['error']})" if summary.get("error") else "")]
+    stats = summary.get("stats")
     if not stats:
-        return [str(setup.seed), setup.label, *["-"] * (len(ANOMALY_COLUMNS) + 4), verdict(result)]
+        return base + ["-"] * (len(TABLE_HEADER) - len(base))
+    counts = violation_counts(row)
     anomalies = stats.get("anomalies", {})
-    counts = [int(anomalies.get(name, 0)) for name in ANOMALY_COLUMNS]
-    other = int(result.get("violations", 0)) - sum(counts)
-    other += sum(len(result.get(key) or []) for key in ("settle_failures", "hostile_problems", "txn_problems"))
-    injected = result.get("injected") or {}
-    return [str(setup.seed), setup.label, *map(str, counts), str(other), str(sum(injected.values())),
-            str(stats.get("failovers", 0)), f"{stats.get('puts_ok', 0):,}", verdict(result)]
+    named = {"acked_lost", *ANOMALY_CHECKS, *LIVENESS_CHECKS}
+    other = {name: n for name, n in counts.items() if n and name not in named}
+    workloads = stats.get("workloads") or {}
+    return base + [str(sum((summary.get("injected") or {}).values())), str(stats.get("failovers", 0)),
+                   f"{stats.get('puts_ok', 0):,}", str(stats.get("lost_acked", 0)), str(stats.get("duplicates", 0)),
+                   *(str(int(anomalies.get(name, 0))) for name in ANOMALY_COLUMNS),
+                   str(sum(counts.get(name, 0) for name in LIVENESS_CHECKS)),
+                   ", ".join(f"{name} {n}" for name, n in sorted(other.items())) or "0",
+                   str(workloads.get("polls", "-")), str(workloads.get("transactions_committed", "-")),
+                   str(workloads.get("topic_ops", "-"))]
+
+
+TABLE_HEADER = ["seed", "attempt", "options", "commit", "verdict", "faults", "failovers", "acked", "lost",
+                "duplicates", *ANOMALY_COLUMNS, "liveness", "other violations", "polls", "transactions",
+                "topic ops"]
 
 
 def markdown(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -207,18 +325,11 @@ def markdown(header: list[str], rows: list[list[str]]) -> list[str]:
             *("| " + " | ".join(row) + " |" for row in rows)]
 
 
-def runs_table(results: list[tuple[Setup, dict[str, Any] | None]]) -> list[str]:
-    header = ["seed", "setup", *ANOMALY_COLUMNS, "other violations", "faults", "failovers", "acked", "verdict"]
-    return markdown(header, [run_row(setup, result) for setup, result in results])
-
-
-def unavailability(results: list[tuple[Setup, dict[str, Any] | None]]) -> dict[str, dict[str, Any]]:
-    """Per fault kind over every finished run: the liveness check's own per-fault records
-    of all runs, aggregated as it aggregates one run's (count summed, the worst of each
-    time; a write recovery that never came stays "never")."""
-    records = [rec for _setup, result in results
-               for rec in ((result or {}).get("stats") or {}).get("liveness_faults", [])]
-    return table(records)
+def unavailability(rows: list[Row]) -> dict[str, dict[str, Any]]:
+    """Per fault kind over every stored run: the liveness check's own per-fault records of all
+    runs, aggregated as it aggregates one run's (count summed, the worst of each time; a
+    write recovery that never came stays "never")."""
+    return table([rec for row in rows for rec in (row.summary.get("stats") or {}).get("liveness_faults", [])])
 
 
 def unavailability_table(rows: dict[str, dict[str, Any]]) -> list[str]:
@@ -238,22 +349,38 @@ def command_line(runs: int, seconds: float, first_seed: int, zk_nodes: int, out:
             f"{f' --hosts {hosts}' if hosts != 'local' else ''} --out {out}")
 
 
-def report(results: list[tuple[Setup, dict[str, Any] | None]], seconds: float, command: str) -> str:
-    finished = [r for _s, r in results if r is not None]
-    passed = sum(1 for r in finished if verdict(r) == "PASS")
-    lines = [f"Campaign of {len(results)} random runs of {seconds:g} s each: {len(finished)} finished, "
-             f"{passed} passed.", "", "```", command, "```", "", *runs_table(results), "",
-             "Unavailability per fault kind over every finished run (seconds; \"max\" = the longest time "
+def table_text(out: Path) -> str:
+    """The campaign's markdown, from its stored rows alone."""
+    rows = stored_rows(out)
+    try:
+        settings = json.loads((out / SETTINGS_FILE).read_text())
+    except (OSError, ValueError):
+        settings = {}
+    first = [r for r in rows if int(r.meta["attempt"]) == 1]
+    passed = sum(verdict(r.summary) == "PASS" for r in first)
+    commits = sorted({str(r.meta.get("commit")) for r in rows})
+    rate = f"{passed} of {len(first)} ({100 * passed / len(first):.0f}%)" if first else "none yet"
+    seconds = settings.get("seconds")
+    lines = [f"**First-attempt pass rate: {rate}.** {len(rows)} stored runs ({len(rows) - len(first)} re-runs)"
+             + (f" of {seconds:g} s each" if isinstance(seconds, (int, float)) else "")
+             + f", on commit {', '.join(commits) if commits else settings.get('commit', '?')}.",
+             "", "Made by:", "", "```", settings.get("command", "python -m chaos campaign ..."), "```",
+             "", "Regenerated from the stored results by:", "", "```", f"python -m chaos campaign-table {out}", "```",
+             "", "Each row's evidence: `results/<run>-attempt-<n>/` (`row.json`, `summary.json`, `check.json`; "
+             "`history.json.gz` for a run that did not pass: `python -m chaos check` it after `gunzip`).", "",
+             *markdown(TABLE_HEADER, [run_row(r) for r in rows]), "",
+             "Unavailability per fault kind over every stored run (seconds; \"max\" = the longest time "
              "without a success around the fault, \"after end\" = from the heal to the first success):", "",
-             *unavailability_table(unavailability(results)), ""]
+             *unavailability_table(unavailability(rows)), ""]
     return "\n".join(lines)
 
 
-# --- the command ------------------------------------------------------------------------
+# --- the commands -----------------------------------------------------------------------
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("campaign", help="many random runs (varied setups, resumable), then one markdown table")
+    p = sub.add_parser("campaign", help="many random runs (varied setups, resumable), each stored; the table "
+                                        "generated from them")
     p.add_argument("--runs", type=int, required=True, help="how many runs")
     p.add_argument("--seconds", type=float, default=300.0, help="how long faults are injected in each run")
     p.add_argument("--first-seed", type=int, default=1000, help="run i has seed first-seed + i")
@@ -269,8 +396,24 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--lane", default="1/1", metavar="K/N",
                    help="run only every N-th setup, from the K-th: N processes with lanes 1/N..N/N share one "
                         "--out (default 1/1: every setup)")
+    p.add_argument("--rerun", type=int, action="append", default=[], metavar="SEED",
+                   help="run this seed's setup again (repeatable): a new row, the earlier attempts stay")
     p.add_argument("--out", default="/tmp/chaos-campaign",
-                   help="directory of the runs and of campaign.md; run the same command again to resume")
+                   help="directory of the runs, their stored results and campaign.md; run the same command "
+                        "again to resume")
+    t = sub.add_parser("campaign-table", help="write a campaign's campaign.md again from its stored results")
+    t.add_argument("dir", help="the campaign's --out directory")
+
+
+def main_table(args: argparse.Namespace) -> int:
+    out = Path(args.dir)
+    if not (out / SETTINGS_FILE).exists() and not (out / RESULTS_DIR).is_dir():
+        print(f"error: {out} holds no campaign (no {SETTINGS_FILE}, no {RESULTS_DIR}/)", file=sys.stderr)
+        return 2
+    text = table_text(out)
+    (out / TABLE_FILE).write_text(text)
+    print(text)
+    return 0
 
 
 def main(args: argparse.Namespace) -> int:
@@ -290,37 +433,51 @@ def main(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"error: cannot use --out {out}: {exc.strerror or exc}", file=sys.stderr)
         return 2
+    setups = plan(args.runs, args.first_seed, args.power_loss, args.corruption, args.hosts)
+    by_seed = {s.seed: s for s in setups}
+    unknown = [seed for seed in getattr(args, "rerun", []) if seed not in by_seed]
+    if unknown:
+        print(f"error: --rerun {unknown[0]} is not a seed of this campaign ({setups[0].seed}..{setups[-1].seed})",
+              file=sys.stderr)
+        return 2
+    commit = current_commit()
+    command = command_line(args.runs, args.seconds, args.first_seed, args.zk_nodes, out, args.power_loss,
+                           args.corruption, args.hosts)
     problem = check_settings(out, args.seconds, args.first_seed, args.zk_nodes, args.power_loss, args.corruption,
-                             args.hosts)
+                             args.hosts, commit)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    setups = plan(args.runs, args.first_seed, args.power_loss, args.corruption, args.hosts)
-    mine = lane_setups(setups, lane)
-    results = {s: load_result(out, s) for s in setups}
-    command = command_line(args.runs, args.seconds, args.first_seed, args.zk_nodes, out, args.power_loss, args.corruption,
-                           args.hosts)
+    settings = json.loads((out / SETTINGS_FILE).read_text())
+    if settings.get("command") is None:
+        (out / SETTINGS_FILE).write_text(json.dumps({**settings, "command": command}))
+    attempts = {}
+    for row in stored_rows(out):
+        attempts[row.meta["seed"]] = max(attempts.get(row.meta["seed"], 0), int(row.meta["attempt"]))
+    todo = [s for s in lane_setups(setups, lane) if s.seed not in attempts]
+    todo += [by_seed[seed] for seed in getattr(args, "rerun", [])]
+    verdicts: list[str] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         with Progress(*columns) as progress:
-            task = progress.add_task("campaign", total=len(mine),
-                                     completed=sum(results[s] is not None for s in mine))
-            for setup in mine:
-                if results[setup] is not None:
-                    continue  # finished in an earlier invocation
-                progress.update(task, description=f"seed {setup.seed} ({setup.label})")
+            task = progress.add_task("campaign", total=len(todo))
+            for setup in todo:
+                attempt = attempts.get(setup.seed, 0) + 1
+                progress.update(task, description=f"seed {setup.seed} ({setup.label}), attempt {attempt}")
                 started = time.monotonic()
-                results[setup], rc = execute(setup, args.seconds, out, args.zk_nodes)
-                progress.console.print(f"seed {setup.seed} ({setup.label}): {verdict(results[setup])}"
-                                       f" in {time.monotonic() - started:.0f}s"
-                                       + ("" if results[setup] is not None else f", exit {rc}, no summary: "
-                                          f"see {out / setup.name / 'campaign.log'}"))
-                if results[setup] is not None:
-                    progress.advance(task)
+                summary, rc = execute(setup, args.seconds, out, args.zk_nodes)
+                wall = round(time.monotonic() - started, 1)
+                store(out, setup, attempt, summary, {"commit": commit, "exit": rc, "wall_s": wall,
+                                                     "command": " ".join(["python", *setup.command(
+                                                         args.seconds, out, args.zk_nodes)[1:]])})
+                attempts[setup.seed] = attempt
+                verdicts.append(verdict(summary))
+                progress.console.print(f"seed {setup.seed} ({setup.label}), attempt {attempt}: {verdicts[-1]} "
+                                       f"in {wall:.0f}s")
+                progress.advance(task)
     finally:
-        # Other lanes' runs finished meanwhile are read again: the table covers them too.
-        results = {s: results[s] if s in mine else load_result(out, s) for s in setups}
-        text = report(list(results.items()), args.seconds, command)
-        (out / "campaign.md").write_text(text)
+        # Every stored row, whichever lane or invocation ran it.
+        text = table_text(out)
+        (out / TABLE_FILE).write_text(text)
         print(text)
-    return 0 if all(verdict(results[s]) == "PASS" for s in mine) else 1  # this lane's runs
+    return 0 if all(v == "PASS" for v in verdicts) else 1  # this invocation's runs

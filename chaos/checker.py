@@ -11,21 +11,25 @@ checks
                     its acked offset with its value: half a transaction missing is a loss.
                     (async: only ``moved`` is a violation here, the losses are judged by
                     ``async_loss_bound``.)
-``async_loss_bound``(async) acked puts missing from the final log number no more than the
-                    replication lag (messages, else bytes) reported at failovers of their
-                    group; a loss with no failover at all is a violation.
+``async_loss_bound``(async) each acked write missing from the final log is excused only by
+                    a failover of its group recorded after the ack, deposing the epoch it
+                    was acked in, whose lag window holds its offset, and no failover by
+                    more than its lag (messages, else bytes); every other loss is a
+                    violation naming its offset, epoch and the failover compared.
 ``order``           per partition, if put A completed (ok) before put B was invoked, A's
                     final offset is below B's (real-time order survives failover).
-``read_lost``       every message a consumer read (offset, value) is in the final log at that
-                    offset: nobody read a message that a failover later took back. (async:
-                    a read that a failover of the group took back inside its lag is expected,
-                    see ``taken_back_reads``; counted in ``stats["async_reads_taken_back"]``.)
+``read_lost``       every message read (offset, value), by raw fetches, consumer polls and
+                    transactions' reads, is in the final log at that offset: nobody read a
+                    message that a failover later took back. (async: a read that a failover
+                    of the group took back inside its lag window is expected, see
+                    ``taken_back_reads``; counted in ``stats["async_reads_taken_back"]``.)
 ``split_brain``     no two masters acked writes in the same epoch of a group (from the
                     ``epoch``/``master`` that each ok put carries); a put acked at a lower
                     epoch after a higher-epoch ack had completed is a warning (``stale_ack``).
 ``replica_prefix``  after healing, every slave's log of every partition is a byte-identical
                     prefix of its master's (equal record lists: offset, size, CRC32 of the
-                    whole record, value; no torn tail; not longer than the master).
+                    whole record, value; no torn tail; not longer than the master) holding
+                    every acked write (the cluster settled: an empty slave log is no proof).
 ``duplicates``      no value appears twice in the final logs (unknown-outcome writes appear at
                     most once, never twice at different offsets), unless the producers resend
                     unknown outcomes without idempotence (at least once, ``--retry-unknown``):
@@ -39,11 +43,21 @@ checks
                     messages are read back and, where the configuration allows, writes are
                     acked again within the liveness bound (``chaos.liveness``); the per-kind
                     unavailability table is in ``stats["unavailability"]``.
+``failover``        a master fault held at least the session timeout (or never healed) is
+                    followed by a failover of its group.
+``progress``        something worked: an acked put, a read, and for each workload the run
+                    asked for (``meta``) a poll, a committed transaction, a topic operation.
+``run``             what the runner saw (``meta["run_problems"]``: settle failures,
+                    hostile-peer problems, refused-commit problems, crashed workload tasks).
+
+``CheckResult.ok`` is the one verdict: the run's exit status and ``summary.json``'s ``ok``,
+``python -m chaos check``'s exit status and the campaign's rows all are this.
 
 Jepsen's Kafka workload anomalies (chaos/anomalies.py, by Jepsen's names; ``acked_lost`` is
 its ``lost-write``): ``unseen``, ``duplicate``, ``inconsistent-offsets``, ``poll-skip``,
 ``nonmonotonic-poll``, ``nonmonotonic-send``, ``int-poll-skip``, ``int-nonmonotonic-poll``,
-``precommitted-read``, ``aborted-read`` (G1a), ``intermediate-read`` (G1b), ``G0``, ``G1c``.
+``precommitted-read``, ``aborted-read`` (G1a), ``intermediate-read`` (G1b), ``G1c`` (Jepsen's G0, write
+cycles, is not checked: Kafka-style transactions do not isolate writes, so it could only be counted).
 ``inconsistent-offsets`` is Jepsen's, with the same async allowance as ``read_lost``: an
 offset seen holding a value a failover took back inside its lag, besides the final one.
 A check may also return anomalies its mode allows (``expected``): counted, never a failure.
@@ -59,7 +73,7 @@ from typing import Any, Callable
 
 from chaos import anomalies
 from chaos.history import History, brief, group_of, is_control
-from chaos.liveness import check_liveness, liveness_bound, render_table, table
+from chaos.liveness import check_liveness, fault_windows, liveness_bound, render_table, table
 
 MAX_SHOWN = 20
 
@@ -107,6 +121,35 @@ class Index:
     def lost_and_moved(self) -> tuple[list[dict], list[dict], int]:
         """Acked puts missing from / elsewhere in the final logs (three checks use it)."""
         return _lost_and_moved(self)
+
+    @cached_property
+    def async_losses(self) -> "AsyncLosses":
+        """Async: which lost acks a failover excuses, and which none does (``async_loss_bound``)."""
+        return judge_async_losses(self.history, self)
+
+    @cached_property
+    def puts_by_partition(self) -> dict[str, list[dict[str, Any]]]:
+        out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for op in self.puts:
+            if op["type"] == "ok":
+                out[op.get("partition")].append(op)
+        return out
+
+    def lag_windows(self, partition: str) -> list[tuple[int, dict[str, Any], tuple[float, float]]]:
+        """Every failover of the partition's group that may have taken records of it back:
+        ``(its index in history.failovers, the failover, its lag window)`` (``lag_window``)."""
+        cache = self.__dict__.setdefault("_lag_windows", {})
+        if partition not in cache:
+            group = group_of(partition)
+            cache[partition] = [(i, f, w) for i, f in enumerate(self.history.failovers)
+                                if f.get("group") == group and (w := lag_window(self, f, partition)) is not None]
+        return cache[partition]
+
+    def in_lag_window(self, partition: str, offset: int) -> bool:
+        """Async: whether a failover of the partition's group may have taken back its ``offset``."""
+        if self.history.meta.get("mode", "sync") != "async":
+            return False
+        return any(lo <= offset < hi for _i, _f, (lo, hi) in self.lag_windows(partition))
 
 
 def build_index(history: History) -> Index:
@@ -156,8 +199,9 @@ def acked_writes(index: Index) -> list[dict[str, Any]]:
     and partition it wrote, or none)."""
     writes = [op for op in index.puts if op["type"] == "ok"]
     for w in index.kafka.writes:
-        if w.transactional and w.committed and w.partition is not None:
-            writes.append({**w.op, "partition": w.partition, "offset": w.offset, "value": w.value})
+        if w.transactional and (w.committed or w.client_committed) and w.partition is not None:
+            writes.append({**w.op, "partition": w.partition, "offset": w.offset, "value": w.value,
+                           "marker": w.marker})
     return writes
 
 
@@ -172,7 +216,14 @@ def _lost_and_moved(index: Index) -> tuple[list[dict], list[dict], int]:
             continue
         offsets = log.by_value.get(op.get("value"), [])
         acked = op.get("offset")
-        if acked is None:
+        if op.get("marker") == "ABORT":
+            # Its client heard the commit; the final log's marker says the broker aborted it.
+            # What was lost is the COMMIT marker, whose offset is not known (async: an excuse
+            # needs a failover after the commit with a lag in the partition, ``excuses_loss``).
+            lost.append({**brief(op), "kind": "lost", "offset": None, "acked_offset": acked,
+                         "why": f"transaction {op.get('txn')} committed by its client, "
+                                f"but its marker in {partition} says ABORT"})
+        elif acked is None:
             if not offsets:
                 what = f"transaction {op.get('txn')}'s message" if op.get("f") == "txn" else "acked put"
                 lost.append({**brief(op), "kind": "lost", "why": f"{what} {op.get('value')!r} is not in the final log of {partition}"})
@@ -195,36 +246,89 @@ def check_acked_lost(history: History, index: Index) -> tuple[list[dict], int]:
     return lost + moved, checked
 
 
+@dataclass
+class AsyncLosses:
+    """Async mode: the acked writes missing from the final logs, judged one by one."""
+
+    excused: dict[tuple[str, int], set[Any]]  # (partition, offset) -> values a failover took back there
+    violations: list[dict]
+
+
+def excuses_loss(index: Index, failover: dict[str, Any], window: tuple[float, float], op: dict[str, Any]) -> bool:
+    """Whether ``failover`` (with its lag ``window`` in op's partition) may have taken back the
+    lost ack ``op``: recorded after the ack, deposing the epoch the ack was made in (the
+    failover's epoch is higher), and with the acked offset inside its lag window. An ack
+    that carries no epoch (the real client's, a transaction's) is judged by time and
+    window only; one with no offset by time, epoch and a lag in its partition."""
+    if float(failover["time"]) < float(op.get("time", 0.0)):
+        return False
+    if op.get("epoch") is not None and (failover.get("epoch") is None or int(failover["epoch"]) <= int(op["epoch"])):
+        return False
+    offset = op.get("offset")
+    return offset is None or window[0] <= offset < window[1]
+
+
+def judge_async_losses(history: History, index: Index) -> AsyncLosses:
+    """Each lost ack is excused only by a failover ``excuses_loss`` accepts (the first one,
+    in the order recorded); a failover excuses no more lost acks of a partition than its lag
+    there held (messages when recorded, else bytes). Everything else is a violation naming
+    the offset, the epoch, and the failover it was compared with."""
+    if history.meta.get("mode", "sync") != "async":
+        return AsyncLosses({}, [])
+    lost, _moved, _checked = index.lost_and_moved
+    out: list[dict] = []
+    charged: dict[tuple[str, int], list[dict]] = defaultdict(list)
+    for op in lost:
+        partition = op.get("partition")
+        candidates = index.lag_windows(partition) if partition in index.logs else []
+        excuse = next((i for i, f, window in candidates if excuses_loss(index, f, window, op)), None)
+        if excuse is not None:
+            charged[(partition, excuse)].append(op)
+            continue
+        group = group_of(partition)
+        later = [f for f in history.failovers if f.get("group") == group and float(f["time"]) >= float(op.get("time", 0))]
+        compared = later[0] if later else None
+        if compared is None:
+            why = f"no failover of group {group} after it was acked"
+        else:
+            window = lag_window(index, compared, partition)
+            why = (f"the failover at {compared['time']:.2f}s to epoch {compared.get('epoch')} "
+                   + ("lost nothing there" if window is None else
+                      f"took back offsets [{window[0]:g}, {window[1]:g}) only"
+                      if op.get("epoch") is None or int(compared.get("epoch") or 0) > int(op["epoch"])
+                      else "did not depose that epoch"))
+        out.append({"kind": "loss_not_excused", "partition": partition, "offset": op.get("offset"),
+                    "epoch": op.get("epoch"), "value": op.get("value"),
+                    "failover": None if compared is None else {k: compared.get(k) for k in ("time", "epoch", "old_master",
+                                                                                              "new_master", "lag")},
+                    "why": f"{op.get('value')!r} acked at {partition}@{op.get('offset')} in epoch {op.get('epoch')} "
+                           f"at {float(op.get('time', 0)):.2f}s is lost: {why}"})
+    excused: dict[tuple[str, int], set[Any]] = defaultdict(set)
+    for (partition, i), ops in sorted(charged.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+        lag = history.failovers[i].get("lag", {}).get(partition) or {}
+        if "messages" in lag:
+            bound, amount, unit = int(lag["messages"]), len(ops), "messages"
+        else:
+            bound, unit = int(lag.get("bytes", 0)), "bytes"
+            amount = sum(int(o.get("size") or 20 + len(str(o.get("value", "")).encode())) for o in ops)
+        if amount > bound:
+            out.append({"kind": "loss_over_lag", "partition": partition, "lost": len(ops), "lost_amount": amount,
+                        "lag_bound": bound, "unit": unit, "failover_time": history.failovers[i]["time"],
+                        "values": [o.get("value") for o in ops[:MAX_SHOWN]],
+                        "why": f"lost {amount} {unit} in {partition} to the failover at "
+                               f"{history.failovers[i]['time']:.2f}s, more than its lag of {bound}"})
+            continue
+        for o in ops:
+            if o.get("offset") is not None:
+                excused[(partition, int(o["offset"]))].add(o.get("value"))
+    return AsyncLosses(dict(excused), out)
+
+
 def check_async_loss_bound(history: History, index: Index) -> tuple[list[dict], int]:
     if history.meta.get("mode", "sync") != "async":
         return [], 0
-    lost, _moved, checked = index.lost_and_moved
-    by_partition: dict[str, list[dict]] = defaultdict(list)
-    for op in lost:
-        by_partition[op.get("partition")].append(op)
-    out = []
-    for partition, ops in sorted(by_partition.items(), key=lambda kv: str(kv[0])):
-        group = group_of(partition)
-        failovers = [f for f in history.failovers if f.get("group") == group]
-        if not failovers:
-            out.append({"kind": "loss_without_failover", "partition": partition, "lost": len(ops),
-                        "values": [o.get("value") for o in ops[:MAX_SHOWN]],
-                        "why": f"{len(ops)} acked messages lost in {partition} with no failover of group {group}"})
-            continue
-        lags = [f.get("lag", {}).get(partition, {}) for f in failovers]
-        if all("messages" in lag for lag in lags):
-            bound = sum(int(lag["messages"]) for lag in lags)
-            amount, unit = len(ops), "messages"
-        else:
-            bound = sum(int(lag.get("bytes", 0)) for lag in lags)
-            amount = sum(int(o.get("size") or 20 + len(str(o.get("value", "")).encode())) for o in ops)
-            unit = "bytes"
-        if amount > bound:
-            out.append({"kind": "loss_over_lag", "partition": partition, "lost": len(ops),
-                        "lost_amount": amount, "lag_bound": bound, "unit": unit,
-                        "values": [o.get("value") for o in ops[:MAX_SHOWN]],
-                        "why": f"lost {amount} {unit} in {partition}, more than the lag of {bound} at failover"})
-    return out, checked
+    _lost, _moved, checked = index.lost_and_moved
+    return index.async_losses.violations, checked
 
 
 def check_order(history: History, index: Index) -> tuple[list[dict], int]:
@@ -256,19 +360,22 @@ def check_order(history: History, index: Index) -> tuple[list[dict], int]:
 
 
 def check_read_lost(history: History, index: Index) -> tuple[list[dict], int, list[dict]]:
+    """Every read, raw fetches and consumer polls alike, got what the final log holds there;
+    async: a read a failover took back inside its lag is expected (``taken_back_reads``)."""
     out, expected, checked = [], [], 0
     excused = index.taken_back.excused
-    for op in index.gets:
-        partition = op.get("partition")
+    for batch in index.kafka.batches:
+        partition = batch.partition
         log = index.logs.get(partition)
-        for offset, value in op.get("reads", []):
+        for offset, value in batch.pairs:
             checked += 1
             at = log.by_offset.get(offset) if log else None
             if at is None or at[0] != value:
-                case = {"kind": "read_lost", "partition": partition, "offset": offset,
-                        "value": value, "replica": op.get("replica"), "read_time": op.get("time"),
+                case = {"kind": "read_lost", "partition": partition, "offset": offset, "value": value,
+                        "f": batch.op.get("f"), "process": batch.op.get("process"),
+                        "replica": batch.op.get("replica"), "read_time": batch.op.get("time"),
                         "final_there": at[0] if at else None,
-                        "why": f"read {value!r} at offset {offset}, the final log has "
+                        "why": f"{batch.op.get('process')} read {value!r} at {partition}@{offset}, the final log has "
                                + (f"{at[0]!r}" if at else "nothing") + " there"}
                 (expected if value in excused.get((partition, offset), ()) else out).append(case)
     return out, checked, expected
@@ -306,9 +413,9 @@ def lag_window(index: Index, failover: dict[str, Any], partition: str) -> tuple[
         return (0.0, float("inf"))
     log = index.logs.get(partition)
     lo, first_new = 0, float("inf")
-    for op in index.puts:
+    for op in index.puts_by_partition.get(partition, []):  # acked puts of the partition
         offset, acked_in = op.get("offset"), op.get("epoch")
-        if op["type"] != "ok" or op.get("partition") != partition or offset is None or acked_in is None:
+        if offset is None or acked_in is None:
             continue
         if int(acked_in) == int(epoch):
             first_new = min(first_new, offset)
@@ -322,9 +429,10 @@ def lag_window(index: Index, failover: dict[str, Any], partition: str) -> tuple[
 def taken_back_reads(history: History, index: Index) -> TakenBack:
     """Async only: every read of a record the final log does not hold at its offset (raw
     fetches and consumer polls alike) is taken back by a failover if its offset lies in that
-    failover's lag window (``lag_window``) and, per partition, there are no more such
-    records than the failovers' lags in messages add up to (when recorded). Anything else
-    stays a violation of the checks that found it."""
+    failover's lag window (``lag_window``) and that failover's lag in messages (when
+    recorded) holds all the reads it is charged with (each read is charged to the first
+    failover whose window holds it). Anything else stays a violation of the checks that
+    found it."""
     if history.meta.get("mode", "sync") != "async":
         return TakenBack({})
     gone: dict[str, set[tuple[int, Any]]] = defaultdict(set)
@@ -336,28 +444,35 @@ def taken_back_reads(history: History, index: Index) -> TakenBack:
                 gone[batch.partition].add((offset, value))
     excused: dict[tuple[str, int], set[Any]] = defaultdict(set)
     for partition, reads in gone.items():
-        failovers = [f for f in history.failovers if f.get("group") == group_of(partition)]
-        windows = [w for f in failovers if (w := lag_window(index, f, partition)) is not None]
-        inside = [(o, v) for o, v in reads if any(lo <= o < hi for lo, hi in windows)]
-        lags = [f.get("lag", {}).get(partition) or {} for f in failovers]
-        if lags and all("messages" in lag for lag in lags) and len(inside) > sum(int(lag["messages"]) for lag in lags):
-            continue  # more taken back than the lags held: none of it is explained
-        for offset, value in inside:
-            excused[(partition, offset)].add(value)
+        charged: dict[int, list[tuple[int, Any]]] = defaultdict(list)
+        windows = index.lag_windows(partition)
+        for offset, value in sorted(reads, key=lambda r: (r[0], str(r[1]))):
+            first = next((i for i, _f, (lo, hi) in windows if lo <= offset < hi), None)
+            if first is not None:
+                charged[first].append((offset, value))
+        for i, inside in charged.items():
+            lag = history.failovers[i].get("lag", {}).get(partition) or {}
+            if "messages" in lag and len({o for o, _v in inside}) > int(lag["messages"]):
+                continue  # more offsets taken back than the lag held: none of it is explained
+            for offset, value in inside:
+                excused[(partition, offset)].add(value)
     return TakenBack(dict(excused))
 
 
 def check_inconsistent_offsets(history: History, index: Index) -> tuple[list[dict], int, list[dict]]:
-    """Jepsen's ``inconsistent-offsets`` (chaos.anomalies); also expected in async mode: an
-    offset whose values besides the final log's are reads a failover took back."""
-    out, checked, expected = anomalies.check_inconsistent_offsets(history, index)
+    """Jepsen's ``inconsistent-offsets`` (chaos.anomalies); in async mode an offset is
+    expected to have held other values than the final log's only when each of them is a read
+    a failover took back inside its lag (``taken_back_reads``) or an ack it took back
+    (``judge_async_losses``): every case is judged so, whatever the anomaly check said."""
+    out, checked, allowed = anomalies.check_inconsistent_offsets(history, index)
     final = index.kafka.final_value
-    violations = []
-    for case in out:
+    violations, expected = [], []
+    for case in out + allowed:
         partition, offset = case["partition"], case["offset"]
         taken_back = {str(v) for v in index.taken_back.excused.get((partition, offset), ())}
+        taken_back |= {str(v) for v in index.async_losses.excused.get((partition, offset), ())}
         others = set(case["values"]) - {str(final.get(partition, {}).get(offset))}
-        (expected if taken_back and others <= taken_back else violations).append(case)
+        (expected if others <= taken_back else violations).append(case)
     return violations, checked, expected
 
 
@@ -399,9 +514,27 @@ def stale_acks(history: History, index: Index) -> list[dict]:
     return warnings
 
 
+def acked_ends(index: Index) -> dict[str, int]:
+    """partition -> where the last acked write still at its offset in the final log ends."""
+    ends: dict[str, int] = {}
+    for op in acked_writes(index):
+        partition, offset = op.get("partition"), op.get("offset")
+        log = index.logs.get(partition)
+        at = log.by_offset.get(offset) if log is not None and offset is not None else None
+        if at is not None and at[0] == op.get("value"):
+            ends[partition] = max(ends.get(partition, 0), offset + at[1])
+    return ends
+
+
 def check_replica_prefix(history: History, index: Index) -> tuple[list[dict], int]:
+    """Every slave's log is a byte-identical prefix of its master's, and holds every acked
+    write: the snapshot is taken after the cluster settled (slaves caught up, the load
+    stopped), so a slave shorter than the last acked write, or without the partition at all,
+    is not "a prefix" but a replica that lost or never got acked data (an empty slave log is
+    a prefix of anything, and would otherwise pass)."""
     out, checked = [], 0
     replicas = history.final.get("replicas", {})
+    must_hold = acked_ends(index)
     for group, names in index.masters.items():
         if len(names) != 1:
             continue
@@ -409,6 +542,15 @@ def check_replica_prefix(history: History, index: Index) -> tuple[list[dict], in
         for name, rep in replicas.items():
             if int(rep["group"]) != group or name == names[0]:
                 continue
+            for partition, end in sorted(must_hold.items()):
+                if group_of(partition) != group or partition not in master.get("partitions", {}):
+                    continue
+                held = (rep.get("partitions", {}).get(partition) or {}).get("end", 0)
+                if held < end:
+                    out.append({"kind": "prefix", "group": group, "slave": name, "master": names[0],
+                                "partition": partition, "slave_end": held, "acked_end": end,
+                                "why": f"slave {name} holds {partition} up to {held} only, short of the last acked "
+                                       f"write (ending at {end}) after the cluster settled"})
             for partition, snap in rep.get("partitions", {}).items():
                 checked += 1
                 mine = snap.get("records", [])
@@ -488,7 +630,7 @@ def check_phantoms(history: History, index: Index) -> tuple[list[dict], int]:
             if is_control(value):
                 continue  # the broker's own record (an idempotent put's BATCH header)
             checked += 1
-            if value not in invoked and not history.meta.get("foreign_values_ok"):
+            if value not in invoked:
                 out.append({"kind": "phantom", "partition": partition, "offset": offset, "value": value,
                             "why": f"{value!r} at {partition}@{offset} was never written by the workload"})
             elif value in failed and value not in succeeded_or_unknown:
@@ -506,6 +648,99 @@ def acked_in_final_log(index: Index) -> dict[str, set[int]]:
         if op["type"] == "ok" and offset is not None and offset in index.where(op.get("partition"), op.get("value")):
             present[op.get("partition")].add(offset)
     return present
+
+
+# --- the run's own signals: progress, failovers, what the runner saw ------------------
+
+
+def check_progress(history: History, index: Index) -> tuple[list[dict], int]:
+    """A run where nothing worked proves nothing: at least one acked put and one read, and
+    for each workload the run asked for (``meta``: ``consumer_group``, ``transactions``,
+    ``topic_ops``) at least one poll that returned messages, one committed transaction, one
+    topic operation done."""
+    completions = [op for op in history.completions() if op["type"] == "ok"]
+    read_ids = {batch.op["id"] for batch in index.kafka.batches if batch.pairs}
+    wanted = [("puts", "acked put", lambda op: op.get("f") == "put"),
+              ("reads", "read that returned messages (a fetch, a consumer poll or a transaction's read)",
+               lambda op: op["id"] in read_ids)]
+    if history.meta.get("consumer_group"):
+        wanted.append(("polls", "consumer poll that returned messages",
+                       lambda op: op.get("f") == "poll" and any((op.get("polls") or {}).values())))
+    if history.meta.get("transactions"):
+        wanted.append(("transactions", "committed transaction", lambda op: op.get("f") == "txn"))
+    if history.meta.get("topic_ops"):
+        wanted.append(("topic_ops", "topic operation done", lambda op: op.get("f") == "topic-op"))
+    out = []
+    for workload, what, done in wanted:
+        if not any(done(op) for op in completions):
+            out.append({"kind": "no_progress", "workload": workload,
+                        "why": f"no {what} in the whole run: the {workload} workload never worked"})
+    return out, len(wanted)
+
+
+#: Faults that take the master away from ZooKeeper (killed, stopped, cut off, silenced):
+#: held past the session timeout, the group must fail over.
+MASTER_LOSS_FAULTS = ("kill-master", "lose-master", "pause-master", "partition-master-zk", "silence-master",
+                      "power-loss-master", "corrupt-master", "truncate-master")
+
+
+def check_master_failover(history: History, index: Index) -> tuple[list[dict], int]:
+    """Every fault that takes a master away from ZooKeeper for at least the session timeout
+    (or for good) is followed by a failover of its group, recorded between the fault's start
+    and the liveness bound after its end (its heal; its start when it never heals): its
+    session has expired by its heal, and the slave is elected before the old master, just
+    restarted or resumed, can register again. Held shorter, the master may keep its
+    session: no failover is due; nor is one when the runner recorded that no slave was
+    eligible just before the fault (``eligible_slaves`` 0: in sync mode an empty sync set,
+    the master having acked alone, V4)."""
+    session_s = float(history.meta.get("session_ms", 1500)) / 1000
+    bound = liveness_bound(history)
+    history_end = max((float(e["time"]) for e in [*history.ops, *history.faults]), default=0.0)
+    out, checked = [], 0
+    for w in fault_windows(history):
+        f = w.fault
+        if f.get("kind") not in MASTER_LOSS_FAULTS or f.get("group") is None:
+            continue
+        if f.get("heals", True) and float(f.get("hold_s") or 0.0) < session_s:
+            continue
+        if f.get("eligible_slaves") == 0:
+            continue  # no slave could take over (sync: an empty sync set), by design (V4)
+        failed_over = any(fo.get("group") == f["group"] and w.start <= float(fo["time"]) <= w.end + bound
+                          for fo in history.failovers)
+        if not failed_over and history_end < w.end + bound:
+            continue  # the history ended before the bound: inconclusive (liveness warns of it)
+        checked += 1
+        if not failed_over:
+            out.append({"kind": "no_failover", "fault": f.get("kind"), "target": f.get("target"),
+                        "group": f["group"], "start": w.start, "end": w.end,
+                        "why": f"{f.get('kind')} on {f.get('target')} at {w.start:.1f}s "
+                               + (f"(held {float(f['hold_s']):.1f}s) " if f.get("heals", True) else "(never healed) ")
+                               + f"was not followed by a failover of group {f['group']} within {bound:g}s of its end"})
+    return out, checked
+
+
+#: What the runner saw that the history's operations do not show, recorded in
+#: ``meta["run_problems"]`` (chaos/runner.py): each entry is a violation.
+RUN_PROBLEMS = {
+    "settle_failures": "the cluster did not settle",
+    "hostile_problems": "hostile peers",
+    "txn_problems": "a commit the broker should have refused",
+    "workload_crashes": "a workload task crashed",
+}
+
+
+def check_run_problems(history: History, index: Index) -> tuple[list[dict], int]:
+    """The runner's own findings (settle failures, accepted forgeries or memory growth under
+    hostile peers, commits past a timeout or by a fenced instance, crashed workload tasks).
+    A history recorded before the runner kept them has at least its steps' settle failures
+    (``settle_timeout`` faults)."""
+    problems = history.meta.get("run_problems")
+    if problems is None:
+        problems = {"settle_failures": [f"after {f.get('of')} on {f.get('target')}: {f.get('why')}"
+                                        for f in history.faults if f.get("kind") == "settle_timeout"]}
+    out = [{"kind": key, "why": f"{RUN_PROBLEMS.get(key, key)}: {text}"}
+           for key in RUN_PROBLEMS for text in problems.get(key) or []]
+    return out, sum(len(v or []) for v in problems.values())
 
 
 @dataclass
@@ -530,6 +765,9 @@ CHECKS: dict[str, Callable[[History, Index], tuple[list[dict], int]]] = {
     "duplicates": check_duplicates,
     "phantoms": check_phantoms,
     "liveness": lambda history, index: (index.liveness.violations, len(index.liveness.faults)),
+    "failover": check_master_failover,
+    "progress": check_progress,
+    "run": check_run_problems,
     **anomalies.CHECKS,
     "inconsistent-offsets": check_inconsistent_offsets,  # in place: Jepsen's, plus the async allowance
 }
@@ -569,6 +807,9 @@ class CheckResult:
                      f"max gap between acks: {s['max_unavailable_s']:.2f}s; lost acked: {s['lost_acked']}"
                      + (f"; reads a failover took back (async): {s['async_reads_taken_back']}" if self.mode == "async" else ""))
         lines.append(f"  {duplicates_line(s)}; {resends_line(s)}")
+        if s.get("reads_during_exemptions"):
+            lines.append("  reads-throughout rule narrowed by open transactions (faults each): "
+                         + ", ".join(f"{name} {n}" for name, n in s["reads_during_exemptions"].items()))
         lines.append(f"  {anomalies_line(self.checks)}")
         for name, c in self.checks.items():
             mark = "ok  " if c["ok"] else "FAIL"
@@ -612,6 +853,16 @@ def resends_line(stats: dict[str, Any]) -> str:
             f"client puts retried: {stats.get('client_puts_retried', 0)}")
 
 
+def reads_during_exemptions(records: list[dict]) -> dict[str, int]:
+    """transaction -> the number of faults whose "reads throughout" rule it narrowed to the
+    reads below its first record (in any partition)."""
+    counts: Counter[str] = Counter()
+    for rec in records:
+        for name in set((rec.get("reads_held_by_transaction") or {}).values()):
+            counts[name] += 1
+    return dict(sorted(counts.items()))
+
+
 def _stats(history: History, index: Index) -> dict[str, Any]:
     puts = index.puts
     ok_times = sorted(op["time"] for op in puts if op["type"] == "ok")
@@ -649,7 +900,17 @@ def _stats(history: History, index: Index) -> dict[str, Any]:
         # Resends the broker answered as a duplicate: an earlier attempt had been stored.
         "resends_acked_as_duplicate": sum(bool(op.get("duplicate")) for op in raw_resends),
         "client_puts_retried": sum(resent(op) for op in puts if "resent_after_unknown" not in op),
+        # What each workload got done (the campaign's table shows them beside the verdict).
+        "workloads": {
+            "polls": sum(1 for op in history.ops if op.get("f") == "poll" and op["type"] == "ok"
+                         and any((op.get("polls") or {}).values())),
+            "transactions_committed": sum(1 for op in history.ops if op.get("f") == "txn" and op["type"] == "ok"),
+            "transactions_unknown": sum(1 for op in history.ops if op.get("f") == "txn" and op["type"] == "info"),
+            "topic_ops": sum(1 for op in history.ops if op.get("f") == "topic-op" and op["type"] == "ok"),
+        },
         "liveness_bound_s": liveness_bound(history),
+        # Per transaction: how many faults' reads_during rule it narrowed (V9, chaos/liveness.py).
+        "reads_during_exemptions": reads_during_exemptions(index.liveness.faults),
         "unavailability": table(index.liveness.faults),
         "liveness_faults": index.liveness.faults,
     }

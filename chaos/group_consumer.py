@@ -132,6 +132,7 @@ class ConsumerGroupLoad:
         self.members: dict[int, tuple[str, subprocess.Popen[bytes]]] = {}  # slot -> (process name, process)
         self.started: list[str] = []
         self.signals: dict[str, int] = {"SIGKILL": 0, "SIGTERM": 0}
+        self.crashes: list[str] = []  # members that exited before they were signalled, non-zero
         self._halt = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -177,6 +178,9 @@ class ConsumerGroupLoad:
 
     def _signal(self, slot: int, how: signal.Signals) -> subprocess.Popen[bytes]:
         name, proc = self.members.pop(slot)
+        if proc.poll() not in (None, 0):  # gone before anyone stopped it: a crash, the run fails
+            self.crashes.append(f"consumer {name} exited by itself with code {proc.returncode} "
+                                f"(see consumers/{name}.log)")
         self.signals[how.name] += 1
         self.history.fault("consumer-" + ("kill" if how == signal.SIGKILL else "stop"), name, pid=proc.pid)
         proc.send_signal(how)  # by pid: a process this load started

@@ -18,7 +18,8 @@ and for every group it touches:
   lag: ``async_loss_bound``) is read back, or a later one, within ``[E, E + B]`` (later
   when a transaction whose client gave up holds it back: below);
 * with ``reads_during`` (ZooKeeper majority lost): reads never stop for longer than ``B``
-  between ``S`` and ``E``, except those of a partition where a transaction open at ``S``
+  between ``S`` (or the partition's first ack, when that comes later: before it there is
+  nothing to read) and ``E``, except those of a partition where a transaction open at ``S``
   holds back the awaited message (below); with ``master_fixed``: no failover of the group
   between ``S`` and ``E``.
 
@@ -27,8 +28,12 @@ message acked there by ``E`` (a master acks until it notices the quorum is gone,
 message may be acked just after ``S``) pins the partition's last stable offset: read-committed readers, on
 the master and on the slaves alike, get nothing past that record until the transaction is
 decided, and its decision (a COMMIT or ABORT marker, also the abort of a timeout) is a
-write, which needs ZooKeeper's quorum. For such a partition the ``reads_during`` rule does
-not apply; its reads are bounded as writes are: by the **reads** rule, within ``B`` of ``E``.
+write, which needs ZooKeeper's quorum. For such a partition the ``reads_during`` rule is
+narrowed to what lies below the transaction's first record: the newest message acked there
+below it is read within ``B`` of ``S`` (or of its ack, when acked during the fault); the
+reads above it are bounded as writes are: by the **reads** rule, within ``B`` of ``E``. Each
+such exemption is named in the fault's record (``reads_held_by_transaction``) and counted per
+transaction in the checker's ``stats["reads_during_exemptions"]``.
 
 When a transaction is decided (``decided_at``, per partition holding its first record):
 
@@ -226,6 +231,19 @@ class Timeline:
         offsets = [o for t, o in self.acked.get(partition, []) if t <= by]
         return max(offsets) if offsets else None
 
+    def first_acked_at(self, partition: str) -> float:
+        """When the partition's first acked message (still in the final log) was acked; inf: none."""
+        acked = self.acked.get(partition)
+        return acked[0][0] if acked else float("inf")
+
+    def newest_acked_below(self, partition: str, by: float, limit: int) -> tuple[float, int] | None:
+        """(ack time, offset) of the newest message acked by ``by`` at an offset below ``limit``."""
+        acked = [(o, t) for t, o in self.acked.get(partition, []) if t <= by and o < limit]
+        if not acked:
+            return None
+        offset, t = max(acked)
+        return t, offset
+
     def read_times(self, partition: str, reaching: int | None = None) -> list[float]:
         return [t for t, top in self.reads.get(partition, []) if reaching is None or top >= reaching]
 
@@ -325,10 +343,23 @@ def check_liveness(history: History, present: dict[str, set[int]] | None = None)
                 if held:
                     # Reads past an undecided transaction wait for its marker, a write: they
                     # are bounded like writes, by the reads rule above (within B of E, or of
-                    # its timeout when only that decides it).
+                    # its timeout when only that decides it). Only those: what was acked
+                    # below the transaction's first record is read throughout, within B of
+                    # the fault's start (or of its ack, when acked during the fault).
+                    first_held = min(h.first for h in held)
                     rec.setdefault("reads_held_by_transaction", {})[partition] = held[0].name
+                    below = timeline.newest_acked_below(partition, w.end, first_held)
+                    if below is not None:
+                        acked_at, offset = below
+                        late("reads_stopped", timeline.first_read_reaching(partition, offset),
+                             f"{partition}: acked offset {offset}, below transaction {held[0].name}'s first record "
+                             f"{first_held}, not read", since=max(w.start, acked_at))
                 elif f.get("reads_during"):
-                    during = _gap(every_read, w.start, w.end, timeline.end)
+                    # Throughout the fault, or from the partition's first ack when that came
+                    # later (a run's first seconds): before it there was nothing to read.
+                    since = max(w.start, timeline.first_acked_at(partition))
+                    during = _gap([t for t in every_read if since == w.start or t >= since], since, w.end,
+                                  timeline.end) if since < w.end else 0.0
                     if during > bound:
                         violations.append({**base, "kind": "reads_stopped", "fault": f.get("kind"), "bound_s": bound,
                                            "why": f"group {group}: reads of {partition} stopped for {during:.2f}s "

@@ -37,8 +37,12 @@ One run:
    the end (``--consumer-group``), snapshot every replica's log from disk,
    write ``history.json``, ``check.json`` and ``report.txt``, run the checker.
 
-Exit 0 iff the checker found no violations (safety and liveness), the cluster settled and (``--rogue``)
-no forgery was accepted and no broker's memory grew past the bound (chaos/hostile.py).
+Exit 0 iff the checker passes the history (``chaos.checker.check``: safety, liveness, progress
+of every workload, a failover after every master fault held past the session timeout, and
+what the runner recorded in ``meta["run_problems"]``: the cluster settled, no workload task
+crashed, no commit the broker should have refused and, with ``--rogue``, no forgery accepted
+and no broker's memory grown past the bound, chaos/hostile.py). The run, ``python -m chaos
+check`` of its history and the campaign give that one verdict.
 Exit 3 (nothing ran) when ``--hosts netns`` cannot make network namespaces here, with one
 line on stderr saying why.
 """
@@ -249,6 +253,7 @@ class Workload:
         self.stopping = asyncio.Event()
         self.conns: dict[str, BrokerConnection] = {}
         self.newest_acked: dict[str, tuple[int, str]] = {}  # partition -> (offset, value) of the newest ack
+        self.crashes: list[str] = []  # workload tasks that raised: "name: exception"
         self.txn_load = TransactionLoad(self)
 
     def acked(self, partition: str | None, offset: int | None, value: str) -> None:
@@ -426,23 +431,26 @@ class Workload:
             conn.close()
 
     async def run(self) -> None:
-        raw = [RawProducer(self, name, self.producers, self.resend_budget_s) for name in ("r0", "r1")]
-        tasks = [*(asyncio.create_task(p.run()) for p in raw), asyncio.create_task(self.client_producer("c0"))]
+        """Every workload task until ``stopping``; a task that raises is a crash
+        (``self.crashes``, in the history's ``run_problems``: the run fails)."""
+        groups = range(self.cluster.num_groups)
+        jobs = {name: RawProducer(self, name, self.producers, self.resend_budget_s).run() for name in ("r0", "r1")}
+        jobs["c0"] = self.client_producer("c0")
         if self.transactions:
-            tasks += [asyncio.create_task(self.transactional_producer(name, i % self.cluster.num_groups))
-                      for i, name in enumerate(("x0", "x1"))]
-            tasks += [asyncio.create_task(self.txn_load.xa_producer("xa0")),
-                      asyncio.create_task(self.txn_load.zombie("z0"))]
-        tasks += [asyncio.create_task(self.reader(g)) for g in range(self.cluster.num_groups)]
+            jobs.update({name: self.transactional_producer(name, i % self.cluster.num_groups)
+                         for i, name in enumerate(("x0", "x1"))})
+            jobs["xa0"], jobs["z0"] = self.txn_load.xa_producer("xa0"), self.txn_load.zombie("z0")
+        jobs.update({f"reader-g{g}": self.reader(g) for g in groups})
         if self.transactions:
-            tasks += [asyncio.create_task(self.reader(g, committed_only=True)) for g in range(self.cluster.num_groups)]
-        tasks += [asyncio.create_task(self.prober(g)) for g in range(self.cluster.num_groups)]
-        results = await asyncio.gather(*tasks, return_exceptions=True)
+            jobs.update({f"committed-reader-g{g}": self.reader(g, committed_only=True) for g in groups})
+        jobs.update({f"probe-g{g}": self.prober(g) for g in groups})
+        results = await asyncio.gather(*(asyncio.create_task(job) for job in jobs.values()), return_exceptions=True)
         for conn in self.conns.values():
             conn.close()
-        for r in results:
+        for name, r in zip(jobs, results):
             if isinstance(r, BaseException):
-                log.error("workload task failed: %r", r)
+                log.error("workload task %s failed: %r", name, r)
+                self.crashes.append(f"{name}: {r!r}")
 
 
 def _read_pairs(body: bytes, offset: int, header: dict[str, Any], committed_only: bool) -> tuple[list[tuple[int, str]], int]:
@@ -562,6 +570,7 @@ class Run:
         self.settle_failures: list[str] = []
         self.unavailable: list[float] = []
         self.txn_load: TransactionLoad | None = None
+        self.workload_crashes: list[str] = []
         # --- topic operations (chaos/topic_ops.py): the side topic churns beside the faults ---
         self.side_topics = SideTopicLoad(self.cluster, self.history, seed) if topic_ops else None
 
@@ -583,8 +592,11 @@ class Run:
 
     def _record_fault(self, number: int, step: Step, rng: random.Random) -> tuple[str, Any]:
         kind = FAULTS[step.kind]
+        eligible = self._eligible_slaves(step.group) if kind.role == "master" else None
         target, details, heal = inject(self.cluster, step, rng)
         groups = list(range(self.groups)) if kind.role == "zk" else [step.group]
+        if eligible is not None:
+            details = {**details, "eligible_slaves": eligible}
         self.history.fault(step.kind, target, group=step.group, groups=groups, step=number, hold_s=step.hold_s,
                            heals=kind.heals, reads_during=kind.reads_during, master_fixed=kind.master_fixed,
                            writes_expected=writes_expected(step.kind, self.mode, self.on_sync_slave_loss,
@@ -592,6 +604,18 @@ class Run:
         log.info("fault %s on %s (%s)", step.kind, target,
                  f"hold {step.hold_s:.1f}s" if kind.heals else "never healed")
         return target, heal
+
+    def _eligible_slaves(self, group: int) -> int | None:
+        """How many slaves could take over from the group's master just before a master fault
+        (the checker's failover check, ``eligible_slaves``): sync, the published sync set
+        (a slave outside it may lack acked messages and never takes over on its own, V4);
+        async, every registered slave. None when ZooKeeper cannot be read."""
+        try:
+            view = self.cluster.view(group)
+        except Exception as exc:  # ZooKeeper unreachable: nothing recorded, the check stays strict
+            log.warning("cannot read group %d's slaves before a master fault: %s", group, exc)
+            return None
+        return len(view.sync_set) if self.mode == "sync" else len(view.slaves)
 
     def _lasting(self, number: int, step: Step, rng: random.Random, stop_at: float) -> None:
         """A fault that never heals: load goes on until the run ends, and at least the
@@ -639,6 +663,7 @@ class Run:
         workload = Workload(self.cluster, self.history, monitor, self.seed, self.rate, self.producers,
                             resend_budget_s=self.liveness_bound + 5.0, transactions=self.transactions)
         self.txn_load = workload.txn_load
+        self.workload_crashes = workload.crashes
         load = asyncio.create_task(workload.run())
         with self.phases("load start"):
             if self.hostile is not None:
@@ -701,6 +726,7 @@ class Run:
                 if self.consumers is not None:
                     self.consumers.kill_all()
                 self.history.close_open()
+                self.history.meta["run_problems"] = self.run_problems()
                 self.history.save(self.out / "history.json")
                 (self.out / "broker-logs.txt").write_text(self.cluster.log_report(200))
                 self.cluster.stop()
@@ -712,18 +738,20 @@ class Run:
         faults: dict[str, int] = {}
         for f in self.history.faults:
             faults[f["kind"]] = faults.get(f["kind"], 0) + 1
-        summary = {"ok": self.passed(result), "scenario": self.scenario, "seed": self.seed,
+        summary = {"ok": result.ok, "scenario": self.scenario, "seed": self.seed,
                    "mode": self.mode, "groups": self.groups, "slaves": self.slaves, "secure": self.secure,
                    "seconds": self.seconds, "faults": faults, "injected": injected_faults(self.history.faults),
                    "stats": result.stats, "settle_failures": self.settle_failures,
-                   "master_faults_without_failover": self.no_failover, "violations": len(result.violations()),
+                   "master_faults_without_failover": [v["why"] for v in result.violations("failover")],
+                   "violations": len(result.violations()),
+                   "workload_crashes": self.workload_crashes,
                    "steps": self.steps_done, "phases": self.phases.seconds, "hostile_problems": self.hostile_problems,
                    "txn_problems": self.txn_problems,
                    "topic_ops": self.side_topics.summary() if self.side_topics is not None else None,
                    "rogue": self.hostile.summary() if self.hostile is not None else None}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
         print(report)
-        return 0 if self.passed(result) else 1
+        return 0 if result.ok else 1
 
     def _consumers_ran_to_the_end(self) -> None:
         """The group's records into the history; the group counts as run to the end (its
@@ -747,8 +775,15 @@ class Run:
         """Commits the broker should have refused (past a timeout, by a fenced instance)."""
         return self.txn_load.problems if self.txn_load is not None else []
 
-    def passed(self, result: Any) -> bool:
-        return result.ok and not self.settle_failures and not self.hostile_problems and not self.txn_problems
+    def run_problems(self) -> dict[str, list[str]]:
+        """What this runner saw that the operations do not show, for the history's
+        ``meta["run_problems"]``: the checker's ``run`` check fails the run on any of it, so
+        the run, ``python -m chaos check`` of its history and the campaign give one verdict."""
+        crashes = list(self.workload_crashes)
+        if self.consumers is not None:
+            crashes += self.consumers.crashes
+        return {"settle_failures": list(self.settle_failures), "hostile_problems": self.hostile_problems,
+                "txn_problems": list(self.txn_problems), "workload_crashes": crashes}
 
     def consumers_lines(self) -> list[str]:
         if self.consumers is None:
@@ -799,19 +834,7 @@ class Run:
     def report(self, result: Any, elapsed: float) -> str:
         s = result.stats
         faults = injected_faults(self.history.faults)
-        # Liveness: a master fault (kill, pause, ZK partition) held past the session timeout
-        # should have produced a failover of its group before the heal.
-        no_failover = []
-        faults_list = self.history.faults
-        for i, f in enumerate(faults_list):
-            if f["kind"] in ("kill-master", "lose-master", "pause-master", "partition-master-zk", "silence-master",
-                             "power-loss-master", "corrupt-master", "truncate-master") \
-                    and f.get("target") != "none":
-                heal_t = next((h["time"] for h in faults_list[i + 1:] if h["kind"] == "heal"), f["time"] + 60)
-                if not any(f["time"] <= fo["time"] <= heal_t + 1 and fo["group"] == f.get("group")
-                           for fo in self.history.failovers):
-                    no_failover.append(f"{f['kind']} on {f['target']} at {f['time']:.1f}s")
-        self.no_failover = no_failover
+        no_failover = [v["why"] for v in result.violations("failover")]
         lines = [
             f"chaos run: scenario={self.scenario} seed={self.seed} mode={self.mode} groups={self.groups} "
             f"zk_nodes={self.zk_nodes} seconds={self.seconds} (wall {elapsed:.0f}s)",
@@ -824,7 +847,7 @@ class Run:
             f"faults: {sum(faults.values())} {dict(sorted(faults.items()))}",
             f"operations: puts {s['puts_ok']} ok / {s['puts_fail']} failed / {s['puts_info']} unknown; "
             f"reads {s['reads']} messages in {s['gets']} fetches",
-            f"failovers: {s['failovers']}; master faults without a failover (liveness): {len(no_failover)}"
+            f"failovers: {s['failovers']}; master faults without a failover: {len(no_failover)}"
             + (f" {no_failover[:5]}" if no_failover else ""),
             f"max unavailability (longest gap between acks): {s['max_unavailable_s']:.2f}s",
             *render_table(s.get("unavailability", {}), s.get("liveness_bound_s", self.liveness_bound)),
@@ -837,8 +860,10 @@ class Run:
             *(self.hostile.report_lines() if self.hostile is not None else []),
             *[f"  - {x}" for x in self.hostile_problems[:10]],
             *[f"  - {x}" for x in self.txn_problems[:10]],
+            f"workload tasks crashed: {len(self.run_problems()['workload_crashes'])}",
+            *[f"  - {x}" for x in self.run_problems()["workload_crashes"][:10]],
             f"violations: {len(result.violations())}",
-            f"VERDICT: {'PASS' if self.passed(result) else 'FAIL'}",
+            f"VERDICT: {'PASS' if result.ok else 'FAIL'}",
             "",
             result.report(),
         ]
@@ -884,7 +909,7 @@ def add_parser(sub: Any) -> None:
                         "back; XA xa0; the zombie z0; some left open past their timeout), every transaction spread "
                         "over two topics (chaos and txn-b), and a read-committed reader of both topics per group on "
                         "every replica; their outcomes and reads feed lost-write and the read-committed checks: "
-                        "precommitted-read, aborted-read, intermediate-read, G0, G1c (default: on in the random "
+                        "precommitted-read, aborted-read, intermediate-read, G1c (default: on in the random "
                         "scenario)")
     p.add_argument("--topic-ops", action=argparse.BooleanOptionalAction, default=None,
                    help="topic operations beside the faults: each group's side topic is created, grown, altered, "

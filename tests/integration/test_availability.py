@@ -62,6 +62,7 @@ def test_promoted_master_alone_serves_every_acked_message(broker_factory, zk_cli
     assert readable_after < BOUND_S, f"acked messages readable only {readable_after:.2f}s after the kill (bound {BOUND_S}s)"
 
     reply = put_once_term_published(b, b"after-failover")
+    answered_after = time.monotonic() - killed_at
     problems = unhealthy(asyncio.run(collect(a.zk_connect, zk_root)))
     if on_loss == "reject":
         assert reply.code == c.SERVICE_UNAVAILABLE, reply.header
@@ -69,6 +70,8 @@ def test_promoted_master_alone_serves_every_acked_message(broker_factory, zk_cli
         assert problems == [f"UNHEALTHY broker group 0: master writes refused ({b.url})"], problems
     else:
         assert reply.code == 200, reply.header
+        # V2: writes resume (acked by the new master alone) within the bound of the failure.
+        assert answered_after < BOUND_S, f"first write acked {answered_after:.2f}s after the kill (bound {BOUND_S}s)"
         assert problems == [], problems
 
     b.kill()
@@ -185,6 +188,7 @@ def test_async_failover_elects_the_most_caught_up_slave(broker_factory, zk_clien
     finally:
         c.resume()
     a.kill()
+    killed_at = time.monotonic()
     # Nobody can replicate from here: the log ends the election must compare.
     b_end, c_end = (sum(map(len, broker.disk_log("fo", 0)[1:])) for broker in (b, c))
     try:
@@ -196,8 +200,12 @@ def test_async_failover_elects_the_most_caught_up_slave(broker_factory, zk_clien
     finally:
         b.resume()
     wait_leads(b, group, epoch_before, timeout=15)
+    # V3: writes resume within 2T + 1 s of the failure, T the failed master's session (1 s).
+    _reply, acked_at = first_ack_after(b, b"after-failover", timeout=10)
+    bound = 2 * 1.0 + 1
+    assert acked_at - killed_at < bound, f"first write acked {acked_at - killed_at:.2f}s after the kill (bound {bound}s)"
     assert c_end < b_end, "C did not lag: the test proves nothing"
-    assert len(fetch_all(b)) == 300
+    assert len(fetch_all(b)) == 301
     assert "waiting for live slaves [1]" in c.log_text() or "slave1 is more caught up" in c.log_text(), c.log_text(40)
 
 

@@ -107,5 +107,7 @@ def test_a_history_without_the_timeout_takes_the_workloads_default_only_when_it_
     from another source gets no grace (its client's completion decides, the strict reading)."""
     resume = INVOKED + TXN_TIMEOUT_S + TICK_S + 0.1
     runner = transaction_across_a_quorum_loss("info", 15.0, resume, timeout_s=None, transactions_meta=True)
-    assert check(runner.finish()).ok
+    # (Only liveness: this history has no committed transaction, which progress asks of a
+    # run whose transactional workload ran.)
+    assert check(runner.finish()).checks["liveness"]["ok"]
     assert reads_stalled(transaction_across_a_quorum_loss("info", 15.0, resume, timeout_s=None))
