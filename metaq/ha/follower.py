@@ -550,6 +550,9 @@ class MasterFollower:
         if not isinstance(result, Append):
             end(result.reason)
             return
+        committed = header.get("committed")
+        if isinstance(committed, int) and committed > replica.status.master_committed:
+            replica.status.master_committed = committed  # consumers are woken by the append below
         try:
             appended = replica.append_streamed(result.end - len(result.data), result.data)
         except OSError as exc:

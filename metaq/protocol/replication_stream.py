@@ -24,9 +24,10 @@ then sends a one-way ``stream_ack`` request whose body is a report::
 
     uint32 stream id, uint32 epoch, uint64 end offset  (the slave's log end after the append)
 
-A frame of the stream with code 200 and no body tells the slave the partition's committed
-offset (header ``committed``): the master sends one after the acks of an event-loop turn
-moved it, so the slave's consumers read what the master's do.
+A chunk's header also carries the partition's committed offset (``committed``, as of the
+push: the acks before it); a frame with code 200, ``committed`` and no body tells it to a
+partition that got no chunk for a few milliseconds after it moved, so the slave's consumers
+read what the master's do without one more frame per put.
 
 The master takes a report only from the connection that holds the subscription, for a
 stream it holds, in its epoch, and not past what it sent; it then records the position as

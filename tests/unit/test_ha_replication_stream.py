@@ -155,7 +155,7 @@ def test_hub_pushes_to_subscribers_and_binds_reports_to_their_connection() -> No
     assert not hub
     conn, other = Conn(), Conn()
     hub.subscribe(conn, 0, ("t", 0), 7, epoch=3, start=0)
-    hub.push(("t", 0), 0, 3, b"abc")
+    hub.push(("t", 0), 0, 3, b"abc")  # no committed_of set: the chunk carries none
     hub.push(("t", 1), 0, 3, b"abc")  # nobody streams t-1
     assert conn.sent == [({"opaque": 7, "code": 200}, encode_chunk(7, 0, 3, b"abc"))]
     assert hub.report(other, 7, 3, 3) is None and hub.reports_refused == 1  # another connection
@@ -186,16 +186,26 @@ def test_hub_closes_streams_on_an_unstreamed_append_a_dropped_partition_and_a_cl
     assert not hub and hub.report(conn, 10, 3, 40) is None
 
 
-def test_hub_tells_committed_offsets_once_per_turn() -> None:
+def test_hub_tells_committed_offsets_with_chunks_or_after_a_quiet_moment() -> None:
     async def go() -> list:
         hub = StreamHub()
         conn = Conn()
-        hub.committed_of = lambda key: 42
+        committed = {"value": 0}
+        hub.committed_of = lambda key: committed["value"]
         hub.subscribe(conn, 0, ("t", 0), 7, epoch=3, start=0)
+        hub.push(("t", 0), 0, 3, b"abc")  # the chunk carries committed 0
+        committed["value"] = 3
         hub.committed_moved(("t", 0))
         hub.committed_moved(("t", 0))
         hub.committed_moved(("t", 1))  # not streamed: nothing
-        await asyncio.sleep(0)
-        return conn.sent
+        await asyncio.sleep(0.05)  # no chunk since: one notice
+        hub.push(("t", 0), 3, 3, b"de")  # carries 3
+        hub.committed_moved(("t", 0))  # still 3 when the notice would go: not sent again
+        await asyncio.sleep(0.05)
+        return [(header, len(body)) for header, body in conn.sent]
 
-    assert asyncio.run(go()) == [({"opaque": 7, "code": 200, "committed": 42}, b"")]
+    assert asyncio.run(go()) == [
+        ({"opaque": 7, "code": 200, "committed": 0}, CHUNK_HEAD_SIZE + 3),
+        ({"opaque": 7, "code": 200, "committed": 3}, 0),
+        ({"opaque": 7, "code": 200, "committed": 3}, CHUNK_HEAD_SIZE + 2),
+    ]
