@@ -554,20 +554,22 @@ class MasterFollower:
         if isinstance(committed, int) and committed > replica.status.master_committed:
             replica.status.master_committed = committed  # consumers are woken by the append below
         try:
-            appended = replica.append_streamed(result.end - len(result.data), result.data)
+            count = replica.append_streamed(result.end - len(result.data), result.data)
         except OSError as exc:
             log.error("%s: appending a streamed chunk failed: %s", replica.name, exc)
             end(f"append failed: {exc}")
             return
-        if not appended:
+        if count is None:
             end("a chunk whose records are not whole and valid")
             return
-        self.stream_frames += 1
         try:
-            # The report right after the append: the master releases sync waiters on it.
+            # The report right after the append, before any bookkeeping: the master releases
+            # sync waiters on it.
             conn.send_oneway(STREAM_ACK, encode_report(receiver.stream_id, receiver.epoch, result.end))
         except ConnectionClosed:
             end("the connection to the master is closed")
+        self.stream_frames += 1
+        replica.streamed(result.end, len(result.data), count)
 
     # --- quiet partitions (news) -----------------------------------------------------------
 

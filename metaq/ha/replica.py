@@ -245,28 +245,31 @@ class PartitionReplica:
         self.on_appended(self.topic, self.partition)
         return whole > 0
 
-    def append_streamed(self, offset: int, data: memoryview) -> bool:
+    def append_streamed(self, offset: int, data: memoryview) -> int | None:
         """Append a chunk of the replication stream (metaq/ha/stream.py), already checked to
         start at our log end, in our epoch, with its CRC. Every record in it must be whole and
-        valid, or nothing is appended and False says so (the stream closes; we fetch)."""
+        valid, or nothing is appended and None says so (the stream closes; we fetch). Returns
+        the record count; the caller reports, then calls ``streamed`` (critical path first)."""
         runs = list(walk_records(buffer_reader(data, offset), offset, offset + len(data),
                                  chunk_size=len(data), max_message_size=self.log.max_message_size))
-        whole = sum(len(run.data) for run in runs)
-        if whole != len(data):
-            return False
+        if sum(len(run.data) for run in runs) != len(data):
+            return None
         count = 0
         for run in runs:
             start = self.owner.append_as_follower(run.data)
             assert start == run.offset, "a streamed chunk must continue the log exactly at its offset"
             count += run.count
-        self.status.appended_bytes += whole
+        return count
+
+    def streamed(self, end: int, size: int, count: int) -> None:
+        """The bookkeeping of an appended chunk ending at ``end``: stats, flush, wake-ups."""
+        self.status.appended_bytes += size
         self.status.appended_messages += count
-        self._schedule_flush(offset + whole, count)
-        if self.log.log_end >= self.status.master_log_end:
-            self.status.master_log_end = self.log.log_end  # what the master sent is its log end
+        self._schedule_flush(end, count)
+        if end >= self.status.master_log_end:
+            self.status.master_log_end = end  # what the master sent is its log end
             self.status.caught_up_at = time.time()
         self.on_appended(self.topic, self.partition)
-        return True
 
     def note_committed(self, committed: int) -> None:
         """The master's committed offset, as its stream told it."""
