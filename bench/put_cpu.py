@@ -59,8 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=6000, help="timed sends per pair")
     parser.add_argument("--batch", type=int, default=1, help="messages per send (1: send_message)")
     parser.add_argument("--py-spy", metavar="OUT", help="record each broker and this client with py-spy into OUT-<pair>-<process>.txt")
+    parser.add_argument("--replication-stream", action="store_true",
+                        help="the sync master pushes puts to its slave (replicationStream=true)")
     args = parser.parse_args(argv)
-    pairs = MetaqPairs(Path(tempfile.mkdtemp(prefix="put-cpu-"))).start()
+    pairs = MetaqPairs(Path(tempfile.mkdtemp(prefix="put-cpu-")), replication_stream=args.replication_stream).start()
     payload = b"x" * 100
     try:
         with MessageSessionFactory(pairs.config()) as factory:

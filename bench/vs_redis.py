@@ -208,8 +208,10 @@ def redis_consume(replica, key: str, n: int) -> float:
 
 
 class MetaqPairs:
-    def __init__(self, work: Path, command_prefix: list[str] | None = None) -> None:
+    def __init__(self, work: Path, command_prefix: list[str] | None = None, replication_stream: bool = False) -> None:
         self.work = work
+        #: The sync master pushes puts to its caught-up slave (``replicationStream=true``).
+        self.replication_stream = replication_stream
         self.zk = EmbeddedZooKeeper(data_dir=work / "zookeeper", tick_ms=200)
         self.processes: list[BrokerProcess] = []
         #: Run each broker through this (``bench/put_calls.py``: under cProfile).
@@ -222,6 +224,8 @@ class MetaqPairs:
             system = {"replicationMode": mode}
             if mode == "sync":
                 system.update(minSyncSlaves=1, onSyncSlaveLoss="reject")
+                if self.replication_stream:
+                    system["replicationStream"] = "true"
             master = BrokerProcess(self.work, self.zk.connect_string, broker_id, topics, system,
                                    command_prefix=self.command_prefix)
             slave = BrokerProcess(self.work, self.zk.connect_string, broker_id, topics, {}, {"slaveId": 0},
@@ -405,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply message counts and durations (default 1)")
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--only", help="run only the workloads whose name contains this text")
+    parser.add_argument("--replication-stream", action="store_true",
+                        help="the sync master pushes puts to its slave (replicationStream=true)")
     args = parser.parse_args(argv)
     payload = b"x" * args.size
     batched_n = int(100_000 * args.scale)
@@ -413,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     consume_n = int(300_000 * args.scale)
 
     work = Path(tempfile.mkdtemp(prefix="metaq-vs-redis-"))
-    metaq = MetaqPairs(work)
+    metaq = MetaqPairs(work, replication_stream=args.replication_stream)
     redis_pair = RedisPair(work)
     rows: dict[str, dict[str, list[float]]] = {}
     # Per workload and system, each round's (p50, p99) send latency in seconds.

@@ -183,6 +183,8 @@ class BrokerConfig:
     replication_mode: str = "async"
     min_sync_slaves: int = 1
     sync_slave_timeout_ms: int = 2000
+    # Push each put's bytes to caught-up sync slaves (metaq/ha/stream.py) instead of their fetches.
+    replication_stream: bool = False
     on_sync_slave_loss: str = "reject"
     auto_failover: bool = True
     # "host:port" that other brokers and clients are told to use (registered in
@@ -428,6 +430,7 @@ _SYSTEM_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "replicationMode": ("replication_mode", _choice("async", "sync")),
     "minSyncSlaves": ("min_sync_slaves", _int(0)),
     "syncSlaveTimeoutMs": ("sync_slave_timeout_ms", _int(1)),
+    "replicationStream": ("replication_stream", _bool),
     "onSyncSlaveLoss": ("on_sync_slave_loss", _choice("reject", "degrade")),
     "autoFailover": ("auto_failover", _bool),
     "advertisedAddress": ("advertised_address", _host_port),
@@ -587,6 +590,9 @@ def parse_server_ini(data: bytes, path: str = "server.ini") -> BrokerConfig:
     mode = system.get("replication_mode", "async")
     if mode == "sync" and system.get("min_sync_slaves", 1) < 1:
         raise ConfigError(f"{path}: [system] minSyncSlaves: must be >= 1 in sync mode")
+    if system.get("replication_stream") and mode != "sync":
+        # Only sync slaves report positions as they append; an async slave fetches in batches.
+        raise ConfigError(f"{path}: [system] replicationStream: needs replicationMode=sync")
 
     budget = system.get("max_buffered_request_bytes", BrokerConfig.max_buffered_request_bytes)
     largest = max_request_body(system.get("max_message_size", BrokerConfig.max_message_size))

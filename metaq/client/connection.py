@@ -13,7 +13,7 @@ import logging
 import ssl as ssl_module
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..protocol import commands as c
 from ..protocol.frames import CLOSED, ERROR_EVENTS, NEED_DATA, Frame, FrameDecoder, OversizedFrame, encode_frame
@@ -227,6 +227,10 @@ class BrokerConnection:
         #: opaque -> reply body limit of requests in flight that may be answered with more
         #: than DEFAULT_REPLY_LIMIT (large fetches); the decoder allows the largest of them.
         self._large_replies: dict[int, int] = {}
+        #: opaque -> callback of a replication stream (metaq/ha/stream.py): called, in this
+        #: connection's protocol callback, with every frame of that opaque (the subscription's
+        #: reply too), and with (None, None) once the connection is lost.
+        self.streams: dict[int, Callable[[dict[str, Any] | None, bytearray | None], None]] = {}
 
     @property
     def address(self) -> str:
@@ -330,6 +334,21 @@ class BrokerConnection:
         """Write one request now and return the future of its reply (for pipelining)."""
         return self._send(header, body)[1]
 
+    def send_oneway(self, header: dict[str, Any], body: bytes | bytearray | memoryview = b"") -> None:
+        """Write a request that is never answered (``stream_ack``); ConnectionClosed if closed."""
+        if not self.is_open:
+            raise ConnectionClosed(f"connection to {self.address} is closed")
+        assert self._transport is not None
+        self._transport.write(encode_frame(header, body))
+
+    def subscribe(self, header: dict[str, Any],
+                  on_frame: Callable[[dict[str, Any] | None, bytearray | None], None]) -> tuple[int, "asyncio.Future[Reply]"]:
+        """Send a ``stream`` request: ``on_frame`` gets every frame of its opaque from its reply
+        on (see ``streams``). Returns the opaque (the stream id) and the reply's future."""
+        opaque, future = self._send(header, b"")
+        self.streams[opaque] = on_frame
+        return opaque, future
+
     def _send(self, header: dict[str, Any], body: bytes | bytearray | memoryview) -> tuple[int, "asyncio.Future[Reply]"]:
         if not self.is_open:
             raise ConnectionClosed(f"connection to {self.address} is closed")
@@ -346,6 +365,10 @@ class BrokerConnection:
 
     def _resolve(self, header: dict[str, Any], body: bytearray) -> None:
         opaque = header.get("opaque", -1)
+        if self.streams:
+            stream = self.streams.get(opaque)
+            if stream is not None:
+                stream(header, body)
         self._large_replies.pop(opaque, None)
         future = self._pending.pop(opaque, None)
         if future is not None and not future.done():
@@ -355,6 +378,9 @@ class BrokerConnection:
         self._closed = True
         self._large_replies.clear()
         pending, self._pending = self._pending, {}
+        streams, self.streams = self.streams, {}
+        for stream in streams.values():
+            stream(None, None)
         for future in pending.values():
             if not future.done():
                 future.set_exception(exc)

@@ -39,7 +39,8 @@ from ..addresses import parse_broker_url
 from ..client.connection import BrokerConnection, ConnectionClosed
 from ..config import ConfigError, SlaveConfig, check_topic_name
 from ..protocol import commands as c
-from ..protocol.messages import ConfigRequest, NewsRequest, OffsetRequest, TopicsRequest
+from ..protocol.messages import ConfigRequest, NewsRequest, OffsetRequest, StreamRequest, TopicsRequest
+from ..protocol.replication_stream import Append, Committed, StreamReceiver, SUBSCRIBING, encode_report
 from ..store.manager import UnknownPartition, UnknownTopic
 from ..zk.paths import ZkPaths
 from .heartbeat import SlaveHeartbeat
@@ -47,12 +48,15 @@ from .host import BrokerHost
 from .peers import open_peer
 from .config_sync import adopt_master_topics, save_master_copy, topics_for_master_layout
 from .replica import MasterLacksPartition, PartitionReplica, ReplicaDiverged, StaleMaster
+from .stream import ModeEvent
 
 if TYPE_CHECKING:
     from kazoo.client import KazooClient
 
 log = logging.getLogger(__name__)
 
+#: A stream report's header: one-way, so no opaque of its own.
+STREAM_ACK = {"op": "stream_ack", "opaque": 0}
 RETRIABLE = (ConnectionClosed, ConnectionError, asyncio.TimeoutError, OSError)
 #: Async mode: after a fetch smaller than this, wait LINGER_S before the next one.
 BATCH_BYTES = 256 * 1024
@@ -133,6 +137,12 @@ class MasterFollower:
         #: False once the master answered ``news`` with "unknown command" (an older version):
         #: every partition then keeps a fetch parked, as before.
         self.news_supported = True
+        #: The master offers the replication stream (its ``topics`` reply), and knows ``stream``.
+        self.master_streams = False
+        self.stream_supported = True
+        #: Chunks appended from replication streams; each open stream's closer, by partition.
+        self.stream_frames = 0
+        self._stream_closers: dict[tuple[str, int], Callable[[str], None]] = {}
         #: Bumped each time following stops. Every loop of a task also ends once its generation
         #: is gone: a task whose cancellation is lost (in Python 3.11 ``asyncio.wait_for`` can
         #: swallow a cancel that races its result) must not fetch on forever, nor hold up
@@ -240,6 +250,7 @@ class MasterFollower:
         self._to_register.clear()
         self._news_conn = None
         self.news_supported = True
+        self.stream_supported = True
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -300,6 +311,7 @@ class MasterFollower:
             raise ConnectionError(f"master answered topics with {reply.code}: {reply.message}")
         master_topics = checked_topics(reply.get("topics"))
         self.master_mode = reply.get("replication_mode", "async")
+        self.master_streams = reply.get("replication_stream") is True
         own = self.host.config
         if self.slave.auto_sync_master_config:
             config_reply = await conn.request(ConfigRequest().to_header(), timeout=10)
@@ -427,7 +439,10 @@ class MasterFollower:
                 await self._fetch(replica, conn, park=busy or not self.news_supported)
                 delay = 0.0
                 busy = replica.log.log_end > appended
-                if busy:
+                if self._may_stream(replica):
+                    await self._stream_until_closed(replica, conn)
+                    busy = True  # fetch from the log end at once: the stream may have closed mid-put
+                elif busy:
                     if self.master_mode != "sync" and replica.log.log_end - appended < BATCH_BYTES:
                         # Async: nobody waits for our position, so let a busy master's puts
                         # gather for a moment instead of fetching them one small reply at a time.
@@ -458,6 +473,104 @@ class MasterFollower:
         async with self._plain_fetches:
             await replica.fetch_once(conn, wait=False)
 
+    # --- the replication stream (metaq/ha/stream.py) ----------------------------------------
+
+    def _may_stream(self, replica: PartitionReplica) -> bool:
+        """Caught up with a sync master that offers the stream, positions reported as appended
+        (a slave that reports only fsynced positions keeps fetching)."""
+        return (self.master_streams and self.stream_supported and replica.report_positions
+                and not replica.durable_positions and not replica.stopped
+                and replica.log.log_end >= replica.status.master_log_end)
+
+    async def _stream_until_closed(self, replica: PartitionReplica, conn: BrokerConnection) -> None:
+        """Subscribe to ``replica``'s stream and append what it carries, in the connection's
+        protocol callback, until either side has a doubt (then the caller fetches)."""
+        ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        epoch = self._epoch()
+        receiver = StreamReceiver(0, epoch)
+        key = (replica.topic, replica.partition)
+        replica.mode.apply(ModeEvent.CAUGHT_UP)
+
+        def end(reason: str) -> None:
+            conn.streams.pop(receiver.stream_id, None)
+            if self._stream_closers.get(key) is end:
+                del self._stream_closers[key]
+            receiver.close(reason)
+            replica.mode.apply(ModeEvent.DOUBT)
+            if not ended.done():
+                ended.set_result(reason)
+
+        def on_frame(header: dict[str, Any] | None, body: bytearray | None) -> None:
+            if header is None or body is None:
+                end("the connection to the master was lost")
+            elif receiver.state == SUBSCRIBING:
+                self._subscribed(replica, receiver, header, end)
+            else:
+                self._streamed(replica, receiver, conn, header, body, end)
+
+        header = StreamRequest(
+            topic=replica.topic, partition=replica.partition,
+            replica={**self._replica_info(), "log_end": replica.log.log_end, **replica._incarnation_field()},
+        ).to_header()
+        receiver.stream_id, reply = conn.subscribe(header, on_frame)
+        reply.add_done_callback(_ignore_outcome)
+        self._stream_closers[key] = end
+        # A streamed partition sends nothing while idle: the (then empty) news poll keeps the
+        # master hearing from us every slaveMaxDelayInMills, as the sync set counts on.
+        self._kick_news()
+        try:
+            reason = await ended
+            log.info("%s: replication stream closed (%s); fetching", replica.name, reason)
+        finally:
+            end("replication of the partition stopped")
+
+    def _subscribed(self, replica: PartitionReplica, receiver: StreamReceiver, header: dict[str, Any],
+                    end: Callable[[str], None]) -> None:
+        ok = header.get("code") == c.OK
+        message = str(header.get("msg", ""))
+        receiver.accepted(ok, message)
+        if not ok:
+            if header.get("code") == c.BAD_REQUEST and "unknown command" in message:
+                self.stream_supported = False  # an older master: fetching only
+            replica.mode.apply(ModeEvent.REFUSED)
+            end(f"subscription refused: {message}")
+            return
+        replica.mode.apply(ModeEvent.ACCEPTED)
+        committed = header.get("committed")
+        if isinstance(committed, int):
+            replica.note_committed(committed)
+
+    def _streamed(self, replica: PartitionReplica, receiver: StreamReceiver, conn: BrokerConnection,
+                  header: dict[str, Any], body: bytearray, end: Callable[[str], None]) -> None:
+        """One frame of an open stream: append and report, take the committed offset, or end."""
+        result = receiver.frame(header, body, replica.log.log_end)
+        if isinstance(result, Committed):
+            replica.note_committed(result.offset)
+            return
+        if not isinstance(result, Append):
+            end(result.reason)
+            return
+        committed = header.get("committed")
+        if isinstance(committed, int) and committed > replica.status.master_committed:
+            replica.status.master_committed = committed  # consumers are woken by the append below
+        try:
+            count = replica.append_streamed(result.end - len(result.data), result.data)
+        except OSError as exc:
+            log.error("%s: appending a streamed chunk failed: %s", replica.name, exc)
+            end(f"append failed: {exc}")
+            return
+        if count is None:
+            end("a chunk whose records are not whole and valid")
+            return
+        try:
+            # The report right after the append, before any bookkeeping: the master releases
+            # sync waiters on it.
+            conn.send_oneway(STREAM_ACK, encode_report(receiver.stream_id, receiver.epoch, result.end))
+        except ConnectionClosed:
+            end("the connection to the master is closed")
+        self.stream_frames += 1
+        replica.streamed(result.end, len(result.data), count)
+
     # --- quiet partitions (news) -----------------------------------------------------------
 
     async def _quiet_until_news(self, replica: PartitionReplica, conn: BrokerConnection) -> bool:
@@ -487,10 +600,13 @@ class MasterFollower:
             woken.set_result(news)
 
     def corruption_found(self, topic: str, partition: int) -> None:
-        """Bytes of a partition were found corrupt (metaq/store/scrub.py): a quiet replica
-        fetches now, which cuts them and copies them again (``PartitionReplica._repair_corruption``),
-        instead of at the partition's next news."""
+        """Bytes of a partition were found corrupt (metaq/store/scrub.py): a quiet or streaming
+        replica fetches now, which cuts them and copies them again
+        (``PartitionReplica._repair_corruption``), instead of at the partition's next news."""
         self._wake((topic, partition), news=True)
+        close = self._stream_closers.get((topic, partition))
+        if close is not None:
+            close("corrupt bytes found: repairing by fetching")
 
     def _wake_all(self) -> None:
         """Every quiet partition looks again (it fetches once, then registers again if still idle)."""
@@ -520,8 +636,8 @@ class MasterFollower:
                     # A new connection: the master forgot what the old one registered.
                     self._news_conn = conn
                     self._wake_all()
-                if not self._quiet:
-                    await kick  # nothing quiet: no need to ask
+                if not self._quiet and not self._stream_closers:
+                    await kick  # nothing quiet or streamed: no need to ask
                     continue
                 entries = list(self._to_register.values())
                 self._to_register.clear()
@@ -586,6 +702,7 @@ class MasterFollower:
         if self.config_sync_error is not None:
             pairs.append(("config_sync_error", self.config_sync_error))
         pairs += self.heartbeat.status_pairs()
+        pairs.append(("replication_stream_frames", self.stream_frames))
         hb = self.heartbeat.master
         hb_age = self.heartbeat.heartbeat_age_ms()
         now = time.time()
@@ -606,8 +723,15 @@ class MasterFollower:
                 "heartbeat_age_ms": -1 if hb_age is None else round(hb_age),
                 "appended_messages": st.appended_messages,
                 "divergences": st.divergences,
+                "mode": replica.mode.mode.value,
             }
             if st.error:
                 row["error"] = st.error
             pairs.append((f"replica {topic}-{self.broker_id}-{partition}", row))
         return pairs
+
+
+def _ignore_outcome(future: "asyncio.Future[Any]") -> None:
+    """A subscription's reply is handled by its stream callback; its future only ends."""
+    if not future.cancelled():
+        future.exception()

@@ -28,6 +28,7 @@ from ..zk.group import read_group_state
 from .coordinator import ZK_ERRORS, HaCoordinator
 from .host import BrokerHost
 from .news import Answer, NewsSession
+from .stream import StreamHub
 from .progress import ReplicationProgress
 from .role import ACTING_MASTER, HOLDS_LOCK, Event, Role
 from .sync_set import SyncReplication
@@ -53,6 +54,8 @@ class HaNode:
         self._replicated: dict[tuple[str, int], tuple[int, int]] = {}
         #: Each slave connection's ``news`` session (news.py), gone with the connection.
         self._news: dict[Any, NewsSession] = {}
+        #: Slaves' replication streams (stream.py); subscribed to only with replicationStream=true.
+        self.streams = StreamHub()
 
     async def start(self) -> None:
         """Take part in the group's HA (with ZooKeeper), then accept puts."""
@@ -175,6 +178,8 @@ class HaNode:
 
     def appended(self, topic: str, partition: int, end: int, count: int) -> None:
         self.progress.appended(topic, partition, end, count)
+        if self.streams:
+            self.streams.appended((topic, partition), end)
 
     def replication_wait(self, topic: str, partition: int, end: int) -> Awaitable[None] | None:
         """What a put ending at ``end`` waits for on the slaves (raises SyncWaitFailed to refuse)."""
@@ -232,6 +237,7 @@ class HaNode:
     def forget_partitions(self, keys: list[tuple[str, int]]) -> None:
         """Partitions no longer served (topic deleted or re-created): every HA record of them goes."""
         self.progress.forget_partitions(keys)
+        self.streams.forget_partitions(keys)
         for key in keys:
             self._replicated.pop(key, None)
         if self.coordinator is not None:
@@ -242,6 +248,7 @@ class HaNode:
         session = self._news.pop(origin, None)
         if session is not None:
             session.close()
+        self.streams.connection_closed(origin)
         for slave_id in self._replica_connections.pop(origin, ()):
             if any(slave_id in ids for ids in self._replica_connections.values()):
                 continue  # it replicates over another connection too
@@ -283,5 +290,7 @@ class HaNode:
             # What a producer gets now (``metaq cluster`` marks a refusing master).
             refusal = self.write_refusal()
             pairs.append(("writes", "accepted" if refusal is None else f"refused: {refusal[1]}"))
+        if self.host.config.replication_stream:
+            pairs += self.streams.status_pairs()
         sync_set = self.sync_set
         return pairs + (sync_set.status_pairs() if sync_set is not None else [])

@@ -33,6 +33,7 @@ from ..protocol import commands as c
 from ..protocol.messages import GetRequest, PositionRequest
 from ..record import HEADER, HEADER_SIZE, buffer_reader, walk_records
 from ..store.flush import AppendTruncated
+from .stream import ReplicaMode
 
 if TYPE_CHECKING:
     from ..client.connection import BrokerConnection
@@ -109,6 +110,8 @@ class PartitionReplica:
         #: log uses group commit): a sync master acks what every sync-set slave reported,
         #: and that ack must survive a power loss of this slave, also after it is promoted.
         self.durable_positions = False
+        #: Fetching or streamed (metaq/ha/stream.py); the follower moves it.
+        self.mode = ReplicaMode()
 
     @property
     def name(self) -> str:
@@ -241,6 +244,36 @@ class PartitionReplica:
             self.status.caught_up_at = time.time()
         self.on_appended(self.topic, self.partition)
         return whole > 0
+
+    def append_streamed(self, offset: int, data: memoryview) -> int | None:
+        """Append a chunk of the replication stream (metaq/ha/stream.py), already checked to
+        start at our log end, in our epoch, with its CRC. Every record in it must be whole and
+        valid, or nothing is appended and None says so (the stream closes; we fetch). Returns
+        the record count; the caller reports, then calls ``streamed`` (critical path first)."""
+        runs = list(walk_records(buffer_reader(data, offset), offset, offset + len(data),
+                                 chunk_size=len(data), max_message_size=self.log.max_message_size))
+        if sum(len(run.data) for run in runs) != len(data):
+            return None
+        count = 0
+        for run in runs:
+            start = self.owner.append_as_follower(run.data)
+            assert start == run.offset, "a streamed chunk must continue the log exactly at its offset"
+            count += run.count
+        return count
+
+    def streamed(self, end: int, size: int, count: int) -> None:
+        """The bookkeeping of an appended chunk ending at ``end``: stats, flush, wake-ups."""
+        self.status.appended_bytes += size
+        self.status.appended_messages += count
+        self._schedule_flush(end, count)
+        if end >= self.status.master_log_end:
+            self.status.master_log_end = end  # what the master sent is its log end
+            self.status.caught_up_at = time.time()
+        self.on_appended(self.topic, self.partition)
+
+    def note_committed(self, committed: int) -> None:
+        """The master's committed offset, as its stream told it."""
+        self._note_master({"committed": committed})
 
     def _check_tail(self, offset: int, body: bytearray, whole: int) -> None:
         """Bytes after the last whole record: fine if they are a cut record, not if corrupt."""

@@ -34,6 +34,10 @@ carries ``code`` (MetaQ's HTTP-like result codes) and, on errors, ``msg``.
                log_end}
     news       replica: {slave_id, epoch}, [max_wait_ms]          quiet partitions 200 epoch + msgpack [[topic, partition], ...]
                                                                     (msgpack)       of those with news (parked until one has)
+    stream     topic, partition, replica: {slave_id, epoch,          -               200 (subscribed; then one frame per put
+               log_end}                                                             with this opaque: a chunk, see
+                                                                                    replication_stream.py); 503 closes it
+    stream_ack -                                                    report (16 B)   none (one-way; a refused one is logged)
     transaction  action, [xid], [timeout_s], [producer_id,          -               200 xa_code [xids (recover)]
                producer_epoch, producer_token]
     auth       mechanism, step, data (metaq/security/messages.py)   -               200 step data [principal]; 403

@@ -299,6 +299,26 @@ class NewsRequest(Request, operation=REPLICATION):
     max_wait_ms: int = optional(int, 0)
 
 
+@dataclass(kw_only=True, eq=False)
+class StreamRequest(Request, operation=REPLICATION):
+    """A caught-up slave subscribes to a partition's replication stream
+    (metaq/protocol/replication_stream.py); checked as a replica fetch is. 200 opens it: every
+    later frame with this request's ``opaque`` is a chunk of the partition (or, 503, its end)."""
+
+    OP = "stream"
+    topic: str = required(str)
+    partition: int = required(int)
+    replica: dict[str, Any] = required(dict)  # {slave_id, epoch, log_end, incarnation}
+
+
+@dataclass(kw_only=True, eq=False)
+class StreamAckRequest(Request, operation=REPLICATION):
+    """A slave's position report on a stream: a 16-byte body (stream id, epoch, end offset),
+    bound to the connection that subscribed. One-way: never answered."""
+
+    OP = "stream_ack"
+
+
 #: ``transaction`` actions, MetaQ's TransactionalProducer and XAResource calls (metaq/txn/xa.py's events):
 #: begin = start, send = a put carrying ``txid``, commit = end + commit_one_phase, rollback = end + rollback.
 TRANSACTION_ACTIONS = (
@@ -347,7 +367,7 @@ REQUESTS: dict[str, type[Request]] = {
         PutRequest, GetRequest, OffsetRequest, StatsRequest, VersionRequest, QuitRequest, ConfigRequest,
         TopicsRequest, EpochEndRequest, EpochsRequest, ChecksumRequest, PositionRequest,
         InitProducerRequest, TransactionRequest, OffsetForTimeRequest,
-        NewsRequest,
+        NewsRequest, StreamRequest, StreamAckRequest,
     )
 }
 

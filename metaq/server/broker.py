@@ -33,6 +33,7 @@ from ..security.settings import load_broker_security
 from ..store.datadirs import broker_identity, check_data_dirs
 from ..store.manager import MessageStoreManager
 from ..store.msgid import MsgIdGenerator
+from ..store.refused import RefusedLog
 from ..store.scrub import Scrubber
 from ..store.timeindex import REBUILDS as time_index_rebuilds
 from ..zk.data_loss import reconnect_after_data_loss
@@ -144,8 +145,14 @@ class Broker:
 
     def notify_committed(self, topic: str, partition: int) -> None:
         """Only a partition's committed offset or flushed end moved: wake the fetches that wait
-        for it (consumers'; a slave's fetch waits for the log end)."""
+        for it (consumers'; a slave's fetch waits for the log end), and tell streaming slaves."""
         self.waiters.notify_committed(topic, partition)
+        if self.ha.streams:
+            self.ha.streams.committed_moved((topic, partition))
+
+    def _committed_of(self, key: tuple[str, int]) -> int | None:
+        log = self.store.open_log(*key)
+        return None if log is None or isinstance(log, RefusedLog) else self.ha.committed(key[0], key[1], log)
 
     def watch(self, topic: str, partition: int, woken: Callable[[], None]) -> Callable[[], None]:
         """Call ``woken()`` once at the partition's next notify of either kind (a slave's quiet
@@ -250,6 +257,7 @@ class Broker:
         self.transactions.open()
         self.ids = MsgIdGenerator(config.broker_id, floor)
         self.store.on_flushed = self.notify_committed
+        self.ha.streams.committed_of = self._committed_of
         served: Any = self.handlers
         metrics_login = None
         if config.metrics_port is not None:

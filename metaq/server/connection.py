@@ -552,7 +552,7 @@ class ClientConnection(asyncio.Protocol):
             task = asyncio.ensure_future(self._finish(request, result, text))
             self._in_flight.add(task)
             task.add_done_callback(self._task_done)
-        else:
+        elif result is not None:  # None: a one-way request (``stream_ack``), never answered
             self._emit(request, result, text)
 
     async def _finish(self, request: c.Request, awaitable: Awaitable[Any], text: bool) -> None:

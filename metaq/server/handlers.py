@@ -38,6 +38,7 @@ from ..ha.node import HaNode
 from ..ha.sync_set import SyncWaitFailed
 from ..protocol import commands as c
 from ..protocol import messages as m
+from ..protocol.replication_stream import decode_report
 from ..record import HEADER, HEADER_SIZE, RecordError, stamp_msg_ids, validate_batch
 from ..security.principals import BROKER_PREFIX
 from ..store.log import CorruptRange, OffsetOutOfRange, SegmentVanished
@@ -211,12 +212,18 @@ class RequestHandlers:
         ``no_control``: no record is a control record, see ``Partition.append_as_leader``);
         RequestError 500 if the store fails."""
         try:
-            return owner.append_as_leader(data, header, no_control=no_control)
+            offset = owner.append_as_leader(data, header, no_control=no_control)
         except OSError as exc:
             self.stats.partition(req.topic, partition).put_failed += count
             if not isinstance(exc, SegmentVanished):  # that one the store has logged, once
                 logger.error("append of %d messages to %s-%d failed: %s", count, req.topic, partition, exc)
             raise c.RequestError(c.INTERNAL_ERROR, f"append to {req.topic}-{partition} failed: {exc.strerror}") from None
+        # Critical path first: the bytes leave for streaming slaves before any bookkeeping
+        # (stats, the reply, the sync wait). No slave streams: one truth test.
+        streams = self.broker.ha.streams
+        if streams:
+            streams.push((req.topic, partition), offset, self.broker.ha.epoch, data)
+        return offset
 
     def _ack(self, req: c.Request, partition: int, offset: int, end: int, first_id: int, count: int,
              records: int) -> Reply | Awaitable[Reply]:
@@ -413,6 +420,49 @@ class RequestHandlers:
             epoch=self.broker.ha.epoch,
         )
         return header, b""
+
+    @handles(m.StreamRequest)
+    def _stream(self, req: c.Request, ctx: RequestContext) -> Reply:
+        """A caught-up slave subscribes to a partition's stream (metaq/ha/stream.py): checked as
+        its fetch would be, and accepted only at our log end with ``replicationStream=true``."""
+        if not self.broker.config.replication_stream:
+            raise c.RequestError(c.SERVICE_UNAVAILABLE, "replicationStream is off on this master: fetch")
+        topic = self._topic(req.topic)
+        log = self._log(req.topic, req.partition)
+        replica = req.replica
+        log_end = replica.get("log_end")
+        if not isinstance(log_end, int) or isinstance(log_end, bool) or log_end < 0:
+            raise c.RequestError(c.BAD_REQUEST, "stream: replica needs a non-negative integer 'log_end'")
+        self._replica_progress(req, log_end, log, topic, ctx, report=True)
+        if log_end != log.log_end:
+            raise c.RequestError(c.SERVICE_UNAVAILABLE, f"stream: not caught up ({log_end} of {log.log_end}): fetch")
+        ha = self.broker.ha
+        ha.streams.subscribe(req.origin, replica["slave_id"], (req.topic, req.partition), req.opaque, ha.epoch, log_end)
+        return c.reply_header(req.opaque, c.OK, epoch=ha.epoch,
+                              committed=ha.committed(req.topic, req.partition, log)), b""
+
+    @handles(m.StreamAckRequest)
+    def _stream_ack(self, req: c.Request, ctx: RequestContext) -> None:
+        """A slave's position report on its stream: recorded as a fetch's would be, or refused
+        and logged (another connection's stream, another epoch, past what was sent or our log end).
+        Never answered: the slave's next report, or the stream's close, says everything."""
+        ha = self.broker.ha
+        try:
+            stream_id, epoch, end = decode_report(req.body)
+        except ValueError as exc:
+            ha.streams.reports_refused += 1
+            logger.warning("refused a stream report from %s: %s", ctx.peer, exc)
+            return None
+        proved = ha.streams.report(req.origin, stream_id, epoch, end)
+        if proved is None:
+            return None
+        slave_id, (topic, partition), position = proved
+        log = self.broker.store.open_log(topic, partition)
+        if log is None or isinstance(log, RefusedLog) or position > log.log_end or epoch != ha.epoch:
+            ha.streams.forget_partitions([(topic, partition)])  # our log changed under the stream
+            return None
+        ha.replica_fetched(slave_id, epoch, topic, partition, position, req.origin)
+        return None
 
     @handles(m.NewsRequest)
     def _news(self, req: c.Request, ctx: RequestContext) -> Reply | Deferred[Reply]:
@@ -648,6 +698,7 @@ class RequestHandlers:
             c.reply_header(
                 req.opaque, c.OK, topics=topics, broker_id=broker.config.broker_id, role=broker.ha.role_name,
                 epoch=broker.ha.epoch, replication_mode=broker.config.replication_mode, incarnations=incarnations,
+                replication_stream=broker.config.replication_stream,
             ),
             b"",
         )

@@ -108,10 +108,12 @@ def metaq(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
 
 
 def start_tls_pair(
-    broker_factory: Any, zk_client: Any, zk_root: str, directory: Path, topics: dict[str, int]
+    broker_factory: Any, zk_client: Any, zk_root: str, directory: Path, topics: dict[str, int],
+    master_system: dict[str, Any] | None = None, slave_system: dict[str, Any] | None = None,
 ) -> tuple[SecuredGroup, TestCA, BrokerProcess, BrokerProcess]:
     """A sync master and slave of group 0, security on and TLS on every link (certificates of
-    a test CA), returned once the slave, authenticated over TLS, is in the sync set."""
+    a test CA), returned once the slave, authenticated over TLS, is in the sync set
+    (``master_system`` / ``slave_system``: [system] keys of each, over the defaults)."""
     group = SecuredGroup(directory / "security")
     ca = TestCA.create(directory / "tls")
 
@@ -120,8 +122,9 @@ def start_tls_pair(
         return {"tlsCertFile": str(cert), "tlsKeyFile": str(key), "tlsCaFile": str(ca.cert_file)}
 
     sync = {"replicationMode": "sync", "unflushThreshold": 0, "syncSlaveTimeoutMs": 1000}
-    master = broker_factory(0, topics, {**sync, **group.system, **tls("master")})
-    slave = broker_factory(0, topics, {"unflushThreshold": 0, **group.system, **tls("slave")}, {"slaveId": 0})
+    master = broker_factory(0, topics, {**sync, **group.system, **tls("master"), **(master_system or {})})
+    slave_keys = {"unflushThreshold": 0} if slave_system is None else slave_system
+    slave = broker_factory(0, topics, {**slave_keys, **group.system, **tls("slave")}, {"slaveId": 0})
     sync_set = ZkPaths(zk_root).sync_set(0)
     wait_until(
         lambda: zk_client.exists(sync_set) and json.loads(zk_client.get(sync_set)[0])["slaves"] == [0],

@@ -55,6 +55,8 @@ TABLE: list[tuple[dict, set[str]]] = [
     ({"op": "checksum", "topic": "orders"}, GROUP_ADMINS),
     ({"op": "position", "topic": "orders"}, REPLICATION),
     ({"op": "news"}, REPLICATION),
+    ({"op": "stream", "topic": "orders"}, REPLICATION),
+    ({"op": "stream_ack"}, REPLICATION),
     ({"op": "init_producer"}, LOGGED_IN),
     ({"op": "transaction", "action": "commit"}, LOGGED_IN),  # the coordinator decides per branch
     ({"op": "something-new"}, GROUP_ADMINS),  # a new command is closed until someone decides

@@ -58,6 +58,8 @@ def test_relative_data_path_is_relative_to_the_file(tmp_path):
         (b"[system]\nbrokerId=x\n", r"\[system\] brokerId: expected an integer, got 'x'"),
         (b"[system]\nbrokerId=0\nbrokerid=1\n", r"\[system\] brokerid: unknown key"),
         (b"[system]\nbrokerId=0\nreplicationMode=semi\n", r"replicationMode: expected one of async, sync"),
+        (b"[system]\nbrokerId=0\nreplicationStream=true\n", r"\[system\] replicationStream: needs replicationMode=sync"),
+        (b"[system]\nbrokerId=0\nreplicationMode=sync\nreplicationStream=yes please\n", r"replicationStream: expected true or false"),
         (b"[system]\nbrokerId=0\n[topic=t]\nnumPartitions=0\n", r"\[topic=t\] numPartitions: must be >= 1"),
         (b"[system]\nbrokerId=0\n[topic=t]\nflushy=1\n", r"\[topic=t\] flushy: unknown key"),
         (b"[system]\nbrokerId=0\n[topics=t]\n", r"\[topics=t\]: unknown section"),
@@ -84,6 +86,12 @@ def test_relative_data_path_is_relative_to_the_file(tmp_path):
 def test_errors_name_file_section_and_key(text, message):
     with pytest.raises(ConfigError, match=r"^my\.ini: .*" + message):
         parse_server_ini(text, "my.ini")
+
+
+def test_replication_stream_is_off_by_default_and_a_sync_master_may_turn_it_on():
+    assert parse_server_ini(b"[system]\nbrokerId=0\n").replication_stream is False
+    config = parse_server_ini(b"[system]\nbrokerId=0\nreplicationMode=sync\nreplicationStream=true\n")
+    assert config.replication_stream is True
 
 
 def test_connection_limit_keys():

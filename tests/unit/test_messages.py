@@ -67,7 +67,7 @@ def test_optional_fields_take_their_defaults_and_none_is_not_sent() -> None:
 def test_every_command_has_a_class() -> None:
     assert set(REQUESTS) == {"put", "get", "offset", "stats", "version", "quit", "config", "topics",
                              "epoch_end", "epochs", "checksum", "position", "init_producer", "transaction",
-                             "offset_for_time", "news"}
+                             "offset_for_time", "news", "stream", "stream_ack"}
 
 
 @pytest.mark.parametrize(
