@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import sys
 import time
 from typing import Any
@@ -377,6 +378,9 @@ def _write(args: argparse.Namespace, change: Any, done: str, ends_incarnation: b
         check_topic_name(args.topic)
     except ValueError as exc:
         raise MetaqError(str(exc)) from None
+    # The login is read once, when first needed: a password file may be a pipe (/dev/stdin),
+    # which the open-file check and the wait for the members would otherwise both read.
+    login = functools.cache(lambda: credentials(args))
     with zk_client(args) as (client, paths):
         try:
             members = read_members(client, paths, args.broker_id)
@@ -394,7 +398,7 @@ def _write(args: argparse.Namespace, change: Any, done: str, ends_incarnation: b
                              f"({paths.topic_config(args.broker_id)}); restart its master with this version first")
         added = _added_partitions(args, current.topics.get(args.topic))
         if added > 0 and urls:
-            asyncio.run(_check_open_files(urls, added, args.timeout, credentials(args)))
+            asyncio.run(_check_open_files(urls, added, args.timeout, login()))
         try:
             group = update_group_topics(client, paths, args.broker_id, change, security=zk_security(args, args.broker_id))
         except Unchanged as unchanged:
@@ -416,7 +420,7 @@ def _write(args: argparse.Namespace, change: Any, done: str, ends_incarnation: b
     if args.wait <= 0 or not urls:
         return 0
     incarnation = group.incarnations.get(args.topic)
-    late = asyncio.run(_wait_applied(urls, args.topic, partitions, incarnation, args.wait, args.timeout, credentials(args)))
+    late = asyncio.run(_wait_applied(urls, args.topic, partitions, incarnation, args.wait, args.timeout, login()))
     if late:
         print(f"not applied within {args.wait:g} s by: {', '.join(u.removeprefix('meta://') for u in late)}")
         return 1
