@@ -9,7 +9,9 @@ error is raised), a fraction of the time. Called from a worker thread, never the
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable, TypeVar
@@ -41,6 +43,21 @@ def run_all(work: Callable[[T], R], items: list[T]) -> list[R]:
     raised once all were tried."""
     if len(items) <= 1:
         return [work(item) for item in items]
-    with ThreadPoolExecutor(max_workers=min(SYNC_WORKERS, len(items)), thread_name_prefix="batch-files") as pool:
-        futures = [pool.submit(work, item) for item in items]
+    futures = [_pool().submit(work, item) for item in items]
+    concurrent.futures.wait(futures)
     return [future.result() for future in futures]
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    """One pool for the process, made on first use (a slave starting thousands of partitions
+    runs hundreds of batches). ``work`` given to ``run_all`` must not call ``run_all`` itself:
+    a pool of busy workers waiting on their own queue would never finish."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=SYNC_WORKERS, thread_name_prefix="batch-files")
+        return _POOL
