@@ -391,7 +391,7 @@ class MasterFollower:
             # offsets are the master's from the first byte (MetaQ's handleMassageFiles).
             reply = await conn.request(OffsetRequest(topic=topic, partition=partition, offset=0).to_header(), timeout=10)
             start = int(reply.get("min_offset", 0)) if reply.ok else 0
-            store.get_or_create_log(topic, partition, start_offset=start)
+            await store.create_log(topic, partition, start_offset=start)  # batched with the others starting
         await self._adopt_epochs(conn, topic, partition)
         replica = self.replicas.get((topic, partition))
         if replica is None:

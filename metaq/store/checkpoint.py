@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 
 from metaq.private_files import fsync_directory, private_opener
+from metaq.store.batch_sync import run_all
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +54,26 @@ def write_flushed_end(directory: Path, offset: int, *, durable: bool) -> None:
     is lost in a crash, the older, lower value is still true.
     """
     path = checkpoint_path(directory)
+    os.replace(_write_temporary(path, offset, fsync=True), path)
+    if durable:
+        fsync_directory(directory)
+
+
+def write_first_checkpoints(offsets: dict[Path, int]) -> None:
+    """The first checkpoints of new logs (``{directory: offset}``), as one batch: every
+    temporary file written and fsynced, all at once (``run_all``), then renamed. No directory
+    fsync, for the reason in ``write_flushed_end``: a rename lost in a crash leaves no
+    checkpoint, which claims less, never more."""
+    paths = [checkpoint_path(directory) for directory in offsets]
+    temporaries = run_all(lambda item: _write_temporary(item[0], item[1], fsync=True), list(zip(paths, offsets.values())))
+    run_all(lambda item: os.replace(*item), list(zip(temporaries, paths)))
+
+
+def _write_temporary(path: Path, offset: int, *, fsync: bool) -> Path:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", opener=private_opener) as handle:
         handle.write(f"{_VERSION}\n{offset}\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    if durable:
-        fsync_directory(directory)
+        if fsync:
+            handle.flush()
+            os.fsync(handle.fileno())
+    return tmp

@@ -42,7 +42,7 @@ import zlib
 from pathlib import Path
 
 from metaq import record
-from metaq.private_files import FILE_MODE, fsync_directory, make_private_dir
+from metaq.private_files import DIR_MODE, FILE_MODE, fsync_directory, make_private_dir
 from metaq.store.checkpoint import checkpoint_path, read_flushed_end, write_flushed_end
 from metaq.store.timeindex import first_record_at_or_after
 from metaq.store.segment import (
@@ -145,6 +145,16 @@ def _save_aside(path: Path, segments: list[LogSegment], offset: int) -> tuple[Pa
         os.close(fd)
     fsync_directory(path.parent)
     return aside_path, copied
+
+
+def lay_out_empty_log(directory: Path, start_offset: int) -> list[Path]:
+    """A new log's directory and first (empty) segment file, not yet durable: returns what the
+    caller must fsync, before it fsyncs the directory's parent (``MessageStoreManager.create_logs``
+    does both for many logs at once). ``PartitionLog`` then opens it as an existing log."""
+    directory.mkdir(mode=DIR_MODE, exist_ok=True)
+    segment = LogSegment.create(directory, start_offset)
+    segment.close()
+    return [segment.path, directory]
 
 
 class PartitionLog:

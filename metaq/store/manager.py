@@ -27,11 +27,13 @@ from pathlib import Path
 from typing import Callable
 
 from metaq.config import ConfigError, TopicConfig
-from metaq.store.checkpoint import checkpoint_path
+from metaq.private_files import make_private_dir
+from metaq.store.batch_sync import fsync_all, run_all
+from metaq.store.checkpoint import checkpoint_path, write_first_checkpoints
 from metaq.cron import QuartzCron
 from metaq.store import incarnation
 from metaq.store.flush import FlushScheduler, LogFlusher
-from metaq.store.log import LogCorruptError, PartitionLog
+from metaq.store.log import LogCorruptError, PartitionLog, lay_out_empty_log
 from metaq.store.refused import RefusedLog
 from metaq.store.retention import dispose_segment, parse_delete_policy
 from metaq.store.segment import LogSegment, parse_segment_start
@@ -92,6 +94,9 @@ class MessageStoreManager:
         self._disposals: set[asyncio.Future[None]] = set()
         self._removals: set[asyncio.Future[None]] = set()
         self._started = False
+        #: ``create_log`` requests waiting for the next batch: start offset and its waiter.
+        self._creations: dict[tuple[str, int], tuple[int, asyncio.Future[None]]] = {}
+        self._creating: asyncio.Future[None] | None = None
         #: Called with (topic, partition) after each successful fsync of that log.
         self.on_flushed: Callable[[str, int], None] | None = None
         #: Called with the seconds each fsync of any log took (the broker's metrics).
@@ -146,6 +151,13 @@ class MessageStoreManager:
         existing = self._logs.get(key)
         if existing is not None:
             return existing
+        directory = self._directory_for_new_log(topic, partition, config)
+        partition_log = self._open_or_refuse(topic, partition, directory, config, start_offset)
+        if isinstance(partition_log, PartitionLog):
+            incarnation.write_marker(directory, config.incarnation)
+        return self._register(topic, partition, partition_log, config)
+
+    def _directory_for_new_log(self, topic: str, partition: int, config: TopicConfig) -> Path:
         directory = self.partition_dir(topic, partition)
         if not incarnation.belongs(directory, config.incarnation):
             # Invariant: a log is never served from another incarnation's files (a topic
@@ -154,8 +166,13 @@ class MessageStoreManager:
             log.warning("%s-%d: files of an earlier incarnation of topic %s moved aside to %s, being deleted",
                         topic, partition, topic, aside)
             self._remove_later(aside)
+        return directory
+
+    def _open_or_refuse(self, topic: str, partition: int, directory: Path, config: TopicConfig,
+                        start_offset: int) -> PartitionLog | RefusedLog:
+        """The partition's log, or a ``RefusedLog`` if its files cannot be it (blocking I/O)."""
         try:
-            partition_log: PartitionLog | RefusedLog = PartitionLog(
+            return PartitionLog(
                 directory,
                 max_segment_size=config.max_segment_size,
                 start_offset=start_offset,
@@ -163,9 +180,12 @@ class MessageStoreManager:
             )
         except LogCorruptError as exc:
             log.error("%s-%d is not served: %s", topic, partition, exc)
-            partition_log = RefusedLog(directory, str(exc), exc.known_end, config.max_segment_size, self.max_message_size)
-        else:
-            incarnation.write_marker(directory, config.incarnation)
+            return RefusedLog(directory, str(exc), exc.known_end, config.max_segment_size, self.max_message_size)
+
+    def _register(self, topic: str, partition: int, partition_log: PartitionLog | RefusedLog,
+                  config: TopicConfig) -> PartitionLog | RefusedLog:
+        """Put an opened log in the map with its flusher (started if the store is)."""
+        key = (topic, partition)
         flusher = LogFlusher(partition_log, config.unflush_threshold, config.unflush_interval_ms)
         flusher.on_flushed = lambda: self.on_flushed(topic, partition) if self.on_flushed is not None else None
         flusher.on_fsync_seconds = lambda seconds: self.on_fsync_seconds(seconds) if self.on_fsync_seconds is not None else None
@@ -174,6 +194,100 @@ class MessageStoreManager:
         if self._started:
             flusher.start(self.flush_scheduler)
         return partition_log
+
+    async def create_log(self, topic: str, partition: int, start_offset: int = 0) -> PartitionLog | RefusedLog:
+        """``get_or_create_log`` for callers that create many logs at once, each in its own task
+        (a slave starting its partitions): a new log's files are created with those of every
+        other partition asked for meanwhile, in one batch off the event loop (``create_logs``)."""
+        self._checked_config(topic, partition)
+        key = (topic, partition)
+        if key not in self._logs and not self.has_log(topic, partition):
+            waiting = self._creations.get(key)
+            if waiting is None:
+                waiting = self._creations[key] = (start_offset, asyncio.get_running_loop().create_future())
+                if self._creating is None or self._creating.done():
+                    self._creating = asyncio.ensure_future(self._create_requested())
+            await asyncio.shield(waiting[1])
+        return self.get_or_create_log(topic, partition, start_offset)
+
+    async def _create_requested(self) -> None:
+        """Create what ``create_log`` was asked for, one batch at a time: the requests that
+        arrive while a batch is in its worker thread form the next one."""
+        await asyncio.sleep(0)  # let the tasks started together ask first
+        while self._creations:
+            batch, self._creations = self._creations, {}
+            try:
+                await self.create_logs([(topic, partition, start) for (topic, partition), (start, _) in batch.items()])
+            except Exception as exc:  # each waiter raises it (a slave retries its start)
+                for _start, future in batch.values():
+                    if not future.done():
+                        future.set_exception(exc)
+            else:
+                for _start, future in batch.values():
+                    if not future.done():
+                        future.set_result(None)
+
+    async def create_logs(self, wanted: list[tuple[str, int, int]]) -> None:
+        """Give each ``(topic, partition, start_offset)`` that has no log an empty one starting
+        there, as one batch: files created and made durable in one worker thread
+        (``_lay_out_and_open``), then the logs registered on the event loop."""
+        new: dict[tuple[str, int], tuple[Path, TopicConfig, int]] = {}
+        for topic, partition, start_offset in wanted:
+            config = self._checked_config(topic, partition)
+            if (topic, partition) in new or (topic, partition) in self._logs or self.has_log(topic, partition):
+                continue
+            new[(topic, partition)] = (self._directory_for_new_log(topic, partition, config), config, start_offset)
+        if not new:
+            return
+        opened = await _shielded_to_thread(lambda: self._lay_out_and_open(new))
+        for (topic, partition), partition_log in opened.items():
+            current = self._topics.get(topic)
+            if ((topic, partition) in self._logs or current is None or partition >= current.num_partitions
+                    or current.incarnation != new[(topic, partition)][1].incarnation):
+                # Opened meanwhile by ``get_or_create_log``, or no longer served as it was (the
+                # topic changed while the thread ran): this copy is not the partition's log.
+                partition_log.close()
+                continue
+            self._register(topic, partition, partition_log, current)
+
+    def _lay_out_and_open(self, new: dict[tuple[str, int], tuple[Path, TopicConfig, int]]) -> dict[tuple[str, int], PartitionLog | RefusedLog]:
+        """Create and open new logs (blocking: a worker thread), with a bounded number of fsyncs
+        however many there are, and crash-safe at every step. In this order:
+
+        1. each parent data directory exists durably (``make_private_dir``: usually it does);
+        2. per log, not yet durable: its directory, its first segment file (empty, named by its
+           start offset), its incarnation marker;
+        3. all of those files and directories fsynced at once (``fsync_all``);
+        4. each parent directory fsynced once, for all the new directories in it;
+        5. the first flushed-end checkpoints, as one batch (``write_first_checkpoints``);
+        6. each log opened as an existing one (it finds its segment and checkpoint: no more writes).
+
+        After a power loss at any point the start-up finds, per partition, one of: no
+        directory; a directory without a segment file (not a log: ``has_log`` is false, and it is
+        created again); an empty segment, with or without its marker (a log that starts where
+        its file name says; a missing marker is written on open) and with or without a
+        checkpoint. A checkpoint becomes durable only after its segment (step 5 follows 3-4), so
+        it never names an offset its files lack (which would refuse the log: ``LogWentBackwards``).
+        No log is returned, so nothing is appended or acked in one, before step 4 made it
+        durable.
+        """
+        for parent in {directory.parent for directory, _config, _start in new.values()}:
+            make_private_dir(parent)
+
+        def lay_out(item: tuple[Path, TopicConfig, int]) -> list[Path]:
+            directory, config, start_offset = item
+            created = lay_out_empty_log(directory, start_offset)
+            if config.incarnation:
+                incarnation.write_marker(directory, config.incarnation)
+                created.append(directory / incarnation.MARKER)
+            return created
+
+        fsync_all(path for created in run_all(lay_out, list(new.values())) for path in created)
+        fsync_all(directory.parent for directory, _config, _start in new.values())
+        write_first_checkpoints({directory: start_offset for directory, _config, start_offset in new.values()})
+        opened = run_all(lambda item: self._open_or_refuse(*item[0], *item[1]),
+                         [(key, (directory, config, start_offset)) for key, (directory, config, start_offset) in new.items()])
+        return dict(zip(new, opened))
 
     def has_log(self, topic: str, partition: int) -> bool:
         """Whether the partition has a log, open or on disk (without creating one)."""
