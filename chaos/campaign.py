@@ -82,6 +82,7 @@ class Setup:
     hosts: str = "local"  # "netns": every process on a host of its own (chaos/hosts.py)
     producers: str = "plain"  # "plain", "retry-unknown" (at least once) or "idempotent" (exactly once)
     rogue: bool = False  # hostile peers for the whole run (chaos/hostile.py)
+    time_reads: bool = False  # the offset_for_time prober (chaos/time_reads.py); the default plan leaves it off
 
     @property
     def name(self) -> str:
@@ -95,7 +96,7 @@ class Setup:
                           "secure" if self.secure else "insecure",
                           *([self.producers] if self.producers != "plain" else []),
                           *(["rogue"] if self.rogue else []), *(["power loss"] if self.power_loss else []),
-                          *(["corruption"] if self.corruption else []),
+                          *(["corruption"] if self.corruption else []), *(["time reads"] if self.time_reads else []),
                           *([f"hosts {self.hosts}"] if self.hosts != "local" else [])])
 
     def command(self, seconds: float, out: Path, zk_nodes: int) -> list[str]:
@@ -106,6 +107,7 @@ class Setup:
                 *([f"--{self.producers}"] if self.producers != "plain" else []), *(["--rogue"] if self.rogue else []),
                 *(["--power-loss"] if self.power_loss else []), *(["--corruption"] if self.corruption else []),
                 *(["--hosts", self.hosts] if self.hosts != "local" else []),
+                *(["--time-reads"] if self.time_reads else []),
                 "--out", str(out / self.name)]
 
 

@@ -45,6 +45,17 @@ checks
                     unavailability table is in ``stats["unavailability"]``.
 ``failover``        a master fault held at least the session timeout (or never healed) is
                     followed by a failover of its group.
+``time_reads``      (``--time-reads``) each ``offset_for_time`` answer a master or slave gave,
+                    offset O for time T with readable range [min_offset, max_offset) at that
+                    moment, is judged against the final log: O lies in that range (``latest``:
+                    O is its end); no record of the final log in [min_offset, O) has a time
+                    >= T (``skipped_newer``: the answer passed over a readable record that
+                    new); unless ``latest``, O starts a record of the final log
+                    (``not_a_record``, ``past_final_end``) whose time is >= T
+                    (``older_than_time``). A record's time is its msg id's time part. (async:
+                    offsets at or past a failover's lag window are not judged, the replica
+                    may have held records there that the failover took back: counted as
+                    expected, ``taken_back``.)
 ``progress``        something worked: an acked put, a read, and for each workload the run
                     asked for (``meta``) a poll, a committed transaction, a topic operation.
 ``run``             what the runner saw (``meta["run_problems"]``: settle failures,
@@ -668,6 +679,8 @@ def check_progress(history: History, index: Index) -> tuple[list[dict], int]:
                        lambda op: op.get("f") == "poll" and any((op.get("polls") or {}).values())))
     if history.meta.get("transactions"):
         wanted.append(("transactions", "committed transaction", lambda op: op.get("f") == "txn"))
+    if history.meta.get("time_reads"):
+        wanted.append(("time_reads", "answered offset_for_time", lambda op: op.get("f") == "time_read"))
     if history.meta.get("topic_ops"):
         wanted.append(("topic_ops", "topic operation done", lambda op: op.get("f") == "topic-op"))
     out = []
@@ -754,6 +767,99 @@ def _liveness(history: History, index: Index) -> Liveness:
     return Liveness(*check_liveness(history, acked_in_final_log(index)))
 
 
+# --- time reads ----------------------------------------------------------------------
+
+
+@dataclass
+class TimedLog:
+    """A final log's record offsets and times, with the running maximum of the times."""
+
+    starts: list[int]
+    times: list[int]
+    running_max: list[int]
+
+    @classmethod
+    def of(cls, log: LogIndex, times: list[int]) -> "TimedLog":
+        starts = [int(r[0]) for r in log.records[:len(times)]]
+        running, top = [], -1
+        for t in times:
+            top = max(top, t)
+            running.append(top)
+        return cls(starts, [int(t) for t in times], running)
+
+    def first_newer(self, lo: int, hi: int, time_ms: int) -> int | None:
+        """Index of the first record starting in [lo, hi) whose time is >= ``time_ms``."""
+        i, j = bisect.bisect_left(self.starts, lo), bisect.bisect_left(self.starts, hi)
+        if i >= j or (i == 0 and self.running_max[j - 1] < time_ms):
+            return None
+        return next((k for k in range(i, j) if self.times[k] >= time_ms), None)
+
+
+def _timed_logs(history: History, index: Index) -> dict[str, TimedLog]:
+    out = {}
+    for group, names in index.masters.items():
+        if len(names) != 1:
+            continue
+        for partition, snap in history.final["replicas"][names[0]].get("partitions", {}).items():
+            if isinstance(snap.get("times"), list) and partition in index.logs:
+                out[partition] = TimedLog.of(index.logs[partition], snap["times"])
+    return out
+
+
+def judge_time_read(op: dict[str, Any], log: TimedLog, cut: float) -> tuple[str, dict[str, Any]] | None:
+    """The violation kind (and its details) of one ``offset_for_time`` answer, None when it
+    is right. ``cut``: offsets at or past it may have held records a failover took back."""
+    asked, offset, latest = int(op["time_ms"]), int(op["offset"]), bool(op.get("latest"))
+    low, readable = int(op.get("min_offset", 0)), int(op.get("max_offset", offset))
+    if not low <= offset <= readable or (latest and offset != readable):
+        return "outside_readable", {"why": f"offset {offset} is not in the readable range [{low}, {readable}]"
+                                           + (" or not its end though latest" if latest else "")}
+    newer = log.first_newer(low, min(offset, cut), asked)
+    if newer is not None:
+        at, t = log.starts[newer], log.times[newer]
+        return "skipped_newer", {"record": at, "record_time": t,
+                                 "why": f"the record at {at} (time {t} >= {asked}) was readable before the answer {offset}"}
+    if latest or offset >= cut:
+        return None
+    k = bisect.bisect_left(log.starts, offset)
+    if k == len(log.starts) or log.starts[k] != offset:
+        past = k == len(log.starts)
+        return ("past_final_end" if past else "not_a_record"), {
+            "why": f"offset {offset} is " + ("past the final log's last record" if past
+                                               else "not the start of a record in the final log")}
+    if log.times[k] < asked:
+        return "older_than_time", {"record_time": log.times[k],
+                                   "why": f"the record at {offset} has time {log.times[k]} < {asked}"}
+    return None
+
+
+def check_time_reads(history: History, index: Index) -> tuple[list[dict], int, list[dict]]:
+    """Every answered ``time_read`` against the final master log of its partition (see the
+    module docstring, ``time_reads``)."""
+    answers = [op for op in history.completions("time_read") if op["type"] == "ok" and op.get("offset") is not None]
+    logs = _timed_logs(history, index) if answers else {}
+    is_async = history.meta.get("mode", "sync") == "async"
+    out, expected = [], []
+    for op in answers:
+        partition = op.get("partition")
+        log = logs.get(partition)
+        case = {**brief(op), "replica": op.get("replica"), "time_ms": op.get("time_ms"), "latest": op.get("latest"),
+                "min_offset": op.get("min_offset"), "max_offset": op.get("max_offset")}
+        if log is None:
+            out.append({"kind": "no_final_times", **case,
+                        "why": "no final master log with record times to judge the answer against"})
+            continue
+        cut = min((lo for _i, _f, (lo, _hi) in index.lag_windows(partition)), default=float("inf")) \
+            if is_async else float("inf")
+        verdict = judge_time_read(op, log, cut)
+        if verdict is not None:
+            out.append({"kind": verdict[0], **case, **verdict[1]})
+        elif not op.get("latest") and int(op["offset"]) >= cut:
+            expected.append({"kind": "taken_back", **case,
+                             "why": "answer inside a failover's lag window: not judged"})
+    return out, len(answers), expected
+
+
 CHECKS: dict[str, Callable[[History, Index], tuple[list[dict], int]]] = {
     "final_masters": check_final_masters,
     "acked_lost": check_acked_lost,
@@ -766,6 +872,7 @@ CHECKS: dict[str, Callable[[History, Index], tuple[list[dict], int]]] = {
     "phantoms": check_phantoms,
     "liveness": lambda history, index: (index.liveness.violations, len(index.liveness.faults)),
     "failover": check_master_failover,
+    "time_reads": check_time_reads,
     "progress": check_progress,
     "run": check_run_problems,
     **anomalies.CHECKS,

@@ -69,7 +69,17 @@ A final replica snapshot (taken after healing, when replication has caught up)::
     {"group": 0, "role": "master"|"slave", "url": ..., "epoch": 4,
      "partitions": {"t/0-0": {"end": N, "sha256": hex of the bytes [0, end),
                               "records": [[offset, size, crc32 of the whole record, value], ...],
-                              "tail": bytes after the last whole record (0 when clean)}}}
+                              "tail": bytes after the last whole record (0 when clean),
+                              "times": [record time ms, ...]}}}   # msg-id time of each record
+
+A time read (``--time-reads``, chaos/time_reads.py) is one ``offset_for_time`` asked of a
+master or a slave: ``time_ms`` asked, the answered ``offset``, ``latest`` (no readable
+record that new: ``offset`` is the readable end), ``min_offset`` and ``max_offset`` (the
+replica's readable end at that moment)::
+
+    {"id": 70, "type": "ok", "process": "time-g0", "f": "time_read", "partition": "t/0-0",
+     "replica": "meta://...", "time_ms": 1765000000123, "offset": 4096, "latest": false,
+     "min_offset": 0, "max_offset": 8192, "time": ...}
 
 Record-level CRCs over the whole record (header with msgId, and payload) let the checker
 prove "byte-identical prefix" without storing the logs in the history.
@@ -136,11 +146,14 @@ def snapshot_partition(log_bytes: bytes, base: int = 0) -> dict[str, Any]:
     """The snapshot of one partition log (bytes from offset ``base``) for ``final``."""
     from metaq.record import HEADER, HEADER_SIZE, decode_payload
 
+    from metaq.store.msgid import msg_id_timestamp_ms
+
     records: list[list[Any]] = []
+    times: list[int] = []
     view = memoryview(log_bytes)
     pos, end = 0, len(view)
     while end - pos >= HEADER_SIZE:
-        length, _crc, _msg_id, flag = HEADER.unpack_from(view, pos)
+        length, _crc, msg_id, flag = HEADER.unpack_from(view, pos)
         stop = pos + HEADER_SIZE + length
         if length < 0 or stop > end:
             break
@@ -150,11 +163,13 @@ def snapshot_partition(log_bytes: bytes, base: int = 0) -> dict[str, Any]:
         except ValueError:
             value = None
         records.append([base + pos, stop - pos, zlib.crc32(view[pos:stop]), value])
+        times.append(msg_id_timestamp_ms(msg_id))
         pos = stop
     return {
         "end": base + end,
         "sha256": hashlib.sha256(log_bytes).hexdigest(),
         "records": records,
+        "times": times,
         "tail": end - pos,
     }
 

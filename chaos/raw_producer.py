@@ -152,7 +152,8 @@ class RawProducer:
             assert result.reply is not None
             offset = int(result.reply["offset"])
             at = offset if offset >= 0 else None  # a duplicate too old for the broker to say where
-            w.history.ok(op, at, result.reply.get("epoch"), url, duplicate=result.reply.get("duplicate"), **fields)
+            w.history.ok(op, at, result.reply.get("epoch"), url, duplicate=result.reply.get("duplicate"),
+                         msg_id=result.reply.get("msg_id"), **fields)
             w.acked(partition, at, value)
         elif result.kind == "fail" and unknown == 0:
             w.history.fail(op, result.error, **fields)

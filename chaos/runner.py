@@ -84,6 +84,7 @@ from .hosts import unavailable as hosts_unavailable
 from .liveness import default_bound, render_table
 from .raw_producer import ProducerSettings, RawProducer
 from .topic_ops import SideTopicLoad
+from .time_reads import TimeReadProber
 from .scenarios import FAULTS, Step, inject, scenario_names, schedule, writes_expected
 from .transactions import TXN_TIMEOUT_S, TransactionLoad, roll_back, send_values
 
@@ -241,8 +242,9 @@ def _epoch_starts(address: tuple[str, int], keys: list[tuple[str, int]], epoch: 
 class Workload:
     def __init__(self, cluster: ChaosCluster, history: History, monitor: Monitor, seed: int, rate: float,
                  producers: ProducerSettings = ProducerSettings(), resend_budget_s: float = 20.0,
-                 transactions: bool = False) -> None:
+                 transactions: bool = False, time_reads: bool = False) -> None:
         self.cluster = cluster
+        self.time_reads = time_reads
         self.transactions = transactions
         self.producers = producers
         self.resend_budget_s = resend_budget_s
@@ -444,6 +446,8 @@ class Workload:
         if self.transactions:
             jobs.update({f"committed-reader-g{g}": self.reader(g, committed_only=True) for g in groups})
         jobs.update({f"probe-g{g}": self.prober(g) for g in groups})
+        if self.time_reads:
+            jobs.update({f"time-g{g}": TimeReadProber(self, g).run() for g in groups})
         results = await asyncio.gather(*(asyncio.create_task(job) for job in jobs.values()), return_exceptions=True)
         for conn in self.conns.values():
             conn.close()
@@ -536,7 +540,8 @@ class Run:
                  on_sync_slave_loss: str = "degrade", liveness_bound: float | None = None,
                  secure: bool = False, rogue: bool = False, producers: ProducerSettings = ProducerSettings(),
                  consumer_group: bool = False, transactions: bool = False, hosts: str = "local",
-                 power_loss: bool = False, corruption: bool = False, topic_ops: bool = False) -> None:
+                 power_loss: bool = False, corruption: bool = False, topic_ops: bool = False,
+                 time_reads: bool = False) -> None:
         self.scenario, self.seconds, self.seed, self.out = scenario, seconds, seed, Path(out)
         self.mode, self.groups, self.zk_nodes, self.rate = mode, groups, zk_nodes, rate
         self.slaves, self.on_sync_slave_loss = slaves, on_sync_slave_loss
@@ -561,9 +566,11 @@ class Run:
                                 "session_ms": session_ms, "liveness_bound_s": self.liveness_bound,
                                 "secure": secure, "rogue": rogue, "producers": producers.to_json(),
                                 "consumer_group": consumer_group, "transactions": transactions,
-                                "power_loss": power_loss, "corruption": corruption, "topic_ops": topic_ops})
+                                "power_loss": power_loss, "corruption": corruption, "topic_ops": topic_ops,
+                                "time_reads": time_reads})
         self.hostile = HostileLoad(self.cluster, self.history) if rogue else None
         self.transactions = transactions
+        self.time_reads = time_reads
         self.consumers = ConsumerGroupLoad(self.cluster, self.history, seed, self.out) if consumer_group else None
         self.steps_done: list[dict[str, Any]] = []
         self.phases = Phases()
@@ -661,7 +668,8 @@ class Run:
         monitor.start()
         # A resend keeps going through a failover: past the liveness bound, by which writes resume.
         workload = Workload(self.cluster, self.history, monitor, self.seed, self.rate, self.producers,
-                            resend_budget_s=self.liveness_bound + 5.0, transactions=self.transactions)
+                            resend_budget_s=self.liveness_bound + 5.0, transactions=self.transactions,
+                            time_reads=self.time_reads)
         self.txn_load = workload.txn_load
         self.workload_crashes = workload.crashes
         load = asyncio.create_task(workload.run())
@@ -829,6 +837,7 @@ class Run:
                 + (" --consumer-group" if self.consumers is not None else " --no-consumer-group")
                 + (" --transactions" if self.transactions else " --no-transactions")
                 + (" --topic-ops" if self.side_topics is not None else " --no-topic-ops")
+                + (" --time-reads" if self.time_reads else "")
                 + f" --out {self.out}")
 
     def report(self, result: Any, elapsed: float) -> str:
@@ -915,6 +924,10 @@ def add_parser(sub: Any) -> None:
                    help="topic operations beside the faults: each group's side topic is created, grown, altered, "
                         "deleted and re-created smaller, and after each the state it must leave is checked on every "
                         "member (the topic-ops check; default: on in the random scenario)")
+    p.add_argument("--time-reads", action="store_true",
+                   help="a time-read prober per group: asks every master and slave offset_for_time for the times "
+                        "of acked puts (and random times) about every 0.3 s; the time_reads check judges each "
+                        "answer against the final logs (default: off, also in the random scenario)")
     p.add_argument("--hosts", choices=HOSTS_MODES, default="local",
                    help="local: every process on 127.0.0.1, links through the fault proxy (default); netns: each "
                         "ZooKeeper node and broker on a host of its own (a network namespace on one bridge; needs "
@@ -980,4 +993,5 @@ def run_of(args: argparse.Namespace, out: Path) -> Run:
                consumer_group=args.consumer_group if args.consumer_group is not None else args.scenario == "random",
                transactions=args.transactions if args.transactions is not None else args.scenario == "random",
                power_loss=args.power_loss, corruption=args.corruption,
-               topic_ops=args.topic_ops if args.topic_ops is not None else args.scenario == "random")
+               topic_ops=args.topic_ops if args.topic_ops is not None else args.scenario == "random",
+               time_reads=args.time_reads)

@@ -356,7 +356,8 @@ def test_a_workload_task_that_raises_is_a_crash_the_history_records(monkeypatch)
     monkeypatch.setattr(runner, "RawProducer", Crashing)
     workload = runner.Workload.__new__(runner.Workload)
     workload.cluster = SimpleNamespace(num_groups=1)
-    workload.transactions, workload.producers, workload.resend_budget_s = False, ProducerSettings(), 1.0
+    workload.transactions, workload.time_reads = False, False
+    workload.producers, workload.resend_budget_s = ProducerSettings(), 1.0
     workload.conns, workload.crashes = {}, []
     workload.client_producer = workload.reader = workload.prober = quiet
     asyncio.run(workload.run())
