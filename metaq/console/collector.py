@@ -308,9 +308,11 @@ class Collector:
                                            dict(prior.get("log_ends", {}))))
 
     async def history(self) -> list[dict[str, Any]]:
-        """Per group, each epoch its master's partitions know (where it starts in each), with what
-        the console saw of the takeovers: when, which member, why, the lag then, the bytes the
-        old master had past the new epoch's start (truncated when it follows)."""
+        """Per group, each epoch: where it starts in each partition (its master's epoch history),
+        when, which member, why, the lag then and the bytes the old master truncated, from the
+        takeover records the brokers keep in ZooKeeper (metaq/ha/failover_record.py), else from
+        what this console saw happen. A record is what a broker says of itself: one naming an
+        epoch the group's history does not hold is shown flagged (``doubt``), not hidden."""
         from ..cli.admin import ask_answer
         from ..protocol.messages import EpochsRequest
         from ..protocol.replies import EpochsReply, ReplyError
@@ -336,22 +338,41 @@ class Collector:
                     break
             seen = {t.epoch: t for t in self.takeovers if t.broker_id == broker_id}
             epoch_node = await asyncio.to_thread(self._epoch_node, broker_id)
+            records = await asyncio.to_thread(self._records, broker_id)
+            # The epochs the group's history vouches for: its master's (when it answered for
+            # partitions) and the epoch node's; a record outside them is flagged.
+            known = set(starts) if names and problem is None else None
             rows = []
-            for epoch in sorted(set(starts) | set(seen), reverse=True):
+            for epoch in sorted(set(starts) | set(seen) | set(records), reverse=True):
                 takeover = seen.get(epoch)
                 row: dict[str, Any] = {"epoch": epoch, "starts": starts.get(epoch, {}), "at_ms": None, "master": None, "why": None,
-                                       "lag_bytes_at_takeover": None, "truncated_bytes": None, "observed": takeover is not None}
+                                       "reason": None, "previous_master": None, "lag_bytes_at_takeover": None,
+                                       "truncated_bytes": None, "truncated": {}, "observed": takeover is not None,
+                                       "reported": False, "doubt": None}
                 if takeover is not None:
-                    row.update(at_ms=takeover.at_ms, master=takeover.new_master, why=takeover.why,
+                    row.update(at_ms=takeover.at_ms, master=takeover.new_master, why=takeover.why, previous_master=takeover.old_master,
                                lag_bytes_at_takeover=takeover.lag_bytes_at_takeover,
                                truncated_bytes=sum(max(0, end - starts.get(epoch, {}).get(name, end))
                                                    for name, end in takeover.old_log_ends.items()) if epoch in starts else None)
+                if epoch in records:
+                    row.update(_reported(epoch, records[epoch], known, epoch_node))
                 if epoch_node is not None and epoch == epoch_node[0]:
                     row["master"] = row["master"] or epoch_node[1]
                     row["at_ms"] = row["at_ms"] or epoch_node[2]
                 rows.append(row)
             out.append({"broker_id": broker_id, "epoch": group["epoch"], "master": url, "problem": problem, "epochs": rows})
         return out
+
+    def _records(self, broker_id: int) -> dict[int, dict[str, Any]]:
+        from kazoo.exceptions import KazooException
+
+        from ..ha.failover_record import read_records
+
+        try:
+            return read_records(self.client, self.paths, broker_id)
+        except KazooException as exc:
+            log.warning("could not read the takeover records of group %d: %s", broker_id, exc)
+            return {}
 
     def _epoch_node(self, broker_id: int) -> tuple[int, str | None, int] | None:
         """``(epoch, the master that took it, when ZooKeeper wrote it)`` from the group's epoch node."""
@@ -365,6 +386,37 @@ class Collector:
         except (NoNodeError, ValueError):
             return None
         return epoch, leader, int(stat.mtime)
+
+
+def _reported(epoch: int, entry: dict[str, Any], known: set[int] | None,
+              epoch_node: tuple[int, str | None, int] | None) -> dict[str, Any]:
+    """A history row's fields from the takeover record of ``epoch`` (metaq/ha/failover_record.py),
+    with ``doubt`` saying where it disagrees with what vouches for the group's epochs: the epoch
+    node (written only by the group's election transaction) and the master's epoch history."""
+    record, truncated = entry["record"], entry["truncated"]
+    fields: dict[str, Any] = {"truncated": {str(k): v.get("partitions", {}) for k, v in truncated.items()}}
+    cut = [n for v in truncated.values() for n in (v.get("partitions") or {}).values() if isinstance(n, int)]
+    if cut or truncated:
+        fields["truncated_bytes"] = sum(cut)
+    if record:
+        fields.update(reported=True, at_ms=record.get("at_ms"), master=record.get("url"), why=record.get("why"),
+                      reason=record.get("reason"), previous_master=record.get("previous_master"),
+                      lag_bytes_at_takeover=record.get("lag_bytes"))
+    doubts = []
+    if entry["malformed"]:
+        doubts.append(f"unreadable: {', '.join(entry['malformed'])}")
+    if record and record.get("epoch") != epoch:
+        doubts.append(f"the record names epoch {record.get('epoch')}")
+    if record and isinstance(record.get("previous_epoch"), int) and record["previous_epoch"] >= epoch:
+        doubts.append(f"its previous epoch {record['previous_epoch']} is not older")
+    if epoch_node is not None and epoch > epoch_node[0]:
+        doubts.append(f"the group's epoch node is at {epoch_node[0]}")
+    elif epoch_node is not None and epoch == epoch_node[0] and record and record.get("url") != epoch_node[1]:
+        doubts.append(f"the epoch node names {epoch_node[1]} as its master")
+    elif known is not None and epoch not in known:
+        doubts.append("not in the master's epoch history (no write of this epoch survives, or the record is wrong)")
+    fields["doubt"] = "; ".join(doubts) or None
+    return fields
 
 
 def _offset_rows(answer: Answer) -> dict[str, dict[str, Any]]:

@@ -68,6 +68,7 @@ from .election import (
     try_take_master,
 )
 from .epochs import EpochCache, read_led_epoch, record_led_epoch, save_all
+from .failover_record import REASONS, now_ms, write_takeover, write_truncation
 from .follower import MasterFollower
 from .host import BrokerHost
 from .lease import ZkLease
@@ -153,6 +154,14 @@ class HaCoordinator:
         self.death_watch = DeathWatch(host, self.paths, on_dead=lambda: self.post(Event.MASTER_GONE))
         #: The evidence the election in progress (or the epoch just won) deposes a dead master on.
         self._deposing: DeadMaster | None = None
+        #: What ZooKeeper said when we won the epoch we are about to lead: its takeover record's
+        #: previous epoch and master (failover_record.py). Taken by the first _lead of the epoch.
+        self._won_from: GroupState | None = None
+        #: The hand-over request the election in progress acts on (its record says "planned").
+        self._electing_on: Handover | None = None
+        #: Takeover and truncation records are written one at a time, in order, off the critical path.
+        self._records = asyncio.Lock()
+        self._record_tasks: set[asyncio.Task[None]] = set()
 
     # --- wiring -----------------------------------------------------------------------
 
@@ -616,6 +625,7 @@ class HaCoordinator:
         repeated = (ok, why) == self._last_verdict
         self._last_verdict = (ok, why)
         self._deposing = dead if ok else None
+        self._electing_on = handover if ok else None
         if ok and dead is not None:
             why = f"{why}; the master's process at {dead.url} died (fast takeover)"
         if ok:
@@ -665,6 +675,7 @@ class HaCoordinator:
             return
         self.epoch = epoch
         self._reseeding = floor > seen.epoch
+        self._won_from = seen
         self.post(Event.WON)
 
     def _deposal(self) -> Deposal | None:
@@ -696,12 +707,15 @@ class HaCoordinator:
     async def _lead(self) -> None:
         host = self.host
         await self.candidacy.withdraw()
+        handover = None
         try:
             handover = await asyncio.to_thread(read_handover, self.zk, self.paths, self.broker_id)
             if handover is not None and handover.epoch < self.epoch:
                 await asyncio.to_thread(clear_handover, self.zk, self.paths, self.broker_id)  # done: it was for us
         except ZK_ERRORS as exc:
             log.warning("could not clear the hand-over node (%s)", exc)
+        # Before _unfollow (the lag we last knew) and the deposed-lease wait (which forgets the dead master).
+        takeover = self._takeover_record(handover or self._electing_on)
         await self._unfollow()
         self.serving_epoch = self.epoch
         # The epoch's start offset is saved durably below: fsync the log it points into
@@ -728,10 +742,52 @@ class HaCoordinator:
         # writes before they appear.
         await self.registry.set_role("master")
         log.info("leading broker group %d in epoch %d", self.broker_id, self.epoch)
+        if takeover is not None:
+            # Leading and serving already: the record is history, never on the takeover's path.
+            self._won_from = None  # recorded once: a lead entered again in this epoch writes none
+            self._record_later(f"the takeover record of epoch {self.epoch}", write_takeover, takeover)
         # What we inherited as a slave may not be fsynced yet; the committed offset of a
         # master alone is its flushed end, so flush now: every acked message we hold is
         # readable at once, not after the next periodic flush.
         self._flushing = asyncio.ensure_future(self._flush_all())
+
+    def _takeover_record(self, handover: Handover | None) -> dict[str, Any] | None:
+        """What this broker says of the takeover that made it master of ``self.epoch`` (None when
+        this epoch's lead is entered again, e.g. back from FENCED: it was recorded the first time)."""
+        seen = self._won_from
+        if seen is None:
+            return None
+        if self._reseeding:
+            reason = "reseed"
+        elif seen.epoch_version < 0:
+            reason = "first_master"
+        elif handover is not None and handover.epoch == seen.epoch and handover.slave_id == self.registry.slave_id:
+            reason = "unclean" if handover.unclean else "planned"
+        elif self._deposing is not None:
+            reason = "fast_takeover"
+        else:
+            reason = "session_expiry"
+        follower = self.follower
+        return {
+            "epoch": self.epoch, "at_ms": now_ms(), "broker_id": self.broker_id, "url": self.my_url,
+            "slave_id": self.registry.slave_id, "identity": self.identity, "reason": reason, "why": REASONS[reason],
+            "previous_epoch": seen.epoch if seen.epoch_version >= 0 else None, "previous_master": seen.leader_url,
+            "lag_bytes": follower.lag_bytes() if follower is not None and reason != "first_master" else None,
+        }
+
+    def _record_later(self, what: str, write: Callable[..., None], *args: Any) -> None:
+        """Write a failover record in the background, in order after the ones before it;
+        a failure is logged, never raised (failover_record.py: best-effort history)."""
+        async def run() -> None:
+            async with self._records:
+                try:
+                    await asyncio.to_thread(write, self.zk, self.paths, self.broker_id, *args)
+                except Exception as exc:  # noqa: BLE001 - history only: nothing may fail a takeover
+                    log.warning("could not write %s (%s)", what, exc)
+
+        task = asyncio.ensure_future(run())
+        self._record_tasks.add(task)
+        task.add_done_callback(self._record_tasks.discard)
 
     async def _reseed_topic_config(self) -> None:
         """ZooKeeper lost the group's topic configuration with the rest: write back the topics we serve.
@@ -819,7 +875,9 @@ class HaCoordinator:
         state = await asyncio.to_thread(read_group_state, self.zk, self.paths, self.broker_id)
         self.epoch = max(self.epoch, state.epoch)
         self.serving_epoch = self.epoch
+        cut_before = len(self.truncations)
         await self._truncate_against(url)
+        self._record_truncation(self.truncations[cut_before:])
         self.followed_epoch = self.epoch
         follower = await self._ensure_follower(self._slave_config())
         await follower.follow(url)
@@ -926,6 +984,16 @@ class HaCoordinator:
             self.truncations.append(record)
             log.warning("truncated %s-%d at %d: %d divergent bytes moved aside to %s", topic, partition, end, removed, aside)
         await self.adopt_master_epochs(conn, topic, partition)
+
+    def _record_truncation(self, cut: list[dict[str, Any]]) -> None:
+        """Record what following this epoch cut: always for a broker that led since it last
+        followed (an old master rejoining; 0 bytes is worth saying), else only if bytes went."""
+        slave_id = self.registry.slave_id
+        if slave_id is None or not (cut or self.led_epoch > self.followed_epoch):
+            return
+        partitions = {f"{t['topic']}-{self.broker_id}-{t['partition']}": t["bytes"] for t in cut}
+        record = {"at_ms": now_ms(), "url": self.my_url, "slave_id": slave_id, "led_epoch": self.led_epoch, "partitions": partitions}
+        self._record_later(f"the truncation record of epoch {self.epoch}", write_truncation, self.epoch, slave_id, record)
 
     async def adopt_master_epochs(self, conn: BrokerConnection, topic: str, partition: int) -> None:
         """Copy the master's epoch history of a partition we follow (our bytes are its bytes)."""

@@ -697,20 +697,27 @@ class MasterFollower:
             return log_end
         return replica.committed()
 
+    def _master_end(self, topic: str, partition: int) -> int:
+        """The master's log end of a partition: the freshest of what the last fetch and the last heartbeat said."""
+        hb = self.heartbeat.master
+        return max(self.replicas[(topic, partition)].status.master_log_end, hb.log_ends.get((topic, partition), 0) if hb else 0)
+
+    def lag_bytes(self) -> int:
+        """Bytes behind the master over every followed partition, as this follower last knew."""
+        return sum(max(0, self._master_end(t, p) - r.log.log_end) for (t, p), r in self.replicas.items())
+
     def status_pairs(self) -> list[tuple[str, object]]:
         pairs: list[tuple[str, object]] = [("master", self.master_url or "-")]
         if self.config_sync_error is not None:
             pairs.append(("config_sync_error", self.config_sync_error))
         pairs += self.heartbeat.status_pairs()
         pairs.append(("replication_stream_frames", self.stream_frames))
-        hb = self.heartbeat.master
         hb_age = self.heartbeat.heartbeat_age_ms()
         now = time.time()
         for (topic, partition), replica in sorted(self.replicas.items()):
             st = replica.status
             log_end = replica.log.log_end
-            # The freshest of what the last fetch and the last heartbeat said.
-            master_end = max(st.master_log_end, hb.log_ends.get((topic, partition), 0) if hb else 0)
+            master_end = self._master_end(topic, partition)
             lag = max(0, master_end - log_end)
             since = st.caught_up_at or st.extra.get("started_at", now)
             lag_ms = 0.0 if lag == 0 else max(0.0, now - since) * 1000

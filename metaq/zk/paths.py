@@ -14,6 +14,8 @@ tests give each case its own root so that many cases can share one ZooKeeper ser
     {root}/brokers/ids/{id}/candidates/slave{k}      ephemeral  an orphaned slave's log end (async election)
     {root}/brokers/ids/{id}/handover                 persistent `metaq promote`: the one slave that may take over
     {root}/brokers/ids/{id}/producer_ids             persistent next free producer id block (CAS; metaq/server/producer_ids.py)
+    {root}/brokers/ids/{id}/failovers/{epoch:010d}   persistent what the master of {epoch} said of its takeover (JSON; metaq/ha/failover_record.py)
+    {root}/brokers/ids/{id}/failovers/{epoch:010d}/truncated-slave{k}  persistent bytes a rejoining member cut (JSON)
     {root}/brokers/topics-pub/{topic}/{id}-m         ephemeral  {"numParts":N,"broker":"0-m"}
     {root}/brokers/topics-sub/{topic}/{id}-m|-s{k}   ephemeral  same JSON
     {root}/consumers/{group}/ids/{group}_{cid}       ephemeral  comma-separated topics
@@ -82,6 +84,14 @@ class ZkPaths:
 
     def handover(self, broker_id: int) -> str:
         return _join(self.broker(broker_id), "handover")
+
+    def failovers(self, broker_id: int) -> str:
+        """The group's takeover records (metaq/ha/failover_record.py), one child per epoch."""
+        return _join(self.broker(broker_id), "failovers")
+
+    def failover(self, broker_id: int, epoch: int) -> str:
+        # Zero-padded: the children sort by name in epoch order (pruning keeps the newest).
+        return _join(self.failovers(broker_id), f"{epoch:010d}")
 
     def candidates(self, broker_id: int) -> str:
         return _join(self.broker(broker_id), "candidates")

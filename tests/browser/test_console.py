@@ -283,6 +283,11 @@ def test_after_kill_9_of_the_master_the_page_shows_the_new_master_and_epoch_with
     master.start(wait_zk=False)  # it registers as a slave now, not as the master it was
     expect(card.locator("tr[data-role=slave0]")).to_contain_text("in sync set", timeout=30_000)
     expect(page.locator("#health")).to_have_attribute("data-exit-code", "0")
+    # The failover history shows why epoch 2 began, as the new master recorded it in ZooKeeper.
+    page.click("nav a[data-page=failovers]")
+    expect(page.locator("[data-testid=why-0-2]")).to_contain_text(
+        re.compile("process died|session expired"), timeout=10_000)
+    expect(page.locator("[data-testid=why-0-2]")).to_contain_text("as the broker reported it")
     page.context.close()
 
 

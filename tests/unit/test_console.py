@@ -175,3 +175,22 @@ def test_console_usage_errors_are_one_line_and_exit_2(args: list[str], line: str
                           capture_output=True, text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 2, proc.stderr
     assert line in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_takeover_record_that_disagrees_with_the_groups_epochs_is_flagged_not_hidden() -> None:
+    from metaq.console.collector import _reported
+
+    def entry(**record: object) -> dict:
+        return {"record": {"epoch": 3, "url": "meta://b:1", "why": "w", "previous_epoch": 2, **record},
+                "truncated": {0: {"partitions": {"t-0-0": 7}}}, "malformed": []}
+
+    node = (3, "meta://b:1", 0)
+    good = _reported(3, entry(), {1, 2, 3}, node)
+    assert good["doubt"] is None and good["reported"] and good["truncated_bytes"] == 7 and good["master"] == "meta://b:1"
+    assert "names epoch 4" in _reported(3, entry(epoch=4), {3}, node)["doubt"]
+    assert "is not older" in _reported(3, entry(previous_epoch=3), {3}, node)["doubt"]
+    assert "epoch node names meta://a:1" in _reported(3, entry(), {3}, (3, "meta://a:1", 0))["doubt"]
+    assert "epoch node is at 2" in _reported(3, entry(), {3}, (2, "meta://b:1", 0))["doubt"]
+    assert "not in the master's epoch history" in _reported(2, entry(epoch=2, previous_epoch=1), {1, 3}, node)["doubt"]
+    flagged = _reported(3, {"record": {}, "truncated": {}, "malformed": ["/x"]}, {3}, node)
+    assert "unreadable: /x" in flagged["doubt"] and not flagged.get("reported")

@@ -263,8 +263,8 @@ async function showFailovers() {
       ${g.problem ? `<div class="card-body"><div class="banner warn" style="margin:0">The master gave no epoch history: ${esc(g.problem)}</div></div>` : ""}
       <table><thead><tr><th>epoch</th><th>when</th><th>master</th><th>why</th><th class="num">its lag then</th><th class="num">truncated on the old master</th><th>starts (partition: offset)</th></tr></thead><tbody>
       ${g.epochs.map((e) => `<tr><td><b>${e.epoch}</b></td><td class="small">${when(e.at_ms)}</td><td class="addr">${e.master ? addr(e.master) : "–"}</td>
-        <td>${esc(e.why || (e.observed ? "" : "before this console ran"))}</td><td class="num">${e.lag_bytes_at_takeover === null ? "–" : bytes(e.lag_bytes_at_takeover)}</td>
-        <td class="num">${e.truncated_bytes === null ? "–" : bytes(e.truncated_bytes)}</td>
+        <td data-testid="why-${g.broker_id}-${e.epoch}">${esc(e.why || (e.observed ? "" : "not recorded"))}${e.previous_master ? `<div class="small muted">after ${addr(e.previous_master)}</div>` : ""}${e.reported ? `<div class="small muted">as the broker reported it</div>` : ""}${e.doubt ? `<div class="banner warn small" data-testid="doubt-${g.broker_id}-${e.epoch}" style="margin:2px 0 0">doubtful: ${esc(e.doubt)}</div>` : ""}</td><td class="num">${e.lag_bytes_at_takeover == null ? "–" : bytes(e.lag_bytes_at_takeover)}</td>
+        <td class="num" title="${esc(Object.entries(e.truncated || {}).map(([k, parts]) => `slave${k}: ` + Object.entries(parts).map(([p, n]) => `${p} ${n}`).join(", ")).join("; "))}">${e.truncated_bytes == null ? "–" : bytes(e.truncated_bytes)}</td>
         <td class="chips">${Object.entries(e.starts).map(([p, o]) => `<span>${esc(p)}: ${num(o)}</span>`).join("")}</td></tr>`).join("")
         || `<tr><td colspan="7" class="empty">No epoch yet.</td></tr>`}
       </tbody></table></div>`).join("") || `<div class="card"><div class="empty">No broker groups.</div></div>`;
