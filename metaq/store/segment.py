@@ -65,6 +65,13 @@ class LogSegment:
             raise ValueError(f"{path}: not a segment file name (expected 20 digits + {SEGMENT_SUFFIX})")
         fd = os.open(path, os.O_RDWR)
         size = os.fstat(fd).st_size
+        if size == 0 and not read_only:
+            # An empty active segment (a log laid out in a batch and opened as existing, or one
+            # cut back to nothing) has an exact index from the start, like a created one: no
+            # rebuild at its first lookup, and its entries are written as it fills.
+            segment = cls(path, start, fd, 0, read_only=False, new=True)
+            segment.time_index.path.unlink(missing_ok=True)  # a leftover describes other bytes
+            return segment
         return cls(path, start, fd, size, read_only)
 
     @property

@@ -130,6 +130,23 @@ def test_reopened_log_uses_its_files_without_rebuilding(tmp_path: Path) -> None:
     assert timeindex.REBUILDS.total == before
 
 
+def test_a_log_laid_out_empty_and_opened_indexes_its_first_segment_without_a_rebuild(tmp_path: Path) -> None:
+    """A log made by the store's batch (``lay_out_empty_log``, then opened as an existing log)
+    indexes its first segment as it fills, as a log created by ``PartitionLog`` does."""
+    from metaq.store.log import lay_out_empty_log
+
+    lay_out_empty_log(tmp_path / "p", 0)
+    log = PartitionLog(tmp_path / "p", max_segment_size=32 * 1024)
+    writer = Writer(log)
+    for _ in range(120):
+        writer.put()
+    assert len(log.segments) > 2
+    assert index_path(log.segments[0].path).exists()  # sealed with its entries, not left to a rebuild
+    before = timeindex.REBUILDS.total
+    check_all(log, sample_times(log))
+    assert timeindex.REBUILDS.total == before
+
+
 @pytest.mark.parametrize("damage", ["delete", "torn", "flip", "garbage"])
 def test_missing_torn_or_corrupt_files_are_rebuilt_on_first_use(tmp_path: Path, damage: str, caplog) -> None:
     log, writer = filled(tmp_path)
