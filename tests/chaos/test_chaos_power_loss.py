@@ -52,6 +52,7 @@ from ..integration.failover_support import (
     first_ack_after,
     missing_acks,
     partition_dir,
+    stat,
     sync_system,
     wait_follows,
     wait_in_sync_set,
@@ -227,8 +228,19 @@ def test_last_replica_standing_promoted_slave_loses_power_before_its_first_fsync
 
 
 def _settled(pair: PoweredPair) -> tuple[BrokerProcess, BrokerProcess] | None:
+    """One broker leads (it says so itself) and the other follows it.
+
+    The master node alone is not enough: right after both restart it may still be the
+    ephemeral node of the lost process's session, naming the restarted broker's url
+    while that broker waits for the node to go; the other broker can follow it until the
+    old session expires and the election runs."""
     for master, slave in ((pair.a, pair.b), (pair.b, pair.a)):
         if pair.group.master() == master.url and pair.group.slave_id_of(slave) is not None:
+            try:
+                if stat(master, "ha_state") != "leading":
+                    continue
+            except Exception:
+                continue
             try:
                 wait_follows(slave, master, pair.group, timeout=0.5)
             except AssertionError:

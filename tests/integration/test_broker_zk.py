@@ -77,7 +77,12 @@ def test_re_registers_after_its_zk_session_expired(broker_factory, zk_client, zk
 
     def registered_again() -> bool:
         found = zk_client.exists(master)
-        return found is not None and found.ephemeralOwner != first_owner and zk_client.exists(topic_node) is not None
+        if found is None or found.ephemeralOwner == first_owner or zk_client.exists(topic_node) is None:
+            return False
+        # The master node is the election lock and comes first; the checksum node follows
+        # once the new session takes writes.
+        checksum = zk_client.exists(f"{zk_root}/brokers/ids/5/master_config_checksum")
+        return checksum is not None and checksum.ephemeralOwner == found.ephemeralOwner
 
     wait_until(registered_again, 15, message="re-registration with a new session")
     data, stat = zk_client.get(master)
