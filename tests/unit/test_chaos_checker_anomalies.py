@@ -131,6 +131,33 @@ def test_duplicate_delivery_within_one_assignment_is_caught():
     assert result.violations("duplicate")[0]["generation"] == 1
 
 
+def _consumer_given_a_resent_put_stored_twice(producers: dict) -> Kafka:
+    """A put whose first attempt's reply was lost: resent, stored at two offsets, and the
+    group's consumer is given both copies in one assignment."""
+    k = writes()
+    k.h.meta["producers"] = producers
+    k.append("t/0-0", "r0-dup")  # the first attempt, stored although its reply was lost
+    op = k.h.invoke("r0", "put", "r0-dup", "t/0-0")
+    offset = k.append("t/0-0", "r0-dup")  # the resend, stored again
+    k.h.ok(op, offset=offset, epoch=1, master="meta://m0", attempts=2, resent_after_unknown=1)
+    k.consume()
+    k.h.group_drained("g0")
+    for p in PARTS:
+        k.read(p, k.records[p])
+    return k
+
+
+def test_two_stored_copies_of_a_resent_put_are_expected_deliveries_under_at_least_once():
+    result = verdict(_consumer_given_a_resent_put_stored_twice({"idempotent": False, "retry_unknown": True}))
+    assert result.ok, result.report()
+    (case,) = result.checks["duplicate"]["expected"]
+    assert case["value"] == "r0-dup" and case["offsets"][0] != case["offsets"][1]
+    # Exactly once: the same deliveries are still expected of the consumer (it was given what
+    # was stored), and the storage itself is the violation.
+    exactly_once = verdict(_consumer_given_a_resent_put_stored_twice({"idempotent": True, "retry_unknown": True}))
+    assert failing(exactly_once) == {"duplicates"}
+
+
 @pytest.mark.parametrize("process, start", [("g0-c1", 1), ("g0-c0", 3)], ids=["redelivers", "skips-ahead"])
 def test_a_new_assignment_may_redeliver_or_start_elsewhere(process, start):
     """Generation 2 (a rebalance, a crash, a restart) starts again from the committed
