@@ -18,7 +18,6 @@ action only, so these steps never interleave.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Any, Callable
@@ -91,8 +90,8 @@ class Candidacy:
         me = Candidate(slave_id, self._log_end(), state.epoch, eligible)
         zk = self._zk
         try:
-            await asyncio.to_thread(post_candidacy, zk, self.paths, self.broker_id, me)
-            candidates, live = await asyncio.to_thread(read_candidates, zk, self.paths, self.broker_id)
+            await self.host.registry.call(post_candidacy, zk, self.paths, self.broker_id, me)
+            candidates, live = await self.host.registry.call(read_candidates, zk, self.paths, self.broker_id)
         except ZK_ERRORS as exc:
             log.warning("cannot post or read election candidates (%s); retrying", exc)
             self._look_again_in(0.2)
@@ -132,8 +131,8 @@ class Candidacy:
         me = self._my_claim(history, led_history)
         zk = self._zk
         try:
-            await asyncio.to_thread(post_reseed_claim, zk, self.paths, self.broker_id, me)
-            claims = await asyncio.to_thread(read_reseed_claims, zk, self.paths, self.broker_id)
+            await self.host.registry.call(post_reseed_claim, zk, self.paths, self.broker_id, me)
+            claims = await self.host.registry.call(read_reseed_claims, zk, self.paths, self.broker_id)
         except ZK_ERRORS as exc:
             log.warning("cannot post or read re-seed claims (%s); retrying", exc)
             self._look_again_in(0.2)
@@ -157,7 +156,7 @@ class Candidacy:
         if self._reseed_since is not None and self.identity is not None:
             self._reseed_since, self._last_turn = None, None
             try:
-                await asyncio.to_thread(withdraw_reseed_claim, zk, self.paths, self.broker_id, self.identity)
+                await self.host.registry.call(withdraw_reseed_claim, zk, self.paths, self.broker_id, self.identity)
             except ZK_ERRORS as exc:
                 log.debug("re-seed claim not withdrawn (%s); it goes with our session", exc)
         if self._candidate_since is None:
@@ -166,6 +165,6 @@ class Candidacy:
         slave_id = self.host.registry.slave_id
         if slave_id is not None:
             try:
-                await asyncio.to_thread(withdraw_candidacy, zk, self.paths, self.broker_id, slave_id)
+                await self.host.registry.call(withdraw_candidacy, zk, self.paths, self.broker_id, slave_id)
             except ZK_ERRORS as exc:
                 log.debug("candidacy not withdrawn (%s); it goes with our session", exc)

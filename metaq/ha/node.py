@@ -8,8 +8,8 @@ other notion of "am I the master": how the broker was started (``--slave`` or
 not) is only a preference for a group that never had a master.
 
 With ZooKeeper the role is the coordinator's state machine (role.py, driven by
-coordinator.py, which owns the lease, the sync set, the follower and the
-epoch). Without ZooKeeper a broker is a standalone master: it acks once the
+coordinator.py, whose parts own the lease and the sync set (leadership.py), the
+follower (followership.py) and the epochs (terms.py)). Without ZooKeeper a broker is a standalone master: it acks once the
 flush policy allows, and has no epochs, no slaves and no sync set.
 
 A slave's replication position is kept once, in ``ReplicationProgress``; the
@@ -18,13 +18,11 @@ sync set reads it from there.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any, Awaitable
 
 from ..config import SlaveConfig
 from ..protocol import commands as c
-from ..zk.group import read_group_state
 from .coordinator import ZK_ERRORS, HaCoordinator
 from .host import BrokerHost
 from .news import Answer, NewsSession
@@ -100,15 +98,15 @@ class HaNode:
     @property
     def epoch(self) -> int:
         """The epoch this broker leads or follows in (0 without ZooKeeper)."""
-        return self.coordinator.serving_epoch if self.coordinator is not None else 0
+        return self.coordinator.epochs.serving if self.coordinator is not None else 0
 
     @property
     def sync_set(self) -> SyncReplication | None:
-        return self.coordinator.sync_set if self.coordinator is not None else None
+        return self.coordinator.leadership.sync_set if self.coordinator is not None else None
 
     @property
     def follower(self) -> Any:
-        return self.coordinator.follower if self.coordinator is not None else None
+        return self.coordinator.followership.follower if self.coordinator is not None else None
 
     def write_refusal(self) -> tuple[int, str] | None:
         """Why this broker must not accept a put right now, or None (asked per put: the
@@ -120,14 +118,14 @@ class HaNode:
             if role in (Role.FOLLOWING, Role.ORPHANED):
                 master = coordinator.master_url or "(none registered)"
                 return c.FORBIDDEN, f"broker {broker_id} {self.role_name} is a slave; writes go to its master {master}"
-            if role is Role.LEADING and (coordinator.lease is None or not coordinator.lease.confirmed_once):
+            if role is Role.LEADING and ((lease := coordinator.leadership.lease) is None or not lease.confirmed_once):
                 # Won the election, still taking over (fsync, epoch start, lease, sync set):
                 # not an expiry, and a retry in a moment is acked.
                 return c.SERVICE_UNAVAILABLE, f"broker {broker_id} is taking over as master of epoch {self.epoch}; nothing stored, retry shortly"
             if role is Role.LEADING:
                 return c.SERVICE_UNAVAILABLE, "master lease expired: ZooKeeper has not confirmed this master recently; retry"
             if role is Role.HANDING_OVER:
-                return c.SERVICE_UNAVAILABLE, f"broker {broker_id} is handing over to slave {coordinator.handover_target} (metaq promote); nothing stored, retry"
+                return c.SERVICE_UNAVAILABLE, f"broker {broker_id} is handing over to slave {coordinator.leadership.handover_target} (metaq promote); nothing stored, retry"
             return c.SERVICE_UNAVAILABLE, f"broker {broker_id} is {role.value}; no master here right now, retry"
         if not self.ready:
             return c.SERVICE_UNAVAILABLE, f"broker {self.host.config.broker_id} is starting; retry shortly"
@@ -167,7 +165,7 @@ class HaNode:
             return log_end
         epochs = coordinator.cache(topic, partition)
         led = epochs.latest_epoch
-        if led == 0 or led != coordinator.led_epoch:
+        if led == 0 or led != coordinator.epochs.led:
             return log_end
         term_start = epochs.entries[-1][1]  # what we held as a slave when our term began
         shared = self._replicated.get((topic, partition))
@@ -268,11 +266,11 @@ class HaNode:
         if coordinator is None or self._epoch_check_pending:
             return
         self._epoch_check_pending = True
-        serving = coordinator.serving_epoch
+        serving = coordinator.epochs.serving
 
         async def confirm() -> Event:
             try:
-                state = await asyncio.to_thread(read_group_state, coordinator.zk, coordinator.paths, coordinator.broker_id)
+                state = await coordinator.view.read_state()
             except ZK_ERRORS:
                 return Event.REEVALUATE  # cannot confirm: the lease decides, as without the claim
             finally:

@@ -340,11 +340,11 @@ class Broker:
             self.on_leading(self.ha.epoch)  # without ZooKeeper: master from the start, in epoch 0
 
     def on_leading(self, epoch: int) -> None:
-        """This broker leads ``epoch`` now (``HaCoordinator._lead``, or at start without ZooKeeper)."""
+        """This broker leads ``epoch`` now (``Leadership.open_for_writes``, or at start without ZooKeeper)."""
         self.transactions.on_leading(epoch)
 
     def on_resigned(self) -> None:
-        """This broker stopped leading (``HaCoordinator._stop_leading``)."""
+        """This broker stopped leading (``Leadership.stop``)."""
         self.transactions.on_resigned()
 
     async def restore_after_zookeeper_loss(self) -> None:

@@ -665,6 +665,15 @@ class BrokerRegistry:
         except RuntimeError:
             pass  # the loop is closed: nobody is left to tell
 
+    async def call(self, func: Callable[..., T], *args: Any) -> T:
+        """Run a blocking ZooKeeper step on the registry's worker, in order with every other.
+
+        The HA layer's reads, watches and writes (ha/group_view.py, ha/candidacy.py) come
+        here too: one thread makes every ZooKeeper call of the broker, so a registration
+        step and an election never race each other from two threads. Raises RuntimeError
+        once the registry has stopped (the HA layer stops first)."""
+        return await self._run(func, *args)
+
     async def _run(self, func: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._worker, lambda: func(*args))

@@ -22,7 +22,7 @@ and does what the coordinator asks of its caller:
   committed or aborted transactions: their control records) with its journal, and
   the markers that decides (roll a half-written commit forward, abort unprepared
   work of the old master) are appended. Until then requests get 503 (LOAD_IN_PROGRESS);
-  ``refusal`` only reads that state. ``on_resigned`` (``_stop_leading``) ends the mastership;
+  ``refusal`` only reads that state. ``on_resigned`` (``Leadership.stop``) ends the mastership;
 * journal fsyncs run in a worker thread, like the store's: a decision is journaled on the
   event loop and fsynced off it (flushTxLogAtCommit=1: ``_journal_durable``); no marker of a
   decision is appended, and no answer that depends on it sent, before that fsync. The

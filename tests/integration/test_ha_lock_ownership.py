@@ -6,7 +6,7 @@ lock, but the expiry's SESSION_LOST, queued meanwhile, moved ELECTING to ORPHANE
 WON behind it was ignored. The broker then logged "the master node still names this broker
 ... waiting for it to go" for the rest of the run: its own live session's node never goes,
 and the group had no master (no write acked for 500 s). Real ZooKeeper, the coordinator's
-own ``_evaluate`` (metaq/ha/coordinator.py).
+own ``_evaluate`` (metaq/ha/coordinator.py, leadership.py : give_back_unused_lock).
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ MY_URL = "meta://127.0.0.1:9001"
 
 def member(client: KazooClient, zk_root: str, state: Role) -> HaCoordinator:
     config = SimpleNamespace(broker_id=0, zk=SimpleNamespace(root=zk_root))
-    registry = SimpleNamespace(client=client, url=MY_URL, session_id=client.client_id[0])
+    # The registry's ordered worker (BrokerRegistry.call), as a thread per call: one caller here.
+    registry = SimpleNamespace(client=client, url=MY_URL, session_id=client.client_id[0],
+                               call=lambda func, *args: asyncio.to_thread(func, *args))
     coordinator = HaCoordinator(SimpleNamespace(config=config, registry=registry), None,  # type: ignore[arg-type]
                                 ReplicationProgress())
     coordinator.machine.state = state

@@ -1,4 +1,4 @@
-"""The coordinator's follower (metaq/ha/coordinator.py : _ensure_follower): one per slave id.
+"""The coordinator's follower (metaq/ha/followership.py : _ensure_follower): one per slave id.
 
 A broker started without --slave that must follow takes the smallest free slave id; after a
 term as master it may come back under another one. The follower of the old id was dropped
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from metaq.config import SlaveConfig
-from metaq.ha import coordinator as coordinator_module
+from metaq.ha import followership as followership_module
 from metaq.ha.coordinator import HaCoordinator
 from metaq.ha.progress import ReplicationProgress
 
@@ -35,7 +35,7 @@ class FakeFollower:
 
 
 def test_a_new_slave_id_stops_the_old_follower_before_the_new_one_starts(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(coordinator_module, "MasterFollower", FakeFollower)
+    monkeypatch.setattr(followership_module, "MasterFollower", FakeFollower)
     FakeFollower.made = []
     config = SimpleNamespace(broker_id=0, zk=SimpleNamespace(root="/meta"))
     host = SimpleNamespace(config=config, registry=SimpleNamespace(client=object(), url="meta://127.0.0.1:9001"))
@@ -43,11 +43,11 @@ def test_a_new_slave_id_stops_the_old_follower_before_the_new_one_starts(monkeyp
 
     async def follow_as(*slave_ids: int) -> None:
         for slave_id in slave_ids:
-            await coordinator._ensure_follower(SlaveConfig(slave_id=slave_id, slave_group=f"g{slave_id}"))
+            await coordinator.followership._ensure_follower(SlaveConfig(slave_id=slave_id, slave_group=f"g{slave_id}"))
         await asyncio.sleep(0)  # let the last follower's start run
 
     asyncio.run(follow_as(0, 0, 1))
     first, second = FakeFollower.made
-    assert coordinator.follower is second and second.slave.slave_id == 1, "the same id reuses its follower"
+    assert coordinator.followership.follower is second and second.slave.slave_id == 1, "the same id reuses its follower"
     assert first.stopped, "the follower of the old slave id is stopped, not left running"
     assert second.started and not second.stopped

@@ -185,7 +185,8 @@ def test_a_promoted_broker_started_with_slave_answers_as_the_master():
     """Regression (HA issue, finding 2): the role came from ``--slave``, not from the election,
     so the promoted broker answered "slave" and its slaves counted every answer as bad."""
     node = HaNode(PromotedHost(), SlaveConfig(slave_id=0, slave_group="g"), in_zookeeper=True)
-    node.coordinator = SimpleNamespace(state=Role.LEADING, serving_epoch=5, sync_set=None, follower=None)
+    node.coordinator = SimpleNamespace(state=Role.LEADING, epochs=SimpleNamespace(serving=5),
+                                       leadership=SimpleNamespace(sync_set=None), followership=SimpleNamespace(follower=None))
     responder = responder_for(node)
     slave = SlaveHeartbeat(3, 1, lambda: 5, lambda: {("t", 0): 400})
     slave.handle(responder.handle(slave.message(), ("127.0.0.1", 5555)))

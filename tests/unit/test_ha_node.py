@@ -22,8 +22,8 @@ HOST = SimpleNamespace(config=SimpleNamespace(broker_id=2), registry=SimpleNames
 def node_in(state: Role, slave: SlaveConfig | None = None) -> HaNode:
     node = HaNode(HOST, slave, in_zookeeper=True)
     node.coordinator = SimpleNamespace(
-        state=state, serving_epoch=4, sync_set=None, follower=None, master_url="m:1", may_ack=lambda: state is Role.LEADING,
-        handover_target=1,
+        state=state, epochs=SimpleNamespace(serving=4), master_url="m:1", may_ack=lambda: state is Role.LEADING,
+        leadership=SimpleNamespace(sync_set=None, lease=None, handover_target=1), followership=SimpleNamespace(follower=None),
     )
     node.ready = True
     return node
@@ -75,8 +75,8 @@ def deposable_node(epochs: EpochCache, led_epoch: int) -> tuple[HaNode, SimpleNa
     )
     node = HaNode(host, None, in_zookeeper=True)
     coordinator = SimpleNamespace(
-        state=Role.LEADING, serving_epoch=led_epoch, sync_set=None, led_epoch=led_epoch,
-        follower=SimpleNamespace(committed=lambda t, p, log_end: log_end),
+        state=Role.LEADING, epochs=SimpleNamespace(serving=led_epoch, led=led_epoch), leadership=SimpleNamespace(sync_set=None),
+        followership=SimpleNamespace(follower=SimpleNamespace(committed=lambda t, p, log_end: log_end)),
         cache=lambda t, p: epochs, master_url=None,
     )
     node.coordinator = coordinator

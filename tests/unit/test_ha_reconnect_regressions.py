@@ -18,21 +18,23 @@ from types import SimpleNamespace
 import pytest
 from kazoo.exceptions import ConnectionLoss
 
-from metaq.ha import coordinator as coordinator_module
+from metaq.ha import group_view as group_view_module
 from metaq.ha.coordinator import HaCoordinator
 from metaq.ha.progress import ReplicationProgress
 from metaq.ha.role import Event, Role
 from metaq.zk.group import GroupState
+
+from .ha_support import fake_registry
 
 MY_URL = "meta://127.0.0.1:9001"
 
 
 def fenced_master() -> HaCoordinator:
     config = SimpleNamespace(broker_id=0, zk=SimpleNamespace(root="/meta"))
-    host = SimpleNamespace(config=config, registry=SimpleNamespace(client=object(), url=MY_URL))
+    host = SimpleNamespace(config=config, registry=fake_registry(MY_URL))
     coordinator = HaCoordinator(host, None, ReplicationProgress())  # type: ignore[arg-type]
     coordinator.machine.state = Role.FENCED
-    coordinator.epoch = 1
+    coordinator.epochs.saw(1)
     return coordinator
 
 
@@ -45,25 +47,25 @@ def test_regression_an_unanswered_read_after_a_reconnect_does_not_end_the_epoch(
             raise answer
         return answer  # type: ignore[return-value]
 
-    monkeypatch.setattr(coordinator_module, "read_group_state", read_group_state)
+    monkeypatch.setattr(group_view_module, "read_group_state", read_group_state)
     coordinator = fenced_master()
 
-    unanswered = asyncio.run(coordinator._reconnected())
+    unanswered = asyncio.run(coordinator.view.reconnected())
     assert unanswered is not Event.RECONNECTED_EPOCH_LOST, "an unanswered read must not end our epoch"
     coordinator.machine.handle(unanswered)
     assert coordinator.machine.state is Role.FENCED, "fenced (acking nothing) until ZooKeeper answers"
 
-    answered = asyncio.run(coordinator._reconnected())
+    answered = asyncio.run(coordinator.view.reconnected())
     assert answered is Event.RECONNECTED_SAME_EPOCH
     coordinator.machine.handle(answered)
     assert coordinator.machine.state is Role.LEADING
 
 
 def test_a_reconnect_that_finds_another_master_still_ends_the_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(coordinator_module, "read_group_state",
+    monkeypatch.setattr(group_view_module, "read_group_state",
                         lambda *_: SimpleNamespace(epoch=2, master_url="meta://127.0.0.1:9002"))
     coordinator = fenced_master()
-    event = asyncio.run(coordinator._reconnected())
+    event = asyncio.run(coordinator.view.reconnected())
     assert event is Event.RECONNECTED_EPOCH_LOST
     coordinator.machine.handle(event)
     assert coordinator.machine.state is Role.ORPHANED

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from metaq.client.connection import ConnectionClosed
-from metaq.ha import coordinator as coordinator_module
+from metaq.ha import followership as followership_module
 from metaq.ha.coordinator import HaCoordinator
 from metaq.ha.progress import ReplicationProgress
 
@@ -31,14 +31,14 @@ def test_waiting_for_an_unreachable_master_ends_once_the_broker_stops(monkeypatc
         attempts.append(1)
         raise ConnectionClosed("cannot connect to 127.0.0.1:1: refused")
 
-    monkeypatch.setattr(coordinator_module, "open_peer", open_peer)
+    monkeypatch.setattr(followership_module, "open_peer", open_peer)
     coordinator = slave()
 
     async def scenario() -> None:
-        waiting = asyncio.ensure_future(coordinator._truncate_against("meta://127.0.0.1:1"))
+        waiting = asyncio.ensure_future(coordinator.followership.truncate_against("meta://127.0.0.1:1"))
         await asyncio.sleep(0.5)
         assert not waiting.done() and len(attempts) >= 2  # retries while the broker runs
-        coordinator._stopping = True  # what stop() sets before posting STOP
+        coordinator.followership.stopping = True  # what stop() sets before posting STOP
         with pytest.raises(ConnectionClosed):
             await asyncio.wait_for(waiting, 1.0)
 

@@ -1,4 +1,4 @@
-"""After ZooKeeper lost its data (metaq/ha/coordinator.py): a broker never follows a master
+"""After ZooKeeper lost its data (metaq/ha/coordinator.py, group_view.py): a broker never follows a master
 whose epoch is older than its own history (it was down while the group was re-seeded
 without it, and following would cut messages only it may hold)."""
 
@@ -11,11 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from metaq.ha import coordinator as coordinator_module
+from metaq.ha import group_view as group_view_module
 from metaq.ha.coordinator import HaCoordinator
 from metaq.ha.epochs import EpochCache
 from metaq.ha.progress import ReplicationProgress
 from metaq.ha.role import Event
+
+from .ha_support import fake_registry
 
 MY_URL, MASTER = "meta://127.0.0.1:9001", "meta://127.0.0.1:9002"
 
@@ -26,14 +28,14 @@ def member_with_history(tmp_path: Path, newest_epoch: int) -> HaCoordinator:
     history = SimpleNamespace(epochs=EpochCache(tmp_path, [(1, 0), (newest_epoch, 500)]))  # the partition's owner
     partitions = SimpleNamespace(get=lambda topic, partition: history)
     host = SimpleNamespace(config=config, store=store, partitions=partitions,
-                           registry=SimpleNamespace(client=object(), url=MY_URL))
+                           registry=fake_registry(MY_URL))
     coordinator = HaCoordinator(host, None, ReplicationProgress())  # type: ignore[arg-type]
     return coordinator
 
 
 def zookeeper_says(monkeypatch: pytest.MonkeyPatch, epoch: int) -> None:
     state = SimpleNamespace(epoch=epoch, master_url=MASTER, leader_url=MASTER, leader_identity="the-master")
-    monkeypatch.setattr(coordinator_module, "read_group_state", lambda *_, **__: state)
+    monkeypatch.setattr(group_view_module, "read_group_state", lambda *_, **__: state)
 
 
 async def decide_master(coordinator: HaCoordinator) -> Event:

@@ -17,7 +17,7 @@ import pytest
 from metaq import record
 from metaq.config import TopicConfig
 from metaq.ha import epochs
-from metaq.ha.coordinator import assign_epoch
+from metaq.ha.leadership import assign_epoch
 from metaq.server.partitions import Partitions
 from metaq.store import checkpoint, incarnation, manager as manager_module
 from metaq.store.manager import MessageStoreManager
@@ -164,7 +164,7 @@ def test_a_takeover_saves_every_partitions_epoch_in_one_batch(tmp_path, monkeypa
     partitions = Partitions(store)
     batches = []
     real = epochs.save_all
-    monkeypatch.setattr("metaq.ha.coordinator.save_all", lambda caches: batches.append(len(caches)) or real(caches))
+    monkeypatch.setattr("metaq.ha.leadership.save_all", lambda caches: batches.append(len(caches)) or real(caches))
     monkeypatch.setattr(epochs.EpochCache, "save", lambda self: pytest.fail("one save per partition"))
 
     async def take_over(epoch):

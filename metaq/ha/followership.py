@@ -1,0 +1,206 @@
+"""The FOLLOWING entry action and what it owns: registration as a slave, truncation, the follower.
+
+Theory of operation
+-------------------
+The coordinator (coordinator.py) enters FOLLOWING(url) when ZooKeeper names another
+broker master. ``follow`` then, in this order:
+
+1. registers this broker as ``slave{k}`` (its ``--slave`` id, or the smallest free one
+   for a broker started without it);
+2. reads the group's epoch and serves in it (``Epochs.serve``: replica fetches carry it);
+3. per partition, asks the master where our last epoch ends in its log and truncates
+   there (truncation.divergence_point; the removed tail is kept in a ``truncated-*``
+   file), then copies the master's epoch history (``adopt_master_epochs``): after this
+   our log is a prefix of the master's (invariant, role.py);
+4. records what the truncation cut in ZooKeeper (failover_record.py, in the background);
+5. follows with the replication follower (follower.py), created on first use and again
+   when our slave id changed; and watches the master's process (takeover.py).
+
+``unfollow`` stops replicating (reads stay up) before anything else appends: before
+truncating again, and before leading. ``stop`` ends the follower for good (broker stop).
+
+Owns: the follower, the death watch of the master we follow, the truncation list
+(``status_pairs``), and the follower's start task (awaited on stop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import replace
+from typing import Any, Callable
+
+from ..client.connection import BrokerConnection, ConnectionClosed
+from ..config import SlaveConfig
+from ..owned_tasks import OwnedTasks
+from ..protocol.messages import EpochsRequest
+from ..zk.group import ZK_CALL_TIMEOUT_S
+from .epochs import EpochCache
+from .failover_record import now_ms, write_truncation
+from .follower import MasterFollower
+from .group_view import GroupView
+from .host import BrokerHost
+from .peers import open_peer
+from .role import Event
+from .takeover import DeathWatch
+from .terms import Epochs
+from .truncation import divergence_point
+
+log = logging.getLogger(__name__)
+
+
+class Followership:
+    def __init__(self, host: BrokerHost, view: GroupView, epochs: Epochs, slave: SlaveConfig | None,
+                 post: Callable[..., None]) -> None:
+        self.host = host
+        self.view = view
+        self.epochs = epochs
+        self.slave_template = slave
+        #: The replication follower, created the first time this broker follows.
+        self.follower: MasterFollower | None = None
+        #: Every partition tail truncation cut since start (the last few are in ``metaq status``).
+        self.truncations: list[dict[str, Any]] = []
+        #: Set by the coordinator's stop(): waiting for an unreachable master gives up at once.
+        self.stopping = False
+        #: Watches the master we follow for the death of its process (takeover.py): on complete
+        #: evidence, an orphan may depose the dead session's lock instead of waiting for its expiry.
+        self.death_watch = DeathWatch(host, view.paths, on_dead=lambda: post(Event.MASTER_GONE))
+        self._post = post
+        self._tasks = OwnedTasks("followership")
+
+    def cache(self, topic: str, partition: int) -> EpochCache:
+        return self.host.partitions.get(topic, partition).epochs
+
+    # --- the entry action -----------------------------------------------------------------
+
+    async def follow(self, url: str) -> None:
+        """Register as a slave, truncate against the master at ``url``, then replicate from it."""
+        await self.ensure_slave_registration()
+        state = await self.view.read_state()
+        self.epochs.saw(state.epoch)
+        self.epochs.serve()
+        cut_before = len(self.truncations)
+        await self.truncate_against(url)
+        self._record_truncation(self.truncations[cut_before:])
+        self.epochs.followed_in()
+        follower = await self._ensure_follower(self._slave_config())
+        await follower.follow(url)
+        self.death_watch.watch(url)
+
+    async def unfollow(self) -> None:
+        """Stop replicating (reads stay up): nothing may append while we truncate or lead."""
+        self.death_watch.unwatch()
+        if self.follower is not None:
+            await self.follower.unfollow()
+
+    async def stop(self) -> None:
+        self.death_watch.unwatch()
+        if self.follower is not None:
+            await self.follower.stop()
+        await self._tasks.stop(ZK_CALL_TIMEOUT_S)  # the follower's start: its watch is armed by then
+
+    def replicas_healthy(self) -> bool:
+        """No replica stopped on an error it cannot get past (the election rules ask)."""
+        follower = self.follower
+        return follower is None or not any(r.stopped for r in follower.replicas.values())
+
+    def lag_bytes(self) -> int | None:
+        return self.follower.lag_bytes() if self.follower is not None else None
+
+    def forget_partitions(self, keys: list[tuple[str, int]]) -> None:
+        if self.follower is not None:
+            self.follower.forget_partitions(keys)
+
+    async def _ensure_follower(self, slave: SlaveConfig) -> MasterFollower:
+        """The replication follower (created on first use, and again if our slave id changed)."""
+        if self.follower is None or self.follower.slave.slave_id != slave.slave_id:
+            if self.follower is not None:
+                # Stopped, not dropped: its heartbeats and checksum watch would otherwise go on
+                # under the old slave id beside the new follower's.
+                await self.follower.stop()
+            self.follower = MasterFollower(
+                self.host, slave, self.view.zk, self.view.paths,
+                epoch=lambda: self.epochs.serving,
+                adopt_epochs=self.adopt_master_epochs,
+                # The master and we disagree on the epoch: look at ZooKeeper again and re-sync.
+                on_stale_master=lambda: self._post(Event.STALE_MASTER),
+            )
+            self._tasks.spawn(self.follower.start())
+        return self.follower
+
+    # --- slave identity -------------------------------------------------------------------
+
+    def _slave_config(self) -> SlaveConfig:
+        slave_id = self.host.registry.slave_id
+        assert slave_id is not None
+        if self.slave_template is not None:
+            return replace(self.slave_template, slave_id=slave_id)
+        return SlaveConfig(slave_id=slave_id, slave_group=f"meta-slave-group_{slave_id}")
+
+    async def ensure_slave_registration(self) -> None:
+        """Be registered as a slave (a broker without ``--slave`` takes the smallest free id)."""
+        registry = self.host.registry
+        if registry.slave_id is not None:
+            return
+        if self.slave_template is not None:
+            slave_id = self.slave_template.slave_id
+        else:
+            slave_id = await self.view.free_slave_id()
+        await registry.set_role(slave_id)
+
+    # --- truncation and epoch adoption ----------------------------------------------------
+
+    async def truncate_against(self, url: str) -> None:
+        """Cut every local log back to where it stops agreeing with the master's."""
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                conn = await open_peer(self.host, url, self.host.registry.slave_id, timeout=3)
+                break
+            except ConnectionClosed as exc:
+                if time.monotonic() > deadline or self.stopping:
+                    raise
+                log.info("waiting for the master at %s: %s", url, exc)
+                await asyncio.sleep(0.2)
+        try:
+            for (topic, partition), log_ in sorted(self.host.store.logs().items()):
+                await self._truncate_partition(conn, topic, partition, log_)
+        finally:
+            conn.close()
+
+    async def _truncate_partition(self, conn: BrokerConnection, topic: str, partition: int, log_: Any) -> None:
+        cache = self.cache(topic, partition)
+        floor = self.follower.committed_seen(topic, partition) if self.follower is not None else 0
+        self.host.partitions.get(topic, partition).truncate_corrupt()  # corrupt bytes (scrub, recovery) cannot be compared: fetched again
+        end = await divergence_point(conn, topic, partition, log_, cache, floor)
+        if end < log_.log_end:
+            removed = log_.log_end - end
+            aside = self.host.partitions.get(topic, partition).truncate_to(end)  # the epoch history follows
+            record = {"topic": topic, "partition": partition, "offset": end, "bytes": removed, "file": str(aside)}
+            self.truncations.append(record)
+            log.warning("truncated %s-%d at %d: %d divergent bytes moved aside to %s", topic, partition, end, removed, aside)
+        await self.adopt_master_epochs(conn, topic, partition)
+
+    def _record_truncation(self, cut: list[dict[str, Any]]) -> None:
+        """Record what following this epoch cut: always for a broker that led since it last
+        followed (an old master rejoining; 0 bytes is worth saying), else only if bytes went."""
+        slave_id = self.host.registry.slave_id
+        epochs = self.epochs
+        if slave_id is None or not (cut or epochs.led > epochs.followed):
+            return
+        broker_id = self.view.broker_id
+        partitions = {f"{t['topic']}-{broker_id}-{t['partition']}": t["bytes"] for t in cut}
+        record = {"at_ms": now_ms(), "url": self.view.my_url, "slave_id": slave_id, "led_epoch": epochs.led, "partitions": partitions}
+        self.view.record_later(f"the truncation record of epoch {epochs.seen}", write_truncation, epochs.seen, slave_id, record)
+
+    async def adopt_master_epochs(self, conn: BrokerConnection, topic: str, partition: int) -> None:
+        """Copy the master's epoch history of a partition we follow (our bytes are its bytes)."""
+        reply = await conn.request(EpochsRequest(topic=topic, partition=partition).to_header(), timeout=10)
+        if not reply.ok:
+            raise ConnectionError(f"epochs {topic}-{partition}: {reply.code} {reply.message}")
+        cache = self.cache(topic, partition)
+        if cache.replace_all([(int(e), int(s)) for e, s in reply["entries"]]):
+            # Two fsyncs, off the event loop: a new slave starts many partitions at once
+            # (ha/follower.py), and their saves overlap instead of queueing on the loop.
+            await asyncio.to_thread(cache.save)
