@@ -153,6 +153,8 @@ class SyncReplication:
         self._publish_lock = asyncio.Lock()
         self._pending_changes = False
         self._checker: asyncio.Task[None] | None = None
+        #: The task publishing membership changes, if one was started (cancelled by ``stop``).
+        self._publisher: asyncio.Task[None] | None = None
         #: Set by stop(): a fenced or stopping master must never publish a sync set again
         #: (a publish retried after losing the ZK session would overwrite the new master's).
         self._stopped = False
@@ -185,6 +187,12 @@ class SyncReplication:
                 if not waiter.future.done():
                     waiter.future.set_exception(SyncWaitFailed(c.GATEWAY_TIMEOUT, "this master stopped waiting for its slaves (fenced or stopping); outcome unknown"))
         self._waiters.clear()
+        publisher, self._publisher = self._publisher, None
+        if publisher is not None:
+            # Stopped: nothing is published again; a write already sent goes on in ZooKeeper's
+            # worker, but nobody waits for its answer (every waiting ack failed above).
+            publisher.cancel()
+            await asyncio.gather(publisher, return_exceptions=True)
 
     # --- state ------------------------------------------------------------------------------
 
@@ -471,7 +479,7 @@ class SyncReplication:
             return
         self._pending_changes = True
         if not self._publish_lock.locked():
-            asyncio.ensure_future(self._publish_changes())
+            self._publisher = asyncio.ensure_future(self._publish_changes())
 
     async def _publish_changes(self) -> None:
         async with self._publish_lock:

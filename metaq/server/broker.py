@@ -29,6 +29,7 @@ from ..ha.heartbeat import HeartbeatResponder
 from ..ha.joining import check_join
 from ..ha.node import HaNode
 from ..ha.repair import repair_from_slaves
+from ..owned_tasks import OwnedTasks
 from ..security.settings import load_broker_security
 from ..store.datadirs import broker_identity, check_data_dirs
 from ..store.manager import MessageStoreManager
@@ -63,6 +64,8 @@ log = logging.getLogger(__name__)
 #: (``asyncio.to_thread`` calls: a scrub read, a ZooKeeper call) may take to return before
 #: the process exits without them. Without a bound the interpreter's exit waits for each.
 STOP_THREADS_GRACE_S = 3.0
+#: How long a SIGHUP reload in progress may take to finish when the broker stops (then cancelled).
+RELOAD_STOP_GRACE_S = 5.0
 
 
 class Broker:
@@ -106,6 +109,8 @@ class Broker:
         self._server: asyncio.AbstractServer | None = None
         self._stopped = asyncio.Event()
         self._tls_reload: asyncio.Future[None] | None = None
+        #: SIGHUP reloads in progress (each awaited by ``stop``).
+        self._reloads = OwnedTasks("SIGHUP reload")
         #: Which served partitions each registered slave does not replicate (a master's check).
         self.replica_coverage = ReplicaCoverage(self)
 
@@ -400,6 +405,13 @@ class Broker:
             self.group_topics.stop()
         if self._tls_reload is not None:
             self._tls_reload.cancel()
+        # Every task the broker started ends before what it uses stops: a reload in progress
+        # finishes, a repair from the slaves and the certificate reload are cancelled.
+        await self._reloads.stop(RELOAD_STOP_GRACE_S)
+        repairs = [*self._repairs.values(), *([self._tls_reload] if self._tls_reload is not None else [])]
+        for task in repairs:
+            task.cancel()
+        await asyncio.gather(*repairs, return_exceptions=True)
         await self.ha.stop()
         if self.registry is not None:
             try:
@@ -433,7 +445,7 @@ class Broker:
         # SIGHUP reloads server.ini (metaq/server/reload.py) instead of killing the broker.
         loop.add_signal_handler(
             signal.SIGHUP,
-            lambda: asyncio.ensure_future(reload_config(self)) if started else log.warning("reload ignored: still starting"),
+            lambda: self._reloads.spawn(reload_config(self)) if started else log.warning("reload ignored: still starting"),
         )
         await self.start()
         started = True

@@ -47,6 +47,7 @@ from kazoo.retry import KazooRetry, RetryFailedError
 
 from metaq.addresses import broker_url, parse_broker_url
 from metaq.config import TopicConfig, ZkConfig
+from metaq.owned_tasks import OwnedTasks
 from metaq.zk.acl import ZkSecurity, client_kwargs
 from metaq.zk.tls import describe_connect_failure, make_kazoo_client
 from metaq.zk.paths import ZkPaths, slave_node_id, topic_node_data
@@ -160,6 +161,8 @@ class BrokerRegistry:
             deadline=self._connect_timeout_s, ignore_expire=False,
         )
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"zk-registry-{broker_id}")
+        #: Callbacks of the HA layer that returned a coroutine, run on the event loop (awaited by ``stop``).
+        self._callbacks = OwnedTasks(f"registry {broker_id} callbacks")
         self._state_lock = threading.Lock()
         self._registered: dict[str, bytes] = {}
         #: Nodes another live session held past the wait at run time, each with a deletion watch
@@ -289,6 +292,7 @@ class BrokerRegistry:
         # Not on the registry's worker: it may still be stuck in a call that closing ends.
         await asyncio.to_thread(self._close_client)
         self._worker.shutdown(wait=False)
+        await self._callbacks.stop(self._connect_timeout_s)
 
     # --- what should exist ---------------------------------------------------------------
 
@@ -658,7 +662,7 @@ class BrokerRegistry:
         def invoke() -> None:
             result = callback(*args)
             if inspect.isawaitable(result):
-                asyncio.ensure_future(result)
+                self._callbacks.spawn(result)
 
         try:
             loop.call_soon_threadsafe(invoke)

@@ -40,3 +40,30 @@ def test_regression_deposed_master_sync_set_publish_retry() -> None:
         return written
 
     assert asyncio.run(scenario()) == []
+
+
+def test_stop_ends_the_publishing_task_instead_of_leaving_it_behind() -> None:
+    """The task publishing membership changes is owned: ``stop()`` returns with it ended, even
+    while its write to ZooKeeper has not answered (nobody waits for that answer any more)."""
+
+    async def scenario() -> asyncio.Task[None] | None:
+        answered = asyncio.Event()
+
+        async def publish(members: frozenset[int]) -> None:
+            if members:
+                await answered.wait()  # ZooKeeper does not answer
+
+        sync = SyncReplication(1, 1000, "degrade", publish, log_end=lambda t, p: 0,
+                               flushed_end=lambda t, p: 0, partitions=lambda: [],
+                               position=lambda slave, t, p: None)
+        await sync.start()
+        sync._desired_members = lambda: frozenset({1})  # type: ignore[method-assign]
+        sync._schedule_publish()
+        await asyncio.sleep(0.05)
+        publisher = sync._publisher
+        assert publisher is not None and not publisher.done()
+        await asyncio.wait_for(sync.stop(), 1)
+        return publisher
+
+    publisher = asyncio.run(scenario())
+    assert publisher is not None and publisher.done()
