@@ -636,6 +636,16 @@ class HaCoordinator:
             self.post(Event.ELIGIBLE, state)
         else:
             log.log(logging.DEBUG if repeated else logging.WARNING, "not taking over: %s; %s", why, self._recovery_hint(state, history))
+            if dead is not None:
+                # Evidence we may not act on is dropped: kept, it made every event naming that
+                # session "its process died" (ignored), so a master that was alive after all (a
+                # challenge answered late on a busy machine) was never followed again and this
+                # slave stayed an orphan for good. Its session's expiry, if it did die, comes as
+                # the master node's deletion like any other.
+                self.death_watch.forget()
+                log.log(logging.DEBUG if repeated else logging.INFO,
+                        "the master at %s is followed again until ZooKeeper says otherwise", dead.url)
+                self._post_master(dead.url)
         return ok
 
     def _recovery_hint(self, state: GroupState, history: int) -> str:
