@@ -91,6 +91,9 @@ from .truncation import divergence_point
 
 log = logging.getLogger(__name__)
 
+#: A broker that failed to take up leading may try again this long after (``_step_down``).
+CANNOT_LEAD_RETRY_S = 30.0
+
 #: A queued event, or how to decide it when its turn comes.
 Pending = Union[Event, Callable[[], Awaitable[Event]]]
 
@@ -137,6 +140,7 @@ class HaCoordinator:
         self._flushing: asyncio.Future[None] | None = None
         #: Why this broker may not lead (it failed to take up leading), or None.
         self.cannot_lead: str | None = None
+        self._cannot_lead_at = 0.0
         #: This broker's stable identity (datadirs.broker_identity), recorded with each epoch it takes.
         self.identity: str | None = None
         #: Our standing among the slaves (or members) that may take over, while orphaned.
@@ -440,16 +444,29 @@ class HaCoordinator:
         """We won the lock but cannot serve (a log that cannot open, say): give the lock back.
 
         Invariant: the master lock is held only by a broker that serves its group. A
-        broker that failed to take up leading never tries again until restarted, so the
-        group is left to an eligible slave instead of a master that serves nothing.
+        broker that failed to take up leading does not try again for CANNOT_LEAD_RETRY_S,
+        so the group is left to an eligible slave instead of a master that serves nothing.
+        Then it may try once more: a cause that passed (seen: kazoo's "xids do not match"
+        from a connection reset mid-call, a checkpoint race) must not leave a group whose
+        only eligible broker is this one without a master for good.
         CANNOT_LEAD moves us to RESIGNED, whose entry action releases the lock.
         """
         self.cannot_lead = f"{type(exc).__name__}: {exc}"
+        self._cannot_lead_at = time.monotonic()
         log.error(
             "cannot lead broker group %d: %s; releasing the master lock (this broker will not take over"
-            " again until it is restarted with the cause fixed)", self.broker_id, self.cannot_lead,
+            " again for %.0f s)", self.broker_id, self.cannot_lead, CANNOT_LEAD_RETRY_S,
         )
+        self._look_again_in(CANNOT_LEAD_RETRY_S)
         self.post(Event.CANNOT_LEAD)
+
+    def _cannot_lead_now(self) -> str | None:
+        """Why this broker may not lead now (``_step_down``), or None once the wait is over."""
+        if self.cannot_lead is not None and time.monotonic() - self._cannot_lead_at >= CANNOT_LEAD_RETRY_S:
+            log.warning("this broker may try to lead again: it failed %.0f s ago (%s)",
+                        time.monotonic() - self._cannot_lead_at, self.cannot_lead)
+            self.cannot_lead = None
+        return self.cannot_lead
 
     def _hand_over(self, handover: Handover) -> None:
         """HANDING_OVER (``metaq promote``): writes are paused; watch the target catch up.
@@ -610,7 +627,7 @@ class HaCoordinator:
             followed_epoch=self.followed_epoch,
             replicas_healthy=healthy,
             state=state,
-            cannot_lead=self.cannot_lead,
+            cannot_lead=self._cannot_lead_now(),
             handover=handover,
             history=history,
             led_history=led_history,
