@@ -14,7 +14,7 @@ tests/integration/test_trust_hostile_peer.py (against one master during a failov
   Only meaningful against brokers with security on: without it ZooKeeper is open by
   design (docs/security.md) and these writes succeed.
 
-Issue 23's attacks, each counting what it sent, what was refused and what got through:
+The pre-login attacks, each counting what it sent, what was refused and what got through:
 
 * ``BigBodyFlood`` (one broker): connections that never log in, each declaring a 16 MiB
   put and sending 4 KiB of it. Refused: closed before login (security on), or answered 503
@@ -227,7 +227,7 @@ class RogueZk(_Looper):
         return {**super().summary(), "refused": self.refused}
 
 
-# --- issue 23's attacks ---------------------------------------------------------------------
+# --- the pre-login attacks ---------------------------------------------------------------------
 
 #: The brokers' defaults these attacks meet (docs/security.md, "Limits"); the chaos cluster keeps them.
 MAX_BUFFERED_REQUEST_BYTES = 64 * 1024 * 1024
