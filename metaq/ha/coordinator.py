@@ -85,7 +85,7 @@ from .role import (
     master_event,
     reconnected_event,
 )
-from .sync_set import SyncReplication
+from .sync_set import SyncReplication, SyncTerm
 from .takeover import DeadMaster, DeathWatch, answer_challenges
 from .truncation import divergence_point
 
@@ -129,6 +129,8 @@ class HaCoordinator:
         self.lease: ZkLease | None = None
         #: The sync set while leading in sync mode (None otherwise).
         self.sync_set: SyncReplication | None = None
+        #: The sync set's term when leading last stopped (``_start_sync_set`` resumes it in the same epoch).
+        self._last_sync_term: SyncTerm | None = None
         #: The replication follower, created the first time this broker follows.
         self.follower: MasterFollower | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -550,6 +552,7 @@ class HaCoordinator:
             await self.lease.stop()
         sync_set, self.sync_set = self.sync_set, None
         if sync_set is not None:
+            self._last_sync_term = sync_set.term(self.serving_epoch)
             await sync_set.stop()
 
     async def _stop_following(self) -> None:
@@ -847,7 +850,10 @@ class HaCoordinator:
             # Committed never stops inside a batch (idempotent/transactional put).
             batch_boundary=self.host.partitions.batch_boundary,
         )
-        await self.sync_set.start()
+        # Back from FENCED with the same session, so the same epoch: the term goes on with the
+        # members this master published in it (SyncTerm says why that is safe).
+        last, self._last_sync_term = self._last_sync_term, None
+        await self.sync_set.start(resume=last if last is not None and last.epoch == self.serving_epoch else None)
         log.info(
             "sync replication: acks wait for the sync set (minSyncSlaves=%d, syncSlaveTimeoutMs=%d, onSyncSlaveLoss=%s)",
             config.min_sync_slaves,
