@@ -3,6 +3,7 @@ change swap it whole, subscribers hear of it, and readers never hold a stale cop
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -122,3 +123,25 @@ def test_the_store_and_the_registry_read_the_owners_topic_map(tmp_path: Path) ->
         broker.store.update_topics({})  # a second writer of the broker's map is refused
     registry = BrokerRegistry(config.zk, 3, "127.0.0.1", 8123, broker._served_topics, 0)
     assert {path.rsplit("/", 2)[-2] for path in registry._desired_nodes() if "/topics-sub/" in path} == {"t", "u"}
+
+
+def test_the_registry_publishes_a_topic_change_only_after_every_owner_applied_it(tmp_path: Path) -> None:
+    """The order ``Broker._apply_topic_change`` writes down: when ZooKeeper hears of the new map,
+    the store serves the added topic and no longer holds the dropped partition's log."""
+    ini = BEFORE.replace(b"/data/a", str(tmp_path).encode()).replace(b"[topic=t]\n", b"[topic=t]\nnumPartitions=2\n")
+    config = parse_server_ini(ini, "/etc/server.ini")
+    broker = Broker(config, register_in_zk=False)
+    seen: list[tuple[set[str], bool]] = []
+
+    class Registry:
+        async def publish_topics(self) -> None:
+            seen.append((set(broker.store.topics), broker.store.open_log("t", 1) is None))
+
+    async def scenario() -> None:
+        broker.store.get_log("t", 1)
+        broker.registry = Registry()  # type: ignore[assignment]
+        await broker.update_topics({"t": replace(config.topics["t"], num_partitions=1), "u": TopicConfig("u", data_path=str(tmp_path))})
+        broker.store.close()
+
+    asyncio.run(scenario())
+    assert seen == [({"t", "u"}, True)]
