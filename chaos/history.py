@@ -312,9 +312,16 @@ class History:
             self.ops.append({**base, "type": "invoke", "time": t})
             self.ops.append({**base, **fields, "type": "ok", "time": t})
 
-    def fault(self, kind: str, target: str, **details: Any) -> None:
+    def fault(self, kind: str, target: str, at: float | None = None, **details: Any) -> None:
+        """``at``: when the fault began (``now()`` then), if recording it came later: a kill
+        followed by a power-loss replay or a corruption takes seconds to inject, and what it
+        caused (a fast takeover, say) is seen meanwhile. Kept in time order."""
+        record = {"time": self.now() if at is None else at, "kind": kind, "target": target, **details}
         with self._lock:
-            self.faults.append({"time": self.now(), "kind": kind, "target": target, **details})
+            index = len(self.faults)
+            while index and self.faults[index - 1]["time"] > record["time"]:
+                index -= 1
+            self.faults.insert(index, record)
 
     def failover(self, group: int, old_master: str | None, new_master: str | None, epoch: int | None,
                  lag: dict[str, dict[str, int]] | None = None, at: float | None = None, **details: Any) -> None:

@@ -5,7 +5,7 @@
   user when the cluster is secure: an authenticated client is still no broker;
 * with ``secure``, one ``RogueZk`` writing every group's nodes without its credentials
   (without security ZooKeeper is open by design, so it is not run there);
-* issue 23's attacks (chaos/rogue.py): pre-login big-body floods and connection-slot
+* the pre-login attacks (chaos/rogue.py): pre-login big-body floods and connection-slot
   floods at every broker (straight to its port, from other loopback addresses than the
   workload's proxies), and with ``secure`` ``transaction start`` floods at every master (as
   a user without produce rights), replays of signed heartbeats and a fake group registered
@@ -154,7 +154,7 @@ class HostileLoad:
         self.history = history
         self.peers: dict[str, RoguePeer] = {}
         self.zk: RogueZk | None = None
-        #: Issue 23's attacks by name ("big-body g0-a", "slots g0-a", "txn-start", ...).
+        #: The pre-login attacks by name ("big-body g0-a", "slots g0-a", "txn-start", ...).
         self.attacks: dict[str, Any] = {}
         self.latency: dict[str, list[float]] = {}
         self.rss: dict[int, RssTrack] = {}

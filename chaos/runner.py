@@ -600,11 +600,12 @@ class Run:
     def _record_fault(self, number: int, step: Step, rng: random.Random) -> tuple[str, Any]:
         kind = FAULTS[step.kind]
         eligible = self._eligible_slaves(step.group) if kind.role == "master" else None
+        started = self.history.now()  # the fault's time: a kill is the first thing most injections do
         target, details, heal = inject(self.cluster, step, rng)
         groups = list(range(self.groups)) if kind.role == "zk" else [step.group]
         if eligible is not None:
             details = {**details, "eligible_slaves": eligible}
-        self.history.fault(step.kind, target, group=step.group, groups=groups, step=number, hold_s=step.hold_s,
+        self.history.fault(step.kind, target, at=started, group=step.group, groups=groups, step=number, hold_s=step.hold_s,
                            heals=kind.heals, reads_during=kind.reads_during, master_fixed=kind.master_fixed,
                            writes_expected=writes_expected(step.kind, self.mode, self.on_sync_slave_loss,
                                                            self.slaves), **details)

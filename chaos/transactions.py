@@ -253,7 +253,7 @@ async def roll_back(producer: Any) -> bool:
 
 
 class TransactionLoad:
-    """The transactions issue 25 asks for beyond plain local ones, each spread over both
+    """The transactions the chaos workload runs beyond plain local ones, each spread over both
     topics (``targets``: the cluster's ``topic`` and ``txn_topic``) and each one ``txn``
     operation of the history (``ok`` committed, ``fail`` surely rolled back, ``info``
     unknown), so that the read-committed checks (precommitted-read, aborted-read,

@@ -61,6 +61,9 @@ from .terms import Epochs
 
 log = logging.getLogger(__name__)
 
+#: A broker that failed to take up leading may try again this long after (``_entry_failed``).
+CANNOT_LEAD_RETRY_S = 30.0
+
 #: A queued event, or how to decide it when its turn comes.
 Pending = Union[Event, Callable[[], Awaitable[Event]]]
 
@@ -91,8 +94,9 @@ class HaCoordinator:
         self._worker: asyncio.Task[None] | None = None
         #: The last election verdict logged, (may take over, why): each is logged once.
         self._last_verdict: tuple[bool, str | None] | None = None
-        #: Why this broker may not lead (it failed to take up leading), or None.
+        #: Why this broker may not lead (it failed to take up leading), or None; and when it failed.
         self.cannot_lead: str | None = None
+        self._cannot_lead_at = 0.0
         #: This broker's stable identity (datadirs.broker_identity), recorded with each epoch it takes.
         self.identity: str | None = None
         #: Our standing among the slaves (or members) that may take over, while orphaned.
@@ -223,14 +227,19 @@ class HaCoordinator:
         elif event is Event.CANNOT_LEAD:
             # We won the lock but cannot serve (a log that cannot open, say): give the lock back.
             # Invariant: the master lock is held only by a broker that serves its group. A
-            # broker that failed to take up leading never tries again until restarted, so the
-            # group is left to an eligible slave instead of a master that serves nothing.
+            # broker that failed to take up leading does not try again for CANNOT_LEAD_RETRY_S,
+            # so the group is left to an eligible slave instead of a master that serves nothing.
+            # Then it may try once more: a cause that passed (seen: kazoo's "xids do not match"
+            # from a connection reset mid-call, a checkpoint race) must not leave a group whose
+            # only eligible broker is this one without a master for good.
             # CANNOT_LEAD moves us to RESIGNED, whose entry action releases the lock.
             self.cannot_lead = f"{type(exc).__name__}: {exc}"
+            self._cannot_lead_at = time.monotonic()
             log.error(
                 "cannot lead broker group %d: %s; releasing the master lock (this broker will not take over"
-                " again until it is restarted with the cause fixed)", self.broker_id, self.cannot_lead,
+                " again for %.0f s)", self.broker_id, self.cannot_lead, CANNOT_LEAD_RETRY_S,
             )
+            self._look_again_in(CANNOT_LEAD_RETRY_S)
             self.post(Event.CANNOT_LEAD)
         else:
             log.exception("entering %s failed; re-evaluating", role.value)
@@ -335,7 +344,7 @@ class HaCoordinator:
             followed_epoch=self.epochs.followed,
             replicas_healthy=healthy,
             state=state,
-            cannot_lead=self.cannot_lead,
+            cannot_lead=self._cannot_lead_now(),
             handover=handover,
             history=history,
             led_history=led_history,
@@ -362,7 +371,25 @@ class HaCoordinator:
         else:
             log.log(logging.DEBUG if repeated else logging.WARNING, "not taking over: %s; %s", why,
                     recovery_hint(state, history, self.broker_id, slave_id))
+            if dead is not None:
+                # Evidence we may not act on is dropped: kept, it made every event naming that
+                # session "its process died" (ignored), so a master that was alive after all (a
+                # challenge answered late on a busy machine) was never followed again and this
+                # slave stayed an orphan for good. Its session's expiry, if it did die, comes as
+                # the master node's deletion like any other.
+                self.followership.death_watch.forget()
+                log.log(logging.DEBUG if repeated else logging.INFO,
+                        "the master at %s is followed again until ZooKeeper says otherwise", dead.url)
+                self._post_master(dead.url)
         return ok
+
+    def _cannot_lead_now(self) -> str | None:
+        """Why this broker may not lead now (``_entry_failed``), or None once the wait is over."""
+        if self.cannot_lead is not None and time.monotonic() - self._cannot_lead_at >= CANNOT_LEAD_RETRY_S:
+            log.warning("this broker may try to lead again: it failed %.0f s ago (%s)",
+                        time.monotonic() - self._cannot_lead_at, self.cannot_lead)
+            self.cannot_lead = None
+        return self.cannot_lead
 
     # --- the epoch histories (read by the HA facade) ----------------------------------------
 

@@ -90,6 +90,14 @@ class Registry(Protocol):
     async def set_role(self, role: str | int | None) -> None: ...
 
 
+class PeerCredentials(Protocol):
+    """What talking to the group's other brokers needs (metaq/ha/peers.py): a ``BrokerHost`` is one."""
+
+    @property
+    def security(self) -> BrokerSecurity:
+        """Credentials and TLS for talking to the group's other brokers."""
+
+
 class BrokerHost(Protocol):
     """The broker as HA sees it: config, logs, ZooKeeper registry, and two actions."""
 

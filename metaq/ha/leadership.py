@@ -50,7 +50,7 @@ from .host import BrokerHost
 from .lease import ZkLease
 from .progress import ReplicationProgress
 from .role import Event, Role, catch_up_event
-from .sync_set import SyncReplication
+from .sync_set import SyncReplication, SyncTerm
 from .takeover import DeadMaster
 from .terms import Epochs
 
@@ -70,6 +70,8 @@ class Leadership:
         self.lease: ZkLease | None = None
         #: The sync set while leading in sync mode (None otherwise).
         self.sync_set: SyncReplication | None = None
+        #: The sync set's term when leading last stopped (``_start_sync_set`` resumes it in the same epoch).
+        self._last_sync_term: SyncTerm | None = None
         #: The slave the last `metaq promote` hand-over went to (read while HANDING_OVER).
         self.handover_target: int | None = None
         #: The evidence the election in progress (or the epoch just won) deposes a dead master on.
@@ -276,7 +278,11 @@ class Leadership:
             # Committed never stops inside a batch (idempotent/transactional put).
             batch_boundary=self.host.partitions.batch_boundary,
         )
-        await self.sync_set.start()
+        # Back from FENCED with the same session, so the same epoch: the term goes on with the
+        # members this master published in it (SyncTerm says why that is safe).
+        last, self._last_sync_term = self._last_sync_term, None
+        serving = self.epochs.serving
+        await self.sync_set.start(resume=last if last is not None and last.epoch == serving else None)
         log.info(
             "sync replication: acks wait for the sync set (minSyncSlaves=%d, syncSlaveTimeoutMs=%d, onSyncSlaveLoss=%s)",
             config.min_sync_slaves,
@@ -374,6 +380,7 @@ class Leadership:
             await self.lease.stop()
         sync_set, self.sync_set = self.sync_set, None
         if sync_set is not None:
+            self._last_sync_term = sync_set.term(self.epochs.serving)
             await sync_set.stop()
 
     async def close(self) -> None:

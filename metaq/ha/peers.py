@@ -16,7 +16,7 @@ from ..addresses import parse_broker_url
 from ..client.connection import BrokerConnection
 from ..protocol.messages import TopicsRequest
 from ..protocol.replies import ReplyError, TopicsReply
-from .host import BrokerHost
+from .host import PeerCredentials
 
 
 def member_name(slave_id: int | None) -> str:
@@ -24,7 +24,7 @@ def member_name(slave_id: int | None) -> str:
     return f"slave{slave_id}" if slave_id is not None else "master"
 
 
-async def open_peer(host: BrokerHost, url: str, slave_id: int | None, timeout: float = 5.0) -> BrokerConnection:
+async def open_peer(host: PeerCredentials, url: str, slave_id: int | None, timeout: float = 5.0) -> BrokerConnection:
     """A connection to the group's broker at ``url``, over TLS and authenticated when security is on.
 
     Raises ConnectionClosed (AuthenticationFailed when the peer is not a broker of our group).
@@ -42,7 +42,7 @@ async def open_peer(host: BrokerHost, url: str, slave_id: int | None, timeout: f
     )
 
 
-async def peer_topics(host: BrokerHost, url: str, slave_id: int | None, timeout: float = 3.0) -> dict[str, int] | None:
+async def peer_topics(host: PeerCredentials, url: str, slave_id: int | None, timeout: float = 3.0) -> dict[str, int] | None:
     """The topics (name -> partitions) the group's broker at ``url`` serves, or None if it cannot answer now.
 
     Over ``open_peer``: with security on, a broker answers ``topics`` only to a principal

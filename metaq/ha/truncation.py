@@ -16,7 +16,7 @@ retention may have deleted what we still hold). Slower, but it needs nothing but
 The cut point is always a record boundary of our log, and our log up to it is
 byte-identical to the master's: after truncation the prefix invariant holds.
 
-Defense in depth (issue 14): a cut is trusted only when a checksum over a non-empty
+Defense in depth: a cut is trusted only when a checksum over a non-empty
 range ending at it agreed (an empty range verifies nothing), and a cut that no
 agreeing range backs is refused (TruncationRefused) when it would go below ``floor``,
 the committed offset a master has told us: a peer that answers as master but does

@@ -37,6 +37,7 @@ from ..store.msgid import MsgIdGenerator
 from ..store.refused import RefusedLog
 from ..store.scrub import Scrubber
 from ..store.timeindex import REBUILDS as time_index_rebuilds
+from ..topic_change import TopicChange
 from ..zk.data_loss import reconnect_after_data_loss
 from ..zk.monitor import OutageReporter
 from .admission import ConnectionSlots, RequestBudget
@@ -84,7 +85,8 @@ class Broker:
         #: Every authorization decision (connections, handlers, the transaction coordinator).
         self.authz = Authz(self.security)
         self.waiters = EndWaiters()
-        self.store = MessageStoreManager(config.topics, config.max_message_size)
+        #: The topic map is LiveConfig's: the store reads it from there and applies each change.
+        self.store = MessageStoreManager(self._served_topics, config.max_message_size)
         #: Re-verifies sealed segments' CRCs; what it finds is never served (metaq/store/scrub.py).
         self.scrubber = Scrubber(self.store.logs, config.scrub_interval_ms, config.scrub_bytes_per_second)
         self.scrubber.on_corrupt = self._repair_corrupt
@@ -113,6 +115,7 @@ class Broker:
         self._reloads = OwnedTasks("SIGHUP reload")
         #: Which served partitions each registered slave does not replicate (a master's check).
         self.replica_coverage = ReplicaCoverage(self)
+        self.live_config.on_topic_change(self._apply_topic_change)
 
     def _repair_corrupt(self, topic: str, partition: int, start: int, end: int) -> None:
         """A master puts a corrupt range back from its slaves (a slave's replica re-fetches its own)."""
@@ -164,31 +167,53 @@ class Broker:
         partition, metaq/ha/news.py: it needs both its bytes and the committed offset)."""
         return self.waiters.watch(topic, partition, woken, on_commit=True)
 
+    def _served_topics(self) -> dict[str, TopicConfig]:
+        """The topic map served now (the store and the registry read it here, never a copy)."""
+        return self.live_config.current.topics
+
     async def update_topics(self, topics: dict[str, TopicConfig]) -> None:
-        """Adopt a new topic map (a slave learning its master's topics, a reload)."""
+        """Adopt a new topic map (a slave learning its master's topics, a reload, the group's
+        topic configuration): checked, published by ``LiveConfig`` as one ``TopicChange`` that
+        every owner applies (``_apply_topic_change``), then registered in ZooKeeper."""
         if self.group_topics is not None:
             topics = self.group_topics.overlay(topics)  # the group's configuration wins
         if topics == self.config.topics:
             return
         self._check_open_files(topics)
-        added = sorted(set(topics) - set(self.config.topics))
-        self.live_config.set_topics(topics)
+        change = self.live_config.set_topics(topics)
+        # Last: a client finds a topic's node only once every owner serves it (and a removed
+        # topic's nodes go once nothing serves it any more).
+        if self.registry is not None:
+            await self.registry.publish_topics()
+        if change.added and (self.group_topics is None or not self.group_topics.group.exists):
+            log.info("now serving topics %s", ", ".join(sorted(change.added)))  # else the applier says what changed
+
+    def _apply_topic_change(self, change: TopicChange) -> None:
+        """Every owner of per-topic state applies ``change`` (LiveConfig's one topic applier), in
+        one step with no ``await``, in this order, each step needing the one before:
+
+        1. the store (``apply_topic_change``): partitions no longer served leave its map and
+           their directories move aside (a re-created topic then opens empty in their place);
+           altered topics' segment and flush settings and every retention schedule follow;
+        2. only then, the dropped partitions' other owners forget them (``forget_partitions``:
+           their owner ``Partitions``, queued transaction markers, HA records, stats; parked
+           fetches wake and are answered "unknown topic"), so nothing uses a dropped
+           partition's state once its log is gone, nor carries it over to a re-created topic;
+        3. the store closes and deletes their files in the background (``dispose``);
+        4. partitions with files that are new to the map (a topic re-added, partitions added)
+           load their transaction state in a worker thread now, not at their first put
+           (``Partitions.open_added``).
+
+        ``update_topics`` registers the new map in ZooKeeper after all four.
+        """
         # Files go only when the group's configuration ended the topic (``metaq topics delete``,
         # a re-create); a server.ini section removed without one keeps them (docs/operations.md).
         in_group = self.group_topics is not None and self.group_topics.group.exists
-        dropped = self.store.update_topics(topics, delete_dropped=in_group)
+        dropped = self.store.apply_topic_change(change, delete_dropped=in_group)
         if dropped:
-            # In the same step (no await in between): nothing may use a dropped partition's
-            # state once its log is gone, nor carry it over to a re-created topic.
             forget_partitions(self, [(d.topic, d.partition) for d in dropped])
             self.store.dispose(dropped)
-        # A partition with files that is new to this broker's map (a topic re-added, partitions
-        # added): its transaction state loads in a worker thread now, not at its first put.
         self.partitions.open_added()
-        if self.registry is not None:
-            await self.registry.update_topics(topics)
-        if added and (self.group_topics is None or not self.group_topics.group.exists):
-            log.info("now serving topics %s", ", ".join(added))  # else the applier says what changed
 
     def _check_open_files(self, topics: dict[str, TopicConfig]) -> None:
         """Refuse a topic map whose partitions cannot fit the open-file limit (metaq/server/open_files.py)."""
@@ -317,7 +342,7 @@ class Broker:
             if config.advertised_address:
                 host, port = parse_host_port(config.advertised_address)
             self.registry = BrokerRegistry(
-                config.zk, config.broker_id, host, port, config.topics, config.checksum, None,
+                config.zk, config.broker_id, host, port, self._served_topics, config.checksum, None,
                 security=self.security.zookeeper, on_slaves_changed=self.slaves_changed,
             )
             await self.registry.start()

@@ -20,18 +20,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
-from ..config import ConfigError, TopicConfig, topic_settings
+from ..config import BrokerConfig, ConfigError, TopicConfig, topic_settings
 from ..ha.peers import peer_topics
 from ..store import incarnation
 from ..zk.paths import ZkPaths
 from .open_files import TopicsDoNotFit
-from .registry import RegistryError
+from .registry import BrokerRegistry, RegistryError
 from ..zk.topic_config import GroupTopics, decode_group_topics, delete_group_offsets, publish_with, read_group_topics, seed_with, serve_group_topics, update_group_topics
+
+if TYPE_CHECKING:
+    from ..ha.node import HaNode
+    from ..security.settings import BrokerSecurity
+    from ..store.manager import MessageStoreManager
 
 
 log = logging.getLogger(__name__)
@@ -40,8 +45,38 @@ log = logging.getLogger(__name__)
 CATCH_UP_S = 30
 
 
+class TopicsBroker(Protocol):
+    """What applying the group's topic configuration uses of the broker (metaq.server.broker.Broker),
+    and nothing more (tests/unit/test_broker_protocols.py holds the applier to it)."""
+
+    @property
+    def config(self) -> BrokerConfig: ...
+
+    @property
+    def local_topics(self) -> dict[str, TopicConfig]: ...
+
+    @property
+    def registry(self) -> BrokerRegistry | None:
+        """Its ZooKeeper session (``client``) and the group's ACL (``security``); set once registered."""
+
+    @property
+    def store(self) -> MessageStoreManager:
+        """Files of topics no longer served (``remove_unserved``)."""
+
+    @property
+    def ha(self) -> HaNode:
+        """Whether it acts as master (``acting_master``), and a slave's ``follower``."""
+
+    @property
+    def security(self) -> BrokerSecurity:
+        """Credentials for asking the master's topics as the group's slave (metaq/ha/peers.py)."""
+
+    async def update_topics(self, topics: dict[str, TopicConfig]) -> None:
+        """Serve this topic map (the one writer of the topics served)."""
+
+
 class GroupTopicsApplier:
-    def __init__(self, broker: Any, seeds: bool) -> None:  # the Broker; broker.py imports this module
+    def __init__(self, broker: TopicsBroker, seeds: bool) -> None:
         self.broker = broker
         #: A broker started without --slave adds its server.ini topics the group lacks.
         self.seeds = seeds

@@ -25,7 +25,7 @@ import threading
 import time
 from functools import partial
 from socketserver import ThreadingMixIn
-from typing import Any, Awaitable, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Iterator, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
@@ -39,6 +39,15 @@ from ..security.files import read_private
 from ..store.timeindex import REBUILDS as time_index_rebuilds
 from .stats import REFUSAL_KINDS
 
+if TYPE_CHECKING:
+    from ..ha.node import HaNode
+    from ..store.manager import MessageStoreManager
+    from ..store.scrub import Scrubber
+    from .admission import ConnectionSlots, RequestBudget
+    from .registry import BrokerRegistry
+    from .replica_health import ReplicaCoverage
+    from .stats import BrokerStats
+
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +59,40 @@ ZK_STATES = ("CONNECTED", "SUSPENDED", "LOST")
 SCRAPE_TIMEOUT_S = 5.0
 
 
+class MeasuredBroker(Protocol):
+    """What a scrape reads of the broker (metaq.server.broker.Broker), and nothing more
+    (tests/unit/test_broker_protocols.py holds this module to it)."""
+
+    @property
+    def config(self) -> BrokerConfig: ...
+
+    @property
+    def stats(self) -> BrokerStats: ...
+
+    @property
+    def slots(self) -> ConnectionSlots: ...
+
+    @property
+    def request_budget(self) -> RequestBudget: ...
+
+    @property
+    def ha(self) -> HaNode: ...
+
+    @property
+    def scrubber(self) -> Scrubber: ...
+
+    @property
+    def store(self) -> MessageStoreManager: ...
+
+    @property
+    def registry(self) -> BrokerRegistry | None: ...
+
+    @property
+    def replica_coverage(self) -> ReplicaCoverage: ...
+
+
 class BrokerMetrics:
-    def __init__(self, broker: Any) -> None:
+    def __init__(self, broker: MeasuredBroker) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.request_seconds = Histogram(
             "metaq_request_seconds", "Time from a put or get request to its reply (puts: including the durability wait)",
@@ -198,7 +239,7 @@ class BrokerCollector(Collector):
     loop, so the values are read there (a scrape never sees a dict mid-update).
     """
 
-    def __init__(self, broker: Any) -> None:
+    def __init__(self, broker: MeasuredBroker) -> None:
         self.broker = broker
         self.loop: asyncio.AbstractEventLoop | None = None
 

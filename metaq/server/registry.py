@@ -29,7 +29,7 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Mapping, TypeVar
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.protocol.states import EventType, WatchedEvent
@@ -106,7 +106,7 @@ class BrokerRegistry:
         broker_id: int,
         host: str,
         port: int,
-        topics: dict[str, TopicConfig],
+        topics: Callable[[], Mapping[str, TopicConfig]],
         config_checksum: int,
         role: str | int | None = MASTER,
         *,
@@ -126,7 +126,10 @@ class BrokerRegistry:
         self._master_session: int | None = None
         self.paths = paths or ZkPaths(zk.root)
         self.url = broker_url(host, port)
-        self._topics = dict(topics)
+        #: The topic map to register, read at each sync (the broker's ``LiveConfig``: never copied
+        #: here); ``publish_topics`` says when it changed. Nothing once deregistering (``_withdrawn``).
+        self._topics = topics
+        self._withdrawn = False
         self._checksum = config_checksum
         self.security = security
         #: The slave ids registered under our group node now (a ZooKeeper children watch).
@@ -263,9 +266,8 @@ class BrokerRegistry:
         self._ensure_broker_parent()
         self._sync()
 
-    async def update_topics(self, topics: dict[str, TopicConfig]) -> None:
-        with self._state_lock:
-            self._topics = dict(topics)
+    async def publish_topics(self) -> None:
+        """The topic map changed: register what it says now (returns once ZooKeeper has it)."""
         await self._run(self._sync_or_defer)
 
     async def set_checksum(self, crc: int) -> None:
@@ -305,7 +307,7 @@ class BrokerRegistry:
         """Our ephemeral nodes and their data, in registration order: the broker's own node
         first, so that a client that finds a topic node can always resolve the broker."""
         with self._state_lock:
-            topics = dict(self._topics)
+            topics = {} if self._withdrawn else dict(self._topics())
             checksum = self._checksum
         slave_id = self.slave_id
         nodes: dict[str, bytes] = {}
@@ -478,7 +480,7 @@ class BrokerRegistry:
 
     def _deregister(self) -> None:
         with self._state_lock:
-            self._topics = {}
+            self._withdrawn = True
         for path in reversed(list(self._registered)):
             self._delete_own(path)
         self._registered = {}

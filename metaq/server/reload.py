@@ -21,11 +21,16 @@ above, so that ``logLevel=WARNING`` still shows it.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
-from ..config import BrokerConfig, ConfigError, changed_keys, load_server_ini
+from ..config import BrokerConfig, ConfigError, TopicConfig, changed_keys, load_server_ini
 from ..logsetup import configure as configure_logging
-from .live_config import logging_changed
+from .live_config import LiveConfig, logging_changed
+
+if TYPE_CHECKING:
+    from ..security.settings import BrokerSecurity
+    from .group_topics import GroupTopicsApplier
+    from .registry import BrokerRegistry
 
 
 log = logging.getLogger(__name__)
@@ -38,7 +43,36 @@ LIVE_KEYS = {
 }
 
 
-async def reload_config(broker: Any) -> str:
+class ReloadedBroker(Protocol):
+    """What a reload uses of the broker (metaq.server.broker.Broker), and nothing more
+    (tests/unit/test_broker_protocols.py holds this module to it)."""
+
+    @property
+    def config(self) -> BrokerConfig: ...
+
+    @property
+    def live_config(self) -> LiveConfig:
+        """The configuration's one owner: ``reload`` takes over the live keys."""
+
+    @property
+    def local_topics(self) -> dict[str, TopicConfig]: ...
+
+    @property
+    def registry(self) -> BrokerRegistry | None:
+        """Publishes the new server.ini checksum (``set_checksum``)."""
+
+    @property
+    def group_topics(self) -> GroupTopicsApplier | None:
+        """The group's topic configuration, when the broker serves one."""
+
+    @property
+    def security(self) -> BrokerSecurity:
+        """Re-reads the security file's users (``reload_users``)."""
+
+    async def update_topics(self, topics: dict[str, TopicConfig]) -> None: ...
+
+
+async def reload_config(broker: ReloadedBroker) -> str:
     """Apply the server.ini on disk; return (and log) the one-line outcome."""
     path = broker.config.source_path
     if not path:
@@ -67,7 +101,7 @@ async def reload_config(broker: Any) -> str:
     return _say(line)
 
 
-async def _apply_topics(broker: Any, new: BrokerConfig, edited: dict, removed: list[str]) -> list[str]:
+async def _apply_topics(broker: ReloadedBroker, new: BrokerConfig, edited: dict, removed: list[str]) -> list[str]:
     group = broker.group_topics
     if group is not None and group.group.exists:
         notes = []
@@ -87,7 +121,7 @@ async def _apply_topics(broker: Any, new: BrokerConfig, edited: dict, removed: l
     return [f"topic sections {', '.join(changed)}"] if changed else []
 
 
-def _reload_users(broker: Any, restart: list[str]) -> list[str]:
+def _reload_users(broker: ReloadedBroker, restart: list[str]) -> list[str]:
     """The security file's users, re-read (security on); a bad file keeps the old ones."""
     from ..security.errors import SecurityError
 

@@ -9,8 +9,13 @@ A partition whose files cannot be the log the broker knew (``LogCorruptError``) 
 refused alone: one error line, a ``RefusedLog`` in its place, and every other
 partition keeps serving.
 
+The topic map is not the store's: it reads the broker's (``LiveConfig``, through the
+``topics`` reader it is built with) each time and applies each ``TopicChange``
+(``apply_topic_change``); a store built with a plain map (tools, tests: no broker) holds
+that one and changes it with ``update_topics``.
+
 A partition that stops being configured (its topic deleted, re-created as another
-incarnation, or with fewer partitions) is dropped by ``update_topics``: its log leaves the
+incarnation, or with fewer partitions) is dropped by ``apply_topic_change``: its log leaves the
 map at once, its directory is renamed aside in the same step (so a log of a re-created
 topic opens empty in its place), and ``dispose`` stops, closes and deletes the rest
 (metaq/store/incarnation.py has the rule for files of an earlier incarnation).
@@ -24,9 +29,10 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from metaq.config import ConfigError, TopicConfig
+from metaq.topic_change import TopicChange
 from metaq.private_files import make_private_dir
 from metaq.store.batch_sync import fsync_all, run_all
 from metaq.store.checkpoint import checkpoint_path, write_first_checkpoints
@@ -76,12 +82,19 @@ class DroppedPartition:
 class MessageStoreManager:
     def __init__(
         self,
-        topics: dict[str, TopicConfig],
+        topics: Mapping[str, TopicConfig] | Callable[[], Mapping[str, TopicConfig]],
         max_message_size: int,
         *,
         retention_grace_s: float = DEFAULT_RETENTION_GRACE_S,
     ) -> None:
-        self._topics = dict(topics)
+        #: The topic map served now, read each time: the broker's ``LiveConfig`` (a reader), or a
+        #: map of the store's own when it runs without a broker (then ``update_topics`` changes it).
+        self._own_topics: dict[str, TopicConfig] | None = None
+        if callable(topics):
+            self._served: Callable[[], Mapping[str, TopicConfig]] = topics
+        else:
+            own = self._own_topics = dict(topics)
+            self._served = lambda: own
         self.max_message_size = max_message_size
         self.retention_grace_s = retention_grace_s
         self._logs: dict[tuple[str, int], PartitionLog | RefusedLog] = {}
@@ -106,12 +119,13 @@ class MessageStoreManager:
 
     @property
     def topics(self) -> dict[str, TopicConfig]:
-        return dict(self._topics)
+        return dict(self._served())
 
     def topic_config(self, topic: str) -> TopicConfig:
-        config = self._topics.get(topic)
+        topics = self._served()
+        config = topics.get(topic)
         if config is None:
-            raise UnknownTopic(topic, list(self._topics))
+            raise UnknownTopic(topic, list(topics))
         return config
 
     def _checked_config(self, topic: str, partition: int) -> TopicConfig:
@@ -135,7 +149,7 @@ class MessageStoreManager:
         """The log of a configured partition, created empty at offset 0 if it has none."""
         # Asked several times per request: an open log of a configured partition at once
         # (the same checks as ``get_or_create_log``'s, inline), anything else through it.
-        config = self._topics.get(topic)
+        config = self._served().get(topic)
         if config is not None and 0 <= partition < config.num_partitions:
             existing = self._logs.get((topic, partition))
             if existing is not None:
@@ -145,7 +159,7 @@ class MessageStoreManager:
     def get_or_create_log(self, topic: str, partition: int, start_offset: int = 0) -> PartitionLog | RefusedLog:
         """Like ``get_log``; a new log starts at ``start_offset`` (existing logs ignore it)."""
         # Checked even for open logs: after a reload removed a topic its log stays
-        # open (see update_topics) but must no longer be served.
+        # open (see apply_topic_change) but must no longer be served.
         config = self._checked_config(topic, partition)
         key = (topic, partition)
         existing = self._logs.get(key)
@@ -241,7 +255,7 @@ class MessageStoreManager:
             return
         opened = await _shielded_to_thread(lambda: self._lay_out_and_open(new))
         for (topic, partition), partition_log in opened.items():
-            current = self._topics.get(topic)
+            current = self._served().get(topic)
             if ((topic, partition) in self._logs or current is None or partition >= current.num_partitions
                     or current.incarnation != new[(topic, partition)][1].incarnation):
                 # Opened meanwhile by ``get_or_create_log``, or no longer served as it was (the
@@ -308,7 +322,7 @@ class MessageStoreManager:
     def open_existing(self) -> int:
         """Open every configured partition that has segments on disk; return the largest msg id in them."""
         largest = 0
-        for topic, config in self._topics.items():
+        for topic, config in self._served().items():
             incarnation.sweep(Path(config.data_path))
             for partition in range(config.num_partitions):
                 if self.has_log(topic, partition):
@@ -318,7 +332,19 @@ class MessageStoreManager:
     # --- config reload -------------------------------------------------------------
 
     def update_topics(self, new_topics: dict[str, TopicConfig], delete_dropped: bool = True) -> list[DroppedPartition]:
-        """Adopt a reloaded topic config: new topics, more partitions, changed settings.
+        """A store without a broker (tools, tests) serves a new topic map of its own: see
+        ``apply_topic_change``. A broker's store follows its ``LiveConfig`` instead."""
+        own = self._own_topics
+        if own is None:
+            raise RuntimeError("this store serves the broker's topic map: change it through LiveConfig.set_topics")
+        change = TopicChange(dict(own), dict(new_topics))
+        own.clear()
+        own.update(new_topics)
+        return self.apply_topic_change(change, delete_dropped)
+
+    def apply_topic_change(self, change: TopicChange, delete_dropped: bool = True) -> list[DroppedPartition]:
+        """Serve a changed topic map (already the one ``topics`` reads): new topics, more
+        partitions, changed settings.
 
         Returns the partitions it no longer has (``dropped_partitions``): already out of
         the map and (``delete_dropped``) their directories renamed aside, so nothing can look
@@ -327,11 +353,10 @@ class MessageStoreManager:
         section removed, no group configuration) their files stay on disk.
         """
         dropped = [self._drop(topic, partition, path if delete_dropped else None)
-                   for topic, partition, path in dropped_partitions(self._topics, new_topics)]
-        dropped += self._claim_open_logs(new_topics)
-        self._topics = dict(new_topics)
+                   for topic, partition, path in dropped_partitions(change.before, change.after)]
+        dropped += self._claim_open_logs(change)
         for (topic, _partition), partition_log in self._logs.items():
-            config = self._topics.get(topic)
+            config = change.after.get(topic)
             if config is None:
                 continue
             partition_log.max_segment_size = config.max_segment_size
@@ -342,14 +367,14 @@ class MessageStoreManager:
             self._schedule_retention()
         return dropped
 
-    def _claim_open_logs(self, new_topics: dict[str, TopicConfig]) -> list[DroppedPartition]:
+    def _claim_open_logs(self, change: TopicChange) -> list[DroppedPartition]:
         """Open logs of a topic that gets its incarnation now (opened from server.ini at start,
         before the group's configuration was read): their files' marker decides. Files of
         another incarnation are dropped (the topic was deleted and re-created while this broker
         was down); files without a marker are adopted."""
         dropped = []
         for (topic, partition), partition_log in list(self._logs.items()):
-            before, after = self._topics.get(topic), new_topics.get(topic)
+            before, after = change.before.get(topic), change.after.get(topic)
             if before is None or after is None or before.incarnation or not after.incarnation:
                 continue
             if incarnation.belongs(partition_log.directory, after.incarnation):
@@ -416,7 +441,7 @@ class MessageStoreManager:
         partitions beyond its count holding another incarnation's files (deleted, then created
         again with fewer partitions). A partition within the count is opened when asked, and its
         files checked then (``get_or_create_log``); files without a marker are kept."""
-        served = self._topics.get(topic)
+        served = self._served().get(topic)
         root = Path(data_path)
         if not root.is_dir():
             return
@@ -466,7 +491,7 @@ class MessageStoreManager:
         # Validate everything before touching the running tasks: a bad expression
         # fails the reload or the start with a clear error, the old schedule intact.
         schedules = {}
-        for topic, config in self._topics.items():
+        for topic, config in self._served().items():
             # ConfigError: `metaq broker` then exits with one line naming the key, no traceback.
             try:
                 parse_delete_policy(config.delete_policy)
@@ -522,7 +547,7 @@ class MessageStoreManager:
         self._flushers.clear()
 
 
-def dropped_partitions(old: dict[str, TopicConfig], new: dict[str, TopicConfig]) -> list[tuple[str, int, Path]]:
+def dropped_partitions(old: Mapping[str, TopicConfig], new: Mapping[str, TopicConfig]) -> list[tuple[str, int, Path]]:
     """``(topic, partition, directory)`` of each partition ``old`` has and ``new`` has not.
 
     A topic whose incarnation ended (``incarnation.ended``: deleted, or re-created in between)

@@ -1,4 +1,4 @@
-"""Issue 26 section 1: silent host loss, with hosts of their own (``--hosts netns``).
+"""Silent host loss, with hosts of their own (``--hosts netns``).
 
 One ZooKeeper node and a sync group (master ``g0-a``, slave ``g0-b``; ZK session T = 1.5 s)
 each in a network namespace on one bridge (chaos/hosts.py); the clients run in the root

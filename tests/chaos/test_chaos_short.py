@@ -104,7 +104,7 @@ def rogue_summary(result: dict) -> dict:
     rogue = result["history"]["meta"]["rogue"]
     assert all(peer["sent"] > 100 and peer["accepted"] == 0 for peer in rogue["peers"].values()), rogue["peers"]
     assert rogue["rss_mb"] and all(r["growth"] <= rogue["rss_growth_limit_mb"] for r in rogue["rss_mb"]), rogue["rss_mb"]
-    # Issue 23's attacks ran, were refused and got nothing through; the put latency was measured and held.
+    # The pre-login attacks ran, were refused and got nothing through; the put latency was measured and held.
     attacks = rogue["attacks"]
     assert all(a["accepted"] == 0 for a in attacks.values()), attacks
     # Each kind sent and was refused at some broker. Not at each: a round is judged only if its

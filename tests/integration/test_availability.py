@@ -1,4 +1,4 @@
-"""Availability after failures that never heal (Issue 13), with real processes.
+"""Availability after failures that never heal, with real processes.
 
 Each test keeps the failed broker down for good and checks what stays readable
 and writable, and within what time (the bound: 2 x zk.zkSessionTimeoutMs + 1 s

@@ -1,5 +1,5 @@
-"""Issue 22 item 10: errors no retry can fix fail the send at once, naming the cause;
-issue 23 item 4 (client side): what a client trusts from ZooKeeper.
+"""Errors no retry can fix fail the send at once, naming the cause;
+and what a client trusts from ZooKeeper.
 
 One secured broker group (SCRAM users, ACLs, TLS; topic ``t``, and ``closed`` with
 ``acceptPublish=false``) and one plain group (topic ``p``), real processes on the shared
@@ -179,7 +179,7 @@ def test_a_consumer_without_the_right_says_why_at_once(brokers: Brokers, caplog)
     assert "user 'reader' may not consume topic 'closed'" in lines[0], lines
 
 
-# --- issue 23 item 4: registrations in ZooKeeper the client does not trust ---------------------
+# --- registrations in ZooKeeper the client does not trust ---------------------
 
 
 class Listener(threading.Thread):

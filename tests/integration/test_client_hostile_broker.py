@@ -1,4 +1,4 @@
-"""Issue 23 items 4 and 13 (client side): what a hostile "broker" can make a client do.
+"""What a hostile "broker" can make a client do.
 
 The peer here is a fake broker on a loopback socket, the kind a forged ZooKeeper
 registration points clients at: it answers a fetch with a frame declaring a 1 GiB body,

@@ -1,4 +1,4 @@
-"""``metaq drill`` against a topic served by two broker groups (Issue 13 finding 3).
+"""``metaq drill`` against a topic served by two broker groups.
 
 The drill's load goes round-robin over every group serving the topic; loss must be
 counted only over the drilled group's partitions, or messages stored in the other

@@ -1,4 +1,4 @@
-"""Issue 26 section 1 (client): the client never waits out a dead master.
+"""The client never waits out a dead master.
 
 Sync pair A (master) / B (slave 1) with autoFailover, ZK session T = 1.5 s. A is stopped
 with SIGSTOP: its sockets stay open and silent (no RST, like a host whose link went

@@ -1,4 +1,4 @@
-"""Issue 22, the operator's items, against one shared cluster (real ZooKeeper, real broker processes).
+"""The operator's commands against one shared cluster (real ZooKeeper, real broker processes).
 
 Group 0: a plain sync pair, A (master) and B (``--slave``, slaveId 1), topic ``fo`` from server.ini.
 Group 1: a secured master alone (SCRAM users from tests/integration/trust_support.py).

@@ -40,8 +40,19 @@ def zk_config(zk: EmbeddedZooKeeper, root: str, session_timeout_ms: int = 4000) 
     )
 
 
-def make_registry(zk: EmbeddedZooKeeper, root: str, role: str | int = "master", **kwargs: Any) -> BrokerRegistry:
-    return BrokerRegistry(zk_config(zk, root, **kwargs), BROKER_ID, HOST, PORT, TOPICS, CHECKSUM, role)
+class Served:
+    """The topic map the registry registers, read at each sync (a broker's ``LiveConfig``)."""
+
+    def __init__(self, topics: dict[str, TopicConfig]) -> None:
+        self.topics = dict(topics)
+
+    def __call__(self) -> dict[str, TopicConfig]:
+        return self.topics
+
+
+def make_registry(zk: EmbeddedZooKeeper, root: str, role: str | int = "master", served: Served | None = None,
+                  **kwargs: Any) -> BrokerRegistry:
+    return BrokerRegistry(zk_config(zk, root, **kwargs), BROKER_ID, HOST, PORT, served or Served(TOPICS), CHECKSUM, role)
 
 
 async def eventually(predicate: Callable[[], Any], timeout: float = 15.0, message: str = "condition") -> Any:
@@ -213,15 +224,15 @@ def test_update_topics_and_checksum(zk: EmbeddedZooKeeper, zk_root: str, zk_clie
     paths = ZkPaths(zk_root)
 
     async def scenario() -> None:
-        registry = make_registry(zk, zk_root)
+        served = Served(TOPICS)
+        registry = make_registry(zk, zk_root, served=served)
         await registry.start()
         try:
-            await registry.update_topics(
-                {
-                    "orders": TopicConfig("orders", num_partitions=5),
-                    "fresh": TopicConfig("fresh", num_partitions=1),
-                }
-            )
+            served.topics = {
+                "orders": TopicConfig("orders", num_partitions=5),
+                "fresh": TopicConfig("fresh", num_partitions=1),
+            }
+            await registry.publish_topics()
             assert read(zk_client, paths.topic_pub_node("orders", BROKER_ID))[0] == b'{"numParts":5,"broker":"0-m"}'
             assert read(zk_client, paths.topic_sub_node("fresh", BROKER_ID))[0] == b'{"numParts":1,"broker":"0-m"}'
             assert children(zk_client, paths.topics_sub("audit")) == []
@@ -296,7 +307,7 @@ def test_unreachable_zookeeper_is_a_clear_error() -> None:
     config = ZkConfig(zk_connect=f"127.0.0.1:{free_port()}", connection_timeout_ms=500, session_timeout_ms=2000)
 
     async def scenario() -> None:
-        registry = BrokerRegistry(config, BROKER_ID, HOST, PORT, TOPICS, CHECKSUM)
+        registry = BrokerRegistry(config, BROKER_ID, HOST, PORT, Served(TOPICS), CHECKSUM)
         with pytest.raises(RegistryError, match="cannot connect to ZooKeeper"):
             await registry.start()
 
@@ -310,7 +321,8 @@ def test_survives_a_short_zookeeper_stall(tmp_path) -> None:
     paths = ZkPaths("/meta")
 
     async def scenario() -> None:
-        registry = make_registry(server, "/meta", session_timeout_ms=6000)
+        served = Served(TOPICS)
+        registry = make_registry(server, "/meta", served=served, session_timeout_ms=6000)
         events: list[Any] = []
         registry.on_session_suspended = lambda: events.append("suspended")
         registry.on_session_lost = lambda: events.append("lost")
@@ -320,7 +332,8 @@ def test_survives_a_short_zookeeper_stall(tmp_path) -> None:
         try:
             server.pause()
             await eventually(lambda: "suspended" in events, message="a suspended connection")
-            updating = asyncio.create_task(registry.update_topics({"later": TopicConfig("later", num_partitions=7)}))
+            served.topics = {"later": TopicConfig("later", num_partitions=7)}
+            updating = asyncio.create_task(registry.publish_topics())
             await asyncio.sleep(0.5)
             server.resume()
             await asyncio.wait_for(updating, 15)
@@ -396,7 +409,7 @@ def test_a_connection_loss_while_securing_the_tree_at_start_is_retried(zk: Embed
     security = AnswerLostOnce(zk_root, BROKER_ID, "group-0-password")
 
     async def scenario() -> None:
-        registry = BrokerRegistry(zk_config(zk, zk_root), BROKER_ID, HOST, PORT, TOPICS, CHECKSUM, "master", security=security)
+        registry = BrokerRegistry(zk_config(zk, zk_root), BROKER_ID, HOST, PORT, Served(TOPICS), CHECKSUM, "master", security=security)
         await registry.start()
         try:
             assert len(calls) == 2
@@ -437,11 +450,13 @@ def test_a_topic_node_held_by_another_session_at_run_time_is_registered_once_it_
     fresh_pub, other = held_by_another_session
 
     async def scenario() -> None:
-        registry = make_registry(zk, zk_root, session_timeout_ms=1000)
+        served = Served(TOPICS)
+        registry = make_registry(zk, zk_root, served=served, session_timeout_ms=1000)
         await registry.start()
         try:
             await registry.set_checksum(7)
-            await registry.update_topics(WITH_FRESH)  # raised before
+            served.topics = WITH_FRESH
+            await registry.publish_topics()  # raised before
             assert read(zk_client, paths.topic_sub_node("fresh", BROKER_ID))[1].ephemeralOwner == registry.session_id
             assert read(zk_client, paths.master_config_checksum(BROKER_ID))[0] == b"7"
             assert fresh_pub not in registry.registered_nodes
@@ -466,7 +481,8 @@ def test_a_node_is_never_created_for_a_session_other_than_the_one_its_step_regis
     fresh_pub, other = held_by_another_session
 
     async def scenario() -> None:
-        registry = make_registry(zk, zk_root, session_timeout_ms=1000)
+        served = Served(TOPICS)
+        registry = make_registry(zk, zk_root, served=served, session_timeout_ms=1000)
         events: list[Any] = []
         registry.on_connected = lambda new_session: events.append(("connected", new_session))
         await registry.start()
@@ -476,7 +492,8 @@ def test_a_node_is_never_created_for_a_session_other_than_the_one_its_step_regis
             # before the expiry, and runs once the new session is up, before its registration.
             hold = threading.Event()
             registry._worker.submit(hold.wait, 30)
-            change = asyncio.ensure_future(registry.update_topics(WITH_FRESH))
+            served.topics = WITH_FRESH
+            change = asyncio.ensure_future(registry.publish_topics())
             await asyncio.sleep(0.1)
             await asyncio.get_running_loop().run_in_executor(None, expire_session, zk, registry)
             await eventually(lambda: registry.session_id not in (None, old_session), message="a new session")

@@ -159,7 +159,7 @@ def test_forged_divergent_answers_stop_the_partition(broker_factory, zk, zk_clie
             assert int(rows[(TOPIC, p)]["divergences"]) == 1
             assert rows[(TOPIC, p)]["log_end"] == str(len(fake.logs[p])), rows[(TOPIC, p)]
             assert fake.evil_answers[p] == 1, "a stopped partition must not fetch again"
-        # metaq cluster names the slave's stopped partitions as unhealthy (issue 22 item 9).
+        # metaq cluster names the slave's stopped partitions as unhealthy.
         members = asyncio.run(collect(zk.connect_string, zk_root))
         lines = [line for line in unhealthy(members) if "slave0" in line]
         assert len(lines) == 1 and "stopped replicating 3 partition(s): forged-0-0, forged-0-1, forged-0-2" in lines[0], lines

@@ -1,4 +1,4 @@
-"""Sync replication with real processes (issue 5, "Done when"): acked means on the slave.
+"""Sync replication with real processes: acked means on the slave.
 
 * kill -9 of the master right after a stream of pipelined acked puts: every acked byte
   is on the slave at the same offsets, byte for byte (compared with the bytes the master

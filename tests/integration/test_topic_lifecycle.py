@@ -1,5 +1,5 @@
-"""Deleting and re-creating a topic on a running pair (issue 22, items 1-3; real ZooKeeper and
-broker processes), and docs/operations.md's procedure "Deleting and re-creating a topic".
+"""Deleting and re-creating a topic on a running pair (real ZooKeeper and broker processes),
+and docs/operations.md's procedure "Deleting and re-creating a topic".
 
 Group 0: A (master) and B (``--slave``, slaveId 1), ZK session 1500 ms.
 """

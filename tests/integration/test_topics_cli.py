@@ -117,7 +117,7 @@ def test_topic_created_on_a_running_pair_survives_role_swaps(broker_factory, zk,
 
 
 def test_a_former_member_started_without_slave_joins_without_changing_the_groups_topics(broker_factory, zk_root, zk_client):
-    """One rule (issue 22): a broker started without ``--slave`` while another broker leads
+    """One rule: a broker started without ``--slave`` while another broker leads
     never changes the group's topics. The old master, a section added to its server.ini and
     restarted after the slave took over, joins as the new master's slave and serves the
     group's topics; the new section is not added (it used to be, from the old master's

@@ -1,4 +1,4 @@
-"""Local and XA transactions with real brokers and ZooKeeper (issue 16, "Done when").
+"""Local and XA transactions with real brokers and ZooKeeper.
 
 Group 0 is a sync pair: A (master) and B (``--slave``), ``replicationMode=sync``,
 ZK session 1500 ms; topic ``fo`` with two partitions. Consumers' view is read on

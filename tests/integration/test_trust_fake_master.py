@@ -1,4 +1,4 @@
-"""Issue 14, findings 3 and 8: a slave facing a master it cannot trust, or a config it cannot use.
+"""A slave facing a master it cannot trust, or a config it cannot use.
 
 A fake master (an asyncio server in this process that speaks the protocol) is
 registered in ZooKeeper (security off: anyone may) and a real slave process follows it:

@@ -1,4 +1,4 @@
-"""Issue 23, item 12: a broker's data is readable by its own OS user only.
+"""A broker's data is readable by its own OS user only.
 
 Segments, checkpoints, the transaction journal and every other file a broker writes under
 its data directories are created 0600, in 0700 directories; a data directory the

@@ -1,4 +1,4 @@
-"""Issue 22: a secured group's brokers ask each other as members of the group (ha/peers.py).
+"""A secured group's brokers ask each other as members of the group (ha/peers.py).
 
 One secured sync pair (group 0, security on, real processes) on a ZooKeeper of this module's
 own, with a super-user login so a test can remove a node the group's ACLs protect:

@@ -1,4 +1,4 @@
-"""Issue 23, finding 10: signed UDP heartbeats cannot be replayed, nor used as a reflector.
+"""Signed UDP heartbeats cannot be replayed, nor used as a reflector.
 
 A secured master and slave (real processes). The slave is paused (SIGSTOP), so its own
 heartbeats stop and the master's ``heartbeat_age_ms`` for it grows. A heartbeat signed an

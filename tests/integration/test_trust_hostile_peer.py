@@ -1,4 +1,4 @@
-"""Issue 14: a hostile peer during a sync failover (security off, the default).
+"""A hostile peer during a sync failover (security off, the default).
 
 While a put stream runs against a sync pair, a rogue client loops over what used to
 break the group: ``position`` reports and replica ``get``s for phantom slaves (joins,

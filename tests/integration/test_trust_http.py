@@ -1,4 +1,4 @@
-"""Issue 14: the HTTP link. ``metaq http`` serves HTTPS (``--tls-cert --tls-key``), lets HTTP
+"""The HTTP link. ``metaq http`` serves HTTPS (``--tls-cert --tls-key``), lets HTTP
 clients log in as the security file's users with their ACLs (``--http-users``), and logs in to
 a secured group's brokers like any client (``--user --password-file --tls-ca``).
 

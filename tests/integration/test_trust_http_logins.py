@@ -1,4 +1,4 @@
-"""Issue 23, item 9: password checks of the HTTP gateway (``metaq http --http-users``).
+"""Password checks of the HTTP gateway (``metaq http --http-users``).
 
 A real ZooKeeper and a real gateway process serving HTTPS. The users' secrets have 50,000
 PBKDF2 iterations, so a check costs tens of milliseconds and its absence or its place

@@ -1,4 +1,4 @@
-"""Issue 14, finding 7: a broker's memory and connections are bounded against one hostile client.
+"""A broker's memory and connections are bounded against one hostile client.
 
 Real broker processes; the hostile client is a raw socket. RSS is read from /proc.
 

@@ -1,4 +1,4 @@
-"""Issue 23, item 13: the Prometheus port of a secured broker (``metricsPort``).
+"""The Prometheus port of a secured broker (``metricsPort``).
 
 Before, it listened on ``hostName`` and served every series to anyone, with no login and
 no TLS, also with ``securityEnabled``. Now it listens on loopback unless ``metricsHost``

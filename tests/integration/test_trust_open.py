@@ -1,4 +1,4 @@
-"""Issue 14 with security off (the default): what a hostile peer can no longer do.
+"""With security off (the default): what a hostile peer can no longer do.
 
 Real ZooKeeper, real broker processes, a raw connection as the hostile peer:
 

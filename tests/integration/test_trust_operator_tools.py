@@ -1,4 +1,4 @@
-"""Issue 14: the operator tools log in like the clients do (``--user --password-file``).
+"""The operator tools log in like the clients do (``--user --password-file``).
 
 A secured sync master and slave (real processes, real ZooKeeper): ``metaq stats`` and
 ``metaq cluster`` answer for an admin user and are refused without a login; ``metaq

@@ -1,4 +1,4 @@
-"""Issue 23, findings 1 and 2: what a peer that has not logged in can hold of a broker.
+"""What a peer that has not logged in can hold of a broker.
 
 Real broker processes; the attackers are raw sockets (from other loopback addresses
 where the per-address cap is the point). RSS is read from /proc.

@@ -1,4 +1,4 @@
-"""Issue 14 with ``securityEnabled=true``: a secured sync group against hostile peers.
+"""With ``securityEnabled=true``: a secured sync group against hostile peers.
 
 One sync master and slave with the group secret and a security file, real processes
 and a real ZooKeeper:

@@ -1,4 +1,4 @@
-"""Issue 14: everything on, as docs/security.md says to turn it on: TLS for every link, SCRAM, ACLs.
+"""Everything on, as docs/security.md says to turn it on: TLS for every link, SCRAM, ACLs.
 
 A sync master and slave with certificates from a test CA replicate over TLS (the slave
 verifies the master by the CA, then authenticates with the group secret); ``metaq produce``

@@ -1,4 +1,4 @@
-"""Issue 14: ``metaq topics create|alter|delete`` against a group with ZooKeeper ACLs.
+"""``metaq topics create|alter|delete`` against a group with ZooKeeper ACLs.
 
 A secured sync master and slave (real processes, real ZooKeeper): the group's topic
 configuration node (``/brokers/topic-config/{id}``) is the group's, like its master and

@@ -1,4 +1,4 @@
-"""Transaction ownership with security on: real brokers, real ZooKeeper (issue 23, items 5, 6, 7, 11).
+"""Transaction ownership with security on: real brokers, real ZooKeeper.
 
 Users ``app`` and ``rival`` may both produce every topic (neither is admin); ``reader`` may
 only consume. Every step is a raw request on a connection logged in as one of them, so each

@@ -1,4 +1,4 @@
-"""Issue 22: a broker group recovers from a ZooKeeper that lost its data, at any epoch.
+"""A broker group recovers from a ZooKeeper that lost its data, at any epoch.
 
 docs/operations.md, "Losing ZooKeeper's data", run as written: a sync pair (A founds the
 group, B is its slave) fails over once (A killed, B leads epoch 2 and acks alone), then

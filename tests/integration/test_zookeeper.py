@@ -146,7 +146,7 @@ def test_foreground_server_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
 
 
 def test_metaq_zk_keeps_its_data_by_default_and_names_the_dir(tmp_path: Path) -> None:
-    """Issue 22: `metaq zk` used a temporary dir, so every restart lost every group's epoch."""
+    """`metaq zk` used a temporary dir, so every restart lost every group's epoch."""
     port = free_port()
     env = dict(os.environ, XDG_DATA_HOME=str(tmp_path / "xdg"), PYTHONPATH=str(REPO_ROOT))
     expected_dir = tmp_path / "xdg" / "metaq" / f"zookeeper-{port}"

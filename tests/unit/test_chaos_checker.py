@@ -420,7 +420,7 @@ def test_liveness_writes_not_resuming_within_the_bound_is_caught():
 
 
 def test_liveness_acked_message_unreadable_after_a_fault_that_never_heals_is_caught():
-    """Issue 13 finding 1 in miniature: the master is lost for good, the new master refuses
+    """A lost master in miniature: the master is lost for good, the new master refuses
     writes by design (reject, no eligible slave) and never serves the last acked messages."""
     run = TimedRun()
     run.load(1, 10)

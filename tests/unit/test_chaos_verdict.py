@@ -378,3 +378,18 @@ def test_a_consumer_that_exits_by_itself_is_a_crash(tmp_path):
     load._stop(0, signal.SIGTERM, wait_s=1.0)
     assert load.crashes == ["consumer chaos-g0-c0.0 exited by itself with code 3 (see consumers/chaos-g0-c0.0.log)"]
 
+
+
+def test_a_fault_that_took_seconds_to_inject_is_timed_from_its_start_and_its_takeover_counts():
+    """Campaign seed 5200 (power loss): the kill's fast takeover was seen at 110.16 s, but the
+    fault was recorded at 110.56 s, after the power-loss replay; the failover check looked
+    for a failover after 110.56 s and found none. The runner now records when the fault
+    began (``History.fault(at=...)``), kept in time order."""
+    history = History()
+    history.fault("consumer-start", "c0", at=5.0)
+    history.fault("consumer-start", "c1", at=11.0)
+    history.fault("power-loss-master", "b0-m", at=10.0)
+    assert [f["time"] for f in history.faults] == [5.0, 10.0, 11.0]
+    # Recorded late, timed from its start: the failover seen during the injection satisfies it.
+    assert check(_master_fault(4.0, 10.25)).ok
+    assert failing(check(_master_fault(4.0, 10.1))) == {"failover"}, "a failover before the fault is not its own"

@@ -77,7 +77,7 @@ def test_ineligible_and_stale_candidacies_do_not_rank():
     assert candidate_turn(1, 3, cands, {1, 2}, 0.0)[0]  # slave2 not eligible, slave4 posted in an old round
 
 
-# --- ZooKeeper lost its data (issue 22) ---------------------------------------------------
+# --- ZooKeeper lost its data ---------------------------------------------------
 
 from metaq.ha.election import RESEED_WAIT_S, ReseedClaim, reseed_turn  # noqa: E402
 from metaq.ha.epochs import read_led_epoch, record_led_epoch  # noqa: E402

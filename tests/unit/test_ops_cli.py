@@ -104,7 +104,7 @@ def test_seeding_adds_only_topics_the_group_lacks_and_no_operator_deleted():
 
 
 def test_a_system_default_edit_applies_to_every_topic_that_does_not_override_it():
-    """Issue 22 item 5: seeding and a SIGHUP'd edit store overrides only, never a pinned [system] value."""
+    """Seeding and a SIGHUP'd edit store overrides only, never a pinned [system] value."""
     before = parse_server_ini(b"[system]\nbrokerId=0\nunflushInterval=10000\n[topic=s]\nunflushThreshold=7\n[topic=o]\nunflushInterval=50\n", "s.ini")
     seeded = seed_with(before.topics, before.topic_defaults)(GroupTopics())
     assert seeded is not None

@@ -104,7 +104,7 @@ def test_archive_zips_when_asked(tmp_path):
     log = aged_log(manager, count=3)
     (archived,) = run_retention(manager, NOW)
     assert archived.name == f"{0:020d}.zip"
-    assert archived.stat().st_mode & 0o777 == 0o600  # the messages stay the broker's own (issue 23)
+    assert archived.stat().st_mode & 0o777 == 0o600  # the messages stay the broker's own
     assert not (log.directory / segment_file_name(0)).exists()
     with zipfile.ZipFile(archived) as archive:
         assert archive.read(segment_file_name(0)) == REC * 2
