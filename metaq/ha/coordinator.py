@@ -372,15 +372,15 @@ class HaCoordinator:
             log.log(logging.DEBUG if repeated else logging.WARNING, "not taking over: %s; %s", why,
                     recovery_hint(state, history, self.broker_id, slave_id))
             if dead is not None:
-                # Evidence we may not act on is dropped: kept, it made every event naming that
-                # session "its process died" (ignored), so a master that was alive after all (a
-                # challenge answered late on a busy machine) was never followed again and this
-                # slave stayed an orphan for good. Its session's expiry, if it did die, comes as
-                # the master node's deletion like any other.
-                self.followership.death_watch.forget()
-                log.log(logging.DEBUG if repeated else logging.INFO,
-                        "the master at %s is followed again until ZooKeeper says otherwise", dead.url)
-                self._post_master(dead.url)
+                # Evidence we may not act on must not outlive the session it names: kept, it
+                # made every event naming that session "its process died" (ignored), so a master
+                # that was alive after all (a challenge answered late on a busy machine) was never
+                # followed again and this slave stayed an orphan for good. A dead session expires
+                # within its timeout (the master node's deletion comes like any other); one that
+                # still holds the lock then lives, and the look at that moment finds the evidence
+                # stale (names_dead_session) and follows it again.
+                self._look_again_in(max(0.0, dead.observed_at + self.config.zk.session_timeout_ms / 1000
+                                        - time.monotonic()) + 0.1)
         return ok
 
     def _cannot_lead_now(self) -> str | None:

@@ -87,9 +87,9 @@ session in time), ALIVE (it was answered, or ZooKeeper could not be asked), RETR
 STANDBY + RETRY watches the same master again (a healed link: if it dies later, the
 fast path applies again). DEAD + UNFOLLOW stays DEAD: the coordinator stops following
 on its way to use the evidence; it is dropped when the coordinator follows someone
-(FOLLOW), uses it (``forget``), may not use it (not eligible: it follows the master the
-node names again, ``forget``), or finds the master node owned by another session, or the
-evidence older than the session timeout (``names_dead_session``: a dead session would
+(FOLLOW), uses it (``forget``), or finds the master node owned by another session, or the
+evidence older than the session timeout (``names_dead_session``; a slave that may not use
+the evidence looks again at that moment, and follows the master again: a dead session would
 have expired by then, so one that still holds the lock lives -- its answer to the
 challenge was late, on an overloaded machine for instance). Kept, evidence that was wrong
 would make every later event naming that live session "its process died", and the slave

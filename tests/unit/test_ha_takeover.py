@@ -246,7 +246,7 @@ def test_evidence_older_than_the_session_timeout_names_no_dead_session(monkeypat
     assert watch.dead is None and watch.phase is Phase.IDLE
 
 
-def test_an_orphan_that_may_not_take_over_drops_the_evidence_and_follows_the_master_again(monkeypatch):
+def test_an_orphan_that_may_not_take_over_looks_again_once_the_evidence_is_stale_and_follows_the_live_master(monkeypatch):
     import time
 
     from metaq.ha import coordinator as coordinator_module
@@ -275,12 +275,28 @@ def test_an_orphan_that_may_not_take_over_drops_the_evidence_and_follows_the_mas
 
     coordinator.candidacy = SimpleNamespace(post_reseed_claim=no_claims, ranks_candidates=lambda *_: False)
     death_watch = coordinator.followership.death_watch
-    death_watch.dead = takeover.DeadMaster(MASTER_URL, 7, time.monotonic())
+    # The evidence is 1.4 s old and the session timeout 1.5 s: a dead session has 0.1 s left.
+    death_watch.dead = takeover.DeadMaster(MASTER_URL, 7, time.monotonic() - 1.4)
     death_watch.phase = Phase.DEAD
+    from metaq.ha.role import Event
 
-    assert asyncio.run(coordinator._consider_election()) is False
-    assert death_watch.dead is None, "evidence it may not act on is dropped"
-    queued = []
-    while not coordinator._events.empty():
-        queued.append(coordinator._events.get_nowait())
-    assert [detail for _event, detail in queued] == [MASTER_URL], "the master is looked at (and followed) again"
+    def drain() -> list:
+        queued = []
+        while not coordinator._events.empty():
+            queued.append(coordinator._events.get_nowait())
+        return queued
+
+    async def scenario() -> tuple[bool, list, list, list]:
+        coordinator._loop = asyncio.get_running_loop()
+        first = await coordinator._consider_election()
+        at_once = drain()
+        await asyncio.sleep(0.5)  # the look again scheduled for when the session would have expired
+        later = drain()
+        await coordinator._consider_election()  # that look: the session still holds the lock
+        return first, at_once, later, drain()
+
+    first, at_once, later, after = asyncio.run(scenario())
+    assert first is False and at_once == [], "not eligible: nothing to do until the session would have expired"
+    assert [event for event, _detail in later] == [Event.REEVALUATE], "a look again is scheduled"
+    assert death_watch.dead is None, "then the evidence is stale: the session lives"
+    assert [detail for _event, detail in after] == [MASTER_URL], "and the live master is followed again"
