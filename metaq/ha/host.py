@@ -32,12 +32,39 @@ class LogStore(Protocol):
     def flusher(self, topic: str, partition: int) -> Any: ...
 
 
+class LogReader(Protocol):
+    """A partition log as its readers see it (metaq.store.log.PartitionLog, read-only): no
+    ``append``, ``truncate_to`` or ``repair_corrupt`` here. Those are called only by the
+    partition's owner (metaq.server.partitions.Partition); tests/unit/test_log_writers.py
+    fails if any other module calls them."""
+
+    @property
+    def log_end(self) -> int: ...
+
+    @property
+    def min_offset(self) -> int: ...
+
+    @property
+    def flushed_end(self) -> int: ...
+
+    @property
+    def max_message_size(self) -> int: ...
+
+    @property
+    def directory(self) -> Path: ...
+
+    def read(self, offset: int, max_bytes: int, upto: int | None = None) -> bytes: ...
+
+    def crc32(self, start: int, end: int) -> int: ...
+
+
 class PartitionOwner(Protocol):
     """One partition's log, epoch history and transaction state, written only through it
     (metaq.server.partitions.Partition)."""
 
     @property
-    def log(self) -> Any: ...
+    def log(self) -> LogReader:
+        """The log, to read: every append and truncation goes through the methods below."""
 
     @property
     def epochs(self) -> EpochCache: ...
