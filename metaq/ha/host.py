@@ -8,7 +8,7 @@ the broker through these protocols, so the dependency points one way
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 from kazoo.client import KazooClient
 
@@ -16,6 +16,7 @@ from ..config import BrokerConfig, TopicConfig
 from ..security.settings import BrokerSecurity
 from ..zk.acl import ZkSecurity
 from .epochs import EpochCache
+from .record import ReplicationRecord
 
 
 class LogStore(Protocol):
@@ -88,6 +89,11 @@ class PartitionOwners(Protocol):
     def get(self, topic: str, partition: int) -> PartitionOwner: ...
 
     def batch_boundary(self, topic: str, partition: int, offset: int, committed: int) -> int: ...
+
+    def replication(self, topic: str, partition: int) -> ReplicationRecord | None:
+        """The partition's replication record (None if not served): see ``ReplicationRecords``."""
+
+    def replications(self) -> Iterator[tuple[tuple[str, int], ReplicationRecord]]: ...
 
 
 class Registry(Protocol):

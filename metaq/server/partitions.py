@@ -54,9 +54,10 @@ import contextlib
 import logging
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from ..ha.epochs import EpochCache, save_all
+from ..ha.record import ReplicationRecord
 from ..protocol import commands as c
 from ..record import HEADER
 from ..store.refused import RefusedLog
@@ -104,6 +105,9 @@ class Partition:
         self._epochs: EpochCache | None = None
         self.snapshot_position = -1  # position of the last snapshot written (-1: none)
         self.cuts = 0  # truncations and drops: a snapshot serialized before one is stale
+        #: What replication knows of this partition (metaq/ha/record.py): slaves' positions,
+        #: the append history, the share of this term's writes slaves fetched. Goes with it.
+        self.replication = ReplicationRecord()
 
     @property
     def ready(self) -> bool:
@@ -326,6 +330,21 @@ class Partitions:
             self._partitions[(topic, partition)] = owner
         return owner
 
+    def replication(self, topic: str, partition: int) -> ReplicationRecord | None:
+        """The partition's replication record (metaq/ha/record.py); None if its log is not open
+        (a report or heartbeat naming a partition this broker does not serve opens nothing)."""
+        owner = self._partitions.get((topic, partition))
+        if owner is None:
+            partition_log = self.store.open_log(topic, partition)
+            if partition_log is None:
+                return None
+            owner = self.get(topic, partition, partition_log)
+        return owner.replication
+
+    def replications(self) -> Iterator[tuple[Key, ReplicationRecord]]:
+        """Every open partition's replication record."""
+        return iter([(key, owner.replication) for key, owner in self._partitions.items()])
+
     def serving(self, topic: str, partition: int, partition_log: Any = None) -> Partition:
         """The owner, for the put and fetch paths: ``PartitionLoading`` (503, retriable) while its
         state still loads in a worker thread, so the event loop never waits for that load.
@@ -374,12 +393,14 @@ class Partitions:
 
     def drop(self, keys: list[Key]) -> None:
         """Partitions no longer served (topic deleted or re-created): their producers,
-        transactions and epoch history never apply to another incarnation of the topic."""
+        transactions, epoch history and replication record (slaves' positions, append
+        history) never apply to another incarnation of the topic; they go with the owner."""
         with self.files:
             for key in keys:
                 owner = self._partitions.pop(key, None)
                 if owner is not None:
                     owner.cuts += 1  # a snapshot serialized before now is not written (``_write_all``)
+                    owner.replication.close()  # puts waiting for its slaves end (404)
 
     # --- epochs ----------------------------------------------------------------------------------
 
