@@ -16,12 +16,16 @@ tables to forget it. On the master it holds:
   committed offset, safe end, the log end the term started with, the offset consumers were
   last woken for, the puts waiting), written only by that term's ``SyncReplication``.
 
+On a slave it holds ``replica``: the ``PartitionReplica`` (replica.py) that copies this
+partition from the master, with ``replica_owner``, the ``MasterFollower`` (follower.py) that
+made it and alone writes both; a follower of a later master sees no replica of an earlier one.
+
 ``close`` (from ``Partitions.drop``) ends the puts still waiting on a dropped partition.
 
 What stays broker-wide is genuinely per slave: ``ReplicationProgress.slaves`` (when each slave
 was last heard), the sync set's membership (sync_set.py), the slaves' connections (node.py).
 
-Cost at 10,000 partitions: one record each (four slots) and, on a sync master, one
+Cost at 10,000 partitions: one record each (six slots) and, on a sync master, one
 ``PartitionSync`` each (seven slots); a position per slave that reports
 the partition; the append history is made at a partition's first put and is bounded
 (``HISTORY_ENTRIES``). No task and no timer per partition.
@@ -81,7 +85,7 @@ class ReplicaPosition:
 class ReplicationRecord:
     """Everything replication keeps about one partition (see the module docstring)."""
 
-    __slots__ = ("positions", "history", "shared", "sync")
+    __slots__ = ("positions", "history", "shared", "sync", "replica", "replica_owner")
 
     def __init__(self) -> None:
         self.positions: dict[int, ReplicaPosition] = {}
@@ -89,6 +93,10 @@ class ReplicationRecord:
         self.shared: tuple[int, int] | None = None
         #: sync_set.py's ``PartitionSync`` (typed loosely: sync_set.py imports this module).
         self.sync: Any = None
+        #: follower.py's ``PartitionReplica`` and the ``MasterFollower`` it belongs to (loosely
+        #: typed: follower.py and replica.py import this module's users).
+        self.replica: Any = None
+        self.replica_owner: Any = None
 
     def close(self) -> None:
         """The partition is dropped: puts waiting for its slaves end (404, outcome unknown)."""
