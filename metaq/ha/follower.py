@@ -188,6 +188,10 @@ class MasterFollower:
         self._stopped = True
         await self.heartbeat.stop()
         await self._stop_following()
+        # Stopped for good (a new slave id gets a new follower): its replicas leave the records.
+        for _key, record in self.host.partitions.replications():
+            if record.replica_owner is self:
+                record.replica = record.replica_owner = None
 
     def _watch(self, handler: Any) -> Any:
         def watcher(data: bytes | None, _stat: Any, *_: Any) -> bool:

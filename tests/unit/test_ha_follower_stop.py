@@ -161,3 +161,7 @@ def test_a_followers_replicas_live_in_their_partitions_records_and_go_with_a_dro
     assert later.replicas == {} and later.committed_seen("t", 0) == 0
     host.partitions.drop([("t", 0)])
     assert earlier.replicas == {} and earlier._replica(("t", 0)) is None
+    kept = host.partitions.replication("t", 1)
+    kept.replica, kept.replica_owner = replica, later
+    asyncio.run(later.stop())  # stopped for good: its replicas leave the records
+    assert kept.replica is None and kept.replica_owner is None and later.replicas == {}
