@@ -95,6 +95,12 @@ class PartitionOwners(Protocol):
 
     def replications(self) -> Iterator[tuple[tuple[str, int], ReplicationRecord]]: ...
 
+    async def assign_epoch(self, topics: dict[str, TopicConfig], epoch: int) -> int:
+        """A new master's epoch in every served partition's history, durably (one batch)."""
+
+    async def adopt_epochs(self, topic: str, partition: int, entries: list[tuple[int, int]]) -> bool:
+        """A slave copies its master's epoch history of a partition (saved off the event loop)."""
+
 
 class Registry(Protocol):
     """The broker's ZooKeeper presence (metaq.server.registry.BrokerRegistry).
