@@ -100,6 +100,10 @@ def mode_system(mode: str, on_sync_slave_loss: str = "degrade") -> dict[str, Any
     raise ValueError(f"mode must be sync or async, got {mode!r}")
 
 
+#: ``view`` reads the epoch again after the members, at most this many times, until both agree.
+VIEW_ATTEMPTS = 5
+
+
 @dataclass
 class GroupView:
     master: str | None
@@ -420,17 +424,29 @@ class ChaosCluster:
             return None
 
     def view(self, group: int) -> GroupView:
-        epoch_data = self._get(self.paths.epoch(group))
-        epoch = decode_epoch(epoch_data)[0] if epoch_data else 0
-        try:
-            members = read_members(self.zk, self.paths, group, timeout=5)
-            master, slaves = members.master_url, members.slaves
-        except Exception:  # the group's node is not there yet, or ZooKeeper is busy
-            data = self._get(self.paths.master(group))
-            master, slaves = (data.decode() if data else None), {}
+        """The group as ZooKeeper has it, with an epoch that belongs with its master.
+
+        The epoch and the master node are two reads; an election commits both at once, and one
+        between the reads would pair the new master with the old epoch (seen: a failover
+        recorded "to epoch 1", which the checker then took for one that deposed no epoch). So
+        the epoch is read before and after the members until both reads agree."""
+        for _ in range(VIEW_ATTEMPTS):
+            epoch = self._epoch(group)
+            try:
+                members = read_members(self.zk, self.paths, group, timeout=5)
+                master, slaves = members.master_url, members.slaves
+            except Exception:  # the group's node is not there yet, or ZooKeeper is busy
+                data = self._get(self.paths.master(group))
+                master, slaves = (data.decode() if data else None), {}
+            if self._epoch(group) == epoch:
+                break
         sync = self._get(self.paths.sync_set(group))
         sync_set = set(json.loads(sync)["slaves"]) if sync else set()
         return GroupView(master, epoch, slaves, sync_set)
+
+    def _epoch(self, group: int) -> int:
+        data = self._get(self.paths.epoch(group))
+        return decode_epoch(data)[0] if data else 0
 
     def group_brokers(self, group: int) -> list[ChaosBroker]:
         return [b for b in self.brokers if b.group == group]

@@ -255,16 +255,20 @@ Running = Callable[[], Any]
 
 def _closed_by_broker(sockets: list[socket.socket], seconds: float, *, replies_close: bool,
                       running: Running, stop: threading.Event | None = None,
-                      enough: int | None = None) -> set[socket.socket] | None:
+                      enough: int | None = None, token: int | None | object = ...) -> set[socket.socket] | None:
     """The sockets the broker closed within ``seconds`` (EOF or reset); with ``replies_close`` a reply counts too.
     With ``enough``, returns as soon as that many are closed.
 
     None when the broker did not run all along (paused or restarted by a fault): it could
-    refuse nothing then, and the round proves nothing either way. None too as soon as
-    ``stop`` is set: for a caller that judges no round the run's end cuts short.
+    refuse nothing then, and the round proves nothing either way. "All along" starts at
+    ``token``, what ``running()`` said before the round's sockets were opened (default: now):
+    a round whose connections queued in the kernel while the broker was stopped meets a broker
+    just resumed with seconds of backlog, which proves nothing about how fast it refuses.
+    None too as soon as ``stop`` is set: for a caller that judges no round the run's end cuts short.
     """
     closed: set[socket.socket] = set()
-    token = running()
+    if token is ...:
+        token = running()
     if token is None:
         return None
     with selectors.DefaultSelector() as selector:
@@ -305,6 +309,7 @@ class BigBodyFlood(_Looper):
     def _main(self) -> None:
         head = encode_frame_head(PutRequest(topic=self.topic, partition=0, count=1).to_header(), BIG_BODY)
         while not self._stop.is_set():
+            token = self.running()  # before connecting: see _closed_by_broker
             sockets = [s for s in (_connect_from(self.source, self.address) for _ in range(self.per_round)) if s]
             for sock in sockets:
                 try:
@@ -313,7 +318,7 @@ class BigBodyFlood(_Looper):
                     pass
             # Security on: closed at the first frame that is not a small login frame. Off: a 503
             # for each past the budget (they stay open); the ones within it are held until cut off.
-            refused = _closed_by_broker(sockets, self.hold_s, replies_close=True, running=self.running)
+            refused = _closed_by_broker(sockets, self.hold_s, replies_close=True, running=self.running, token=token)
             if refused is not None:
                 self.sent += len(sockets)
                 self.refused += len(refused)
@@ -343,6 +348,7 @@ class SlotFlood(_Looper):
     def _main(self) -> None:
         version = encode_frame({"op": "version", "opaque": 1})
         while not self._stop.is_set():
+            token = self.running()  # before connecting: see _closed_by_broker
             sockets, at_connect = [], 0
             for _ in range(self.connections):
                 sock = _connect_from(self.source, self.address)
@@ -355,16 +361,16 @@ class SlotFlood(_Looper):
                 except OSError:
                     at_connect += 1
                     sock.close()
-            self._judge(sockets, at_connect)
+            self._judge(sockets, at_connect, token)
             for sock in sockets:
                 sock.close()
             self._stop.wait(self.pause_s)
 
-    def _judge(self, sockets: list[socket.socket], at_connect: int) -> None:
+    def _judge(self, sockets: list[socket.socket], at_connect: int, token: int | None) -> None:
         # Refused at connect past the cap: the broker closes those as it accepts them.
         started = time.monotonic()
         early = _closed_by_broker(sockets, OVER_CAP_CLOSE_S, replies_close=False, running=self.running,
-                                  enough=len(sockets) - MAX_CONNECTIONS_PER_ADDRESS)
+                                  enough=len(sockets) - MAX_CONNECTIONS_PER_ADDRESS, token=token)
         if early is None:
             return  # the broker was paused or restarted: nothing to judge
         held = [s for s in sockets if s not in early]

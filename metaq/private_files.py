@@ -9,6 +9,7 @@ goes through here (``open(..., opener=private_opener)``, ``os.open(..., FILE_MOD
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
 from pathlib import Path
@@ -53,3 +54,24 @@ def tighten_dir(path: Path) -> bool:
         return False
     os.chmod(path, DIR_MODE)
     return True
+
+
+#: Distinguishes the temporary files of concurrent writers in this process.
+_temporaries = itertools.count()
+
+
+def write_private_temporary(path: Path, text: str, *, fsync: bool) -> Path:
+    """Write ``text`` to a new owner-only temporary file beside ``path`` (fsynced if asked)
+    and return it, for the caller to rename over ``path``.
+
+    Each call has a name of its own (``{name}.tmp.{pid}.{n}``): two writers of one file (a
+    partition's first checkpoint written by a batch while its flusher saves the next one)
+    sharing one temporary name would rename each other's file away, and the second rename
+    fails with FileNotFoundError."""
+    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}.{next(_temporaries)}")
+    with open(tmp, "w", opener=private_opener) as handle:
+        handle.write(text)
+        if fsync:
+            handle.flush()
+            os.fsync(handle.fileno())
+    return tmp

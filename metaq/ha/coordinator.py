@@ -85,11 +85,14 @@ from .role import (
     master_event,
     reconnected_event,
 )
-from .sync_set import SyncReplication
+from .sync_set import SyncReplication, SyncTerm
 from .takeover import DeadMaster, DeathWatch, answer_challenges
 from .truncation import divergence_point
 
 log = logging.getLogger(__name__)
+
+#: A broker that failed to take up leading may try again this long after (``_step_down``).
+CANNOT_LEAD_RETRY_S = 30.0
 
 #: A queued event, or how to decide it when its turn comes.
 Pending = Union[Event, Callable[[], Awaitable[Event]]]
@@ -129,12 +132,15 @@ class HaCoordinator:
         self.lease: ZkLease | None = None
         #: The sync set while leading in sync mode (None otherwise).
         self.sync_set: SyncReplication | None = None
+        #: The sync set's term when leading last stopped (``_start_sync_set`` resumes it in the same epoch).
+        self._last_sync_term: SyncTerm | None = None
         #: The replication follower, created the first time this broker follows.
         self.follower: MasterFollower | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._flushing: asyncio.Future[None] | None = None
         #: Why this broker may not lead (it failed to take up leading), or None.
         self.cannot_lead: str | None = None
+        self._cannot_lead_at = 0.0
         #: This broker's stable identity (datadirs.broker_identity), recorded with each epoch it takes.
         self.identity: str | None = None
         #: Our standing among the slaves (or members) that may take over, while orphaned.
@@ -438,16 +444,29 @@ class HaCoordinator:
         """We won the lock but cannot serve (a log that cannot open, say): give the lock back.
 
         Invariant: the master lock is held only by a broker that serves its group. A
-        broker that failed to take up leading never tries again until restarted, so the
-        group is left to an eligible slave instead of a master that serves nothing.
+        broker that failed to take up leading does not try again for CANNOT_LEAD_RETRY_S,
+        so the group is left to an eligible slave instead of a master that serves nothing.
+        Then it may try once more: a cause that passed (seen: kazoo's "xids do not match"
+        from a connection reset mid-call, a checkpoint race) must not leave a group whose
+        only eligible broker is this one without a master for good.
         CANNOT_LEAD moves us to RESIGNED, whose entry action releases the lock.
         """
         self.cannot_lead = f"{type(exc).__name__}: {exc}"
+        self._cannot_lead_at = time.monotonic()
         log.error(
             "cannot lead broker group %d: %s; releasing the master lock (this broker will not take over"
-            " again until it is restarted with the cause fixed)", self.broker_id, self.cannot_lead,
+            " again for %.0f s)", self.broker_id, self.cannot_lead, CANNOT_LEAD_RETRY_S,
         )
+        self._look_again_in(CANNOT_LEAD_RETRY_S)
         self.post(Event.CANNOT_LEAD)
+
+    def _cannot_lead_now(self) -> str | None:
+        """Why this broker may not lead now (``_step_down``), or None once the wait is over."""
+        if self.cannot_lead is not None and time.monotonic() - self._cannot_lead_at >= CANNOT_LEAD_RETRY_S:
+            log.warning("this broker may try to lead again: it failed %.0f s ago (%s)",
+                        time.monotonic() - self._cannot_lead_at, self.cannot_lead)
+            self.cannot_lead = None
+        return self.cannot_lead
 
     def _hand_over(self, handover: Handover) -> None:
         """HANDING_OVER (``metaq promote``): writes are paused; watch the target catch up.
@@ -550,6 +569,7 @@ class HaCoordinator:
             await self.lease.stop()
         sync_set, self.sync_set = self.sync_set, None
         if sync_set is not None:
+            self._last_sync_term = sync_set.term(self.serving_epoch)
             await sync_set.stop()
 
     async def _stop_following(self) -> None:
@@ -607,7 +627,7 @@ class HaCoordinator:
             followed_epoch=self.followed_epoch,
             replicas_healthy=healthy,
             state=state,
-            cannot_lead=self.cannot_lead,
+            cannot_lead=self._cannot_lead_now(),
             handover=handover,
             history=history,
             led_history=led_history,
@@ -633,6 +653,16 @@ class HaCoordinator:
             self.post(Event.ELIGIBLE, state)
         else:
             log.log(logging.DEBUG if repeated else logging.WARNING, "not taking over: %s; %s", why, self._recovery_hint(state, history))
+            if dead is not None:
+                # Evidence we may not act on is dropped: kept, it made every event naming that
+                # session "its process died" (ignored), so a master that was alive after all (a
+                # challenge answered late on a busy machine) was never followed again and this
+                # slave stayed an orphan for good. Its session's expiry, if it did die, comes as
+                # the master node's deletion like any other.
+                self.death_watch.forget()
+                log.log(logging.DEBUG if repeated else logging.INFO,
+                        "the master at %s is followed again until ZooKeeper says otherwise", dead.url)
+                self._post_master(dead.url)
         return ok
 
     def _recovery_hint(self, state: GroupState, history: int) -> str:
@@ -847,7 +877,10 @@ class HaCoordinator:
             # Committed never stops inside a batch (idempotent/transactional put).
             batch_boundary=self.host.partitions.batch_boundary,
         )
-        await self.sync_set.start()
+        # Back from FENCED with the same session, so the same epoch: the term goes on with the
+        # members this master published in it (SyncTerm says why that is safe).
+        last, self._last_sync_term = self._last_sync_term, None
+        await self.sync_set.start(resume=last if last is not None and last.epoch == self.serving_epoch else None)
         log.info(
             "sync replication: acks wait for the sync set (minSyncSlaves=%d, syncSlaveTimeoutMs=%d, onSyncSlaveLoss=%s)",
             config.min_sync_slaves,

@@ -134,7 +134,7 @@ def eligibility(
     if state.master_url is not None:
         return False, f"a master is registered ({state.master_url})"
     if cannot_lead is not None:
-        return False, f"this broker failed to take up leading ({cannot_lead}); restart it once fixed"
+        return False, f"this broker failed to take up leading ({cannot_lead}); it tries again later, or restart it once fixed"
     if handover is not None and handover.epoch == state.epoch:
         # An operator's `metaq promote`: only the named slave may take this epoch's successor.
         if my_slave_id != handover.slave_id:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..private_files import fsync_directory, make_private_dir, private_opener
+from ..private_files import fsync_directory, make_private_dir, write_private_temporary
 from ..store.batch_sync import fsync_all
 
 FILE_NAME = "leader-epoch-checkpoint"
@@ -130,13 +130,7 @@ def _write_durably(path: Path, body: str) -> None:
 
 
 def _write_temporary(path: Path, body: str, *, fsync: bool) -> Path:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", opener=private_opener) as f:
-        f.write(body)
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
-    return tmp
+    return write_private_temporary(path, body, fsync=fsync)
 
 
 def record_led_epoch(data_path: str, epoch: int) -> None:

@@ -151,6 +151,21 @@ class _Member:
     logged_at: float = float("-inf")
 
 
+@dataclass(frozen=True)
+class SyncTerm:
+    """What a stopped sync set leaves for a master that leads the same epoch again.
+
+    A master fenced by a ZooKeeper disconnection that comes back with its session (and so
+    its epoch) leads on in the same term. It acked nothing while fenced, and every ack before
+    waited for each member: the members still hold every acked message, and the set
+    ZooKeeper names is the one this master published. Starting that term again with an
+    empty set would publish ``[]`` (no slave may take over any more: a ZooKeeper cut that
+    follows leaves the group without a master) and ack alone until the slaves re-join."""
+    epoch: int
+    members: frozenset[int]
+    term_start: dict[tuple[str, int], int]
+
+
 class SyncReplication:
     def __init__(
         self,
@@ -204,17 +219,32 @@ class SyncReplication:
 
     # --- lifecycle ------------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, resume: SyncTerm | None = None) -> None:
+        """Publish this term's sync set before the first ack: empty for a new term, or the
+        members of ``resume`` when this master leads the same term again (``SyncTerm``)."""
         # What this master took over with: readable even before a slave joins.
         for key in self._partitions():
             self._sync(*key).term_start = self._log_end(*key)
-        # Whatever a previous master wrote is not ours to trust: start empty, and
-        # publish that before the first ack (acks in degrade mode count on it).
-        await self._publish(frozenset())
-        self.members = frozenset()
+        members: frozenset[int] = frozenset()
+        if resume is not None:
+            for (topic, partition), start in resume.term_start.items():
+                self._sync(topic, partition).term_start = start
+            members = resume.members
+            # Heard from as of now: a member that is gone is removed after the timeout, and
+            # that smaller set is published before any ack stops waiting for it.
+            self._slaves = {slave_id: _Member(self._clock()) for slave_id in members}
+        # Whatever a previous master wrote is not ours to trust: start empty (or with what
+        # this master published in this very term), and publish that before the first ack
+        # (acks in degrade mode count on it).
+        await self._publish(members)
+        self.members = members
         self._term_published = True
         self._update_degraded()
         self._checker = asyncio.ensure_future(self._check_periodically())
+
+    def term(self, epoch: int) -> SyncTerm:
+        """This term's members and start, for ``start(resume=...)`` if the master leads ``epoch`` again."""
+        return SyncTerm(epoch, self.members, {key: self._sync(*key).term_start for key in self._partitions()})
 
     async def stop(self) -> None:
         self._stopped = True

@@ -87,8 +87,13 @@ session in time), ALIVE (it was answered, or ZooKeeper could not be asked), RETR
 STANDBY + RETRY watches the same master again (a healed link: if it dies later, the
 fast path applies again). DEAD + UNFOLLOW stays DEAD: the coordinator stops following
 on its way to use the evidence; it is dropped when the coordinator follows someone
-(FOLLOW), uses it (``forget``), or finds the master node owned by another session
-(``names_dead_session``).
+(FOLLOW), uses it (``forget``), may not use it (not eligible: it follows the master the
+node names again, ``forget``), or finds the master node owned by another session, or the
+evidence older than the session timeout (``names_dead_session``: a dead session would
+have expired by then, so one that still holds the lock lives -- its answer to the
+challenge was late, on an overloaded machine for instance). Kept, evidence that was wrong
+would make every later event naming that live session "its process died", and the slave
+would never follow it again.
 """
 
 from __future__ import annotations
@@ -344,9 +349,18 @@ class DeathWatch:
         self._move(Seen.UNFOLLOW)
 
     async def names_dead_session(self, url: str) -> DeadMaster | None:
-        """The evidence, if the master node still names ``url`` under the dead session."""
+        """The evidence, if the master node still names ``url`` under the dead session.
+
+        Evidence older than the session timeout is dropped: had the session died, ZooKeeper
+        would have expired it by now, so a node it still holds belongs to a live session
+        (its answer to the challenge came late, say on an overloaded machine)."""
         dead = self.dead
         if dead is None or dead.url != url:
+            return None
+        if time.monotonic() - dead.observed_at > self.host.config.zk.session_timeout_ms / 1000:
+            log.info("the evidence that the master at %s died is older than its session timeout and its session"
+                     " still holds the lock: it lives; following it again", url)
+            self.forget()
             return None
         try:
             owner = await asyncio.to_thread(lock_owner, self.host.registry.client, self.paths, self.broker_id, url)

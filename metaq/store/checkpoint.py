@@ -18,7 +18,7 @@ import logging
 import os
 from pathlib import Path
 
-from metaq.private_files import fsync_directory, private_opener
+from metaq.private_files import fsync_directory, write_private_temporary
 from metaq.store.batch_sync import run_all
 
 log = logging.getLogger(__name__)
@@ -70,10 +70,4 @@ def write_first_checkpoints(offsets: dict[Path, int]) -> None:
 
 
 def _write_temporary(path: Path, offset: int, *, fsync: bool) -> Path:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", opener=private_opener) as handle:
-        handle.write(f"{_VERSION}\n{offset}\n")
-        if fsync:
-            handle.flush()
-            os.fsync(handle.fileno())
-    return tmp
+    return write_private_temporary(path, f"{_VERSION}\n{offset}\n", fsync=fsync)

@@ -122,3 +122,21 @@ def test_a_new_leader_that_cannot_serve_resigns_through_the_table() -> None:
     assert coordinator.cannot_lead == "OSError: no space left on device"
     coordinator.machine.handle(Event.CANNOT_LEAD)
     assert coordinator.machine.state is Role.RESIGNED
+
+
+def test_a_broker_that_failed_to_lead_may_try_again_after_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Campaign seed 5103: kazoo raised "xids do not match" (a connection reset mid-call, not a
+    ZooKeeper error type) while a new master registered itself; it stepped down for good, and
+    its group, whose sync set named no other member, had no master for the rest of the run.
+    The failure keeps it from leading for CANNOT_LEAD_RETRY_S, not forever."""
+    coordinator = fenced_master()
+    coordinator.machine.state = Role.LEADING
+
+    async def fail() -> None:
+        await coordinator._entry_failed(Role.LEADING, RuntimeError("xids do not match"))
+
+    asyncio.run(fail())
+    assert coordinator._cannot_lead_now() == "RuntimeError: xids do not match", "not at once"
+    monkeypatch.setattr(coordinator_module, "CANNOT_LEAD_RETRY_S", 0.0)
+    assert coordinator._cannot_lead_now() is None, "after the wait it may lead again"
+    assert coordinator.cannot_lead is None

@@ -40,3 +40,45 @@ def test_regression_deposed_master_sync_set_publish_retry() -> None:
         return written
 
     assert asyncio.run(scenario()) == []
+
+
+def test_regression_a_master_back_from_fenced_in_the_same_term_keeps_its_sync_set() -> None:
+    """Campaign seed 4005: a sync master briefly lost its ZooKeeper connection, came back with
+    the same session (so the same epoch) and started its sync set anew: it published ``[]``
+    and acked alone. When ZooKeeper then lost it for good (its session expired), its caught-up
+    slave was "not in the last sync set []" and could not take over: no master until the old
+    one came back. The same term resumes with its members, published before any ack."""
+
+    async def scenario() -> tuple[list[frozenset[int]], SyncReplication, SyncReplication]:
+        written: list[frozenset[int]] = []
+        ends = {("t", 0): 120}
+
+        async def publish(members: frozenset[int]) -> None:
+            written.append(members)
+
+        def sync_set() -> SyncReplication:
+            return SyncReplication(1, 1000, "degrade", publish, log_end=lambda t, p: ends[(t, p)],
+                                   flushed_end=lambda t, p: ends[(t, p)], partitions=lambda: list(ends),
+                                   position=lambda slave, t, p: 120 if slave == 1 else None)
+
+        first = sync_set()
+        await first.start()
+        first.slave_position(1, "t", 0)  # caught up: joins
+        await asyncio.sleep(0.1)
+        assert first.members == frozenset({1})
+        term = first.term(epoch=6)
+        await first.stop()  # fenced
+        ends[("t", 0)] = 130  # appended, never acked, while fenced: the resumed term starts where the first did
+        again = sync_set()
+        await again.start(resume=term)
+        other = sync_set()
+        await other.start()  # a new term (another epoch) starts empty, as before
+        await asyncio.gather(again.stop(), other.stop())
+        return written, again, other
+
+    written, again, other = asyncio.run(scenario())
+    assert written[:3] == [frozenset(), frozenset({1}), frozenset({1})], written
+    assert again.members == frozenset({1}) and not again.too_small
+    assert again.term(6).term_start == {("t", 0): 120}
+    assert other.term(7).term_start == {("t", 0): 130}, "a new term starts at the log end it takes over"
+    assert written[3] == frozenset() and other.members == frozenset()

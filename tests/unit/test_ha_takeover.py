@@ -213,3 +213,70 @@ def test_sync_deposal_checks_the_sync_set_still_names_us():
         tx = _Tx()
         assert _add_deposal(_Client(owner=42, sync_set=sync_set), PATHS, 0, tx, Deposal(42, sync_member=1)) is False
         assert tx.ops == []
+
+
+# --- evidence that cannot be used is dropped ----------------------------------------------------
+# Campaign seed 5100 (load average 50): a sync slave's challenge to its live master went
+# unanswered within 94 ms; the slave took the master for dead, was not eligible (the master had
+# just dropped it from the sync set), and kept the evidence: every later event naming that
+# live session was ignored as "its process died", and the slave never followed again.
+
+MASTER_URL = "meta://127.0.0.1:9100"
+
+
+def _death_watch(session_timeout_ms: int = 1500) -> takeover.DeathWatch:
+    config = SimpleNamespace(broker_id=0, zk=SimpleNamespace(root="/meta", session_timeout_ms=session_timeout_ms))
+    host = SimpleNamespace(config=config, registry=SimpleNamespace(client=object()))
+    return takeover.DeathWatch(host, PATHS, on_dead=lambda: None)  # type: ignore[arg-type]
+
+
+def test_evidence_older_than_the_session_timeout_names_no_dead_session(monkeypatch):
+    import time
+
+    monkeypatch.setattr(takeover, "lock_owner", lambda *_: 7)  # the session still holds the lock
+    watch = _death_watch()
+    fresh = takeover.DeadMaster(MASTER_URL, 7, time.monotonic())
+    watch.dead, watch.phase = fresh, Phase.DEAD
+    assert asyncio.run(watch.names_dead_session(MASTER_URL)) == fresh
+    # Past the session timeout, ZooKeeper would have expired a dead session: this one lives.
+    watch.dead = takeover.DeadMaster(MASTER_URL, 7, time.monotonic() - 1.6)
+    assert asyncio.run(watch.names_dead_session(MASTER_URL)) is None
+    assert watch.dead is None and watch.phase is Phase.IDLE
+
+
+def test_an_orphan_that_may_not_take_over_drops_the_evidence_and_follows_the_master_again(monkeypatch):
+    import time
+
+    from metaq.ha import coordinator as coordinator_module
+    from metaq.ha.coordinator import HaCoordinator
+    from metaq.ha.progress import ReplicationProgress
+    from metaq.ha.role import Role
+
+    config = SimpleNamespace(broker_id=0, zk=SimpleNamespace(root="/meta", session_timeout_ms=1500),
+                             replication_mode="sync", auto_failover=True, data_path="/nonexistent")
+    host = SimpleNamespace(config=config, registry=SimpleNamespace(client=object(), url="meta://127.0.0.1:9200", slave_id=1),
+                           store=SimpleNamespace(logs=lambda: []))
+    coordinator = HaCoordinator(host, None, ReplicationProgress())  # type: ignore[arg-type]
+    coordinator.machine.state = Role.ORPHANED
+    from metaq.zk.group import GroupState
+
+    state = GroupState(master_url=MASTER_URL, epoch=3, epoch_version=2, leader_url=MASTER_URL,
+                       sync_set=frozenset(), sync_set_epoch=3)
+    monkeypatch.setattr(coordinator_module, "read_group_state", lambda *_: state)
+    monkeypatch.setattr(coordinator_module, "read_handover", lambda *_: None)
+    monkeypatch.setattr(coordinator_module, "eligibility", lambda **_: (False, "not in the last sync set []"))
+    monkeypatch.setattr(takeover, "lock_owner", lambda *_: 7)
+
+    async def no_claims(*_):
+        return {}
+
+    coordinator.candidacy = SimpleNamespace(post_reseed_claim=no_claims, ranks_candidates=lambda *_: False)
+    coordinator.death_watch.dead = takeover.DeadMaster(MASTER_URL, 7, time.monotonic())
+    coordinator.death_watch.phase = Phase.DEAD
+
+    assert asyncio.run(coordinator._consider_election()) is False
+    assert coordinator.death_watch.dead is None, "evidence it may not act on is dropped"
+    queued = []
+    while not coordinator._events.empty():
+        queued.append(coordinator._events.get_nowait())
+    assert [detail for _event, detail in queued] == [MASTER_URL], "the master is looked at (and followed) again"
