@@ -54,7 +54,7 @@ from .epochs import EpochCache, read_led_epoch
 from .followership import Followership
 from .group_view import GroupView
 from .host import BrokerHost
-from .leadership import Leadership, assign_epoch
+from .leadership import Leadership
 from .progress import ReplicationProgress
 from .role import HOLDS_LOCK, Event, Role, RoleMachine, entry_failed_event, master_event
 from .terms import Epochs
@@ -67,7 +67,7 @@ CANNOT_LEAD_RETRY_S = 30.0
 #: A queued event, or how to decide it when its turn comes.
 Pending = Union[Event, Callable[[], Awaitable[Event]]]
 
-__all__ = ["HaCoordinator", "ZK_ERRORS", "assign_epoch"]
+__all__ = ["HaCoordinator", "ZK_ERRORS"]
 
 
 class HaCoordinator:

@@ -115,7 +115,6 @@ class MasterFollower:
         self._epoch = epoch
         self._adopt_epochs = adopt_epochs
         self._on_stale_master = on_stale_master
-        self.replicas: dict[tuple[str, int], PartitionReplica] = {}
         self.master_url: str | None = None
         self.master_config_checksum: str | None = None
         self.master_mode = "async"
@@ -157,6 +156,19 @@ class MasterFollower:
             incarnations=self._incarnations,
         )
 
+    @property
+    def replicas(self) -> dict[tuple[str, int], PartitionReplica]:
+        """This follower's replicas by partition. Each lives in its partition's replication record
+        (metaq/ha/record.py, ``replica``), so a dropped partition takes its replica along; this
+        walks every record (status, heartbeats, checks), the per-fetch paths use ``_replica``."""
+        return {key: record.replica for key, record in self.host.partitions.replications()
+                if record.replica_owner is self and record.replica is not None}
+
+    def _replica(self, key: tuple[str, int]) -> PartitionReplica | None:
+        """This follower's replica of one partition, or None."""
+        record = self.host.partitions.replication(*key)
+        return record.replica if record is not None and record.replica_owner is self else None
+
     def _log_ends(self) -> dict[tuple[str, int], int]:
         return {key: replica.position() for key, replica in self.replicas.items()}
 
@@ -176,6 +188,10 @@ class MasterFollower:
         self._stopped = True
         await self.heartbeat.stop()
         await self._stop_following()
+        # Stopped for good (a new slave id gets a new follower): its replicas leave the records.
+        for _key, record in self.host.partitions.replications():
+            if record.replica_owner is self:
+                record.replica = record.replica_owner = None
 
     def _watch(self, handler: Any) -> Any:
         def watcher(data: bytes | None, _stat: Any, *_: Any) -> bool:
@@ -221,7 +237,7 @@ class MasterFollower:
             task = self._tasks.pop(key, None)
             if task is not None:
                 task.cancel()  # at its next await: appends are synchronous, none runs after this
-            self.replicas.pop(key, None)
+            # The replica went with its partition's record (``Partitions.drop``, called first).
 
     def _on_checksum(self, data: bytes | None) -> None:
         checksum = data.decode("utf-8") if data else None
@@ -393,7 +409,10 @@ class MasterFollower:
             start = int(reply.get("min_offset", 0)) if reply.ok else 0
             await store.create_log(topic, partition, start_offset=start)  # batched with the others starting
         await self._adopt_epochs(conn, topic, partition)
-        replica = self.replicas.get((topic, partition))
+        record = self.host.partitions.replication(topic, partition)
+        if record is None:
+            return  # dropped meanwhile (its topic deleted while this partition started)
+        replica = record.replica if record.replica_owner is self else None
         if replica is None:
             replica = PartitionReplica(
                 topic,
@@ -406,7 +425,7 @@ class MasterFollower:
                 incarnation=store.topic_config(topic).incarnation,
             )
             replica.status.extra["started_at"] = time.time()
-            self.replicas[(topic, partition)] = replica
+            record.replica, record.replica_owner = replica, self
         if replica.stopped:
             return
         replica.report_positions = self.master_mode == "sync"  # acks wait on our position
@@ -432,7 +451,7 @@ class MasterFollower:
         delay = 0.0
         key = (replica.topic, replica.partition)
         busy = False
-        while not self._stopped and generation == self._generation and self.replicas.get(key) is replica:
+        while not self._stopped and generation == self._generation and self._replica(key) is replica:
             try:
                 conn = await self._connection()
                 appended = replica.log.log_end
@@ -682,12 +701,12 @@ class MasterFollower:
 
     def committed_seen(self, topic: str, partition: int) -> int:
         """The highest committed offset a master we followed has told us for this partition."""
-        replica = self.replicas.get((topic, partition))
+        replica = self._replica((topic, partition))
         return replica.status.master_committed if replica is not None else 0
 
     def committed(self, topic: str, partition: int, log_end: int) -> int:
         """What consumers of this slave may read of a partition."""
-        replica = self.replicas.get((topic, partition))
+        replica = self._replica((topic, partition))
         if replica is None:
             return log_end if self.master_url is None else 0
         if self.master_url is None:
@@ -697,14 +716,14 @@ class MasterFollower:
             return log_end
         return replica.committed()
 
-    def _master_end(self, topic: str, partition: int) -> int:
+    def _master_end(self, topic: str, partition: int, replica: PartitionReplica) -> int:
         """The master's log end of a partition: the freshest of what the last fetch and the last heartbeat said."""
         hb = self.heartbeat.master
-        return max(self.replicas[(topic, partition)].status.master_log_end, hb.log_ends.get((topic, partition), 0) if hb else 0)
+        return max(replica.status.master_log_end, hb.log_ends.get((topic, partition), 0) if hb else 0)
 
     def lag_bytes(self) -> int:
         """Bytes behind the master over every followed partition, as this follower last knew."""
-        return sum(max(0, self._master_end(t, p) - r.log.log_end) for (t, p), r in self.replicas.items())
+        return sum(max(0, self._master_end(t, p, r) - r.log.log_end) for (t, p), r in self.replicas.items())
 
     def status_pairs(self) -> list[tuple[str, object]]:
         pairs: list[tuple[str, object]] = [("master", self.master_url or "-")]
@@ -717,7 +736,7 @@ class MasterFollower:
         for (topic, partition), replica in sorted(self.replicas.items()):
             st = replica.status
             log_end = replica.log.log_end
-            master_end = self._master_end(topic, partition)
+            master_end = self._master_end(topic, partition, replica)
             lag = max(0, master_end - log_end)
             since = st.caught_up_at or st.extra.get("started_at", now)
             lag_ms = 0.0 if lag == 0 else max(0.0, now - since) * 1000

@@ -199,8 +199,4 @@ class Followership:
         reply = await conn.request(EpochsRequest(topic=topic, partition=partition).to_header(), timeout=10)
         if not reply.ok:
             raise ConnectionError(f"epochs {topic}-{partition}: {reply.code} {reply.message}")
-        cache = self.cache(topic, partition)
-        if cache.replace_all([(int(e), int(s)) for e, s in reply["entries"]]):
-            # Two fsyncs, off the event loop: a new slave starts many partitions at once
-            # (ha/follower.py), and their saves overlap instead of queueing on the loop.
-            await asyncio.to_thread(cache.save)
+        await self.host.partitions.adopt_epochs(topic, partition, [(int(e), int(s)) for e, s in reply["entries"]])

@@ -8,7 +8,7 @@ the broker through these protocols, so the dependency points one way
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 from kazoo.client import KazooClient
 
@@ -16,6 +16,7 @@ from ..config import BrokerConfig, TopicConfig
 from ..security.settings import BrokerSecurity
 from ..zk.acl import ZkSecurity
 from .epochs import EpochCache
+from .record import ReplicationRecord
 
 
 class LogStore(Protocol):
@@ -32,12 +33,39 @@ class LogStore(Protocol):
     def flusher(self, topic: str, partition: int) -> Any: ...
 
 
+class LogReader(Protocol):
+    """A partition log as its readers see it (metaq.store.log.PartitionLog, read-only): no
+    ``append``, ``truncate_to`` or ``repair_corrupt`` here. Those are called only by the
+    partition's owner (metaq.server.partitions.Partition); tests/unit/test_log_writers.py
+    fails if any other module calls them."""
+
+    @property
+    def log_end(self) -> int: ...
+
+    @property
+    def min_offset(self) -> int: ...
+
+    @property
+    def flushed_end(self) -> int: ...
+
+    @property
+    def max_message_size(self) -> int: ...
+
+    @property
+    def directory(self) -> Path: ...
+
+    def read(self, offset: int, max_bytes: int, upto: int | None = None) -> bytes: ...
+
+    def crc32(self, start: int, end: int) -> int: ...
+
+
 class PartitionOwner(Protocol):
     """One partition's log, epoch history and transaction state, written only through it
     (metaq.server.partitions.Partition)."""
 
     @property
-    def log(self) -> Any: ...
+    def log(self) -> LogReader:
+        """The log, to read: every append and truncation goes through the methods below."""
 
     @property
     def epochs(self) -> EpochCache: ...
@@ -61,6 +89,17 @@ class PartitionOwners(Protocol):
     def get(self, topic: str, partition: int) -> PartitionOwner: ...
 
     def batch_boundary(self, topic: str, partition: int, offset: int, committed: int) -> int: ...
+
+    def replication(self, topic: str, partition: int) -> ReplicationRecord | None:
+        """The partition's replication record (None if not served): see ``ReplicationRecords``."""
+
+    def replications(self) -> Iterator[tuple[tuple[str, int], ReplicationRecord]]: ...
+
+    async def assign_epoch(self, topics: dict[str, TopicConfig], epoch: int) -> int:
+        """A new master's epoch in every served partition's history, durably (one batch)."""
+
+    async def adopt_epochs(self, topic: str, partition: int, entries: list[tuple[int, int]]) -> bool:
+        """A slave copies its master's epoch history of a partition (saved off the event loop)."""
 
 
 class Registry(Protocol):

@@ -10,7 +10,7 @@ LEADING, HANDING_OVER and RESIGNED (role.py), one at a time on its event worker.
   session when the death watch proved it (takeover.py). Says WON or LOST.
 * ``take_up`` (LEADING, before writes): read and clear the hand-over that was for us;
   stop following; serve the new epoch; fsync every log and then add ``(epoch, log end)``
-  to every partition's epoch history, durably (``assign_epoch``); record the led epoch;
+  to every partition's epoch history, durably (``Partitions.assign_epoch``); record the led epoch;
   re-seed a group whose ZooKeeper lost its data; wait out a deposed master's lease
   (async mode); start the lease and (sync mode) the sync set, published before any ack.
 * ``open_for_writes`` (LEADING, last): tell the broker it leads (the transaction service
@@ -28,7 +28,7 @@ ZooKeeper showed when we won, the hand-over or dead master acted on), and its ta
 (the catch-up watch, the inherited-log flush), awaited on ``close``.
 
 Invariant: every partition's epoch file is durable before the broker acks as master in
-an epoch (``assign_epoch`` returns after the fsyncs; the lease, the sync set and the
+an epoch (``Partitions.assign_epoch`` returns after the fsyncs; the lease, the sync set and the
 master role, which let puts in, come after it).
 """
 
@@ -42,7 +42,7 @@ from typing import Any, Callable
 from ..owned_tasks import OwnedTasks
 from ..zk.group import ZK_CALL_TIMEOUT_S, GroupState
 from .election import HANDOVER_TIMEOUT_S, ZK_ERRORS, Deposal, Handover
-from .epochs import record_led_epoch, save_all
+from .epochs import record_led_epoch
 from .failover_record import REASONS, now_ms, write_takeover
 from .followership import Followership
 from .group_view import GroupView
@@ -165,7 +165,7 @@ class Leadership:
         # The epoch's start offset is saved durably below: fsync the log it points into
         # first, so that a power loss never leaves an epoch starting past the log we keep.
         await self._flush_all()
-        await assign_epoch(host.store, host.partitions, host.config.topics, epoch)
+        await host.partitions.assign_epoch(host.config.topics, epoch)
         # Durably, before any ack in this epoch: what re-seeds the group if ZooKeeper loses its data.
         await asyncio.to_thread(record_led_epoch, self.config.data_path, epoch)
         epochs.led_in()
@@ -277,6 +277,8 @@ class Leadership:
             on_committed=self.host.notify_committed,  # a slave's parked fetch waits for appends only
             # Committed never stops inside a batch (idempotent/transactional put).
             batch_boundary=self.host.partitions.batch_boundary,
+            # Each partition's sync state lives in its replication record (ha/record.py).
+            records=self.host.partitions,
         )
         # Back from FENCED with the same session, so the same epoch: the term goes on with the
         # members this master published in it (SyncTerm says why that is safe).
@@ -392,28 +394,3 @@ class Leadership:
     def forget_partitions(self, keys: list[tuple[str, int]]) -> None:
         if self.sync_set is not None:
             self.sync_set.forget_partitions(keys)
-
-
-async def assign_epoch(store: Any, partitions: Any, topics: dict[str, Any], epoch: int) -> int:
-    """A new master's first step on its logs: every served partition gets ``(epoch, log end)``
-    in its epoch history, durably, in batches (a takeover of 10,000 partitions must not cost
-    10,000 event-loop stalls). Returns how many histories changed."""
-    served = [(name, partition) for name, topic in topics.items() for partition in range(topic.num_partitions)]
-    # Partitions without files yet are created as one batch off the event loop.
-    await store.create_logs([(name, partition, 0) for name, partition in served])
-    assigned = []
-    for name, partition in served:
-        owner = partitions.get(name, partition)
-        # Before the epoch's start offset is recorded and before any put: a batch the
-        # old master had only partly replicated to us was never acked; cut it, so no
-        # batch is ever half in the log we now serve and extend.
-        owner.cut_incomplete_tail("at promotion")
-        # Invariant, epochs only grow: ``assign`` refuses an epoch older than the latest.
-        if owner.epochs.assign(epoch, owner.log.log_end):
-            assigned.append(owner.epochs)
-    # Invariant: every partition's epoch file is durable before the broker acks as master in
-    # this epoch. ``save_all`` returns once every file and directory is fsynced (one thread hop
-    # for all partitions); ``Leadership.take_up`` awaits this before the lease, the sync set
-    # and the "master" role, which let puts in.
-    await asyncio.to_thread(save_all, assigned)
-    return len(assigned)

@@ -12,8 +12,9 @@ coordinator.py, whose parts own the lease and the sync set (leadership.py), the
 follower (followership.py) and the epochs (terms.py)). Without ZooKeeper a broker is a standalone master: it acks once the
 flush policy allows, and has no epochs, no slaves and no sync set.
 
-A slave's replication position is kept once, in ``ReplicationProgress``; the
-sync set reads it from there.
+A slave's replication position is written once, by ``ReplicationProgress``, into the
+partition's replication record (record.py, held by the partition's owner); the sync set
+reads it from there.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class HaNode:
     def __init__(self, host: BrokerHost, slave: SlaveConfig | None, in_zookeeper: bool) -> None:
         self.host = host
         self.in_zookeeper = in_zookeeper
-        self.progress = ReplicationProgress()
+        self.progress = ReplicationProgress(host.partitions)
         self.coordinator: HaCoordinator | None = None
         # Puts are refused until the broker is registered; in sync mode a master also
         # refuses them until it has published its term's sync set (SyncReplication.refusal,
@@ -47,9 +48,6 @@ class HaNode:
         self._slave = slave
         self._replica_connections: dict[Any, set[int]] = {}
         self._epoch_check_pending = False
-        #: Per partition, ``(epoch, highest log end a slave reported fetching in it)`` for the
-        #: epoch this broker leads: how much of its own term's writes the group shares.
-        self._replicated: dict[tuple[str, int], tuple[int, int]] = {}
         #: Each slave connection's ``news`` session (news.py), gone with the connection.
         self._news: dict[Any, NewsSession] = {}
         #: Slaves' replication streams (stream.py); subscribed to only with replicationStream=true.
@@ -168,7 +166,8 @@ class HaNode:
         if led == 0 or led != coordinator.epochs.led:
             return log_end
         term_start = epochs.entries[-1][1]  # what we held as a slave when our term began
-        shared = self._replicated.get((topic, partition))
+        record = self.host.partitions.replication(topic, partition)
+        shared = record.shared if record is not None else None
         if shared is None or shared[0] != led:
             return term_start  # no slave reported in our term (or we restarted since)
         # Slaves report record ends; a batch stays whole (readable in full or not at all).
@@ -199,10 +198,13 @@ class HaNode:
         """A slave's fetch or position report (already fenced by epoch) says where it is."""
         self.progress.fetched(slave_id, topic, partition, log_end, epoch)
         if self.acting_master and epoch == self.epoch:
-            key = (topic, partition)
-            shared = self._replicated.get(key)
-            if shared is None or shared[0] != epoch or log_end > shared[1]:
-                self._replicated[key] = (epoch, log_end)
+            # ``shared``: ``(epoch, highest log end a slave reported fetching in it)`` for the
+            # epoch this broker leads: how much of its own term's writes the group shares.
+            record = self.host.partitions.replication(topic, partition)
+            if record is not None:
+                shared = record.shared
+                if shared is None or shared[0] != epoch or log_end > shared[1]:
+                    record.shared = (epoch, log_end)
         if origin is not None:
             self._replica_connections.setdefault(origin, set()).add(slave_id)
         sync_set = self.sync_set
@@ -233,11 +235,9 @@ class HaNode:
             sync_set.slave_heard(slave_id)
 
     def forget_partitions(self, keys: list[tuple[str, int]]) -> None:
-        """Partitions no longer served (topic deleted or re-created): every HA record of them goes."""
-        self.progress.forget_partitions(keys)
+        """Partitions no longer served (topic deleted or re-created): every HA record of them goes
+        (their replication records went with their owners: ``Partitions.drop``)."""
         self.streams.forget_partitions(keys)
-        for key in keys:
-            self._replicated.pop(key, None)
         if self.coordinator is not None:
             self.coordinator.forget_partitions(keys)
 

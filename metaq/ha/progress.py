@@ -1,7 +1,10 @@
 """The master's view of replication: where each slave is, and how far behind.
 
-This is the one record of a slave's position: the sync set (sync_set.py) reads
-it from here. A slave is forgotten when its replication connection closes.
+This is the one writer of a slave's position: the sync set (sync_set.py) reads
+it from here. The positions and each partition's append history live in the
+partition's replication record (record.py, held by the partition's owner, so a
+dropped partition takes them along); what is kept here is per slave: when each
+was last heard. A slave is forgotten when its replication connection closes.
 
 A slave's position in a partition is the ``log_end`` it reports with every
 fetch (and in its heartbeats). Because a slave's log is a byte-identical prefix
@@ -22,48 +25,13 @@ gets lower bounds (marked ``approx``).
 
 from __future__ import annotations
 
-import bisect
 import time
-from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 
-HISTORY_ENTRIES = 20_000
+from .record import HISTORY_ENTRIES, AppendHistory, RecordTable, ReplicaPosition, ReplicationRecords
 
-
-@dataclass
-class AppendHistory:
-    """Recent appends of one partition, oldest first."""
-
-    ends: deque[int] = field(default_factory=lambda: deque(maxlen=HISTORY_ENTRIES))
-    totals: deque[int] = field(default_factory=lambda: deque(maxlen=HISTORY_ENTRIES))
-    times: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_ENTRIES))
-    total_messages: int = 0
-
-    def record(self, end_offset: int, count: int, now: float) -> None:
-        self.total_messages += count
-        self.ends.append(end_offset)
-        self.totals.append(self.total_messages)
-        self.times.append(now)
-
-    def behind(self, position: int, now: float) -> tuple[int, float, bool]:
-        """``(messages, seconds, exact)`` a replica at ``position`` is behind."""
-        if not self.ends or position >= self.ends[-1]:
-            return 0, 0.0, True
-        # First append whose end is past the replica's position: it and all later
-        # appends are missing on the replica.
-        index = bisect.bisect_right(self.ends, position)  # deque supports bisect via __getitem__
-        if index == 0:
-            # Behind everything the ring remembers: lower bounds.
-            return self.total_messages - self.totals[0] + 1, now - self.times[0], False
-        missing = self.total_messages - self.totals[index - 1]
-        return missing, now - self.times[index], True
-
-
-@dataclass
-class ReplicaPosition:
-    log_end: int
-    epoch: int
-    updated_at: float
+__all__ = ["HISTORY_ENTRIES", "AppendHistory", "ReplicaPosition", "ReplicationProgress", "ReplicaLag", "SlaveInfo"]
 
 
 @dataclass
@@ -89,23 +57,33 @@ class ReplicaLag:
 
 
 class ReplicationProgress:
-    """Per slave and partition positions, plus each partition's append history."""
+    """Writes each slave's position into its partition's record; keeps when each slave was heard."""
 
-    def __init__(self, clock=time.monotonic) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, records: ReplicationRecords | None = None, clock=time.monotonic) -> None:  # type: ignore[no-untyped-def]
         self._clock = clock
-        self.positions: dict[tuple[int, str, int], ReplicaPosition] = {}
+        #: Where each partition's record is: the broker's ``Partitions`` (``HaNode``), or a table of its own.
+        self.records: ReplicationRecords = records if records is not None else RecordTable()
         self.slaves: dict[int, SlaveInfo] = {}
-        self.history: dict[tuple[str, int], AppendHistory] = {}
+
+    @property
+    def positions(self) -> Mapping[tuple[int, str, int], ReplicaPosition]:
+        """Every position as ``(slave_id, topic, partition) -> ReplicaPosition`` (read-only)."""
+        return _Positions(self.records)
 
     def appended(self, topic: str, partition: int, end_offset: int, count: int) -> None:
-        history = self.history.get((topic, partition))
+        record = self.records.replication(topic, partition)
+        if record is None:
+            return
+        history = record.history
         if history is None:
-            history = self.history[(topic, partition)] = AppendHistory()
+            history = record.history = AppendHistory()
         history.record(end_offset, count, self._clock())
 
     def fetched(self, slave_id: int, topic: str, partition: int, log_end: int, epoch: int) -> None:
         now = self._clock()
-        self.positions[(slave_id, topic, partition)] = ReplicaPosition(log_end, epoch, now)
+        record = self.records.replication(topic, partition)
+        if record is not None:
+            record.positions[slave_id] = ReplicaPosition(log_end, epoch, now)
         info = self.slaves.get(slave_id)
         if info is None:
             self.slaves[slave_id] = SlaveInfo(slave_id, now)
@@ -118,14 +96,18 @@ class ReplicationProgress:
         info.last_seen = info.heartbeat_at = now
         info.address = address
         for (topic, partition), end in log_ends.items():
-            current = self.positions.get((slave_id, topic, partition))
+            record = self.records.replication(topic, partition)
+            if record is None:
+                continue  # not served here: nothing to remember
+            current = record.positions.get(slave_id)
             # A heartbeat may be older than the last fetch: positions only move forward here.
             if current is None or end > current.log_end:
-                self.positions[(slave_id, topic, partition)] = ReplicaPosition(end, epoch, now)
+                record.positions[slave_id] = ReplicaPosition(end, epoch, now)
 
     def position(self, slave_id: int, topic: str, partition: int, epoch: int | None = None) -> int | None:
         """A slave's last reported log end; with ``epoch``, only one reported in that epoch."""
-        found = self.positions.get((slave_id, topic, partition))
+        record = self.records.replication(topic, partition)
+        found = record.positions.get(slave_id) if record is not None else None
         if found is None or (epoch is not None and found.epoch != epoch):
             return None
         return found.log_end
@@ -134,11 +116,12 @@ class ReplicationProgress:
         """Lag of every known slave for every partition of ``master_log_end``."""
         now = self._clock()
         rows = []
+        served = [(key, end, self.records.replication(*key)) for key, end in sorted(master_log_end.items())]
         for slave_id in sorted(self.slaves):
-            for (topic, partition), end in sorted(master_log_end.items()):
-                position = self.positions.get((slave_id, topic, partition))
+            for (topic, partition), end, record in served:
+                position = record.positions.get(slave_id) if record is not None else None
                 log_end = position.log_end if position else 0
-                history = self.history.get((topic, partition), AppendHistory())
+                history = record.history if record is not None and record.history is not None else AppendHistory()
                 messages, seconds, exact = history.behind(log_end, now)
                 rows.append(
                     ReplicaLag(
@@ -164,17 +147,31 @@ class ReplicationProgress:
             for slave_id, info in self.slaves.items()
         }
 
-    def forget_partitions(self, keys: list[tuple[str, int]]) -> None:
-        """Partitions no longer served (topic deleted or re-created): positions in them and
-        their append history describe another log."""
-        gone = set(keys)
-        for key in [k for k in self.positions if (k[1], k[2]) in gone]:
-            del self.positions[key]
-        for key in gone:
-            self.history.pop(key, None)
-
     def forget(self, slave_id: int) -> None:
-        """A slave left (its replication connection closed): drop it, so state stays bounded."""
+        """A slave left (its replication connection closed): drop it, so state stays bounded
+        (a walk of every record: once per slave that leaves, never per report)."""
         self.slaves.pop(slave_id, None)
-        for key in [k for k in self.positions if k[0] == slave_id]:
-            del self.positions[key]
+        for _key, record in self.records.replications():
+            record.positions.pop(slave_id, None)
+
+
+class _Positions(Mapping[tuple[int, str, int], ReplicaPosition]):
+    """``ReplicationProgress.positions``: the records' positions seen as one table (read-only)."""
+
+    def __init__(self, records: ReplicationRecords) -> None:
+        self._records = records
+
+    def __getitem__(self, key: tuple[int, str, int]) -> ReplicaPosition:
+        slave_id, topic, partition = key
+        record = self._records.replication(topic, partition)
+        if record is None:
+            raise KeyError(key)
+        return record.positions[slave_id]
+
+    def __iter__(self) -> Iterator[tuple[int, str, int]]:
+        for (topic, partition), record in self._records.replications():
+            for slave_id in record.positions:
+                yield slave_id, topic, partition
+
+    def __len__(self) -> int:
+        return sum(len(record.positions) for _key, record in self._records.replications())

@@ -48,6 +48,17 @@ position from an earlier term never counts). A position past our log end
 counts as nothing: a slave's log is a prefix of ours, so a longer one has a
 divergent tail that must never count as a replica of our puts.
 
+Where the state lives: what is per slave (members, joining slaves, each slave's last
+contact and join bookkeeping) is here; what is per partition (committed offset, the
+offset consumers were last woken for, the safe end, the log end this term started
+with, the puts waiting) is one ``PartitionSync`` per partition and term, kept in the
+partition's replication record (record.py, ``ReplicationRecord.sync``, through the
+injected ``records``): a partition dropped takes it along (its waiting puts end with
+404), and a new term's ``SyncReplication`` starts each partition afresh (a record
+holding the previous term's state is given a new one at first use). ``_waiting``
+indexes the partitions with puts waiting, so the periodic check never walks every
+partition.
+
 Nothing here does I/O itself: ZooKeeper writes go through the injected
 ``publish`` coroutine, so the rules are unit-tested without a server.
 """
@@ -63,6 +74,7 @@ from typing import Awaitable, Callable
 
 from ..deferred import Deferred
 from ..protocol import commands as c
+from .record import RecordTable, ReplicationRecords
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +97,37 @@ class _Waiter:
     #: Released synchronously by the slave's report that covers the put: the ack goes out
     #: inside that report's handling, without a task or a turn of the loop.
     future: "Deferred[None]" = field(repr=False)
+
+
+class PartitionSync:
+    """One partition's sync state in one term (``ReplicationRecord.sync``)."""
+
+    __slots__ = ("term", "key", "committed", "woken_at", "safe", "term_start", "waiters")
+
+    def __init__(self, term: "SyncReplication", key: tuple[str, int], term_start: int = 0) -> None:
+        self.term = term
+        self.key = key
+        #: What readers may read (``committed``) and what no failover can take back (``safe``).
+        self.committed = 0
+        #: The committed offset consumers' parked fetches were last woken for. Apart from
+        #: ``committed``: a reader's ``committed()`` may be what moved it (nobody is woken
+        #: then), and the next ``_note_committed`` must still wake them.
+        self.woken_at = 0
+        self.safe = 0
+        #: The log end this master took over with (0 for a partition created in the term).
+        self.term_start = term_start
+        self.waiters: list[_Waiter] = []
+
+    def fail_waiters(self, code: int, message: str) -> None:
+        waiters, self.waiters = self.waiters, []
+        for waiter in waiters:
+            if not waiter.future.done():
+                waiter.future.set_exception(SyncWaitFailed(code, message))
+
+    def dropped(self) -> None:
+        """The partition is no longer served (topic deleted or re-created): its waiting puts end
+        (404: the topic is gone, its log with them)."""
+        self.fail_waiters(c.NOT_FOUND, f"topic {self.key[0]} was deleted while this put waited for its slaves; outcome unknown")
 
 
 #: A slave that is not counted yet is looked at over every partition (``_rescan``) from its
@@ -137,6 +180,7 @@ class SyncReplication:
         on_committed: Callable[[str, int], None] = lambda topic, partition: None,
         clock: Callable[[], float] = time.monotonic,
         batch_boundary: Callable[[str, int, int, int], int] = lambda topic, partition, offset, committed: offset,
+        records: ReplicationRecords | None = None,
     ) -> None:
         self.min_sync_slaves = min_sync_slaves
         self.timeout = timeout_ms / 1000
@@ -156,15 +200,11 @@ class SyncReplication:
         #: Caught-up slaves on their way into ZooKeeper; acks already wait for them.
         self.joining: set[int] = set()
         self._slaves: dict[int, _Member] = {}
-        #: What readers may read (``committed``) and what no failover can take back (``_safe_end``).
-        self._committed: dict[tuple[str, int], int] = {}
-        #: The committed offset consumers' parked fetches were last woken for. Apart from
-        #: ``_committed``: a reader's ``committed()`` may be what moved it (nobody is woken
-        #: then), and the next ``_note_committed`` must still wake them.
-        self._woken_at: dict[tuple[str, int], int] = {}
-        self._safe: dict[tuple[str, int], int] = {}
-        self._term_start: dict[tuple[str, int], int] = {}
-        self._waiters: dict[tuple[str, int], list[_Waiter]] = {}
+        #: Each partition's replication record, holding its ``PartitionSync`` (the broker's
+        #: ``Partitions``; a table of our own when none is given).
+        self._records: ReplicationRecords = records if records is not None else RecordTable()
+        #: The partitions with puts waiting (an index: their state is in their records).
+        self._waiting: dict[tuple[str, int], PartitionSync] = {}
         self._publish_lock = asyncio.Lock()
         self._pending_changes = False
         self._checker: asyncio.Task[None] | None = None
@@ -185,10 +225,12 @@ class SyncReplication:
         """Publish this term's sync set before the first ack: empty for a new term, or the
         members of ``resume`` when this master leads the same term again (``SyncTerm``)."""
         # What this master took over with: readable even before a slave joins.
-        self._term_start = {key: self._log_end(*key) for key in self._partitions()}
+        for key in self._partitions():
+            self._sync(*key).term_start = self._log_end(*key)
         members: frozenset[int] = frozenset()
         if resume is not None:
-            self._term_start.update(resume.term_start)
+            for (topic, partition), start in resume.term_start.items():
+                self._sync(topic, partition).term_start = start
             members = resume.members
             # Heard from as of now: a member that is gone is removed after the timeout, and
             # that smaller set is published before any ack stops waiting for it.
@@ -204,24 +246,32 @@ class SyncReplication:
 
     def term(self, epoch: int) -> SyncTerm:
         """This term's members and start, for ``start(resume=...)`` if the master leads ``epoch`` again."""
-        return SyncTerm(epoch, self.members, dict(self._term_start))
+        return SyncTerm(epoch, self.members, {key: self._sync(*key).term_start for key in self._partitions()})
 
     async def stop(self) -> None:
         self._stopped = True
         if self._checker is not None:
             self._checker.cancel()
             await asyncio.gather(self._checker, return_exceptions=True)
-        for waiters in self._waiters.values():
-            for waiter in waiters:
-                if not waiter.future.done():
-                    waiter.future.set_exception(SyncWaitFailed(c.GATEWAY_TIMEOUT, "this master stopped waiting for its slaves (fenced or stopping); outcome unknown"))
-        self._waiters.clear()
+        for state in self._waiting.values():
+            state.fail_waiters(c.GATEWAY_TIMEOUT, "this master stopped waiting for its slaves (fenced or stopping); outcome unknown")
+        self._waiting.clear()
         publisher, self._publisher = self._publisher, None
         if publisher is not None:
             # Stopped: nothing is published again; a write already sent goes on in ZooKeeper's
             # worker, but nobody waits for its answer (every waiting ack failed above).
             publisher.cancel()
             await asyncio.gather(publisher, return_exceptions=True)
+
+    def _sync(self, topic: str, partition: int) -> PartitionSync:
+        """The partition's state in this term, in its record (made at first use in the term)."""
+        record = self._records.replication(topic, partition)
+        if record is None:  # not served (dropped): nothing to remember
+            return PartitionSync(self, (topic, partition))
+        state = record.sync
+        if state is None or state.term is not self:  # none yet, or the previous term's
+            state = record.sync = PartitionSync(self, (topic, partition))
+        return state
 
     # --- state ------------------------------------------------------------------------------
 
@@ -261,20 +311,20 @@ class SyncReplication:
     def committed(self, topic: str, partition: int, replicated: int | None = None) -> int:
         """What consumers may read: ``_safe_end`` moved down to a batch boundary; never decreases.
         ``replicated``: ``_replicated_end`` as the caller has just computed it (see ``_safe_end``)."""
-        key = (topic, partition)
-        current = self._committed.get(key, 0)
-        candidate = self._safe_end(topic, partition, replicated)
+        state = self._sync(topic, partition)
+        current = state.committed
+        candidate = self._safe_end(topic, partition, replicated, state)
         if candidate > current:
             # Invariant: committed is never inside a batch (see the module docstring). Only
             # a candidate that would move it is looked at: one lookup per advance, and none
             # of a partition's batches to look at if it has only plain puts.
             candidate = self._batch_boundary(topic, partition, candidate, current)
             if candidate > current:
-                self._committed[key] = candidate
+                state.committed = candidate
                 return candidate
         return current
 
-    def _safe_end(self, topic: str, partition: int, replicated: int | None = None) -> int:
+    def _safe_end(self, topic: str, partition: int, replicated: int | None = None, state: PartitionSync | None = None) -> int:
         """What no failover can take back (a record boundary); never decreases. The join bar.
 
         Unlike ``committed`` it is not moved down to a batch boundary, so a slave joins
@@ -282,8 +332,9 @@ class SyncReplication:
         ``_replicated_end(topic, partition)`` computed by the caller with nothing moved since
         (``_resolve``, in the same slave report), so it is not walked again.
         """
-        key = (topic, partition)
-        current = self._safe.get(key, 0)
+        if state is None:
+            state = self._sync(topic, partition)
+        current = state.safe
         if self.nobody_counted:
             # Invariant: the safe end = the lowest end over the counted slaves; with nobody
             # counted, what no failover can take back and (reject) no ack is pending on.
@@ -294,11 +345,11 @@ class SyncReplication:
             # term), never past it: puts of this term that ended in 504 stay invisible
             # until a slave holds them. Reject mode refuses writes, never reads.
             flushed = self._flushed_end(topic, partition)
-            candidate = flushed if self.on_loss == "degrade" else min(flushed, self._term_start.get(key, 0))
+            candidate = flushed if self.on_loss == "degrade" else min(flushed, state.term_start)
         else:
             candidate = self._replicated_end(topic, partition) if replicated is None else replicated
         if candidate > current:
-            self._safe[key] = candidate
+            state.safe = candidate
             return candidate
         return current
 
@@ -362,14 +413,14 @@ class SyncReplication:
 
     def forget_partitions(self, keys: list[tuple[str, int]]) -> None:
         """Partitions no longer served (topic deleted or re-created): their waiting puts end
-        (404: the topic is gone, its log with them) and their offsets restart with the new log."""
+        (404: the topic is gone, its log with them) and their offsets restart with the new log
+        (their states went with their records: ``Partitions.drop``; a table of our own drops them here)."""
         for key in keys:
-            for waiter in self._waiters.pop(key, []):
-                if not waiter.future.done():
-                    waiter.future.set_exception(SyncWaitFailed(
-                        c.NOT_FOUND, f"topic {key[0]} was deleted while this put waited for its slaves; outcome unknown"))
-            for table in (self._committed, self._woken_at, self._safe, self._term_start):
-                table.pop(key, None)
+            state = self._waiting.pop(key, None)
+            if state is not None:
+                state.dropped()
+        if isinstance(self._records, RecordTable):
+            self._records.drop(keys)
         gone = set(keys)
         for member in self._slaves.values():
             if member.behind:
@@ -387,8 +438,9 @@ class SyncReplication:
             self._note_committed(topic, partition, replicated)
             return None
         future: Deferred[None] = Deferred()
-        waiter = _Waiter(topic, partition, end, self._clock() + self.timeout, future)
-        self._waiters.setdefault((topic, partition), []).append(waiter)
+        state = self._sync(topic, partition)
+        state.waiters.append(_Waiter(topic, partition, end, self._clock() + self.timeout, future))
+        self._waiting[state.key] = state
         return future
 
     # --- internals ------------------------------------------------------------------------------
@@ -457,9 +509,13 @@ class SyncReplication:
                          ", ..." if len(member.behind) > 5 else "")
 
     def _resolve(self, topic: str, partition: int) -> None:
-        waiters = self._waiters.get((topic, partition))
+        self._resolve_state(self._sync(topic, partition))
+
+    def _resolve_state(self, state: PartitionSync) -> None:
+        topic, partition = state.key
+        waiters = state.waiters
         if not waiters:
-            self._note_committed(topic, partition)
+            self._note_committed(topic, partition, state=state)
             return
         replicated = self._replicated_end(topic, partition)
         # Releasing a waiter writes its put's ack (a Deferred's callback) and nothing else: no
@@ -471,19 +527,20 @@ class SyncReplication:
                     waiter.future.set_result(None)
             else:
                 still.append(waiter)
-        if still:
-            self._waiters[(topic, partition)] = still
-        else:
-            del self._waiters[(topic, partition)]
-        self._note_committed(topic, partition, replicated)
+        state.waiters = still
+        if not still and self._waiting.get(state.key) is state:
+            del self._waiting[state.key]
+        self._note_committed(topic, partition, replicated, state)
 
-    def _note_committed(self, topic: str, partition: int, replicated: int | None = None) -> None:
+    def _note_committed(self, topic: str, partition: int, replicated: int | None = None,
+                        state: PartitionSync | None = None) -> None:
         """Move the committed offset and wake consumers' fetches if it is past where they
         were last woken, whoever moved it (this call, or a reader's ``committed()`` before)."""
-        key = (topic, partition)
         committed = self.committed(topic, partition, replicated)
-        if committed > self._woken_at.get(key, 0):
-            self._woken_at[key] = committed
+        if state is None:
+            state = self._sync(topic, partition)
+        if committed > state.woken_at:
+            state.woken_at = committed
             self._on_committed(topic, partition)
 
     def _desired_members(self) -> frozenset[int]:
@@ -501,7 +558,7 @@ class SyncReplication:
         return frozenset(desired)
 
     def _all_waiters(self) -> list[_Waiter]:
-        return [w for waiters in self._waiters.values() for w in waiters]
+        return [w for state in self._waiting.values() for w in state.waiters]
 
     def _schedule_publish(self) -> None:
         if self._stopped:
@@ -555,8 +612,9 @@ class SyncReplication:
 
     def _after_membership_change(self) -> None:
         """Re-evaluate every waiting put against the published set."""
-        for (topic, partition), waiters in list(self._waiters.items()):
+        for key, state in list(self._waiting.items()):
             if not self.counted or (self.too_small and self.on_loss == "reject"):
+                waiters, state.waiters = state.waiters, []
                 for waiter in waiters:
                     if waiter.future.done():
                         continue
@@ -570,9 +628,9 @@ class SyncReplication:
                                 " on a slave (outcome unknown)",
                             )
                         )
-                del self._waiters[(topic, partition)]
+                del self._waiting[key]
             else:
-                self._resolve(topic, partition)
+                self._resolve_state(state)
 
     async def _check_periodically(self) -> None:
         """Expire silent members and timed-out waits; let caught-up slaves join."""
@@ -584,11 +642,12 @@ class SyncReplication:
                 self._schedule_publish()
                 continue
             now = self._clock()
-            for (topic, partition), waiters in list(self._waiters.items()):
-                for waiter in waiters:
+            for state in list(self._waiting.values()):
+                for waiter in state.waiters:
                     if waiter.deadline <= now and not waiter.future.done():
                         # Every member has it, or the lagging ones would have been removed.
-                        self._resolve(topic, partition)
+                        self._resolve_state(state)
+                        break
 
     def status_pairs(self) -> list[tuple[str, object]]:
         state = "ok" if not self.too_small else ("degraded" if self.on_loss == "degrade" else "rejecting")
@@ -597,7 +656,7 @@ class SyncReplication:
             ("sync_joining", ",".join(map(str, sorted(self.joining))) or "-"),
             ("sync_state", state),
             ("sync_min_slaves", self.min_sync_slaves),
-            ("sync_waiting_puts", sum(len(w) for w in self._waiters.values())),
+            ("sync_waiting_puts", sum(len(state.waiters) for state in self._waiting.values())),
             ("sync_set_removals", self.removals),
             ("sync_set_joins", self.joins),
         ]

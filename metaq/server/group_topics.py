@@ -237,9 +237,14 @@ def forget_partitions(broker: Any, keys: list[tuple[str, int]]) -> None:
     """Every owner of per-partition state (docs/architecture.md) forgets partitions no longer served.
 
     Called by ``Broker.update_topics`` right after the store dropped them (a topic deleted, or
-    re-created as a new incarnation): producer and transaction state, queued transaction
-    markers, replication (follower, sync set, progress, epoch histories) and counters; parked
-    fetches of them wake up and are answered "unknown topic".
+    re-created as a new incarnation). ``Partitions.drop`` pops each partition's owner, and with
+    it everything it holds: producer and transaction state, epoch history, and its replication
+    record (slaves' positions, append history, a slave's replica, and the sync set's offsets
+    and waiting puts, which end with 404, when the sync set keeps them there: its ``records``).
+    What is left is held elsewhere: queued transaction markers, the HA layer's per-partition
+    tasks and streams (follower fetch tasks, replication streams, the sync set's index of
+    waiting partitions) and counters; parked fetches of them wake up and are answered
+    "unknown topic".
     """
     broker.partitions.drop(keys)
     broker.transactions.forget_partitions(keys)

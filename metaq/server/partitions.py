@@ -11,7 +11,10 @@ the only writer of all four (Kafka's ``UnifiedLog``), through one path per chang
 * ``truncate_to(offset)`` / ``restart_at(offset)``: HA truncation, the cut of an incomplete
   batch at start and at promotion (``cut_incomplete_tail``), a slave restarting an empty
   log at its master's log start; each fixes the epoch history and the state itself;
-* ``Partitions.drop(keys)``: a topic deleted or re-created.
+* ``Partitions.drop(keys)``: a topic deleted or re-created;
+* ``Partitions.assign_epoch(topics, epoch)`` (a new master's epoch on every served log) and
+  ``Partition.adopt_epochs(entries)`` (a slave copying its master's history): the two
+  writers of the epoch history besides ``truncate_to``.
 
 Invariants (kept here, because nothing else writes these objects):
 
@@ -51,9 +54,10 @@ import contextlib
 import logging
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from ..ha.epochs import EpochCache
+from ..ha.epochs import EpochCache, save_all
+from ..ha.record import ReplicationRecord
 from ..protocol import commands as c
 from ..record import HEADER
 from ..store.refused import RefusedLog
@@ -101,6 +105,9 @@ class Partition:
         self._epochs: EpochCache | None = None
         self.snapshot_position = -1  # position of the last snapshot written (-1: none)
         self.cuts = 0  # truncations and drops: a snapshot serialized before one is stale
+        #: What replication knows of this partition (metaq/ha/record.py): slaves' positions,
+        #: the append history, the share of this term's writes slaves fetched. Goes with it.
+        self.replication = ReplicationRecord()
 
     @property
     def ready(self) -> bool:
@@ -259,6 +266,17 @@ class Partition:
                     self.name, when, cut, removed, aside)
         return cut
 
+    # --- the epoch history: its writers besides truncation -------------------------------------
+
+    async def adopt_epochs(self, entries: list[tuple[int, int]]) -> bool:
+        """A slave copying its master's epoch history of this partition (its bytes are the
+        master's, verified by truncation first); True if ours changed. Saved off the event
+        loop: a new slave starts many partitions at once, and their saves overlap."""
+        if not self.epochs.replace_all(entries):
+            return False
+        await asyncio.to_thread(self.epochs.save)
+        return True
+
     def _discard_snapshot(self) -> None:
         # Before the cut: a snapshot must never describe bytes that are gone. After a load still
         # running in a worker thread: nothing is cut under its walk.
@@ -312,6 +330,21 @@ class Partitions:
             self._partitions[(topic, partition)] = owner
         return owner
 
+    def replication(self, topic: str, partition: int) -> ReplicationRecord | None:
+        """The partition's replication record (metaq/ha/record.py); None if its log is not open
+        (a report or heartbeat naming a partition this broker does not serve opens nothing)."""
+        owner = self._partitions.get((topic, partition))
+        if owner is None:
+            partition_log = self.store.open_log(topic, partition)
+            if partition_log is None:
+                return None
+            owner = self.get(topic, partition, partition_log)
+        return owner.replication
+
+    def replications(self) -> Iterator[tuple[Key, ReplicationRecord]]:
+        """Every open partition's replication record."""
+        return iter([(key, owner.replication) for key, owner in self._partitions.items()])
+
     def serving(self, topic: str, partition: int, partition_log: Any = None) -> Partition:
         """The owner, for the put and fetch paths: ``PartitionLoading`` (503, retriable) while its
         state still loads in a worker thread, so the event loop never waits for that load.
@@ -360,12 +393,43 @@ class Partitions:
 
     def drop(self, keys: list[Key]) -> None:
         """Partitions no longer served (topic deleted or re-created): their producers,
-        transactions and epoch history never apply to another incarnation of the topic."""
+        transactions, epoch history and replication record (slaves' positions, append
+        history) never apply to another incarnation of the topic; they go with the owner."""
         with self.files:
             for key in keys:
                 owner = self._partitions.pop(key, None)
                 if owner is not None:
                     owner.cuts += 1  # a snapshot serialized before now is not written (``_write_all``)
+                    owner.replication.close()  # puts waiting for its slaves end (404)
+
+    # --- epochs ----------------------------------------------------------------------------------
+
+    async def assign_epoch(self, topics: dict[str, Any], epoch: int) -> int:
+        """A new master's first step on its logs: every served partition of ``topics`` gets
+        ``(epoch, log end)`` in its epoch history, durably, in one batch (a takeover of 10,000
+        partitions must not cost 10,000 event-loop stalls). Returns how many histories changed.
+
+        Invariants: epochs only grow (``EpochCache.assign`` refuses an older one); every
+        partition's history names the epoch, fsynced, before this returns, and the caller
+        acks as master in it only after that."""
+        served = [(name, partition) for name, topic in topics.items() for partition in range(topic.num_partitions)]
+        # Partitions without files yet are created as one batch off the event loop.
+        await self.store.create_logs([(name, partition, 0) for name, partition in served])
+        assigned = []
+        for name, partition in served:
+            owner = self.get(name, partition)
+            # Before the epoch's start offset is recorded and before any put: a batch the old
+            # master had only partly replicated to us was never acked; cut it, so no batch is
+            # ever half in the log we now serve and extend.
+            owner.cut_incomplete_tail("at promotion")
+            if owner.epochs.assign(epoch, owner.log.log_end):
+                assigned.append(owner.epochs)
+        await asyncio.to_thread(save_all, assigned)  # every file and directory fsynced, one thread hop
+        return len(assigned)
+
+    async def adopt_epochs(self, topic: str, partition: int, entries: list[tuple[int, int]]) -> bool:
+        """``Partition.adopt_epochs`` of one partition (a slave following its master)."""
+        return await self.get(topic, partition).adopt_epochs(entries)
 
     # --- start -------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import pytest
 
 from metaq.config import SlaveConfig
 from metaq.ha.follower import MasterFollower
+from metaq.ha.record import RecordTable
 
 
 class StubbornReplica:
@@ -37,7 +38,8 @@ class StubbornReplica:
 
 
 def test_a_replica_task_whose_cancel_is_lost_still_ends_when_following_stops() -> None:
-    host = SimpleNamespace(config=SimpleNamespace(broker_id=0), security=SimpleNamespace(heartbeat_key=None))
+    host = SimpleNamespace(config=SimpleNamespace(broker_id=0), security=SimpleNamespace(heartbeat_key=None),
+                           partitions=RecordTable())
     follower = MasterFollower(host, SlaveConfig(slave_id=0, slave_group="g"), None, None,  # type: ignore[arg-type]
                               lambda: 1, None, lambda: None)  # type: ignore[arg-type]
     replica = StubbornReplica()
@@ -49,7 +51,9 @@ def test_a_replica_task_whose_cancel_is_lost_still_ends_when_following_stops() -
     follower.news_supported = False  # a fetch after each fetch (no quiet wait for news)
 
     async def scenario() -> None:
-        follower.replicas[("t", 0)] = replica  # type: ignore[assignment]
+        record = host.partitions.replication("t", 0)
+        record.replica, record.replica_owner = replica, follower
+        assert follower.replicas == {("t", 0): replica}
         follower._tasks[("t", 0)] = asyncio.ensure_future(follower._replicate(replica, follower._generation))  # type: ignore[arg-type]
         while replica.fetches < 3:
             await asyncio.sleep(0.005)
@@ -71,7 +75,8 @@ def follower_of(topics: dict[str, object], listed: dict[str, int]) -> tuple[Mast
     async def update_topics(topics: object) -> None:
         return None
 
-    host = SimpleNamespace(config=config, security=SimpleNamespace(heartbeat_key=None), update_topics=update_topics)
+    host = SimpleNamespace(config=config, security=SimpleNamespace(heartbeat_key=None), update_topics=update_topics,
+                           partitions=RecordTable())
     follower = MasterFollower(host, SlaveConfig(slave_id=0, slave_group="g", auto_sync_master_config=False),  # type: ignore[arg-type]
                               None, None, lambda: 1, None, lambda: None)  # type: ignore[arg-type]
 
@@ -135,3 +140,28 @@ def test_partitions_added_at_run_time_that_the_master_does_not_list_yet_are_aske
         assert started == [("plain", 0), ("side", 0), ("side", 1), ("side", 2)]
 
     asyncio.run(scenario())
+
+
+def test_a_followers_replicas_live_in_their_partitions_records_and_go_with_a_drop() -> None:
+    """The slave side's replica of a partition is in the partition's replication record: a
+    follower of a later master does not see an earlier follower's, and dropping the partition
+    (its topic deleted) takes the replica along, so its fetch loop ends."""
+    host = SimpleNamespace(config=SimpleNamespace(broker_id=0), security=SimpleNamespace(heartbeat_key=None),
+                           partitions=RecordTable())
+
+    def follower() -> MasterFollower:
+        return MasterFollower(host, SlaveConfig(slave_id=0, slave_group="g"), None, None,  # type: ignore[arg-type]
+                              lambda: 1, None, lambda: None)  # type: ignore[arg-type]
+
+    earlier, later = follower(), follower()
+    replica = SimpleNamespace(status=SimpleNamespace(master_committed=70))
+    record = host.partitions.replication("t", 0)
+    record.replica, record.replica_owner = replica, earlier
+    assert earlier.replicas == {("t", 0): replica} and earlier.committed_seen("t", 0) == 70
+    assert later.replicas == {} and later.committed_seen("t", 0) == 0
+    host.partitions.drop([("t", 0)])
+    assert earlier.replicas == {} and earlier._replica(("t", 0)) is None
+    kept = host.partitions.replication("t", 1)
+    kept.replica, kept.replica_owner = replica, later
+    asyncio.run(later.stop())  # stopped for good: its replicas leave the records
+    assert kept.replica is None and kept.replica_owner is None and later.replicas == {}

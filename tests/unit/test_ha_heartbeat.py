@@ -13,6 +13,7 @@ from metaq.config import SlaveConfig
 from metaq.ha.heartbeat import BadHeartbeat, HeartbeatResponder, SlaveHeartbeat, decode, encode, encode_signed
 from metaq.ha.node import HaNode
 from metaq.ha.progress import ReplicationProgress
+from metaq.ha.record import RecordTable
 from metaq.ha.role import Role
 from metaq.zk.embedded import free_port
 
@@ -179,6 +180,7 @@ class PromotedHost:
     config = SimpleNamespace(broker_id=3)
     store = SimpleNamespace(logs=lambda: LOGS)
     registry = SimpleNamespace(slave_id=None)
+    partitions = RecordTable()
 
 
 def test_a_promoted_broker_started_with_slave_answers_as_the_master():

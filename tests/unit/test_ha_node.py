@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from metaq.config import SlaveConfig
 from metaq.ha.epochs import EpochCache
 from metaq.ha.node import HaNode
+from metaq.ha.record import RecordTable
 from metaq.ha.role import Role
 from metaq.protocol import commands as c
 
@@ -19,8 +20,13 @@ class Log:
 HOST = SimpleNamespace(config=SimpleNamespace(broker_id=2), registry=SimpleNamespace(slave_id=1))
 
 
+def host() -> SimpleNamespace:
+    """HOST with partitions of its own (each partition's replication record)."""
+    return SimpleNamespace(config=HOST.config, registry=HOST.registry, partitions=RecordTable())
+
+
 def node_in(state: Role, slave: SlaveConfig | None = None) -> HaNode:
-    node = HaNode(HOST, slave, in_zookeeper=True)
+    node = HaNode(host(), slave, in_zookeeper=True)
     node.coordinator = SimpleNamespace(
         state=state, epochs=SimpleNamespace(serving=4), master_url="m:1", may_ack=lambda: state is Role.LEADING,
         leadership=SimpleNamespace(sync_set=None, lease=None, handover_target=1), followership=SimpleNamespace(follower=None),
@@ -40,7 +46,7 @@ def test_the_role_is_the_state_machines_not_the_start_flag() -> None:
 
 
 def test_without_zookeeper_a_broker_is_a_standalone_master() -> None:
-    node = HaNode(HOST, None, in_zookeeper=False)
+    node = HaNode(host(), None, in_zookeeper=False)
     assert node.role is Role.LEADING and node.epoch == 0 and node.epoch_end("t", 0, 1) is None
     assert node.write_refusal()[0] == c.SERVICE_UNAVAILABLE, "not ready before start"
     node.ready = True
@@ -68,12 +74,10 @@ def test_a_master_handing_over_refuses_writes_before_storing_anything() -> None:
 def deposable_node(epochs: EpochCache, led_epoch: int) -> tuple[HaNode, SimpleNamespace]:
     """A node leading epoch ``led_epoch`` of partition t-0 (log end 300), whose follower (as
     after an earlier follow) serves a masterless partition's whole log."""
-    host = SimpleNamespace(
-        config=HOST.config, registry=HOST.registry,
-        # Batches end at 100, 200, 300: a slave position inside one is cut to its start.
-        partitions=SimpleNamespace(batch_boundary=lambda t, p, offset, fallback: offset - offset % 100),
-    )
-    node = HaNode(host, None, in_zookeeper=True)
+    leader = host()
+    # Batches end at 100, 200, 300: a slave position inside one is cut to its start.
+    leader.partitions.batch_boundary = lambda t, p, offset, fallback: offset - offset % 100
+    node = HaNode(leader, None, in_zookeeper=True)
     coordinator = SimpleNamespace(
         state=Role.LEADING, epochs=SimpleNamespace(serving=led_epoch, led=led_epoch), leadership=SimpleNamespace(sync_set=None),
         followership=SimpleNamespace(follower=SimpleNamespace(committed=lambda t, p, log_end: log_end)),

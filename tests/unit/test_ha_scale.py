@@ -159,7 +159,10 @@ def quiet_follower():  # noqa: ANN201
     from metaq.config import SlaveConfig
     from metaq.ha.follower import MasterFollower
 
-    host = SimpleNamespace(config=SimpleNamespace(broker_id=0), security=SimpleNamespace(heartbeat_key=None))
+    from metaq.ha.record import RecordTable
+
+    host = SimpleNamespace(config=SimpleNamespace(broker_id=0), security=SimpleNamespace(heartbeat_key=None),
+                           partitions=RecordTable())
     return MasterFollower(host, SlaveConfig(slave_id=0, slave_group="g"), None, None,  # type: ignore[arg-type]
                           lambda: 1, None, lambda: None)  # type: ignore[arg-type]
 

@@ -106,5 +106,6 @@ def test_regression_a_master_back_from_fenced_in_the_same_term_keeps_its_sync_se
     written, again, other = asyncio.run(scenario())
     assert written[:3] == [frozenset(), frozenset({1}), frozenset({1})], written
     assert again.members == frozenset({1}) and not again.too_small
-    assert again._term_start == {("t", 0): 120}
+    assert again.term(6).term_start == {("t", 0): 120}
+    assert other.term(7).term_start == {("t", 0): 130}, "a new term starts at the log end it takes over"
     assert written[3] == frozenset() and other.members == frozenset()

@@ -3,6 +3,7 @@ the transaction state and the epoch history kept in step by it alone."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from pathlib import Path
@@ -189,8 +190,6 @@ def test_a_snapshot_serialized_before_a_cut_is_not_written_after_it(tmp_path: Pa
 
 
 def test_idle_producers_are_forgotten_by_the_log_clock_and_the_snapshot_loop_survives_errors(tmp_path: Path) -> None:
-    import asyncio
-
     manager = store(tmp_path)
     states = Partitions(manager, expiry_ms=50)
     idempotent_put(manager, states, pid=1, seq=0, count=1)  # timestamp 1000
@@ -324,3 +323,44 @@ def test_a_log_opened_at_run_time_loads_its_state_in_a_worker_thread_and_puts_ge
     assert again.state(TOPIC, 0).producers.check(7, 0, 0, 3).verdict is Verdict.DUPLICATE
     again.close()
     reopened.close()
+
+
+def test_assign_epoch_gives_every_served_partition_the_epoch_durably_in_one_batch(tmp_path: Path, monkeypatch: Any) -> None:
+    from metaq.ha import epochs
+
+    manager = store(tmp_path)
+    owners = Partitions(manager)
+    plain_put(manager, owners, 2)
+    end = manager.get_log(TOPIC, 0).log_end
+    batches: list[int] = []
+    real = epochs.save_all
+    monkeypatch.setattr("metaq.server.partitions.save_all", lambda caches: batches.append(len(caches)) or real(caches))
+    monkeypatch.setattr(EpochCache, "save", lambda self: pytest.fail("one save per partition"))
+    topics = manager.topics
+
+    assert asyncio.run(owners.assign_epoch(topics, 4)) == 2
+    assert batches == [2], "one batch for every partition, with bytes or not"
+    assert EpochCache.load(manager.partition_dir(TOPIC, 0)).entries == [(4, end)]
+    assert EpochCache.load(manager.partition_dir(TOPIC, 1)).entries == [(4, 0)]
+    assert asyncio.run(owners.assign_epoch(topics, 4)) == 0, "the same epoch again changes nothing"
+    with pytest.raises(ValueError, match="older than the latest"):
+        asyncio.run(owners.assign_epoch(topics, 3))  # epochs only grow
+    assert owners.get(TOPIC, 0).epochs.entries == [(4, end)]
+    manager.close()
+
+
+def test_adopt_epochs_copies_the_masters_history_and_saves_only_a_change(tmp_path: Path, monkeypatch: Any) -> None:
+    manager = store(tmp_path)
+    owners = Partitions(manager)
+    saves: list[Path] = []
+    real = EpochCache.save
+    monkeypatch.setattr(EpochCache, "save", lambda self: saves.append(self.path) or real(self))
+
+    master = [(2, 0), (5, 120)]
+    assert asyncio.run(owners.adopt_epochs(TOPIC, 0, master)) is True
+    assert EpochCache.load(manager.partition_dir(TOPIC, 0)).entries == master
+    assert len(saves) == 1
+    assert asyncio.run(owners.adopt_epochs(TOPIC, 0, master)) is False, "nothing new: no save"
+    assert len(saves) == 1
+    assert owners.get(TOPIC, 0).epochs.entries == master
+    manager.close()

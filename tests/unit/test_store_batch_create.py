@@ -17,7 +17,6 @@ import pytest
 from metaq import record
 from metaq.config import TopicConfig
 from metaq.ha import epochs
-from metaq.ha.leadership import assign_epoch
 from metaq.server.partitions import Partitions
 from metaq.store import checkpoint, incarnation, manager as manager_module
 from metaq.store.manager import MessageStoreManager
@@ -164,12 +163,12 @@ def test_a_takeover_saves_every_partitions_epoch_in_one_batch(tmp_path, monkeypa
     partitions = Partitions(store)
     batches = []
     real = epochs.save_all
-    monkeypatch.setattr("metaq.ha.leadership.save_all", lambda caches: batches.append(len(caches)) or real(caches))
+    monkeypatch.setattr("metaq.server.partitions.save_all", lambda caches: batches.append(len(caches)) or real(caches))
     monkeypatch.setattr(epochs.EpochCache, "save", lambda self: pytest.fail("one save per partition"))
 
     async def take_over(epoch):
         fsynced.clear()
-        return await assign_epoch(store, partitions, config, epoch)
+        return await partitions.assign_epoch(config, epoch)
 
     assert asyncio.run(take_over(3)) == 60
     assert batches == [60], "one batch for every partition, fresh or not"

@@ -12,9 +12,11 @@ import pytest
 from metaq.ha.heartbeat import HeartbeatResponder, decode, encode
 from metaq.ha.progress import ReplicationProgress
 from metaq.ha.sync_set import SyncReplication, SyncWaitFailed
-from tests.unit.sync_set_support import sync_over
+from tests.unit.sync_set_support import _publish_nowhere, sync_over
 from metaq.server.stats import BrokerStats
-from metaq.store.manager import UnknownTopic
+from metaq.config import TopicConfig
+from metaq.server.partitions import Partitions
+from metaq.store.manager import MessageStoreManager, UnknownTopic
 
 
 class FakeLog:
@@ -38,14 +40,28 @@ def test_heartbeat_answer_leaves_out_a_partition_dropped_meanwhile():
     assert answer["_committed"] == {("kept", 0): 50} and responder.bad == 0
 
 
-def test_progress_forgets_positions_and_history_of_dropped_partitions():
-    progress = ReplicationProgress()
+def test_a_dropped_partition_takes_its_replication_record_with_it(tmp_path):
+    """Slaves' positions and the append history live in the partition's record: one ``drop``
+    of its owner forgets them, and a partition of the same name served again starts empty."""
+    config = {name: TopicConfig(name=name, data_path=str(tmp_path), num_partitions=1) for name in ("gone", "kept")}
+    store = MessageStoreManager(config, max_message_size=1024)
+    partitions = Partitions(store)
+    progress = ReplicationProgress(partitions)
     for key in (("gone", 0), ("kept", 0)):
+        store.get_log(*key)
         progress.appended(*key, 100, 1)
         progress.fetched(1, *key, 100, 1)
-    progress.forget_partitions([("gone", 0)])
-    assert progress.position(1, "gone", 0) is None and ("gone", 0) not in progress.history
+    assert set(progress.positions) == {(1, "gone", 0), (1, "kept", 0)}
+    store.update_topics({"kept": config["kept"]})
+    partitions.drop([("gone", 0)])
+    assert progress.position(1, "gone", 0) is None and partitions.replication("gone", 0) is None
+    assert set(progress.positions) == {(1, "kept", 0)}, "a report for a partition not served opens nothing"
+    progress.fetched(1, "gone", 0, 50, 1)
+    assert set(progress.positions) == {(1, "kept", 0)}
     assert progress.position(1, "kept", 0) == 100 and 1 in progress.slaves
+    assert partitions.replication("kept", 0).history.total_messages == 1
+    partitions.close()
+    store.close()
 
 
 def test_sync_set_ends_waiting_puts_of_a_dropped_partition_and_restarts_its_offsets():
@@ -71,6 +87,59 @@ def test_sync_set_ends_waiting_puts_of_a_dropped_partition_and_restarts_its_offs
         await sync.stop()
 
     asyncio.run(scenario())
+
+
+def test_the_sync_state_of_a_partition_lives_in_its_record_and_goes_with_one_drop(tmp_path):
+    """With the broker's partitions as its records, the sync set keeps each partition's offsets
+    and waiting puts in the partition's record: ``Partitions.drop`` alone ends a waiting put
+    (404), and the next term's sync set starts every partition afresh."""
+    config = {name: TopicConfig(name=name, data_path=str(tmp_path), num_partitions=1) for name in ("gone", "kept")}
+    store = MessageStoreManager(config, max_message_size=1024)
+    partitions = Partitions(store)
+    for key in config:
+        store.get_log(key, 0)
+    ends = {("gone", 0): 100, ("kept", 0): 100}
+    positions = {(1, "gone", 0): 100, (1, "kept", 0): 100}
+
+    def term() -> SyncReplication:
+        return SyncReplication(
+            1, 60_000, "reject", _publish_nowhere,
+            log_end=lambda t, p: ends[(t, p)], flushed_end=lambda t, p: ends[(t, p)],
+            partitions=lambda: list(ends), position=lambda s, t, p: positions.get((s, t, p)),
+            records=partitions,
+        )
+
+    async def scenario() -> None:
+        sync = term()
+        await sync.start()
+        sync.slave_position(1, "gone", 0)
+        await asyncio.sleep(0.01)
+        assert sync.members == {1} and sync.committed("kept", 0) == 100
+        record = partitions.replication("kept", 0)
+        assert record.sync.term is sync and record.sync.committed == 100
+        ends[("gone", 0)] = 150
+        waiting = sync.wait("gone", 0, 150)
+        assert waiting is not None and partitions.replication("gone", 0).sync.waiters
+        store.update_topics({"kept": config["kept"]})
+        partitions.drop([("gone", 0)])  # no call into the sync set
+        with pytest.raises(SyncWaitFailed) as failed:
+            await waiting
+        assert failed.value.code == 404
+        assert sync.status_pairs()[4] == ("sync_waiting_puts", 0)
+        await sync.stop()
+
+        ends[("kept", 0)] = 40  # the next term: a log truncated below the old committed offset
+        positions.clear()
+        del ends[("gone", 0)]
+        following = term()
+        await following.start()
+        assert record.sync.term is following and record.sync.term_start == 40
+        assert following.committed("kept", 0) == 40, "the previous term's committed offset does not carry over"
+        await following.stop()
+
+    asyncio.run(scenario())
+    partitions.close()
+    store.close()
 
 
 def test_stats_rows_of_dropped_partitions_go_and_totals_keep_them():
