@@ -392,15 +392,16 @@ def _chunks(entries: list[tuple[tuple[str, int], int]]) -> list[list[tuple[tuple
     size = 0
     topics: set[str] = set()
     for entry in entries:
-        (topic, partition), _end = entry
-        cost = 2 * (len(topic) + 8) + REPLY_ROOM_PER_PARTITION + 12 + (len(topic) + 48 if topic not in topics else 0)
-        if size + cost > budget and chunks[-1]:
+        topic = entry[0][0]
+        cost = 2 * (len(topic) + 8) + REPLY_ROOM_PER_PARTITION + 12  # "topic/NNNNN", its end, its room
+        if size + cost + len(topic) + 48 > budget and chunks[-1]:
             chunks.append([])
             size = 0
             topics = set()
-            cost = 2 * (len(topic) + 8) + REPLY_ROOM_PER_PARTITION + 12 + len(topic) + 48
+        if topic not in topics:
+            cost += len(topic) + 48  # the topic's incarnation, named once per datagram
+            topics.add(topic)
         chunks[-1].append(entry)
-        topics.add(topic)
         size += cost
     return chunks
 
