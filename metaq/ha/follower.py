@@ -70,6 +70,9 @@ MAX_PLAIN_FETCHES = 32
 #: Partitions whose replication starts at once (each: an epochs request, an offset request
 #: for a new log); one at a time, a slave of 10,000 partitions took minutes to start.
 START_CONCURRENCY = 32
+#: Offset requests in flight at once while the logs of new partitions are laid out (well
+#: under the master's maxRequestsInFlight, default 1,000).
+OLDEST_OFFSET_REQUESTS = 256
 
 
 #: Longest wait between attempts to adopt a master config that failed to parse.
@@ -385,6 +388,7 @@ class MasterFollower:
         if not keys:
             return
         began = time.monotonic()
+        await self._create_missing_logs(conn, keys)
         slots = asyncio.Semaphore(START_CONCURRENCY)
 
         async def start(key: tuple[str, int]) -> None:
@@ -400,13 +404,39 @@ class MasterFollower:
         if failed:
             raise failed[0]
 
+    async def _oldest_offset(self, conn: BrokerConnection, topic: str, partition: int) -> int:
+        """Where an empty replica of the partition starts: the master's oldest retained offset,
+        so its offsets are the master's from the first byte (MetaQ's handleMassageFiles)."""
+        reply = await conn.request(OffsetRequest(topic=topic, partition=partition, offset=0).to_header(), timeout=10)
+        return int(reply.get("min_offset", 0)) if reply.ok else 0
+
+    async def _create_missing_logs(self, conn: BrokerConnection, keys: list[tuple[str, int]]) -> None:
+        """Lay out the logs of every partition in ``keys`` this broker has none of, in one
+        ``create_logs`` batch (its fsyncs bounded however many there are): an empty slave of a
+        topic of 10,000 partitions creates them at once, not START_CONCURRENCY at a time. A
+        partition whose offset request failed is left to ``_start_partition``."""
+        store = self.host.store
+        missing = [key for key in keys if key not in self._tasks and not store.has_log(*key)]
+        if not missing:
+            return
+        slots = asyncio.Semaphore(OLDEST_OFFSET_REQUESTS)
+
+        async def wanted(topic: str, partition: int) -> tuple[str, int, int]:
+            async with slots:
+                return topic, partition, await self._oldest_offset(conn, topic, partition)
+
+        results = await asyncio.gather(*(wanted(*key) for key in missing), return_exceptions=True)
+        try:
+            await store.create_logs([result for result in results if not isinstance(result, BaseException)])
+        except (OSError, UnknownTopic, UnknownPartition) as exc:
+            # Each partition then tries its own (and says why it cannot start).
+            log.warning("could not lay out the logs of %d new partitions at once: %s", len(missing), exc)
+
     async def _start_partition(self, conn: BrokerConnection, topic: str, partition: int) -> None:
         store = self.host.store
         if not store.has_log(topic, partition):
-            # An empty slave starts at the master's oldest retained offset, so its
-            # offsets are the master's from the first byte (MetaQ's handleMassageFiles).
-            reply = await conn.request(OffsetRequest(topic=topic, partition=partition, offset=0).to_header(), timeout=10)
-            start = int(reply.get("min_offset", 0)) if reply.ok else 0
+            # Not laid out with the others (its offset request failed, or the topic changed).
+            start = await self._oldest_offset(conn, topic, partition)
             await store.create_log(topic, partition, start_offset=start)  # batched with the others starting
         await self._adopt_epochs(conn, topic, partition)
         record = self.host.partitions.replication(topic, partition)

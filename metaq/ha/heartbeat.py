@@ -45,6 +45,15 @@ master also requires its ``sent_at`` (the slave's wall clock) to be within
 ``SENT_AT_WINDOW_S`` of its own and above the last one it accepted from that slave;
 a replayed one is counted in ``bad`` and neither recorded nor answered.
 
+Many partitions: one datagram holds at most ``MAX_DATAGRAM`` bytes, about 1,500 log ends
+with their room for the answer. A slave's beat (``SlaveHeartbeat.messages``) therefore names
+the log ends that moved since it last sent them, plus the next slice of a rotation over all
+of them (every log end is sent again at least every ``FULL_REPORT_EVERY_S``), split over as
+many datagrams as it takes, each a complete signed heartbeat of its own. The master records
+each as it comes (positions only move forward there), so nothing is cut off whatever the
+partition count, and an idle slave of 10,000 partitions sends ~170 log ends a beat, not
+10,000. A lost datagram's log ends come again with the rotation.
+
 Reflection: the master answers only to the host the slave registered in ZooKeeper
 (``slave_hosts``), and never with more bytes than the heartbeat it answers
 (``_fit_reply``): a slave pads its heartbeat (``pad``) with room for the answer about
@@ -57,6 +66,7 @@ import asyncio
 import hashlib
 import hmac
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Protocol
@@ -80,6 +90,17 @@ REPLY_ROOM_PER_PARTITION = 10
 REPLY_ROOM_FIXED = 32
 #: The answer's fields dropped, in this order, until it is no bigger than the heartbeat.
 REPLY_FIELDS_TO_DROP = ("committed", "log_ends", "echo")
+#: Every log end a slave has is sent again at least this often, moved or not (a datagram may
+#: be lost; a new master learns them all with the first beat); log ends that moved go with
+#: the next beat. The master reads each log end it is sent (and answers its own figures for
+#: it): a rotation of 1,000 a beat cost an idle master of 2,000 partitions ~2% of a core.
+FULL_REPORT_EVERY_S = 30.0
+#: A beat sends at least this many log ends of the rotation: a slave of up to this many
+#: partitions sends all of them every beat.
+ROTATION_MIN = 100
+#: Bytes kept free in each datagram for what the size estimate does not count (map headers,
+#: ``mac``, the fixed fields).
+DATAGRAM_MARGIN = 2048
 
 
 class BadHeartbeat(ValueError):
@@ -364,6 +385,29 @@ class HeartbeatResponder:
         ]
 
 
+def _chunks(entries: list[tuple[tuple[str, int], int]]) -> list[list[tuple[tuple[str, int], int]]]:
+    """``entries`` in runs whose heartbeat should fit in a datagram (an estimate: each
+    key twice, once named and once as room for the answer, its number, and each topic's
+    incarnation once; ``SlaveHeartbeat._encode_chunk`` splits a run that does not fit after all)."""
+    budget = MAX_DATAGRAM - DATAGRAM_MARGIN
+    chunks: list[list[tuple[tuple[str, int], int]]] = [[]]
+    size = 0
+    topics: set[str] = set()
+    for entry in entries:
+        topic = entry[0][0]
+        cost = 2 * (len(topic) + 8) + REPLY_ROOM_PER_PARTITION + 12  # "topic/NNNNN", its end, its room
+        if size + cost + len(topic) + 48 > budget and chunks[-1]:
+            chunks.append([])
+            size = 0
+            topics = set()
+        if topic not in topics:
+            cost += len(topic) + 48  # the topic's incarnation, named once per datagram
+            topics.add(topic)
+        chunks[-1].append(entry)
+        size += cost
+    return chunks
+
+
 def _fit_reply(reply: dict[str, Any], key: bytes | None, limit: int) -> bytes | None:
     """The signed answer in at most ``limit`` bytes (the heartbeat's size), dropping fields until it fits; None if it never does."""
     encoded = encode_signed(reply, key)
@@ -422,6 +466,10 @@ class SlaveHeartbeat:
         self.last_bad: str | None = None
         self._since = clock()
         self._task: asyncio.Task[None] | None = None
+        #: The log end last sent for each partition, and where the rotation goes on next beat.
+        self._sent: dict[tuple[str, int], int] = {}
+        self._rotation = 0
+        self._last_sent_at = 0.0
 
     def retarget(self, address: tuple[str, int] | None) -> None:
         """Follow a new master address (None: no master). Call on the event loop."""
@@ -432,6 +480,7 @@ class SlaveHeartbeat:
             self._task = None
         self.target = address
         self.master = None
+        self._sent = {}  # a new master hears every log end with the first beat
         self._since = self.clock()
         if address is not None:
             self._task = asyncio.ensure_future(self._run(address))
@@ -459,27 +508,65 @@ class SlaveHeartbeat:
         return max(0.0, (self.clock() - self.master.received_at) * 1000)
 
     def message(self) -> bytes:
+        """One beat in one datagram: what ``messages`` sends when it fits in one (up to
+        ROTATION_MIN partitions of ordinary names)."""
+        return self.messages()[0]
+
+    def messages(self) -> list[bytes]:
+        """This beat's datagrams: the log ends that moved since they were last sent and the
+        next slice of the rotation over all of them, in as many datagrams as they need."""
         log_ends = self.log_ends()
-        ends = {partition_key(t, p): end for (t, p), end in log_ends.items()}
-        topics = {topic for topic, _partition in log_ends}
-        lives = {topic: life for topic, life in self.incarnations().items() if topic in topics and life}
+        keys = self._due(log_ends)
+        lives = self.incarnations()
+        epoch = self.epoch()
+        return [datagram for chunk in _chunks([(key, log_ends[key]) for key in keys])
+                for datagram in self._encode_chunk(chunk, lives, epoch)]
+
+    def _due(self, log_ends: dict[tuple[str, int], int]) -> list[tuple[str, int]]:
+        """Which log ends this beat sends (and notes them as sent)."""
+        count = len(log_ends)
+        share = max(ROTATION_MIN, math.ceil(count * self.interval / FULL_REPORT_EVERY_S))
+        if share >= count:
+            due = list(log_ends)
+        else:
+            keys = list(log_ends)
+            start = self._rotation % count
+            rotation = keys[start:start + share] + keys[:max(0, start + share - count)]
+            self._rotation = start + share
+            sent = self._sent
+            due = list(dict.fromkeys([key for key, end in log_ends.items() if sent.get(key) != end] + rotation))
+        if len(self._sent) > count:  # forgotten partitions: their last ends go too
+            self._sent = {key: end for key, end in self._sent.items() if key in log_ends}
+        for key in due:
+            self._sent[key] = log_ends[key]
+        return due
+
+    def _encode_chunk(self, chunk: list[tuple[tuple[str, int], int]], lives: dict[str, str], epoch: int) -> list[bytes]:
+        """``chunk`` as one signed datagram, or halves of it if it does not fit after all."""
+        ends = {partition_key(t, p): end for (t, p), end in chunk}
+        topics = {topic for (topic, _partition), _end in chunk}
+        # Strictly increasing: the master takes a signed heartbeat only if newer than the last.
+        sent_at = self._last_sent_at = max(time.time(), self._last_sent_at + 1e-6)
         message = {
             "kind": "hb",
             "role": "slave",
             "broker_id": self.broker_id,
             "slave_id": self.slave_id,
-            "epoch": self.epoch(),
+            "epoch": epoch,
             "log_ends": ends,
-            "incarnations": lives,
-            "sent_at": time.time(),
+            "incarnations": {topic: life for topic, life in lives.items() if topic in topics and life},
+            "sent_at": sent_at,
             # Room for the answer, which the master never makes bigger than this heartbeat.
             "pad": bytes(REPLY_ROOM_FIXED + sum(len(key) + REPLY_ROOM_PER_PARTITION for key in ends)),
         }
         encoded = encode_signed(message, self.key)
-        if len(encoded) > MAX_DATAGRAM:
-            message["log_ends"], message["incarnations"], message["pad"] = {}, {}, bytes(REPLY_ROOM_FIXED)
-            encoded = encode_signed(message, self.key)
-        return encoded
+        if len(encoded) <= MAX_DATAGRAM:
+            return [encoded]
+        if len(chunk) == 1:
+            log.warning("heartbeat: the log end of %s/%d does not fit in a datagram; not sent", *chunk[0][0])
+            return []
+        half = len(chunk) // 2
+        return self._encode_chunk(chunk[:half], lives, epoch) + self._encode_chunk(chunk[half:], lives, epoch)
 
     def handle(self, data: bytes) -> None:
         try:
@@ -496,9 +583,16 @@ class SlaveHeartbeat:
         rtt = None
         if isinstance(echo, (int, float)) and not isinstance(echo, bool):
             rtt = max(0.0, (time.time() - echo) * 1000)
+        log_ends, committed = message["_log_ends"], message["_committed"]
+        last = self.master
+        if last is not None and last.epoch == message["epoch"]:
+            # Each answer covers the partitions its heartbeat named: the master's figures of
+            # the others are still the last it gave.
+            last.log_ends.update(log_ends)
+            last.committed.update(committed)
+            log_ends, committed = last.log_ends, last.committed
         self.master = MasterHeartbeat(
-            self.clock(), message["broker_id"], message["epoch"], message["role"],
-            message["_log_ends"], message["_committed"], rtt,
+            self.clock(), message["broker_id"], message["epoch"], message["role"], log_ends, committed, rtt,
         )
 
     async def _run(self, address: tuple[str, int]) -> None:
@@ -509,8 +603,9 @@ class SlaveHeartbeat:
                 receiver = asyncio.ensure_future(self._receive(stream))
                 try:
                     while not receiver.done():
-                        await stream.send(self.message())
-                        self.sent += 1
+                        for datagram in self.messages():
+                            await stream.send(datagram)
+                            self.sent += 1
                         await asyncio.wait([receiver], timeout=self.interval)
                     receiver.result()  # re-raise its error, if any
                 finally:

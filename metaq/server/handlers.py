@@ -24,6 +24,7 @@ Invariants kept here:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -659,8 +660,22 @@ class RequestHandlers:
     # --- offset, topics, config, version, stats -------------------------------------
 
     @handles(m.OffsetRequest)
-    def _offset(self, req: c.Request, _ctx: RequestContext) -> Reply:
+    def _offset(self, req: c.Request, _ctx: RequestContext) -> Reply | Awaitable[Reply]:
         self._topic(req.topic)
+        store = self.broker.store
+        if store.open_log(req.topic, req.partition) is None and not store.has_log(req.topic, req.partition):
+            # A partition nobody wrote yet: an empty slave asks for each of a new topic's (up to
+            # 256 at once). Its log is laid out with the others asked for meanwhile, in one batch
+            # off the event loop (``create_log``), not one at a time on it with an fsync each.
+            return self._offset_after_creating(req)
+        return self._offset_reply(req)
+
+    async def _offset_after_creating(self, req: c.Request) -> Reply:
+        with contextlib.suppress(UnknownTopic, UnknownPartition):  # ``_log`` answers them, as for any request
+            await self.broker.store.create_log(req.topic, req.partition)
+        return self._offset_reply(req)
+
+    def _offset_reply(self, req: c.Request) -> Reply:
         log = self._log(req.topic, req.partition)
         readable = self._consumer_end(req.topic, req.partition, log)
         nearest = min(log.nearest_offset(req.offset), readable) if req.offset >= log.min_offset else log.min_offset

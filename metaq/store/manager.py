@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
 from dataclasses import dataclass
 from datetime import datetime
@@ -101,7 +102,8 @@ class MessageStoreManager:
         self._flushers: dict[tuple[str, int], LogFlusher] = {}
         #: One timer for every log's periodic flush round (not one task per partition).
         self.flush_scheduler = FlushScheduler()
-        self._retention_tasks: dict[str, asyncio.Task[None]] = {}
+        #: Runs every topic's retention schedule (``_retention_sweeps``).
+        self._retention_task: asyncio.Task[None] | None = None
         #: Dropped partitions being closed and deleted (``dispose``), and directories of an
         #: earlier incarnation being deleted (``_remove_later``).
         self._disposals: set[asyncio.Future[None]] = set()
@@ -460,12 +462,19 @@ class MessageStoreManager:
 
     async def run_retention(self, topic: str, now: datetime | None = None) -> list[Path]:
         """One retention pass over a topic's open logs; returns the paths removed or archived."""
-        policy = parse_delete_policy(self.topic_config(topic).delete_policy)
-        cutoff = (now or datetime.now()).timestamp() - policy.seconds
-        detached: list[LogSegment] = []
+        return await self.run_retention_of([topic], now)
+
+    async def run_retention_of(self, topics: list[str], now: datetime | None = None) -> list[Path]:
+        """One retention pass over the open logs of ``topics``, in one walk over the broker's
+        logs (however many topics are due at once); returns the paths removed or archived."""
+        moment = (now or datetime.now()).timestamp()
+        policies = {topic: parse_delete_policy(self.topic_config(topic).delete_policy) for topic in topics}
+        cutoffs = {topic: moment - policy.seconds for topic, policy in policies.items()}
+        detached: list[tuple[str, LogSegment]] = []
         for (log_topic, _partition), partition_log in list(self._logs.items()):
-            if log_topic == topic:
-                detached.extend(partition_log.detach_segments_older_than(cutoff))
+            cutoff = cutoffs.get(log_topic)
+            if cutoff is not None:
+                detached.extend((log_topic, segment) for segment in partition_log.detach_segments_older_than(cutoff))
         if not detached:
             return []
         try:
@@ -473,22 +482,38 @@ class MessageStoreManager:
         finally:
             # Even when cancelled (broker stopping): the segments are already out of
             # their logs, so their files must go now rather than leak descriptors.
-            results = await _shielded_to_thread(lambda: [dispose_segment(s, policy) for s in detached])
-        log.info("topic %s: retention (%s) removed %d segment(s)", topic, policy.kind, len(results))
+            results = await _shielded_to_thread(lambda: [dispose_segment(s, policies[t]) for t, s in detached])
+        for topic in sorted({topic for topic, _segment in detached}):
+            count = sum(1 for t, _segment in detached if t == topic)
+            log.info("topic %s: retention (%s) removed %d segment(s)", topic, policies[topic].kind, count)
         return results
 
-    async def _retention_loop(self, topic: str, cron: QuartzCron) -> None:
-        while True:
+    async def _retention_sweeps(self, schedules: dict[str, QuartzCron]) -> None:
+        """Every topic's ``deleteWhen`` from one task: a heap of (next time, topic); it sleeps
+        until the earliest, then runs one pass over every topic due (``run_retention_of``).
+        Not a task per topic: a thousand topics firing at the same hour walked every log of the
+        broker a thousand times."""
+        now = datetime.now()
+        due_at = [(cron.next_fire_after(now), topic) for topic, cron in schedules.items()]
+        heapq.heapify(due_at)
+        while due_at:
+            await asyncio.sleep(max(0.0, (due_at[0][0] - datetime.now()).total_seconds()))
             now = datetime.now()
-            await asyncio.sleep((cron.next_fire_after(now) - now).total_seconds())
+            due: list[str] = []
+            while due_at and due_at[0][0] <= now:
+                topic = heapq.heappop(due_at)[1]
+                due.append(topic)
+                heapq.heappush(due_at, (schedules[topic].next_fire_after(now), topic))
+            if not due:
+                continue  # woke a moment early (the loop's clock is not the wall clock)
             try:
-                await self.run_retention(topic)
+                await self.run_retention_of(due)
             except Exception:
-                log.exception("topic %s: retention pass failed", topic)
+                log.exception("retention pass of %s failed", ", ".join(due))
 
     def _schedule_retention(self) -> None:
-        """(Re)create one retention task per configured topic from its deleteWhen."""
-        # Validate everything before touching the running tasks: a bad expression
+        """(Re)start the one retention task from every topic's deleteWhen."""
+        # Validate everything before touching the running task: a bad expression
         # fails the reload or the start with a clear error, the old schedule intact.
         schedules = {}
         for topic, config in self._served().items():
@@ -501,13 +526,9 @@ class MessageStoreManager:
                 schedules[topic] = QuartzCron(config.delete_when)
             except ValueError as exc:
                 raise ConfigError(f"topic {topic}: deleteWhen: {exc}") from None
-        for task in self._retention_tasks.values():
-            task.cancel()
-        loop = asyncio.get_running_loop()
-        self._retention_tasks = {
-            topic: loop.create_task(self._retention_loop(topic, cron), name=f"retention {topic}")
-            for topic, cron in schedules.items()
-        }
+        if self._retention_task is not None:
+            self._retention_task.cancel()
+        self._retention_task = asyncio.get_running_loop().create_task(self._retention_sweeps(schedules), name="retention")
 
     # --- lifecycle -----------------------------------------------------------------
 
@@ -521,7 +542,7 @@ class MessageStoreManager:
     async def stop(self) -> None:
         """Stop retention, then stop every flusher with a final flush."""
         self._started = False
-        tasks, self._retention_tasks = list(self._retention_tasks.values()), {}
+        tasks, self._retention_task = [self._retention_task] if self._retention_task is not None else [], None
         for task in tasks:
             task.cancel()
         for task in tasks:

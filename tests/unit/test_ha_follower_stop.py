@@ -76,7 +76,7 @@ def follower_of(topics: dict[str, object], listed: dict[str, int]) -> tuple[Mast
         return None
 
     host = SimpleNamespace(config=config, security=SimpleNamespace(heartbeat_key=None), update_topics=update_topics,
-                           partitions=RecordTable())
+                           partitions=RecordTable(), store=SimpleNamespace(has_log=lambda topic, partition: True))  # logs laid out already
     follower = MasterFollower(host, SlaveConfig(slave_id=0, slave_group="g", auto_sync_master_config=False),  # type: ignore[arg-type]
                               None, None, lambda: 1, None, lambda: None)  # type: ignore[arg-type]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from types import SimpleNamespace
 
@@ -10,7 +11,8 @@ import msgpack
 import pytest
 
 from metaq.config import SlaveConfig
-from metaq.ha.heartbeat import BadHeartbeat, HeartbeatResponder, SlaveHeartbeat, decode, encode, encode_signed
+from metaq.ha.heartbeat import (FULL_REPORT_EVERY_S, BadHeartbeat, HeartbeatResponder, SlaveHeartbeat, decode, encode,
+                                encode_signed)
 from metaq.ha.node import HaNode
 from metaq.ha.progress import ReplicationProgress
 from metaq.ha.record import RecordTable
@@ -281,3 +283,79 @@ def test_a_slave_heartbeat_names_the_life_of_each_topic_it_reports() -> None:
     assert message["_log_ends"] == {("t", 0): 400} and message["incarnations"] == {"t": "life-2"}
     with pytest.raises(BadHeartbeat, match="incarnations"):
         decode(slave_message(incarnations={"t": 7}), "slave")
+
+
+# --- many partitions: every log end reaches the master, in datagrams that fit ----------------
+
+WIDE = 10_000
+
+
+class WideLog:
+    def __init__(self, end: int) -> None:
+        self.log_end = end
+
+
+def wide_ends(base: int = 1_000_000) -> dict[tuple[str, int], int]:
+    return {(f"scale-topic-{n // 100}", n % 100): base + n for n in range(WIDE)}
+
+
+def test_a_beat_of_10000_partitions_is_split_into_datagrams_that_each_fit() -> None:
+    ends = wide_ends()
+    lives = {f"scale-topic-{n}": f"life-{n}" for n in range(WIDE // 100)}
+    slave = SlaveHeartbeat(3, 1, lambda: 2, lambda: ends, key=KEY, incarnations=lambda: lives)
+    datagrams = slave.messages()
+    assert len(datagrams) > 1 and all(len(d) <= 60 * 1024 for d in datagrams)
+    seen: dict[tuple[str, int], int] = {}
+    for datagram in datagrams:
+        message = decode(datagram, "slave", KEY)
+        seen.update(message["_log_ends"])
+        assert set(message["incarnations"]) == {topic for topic, _p in message["_log_ends"]}
+    assert seen == ends, "the first beat names every partition, nothing cut off"
+
+
+def test_an_idle_slave_sends_moved_log_ends_at_once_and_every_one_within_the_full_report_time() -> None:
+    ends = wide_ends()
+    slave = SlaveHeartbeat(3, 1, lambda: 2, lambda: ends, interval=0.5)
+
+    def beat() -> dict[tuple[str, int], int]:
+        named: dict[tuple[str, int], int] = {}
+        for datagram in slave.messages():
+            named.update(decode(datagram, "slave")["_log_ends"])
+        return named
+
+    assert len(beat()) == WIDE
+    ends[("scale-topic-99", 99)] += 7
+    second = beat()
+    assert second[("scale-topic-99", 99)] == ends[("scale-topic-99", 99)], "a moved log end goes with the next beat"
+    share = math.ceil(WIDE * 0.5 / FULL_REPORT_EVERY_S)
+    assert len(second) <= share + 1, "an idle beat names a slice of the rotation, not every partition"
+    again: set[tuple[str, int]] = set(second)
+    for _ in range(math.ceil(FULL_REPORT_EVERY_S / 0.5) - 1):  # the full-report time, in beats
+        again |= set(beat())
+    assert again == set(ends), "every log end is sent again within the full-report time"
+
+
+def test_10000_partitions_positions_reach_the_master_over_udp_signed() -> None:
+    async def go() -> None:
+        ends = wide_ends()
+        logs = {key: WideLog(end) for key, end in ends.items()}
+        broker = fake_ha()
+        port = free_port("127.0.0.1")
+        responder = HeartbeatResponder(3, broker, lambda: logs, "127.0.0.1", port, key=KEY)
+        assert await responder.start()
+        slave = SlaveHeartbeat(3, 1, lambda: 2, lambda: ends, interval=0.05, key=KEY)
+        slave.retarget(("127.0.0.1", port))
+        try:
+            for _ in range(400):
+                if len(broker.progress.positions) == WIDE and slave.master and len(slave.master.log_ends) == WIDE:
+                    break
+                await asyncio.sleep(0.05)
+            recorded = {(topic, partition): pos.log_end for (_slave, topic, partition), pos in broker.progress.positions.items()}
+            assert recorded == ends, f"{len(recorded)} of {WIDE} positions reached the master"
+            assert responder.bad == 0, responder.last_bad
+            assert slave.master is not None and slave.master.log_ends == ends, "the answers are merged, not replaced"
+        finally:
+            await slave.stop()
+            await responder.stop()
+
+    asyncio.run(go())

@@ -506,3 +506,28 @@ def test_a_connection_hands_every_request_the_same_context_until_its_principal_c
     logged_in = conn._context()
     assert logged_in is not first and logged_in.principal is conn.principal
     assert conn._context() is logged_in and logged_in.verified_producer is first.verified_producer
+
+
+def test_offset_requests_for_partitions_without_logs_lay_them_out_in_one_batch(tmp_path: Path) -> None:
+    """An empty slave asks the master for the oldest offset of each partition of a new topic,
+    many at once: the master creates those logs in one batch off the event loop, not one at a
+    time on it with an fsync each."""
+    batches: list[int] = []
+
+    def count_batches(broker: Broker) -> None:
+        real = broker.store._lay_out_and_open
+        broker.store._lay_out_and_open = lambda new: batches.append(len(new)) or real(new)  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        async with running(tmp_path, before_start=count_batches) as (broker, conn):
+            replies = await asyncio.gather(*(conn.request({"op": "offset", "topic": "gc", "partition": p, "offset": 0})
+                                             for p in range(3)))
+            assert [(r.code, r["min_offset"], r["max_offset"]) for r in replies] == [(200, 0, 0)] * 3
+            assert batches == [3], "the three logs in one batch"
+            assert all(broker.store.open_log("gc", p) is not None for p in range(3))
+            bad = await conn.request({"op": "offset", "topic": "gc", "partition": 7, "offset": 0})
+            assert bad.code == 400 and "partition" in bad.message, bad.header
+            again = await conn.request({"op": "offset", "topic": "gc", "partition": 1, "offset": 0})
+            assert again.code == 200 and batches == [3], "an open log answers at once"
+
+    run(scenario())

@@ -4,6 +4,7 @@ segment file refuses appends, and the store's manager refuses that partition alo
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 
@@ -177,3 +178,25 @@ def test_the_manager_refuses_that_partition_alone(tmp_path, caplog):
     config["t"] = TopicConfig(name="t", data_path=str(tmp_path), num_partitions=3, max_segment_size=100)
     restarted.update_topics(config)
     assert restarted.get_log("t", 2).append(REC) == 0, "the other partitions keep serving"
+
+
+def test_an_idle_log_whose_directory_did_not_change_is_checked_without_a_stat_per_segment(tmp_path, monkeypatch):
+    log = PartitionLog(tmp_path, max_segment_size=len(REC))
+    for _ in range(6):
+        log.append(REC)  # a segment each
+    log.flush()
+    assert len(log.segments) >= 6
+    os.utime(tmp_path, ns=(1_000_000_000, 1_000_000_000))  # settled: long ago
+    fstats = []
+    real = os.fstat
+    monkeypatch.setattr(os, "fstat", lambda fd: fstats.append(fd) or real(fd))
+    log.check_files()  # every segment once: the mtime is not known yet
+    assert len(fstats) == len(log.segments)
+    fstats.clear()
+    for _ in range(3):
+        log.check_files()
+    assert fstats == [], "an unchanged directory: no fstat per segment"
+    (tmp_path / segment_file_name(log.segments[2].start)).unlink()  # a sealed one, while idle
+    log.check_files()
+    with pytest.raises(SegmentVanished):
+        log.append(REC)

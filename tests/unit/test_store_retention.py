@@ -108,3 +108,44 @@ def test_archive_zips_when_asked(tmp_path):
     assert not (log.directory / segment_file_name(0)).exists()
     with zipfile.ZipFile(archived) as archive:
         assert archive.read(segment_file_name(0)) == REC * 2
+
+
+def test_every_topics_schedule_runs_from_one_task_and_topics_due_together_share_one_pass(tmp_path, monkeypatch):
+    """deleteWhen of many topics: one task for the broker, and the topics due at the same
+    second are one walk over the logs (a task each walked every log once per topic)."""
+    names = [f"t{n}" for n in range(40)]
+    configs = {name: TopicConfig(name=name, data_path=str(tmp_path), num_partitions=2, max_segment_size=100,
+                                 delete_policy="delete,1h", delete_when="* * * * * ?") for name in names}
+    manager = MessageStoreManager(configs, max_message_size=1024, retention_grace_s=0)
+    for name in names:
+        for partition in range(2):
+            log = manager.get_log(name, partition)
+            for _ in range(5):
+                log.append(REC)
+            for segment in log.segments:
+                os.utime(segment.path, (1_000, 1_000))
+    passes: list[list[str]] = []
+    real = manager.run_retention_of
+
+    async def recording(topics, now=None):
+        passes.append(sorted(topics))
+        return await real(topics, now)
+
+    monkeypatch.setattr(manager, "run_retention_of", recording)
+
+    async def scenario() -> None:
+        manager.start()
+        try:
+            assert [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("retention")] == ["retention"]
+            while not passes:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.1)
+        finally:
+            await manager.stop()
+
+    asyncio.run(scenario())
+    assert passes[0] == sorted(names), "every topic due that second in one pass"
+    for name in names:
+        for partition in range(2):
+            assert [s.start for s in manager.open_log(name, partition).segments] == [200], "closed aged segments removed"
+    manager.close()
