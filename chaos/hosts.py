@@ -16,7 +16,7 @@ and every name starts with a random ``mq{6 hex digits}``, so parallel runs (even
 other PID namespaces, whose pids may repeat ours) never share a name; teardown removes
 only what this network made.
 
-Faults (docs/chaos.md, "Hosts mode"):
+Faults (docs/chaos-internals.md, "Hosts mode"):
 
 * ``link_down(host)``: its veth goes down. Both directions go silent at once: frames are
   dropped, nobody gets a RST or an ICMP error, open sockets hang until their own timeouts

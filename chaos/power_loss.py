@@ -1,10 +1,11 @@
 """Power loss for one process: everything it wrote under a directory and did not fsync is lost.
 
-How (see docs/chaos.md, "Power loss"): the process runs with ``chaos/powerloss/shim.c``
-preloaded (``LD_PRELOAD``), which journals, for files under ``root``, every fsync and
-fdatasync (with the file's size when the call began), ftruncate, file creation, mkdir,
-rename (with a copy of any file the rename replaced) and directory fsync. After the
-process is SIGKILLed, ``lose_power()`` replays the journal against what is on disk:
+How (see docs/chaos-internals.md, "Power loss: the shim"): the process runs with
+``chaos/powerloss/shim.c`` preloaded (``LD_PRELOAD``), which journals, for files under
+``root``, every fsync and fdatasync (with the file's size when the call began), ftruncate,
+file creation, mkdir, rename (with a copy of any file the rename replaced) and directory
+fsync. After the process is SIGKILLed, ``lose_power()`` replays the journal against what
+is on disk:
 
 * data: each file is cut to its size at its last fsync (``S``), or at a later ftruncate
   if that is shorter; a file created since ``arm()`` and never fsynced is cut to 0 bytes.
