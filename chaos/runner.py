@@ -511,7 +511,7 @@ class Phases:
         return "phases (s): " + ", ".join(f"{name} {seconds:.1f}" for name, seconds in self.seconds.items())
 
 
-#: What a run writes in its --out directory (docs/chaos.md, "The workload and the history").
+#: What a run writes in its --out directory (docs/chaos.md, "How to run", its Output paragraph).
 RUN_FILES = ("history.json", "check.json", "summary.json", "report.txt", "runner.log", "broker-logs.txt")
 RUN_DIRS = ("cluster", "consumers")
 
