@@ -191,7 +191,9 @@ class ChaosCluster:
         self.slaves_per_group = slaves
         self.on_sync_slave_loss = on_sync_slave_loss
         mode_system(mode, on_sync_slave_loss)  # a bad mode or policy fails here, before any process starts
-        self.work_dir = Path(work_dir)
+        # Absolute: ZooKeeper and the brokers run with their own directory as cwd, so a path
+        # relative to ours would name nothing there.
+        self.work_dir = Path(work_dir).absolute()
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.num_groups = groups
         self.mode = mode

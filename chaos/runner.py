@@ -957,7 +957,7 @@ def main(args: argparse.Namespace) -> int:
     if args.scenario not in scenario_names():
         print(f"error: unknown scenario {args.scenario!r}; choose from {', '.join(scenario_names())}", file=sys.stderr)
         return 2
-    out = Path(args.out or f"/tmp/chaos-{args.scenario}-{args.seed}")
+    out = Path(args.out or f"/tmp/chaos-{args.scenario}-{args.seed}").absolute()  # the cluster's processes have their own cwd
     # Checked before any process starts: a rate of 0 divided by zero in every producer once
     # the cluster was up, a negative or infinite one made them put without pause.
     for flag, value in (("--seconds", args.seconds), ("--rate", args.rate), ("--liveness-bound", args.liveness_bound)):

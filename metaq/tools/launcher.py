@@ -285,7 +285,7 @@ class BrokerFactory:
     """Creates brokers wired to the test's ZooKeeper and root; remembers them to stop them all."""
 
     def __init__(self, tmp_dir: Path, zk_connect: str, zk_root: str) -> None:
-        self.tmp_dir = tmp_dir
+        self.tmp_dir = Path(tmp_dir).absolute()  # each broker runs with its own directory as cwd
         self.zk_connect = zk_connect
         self.zk_root = zk_root
         self.processes: list[BrokerProcess] = []

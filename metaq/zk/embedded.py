@@ -386,7 +386,8 @@ class EmbeddedZooKeeper(ChildProcess):
         self.tls = tls
         self._probe_tls = tls.probe_context() if tls is not None else None
         self._owns_data_dir = data_dir is None
-        self._data_dir_arg = Path(data_dir) if data_dir is not None else None
+        # Absolute: the server runs with its data dir as cwd and is given zoo.cfg's path.
+        self._data_dir_arg = Path(data_dir).absolute() if data_dir is not None else None
         self.data_dir: Path | None = self._data_dir_arg
         self._process: subprocess.Popen[bytes] | None = None
         self._log_handle = None
