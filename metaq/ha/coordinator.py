@@ -51,7 +51,7 @@ from ..zk.group import GroupState
 from .candidacy import Candidacy
 from .election import ZK_ERRORS, eligibility
 from .epochs import EpochCache, read_led_epoch
-from .followership import Followership
+from .followership import Followership, MasterSuperseded
 from .group_view import GroupView
 from .host import BrokerHost
 from .leadership import Leadership
@@ -84,6 +84,7 @@ class HaCoordinator:
         self.epochs = Epochs()
         self.view = GroupView(host, self.epochs, self.post, lambda: self.machine.state)
         self.followership = Followership(host, self.view, self.epochs, slave, self.post)
+        self.followership.superseded = lambda: not self._events.empty()
         self.leadership = Leadership(host, self.view, self.epochs, progress, self.followership, self.post,
                                      lambda: self.machine.state)
         #: The master we follow (or our own url while leading); None: none yet, or forgotten so
@@ -242,7 +243,10 @@ class HaCoordinator:
             self._look_again_in(CANNOT_LEAD_RETRY_S)
             self.post(Event.CANNOT_LEAD)
         else:
-            log.exception("entering %s failed; re-evaluating", role.value)
+            if isinstance(exc, MasterSuperseded):
+                log.info("%s; re-evaluating", exc)
+            else:
+                log.exception("entering %s failed; re-evaluating", role.value)
             if role is Role.FOLLOWING:
                 # Forget the master, so that the next look sees it as changed and follows it
                 # again: otherwise it counts as the one we already follow, and the broker

@@ -50,6 +50,10 @@ from .truncation import divergence_point
 log = logging.getLogger(__name__)
 
 
+class MasterSuperseded(ConnectionError):
+    """Following was given up because an event is waiting for the coordinator."""
+
+
 class Followership:
     def __init__(self, host: BrokerHost, view: GroupView, epochs: Epochs, slave: SlaveConfig | None,
                  post: Callable[..., None]) -> None:
@@ -63,6 +67,9 @@ class Followership:
         self.truncations: list[dict[str, Any]] = []
         #: Set by the coordinator's stop(): waiting for an unreachable master gives up at once.
         self.stopping = False
+        #: True while an event waits for the coordinator (the master node changed, say): waiting
+        #: for the master we set out to follow gives up at once, so that the event is handled.
+        self.superseded: Callable[[], bool] = lambda: False
         #: Watches the master we follow for the death of its process (takeover.py): on complete
         #: evidence, an orphan may depose the dead session's lock instead of waiting for its expiry.
         self.death_watch = DeathWatch(host, view.paths, on_dead=lambda: post(Event.MASTER_GONE))
@@ -161,6 +168,11 @@ class Followership:
             except ConnectionClosed as exc:
                 if time.monotonic() > deadline or self.stopping:
                     raise
+                if self.superseded():
+                    # An event waits (the group has another master, or none): a dead master's
+                    # port refuses us until the deadline, and meanwhile this broker followed
+                    # nobody (campaign seed 6201: 63 s out of the sync set of the new master).
+                    raise MasterSuperseded(f"stopped waiting for the master at {url} ({exc}): the group changed meanwhile") from None
                 log.info("waiting for the master at %s: %s", url, exc)
                 await asyncio.sleep(0.2)
         try:

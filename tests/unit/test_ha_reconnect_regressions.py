@@ -143,3 +143,38 @@ def test_a_broker_that_failed_to_lead_may_try_again_after_the_wait(monkeypatch: 
     monkeypatch.setattr(coordinator_module, "CANNOT_LEAD_RETRY_S", 0.0)
     assert coordinator._cannot_lead_now() is None, "after the wait it may lead again"
     assert coordinator.cannot_lead is None
+
+
+def test_waiting_for_a_dead_master_gives_up_once_an_event_is_pending(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Campaign seed 6201 (hosts mode): a slave set out to follow a master that had just died
+    and waited up to 30 s for its port, refused; the new master's election waited in the
+    queue meanwhile, and the slave stayed out of its sync set for 63 s. The wait now ends as
+    soon as an event is pending, and the event is handled next."""
+    import time
+
+    from metaq.client.connection import ConnectionClosed
+    from metaq.ha import followership as followership_module
+    from metaq.ha.followership import MasterSuperseded
+
+    coordinator = fenced_master()
+    coordinator.machine.state = Role.FOLLOWING
+    coordinator.host.registry.slave_id = 0
+    attempts = []
+
+    async def refused(*_args: object, **_kw: object) -> object:
+        attempts.append(time.monotonic())
+        if len(attempts) == 2:
+            coordinator.post(Event.MASTER_GONE)  # the dead master's lock expired meanwhile
+        raise ConnectionClosed("cannot connect to 127.0.0.1:9002: [Errno 111] Connection refused")
+
+    monkeypatch.setattr(followership_module, "open_peer", refused)
+    started = time.monotonic()
+
+    async def follow() -> None:
+        await coordinator.followership.truncate_against("meta://127.0.0.1:9002")
+
+    with pytest.raises(MasterSuperseded):
+        asyncio.run(follow())
+    assert time.monotonic() - started < 2, "gave up at once, not at the 30 s deadline"
+    assert len(attempts) == 2
+    assert queued_events(coordinator) == [Event.MASTER_GONE], "the event is still there to be handled"
