@@ -132,7 +132,10 @@ def logged_in(browser: Any, env: Env, user: str, password: str) -> Any:
     page.fill("input[name=user]", user)
     page.fill("input[name=password]", password)
     page.click("#login-form button[type=submit]")
-    expect(page.locator("#who")).to_contain_text(user)
+    # A login checks a salted password hash: on a busy machine (the suite's first tests run
+    # beside the background chaos runs starting) it took more than Playwright's default 5 s.
+    # This waits for the login, it does not time it.
+    expect(page.locator("#who")).to_contain_text(user, timeout=30_000)
     return page
 
 
