@@ -294,6 +294,11 @@ def _closed_by_broker(sockets: list[socket.socket], seconds: float, *, replies_c
     return closed if running() == token else None
 
 
+def wall_clock(at: float) -> str:
+    """``at`` (``time.time()``) as the broker logs write times: local, to the millisecond."""
+    return time.strftime("%H:%M:%S", time.localtime(at)) + f",{int(at * 1000) % 1000:03d}"
+
+
 class BigBodyFlood(_Looper):
     """Rounds of ``per_round`` connections that each declare a 16 MiB put and send 4 KiB of it."""
 
@@ -310,6 +315,7 @@ class BigBodyFlood(_Looper):
         head = encode_frame_head(PutRequest(topic=self.topic, partition=0, count=1).to_header(), BIG_BODY)
         while not self._stop.is_set():
             token = self.running()  # before connecting: see _closed_by_broker
+            opened_at = time.time()  # said with a round that got through, to find it in the broker's log
             sockets = [s for s in (_connect_from(self.source, self.address) for _ in range(self.per_round)) if s]
             for sock in sockets:
                 try:
@@ -324,7 +330,8 @@ class BigBodyFlood(_Looper):
                 self.refused += len(refused)
                 held = len(sockets) - len(refused)
                 if held > self.may_hold:
-                    self.accepted.append(f"{held} of {len(sockets)} big bodies held (at most {self.may_hold})")
+                    self.accepted.append(f"{held} of {len(sockets)} big bodies held (at most {self.may_hold}),"
+                                         f" round opened at {wall_clock(opened_at)}")
             for sock in sockets:
                 sock.close()
             self._stop.wait(self.pause_s)

@@ -56,3 +56,14 @@ def test_a_round_cut_by_a_restart_is_not_judged(silent_listener):
     finally:
         for sock in sockets:
             sock.close()
+
+
+def test_a_round_that_got_through_says_when_it_opened_as_the_broker_log_writes_times() -> None:
+    import re
+    import time
+
+    from chaos.rogue import wall_clock
+
+    at = time.mktime((2026, 12, 7, 18, 23, 16, 0, 0, -1)) + 0.176
+    assert wall_clock(at) == "18:23:16,176"
+    assert re.fullmatch(r"\d\d:\d\d:\d\d,\d{3}", wall_clock(time.time()))
