@@ -133,12 +133,32 @@ def logged_in(browser: Any, env: Env, user: str, password: str) -> Any:
     """A page of a fresh browser context (its own cookies), logged in as ``user`` on the cluster page."""
     context = browser.new_context(ignore_https_errors=True, viewport={"width": 1360, "height": 900})
     page = context.new_page()
+    seen = watch(page)
     page.goto(env.url)
     page.fill("input[name=user]", user)
     page.fill("input[name=password]", password)
     page.click("#login-form button[type=submit]")
-    expect(page.locator("#who")).to_contain_text(user)
+    try:
+        expect(page.locator("#who")).to_contain_text(user)
+    except AssertionError as error:
+        raise AssertionError(f"{error}\nwhat the page saw:\n  " + "\n  ".join(seen) + "\nthe console's log, last lines:\n"
+                             + "".join((env.work / "console.log").read_text().splitlines(keepends=True)[-30:])) from None
     return page
+
+
+def watch(page: Any) -> list[str]:
+    """What a page requests and logs, kept to explain a failed expectation (a login that never showed its user)."""
+    seen: list[str] = []
+    start = time.monotonic()
+
+    def note(line: str) -> None:
+        seen.append(f"{time.monotonic() - start:6.2f} s {line}")
+
+    page.on("response", lambda r: note(f"{r.request.method} {r.url} -> {r.status}"))
+    page.on("requestfailed", lambda r: note(f"{r.method} {r.url} failed: {r.failure}"))
+    page.on("console", lambda m: note(f"console {m.type}: {m.text}"))
+    page.on("pageerror", lambda e: note(f"page error: {e}"))
+    return seen
 
 
 def ops_page(browser: Any, env: Env) -> Any:

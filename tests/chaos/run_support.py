@@ -19,7 +19,9 @@ A run marked ``alone=True`` runs with no other run and no unmarked chaos test be
 one's attackers load the machine, which the other's put-latency check would pay for twice
 (chaos/hostile.py, latency_verdict); beside a plain run they go like any other (that check
 bounds the attacked window against a quiet one of the same run with margins for the
-machine's own load).
+machine's own load). A ``--hosts netns`` run (``changes_interfaces``) waits until the
+session's browser tests are over: the veth pairs and bridges it creates make Chromium drop
+the requests it has in flight (``net::ERR_NETWORK_CHANGED``), a page's script among them.
 """
 
 from __future__ import annotations
@@ -70,6 +72,11 @@ class RunSpec:
         """A ``--rogue`` run: attackers on the machine for the whole run."""
         return "--rogue" in self.options
 
+    @property
+    def changes_interfaces(self) -> bool:
+        """A ``--hosts netns`` run: creates network namespaces, veth pairs and a bridge."""
+        return any(a == "--hosts" and b == "netns" for a, b in zip(self.options, self.options[1:]))
+
     def command(self, out: Path) -> list[str]:
         return [sys.executable, "-m", "chaos", "run", "--scenario", self.scenario, "--seconds", f"{self.seconds:g}",
                 "--seed", str(self.seed), "--mode", self.mode, "--zk-nodes", str(self.zk_nodes), "--out", str(out),
@@ -86,6 +93,7 @@ class TransactionsRunSpec:
     seconds: float = 15
     alone: bool = False
     hostile = False
+    changes_interfaces = False
 
     @property
     def name(self) -> str:
@@ -187,6 +195,11 @@ class ChaosRuns:
         #: The marked tests, in the session's order: the order their runs start in.
         self.marked = [(item, spec) for item in items if (spec := self.spec_of(item)) is not None]
         self.runs: dict[str, StartedRun] = {}
+        #: Where the session's last browser test is (-1: none): no run changes the machine's
+        #: network interfaces before the test after it is in progress.
+        self._position = {item.nodeid: index for index, item in enumerate(items)}
+        self._last_browser = max((index for index, item in enumerate(items) if item.get_closest_marker("browser")), default=-1)
+        self._browsers_done = self._last_browser < 0
         self._outs: dict[str, Path] = {}
         self._lock = threading.RLock()
         self._wanted: str | None = None  # the run a test waits for: started before any other
@@ -223,7 +236,16 @@ class ChaosRuns:
         item = self.in_progress()
         return int(item is not None and self.spec_of(item) is None and CHAOS_TESTS in Path(str(item.path)).parents)
 
+    def browsers_done(self) -> bool:
+        """Whether the session's browser tests are over (a test after the last one is in progress)."""
+        if not self._browsers_done:
+            item = self.in_progress()
+            self._browsers_done = item is not None and self._position.get(item.nodeid, len(self.items)) > self._last_browser
+        return self._browsers_done
+
     def _may_start(self, spec: RunSpec | TransactionsRunSpec) -> bool:
+        if spec.changes_interfaces and not self.browsers_done():
+            return False
         running = [run.spec for run in self.runs.values() if run.running]
         busy = len(running) + self.foreground
         if busy >= PARALLEL_RUNS or any(other.alone for other in running):

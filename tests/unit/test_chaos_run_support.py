@@ -28,6 +28,7 @@ class SleepSpec:
     seconds: float = 0.0
     alone: bool = False
     hostile: bool = False
+    changes_interfaces: bool = False
 
     def command(self, out: Path) -> list[str]:
         script = (f"import pathlib, time; time.sleep({self.seconds}); p = pathlib.Path({str(out)!r}); "
@@ -36,12 +37,16 @@ class SleepSpec:
 
 
 class Item:
-    def __init__(self, spec: SleepSpec | None, path: Path = run_support.REPO / "tests" / "unit" / "test_x.py") -> None:
+    def __init__(self, spec: SleepSpec | None, path: Path = run_support.REPO / "tests" / "unit" / "test_x.py",
+                 browser: bool = False) -> None:
         self.nodeid = spec.name if spec else f"unmarked-{id(self)}"
         self.spec = spec
         self.path = path
+        self.browser = browser
 
     def get_closest_marker(self, name: str) -> SimpleNamespace | None:
+        if name == "browser":
+            return SimpleNamespace(args=()) if self.browser else None
         assert name == MARKER
         return SimpleNamespace(args=(self.spec,)) if self.spec else None
 
@@ -125,6 +130,34 @@ def test_an_unmarked_chaos_test_in_progress_holds_one_of_the_two_places(tmp_path
         runs.start_ahead()
         wait_for(lambda: len(runs.runs) == 2, 10)
         assert at_most_together(intervals(runs)) == 2
+    finally:
+        runs.close()
+
+
+def test_a_run_that_creates_network_namespaces_waits_until_the_browser_tests_are_over(tmp_path: Path) -> None:
+    """Chromium drops the requests it has in flight when the machine's interfaces change
+    (net::ERR_NETWORK_CHANGED): a ``--hosts netns`` run waits for the test after the last browser test."""
+    assert run_support.RunSpec("silence-master", 1, options=("--hosts", "netns")).changes_interfaces
+    assert not run_support.RunSpec("kill-master", 1, options=("--secure",)).changes_interfaces
+    browser_tests = [Item(None, browser=True), Item(None, browser=True)]
+    after = Item(None)
+    netns, plain = SleepSpec("netns", 0.1, changes_interfaces=True), SleepSpec("plain", 0.1)
+    items = [*browser_tests, after, Item(netns), Item(plain)]
+    current: list[Item | None] = [browser_tests[0]]
+    counter = iter(range(100))
+    runs = ChaosRuns(items, lambda name: tmp_path / f"{name}{next(counter)}", lambda: current[0])  # type: ignore[arg-type]
+    try:
+        runs.start_ahead()
+        wait_for(lambda: "plain" in runs.runs, 10)
+        current[0] = browser_tests[1]
+        time.sleep(0.5)
+        current[0] = None  # between two tests: still not over
+        time.sleep(0.3)
+        assert "netns" not in runs.runs
+        current[0] = after
+        wait_for(lambda: "netns" in runs.runs, 10)
+        current[0] = browser_tests[0]  # once over, over (a repeated test does not take it back)
+        assert runs.browsers_done()
     finally:
         runs.close()
 

@@ -194,3 +194,34 @@ def test_a_takeover_record_that_disagrees_with_the_groups_epochs_is_flagged_not_
     assert "not in the master's epoch history" in _reported(2, entry(epoch=2, previous_epoch=1), {1, 3}, node)["doubt"]
     flagged = _reported(3, {"record": {}, "truncated": {}, "malformed": ["/x"]}, {3}, node)
     assert "unreadable: /x" in flagged["doubt"] and not flagged.get("reported")
+
+
+def test_the_login_form_never_puts_a_password_in_a_url_and_hides_without_the_stylesheet() -> None:
+    """Seen in a browser test: the page loaded but its stylesheet and script did not (the
+    browser dropped them on a network change), so the login form showed without its script
+    and a native submit sent the password in a GET query string (history, access logs)."""
+    from html.parser import HTMLParser
+
+    page = (REPO / "metaq" / "console" / "static" / "index.html").read_text()
+
+    class Forms(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.login: dict[str, str | None] = {}
+            self.inline_styles: list[str] = []
+            self.in_style = False
+
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            if tag == "form" and dict(attrs).get("id") == "login-form":
+                self.login = dict(attrs)
+            self.in_style = tag == "style"
+
+        def handle_data(self, data: str) -> None:
+            if self.in_style:
+                self.inline_styles.append(data)
+
+    forms = Forms()
+    forms.feed(page)
+    assert (forms.login.get("method") or "").lower() == "post"
+    assert forms.login.get("action") == "/api/login"
+    assert any(".hidden" in style and "display: none" in style for style in forms.inline_styles)
