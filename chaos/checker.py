@@ -764,7 +764,20 @@ class Liveness:
 
 
 def _liveness(history: History, index: Index) -> Liveness:
-    return Liveness(*check_liveness(history, acked_in_final_log(index)))
+    return Liveness(*check_liveness(history, acked_in_final_log(index), unacked_sends_stored(history, index)))
+
+
+def unacked_sends_stored(history: History, index: Index) -> dict[str, tuple[str, int]]:
+    """value -> (partition, offset) in the final log of each transactional send whose ack was
+    lost (``[None, None, value]``) but whose record was stored: its transaction holds that
+    partition's reads like one whose send was acked (``chaos.liveness``)."""
+    unacked = {value for op in history.completions("txn") for _p, offset, value in op.get("sends") or []
+               if offset is None}
+    stored: dict[str, tuple[str, int]] = {}
+    for partition, log in sorted(index.logs.items()):
+        for value in unacked & log.by_value.keys():
+            stored.setdefault(value, (partition, min(log.by_value[value])))
+    return stored
 
 
 # --- time reads ----------------------------------------------------------------------

@@ -183,7 +183,8 @@ def _decidable_at(op: dict[str, Any], meta: dict[str, Any]) -> float:
 class Timeline:
     """Success times of a history: acks per group, reads per partition (with what they reached)."""
 
-    def __init__(self, history: History, present: dict[str, set[int]] | None) -> None:
+    def __init__(self, history: History, present: dict[str, set[int]] | None,
+                 stored: dict[str, tuple[str, int]] | None = None) -> None:
         self.acks: dict[int | None, list[float]] = defaultdict(list)
         self.acked: dict[str, list[tuple[float, int]]] = defaultdict(list)  # partition -> (ack time, offset)
         self.reads: dict[str, list[tuple[float, int]]] = defaultdict(list)  # partition -> (time, max offset read)
@@ -212,7 +213,11 @@ class Timeline:
         self.transactions: dict[str, list[HeldBy]] = defaultdict(list)
         for op in history.completions("txn"):
             first: dict[str, int] = {}
-            for partition, offset, _value in op.get("sends") or []:
+            for partition, offset, value in op.get("sends") or []:
+                if offset is None and stored is not None and value in stored:
+                    # Its ack was lost, but the record was stored: it holds the partition's
+                    # reads as much as an acked one (campaign seed 6200).
+                    partition, offset = stored[value]
                 if partition is not None and offset is not None:
                     first[partition] = min(int(offset), first.get(partition, int(offset)))
             unknown = op.get("type") == "info"
@@ -271,11 +276,14 @@ class Timeline:
         return max(by_timeout, key=lambda held: held.decided_at, default=None)
 
 
-def check_liveness(history: History, present: dict[str, set[int]] | None = None) -> tuple[list[dict], list[dict], list[dict]]:
+def check_liveness(history: History, present: dict[str, set[int]] | None = None,
+                   stored: dict[str, tuple[str, int]] | None = None) -> tuple[list[dict], list[dict], list[dict]]:
     """Returns (violations, warnings, per-fault records). ``present``: partition -> offsets of
-    acked messages still in the final log (None: take every acked offset as present)."""
+    acked messages still in the final log (None: take every acked offset as present).
+    ``stored``: value -> (partition, offset) in the final log of each transactional send
+    whose ack was lost (recorded ``[None, None, value]``)."""
     bound = liveness_bound(history)
-    timeline = Timeline(history, present)
+    timeline = Timeline(history, present, stored)
     violations: list[dict] = []
     warnings: list[dict] = []
     records: list[dict] = []

@@ -65,6 +65,9 @@ CYCLE = [*TOPIC_OP_KINDS, "topic-add-partitions", "topic-alter", "topic-recreate
 #: had every kind of operation once (the first len(TOPIC_OP_KINDS) steps of CYCLE): on a
 #: loaded machine operations take longer, and a 10 s run ended before its first topic-recreate.
 FULL_PASS_GRACE_S = 30.0
+#: How long the final check writes again an operation whose outcome is unknown before it
+#: gives up (ZooKeeper has its quorum back by then: one write normally settles it).
+RESOLVE_WITHIN_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -161,6 +164,10 @@ class SideTopicLoad:
         self.stale_offsets: dict[int, list[str]] = {g: [] for g in groups}
         #: The partition count of the side topic's last life, once it ended (for the offsets it leaves).
         self.life_partitions: dict[int, int] = {}
+        #: The group's last write has an unknown outcome (its reply lost, or timed out: ZooKeeper
+        #: may have applied it, even after the client gave up). What the members must serve is
+        #: unknown until the same operation is written again (every one is idempotent).
+        self.unresolved = {g: False for g in groups}
         self.counts: Counter[str] = Counter()
         self.outcomes: Counter[str] = Counter()  # verified, partly (a member down), deferred, violated
         self._clients: dict[int, Any] = {}
@@ -189,9 +196,15 @@ class SideTopicLoad:
                                  partitions=expected.partitions)
         try:
             incarnation = self._apply(group, kind, expected)
-        except Exception as exc:  # ZooKeeper without a quorum, a session moving: nothing changed, try again
-            self.history.fail(op, f"not written: {exc!r}")
+        except Exception as exc:  # ZooKeeper without a quorum, a session moving: written or not, try again
+            # Not "not written": a write whose reply was lost, or that the client stopped
+            # waiting for, may be applied all the same, later even (campaign seed 6200: an
+            # add-partitions timed out during a quorum loss, was applied when the quorum came
+            # back, and the final check expected the partition count before it).
+            self.unresolved[group] = True
+            self.history.info(op, f"outcome unknown: {exc!r}")
             return
+        self.unresolved[group] = False
         self.counts[kind] += 1
         self.steps[group] += 1
         if state.exists:
@@ -212,17 +225,33 @@ class SideTopicLoad:
                         checked=outcome)
 
     def final_check(self) -> None:
-        """Once healed and settled: the state each group's last operation left, on every member."""
+        """Once healed and settled: the state each group's last operation left, on every member.
+        An operation whose outcome is unknown is written again first (``resolve``)."""
         for group in range(self.cluster.num_groups):
-            if self.last_kind[group] is None:
+            self.resolve(group)
+            if self.last_kind[group] is None and not self.unresolved[group]:
                 continue
             op = self.history.invoke("topics", "topic-op", "final-check", f"{SIDE_TOPIC}/{group}", group=group,
                                      partitions=self.state[group].partitions)
             problems, _deferred, partly = self.verify(group, None, final=True)
             if partly:
                 problems = problems + ["a member was not running at the final check"]
+            if self.unresolved[group]:
+                problems = problems + [f"its last operation, {kind_at(self.steps[group])}, could not be written "
+                                       f"again within {RESOLVE_WITHIN_S:g}s: what the members must serve is unknown"]
             self.outcomes["violated" if problems else "verified"] += 1
             self.history.ok(op, incarnation=self.incarnation[group], problems=problems or None, checked="final")
+
+    def resolve(self, group: int) -> None:
+        """Write the group's last operation again while its outcome is unknown: each is
+        idempotent (a create or add names the topic's count, a delete or re-create ends
+        whatever life is there), so once one write is answered the expected state is known."""
+        deadline = time.monotonic() + RESOLVE_WITHIN_S
+        while self.unresolved[group]:
+            self.step(group)
+            if not self.unresolved[group] or time.monotonic() > deadline:
+                return
+            time.sleep(1.0)
 
     def close(self) -> None:
         for client in self._clients.values():

@@ -111,3 +111,30 @@ def test_a_history_without_the_timeout_takes_the_workloads_default_only_when_it_
     # run whose transactional workload ran.)
     assert check(runner.finish()).checks["liveness"]["ok"]
     assert reads_stalled(transaction_across_a_quorum_loss("info", 15.0, resume, timeout_s=None))
+
+
+def test_a_transaction_whose_send_was_stored_without_an_ack_holds_the_reads_too():
+    """Campaign seed 6200: an XA branch's send got no reply (a cut between clients and the
+    master) but was stored; the branch's client gave up, recorded the send as ``[None, None,
+    value]``, and the branch stayed open until ZooKeeper lost its majority. Reads past its
+    record stopped until the quorum came back, as T1 says. The checker knew only a later
+    transaction's record and called a message acked between the two "below the open
+    transaction" and unread: ``reads_stopped``. The send is found by its value in the final
+    log, and its transaction holds the reads from there."""
+    run = TimedRun()
+    run.load(1, 9.5)
+    unacked = run.at(9.55).h.invoke("xa0", "txn", txn="xa0-t1", xa=True, timeout_s=10)
+    run.append("t/0-0", "xa0-t1-0")  # stored; its reply never came
+    run.at(9.7).put("p0-between", partition="t/0-0")
+    later = run.at(9.9).h.invoke("x0", "txn", txn="x0-t2", timeout_s=10)
+    sent = run.append("t/0-0", "x0-t2-0")
+    run.fault("zk-majority", START, 16.0, reads_during=True, master_fixed=True)
+    run.at(START + 0.05).h.ok(later, sends=[["t/0-0", sent, "x0-t2-0"]], commit_time=START - 0.1)
+    run.at(12.0).h.info(unacked, "unknown: put to broker group 0 gave up after 2 attempts",
+                        sends=[[None, None, "xa0-t1-0"]])
+    run.load(10.5, 20, writes=False, partitions=("t/0-1",))
+    run.load(16.5, 20)
+    result = check(run.finish())
+    assert result.ok, result.report()
+    (record,) = result.stats["liveness_faults"]
+    assert record["reads_held_by_transaction"] == {"t/0-0": "xa0-t1"}

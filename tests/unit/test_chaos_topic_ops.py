@@ -152,3 +152,53 @@ def test_a_put_not_sent_because_the_master_does_not_serve_the_new_life_yet_is_no
     load.cluster.connect = connect
     assert asyncio.run(load._put(0, 0, "side-g0-life1-p0-0-0")) is None
     assert [h["op"] for h in Connection.sent] == ["topics"]  # the put itself was never sent
+
+
+def test_an_operation_whose_outcome_is_unknown_is_written_again_before_the_final_check() -> None:
+    # Campaign seed 6200 (re-run): an add-partitions timed out while ZooKeeper had lost its
+    # majority and was recorded "not written"; ZooKeeper applied it when the quorum came
+    # back, both members served two partitions, and the final check expected one.
+    from kazoo.exceptions import ConnectionLoss
+
+    load = _side_load("sync")
+    zookeeper: dict[str, int | None] = {"partitions": None}
+    reply_lost = ["topic-add-partitions"]
+
+    def apply(group: int, kind: str, expected: SideTopicState) -> str:
+        zookeeper["partitions"] = expected.partitions  # written, whatever the client hears
+        if kind in reply_lost:
+            reply_lost.remove(kind)
+            raise ConnectionLoss()
+        return "life-1"
+
+    load._apply = apply
+    load._write_messages = lambda group, partitions: None
+    load.verify = lambda group, stopping, final=False: ([], False, False)
+    load.step(0)  # create: 2 partitions
+    load.step(0)  # add a partition: applied, its reply lost
+    (unknown,) = [op for op in load.history.ops if op["type"] == "info"]
+    assert unknown["value"] == "topic-add-partitions" and "outcome unknown" in unknown["error"]
+    assert load.unresolved[0] and zookeeper["partitions"] == 3
+    load.final_check()
+    (final,) = [op for op in load.history.ops if op.get("value") == "final-check" and op["type"] == "invoke"]
+    assert final["partitions"] == zookeeper["partitions"] == 3
+    assert not load.unresolved[0] and load.counts["topic-add-partitions"] == 1
+
+
+def test_an_operation_still_unknown_at_the_final_check_is_a_problem(monkeypatch) -> None:
+    from kazoo.exceptions import ConnectionLoss
+
+    from chaos import topic_ops
+
+    monkeypatch.setattr(topic_ops, "RESOLVE_WITHIN_S", 0.0)
+    load = _side_load("sync")
+
+    def apply(group: int, kind: str, expected: SideTopicState) -> str:
+        raise ConnectionLoss()
+
+    load._apply = apply
+    load.verify = lambda group, stopping, final=False: ([], False, False)
+    load.step(0)
+    load.final_check()  # the create written again once, still without an answer
+    (final,) = [op for op in load.history.ops if op.get("value") == "final-check" and op["type"] == "ok"]
+    assert "its last operation, topic-create, could not be written again" in final["problems"][0]
