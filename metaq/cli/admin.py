@@ -51,7 +51,7 @@ def zk_client(args: argparse.Namespace) -> Iterator[tuple[Any, Any]]:
         paths = ZkPaths(args.zk_root)
     except ValueError as exc:
         raise MetaqError(str(exc)) from None
-    from kazoo.exceptions import KazooException
+    from kazoo.exceptions import ConnectionLoss, KazooException, OperationTimeoutError, SessionExpiredError
     from kazoo.handlers.threading import KazooTimeoutError
 
     try:
@@ -59,8 +59,18 @@ def zk_client(args: argparse.Namespace) -> Iterator[tuple[Any, Any]]:
             yield client, paths
     except ZooKeeperUnreachable as exc:
         raise MetaqError(str(exc)) from None
-    except (KazooException, KazooTimeoutError, RuntimeError) as exc:  # mid-command: one line, no traceback
+    except (ConnectionLoss, OperationTimeoutError, SessionExpiredError, KazooTimeoutError) as exc:
+        # The request may have reached the server before the answer was lost: a write can be
+        # applied even so (ZooKeeper applies it once its majority is back), so say so rather
+        # than let "failed" read as "not written".
+        raise MetaqError(f"ZooKeeper at {args.zk}: {exc!r} mid-command: {OUTCOME_UNKNOWN}") from None
+    except (KazooException, RuntimeError) as exc:  # mid-command: one line, no traceback
         raise MetaqError(f"ZooKeeper at {args.zk}: {exc!r}") from None
+
+
+#: What a command says when its connection to ZooKeeper was lost mid-command.
+OUTCOME_UNKNOWN = ("if it was writing a change, the change may still be applied; read the state back "
+                   "(metaq topics describe, metaq groups describe) before running it again")
 
 
 #: Why a broker gave no answer (``Answer.problem``).
