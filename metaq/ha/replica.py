@@ -45,7 +45,8 @@ log = logging.getLogger(__name__)
 # Bigger than a consumer's: in sync mode every ack waits for a replica fetch round
 # trip, so one fetch must carry whole large batches.
 DEFAULT_FETCH_SIZE = 8 * 1024 * 1024
-#: Sync mode: a fetch reply larger than this is appended, and its progress reported, in pieces.
+#: A fetch reply larger than this is appended in pieces (the event loop runs between them);
+#: to a sync master, each piece's end is reported as it is appended.
 REPORT_PIECE_BYTES = 256 * 1024
 
 
@@ -156,7 +157,7 @@ class PartitionReplica:
         if reply.code == c.OK:
             # Pieces of a reply are reported before any fsync: never as durable positions.
             report = self._reporter(conn) if self.report_positions and not self.durable_positions else None
-            return self._append_reply(offset, reply.header, reply.body, report)
+            return await self._append_reply(offset, reply.header, reply.body, report)
         if reply.code == c.NOT_FOUND:
             master_end = reply.get("log_end")
             if master_end is None:
@@ -212,7 +213,7 @@ class PartitionReplica:
             self.status.master_committed = committed
             self.on_appended(self.topic, self.partition)
 
-    def _append_reply(
+    async def _append_reply(
         self, offset: int, header: dict[str, Any], body: bytearray, report: Callable[[int], None] | None = None
     ) -> bool:
         if header.get("offset") != offset:
@@ -220,13 +221,18 @@ class PartitionReplica:
         whole, count = 0, 0
         # A large reply is checked and appended a piece at a time, each piece's end
         # reported at once (``report``), so that a sync master can ack the first puts
-        # of the reply without waiting for the slave's CRC check of all of it.
-        piece = REPORT_PIECE_BYTES if report is not None else len(body)
+        # of the reply without waiting for the slave's CRC check of all of it. Between
+        # pieces the event loop runs the rest of the broker: following a piece (its CRCs,
+        # its transaction state) takes milliseconds, a whole 8 MiB reply of small batches
+        # a good part of a second, long enough to hold up the pre-login deadlines
+        # (docs/security.md, "Limits") of a slave catching up.
         runs = walk_records(
             buffer_reader(body, offset), offset, offset + len(body),
-            chunk_size=piece, max_message_size=self.log.max_message_size,
+            chunk_size=REPORT_PIECE_BYTES, max_message_size=self.log.max_message_size,
         )
         for run in runs:
+            if whole:
+                await asyncio.sleep(0)  # appends of this partition stay in this task, one after the other
             start = self.owner.append_as_follower(run.data)
             assert start == run.offset, "append must continue the log exactly where the fetch started"
             whole += len(run.data)

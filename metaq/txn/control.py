@@ -243,6 +243,15 @@ def may_hold_control(data: bytes | bytearray | memoryview) -> bool:
     return _ATTR_BLOCK in (data if isinstance(data, (bytes, bytearray)) else bytes(data))
 
 
+def next_attribute_block(data: bytes | bytearray, start: int) -> int:
+    """Where the first control attribute block at or after ``start`` begins in ``data``, or -1.
+
+    No record whose attribute block would begin before that point is a control record: a
+    walk passes them without looking at each (one C-speed search; a hit may still be an
+    ordinary message whose bytes happen to hold the block, which ``control_at`` tells)."""
+    return data.find(_ATTR_BLOCK, start)
+
+
 def find_forged_control(batch: bytes | bytearray | memoryview) -> int | None:
     """Index of the first record of a producer's batch that carries the reserved attribute, or None."""
     if not may_hold_control(batch):  # the put hot path: one C-speed search, no walk

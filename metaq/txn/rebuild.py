@@ -24,6 +24,7 @@ metaq/server/partitions.py, ``Partition.truncate_to``.)
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 from pathlib import Path
@@ -31,7 +32,7 @@ from typing import Any, Callable
 
 from metaq.record import HEADER, HEADER_SIZE, walk_records
 from metaq.txn.batch_spans import BatchSpans
-from metaq.txn.control import Control, ControlError, Kind, control_at, may_hold_control
+from metaq.txn.control import Control, ControlError, Kind, control_at, next_attribute_block
 from metaq.txn.crcfile import read_crc_file, write_crc_file
 from metaq.txn.index import TransactionIndex
 from metaq.txn.producer_state import ProducerStateTable
@@ -60,8 +61,10 @@ class PartitionTxnState:
 
         The records of a batch follow its header and are never control records (a
         put carrying one is refused), so the walk checks only the records outside
-        batches: from a BATCH header it starts again at its batch's end, and a run of
-        records without the control attribute anywhere is passed in one step.
+        batches: from a BATCH header it goes on at its batch's end, and the records
+        between two that may be control records are passed in one step. Each byte is read
+        and scanned once: the walk is linear in the bytes followed (a slave follows each
+        fetch with it, on the event loop).
 
         ``unreadable_end(offset)``: where bytes that cannot be read from ``offset`` on end
         (a corrupt or missing range of the log, metaq/store/log.py), or None. The walk passes
@@ -69,7 +72,7 @@ class PartitionTxnState:
         """
         while self.position < end:
             try:
-                if self._pass_batch_at_position(read, end) or self._walk_to_next_batch(read, end):
+                if self._pass_batch_at_position(read, end) or self._walk_from_position(read, end):
                     continue
             except ControlError as exc:
                 # A marker a bit flip broke, in a range already known corrupt: passed with the
@@ -118,31 +121,50 @@ class PartitionTxnState:
         self._observe(control, pos, stop, (pos, msg_id, crc))
         return True
 
-    def _walk_to_next_batch(self, read: Reader, end: int) -> bool:
-        """Follow records from ``position``; True after passing a whole batch (walk again from its end)."""
+    def _walk_from_position(self, read: Reader, end: int) -> bool:
+        """Follow records from ``position``, each chunk read once; True after passing a whole
+        batch that reaches past the chunk read (walk again from its end).
+
+        Within a chunk the walk goes on past a whole batch at once: restarting it there read
+        and scanned the rest of the chunk again for every batch, so following a slave's fetch
+        of N batches cost N times its records (seed 6003: 1,195 batches of a 314 KB log took
+        0.4 s, on the event loop). Between control records, plain records are passed in one
+        step (``next_attribute_block``), so a chunk costs its record boundaries and its control records.
+        """
         for run in walk_records(read, self.position, end, boundaries_only=True):
-            assert run.ends is not None
-            if not run.ends:
+            ends = run.ends
+            assert ends is not None
+            if not ends:
                 return False
-            if not may_hold_control(run.data):  # no control record in this run: jump to its end
-                last = run.ends[-2] if len(run.ends) > 1 else run.offset
-                _length, crc, msg_id, _flag = HEADER.unpack_from(run.data, last - run.offset)
-                self._observe(None, last, run.ends[-1], (last, msg_id, crc))
-                continue
-            pos = run.offset
-            for stop in run.ends:
-                at = pos - run.offset
+            data = run.data if isinstance(run.data, (bytes, bytearray)) else bytes(run.data)
+            base, index = run.offset, 0  # the record at ``position`` is ``ends[index]``'s
+            while index < len(ends):
+                found = next_attribute_block(data, self.position - base)
+                # Every record before the one holding ``found`` is plain: passed in one step.
+                holder = len(ends) if found < 0 else bisect.bisect_right(ends, base + found, index)
+                if holder > index:
+                    last = ends[holder - 2] if holder >= 2 else base
+                    _length, crc, msg_id, _flag = HEADER.unpack_from(data, last - base)
+                    self._observe(None, last, ends[holder - 1], (last, msg_id, crc))
+                    index = holder
+                if index == len(ends):
+                    break
+                pos, stop = self.position, ends[index]
+                at = pos - base
                 try:
-                    control = control_at(run.data, at)
+                    control = control_at(data, at)
                 except ControlError as exc:
                     raise ControlError.at(pos, exc) from None
                 if control is not None and control.kind is Kind.BATCH and stop + control.data_bytes > end:
                     return False  # the batch is not all here yet
-                _length, crc, msg_id, _flag = HEADER.unpack_from(run.data, at)
+                _length, crc, msg_id, _flag = HEADER.unpack_from(data, at)
                 self._observe(control, pos, stop, (pos, msg_id, crc))
-                if control is not None and control.kind is Kind.BATCH:
-                    return True
-                pos = stop
+                if self.position > ends[-1]:
+                    return True  # a batch reaching past this chunk: read again from its end
+                # On past this record, or past its whole batch (its records are whole records of this chunk).
+                index = bisect.bisect_right(ends, self.position, index)
+                if ends[index - 1] != self.position:
+                    return True  # not where a record of this chunk starts: read again from there
         return False
 
     def appended(self, offset: int, framed: bytes | bytearray | memoryview, header: Control | None = None) -> None:
