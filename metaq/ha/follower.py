@@ -144,6 +144,8 @@ class MasterFollower:
         self.stream_supported = True
         #: Chunks appended from replication streams; each open stream's closer, by partition.
         self.stream_frames = 0
+        #: Async mode: times a fetch waited LINGER_S for puts to gather (never in sync mode).
+        self.lingers = 0
         self._stream_closers: dict[tuple[str, int], Callable[[str], None]] = {}
         #: Bumped each time following stops. Every loop of a task also ends once its generation
         #: is gone: a task whose cancellation is lost (in Python 3.11 ``asyncio.wait_for`` can
@@ -495,6 +497,7 @@ class MasterFollower:
                     if self.master_mode != "sync" and replica.log.log_end - appended < BATCH_BYTES:
                         # Async: nobody waits for our position, so let a busy master's puts
                         # gather for a moment instead of fetching them one small reply at a time.
+                        self.lingers += 1
                         await asyncio.sleep(LINGER_S)
                 elif self.news_supported:
                     busy = await self._quiet_until_news(replica, conn)
@@ -761,6 +764,7 @@ class MasterFollower:
             pairs.append(("config_sync_error", self.config_sync_error))
         pairs += self.heartbeat.status_pairs()
         pairs.append(("replication_stream_frames", self.stream_frames))
+        pairs.append(("replication_lingers", self.lingers))
         hb_age = self.heartbeat.heartbeat_age_ms()
         now = time.time()
         for (topic, partition), replica in sorted(self.replicas.items()):

@@ -119,6 +119,7 @@ def test_async_slave_gathers_a_stream_of_small_puts_into_few_fetches_and_catches
         f"{fetches} replica fetches with data for 400 puts in {elapsed:.2f}s (puts took {sum(seconds):.2f}s):"
         f" more than one per {LINGER_S * 1000:.0f} ms")
     assert fetches >= 1
+    assert int(stat(slave, "replication_lingers")) >= 1  # the waits themselves, counted
     assert_identical(master)
 
 

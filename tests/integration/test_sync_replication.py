@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 
 from metaq.client.connection import BrokerConnection
-from metaq.ha.follower import LINGER_S
 from metaq.ha.replica import REPORT_PIECE_BYTES
 from metaq.tools.launcher import BrokerProcess, wait_until
 from metaq.protocol import commands as c
@@ -213,13 +212,12 @@ def test_sync_slave_fetches_again_at_once_so_a_put_never_waits_for_the_async_lin
 ) -> None:
     """An async slave waits LINGER_S after a small reply (test_replication_pair.py); a sync
     slave must not, as every ack waits for its next fetch: one reply per blocking put, and
-    a put's median time far below LINGER_S (with the wait, no put could take less)."""
-    master, _slaves = start_pair(broker_factory, zk_client, zk_root, partitions=1)
+    not one wait (the slave's ``replication_lingers``; how fast a put is, is a benchmark's)."""
+    master, slaves = start_pair(broker_factory, zk_client, zk_root, partitions=1)
     fetched_before = int(stat(master, "replica_get_requests"))
-    seconds = sorted(blocking_puts(master, TOPIC, 0, 50))
+    blocking_puts(master, TOPIC, 0, 50)
     assert int(stat(master, "replica_get_requests")) - fetched_before >= 50, "a reply per put"
-    median = seconds[len(seconds) // 2]
-    assert median < LINGER_S, f"a sync put's median is {median * 1000:.2f} ms, not under the async linger"
+    assert int(stat(slaves[0], "replication_lingers")) == 0
 
 
 def test_reject_fails_fast_when_only_slave_killed_and_recovers_after_rejoin(broker_factory, zk_client, zk_root) -> None:
