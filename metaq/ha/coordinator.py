@@ -148,7 +148,12 @@ class HaCoordinator:
 
         async def decide() -> Event:
             if await self.followership.death_watch.names_dead_session(url) is not None:
-                return Event.MASTER_SEEN  # ignored in every state: its process died (takeover.py)
+                # Its process died (takeover.py): for an orphan there is no master, so it asks
+                # the election rules again (MASTER_GONE re-enters ORPHANED), as it does when the
+                # node is gone. A candidate waiting for the other slaves' log ends polls through
+                # here: ignored, its wait stopped at the first look, and it stayed an orphan until
+                # some ZooKeeper event came (seen for 2 minutes beside a master that lived).
+                return Event.MASTER_GONE if self.machine.state is Role.ORPHANED else Event.MASTER_SEEN
             event = master_event(url, self.master_url)
             if event is Event.MASTER_CHANGED and await self.view.names_previous_life(url, self.identity):
                 return Event.REEVALUATE  # not a master to follow: wait for its node to expire

@@ -263,3 +263,37 @@ def test_async_kill_takes_the_fast_path_and_holds_acks_for_half_a_session(broker
     # its lease ran out: the new one takes writes only T/2 after the evidence.
     assert leading_at - dead_at >= SESSION_MS / 2000 - 0.01, (dead_at, leading_at)
     assert put_one(b, b"more").code == 200
+
+
+
+def test_async_candidate_waiting_for_a_silent_slave_still_takes_the_fast_path(broker_factory, zk_client, zk_root):
+    """Async failover ranks the slaves by log end: a candidate waits up to CANDIDATE_WAIT_S
+    for every live slave's log end, polling. C is paused (alive to ZooKeeper, silent) when A
+    is killed. Each of B's polls reads a master node that still names A's dead session; the
+    poll must bring B back to the election rules, which let it go once the wait is over: the
+    fast path, well before A's session (4 s here) expires. Ignored, B's wait stopped at its
+    first poll and it took over only when A's node went (no fast takeover) -- and beside a
+    live master whose challenge was answered late, it stayed an orphan until some other
+    ZooKeeper event came (campaign seed 7102: 2 minutes)."""
+    zookeeper = {"zk.zkSessionTimeoutMs": 4000}
+    group = Group(zk_client, zk_root)
+    a = broker_factory(0, {TOPIC: 1}, async_system(), name="A", zookeeper=zookeeper)
+    b = broker_factory(0, {TOPIC: 1}, async_system(), {"slaveId": 1}, name="B", zookeeper=zookeeper)
+    c = broker_factory(0, {TOPIC: 1}, async_system(), {"slaveId": 2}, name="C", zookeeper=zookeeper)
+    wait_follows(b, a, group)
+    wait_follows(c, a, group)
+    epoch_before = group.epoch()
+    stream = PutStream(a.address, tag="a").start()
+    stream.wait_acked(100)
+    stream.stop()
+    c.pause()  # SIGSTOP: its session lives on for 4 s, it posts nothing
+    try:
+        a.kill()
+        wait_until(lambda: group.master() == b.url, 20, interval=0.05, message="B to lead")
+        wait_leads(b, group, epoch_before)
+        assert _fast_takeovers(b) == 1, "B waited for A's session to expire"
+        assert "waiting for live slaves [2] to post their log ends" in b.log_text()
+    finally:
+        c.resume()
+    wait_follows(c, b, group)
+    first_ack_after(b, b"after-silent-slave")

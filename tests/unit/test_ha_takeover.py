@@ -300,3 +300,37 @@ def test_an_orphan_that_may_not_take_over_looks_again_once_the_evidence_is_stale
     assert [event for event, _detail in later] == [Event.REEVALUATE], "a look again is scheduled"
     assert death_watch.dead is None, "then the evidence is stale: the session lives"
     assert [detail for _event, detail in after] == [MASTER_URL], "and the live master is followed again"
+
+
+def test_an_orphan_with_fresh_evidence_asks_the_election_rules_again_on_each_look(monkeypatch):
+    """A candidate waiting for the other slaves' log ends (async failover) looks again every
+    50 ms: each look reads the master node, which still names the session the evidence calls
+    dead. That look must reach the election rules again (MASTER_GONE: ORPHANED re-enters);
+    ignored as MASTER_SEEN, the wait stopped at its first look and the orphan waited for a
+    ZooKeeper event (campaign seed 7102: 2 minutes, beside a master that lived)."""
+    import time
+
+    from metaq.ha.coordinator import HaCoordinator
+    from metaq.ha.progress import ReplicationProgress
+    from metaq.ha.role import Event, Role
+
+    config = SimpleNamespace(broker_id=0, zk=SimpleNamespace(root="/meta", session_timeout_ms=1500),
+                             replication_mode="async", auto_failover=True, data_path="/nonexistent")
+    host = SimpleNamespace(config=config, registry=fake_registry("meta://127.0.0.1:9200", slave_id=1),
+                           store=SimpleNamespace(logs=lambda: []))
+    coordinator = HaCoordinator(host, None, ReplicationProgress())  # type: ignore[arg-type]
+    monkeypatch.setattr(takeover, "lock_owner", lambda *_: 7)  # the session the evidence names holds the lock
+    death_watch = coordinator.followership.death_watch
+    death_watch.dead = takeover.DeadMaster(MASTER_URL, 7, time.monotonic())
+    death_watch.phase = Phase.DEAD
+
+    async def decided(role: Role) -> Event:
+        coordinator.machine.state = role
+        coordinator._post_master(MASTER_URL)
+        decide, _detail = coordinator._events.get_nowait()
+        return await decide()
+
+    assert asyncio.run(decided(Role.ORPHANED)) is Event.MASTER_GONE
+    assert coordinator.machine.handle(Event.MASTER_GONE).state is Role.ORPHANED  # re-entered: the rules again
+    # Elsewhere the look changes nothing (a follower was told MASTER_GONE by the death watch itself).
+    assert asyncio.run(decided(Role.FOLLOWING)) is Event.MASTER_SEEN
