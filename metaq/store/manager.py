@@ -112,6 +112,10 @@ class MessageStoreManager:
         #: ``create_log`` requests waiting for the next batch: start offset and its waiter.
         self._creations: dict[tuple[str, int], tuple[int, asyncio.Future[None]]] = {}
         self._creating: asyncio.Future[None] | None = None
+        #: One batch of new logs laid out at a time (``create_logs``): two batches in their
+        #: worker threads at once could both lay out one partition's directory (a topic
+        #: created, deleted and created again while the first batch ran: FileExistsError).
+        self._laying_out = asyncio.Lock()
         #: Called with (topic, partition) after each successful fsync of that log.
         self.on_flushed: Callable[[str, int], None] | None = None
         #: Called with the seconds each fsync of any log took (the broker's metrics).
@@ -246,7 +250,12 @@ class MessageStoreManager:
     async def create_logs(self, wanted: list[tuple[str, int, int]]) -> None:
         """Give each ``(topic, partition, start_offset)`` that has no log an empty one starting
         there, as one batch: files created and made durable in one worker thread
-        (``_lay_out_and_open``), then the logs registered on the event loop."""
+        (``_lay_out_and_open``), then the logs registered on the event loop. One batch at a
+        time: what a batch before this one laid out is seen here as a log already there."""
+        async with self._laying_out:
+            await self._create_logs(wanted)
+
+    async def _create_logs(self, wanted: list[tuple[str, int, int]]) -> None:
         new: dict[tuple[str, int], tuple[Path, TopicConfig, int]] = {}
         for topic, partition, start_offset in wanted:
             config = self._checked_config(topic, partition)
@@ -258,11 +267,17 @@ class MessageStoreManager:
         opened = await _shielded_to_thread(lambda: self._lay_out_and_open(new))
         for (topic, partition), partition_log in opened.items():
             current = self._served().get(topic)
-            if ((topic, partition) in self._logs or current is None or partition >= current.num_partitions
-                    or current.incarnation != new[(topic, partition)][1].incarnation):
-                # Opened meanwhile by ``get_or_create_log``, or no longer served as it was (the
-                # topic changed while the thread ran): this copy is not the partition's log.
+            directory, config, _start = new[(topic, partition)]
+            if (topic, partition) in self._logs:
+                partition_log.close()  # opened meanwhile by ``get_or_create_log``: that one is the log
+                continue
+            if current is None or partition >= current.num_partitions or current.incarnation != config.incarnation:
+                # No longer served as it was (deleted, or deleted and created again, while the
+                # thread ran): these files are no partition's log. Its deletion may have renamed
+                # the directory before the thread made it again, so they go the same way.
                 partition_log.close()
+                if incarnation.belongs(directory, config.incarnation):
+                    self._remove_later(incarnation.move_aside(directory))
                 continue
             self._register(topic, partition, partition_log, current)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -182,4 +183,42 @@ def test_a_takeover_saves_every_partitions_epoch_in_one_batch(tmp_path, monkeypa
     with pytest.raises(ValueError, match="older than the latest"):
         asyncio.run(take_over(2))  # epochs only grow
     assert epochs.EpochCache.load(store.partition_dir("logs", 0)).entries == [(3, 0)]
+    store.close()
+
+
+def test_a_topic_deleted_and_created_again_while_a_batch_lays_it_out_gets_one_fresh_log(tmp_path, monkeypatch):
+    """Seen in the suite: a master served a new topic (one batch in its worker thread), the topic
+    was deleted and created again meanwhile, and the new incarnation's batch laid out the same
+    directory at the same time: FileExistsError on the segment file. Batches go one at a time,
+    and what the first laid out for the deleted incarnation goes aside, unserved."""
+    first = {"orders": TopicConfig(name="orders", incarnation="life-1", data_path=str(tmp_path / "data"), num_partitions=1,
+                                   max_segment_size=1000, unflush_threshold=0)}
+    store = MessageStoreManager(dict(first), max_message_size=1024)
+    (tmp_path / "data").mkdir()
+    real = store._lay_out_and_open
+    in_thread, release = __import__("threading").Event(), __import__("threading").Event()
+
+    def slow_first_batch(new):
+        if not in_thread.is_set():
+            in_thread.set()
+            release.wait(10)  # the topic changes on the event loop while this batch is in its thread
+        return real(new)
+
+    monkeypatch.setattr(store, "_lay_out_and_open", slow_first_batch)
+
+    async def churn():
+        laying_out = asyncio.ensure_future(store.create_logs([("orders", 0, 0)]))
+        await asyncio.to_thread(in_thread.wait, 10)
+        store.update_topics({})  # deleted ...
+        store.update_topics({"orders": replace(first["orders"], incarnation="life-2")})  # ... and created again
+        again = asyncio.ensure_future(store.create_logs([("orders", 0, 0)]))
+        await asyncio.sleep(0.2)
+        release.set()
+        await asyncio.gather(laying_out, again)
+
+    asyncio.run(churn())
+    log = store.open_log("orders", 0)
+    assert log.log_end == 0
+    directory = tmp_path / "data" / "orders-0"
+    assert incarnation.read_marker(directory) == "life-2"
     store.close()
