@@ -21,10 +21,12 @@ This module owns the two kinds of state around it:
       STREAMING    DOUBT       FETCHING
 
 * ``StreamHub`` (master, one per broker): the open subscriptions, by partition (for the
-  put path) and by connection (for reports and the connection's end). A put calls
-  ``push`` right after its append; when no slave streams it costs one dict lookup. Any
-  append that did not go through ``push`` (a transaction marker, a truncation, a restart)
-  shows as an offset gap at ``appended`` and closes the partition's streams.
+  put path) and by connection (for reports and the connection's end). Every append of a
+  master, a put or a transaction marker alike, calls ``push`` right after it (the
+  partition's one leader append entry, metaq/server/partitions.py
+  ``Partition.append_as_leader``); when no slave streams it costs one dict lookup. A change
+  of the log that did not go through ``push`` (a truncation, a restart) shows as an offset
+  gap at ``appended`` and closes the partition's streams.
 
 Safety: the master records a streamed position only after ``StreamSender.report`` proved it
 (in the stream's epoch, not past what was sent, from the connection that subscribed, whose

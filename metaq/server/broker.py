@@ -93,7 +93,7 @@ class Broker:
         self._repairs: dict[tuple[str, int, int, int], asyncio.Task[bool]] = {}
         #: Every partition's one owner: its log's appends and truncations, epoch history, transaction state.
         self.partitions = Partitions(
-            self.store, max_batches=config.txn.producer_state_max_batches, expiry_ms=config.txn.producer_expiry_ms
+            self.store, leader=self, max_batches=config.txn.producer_state_max_batches, expiry_ms=config.txn.producer_expiry_ms
         )
         #: Local and XA transactions: the coordinator, its journal, markers and timeouts.
         self.transactions = TransactionService(self)

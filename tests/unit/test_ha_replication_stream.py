@@ -174,7 +174,7 @@ def test_hub_closes_streams_on_an_unstreamed_append_a_dropped_partition_and_a_cl
     hub.subscribe(conn, 0, ("t", 0), 7, epoch=3, start=0)
     hub.appended(("t", 0), 0)  # nothing new: stays
     assert hub
-    hub.appended(("t", 0), 40)  # a marker the stream did not carry
+    hub.appended(("t", 0), 40)  # a change of the log the stream did not carry
     assert not hub and "not streamed" in conn.sent[-1][0]["msg"]
     hub.subscribe(conn, 0, ("t", 0), 8, epoch=3, start=40)
     hub.forget_partitions([("t", 0)])
