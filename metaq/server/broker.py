@@ -76,7 +76,6 @@ class Broker:
         self.live_config.subscribe(follow_logging)
         self.slave = slave
         self.register_in_zk = config.zk.enabled if register_in_zk is None else register_in_zk
-        self.stats = BrokerStats()
         # Shared by every connection: what they may hold together (admission.py).
         self.slots = ConnectionSlots(config.max_connections, config.max_connections_per_address)
         self.request_budget = RequestBudget(config.max_buffered_request_bytes)
@@ -84,7 +83,6 @@ class Broker:
         self.security = load_broker_security(config)
         #: Every authorization decision (connections, handlers, the transaction coordinator).
         self.authz = Authz(self.security)
-        self.waiters = EndWaiters()
         #: The topic map is LiveConfig's: the store reads it from there and applies each change.
         self.store = MessageStoreManager(self._served_topics, config.max_message_size)
         #: Re-verifies sealed segments' CRCs; what it finds is never served (metaq/store/scrub.py).
@@ -95,6 +93,10 @@ class Broker:
         self.partitions = Partitions(
             self.store, leader=self, max_batches=config.txn.producer_state_max_batches, expiry_ms=config.txn.producer_expiry_ms
         )
+        #: The broker's counters; each partition's are held by its owner (``Partition.counters``).
+        self.stats = BrokerStats(self.partitions)
+        #: Long-polls: each partition's parked fetches are held by its owner (``Partition.parked``).
+        self.waiters = EndWaiters(self.partitions)
         #: Local and XA transactions: the coordinator, its journal, markers and timeouts.
         self.transactions = TransactionService(self)
         #: Ids for idempotent producers (``init_producer``); set in start.

@@ -72,6 +72,8 @@ from ..txn.control import Control, ControlError, may_hold_control
 from ..txn.index import TransactionIndex
 from ..txn.producer_state import DEFAULT_EXPIRY_MS, DEFAULT_MAX_BATCHES, ProducerStateTable
 from ..txn.rebuild import PartitionTxnState
+from .stats import PartitionCounters, add_counters
+from .waiters import ParkedFetches
 
 if TYPE_CHECKING:
     from ..ha.stream import StreamHub
@@ -164,6 +166,11 @@ class Partition:
         self.cuts = 0  # truncations and drops: a snapshot serialized before one is stale
         #: Set once by ``Partitions.drop`` (and ``close``): nothing is appended after it.
         self.dropped = False
+        #: Its stats counters (metaq/server/stats.py), made at the first count: an idle
+        #: partition holds none, and its row is listed only once it counted something.
+        self._counters: PartitionCounters | None = None
+        #: The fetches parked on it (metaq/server/waiters.py), made at the first; woken when it is dropped.
+        self.parked: ParkedFetches | None = None
         #: What replication knows of this partition (metaq/ha/record.py): slaves' positions,
         #: the append history, the share of this term's writes slaves fetched. Goes with it.
         self.replication = ReplicationRecord()
@@ -200,6 +207,14 @@ class Partition:
     @property
     def name(self) -> str:
         return f"{self.key[0]}-{self.key[1]}"
+
+    @property
+    def counters(self) -> PartitionCounters:
+        """Its stats counters (puts, fetches, a slave's fetches), made at the first count."""
+        counters = self._counters
+        if counters is None:
+            counters = self._counters = PartitionCounters()
+        return counters
 
     @property
     def refused(self) -> bool:
@@ -418,6 +433,8 @@ class Partitions:
         #: Orders snapshot writes (a worker thread) and deletions before a cut (the loop), so
         #: a snapshot serialized before a cut is never written after it.
         self.files = threading.Lock()
+        #: What dropped partitions had counted (``drop``): the broker's totals never go down.
+        self.retired = PartitionCounters()
 
     def new_table(self) -> ProducerStateTable:
         return ProducerStateTable(self.max_batches, self.expiry_ms)
@@ -431,10 +448,46 @@ class Partitions:
         owner = self._partitions.get((topic, partition))
         if owner is None or owner.log is not partition_log:  # a new log, or a new incarnation's
             if owner is not None:
-                owner.dropped = True  # the old log is not served: nothing more is appended to it
+                self._retire(owner)  # the old log is not served: nothing more is appended to it
             owner = Partition(self, (topic, partition), partition_log, in_background=True)
             self._partitions[(topic, partition)] = owner
         return owner
+
+    # --- stats: each partition's counters, with it (metaq/server/stats.py : CountedPartitions) ----
+
+    def counters(self, topic: str, partition: int) -> PartitionCounters:
+        """The partition's counters (asked per request: an open owner at one lookup)."""
+        owner = self._partitions.get((topic, partition))
+        if owner is None:
+            owner = self.get(topic, partition)
+        return owner.counters
+
+    def counted(self) -> Iterator[tuple[Key, PartitionCounters]]:
+        """Every open partition that counted something, with its counters."""
+        return iter([(key, owner._counters) for key, owner in self._partitions.items() if owner._counters is not None])
+
+    def reset_counters(self) -> None:
+        for owner in self._partitions.values():
+            owner._counters = None
+        self.retired = PartitionCounters()
+
+    # --- parked fetches: each partition's, with it (metaq/server/waiters.py : ParkingPartitions) ---
+
+    def parking(self, topic: str, partition: int) -> ParkedFetches:
+        owner = self._partitions.get((topic, partition))
+        if owner is None:
+            owner = self.get(topic, partition)
+        parked = owner.parked
+        if parked is None:
+            parked = owner.parked = ParkedFetches(owner.name)
+        return parked
+
+    def parked(self, topic: str, partition: int) -> ParkedFetches | None:
+        owner = self._partitions.get((topic, partition))  # asked per append: one lookup, never an open
+        return owner.parked if owner is not None else None
+
+    def every_parked(self) -> Iterator[ParkedFetches]:
+        return iter([owner.parked for owner in self._partitions.values() if owner.parked is not None])
 
     def replication(self, topic: str, partition: int) -> ReplicationRecord | None:
         """The partition's replication record (metaq/ha/record.py); None if its log is not open
@@ -503,15 +556,29 @@ class Partitions:
 
     def drop(self, keys: list[Key]) -> None:
         """Partitions no longer served (topic deleted or re-created): their producers,
-        transactions, epoch history and replication record (slaves' positions, append
-        history) never apply to another incarnation of the topic; they go with the owner."""
+        transactions, epoch history, replication record (slaves' positions, append history,
+        the sync set's waiting puts) and stats counters never apply to another incarnation of
+        the topic; they go with the owner, in one ``pop`` each."""
+        dropped = []
         with self.files:
             for key in keys:
                 owner = self._partitions.pop(key, None)
                 if owner is not None:
-                    owner.dropped = True  # nothing is appended to it from here (``_append``)
+                    dropped.append(owner)
                     owner.cuts += 1  # a snapshot serialized before now is not written (``_write_all``)
-                    owner.replication.close()  # puts waiting for its slaves end (404)
+        for owner in dropped:  # outside the lock: a woken fetch answers at once
+            self._retire(owner)
+            owner.replication.close()  # puts waiting for its slaves end (404)
+
+    def _retire(self, owner: Partition) -> None:
+        """An owner left the map: nothing is appended to it from here (``_append``); its stats
+        row goes, its counts stay in the broker's totals (``retired``); the fetches parked on it
+        wake and find its log gone (answered "unknown topic", or from the new log)."""
+        owner.dropped = True
+        if owner._counters is not None:
+            add_counters(self.retired, owner._counters)
+        if owner.parked is not None:
+            owner.parked.wake(True)
 
     # --- epochs ----------------------------------------------------------------------------------
 
