@@ -457,10 +457,11 @@ class Partitions:
 
     def counters(self, topic: str, partition: int) -> PartitionCounters:
         """The partition's counters (asked per request: an open owner at one lookup)."""
-        owner = self._partitions.get((topic, partition))
-        if owner is None:
-            owner = self.get(topic, partition)
-        return owner.counters
+        owner = self._partitions.get((topic, partition)) or self.get(topic, partition)
+        counters = owner._counters  # ``owner.counters``, without the property's hop
+        if counters is None:
+            counters = owner._counters = PartitionCounters()
+        return counters
 
     def counted(self) -> Iterator[tuple[Key, PartitionCounters]]:
         """Every open partition that counted something, with its counters."""
@@ -474,9 +475,7 @@ class Partitions:
     # --- parked fetches: each partition's, with it (metaq/server/waiters.py : ParkingPartitions) ---
 
     def parking(self, topic: str, partition: int) -> ParkedFetches:
-        owner = self._partitions.get((topic, partition))
-        if owner is None:
-            owner = self.get(topic, partition)
+        owner = self._partitions.get((topic, partition)) or self.get(topic, partition)
         parked = owner.parked
         if parked is None:
             parked = owner.parked = ParkedFetches(owner.name)

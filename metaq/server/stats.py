@@ -88,7 +88,13 @@ class BrokerStats:
         assert self.partitions is not None, "these stats count no partitions"
         return self.partitions
 
+    def __post_init__(self) -> None:
+        if self.partitions is not None:
+            # Asked per request: the partitions' own lookup, without a hop through this object.
+            self.partition = self.partitions.counters  # type: ignore[method-assign]
+
     def partition(self, topic: str, partition: int) -> PartitionCounters:
+        """The partition's counters (made at its first count)."""
         return self._partitions().counters(topic, partition)
 
     def topic_totals(self) -> dict[str, PartitionCounters]:

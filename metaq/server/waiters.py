@@ -50,19 +50,19 @@ class ParkedFetches:
         """Call the fetches waiting (only consumers' unless ``everyone``), slaves' first (an
         append's bytes on their way to the sync set). Each is taken out first: a fetch that
         finds nothing for it yet watches again, for the next notify."""
-        if everyone and self.log_end_watchers:
-            watching, self.log_end_watchers = self.log_end_watchers, {}
-            self._call(watching)
-        if self.watchers:
-            watching, self.watchers = self.watchers, {}
-            self._call(watching)
-
-    def _call(self, watching: dict[int, Woken]) -> None:
-        for woken in watching.values():
-            try:
-                woken()
-            except Exception:  # one fetch's bug must not fail the put, flush or drop that woke it
-                log.exception("error answering a parked fetch of %s", self.name)
+        for slaves in (True, False) if everyone else (False,):
+            watching = self.log_end_watchers if slaves else self.watchers
+            if not watching:
+                continue
+            if slaves:
+                self.log_end_watchers = {}
+            else:
+                self.watchers = {}
+            for woken in watching.values():
+                try:
+                    woken()
+                except Exception:  # one fetch's bug must not fail the put, flush or drop that woke it
+                    log.exception("error answering a parked fetch of %s", self.name)
 
 
 class ParkingPartitions(Protocol):
