@@ -198,8 +198,9 @@ class Broker:
            their directories move aside (a re-created topic then opens empty in their place);
            altered topics' segment and flush settings and every retention schedule follow;
         2. only then, the dropped partitions' other owners forget them (``forget_partitions``:
-           their owner ``Partitions``, queued transaction markers, HA records, stats; parked
-           fetches wake and are answered "unknown topic"), so nothing uses a dropped
+           their owner ``Partitions``, which takes their stats, parked fetches (woken and
+           answered "unknown topic") and replication records along; queued transaction
+           markers; the HA layer's tasks), so nothing uses a dropped
            partition's state once its log is gone, nor carries it over to a re-created topic;
         3. the store closes and deletes their files in the background (``dispose``);
         4. partitions with files that are new to the map (a topic re-added, partitions added)

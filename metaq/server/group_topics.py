@@ -250,7 +250,7 @@ class PartitionHolders(Protocol):
 
     @property
     def ha(self) -> HaNode:
-        """The HA layer's per-partition tasks and streams (``forget_partitions``)."""
+        """The HA layer's per-partition tasks (``forget_partitions``)."""
 
 
 def forget_partitions(broker: PartitionHolders, keys: list[tuple[str, int]]) -> None:
@@ -261,10 +261,10 @@ def forget_partitions(broker: PartitionHolders, keys: list[tuple[str, int]]) -> 
     with it everything it holds: producer and transaction state, epoch history, its stats
     counters, its parked fetches (woken: they find the log gone and are answered "unknown
     topic"), and its replication record (slaves' positions, append history, a slave's replica,
-    and the sync set's offsets and waiting puts, which end with 404). What is left is held
-    elsewhere: queued transaction markers (by transaction), and the HA layer's per-partition
-    tasks and streams (follower fetch tasks, replication streams, the sync set's index of
-    waiting partitions).
+    the slaves streaming it, told and fetching, and the sync set's offsets and waiting puts,
+    which end with 404). What is left is held elsewhere: queued transaction markers (by
+    transaction), and the HA layer's per-partition tasks (follower fetch tasks, the sync
+    set's index of waiting partitions).
     """
     broker.partitions.drop(keys)
     broker.transactions.forget_partitions(keys)

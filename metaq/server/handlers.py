@@ -424,7 +424,8 @@ class RequestHandlers:
         if log_end != log.log_end:
             raise c.RequestError(c.SERVICE_UNAVAILABLE, f"stream: not caught up ({log_end} of {log.log_end}): fetch")
         ha = self.broker.ha
-        ha.streams.subscribe(req.origin, replica["slave_id"], (req.topic, req.partition), req.opaque, ha.epoch, log_end)
+        if not ha.streams.subscribe(req.origin, replica["slave_id"], (req.topic, req.partition), req.opaque, ha.epoch, log_end):
+            raise c.RequestError(c.NOT_FOUND, f"stream: {req.topic}-{req.partition} is no longer served")
         return c.reply_header(req.opaque, c.OK, epoch=ha.epoch,
                               committed=ha.committed(req.topic, req.partition, log)), b""
 
@@ -446,7 +447,7 @@ class RequestHandlers:
         slave_id, (topic, partition), position = proved
         log = self.broker.store.open_log(topic, partition)
         if log is None or isinstance(log, RefusedLog) or position > log.log_end or epoch != ha.epoch:
-            ha.streams.forget_partitions([(topic, partition)])  # our log changed under the stream
+            ha.streams.close_partition((topic, partition), "the log changed under the stream")
             return None
         ha.replica_fetched(slave_id, epoch, topic, partition, position, req.origin)
         return None

@@ -291,9 +291,9 @@ class Partition:
         offset = self._append(data, header, no_control)
         end = offset + len(data)
         topic, partition = self.key
-        streams = leader.ha.streams
-        if streams:  # no slave streams: one truth test
-            streams.push(self.key, offset, leader.ha.epoch, data)
+        streams = self.replication.streams
+        if streams:  # no slave streams it: one truth test
+            leader.ha.streams.push(streams, offset, leader.ha.epoch, data)
         leader.appended(topic, partition, end, records)
         return Appended(offset, end, first_id)
 

@@ -100,16 +100,13 @@ def test_the_state_follows_plain_and_idempotent_puts_and_equals_a_walk_of_the_lo
 
 
 class Streams:
-    """Slaves streaming every partition: what was pushed."""
+    """The broker's stream hub (metaq/ha/stream.py): what it was asked to push."""
 
     def __init__(self) -> None:
-        self.pushed: list[tuple[tuple[str, int], int, int, bytes]] = []
+        self.pushed: list[tuple[list[Any], int, int, bytes]] = []
 
-    def __bool__(self) -> bool:
-        return True
-
-    def push(self, key: tuple[str, int], offset: int, epoch: int, data: bytearray) -> None:
-        self.pushed.append((key, offset, epoch, bytes(data)))
+    def push(self, subs: list[Any], offset: int, epoch: int, data: bytearray) -> None:
+        self.pushed.append((subs, offset, epoch, bytes(data)))
 
 
 def test_the_leader_append_entry_stamps_appends_pushes_and_records_in_one_step(tmp_path: Path) -> None:
@@ -118,13 +115,15 @@ def test_the_leader_append_entry_stamps_appends_pushes_and_records_in_one_step(t
     leader = owners.leader
     leader.ha.streams, leader.ha.epoch = Streams(), 6
     owner = owners.get(TOPIC, 0)
+    owner.replication.streams = subscribers = ["a slave's stream"]  # metaq/ha/stream.py subscribes there
+    owners.get(TOPIC, 1).append_as_leader(bytearray(encode_batch([(b"p" * 30, None)])), 1)  # nobody streams it
     body = bytearray(encode_batch([(b"p" * 30, None)] * 3))
     appended = owner.append_as_leader(body, 3)
     assert (appended.offset, appended.end) == (0, len(body)) == (0, owner.log.log_end)
     ids = [record.msg_id for record in iter_records(owner.log.read(0, appended.end), 0)]
     assert ids == [appended.first_id, appended.first_id + 1, appended.first_id + 2]
-    assert leader.ha.streams.pushed == [((TOPIC, 0), 0, 6, bytes(owner.log.read(0, appended.end)))]
-    assert leader.appends == [(TOPIC, 0, appended.end, 3)]
+    assert leader.ha.streams.pushed == [(subscribers, 0, 6, bytes(owner.log.read(0, appended.end)))]
+    assert leader.appends[1:] == [(TOPIC, 0, appended.end, 3)]
     assert owner.state.position == appended.end
     manager.close()
 
