@@ -166,9 +166,10 @@ class Partition:
         self.cuts = 0  # truncations and drops: a snapshot serialized before one is stale
         #: Set once by ``Partitions.drop`` (and ``close``): nothing is appended after it.
         self.dropped = False
-        #: Its stats counters (metaq/server/stats.py), made at the first count: an idle
-        #: partition holds none, and its row is listed only once it counted something.
-        self._counters: PartitionCounters | None = None
+        #: Its stats counters (metaq/server/stats.py: puts, fetches, a slave's fetches), made at
+        #: the first count (``Partitions.counters``): an idle partition holds none, and its row
+        #: is listed only once it counted something.
+        self.counters: PartitionCounters | None = None
         #: The fetches parked on it (metaq/server/waiters.py), made at the first; woken when it is dropped.
         self.parked: ParkedFetches | None = None
         #: What replication knows of this partition (metaq/ha/record.py): slaves' positions,
@@ -207,14 +208,6 @@ class Partition:
     @property
     def name(self) -> str:
         return f"{self.key[0]}-{self.key[1]}"
-
-    @property
-    def counters(self) -> PartitionCounters:
-        """Its stats counters (puts, fetches, a slave's fetches), made at the first count."""
-        counters = self._counters
-        if counters is None:
-            counters = self._counters = PartitionCounters()
-        return counters
 
     @property
     def refused(self) -> bool:
@@ -447,10 +440,10 @@ class Partitions:
             partition_log = self.store.get_log(topic, partition)
         owner = self._partitions.get((topic, partition))
         if owner is None or owner.log is not partition_log:  # a new log, or a new incarnation's
-            if owner is not None:
-                self._retire(owner)  # the old log is not served: nothing more is appended to it
-            owner = Partition(self, (topic, partition), partition_log, in_background=True)
+            old, owner = owner, Partition(self, (topic, partition), partition_log, in_background=True)
             self._partitions[(topic, partition)] = owner
+            if old is not None:
+                self._retire(old)  # after: a fetch it wakes that parks again parks on the new owner
         return owner
 
     # --- stats: each partition's counters, with it (metaq/server/stats.py : CountedPartitions) ----
@@ -458,18 +451,18 @@ class Partitions:
     def counters(self, topic: str, partition: int) -> PartitionCounters:
         """The partition's counters (asked per request: an open owner at one lookup)."""
         owner = self._partitions.get((topic, partition)) or self.get(topic, partition)
-        counters = owner._counters  # ``owner.counters``, without the property's hop
+        counters = owner.counters
         if counters is None:
-            counters = owner._counters = PartitionCounters()
+            counters = owner.counters = PartitionCounters()
         return counters
 
     def counted(self) -> Iterator[tuple[Key, PartitionCounters]]:
         """Every open partition that counted something, with its counters."""
-        return iter([(key, owner._counters) for key, owner in self._partitions.items() if owner._counters is not None])
+        return iter([(key, owner.counters) for key, owner in self._partitions.items() if owner.counters is not None])
 
     def reset_counters(self) -> None:
         for owner in self._partitions.values():
-            owner._counters = None
+            owner.counters = None
         self.retired = PartitionCounters()
 
     # --- parked fetches: each partition's, with it (metaq/server/waiters.py : ParkingPartitions) ---
@@ -556,8 +549,9 @@ class Partitions:
     def drop(self, keys: list[Key]) -> None:
         """Partitions no longer served (topic deleted or re-created): their producers,
         transactions, epoch history, replication record (slaves' positions, append history,
-        the sync set's waiting puts) and stats counters never apply to another incarnation of
-        the topic; they go with the owner, in one ``pop`` each."""
+        the sync set's waiting puts, the slaves streaming it), stats counters and parked
+        fetches never apply to another incarnation of the topic; they go with the owner, in
+        one ``pop`` each (the fetches woken, the waiting puts ended, the streams closed)."""
         dropped = []
         with self.files:
             for key in keys:
@@ -574,8 +568,8 @@ class Partitions:
         row goes, its counts stay in the broker's totals (``retired``); the fetches parked on it
         wake and find its log gone (answered "unknown topic", or from the new log)."""
         owner.dropped = True
-        if owner._counters is not None:
-            add_counters(self.retired, owner._counters)
+        if owner.counters is not None:
+            add_counters(self.retired, owner.counters)
         if owner.parked is not None:
             owner.parked.wake(True)
 

@@ -189,3 +189,31 @@ def test_one_drop_wakes_the_partitions_parked_fetches_and_leaves_no_row_behind(t
     assert woken[2:] == ["slave of kept", "consumer of kept"]
     partitions.close()
     store.close()
+
+
+def test_a_fetch_woken_by_a_replaced_log_parks_again_on_the_new_owner(tmp_path):
+    """A log replaced under the registry (a new incarnation's, opened before any drop reached
+    ``Partitions``): the old owner's fetches wake, and one that parks again parks on the new one."""
+    from metaq.server.waiters import EndWaiters
+
+    config = {"t": TopicConfig(name="t", data_path=str(tmp_path), num_partitions=1)}
+    store = MessageStoreManager(config, max_message_size=1024)
+    partitions = Partitions(store)
+    waiters = EndWaiters(partitions)
+    woken: list[str] = []
+
+    def again() -> None:
+        woken.append("woken")
+        waiters.watch("t", 0, again)
+
+    waiters.watch("t", 0, again)
+    old = partitions.get("t", 0)
+    store.update_topics({})
+    store.update_topics(config)  # the store opens a new log for t-0; Partitions has not dropped the old
+    new = partitions.get("t", 0)
+    assert new is not old and old.dropped and woken == ["woken"]
+    assert partitions.parked("t", 0) is new.parked and len(new.parked.watchers) == 1
+    waiters.notify("t", 0)
+    assert woken == ["woken", "woken"]
+    partitions.close()
+    store.close()
