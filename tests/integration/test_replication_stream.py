@@ -39,6 +39,9 @@ def start_streaming(broker_factory, zk_client, zk_root, slaves: int = 1, partiti
     master = broker_factory(0, {TOPIC: partitions}, {**STREAM, **master_system})
     group = [broker_factory(0, {TOPIC: partitions}, PIECE_REPORTING_SLAVE, {"slaveId": k}) for k in range(slaves)]
     wait_sync_set(zk_client, zk_root, list(range(slaves)))
+    # ZooKeeper names the set as soon as it is published, a moment before the master takes the
+    # published set as its own (sync_set.py: publish before release): puts are accepted from then.
+    wait_for(lambda: stat(master, "sync_state") == "ok", 10, "the master to take its published sync set")
     return master, group
 
 
