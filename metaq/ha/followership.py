@@ -40,7 +40,7 @@ from .epochs import EpochCache
 from .failover_record import now_ms, write_truncation
 from .follower import MasterFollower
 from .group_view import GroupView
-from .host import BrokerHost
+from .host import BrokerHost, PartitionOwner
 from .peers import open_peer
 from .role import Event
 from .takeover import DeathWatch
@@ -176,23 +176,31 @@ class Followership:
                 log.info("waiting for the master at %s: %s", url, exc)
                 await asyncio.sleep(0.2)
         try:
-            for (topic, partition), log_ in sorted(self.host.store.logs().items()):
-                await self._truncate_partition(conn, topic, partition, log_)
+            for owner in self.host.partitions.owners():
+                await self._truncate_partition(conn, owner)
         finally:
             conn.close()
 
-    async def _truncate_partition(self, conn: BrokerConnection, topic: str, partition: int, log_: Any) -> None:
-        cache = self.cache(topic, partition)
+    async def _truncate_partition(self, conn: BrokerConnection, owner: PartitionOwner) -> None:
+        """Cut one partition where it stops agreeing with the master, then copy the master's epoch
+        history. Its owner is the one registry asked: the log compared, the history and the cut
+        are its own, so an ``await`` in between cannot pair one incarnation's log with another's
+        owner; a partition dropped meanwhile (its topic deleted or re-created) is left alone."""
+        topic, partition = owner.key
         floor = self.follower.committed_seen(topic, partition) if self.follower is not None else 0
-        self.host.partitions.get(topic, partition).truncate_corrupt()  # corrupt bytes (scrub, recovery) cannot be compared: fetched again
-        end = await divergence_point(conn, topic, partition, log_, cache, floor)
-        if end < log_.log_end:
-            removed = log_.log_end - end
-            aside = self.host.partitions.get(topic, partition).truncate_to(end)  # the epoch history follows
+        owner.truncate_corrupt()  # corrupt bytes (scrub, recovery) cannot be compared: fetched again
+        end = await divergence_point(conn, topic, partition, owner.log, owner.epochs, floor)
+        if owner.dropped:
+            return
+        if end < owner.log.log_end:
+            removed = owner.log.log_end - end
+            aside = owner.truncate_to(end)  # the epoch history follows
             record = {"topic": topic, "partition": partition, "offset": end, "bytes": removed, "file": str(aside)}
             self.truncations.append(record)
             log.warning("truncated %s-%d at %d: %d divergent bytes moved aside to %s", topic, partition, end, removed, aside)
-        await self.adopt_master_epochs(conn, topic, partition)
+        entries = await self._master_epochs(conn, topic, partition)
+        if not owner.dropped:
+            await owner.adopt_epochs(entries)
 
     def _record_truncation(self, cut: list[dict[str, Any]]) -> None:
         """Record what following this epoch cut: always for a broker that led since it last
@@ -208,7 +216,12 @@ class Followership:
 
     async def adopt_master_epochs(self, conn: BrokerConnection, topic: str, partition: int) -> None:
         """Copy the master's epoch history of a partition we follow (our bytes are its bytes)."""
+        await self.host.partitions.adopt_epochs(topic, partition, await self._master_epochs(conn, topic, partition))
+
+    @staticmethod
+    async def _master_epochs(conn: BrokerConnection, topic: str, partition: int) -> list[tuple[int, int]]:
+        """The master's epoch history of a partition (``epochs``)."""
         reply = await conn.request(EpochsRequest(topic=topic, partition=partition).to_header(), timeout=10)
         if not reply.ok:
             raise ConnectionError(f"epochs {topic}-{partition}: {reply.code} {reply.message}")
-        await self.host.partitions.adopt_epochs(topic, partition, [(int(e), int(s)) for e, s in reply["entries"]])
+        return [(int(e), int(s)) for e, s in reply["entries"]]

@@ -64,11 +64,23 @@ class PartitionOwner(Protocol):
     (metaq.server.partitions.Partition)."""
 
     @property
+    def key(self) -> tuple[str, int]:
+        """``(topic, partition)``."""
+
+    @property
+    def dropped(self) -> bool:
+        """Whether the partition was dropped (its topic deleted or re-created): nothing more is
+        appended to it, and a truncation started before leaves it alone."""
+
+    @property
     def log(self) -> LogReader:
         """The log, to read: every append and truncation goes through the methods below."""
 
     @property
     def epochs(self) -> EpochCache: ...
+
+    async def adopt_epochs(self, entries: list[tuple[int, int]]) -> bool:
+        """Copy the master's epoch history of this partition (saved off the event loop)."""
 
     def append_as_follower(self, data: bytes | bytearray | memoryview) -> int: ...
 
@@ -87,6 +99,9 @@ class PartitionOwners(Protocol):
     """Every served partition's owner (metaq.server.partitions.Partitions)."""
 
     def get(self, topic: str, partition: int) -> PartitionOwner: ...
+
+    def owners(self) -> list[PartitionOwner]:
+        """The owner of every open log, in key order (the one registry a truncation walks)."""
 
     def batch_boundary(self, topic: str, partition: int, offset: int, committed: int) -> int: ...
 

@@ -51,7 +51,7 @@ class HaNode:
         #: Each slave connection's ``news`` session (news.py), gone with the connection.
         self._news: dict[Any, NewsSession] = {}
         #: Slaves' replication streams (stream.py); subscribed to only with replicationStream=true.
-        self.streams = StreamHub()
+        self.streams = StreamHub(host.partitions)
 
     async def start(self) -> None:
         """Take part in the group's HA (with ZooKeeper), then accept puts."""
@@ -236,8 +236,7 @@ class HaNode:
 
     def forget_partitions(self, keys: list[tuple[str, int]]) -> None:
         """Partitions no longer served (topic deleted or re-created): every HA record of them goes
-        (their replication records went with their owners: ``Partitions.drop``)."""
-        self.streams.forget_partitions(keys)
+        (their replication records, with their streams, went with their owners: ``Partitions.drop``)."""
         if self.coordinator is not None:
             self.coordinator.forget_partitions(keys)
 

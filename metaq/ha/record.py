@@ -14,18 +14,21 @@ tables to forget it. On the master it holds:
   broker leads, written only by ``HaNode.replica_fetched``, read by ``HaNode._deposed_bound``;
 * ``sync``: the sync set's state of this partition in its term (sync_set.py : ``PartitionSync``:
   committed offset, safe end, the log end the term started with, the offset consumers were
-  last woken for, the puts waiting), written only by that term's ``SyncReplication``.
+  last woken for, the puts waiting), written only by that term's ``SyncReplication``;
+* ``streams``: the slaves streaming this partition (stream.py's subscriptions: the leader
+  append entry pushes to them), written only by ``StreamHub``; None when none streams.
 
 On a slave it holds ``replica``: the ``PartitionReplica`` (replica.py) that copies this
 partition from the master, with ``replica_owner``, the ``MasterFollower`` (follower.py) that
 made it and alone writes both; a follower of a later master sees no replica of an earlier one.
 
-``close`` (from ``Partitions.drop``) ends the puts still waiting on a dropped partition.
+``close`` (from ``Partitions.drop``) ends the puts still waiting on a dropped partition and
+closes its streams (each slave is told, and fetches).
 
 What stays broker-wide is genuinely per slave: ``ReplicationProgress.slaves`` (when each slave
 was last heard), the sync set's membership (sync_set.py), the slaves' connections (node.py).
 
-Cost at 10,000 partitions: one record each (six slots) and, on a sync master, one
+Cost at 10,000 partitions: one record each (seven slots) and, on a sync master, one
 ``PartitionSync`` each (seven slots); a position per slave that reports
 the partition; the append history is made at a partition's first put and is bounded
 (``HISTORY_ENTRIES``). No task and no timer per partition.
@@ -85,7 +88,7 @@ class ReplicaPosition:
 class ReplicationRecord:
     """Everything replication keeps about one partition (see the module docstring)."""
 
-    __slots__ = ("positions", "history", "shared", "sync", "replica", "replica_owner")
+    __slots__ = ("positions", "history", "shared", "sync", "replica", "replica_owner", "streams")
 
     def __init__(self) -> None:
         self.positions: dict[int, ReplicaPosition] = {}
@@ -97,11 +100,16 @@ class ReplicationRecord:
         #: typed: follower.py and replica.py import this module's users).
         self.replica: Any = None
         self.replica_owner: Any = None
+        #: stream.py's subscriptions of this partition, or None (loosely typed: stream.py imports this module).
+        self.streams: list[Any] | None = None
 
     def close(self) -> None:
-        """The partition is dropped: puts waiting for its slaves end (404, outcome unknown)."""
+        """The partition is dropped: puts waiting for its slaves end (404, outcome unknown), and
+        the slaves streaming it are told and fetch (finding it gone)."""
         if self.sync is not None:
             self.sync.dropped()
+        for sub in list(self.streams or ()):
+            sub.hub.end(sub, "the partition is no longer served (topic deleted or re-created)")
 
 
 class ReplicationRecords(Protocol):

@@ -20,11 +20,15 @@ This module owns the two kinds of state around it:
       SUBSCRIBING  DOUBT       FETCHING
       STREAMING    DOUBT       FETCHING
 
-* ``StreamHub`` (master, one per broker): the open subscriptions, by partition (for the
-  put path) and by connection (for reports and the connection's end). A put calls
-  ``push`` right after its append; when no slave streams it costs one dict lookup. Any
-  append that did not go through ``push`` (a transaction marker, a truncation, a restart)
-  shows as an offset gap at ``appended`` and closes the partition's streams.
+* ``StreamHub`` (master, one per broker): the open subscriptions, by connection (for reports
+  and the connection's end); each partition's are kept in its replication record
+  (metaq/ha/record.py ``ReplicationRecord.streams``, held by the partition's owner), so the put
+  path finds them without a lookup and a partition dropped closes its own (``close_streams``). Every append of a
+  master, a put or a transaction marker alike, calls ``push`` right after it (the
+  partition's one leader append entry, metaq/server/partitions.py
+  ``Partition.append_as_leader``); when no slave streams it costs one dict lookup. A change
+  of the log that did not go through ``push`` (a truncation, a restart) shows as an offset
+  gap at ``appended`` and closes the partition's streams.
 
 Safety: the master records a streamed position only after ``StreamSender.report`` proved it
 (in the stream's epoch, not past what was sent, from the connection that subscribed, whose
@@ -43,6 +47,7 @@ from typing import Any, Callable
 
 from ..protocol import codes
 from ..protocol.replication_stream import DEFAULT_MAX_UNACKED, Doubt, Refused, StreamSender
+from .record import RecordTable, ReplicationRecord, ReplicationRecords
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +94,12 @@ class ReplicaMode:
         return True
 
 class _Subscription:
-    __slots__ = ("key", "origin", "slave_id", "sender", "told_committed")
+    __slots__ = ("hub", "record", "key", "origin", "slave_id", "sender", "told_committed")
 
-    def __init__(self, key: Key, origin: Any, slave_id: int, sender: StreamSender) -> None:
+    def __init__(self, hub: "StreamHub", record: ReplicationRecord, key: Key, origin: Any, slave_id: int,
+                 sender: StreamSender) -> None:
+        self.hub = hub
+        self.record = record  # the partition's: its ``streams`` list holds this subscription
         self.key = key
         self.origin = origin
         self.slave_id = slave_id
@@ -102,9 +110,10 @@ class _Subscription:
 class StreamHub:
     """The master's open subscriptions. Costs: a push is O(subscribers of its partition)."""
 
-    def __init__(self, max_unacked: int = DEFAULT_MAX_UNACKED) -> None:
+    def __init__(self, records: ReplicationRecords | None = None, max_unacked: int = DEFAULT_MAX_UNACKED) -> None:
         self.max_unacked = max_unacked
-        self._by_partition: dict[Key, list[_Subscription]] = {}
+        #: Each partition's record (the broker's ``Partitions``; a table of its own without one).
+        self.records: ReplicationRecords = records if records is not None else RecordTable()
         self._by_origin: dict[Any, dict[int, _Subscription]] = {}
         #: Per connection, the ids of the last streams we closed (reports for them may still
         #: be on their way); bounded, gone with the connection.
@@ -119,10 +128,15 @@ class StreamHub:
         self.reports_refused = 0
 
     def __bool__(self) -> bool:
-        return bool(self._by_partition)
+        return bool(self._by_origin)
 
     def streams(self) -> int:
-        return sum(len(subs) for subs in self._by_partition.values())
+        return sum(len(subs) for subs in self._by_origin.values())
+
+    def _subscriptions(self, key: Key) -> list[_Subscription] | None:
+        """The partition's open streams (in its record), or None."""
+        record = self.records.replication(*key) if self._by_origin else None
+        return record.streams if record is not None else None
 
     def status_pairs(self) -> list[tuple[str, object]]:
         return [
@@ -132,20 +146,26 @@ class StreamHub:
             ("replication_stream_reports_refused", self.reports_refused),
         ]
 
-    def subscribe(self, origin: Any, slave_id: int, key: Key, stream_id: int, epoch: int, start: int) -> None:
-        """A checked ``stream`` request (caught up at ``start``): push from now on."""
+    def subscribe(self, origin: Any, slave_id: int, key: Key, stream_id: int, epoch: int, start: int) -> bool:
+        """A checked ``stream`` request (caught up at ``start``): push from now on. False if the
+        partition is not served (no record: nothing is opened for it)."""
+        record = self.records.replication(*key)
+        if record is None:
+            return False
         for old in list(self._by_origin.get(origin, {}).values()):
             if old.key == key or old.sender.stream_id == stream_id:
                 self._close(old, "subscribed again")  # one stream per partition and connection
-        sub = _Subscription(key, origin, slave_id, StreamSender(stream_id, epoch, start, self.max_unacked))
+        sub = _Subscription(self, record, key, origin, slave_id, StreamSender(stream_id, epoch, start, self.max_unacked))
         self._by_origin.setdefault(origin, {})[stream_id] = sub
-        self._by_partition.setdefault(key, []).append(sub)
+        if record.streams is None:
+            record.streams = []
+        record.streams.append(sub)
+        return True
 
-    def push(self, key: Key, offset: int, epoch: int, data: bytes | bytearray | memoryview) -> None:
-        """A put's bytes were appended at ``offset``: send them to every slave streaming ``key``."""
-        subs = self._by_partition.get(key)
-        if not subs:
-            return
+    def push(self, subs: list[_Subscription], offset: int, epoch: int, data: bytes | bytearray | memoryview) -> None:
+        """Bytes were appended at ``offset``: send them to every slave streaming the partition
+        (``subs``: its record's ``streams``, which the leader append entry reads, non-empty)."""
+        key = subs[0].key
         committed = self.committed_of(key) if self.committed_of is not None else None
         for sub in list(subs):
             chunk = sub.sender.push(offset, epoch, data)
@@ -161,7 +181,7 @@ class StreamHub:
     def committed_moved(self, key: Key) -> None:
         """``key``'s committed offset moved. Its next chunk carries it; a partition that gets
         no chunk for COMMITTED_NOTICE_S is told by a notice (no extra frame per put)."""
-        if key in self._by_partition and self.committed_of is not None:
+        if self.committed_of is not None and self._subscriptions(key):
             if not self._committed_moved:
                 asyncio.get_running_loop().call_later(COMMITTED_NOTICE_S, self._tell_committed)
             self._committed_moved.add(key)
@@ -170,7 +190,7 @@ class StreamHub:
         moved, self._committed_moved = self._committed_moved, set()
         assert self.committed_of is not None
         for key in moved:
-            subs = self._by_partition.get(key)
+            subs = self._subscriptions(key)
             committed = self.committed_of(key) if subs else None
             if subs and committed is not None:
                 for sub in subs:
@@ -180,7 +200,7 @@ class StreamHub:
 
     def appended(self, key: Key, end: int) -> None:
         """Every append of ``key`` ends here: one the streams did not carry closes them."""
-        subs = self._by_partition.get(key)
+        subs = self._subscriptions(key)
         if subs:
             for sub in list(subs):
                 if sub.sender.sent_end != end:
@@ -205,15 +225,19 @@ class StreamHub:
         self.reports_refused += 1
         log.warning("refused a stream report from %s: %s", getattr(origin, "peer", "?"), reason)
 
-    def forget_partitions(self, keys: list[Key]) -> None:
-        for key in keys:
-            for sub in list(self._by_partition.get(key, ())):
-                self._close(sub, "the partition is no longer served (topic deleted or re-created)")
+    def end(self, sub: _Subscription, reason: str) -> None:
+        """One stream ends (its partition's record closes it: the partition was dropped)."""
+        self._close(sub, reason)
+
+    def close_partition(self, key: Key, reason: str) -> None:
+        """Every stream of one partition ends (our log changed under them)."""
+        for sub in list(self._subscriptions(key) or ()):
+            self._close(sub, reason)
 
     def close_all(self, reason: str) -> None:
         """Role or epoch change: every stream ends (the slaves fetch, and hear why)."""
-        for subs in list(self._by_partition.values()):
-            for sub in list(subs):
+        for subs in list(self._by_origin.values()):
+            for sub in list(subs.values()):
                 self._close(sub, reason)
 
     def connection_closed(self, origin: Any) -> None:
@@ -231,11 +255,11 @@ class StreamHub:
         sub.origin.send_reply(codes.reply_header(sub.sender.stream_id, codes.SERVICE_UNAVAILABLE, reason))
 
     def _drop(self, sub: _Subscription) -> None:
-        subs = self._by_partition.get(sub.key)
+        subs = sub.record.streams
         if subs is not None and sub in subs:
             subs.remove(sub)
             if not subs:
-                del self._by_partition[sub.key]
+                sub.record.streams = None
         on_conn = self._by_origin.get(sub.origin)
         if on_conn is not None and on_conn.get(sub.sender.stream_id) is sub:
             del on_conn[sub.sender.stream_id]

@@ -76,7 +76,6 @@ class Broker:
         self.live_config.subscribe(follow_logging)
         self.slave = slave
         self.register_in_zk = config.zk.enabled if register_in_zk is None else register_in_zk
-        self.stats = BrokerStats()
         # Shared by every connection: what they may hold together (admission.py).
         self.slots = ConnectionSlots(config.max_connections, config.max_connections_per_address)
         self.request_budget = RequestBudget(config.max_buffered_request_bytes)
@@ -84,7 +83,6 @@ class Broker:
         self.security = load_broker_security(config)
         #: Every authorization decision (connections, handlers, the transaction coordinator).
         self.authz = Authz(self.security)
-        self.waiters = EndWaiters()
         #: The topic map is LiveConfig's: the store reads it from there and applies each change.
         self.store = MessageStoreManager(self._served_topics, config.max_message_size)
         #: Re-verifies sealed segments' CRCs; what it finds is never served (metaq/store/scrub.py).
@@ -93,8 +91,12 @@ class Broker:
         self._repairs: dict[tuple[str, int, int, int], asyncio.Task[bool]] = {}
         #: Every partition's one owner: its log's appends and truncations, epoch history, transaction state.
         self.partitions = Partitions(
-            self.store, max_batches=config.txn.producer_state_max_batches, expiry_ms=config.txn.producer_expiry_ms
+            self.store, leader=self, max_batches=config.txn.producer_state_max_batches, expiry_ms=config.txn.producer_expiry_ms
         )
+        #: The broker's counters; each partition's are held by its owner (``Partition.counters``).
+        self.stats = BrokerStats(self.partitions)
+        #: Long-polls: each partition's parked fetches are held by its owner (``Partition.parked``).
+        self.waiters = EndWaiters(self.partitions)
         #: Local and XA transactions: the coordinator, its journal, markers and timeouts.
         self.transactions = TransactionService(self)
         #: Ids for idempotent producers (``init_producer``); set in start.
@@ -196,8 +198,9 @@ class Broker:
            their directories move aside (a re-created topic then opens empty in their place);
            altered topics' segment and flush settings and every retention schedule follow;
         2. only then, the dropped partitions' other owners forget them (``forget_partitions``:
-           their owner ``Partitions``, queued transaction markers, HA records, stats; parked
-           fetches wake and are answered "unknown topic"), so nothing uses a dropped
+           their owner ``Partitions``, which takes their stats, parked fetches (woken and
+           answered "unknown topic") and replication records along; queued transaction
+           markers; the HA layer's tasks), so nothing uses a dropped
            partition's state once its log is gone, nor carries it over to a re-created topic;
         3. the store closes and deletes their files in the background (``dispose``);
         4. partitions with files that are new to the map (a topic re-added, partitions added)

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from ..ha.node import HaNode
     from ..security.settings import BrokerSecurity
     from ..store.manager import MessageStoreManager
+    from .partitions import Partitions
+    from .transactions import TransactionService
 
 
 log = logging.getLogger(__name__)
@@ -233,25 +235,40 @@ class GroupTopicsApplier:
         return update_group_topics(self.client, self.paths, self.broker.config.broker_id, change, security=security)
 
 
-def forget_partitions(broker: Any, keys: list[tuple[str, int]]) -> None:
+class PartitionHolders(Protocol):
+    """What forgetting dropped partitions uses of the broker (metaq.server.broker.Broker): the
+    partitions' owner and the two holders of per-partition state kept outside it, and nothing
+    more (tests/unit/test_broker_protocols.py holds ``forget_partitions`` to it)."""
+
+    @property
+    def partitions(self) -> Partitions:
+        """Each partition's owner (``drop``)."""
+
+    @property
+    def transactions(self) -> TransactionService:
+        """Queued transaction markers (``forget_partitions``)."""
+
+    @property
+    def ha(self) -> HaNode:
+        """The HA layer's per-partition tasks (``forget_partitions``)."""
+
+
+def forget_partitions(broker: PartitionHolders, keys: list[tuple[str, int]]) -> None:
     """Every owner of per-partition state (docs/architecture.md) forgets partitions no longer served.
 
-    Called by ``Broker.update_topics`` right after the store dropped them (a topic deleted, or
-    re-created as a new incarnation). ``Partitions.drop`` pops each partition's owner, and with
-    it everything it holds: producer and transaction state, epoch history, and its replication
-    record (slaves' positions, append history, a slave's replica, and the sync set's offsets
-    and waiting puts, which end with 404, when the sync set keeps them there: its ``records``).
-    What is left is held elsewhere: queued transaction markers, the HA layer's per-partition
-    tasks and streams (follower fetch tasks, replication streams, the sync set's index of
-    waiting partitions) and counters; parked fetches of them wake up and are answered
-    "unknown topic".
+    Called by ``Broker._apply_topic_change`` right after the store dropped them (a topic deleted,
+    or re-created as a new incarnation). ``Partitions.drop`` pops each partition's owner, and
+    with it everything it holds: producer and transaction state, epoch history, its stats
+    counters, its parked fetches (woken: they find the log gone and are answered "unknown
+    topic"), and its replication record (slaves' positions, append history, a slave's replica,
+    the slaves streaming it, told and fetching, and the sync set's offsets and waiting puts,
+    which end with 404). What is left is held elsewhere: queued transaction markers (by
+    transaction), and the HA layer's per-partition tasks (follower fetch tasks, the sync
+    set's index of waiting partitions).
     """
     broker.partitions.drop(keys)
     broker.transactions.forget_partitions(keys)
     broker.ha.forget_partitions(keys)
-    broker.stats.forget_partitions(keys)
-    for topic, partition in keys:
-        broker.notify(topic, partition)
     log.info("dropped %d partition(s) no longer served: %s", len(keys),
              ", ".join(f"{topic}-{partition}" for topic, partition in keys))
 

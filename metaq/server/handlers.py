@@ -40,12 +40,11 @@ from ..ha.sync_set import SyncWaitFailed
 from ..protocol import commands as c
 from ..protocol import messages as m
 from ..protocol.replication_stream import decode_report
-from ..record import HEADER, HEADER_SIZE, RecordError, stamp_msg_ids, validate_batch
+from ..record import HEADER, HEADER_SIZE, RecordError, validate_batch
 from ..security.principals import BROKER_PREFIX
 from ..store.log import CorruptRange, OffsetOutOfRange, SegmentVanished
 from ..store.manager import MessageStoreManager, UnknownPartition, UnknownTopic
 from ..store.incarnation import same_life
-from ..store.msgid import MsgIdGenerator
 from ..store.refused import RefusedLog
 from ..txn.control import Control, find_forged_control
 from ..txn.producer_state import Decision, Verdict
@@ -53,7 +52,7 @@ from ..txn.put import PutRefused, plan_put
 from . import stats as stats_text
 from .authz import Authz, RequestContext
 from .connection import SENDFILE_MIN_BYTES, FileBody
-from .partitions import Partition, Partitions
+from .partitions import Appended, Partition, Partitions
 from .producer_ids import ProducerIdAllocator
 from .registry import BrokerRegistry
 from .stats import BrokerStats
@@ -97,7 +96,6 @@ class ServedBroker(Protocol):
     store: MessageStoreManager
     stats: BrokerStats
     waiters: EndWaiters
-    ids: MsgIdGenerator | None
     ha: HaNode
     registry: BrokerRegistry | None
     partitions: Partitions
@@ -107,8 +105,6 @@ class ServedBroker(Protocol):
     authz: Authz
 
     def topic_config(self, topic: str) -> TopicConfig | None: ...
-
-    def appended(self, topic: str, partition: int, end: int, count: int) -> None: ...
 
     def durability_wait(self, topic: str, partition: int, end: int, count: int) -> Awaitable[None] | None: ...
 
@@ -198,33 +194,24 @@ class RequestHandlers:
         forged = find_forged_control(body)
         if forged is not None:
             raise c.RequestError(c.BAD_REQUEST, f"bad message batch: record {forged} uses the reserved control attribute")
-        assert broker.ids is not None  # set in Broker.start, before the server listens
-        first_id = broker.ids.allocate(count)
-        stamp_msg_ids(body, first_id)
         # No record of body is a control record (checked above): the partition's state takes
         # the batch as plain without a second search of it.
         owner = broker.partitions.serving(req.topic, partition, log)  # the log just looked up: no second lookup
-        offset = self._append(req, partition, owner, body, count, no_control=True)
-        return self._ack(req, partition, offset, offset + len(body), first_id, count, count)
+        appended = self._append(req, partition, owner, body, count, count, no_control=True)
+        return self._ack(req, partition, appended.offset, appended.end, appended.first_id, count, count)
 
-    def _append(self, req: c.Request, partition: int, owner: Partition, data: bytes | bytearray, count: int,
-                header: Control | None = None, no_control: bool = False) -> int:
-        """Append a put's bytes (msg ids stamped; ``header``: their planned BATCH header;
-        ``no_control``: no record is a control record, see ``Partition.append_as_leader``);
-        RequestError 500 if the store fails."""
+    def _append(self, req: c.Request, partition: int, owner: Partition, data: bytearray, count: int, records: int,
+                header: Control | None = None, no_control: bool = False) -> Appended:
+        """A put's bytes through the partition's one leader append entry (``Partition.append_as_leader``:
+        msg ids stamped, appended, pushed to streaming slaves, parked fetches woken); ``count``
+        messages in ``records`` records; RequestError 500 if the store fails."""
         try:
-            offset = owner.append_as_leader(data, header, no_control=no_control)
+            return owner.append_as_leader(data, records, header, no_control=no_control)
         except OSError as exc:
             self.stats.partition(req.topic, partition).put_failed += count
             if not isinstance(exc, SegmentVanished):  # that one the store has logged, once
                 logger.error("append of %d messages to %s-%d failed: %s", count, req.topic, partition, exc)
             raise c.RequestError(c.INTERNAL_ERROR, f"append to {req.topic}-{partition} failed: {exc.strerror}") from None
-        # Critical path first: the bytes leave for streaming slaves before any bookkeeping
-        # (stats, the reply, the sync wait). No slave streams: one truth test.
-        streams = self.broker.ha.streams
-        if streams:
-            streams.push((req.topic, partition), offset, self.broker.ha.epoch, data)
-        return offset
 
     def _ack(self, req: c.Request, partition: int, offset: int, end: int, first_id: int, count: int,
              records: int) -> Reply | Awaitable[Reply]:
@@ -234,7 +221,6 @@ class RequestHandlers:
         counters = self.stats.partition(req.topic, partition)
         counters.put_messages += count
         counters.put_bytes += end - offset
-        broker.appended(req.topic, partition, end, records)
         reply = c.reply_header(
             req.opaque, c.OK, partition=partition, offset=offset, msg_id=first_id, count=count, end_offset=end,
             epoch=broker.ha.epoch,
@@ -297,11 +283,11 @@ class RequestHandlers:
             # DUPLICATE above needs no check: it appends nothing.
             broker.transactions.enlist(req.txid, req.topic, partition, req.producer_id, ctx.principal)
         framed = plan.append
-        assert framed is not None and broker.ids is not None
-        first_id = broker.ids.allocate(count + 1)  # the BATCH header is a record and takes an id too
-        stamp_msg_ids(framed, first_id)
-        offset = self._append(req, partition, owner, framed, count, plan.header)
-        return self._ack(req, partition, offset + plan.data_start, offset + len(framed), first_id + 1, count, count + 1)
+        assert framed is not None
+        # The BATCH header is a record and takes a msg id too.
+        appended = self._append(req, partition, owner, framed, count, count + 1, plan.header)
+        return self._ack(req, partition, appended.offset + plan.data_start, appended.end, appended.first_id + 1, count,
+                         count + 1)
 
     def _ack_duplicate(self, req: c.Request, partition: int, log: "PartitionLog", decision: Decision,
                        count: int) -> Reply | Awaitable[Reply]:
@@ -438,7 +424,8 @@ class RequestHandlers:
         if log_end != log.log_end:
             raise c.RequestError(c.SERVICE_UNAVAILABLE, f"stream: not caught up ({log_end} of {log.log_end}): fetch")
         ha = self.broker.ha
-        ha.streams.subscribe(req.origin, replica["slave_id"], (req.topic, req.partition), req.opaque, ha.epoch, log_end)
+        if not ha.streams.subscribe(req.origin, replica["slave_id"], (req.topic, req.partition), req.opaque, ha.epoch, log_end):
+            raise c.RequestError(c.NOT_FOUND, f"stream: {req.topic}-{req.partition} is no longer served")
         return c.reply_header(req.opaque, c.OK, epoch=ha.epoch,
                               committed=ha.committed(req.topic, req.partition, log)), b""
 
@@ -460,7 +447,7 @@ class RequestHandlers:
         slave_id, (topic, partition), position = proved
         log = self.broker.store.open_log(topic, partition)
         if log is None or isinstance(log, RefusedLog) or position > log.log_end or epoch != ha.epoch:
-            ha.streams.forget_partitions([(topic, partition)])  # our log changed under the stream
+            ha.streams.close_partition((topic, partition), "the log changed under the stream")
             return None
         ha.replica_fetched(slave_id, epoch, topic, partition, position, req.origin)
         return None

@@ -5,8 +5,12 @@ and the transaction state derived from its bytes (``PartitionTxnState``, metaq/t
 the producer dedup table, the transaction index, the batch spans and ``position``). It is
 the only writer of all four (Kafka's ``UnifiedLog``), through one path per change:
 
-* ``append_as_leader(data, header)``: a master's put (plain or an idempotent batch, its
-  BATCH ``header`` planned by ``txn/put.py : plan_put``) and a transaction marker;
+* ``append_as_leader(data, records, header)``: the one leader append entry, used alike by a
+  master's put (plain or an idempotent batch, its BATCH ``header`` planned by
+  ``txn/put.py : plan_put``, from ``server/handlers.py``) and a transaction marker (from
+  ``server/transactions.py``): stamp the msg ids, append, push to streaming slaves, record
+  the append and wake parked fetches, in one step (Kafka's ``ReplicaManager.appendRecords``);
+  the caller then waits for durability (``LeaderHost.durability_wait``);
 * ``append_as_follower(data)``: a slave's replica append (``ha/replica.py``);
 * ``truncate_to(offset)`` / ``restart_at(offset)``: HA truncation, the cut of an incomplete
   batch at start and at promotion (``cut_incomplete_tail``), a slave restarting an empty
@@ -38,7 +42,9 @@ Invariants (kept here, because nothing else writes these objects):
   cut (a crash between cut and rebuild finds none and walks the log), and a snapshot
   serialized before a cut is not written after it (``cuts``);
 * no batch is half in a log that is served or appended to (``cut_incomplete_tail``);
-* the epoch history never names an offset past the log end (``truncate_to``).
+* the epoch history never names an offset past the log end (``truncate_to``);
+* only the leader appends on a master, and nothing is appended to a partition once it was
+  dropped (``append_as_leader``, ``_append``: see there).
 
 Snapshots are written on close and every ``SNAPSHOT_INTERVAL_S``; each round first
 forgets the producers idle for ``producerExpiryMs`` (``expire_producers``). A sync
@@ -54,18 +60,24 @@ import contextlib
 import logging
 import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Awaitable, Iterator, NamedTuple, Protocol
 
 from ..ha.epochs import EpochCache, save_all
 from ..ha.record import ReplicationRecord
 from ..protocol import commands as c
-from ..record import HEADER
+from ..record import HEADER, stamp_msg_ids
 from ..store.refused import RefusedLog
 from ..txn import rebuild
 from ..txn.control import Control, ControlError, may_hold_control
 from ..txn.index import TransactionIndex
 from ..txn.producer_state import DEFAULT_EXPIRY_MS, DEFAULT_MAX_BATCHES, ProducerStateTable
 from ..txn.rebuild import PartitionTxnState
+from .stats import PartitionCounters, add_counters
+from .waiters import ParkedFetches
+
+if TYPE_CHECKING:
+    from ..ha.stream import StreamHub
+    from ..store.msgid import MsgIdGenerator
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +95,53 @@ class PartitionLoading(c.RequestError):
     def __init__(self, topic: str, partition: int) -> None:
         super().__init__(c.SERVICE_UNAVAILABLE, f"{topic}-{partition}: its transaction state is still being loaded "
                                                 "after it was opened; retry")
+
+
+class PartitionDropped(c.RequestError):
+    """An append to a partition no longer served (its topic deleted or re-created meanwhile)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(c.NOT_FOUND, f"{name} is no longer served (its topic was deleted or re-created); nothing appended")
+
+
+class NotLeader(c.RequestError):
+    """A leader append on a broker that may not write now (a slave, a fenced or resigning master)."""
+
+
+class LeaderGate(Protocol):
+    """The HA side of a leader append (metaq.ha.node.HaNode)."""
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def streams(self) -> "StreamHub": ...
+
+    def write_refusal(self) -> tuple[int, str] | None: ...
+
+
+class LeaderHost(Protocol):
+    """What a master's append needs beside the log (metaq.server.broker.Broker), and nothing more."""
+
+    @property
+    def ids(self) -> "MsgIdGenerator | None": ...
+
+    @property
+    def ha(self) -> LeaderGate: ...
+
+    def appended(self, topic: str, partition: int, end: int, count: int) -> None:
+        """Record the append (slaves' lag) and wake the fetches parked on the partition."""
+
+    def durability_wait(self, topic: str, partition: int, end: int, count: int) -> Awaitable[None] | None:
+        """What an append ending at ``end`` waits for before it is acked (flush, sync slaves)."""
+
+
+class Appended(NamedTuple):
+    """Where a leader append went: ``[offset, end)``, its records' msg ids from ``first_id``."""
+
+    offset: int
+    end: int
+    first_id: int
 
 
 class Partition:
@@ -105,6 +164,14 @@ class Partition:
         self._epochs: EpochCache | None = None
         self.snapshot_position = -1  # position of the last snapshot written (-1: none)
         self.cuts = 0  # truncations and drops: a snapshot serialized before one is stale
+        #: Set once by ``Partitions.drop`` (and ``close``): nothing is appended after it.
+        self.dropped = False
+        #: Its stats counters (metaq/server/stats.py: puts, fetches, a slave's fetches), made at
+        #: the first count (``Partitions.counters``): an idle partition holds none, and its row
+        #: is listed only once it counted something.
+        self.counters: PartitionCounters | None = None
+        #: The fetches parked on it (metaq/server/waiters.py), made at the first; woken when it is dropped.
+        self.parked: ParkedFetches | None = None
         #: What replication knows of this partition (metaq/ha/record.py): slaves' positions,
         #: the append history, the share of this term's writes slaves fetched. Goes with it.
         self.replication = ReplicationRecord()
@@ -176,13 +243,52 @@ class Partition:
 
     # --- appends: the one path of each kind --------------------------------------------------
 
-    def append_as_leader(self, data: bytes | bytearray, header: Control | None = None, *, no_control: bool = False) -> int:
-        """Append a master's whole records (msg ids stamped); ``header``: the BATCH header
-        ``plan_put`` framed them with. Returns the offset. OSError from the store.
+    def append_as_leader(self, data: bytearray, records: int, header: Control | None = None, *,
+                         no_control: bool = False) -> Appended:
+        """The one leader append entry: a master's put and a transaction marker alike.
 
+        ``data``: whole records (``records`` of them, a BATCH header counted), msg ids stamped
+        here; ``header``: the BATCH header ``plan_put`` framed an idempotent batch with;
         ``no_control``: the caller found that no record of ``data`` is a control record (the
-        put handler's ``find_forged_control``), so the state need not search the batch again."""
-        return self._append(data, header, no_control)
+        put handler's ``find_forged_control``), so the state need not search it again. In one
+        step with no ``await`` (nothing else appends in between): refuse, stamp, append (the
+        state follows), push the bytes to streaming slaves (before any bookkeeping: the
+        critical path), record the append and wake parked fetches (``LeaderHost.appended``).
+        The caller then waits for durability (``LeaderHost.durability_wait``) before its ack.
+        OSError from the store (nothing recorded; the state catches up at the next append).
+
+        Invariants, kept here for every writer of a master's log:
+
+        * only the leader appends: ``write_refusal`` is asked right before (the callers asked it
+          too, before any work, with no ``await`` since), so a slave, a fenced or resigning
+          master, a master handing over or one whose lease lapsed appends nothing here;
+        * epochs only grow: the bytes are pushed in the epoch this broker serves, which every
+          partition's history names before the first ack in it (``Partitions.assign_epoch``);
+          nothing here writes the history;
+        * nothing is appended to a dropped partition (``dropped``; also ``_append``, for the
+          follower's writes): a put or marker that raced a topic delete gets 404.
+        """
+        leader = self._owner.leader
+        if leader is None:
+            raise RuntimeError(f"{self.name}: this broker's partitions have no leader side (Partitions(leader=...))")
+        if self.dropped:
+            raise PartitionDropped(self.name)
+        refusal = leader.ha.write_refusal()
+        if refusal is not None:
+            raise NotLeader(refusal[0], refusal[1])
+        ids = leader.ids
+        assert ids is not None  # set in Broker.start, before anything is served
+        first_id = ids.allocate(records)
+        stamped = stamp_msg_ids(data, first_id)
+        assert stamped == records, f"{self.name}: {records} records announced, {stamped} in the bytes"
+        offset = self._append(data, header, no_control)
+        end = offset + len(data)
+        topic, partition = self.key
+        streams = self.replication.streams
+        if streams:  # no slave streams it: one truth test
+            leader.ha.streams.push(streams, offset, leader.ha.epoch, data)
+        leader.appended(topic, partition, end, records)
+        return Appended(offset, end, first_id)
 
     def append_as_follower(self, data: bytes | bytearray | memoryview) -> int:
         """Append whole records fetched from the master, byte for byte (a slave's log is a
@@ -190,6 +296,8 @@ class Partition:
         return self._append(data, None)
 
     def _append(self, data: bytes | bytearray | memoryview, header: Control | None, no_control: bool = False) -> int:
+        if self.dropped:  # a replica task that outlived its partition's drop
+            raise PartitionDropped(self.name)
         state = self._join_load()  # first: no byte is appended while a worker thread walks the log
         offset = self.log.append(data)
         end = offset + len(data)
@@ -303,8 +411,12 @@ class Partition:
 class Partitions:
     """``get(topic, partition)``: the ``Partition`` of each open log of one broker."""
 
-    def __init__(self, store: Any, *, max_batches: int = DEFAULT_MAX_BATCHES, expiry_ms: int = DEFAULT_EXPIRY_MS) -> None:
+    def __init__(self, store: Any, *, leader: LeaderHost | None = None, max_batches: int = DEFAULT_MAX_BATCHES,
+                 expiry_ms: int = DEFAULT_EXPIRY_MS) -> None:
         self.store = store  # MessageStoreManager: get_log, logs, partition_dir
+        #: What a master's appends need beside the log (``Partition.append_as_leader``): the
+        #: broker; None for a registry that only follows or reads (tools, tests).
+        self.leader = leader
         self.max_batches = max_batches
         self.expiry_ms = expiry_ms
         self._partitions: dict[Key, Partition] = {}
@@ -314,6 +426,8 @@ class Partitions:
         #: Orders snapshot writes (a worker thread) and deletions before a cut (the loop), so
         #: a snapshot serialized before a cut is never written after it.
         self.files = threading.Lock()
+        #: What dropped partitions had counted (``drop``): the broker's totals never go down.
+        self.retired = PartitionCounters()
 
     def new_table(self) -> ProducerStateTable:
         return ProducerStateTable(self.max_batches, self.expiry_ms)
@@ -326,9 +440,46 @@ class Partitions:
             partition_log = self.store.get_log(topic, partition)
         owner = self._partitions.get((topic, partition))
         if owner is None or owner.log is not partition_log:  # a new log, or a new incarnation's
-            owner = Partition(self, (topic, partition), partition_log, in_background=True)
+            old, owner = owner, Partition(self, (topic, partition), partition_log, in_background=True)
             self._partitions[(topic, partition)] = owner
+            if old is not None:
+                self._retire(old)  # after: a fetch it wakes that parks again parks on the new owner
         return owner
+
+    # --- stats: each partition's counters, with it (metaq/server/stats.py : CountedPartitions) ----
+
+    def counters(self, topic: str, partition: int) -> PartitionCounters:
+        """The partition's counters (asked per request: an open owner at one lookup)."""
+        owner = self._partitions.get((topic, partition)) or self.get(topic, partition)
+        counters = owner.counters
+        if counters is None:
+            counters = owner.counters = PartitionCounters()
+        return counters
+
+    def counted(self) -> Iterator[tuple[Key, PartitionCounters]]:
+        """Every open partition that counted something, with its counters."""
+        return iter([(key, owner.counters) for key, owner in self._partitions.items() if owner.counters is not None])
+
+    def reset_counters(self) -> None:
+        for owner in self._partitions.values():
+            owner.counters = None
+        self.retired = PartitionCounters()
+
+    # --- parked fetches: each partition's, with it (metaq/server/waiters.py : ParkingPartitions) ---
+
+    def parking(self, topic: str, partition: int) -> ParkedFetches:
+        owner = self._partitions.get((topic, partition)) or self.get(topic, partition)
+        parked = owner.parked
+        if parked is None:
+            parked = owner.parked = ParkedFetches(owner.name)
+        return parked
+
+    def parked(self, topic: str, partition: int) -> ParkedFetches | None:
+        owner = self._partitions.get((topic, partition))  # asked per append: one lookup, never an open
+        return owner.parked if owner is not None else None
+
+    def every_parked(self) -> Iterator[ParkedFetches]:
+        return iter([owner.parked for owner in self._partitions.values() if owner.parked is not None])
 
     def replication(self, topic: str, partition: int) -> ReplicationRecord | None:
         """The partition's replication record (metaq/ha/record.py); None if its log is not open
@@ -375,10 +526,14 @@ class Partitions:
         """The partition's transaction state, at its log end (``PartitionLoading`` while it loads)."""
         return self.serving(topic, partition).state
 
+    def owners(self) -> list[Partition]:
+        """The owner of every open log, in key order (opened into this registry if new)."""
+        return [self.get(*key) for key in sorted(self.store.logs())]
+
     def all(self) -> dict[Key, PartitionTxnState]:
         """The state of every open partition log (waiting for any still loading: the reconcile
         of a take-over must see every partition's transactions)."""
-        return {key: self.get(*key).state for key in sorted(self.store.logs())}
+        return {owner.key: owner.state for owner in self.owners()}
 
     def batch_boundary(self, topic: str, partition: int, offset: int, committed: int) -> int:
         """The highest offset <= ``offset`` that is not inside a batch; ``committed`` if unknown.
@@ -393,14 +548,30 @@ class Partitions:
 
     def drop(self, keys: list[Key]) -> None:
         """Partitions no longer served (topic deleted or re-created): their producers,
-        transactions, epoch history and replication record (slaves' positions, append
-        history) never apply to another incarnation of the topic; they go with the owner."""
+        transactions, epoch history, replication record (slaves' positions, append history,
+        the sync set's waiting puts, the slaves streaming it), stats counters and parked
+        fetches never apply to another incarnation of the topic; they go with the owner, in
+        one ``pop`` each (the fetches woken, the waiting puts ended, the streams closed)."""
+        dropped = []
         with self.files:
             for key in keys:
                 owner = self._partitions.pop(key, None)
                 if owner is not None:
+                    dropped.append(owner)
                     owner.cuts += 1  # a snapshot serialized before now is not written (``_write_all``)
-                    owner.replication.close()  # puts waiting for its slaves end (404)
+        for owner in dropped:  # outside the lock: a woken fetch answers at once
+            self._retire(owner)
+            owner.replication.close()  # puts waiting for its slaves end (404)
+
+    def _retire(self, owner: Partition) -> None:
+        """An owner left the map: nothing is appended to it from here (``_append``); its stats
+        row goes, its counts stay in the broker's totals (``retired``); the fetches parked on it
+        wake and find its log gone (answered "unknown topic", or from the new log)."""
+        owner.dropped = True
+        if owner.counters is not None:
+            add_counters(self.retired, owner.counters)
+        if owner.parked is not None:
+            owner.parked.wake(True)
 
     # --- epochs ----------------------------------------------------------------------------------
 
@@ -520,5 +691,7 @@ class Partitions:
             self._write_all(self._changed_snapshots(), workers=CLOSE_SNAPSHOT_WORKERS)
         except OSError as exc:
             log.warning("transaction state snapshot at close failed (rebuilt from the log at start): %s", exc)
+        for owner in self._partitions.values():
+            owner.dropped = True  # its log closes next: nothing more is appended
         self._partitions.clear()
         self.loader.shutdown(wait=True)  # before the logs close: no load reads a closed log

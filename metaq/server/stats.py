@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator, Protocol
 
 import msgpack
 
@@ -39,18 +39,33 @@ class PartitionCounters:
 REFUSAL_KINDS = ("max_connections", "per_address", "evicted", "login_timeout", "before_login", "request_budget")
 
 
+class CountedPartitions(Protocol):
+    """Where each partition's counters live: with the partition (metaq.server.partitions.Partitions)."""
+
+    #: What partitions no longer served had counted (the broker's totals never go down).
+    retired: PartitionCounters
+
+    def counters(self, topic: str, partition: int) -> PartitionCounters:
+        """The partition's counters (made at its first count)."""
+
+    def counted(self) -> Iterator[tuple[tuple[str, int], PartitionCounters]]:
+        """Every served partition that counted something, with its counters."""
+
+    def reset_counters(self) -> None:
+        """Every partition's counters and the retired ones back to zero."""
+
+
 @dataclass
 class BrokerStats:
+    """The broker's own counters; a partition's are held by the partition (``partitions``), so
+    a partition dropped takes its row along (its counts go to ``retired``, in the totals)."""
+
+    partitions: CountedPartitions | None = None
     started_at: float = field(default_factory=time.time)
     connections: int = 0
     total_connections: int = 0
     bad_requests: int = 0
     refusals: Counter[str] = field(default_factory=Counter)
-    by_partition: dict[tuple[str, int], PartitionCounters] = field(
-        default_factory=lambda: defaultdict(PartitionCounters)
-    )
-    #: What partitions no longer served had counted (the broker's totals never go down).
-    retired: PartitionCounters = field(default_factory=PartitionCounters)
 
     def connection_opened(self) -> None:
         self.connections += 1
@@ -62,13 +77,6 @@ class BrokerStats:
     def bad_request(self) -> None:
         self.bad_requests += 1
 
-    def forget_partitions(self, keys: list[tuple[str, int]]) -> None:
-        """Partitions no longer served: their rows go; the broker's totals keep counting them."""
-        for key in keys:
-            counters = self.by_partition.pop(key, None)
-            if counters is not None:
-                _add(self.retired, counters)
-
     def refused(self, kind: str) -> None:
         assert kind in REFUSAL_KINDS, kind
         self.refusals[kind] += 1
@@ -76,25 +84,34 @@ class BrokerStats:
     def refusal_pairs(self) -> list[tuple[str, int]]:
         return [(f"refused_{kind}", self.refusals[kind]) for kind in REFUSAL_KINDS]
 
+    def _partitions(self) -> CountedPartitions:
+        assert self.partitions is not None, "these stats count no partitions"
+        return self.partitions
+
+    def __post_init__(self) -> None:
+        if self.partitions is not None:
+            # Asked per request: the partitions' own lookup, without a hop through this object.
+            self.partition = self.partitions.counters  # type: ignore[method-assign]
+
     def partition(self, topic: str, partition: int) -> PartitionCounters:
-        return self.by_partition[(topic, partition)]
+        """The partition's counters (made at its first count)."""
+        return self._partitions().counters(topic, partition)
 
     def topic_totals(self) -> dict[str, PartitionCounters]:
         totals: dict[str, PartitionCounters] = defaultdict(PartitionCounters)
-        for (topic, _), counters in self.by_partition.items():
-            _add(totals[topic], counters)
+        for (topic, _), counters in self._partitions().counted():
+            add_counters(totals[topic], counters)
         return totals
 
     def totals(self) -> PartitionCounters:
         total = PartitionCounters()
-        _add(total, self.retired)
+        add_counters(total, self._partitions().retired)
         for counters in self.topic_totals().values():
-            _add(total, counters)
+            add_counters(total, counters)
         return total
 
     def reset(self) -> None:
-        self.by_partition.clear()
-        self.retired = PartitionCounters()
+        self._partitions().reset_counters()
         self.bad_requests = 0
         self.refusals.clear()
 
@@ -102,7 +119,7 @@ class BrokerStats:
         return time.time() - self.started_at
 
 
-def _add(total: PartitionCounters, counters: PartitionCounters) -> None:
+def add_counters(total: PartitionCounters, counters: PartitionCounters) -> None:
     for name in counters.__dataclass_fields__:
         setattr(total, name, getattr(total, name) + getattr(counters, name))
 

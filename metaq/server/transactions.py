@@ -84,7 +84,6 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, NamedTuple
 
 from ..protocol import commands as c
 from ..protocol.messages import TransactionRequest
-from ..record import stamp_msg_ids
 from ..txn import control
 from ..txn.control import NO_PRODUCER
 from ..txn.coordinator import MarkerWrite, Reply, TransactionCoordinator
@@ -95,7 +94,6 @@ from .transactional_ids import Fence, Owner, TransactionalIds
 if TYPE_CHECKING:
     from ..config import BrokerConfig
     from ..security.principals import Principal
-    from ..store.msgid import MsgIdGenerator
     from ..txn.config import TxnSettings
     from ..txn.rebuild import PartitionTxnState
     from .authz import Authz, RequestContext
@@ -155,12 +153,7 @@ class TxnHost(Protocol):
     def partitions(self) -> "Partitions": ...
 
     @property
-    def ids(self) -> "MsgIdGenerator | None": ...
-
-    @property
     def transactional_ids(self) -> TransactionalIds | None: ...
-
-    def appended(self, topic: str, partition: int, end: int, count: int) -> None: ...
 
     def durability_wait(self, topic: str, partition: int, end: int, count: int) -> Awaitable[None] | None: ...
 
@@ -507,14 +500,11 @@ class TransactionService:
                     queued.pop(0)  # its topic was deleted: no log to mark, none ever will be
                     continue
                 if not self._in_log(xid, marker):
-                    data = bytearray(marker.data)
-                    assert host.ids is not None
-                    stamp_msg_ids(data, host.ids.allocate(1))
-                    # The partition's one append path: its index follows its own marker at once.
-                    offset = host.partitions.get(marker.topic, marker.partition).append_as_leader(data)
-                    end = offset + len(data)
-                    host.appended(marker.topic, marker.partition, end, 1)
-                    ends.append((marker.topic, marker.partition, end))
+                    # The partition's one leader append entry, as a put's (msg id stamped, slaves
+                    # streaming it sent the marker, parked fetches woken): its index follows its
+                    # own marker at once.
+                    appended = host.partitions.get(marker.topic, marker.partition).append_as_leader(bytearray(marker.data), 1)
+                    ends.append((marker.topic, marker.partition, appended.end))
                 queued.pop(0)
         except Exception as exc:
             log.warning("transaction %s: appending its %s marker to %s-%d failed, kept for a retry: %s",

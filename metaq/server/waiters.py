@@ -1,9 +1,10 @@
 """Long-poll support: fetches parked at a partition's end until it moves.
 
 A consumer fetch waits for the partition's *committed* end to move, a slave's
-fetch for the *log* end; both are woken by ``notify`` (an append, a partition
-dropped, the broker stopping) and re-check their own condition, so one mechanism
-serves both. A move of the committed offset or the flushed end alone
+fetch for the *log* end; both are woken by ``notify`` (an append, the broker
+stopping) or by their partition's drop (``Partitions.drop``: a partition's parked
+fetches are held by it, ``ParkedFetches``, and go with it), and re-check their own
+condition, so one mechanism serves both. A move of the committed offset or the flushed end alone
 (``notify_committed``) wakes only the fetches watching with ``on_commit``
 (consumers'): a slave's fetch finds nothing new in it (a sync master's commit
 follows every put, and would wake the slave's just-parked fetch for nothing).
@@ -25,21 +26,67 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Callable
+from typing import Callable, Iterator, Protocol
 
 log = logging.getLogger(__name__)
 
+Woken = Callable[[], None]
+
+
+class ParkedFetches:
+    """The fetches parked on one partition, held by the partition (``Partition.parked``): a
+    partition dropped takes them along, and wakes them as it goes (``wake``)."""
+
+    __slots__ = ("name", "watchers", "log_end_watchers")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        #: Woken by every notify (consumers' fetches).
+        self.watchers: dict[int, Woken] = {}
+        #: Woken by ``notify`` but not by ``notify_committed`` (slaves' fetches).
+        self.log_end_watchers: dict[int, Woken] = {}
+
+    def wake(self, everyone: bool) -> None:
+        """Call the fetches waiting (only consumers' unless ``everyone``), slaves' first (an
+        append's bytes on their way to the sync set). Each is taken out first: a fetch that
+        finds nothing for it yet watches again, for the next notify."""
+        for slaves in (True, False) if everyone else (False,):
+            watching = self.log_end_watchers if slaves else self.watchers
+            if not watching:
+                continue
+            if slaves:
+                self.log_end_watchers = {}
+            else:
+                self.watchers = {}
+            for woken in watching.values():
+                try:
+                    woken()
+                except Exception:  # one fetch's bug must not fail the put, flush or drop that woke it
+                    log.exception("error answering a parked fetch of %s", self.name)
+
+
+class ParkingPartitions(Protocol):
+    """Where each partition's parked fetches live (metaq.server.partitions.Partitions)."""
+
+    def parking(self, topic: str, partition: int) -> ParkedFetches:
+        """The partition's parked fetches, to park one (made at the first)."""
+
+    def parked(self, topic: str, partition: int) -> ParkedFetches | None:
+        """The partition's parked fetches, if it is open and ever had one (never opens it)."""
+
+    def every_parked(self) -> Iterator[ParkedFetches]: ...
+
 
 class EndWaiters:
-    def __init__(self) -> None:
-        #: Woken by every notify (consumers' fetches).
-        self._watchers: dict[tuple[str, int], dict[int, Callable[[], None]]] = {}
-        #: Woken by ``notify`` but not by ``notify_committed`` (slaves' fetches).
-        self._log_end_watchers: dict[tuple[str, int], dict[int, Callable[[], None]]] = {}
+    """Parks fetches on their partition's ``ParkedFetches`` and wakes them; keeps only what is
+    broker-wide: the watch ids and the notifies gathered while a connection holds."""
+
+    def __init__(self, partitions: ParkingPartitions) -> None:
+        self._partitions = partitions
         self._ids = itertools.count()
         self._held = 0
         #: Partitions notified while held, in order (a dict: each once); True once a ``notify``
-        #: (not only ``notify_committed``) is among them.
+        #: (not only ``notify_committed``) is among them. Empty between reads.
         self._pending: dict[tuple[str, int], bool] = {}
 
     def hold(self) -> None:
@@ -53,28 +100,22 @@ class EndWaiters:
             for (topic, partition), everyone in pending.items():
                 self._wake(topic, partition, everyone)
 
-    def watch(self, topic: str, partition: int, woken: Callable[[], None], on_commit: bool = True) -> Callable[[], None]:
+    def watch(self, topic: str, partition: int, woken: Woken, on_commit: bool = True) -> Callable[[], None]:
         """Call ``woken()`` once, at the partition's next ``notify`` (or ``notify_committed``
         with ``on_commit``); returns what withdraws it."""
-        key = (topic, partition)
-        table = self._watchers if on_commit else self._log_end_watchers
+        fetches = self._partitions.parking(topic, partition)
         watcher_id = next(self._ids)
-        watching = table.get(key)
-        if watching is None:
-            watching = table[key] = {}
-        watching[watcher_id] = woken
+        (fetches.watchers if on_commit else fetches.log_end_watchers)[watcher_id] = woken
 
         def withdraw() -> None:
-            current = table.get(key)
-            if current is not None:
-                current.pop(watcher_id, None)
-                if not current:
-                    del table[key]
+            # The table it is in now (a wake swaps them): popping from both costs no more.
+            fetches.watchers.pop(watcher_id, None)
+            fetches.log_end_watchers.pop(watcher_id, None)
 
         return withdraw
 
     def notify(self, topic: str, partition: int) -> None:
-        """The partition's log end moved (or it was dropped, or the broker stops): wake every fetch."""
+        """The partition's log end moved (or the broker stops): wake every fetch."""
         if self._held:
             self._pending[(topic, partition)] = True
             return
@@ -88,19 +129,10 @@ class EndWaiters:
         self._wake(topic, partition, False)
 
     def _wake(self, topic: str, partition: int, everyone: bool) -> None:
-        # Taken out first: a watcher that finds nothing for it yet watches again, for the next notify.
-        # Slaves' fetches first (an append's bytes on their way to the sync set), then consumers'.
-        key = (topic, partition)
-        for table in (self._log_end_watchers, self._watchers) if everyone else (self._watchers,):
-            watching = table.pop(key, None)
-            if watching:
-                for woken in watching.values():
-                    try:
-                        woken()
-                    except Exception:  # one fetch's bug must not fail the put or flush that woke it
-                        log.exception("error answering a parked fetch of %s-%d", topic, partition)
+        fetches = self._partitions.parked(topic, partition)
+        if fetches is not None:
+            fetches.wake(everyone)
 
     def notify_all(self) -> None:
-        for topic, partition in list(dict.fromkeys([*self._log_end_watchers, *self._watchers])):
-            self.notify(topic, partition)
-
+        for fetches in self._partitions.every_parked():
+            fetches.wake(True)

@@ -39,6 +39,9 @@ def start_streaming(broker_factory, zk_client, zk_root, slaves: int = 1, partiti
     master = broker_factory(0, {TOPIC: partitions}, {**STREAM, **master_system})
     group = [broker_factory(0, {TOPIC: partitions}, PIECE_REPORTING_SLAVE, {"slaveId": k}) for k in range(slaves)]
     wait_sync_set(zk_client, zk_root, list(range(slaves)))
+    # ZooKeeper names the set as soon as it is published, a moment before the master takes the
+    # published set as its own (sync_set.py: publish before release): puts are accepted from then.
+    wait_for(lambda: stat(master, "sync_state") == "ok", 10, "the master to take its published sync set")
     return master, group
 
 
@@ -100,6 +103,55 @@ def test_every_acked_put_streamed_to_every_sync_slave(broker_factory, zk_client,
     assert_identical(master, slaves=slaves)
     # The master pushed, and heard positions on, the stream.
     assert int(stat(master, "replication_streams") or 0) == 2 * slaves
+
+
+def test_transaction_markers_travel_on_the_stream_like_puts(broker_factory, zk_client, zk_root) -> None:
+    """A commit or rollback marker is appended by the partition's one leader append entry, as a
+    put is: pushed to the streaming slave, never a gap that closes the stream. Both brokers then
+    show exactly the committed messages, and their logs are byte-identical."""
+    from chaos.transactions import read_committed
+    from metaq.client import Message, MetaClientConfig
+    from metaq.client.session import AsyncMessageSessionFactory
+
+    master, (slave,) = start_streaming(broker_factory, zk_client, zk_root)
+    blocking_puts(master, TOPIC, 0, 20)
+    blocking_puts(master, TOPIC, 1, 20)
+    wait_streaming(slave, [0, 1])
+    closed, frames = int(stat(master, "replication_streams_closed") or 0), stream_frames(slave)
+    config = MetaClientConfig(zk_connect=broker_factory.zk_connect, zk_root=broker_factory.zk_root,
+                              zk_session_timeout_ms=5000, send_timeout_s=30)
+
+    async def transactions() -> list[bytes]:
+        committed = []
+        async with AsyncMessageSessionFactory(config) as factory:
+            producer = factory.create_transactional_producer()
+            for round_ in range(4):
+                await producer.begin_transaction()
+                data = [f"tx{round_}-{i}".encode() for i in range(4)]
+                for item in data:
+                    await producer.send_message(Message(TOPIC, item))
+                if round_ == 2:
+                    await producer.rollback()
+                else:
+                    await producer.commit()
+                    committed += data
+        return sorted(committed)
+
+    committed = asyncio.run(transactions())
+    wait_caught_up(master, slave, [(TOPIC, 0), (TOPIC, 1)])
+    assert int(stat(master, "replication_streams_closed") or 0) == closed, "a marker closed a stream"
+    assert all(row.get("mode") == "streaming" for row in replica_rows(slave).values())
+    assert stream_frames(slave) > frames
+    assert_identical(master)
+
+    async def seen(broker) -> list[bytes]:
+        found = []
+        for partition in (0, 1):
+            found += [m for m in await read_committed(broker.address, TOPIC, partition) if m.startswith(b"tx")]
+        return sorted(found)
+
+    for broker in (master, slave):
+        assert asyncio.run(seen(broker)) == committed, f"{broker.name} shows other than the committed messages"
 
 
 def test_stream_cut_mid_frame_falls_back_to_fetching_and_loses_nothing(broker_factory, zk_client, zk_root) -> None:

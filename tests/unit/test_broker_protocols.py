@@ -1,8 +1,8 @@
 """The modules that take the whole broker use only what their protocol names.
 
-``group_topics``, ``reload`` and ``metrics`` each type the broker against a narrow
-``typing.Protocol`` (as ``TxnHost`` and ``BrokerHost`` are). Nothing checks a protocol
-at run time, so this test reads the source: every attribute taken of a protocol-typed
+``group_topics`` (its topic applier, and ``forget_partitions``), ``reload`` and ``metrics``
+each type the broker against a narrow ``typing.Protocol`` (as ``TxnHost`` and ``BrokerHost``
+are). Nothing checks a protocol at run time, so this test reads the source: every attribute taken of a protocol-typed
 ``broker`` parameter (or of ``self.broker`` in a class built with one) must be a member
 of that protocol, the broker may be handed on only to callees listed here (whose own
 needs are checked too), every member must be used (the protocol stays narrow), and
@@ -18,12 +18,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "metaq"
 
-#: module -> (its protocol, callees elsewhere the broker may be handed to -> what they use of it).
-#: Functions and classes of the module itself that take the same protocol are scanned alike.
+#: (module, one of its protocols) -> callees elsewhere the broker may be handed to -> what they
+#: use of it. Functions and classes of the module itself that take the same protocol are scanned alike.
 MODULES = {
-    "server/group_topics.py": ("TopicsBroker", {"peer_topics": ("ha/host.py", "PeerCredentials")}),
-    "server/reload.py": ("ReloadedBroker", {}),
-    "server/metrics.py": ("MeasuredBroker", {}),
+    ("server/group_topics.py", "TopicsBroker"): {"peer_topics": ("ha/host.py", "PeerCredentials")},
+    ("server/group_topics.py", "PartitionHolders"): {},
+    ("server/reload.py", "ReloadedBroker"): {},
+    ("server/metrics.py", "MeasuredBroker"): {},
 }
 
 
@@ -113,9 +114,9 @@ def broker_members() -> set[str]:
     return members
 
 
-@pytest.mark.parametrize("module", sorted(MODULES))
-def test_the_module_uses_only_its_protocol_of_the_broker(module: str) -> None:
-    protocol, callees = MODULES[module]
+@pytest.mark.parametrize(("module", "protocol"), sorted(MODULES))
+def test_the_module_uses_only_its_protocol_of_the_broker(module: str, protocol: str) -> None:
+    callees = MODULES[(module, protocol)]
     tree = _tree(module)
     members = protocol_members(tree, protocol)
     used, handed = broker_uses(tree, protocol)

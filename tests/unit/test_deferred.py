@@ -11,7 +11,7 @@ import pytest
 from metaq.ha.sync_set import SyncReplication, SyncWaitFailed
 from tests.unit.sync_set_support import sync_over
 from metaq.deferred import Deferred
-from metaq.server.waiters import EndWaiters
+from metaq.server.waiters import EndWaiters, ParkedFetches
 
 
 def test_callbacks_run_at_once_in_order_and_a_failing_one_does_not_stop_the_others(caplog) -> None:
@@ -60,8 +60,24 @@ def test_awaiting_a_deferred_works_for_code_off_the_hot_path() -> None:
     assert asyncio.run(scenario()) == 5
 
 
+class Parking:
+    """Each partition's parked fetches, as ``Partitions`` holds them (one per open partition)."""
+
+    def __init__(self) -> None:
+        self.held: dict[tuple[str, int], ParkedFetches] = {}
+
+    def parking(self, topic: str, partition: int) -> ParkedFetches:
+        return self.held.setdefault((topic, partition), ParkedFetches(f"{topic}-{partition}"))
+
+    def parked(self, topic: str, partition: int) -> ParkedFetches | None:
+        return self.held.get((topic, partition))
+
+    def every_parked(self) -> list[ParkedFetches]:
+        return list(self.held.values())
+
+
 def test_notify_calls_each_watcher_once_and_a_withdrawn_one_never() -> None:
-    waiters = EndWaiters()
+    waiters = EndWaiters(Parking())
     calls: list[str] = []
     waiters.watch("t", 0, lambda: calls.append("a"))
     withdraw = waiters.watch("t", 0, lambda: calls.append("b"))
@@ -76,7 +92,7 @@ def test_a_commit_alone_wakes_consumers_fetches_and_leaves_slaves_parked() -> No
     """``notify_committed`` (a sync master's commit after every put, a flush) wakes only the
     fetches watching ``on_commit``; ``notify`` (an append, a drop) wakes every one, slaves'
     first; held, a commit alone stays a commit and an append among them wakes everyone."""
-    waiters = EndWaiters()
+    waiters = EndWaiters(Parking())
     woken: list[str] = []
     waiters.watch("t", 0, lambda: woken.append("consumer"))
     withdraw = waiters.watch("t", 0, lambda: woken.append("withdrawn slave"), on_commit=False)
@@ -104,7 +120,7 @@ def test_a_commit_alone_wakes_consumers_fetches_and_leaves_slaves_parked() -> No
 
 def test_notifies_while_held_are_delivered_once_each_at_the_outermost_release() -> None:
     """One read of pipelined puts wakes a parked fetch once, with all of them (connection.py)."""
-    waiters = EndWaiters()
+    waiters = EndWaiters(Parking())
     woken: list[str] = []
 
     def watch_again() -> None:

@@ -150,13 +150,20 @@ class Conn:
         self.sent.append((dict(header), bytes(body)))
 
 
+def push(hub: StreamHub, key: tuple[str, int], offset: int, epoch: int, data: bytes) -> None:
+    """What the leader append entry does: push to the streams in the partition's record, if any."""
+    subs = hub.records.replication(*key).streams
+    if subs:
+        hub.push(subs, offset, epoch, data)
+
+
 def test_hub_pushes_to_subscribers_and_binds_reports_to_their_connection() -> None:
     hub = StreamHub()
     assert not hub
     conn, other = Conn(), Conn()
     hub.subscribe(conn, 0, ("t", 0), 7, epoch=3, start=0)
-    hub.push(("t", 0), 0, 3, b"abc")  # no committed_of set: the chunk carries none
-    hub.push(("t", 1), 0, 3, b"abc")  # nobody streams t-1
+    push(hub, ("t", 0), 0, 3, b"abc")  # no committed_of set: the chunk carries none
+    push(hub, ("t", 1), 0, 3, b"abc")  # nobody streams t-1
     assert conn.sent == [({"opaque": 7, "code": 200}, encode_chunk(7, 0, 3, b"abc"))]
     assert hub.report(other, 7, 3, 3) is None and hub.reports_refused == 1  # another connection
     assert hub.report(conn, 8, 3, 3) is None  # a stream it does not hold
@@ -174,11 +181,12 @@ def test_hub_closes_streams_on_an_unstreamed_append_a_dropped_partition_and_a_cl
     hub.subscribe(conn, 0, ("t", 0), 7, epoch=3, start=0)
     hub.appended(("t", 0), 0)  # nothing new: stays
     assert hub
-    hub.appended(("t", 0), 40)  # a marker the stream did not carry
+    hub.appended(("t", 0), 40)  # a change of the log the stream did not carry
     assert not hub and "not streamed" in conn.sent[-1][0]["msg"]
     hub.subscribe(conn, 0, ("t", 0), 8, epoch=3, start=40)
-    hub.forget_partitions([("t", 0)])
-    assert not hub and "no longer served" in conn.sent[-1][0]["msg"]
+    record = hub.records.replication("t", 0)
+    hub.records.drop([("t", 0)])  # the partition's record closes its streams as it goes
+    assert not hub and "no longer served" in conn.sent[-1][0]["msg"] and record.streams is None
     hub.subscribe(conn, 0, ("t", 0), 9, epoch=3, start=40)
     hub.subscribe(conn, 0, ("t", 0), 10, epoch=3, start=40)  # again on the same connection: the newer wins
     assert hub.streams() == 1
@@ -193,13 +201,13 @@ def test_hub_tells_committed_offsets_with_chunks_or_after_a_quiet_moment() -> No
         committed = {"value": 0}
         hub.committed_of = lambda key: committed["value"]
         hub.subscribe(conn, 0, ("t", 0), 7, epoch=3, start=0)
-        hub.push(("t", 0), 0, 3, b"abc")  # the chunk carries committed 0
+        push(hub, ("t", 0), 0, 3, b"abc")  # the chunk carries committed 0
         committed["value"] = 3
         hub.committed_moved(("t", 0))
         hub.committed_moved(("t", 0))
         hub.committed_moved(("t", 1))  # not streamed: nothing
         await asyncio.sleep(0.05)  # no chunk since: one notice
-        hub.push(("t", 0), 3, 3, b"de")  # carries 3
+        push(hub, ("t", 0), 3, 3, b"de")  # carries 3
         hub.committed_moved(("t", 0))  # still 3 when the notice would go: not sent again
         await asyncio.sleep(0.05)
         return [(header, len(body)) for header, body in conn.sent]

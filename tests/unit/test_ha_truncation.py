@@ -105,3 +105,35 @@ def test_an_epoch_end_of_zero_is_not_verified_by_an_empty_range(tmp_path: Path) 
     refused = divergence_point(FakeMaster(fake, epoch_end=0), "t", 0, ours, OneEpoch(), 500)  # type: ignore[arg-type]
     with pytest.raises(TruncationRefused):
         asyncio.run(refused)
+
+
+def test_a_partition_dropped_while_its_truncation_waits_on_the_master_is_left_alone(tmp_path: Path) -> None:
+    """The rejoin's cut reads the log, the history and the cut from one registry, the partition's
+    owner: a topic deleted (or re-created) during the exchange is not cut, nor another incarnation's
+    log cut at an offset found for this one's."""
+    from metaq.config import TopicConfig
+    from metaq.ha.followership import Followership
+    from metaq.server.partitions import Partitions
+    from metaq.store.manager import MessageStoreManager
+
+    store = MessageStoreManager({"t": TopicConfig(name="t", data_path=str(tmp_path / "data"), num_partitions=1)},
+                                max_message_size=1 << 20)
+    partitions = Partitions(store)
+    owner = partitions.get("t", 0)
+    owner.append_as_follower(b"".join(records("ours", 20)))
+    end = owner.log.log_end
+    master = new_log(tmp_path / "master", records("master", 20))
+    asked: list[str] = []
+
+    class DroppingMaster(FakeMaster):
+        async def request(self, header: dict[str, Any], body: bytes = b"", timeout: float | None = None) -> Reply:
+            asked.append(header["op"])
+            partitions.drop([("t", 0)])  # the topic is deleted while the master answers
+            return await super().request(header, body, timeout)
+
+    followership = Followership.__new__(Followership)  # only the owner-facing part runs here
+    followership.host, followership.follower, followership.truncations = None, None, []
+    asyncio.run(followership._truncate_partition(DroppingMaster(master), owner))  # type: ignore[arg-type]
+    assert asked and "epochs" not in asked, "no history adopted for a dropped partition"
+    assert owner.dropped and owner.log.log_end == end and followership.truncations == []
+    store.close()

@@ -71,3 +71,44 @@ def test_the_owner_is_where_the_writes_are() -> None:
     """The allowed module does write the log (the scan would find a rename that moved them)."""
     writes = log_writes((PACKAGE / "server/partitions.py").read_text())
     assert {method for _line, _receiver, method in writes} == WRITERS
+
+
+#: The one leader append entry (``Partition.append_as_leader``) and who calls it: the put
+#: handler and the transaction service's markers; nothing else appends on a master.
+LEADER_ENTRY_CALLERS = {"server/handlers.py", "server/transactions.py"}
+#: What the entry does in one step, which no caller may do on its own beside it.
+ENTRY_STEPS = {"stamp_msg_ids", "push"}
+
+
+def _calls(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """``(line, name)`` of every call of a function or method named in ``names``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+            if name in names:
+                found.append((node.lineno, name))
+    return found
+
+
+def test_every_leader_append_goes_through_the_partitions_one_entry() -> None:
+    """Puts and transaction markers both call ``append_as_leader``, nothing else does, and
+    the steps it takes together (stamping the msg ids, pushing to streaming slaves) are
+    taken nowhere else: a new writer that stamps and appends by itself fails here."""
+    assert _calls("stamp_msg_ids(data, 1)\nhub.push(key, 0, 1, data)\nowner.append_as_leader(data, 1)\n",
+                  {"append_as_leader", *ENTRY_STEPS}) == [(1, "stamp_msg_ids"), (2, "push"), (3, "append_as_leader")]
+    callers: dict[str, int] = {}
+    strays = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        source = path.read_text()
+        for line, name in _calls(source, {"append_as_leader", *ENTRY_STEPS}):
+            if name == "append_as_leader":
+                callers[relative] = callers.get(relative, 0) + 1
+            elif relative not in ("server/partitions.py", "ha/stream.py"):
+                strays.append(f"metaq/{relative}:{line}: {name}(...)")
+    assert set(callers) == LEADER_ENTRY_CALLERS, f"append_as_leader is called from {sorted(callers)}"
+    assert not strays, "a step of the leader append entry taken outside it:\n" + "\n".join(strays)
+    entry = _calls((PACKAGE / "server/partitions.py").read_text(), {"stamp_msg_ids", "push", "appended", "write_refusal"})
+    assert {name for _line, name in entry} == {"stamp_msg_ids", "push", "appended", "write_refusal"}

@@ -13,9 +13,10 @@ import pytest
 
 from metaq.config import TopicConfig
 from metaq.ha.epochs import EpochCache
-from metaq.record import encode_batch, record_ends, stamp_msg_ids
+from metaq.record import encode_batch, iter_records, record_ends
 from metaq.protocol import commands as c
-from metaq.server.partitions import PartitionLoading, Partitions
+from metaq.server.partitions import NotLeader, PartitionDropped, PartitionLoading, Partitions
+from metaq.store.msgid import MsgIdGenerator
 from metaq.store.manager import MessageStoreManager
 from metaq.txn.put import plan_put
 from metaq.txn import rebuild
@@ -30,20 +31,49 @@ def store(tmp_path: Path) -> MessageStoreManager:
     return MessageStoreManager({TOPIC: config}, max_message_size=1024)
 
 
+class Gate:
+    """The HA side of a leader append: a master in epoch 0 that may write, no slave streaming."""
+
+    epoch = 0
+    streams = None
+    refusal: tuple[int, str] | None = None
+
+    def write_refusal(self) -> tuple[int, str] | None:
+        return self.refusal
+
+
+class Leader:
+    """What the broker gives a master's appends (``LeaderHost``): msg ids, the gate, the appends seen."""
+
+    def __init__(self) -> None:
+        self.ids = MsgIdGenerator(1)
+        self.ha = Gate()
+        self.appends: list[tuple[str, int, int, int]] = []
+
+    def appended(self, topic: str, partition: int, end: int, count: int) -> None:
+        self.appends.append((topic, partition, end, count))
+
+    def durability_wait(self, topic: str, partition: int, end: int, count: int) -> None:
+        return None
+
+
+def owners_of(manager: MessageStoreManager, **kwargs: Any) -> Partitions:
+    return Partitions(manager, leader=Leader(), **kwargs)
+
+
 def idempotent_put(manager: MessageStoreManager, states: Partitions, pid: int, seq: int, count: int) -> int:
     """What the put handler does for a batch with a producer id: returns the first record's offset."""
     owner = states.get(TOPIC, 0)
     plan = plan_put(owner.state.producers, encode_batch([(b"m" * 30, None)] * count), count, producer_id=pid,
                     producer_epoch=0, first_seq=seq, timestamp_ms=1000 + seq)
     assert plan.append is not None
-    stamp_msg_ids(plan.append, 1 + owner.log.log_end)
-    offset = owner.append_as_leader(plan.append, plan.header)
-    return offset + plan.data_start
+    appended = owner.append_as_leader(plan.append, count + 1, plan.header)
+    return appended.offset + plan.data_start
 
 
 def plain_put(manager: MessageStoreManager, states: Partitions, count: int) -> None:
     body = encode_batch([(b"p" * 30, None)] * count)
-    states.get(TOPIC, 0).append_as_leader(body)
+    states.get(TOPIC, 0).append_as_leader(bytearray(body), count)
 
 
 def fresh(manager: MessageStoreManager) -> PartitionTxnState:
@@ -55,7 +85,7 @@ def fresh(manager: MessageStoreManager) -> PartitionTxnState:
 
 def test_the_state_follows_plain_and_idempotent_puts_and_equals_a_walk_of_the_log(tmp_path: Path) -> None:
     manager = store(tmp_path)
-    states = Partitions(manager)
+    states = owners_of(manager)
     plain_put(manager, states, 2)
     first = idempotent_put(manager, states, 7, 0, 3)
     plain_put(manager, states, 1)
@@ -69,12 +99,68 @@ def test_the_state_follows_plain_and_idempotent_puts_and_equals_a_walk_of_the_lo
     manager.close()
 
 
+class Streams:
+    """The broker's stream hub (metaq/ha/stream.py): what it was asked to push."""
+
+    def __init__(self) -> None:
+        self.pushed: list[tuple[list[Any], int, int, bytes]] = []
+
+    def push(self, subs: list[Any], offset: int, epoch: int, data: bytearray) -> None:
+        self.pushed.append((subs, offset, epoch, bytes(data)))
+
+
+def test_the_leader_append_entry_stamps_appends_pushes_and_records_in_one_step(tmp_path: Path) -> None:
+    manager = store(tmp_path)
+    owners = owners_of(manager)
+    leader = owners.leader
+    leader.ha.streams, leader.ha.epoch = Streams(), 6
+    owner = owners.get(TOPIC, 0)
+    owner.replication.streams = subscribers = ["a slave's stream"]  # metaq/ha/stream.py subscribes there
+    owners.get(TOPIC, 1).append_as_leader(bytearray(encode_batch([(b"p" * 30, None)])), 1)  # nobody streams it
+    body = bytearray(encode_batch([(b"p" * 30, None)] * 3))
+    appended = owner.append_as_leader(body, 3)
+    assert (appended.offset, appended.end) == (0, len(body)) == (0, owner.log.log_end)
+    ids = [record.msg_id for record in iter_records(owner.log.read(0, appended.end), 0)]
+    assert ids == [appended.first_id, appended.first_id + 1, appended.first_id + 2]
+    assert leader.ha.streams.pushed == [(subscribers, 0, 6, bytes(owner.log.read(0, appended.end)))]
+    assert leader.appends[1:] == [(TOPIC, 0, appended.end, 3)]
+    assert owner.state.position == appended.end
+    manager.close()
+
+
+def test_the_leader_append_entry_refuses_a_broker_that_may_not_write_and_a_dropped_partition(tmp_path: Path) -> None:
+    manager = store(tmp_path)
+    owners = owners_of(manager)
+    leader = owners.leader
+    owner = owners.get(TOPIC, 0)
+    owner.append_as_leader(bytearray(encode_batch([(b"p" * 30, None)])), 1)
+    end, recorded = owner.log.log_end, list(leader.appends)
+
+    leader.ha.refusal = (c.FORBIDDEN, "broker 0 follower is a slave")  # a slave, a fenced or lapsed master
+    with pytest.raises(NotLeader) as refused:
+        owner.append_as_leader(bytearray(encode_batch([(b"q" * 30, None)])), 1)
+    assert refused.value.code == c.FORBIDDEN and "slave" in refused.value.message
+    assert owner.log.log_end == end and leader.appends == recorded
+
+    leader.ha.refusal = None
+    owners.drop([(TOPIC, 0)])  # its topic deleted meanwhile
+    with pytest.raises(PartitionDropped) as dropped:
+        owner.append_as_leader(bytearray(encode_batch([(b"q" * 30, None)])), 1)
+    assert dropped.value.code == c.NOT_FOUND
+    with pytest.raises(PartitionDropped):
+        owner.append_as_follower(encode_batch([(b"q" * 30, None)]))  # a replica task that outlived the drop
+    assert owner.log.log_end == end and leader.appends == recorded
+    with pytest.raises(RuntimeError, match="no leader side"):
+        Partitions(manager).get(TOPIC, 1).append_as_leader(bytearray(encode_batch([(b"q" * 30, None)])), 1)
+    manager.close()
+
+
 def test_a_follower_append_derives_the_masters_state(tmp_path: Path) -> None:
     """A slave appending its master's bytes verbatim holds the master's state at once."""
     manager = store(tmp_path)
-    states = Partitions(manager)
+    states = owners_of(manager)
     other = store(tmp_path / "master")
-    other_states = Partitions(other)
+    other_states = owners_of(other)
     idempotent_put(other, other_states, 3, 0, 4)
     master_log = other.get_log(TOPIC, 0)
     states.get(TOPIC, 0).append_as_follower(master_log.read(0, master_log.log_end))
@@ -86,7 +172,7 @@ def test_a_follower_append_derives_the_masters_state(tmp_path: Path) -> None:
 def two_batches(tmp_path: Path) -> tuple[MessageStoreManager, Partitions, int]:
     """A partition holding two idempotent batches of producer 1, and the offset between them."""
     manager = store(tmp_path)
-    states = Partitions(manager)
+    states = owners_of(manager)
     idempotent_put(manager, states, 1, 0, 2)
     cut_at = manager.get_log(TOPIC, 0).log_end
     idempotent_put(manager, states, 1, 2, 2)
@@ -110,7 +196,7 @@ def test_a_truncation_rebuilds_the_state_and_discards_the_snapshot(tmp_path: Pat
 
 def test_open_all_cuts_a_torn_batch_and_a_reopen_loads_the_snapshot(tmp_path: Path) -> None:
     manager = store(tmp_path)
-    states = Partitions(manager)
+    states = owners_of(manager)
     idempotent_put(manager, states, 1, 0, 2)
     before = states.state(TOPIC, 0).position
     state = states.state(TOPIC, 0)
@@ -125,7 +211,7 @@ def test_open_all_cuts_a_torn_batch_and_a_reopen_loads_the_snapshot(tmp_path: Pa
     reopened = store(tmp_path)
     reopened.open_existing()
     assert reopened.get_log(TOPIC, 0).log_end > before  # the header and part of the records survived
-    again = Partitions(reopened)
+    again = owners_of(reopened)
     again.open_all()
     log = reopened.get_log(TOPIC, 0)
     assert log.log_end == before and again.state(TOPIC, 0).position == before
@@ -136,7 +222,7 @@ def test_open_all_cuts_a_torn_batch_and_a_reopen_loads_the_snapshot(tmp_path: Pa
 
 def test_a_snapshot_ending_in_plain_puts_is_reused_and_one_from_before_a_cut_is_not(tmp_path: Path) -> None:
     manager = store(tmp_path)
-    states = Partitions(manager)
+    states = owners_of(manager)
     idempotent_put(manager, states, 1, 0, 2)
     plain_put(manager, states, 3)
     cut_at = manager.get_log(TOPIC, 0).log_end
@@ -162,7 +248,7 @@ def test_a_snapshot_ending_in_plain_puts_is_reused_and_one_from_before_a_cut_is_
 def test_cutting_a_half_replicated_batch_keeps_the_state_without_a_rebuild(tmp_path: Path) -> None:
     """Promotion's cut: the state has seen nothing past the cut, so it stays (no walk of the log)."""
     manager = store(tmp_path)
-    states = Partitions(manager)
+    states = owners_of(manager)
     idempotent_put(manager, states, 1, 0, 2)
     state = states.state(TOPIC, 0)
     header_at = state.position
@@ -191,7 +277,7 @@ def test_a_snapshot_serialized_before_a_cut_is_not_written_after_it(tmp_path: Pa
 
 def test_idle_producers_are_forgotten_by_the_log_clock_and_the_snapshot_loop_survives_errors(tmp_path: Path) -> None:
     manager = store(tmp_path)
-    states = Partitions(manager, expiry_ms=50)
+    states = owners_of(manager, expiry_ms=50)
     idempotent_put(manager, states, pid=1, seq=0, count=1)  # timestamp 1000
     idempotent_put(manager, states, pid=2, seq=40, count=1)  # timestamp 1040: 1 is idle 40 ms by the log
     assert states.expire_producers() == 0
@@ -242,7 +328,7 @@ def test_a_marker_a_bit_flip_broke_in_a_sealed_segment_is_marked_corrupt_not_fat
     from metaq.txn.control import _ATTR_BLOCK, ControlError, Kind, decode_body, marker
 
     manager = store(tmp_path)
-    states = Partitions(manager)
+    states = owners_of(manager)
     plain_put(manager, states, 3)
     log = manager.get_log(TOPIC, 0)
     at = log.append(marker(Kind.ABORT, "tx-1", producer_id=7, producer_epoch=0, timestamp_ms=5))
@@ -268,7 +354,7 @@ def test_a_marker_a_bit_flip_broke_in_a_sealed_segment_is_marked_corrupt_not_fat
 
     reopened = store(tmp_path)
     reopened.open_existing()
-    again = Partitions(reopened)
+    again = owners_of(reopened)
     again.open_all()  # raised ControlError before
     log = reopened.get_log(TOPIC, 0)
     assert log.corrupt_ranges == [(at, sealed_end)]
@@ -298,14 +384,14 @@ def test_a_log_opened_at_run_time_loads_its_state_in_a_worker_thread_and_puts_ge
     and walk run in a worker thread; meanwhile the put and fetch paths get 503 (LOAD_IN_PROGRESS),
     never a wait; the owner's other readers (HA, the reconcile) wait for it; an empty new partition is ready at once."""
     manager = store(tmp_path)
-    states = Partitions(manager)
+    states = owners_of(manager)
     idempotent_put(manager, states, 7, 0, 3)
     states.close()
     manager.close()
 
     held = HeldLoads(monkeypatch)
     reopened = store(tmp_path)
-    again = Partitions(reopened)  # started: open_all ran over no log; the topic's files come back now
+    again = owners_of(reopened)  # started: open_all ran over no log; the topic's files come back now
     again.open_added()
     owner = again.get(TOPIC, 0)
     assert not owner.ready and (TOPIC, 1) not in reopened.logs()  # partition 1 has no files: not opened
@@ -329,7 +415,7 @@ def test_assign_epoch_gives_every_served_partition_the_epoch_durably_in_one_batc
     from metaq.ha import epochs
 
     manager = store(tmp_path)
-    owners = Partitions(manager)
+    owners = owners_of(manager)
     plain_put(manager, owners, 2)
     end = manager.get_log(TOPIC, 0).log_end
     batches: list[int] = []
@@ -351,7 +437,7 @@ def test_assign_epoch_gives_every_served_partition_the_epoch_durably_in_one_batc
 
 def test_adopt_epochs_copies_the_masters_history_and_saves_only_a_change(tmp_path: Path, monkeypatch: Any) -> None:
     manager = store(tmp_path)
-    owners = Partitions(manager)
+    owners = owners_of(manager)
     saves: list[Path] = []
     real = EpochCache.save
     monkeypatch.setattr(EpochCache, "save", lambda self: saves.append(self.path) or real(self))

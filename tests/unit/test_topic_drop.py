@@ -142,9 +142,78 @@ def test_the_sync_state_of_a_partition_lives_in_its_record_and_goes_with_one_dro
     store.close()
 
 
-def test_stats_rows_of_dropped_partitions_go_and_totals_keep_them():
-    stats = BrokerStats()
+def test_stats_rows_of_dropped_partitions_go_with_their_owner_and_totals_keep_them(tmp_path):
+    config = {name: TopicConfig(name=name, data_path=str(tmp_path), num_partitions=2) for name in ("gone", "kept")}
+    store = MessageStoreManager(config, max_message_size=1024)
+    partitions = Partitions(store)
+    stats = BrokerStats(partitions)
     stats.partition("gone", 0).put_messages = 5
     stats.partition("kept", 0).put_messages = 2
-    stats.forget_partitions([("gone", 0)])
+    partitions.get("kept", 1)  # open, never counted: no row
+    assert set(stats.topic_totals()) == {"gone", "kept"} and [key for key, _ in partitions.counted()] == [("gone", 0), ("kept", 0)]
+    store.update_topics({"kept": config["kept"]})
+    partitions.drop([("gone", 0), ("gone", 1)])  # the counters go with the owner: no call into the stats
     assert set(stats.topic_totals()) == {"kept"} and stats.totals().put_messages == 7
+    stats.reset()
+    assert stats.totals().put_messages == 0 and not list(partitions.counted())
+    partitions.close()
+    store.close()
+
+
+def test_one_drop_wakes_the_partitions_parked_fetches_and_leaves_no_row_behind(tmp_path):
+    """A partition's parked fetches and counters are held by its owner: ``Partitions.drop`` wakes
+    the fetches (they find the log gone) and takes both along; the topic re-created starts empty."""
+    from metaq.server.waiters import EndWaiters
+
+    config = {name: TopicConfig(name=name, data_path=str(tmp_path), num_partitions=1) for name in ("gone", "kept")}
+    store = MessageStoreManager(config, max_message_size=1024)
+    partitions = Partitions(store)
+    waiters = EndWaiters(partitions)
+    stats = BrokerStats(partitions)
+    woken: list[str] = []
+    for name in config:
+        waiters.watch(name, 0, lambda name=name: woken.append(f"consumer of {name}"))
+        waiters.watch(name, 0, lambda name=name: woken.append(f"slave of {name}"), on_commit=False)
+        stats.partition(name, 0).get_requests += 1
+    store.update_topics({"kept": config["kept"]})
+    partitions.drop([("gone", 0)])  # no call into the waiters nor the stats
+    assert woken == ["slave of gone", "consumer of gone"]
+    assert partitions.parked("gone", 0) is None and [key for key, _ in partitions.counted()] == [("kept", 0)]
+    assert stats.totals().get_requests == 2
+    waiters.notify("gone", 0)  # a late notify of the dropped partition finds nothing
+    assert len(woken) == 2
+    store.update_topics(config)  # re-created: a new owner, nothing carried over
+    assert partitions.parking("gone", 0) is not None and not partitions.parked("gone", 0).watchers
+    assert stats.partition("gone", 0).get_requests == 0
+    waiters.notify_all()
+    assert woken[2:] == ["slave of kept", "consumer of kept"]
+    partitions.close()
+    store.close()
+
+
+def test_a_fetch_woken_by_a_replaced_log_parks_again_on_the_new_owner(tmp_path):
+    """A log replaced under the registry (a new incarnation's, opened before any drop reached
+    ``Partitions``): the old owner's fetches wake, and one that parks again parks on the new one."""
+    from metaq.server.waiters import EndWaiters
+
+    config = {"t": TopicConfig(name="t", data_path=str(tmp_path), num_partitions=1)}
+    store = MessageStoreManager(config, max_message_size=1024)
+    partitions = Partitions(store)
+    waiters = EndWaiters(partitions)
+    woken: list[str] = []
+
+    def again() -> None:
+        woken.append("woken")
+        waiters.watch("t", 0, again)
+
+    waiters.watch("t", 0, again)
+    old = partitions.get("t", 0)
+    store.update_topics({})
+    store.update_topics(config)  # the store opens a new log for t-0; Partitions has not dropped the old
+    new = partitions.get("t", 0)
+    assert new is not old and old.dropped and woken == ["woken"]
+    assert partitions.parked("t", 0) is new.parked and len(new.parked.watchers) == 1
+    waiters.notify("t", 0)
+    assert woken == ["woken", "woken"]
+    partitions.close()
+    store.close()

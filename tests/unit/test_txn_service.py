@@ -24,11 +24,11 @@ from metaq.security.principal_tags import PrincipalTags
 from metaq.security.principals import Principal
 from metaq.security.producer_tokens import ProducerTokens
 from metaq.server.authz import Authz, ProducerClaim, RequestContext, required_access
+from metaq.server.partitions import Appended
 from metaq.server.producer_ids import ProducerIdAllocator, local_blocks
 from metaq.server.transactional_ids import MAX_EPOCH, LocalMapping, Owner, TransactionalIds
 from metaq.server.transactions import TransactionService, aborted_spans, stable_end
 from metaq.store.log import PartitionLog
-from metaq.store.msgid import MsgIdGenerator
 from metaq.txn import control
 from metaq.txn.config import FlushTxLog, TxnSettings
 from metaq.txn.reader import committed_records
@@ -63,8 +63,9 @@ class FakePartition:
     def __init__(self, store: "Store", topic: str) -> None:
         self.store, self.topic = store, topic
 
-    def append_as_leader(self, data: bytes | bytearray, header: object = None) -> int:
-        return self.store.get_log(self.topic, 0).append(data)
+    def append_as_leader(self, data: bytearray, records: int, header: object = None) -> Appended:
+        offset = self.store.get_log(self.topic, 0).append(data)
+        return Appended(offset, offset + len(data), 0)
 
 
 class States:
@@ -117,12 +118,8 @@ class FakeBroker:
         self.store = Store(self.base)
         self.partitions = States(self.store)
         self.ha = FakeHa()
-        self.ids = MsgIdGenerator(1)
         #: None: no transactional ids (``with_names`` gives the broker some).
         self.transactional_ids: TransactionalIds | None = None
-
-    def appended(self, topic: str, partition: int, end: int, count: int) -> None:
-        pass
 
     def durability_wait(self, topic: str, partition: int, end: int, count: int) -> Any:
         if not self.hold_acks:
