@@ -24,6 +24,11 @@ another commit or with other settings (one line, exit 2).
 same command continues an interrupted campaign. ``--rerun SEED`` runs that seed's setup
 again: a new row (attempt 2, 3, ...), never a replacement.
 
+**Stopping.** SIGTERM (or Ctrl-C) stops the campaign after the run in progress: that run
+finishes and is stored like any other, no new one starts, and the same command resumes
+later. A second signal stops the run in progress too; it is stored as an ``ERROR`` row
+("stopped by the operator"), since it is a first attempt all the same.
+
 Lanes: ``--lane K/N`` runs only the setups whose index is ``K - 1`` modulo ``N``, so ``N``
 processes started with ``--lane 1/N`` ... ``--lane N/N`` on the same ``--out`` share one
 campaign without ever running the same setup (each run has its own cluster and ports).
@@ -232,11 +237,13 @@ def execute(setup: Setup, seconds: float, out: Path, zk_nodes: int) -> tuple[dic
     with open(run_dir / "campaign.log", "wb") as log:
         child = subprocess.Popen(setup.command(seconds, out, zk_nodes), stdout=log, stderr=subprocess.STDOUT,
                                  env=env, start_new_session=True)
-        try:
-            rc = child.wait(limit)
-        except subprocess.TimeoutExpired:
+        deadline = time.monotonic() + limit
+        while (rc := child.poll()) is None and time.monotonic() < deadline and not STOP.now:
+            time.sleep(0.2)
+        if rc is None:
             rc = stop_hung(child)
-            return {"ok": False, "seed": setup.seed, "error": f"no result after {limit:g}s: stopped (exit {rc})"}, rc
+            why = "stopped by the operator" if STOP.now else f"no result after {limit:g}s: stopped"
+            return {"ok": False, "seed": setup.seed, "error": f"{why} (exit {rc})"}, rc
     try:
         return json.loads((run_dir / RESULT_FILE).read_text()), rc
     except (OSError, ValueError):
@@ -257,6 +264,31 @@ def store(out: Path, setup: Setup, attempt: int, summary: dict[str, Any], meta: 
     (dest / ROW_FILE).write_text(json.dumps({"index": setup.index, "seed": setup.seed, "attempt": attempt,
                                              "setup": setup.label, **meta}, indent=1))
     return dest
+
+
+class StopRequests:
+    """SIGTERM / SIGINT to the campaign: the first stops it after the run in progress
+    (``after_run``), the second stops that run too (``now``)."""
+
+    def __init__(self) -> None:
+        self.after_run = False
+        self.now = False
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._asked)
+
+    def _asked(self, signum: int, _frame: Any) -> None:
+        if self.after_run:
+            self.now = True
+            print(f"campaign: {signal.Signals(signum).name} again: stopping the run in progress", flush=True)
+        else:
+            self.after_run = True
+            print(f"campaign: {signal.Signals(signum).name}: stopping after the run in progress "
+                  "(again to stop it too)", flush=True)
+
+
+STOP = StopRequests()
 
 
 def stop_hung(child: subprocess.Popen) -> int:
@@ -460,10 +492,14 @@ def main(args: argparse.Namespace) -> int:
     todo += [by_seed[seed] for seed in getattr(args, "rerun", [])]
     verdicts: list[str] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    STOP.install()
     try:
         with Progress(*columns) as progress:
             task = progress.add_task("campaign", total=len(todo))
             for setup in todo:
+                if STOP.after_run:
+                    progress.console.print(f"campaign: stopped before seed {setup.seed}; the same command resumes it")
+                    break
                 attempt = attempts.get(setup.seed, 0) + 1
                 progress.update(task, description=f"seed {setup.seed} ({setup.label}), attempt {attempt}")
                 started = time.monotonic()

@@ -181,3 +181,44 @@ def test_unavailability_is_aggregated_over_runs() -> None:
     lines = campaign.unavailability_table(rows)
     assert lines[2] == "| kill-master | 2 | 2.50 | never | 1.20 | 0.40 |"
     assert lines[3] == "| zk-majority | 1 | 6.00 | 0.90 | 0.30 | 0.20 |"
+
+
+class QuietStop(campaign.StopRequests):
+    """The campaign's stop requests without signal handlers (pytest keeps its own)."""
+
+    def install(self) -> None:
+        pass
+
+
+def test_a_stop_request_lets_the_run_in_progress_finish_and_be_stored_then_resume_continues(tmp_path: Path,
+                                                                                          monkeypatch) -> None:
+    stop = QuietStop()
+    monkeypatch.setattr(campaign, "STOP", stop)
+    runs = FakeRuns(monkeypatch)
+    real_call = FakeRuns.__call__
+
+    def asked_during_seed_2(self, setup, seconds, out, zk_nodes):
+        if setup.seed == 2:
+            stop._asked(15, None)  # SIGTERM while seed 2 runs
+        return real_call(self, setup, seconds, out, zk_nodes)
+
+    monkeypatch.setattr(FakeRuns, "__call__", asked_during_seed_2)
+    campaign.main(args_for(tmp_path))
+    assert runs.ran == [1, 2] and [r.meta["seed"] for r in campaign.stored_rows(tmp_path)] == [1, 2]
+    monkeypatch.setattr(campaign, "STOP", QuietStop())
+    campaign.main(args_for(tmp_path))
+    assert runs.ran == [1, 2, 3]
+
+
+def test_a_second_stop_request_stops_the_run_in_progress_as_an_error_row(tmp_path: Path, monkeypatch) -> None:
+    import sys
+    import threading
+
+    stop = QuietStop()
+    monkeypatch.setattr(campaign, "STOP", stop)
+    monkeypatch.setattr(Setup, "command", lambda self, *_: [sys.executable, "-c", "import time; time.sleep(60)"])
+    setup = plan(1, 5)[0]
+    threading.Timer(0.5, lambda: (stop._asked(15, None), stop._asked(15, None))).start()
+    result, rc = campaign.execute(setup, 30, tmp_path, 1)
+    assert rc != 0 and result["error"].startswith("stopped by the operator")
+    assert campaign.verdict(result) == "ERROR"
