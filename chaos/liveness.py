@@ -19,13 +19,15 @@ and for every group it touches:
   when a transaction whose client gave up holds it back: below);
 * with ``reads_during`` (ZooKeeper majority lost): reads never stop for longer than ``B``
   between ``S`` (or the partition's first ack, when that comes later: before it there is
-  nothing to read) and ``E``, except those of a partition where a transaction open at ``S``
-  holds back the awaited message (below); with ``master_fixed``: no failover of the group
+  nothing to read) and ``E``, except those of a partition where a transaction undecided
+  during the fault holds back the awaited message (below); with ``master_fixed``: no failover of the group
   between ``S`` and ``E``.
 
 A transaction open at ``S`` with a record stored in a partition at or below the newest
 message acked there by ``E`` (a master acks until it notices the quorum is gone, so a
-message may be acked just after ``S``) pins the partition's last stable offset: read-committed readers, on
+message may be acked just after ``S``) pins the partition's last stable offset; so does one
+begun after ``S``, before the master noticed, and still undecided at ``E``
+(``Timeline.holding_through``). Read-committed readers, on
 the master and on the slaves alike, get nothing past that record until the transaction is
 decided, and its decision (a COMMIT or ABORT marker, also the abort of a timeout) is a
 write, which needs ZooKeeper's quorum. For such a partition the ``reads_during`` rule is
@@ -268,6 +270,17 @@ class Timeline:
         return [held for held in self.transactions.get(partition, [])
                 if held.invoked <= at < held.decided_at and held.first <= newest]
 
+    def holding_through(self, partition: str, start: float, end: float) -> list[HeldBy]:
+        """The transactions holding back ``partition``'s reads during a fault from ``start``
+        to ``end``, lowest first record first: those undecided at ``start``, and those begun
+        after it and still undecided at ``end``. The fault's time is taken before its
+        injection, and a master stores until it notices the quorum is gone: a transaction
+        begun in between stores its records, cannot be decided without the quorum, and holds
+        the reads as one open at ``start`` does (campaign seeds 7100, 7101: begun 0.06 s
+        after ``S``, the master fenced 0.2 s after ``S``)."""
+        held = set(self.holding_back(partition, start, acked_by=end)) | set(self.holding_back(partition, end))
+        return sorted(held, key=lambda h: (h.first, h.invoked))
+
     def waiting_for_timeout(self, partition: str, end: float) -> HeldBy | None:
         """Of the transactions holding back ``partition``'s reads at ``end``, the last to be
         decided among those only the broker's timeout (or a read past them) decides; None
@@ -347,14 +360,14 @@ def check_liveness(history: History, present: dict[str, set[int]] | None = None,
                 # Acked by the end, not only by the start: a master acks until it notices the
                 # quorum is gone, and a message acked then above an open transaction's record
                 # is held back as well (campaign seeds 3005, 3007: acked 0.08 s after S).
-                held = timeline.holding_back(partition, w.start, acked_by=w.end) if f.get("reads_during") else []
+                held = timeline.holding_through(partition, w.start, w.end) if f.get("reads_during") else []
                 if held:
                     # Reads past an undecided transaction wait for its marker, a write: they
                     # are bounded like writes, by the reads rule above (within B of E, or of
                     # its timeout when only that decides it). Only those: what was acked
                     # below the transaction's first record is read throughout, within B of
                     # the fault's start (or of its ack, when acked during the fault).
-                    first_held = min(h.first for h in held)
+                    first_held = held[0].first
                     rec.setdefault("reads_held_by_transaction", {})[partition] = held[0].name
                     below = timeline.newest_acked_below(partition, w.end, first_held)
                     if below is not None:
