@@ -181,3 +181,23 @@ def test_a_transaction_begun_and_decided_during_the_fault_holds_nothing():
     held the reads for a moment only, and the reads that then stopped are a violation."""
     (violation,) = check(transaction_begun_just_after_the_quorum_went(decided=START + 0.2).finish()).violations()
     assert violation["kind"] == "reads_stopped" and "stopped for" in violation["why"]
+
+
+def test_reads_stopped_before_a_transaction_begun_during_the_fault_are_still_caught():
+    """Reads stopped at the start of the fault, with nothing holding them; a transaction
+    began just before the quorum came back and stayed open 4.4 s (> B). It holds the reads
+    from its invocation only: before it, the reads-throughout rule applies."""
+    run = TimedRun()
+    run.load(1, 10.0)
+    run.fault("zk-majority", START, 18.0, reads_during=True, master_fixed=True)
+    run.load(10.5, 25, writes=False, partitions=("t/0-1",))
+    txn = run.at(17.5).h.invoke("x0", "txn", txn="x0-t1", timeout_s=10)
+    sent = run.append("t/0-0", "x0-t1-0")
+    run.at(17.6).put("p0-above", partition="t/0-0")
+    run.at(21.9).h.fail(txn, "rolled back", sends=[["t/0-0", sent, "x0-t1-0"]])
+    run.load(18.5, 25, reads=False)
+    run.load(22.0, 25, writes=False, partitions=("t/0-0",))
+    result = check(run.finish())
+    (violation,) = result.violations()
+    assert violation["kind"] == "reads_stopped" and "reads of t/0-0 stopped for 7.50s" in violation["why"]
+    assert result.stats["liveness_faults"][0]["reads_held_by_transaction"] == {"t/0-0": "x0-t1"}
