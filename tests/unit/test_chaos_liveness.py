@@ -138,3 +138,66 @@ def test_a_transaction_whose_send_was_stored_without_an_ack_holds_the_reads_too(
     assert result.ok, result.report()
     (record,) = result.stats["liveness_faults"]
     assert record["reads_held_by_transaction"] == {"t/0-0": "xa0-t1"}
+
+
+def transaction_begun_just_after_the_quorum_went(decided: float, below_read: float | None = 10.4) -> TimedRun:
+    """Campaign seeds 7100, 7101: the fault's time is taken before its injection, which took
+    0.2 s; meanwhile a transaction began (S + 0.06 s), stored a record in t/0-0, and a plain
+    put was acked above it; then the master fenced. The transaction is decided at
+    ``decided`` (its client heard it refused); t/0-0's reads got the message below its
+    record at ``below_read`` (None: never), then nothing until the quorum came back."""
+    run = TimedRun()
+    run.load(1, 10.0)
+    run.fault("zk-majority", START, 16.0, reads_during=True, master_fixed=True)
+    txn = run.at(START + 0.06).h.invoke("z0", "txn", txn="z0-t1", timeout_s=10)
+    below = run.at(START + 0.07).put("p0-below", partition="t/0-0")
+    sent = run.append("t/0-0", "z0-t1-0")
+    run.at(START + 0.13).put("p0-above", partition="t/0-0")
+    if below_read is not None:
+        run.at(below_read).read("t/0-0", [(below, "p0-below")], replica="meta://m0")
+    run.at(decided).h.fail(txn, "older instance refused: fenced", sends=[["t/0-0", sent, "z0-t1-0"]])
+    run.load(10.5, 20, writes=False, partitions=("t/0-1",))
+    run.load(16.5, 20)
+    return run
+
+
+def test_a_transaction_begun_after_the_fault_before_the_master_noticed_holds_the_reads_too():
+    """Before: only a transaction invoked by ``S`` narrowed the reads-throughout rule, so
+    t/0-0's reads, stopped at this one's record, were ``reads_stopped`` (5.6 s > 4 s)."""
+    result = check(transaction_begun_just_after_the_quorum_went(decided=16.6).finish())
+    assert result.ok, result.report()
+    (record,) = result.stats["liveness_faults"]
+    assert record["reads_held_by_transaction"] == {"t/0-0": "z0-t1"}
+    assert result.stats["reads_during_exemptions"] == {"z0-t1": 1}
+
+
+def test_reads_below_a_transaction_begun_after_the_fault_must_still_go_on():
+    (violation,) = check(transaction_begun_just_after_the_quorum_went(16.6, below_read=None).finish()).violations()
+    assert violation["kind"] == "reads_stopped" and "below transaction z0-t1's first record" in violation["why"]
+
+
+def test_a_transaction_begun_and_decided_during_the_fault_holds_nothing():
+    """Decided before the quorum came back (the master had not noticed yet): its record
+    held the reads for a moment only, and the reads that then stopped are a violation."""
+    (violation,) = check(transaction_begun_just_after_the_quorum_went(decided=START + 0.2).finish()).violations()
+    assert violation["kind"] == "reads_stopped" and "stopped for" in violation["why"]
+
+
+def test_reads_stopped_before_a_transaction_begun_during_the_fault_are_still_caught():
+    """Reads stopped at the start of the fault, with nothing holding them; a transaction
+    began just before the quorum came back and stayed open 4.4 s (> B). It holds the reads
+    from its invocation only: before it, the reads-throughout rule applies."""
+    run = TimedRun()
+    run.load(1, 10.0)
+    run.fault("zk-majority", START, 18.0, reads_during=True, master_fixed=True)
+    run.load(10.5, 25, writes=False, partitions=("t/0-1",))
+    txn = run.at(17.5).h.invoke("x0", "txn", txn="x0-t1", timeout_s=10)
+    sent = run.append("t/0-0", "x0-t1-0")
+    run.at(17.6).put("p0-above", partition="t/0-0")
+    run.at(21.9).h.fail(txn, "rolled back", sends=[["t/0-0", sent, "x0-t1-0"]])
+    run.load(18.5, 25, reads=False)
+    run.load(22.0, 25, writes=False, partitions=("t/0-0",))
+    result = check(run.finish())
+    (violation,) = result.violations()
+    assert violation["kind"] == "reads_stopped" and "reads of t/0-0 stopped for 7.50s" in violation["why"]
+    assert result.stats["liveness_faults"][0]["reads_held_by_transaction"] == {"t/0-0": "x0-t1"}
