@@ -34,6 +34,7 @@ from typing import Any, Callable, Mapping, TypeVar
 from kazoo.client import KazooClient, KazooState
 from kazoo.protocol.states import EventType, WatchedEvent
 from kazoo.exceptions import (
+    BadVersionError,
     ConnectionLoss,
     KazooException,
     NodeExistsError,
@@ -513,9 +514,20 @@ class BrokerRegistry:
                 continue  # it just vanished: create it now
             if stat.ephemeralOwner == self.session_id:
                 # Ours already (a create retried over connection loss, or a data change).
-                if value != data:
+                if value == data:
+                    return
+                try:
                     self._retry(self._client.set, path, data, version=stat.version)
-                return
+                    return
+                except (BadVersionError, NoNodeError):
+                    # Our node changed under the version read: only this session writes it,
+                    # so an earlier write of ours landed after its reply was lost (a set
+                    # retried over connection loss lands twice: the retry meets the version
+                    # the first made; a write left pending when ZooKeeper lost its quorum is
+                    # committed once the quorum is back). Read it again. Raising here ended
+                    # the topic applier's step half-way: a slave that never replicated a
+                    # partition added meanwhile (campaign seed 7104).
+                    continue
             now = time.monotonic()
             if deadline is None and path in self._held_elsewhere:
                 deadline = now  # waited for once already; its deletion watch tries again

@@ -10,6 +10,7 @@ from typing import Any, Awaitable, Callable, Iterator
 
 import pytest
 from kazoo.client import KazooClient
+from kazoo.exceptions import ConnectionLoss
 from kazoo.protocol.states import EventType, KeeperState, WatchedEvent
 
 from metaq.config import TopicConfig, ZkConfig
@@ -248,6 +249,45 @@ def test_update_topics_and_checksum(zk: EmbeddedZooKeeper, zk_root: str, zk_clie
                 paths.topic_sub_node("fresh", BROKER_ID),
             }
         finally:
+            await registry.stop()
+
+    run(scenario)
+
+
+def test_a_topic_node_update_whose_first_write_landed_unanswered_is_not_an_error(
+    zk: EmbeddedZooKeeper, zk_root: str, zk_client: KazooClient
+) -> None:
+    """Campaign seed 7104: a slave's topic node update was sent as ZooKeeper lost its quorum;
+    the write landed, its reply did not, and the retried version-checked write met the version
+    the first had made (BadVersionError). That ended the topic applier's step before the
+    follower was told of a partition added meanwhile: never replicated, the slave out of the
+    sync set for good. Here the first write lands and its reply is lost (ConnectionLoss), as
+    there; the update must still finish, the node holding the new map."""
+    paths = ZkPaths(zk_root)
+
+    async def scenario() -> None:
+        served = Served(TOPICS)
+        registry = make_registry(zk, zk_root, served=served)
+        await registry.start()
+        real_set = registry.client.set
+        lost_replies: list[str] = []
+
+        def set_whose_first_reply_is_lost(path: str, value: bytes, version: int = -1) -> Any:
+            stat = real_set(path, value, version=version)
+            if not lost_replies:
+                lost_replies.append(path)
+                raise ConnectionLoss()
+            return stat
+
+        try:
+            registry.client.set = set_whose_first_reply_is_lost  # type: ignore[method-assign]
+            served.topics = {**TOPICS, "orders": TopicConfig("orders", num_partitions=3)}
+            await registry.publish_topics()
+            assert lost_replies, "the update wrote no node"
+            assert read(zk_client, paths.topic_pub_node("orders", BROKER_ID))[0] == b'{"numParts":3,"broker":"0-m"}'
+            assert read(zk_client, paths.topic_sub_node("orders", BROKER_ID))[0] == b'{"numParts":3,"broker":"0-m"}'
+        finally:
+            registry.client.set = real_set  # type: ignore[method-assign]
             await registry.stop()
 
     run(scenario)
