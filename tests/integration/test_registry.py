@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 from kazoo.client import KazooClient
-from kazoo.exceptions import ConnectionLoss
+from kazoo.exceptions import ConnectionLoss, NoAuthError
 from kazoo.protocol.states import EventType, KeeperState, WatchedEvent
 
 from metaq.config import TopicConfig, ZkConfig
@@ -254,6 +255,32 @@ def test_update_topics_and_checksum(zk: EmbeddedZooKeeper, zk_root: str, zk_clie
     run(scenario)
 
 
+@contextlib.asynccontextmanager
+async def first_set_failing(zk: EmbeddedZooKeeper, root: str, served: Served, error: Exception,
+                            lands: bool) -> AsyncIterator[tuple[BrokerRegistry, list[str]]]:
+    """A started master registry whose first ZooKeeper ``set`` raises ``error``, after writing
+    (``lands``: a reply lost) or not (a refusal); yields it and the paths it failed on."""
+    registry = make_registry(zk, root, served=served)
+    await registry.start()
+    real_set = registry.client.set
+    failed: list[str] = []
+
+    def set_failing_once(path: str, value: bytes, version: int = -1) -> Any:
+        if failed:
+            return real_set(path, value, version=version)
+        failed.append(path)
+        if lands:
+            real_set(path, value, version=version)
+        raise error
+
+    registry.client.set = set_failing_once  # type: ignore[method-assign]
+    try:
+        yield registry, failed
+    finally:
+        registry.client.set = real_set  # type: ignore[method-assign]
+        await registry.stop()
+
+
 def test_a_topic_node_update_whose_first_write_landed_unanswered_is_not_an_error(
     zk: EmbeddedZooKeeper, zk_root: str, zk_client: KazooClient
 ) -> None:
@@ -267,28 +294,35 @@ def test_a_topic_node_update_whose_first_write_landed_unanswered_is_not_an_error
 
     async def scenario() -> None:
         served = Served(TOPICS)
-        registry = make_registry(zk, zk_root, served=served)
-        await registry.start()
-        real_set = registry.client.set
-        lost_replies: list[str] = []
-
-        def set_whose_first_reply_is_lost(path: str, value: bytes, version: int = -1) -> Any:
-            stat = real_set(path, value, version=version)
-            if not lost_replies:
-                lost_replies.append(path)
-                raise ConnectionLoss()
-            return stat
-
-        try:
-            registry.client.set = set_whose_first_reply_is_lost  # type: ignore[method-assign]
+        async with first_set_failing(zk, zk_root, served, ConnectionLoss(), lands=True) as (registry, failed):
             served.topics = {**TOPICS, "orders": TopicConfig("orders", num_partitions=3)}
             await registry.publish_topics()
-            assert lost_replies, "the update wrote no node"
+            assert failed, "the update wrote no node"
             assert read(zk_client, paths.topic_pub_node("orders", BROKER_ID))[0] == b'{"numParts":3,"broker":"0-m"}'
             assert read(zk_client, paths.topic_sub_node("orders", BROKER_ID))[0] == b'{"numParts":3,"broker":"0-m"}'
-        finally:
-            registry.client.set = real_set  # type: ignore[method-assign]
-            await registry.stop()
+
+    run(scenario)
+
+
+def test_a_topic_node_update_zookeeper_refuses_once_is_said_and_tried_again(
+    zk: EmbeddedZooKeeper, zk_root: str, zk_client: KazooClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Any other refusal of a run-time update ends neither the caller's step (the topic
+    applier's, which tells the follower of new partitions after it) nor the update: one
+    error line, and the update is written again a moment later."""
+    paths = ZkPaths(zk_root)
+
+    async def scenario() -> None:
+        served = Served(TOPICS)
+        async with first_set_failing(zk, zk_root, served, NoAuthError(), lands=False) as (registry, failed):
+            served.topics = {**TOPICS, "orders": TopicConfig("orders", num_partitions=4)}
+            await registry.publish_topics()  # returns: the caller's step goes on
+            assert failed, "the update wrote no node"
+            node = paths.topic_pub_node("orders", BROKER_ID)
+            await eventually(lambda: read(zk_client, node)[0] == b'{"numParts":4,"broker":"0-m"}',
+                             timeout=10, message="the refused update written again")
+            errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+            assert len(errors) == 1 and "NoAuthError" in errors[0] and "trying again" in errors[0], errors
 
     run(scenario)
 
