@@ -34,6 +34,7 @@ from typing import Any, Callable, Mapping, TypeVar
 from kazoo.client import KazooClient, KazooState
 from kazoo.protocol.states import EventType, WatchedEvent
 from kazoo.exceptions import (
+    BadVersionError,
     ConnectionLoss,
     KazooException,
     NodeExistsError,
@@ -58,6 +59,8 @@ T = TypeVar("T")
 MASTER = "master"
 # After a failed re-registration (e.g. connection lost half-way), try again this soon.
 REREGISTER_RETRY_S = 1.0
+# After a run-time registration update ZooKeeper refused otherwise (an ACL, say), try again this soon.
+SYNC_RETRY_S = 2.0
 
 
 #: What the registry is before the HA layer decides a role (it registers no node then).
@@ -444,6 +447,19 @@ class BrokerRegistry:
             # Raising here ended the topic applier's step half-way, and nothing tried again
             # (campaign seed 3048).
             self._defer_conflict(exc)
+        except KazooException as exc:
+            # Any other refusal: said, and tried again. Raising ended the topic applier's step
+            # before its follower was told of the new partitions, and nothing tried again
+            # (campaign seed 7104, a BadVersionError ``_ensure_ephemeral`` now reads through).
+            log.error("broker %s: updating its registration in ZooKeeper failed (%r); trying again in %.0f s",
+                      self.broker_id, exc, SYNC_RETRY_S)
+            self._later(SYNC_RETRY_S, self._submit_sync)
+
+    def _later(self, delay_s: float, step: Callable[[], None]) -> None:
+        """Submit ``step`` (one that hands its work to the worker) after ``delay_s``."""
+        timer = threading.Timer(delay_s, step)
+        timer.daemon = True
+        timer.start()
 
     def _defer_conflict(self, exc: RegistrationConflict) -> None:
         """A node another session holds at run time (a deposed master's session that lives on,
@@ -513,9 +529,20 @@ class BrokerRegistry:
                 continue  # it just vanished: create it now
             if stat.ephemeralOwner == self.session_id:
                 # Ours already (a create retried over connection loss, or a data change).
-                if value != data:
+                if value == data:
+                    return
+                try:
                     self._retry(self._client.set, path, data, version=stat.version)
-                return
+                    return
+                except (BadVersionError, NoNodeError):
+                    # Our node changed under the version read: only this session writes it,
+                    # so an earlier write of ours landed after its reply was lost (a set
+                    # retried over connection loss lands twice: the retry meets the version
+                    # the first made; a write left pending when ZooKeeper lost its quorum is
+                    # committed once the quorum is back). Read it again. Raising here ended
+                    # the topic applier's step half-way: a slave that never replicated a
+                    # partition added meanwhile (campaign seed 7104).
+                    continue
             now = time.monotonic()
             if deadline is None and path in self._held_elsewhere:
                 deadline = now  # waited for once already; its deletion watch tries again
@@ -648,9 +675,7 @@ class BrokerRegistry:
                     self._defer_conflict(exc)
         except (KazooException, RegistryError) as exc:
             log.error("re-registering broker %s failed (%s); retrying", self.broker_id, exc)
-            retry = threading.Timer(REREGISTER_RETRY_S, self._submit_reconnect)
-            retry.daemon = True
-            retry.start()
+            self._later(REREGISTER_RETRY_S, self._submit_reconnect)
             return
         if new_session:
             log.info("broker %s re-registered in ZooKeeper with session 0x%x", self.broker_id, self.session_id or 0)

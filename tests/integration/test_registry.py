@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 from kazoo.client import KazooClient
+from kazoo.exceptions import ConnectionLoss, NoAuthError
 from kazoo.protocol.states import EventType, KeeperState, WatchedEvent
 
 from metaq.config import TopicConfig, ZkConfig
@@ -249,6 +251,78 @@ def test_update_topics_and_checksum(zk: EmbeddedZooKeeper, zk_root: str, zk_clie
             }
         finally:
             await registry.stop()
+
+    run(scenario)
+
+
+@contextlib.asynccontextmanager
+async def first_set_failing(zk: EmbeddedZooKeeper, root: str, served: Served, error: Exception,
+                            lands: bool) -> AsyncIterator[tuple[BrokerRegistry, list[str]]]:
+    """A started master registry whose first ZooKeeper ``set`` raises ``error``, after writing
+    (``lands``: a reply lost) or not (a refusal); yields it and the paths it failed on."""
+    registry = make_registry(zk, root, served=served)
+    await registry.start()
+    real_set = registry.client.set
+    failed: list[str] = []
+
+    def set_failing_once(path: str, value: bytes, version: int = -1) -> Any:
+        if failed:
+            return real_set(path, value, version=version)
+        failed.append(path)
+        if lands:
+            real_set(path, value, version=version)
+        raise error
+
+    registry.client.set = set_failing_once  # type: ignore[method-assign]
+    try:
+        yield registry, failed
+    finally:
+        registry.client.set = real_set  # type: ignore[method-assign]
+        await registry.stop()
+
+
+def test_a_topic_node_update_whose_first_write_landed_unanswered_is_not_an_error(
+    zk: EmbeddedZooKeeper, zk_root: str, zk_client: KazooClient
+) -> None:
+    """Campaign seed 7104: a slave's topic node update was sent as ZooKeeper lost its quorum;
+    the write landed, its reply did not, and the retried version-checked write met the version
+    the first had made (BadVersionError). That ended the topic applier's step before the
+    follower was told of a partition added meanwhile: never replicated, the slave out of the
+    sync set for good. Here the first write lands and its reply is lost (ConnectionLoss), as
+    there; the update must still finish, the node holding the new map."""
+    paths = ZkPaths(zk_root)
+
+    async def scenario() -> None:
+        served = Served(TOPICS)
+        async with first_set_failing(zk, zk_root, served, ConnectionLoss(), lands=True) as (registry, failed):
+            served.topics = {**TOPICS, "orders": TopicConfig("orders", num_partitions=3)}
+            await registry.publish_topics()
+            assert failed, "the update wrote no node"
+            assert read(zk_client, paths.topic_pub_node("orders", BROKER_ID))[0] == b'{"numParts":3,"broker":"0-m"}'
+            assert read(zk_client, paths.topic_sub_node("orders", BROKER_ID))[0] == b'{"numParts":3,"broker":"0-m"}'
+
+    run(scenario)
+
+
+def test_a_topic_node_update_zookeeper_refuses_once_is_said_and_tried_again(
+    zk: EmbeddedZooKeeper, zk_root: str, zk_client: KazooClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Any other refusal of a run-time update ends neither the caller's step (the topic
+    applier's, which tells the follower of new partitions after it) nor the update: one
+    error line, and the update is written again a moment later."""
+    paths = ZkPaths(zk_root)
+
+    async def scenario() -> None:
+        served = Served(TOPICS)
+        async with first_set_failing(zk, zk_root, served, NoAuthError(), lands=False) as (registry, failed):
+            served.topics = {**TOPICS, "orders": TopicConfig("orders", num_partitions=4)}
+            await registry.publish_topics()  # returns: the caller's step goes on
+            assert failed, "the update wrote no node"
+            node = paths.topic_pub_node("orders", BROKER_ID)
+            await eventually(lambda: read(zk_client, node)[0] == b'{"numParts":4,"broker":"0-m"}',
+                             timeout=10, message="the refused update written again")
+            errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+            assert len(errors) == 1 and "NoAuthError" in errors[0] and "trying again" in errors[0], errors
 
     run(scenario)
 

@@ -83,3 +83,30 @@ def test_a_new_master_that_does_not_answer_is_asked_about_every_partition_at_onc
     assert len(rounds) == 3 and len(rounds[0]) == 5 and ("txn-b", 1) not in rounds[1]
     assert starts[("txn-b", 1)] == 7
     assert all(start == len(new.log) for key, start in starts.items() if key != ("txn-b", 1))  # no checkpoint: the log end
+
+
+def test_the_new_master_is_asked_through_the_clusters_connection_logged_in_with_secure(tmp_path):
+    """Campaign seed 7104 (--secure): the monitor asked ``epochs`` on connections of its own,
+    never logged in; each was closed ("op 'epochs' before login") and every failover's epoch
+    start came from the checkpoint on disk. It asks through the cluster's ``connect`` (the
+    workload's credentials) now."""
+    new = _Broker("g0-a", tmp_path / "a", encode_batch([(b"new-1", None)]))
+    connected: list[tuple[str, float]] = []
+
+    class _LoggedIn:
+        async def request(self, header: dict, timeout: float) -> dict:
+            assert header["op"] == "epochs"
+            return {"entries": [[7, 3], [8, 11]]}
+
+        def close(self) -> None:
+            pass
+
+    class _Secured(_Cluster):
+        async def connect(self, url: str, timeout: float) -> _LoggedIn:
+            connected.append((url, timeout))
+            return _LoggedIn()
+
+    monitor = runner.Monitor(_Secured({"meta://a": new}), History({"mode": "sync"}))
+    starts = monitor._epoch_starts("meta://a", new, [("chaos", 0)], 8)
+    assert starts == {("chaos", 0): 11}  # the broker's answer, not the log end on disk (len(new.log))
+    assert connected == [("meta://a", 2.0)]
