@@ -128,7 +128,7 @@ class HaCoordinator:
     async def stop(self) -> None:
         # Seen by entry actions that wait on a peer (truncate_against): they give up at
         # once, so STOP is handled next instead of after their own deadline.
-        self.followership.stopping = True
+        self.followership.give_up()
         self.post(Event.STOP)
         if self._worker is not None:
             try:

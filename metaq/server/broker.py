@@ -445,6 +445,7 @@ class Broker:
                 log.warning("deregistration failed: %s", exc)
         if self._server is not None:
             self._server.close()
+        self.slots.close_all()
         if self.heartbeats is not None:
             await self.heartbeats.stop()
         self.waiters.notify_all()
