@@ -7,7 +7,8 @@ partitions that walk took 18 s on a loaded machine, and the stop waited for it. 
 slave is SIGTERMed in that walk while its master is paused (SIGSTOP), so the request in
 flight is never answered: before, the stop waited out the request's timeout and the
 coordinator's own 10 s wait; now the walk ends at once. Then the master is SIGTERMed while
-the restarted slave catches up and producers are writing to every partition.
+the restarted slave replicates and a producer writes to every partition, and the slave as
+it takes over from it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from metaq.record import encode_batch
 from metaq.tools.launcher import BrokerProcess, wait_until
 
 from .replication_support import replica_rows
+from .test_sync_replication import wait_sync_set
 
 PARTITIONS = 2000
 TOPICS = {"wide": PARTITIONS}
@@ -77,7 +79,8 @@ def assert_stops_within_bound(broker: BrokerProcess) -> None:
     broker.stop()  # reaps it and closes its log file
 
 
-def test_sigterm_stops_a_slave_mid_truncation_and_a_master_mid_replication_within_the_bound(broker_factory) -> None:  # noqa: ANN001
+def test_sigterm_stops_a_slave_mid_truncation_and_a_master_mid_replication_within_the_bound(
+        broker_factory, zk_client, zk_root) -> None:  # noqa: ANN001
     master = broker_factory(0, TOPICS, PAIR, zookeeper=ZOOKEEPER)
     slave = broker_factory(0, TOPICS, PAIR, {"slaveId": 0}, zookeeper=ZOOKEEPER)
     wait_until(lambda: all_following(slave), 120, interval=0.5, message="every partition to replicate")
@@ -98,15 +101,22 @@ def test_sigterm_stops_a_slave_mid_truncation_and_a_master_mid_replication_withi
     finally:
         master.resume()
 
-    # The master, while the slave catches up and a producer writes to every partition.
+    # The master, while the slave replicates and a producer writes to every partition.
     slave.start()
+    wait_sync_set(zk_client, zk_root, [0], timeout=120)  # so that it may take over below
     stop = threading.Event()
     producer = threading.Thread(target=lambda: asyncio.run(_put_everywhere(master.address, "second", stop)))
     producer.start()
+    log_start = len(slave.log_text())
     try:
         time.sleep(2)
         assert_stops_within_bound(master)
     finally:
         stop.set()
         producer.join(30)
-    assert slave.alive
+
+    # The slave takes over from the stopped master: SIGTERMed as it starts to lead (the
+    # epoch's start goes into every partition's history, a walk over all 2,000).
+    wait_until(lambda: "--won--> leading" in slave.log_text()[log_start:], 60, interval=0.02,
+               message="the slave to take over")
+    assert_stops_within_bound(slave)
