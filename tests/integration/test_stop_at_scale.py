@@ -21,7 +21,8 @@ import time
 
 from metaq.client.connection import BrokerConnection
 from metaq.record import encode_batch
-from metaq.tools.launcher import BrokerProcess, wait_until
+from metaq.tools.launcher import BrokerFactory, BrokerProcess, wait_until
+from metaq.zk.embedded import EmbeddedZooKeeper
 
 from .replication_support import replica_rows
 from .test_sync_replication import wait_sync_set
@@ -120,3 +121,28 @@ def test_sigterm_stops_a_slave_mid_truncation_and_a_master_mid_replication_withi
     wait_until(lambda: "--won--> leading" in slave.log_text()[log_start:], 60, interval=0.02,
                message="the slave to take over")
     assert_stops_within_bound(slave)
+
+
+def test_sigterm_with_zookeeper_not_answering_waits_at_most_3_s_per_zookeeper_step(tmp_path) -> None:  # noqa: ANN001
+    """ZooKeeper frozen (SIGSTOP) under a registered broker: deleting its nodes and closing its
+    session wait 3 s each, not zk.zkConnectionTimeoutMs (30 s here, the default)."""
+    zk = EmbeddedZooKeeper(data_dir=tmp_path / "zookeeper", tick_ms=200)
+    zk.start()
+    factory = BrokerFactory(tmp_path, zk.connect_string, "/meta")
+    try:
+        broker = factory(0, {"few": 4}, zookeeper={"zk.zkSessionTimeoutMs": 30000, "zk.zkConnectionTimeoutMs": 30000})
+        zk.pause()
+        process = broker._process
+        assert process is not None
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+        # Two ZooKeeper steps of 3 s, the callbacks' 3 s and the worker threads' 3 s at most.
+        assert time.monotonic() - started < 13, broker.log_text(last_lines=10)
+        text = broker.log_text()
+        assert "deregistering broker 0 failed" in text and "broker 0 stopped" in text
+    finally:
+        zk.resume()
+        factory.stop_all()
+        zk.stop()
+
