@@ -8,7 +8,8 @@ slave is SIGTERMed in that walk while its master is paused (SIGSTOP), so the req
 flight is never answered: before, the stop waited out the request's timeout and the
 coordinator's own 10 s wait; now the walk ends at once. Then the master is SIGTERMed while
 the restarted slave replicates and a producer writes to every partition, and the slave as
-it takes over from it.
+it takes over from it. Last, a broker whose ZooKeeper is frozen: each ZooKeeper step of the
+stop waits 3 s, not zk.zkConnectionTimeoutMs.
 """
 
 from __future__ import annotations
