@@ -20,8 +20,9 @@ Dimensions:
   every replica of the slave follows); ZooKeeper nodes and bytes (and the biggest node);
   RSS, open descriptors and CPU of master and slave idle over ``--idle-seconds``; batched
   produce (100 x 100 B per put, 32 in flight) to one partition and round-robin over all;
-  a clean restart of the slave (until it is back in the sync set); a kill -9 of the master
-  (first acked write on the new master, and until a put to every partition was acked).
+  a clean restart of the slave (its SIGTERM timed; until it is back in the sync set); a kill
+  -9 of the master (first acked write on the new master, and until a put to every partition
+  was acked); then a SIGTERM of the new master (timed: every log dirty).
 * ``log``: a standalone broker over N GiB in one partition and spread over 100 (segments
   written directly, 1 GiB each): start, restart after a clean stop and after kill -9, RSS.
 * ``catchup``: a slave started empty copies N GiB from its master: MB/s, beside ``cat`` of
@@ -235,6 +236,14 @@ def replicas_following(slave: BrokerProcess) -> int:
 # --- ZooKeeper ----------------------------------------------------------------------------
 
 
+def timed_stop(broker: BrokerProcess) -> float | None:
+    """SIGTERM ``broker``: seconds until it exited, or None if it had to be killed."""
+    started = time.monotonic()
+    broker.stop(timeout=PHASE_LIMIT_S)
+    took = round(time.monotonic() - started, 2)
+    return took if took < PHASE_LIMIT_S else None
+
+
 def zk_tree(connect: str, root: str) -> dict[str, Any]:
     """Nodes, bytes of data and the biggest node under ``root``."""
     nodes = total = 0
@@ -305,8 +314,8 @@ def partitions_row(work: Path, partitions: int, args: argparse.Namespace) -> dic
         row["produce_one_mb_s"], row["produce_one_p99_ms"] = one["mb_s"], one["p99_ms"]
         row["produce_all_mb_s"], row["produce_all_p99_ms"] = spread["mb_s"], spread["p99_ms"]
         row["produce_failed_puts"] = one["failed_puts"] + spread["failed_puts"]
-        # A clean restart of the slave: until it is back in the sync set.
-        slave.stop()
+        # A clean restart of the slave (its SIGTERM timed): until it is back in the sync set.
+        row["slave_sigterm_s"] = timed_stop(slave)
         started = time.monotonic()
         slave.start(wait=False)
         row["slave_restart_in_sync_set_s"] = timed(lambda: in_sync_set(zk.connect_string, root, 1) and
@@ -320,6 +329,8 @@ def partitions_row(work: Path, partitions: int, args: argparse.Namespace) -> dic
         served = asyncio.run(put_everywhere(slave.port, partitions, PHASE_LIMIT_S))[0] if took is not None else 0
         row["failover_all_served_s"] = round(time.monotonic() - started, 2) if served == partitions else None
         row["failover_partitions_served"] = served
+        # SIGTERM of the new master right after a put to every partition: 10,000 dirty logs.
+        row["master_sigterm_s"] = timed_stop(slave)
     finally:
         factory.stop_all()
         zk.stop()
@@ -604,6 +615,7 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("produce_all_p99_ms", "spread p99 (ms)"), ("produce_failed_puts", "failed puts"),
         ("slave_restart_in_sync_set_s", "slave restart -> sync set (s)"), ("failover_took_over_s", "kill -9: slave took over (s)"), ("failover_first_ack_s", "kill -9: first ack (s)"),
         ("failover_all_served_s", "kill -9: all served (s)"), ("failover_partitions_served", "served after kill -9"),
+        ("slave_sigterm_s", "SIGTERM slave (s)"), ("master_sigterm_s", "SIGTERM master after a put to each (s)"),
     ],
     "log": [
         ("log_gib", "GiB"), ("partitions", "partitions"), ("first_start_s", "start (s)"),

@@ -126,9 +126,10 @@ class HaCoordinator:
         await self.view.start(self._post_master, lambda: self.machine.state in answers_in)
 
     async def stop(self) -> None:
-        # Seen by entry actions that wait on a peer (truncate_against): they give up at
-        # once, so STOP is handled next instead of after their own deadline.
-        self.followership.stopping = True
+        # Seen by the entry actions' walks over every partition (truncate_against, take_up)
+        # and their waits on a peer: they give up at once, so STOP is handled next instead of
+        # after their own deadline.
+        self.followership.give_up()
         self.post(Event.STOP)
         if self._worker is not None:
             try:
@@ -225,6 +226,9 @@ class HaCoordinator:
         """An entry action raised: tell a blip of ZooKeeper from a broker that cannot serve
         (role.entry_failed_event decides; stepping down for a ZooKeeper blip once left a
         group with no master at all)."""
+        if self.followership.stopping:
+            log.info("entering %s given up: %s", role.value, exc)  # STOP is next in the queue
+            return
         event = entry_failed_event(role, isinstance(exc, ZK_ERRORS))
         if event is Event.SUSPENDED:
             log.warning("ZooKeeper went away while taking up leading (%s); fenced until it answers",

@@ -52,7 +52,11 @@ of them (every log end is sent again at least every ``FULL_REPORT_EVERY_S``), sp
 many datagrams as it takes, each a complete signed heartbeat of its own. The master records
 each as it comes (positions only move forward there), so nothing is cut off whatever the
 partition count, and an idle slave of 10,000 partitions sends ~170 log ends a beat, not
-10,000. A lost datagram's log ends come again with the rotation.
+10,000. A lost datagram's log ends come again with the rotation. Nor does a beat walk every
+partition: the follower tells it which replicas appended since the last beat
+(``ReplicaPositions.moved``) and keeps the rotation's list of partitions until its replicas
+change, so a beat looks at the moved partitions and its slice only (a beat to a new master
+names them all once).
 
 Reflection: the master answers only to the host the slave registered in ZooKeeper
 (``slave_hosts``), and never with more bytes than the heartbeat it answers
@@ -69,7 +73,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Protocol
+from typing import Any, Callable, Collection, Iterable, Protocol, Sequence
 
 import asyncio_dgram
 import msgpack
@@ -435,27 +439,67 @@ class MasterHeartbeat:
     rtt_ms: float | None = None
 
 
+Key = tuple[str, int]
+
+
+class ReplicaPositions(Protocol):
+    """What a slave's beat reports, without walking every partition each beat."""
+
+    def keys(self) -> Sequence[Key]:
+        """Every partition reported, in a stable order (the rotation's list)."""
+
+    def moved(self) -> Iterable[Key]:
+        """The partitions whose position may have moved since the last call."""
+
+    def report(self, key: Key) -> tuple[int, str] | None:
+        """Its position and the incarnation of its topic; None: no longer replicated."""
+
+
+class WholeMap:
+    """``ReplicaPositions`` over a map of every log end, read once per beat: each counts as moved."""
+
+    def __init__(self, log_ends: Callable[[], dict[Key, int]], incarnations: Callable[[], dict[str, str]] = dict) -> None:
+        self.log_ends = log_ends
+        self.incarnations = incarnations
+        self._ends: dict[Key, int] = {}
+        self._lives: dict[str, str] = {}
+
+    def keys(self) -> Sequence[Key]:
+        self._ends, self._lives = self.log_ends(), self.incarnations()
+        return list(self._ends)
+
+    def moved(self) -> Iterable[Key]:
+        return self._ends
+
+    def report(self, key: Key) -> tuple[int, str] | None:
+        end = self._ends.get(key)
+        return None if end is None else (end, self._lives.get(key[0], ""))
+
+
 class SlaveHeartbeat:
-    """Sends heartbeats to the current master and keeps its last answer."""
+    """Sends heartbeats to the current master and keeps its last answer.
+
+    What a beat reports comes from ``positions`` (the follower's, see the module's "Many
+    partitions"), or from a ``log_ends`` map of every partition read each beat."""
 
     def __init__(
         self,
         broker_id: int,
         slave_id: int,
         epoch: Callable[[], int],
-        log_ends: Callable[[], dict[tuple[str, int], int]],
+        log_ends: Callable[[], dict[tuple[str, int], int]] = dict,
         interval: float = HEARTBEAT_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
         key: bytes | None = None,
         incarnations: Callable[[], dict[str, str]] = dict,
+        positions: ReplicaPositions | None = None,
     ) -> None:
         self.broker_id = broker_id
         self.key = key
         self.slave_id = slave_id
         self.epoch = epoch
-        self.log_ends = log_ends
-        #: The incarnation of the topic each log end is of (topic -> id).
-        self.incarnations = incarnations
+        #: Each partition's log end and the incarnation of its topic (``ReplicaPositions``).
+        self.positions: ReplicaPositions = positions if positions is not None else WholeMap(log_ends, incarnations)
         self.interval = interval
         self.clock = clock
         self.target: tuple[str, int] | None = None
@@ -469,6 +513,8 @@ class SlaveHeartbeat:
         #: The log end last sent for each partition, and where the rotation goes on next beat.
         self._sent: dict[tuple[str, int], int] = {}
         self._rotation = 0
+        #: The next beat names every partition (a new master hears them all at once).
+        self._send_all = True
         self._last_sent_at = 0.0
 
     def retarget(self, address: tuple[str, int] | None) -> None:
@@ -480,7 +526,8 @@ class SlaveHeartbeat:
             self._task = None
         self.target = address
         self.master = None
-        self._sent = {}  # a new master hears every log end with the first beat
+        self._sent = {}
+        self._send_all = True  # a new master hears every log end with the first beat
         self._since = self.clock()
         if address is not None:
             self._task = asyncio.ensure_future(self._run(address))
@@ -515,30 +562,40 @@ class SlaveHeartbeat:
     def messages(self) -> list[bytes]:
         """This beat's datagrams: the log ends that moved since they were last sent and the
         next slice of the rotation over all of them, in as many datagrams as they need."""
-        log_ends = self.log_ends()
-        keys = self._due(log_ends)
-        lives = self.incarnations()
+        due = self._due()
+        lives = {key[0]: life for key, _end, life in due if life}
         epoch = self.epoch()
-        return [datagram for chunk in _chunks([(key, log_ends[key]) for key in keys])
+        return [datagram for chunk in _chunks([(key, end) for key, end, _life in due])
                 for datagram in self._encode_chunk(chunk, lives, epoch)]
 
-    def _due(self, log_ends: dict[tuple[str, int], int]) -> list[tuple[str, int]]:
-        """Which log ends this beat sends (and notes them as sent)."""
-        count = len(log_ends)
+    def _due(self) -> list[tuple[Key, int, str]]:
+        """Which log ends this beat sends, with their topic's incarnation (and notes them as sent)."""
+        positions = self.positions
+        keys = positions.keys()
+        moved = positions.moved()
+        count = len(keys)
         share = max(ROTATION_MIN, math.ceil(count * self.interval / FULL_REPORT_EVERY_S))
-        if share >= count:
-            due = list(log_ends)
+        if share >= count or self._send_all:
+            rotation: Sequence[Key] = keys
+            self._send_all = False
         else:
-            keys = list(log_ends)
             start = self._rotation % count
-            rotation = keys[start:start + share] + keys[:max(0, start + share - count)]
+            rotation = [*keys[start:start + share], *keys[:max(0, start + share - count)]]
             self._rotation = start + share
-            sent = self._sent
-            due = list(dict.fromkeys([key for key, end in log_ends.items() if sent.get(key) != end] + rotation))
-        if len(self._sent) > count:  # forgotten partitions: their last ends go too
-            self._sent = {key: end for key, end in self._sent.items() if key in log_ends}
-        for key in due:
-            self._sent[key] = log_ends[key]
+        in_rotation = set(rotation)
+        sent = self._sent
+        due = []
+        for key in dict.fromkeys([*moved, *rotation]):
+            found = positions.report(key)
+            if found is None:
+                continue
+            end, life = found
+            if key in in_rotation or sent.get(key) != end:
+                due.append((key, end, life))
+                sent[key] = end
+        if len(sent) > count:  # forgotten partitions: their last ends go too
+            live = set(keys)
+            self._sent = {key: end for key, end in sent.items() if key in live}
         return due
 
     def _encode_chunk(self, chunk: list[tuple[tuple[str, int], int]], lives: dict[str, str], epoch: int) -> list[bytes]:

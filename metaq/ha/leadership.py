@@ -44,7 +44,7 @@ from ..zk.group import ZK_CALL_TIMEOUT_S, GroupState
 from .election import HANDOVER_TIMEOUT_S, ZK_ERRORS, Deposal, Handover
 from .epochs import record_led_epoch
 from .failover_record import REASONS, now_ms, write_takeover
-from .followership import Followership
+from .followership import Followership, MasterSuperseded
 from .group_view import GroupView
 from .host import BrokerHost
 from .lease import ZkLease
@@ -165,7 +165,9 @@ class Leadership:
         # The epoch's start offset is saved durably below: fsync the log it points into
         # first, so that a power loss never leaves an epoch starting past the log we keep.
         await self._flush_all()
+        self._give_up_if_stopping("the flush of every log")
         await host.partitions.assign_epoch(host.config.topics, epoch)
+        self._give_up_if_stopping("the epoch's start in every partition")
         # Durably, before any ack in this epoch: what re-seeds the group if ZooKeeper loses its data.
         await asyncio.to_thread(record_led_epoch, self.config.data_path, epoch)
         epochs.led_in()
@@ -178,8 +180,16 @@ class Leadership:
             self._reseeding = False
         assert self.lease is not None
         await self._wait_out_deposed_lease()
+        self._give_up_if_stopping("the wait for the deposed master's lease")
         await self.lease.start()
         await self._start_sync_set()
+
+    def _give_up_if_stopping(self, step: str) -> None:
+        """The broker is stopping (``Followership.give_up``): taking up leading ends after this
+        step, not after the whole walk (each step is per partition: seconds at 10,000). Nothing
+        was acked in the epoch; what is left is what a kill -9 at this point would leave."""
+        if self.followership.stopping:
+            raise MasterSuperseded(f"stopped taking up leading after {step}: this broker is stopping")
 
     async def open_for_writes(self) -> None:
         """Last step of LEADING: producers are told to come only once we take writes."""

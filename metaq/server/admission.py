@@ -58,6 +58,8 @@ class Slotted(Protocol):
 
     def evict(self, reason: str) -> None: ...
 
+    def close(self) -> None: ...
+
 
 class ConnectionSlots:
     """The broker's ``max_connections`` slots, at most ``max_per_address`` per peer address.
@@ -133,6 +135,12 @@ class ConnectionSlots:
         self._per_address[conn.peer_host] -= 1
         if not self._per_address[conn.peer_host]:
             del self._per_address[conn.peer_host]
+
+    def close_all(self) -> None:
+        """The broker stops: every connection closes (a listener's close leaves them open, and
+        a request they sent later would reach logs that are closed by then)."""
+        for conn in list(self._holders):
+            conn.close()
 
     def log_once_a_second(self, kind: str, line: str) -> None:
         """A refusal's log line, one per second per kind at most: a connection flood must not become a log flood."""

@@ -55,6 +55,12 @@ from metaq.zk.paths import ZkPaths, slave_node_id, topic_node_data
 
 log = logging.getLogger(__name__)
 
+#: How long a stopping broker waits for each ZooKeeper step of its stop (deleting its nodes,
+#: closing the session, the callbacks in flight): a slow or unreachable ZooKeeper must not
+#: hold a SIGTERM'd broker (docs/operations.md, "Stopping"); what is left undone, the
+#: session's close or expiry does.
+STOP_ZK_WAIT_S = 3.0
+
 T = TypeVar("T")
 MASTER = "master"
 # After a failed re-registration (e.g. connection lost half-way), try again this soon.
@@ -286,18 +292,23 @@ class BrokerRegistry:
         self._stopping = True
         try:
             if self._client.connected:
-                # Bounded: kazoo's blocking calls wait forever for a ZooKeeper that is gone.
-                await asyncio.wait_for(self._run(self._deregister), self._connect_timeout_s)
+                # Bounded: kazoo's blocking calls wait forever for a ZooKeeper that is gone, and a
+                # slow one (seen: 10 s at load 30) must not hold the stop either.
+                await asyncio.wait_for(self._run(self._deregister), min(self._connect_timeout_s, STOP_ZK_WAIT_S))
         except (KazooException, asyncio.TimeoutError) as exc:
-            # Closing the session below removes the ephemeral nodes anyway.
+            # Closing the session below removes the ephemeral nodes anyway (or its expiry does).
             log.warning("deregistering broker %s failed (%r); closing the session instead", self.broker_id, exc)
         delay_ms = self.zk.sync_time_ms if sync_time_ms is None else sync_time_ms
         if delay_ms > 0:
             await asyncio.sleep(delay_ms / 1000)
         # Not on the registry's worker: it may still be stuck in a call that closing ends.
-        await asyncio.to_thread(self._close_client)
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self._close_client), STOP_ZK_WAIT_S)
+        except asyncio.TimeoutError:
+            log.warning("closing the ZooKeeper session of broker %s took over %.0f s; stopping without waiting"
+                        " (its nodes go when the session expires)", self.broker_id, STOP_ZK_WAIT_S)
         self._worker.shutdown(wait=False)
-        await self._callbacks.stop(self._connect_timeout_s)
+        await self._callbacks.stop(min(self._connect_timeout_s, STOP_ZK_WAIT_S))
 
     # --- what should exist ---------------------------------------------------------------
 

@@ -335,6 +335,61 @@ def test_an_idle_slave_sends_moved_log_ends_at_once_and_every_one_within_the_ful
     assert again == set(ends), "every log end is sent again within the full-report time"
 
 
+class CountingPositions:
+    """A follower's ``ReplicaPositions``: which partitions a beat looks at, counted."""
+
+    def __init__(self, ends: dict[tuple[str, int], int]) -> None:
+        self.ends = ends
+        self.appended: set[tuple[str, int]] = set()
+        self.looked_at: list[tuple[str, int]] = []
+
+    def keys(self) -> list[tuple[str, int]]:
+        return list(self.ends)
+
+    def moved(self) -> set[tuple[str, int]]:
+        moved, self.appended = self.appended, set()
+        return moved
+
+    def report(self, key: tuple[str, int]) -> tuple[int, str] | None:
+        self.looked_at.append(key)
+        end = self.ends.get(key)
+        return None if end is None else (end, f"life-{key[0]}")
+
+
+def test_an_idle_beat_looks_at_the_moved_partitions_and_its_slice_only() -> None:
+    ends = wide_ends()
+    positions = CountingPositions(ends)
+    slave = SlaveHeartbeat(3, 1, lambda: 2, interval=0.5, positions=positions)
+
+    def beat() -> dict[tuple[str, int], int]:
+        positions.looked_at.clear()
+        named: dict[tuple[str, int], int] = {}
+        for datagram in slave.messages():
+            message = decode(datagram, "slave")
+            named.update(message["_log_ends"])
+            assert message["incarnations"] == {t: f"life-{t}" for t, _p in message["_log_ends"]}
+        return named
+
+    assert len(beat()) == WIDE, "the first beat to a master names every partition"
+    share = math.ceil(WIDE * 0.5 / FULL_REPORT_EVERY_S)
+    moved = ("scale-topic-7", 3)
+    ends[moved] += 11
+    positions.appended.add(moved)
+    second = beat()
+    assert second[moved] == ends[moved], "an appended partition goes with the next beat"
+    assert len(positions.looked_at) <= share + 1, "a beat does not look at every partition"
+    positions.appended.add(moved)  # told again, not moved: not sent again unless in the slice
+    assert moved not in beat() or moved in positions.looked_at[-share:]
+    del ends[("scale-topic-0", 0)]  # its replica went: skipped, never an error
+    again: set[tuple[str, int]] = set()
+    for _ in range(math.ceil(FULL_REPORT_EVERY_S / 0.5)):
+        again |= set(beat())
+    assert again == set(ends), "every log end is sent again within the full-report time"
+    slave.target = ("127.0.0.1", 1)
+    slave.retarget(None)  # the master changed (here: to none)
+    assert len(beat()) == len(ends), "after a change of master the next beat names them all"
+
+
 def test_10000_partitions_positions_reach_the_master_over_udp_signed() -> None:
     async def go() -> None:
         ends = wide_ends()
