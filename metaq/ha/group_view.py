@@ -206,6 +206,12 @@ class GroupView:
             )
         return True
 
+    async def names_master(self, url: str) -> bool | None:
+        """Whether the master node names ``url`` now; None (and a look again queued) if
+        ZooKeeper does not answer."""
+        state = await self.state_or_look_again()
+        return None if state is None else state.master_url == url
+
     async def names_previous_life(self, url: str, identity: str | None) -> bool:
         state = await self.state_or_look_again()
         return state is not None and state.master_url == url and self.previous_life(state, identity)

@@ -334,3 +334,62 @@ def test_an_orphan_with_fresh_evidence_asks_the_election_rules_again_on_each_loo
     assert coordinator.machine.handle(Event.MASTER_GONE).state is Role.ORPHANED  # re-entered: the rules again
     # Elsewhere the look changes nothing (a follower was told MASTER_GONE by the death watch itself).
     assert asyncio.run(decided(Role.FOLLOWING)) is Event.MASTER_SEEN
+
+
+def test_a_master_read_before_a_takeover_is_not_followed_once_the_new_master_is(monkeypatch):
+    """An orphan's election look reads the dead master's node; before it asks who owns that
+    node, a slave's takeover replaces it (the evidence then names no session) and the look
+    posts the dead master's address. The new master's watch event is handled first: we follow
+    it. The late post must not be decided against the master node's old content: followed, it
+    left the new master for the dead address, then a slave restarted there, for 60 s out of
+    the sync set (campaign seed 7209). It asks ZooKeeper again instead."""
+    import time
+
+    from metaq.ha import group_view as group_view_module
+    from metaq.ha.coordinator import HaCoordinator
+    from metaq.ha.progress import ReplicationProgress
+    from metaq.ha.role import Event, Role
+    from metaq.zk.group import GroupState
+
+    new_url, third_url = "meta://127.0.0.1:9300", "meta://127.0.0.1:9400"
+    config = SimpleNamespace(broker_id=0, zk=SimpleNamespace(root="/meta", session_timeout_ms=1500),
+                             replication_mode="sync", auto_failover=True, data_path="/nonexistent")
+    host = SimpleNamespace(config=config, registry=fake_registry("meta://127.0.0.1:9200", slave_id=2),
+                           store=SimpleNamespace(logs=lambda: []))
+    coordinator = HaCoordinator(host, None, ReplicationProgress())  # type: ignore[arg-type]
+
+    def state_naming(url: str, epoch: int) -> GroupState:
+        return GroupState(master_url=url, epoch=epoch, epoch_version=epoch, leader_url=url,
+                          sync_set=frozenset({0, 2}), sync_set_epoch=epoch)
+
+    zk = {"state": state_naming(MASTER_URL, 2)}
+    monkeypatch.setattr(group_view_module, "read_group_state", lambda *_: zk["state"])
+
+    def lock_owner(*_args):
+        zk["state"] = state_naming(new_url, 3)  # the takeover commits between the two reads
+        return None  # the node names the new master: no session of the dead one holds it
+
+    monkeypatch.setattr(takeover, "lock_owner", lock_owner)
+    death_watch = coordinator.followership.death_watch
+    death_watch.dead = takeover.DeadMaster(MASTER_URL, 7, time.monotonic())
+    death_watch.phase = Phase.DEAD
+
+    async def scenario() -> tuple[Event, Event]:
+        coordinator._loop = asyncio.get_running_loop()
+        coordinator.machine.state = Role.ORPHANED
+        assert await coordinator._consider_election() is False
+        late, detail = coordinator._events.get_nowait()
+        assert detail == MASTER_URL, "the look posted the address it read before the takeover"
+        # Meanwhile the new master's watch event was handled: we follow it (the evidence went).
+        coordinator.machine.state, coordinator.master_url = Role.FOLLOWING, new_url
+        death_watch.forget()
+        stale = await late()
+        zk["state"] = state_naming(third_url, 4)  # a master ZooKeeper does name is still followed
+        coordinator._post_master(third_url)
+        fresh, _detail = coordinator._events.get_nowait()
+        return stale, await fresh()
+
+    stale, fresh = asyncio.run(scenario())
+    assert stale is Event.REEVALUATE, "ZooKeeper is asked again: it names the master we follow"
+    assert coordinator.machine.handle(stale).look_again
+    assert fresh is Event.MASTER_CHANGED
