@@ -117,6 +117,9 @@ def test_a_group_that_switched_over_recovers_from_an_emptied_zookeeper(own_zk: E
             # idempotent producer is given an id whose old sequence state would swallow its batches.
             assert int(client.get(ZkPaths(root).producer_ids(0))[0]) >= RESEED_SKIP
             print(f"writes resumed {resumed_s:.1f}s after ZooKeeper came back empty; epoch {group.epoch()}")
+    except AssertionError as error:
+        # Its own factory: the session's broker-log report does not reach these brokers.
+        raise AssertionError(f"{error}\n{factory.log_report(last_lines=60)}") from None
     finally:
         factory.stop_all()
 
