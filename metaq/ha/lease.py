@@ -12,6 +12,14 @@ round trip *started* less than ``session_timeout / 2`` ago on the monotonic
 clock (which keeps running while the process is stopped). ZooKeeper cannot
 expire a session sooner than ``session_timeout`` after the client's last
 contact, so while the lease holds, no other master can exist yet.
+
+Invariant: the lease vouches for the session that won the lock, and only that one.
+It is bound to the session it started under; a round trip on a later session (kazoo
+opens a new one after an expiry, or after ZooKeeper lost its data) renews nothing,
+even while the role machine has not yet handled the expiry (it may be waiting on a
+ZooKeeper call of its own): the old lock is gone with the old session, and a master
+renewing on the new one acked writes ZooKeeper no longer knew it led (an ack read
+back with the group's epoch node empty, after ZooKeeper came back without its data).
 """
 
 from __future__ import annotations
@@ -35,6 +43,9 @@ class ZkLease:
         self._clock = clock
         self._confirmed_at: float | None = None
         self._task: asyncio.Task[None] | None = None
+        #: The session the lease vouches for (``start``): renewals on any other renew nothing.
+        self._session_id: int | None = None
+        self._refused_session: int | None = None
 
     def valid(self) -> bool:
         confirmed = self._confirmed_at
@@ -57,12 +68,24 @@ class ZkLease:
         except Exception as exc:  # connection loss, expiry, timeout: the lease just runs out
             log.debug("lease renewal failed: %s", exc)
             return False
-        if self.client.connected:
-            self._confirmed_at = started
-            return True
-        return False
+        if not self.client.connected:
+            return False
+        session = self._session()
+        if session != self._session_id:
+            if session != self._refused_session:  # said once per session, not every renewal
+                self._refused_session = session
+                log.warning("lease not renewed: ZooKeeper session 0x%x is not the 0x%x that took the lock",
+                            session or 0, self._session_id or 0)
+            return False
+        self._confirmed_at = started
+        return True
+
+    def _session(self) -> int | None:
+        client_id = self.client.client_id
+        return client_id[0] if client_id else None
 
     async def start(self) -> None:
+        self._session_id = self._session()
         await self.renew()
         self._task = asyncio.ensure_future(self._renew_forever())
 
