@@ -156,21 +156,23 @@ class HaCoordinator:
                 # some ZooKeeper event came (seen for 2 minutes beside a master that lived).
                 return Event.MASTER_GONE if self.machine.state is Role.ORPHANED else Event.MASTER_SEEN
             event = master_event(url, self.master_url)
-            if event is Event.MASTER_CHANGED:
-                still = await self.view.names_master(url)
-                if still is None:
-                    return Event.MASTER_SEEN  # ignored: ZooKeeper did not answer, a look again is queued
-                if not still:
-                    # Posted from an earlier read: an orphan's election look read the dead master's
-                    # node just before a slave's takeover replaced it, and was decided only after we
-                    # followed the new master. Followed, it left the new master for a dead address,
-                    # then truncated against (and fetched from) that broker restarted as a slave,
-                    # out of the sync set for 60 s (campaign seed 7209). Invariant: we follow only a
-                    # master the master node names when we decide; a fresh look posts what it names.
-                    return Event.REEVALUATE
-            if event is Event.MASTER_CHANGED and await self.view.names_previous_life(url, self.identity):
+            if event is not Event.MASTER_CHANGED:
+                return event
+            # One read of the group's state, at the moment of deciding, for every check below.
+            state = await self.view.state_or_look_again()
+            if state is None:
+                return Event.MASTER_SEEN  # ignored: ZooKeeper did not answer, a look again is queued
+            if state.master_url != url:
+                # Posted from an earlier read: an orphan's election look read the dead master's
+                # node just before a slave's takeover replaced it, and was decided only after we
+                # followed the new master. Followed, it left the new master for a dead address,
+                # then truncated against (and fetched from) that broker restarted as a slave,
+                # out of the sync set for 60 s (campaign seed 7209). Invariant: we follow only a
+                # master the master node names when we decide; a fresh look posts what it names.
+                return Event.REEVALUATE
+            if self.view.previous_life(state, self.identity):
                 return Event.REEVALUATE  # not a master to follow: wait for its node to expire
-            if event is Event.MASTER_CHANGED and await self.view.master_below_history(url, lambda: self.history):
+            if self.view.below_history(state, url, self.history):  # history read after the state
                 self._look_again_in(1.0)
                 return Event.MASTER_SEEN  # ignored in every state: not a master to follow
             return event

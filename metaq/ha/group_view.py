@@ -23,9 +23,9 @@ the coordinator's queue:
 While our session may hold the lock (fenced too) it also answers other members'
 challenges (takeover.py): a live master is never deposed on the evidence of a dead one.
 
-The reads that classify a master (``master_below_history``, ``names_previous_life``)
-live here because they re-read the group's state at the moment of deciding; each
-returns a plain answer and the coordinator posts the event.
+The checks that classify a master (``below_history``, ``previous_life``) live here and
+answer from one read of the group's state, made by the coordinator at the moment of
+deciding; each returns a plain answer and the coordinator posts the event.
 
 The failover history (takeover and truncation records, failover_record.py) is written
 here too, in the background, one record at a time in order; ``stop`` awaits the ones
@@ -182,8 +182,9 @@ class GroupView:
             self._post(Event.REEVALUATE)
             return None
 
-    async def master_below_history(self, url: str, history_of: Callable[[], int]) -> bool:
-        """Whether the master at ``url`` leads an epoch older than our own history.
+    def below_history(self, state: GroupState, url: str, history: int) -> bool:
+        """Whether the master at ``url`` (``state`` names it) leads an epoch older than our
+        own ``history``.
 
         Invariant: a broker never truncates against a master whose epoch is below its own
         newest epoch. Such a master took the lock from a ZooKeeper that lost its data, without
@@ -191,9 +192,7 @@ class GroupView:
         epochs, and following would cut them from ours. We stay as we are (reads served) and
         say so once; the operator decides (docs/operations.md, "Losing ZooKeeper's data").
         """
-        state = await self.state_or_look_again()
-        history = history_of()  # after the read: a replica may adopt a newer history meanwhile
-        if state is None or state.master_url != url or history <= state.epoch:
+        if state.master_url != url or history <= state.epoch:
             self._refused_master = None
             return False
         if self._refused_master != url:
@@ -205,16 +204,6 @@ class GroupView:
                 url, state.epoch, history,
             )
         return True
-
-    async def names_master(self, url: str) -> bool | None:
-        """Whether the master node names ``url`` now; None (and a look again queued) if
-        ZooKeeper does not answer."""
-        state = await self.state_or_look_again()
-        return None if state is None else state.master_url == url
-
-    async def names_previous_life(self, url: str, identity: str | None) -> bool:
-        state = await self.state_or_look_again()
-        return state is not None and state.master_url == url and self.previous_life(state, identity)
 
     def previous_life(self, state: GroupState, identity: str | None) -> bool:
         """The registered master is this broker's previous run on another address (its
