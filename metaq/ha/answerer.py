@@ -13,8 +13,8 @@ the asker would lose bytes the group's master holds, or keep bytes it never had.
 So every such answer says who answers, from the answerer's own role machine:
 
 * ``epoch_end`` and ``epochs`` replies carry ``role`` (``master`` while it holds the lock;
-  ``fenced`` or ``resigned`` for a lock holder that stopped acking; ``slave{k}``, ``orphaned``,
-  ``electing``, ``starting`` otherwise) and ``serving_epoch`` (the epoch it leads or follows
+  ``fenced`` for a master that stopped acking in its term, ``resigned`` for one that handed
+  its lock over; ``slave{k}``, ``orphaned``, ``electing``, ``starting`` otherwise) and ``serving_epoch`` (the epoch it leads or follows
   in). A broker that is not the acting master refuses ``epoch_end`` outright (below);
   ``epochs`` it answers (tools read any member's history: ``metaq drill``, the console, the
   chaos checker), and the asker checks.
