@@ -97,5 +97,6 @@ def check_master_answer(reply: "Reply", address: str, what: str, expected_epoch:
     if refused is not None:
         raise refused
     role, serving = reply.get("role"), reply.get("serving_epoch")
-    if reply.ok and (role not in ACTING_MASTER_ROLES or type(serving) is not int or serving != expected_epoch):
+    if reply.ok and (not isinstance(role, str) or role not in ACTING_MASTER_ROLES or type(serving) is not int
+                     or serving != expected_epoch):
         raise NotTheMaster(address, what, role, serving, expected_epoch)

@@ -45,6 +45,7 @@ def test_only_the_acting_master_of_zookeepers_epoch_is_believed() -> None:
         reply(role="master", serving_epoch=5),  # ZooKeeper moved on since we read it
         reply(role="master", serving_epoch=True),
         reply(role="orphaned", serving_epoch=4),
+        reply(role=["master"], serving_epoch=4),  # malformed: refused, not a crash
         reply(),  # a peer that says nothing about itself (an older broker): not believed
         Reply({"code": c.FORBIDDEN, "msg": "broker 0 is not the master (slave2)", c.REASON_FIELD: NOT_MASTER,
                "role": "slave2", "serving_epoch": 4}, bytearray()),
