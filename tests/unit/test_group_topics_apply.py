@@ -48,20 +48,20 @@ def version(number: int, *topics: str) -> Any:
     return decode_group_topics(f'{{"topics":{{{body}}},"deleted":[]}}'.encode(), number)
 
 
-def applier_of(broker: FakeBroker) -> GroupTopicsApplier:
+async def serving_version_1(failures: int) -> tuple[FakeBroker, GroupTopicsApplier]:
+    """A broker serving version 1 (topic ``a``) whose next ``failures`` updates fail."""
+    broker = FakeBroker()
     applier = GroupTopicsApplier(broker, seeds=False)  # type: ignore[arg-type]
     broker.applier = applier
-    return applier
+    await applier.apply(version(1, "a"))
+    assert applier.group.version == 1 and set(broker.served) == {"a"}
+    broker.failures = failures
+    return broker, applier
 
 
 def test_a_version_whose_update_failed_is_not_recorded_as_applied_and_is_applied_again() -> None:
     async def run() -> None:
-        broker = FakeBroker()
-        applier = applier_of(broker)
-        await applier.apply(version(1, "a"))
-        assert applier.group.version == 1 and set(broker.served) == {"a"}
-
-        broker.failures = 1
+        broker, applier = await serving_version_1(failures=1)
         with pytest.raises(OSError):
             await applier.apply(version(2, "a", "b"))
         # Not served, so not applied: the version recorded is still the one served.
@@ -79,10 +79,7 @@ def test_a_watched_version_that_failed_is_retried_until_served(monkeypatch: pyte
     monkeypatch.setattr(group_topics, "APPLY_RETRY_MAX_S", 0.02)
 
     async def run() -> None:
-        broker = FakeBroker()
-        applier = applier_of(broker)
-        await applier.apply(version(1, "a"))
-        broker.failures = 2
+        broker, applier = await serving_version_1(failures=2)
         await applier._apply_watched(version(2, "a", "b"))
         assert broker.updates == 1 + 3, "failed twice, applied the third time"
         assert applier.group.version == 2 and set(broker.served) == {"a", "b"}
@@ -96,10 +93,7 @@ def test_a_failed_watched_version_is_left_to_a_newer_one(monkeypatch: pytest.Mon
     monkeypatch.setattr(group_topics, "APPLY_RETRY_FIRST_S", 0.05)
 
     async def run() -> None:
-        broker = FakeBroker()
-        applier = applier_of(broker)
-        await applier.apply(version(1, "a"))
-        broker.failures = 1
+        broker, applier = await serving_version_1(failures=1)
         older = asyncio.ensure_future(applier._apply_watched(version(2, "a", "b")))
         await asyncio.sleep(0)  # version 2 failed; its retry waits
         await applier._apply_watched(version(3, "c"))
