@@ -772,11 +772,13 @@ class MasterFollower:
         replica = self._replica((topic, partition))
         if replica is None:
             return log_end if self.master_url is None else 0
-        if self.master_url is None:
-            # No master: a plain slave's log is a prefix of the master it followed, so all
-            # of it is readable. A deposed master's log may end in its own term's writes no
-            # slave has: HaNode.committed bounds those (``_deposed_bound``).
-            return log_end
+        # Invariant: a slave serves no more than the last committed offset a master told it,
+        # also while it follows no master (orphaned, electing, truncating against the next
+        # one). Its log is a prefix of the master it followed, but its tail past that
+        # offset may be missing from another sync-set slave, which the election may promote
+        # and which then writes other records there: a read of that tail would be taken back
+        # (sync mode promises none). A deposed master's own term is bounded by
+        # HaNode._deposed_bound as well.
         return replica.committed()
 
     def _master_end(self, topic: str, partition: int, replica: PartitionReplica) -> int:
