@@ -45,7 +45,7 @@ from .peers import open_peer
 from .role import Event
 from .takeover import DeathWatch
 from .terms import Epochs
-from .truncation import divergence_point
+from .truncation import TruncationRefused, divergence_point
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,10 @@ class Followership:
         self._tasks = OwnedTasks("followership")
         #: The connection the truncation asks the master on, while it runs (``give_up``).
         self._truncating: BrokerConnection | None = None
+        #: Partitions the master refused during the truncation (it does not serve them: their
+        #: files lost, say), with its answer: not followed until a truncation of theirs works,
+        #: which the follower's start of each asks for again (``adopt_master_epochs``).
+        self.held_back: dict[tuple[str, int], str] = {}
 
     def cache(self, topic: str, partition: int) -> EpochCache:
         return self.host.partitions.get(topic, partition).epochs
@@ -191,19 +195,37 @@ class Followership:
                 log.info("waiting for the master at %s: %s", url, exc)
                 await asyncio.sleep(0.2)
         self._truncating = conn
+        refused: dict[tuple[str, int], str] = {}
+        owners = self.host.partitions.owners()
         try:
-            for owner in self.host.partitions.owners():
+            for owner in owners:
                 try:
                     if not self.stopping:
                         await self._truncate_partition(conn, owner)
                 except ConnectionClosed:
                     if not self.stopping:
                         raise
+                except TruncationRefused:
+                    raise
+                except ConnectionError as exc:
+                    # The master answered, refusing this partition (a 500 for a partition whose
+                    # files it lost): the others are followed. Before, one such partition failed
+                    # the whole entry action, again and again, and the slave replicated nothing
+                    # (a netns campaign run: 120 s behind on every partition).
+                    refused[owner.key] = str(exc)
                 if self.stopping:
                     raise MasterSuperseded(f"stopped truncating against the master at {url}: this broker is stopping")
         finally:
             self._truncating = None
             conn.close()
+        if owners and len(refused) == len(owners):
+            # Every partition refused says something about the master (it no longer leads, say),
+            # not about a partition: the entry action fails and the coordinator looks again.
+            raise ConnectionError(f"the master at {url} refused every partition: {next(iter(refused.values()))}")
+        for key, reason in refused.items():
+            log.error("%s-%d is not followed: the master at %s refused it (%s); the other partitions are followed, "
+                      "this one once the master serves it again (truncated against it first)", *key, url, reason)
+        self.held_back = refused
 
     async def _truncate_partition(self, conn: BrokerConnection, owner: PartitionOwner) -> None:
         """Cut one partition where it stops agreeing with the master, then copy the master's epoch
@@ -225,6 +247,7 @@ class Followership:
         entries = await self._master_epochs(conn, topic, partition)
         if not owner.dropped:
             await owner.adopt_epochs(entries)
+        self.held_back.pop(owner.key, None)
 
     def _record_truncation(self, cut: list[dict[str, Any]]) -> None:
         """Record what following this epoch cut: always for a broker that led since it last
@@ -239,7 +262,13 @@ class Followership:
         self.view.record_later(f"the truncation record of epoch {epochs.seen}", write_truncation, epochs.seen, slave_id, record)
 
     async def adopt_master_epochs(self, conn: BrokerConnection, topic: str, partition: int) -> None:
-        """Copy the master's epoch history of a partition we follow (our bytes are its bytes)."""
+        """Copy the master's epoch history of a partition we follow (our bytes are its bytes);
+        a partition held back is first truncated against the master (a refusal raises: the
+        follower's start of it fails and is tried again)."""
+        if (topic, partition) in self.held_back:
+            await self._truncate_partition(conn, self.host.partitions.get(topic, partition))
+            log.info("%s-%d: the master serves it again; truncated against it, now followed", topic, partition)
+            return
         await self.host.partitions.adopt_epochs(topic, partition, await self._master_epochs(conn, topic, partition))
 
     @staticmethod
