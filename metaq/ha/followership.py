@@ -11,7 +11,9 @@ broker master. ``follow`` then, in this order:
 3. per partition, asks the master where our last epoch ends in its log and truncates
    there (truncation.divergence_point; the removed tail is kept in a ``truncated-*``
    file), then copies the master's epoch history (``adopt_master_epochs``): after this
-   our log is a prefix of the master's (invariant, role.py);
+   our log is a prefix of the master's (invariant, role.py). A partition the master answers
+   with an error (it does not serve it) is held back, the others go on: the follower's start
+   of it truncates it first, once the master serves it (``held_back``);
 4. records what the truncation cut in ZooKeeper (failover_record.py, in the background);
 5. follows with the replication follower (follower.py), created on first use and again
    when our slave id changed; and watches the master's process (takeover.py).
