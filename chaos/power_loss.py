@@ -12,7 +12,9 @@ is on disk:
   Appends are lost from the end, which is what a power loss does to an append-only file.
 * names: a creation, mkdir or rename whose parent directory was not fsynced afterwards
   is undone, newest first: the created file or directory vanishes, the renamed file
-  goes back to its old name and the file it replaced comes back from the stash.
+  goes back to its old name and the file it replaced comes back from the stash. A line's
+  path names what was there then: a directory renamed or made at that path since (a topic
+  deleted and re-created) is another one, and the old one's undone renames stay out of it.
 
 Limits, on purpose (each errs toward keeping *more* than a real disk might, never less,
 except the first): an unlink counts as durable at once (a deleted file never comes
