@@ -17,7 +17,9 @@ broker master. ``follow`` then, in this order:
    history is another log's. Otherwise nothing more is cut, the refusal is logged once,
    and after a wait (doubling, REFUSED_WAIT_FIRST_S to REFUSED_WAIT_MAX_S) following gives
    up with MasterSuperseded: the coordinator reads the master node again (ZooKeeper
-   decides whom we follow, never the peer's answer);
+   decides whom we follow, never the peer's answer).
+   A partition the master answers with an error (it does not serve it) is held back, the others go on:
+   the follower's start of it truncates it first, once the master serves it (``held_back``);
 4. records what the truncation cut in ZooKeeper (failover_record.py, in the background);
 5. follows with the replication follower (follower.py), created on first use and again
    when our slave id changed; and watches the master's process (takeover.py).
@@ -52,7 +54,7 @@ from .peers import open_peer
 from .role import Event
 from .takeover import DeathWatch
 from .terms import Epochs
-from .truncation import divergence_point
+from .truncation import TruncationRefused, divergence_point
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +98,10 @@ class Followership:
         #: (logged once; the wait before reading ZooKeeper again grows with the count).
         self._refusals = 0
         self._refusal_said: tuple[Any, ...] | None = None
+        #: Partitions the master refused during the truncation (it does not serve them: their
+        #: files lost, say), with its answer: not followed until a truncation of theirs works,
+        #: which the follower's start of each asks for again (``adopt_master_epochs``).
+        self.held_back: dict[tuple[str, int], str] = {}
 
     def cache(self, topic: str, partition: int) -> EpochCache:
         return self.host.partitions.get(topic, partition).epochs
@@ -211,14 +217,24 @@ class Followership:
                 log.info("waiting for the master at %s: %s", url, exc)
                 await asyncio.sleep(0.2)
         self._truncating = conn
+        refused: dict[tuple[str, int], str] = {}
+        owners = self.host.partitions.owners()
         try:
-            for owner in self.host.partitions.owners():
+            for owner in owners:
                 try:
                     if not self.stopping:
                         await self._truncate_partition(conn, owner)
                 except ConnectionClosed:
                     if not self.stopping:
                         raise
+                except (TruncationRefused, NotTheMaster):
+                    raise  # about the master (or our log), not about this partition
+                except ConnectionError as exc:
+                    # The master answered, refusing this partition (a 500 for a partition whose
+                    # files it lost): the others are followed. Before, one such partition failed
+                    # the whole entry action, again and again, and the slave replicated nothing
+                    # (a netns campaign run: 120 s behind on every partition).
+                    refused[owner.key] = str(exc)
                 if self.stopping:
                     raise MasterSuperseded(f"stopped truncating against the master at {url}: this broker is stopping")
         except NotTheMaster as exc:
@@ -226,6 +242,14 @@ class Followership:
         finally:
             self._truncating = None
             conn.close()
+        if owners and len(refused) == len(owners):
+            # Every partition refused says something about the master (it no longer leads, say),
+            # not about a partition: the entry action fails and the coordinator looks again.
+            raise ConnectionError(f"the master at {url} refused every partition: {next(iter(refused.values()))}")
+        for key, reason in refused.items():
+            log.error("%s-%d is not followed: the master at %s refused it (%s); the other partitions are followed, "
+                      "this one once the master serves it again (truncated against it first)", *key, url, reason)
+        self.held_back = refused
         self._refusals, self._refusal_said = 0, None
 
     async def _not_the_master(self, exc: NotTheMaster) -> MasterSuperseded:
@@ -265,6 +289,7 @@ class Followership:
         entries = await self._master_epochs(conn, topic, partition)
         if not owner.dropped:
             await owner.adopt_epochs(entries)
+        self.held_back.pop(owner.key, None)
 
     def _record_truncation(self, cut: list[dict[str, Any]]) -> None:
         """Record what following this epoch cut: always for a broker that led since it last
@@ -279,7 +304,13 @@ class Followership:
         self.view.record_later(f"the truncation record of epoch {epochs.seen}", write_truncation, epochs.seen, slave_id, record)
 
     async def adopt_master_epochs(self, conn: BrokerConnection, topic: str, partition: int) -> None:
-        """Copy the master's epoch history of a partition we follow (our bytes are its bytes)."""
+        """Copy the master's epoch history of a partition we follow (our bytes are its bytes);
+        a partition held back is first truncated against the master (a refusal raises: the
+        follower's start of it fails and is tried again)."""
+        if (topic, partition) in self.held_back:
+            await self._truncate_partition(conn, self.host.partitions.get(topic, partition))
+            log.info("%s-%d: the master serves it again; truncated against it, now followed", topic, partition)
+            return
         await self.host.partitions.adopt_epochs(topic, partition, await self._master_epochs(conn, topic, partition))
 
     async def _master_epochs(self, conn: BrokerConnection, topic: str, partition: int) -> list[tuple[int, int]]:
