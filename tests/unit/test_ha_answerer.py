@@ -160,7 +160,7 @@ def rejoining(tmp_path: Path, peer: Peer, master_epoch: int) -> tuple[Followersh
     ship.host, ship.follower, ship.truncations, ship.stopping = Host(), None, [], False
     ship.superseded = lambda: False
     ship._truncating, ship._refusals, ship._refusal_said = None, 0, None
-    ship.master_epoch = master_epoch
+    ship.master_epoch, ship.held_back = master_epoch, {}
 
     async def open_peer(*_: Any, **__: Any) -> Peer:
         return peer

@@ -26,6 +26,8 @@ from metaq.server.partitions import Partitions
 from metaq.store.log import PartitionLog
 from metaq.store.manager import MessageStoreManager
 
+#: Who answers (ha/answerer.py): the acting master of epoch 2, the epoch the slave read from ZooKeeper.
+AS_MASTER = {"role": "master", "serving_epoch": 2}
 REFUSAL = "/data/t-0: log end went backwards: offsets up to 205 were flushed, but it has no segment files"
 
 
@@ -52,11 +54,11 @@ class Master:
         log = self.logs[partition]
         if header["op"] == "epoch_end":
             assert header["epoch"] == 1, header
-            return Reply({"code": c.OK, "epoch": 1, "end_offset": self.epoch_2_start}, bytearray())
+            return Reply({"code": c.OK, "epoch": 1, "end_offset": self.epoch_2_start, **AS_MASTER}, bytearray())
         if header["op"] == "offset":
             return Reply({"code": c.OK, "offset": 0, "min_offset": 0, "max_offset": log.log_end}, bytearray())
         if header["op"] == "epochs":
-            return Reply({"code": c.OK, "entries": [[1, 0], [2, self.epoch_2_start]]}, bytearray())
+            return Reply({"code": c.OK, "entries": [[1, 0], [2, self.epoch_2_start]], **AS_MASTER}, bytearray())
         assert header["op"] == "checksum", header
         start, end = header["start"], min(header["end"], log.log_end)
         return Reply({"code": c.OK, "start": start, "end": end, "crc": log.crc32(start, end)}, bytearray())
@@ -90,6 +92,7 @@ def rejoining(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, partition_count: 
     followership = Followership.__new__(Followership)  # the truncation part runs here, nothing else
     followership.host = SimpleNamespace(partitions=partitions, registry=SimpleNamespace(slave_id=0))
     followership.follower, followership.truncations, followership.held_back = None, [], {}
+    followership.master_epoch, followership._refusals, followership._refusal_said = 2, 0, None
     followership.stopping, followership.superseded, followership._truncating = False, lambda: False, None
     return followership, partitions, master
 
