@@ -138,12 +138,11 @@ class MasterFollower:
         self._conn_lock = asyncio.Lock()
         self._sync_task: asyncio.Task[None] | None = None
         # Quiet partitions (``news``): how many fetches are out, the partitions to be named in
-        # the next ``news`` (each run once: its ``registration`` is set exactly while it is
-        # in this list), and how many partitions wait quiet or streamed (each its task's
+        # the next ``news``, and how many partitions wait quiet or streamed (each its task's
         # future or stream is on its run).
         self._parked_fetches = 0
         self._plain_fetches = asyncio.Semaphore(MAX_PLAIN_FETCHES)
-        self._news_outbox: list[ReplicaRun] = []
+        self._news_outbox = NewsOutbox()
         self._on_news = 0
         self._news_task: asyncio.Task[None] | None = None
         self._news_kick: asyncio.Future[None] | None = None
@@ -300,7 +299,7 @@ class MasterFollower:
         if self._news_task is not None:
             tasks.append(self._news_task)
         self._sync_task = self._news_task = None
-        self._clear_outbox()
+        self._news_outbox.clear()
         self._news_conn = None
         self.news_supported = True
         self.stream_supported = True
@@ -674,10 +673,8 @@ class MasterFollower:
             self._kick_news()
         woken: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         run.woken = woken
-        if run.registration is None:
-            self._news_outbox.append(run)  # not in it yet (see ``_news_outbox``)
-        run.registration = [replica.topic, replica.partition, replica.log.log_end,
-                            replica.status.master_committed, replica.incarnation]
+        self._news_outbox.add(run, [replica.topic, replica.partition, replica.log.log_end,
+                                    replica.status.master_committed, replica.incarnation])
         self._on_news += 1
         self._kick_news()
         try:
@@ -691,21 +688,6 @@ class MasterFollower:
         run = self._run(key)
         if run is not None:
             _wake_run(run, news)
-
-    def _registrations(self) -> list[list[Any]]:
-        """What the next ``news`` names: the outbox's runs still quiet, each once."""
-        outbox, self._news_outbox = self._news_outbox, []
-        entries = []
-        for run in outbox:
-            entry, run.registration = run.registration, None
-            if entry is not None and run.woken is not None:
-                entries.append(entry)
-        return entries
-
-    def _clear_outbox(self) -> None:
-        for run in self._news_outbox:
-            run.registration = None
-        self._news_outbox = []
 
     def corruption_found(self, topic: str, partition: int) -> None:
         """Bytes of a partition were found corrupt (metaq/store/scrub.py): a quiet or streaming
@@ -725,7 +707,7 @@ class MasterFollower:
         for run in self._runs():
             if run.woken is not None:
                 _wake_run(run, news=False)
-        self._clear_outbox()
+        self._news_outbox.clear()
 
     def _kick_news(self) -> None:
         kick = self._news_kick
@@ -752,7 +734,7 @@ class MasterFollower:
                 if not self._on_news:
                     await kick  # nothing quiet or streamed: no need to ask
                     continue
-                entries = self._registrations()
+                entries = self._news_outbox.drain()
                 header = NewsRequest(replica=self._replica_info(), max_wait_ms=wait_ms).to_header()
                 answer = self._news_latest = conn.send(header, msgpack.packb(entries))
                 answer.add_done_callback(lambda done, conn=conn: self._news_answered(conn, done))
@@ -858,7 +840,7 @@ class ReplicaRun:
     ``replica``: the ``PartitionReplica``; ``task``: its fetch task in this following (None
     before it starts and once following stops); ``woken``: while quiet, the future that task
     waits on for news; ``registration``: what the next ``news`` names of it (set exactly
-    while it is in the follower's ``_news_outbox``); ``close_stream``: while streamed, the
+    while it is in the follower's ``NewsOutbox``); ``close_stream``: while streamed, the
     stream's closer. Cost: six slots per partition, no task of its own beyond the fetch task."""
 
     __slots__ = ("follower", "replica", "task", "woken", "registration", "close_stream")
@@ -878,6 +860,37 @@ class ReplicaRun:
         task, self.task = self.task, None
         if task is not None:
             task.cancel()
+
+
+class NewsOutbox:
+    """What the follower's next ``news`` request names: the runs of partitions that went quiet
+    since the last one. Invariant: a run is in it at most once, exactly while its
+    ``registration`` is set (``add`` appends only a run without one), so it never holds more
+    runs than the follower has partitions; every poll drains it, naming only the runs still quiet."""
+
+    def __init__(self) -> None:
+        self._runs: list[ReplicaRun] = []
+
+    def add(self, run: ReplicaRun, registration: list[Any]) -> None:
+        if run.registration is None:
+            self._runs.append(run)
+        run.registration = registration
+
+    def drain(self) -> list[list[Any]]:
+        """The registrations of the runs still quiet, each once; the outbox is then empty."""
+        runs, self._runs = self._runs, []
+        entries = []
+        for run in runs:
+            entry, run.registration = run.registration, None
+            if entry is not None and run.woken is not None:
+                entries.append(entry)
+        return entries
+
+    def clear(self) -> None:
+        """Nothing registered is sent (following stopped, or every quiet partition looks again)."""
+        runs, self._runs = self._runs, []
+        for run in runs:
+            run.registration = None
 
 
 def _wake_run(run: ReplicaRun, news: bool) -> None:

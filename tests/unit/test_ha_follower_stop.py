@@ -193,10 +193,27 @@ def test_a_partition_dropped_on_a_slave_takes_its_whole_slave_side_along() -> No
         assert runs[1].task is None and ("t", 1) not in follower.replicas
         follower._wake(("t", 2), news=True)  # news for it: it fetches, nothing to register
         await asyncio.sleep(0)
-        assert follower._registrations() == [["t", 0, 0, 0, ""]]
-        assert follower._registrations() == [], "each registration is sent once"
+        assert follower._news_outbox.drain() == [["t", 0, 0, 0, ""]]
+        assert follower._news_outbox.drain() == [], "each registration is sent once"
         assert follower._on_news == 1 and runs[1].woken is None and runs[1].registration is None
         await follower._stop_following()
         assert follower._on_news == 0 and all(run.task is None and run.woken is None for run in runs.values())
 
     asyncio.run(scenario())
+
+
+def test_the_news_outbox_holds_each_run_once_and_names_only_those_still_quiet() -> None:
+    from metaq.ha.follower import NewsOutbox
+
+    outbox = NewsOutbox()
+    quiet, woken = ReplicaRun(None, None), ReplicaRun(None, None)  # type: ignore[arg-type]
+    quiet.woken = woken.woken = object()  # type: ignore[assignment]
+    for end in range(1000):  # quiet again and again before a poll: still one entry, the newest
+        outbox.add(quiet, ["t", 0, end, 0, ""])
+    outbox.add(woken, ["t", 1, 0, 0, ""])
+    woken.woken = None  # news woke it before the poll: it fetches, nothing to register
+    assert len(outbox._runs) == 2
+    assert outbox.drain() == [["t", 0, 999, 0, ""]] and quiet.registration is woken.registration is None
+    outbox.add(quiet, ["t", 0, 5, 0, ""])
+    outbox.clear()
+    assert outbox.drain() == [] and quiet.registration is None
