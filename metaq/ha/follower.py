@@ -21,6 +21,18 @@ MAX_PARKED_FETCHES); an idle one is *quiet*: named once in the slave's one ``new
 long-poll (news.py has the master's side) and fetched again when the master says it has
 news. Nothing a slave sends per unit of time grows with its idle partitions.
 
+Where the state lives: what the follower keeps of one partition (its replica, its fetch
+task, while quiet the future that task waits on and its registration for the next
+``news``, while streamed its stream's closer) is one ``ReplicaRun``, in the partition's
+replication record (record.py, ``ReplicationRecord.following``): dropping the partition
+(``Partitions.drop``) takes it along and cancels its task (``ReplicaRun.dropped``), and no
+map of the follower's has to forget it. The follower itself keeps what is not one
+partition's: the connection, the news poll, the registrations to send with the next poll
+(``_news_outbox``, drained by each poll), the count of partitions quiet or streamed (the
+poll asks only while there is one), the heartbeat's bookkeeping. Walks over every record
+(``_runs``) are taken only where every partition is touched anyway: following's start
+and stop, a new news session or a failed one (every quiet partition then fetches), status.
+
 Threads: kazoo calls its watch functions on its own thread; they only hand the
 event to the event loop (``call_soon_threadsafe``). Everything else runs on the
 broker's event loop.
@@ -127,14 +139,14 @@ class MasterFollower:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conn: BrokerConnection | None = None
         self._conn_lock = asyncio.Lock()
-        self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._sync_task: asyncio.Task[None] | None = None
-        # Quiet partitions (``news``): how many fetches are out, which partitions wait for
-        # news (each its task's future), and which are to be named in the next ``news``.
+        # Quiet partitions (``news``): how many fetches are out, the partitions to be named in
+        # the next ``news``, and how many partitions wait quiet or streamed (each its task's
+        # future or stream is on its run).
         self._parked_fetches = 0
         self._plain_fetches = asyncio.Semaphore(MAX_PLAIN_FETCHES)
-        self._quiet: dict[tuple[str, int], asyncio.Future[bool]] = {}
-        self._to_register: dict[tuple[str, int], list[Any]] = {}
+        self._news_outbox = NewsOutbox()
+        self._on_news = 0
         self._news_task: asyncio.Task[None] | None = None
         self._news_kick: asyncio.Future[None] | None = None
         self._news_latest: asyncio.Future[Any] | None = None
@@ -145,11 +157,10 @@ class MasterFollower:
         #: The master offers the replication stream (its ``topics`` reply), and knows ``stream``.
         self.master_streams = False
         self.stream_supported = True
-        #: Chunks appended from replication streams; each open stream's closer, by partition.
+        #: Chunks appended from replication streams.
         self.stream_frames = 0
         #: Async mode: times a fetch waited LINGER_S for puts to gather (never in sync mode).
         self.lingers = 0
-        self._stream_closers: dict[tuple[str, int], Callable[[str], None]] = {}
         #: Bumped each time following stops. Every loop of a task also ends once its generation
         #: is gone: a task whose cancellation is lost (in Python 3.11 ``asyncio.wait_for`` can
         #: swallow a cancel that races its result) must not fetch on forever, nor hold up
@@ -171,15 +182,32 @@ class MasterFollower:
     @property
     def replicas(self) -> dict[tuple[str, int], PartitionReplica]:
         """This follower's replicas by partition. Each lives in its partition's replication record
-        (metaq/ha/record.py, ``replica``), so a dropped partition takes its replica along; this
+        (metaq/ha/record.py, ``following``), so a dropped partition takes its replica along; this
         walks every record (status, heartbeats, checks), the per-fetch paths use ``_replica``."""
-        return {key: record.replica for key, record in self.host.partitions.replications()
-                if record.replica_owner is self and record.replica is not None}
+        return {key: record.following.replica for key, record in self.host.partitions.replications()
+                if record.following is not None and record.following.follower is self}
+
+    def _runs(self) -> list[ReplicaRun]:
+        """This follower's runs, one per partition it replicates (a walk over every record)."""
+        return [record.following for _key, record in self.host.partitions.replications()
+                if record.following is not None and record.following.follower is self]
+
+    def _run(self, key: tuple[str, int]) -> ReplicaRun | None:
+        """This follower's run of one partition, or None (one lookup: per fetch, per news)."""
+        record = self.host.partitions.replication(*key)
+        run = record.following if record is not None else None
+        return run if run is not None and run.follower is self else None
 
     def _replica(self, key: tuple[str, int]) -> PartitionReplica | None:
         """This follower's replica of one partition, or None."""
-        record = self.host.partitions.replication(*key)
-        return record.replica if record is not None and record.replica_owner is self else None
+        run = self._run(key)
+        return run.replica if run is not None else None
+
+    def _running(self, key: tuple[str, int]) -> bool:
+        """Whether this follower started the partition's fetch task in this following (it stays
+        started, even once its task ended, until following stops or the partition is dropped)."""
+        run = self._run(key)
+        return run is not None and run.task is not None
 
     def _appended(self, topic: str, partition: int) -> None:
         """A replica appended: its position goes with the next heartbeat; parked fetches wake."""
@@ -198,10 +226,10 @@ class MasterFollower:
         self._stopped = True
         await self.heartbeat.stop()
         await self._stop_following()
-        # Stopped for good (a new slave id gets a new follower): its replicas leave the records.
+        # Stopped for good (a new slave id gets a new follower): its runs leave the records.
         for _key, record in self.host.partitions.replications():
-            if record.replica_owner is self:
-                record.replica = record.replica_owner = None
+            if record.following is not None and record.following.follower is self:
+                record.following = None
         self.reported_keys = None
 
     def _watch(self, handler: Any) -> Any:
@@ -224,7 +252,7 @@ class MasterFollower:
         await self._set_master(None)
 
     async def _set_master(self, url: str | None) -> None:
-        if url == self.master_url and (url is None or self._tasks or self._sync_task):
+        if url == self.master_url and (url is None or self._sync_task or any(run.task for run in self._runs())):
             return
         log.info("broker %d %s", self.broker_id, f"follows the master at {url}" if url else "follows no master")
         self.master_url = url
@@ -241,15 +269,11 @@ class MasterFollower:
             self._schedule_topic_sync()
 
     def forget_partitions(self, keys: list[tuple[str, int]]) -> None:
-        """Partitions no longer served (topic deleted or re-created): stop replicating them
-        and forget their replicas; a stopped replica of a deleted topic is no reason to
-        refuse a take-over (``HaCoordinator._consider_election``)."""
-        for key in keys:
-            task = self._tasks.pop(key, None)
-            if task is not None:
-                task.cancel()  # at its next await: appends are synchronous, none runs after this
+        """Partitions no longer served (topic deleted or re-created): their runs went with their
+        records (``Partitions.drop``, called first: ``ReplicaRun.dropped`` cancelled their
+        tasks, and a stopped replica of a deleted topic is no reason to refuse a take-over,
+        ``HaCoordinator._consider_election``); the heartbeat's rotation is built again."""
         self.reported_keys = None
-            # The replica went with its partition's record (``Partitions.drop``, called first).
 
     def _on_checksum(self, data: bytes | None) -> None:
         checksum = data.decode("utf-8") if data else None
@@ -268,14 +292,17 @@ class MasterFollower:
 
     async def _stop_following(self) -> None:
         self._generation += 1
-        tasks = list(self._tasks.values())
+        tasks = []
+        for run in self._runs():
+            if run.task is not None:
+                tasks.append(run.task)
+                run.task = None
         if self._sync_task is not None:
             tasks.append(self._sync_task)
         if self._news_task is not None:
             tasks.append(self._news_task)
-        self._tasks.clear()
         self._sync_task = self._news_task = None
-        self._to_register.clear()
+        self._news_outbox.clear()
         self._news_conn = None
         self.news_supported = True
         self.stream_supported = True
@@ -367,7 +394,7 @@ class MasterFollower:
             # serve one it added.
             starting += [(topic, partition)
                          for partition in range(min(partitions, served.num_partitions if served is not None else 0))
-                         if (topic, partition) not in self._tasks]
+                         if not self._running((topic, partition))]
         await self._start_partitions(conn, starting)
         # A topic created at run time (it has an incarnation) that we serve and the master does
         # not list: it has not applied the creation or re-creation yet. Asked again until it
@@ -405,14 +432,15 @@ class MasterFollower:
 
         async def start(key: tuple[str, int]) -> None:
             async with slots:
-                if key not in self._tasks:
+                if not self._running(key):
                     await self._start_partition(conn, *key)
 
         results = await asyncio.gather(*(start(key) for key in keys), return_exceptions=True)
         failed = [result for result in results if isinstance(result, BaseException)]
         started = len(keys) - len(failed)
         log.info("broker %d started replicating %d partitions from %s in %.1f s (%d replicating)",
-                 self.broker_id, started, self.master_url, time.monotonic() - began, len(self._tasks))
+                 self.broker_id, started, self.master_url, time.monotonic() - began,
+                 sum(1 for run in self._runs() if run.task is not None))
         if failed:
             raise failed[0]
 
@@ -428,7 +456,7 @@ class MasterFollower:
         topic of 10,000 partitions creates them at once, not START_CONCURRENCY at a time. A
         partition whose offset request failed is left to ``_start_partition``."""
         store = self.host.store
-        missing = [key for key in keys if key not in self._tasks and not store.has_log(*key)]
+        missing = [key for key in keys if not self._running(key) and not store.has_log(*key)]
         if not missing:
             return
         slots = asyncio.Semaphore(OLDEST_OFFSET_REQUESTS)
@@ -454,8 +482,8 @@ class MasterFollower:
         record = self.host.partitions.replication(topic, partition)
         if record is None:
             return  # dropped meanwhile (its topic deleted while this partition started)
-        replica = record.replica if record.replica_owner is self else None
-        if replica is None:
+        run = record.following if record.following is not None and record.following.follower is self else None
+        if run is None:
             replica = PartitionReplica(
                 topic,
                 partition,
@@ -467,21 +495,22 @@ class MasterFollower:
                 incarnation=store.topic_config(topic).incarnation,
             )
             replica.status.extra["started_at"] = time.time()
-            record.replica, record.replica_owner = replica, self
+            run = record.following = ReplicaRun(self, replica)  # an earlier follower's run, if any, is replaced
             self.reported_keys = None
+        replica = run.replica
         if replica.stopped:
             return
         replica.report_positions = self.master_mode == "sync"  # acks wait on our position
         replica.durable_positions = replica.report_positions and replica.flusher.group_commit
         replica.status.state = "following"
-        self._tasks[(topic, partition)] = asyncio.ensure_future(self._replicate(replica, self._generation))
+        run.task = asyncio.ensure_future(self._replicate(run, self._generation))
         if self._news_task is None or self._news_task.done():
             self._news_task = asyncio.ensure_future(self._poll_news(self._generation))
 
     def _replica_info(self) -> dict[str, Any]:
         return {"slave_id": self.slave.slave_id, "epoch": self._epoch()}
 
-    async def _replicate(self, replica: PartitionReplica, generation: int) -> None:
+    async def _replicate(self, run: ReplicaRun, generation: int) -> None:
         """Fetch until following stops or the partition is forgotten; back off (up to
         slaveMaxDelayInMills) only after errors.
 
@@ -490,11 +519,12 @@ class MasterFollower:
         fetches without waiting. A fetch that finds nothing makes it quiet: it waits for the
         master's ``news`` instead (``_quiet_until_news``), so idle partitions cost nothing per partition.
         """
+        replica = run.replica
         max_delay = max(self.slave.slave_max_delay_ms, 10) / 1000
         delay = 0.0
         key = (replica.topic, replica.partition)
         busy = False
-        while not self._stopped and generation == self._generation and self._replica(key) is replica:
+        while not self._stopped and generation == self._generation and self._run(key) is run:
             try:
                 conn = await self._connection()
                 appended = replica.log.log_end
@@ -502,7 +532,7 @@ class MasterFollower:
                 delay = 0.0
                 busy = replica.log.log_end > appended
                 if self._may_stream(replica):
-                    await self._stream_until_closed(replica, conn)
+                    await self._stream_until_closed(run, conn)
                     busy = True  # fetch from the log end at once: the stream may have closed mid-put
                 elif busy:
                     if self.master_mode != "sync" and replica.log.log_end - appended < BATCH_BYTES:
@@ -511,7 +541,7 @@ class MasterFollower:
                         self.lingers += 1
                         await asyncio.sleep(LINGER_S)
                 elif self.news_supported:
-                    busy = await self._quiet_until_news(replica, conn)
+                    busy = await self._quiet_until_news(run, conn)
             except ReplicaDiverged as exc:
                 replica.stop(str(exc))
                 return
@@ -564,19 +594,19 @@ class MasterFollower:
                 and not replica.durable_positions and not replica.stopped
                 and replica.log.log_end >= replica.status.master_log_end)
 
-    async def _stream_until_closed(self, replica: PartitionReplica, conn: BrokerConnection) -> None:
-        """Subscribe to ``replica``'s stream and append what it carries, in the connection's
-        protocol callback, until either side has a doubt (then the caller fetches)."""
+    async def _stream_until_closed(self, run: ReplicaRun, conn: BrokerConnection) -> None:
+        """Subscribe to the stream of ``run``'s replica and append what it carries, in the
+        connection's protocol callback, until either side has a doubt (then the caller fetches)."""
+        replica = run.replica
         ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         epoch = self._epoch()
         receiver = StreamReceiver(0, epoch)
-        key = (replica.topic, replica.partition)
         replica.mode.apply(ModeEvent.CAUGHT_UP)
 
         def end(reason: str) -> None:
             conn.streams.pop(receiver.stream_id, None)
-            if self._stream_closers.get(key) is end:
-                del self._stream_closers[key]
+            if run.close_stream is end:
+                run.close_stream = None
             receiver.close(reason)
             replica.mode.apply(ModeEvent.DOUBT)
             if not ended.done():
@@ -596,14 +626,16 @@ class MasterFollower:
         ).to_header()
         receiver.stream_id, reply = conn.subscribe(header, on_frame)
         reply.add_done_callback(_ignore_outcome)
-        self._stream_closers[key] = end
+        run.close_stream = end
         # A streamed partition sends nothing while idle: the (then empty) news poll keeps the
         # master hearing from us every slaveMaxDelayInMills, as the sync set counts on.
+        self._on_news += 1
         self._kick_news()
         try:
             reason = await ended
             log.info("%s: replication stream closed (%s); fetching", replica.name, reason)
         finally:
+            self._on_news -= 1
             end("replication of the partition stopped")
 
     def _subscribed(self, replica: PartitionReplica, receiver: StreamReceiver, header: dict[str, Any],
@@ -655,46 +687,52 @@ class MasterFollower:
 
     # --- quiet partitions (news) -----------------------------------------------------------
 
-    async def _quiet_until_news(self, replica: PartitionReplica, conn: BrokerConnection) -> bool:
-        """Wait, fetching nothing, until the master has news for ``replica``; True: it has (the
-        partition is busy again), False: look again (the news session was lost, or refused)."""
-        key = (replica.topic, replica.partition)
+    async def _quiet_until_news(self, run: ReplicaRun, conn: BrokerConnection) -> bool:
+        """Wait, fetching nothing, until the master has news for ``run``'s partition; True: it has
+        (the partition is busy again), False: look again (the news session was lost, or refused)."""
+        replica = run.replica
         if conn is not self._news_conn and self._news_conn is not None:
             # The news request still runs on an older connection, whose registrations the
             # master dropped with it: it learns of the new one, and this partition waits.
             self._news_conn = None
             self._kick_news()
         woken: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._quiet[key] = woken
-        self._to_register[key] = [replica.topic, replica.partition, replica.log.log_end,
-                                  replica.status.master_committed, replica.incarnation]
+        run.woken = woken
+        self._news_outbox.add(run, [replica.topic, replica.partition, replica.log.log_end,
+                                    replica.status.master_committed, replica.incarnation])
+        self._on_news += 1
         self._kick_news()
         try:
             return await woken
         finally:
-            if self._quiet.get(key) is woken:
-                del self._quiet[key]
-            self._to_register.pop(key, None)
+            self._on_news -= 1
+            if run.woken is woken:
+                run.woken = None  # its registration, if not sent yet, is dropped by the next poll
 
     def _wake(self, key: tuple[str, int], news: bool) -> None:
-        woken = self._quiet.pop(key, None)
-        if woken is not None and not woken.done():
-            woken.set_result(news)
+        run = self._run(key)
+        if run is not None:
+            _wake_run(run, news)
 
     def corruption_found(self, topic: str, partition: int) -> None:
         """Bytes of a partition were found corrupt (metaq/store/scrub.py): a quiet or streaming
         replica fetches now, which cuts them and copies them again
         (``PartitionReplica._repair_corruption``), instead of at the partition's next news."""
-        self._wake((topic, partition), news=True)
-        close = self._stream_closers.get((topic, partition))
-        if close is not None:
-            close("corrupt bytes found: repairing by fetching")
+        run = self._run((topic, partition))
+        if run is None:
+            return
+        _wake_run(run, news=True)
+        if run.close_stream is not None:
+            run.close_stream("corrupt bytes found: repairing by fetching")
 
     def _wake_all(self) -> None:
-        """Every quiet partition looks again (it fetches once, then registers again if still idle)."""
-        for key in list(self._quiet):
-            self._wake(key, news=False)
-        self._to_register.clear()
+        """Every quiet partition looks again (it fetches once, then registers again if still
+        idle). A walk over every record: only on a new news session or a failed one, which
+        costs a fetch of every quiet partition anyway."""
+        for run in self._runs():
+            if run.woken is not None:
+                _wake_run(run, news=False)
+        self._news_outbox.clear()
 
     def _kick_news(self) -> None:
         kick = self._news_kick
@@ -718,11 +756,10 @@ class MasterFollower:
                     # A new connection: the master forgot what the old one registered.
                     self._news_conn = conn
                     self._wake_all()
-                if not self._quiet and not self._stream_closers:
+                if not self._on_news:
                     await kick  # nothing quiet or streamed: no need to ask
                     continue
-                entries = list(self._to_register.values())
-                self._to_register.clear()
+                entries = self._news_outbox.drain()
                 header = NewsRequest(replica=self._replica_info(), max_wait_ms=wait_ms).to_header()
                 answer = self._news_latest = conn.send(header, msgpack.packb(entries))
                 answer.add_done_callback(lambda done, conn=conn: self._news_answered(conn, done))
@@ -821,6 +858,72 @@ class MasterFollower:
                 row["error"] = st.error
             pairs.append((f"replica {topic}-{self.broker_id}-{partition}", row))
         return pairs
+
+
+class ReplicaRun:
+    """One partition as one follower copies it: the slave side of its replication record
+    (``ReplicationRecord.following``), written only by that follower (``follower``).
+
+    ``replica``: the ``PartitionReplica``; ``task``: its fetch task in this following (None
+    before it starts and once following stops); ``woken``: while quiet, the future that task
+    waits on for news; ``registration``: what the next ``news`` names of it (set exactly
+    while it is in the follower's ``NewsOutbox``); ``close_stream``: while streamed, the
+    stream's closer. Cost: six slots per partition, no task of its own beyond the fetch task."""
+
+    __slots__ = ("follower", "replica", "task", "woken", "registration", "close_stream")
+
+    def __init__(self, follower: MasterFollower, replica: PartitionReplica) -> None:
+        self.follower = follower
+        self.replica = replica
+        self.task: asyncio.Task[None] | None = None
+        self.woken: asyncio.Future[bool] | None = None
+        self.registration: list[Any] | None = None
+        self.close_stream: Callable[[str], None] | None = None
+
+    def dropped(self) -> None:
+        """Its partition is no longer served (``ReplicationRecord.close``): the fetch task is
+        cancelled, at its next await (appends are synchronous: none runs after this); its quiet
+        wait or stream ends with it."""
+        task, self.task = self.task, None
+        if task is not None:
+            task.cancel()
+
+
+class NewsOutbox:
+    """What the follower's next ``news`` request names: the runs of partitions that went quiet
+    since the last one. Invariant: a run is in it at most once, exactly while its
+    ``registration`` is set (``add`` appends only a run without one), so it never holds more
+    runs than the follower has partitions; every poll drains it, naming only the runs still quiet."""
+
+    def __init__(self) -> None:
+        self._runs: list[ReplicaRun] = []
+
+    def add(self, run: ReplicaRun, registration: list[Any]) -> None:
+        if run.registration is None:
+            self._runs.append(run)
+        run.registration = registration
+
+    def drain(self) -> list[list[Any]]:
+        """The registrations of the runs still quiet, each once; the outbox is then empty."""
+        runs, self._runs = self._runs, []
+        entries = []
+        for run in runs:
+            entry, run.registration = run.registration, None
+            if entry is not None and run.woken is not None:
+                entries.append(entry)
+        return entries
+
+    def clear(self) -> None:
+        """Nothing registered is sent (following stopped, or every quiet partition looks again)."""
+        runs, self._runs = self._runs, []
+        for run in runs:
+            run.registration = None
+
+
+def _wake_run(run: ReplicaRun, news: bool) -> None:
+    woken, run.woken = run.woken, None
+    if woken is not None and not woken.done():
+        woken.set_result(news)
 
 
 def _ignore_outcome(future: "asyncio.Future[Any]") -> None:

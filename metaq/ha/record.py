@@ -18,18 +18,22 @@ tables to forget it. On the master it holds:
 * ``streams``: the slaves streaming this partition (stream.py's subscriptions: the leader
   append entry pushes to them), written only by ``StreamHub``; None when none streams.
 
-On a slave it holds ``replica``: the ``PartitionReplica`` (replica.py) that copies this
-partition from the master, with ``replica_owner``, the ``MasterFollower`` (follower.py) that
-made it and alone writes both; a follower of a later master sees no replica of an earlier one.
+On a slave it holds ``following``: the ``ReplicaRun`` (follower.py) of the ``MasterFollower``
+that copies this partition from the master, which alone writes it: its ``PartitionReplica``
+(replica.py), its fetch task, while quiet the future that task waits on and its
+registration for the next ``news``, while streamed its stream's closer. A follower of a
+later master sees no run of an earlier one.
 
-``close`` (from ``Partitions.drop``) ends the puts still waiting on a dropped partition and
-closes its streams (each slave is told, and fetches).
+``close`` (from ``Partitions.drop``) ends the puts still waiting on a dropped partition,
+closes its streams (each slave is told, and fetches) and, on a slave, cancels the
+partition's fetch task: forgetting a partition's replication is this one call.
 
 What stays broker-wide is genuinely per slave: ``ReplicationProgress.slaves`` (when each slave
 was last heard), the sync set's membership (sync_set.py), the slaves' connections (node.py).
 
-Cost at 10,000 partitions: one record each (seven slots) and, on a sync master, one
-``PartitionSync`` each (seven slots); a position per slave that reports
+Cost at 10,000 partitions: one record each (six slots) and, on a sync master, one
+``PartitionSync`` each (seven slots), on a slave one ``ReplicaRun`` each (six slots); a
+position per slave that reports
 the partition; the append history is made at a partition's first put and is bounded
 (``HISTORY_ENTRIES``). No task and no timer per partition.
 
@@ -88,7 +92,7 @@ class ReplicaPosition:
 class ReplicationRecord:
     """Everything replication keeps about one partition (see the module docstring)."""
 
-    __slots__ = ("positions", "history", "shared", "sync", "replica", "replica_owner", "streams")
+    __slots__ = ("positions", "history", "shared", "sync", "following", "streams")
 
     def __init__(self) -> None:
         self.positions: dict[int, ReplicaPosition] = {}
@@ -96,18 +100,20 @@ class ReplicationRecord:
         self.shared: tuple[int, int] | None = None
         #: sync_set.py's ``PartitionSync`` (typed loosely: sync_set.py imports this module).
         self.sync: Any = None
-        #: follower.py's ``PartitionReplica`` and the ``MasterFollower`` it belongs to (loosely
-        #: typed: follower.py and replica.py import this module's users).
-        self.replica: Any = None
-        self.replica_owner: Any = None
+        #: follower.py's ``ReplicaRun`` on a slave (loosely typed: follower.py imports this
+        #: module's users).
+        self.following: Any = None
         #: stream.py's subscriptions of this partition, or None (loosely typed: stream.py imports this module).
         self.streams: list[Any] | None = None
 
     def close(self) -> None:
-        """The partition is dropped: puts waiting for its slaves end (404, outcome unknown), and
-        the slaves streaming it are told and fetch (finding it gone)."""
+        """The partition is dropped: puts waiting for its slaves end (404, outcome unknown), the
+        slaves streaming it are told and fetch (finding it gone), and a slave's fetch task of
+        it is cancelled."""
         if self.sync is not None:
             self.sync.dropped()
+        if self.following is not None:
+            self.following.dropped()
         for sub in list(self.streams or ()):
             sub.hub.end(sub, "the partition is no longer served (topic deleted or re-created)")
 

@@ -56,8 +56,9 @@ partition's replication record (record.py, ``ReplicationRecord.sync``, through t
 injected ``records``): a partition dropped takes it along (its waiting puts end with
 404), and a new term's ``SyncReplication`` starts each partition afresh (a record
 holding the previous term's state is given a new one at first use). ``_waiting``
-indexes the partitions with puts waiting, so the periodic check never walks every
-partition.
+indexes the partitions with puts waiting, so the periodic check (every 100 ms at most)
+never walks every partition: it is this module's one map by partition, and a state leaves
+it when its last waiter does or its partition is dropped (``PartitionSync.dropped``).
 
 Nothing here does I/O itself: ZooKeeper writes go through the injected
 ``publish`` coroutine, so the rules are unit-tested without a server.
@@ -125,9 +126,11 @@ class PartitionSync:
                 waiter.future.set_exception(SyncWaitFailed(code, message))
 
     def dropped(self) -> None:
-        """The partition is no longer served (topic deleted or re-created): its waiting puts end
-        (404: the topic is gone, its log with them)."""
+        """The partition is no longer served (topic deleted or re-created; from
+        ``ReplicationRecord.close``): its waiting puts end (404: the topic is gone, its log with
+        them) and it leaves its term's index of waiting partitions."""
         self.fail_waiters(c.NOT_FOUND, f"topic {self.key[0]} was deleted while this put waited for its slaves; outcome unknown")
+        self.term._unindex(self)
 
 
 #: A slave that is not counted yet is looked at over every partition (``_rescan``) from its
@@ -203,7 +206,9 @@ class SyncReplication:
         #: Each partition's replication record, holding its ``PartitionSync`` (the broker's
         #: ``Partitions``; a table of our own when none is given).
         self._records: ReplicationRecords = records if records is not None else RecordTable()
-        #: The partitions with puts waiting (an index: their state is in their records).
+        #: The partitions with puts waiting (an index for the periodic sweep, which would
+        #: otherwise walk every partition every tick: their state is in their records).
+        #: A state is in it while it has waiters (``wait``, ``_unindex``).
         self._waiting: dict[tuple[str, int], PartitionSync] = {}
         self._publish_lock = asyncio.Lock()
         self._pending_changes = False
@@ -412,13 +417,10 @@ class SyncReplication:
             self._schedule_publish()
 
     def forget_partitions(self, keys: list[tuple[str, int]]) -> None:
-        """Partitions no longer served (topic deleted or re-created): their waiting puts end
-        (404: the topic is gone, its log with them) and their offsets restart with the new log
-        (their states went with their records: ``Partitions.drop``; a table of our own drops them here)."""
-        for key in keys:
-            state = self._waiting.pop(key, None)
-            if state is not None:
-                state.dropped()
+        """Partitions no longer served (topic deleted or re-created): their states went with
+        their records (``Partitions.drop``; a table of our own drops them here), whose close
+        ended their waiting puts (404) and took them out of ``_waiting``; their offsets restart
+        with the new log. What is left is the slaves' join bookkeeping."""
         if isinstance(self._records, RecordTable):
             self._records.drop(keys)
         gone = set(keys)
@@ -528,9 +530,14 @@ class SyncReplication:
             else:
                 still.append(waiter)
         state.waiters = still
-        if not still and self._waiting.get(state.key) is state:
-            del self._waiting[state.key]
+        if not still:
+            self._unindex(state)
         self._note_committed(topic, partition, replicated, state)
+
+    def _unindex(self, state: PartitionSync) -> None:
+        """``state`` has no puts waiting any more (or its partition was dropped)."""
+        if self._waiting.get(state.key) is state:
+            del self._waiting[state.key]
 
     def _note_committed(self, topic: str, partition: int, replicated: int | None = None,
                         state: PartitionSync | None = None) -> None:

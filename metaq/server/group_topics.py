@@ -285,11 +285,12 @@ def forget_partitions(broker: PartitionHolders, keys: list[tuple[str, int]]) -> 
     or re-created as a new incarnation). ``Partitions.drop`` pops each partition's owner, and
     with it everything it holds: producer and transaction state, epoch history, its stats
     counters, its parked fetches (woken: they find the log gone and are answered "unknown
-    topic"), and its replication record (slaves' positions, append history, a slave's replica,
-    the slaves streaming it, told and fetching, and the sync set's offsets and waiting puts,
-    which end with 404). What is left is held elsewhere: queued transaction markers (by
-    transaction), and the HA layer's per-partition tasks (follower fetch tasks, the sync
-    set's index of waiting partitions).
+    topic"), and its replication record (slaves' positions, append history, a slave's replica
+    and its fetch task, cancelled, the slaves streaming it, told and fetching, and the sync
+    set's offsets and waiting puts, which end with 404 and leave its index). What is left is
+    held elsewhere: queued transaction markers (by transaction), and the HA layer's
+    bookkeeping beside the records (the follower's heartbeat rotation, the sync set's join
+    bookkeeping).
     """
     broker.partitions.drop(keys)
     broker.transactions.forget_partitions(keys)

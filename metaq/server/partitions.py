@@ -444,6 +444,7 @@ class Partitions:
             self._partitions[(topic, partition)] = owner
             if old is not None:
                 self._retire(old)  # after: a fetch it wakes that parks again parks on the new owner
+                old.replication.close()  # as a drop: its waiting puts, streams and a slave's fetch task end
         return owner
 
     # --- stats: each partition's counters, with it (metaq/server/stats.py : CountedPartitions) ----

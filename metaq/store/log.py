@@ -40,6 +40,7 @@ import threading
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 from metaq import record
 from metaq.private_files import DIR_MODE, FILE_MODE, fsync_directory, make_private_dir
@@ -177,6 +178,10 @@ class PartitionLog:
         self.directory = Path(directory)
         self.max_segment_size = max_segment_size
         self.max_message_size = max_message_size
+        #: Its flusher (metaq/store/flush.py's ``LogFlusher``, loosely typed: flush.py imports
+        #: this module), set by the store that opened it (``MessageStoreManager._register``):
+        #: the flusher goes wherever the log goes. None for a log opened without a store.
+        self.flusher: Any = None
         self._structure_lock = threading.Lock()
         # A new segment file's directory entry must be fsynced too; flush() does it.
         # Versions, not a flag: a roll during a flush in another thread must not be

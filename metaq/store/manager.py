@@ -19,6 +19,12 @@ incarnation, or with fewer partitions) is dropped by ``apply_topic_change``: its
 map at once, its directory is renamed aside in the same step (so a log of a re-created
 topic opens empty in its place), and ``dispose`` stops, closes and deletes the rest
 (metaq/store/incarnation.py has the rule for files of an earlier incarnation).
+
+The store keeps one map by partition, its open logs (``_logs``); each log carries its
+flusher (``partition_log.flusher``, made with it in ``_register``), so the stop path's final
+flush of every log and a dropped log's flusher are reached through that map. It stays
+the store's own registry, apart from the broker's ``Partitions`` (metaq/server/partitions.py,
+which reads it): tools and tests run a store without a broker.
 """
 
 from __future__ import annotations
@@ -98,8 +104,9 @@ class MessageStoreManager:
             self._served = lambda: own
         self.max_message_size = max_message_size
         self.retention_grace_s = retention_grace_s
+        #: The open logs: the store's one map by partition. Each log carries its flusher
+        #: (``partition_log.flusher``), so a log leaving this map takes its flusher along.
         self._logs: dict[tuple[str, int], PartitionLog | RefusedLog] = {}
-        self._flushers: dict[tuple[str, int], LogFlusher] = {}
         #: One timer for every log's periodic flush round (not one task per partition).
         self.flush_scheduler = FlushScheduler()
         #: Runs every topic's retention schedule (``_retention_sweeps``).
@@ -209,8 +216,8 @@ class MessageStoreManager:
         flusher = LogFlusher(partition_log, config.unflush_threshold, config.unflush_interval_ms)
         flusher.on_flushed = lambda: self.on_flushed(topic, partition) if self.on_flushed is not None else None
         flusher.on_fsync_seconds = lambda seconds: self.on_fsync_seconds(seconds) if self.on_fsync_seconds is not None else None
+        partition_log.flusher = flusher
         self._logs[key] = partition_log
-        self._flushers[key] = flusher
         if self._started:
             flusher.start(self.flush_scheduler)
         return partition_log
@@ -330,11 +337,8 @@ class MessageStoreManager:
     def flusher(self, topic: str, partition: int) -> LogFlusher:
         # Asked on every put: an open log's flusher straight away (get_log's checks of the
         # topic's configuration were made by whoever is appending to it).
-        flusher = self._flushers.get((topic, partition))
-        if flusher is None:
-            self.get_log(topic, partition)
-            flusher = self._flushers[(topic, partition)]
-        return flusher
+        partition_log = self._logs.get((topic, partition)) or self.get_log(topic, partition)
+        return _flusher_of(partition_log)
 
     def open_existing(self) -> int:
         """Open every configured partition that has segments on disk; return the largest msg id in them."""
@@ -377,7 +381,7 @@ class MessageStoreManager:
             if config is None:
                 continue
             partition_log.max_segment_size = config.max_segment_size
-            flusher = self._flushers[(topic, _partition)]
+            flusher = _flusher_of(partition_log)
             flusher.unflush_threshold = config.unflush_threshold
             flusher.unflush_interval_ms = config.unflush_interval_ms
         if self._started:
@@ -405,7 +409,8 @@ class MessageStoreManager:
     def _drop(self, topic: str, partition: int, directory: Path | None) -> DroppedPartition:
         """Take a partition out of the map; move its ``directory`` aside (None: keep the files)."""
         key = (topic, partition)
-        partition_log, flusher = self._logs.pop(key, None), self._flushers.pop(key, None)
+        partition_log = self._logs.pop(key, None)
+        flusher = partition_log.flusher if partition_log is not None else None
         aside = None
         try:
             aside = incarnation.move_aside(directory) if directory is not None else None
@@ -551,8 +556,8 @@ class MessageStoreManager:
         """Start flushers and retention schedules (needs a running event loop)."""
         self._schedule_retention()
         self._started = True
-        for flusher in self._flushers.values():
-            flusher.start(self.flush_scheduler)
+        for partition_log in self._logs.values():
+            _flusher_of(partition_log).start(self.flush_scheduler)
 
     async def stop(self) -> None:
         """Stop retention, then stop every flusher with a final flush."""
@@ -566,7 +571,7 @@ class MessageStoreManager:
         # All at once: each final fsync runs in a worker thread, so the stop takes about as long
         # as the slowest few, not one fsync per dirty partition after another (2,000 dirty logs
         # took 19 s one by one on a loaded disk).
-        flushers = list(self._flushers.items())
+        flushers = [(key, _flusher_of(partition_log)) for key, partition_log in self._logs.items()]
         outcomes = await asyncio.gather(*(flusher.stop() for _key, flusher in flushers), return_exceptions=True)
         for (key, _flusher), outcome in zip(flushers, outcomes):
             if isinstance(outcome, Exception):
@@ -580,7 +585,13 @@ class MessageStoreManager:
         for partition_log in self._logs.values():
             partition_log.close()
         self._logs.clear()
-        self._flushers.clear()
+
+
+def _flusher_of(partition_log: PartitionLog | RefusedLog) -> LogFlusher:
+    """The flusher of a log in the store's map (``_register`` gave it one)."""
+    flusher = partition_log.flusher
+    assert flusher is not None, f"{partition_log.directory}: a log in the store's map has a flusher"
+    return flusher
 
 
 def dropped_partitions(old: Mapping[str, TopicConfig], new: Mapping[str, TopicConfig]) -> list[tuple[str, int, Path]]:

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import errno
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from metaq.store.segment import LogSegment
+
+if TYPE_CHECKING:
+    from metaq.store.flush import LogFlusher
 
 
 class PartitionRefused(OSError):
@@ -34,6 +37,8 @@ class RefusedLog:
         # where to append (a new master's epoch start, a slave's fetch) gets this end.
         self.min_offset = self.log_end = self.flushed_end = known_end
         self.corrupt_ranges: list[tuple[int, int]] = []
+        #: Its flusher, as a PartitionLog's (set by the store that opened it).
+        self.flusher: LogFlusher | None = None
 
     def first_corrupt_offset(self) -> None:
         return None

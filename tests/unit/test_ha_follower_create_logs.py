@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 from metaq.config import SlaveConfig, TopicConfig
 from metaq.ha.follower import START_CONCURRENCY, MasterFollower
+from metaq.ha.record import RecordTable
 from metaq.store.manager import MessageStoreManager
 
 PARTITIONS = 300
@@ -39,7 +40,7 @@ def follower_with_store(tmp_path: Path) -> tuple[MasterFollower, MessageStoreMan
     store = MessageStoreManager({"wide": topic}, max_message_size=1024)
     (tmp_path / "data").mkdir()
     host = SimpleNamespace(config=SimpleNamespace(broker_id=0, topics={"wide": topic}), store=store,
-                           security=SimpleNamespace(heartbeat_key=None))
+                           security=SimpleNamespace(heartbeat_key=None), partitions=RecordTable())
     follower = MasterFollower(host, SlaveConfig(slave_id=0, slave_group="g"), None, None,  # type: ignore[arg-type]
                               lambda: 1, None, lambda: None)  # type: ignore[arg-type]
     return follower, store

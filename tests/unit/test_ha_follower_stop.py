@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from metaq.config import SlaveConfig
-from metaq.ha.follower import MasterFollower
+from metaq.ha.follower import MasterFollower, ReplicaRun
 from metaq.ha.record import RecordTable
 
 
@@ -52,9 +52,9 @@ def test_a_replica_task_whose_cancel_is_lost_still_ends_when_following_stops() -
 
     async def scenario() -> None:
         record = host.partitions.replication("t", 0)
-        record.replica, record.replica_owner = replica, follower
+        run = record.following = ReplicaRun(follower, replica)  # type: ignore[arg-type]
         assert follower.replicas == {("t", 0): replica}
-        follower._tasks[("t", 0)] = asyncio.ensure_future(follower._replicate(replica, follower._generation))  # type: ignore[arg-type]
+        run.task = asyncio.ensure_future(follower._replicate(run, follower._generation))
         while replica.fetches < 3:
             await asyncio.sleep(0.005)
         await asyncio.wait_for(follower._stop_following(), 2)  # hung for good before the fix
@@ -90,7 +90,8 @@ def follower_of(topics: dict[str, object], listed: dict[str, int]) -> tuple[Mast
 
     async def start_partition(conn: object, topic: str, partition: int) -> None:
         started.append((topic, partition))
-        follower._tasks[(topic, partition)] = asyncio.ensure_future(asyncio.sleep(0))  # type: ignore[assignment]
+        run = host.partitions.replication(topic, partition).following = ReplicaRun(follower, None)  # type: ignore[arg-type]
+        run.task = asyncio.ensure_future(asyncio.sleep(0))  # type: ignore[assignment]
 
     follower._connection = connection  # type: ignore[method-assign]
     follower._start_partition = start_partition  # type: ignore[method-assign]
@@ -156,12 +157,63 @@ def test_a_followers_replicas_live_in_their_partitions_records_and_go_with_a_dro
     earlier, later = follower(), follower()
     replica = SimpleNamespace(status=SimpleNamespace(master_committed=70))
     record = host.partitions.replication("t", 0)
-    record.replica, record.replica_owner = replica, earlier
+    record.following = ReplicaRun(earlier, replica)  # type: ignore[arg-type]
     assert earlier.replicas == {("t", 0): replica} and earlier.committed_seen("t", 0) == 70
     assert later.replicas == {} and later.committed_seen("t", 0) == 0
     host.partitions.drop([("t", 0)])
     assert earlier.replicas == {} and earlier._replica(("t", 0)) is None
     kept = host.partitions.replication("t", 1)
-    kept.replica, kept.replica_owner = replica, later
-    asyncio.run(later.stop())  # stopped for good: its replicas leave the records
-    assert kept.replica is None and kept.replica_owner is None and later.replicas == {}
+    kept.following = ReplicaRun(later, replica)  # type: ignore[arg-type]
+    asyncio.run(later.stop())  # stopped for good: its runs leave the records
+    assert kept.following is None and later.replicas == {}
+
+
+def test_a_partition_dropped_on_a_slave_takes_its_whole_slave_side_along() -> None:
+    """The follower keeps no map by partition: a quiet partition's fetch task, its future and
+    its registration for the next ``news`` are on its run, in its record; dropping the
+    partition cancels the task, and the next news names only partitions still quiet."""
+    host = SimpleNamespace(config=SimpleNamespace(broker_id=0), security=SimpleNamespace(heartbeat_key=None),
+                           partitions=RecordTable())
+    follower = MasterFollower(host, SlaveConfig(slave_id=0, slave_group="g"), None, None,  # type: ignore[arg-type]
+                              lambda: 1, None, lambda: None)  # type: ignore[arg-type]
+
+    def replica(partition: int) -> SimpleNamespace:
+        return SimpleNamespace(topic="t", partition=partition, log=SimpleNamespace(log_end=10 * partition),
+                               status=SimpleNamespace(master_committed=partition), incarnation="")
+
+    async def scenario() -> None:
+        runs = {}
+        for partition in range(3):
+            run = runs[partition] = host.partitions.replication("t", partition).following = ReplicaRun(
+                follower, replica(partition))  # type: ignore[arg-type]
+            run.task = asyncio.ensure_future(follower._quiet_until_news(run, None))  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+        assert follower._on_news == 3 and all(run.woken is not None for run in runs.values())
+        host.partitions.drop([("t", 1)])
+        assert runs[1].task is None and ("t", 1) not in follower.replicas
+        follower._wake(("t", 2), news=True)  # news for it: it fetches, nothing to register
+        await asyncio.sleep(0)
+        assert follower._news_outbox.drain() == [["t", 0, 0, 0, ""]]
+        assert follower._news_outbox.drain() == [], "each registration is sent once"
+        assert follower._on_news == 1 and runs[1].woken is None and runs[1].registration is None
+        await follower._stop_following()
+        assert follower._on_news == 0 and all(run.task is None and run.woken is None for run in runs.values())
+
+    asyncio.run(scenario())
+
+
+def test_the_news_outbox_holds_each_run_once_and_names_only_those_still_quiet() -> None:
+    from metaq.ha.follower import NewsOutbox
+
+    outbox = NewsOutbox()
+    quiet, woken = ReplicaRun(None, None), ReplicaRun(None, None)  # type: ignore[arg-type]
+    quiet.woken = woken.woken = object()  # type: ignore[assignment]
+    for end in range(1000):  # quiet again and again before a poll: still one entry, the newest
+        outbox.add(quiet, ["t", 0, end, 0, ""])
+    outbox.add(woken, ["t", 1, 0, 0, ""])
+    woken.woken = None  # news woke it before the poll: it fetches, nothing to register
+    assert len(outbox._runs) == 2
+    assert outbox.drain() == [["t", 0, 999, 0, ""]] and quiet.registration is woken.registration is None
+    outbox.add(quiet, ["t", 0, 5, 0, ""])
+    outbox.clear()
+    assert outbox.drain() == [] and quiet.registration is None

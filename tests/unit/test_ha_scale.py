@@ -167,6 +167,21 @@ def quiet_follower():  # noqa: ANN201
                           lambda: 1, None, lambda: None)  # type: ignore[arg-type]
 
 
+def quiet_runs(follower, keys):  # noqa: ANN001, ANN201
+    """Each partition of ``keys`` quiet on ``follower``: its run in its record, waiting for news."""
+    from types import SimpleNamespace
+
+    from metaq.ha.follower import ReplicaRun
+
+    loop = asyncio.get_running_loop()
+    runs = {}
+    for key in keys:
+        run = follower.host.partitions.replication(*key).following = ReplicaRun(follower, SimpleNamespace())
+        run.woken = loop.create_future()
+        runs[key] = run
+    return runs
+
+
 def answered(code: int, message: str = "", body: bytes = b""):  # noqa: ANN201
     from types import SimpleNamespace
 
@@ -182,15 +197,14 @@ def test_a_master_without_news_leaves_every_partition_fetching_as_before() -> No
 
     async def scenario() -> None:
         follower = quiet_follower()
-        loop = asyncio.get_running_loop()
-        quiet = {("t", p): loop.create_future() for p in range(3)}
-        follower._quiet.update(quiet)
+        runs = quiet_runs(follower, [("t", p) for p in range(3)])
+        quiet = {key: run.woken for key, run in runs.items()}
         follower._news_answered(None, answered(200, body=msgpack.packb([["t", 1]])))  # type: ignore[arg-type]
         assert quiet[("t", 1)].result() is True and not quiet[("t", 0)].done()  # news: that one fetches
         follower._news_answered(None, answered(400, "unknown command 'news'"))  # type: ignore[arg-type]
         assert not follower.news_supported
         assert all(future.done() and future.result() is False for key, future in quiet.items() if key != ("t", 1))
-        assert not follower._quiet
+        assert all(run.woken is None for run in runs.values())
 
     asyncio.run(scenario())
 
@@ -198,8 +212,7 @@ def test_a_master_without_news_leaves_every_partition_fetching_as_before() -> No
 def test_a_refused_news_wakes_every_quiet_partition_to_hear_why_from_its_fetch() -> None:
     async def scenario() -> None:
         follower = quiet_follower()
-        woken = asyncio.get_running_loop().create_future()
-        follower._quiet[("t", 0)] = woken
+        woken = quiet_runs(follower, [("t", 0)])[("t", 0)].woken
         follower._news_answered(None, answered(403, "stale epoch 1: the master is in epoch 2; re-sync"))  # type: ignore[arg-type]
         assert follower.news_supported and woken.result() is False
 
@@ -211,8 +224,7 @@ def test_corrupt_bytes_found_on_a_quiet_partition_wake_its_replica() -> None:
     must not keep them until its next put (metaq/server/broker.py ``_repair_corrupt``)."""
     async def scenario() -> None:
         follower = quiet_follower()
-        woken = asyncio.get_running_loop().create_future()
-        follower._quiet[("t", 0)] = woken
+        woken = quiet_runs(follower, [("t", 0)])[("t", 0)].woken
         follower.corruption_found("t", 0)
         assert woken.result() is True
 

@@ -115,3 +115,26 @@ def test_retention_cancelled_during_grace_still_disposes_detached_segments(tmp_p
         manager.close()
 
     asyncio.run(scenario())
+
+
+def test_each_log_carries_its_flusher_and_a_dropped_log_takes_it_along(tmp_path):
+    """The store's one map by partition is its logs: each log's flusher is on the log, the stop
+    path flushes every open log through it, and a dropped partition's flusher leaves with its log."""
+    async def scenario():
+        manager = MessageStoreManager(topics(tmp_path, unflush_threshold=1000, unflush_interval_ms=60_000),
+                                      max_message_size=1024)
+        manager.start()
+        kept, dropped = manager.get_log("orders", 0), manager.get_log("logs", 1)
+        assert manager.flusher("orders", 0) is kept.flusher and kept.flusher.log is kept
+        for log in (kept, dropped):
+            log.append(record.encode_record(b"x", msg_id=1))
+            log.flusher.note_appended(1)
+        gone = manager.update_topics({"orders": topics(tmp_path)["orders"]})
+        assert [(item.topic, item.partition, item.flusher) for item in gone] == [
+            ("logs", 0, None), ("logs", 1, dropped.flusher)]
+        manager.dispose(gone)
+        await manager.stop()
+        assert kept.flushed_end == kept.log_end, "the stop path flushed the open log"
+        manager.close()
+
+    asyncio.run(scenario())

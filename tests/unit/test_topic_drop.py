@@ -126,6 +126,7 @@ def test_the_sync_state_of_a_partition_lives_in_its_record_and_goes_with_one_dro
             await waiting
         assert failed.value.code == 404
         assert sync.status_pairs()[4] == ("sync_waiting_puts", 0)
+        assert ("gone", 0) not in sync._waiting, "the index of waiting partitions is left by the record's close"
         await sync.stop()
 
         ends[("kept", 0)] = 40  # the next term: a log truncated below the old committed offset
@@ -208,10 +209,13 @@ def test_a_fetch_woken_by_a_replaced_log_parks_again_on_the_new_owner(tmp_path):
 
     waiters.watch("t", 0, again)
     old = partitions.get("t", 0)
+    closed: list[str] = []
+    old.replication.following = SimpleNamespace(dropped=lambda: closed.append("fetch task cancelled"))
     store.update_topics({})
     store.update_topics(config)  # the store opens a new log for t-0; Partitions has not dropped the old
     new = partitions.get("t", 0)
     assert new is not old and old.dropped and woken == ["woken"]
+    assert closed == ["fetch task cancelled"], "the old owner's replication record is closed as by a drop"
     assert partitions.parked("t", 0) is new.parked and len(new.parked.watchers) == 1
     waiters.notify("t", 0)
     assert woken == ["woken", "woken"]
