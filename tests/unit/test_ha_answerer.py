@@ -286,8 +286,9 @@ def test_the_follower_backs_off_while_refused(tmp_path: Path, monkeypatch: pytes
         sleeps.append(seconds)
 
     follower._connection, follower._fetch = connection, fetch
-    follower._replica = lambda key: replica
+    run = type("Run", (), {"replica": replica})()  # the partition's ReplicaRun
+    follower._run = lambda key: run
     replica.log = type("Log", (), {"log_end": 0})()
     monkeypatch.setattr(follower_module.asyncio, "sleep", sleep)
-    asyncio.run(follower._replicate(replica, 1))
+    asyncio.run(follower._replicate(run, 1))
     assert sleeps[0] >= 0.5 and sleeps == sorted(sleeps) and sleeps[-1] == follower_module.NOT_MASTER_WAIT_MAX_S

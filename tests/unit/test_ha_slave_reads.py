@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 from metaq.config import SlaveConfig
 from metaq.ha.epochs import EpochCache
-from metaq.ha.follower import MasterFollower
+from metaq.ha.follower import MasterFollower, ReplicaRun
 from metaq.ha.node import HaNode
 from metaq.ha.record import RecordTable
 from metaq.ha.replica import PartitionReplica
@@ -35,7 +35,7 @@ def orphaned_slave() -> tuple[HaNode, MasterFollower, PartitionReplica, SimpleNa
     log = SimpleNamespace(log_end=LOG_END, flushed_end=LOG_END)
     replica = PartitionReplica("chaos", 0, SimpleNamespace(log=log), None, dict, lambda t, p: None, 100)  # type: ignore[arg-type]
     record = host.partitions.replication("chaos", 0)
-    record.replica, record.replica_owner = replica, follower
+    record.following = ReplicaRun(follower, replica)  # the slave side of its replication record
     replica.status.master_committed = MARKER_AT
     epochs = EpochCache(Path("/nonexistent"), [(1, 0), (2, 44850)])  # epoch 2 led by another broker
     coordinator = SimpleNamespace(state=Role.FOLLOWING, epochs=SimpleNamespace(serving=2, led=1),
