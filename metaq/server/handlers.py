@@ -676,9 +676,9 @@ class RequestHandlers:
 
     async def _realigned(self, req: c.Request, log: "PartitionLog", readable: int) -> Reply:
         """``offset`` with ``realign``: where a consumer whose position no longer starts a record
-        resumes (``realign_position``). It walks up to one time-index interval of the log: off
-        the event loop."""
-        entries = self.broker.ha.epoch_entries(req.topic, req.partition)
+        resumes (``realign_position``). It walks the log between two time-index entries: off the
+        event loop, with a copy of the epoch history taken on it."""
+        entries = list(self.broker.ha.epoch_entries(req.topic, req.partition))
         offset, how, epoch = await asyncio.to_thread(realign_position, log, req.offset, entries)
         fields: dict[str, Any] = {"epoch": epoch} if epoch is not None else {}
         return (
@@ -885,7 +885,6 @@ class ParkedFetch:
         if self.timer is not None:
             self.timer.cancel()
         self.timer = self.withdraw = None
-
 
 
 def realign_position(log: "PartitionLog", offset: int, epochs: list[tuple[int, int]]) -> tuple[int, str, int | None]:

@@ -4,7 +4,6 @@ detection, warning and bound."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from pathlib import Path
 from types import SimpleNamespace
