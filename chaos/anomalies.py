@@ -15,11 +15,12 @@ assignment epoch (``process``, ``generation``): only there does its position car
 
 In async mode a failover may take back acked messages (bounded by ``async_loss_bound``);
 a skip, a step back or a rewritten offset is then expected only when a failover explains it
-by its lag window (``index.in_lag_window``): what was stepped back over is a read it took
-back (``index.taken_back``), what was skipped lies in its window, a rewritten offset's other
-values are reads or acks it took back (chaos.checker judges that last one). A transaction
-whose client gave up is judged by its COMMIT or ABORT marker in the final logs
-(``transaction_marker``).
+by its lag window (``index.lag_windows``): a read beside a skip is one it took back
+(``index.taken_back``) and what was skipped lies in its window (``skip_taken_back_by``),
+what was stepped back over is a read it took back, a rewritten offset's other values are
+reads or acks it took back (chaos.checker judges that last one), an aborted read follows a
+COMMIT marker it took back. A transaction whose client gave up is judged by its COMMIT or
+ABORT marker in the final logs (``transaction_marker``).
 """
 
 from __future__ import annotations
@@ -170,6 +171,25 @@ def transaction_marker(logs: dict[str, Any], op: dict[str, Any]) -> str | None:
     producer and id after it decides it; markers that disagree between partitions leave it
     undecided (the ``aborted-read`` and ``acked_lost`` checks then judge by the client)."""
     found: set[str] = set()
+    for log, i, batch in _stored_batches(logs, op):
+        _offsets, controls = _controls(log)
+        end = next((c for c in controls[i:] if c.kind in (Kind.COMMIT, Kind.ABORT)
+                    and c.txid == batch.txid and c.producer_id == batch.producer_id), None)
+        if end is not None:
+            found.add(end.kind.name)
+    return found.pop() if len(found) == 1 else None
+
+
+def transaction_ids(logs: dict[str, Any], op: dict[str, Any]) -> set[tuple[str, int]]:
+    """``(txid, producer id)`` of transaction ``op`` as the BATCH headers of its stored
+    messages in the final logs name it (empty when none of its messages was stored)."""
+    return {(batch.txid, batch.producer_id) for _log, _i, batch in _stored_batches(logs, op)}
+
+
+def _stored_batches(logs: dict[str, Any], op: dict[str, Any]) -> Iterable[tuple[Any, int, Any]]:
+    """For each stored message of transaction ``op`` (at its acked offset, else found by its
+    value): its final log, the index of the first control record after it, and the BATCH
+    header before it (when that header names a transaction)."""
     for partition, offset, value in op.get("sends") or []:
         log = logs.get(partition)
         if log is None:
@@ -181,13 +201,8 @@ def transaction_marker(logs: dict[str, Any], op: dict[str, Any]) -> str | None:
         offsets, controls = _controls(log)
         i = bisect.bisect_left(offsets, offset)
         batch = next((controls[j] for j in range(i - 1, -1, -1) if controls[j].kind == Kind.BATCH), None)
-        if batch is None or not batch.txid:
-            continue
-        end = next((c for c in controls[i:] if c.kind in (Kind.COMMIT, Kind.ABORT)
-                    and c.txid == batch.txid and c.producer_id == batch.producer_id), None)
-        if end is not None:
-            found.add(end.kind.name)
-    return found.pop() if len(found) == 1 else None
+        if batch is not None and batch.txid:
+            yield log, i, batch
 
 
 def _record_at(log: Any, offset: int) -> list[list[Any]]:
@@ -376,23 +391,58 @@ def _poll_order(history: History, index: Any, kind: str) -> tuple[list[dict], in
                              offsets=[last, first], skipped=gap, **fields)
             else:
                 continue
-            window = (prev.op["time"], batch.op["time"])
-            excused = (failover_between(history, view, partition, *window)
-                       and _taken_back_over(index, partition, prev.pairs, first, case.get("skipped", [])))
+            if kind == "poll-skip":
+                # A skip is a failover's when the read on either side of the gap is one it took back.
+                excused = _excuse_skip(index, case, [prev.pairs[-1], batch.pairs[0]])
+            else:
+                window = (prev.op["time"], batch.op["time"])
+                excused = (failover_between(history, view, partition, *window)
+                           and _taken_back_over(index, partition, prev.pairs, first))
             (expected if excused else out).append(case)
     return out, checked, expected
 
 
-def _taken_back_over(index: Any, partition: str, earlier: list[tuple[int, Any]], next_offset: int,
-                     skipped_records: list[tuple[int, Any]]) -> bool:
-    """Async: whether a failover explains a reader's step back or skip in ``partition``: every
-    record it had read at or past ``next_offset`` (where it went on from) is a read a
-    failover took back, and every final-log record it skipped lies in a failover's lag window
-    (written by the new master where the taken-back records were)."""
+def failover_name(failover: dict[str, Any]) -> str:
+    """How a report names a failover: when it was recorded, its epoch, old and new master."""
+    return (f"the failover at {float(failover['time']):.2f}s to epoch {failover.get('epoch')} "
+            f"({failover.get('old_master')} -> {failover.get('new_master')})")
+
+
+def skip_taken_back_by(index: Any, partition: str, edges: list[tuple[int, Any]],
+                       skipped_records: list[tuple[int, Any]]) -> dict[str, Any] | None:
+    """Async: the failover that explains a reader passing over ``skipped_records`` (final-log
+    records) in ``partition``, or None. ``edges`` are the reads on either side of the gap
+    (the last record before it, the first after it). The failover explains it when one of
+    them is a read it took back inside its lag window (``index.taken_back``: the reader was
+    reading the old master's log, which had other records there, or none the reader is
+    shown) and every skipped record lies in that failover's lag window (the new master
+    wrote it where the taken-back records had been). The rule of ``read_lost``: a failover
+    whose lag window does not hold the reads excuses nothing, whenever it came."""
+    for offset, value in edges:
+        i = index.taken_back.failover_of(partition, offset, value)
+        window = next((w for j, _f, w in index.lag_windows(partition) if j == i), None) if i is not None else None
+        if window is not None and all(window[0] <= o < window[1] for o, _v in skipped_records):
+            return index.history.failovers[i]
+    return None
+
+
+def _excuse_skip(index: Any, case: dict[str, Any], edges: list[tuple[int, Any]]) -> bool:
+    """Whether a failover explains the skip ``case`` (``skip_taken_back_by``); if so, the case
+    names it (``taken_back_by``)."""
+    failover = skip_taken_back_by(index, case["partition"], edges, case.get("skipped", []))
+    if failover is not None:
+        case["taken_back_by"] = failover_name(failover)
+        case["why"] += f" (reads of records {failover_name(failover)} took back)"
+    return failover is not None
+
+
+def _taken_back_over(index: Any, partition: str, earlier: list[tuple[int, Any]], next_offset: int) -> bool:
+    """Async: whether a failover explains a reader's step back in ``partition``: every record
+    it had read at or past ``next_offset`` (where it went on from) is a read a failover took
+    back inside its lag window."""
     taken = index.taken_back.excused
     stepped_over = [(o, v) for o, v in earlier if o >= next_offset]
-    return (all(v in taken.get((partition, o), ()) for o, v in stepped_over)
-            and all(index.in_lag_window(partition, o) for o, _v in skipped_records))
+    return all(v in taken.get((partition, o), ()) for o, v in stepped_over)
 
 
 def check_poll_skip(history: History, index: Any) -> tuple[list[dict], int, list[dict]]:
@@ -451,9 +501,12 @@ def _within_batch(history: History, index: Any, kind: str) -> tuple[list[dict], 
                                    f"{b}, skipping {len(gap)} committed messages {gap[:5]}", skipped=gap, **fields)
             else:
                 continue
-            t = batch.op["time"]
-            excused = (failover_between(history, view, batch.partition, t, t)
-                       and _taken_back_over(index, batch.partition, [(a, va)], b, case.get("skipped", [])))
+            if kind == "int-poll-skip":
+                excused = _excuse_skip(index, case, [(a, va), (b, vb)])
+            else:
+                t = batch.op["time"]
+                excused = (failover_between(history, view, batch.partition, t, t)
+                           and _taken_back_over(index, batch.partition, [(a, va)], b))
             (expected if excused else out).append(case)
     return out, checked, expected
 
@@ -494,24 +547,79 @@ def check_precommitted_read(history: History, index: Any) -> tuple[list[dict], i
     return out, checked
 
 
-def check_aborted_read(history: History, index: Any) -> tuple[list[dict], int]:
+def check_aborted_read(history: History, index: Any) -> tuple[list[dict], int, list[dict]]:
     """G1a: no read shows a message whose write definitely failed; no read-committed read shows
-    a message of a rolled-back or timed-out transaction."""
+    a message of a rolled-back or timed-out transaction.
+
+    Async only, expected: a message of a transaction whose client was not told it failed,
+    one of whose COMMIT markers a reader got and a failover then took back inside its lag
+    window (``index.taken_back``), when that failover's lag window reaches into the read's
+    partition: the reader read the old master's log, where the transaction had committed;
+    the new master lacked the marker and decided it otherwise (an unprepared transaction is
+    aborted at the takeover, a prepared one rolled back at its timeout). A client told the
+    transaction failed while its COMMIT marker was served is never excused: a definite
+    failure must mean not committed."""
     view: View = index.kafka
-    out, checked = [], 0
+    out, expected, checked = [], [], 0
+    commits = _commits_taken_back(index) if _async(history) else {}
     for batch in view.batches:
         for offset, value in batch.pairs:
             write = view.writer.get(value)
             if write is None or (write.transactional and not batch.committed_only):
                 continue  # a raw read shows an aborted transaction's records (the abort marker hides them)
             checked += 1
-            if write.aborted:
-                what = f"transaction {write.op.get('txn')}" if write.transactional else "put"
-                out.append(_case("aborted-read", f"{batch.op.get('process')} read {value!r} at "
-                                                 f"{batch.partition}@{offset}, whose {what} failed",
-                                 partition=batch.partition, offset=offset, value=value,
-                                 reader=brief(batch.op), writer=brief(write.op)))
-    return out, checked
+            if not write.aborted:
+                continue
+            if not write.transactional:
+                what = "put failed"
+            elif write.op["type"] == "fail":
+                what = f"transaction {write.op.get('txn')} failed"
+            else:
+                what = (f"transaction {write.op.get('txn')} was rolled back (its final marker: ABORT; "
+                        f"its client was told {'committed' if write.op['type'] == 'ok' else 'nothing sure'})")
+            case = _case("aborted-read", f"{batch.op.get('process')} read {value!r} at {batch.partition}@{offset}, "
+                                         f"whose {what}",
+                         partition=batch.partition, offset=offset, value=value,
+                         reader=brief(batch.op), writer=brief(write.op))
+            failover = None
+            if write.transactional and write.op["type"] != "fail":
+                failover = _commit_taken_back_by(index, commits, write, batch.partition)
+            if failover is not None:
+                case["taken_back_by"] = failover_name(failover)
+                case["why"] += f": a COMMIT marker of it was read, and {failover_name(failover)} took it back"
+            (expected if failover is not None else out).append(case)
+    return out, checked, expected
+
+
+def _commits_taken_back(index: Any) -> dict[tuple[str, int], int]:
+    """``(txid, producer id)`` -> the failover (its index in ``history.failovers``) that took
+    back, inside its lag window, a COMMIT marker of that transaction which a raw reader got."""
+    out: dict[tuple[str, int], int] = {}
+    for batch in index.kafka.batches:
+        for offset, value in batch.pairs:
+            if not is_control(value):
+                continue
+            i = index.taken_back.failover_of(batch.partition, offset, value)
+            if i is None:
+                continue
+            try:
+                control = decode_body(bytes.fromhex(value[len(CONTROL_PREFIX):]))
+            except (ValueError, ControlError):
+                continue
+            if control.kind == Kind.COMMIT and control.txid:
+                out.setdefault((control.txid, control.producer_id), i)
+    return out
+
+
+def _commit_taken_back_by(index: Any, commits: dict[tuple[str, int], int], write: Write,
+                          partition: str) -> dict[str, Any] | None:
+    """The failover that took back a COMMIT marker of ``write``'s transaction (``commits``),
+    if its lag window reaches into ``partition``; None otherwise."""
+    for ids in transaction_ids(index.logs, write.op):
+        i = commits.get(ids)
+        if i is not None and any(j == i for j, _f, _w in index.lag_windows(partition)):
+            return index.history.failovers[i]
+    return None
 
 
 def check_intermediate_read(history: History, index: Any) -> tuple[list[dict], int]:

@@ -401,10 +401,18 @@ class TakenBack:
     their group took back inside its replication lag (docs/guarantees.md, async reads)."""
 
     excused: dict[tuple[str, int], set[Any]]  # (partition, offset) -> the values read there
+    #: (partition, offset, value) -> the index in ``history.failovers`` of the failover that took it back.
+    by: dict[tuple[str, int, Any], int] = field(default_factory=dict)
 
     @property
     def count(self) -> int:
         return sum(len(values) for values in self.excused.values())
+
+    def failover_of(self, partition: str, offset: int, value: Any) -> int | None:
+        """The failover (its index in ``history.failovers``) that took back the read record
+        ``value`` at ``partition@offset`` inside its lag window; None when none did."""
+        return self.by.get((partition, offset, value))
+
 
 
 def lag_window(index: Index, failover: dict[str, Any], partition: str) -> tuple[float, float] | None:
@@ -445,7 +453,7 @@ def taken_back_reads(history: History, index: Index) -> TakenBack:
     failover whose window holds it). Anything else stays a violation of the checks that
     found it."""
     if history.meta.get("mode", "sync") != "async":
-        return TakenBack({})
+        return TakenBack({}, {})
     gone: dict[str, set[tuple[int, Any]]] = defaultdict(set)
     for batch in index.kafka.batches:
         log = index.logs.get(batch.partition)
@@ -454,6 +462,7 @@ def taken_back_reads(history: History, index: Index) -> TakenBack:
             if at is None or at[0] != value:
                 gone[batch.partition].add((offset, value))
     excused: dict[tuple[str, int], set[Any]] = defaultdict(set)
+    by: dict[tuple[str, int, Any], int] = {}
     for partition, reads in gone.items():
         charged: dict[int, list[tuple[int, Any]]] = defaultdict(list)
         windows = index.lag_windows(partition)
@@ -467,7 +476,8 @@ def taken_back_reads(history: History, index: Index) -> TakenBack:
                 continue  # more offsets taken back than the lag held: none of it is explained
             for offset, value in inside:
                 excused[(partition, offset)].add(value)
-    return TakenBack(dict(excused))
+                by[(partition, offset, value)] = i
+    return TakenBack(dict(excused), by)
 
 
 def check_inconsistent_offsets(history: History, index: Index) -> tuple[list[dict], int, list[dict]]:

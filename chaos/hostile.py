@@ -148,6 +148,18 @@ def latency_line(latency: dict[str, Any]) -> str:
             f"{latency['attacked_p99_ms']} ms (bound {latency['bound_p99_ms']} ms)")
 
 
+def late_refusals(rows: list[dict[str, Any]]) -> str:
+    """The report's figure of refusals that came late (the big-body rounds' ``late``): how many
+    rounds, the latest, and the first round by when it opened; empty when none was late."""
+    late = sum(row.get("late", 0) for row in rows)
+    if not late:
+        return ""
+    first = next(r for row in rows for r in row.get("late_rounds", []))
+    past = max(row.get("late_after_s", 0.0) for row in rows)
+    return (f"; {late} rounds refused late (past {past:g} s), the latest after "
+            f"{max(row.get('latest_s', 0.0) for row in rows):.2f} s (first: {first})")
+
+
 class HostileLoad:
     def __init__(self, cluster: ChaosCluster, history: Any) -> None:
         self.cluster = cluster
@@ -284,7 +296,7 @@ class HostileLoad:
         for name, attack in s["attacks"].items():
             by_kind.setdefault(name.split(" ")[0], []).append(attack)
         attack_lines = [f"{kind}: {sum(a['sent'] for a in rows)} sent, {sum(a['refused'] for a in rows)} refused, "
-                        f"{sum(a['accepted'] for a in rows)} got through" for kind, rows in by_kind.items()]
+                        f"{sum(a['accepted'] for a in rows)} got through{late_refusals(rows)}" for kind, rows in by_kind.items()]
         return [
             *attack_lines,
             f"put latency (logged-in producer, {latency['samples']} acked puts): {latency_line(latency)}",

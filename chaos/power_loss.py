@@ -12,7 +12,9 @@ is on disk:
   Appends are lost from the end, which is what a power loss does to an append-only file.
 * names: a creation, mkdir or rename whose parent directory was not fsynced afterwards
   is undone, newest first: the created file or directory vanishes, the renamed file
-  goes back to its old name and the file it replaced comes back from the stash.
+  goes back to its old name and the file it replaced comes back from the stash. A line's
+  path names what was there then: a directory renamed or made at that path since (a topic
+  deleted and re-created) is another one, and the old one's undone renames stay out of it.
 
 Limits, on purpose (each errs toward keeping *more* than a real disk might, never less,
 except the first): an unlink counts as durable at once (a deleted file never comes
@@ -162,16 +164,29 @@ class PowerLossDisk:
         for path, (size, keep) in self._unsynced(synced).items():
             os.truncate(path, keep)
             report.truncated[self._relative(path)] = (size, keep)
+        # Newest first, so each event is undone on the disk as later events left it. A path names
+        # what was there when the event happened: a directory renamed or made at a path since
+        # stands for another one (``_DirectoryLives``).
+        lives = _DirectoryLives()
         for sequence, (kind, *args) in reversed(names):
-            entry = args[0] if kind in ("C", "M") else args[1]
-            if directory_synced_at.get(os.path.dirname(entry), -1) > sequence:
-                continue  # its directory was fsynced after it: the name is durable
-            self._undo(kind, args, report)
+            paths = lives.resolve(args[:1]) if kind in ("C", "M") else lives.resolve(args[:2], name_first=True)
+            if paths is None:
+                continue  # under a directory that is gone (its files unlinked, durable at once)
+            entry = paths[0] if kind in ("C", "M") else paths[1]
+            moved_back = False
+            if directory_synced_at.get(os.path.dirname(entry), -1) < sequence:  # else the name is durable
+                moved_back = self._undo(kind, [*paths, *args[len(paths):]], report)
+            if kind == "M":
+                lives.made(paths[0])
+            elif kind == "R":
+                lives.renamed(*paths, back=moved_back)
         self.slow_fsyncs(None)
         self.arm()
         return report
 
-    def _undo(self, kind: str, args: list[str], report: PowerLossReport) -> None:
+    def _undo(self, kind: str, args: list[str], report: PowerLossReport) -> bool:
+        """Undo one name event; True if it was a rename and its file went back to its old name."""
+        moved_back = False
         if kind == "C" and os.path.isfile(args[0]):
             os.unlink(args[0])
             report.vanished.append(self._relative(Path(args[0])))
@@ -182,11 +197,56 @@ class PowerLossDisk:
             old, new, stash = args
             if os.path.exists(new) and os.path.isdir(os.path.dirname(old)):
                 os.rename(new, old)
+                moved_back = True
             # The replaced file comes back, unless its directory is gone since (a topic deleted:
             # an unlink counts as durable at once, see the module docstring).
             if stash != "-" and os.path.isdir(os.path.dirname(new)):
                 shutil.copyfile(self.stash / stash, new)
             report.renames_undone.append((self._relative(Path(new)), self._relative(Path(old))))
+        return moved_back
 
     def _relative(self, path: Path) -> str:
         return os.path.relpath(path, self.root)
+
+
+class _DirectoryLives:
+    """Which directory an older journal line's path stands for, walking the journal newest first.
+
+    A partition directory deleted and re-created (topic operations) leaves lines of two lives
+    under one path. A ``mkdir`` of P says that before it nothing was at P: lines under P older
+    than it are of an earlier directory, renamed away or deleted before. A rename of P to Q
+    says that older lines under P are of what is now at Q (or at P again, if the rename was
+    undone). Without this, the undo of an old life's checkpoint replace put the replaced file
+    into the new directory of the same name: a state no disk reaches, since the old
+    directory's files were unlinked.
+    """
+
+    def __init__(self) -> None:
+        self._now_at: dict[str, str | None] = {}  # path -> where its older lines' directory is (None: gone)
+
+    def resolve(self, paths: list[str], name_first: bool = False) -> list[str] | None:
+        """Where what ``paths`` named is now; None if it lies in a directory that is gone. With
+        ``name_first`` (a rename's old path) the first one is a name to give back, not a thing:
+        only its directory is looked up."""
+        resolved = []
+        for index, path in enumerate(paths):
+            where = self._where(path, itself=not (name_first and index == 0))
+            if where is None:
+                return None
+            resolved.append(where)
+        return resolved
+
+    def _where(self, path: str, itself: bool) -> str | None:
+        at = path if itself else os.path.dirname(path)
+        while at not in ("", os.sep):
+            if at in self._now_at:
+                moved = self._now_at[at]
+                return None if moved is None else moved + path[len(at):]
+            at = os.path.dirname(at)
+        return path
+
+    def made(self, path: str) -> None:
+        self._now_at[path] = None
+
+    def renamed(self, old: str, new: str, back: bool) -> None:
+        self._now_at[old] = old if back else new

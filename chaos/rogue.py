@@ -18,7 +18,9 @@ The pre-login attacks, each counting what it sent, what was refused and what got
 
 * ``BigBodyFlood`` (one broker): connections that never log in, each declaring a 16 MiB
   put and sending 4 KiB of it. Refused: closed before login (security on), or answered 503
-  past ``maxBufferedRequestBytes`` (off); accepted: more held than the budget allows.
+  past ``maxBufferedRequestBytes`` (off), within ``REFUSAL_BOUND_S``; accepted: more held
+  than the budget allows past that bound. A refusal that came after ``hold_s`` is counted
+  as late, with how late (a figure, not a failure: see ``REFUSAL_BOUND_S``).
 * ``SlotFlood`` (one broker): more connections than ``maxConnectionsPerAddress`` from one
   address, each sending only ``version``. Refused: at connect past the cap, or closed at
   the login deadline (security on); accepted: more open than the cap, or (security on) one
@@ -239,6 +241,16 @@ LOGIN_TIMEOUT_S = 10.0
 #: the login deadline, which closes them all.
 OVER_CAP_CLOSE_S = 5.0
 BIG_BODY = 16 * 1024 * 1024
+#: How long a big-body round waits for the broker's refusals (a close, or a reply: 403 before
+#: login, 503 past the budget). A broker that holds a body keeps the connection open until a
+#: deadline closes it: the login deadline (LOGIN_TIMEOUT_S, security on) or the body timeout
+#: (requestBodyTimeoutMs, 30 s), never sooner; so a close or a reply within this bound is a
+#: refusal, however late it came. Late ones happen on a loaded machine: the round's
+#: connections queue in the kernel's accept queue behind a slot flood's 286 (the broker takes
+#: them in order) while the broker, and the runner watching, get a sliver of a CPU each; the
+#: broker then refuses them at their first read, having buffered nothing. ``hold_s`` stays the
+#: bound of a refusal in time: one later than it is counted (``late``, ``latest_s``).
+REFUSAL_BOUND_S = LOGIN_TIMEOUT_S / 2
 
 
 def _connect_from(source: str, address: tuple[str, int], timeout: float = 2.0) -> socket.socket | None:
@@ -255,9 +267,10 @@ Running = Callable[[], Any]
 
 def _closed_by_broker(sockets: list[socket.socket], seconds: float, *, replies_close: bool,
                       running: Running, stop: threading.Event | None = None,
-                      enough: int | None = None, token: int | None | object = ...) -> set[socket.socket] | None:
-    """The sockets the broker closed within ``seconds`` (EOF or reset); with ``replies_close`` a reply counts too.
-    With ``enough``, returns as soon as that many are closed.
+                      enough: int | None = None, token: int | None | object = ...) -> dict[socket.socket, float] | None:
+    """The sockets the broker closed within ``seconds`` (EOF or reset), each with the seconds
+    it took from the call; with ``replies_close`` a reply counts too. With ``enough``, returns
+    as soon as that many are closed.
 
     None when the broker did not run all along (paused or restarted by a fault): it could
     refuse nothing then, and the round proves nothing either way. "All along" starts at
@@ -266,7 +279,7 @@ def _closed_by_broker(sockets: list[socket.socket], seconds: float, *, replies_c
     just resumed with seconds of backlog, which proves nothing about how fast it refuses.
     None too as soon as ``stop`` is set: for a caller that judges no round the run's end cuts short.
     """
-    closed: set[socket.socket] = set()
+    closed: dict[socket.socket, float] = {}
     if token is ...:
         token = running()
     if token is None:
@@ -275,7 +288,8 @@ def _closed_by_broker(sockets: list[socket.socket], seconds: float, *, replies_c
         for sock in sockets:
             sock.setblocking(False)
             selector.register(sock, selectors.EVENT_READ)
-        deadline = time.monotonic() + seconds
+        started = time.monotonic()
+        deadline = started + seconds
         wanted = len(sockets) if enough is None else enough
         while len(closed) < wanted and (left := deadline - time.monotonic()) > 0:
             if running() != token or (stop is not None and stop.is_set()):
@@ -289,7 +303,7 @@ def _closed_by_broker(sockets: list[socket.socket], seconds: float, *, replies_c
                 except OSError:
                     data = b""
                 if not data or replies_close:
-                    closed.add(sock)  # type: ignore[arg-type]
+                    closed[sock] = time.monotonic() - started  # type: ignore[index]
                     selector.unregister(sock)
     return closed if running() == token else None
 
@@ -300,44 +314,76 @@ def wall_clock(at: float) -> str:
 
 
 class BigBodyFlood(_Looper):
-    """Rounds of ``per_round`` connections that each declare a 16 MiB put and send 4 KiB of it."""
+    """Rounds of ``per_round`` connections that each declare a 16 MiB put and send 4 KiB of it.
+
+    A round got through when, ``refusal_bound_s`` after its bodies were sent, the broker still
+    held more of them than ``may_hold`` (neither closed nor answered). A round whose refusals
+    all came, but after ``hold_s``, is late: counted (``late``), with the latest (``latest_s``,
+    seconds from the sends to the last refusal the round needed) and the first few rounds by
+    when they opened (``late_rounds``), to be found in the broker's log.
+    """
 
     def __init__(self, address: tuple[str, int], topic: str, *, secure: bool, running: Running, source: str = "127.0.0.2",
-                 per_round: int = 6, hold_s: float = 1.5, pause_s: float = 1.0) -> None:
+                 per_round: int = 6, hold_s: float = 1.5, refusal_bound_s: float = REFUSAL_BOUND_S,
+                 pause_s: float = 1.0) -> None:
         super().__init__(f"big-body-flood-{address[1]}")
         self.address, self.topic, self.secure, self.source, self.running = address, topic, secure, source, running
-        self.per_round, self.hold_s, self.pause_s = per_round, hold_s, pause_s
+        self.per_round, self.hold_s, self.refusal_bound_s, self.pause_s = per_round, hold_s, refusal_bound_s, pause_s
         self.refused = 0
+        self.late = 0
+        self.latest_s = 0.0
+        self.late_rounds: list[str] = []
         #: Security off: what the budget lets the broker hold at once (the rest must be refused).
         self.may_hold = 0 if secure else MAX_BUFFERED_REQUEST_BYTES // BIG_BODY
 
     def _main(self) -> None:
-        head = encode_frame_head(PutRequest(topic=self.topic, partition=0, count=1).to_header(), BIG_BODY)
         while not self._stop.is_set():
-            token = self.running()  # before connecting: see _closed_by_broker
-            opened_at = time.time()  # said with a round that got through, to find it in the broker's log
-            sockets = [s for s in (_connect_from(self.source, self.address) for _ in range(self.per_round)) if s]
+            self.play_round()
+            self._stop.wait(self.pause_s)
+
+    def play_round(self) -> None:
+        """One round: connect, send each declared body's first 4 KiB, judge what the broker did."""
+        head = encode_frame_head(PutRequest(topic=self.topic, partition=0, count=1).to_header(), BIG_BODY)
+        token = self.running()  # before connecting: see _closed_by_broker
+        opened_at = time.time()  # said with a round that got through or was late, to find it in the broker's log
+        sockets = [s for s in (_connect_from(self.source, self.address) for _ in range(self.per_round)) if s]
+        try:
             for sock in sockets:
                 try:
                     sock.sendall(head + bytes(4096))
                 except OSError:
                     pass
-            # Security on: closed at the first frame that is not a small login frame. Off: a 503
-            # for each past the budget (they stay open); the ones within it are held until cut off.
-            refused = _closed_by_broker(sockets, self.hold_s, replies_close=True, running=self.running, token=token)
-            if refused is not None:
-                self.sent += len(sockets)
-                self.refused += len(refused)
-                held = len(sockets) - len(refused)
-                if held > self.may_hold:
-                    self.accepted.append(f"{held} of {len(sockets)} big bodies held (at most {self.may_hold}),"
-                                         f" round opened at {wall_clock(opened_at)}")
+            self._judge(sockets, token, opened_at)
+        finally:
             for sock in sockets:
                 sock.close()
-            self._stop.wait(self.pause_s)
+
+    def _judge(self, sockets: list[socket.socket], token: Any, opened_at: float) -> None:
+        # Security on: closed at the first frame that is not a small login frame. Off: a 503
+        # for each past the budget (they stay open); the ones within it are held until we close
+        # them. The wait ends as soon as every refusal the budget calls for has come.
+        must_refuse = max(0, len(sockets) - self.may_hold)
+        refused = _closed_by_broker(sockets, self.refusal_bound_s, replies_close=True, running=self.running,
+                                    token=token, enough=must_refuse, stop=self._stop)
+        if refused is None or self._stop.is_set():
+            return  # the broker was paused or restarted, or the run's end cut the round short
+        self.sent += len(sockets)
+        self.refused += len(refused)
+        held = len(sockets) - len(refused)
+        if held > self.may_hold:
+            self.accepted.append(f"{held} of {len(sockets)} big bodies held (at most {self.may_hold}) "
+                                 f"{self.refusal_bound_s:g} s after they were sent, round opened at {wall_clock(opened_at)}")
+            return
+        took = sorted(refused.values())[must_refuse - 1] if must_refuse else 0.0
+        if took > self.hold_s:
+            self.late += 1
+            self.latest_s = max(self.latest_s, took)
+            if len(self.late_rounds) < 3:
+                self.late_rounds.append(f"round opened at {wall_clock(opened_at)}: refused after {took:.2f} s")
 
     def summary(self) -> dict[str, Any]:
-        return {**super().summary(), "refused": self.refused}
+        return {**super().summary(), "refused": self.refused, "late": self.late, "late_after_s": self.hold_s,
+                "latest_s": round(self.latest_s, 2), "late_rounds": self.late_rounds}
 
 
 class SlotFlood(_Looper):

@@ -455,6 +455,8 @@ class HaCoordinator:
             pairs.append(
                 (f"truncated {record['topic']}-{self.broker_id}-{record['partition']}", f"at={record['offset']} bytes={record['bytes']} file={record['file']}")
             )
+        for (topic, partition), reason in sorted(self.followership.held_back.items()):
+            pairs.append((f"held back {topic}-{self.broker_id}-{partition}", reason))
         return pairs
 
 

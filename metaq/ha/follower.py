@@ -43,6 +43,7 @@ from ..protocol.messages import ConfigRequest, NewsRequest, OffsetRequest, Strea
 from ..protocol.replication_stream import Append, Committed, StreamReceiver, SUBSCRIBING, encode_report
 from ..store.manager import UnknownPartition, UnknownTopic
 from ..zk.paths import ZkPaths
+from .answerer import NotTheMaster
 from .heartbeat import SlaveHeartbeat
 from .host import BrokerHost
 from .peers import open_peer
@@ -75,6 +76,8 @@ START_CONCURRENCY = 32
 OLDEST_OFFSET_REQUESTS = 256
 
 
+#: Longest wait between fetches of a partition while the broker we follow refuses as not the master.
+NOT_MASTER_WAIT_MAX_S = 5.0
 #: Longest wait between attempts to adopt a master config that failed to parse.
 CONFIG_RETRY_MAX_S = 5.0
 #: More partitions than this in a topics reply is not a broker talking.
@@ -296,6 +299,9 @@ class MasterFollower:
                 await self._sync_topics()
                 self.config_sync_error = None
                 return
+            except NotTheMaster as exc:  # its epochs (follower start): ZooKeeper is asked who leads
+                self._master_refused(exc, generation)
+                max_delay = NOT_MASTER_WAIT_MAX_S
             except MasterLacksPartition as exc:
                 # The master has not applied a topic's re-create (or we have not): said once.
                 if str(exc) != waiting_for:
@@ -509,6 +515,10 @@ class MasterFollower:
             except ReplicaDiverged as exc:
                 replica.stop(str(exc))
                 return
+            except NotTheMaster as exc:
+                self._master_refused(exc, generation)
+                delay = min(max(delay * 2, max_delay), NOT_MASTER_WAIT_MAX_S)  # until ZooKeeper is read again
+                await asyncio.sleep(delay)
             except StaleMaster as exc:
                 log.warning("%s; re-checking who leads", exc)
                 self._on_stale_master()
@@ -517,6 +527,21 @@ class MasterFollower:
                 delay = min(max(delay * 2, max_delay / 10), max_delay)
                 log.debug("%s: fetch failed (%s); retrying in %.0f ms", replica.name, exc, delay * 1000)
                 await asyncio.sleep(delay)
+
+    #: The generation of following in which the master we follow refused as not the master.
+    _refused_in = -1
+
+    def _master_refused(self, exc: NotTheMaster, generation: int) -> None:
+        """The broker we follow says it is not the master (``403 reason: not_master``), or answered
+        as another role or epoch: said once per following (not per partition, nor per retry), and
+        the coordinator reads ZooKeeper's master node again. Whom we follow is ZooKeeper's word,
+        never this peer's: until the coordinator decides, every partition backs off (doubling up
+        to NOT_MASTER_WAIT_MAX_S)."""
+        if self._refused_in == generation:
+            return
+        self._refused_in = generation
+        log.warning("%s; asking ZooKeeper who leads", exc)
+        self._on_stale_master()
 
     async def _fetch(self, replica: PartitionReplica, conn: BrokerConnection, park: bool) -> None:
         """One fetch of ``replica``: parked if asked and a slot is free, else a plain one."""
@@ -747,11 +772,13 @@ class MasterFollower:
         replica = self._replica((topic, partition))
         if replica is None:
             return log_end if self.master_url is None else 0
-        if self.master_url is None:
-            # No master: a plain slave's log is a prefix of the master it followed, so all
-            # of it is readable. A deposed master's log may end in its own term's writes no
-            # slave has: HaNode.committed bounds those (``_deposed_bound``).
-            return log_end
+        # Invariant: a slave serves no more than the last committed offset a master told it,
+        # also while it follows no master (orphaned, electing, truncating against the next
+        # one). Its log is a prefix of the master it followed, but its tail past that
+        # offset may be missing from another sync-set slave, which the election may promote
+        # and which then writes other records there: a read of that tail would be taken back
+        # (sync mode promises none). A deposed master's own term is bounded by
+        # HaNode._deposed_bound as well.
         return replica.committed()
 
     def _master_end(self, topic: str, partition: int, replica: PartitionReplica) -> int:

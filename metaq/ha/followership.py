@@ -11,7 +11,15 @@ broker master. ``follow`` then, in this order:
 3. per partition, asks the master where our last epoch ends in its log and truncates
    there (truncation.divergence_point; the removed tail is kept in a ``truncated-*``
    file), then copies the master's epoch history (``adopt_master_epochs``): after this
-   our log is a prefix of the master's (invariant, role.py);
+   our log is a prefix of the master's (invariant, role.py). Each answer is used only if
+   it says it comes from the acting master in the epoch read in step 2 (answerer.py):
+   the broker at the master node's address may be a deposed master or a slave, whose
+   history is another log's. Otherwise nothing more is cut, the refusal is logged once,
+   and after a wait (doubling, REFUSED_WAIT_FIRST_S to REFUSED_WAIT_MAX_S) following gives
+   up with MasterSuperseded: the coordinator reads the master node again (ZooKeeper
+   decides whom we follow, never the peer's answer).
+   A partition the master answers with an error (it does not serve it) is held back, the others go on:
+   the follower's start of it truncates it first, once the master serves it (``held_back``);
 4. records what the truncation cut in ZooKeeper (failover_record.py, in the background);
 5. follows with the replication follower (follower.py), created on first use and again
    when our slave id changed; and watches the master's process (takeover.py).
@@ -36,6 +44,7 @@ from ..config import SlaveConfig
 from ..owned_tasks import OwnedTasks
 from ..protocol.messages import EpochsRequest
 from ..zk.group import ZK_CALL_TIMEOUT_S
+from .answerer import NotTheMaster, check_master_answer
 from .epochs import EpochCache
 from .failover_record import now_ms, write_truncation
 from .follower import MasterFollower
@@ -45,9 +54,14 @@ from .peers import open_peer
 from .role import Event
 from .takeover import DeathWatch
 from .terms import Epochs
-from .truncation import divergence_point
+from .truncation import TruncationRefused, divergence_point
 
 log = logging.getLogger(__name__)
+
+#: After a peer at the master's address answered as something else than the acting master of
+#: ZooKeeper's epoch: the first wait before the master node is read again, and the longest.
+REFUSED_WAIT_FIRST_S = 0.1
+REFUSED_WAIT_MAX_S = 2.0
 
 
 class MasterSuperseded(ConnectionError):
@@ -77,6 +91,17 @@ class Followership:
         self._tasks = OwnedTasks("followership")
         #: The connection the truncation asks the master on, while it runs (``give_up``).
         self._truncating: BrokerConnection | None = None
+        #: The group's epoch as ZooKeeper named it when following began: answers about the log
+        #: (``epoch_end``, ``epochs``) are used only from the acting master in this epoch.
+        self.master_epoch = 0
+        #: Refusals in a row from brokers that answered as not the master, and the last one said
+        #: (logged once; the wait before reading ZooKeeper again grows with the count).
+        self._refusals = 0
+        self._refusal_said: tuple[Any, ...] | None = None
+        #: Partitions the master refused during the truncation (it does not serve them: their
+        #: files lost, say), with its answer: not followed until a truncation of theirs works,
+        #: which the follower's start of each asks for again (``adopt_master_epochs``).
+        self.held_back: dict[tuple[str, int], str] = {}
 
     def cache(self, topic: str, partition: int) -> EpochCache:
         return self.host.partitions.get(topic, partition).epochs
@@ -89,6 +114,7 @@ class Followership:
         state = await self.view.read_state()
         self.epochs.saw(state.epoch)
         self.epochs.serve()
+        self.master_epoch = state.epoch  # ZooKeeper's: answers count only from its acting master
         cut_before = len(self.truncations)
         await self.truncate_against(url)
         self._record_truncation(self.truncations[cut_before:])
@@ -191,19 +217,57 @@ class Followership:
                 log.info("waiting for the master at %s: %s", url, exc)
                 await asyncio.sleep(0.2)
         self._truncating = conn
+        refused: dict[tuple[str, int], str] = {}
+        owners = self.host.partitions.owners()
         try:
-            for owner in self.host.partitions.owners():
+            for owner in owners:
                 try:
                     if not self.stopping:
                         await self._truncate_partition(conn, owner)
                 except ConnectionClosed:
                     if not self.stopping:
                         raise
+                except (TruncationRefused, NotTheMaster):
+                    raise  # about the master (or our log), not about this partition
+                except ConnectionError as exc:
+                    # The master answered, refusing this partition (a 500 for a partition whose
+                    # files it lost): the others are followed. Before, one such partition failed
+                    # the whole entry action, again and again, and the slave replicated nothing
+                    # (a netns campaign run: 120 s behind on every partition).
+                    refused[owner.key] = str(exc)
                 if self.stopping:
                     raise MasterSuperseded(f"stopped truncating against the master at {url}: this broker is stopping")
+        except NotTheMaster as exc:
+            raise await self._not_the_master(exc) from None
         finally:
             self._truncating = None
             conn.close()
+        if owners and len(refused) == len(owners):
+            # Every partition refused says something about the master (it no longer leads, say),
+            # not about a partition: the entry action fails and the coordinator looks again.
+            raise ConnectionError(f"the master at {url} refused every partition: {next(iter(refused.values()))}")
+        for key, reason in refused.items():
+            log.error("%s-%d is not followed: the master at %s refused it (%s); the other partitions are followed, "
+                      "this one once the master serves it again (truncated against it first)", *key, url, reason)
+        self.held_back = refused
+        self._refusals, self._refusal_said = 0, None
+
+    async def _not_the_master(self, exc: NotTheMaster) -> MasterSuperseded:
+        """The broker at the master's address answered as something else than the acting master
+        of ZooKeeper's epoch: said once (a new refusal is said again), then, after a wait that
+        doubles with each refusal in a row, following ends and the coordinator reads the master
+        node again. The wait ends early only when the broker stops, not when an event is queued:
+        the coordinator's own next look (a REEVALUATE, a decision on the same master node) is
+        nearly always queued by then, and cutting the wait for it made every retry 0.2 s apart."""
+        wait = min(REFUSED_WAIT_FIRST_S * 2 ** self._refusals, REFUSED_WAIT_MAX_S)
+        self._refusals += 1
+        if exc.key != self._refusal_said:
+            self._refusal_said = exc.key
+            log.warning("%s; nothing more is truncated: reading the group's master from ZooKeeper again", exc)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and not self.stopping:
+            await asyncio.sleep(min(0.05, wait))
+        return MasterSuperseded(f"the broker at {exc.address} is not the acting master of epoch {exc.expected_epoch}")
 
     async def _truncate_partition(self, conn: BrokerConnection, owner: PartitionOwner) -> None:
         """Cut one partition where it stops agreeing with the master, then copy the master's epoch
@@ -213,7 +277,7 @@ class Followership:
         topic, partition = owner.key
         floor = self.follower.committed_seen(topic, partition) if self.follower is not None else 0
         owner.truncate_corrupt()  # corrupt bytes (scrub, recovery) cannot be compared: fetched again
-        end = await divergence_point(conn, topic, partition, owner.log, owner.epochs, floor)
+        end = await divergence_point(conn, topic, partition, owner.log, owner.epochs, floor, master_epoch=self.master_epoch)
         if owner.dropped:
             return
         if end < owner.log.log_end:
@@ -225,6 +289,7 @@ class Followership:
         entries = await self._master_epochs(conn, topic, partition)
         if not owner.dropped:
             await owner.adopt_epochs(entries)
+        self.held_back.pop(owner.key, None)
 
     def _record_truncation(self, cut: list[dict[str, Any]]) -> None:
         """Record what following this epoch cut: always for a broker that led since it last
@@ -239,13 +304,20 @@ class Followership:
         self.view.record_later(f"the truncation record of epoch {epochs.seen}", write_truncation, epochs.seen, slave_id, record)
 
     async def adopt_master_epochs(self, conn: BrokerConnection, topic: str, partition: int) -> None:
-        """Copy the master's epoch history of a partition we follow (our bytes are its bytes)."""
+        """Copy the master's epoch history of a partition we follow (our bytes are its bytes);
+        a partition held back is first truncated against the master (a refusal raises: the
+        follower's start of it fails and is tried again)."""
+        if (topic, partition) in self.held_back:
+            await self._truncate_partition(conn, self.host.partitions.get(topic, partition))
+            log.info("%s-%d: the master serves it again; truncated against it, now followed", topic, partition)
+            return
         await self.host.partitions.adopt_epochs(topic, partition, await self._master_epochs(conn, topic, partition))
 
-    @staticmethod
-    async def _master_epochs(conn: BrokerConnection, topic: str, partition: int) -> list[tuple[int, int]]:
-        """The master's epoch history of a partition (``epochs``)."""
+    async def _master_epochs(self, conn: BrokerConnection, topic: str, partition: int) -> list[tuple[int, int]]:
+        """The master's epoch history of a partition (``epochs``), only from the acting master of
+        the epoch ZooKeeper named (NotTheMaster otherwise: another member's history is no copy)."""
         reply = await conn.request(EpochsRequest(topic=topic, partition=partition).to_header(), timeout=10)
+        check_master_answer(reply, conn.address, f"epochs {topic}-{partition}", self.master_epoch)
         if not reply.ok:
             raise ConnectionError(f"epochs {topic}-{partition}: {reply.code} {reply.message}")
         return [(int(e), int(s)) for e, s in reply["entries"]]

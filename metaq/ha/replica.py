@@ -33,6 +33,7 @@ from ..protocol import commands as c
 from ..protocol.messages import GetRequest, PositionRequest
 from ..record import HEADER, HEADER_SIZE, buffer_reader, walk_records
 from ..store.flush import AppendTruncated
+from .answerer import refusal_of
 from .stream import ReplicaMode
 
 if TYPE_CHECKING:
@@ -152,8 +153,12 @@ class PartitionReplica:
         master_epoch = reply.get("epoch")
         if isinstance(master_epoch, int) and master_epoch < header["replica"]["epoch"]:
             raise StaleMaster(f"{self.name}: the master answers in epoch {master_epoch}, older than ours")
-        if reply.code == c.FORBIDDEN and "epoch" in reply.message:
-            raise StaleMaster(f"{self.name}: {reply.message}")
+        if reply.code == c.FORBIDDEN:
+            refused = refusal_of(reply, conn.address, self.name)
+            if refused is not None:
+                raise refused  # the broker we fetch from is not the master: ZooKeeper is asked who is
+            if "epoch" in reply.message:
+                raise StaleMaster(f"{self.name}: {reply.message}")
         if reply.code == c.OK:
             # Pieces of a reply are reported before any fsync: never as durable positions.
             report = self._reporter(conn) if self.report_positions and not self.durable_positions else None

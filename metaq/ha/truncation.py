@@ -16,6 +16,11 @@ retention may have deleted what we still hold). Slower, but it needs nothing but
 The cut point is always a record boundary of our log, and our log up to it is
 byte-identical to the master's: after truncation the prefix invariant holds.
 
+Who answers: the ``epoch_end`` answer is used only from the acting master of
+``master_epoch``, the epoch the asker read from ZooKeeper (answerer.py: NotTheMaster
+otherwise). A deposed master, or a slave at the master's old address, answers from
+another log's history; cut to it, we would drop bytes the group's master holds.
+
 Defense in depth: a cut is trusted only when a checksum over a non-empty
 range ending at it agreed (an empty range verifies nothing), and a cut that no
 agreeing range backs is refused (TruncationRefused) when it would go below ``floor``,
@@ -31,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from ..protocol.messages import ChecksumRequest, EpochEndRequest, OffsetRequest
 from ..record import walk_records
+from .answerer import check_master_answer
 
 if TYPE_CHECKING:
     from ..client.connection import BrokerConnection
@@ -50,18 +56,23 @@ class TruncationRefused(ConnectionError):
 
 
 async def divergence_point(
-    conn: "BrokerConnection", topic: str, partition: int, log_: "PartitionLog", cache: "EpochCache", floor: int = 0
+    conn: "BrokerConnection", topic: str, partition: int, log_: "PartitionLog", cache: "EpochCache", floor: int = 0,
+    *, master_epoch: int,
 ) -> int:
-    """The offset to truncate our log to (== log_end if nothing diverges)."""
+    """The offset to truncate our log to (== log_end if nothing diverges). Raises NotTheMaster
+    when the peer answers ``epoch_end`` as anything but the acting master of ``master_epoch``."""
     if log_.log_end <= log_.min_offset:
         return log_.log_end
     end = None
+    # Asked even without a history of ours (a log kept before epochs were): its answer says who
+    # answers, and no byte comparison below runs against a peer that is not the master.
+    reply = await conn.request(
+        EpochEndRequest(topic=topic, partition=partition, epoch=cache.latest_epoch).to_header(), timeout=10
+    )
+    check_master_answer(reply, conn.address, f"epoch_end {topic}-{partition}", master_epoch)
+    if not reply.ok:
+        raise ConnectionError(f"epoch_end {topic}-{partition}: {reply.code} {reply.message}")
     if cache.entries:
-        reply = await conn.request(
-            EpochEndRequest(topic=topic, partition=partition, epoch=cache.latest_epoch).to_header(), timeout=10
-        )
-        if not reply.ok:
-            raise ConnectionError(f"epoch_end {topic}-{partition}: {reply.code} {reply.message}")
         found, master_end = int(reply["epoch"]), int(reply["end_offset"])
         if found >= 0:
             end = master_end

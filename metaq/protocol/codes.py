@@ -36,8 +36,10 @@ UNKNOWN_OUTCOME_CODES = frozenset({GATEWAY_TIMEOUT})
 REASON_FIELD = "reason"
 #: ``reason`` of a 403 an authorization rule decided (an ACL, a missing login, a branch that
 #: is another user's): it stays refused on every broker of the group until an operator
-#: changes the rights, so a client fails at once instead of retrying. Other 403s (a slave
-#: naming its master, a stale epoch, a fence) carry no ``reason``: a retry may succeed.
+#: changes the rights, so a client fails at once instead of retrying. A broker that is not the
+#: acting master refuses replication and ``epoch_end`` with ``reason: "not_master"``
+#: (metaq/ha/answerer.py). Other 403s (a slave naming its master to a producer, a stale epoch,
+#: a fence) carry no ``reason``: a retry may succeed.
 ACCESS_DENIED = "acl"
 
 

@@ -27,7 +27,10 @@ carries ``code`` (MetaQ's HTTP-like result codes) and, on errors, ``msg``.
     topics     -                                                    -               200 topics {name: numParts} role epoch
     epoch_end  topic, partition, epoch                              -               200 epoch end_offset (largest epoch <= the
                                                                                         asked one, and where it ends in this log)
+                                                                                        role serving_epoch; 403 reason not_master
+                                                                                        (only the acting master answers)
     epochs     topic, partition                                     -               200 entries [[epoch, start_offset], ...]
+                                                                                        role serving_epoch
     checksum   topic, partition, start, end                         -               200 start end crc (CRC32 of the log bytes
                                                                                         in [start, end), end clamped to log end)
     position   topic, partition, replica: {slave_id, epoch,         -               200 committed log_end epoch

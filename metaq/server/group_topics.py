@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 
 #: How long a slave waits for its master to serve a new topic configuration.
 CATCH_UP_S = 30
+#: After a failed apply of a watched version: the first wait before applying it again, and the
+#: longest (the wait doubles).
+APPLY_RETRY_FIRST_S = 0.5
+APPLY_RETRY_MAX_S = 30.0
 
 
 class TopicsBroker(Protocol):
@@ -89,6 +93,8 @@ class GroupTopicsApplier:
         self._lock = asyncio.Lock()
         self._stopped = False
         self._catch_up: asyncio.Task[None] | None = None
+        #: The newest version the watch delivered (a failed apply is retried until a newer one came).
+        self._newest_seen = -1
 
     @property
     def client(self) -> Any:
@@ -128,11 +134,23 @@ class GroupTopicsApplier:
         return True
 
     async def _apply_watched(self, group: GroupTopics) -> None:
-        """``apply`` for the watch: a failure is said, not left in a task nobody awaits."""
-        try:
-            await self.apply(group)
-        except Exception:
-            log.exception("applying version %d of the group's topic configuration failed", group.version)
+        """``apply`` for the watch: a failure is said (one line per attempt), not left in a task
+        nobody awaits, and the version is applied again, backing off from APPLY_RETRY_FIRST_S to
+        APPLY_RETRY_MAX_S, until it is served or a newer version is seen (whose own watch applies
+        it: every version is the whole map). The watch never fires again for a version it delivered."""
+        self._newest_seen = max(self._newest_seen, group.version)
+        delay = APPLY_RETRY_FIRST_S
+        while True:
+            try:
+                await self.apply(group)
+                return
+            except Exception as exc:
+                log.error("applying version %d of the group's topic configuration failed: %r; trying again in %.1f s",
+                          group.version, exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, APPLY_RETRY_MAX_S)
+            if self._stopped or self._newest_seen > group.version:
+                return
 
     # --- applying ------------------------------------------------------------------------
 
@@ -165,6 +183,10 @@ class GroupTopicsApplier:
             stale = ended_topics(before, topics) + sorted(set(topics) - set(before))
             if stale and self.broker.ha.acting_master:
                 await self._delete_consumer_offsets(stale)
+            # ``group`` names the version being served: set for the update (the broker's
+            # ``overlay`` and its rule for deleting dropped files read it while it runs) and put
+            # back if the update does not complete, so a version counts as applied only once
+            # ``update_topics`` succeeded; a failed one is applied again (``_apply_watched``).
             previous, self.group = self.group, group
             try:
                 await self.broker.update_topics(topics)
@@ -174,6 +196,9 @@ class GroupTopicsApplier:
                     raise
                 log.error("not applying version %d of the group's topic configuration: %s", group.version, exc)
                 return
+            except BaseException:
+                self.group = previous
+                raise
             self._remove_deleted_files(group)
             if self._catch_up is not None:
                 self._catch_up.cancel()

@@ -35,6 +35,7 @@ import msgpack
 from .. import __version__
 from ..config import BrokerConfig, TopicConfig
 from ..deferred import Deferred
+from ..ha.answerer import NotMasterRefusal, answerer_fields
 from ..ha.node import HaNode
 from ..ha.sync_set import SyncWaitFailed
 from ..protocol import commands as c
@@ -553,8 +554,7 @@ class RequestHandlers:
     def _check_replica_epoch(self, replica: dict[str, Any]) -> None:
         """Replication only between a master and slaves of the same epoch (fencing)."""
         ha = self.broker.ha
-        if not ha.acting_master:
-            raise c.RequestError(c.FORBIDDEN, f"broker {self.broker.config.broker_id} is not the master ({ha.role_name})")
+        self._check_acting_master()
         epoch = replica.get("epoch")
         if not isinstance(epoch, int):
             raise c.RequestError(c.BAD_REQUEST, "replica fetch needs an integer 'epoch'")
@@ -564,6 +564,20 @@ class RequestHandlers:
             raise c.RequestError(c.FORBIDDEN, f"stale master: epoch {serving} < the slave's epoch {epoch}")
         if epoch < serving:
             raise c.RequestError(c.FORBIDDEN, f"stale epoch {epoch}: the master is in epoch {serving}; re-sync")
+
+    def _check_acting_master(self) -> None:
+        """Only the acting master serves replication and ``epoch_end``: anyone else refuses with
+        ``reason: "not_master"``, its ``role`` and ``serving_epoch`` (ha/answerer.py), so a slave
+        acts on fields (it asks ZooKeeper who leads), never on the words."""
+        ha = self.broker.ha
+        if not ha.acting_master:
+            raise NotMasterRefusal(self.broker.config.broker_id, ha.role_name, ha.epoch)
+
+    def _answerer(self) -> dict[str, Any]:
+        """Who answers a question about the log (``epoch_end``, ``epochs``): a rejoining broker
+        uses the answer only from the acting master of the epoch it read from ZooKeeper."""
+        ha = self.broker.ha
+        return answerer_fields(ha.role_name, ha.epoch)
 
     def _visible_end(self, req: c.Request, log_end: int, committed: int) -> int:
         """A replica reads to the log end; a consumer to the last stable offset below ``committed``."""
@@ -745,21 +759,25 @@ class RequestHandlers:
 
     @handles(m.EpochEndRequest)
     def _epoch_end(self, req: c.Request, _ctx: RequestContext) -> Reply:
-        """Where epoch ``req.epoch`` ends in this log: a rejoining broker truncates there."""
+        """Where epoch ``req.epoch`` ends in this log: a rejoining broker truncates there, so only
+        the acting master answers (a slave's or a deposed master's log is another log's history)."""
+        self._check_acting_master()
         self._topic(req.topic)
         self._log(req.topic, req.partition)
         found = self.broker.ha.epoch_end(req.topic, req.partition, req.epoch)
         if found is None:
             raise c.RequestError(c.NOT_FOUND, "this broker keeps no epochs (not in ZooKeeper)")
         epoch, end = found
-        return c.reply_header(req.opaque, c.OK, epoch=epoch, end_offset=end), b""
+        return c.reply_header(req.opaque, c.OK, epoch=epoch, end_offset=end, **self._answerer()), b""
 
     @handles(m.EpochsRequest)
     def _epochs(self, req: c.Request, _ctx: RequestContext) -> Reply:
+        """This broker's epoch history of a partition, from any member (tools read slaves' too);
+        the reply says who answers, and a slave copies it only from the acting master."""
         self._topic(req.topic)
         self._log(req.topic, req.partition)
         entries = self.broker.ha.epoch_entries(req.topic, req.partition)
-        return c.reply_header(req.opaque, c.OK, entries=[list(e) for e in entries]), b""
+        return c.reply_header(req.opaque, c.OK, entries=[list(e) for e in entries], **self._answerer()), b""
 
     @handles(m.ConfigRequest)
     def _config(self, req: c.Request, _ctx: RequestContext) -> Reply:

@@ -97,10 +97,12 @@ class FakeMaster:
         if op == "offset":
             end = len(self.logs[req["partition"]])
             return {"code": 200, "offset": 0, "min_offset": 0, "max_offset": end}, b""
+        # Who answers (ha/answerer.py): the master of epoch 0, the epoch ZooKeeper names (no epoch node).
         if op == "epoch_end":  # the slave's start-up truncation check: nothing to cut
-            return {"code": 200, "epoch": req["epoch"], "end_offset": len(self.logs[req["partition"]])}, b""
+            return {"code": 200, "epoch": req["epoch"], "end_offset": len(self.logs[req["partition"]]),
+                    "role": "master", "serving_epoch": 0}, b""
         if op == "epochs":
-            return {"code": 200, "entries": [[0, 0]]}, b""
+            return {"code": 200, "entries": [[0, 0]], "role": "master", "serving_epoch": 0}, b""
         if op != "get":
             return {"code": 400, "msg": f"fake master does not do {op}"}, b""
         partition, offset = req["partition"], req["offset"]

@@ -66,7 +66,7 @@ class FakeMaster:
         if op == "config":
             return c.reply_header(opaque, c.OK, checksum=1), self.config
         if op == "epochs":
-            return c.reply_header(opaque, c.OK, entries=[]), b""
+            return c.reply_header(opaque, c.OK, entries=[], role="master", serving_epoch=1), b""
         if op == "offset":
             return c.reply_header(opaque, c.OK, offset=0, min_offset=0, max_offset=0), b""
         return c.reply_header(opaque, c.NOT_FOUND, "no new messages", committed=0, log_end=0, epoch=1), b""

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import json
 import socket
+from typing import Any
 
 import pytest
 from kazoo.exceptions import NoAuthError
 
 from metaq.client.connection import AuthenticationFailed
+from metaq.security.group import GroupSecret
 from metaq.security.handshake import ClientAuthenticator
 from metaq.client.connection import BrokerConnection
 from metaq.tools.launcher import wait_until
@@ -133,3 +135,32 @@ def test_a_topic_registration_deleted_by_someone_else_comes_back(secured_pair, z
     zk_client.delete(node)
     wait_until(lambda: zk_client.exists(node) is not None, 10, message="the registration to come back")
     assert "registering it again" in master.log_text()
+
+
+def test_a_slave_asked_as_a_member_refuses_epoch_end_and_replication_as_not_the_master(secured_pair) -> None:  # type: ignore[no-untyped-def]
+    """Only the acting master answers where an epoch ends (a rejoining broker cuts there) and
+    serves replication: the slave, asked by a logged-in member of its group, refuses with the
+    structured ``not_master`` reason (ha/answerer.py); a user is refused by the ACL first."""
+    group, _master, slave = secured_pair
+    put_as(_master, "app")
+    secret = GroupSecret.load(group.secret_file, 0)
+
+    async def ask_as_member(header: dict) -> Any:  # type: ignore[type-arg]
+        authenticator = ClientAuthenticator(secret.username("slave0"), secret.scram_password())
+        conn = await BrokerConnection.open(*slave.address, authenticator=authenticator)
+        try:
+            return await conn.request(header, timeout=30)
+        finally:
+            conn.close()
+
+    for header in (
+        {"op": "epoch_end", "topic": TOPIC, "partition": 0, "epoch": 1},
+        {"op": "get", "topic": TOPIC, "partition": 0, "offset": 0, "replica": {"slave_id": 0, "epoch": 1, "log_end": 0}},
+    ):
+        reply = run(ask_as_member(header))
+        assert reply.code == 403 and reply.reason == "not_master", (header["op"], reply.header)
+        assert (reply["role"], reply["serving_epoch"]) == ("slave0", 1)
+    history = run(ask_as_member({"op": "epochs", "topic": TOPIC, "partition": 0}))
+    assert history.code == 200 and (history["role"], history["serving_epoch"]) == ("slave0", 1)
+    refused = run(request_as(slave, "ops", {"op": "epoch_end", "topic": TOPIC, "partition": 0, "epoch": 1}))
+    assert refused.code == 403 and refused.reason == "acl" and "role" not in refused.header

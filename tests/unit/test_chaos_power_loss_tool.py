@@ -170,3 +170,41 @@ def test_a_replace_in_a_directory_deleted_since_is_not_undone_there(tmp_path: Pa
     subprocess.run([sys.executable, "-c", program, str(root)], env={**os.environ, **disk.env()}, check=True)
     disk.lose_power()
     assert not (root / "side-2").exists()
+
+
+def test_a_deleted_directory_s_undone_renames_stay_out_of_the_one_re_created_at_its_path(tmp_path: Path) -> None:
+    """A topic deleted (its partition directory renamed aside, then removed) and re-created at
+    once (a new directory of the same name, synced in its parent), then the power cut: the old
+    directory's unsynced checkpoint replace is of files that are gone, so its undo must not put
+    the replaced checkpoint into the new directory. Before: the old life's flushed-end
+    checkpoint came back into the new, empty partition directory, and the broker refused the
+    partition at start ("log end went backwards: offsets up to 205 were flushed, but it has no
+    segment files"), a state no real disk reaches: the old directory's files were unlinked."""
+    root = tmp_path / "root"
+    (root / "side-0").mkdir(parents=True)
+    (root / "side-0" / "flushed-end-checkpoint").write_bytes(b"0\n205\n")
+    disk = PowerLossDisk(root, tmp_path / "powerloss", build_shim(tmp_path / "shim"))
+    program = textwrap.dedent(
+        """
+        import os, shutil, sys
+        root = sys.argv[1]
+        def dir_fsync(path):
+            fd = os.open(path, os.O_RDONLY); os.fsync(fd); os.close(fd)
+        old = os.path.join(root, "side-0")
+        with open(os.path.join(old, "flushed-end-checkpoint.tmp"), "wb") as f:
+            f.write(b"0\\n369\\n"); f.flush(); os.fsync(f.fileno())
+        os.replace(os.path.join(old, "flushed-end-checkpoint.tmp"), os.path.join(old, "flushed-end-checkpoint"))
+        os.rename(old, os.path.join(root, "side-0.deleted-1"))        # the topic deleted...
+        shutil.rmtree(os.path.join(root, "side-0.deleted-1"))
+        os.mkdir(old)                                                  # ...and re-created
+        dir_fsync(root)
+        with open(os.path.join(old, "00000000000000000000.meta"), "wb") as f:
+            f.write(b"x" * 41)                                          # never synced
+        """
+    )
+    subprocess.run([sys.executable, "-c", program, str(root)], env={**os.environ, **disk.env()}, check=True)
+    report = disk.lose_power()
+    assert (root / "side-0").is_dir()
+    assert sorted(os.listdir(root / "side-0")) == []
+    assert not (root / "side-0.deleted-1").exists()
+    assert "side-0/00000000000000000000.meta" in report.vanished

@@ -40,9 +40,9 @@ def test_a_round_opened_while_the_broker_was_stopped_is_not_judged(silent_listen
 def test_a_round_the_broker_ran_through_is_judged_and_shows_what_it_held(silent_listener):
     sockets = _connect(silent_listener, 3)
     try:
-        assert _closed_by_broker(sockets, 0.3, replies_close=True, running=lambda: 4242, token=4242) == set()
+        assert _closed_by_broker(sockets, 0.3, replies_close=True, running=lambda: 4242, token=4242) == {}
         # Without a token the round starts when it is watched: the same verdict.
-        assert _closed_by_broker(sockets, 0.3, replies_close=True, running=lambda: 4242) == set()
+        assert _closed_by_broker(sockets, 0.3, replies_close=True, running=lambda: 4242) == {}
     finally:
         for sock in sockets:
             sock.close()

@@ -19,7 +19,7 @@ import pytest
 from chaos.checker import check
 from chaos.history import History
 from metaq.record import encode_record
-from metaq.txn.control import Kind, frame_batch, marker
+from metaq.txn.control import AbortReason, Control, Kind, encode_body, encode_control, frame_batch, marker
 from tests.unit.test_chaos_checker import BOUND, Run, TimedRun, clean, failing
 from tests.unit.test_chaos_checker_anomalies import PARTS, Kafka
 
@@ -106,6 +106,140 @@ def test_a_poll_of_a_record_a_failover_took_back_inside_its_lag_is_expected():
     assert result.ok, result.report()
     assert len(result.checks["read_lost"]["expected"]) == 1
     assert result.stats["async_reads_taken_back"] == 1
+
+
+# --- 2b. skips and aborted reads beside reads a failover took back -------------------------
+
+
+def _reads_of_a_log_a_failover_then_cut(kept_below: bool, as_polls: bool, ticks_before_failover: int = 4) -> History:
+    """Campaign seeds 8000 and 8001's shape. The old master m0 holds p0-kept (acked in epoch 1,
+    and with ``kept_below`` p0-kept2 after it) and then p0-big-..., p0-next, which no slave
+    fetched. A reader gets two records beside each other in m0's log: one fetch
+    (``as_polls`` False) or the last record of a consumer's poll and the first of its next
+    (True). Seconds later (``ticks_before_failover``) s1 takes over in epoch 2 lacking them
+    and acks shorter messages there: a record of the final log now starts between the two
+    the reader got, or (``kept_below``) the reader passed over p0-kept2, which both logs hold."""
+    k = Kafka("async")
+    k.put("p0-kept")
+    kept2 = k.put("p0-kept2") if kept_below else None
+    start = len(k.logs["t/0-0"])
+    old = [(k.put(value, outcome="info"), value) for value in ("p0-big-" + "x" * 60, "p0-next")]
+    lag = {"messages": 2, "bytes": len(k.logs["t/0-0"]) - start}
+    del k.logs["t/0-0"][start:]
+    edges = [(kept2, "p0-kept2") if kept_below else old[0], old[1]] if not kept_below else [(0, "p0-kept"), old[0]]
+    if as_polls:
+        k.h.assign("g0-c0", "g0", 1, PARTS)
+        for edge in edges:
+            k.h.poll("g0-c0", "g0", 1, {"t/0-0": [edge]})
+    else:
+        k.read("t/0-0", edges, replica="meta://m0")
+    for _ in range(ticks_before_failover):
+        k.h.now()  # a loaded machine: the failover is recorded seconds after the reads
+    k.h.failover(0, "meta://m0", "meta://s1", 2, lag={"t/0-0": lag})
+    for i in range(4):
+        k.put(f"p0-new{i}", epoch=2, master="meta://s1")
+    return k.finish()
+
+
+@pytest.mark.parametrize("as_polls, check_name", [(False, "int-poll-skip"), (True, "poll-skip")])
+def test_a_skip_beside_reads_a_failover_took_back_is_expected_inside_its_lag_whenever_it_was_recorded(
+        as_polls, check_name):
+    """Before: a skip was excused only by a failover recorded within 1 s of the reads; at a
+    load average of 30-40 the failover was recorded 1.4-3 s after them (seeds 8000, 8001:
+    int-poll-skip 25 and 9, poll-skip 3), though read_lost excused the same reads by its lag
+    window. The lag window decides now, and the excuse names the failover."""
+    result = check(_reads_of_a_log_a_failover_then_cut(kept_below=False, as_polls=as_polls))
+    assert result.ok, result.report()
+    (case,) = result.checks[check_name]["expected"]
+    assert case["taken_back_by"].startswith("the failover at ") and "to epoch 2" in case["taken_back_by"]
+    assert [v for _o, v in case["skipped"]] == ["p0-new1", "p0-new2", "p0-new3"]
+
+
+@pytest.mark.parametrize("as_polls, check_name", [(False, "int-poll-skip"), (True, "poll-skip")])
+def test_a_skip_of_a_record_both_logs_hold_is_a_violation_beside_a_read_a_failover_took_back(as_polls, check_name):
+    """Just outside the rule: the reader passed over p0-kept2, below where the new master's
+    log diverged (both logs hold it); the read after the gap is one the failover took back,
+    which read_lost expects, but no failover explains passing over p0-kept2."""
+    result = check(_reads_of_a_log_a_failover_then_cut(kept_below=True, as_polls=as_polls, ticks_before_failover=0))
+    assert failing(result) == {check_name}
+    (v,) = result.violations(check_name)
+    assert [value for _o, value in v["skipped"]] == ["p0-kept2"]
+    assert len(result.checks["read_lost"]["expected"]) == 1
+
+
+def test_a_skip_in_a_fetch_of_the_final_log_is_a_violation_whatever_failover_came_right_after():
+    """Before: a failover recorded within 1 s after a fetch excused any skip in it whose skipped
+    records lay in some lag window, though the fetch read only records of the final log."""
+    k = Kafka("async")
+    k.put("p0-kept")
+    start = len(k.logs["t/0-0"])
+    k.put("p0-gone-" + "x" * 60, outcome="info")  # its lag window holds p0-new0 and p0-new1
+    lag = {"messages": 1, "bytes": len(k.logs["t/0-0"]) - start}
+    del k.logs["t/0-0"][start:]
+    new = [(k.put(f"p0-new{i}", epoch=2, master="meta://s1"), f"p0-new{i}") for i in range(3)]
+    k.read("t/0-0", [new[0], new[2]])  # passes over p0-new1 on the new master
+    k.h.failover(0, "meta://m0", "meta://s1", 2, lag={"t/0-0": lag})
+    result = check(k.finish())
+    assert failing(result) == {"int-poll-skip"}
+    assert "taken_back_by" not in result.violations("int-poll-skip")[0]
+
+
+def _commit_a_failover_took_back(client: str = "ok", commit_read: bool = True) -> History:
+    """Seed 8000's xa0-t353 and x0-t392: transaction u1 (producer 7, txid "x0") stores u1-a in
+    t/0-0; the old master m0 appends its COMMIT marker, which no slave fetched, and its client
+    is told ``client``; a raw reader gets the marker (``commit_read``) and a read-committed
+    consumer gets u1-a from m0. s1 takes over lacking the marker and aborts the transaction
+    (ABORT where the COMMIT was), then acks a put of its own."""
+    k = Kafka("async")
+    k.put("p0-0")
+    op = k.h.invoke("x0", "txn", txn="u1")
+    log = k.logs["t/0-0"]
+    record = encode_record(b"u1-a", msg_id=50)
+    batch = frame_batch(record, 1, producer_id=7, producer_epoch=0, first_seq=0, timestamp_ms=1, txid="x0")
+    at = len(log) + len(batch) - len(record)
+    log += batch
+    commit_at = len(log)
+    commit = Control(Kind.COMMIT, 7, 0, 2, "x0")
+    log += encode_control(commit)
+    commit_time = k.h.now()
+    getattr(k.h, client)(op, **({} if client == "ok" else {"error": "rolled back"}), sends=[["t/0-0", at, "u1-a"]],
+                         commit_time=commit_time)
+    if commit_read:
+        k.read("t/0-0", [(commit_at, "control:" + encode_body(commit).hex())], replica="meta://m0")
+    k.h.assign("g0-c0", "g0", 1, PARTS)
+    k.h.poll("g0-c0", "g0", 1, {"t/0-0": [(0, "p0-0"), (at, "u1-a")]})
+    lag = {"messages": 1, "bytes": len(log) - commit_at}
+    del log[commit_at:]
+    for _ in range(3):
+        k.h.now()
+    k.h.failover(0, "meta://m0", "meta://s1", 2, lag={"t/0-0": lag})
+    log += marker(Kind.ABORT, "x0", producer_id=7, producer_epoch=0, timestamp_ms=3, reason=AbortReason.FAILOVER)
+    k.put("p0-new", epoch=2, master="meta://s1")
+    return k.finish()
+
+
+def test_a_read_of_a_transaction_whose_commit_marker_a_failover_took_back_is_expected_inside_its_lag():
+    """Before: an aborted-read (seed 8000: 12 reads of xa0-t353 and x0-t392, "whose
+    transaction failed"): the client had been told committed, the reader read the old
+    master's log where the COMMIT marker was, and the failover that took the marker back
+    inside its lag aborted the transaction, which async_loss_bound and read_lost excuse."""
+    result = check(_commit_a_failover_took_back())
+    assert result.ok, result.report()
+    (case,) = result.checks["aborted-read"]["expected"]
+    assert case["value"] == "u1-a" and "to epoch 2" in case["taken_back_by"]
+    assert "its client was told committed" in case["why"]
+
+
+@pytest.mark.parametrize("client, commit_read", [("ok", False), ("fail", True)],
+                         ids=["commit-marker-never-read", "client-told-it-failed"])
+def test_an_aborted_read_without_a_commit_marker_a_failover_took_back_or_of_a_failed_transaction_is_a_violation(
+        client, commit_read):
+    """Just outside the rule: no reader got a COMMIT marker of it (nothing shows the old
+    master had committed it); or its client was told it failed while its COMMIT marker was
+    served (a definite failure must mean not committed)."""
+    result = check(_commit_a_failover_took_back(client=client, commit_read=commit_read))
+    assert "aborted-read" in failing(result)
+    assert not result.checks["aborted-read"]["expected"]
 
 
 # --- 3. unseen: only inside a failover's lag window -------------------------------------

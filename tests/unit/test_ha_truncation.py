@@ -18,6 +18,11 @@ from metaq.store.log import PartitionLog
 
 class NoEpochs:
     entries: list[Any] = []
+    latest_epoch = 0
+
+
+#: Who a master of epoch 1 says it is (ha/answerer.py); the rejoining side read epoch 1 from ZooKeeper.
+MASTER_OF_EPOCH_1 = {"role": "master", "serving_epoch": 1}
 
 
 class FakeMaster:
@@ -34,7 +39,7 @@ class FakeMaster:
         if header["op"] == "offset":
             return Reply({"code": c.OK, "offset": log.min_offset, "min_offset": log.min_offset, "max_offset": log.log_end}, bytearray())
         if header["op"] == "epoch_end":
-            return Reply({"code": c.OK, "epoch": 1, "end_offset": self.epoch_end}, bytearray())
+            return Reply({"code": c.OK, "epoch": 1, "end_offset": self.epoch_end, **MASTER_OF_EPOCH_1}, bytearray())
         assert header["op"] == "checksum", header
         start, end = header["start"], min(header["end"], log.log_end)
         if start < log.min_offset or start > end:
@@ -53,7 +58,7 @@ def new_log(path: Path, chunks: list[bytes], start: int = 0) -> PartitionLog:
 
 
 def cut(ours: PartitionLog, master: PartitionLog, floor: int = 0) -> int:
-    return asyncio.run(divergence_point(FakeMaster(master), "t", 0, ours, NoEpochs(), floor))  # type: ignore[arg-type]
+    return asyncio.run(divergence_point(FakeMaster(master), "t", 0, ours, NoEpochs(), floor, master_epoch=1))  # type: ignore[arg-type]
 
 
 def test_the_cut_is_the_end_of_the_longest_common_prefix(tmp_path: Path) -> None:
@@ -102,7 +107,7 @@ def test_an_epoch_end_of_zero_is_not_verified_by_an_empty_range(tmp_path: Path) 
     """A fake master answering epoch_end 0 once made a slave drop its whole log (the empty CRC check passed)."""
     ours = new_log(tmp_path / "ours", records("ours", 20))
     fake = new_log(tmp_path / "fake", [])
-    refused = divergence_point(FakeMaster(fake, epoch_end=0), "t", 0, ours, OneEpoch(), 500)  # type: ignore[arg-type]
+    refused = divergence_point(FakeMaster(fake, epoch_end=0), "t", 0, ours, OneEpoch(), 500, master_epoch=1)  # type: ignore[arg-type]
     with pytest.raises(TruncationRefused):
         asyncio.run(refused)
 
@@ -133,6 +138,7 @@ def test_a_partition_dropped_while_its_truncation_waits_on_the_master_is_left_al
 
     followership = Followership.__new__(Followership)  # only the owner-facing part runs here
     followership.host, followership.follower, followership.truncations = None, None, []
+    followership.master_epoch = 1
     asyncio.run(followership._truncate_partition(DroppingMaster(master), owner))  # type: ignore[arg-type]
     assert asked and "epochs" not in asked, "no history adopted for a dropped partition"
     assert owner.dropped and owner.log.log_end == end and followership.truncations == []

@@ -1,0 +1,83 @@
+"""What a slave serves its consumers while it follows no master (metaq/ha/follower.py, ``committed``).
+
+Campaign seed 8106 (sync, two slaves, degrade): the master was killed while slave A held a
+COMMIT marker that slave B, also in the sync set, did not; the master had not committed it.
+Orphaned, A served its whole log and a reader got the marker; B was elected, wrote the
+marker again with another message id at the same offset, and A truncated its copy: a read
+that a failover took back, which sync mode never allows. A slave without a master serves
+no more than the last committed offset a master told it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+
+from metaq.config import SlaveConfig
+from metaq.ha.epochs import EpochCache
+from metaq.ha.follower import MasterFollower
+from metaq.ha.node import HaNode
+from metaq.ha.record import RecordTable
+from metaq.ha.replica import PartitionReplica
+from metaq.ha.role import Role
+
+MARKER_AT, LOG_END = 45827, 45916  # the old master committed up to the marker, not past it
+
+
+def orphaned_slave() -> tuple[HaNode, MasterFollower, PartitionReplica, SimpleNamespace]:
+    """A slave (never a master of the partition's newest epoch) that followed a sync master
+    and holds the marker past the committed offset that master last told it."""
+    host = SimpleNamespace(config=SimpleNamespace(broker_id=0), security=SimpleNamespace(heartbeat_key=None),
+                           registry=SimpleNamespace(slave_id=0), partitions=RecordTable())
+    follower = MasterFollower(host, SlaveConfig(slave_id=0, slave_group="g"), None, None,  # type: ignore[arg-type]
+                              lambda: 2, None, lambda: None)  # type: ignore[arg-type]
+    log = SimpleNamespace(log_end=LOG_END, flushed_end=LOG_END)
+    replica = PartitionReplica("chaos", 0, SimpleNamespace(log=log), None, dict, lambda t, p: None, 100)  # type: ignore[arg-type]
+    record = host.partitions.replication("chaos", 0)
+    record.replica, record.replica_owner = replica, follower
+    replica.status.master_committed = MARKER_AT
+    epochs = EpochCache(Path("/nonexistent"), [(1, 0), (2, 44850)])  # epoch 2 led by another broker
+    coordinator = SimpleNamespace(state=Role.FOLLOWING, epochs=SimpleNamespace(serving=2, led=1),
+                                  leadership=SimpleNamespace(sync_set=None), followership=SimpleNamespace(follower=follower),
+                                  cache=lambda t, p: epochs, master_url="meta://old:1")
+    node = HaNode(host, SlaveConfig(slave_id=0, slave_group="g"), in_zookeeper=True)
+    node.coordinator = coordinator
+    return node, follower, replica, coordinator
+
+
+def test_an_orphaned_slave_serves_no_more_than_the_master_last_committed() -> None:
+    node, follower, replica, coordinator = orphaned_slave()
+    follower.master_url = "meta://old:1"
+    assert node.committed("chaos", 0, replica.log) == MARKER_AT, "following: what the master committed"
+
+    async def master_gone() -> None:
+        await follower.unfollow()
+        coordinator.state = Role.ORPHANED
+
+    asyncio.run(master_gone())
+    assert follower.master_url is None
+    # Before the fix: LOG_END, the marker no other sync-set slave had was readable.
+    assert node.committed("chaos", 0, replica.log) == MARKER_AT
+    coordinator.state = Role.FOLLOWING  # the next master chosen; not truncated against it yet
+    assert node.committed("chaos", 0, replica.log) == MARKER_AT
+
+
+def test_after_truncating_against_the_new_master_its_committed_offsets_decide() -> None:
+    node, follower, replica, coordinator = orphaned_slave()
+    asyncio.run(follower.unfollow())
+    replica.log.log_end = MARKER_AT  # truncated: the marker moved aside
+    assert node.committed("chaos", 0, replica.log) == MARKER_AT
+    follower.master_url = "meta://new:1"
+    replica.log.log_end = LOG_END  # the new master's own marker, appended
+    assert node.committed("chaos", 0, replica.log) == MARKER_AT, "not readable before the new master commits it"
+    replica.status.master_committed = LOG_END
+    assert node.committed("chaos", 0, replica.log) == LOG_END
+
+
+def test_a_slave_whose_master_committed_everything_it_holds_serves_all_of_it_without_a_master() -> None:
+    node, follower, replica, coordinator = orphaned_slave()
+    replica.status.master_committed = LOG_END
+    asyncio.run(follower.unfollow())
+    coordinator.state = Role.ORPHANED
+    assert node.committed("chaos", 0, replica.log) == LOG_END, "every acked message stays readable on a masterless slave"
