@@ -36,7 +36,7 @@ from ..config import check_topic_name
 from ..protocol import commands as c
 from ..protocol.messages import GetRequest, OffsetRequest
 from ..protocol.replies import aborted_spans
-from ..record import RecordError
+from ..record import HEADER, HEADER_SIZE, KNOWN_FLAGS, RecordError, valid_prefix
 from ..txn.reader import drop_aborted
 from .cluster import Cluster, ClusterSnapshot
 from .codec import decode_messages
@@ -171,6 +171,9 @@ class PartitionFetcher:
         self.handed: _HandedBatch | None = None  # the last batch handed to the iterating application
         self._fatal_reported: str | None = None  # the last fatal reason logged (once, not per retry)
         self._slaveless_reported = False  # read_from='slave' found a master but no slave (said once per stretch)
+        #: A position the broker vouched for (a record starts there) or this fetcher realigned to:
+        #: a fetch there that again finds no message is an error, never another realign (no loop).
+        self._vouched: int | None = None
 
     @property
     def position(self) -> Position | None:
@@ -212,7 +215,13 @@ class PartitionFetcher:
                     await self._init_position(conn)
                     continue
                 reply = await self._wait(self._fetch(conn, max_size))
-                handled = await self._handle(reply, max_size)
+                try:
+                    handled = await self._handle(reply, max_size)
+                except _Misaligned as misaligned:
+                    await self._realign(conn, misaligned)
+                    continue
+                if self._vouched is not None and self.state.fetch_from != self._vouched:
+                    self._vouched = None  # the position moved on: a later realign is a new one
                 if handled == "grow":
                     max_size = min(max_size * 2, config.max_fetch_size)
                     continue
@@ -270,6 +279,11 @@ class PartitionFetcher:
                 self._fatal_reported = message
                 log.warning("%s-%s: cannot read: %s (retrying until the settings change)", self.topic, self.partition, message)
             return
+        if getattr(exc, "stuck", False):  # no retry is likely to help: said once, at ERROR
+            if message != self._fatal_reported:
+                self._fatal_reported = message
+                log.error("%s-%s: cannot read: %s (retrying)", self.topic, self.partition, message)
+            return
         log.debug("%s-%s: fetch failed: %s", self.topic, self.partition, message)
 
     async def _init_position(self, conn: BrokerConnection) -> None:
@@ -311,7 +325,12 @@ class PartitionFetcher:
         assert self.state.position is not None
         if reply.code == c.OK:
             base = int(reply["offset"])
-            messages, end = decode_messages(reply.body, base, self.topic, self.partition)
+            try:
+                messages, end = decode_messages(reply.body, base, self.topic, self.partition)
+            except RecordError as exc:
+                if _damaged_first_record(reply.body):
+                    raise _Misaligned(base, f"no message starts at {base} ({exc})") from None
+                raise
             if messages and reply.get("aborted"):
                 # Read committed: the broker stopped at the last stable offset (decode_messages left
                 # out the control records); skip the records of rolled-back transactions.
@@ -334,7 +353,9 @@ class PartitionFetcher:
                 return "data"
             if len(reply.body) >= max_size and max_size < self.consumer.config.max_fetch_size:
                 return "grow"
-            raise _FetchError(f"fetch at {base} returned {len(reply.body)} bytes without a whole record")
+            # The broker serves whole segments' records up to a record boundary (the committed
+            # offset, a segment's end): a first record that never ends in them does not start here.
+            raise _Misaligned(base, f"no message starts at {base} (a fetch of {len(reply.body)} bytes holds no whole one)")
         if reply.code == c.MOVED:
             new_offset = int(reply["offset"])
             log.warning("%s-%s: offset %d is gone (before the log start); moving to %d", self.topic, self.partition, self.state.position.offset, new_offset)
@@ -343,7 +364,12 @@ class PartitionFetcher:
         if reply.code == c.NOT_FOUND and "committed" in reply.header:
             # No data yet; the broker already held the request for fetch_wait_ms. A replica
             # behind our offset (a lagging slave) answers at once: back off, maybe switch.
-            if self.state.fetch_from > int(reply.get("log_end", 0)):  # type: ignore[operator]
+            log_end = int(reply.get("log_end", 0))  # type: ignore[arg-type]
+            if self.state.fetch_from > log_end:  # type: ignore[operator]
+                if self.state.replica is not None and self.state.replica.role == "master":
+                    # A slave may lag; the master's log never ends below a position read from it,
+                    # unless it changed (a failover took its tail back, an unflushed tail lost).
+                    raise _Misaligned(self.state.fetch_from, f"offset {self.state.fetch_from} is past the master's log end {log_end}")
                 raise _FetchError(f"{self.state.replica.role if self.state.replica else 'replica'} is behind offset {self.state.fetch_from}", replica_failed=True)
             return "data" if self.consumer.config.fetch_wait_ms > 0 else "idle"
         raise _FetchError(f"fetch failed: {reply.code} {reply.message}", replica_failed=True,
@@ -352,18 +378,84 @@ class PartitionFetcher:
 
     async def _skip_to(self, end: int) -> None:
         """Everything fetched up to ``end`` was filtered out: consume it without delivering."""
+        await self._handed_consumed()
+        self.state.position = Position(self.state.last_msg_id, end)
+
+    async def _handed_consumed(self) -> None:
         previous = self.handed
         if previous is not None and not previous.consumed.is_set():
             # Iterated: the batch before is still with the application; moving past it would lose it.
             await self._wait(previous.consumed.wait())
-        self.state.position = Position(self.state.last_msg_id, end)
+
+    async def _realign(self, conn: BrokerConnection, misaligned: "_Misaligned") -> None:
+        """No message starts at the fetch position: ask the broker where to resume (``offset`` with
+        ``realign``), move there and say so once (docs/client.md "Realigning a position")."""
+        at = misaligned.offset
+        if at == self._vouched:
+            raise misaligned.vouched()
+        reply = await self._wait(
+            conn.request(
+                OffsetRequest(topic=self.topic, partition=self.partition.partition, offset=at, realign=True).to_header(),
+                timeout=self.consumer.client_config.request_timeout_s,
+            )
+        )
+        if not reply.ok:
+            raise _FetchError(f"realign query failed: {reply.code} {reply.message}", replica_failed=True,
+                              fatal=access_denied(reply.code, reply.message, reply.reason))
+        offset = int(reply["offset"])
+        self._vouched = offset
+        if offset == at:
+            raise misaligned.vouched()
+        await self._handed_consumed()
+        self.state.position = initial_position(offset)
+        log.warning("%s-%s: %s: the log changed under this position, e.g. an async failover took back records; "
+                    "resuming at %d, %s", self.topic, self.partition, misaligned.reason, offset,
+                    _realigned_to(reply.get("realign"), reply.get("epoch")))
+
+
+def _damaged_first_record(body: bytes | bytearray | memoryview) -> bool:
+    """Whether the first record of a fetch is whole and not valid (a partial one is just cut off)."""
+    if len(body) < HEADER_SIZE:
+        return False
+    length, _crc, _msg_id, flag = HEADER.unpack_from(body)
+    if length < 0 or flag & ~KNOWN_FLAGS:
+        return True
+    return HEADER_SIZE + length <= len(body) and valid_prefix(body[: HEADER_SIZE + length]) == 0
+
+
+def _realigned_to(how: object, epoch: object) -> str:
+    """The WARNING's words for the ``realign`` field of the broker's answer."""
+    if how == "epoch_start":
+        return f"the start of epoch {epoch}"
+    if how == "next_record":
+        return "the next message start (the partition has no epoch history)"
+    if how == "log_end":
+        return "the log end (the partition has no epoch history)"
+    if how == "log_start":
+        return "the log start"
+    return "the start of the segment holding it (the broker predates realign)"
+
+
+class _Misaligned(Exception):
+    """No message starts at ``offset`` of the log a fetch read: the position needs realigning."""
+
+    def __init__(self, offset: int, reason: str) -> None:
+        super().__init__(reason)
+        self.offset = offset
+        self.reason = reason
+
+    def vouched(self) -> "_FetchError":
+        """The error when the broker says a message does start there: no realign, no loop."""
+        return _FetchError(f"{self.reason}, though the broker says a message starts there "
+                           f"(a message larger than max_fetch_size, or damaged bytes)", stuck=True)
 
 
 class _FetchError(Exception):
-    def __init__(self, message: str, replica_failed: bool = False, fatal: bool = False) -> None:
+    def __init__(self, message: str, replica_failed: bool = False, fatal: bool = False, stuck: bool = False) -> None:
         super().__init__(message)
         self.replica_failed = replica_failed
         self.fatal = fatal
+        self.stuck = stuck  # not fatal (no setting fixes it), but no retry is likely to: logged once
 
 
 class AsyncMessageConsumer:

@@ -188,10 +188,16 @@ class GetRequest(Request, operation=CONSUME):
 
 @dataclass(kw_only=True, eq=False)
 class OffsetRequest(Request, operation=CONSUME):
+    """MetaQ's ``offset``: the start of the segment holding ``offset``. With ``realign`` (a
+    consumer whose position no longer starts a record, docs/client.md): where to resume
+    instead, and how it was found (docs/protocol.md). A broker that predates ``realign``
+    ignores it, as every broker ignores header fields its command does not declare."""
+
     OP = "offset"
     topic: str = required(str)
     partition: int = required(int)
     offset: int = required(int)
+    realign: bool | None = optional(bool, None)  # None (left out of the header): a plain `offset`
 
 
 @dataclass(kw_only=True, eq=False)

@@ -674,14 +674,30 @@ class RequestHandlers:
     async def _offset_after_creating(self, req: c.Request) -> Reply:
         with contextlib.suppress(UnknownTopic, UnknownPartition):  # ``_log`` answers them, as for any request
             await self.broker.store.create_log(req.topic, req.partition)
-        return self._offset_reply(req)
+        reply = self._offset_reply(req)
+        return await reply if asyncio.iscoroutine(reply) else reply
 
-    def _offset_reply(self, req: c.Request) -> Reply:
+    def _offset_reply(self, req: c.Request) -> Reply | Awaitable[Reply]:
         log = self._log(req.topic, req.partition)
         readable = self._consumer_end(req.topic, req.partition, log)
+        if req.realign:
+            return self._realigned(req, log, readable)
         nearest = min(log.nearest_offset(req.offset), readable) if req.offset >= log.min_offset else log.min_offset
         return (
             c.reply_header(req.opaque, c.OK, offset=nearest, min_offset=log.min_offset, max_offset=readable),
+            b"",
+        )
+
+    async def _realigned(self, req: c.Request, log: "PartitionLog", readable: int) -> Reply:
+        """``offset`` with ``realign``: where a consumer whose position no longer starts a record
+        resumes (``realign_position``). It walks the log between two time-index entries: off the
+        event loop, with a copy of the epoch history taken on it."""
+        entries = list(self.broker.ha.epoch_entries(req.topic, req.partition))
+        offset, how, epoch = await asyncio.to_thread(realign_position, log, req.offset, entries)
+        fields: dict[str, Any] = {"epoch": epoch} if epoch is not None else {}
+        return (
+            c.reply_header(req.opaque, c.OK, offset=offset, realign=how, min_offset=log.min_offset,
+                           max_offset=readable, **fields),
             b"",
         )
 
@@ -888,3 +904,32 @@ class ParkedFetch:
             self.timer.cancel()
         self.timer = self.withdraw = None
 
+
+def realign_position(log: "PartitionLog", offset: int, epochs: list[tuple[int, int]]) -> tuple[int, str, int | None]:
+    """``(offset, how, epoch)``: where a consumer resumes whose position ``offset`` may no longer
+    start a record of ``log`` (the ``offset`` request's ``realign``, docs/protocol.md). ``how``:
+
+    * ``record_start``: a record starts at ``offset`` (or it is the log end): resume there;
+    * ``log_start``: ``offset`` is before the log start;
+    * ``epoch_start``: the start of ``epoch``, the last one in ``epochs`` (the partition's
+      history) that starts at or before ``min(offset, log end)``. A position inside a record, or
+      past the end, of a partition with a history came from a log that diverged (an async
+      failover took its tail back, docs/guarantees.md A3): that epoch's start is where the new
+      master's writes began, so resuming there skips none of them;
+    * ``next_record``: without a history (no failover: a wrong offset), the first record
+      start after ``offset``; ``log_end``: past the end.
+
+    Reads up to one time-index interval of the log (``record_start_at_or_after``): a worker thread's.
+    """
+    if offset < log.min_offset:
+        return log.min_offset, "log_start", None
+    log_end = log.log_end
+    found = log.record_start_at_or_after(offset) if offset <= log_end else log_end
+    if found == offset:
+        return offset, "record_start", None
+    until = min(offset, log_end)
+    began = [(epoch, start) for epoch, start in epochs if start <= until]
+    if began:
+        epoch, start = began[-1]
+        return max(start, log.min_offset), "epoch_start", epoch
+    return found, "next_record" if offset < log_end else "log_end", None

@@ -670,6 +670,45 @@ class PartitionLog:
             return segments[-1].end
         return segments[self._segment_index(segments, offset)].start
 
+    def record_start_at_or_after(self, offset: int) -> int:
+        """The first record start at or after ``offset``: ``offset`` itself when a record starts
+        there, the log start before it, the log end at or past it, the end of a corrupt range
+        holding it. For the ``offset`` request's ``realign`` (a consumer position that may have
+        fallen inside a record, docs/client.md "Realigning a position").
+
+        Walks record lengths from the segment's time-index entry at or before ``offset`` (a
+        record start; entries are at most ``MAX_UNINDEXED_APPEND`` plus one record apart), never
+        a whole segment, under ``_structure_lock`` as ``offset_for_time``; a segment whose index
+        is not checked yet is checked (or rebuilt) first, without the lock. For a worker thread.
+        """
+        for _attempt in range(_LOOKUP_ATTEMPTS):
+            with self._structure_lock:
+                segments = self._segments
+                if offset <= segments[0].start or offset >= segments[-1].end:
+                    return segments[0].start if offset <= segments[0].start else segments[-1].end
+                bad_end = self.corrupt_end_at(offset)
+                if bad_end is not None:
+                    return bad_end
+                segment = segments[self._segment_index(segments, offset)]
+                if segment.time_index.ready:
+                    entry = segment.time_index.record_start_at_or_before(offset)
+                    return self._walk_to_record_start(segment, segment.start if entry is None else entry, offset)
+                corrupt = list(self.corrupt_ranges)
+            self._build_time_index(segment, corrupt)
+        raise OSError(errno.EAGAIN, f"{self.directory.name}: the log kept changing under a time index build; ask again")
+
+    @staticmethod
+    def _walk_to_record_start(segment: LogSegment, start: int, offset: int) -> int:
+        """The first record start at or after ``offset``, walking from ``start`` (one) in ``segment``;
+        the segment's end (the next one's start) when the walk stops before (a damaged length)."""
+        for run in record.walk_records(segment.read, start, segment.end, boundaries_only=True):
+            if run.offset >= offset:
+                return run.offset
+            found = next((end for end in run.ends or () if end >= offset), None)
+            if found is not None:
+                return found
+        return segment.end
+
     def offset_for_time(self, time_ms: int, upto: int | None = None) -> int | None:
         """The first offset below ``upto`` (default ``log_end``) of a record whose time (its msg
         id's timestamp part) is >= ``time_ms``; None when every record below ``upto`` is older.

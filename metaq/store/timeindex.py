@@ -298,6 +298,17 @@ class SegmentTimeIndex:
     def bracket(self, time_ms: int) -> tuple[int | None, int | None]:
         """``(low, high)``: the offsets of the last entry older than ``time_ms`` and of the first
         entry at or after it (None: no such entry). Reads at most log2(entries) entries of the file."""
+        return self._bisect(time_ms, 0)
+
+    def record_start_at_or_before(self, offset: int) -> int | None:
+        """The offset of the last entry at or before ``offset`` (a record start), None if none is.
+        Entries grow in offset as in time, so this is the same bisection by the other field."""
+        low, high = self._bisect(offset, 1)
+        return high if high == offset else low
+
+    def _bisect(self, value: int, field: int) -> tuple[int | None, int | None]:
+        """``(low, high)``: the offsets of the last entry whose ``field`` (0 time, 1 offset) is
+        below ``value`` and of the first one at or after it."""
         with self._lock:
             written, pending = self._written, list(self._pending)
         count = written + len(pending)
@@ -311,7 +322,7 @@ class SegmentTimeIndex:
                 time_k, offset_k, _ = ENTRY.unpack(os.pread(fd, ENTRY_SIZE, k * ENTRY_SIZE))
                 return time_k, offset_k
 
-            k = bisect.bisect_left(range(count), time_ms, key=lambda i: entry(i)[0])
+            k = bisect.bisect_left(range(count), value, key=lambda i: entry(i)[field])
             low = entry(k - 1)[1] if k > 0 else None
             high = entry(k)[1] if k < count else None
             return low, high
