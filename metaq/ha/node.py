@@ -137,16 +137,22 @@ class HaNode:
         except on an async master: its flushed end may run ahead of every slave, and a failover
         takes back what lay inside the replication lag (docs/guarantees.md, async reads)."""
         if not self.acting_master:
+            deposed = self._deposed_bound(topic, partition)
+            if deposed is not None:
+                # Our newest epoch of the partition is one we led: what a master told our follower
+                # before that term is older than our own record of the term, and would hide its
+                # writes the slaves did fetch.
+                return min(deposed, log.log_end)
             follower = self.follower
-            readable = follower.committed(topic, partition, log.log_end) if follower is not None else 0
-            return min(readable, self._deposed_bound(topic, partition, log.log_end))
+            return follower.committed(topic, partition, log.log_end) if follower is not None else 0
         sync_set = self.sync_set
         if sync_set is not None:
             return sync_set.committed(topic, partition)
         return log.flushed_end
 
-    def _deposed_bound(self, topic: str, partition: int, log_end: int) -> int:
-        """How far a broker that no longer leads may serve a partition whose newest epoch it led.
+    def _deposed_bound(self, topic: str, partition: int) -> int | None:
+        """How far a broker that no longer leads may serve a partition whose newest epoch it led
+        (None for a partition whose newest epoch it did not lead: its follower's bound applies).
 
         Invariant: a deposed master serves none of its own term's writes past the highest
         position a slave reported fetching in that term, until it has truncated against the
@@ -160,11 +166,11 @@ class HaNode:
         """
         coordinator = self.coordinator
         if coordinator is None:
-            return log_end
+            return None
         epochs = coordinator.cache(topic, partition)
         led = epochs.latest_epoch
         if led == 0 or led != coordinator.epochs.led:
-            return log_end
+            return None
         term_start = epochs.entries[-1][1]  # what we held as a slave when our term began
         record = self.host.partitions.replication(topic, partition)
         shared = record.shared if record is not None else None

@@ -81,3 +81,23 @@ def test_a_slave_whose_master_committed_everything_it_holds_serves_all_of_it_wit
     asyncio.run(follower.unfollow())
     coordinator.state = Role.ORPHANED
     assert node.committed("chaos", 0, replica.log) == LOG_END, "every acked message stays readable on a masterless slave"
+
+
+def test_a_deposed_master_serves_what_its_slaves_fetched_in_its_term_not_an_older_masters_bound() -> None:
+    """A broker that followed a master once (its replica's committed offset is that master's,
+    from before its own term), then led the partition's newest epoch and was deposed: its own
+    record of the term (what a slave fetched) decides, not the stale committed offset. Before,
+    the smaller of the two hid the term's fetched writes (tests/integration/
+    test_failover_deposed_reads.py: ``shared`` not served)."""
+    node, follower, replica, coordinator = orphaned_slave()
+    asyncio.run(follower.unfollow())
+    coordinator.state = Role.ORPHANED
+    term_start, fetched = 44850, LOG_END - 89
+    replica.status.master_committed = 1000  # told by the master it followed before its term
+    coordinator.epochs.led = 2  # epoch 2, the partition's newest, was this broker's term
+    record = node.host.partitions.replication("chaos", 0)
+    record.shared = (2, fetched)  # a slave fetched up to here in that term
+    node.host.partitions.batch_boundary = lambda t, p, offset, committed: offset
+    assert node.committed("chaos", 0, replica.log) == fetched
+    record.shared = None  # no slave reported in the term: only what it held when the term began
+    assert node.committed("chaos", 0, replica.log) == term_start
