@@ -272,9 +272,15 @@ def publish_sync_set(
 # Sentinel and RocketMQ's controller choose). Every orphaned slave posts its log end in
 # ``candidates/slave{k}`` (ephemeral); the best eligible candidate (highest total log end,
 # ties to the lowest slave id) tries the election. The others wait: until every live slave
-# (a registered ``slave{k}``) has posted, or CANDIDATE_WAIT_S; and a candidate ranked r may
-# try anyway once it has waited r x CANDIDATE_WAIT_S (the better ones did not take over:
-# they died, or hang).
+# (a registered ``slave{k}``) has posted, or CANDIDATE_WAIT_S. A candidate ranked r whose
+# betters hold no more than it does (a tie) may try anyway once it has waited
+# r x CANDIDATE_WAIT_S (they did not take over: they died, or hang). A candidate behind a
+# posted better one never tries while that one's candidacy stands: the node is ephemeral, so
+# a better candidate that died or hangs loses it with its session, and only then does the
+# next one go. Invariant (async): a replica is never elected over a live eligible candidate
+# that holds more of the log. Timing out on a live one instead is what, on a loaded machine
+# (elections several seconds late), promoted a freshly replaced, empty slave over a slave
+# holding 200 KB, and every slave then had to throw its log away.
 
 #: How long a candidate waits for a silent live slave, and for each better candidate to win.
 CANDIDATE_WAIT_S = 1.0
@@ -353,6 +359,12 @@ def candidate_turn(me: int, epoch: int, candidates: dict[int, Candidate], live: 
         return False, f"waiting for live slaves {silent} to post their log ends (candidates: {standing})", CANDIDATE_WAIT_S - waited_s
     if rank == 0:
         return True, f"the most caught-up candidate (log ends: {standing})", 0.0
+    mine = eligible[rank].log_end
+    ahead = [c for c in eligible[:rank] if c.log_end > mine]
+    if ahead:
+        # Never on a timeout: the better candidate is alive (its candidacy is ephemeral) and
+        # electing us would throw away what it holds past our log end.
+        return False, f"slave{ranks[0]} is more caught up (log ends: {standing}); waiting while its candidacy stands", CANDIDATE_WAIT_S
     turn_at = rank * CANDIDATE_WAIT_S
     if waited_s >= turn_at:
         return True, f"candidates ahead ({ranks[:rank]}) did not take over within {turn_at:.1f}s (log ends: {standing})", 0.0

@@ -67,9 +67,28 @@ def test_a_silent_live_slave_is_waited_for_then_the_next_best_may_try():
     ok, why, retry = candidate_turn(1, 3, cands, {1, 2}, 0.2)
     assert not ok and "[2]" in why and abs(retry - (CANDIDATE_WAIT_S - 0.2)) < 1e-9
     assert candidate_turn(1, 3, cands, {1, 2}, CANDIDATE_WAIT_S)[0]
-    # the best did not win within its turn: the second may try
-    cands = _cands(s1=500, s2=900)
-    assert candidate_turn(1, 3, cands, {1, 2}, CANDIDATE_WAIT_S)[0]
+    # the best of a tie did not win within its turn: the second may try (it loses nothing)
+    cands = _cands(s1=700, s2=700)
+    assert not candidate_turn(2, 3, cands, {1, 2}, 0.5)[0]
+    assert candidate_turn(2, 3, cands, {1, 2}, CANDIDATE_WAIT_S)[0]
+
+
+def test_a_candidate_never_times_out_a_live_candidate_holding_more():
+    """A freshly replaced, empty slave (slave0) and a slave holding 217,702 bytes (slave2) are
+    orphaned together; slave1 (the old master, re-registering) never posts. On a loaded
+    machine slave2 had not taken over after slave0's rank turn (1 s): slave0 used to go,
+    won, and every partition lost what slave2 and the old master held. It must wait while
+    slave2's candidacy stands (ephemeral: gone with slave2's session), whatever the wait."""
+    cands = {0: Candidate(0, 0, 2, True), 2: Candidate(2, 217702, 2, True)}
+    for waited in (CANDIDATE_WAIT_S, 2.75, 60.0):
+        ok, why, retry = candidate_turn(0, 2, cands, {0, 1, 2}, waited)
+        assert not ok and "slave2 is more caught up" in why and retry == CANDIDATE_WAIT_S, why
+    assert candidate_turn(2, 2, cands, {0, 1, 2}, 2.75)[0]
+    # slave2's session ended (died, or hung past its session timeout): its candidacy is gone
+    assert candidate_turn(0, 2, {0: cands[0]}, {0, 1}, 2.75)[0]
+    # a third candidate tied with slave0 does not make slave0's wait end either
+    cands[3] = Candidate(3, 0, 2, True)
+    assert not candidate_turn(3, 2, cands, {0, 2, 3}, 60.0)[0]
 
 
 def test_ineligible_and_stale_candidacies_do_not_rank():
