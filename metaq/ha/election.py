@@ -14,7 +14,8 @@ Who may try (``eligibility``) is decided from what ZooKeeper says, never from
 heartbeats: in sync mode only the last master itself or a member of the sync
 set it published (those hold every acked message); in async mode any slave
 that was following the last master without a stopped partition, and only with
-``autoFailover=true``; among several such slaves, the most caught-up one first
+``autoFailover=true`` and every replica caught up with the master at least once since the
+process started; among several such slaves, the most caught-up one first
 (``candidate_turn``).
 
 Functions here do blocking kazoo calls: run them in a worker thread.
@@ -121,6 +122,7 @@ def eligibility(
     followed_epoch: int,
     replicas_healthy: bool,
     state: GroupState,
+    never_caught_up: tuple[str, ...] = (),
     cannot_lead: str | None = None,
     handover: "Handover | None" = None,
     history: int = 0,
@@ -129,7 +131,9 @@ def eligibility(
     """May this broker try to take the master lock now? ``(yes, why)``.
 
     ``history`` is the newest epoch in this broker's epoch checkpoints, ``led_history``
-    whether it led that epoch itself (epochs.read_led_epoch).
+    whether it led that epoch itself (epochs.read_led_epoch). ``never_caught_up``: the
+    partitions whose replica has never reached its master's log end since this process
+    started (followership.never_caught_up).
     """
     if state.master_url is not None:
         return False, f"a master is registered ({state.master_url})"
@@ -175,6 +179,14 @@ def eligibility(
         return False, f"this broker did not follow the master of epoch {state.epoch} (followed {followed_epoch})"
     if not replicas_healthy:
         return False, "a replicated partition is stopped (diverged); not a safe master"
+    if never_caught_up:
+        # Invariant (async): only a slave that was in sync once (Kafka's ISR) is elected without
+        # an operator. A replica that never reached its master's log end since this process
+        # started (a replaced, empty data dir; a restart that is still catching up) may lack
+        # everything the group holds, not just the lag of a crash: electing it would make the
+        # members that hold the log throw it away.
+        shown = ", ".join(never_caught_up[:3]) + (f" and {len(never_caught_up) - 3} more" if len(never_caught_up) > 3 else "")
+        return False, f"this broker has not caught up with its master since it started ({shown}): it may lack far more than the lag"
     return True, f"async failover from the master of epoch {state.epoch}"
 
 

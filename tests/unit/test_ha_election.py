@@ -143,3 +143,43 @@ def test_led_epoch_is_kept_durably_and_unreadable_claims_nothing(tmp_path):
     assert read_led_epoch(str(tmp_path / "data")) == 7
     (tmp_path / "data" / "led-epoch").write_text("garbage")
     assert read_led_epoch(str(tmp_path / "data")) == 0
+
+
+# --- async: only a replica that was in sync once is elected ---------------------------------
+
+def test_an_async_slave_that_never_caught_up_since_it_started_is_not_eligible():
+    """Seed 8008: a slave whose data dir was replaced restarted empty, followed the master of
+    epoch 2 for 1 s and was orphaned holding nothing of 217,702 bytes; it was eligible (it
+    followed the current master, nothing stopped) and won. Not any more: only without an
+    operator's `metaq promote --unclean`, which still elects it."""
+    state = _state(epoch=2, leader_identity="id-b")
+    behind = ("chaos-0-0", "chaos-0-1", "txn-b-0-0", "txn-b-0-1", "txn-b-0-2")
+    ok, why = _eligible(state, my_identity="id-a2", my_slave_id=0, followed_epoch=2, never_caught_up=behind)
+    assert not ok and "not caught up" in why and "chaos-0-0" in why and "2 more" in why, why
+    assert _eligible(state, my_identity="id-a2", my_slave_id=0, followed_epoch=2)[0]
+    # the last leader and an operator's unclean hand-over are not held back by it
+    assert _eligible(state, my_identity="id-b", followed_epoch=2, never_caught_up=behind)[0]
+    ok, why = _eligible(state, my_identity="id-a2", my_slave_id=0, followed_epoch=2, never_caught_up=behind,
+                        handover=Handover(0, 2, unclean=True))
+    assert ok and "UNCLEAN" in why
+
+
+def test_never_caught_up_names_replicas_behind_that_never_reached_the_master_end():
+    from types import SimpleNamespace
+
+    from metaq.ha.follower import MasterFollower
+    from metaq.ha.replica import ReplicaStatus
+
+    def replica(name: str, log_end: int, master_end: int, caught_up_at: float, state: str = "following"):
+        status = ReplicaStatus(state=state, master_log_end=master_end, caught_up_at=caught_up_at)
+        return SimpleNamespace(name=name, status=status, stopped=state == "stopped", log=SimpleNamespace(log_end=log_end))
+
+    replicas = {
+        ("fresh", 0): replica("fresh-0", 0, 59123, 0.0),  # replaced, empty: never caught up
+        ("lagging", 0): replica("lagging-0", 100, 900, 1.5),  # behind now, in sync once: the lag window
+        ("quiet", 0): replica("quiet-0", 0, 0, 0.0),  # nothing to catch up with
+        ("stopped", 0): replica("stopped-0", 0, 50, 0.0, state="stopped"),  # the stopped rule's business
+    }
+    fake = SimpleNamespace(replicas=replicas, heartbeat=SimpleNamespace(master=SimpleNamespace(log_ends={("quiet", 0): 10})))
+    fake._master_end = lambda t, p, r: MasterFollower._master_end(fake, t, p, r)
+    assert MasterFollower.never_caught_up(fake) == ["fresh-0", "quiet-0"]
