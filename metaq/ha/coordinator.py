@@ -371,6 +371,7 @@ class HaCoordinator:
             followed_epoch=self.epochs.followed,
             replicas_healthy=healthy,
             state=state,
+            never_caught_up=self.followership.never_caught_up(),
             cannot_lead=self._cannot_lead_now(),
             handover=handover,
             history=history,

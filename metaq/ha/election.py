@@ -14,7 +14,8 @@ Who may try (``eligibility``) is decided from what ZooKeeper says, never from
 heartbeats: in sync mode only the last master itself or a member of the sync
 set it published (those hold every acked message); in async mode any slave
 that was following the last master without a stopped partition, and only with
-``autoFailover=true``; among several such slaves, the most caught-up one first
+``autoFailover=true`` and every replica caught up with the master at least once since the
+process started; among several such slaves, the most caught-up one first
 (``candidate_turn``).
 
 Functions here do blocking kazoo calls: run them in a worker thread.
@@ -121,6 +122,7 @@ def eligibility(
     followed_epoch: int,
     replicas_healthy: bool,
     state: GroupState,
+    never_caught_up: tuple[str, ...] = (),
     cannot_lead: str | None = None,
     handover: "Handover | None" = None,
     history: int = 0,
@@ -129,7 +131,9 @@ def eligibility(
     """May this broker try to take the master lock now? ``(yes, why)``.
 
     ``history`` is the newest epoch in this broker's epoch checkpoints, ``led_history``
-    whether it led that epoch itself (epochs.read_led_epoch).
+    whether it led that epoch itself (epochs.read_led_epoch). ``never_caught_up``: the
+    partitions whose replica has never reached its master's log end since this process
+    started (followership.never_caught_up).
     """
     if state.master_url is not None:
         return False, f"a master is registered ({state.master_url})"
@@ -175,6 +179,14 @@ def eligibility(
         return False, f"this broker did not follow the master of epoch {state.epoch} (followed {followed_epoch})"
     if not replicas_healthy:
         return False, "a replicated partition is stopped (diverged); not a safe master"
+    if never_caught_up:
+        # Invariant (async): only a slave that was in sync once (Kafka's ISR) is elected without
+        # an operator. A replica that never reached its master's log end since this process
+        # started (a replaced, empty data dir; a restart that is still catching up) may lack
+        # everything the group holds, not just the lag of a crash: electing it would make the
+        # members that hold the log throw it away.
+        shown = ", ".join(never_caught_up[:3]) + (f" and {len(never_caught_up) - 3} more" if len(never_caught_up) > 3 else "")
+        return False, f"this broker has not caught up with its master since it started ({shown}): it may lack far more than the lag"
     return True, f"async failover from the master of epoch {state.epoch}"
 
 
@@ -272,9 +284,15 @@ def publish_sync_set(
 # Sentinel and RocketMQ's controller choose). Every orphaned slave posts its log end in
 # ``candidates/slave{k}`` (ephemeral); the best eligible candidate (highest total log end,
 # ties to the lowest slave id) tries the election. The others wait: until every live slave
-# (a registered ``slave{k}``) has posted, or CANDIDATE_WAIT_S; and a candidate ranked r may
-# try anyway once it has waited r x CANDIDATE_WAIT_S (the better ones did not take over:
-# they died, or hang).
+# (a registered ``slave{k}``) has posted, or CANDIDATE_WAIT_S. A candidate ranked r whose
+# betters hold no more than it does (a tie) may try anyway once it has waited
+# r x CANDIDATE_WAIT_S (they did not take over: they died, or hang). A candidate behind a
+# posted better one never tries while that one's candidacy stands: the node is ephemeral, so
+# a better candidate that died or hangs loses it with its session, and only then does the
+# next one go. Invariant (async): a replica is never elected over a live eligible candidate
+# that holds more of the log. Timing out on a live one instead is what, on a loaded machine
+# (elections several seconds late), promoted a freshly replaced, empty slave over a slave
+# holding 200 KB, and every slave then had to throw its log away.
 
 #: How long a candidate waits for a silent live slave, and for each better candidate to win.
 CANDIDATE_WAIT_S = 1.0
@@ -353,6 +371,12 @@ def candidate_turn(me: int, epoch: int, candidates: dict[int, Candidate], live: 
         return False, f"waiting for live slaves {silent} to post their log ends (candidates: {standing})", CANDIDATE_WAIT_S - waited_s
     if rank == 0:
         return True, f"the most caught-up candidate (log ends: {standing})", 0.0
+    mine = eligible[rank].log_end
+    ahead = [c for c in eligible[:rank] if c.log_end > mine]
+    if ahead:
+        # Never on a timeout: the better candidate is alive (its candidacy is ephemeral) and
+        # electing us would throw away what it holds past our log end.
+        return False, f"slave{ranks[0]} is more caught up (log ends: {standing}); waiting while its candidacy stands", CANDIDATE_WAIT_S
     turn_at = rank * CANDIDATE_WAIT_S
     if waited_s >= turn_at:
         return True, f"candidates ahead ({ranks[:rank]}) did not take over within {turn_at:.1f}s (log ends: {standing})", 0.0

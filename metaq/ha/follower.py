@@ -823,6 +823,12 @@ class MasterFollower:
         hb = self.heartbeat.master
         return max(replica.status.master_log_end, hb.log_ends.get((topic, partition), 0) if hb else 0)
 
+    def never_caught_up(self) -> list[str]:
+        """The partitions (``topic-partition``) behind the master whose replica never reached
+        the master's log end since this process started (the election rules ask)."""
+        return sorted(r.name for (t, p), r in self.replicas.items()
+                      if not r.stopped and not r.status.caught_up_at and self._master_end(t, p, r) > r.log.log_end)
+
     def lag_bytes(self) -> int:
         """Bytes behind the master over every followed partition, as this follower last knew."""
         return sum(max(0, self._master_end(t, p, r) - r.log.log_end) for (t, p), r in self.replicas.items())

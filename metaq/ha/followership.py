@@ -153,6 +153,10 @@ class Followership:
         follower = self.follower
         return follower is None or not any(r.stopped for r in follower.replicas.values())
 
+    def never_caught_up(self) -> tuple[str, ...]:
+        """Partitions whose replica never reached the master's log end since we started."""
+        return () if self.follower is None else tuple(self.follower.never_caught_up())
+
     def lag_bytes(self) -> int | None:
         return self.follower.lag_bytes() if self.follower is not None else None
 

@@ -67,9 +67,28 @@ def test_a_silent_live_slave_is_waited_for_then_the_next_best_may_try():
     ok, why, retry = candidate_turn(1, 3, cands, {1, 2}, 0.2)
     assert not ok and "[2]" in why and abs(retry - (CANDIDATE_WAIT_S - 0.2)) < 1e-9
     assert candidate_turn(1, 3, cands, {1, 2}, CANDIDATE_WAIT_S)[0]
-    # the best did not win within its turn: the second may try
-    cands = _cands(s1=500, s2=900)
-    assert candidate_turn(1, 3, cands, {1, 2}, CANDIDATE_WAIT_S)[0]
+    # the best of a tie did not win within its turn: the second may try (it loses nothing)
+    cands = _cands(s1=700, s2=700)
+    assert not candidate_turn(2, 3, cands, {1, 2}, 0.5)[0]
+    assert candidate_turn(2, 3, cands, {1, 2}, CANDIDATE_WAIT_S)[0]
+
+
+def test_a_candidate_never_times_out_a_live_candidate_holding_more():
+    """A freshly replaced, empty slave (slave0) and a slave holding 217,702 bytes (slave2) are
+    orphaned together; slave1 (the old master, re-registering) never posts. On a loaded
+    machine slave2 had not taken over after slave0's rank turn (1 s): slave0 used to go,
+    won, and every partition lost what slave2 and the old master held. It must wait while
+    slave2's candidacy stands (ephemeral: gone with slave2's session), whatever the wait."""
+    cands = {0: Candidate(0, 0, 2, True), 2: Candidate(2, 217702, 2, True)}
+    for waited in (CANDIDATE_WAIT_S, 2.75, 60.0):
+        ok, why, retry = candidate_turn(0, 2, cands, {0, 1, 2}, waited)
+        assert not ok and "slave2 is more caught up" in why and retry == CANDIDATE_WAIT_S, why
+    assert candidate_turn(2, 2, cands, {0, 1, 2}, 2.75)[0]
+    # slave2's session ended (died, or hung past its session timeout): its candidacy is gone
+    assert candidate_turn(0, 2, {0: cands[0]}, {0, 1}, 2.75)[0]
+    # a third candidate tied with slave0 does not make slave0's wait end either
+    cands[3] = Candidate(3, 0, 2, True)
+    assert not candidate_turn(3, 2, cands, {0, 2, 3}, 60.0)[0]
 
 
 def test_ineligible_and_stale_candidacies_do_not_rank():
@@ -124,3 +143,43 @@ def test_led_epoch_is_kept_durably_and_unreadable_claims_nothing(tmp_path):
     assert read_led_epoch(str(tmp_path / "data")) == 7
     (tmp_path / "data" / "led-epoch").write_text("garbage")
     assert read_led_epoch(str(tmp_path / "data")) == 0
+
+
+# --- async: only a replica that was in sync once is elected ---------------------------------
+
+def test_an_async_slave_that_never_caught_up_since_it_started_is_not_eligible():
+    """Seed 8008: a slave whose data dir was replaced restarted empty, followed the master of
+    epoch 2 for 1 s and was orphaned holding nothing of 217,702 bytes; it was eligible (it
+    followed the current master, nothing stopped) and won. Not any more: only without an
+    operator's `metaq promote --unclean`, which still elects it."""
+    state = _state(epoch=2, leader_identity="id-b")
+    behind = ("chaos-0-0", "chaos-0-1", "txn-b-0-0", "txn-b-0-1", "txn-b-0-2")
+    ok, why = _eligible(state, my_identity="id-a2", my_slave_id=0, followed_epoch=2, never_caught_up=behind)
+    assert not ok and "not caught up" in why and "chaos-0-0" in why and "2 more" in why, why
+    assert _eligible(state, my_identity="id-a2", my_slave_id=0, followed_epoch=2)[0]
+    # the last leader and an operator's unclean hand-over are not held back by it
+    assert _eligible(state, my_identity="id-b", followed_epoch=2, never_caught_up=behind)[0]
+    ok, why = _eligible(state, my_identity="id-a2", my_slave_id=0, followed_epoch=2, never_caught_up=behind,
+                        handover=Handover(0, 2, unclean=True))
+    assert ok and "UNCLEAN" in why
+
+
+def test_never_caught_up_names_replicas_behind_that_never_reached_the_master_end():
+    from types import SimpleNamespace
+
+    from metaq.ha.follower import MasterFollower
+    from metaq.ha.replica import ReplicaStatus
+
+    def replica(name: str, log_end: int, master_end: int, caught_up_at: float, state: str = "following"):
+        status = ReplicaStatus(state=state, master_log_end=master_end, caught_up_at=caught_up_at)
+        return SimpleNamespace(name=name, status=status, stopped=state == "stopped", log=SimpleNamespace(log_end=log_end))
+
+    replicas = {
+        ("fresh", 0): replica("fresh-0", 0, 59123, 0.0),  # replaced, empty: never caught up
+        ("lagging", 0): replica("lagging-0", 100, 900, 1.5),  # behind now, in sync once: the lag window
+        ("quiet", 0): replica("quiet-0", 0, 0, 0.0),  # nothing to catch up with
+        ("stopped", 0): replica("stopped-0", 0, 50, 0.0, state="stopped"),  # the stopped rule's business
+    }
+    fake = SimpleNamespace(replicas=replicas, heartbeat=SimpleNamespace(master=SimpleNamespace(log_ends={("quiet", 0): 10})))
+    fake._master_end = lambda t, p, r: MasterFollower._master_end(fake, t, p, r)
+    assert MasterFollower.never_caught_up(fake) == ["fresh-0", "quiet-0"]
