@@ -287,15 +287,21 @@ def publish_sync_set(
 # (a registered ``slave{k}``) has posted, or CANDIDATE_WAIT_S. A candidate ranked r whose
 # betters hold no more than it does (a tie) may try anyway once it has waited
 # r x CANDIDATE_WAIT_S (they did not take over: they died, or hang). A candidate behind a
-# posted better one never tries while that one's candidacy stands: the node is ephemeral, so
-# a better candidate that died or hangs loses it with its session, and only then does the
-# next one go. Invariant (async): a replica is never elected over a live eligible candidate
-# that holds more of the log. Timing out on a live one instead is what, on a loaded machine
+# posted better one waits while that one's candidacy stands, up to r x BETTER_CANDIDATE_WAIT_S:
+# the node is ephemeral, so a better candidate that died loses it with its session and the
+# next one goes then; one that lives but never elects itself is waited out. Rule (async): a
+# replica is not elected over a live eligible candidate that holds more of the log unless that
+# one did not take over within the bound. Timing out on a live one instead is what, on a loaded machine
 # (elections several seconds late), promoted a freshly replaced, empty slave over a slave
 # holding 200 KB, and every slave then had to throw its log away.
 
 #: How long a candidate waits for a silent live slave, and for each better candidate to win.
 CANDIDATE_WAIT_S = 1.0
+#: How long a candidate waits for each better candidate that holds more of the log: long enough
+#: for an election several seconds late on a loaded machine (4.5 s from posting to winning was
+#: seen at load 46), short enough that a live candidate that never elects itself costs a bounded
+#: failover, not a group without a master.
+BETTER_CANDIDATE_WAIT_S = 8.0
 
 
 @dataclass(frozen=True)
@@ -373,10 +379,13 @@ def candidate_turn(me: int, epoch: int, candidates: dict[int, Candidate], live: 
         return True, f"the most caught-up candidate (log ends: {standing})", 0.0
     mine = eligible[rank].log_end
     ahead = [c for c in eligible[:rank] if c.log_end > mine]
-    if ahead:
-        # Never on a timeout: the better candidate is alive (its candidacy is ephemeral) and
-        # electing us would throw away what it holds past our log end.
-        return False, f"slave{ranks[0]} is more caught up (log ends: {standing}); waiting while its candidacy stands", CANDIDATE_WAIT_S
+    if ahead and waited_s < rank * BETTER_CANDIDATE_WAIT_S:
+        # Not on the ties' short turn: the better candidate is alive (its candidacy is ephemeral)
+        # and electing us would throw away what it holds past our log end. Bounded all the same:
+        # a live candidate that never gets to elect itself (its loop stuck, its ZooKeeper session
+        # kept by the client's thread) must not leave the group without a master for good.
+        return False, (f"slave{ranks[0]} is more caught up (log ends: {standing}); waiting while its candidacy"
+                       f" stands, at most {rank * BETTER_CANDIDATE_WAIT_S:.0f}s"), CANDIDATE_WAIT_S
     turn_at = rank * CANDIDATE_WAIT_S
     if waited_s >= turn_at:
         return True, f"candidates ahead ({ranks[:rank]}) did not take over within {turn_at:.1f}s (log ends: {standing})", 0.0

@@ -46,7 +46,7 @@ def test_epoch_value_keeps_the_identity_and_old_values_still_decode():
     assert decode_epoch_identity(b"7") is None
 
 
-from metaq.ha.election import CANDIDATE_WAIT_S, Candidate, candidate_turn  # noqa: E402
+from metaq.ha.election import BETTER_CANDIDATE_WAIT_S, CANDIDATE_WAIT_S, Candidate, candidate_turn  # noqa: E402
 
 
 def _cands(**ends: int) -> dict[int, Candidate]:
@@ -73,22 +73,24 @@ def test_a_silent_live_slave_is_waited_for_then_the_next_best_may_try():
     assert candidate_turn(2, 3, cands, {1, 2}, CANDIDATE_WAIT_S)[0]
 
 
-def test_a_candidate_never_times_out_a_live_candidate_holding_more():
+def test_a_candidate_waits_out_a_live_candidate_holding_more_within_a_bound():
     """A freshly replaced, empty slave (slave0) and a slave holding 217,702 bytes (slave2) are
     orphaned together; slave1 (the old master, re-registering) never posts. On a loaded
     machine slave2 had not taken over after slave0's rank turn (1 s): slave0 used to go,
     won, and every partition lost what slave2 and the old master held. It must wait while
-    slave2's candidacy stands (ephemeral: gone with slave2's session), whatever the wait."""
+    slave2's candidacy stands (ephemeral: gone with slave2's session), but not for good: a
+    live candidate that never elects itself is waited out after BETTER_CANDIDATE_WAIT_S."""
     cands = {0: Candidate(0, 0, 2, True), 2: Candidate(2, 217702, 2, True)}
-    for waited in (CANDIDATE_WAIT_S, 2.75, 60.0):
+    for waited in (CANDIDATE_WAIT_S, 2.75, BETTER_CANDIDATE_WAIT_S - 0.1):
         ok, why, retry = candidate_turn(0, 2, cands, {0, 1, 2}, waited)
         assert not ok and "slave2 is more caught up" in why and retry == CANDIDATE_WAIT_S, why
+    assert candidate_turn(0, 2, cands, {0, 1, 2}, BETTER_CANDIDATE_WAIT_S)[0], "bounded: a group never stays masterless"
     assert candidate_turn(2, 2, cands, {0, 1, 2}, 2.75)[0]
     # slave2's session ended (died, or hung past its session timeout): its candidacy is gone
     assert candidate_turn(0, 2, {0: cands[0]}, {0, 1}, 2.75)[0]
-    # a third candidate tied with slave0 does not make slave0's wait end either
+    # a third candidate tied with slave0, ranked behind slave2 too, waits twice as long
     cands[3] = Candidate(3, 0, 2, True)
-    assert not candidate_turn(3, 2, cands, {0, 2, 3}, 60.0)[0]
+    assert not candidate_turn(3, 2, cands, {0, 2, 3}, 2 * BETTER_CANDIDATE_WAIT_S - 0.1)[0]
 
 
 def test_ineligible_and_stale_candidacies_do_not_rank():
