@@ -21,7 +21,6 @@ renamed, so a crash leaves the old or the new list, never half of one.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from pathlib import Path
 
@@ -128,56 +127,6 @@ def write_all(bodies: dict[Path, str]) -> None:
         for path, tmp in temporaries.items():
             os.replace(tmp, path)
         durable.sync(path.parent for path in temporaries)
-
-
-class GroupSaves:
-    """Durable saves of many partitions' histories, committed together (a group commit): a
-    slave starting copies its master's history of every partition, a few dozen at a time; each
-    ``save`` returns once its cache's history, as it was when ``save`` was called, is durable,
-    and the saves asked while one batch is written go in the next (``write_all``: one syncfs
-    per batch, not two fsyncs a partition). One per partition registry, on its event loop."""
-
-    def __init__(self) -> None:
-        self._waiting: dict[Path, tuple[str, list[asyncio.Future[None]]]] = {}
-        self._writer: asyncio.Task[None] | None = None
-        #: Batches written (tests, and what a start cost).
-        self.batches = 0
-
-    async def save(self, cache: EpochCache) -> None:
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        # The text now, on the loop: the batch writes what this caller changed, never a later state half-made.
-        _body, waiters = self._waiting.get(cache.path, ("", []))
-        self._waiting[cache.path] = (cache._text(), [*waiters, done])
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.ensure_future(self._write())
-        await asyncio.shield(done)  # a caller cancelled leaves the batch to the others
-
-    async def _write(self) -> None:
-        """Batch after batch until nobody waits; a failure is every waiter's of that batch."""
-        while self._waiting:
-            batch, self._waiting = self._waiting, {}
-            try:
-                await asyncio.to_thread(write_all, {path: body for path, (body, _) in batch.items()})
-            except Exception as exc:  # noqa: BLE001 - each caller raises it: its history's durability is unknown
-                self._settle(batch, exc)
-                continue
-            except BaseException:  # the loop is going away: nobody may wait for a batch that never comes
-                self._settle({**batch, **self._waiting}, OSError("the epoch history save was cancelled"))
-                self._waiting = {}
-                raise
-            self.batches += 1
-            self._settle(batch, None)
-
-    @staticmethod
-    def _settle(batch: dict[Path, tuple[str, list[asyncio.Future[None]]]], error: Exception | None) -> None:
-        for _body, waiters in batch.values():
-            for done in waiters:
-                if done.done():
-                    continue
-                if error is None:
-                    done.set_result(None)
-                else:
-                    done.set_exception(error)
 
 
 def _write_durably(path: Path, body: str) -> None:

@@ -62,7 +62,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Iterator, NamedTuple, Protocol
 
-from ..ha.epochs import EpochCache, GroupSaves, save_all
+from ..ha.epochs import EpochCache, save_all
 from ..ha.record import ReplicationRecord
 from ..protocol import commands as c
 from ..record import HEADER, stamp_msg_ids
@@ -378,12 +378,11 @@ class Partition:
 
     async def adopt_epochs(self, entries: list[tuple[int, int]]) -> bool:
         """A slave copying its master's epoch history of this partition (its bytes are the
-        master's, verified by truncation first); True if ours changed. Durable when this returns
-        (the follower replicates only after it): saved off the event loop, group-committed with
-        the other partitions a starting slave adopts meanwhile (``GroupSaves``)."""
+        master's, verified by truncation first); True if ours changed. Saved off the event
+        loop: a new slave starts many partitions at once, and their saves overlap."""
         if not self.epochs.replace_all(entries):
             return False
-        await self._owner.epoch_saves.save(self.epochs)
+        await asyncio.to_thread(self.epochs.save)
         return True
 
     def _discard_snapshot(self) -> None:
@@ -429,8 +428,6 @@ class Partitions:
         self.files = threading.Lock()
         #: What dropped partitions had counted (``drop``): the broker's totals never go down.
         self.retired = PartitionCounters()
-        #: The slave's copies of its master's epoch histories, durable in batches (``Partition.adopt_epochs``).
-        self.epoch_saves = GroupSaves()
 
     def new_table(self) -> ProducerStateTable:
         return ProducerStateTable(self.max_batches, self.expiry_ms)

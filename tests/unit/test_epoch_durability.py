@@ -1,8 +1,8 @@
-"""Epoch histories of many partitions made durable in batches: one syncfs per file system
-(``FileSystemSync``), a takeover's ``save_all`` and a starting slave's group-committed
-``adopt_epochs`` (``GroupSaves``). The invariant kept: a history is durable before the caller
-goes on (a master acks in the epoch, a slave replicates), and every file holds its old or its
-new history at every point (a temporary file durable before it is renamed over the old one).
+"""A takeover's epoch histories made durable as one batch: one syncfs per file system
+(``FileSystemSync``) for ``save_all``. The invariant kept: every history names the epoch,
+durably, before ``assign_epoch`` returns (the master acks in the epoch only after it), and
+every file holds its old or its new history at every point (a temporary file durable before
+it is renamed over the old one).
 """
 
 from __future__ import annotations
@@ -115,72 +115,3 @@ def test_a_failed_syncfs_is_an_error(tmp_path, monkeypatch):
     monkeypatch.setattr(batch_sync, "_syncfs_capable", lambda fd: True)
     with batch_sync.FileSystemSync([tmp_path]) as durable, pytest.raises(OSError, match="syncfs"):
         durable.sync([tmp_path])
-
-
-def test_a_slave_adopting_many_histories_at_once_commits_them_in_batches(tmp_path, steps):
-    """Each ``adopt_epochs`` returns only once its history is durable; saves asked together
-    share a batch (group commit), not two fsyncs each."""
-    store = store_of(tmp_path, 40)
-    partitions = Partitions(store)
-    returned_after: dict[int, int] = {}
-
-    async def adopt(p: int) -> None:
-        await partitions.adopt_epochs("t", p, [(1, 0), (p + 2, 0)])
-        directory = store.partition_dir("t", p)
-        # The position in ``steps`` when this returned: its directory's sync is already there.
-        returned_after[p] = max(i for i, (kind, path) in enumerate(steps) if kind == "sync" and path == directory)
-
-    async def start() -> None:
-        await asyncio.gather(*(adopt(p) for p in range(40)))
-
-    asyncio.run(start())
-    assert sorted(returned_after) == list(range(40))
-    assert 1 <= partitions.epoch_saves.batches < 40
-    assert {p: epochs.EpochCache.load(store.partition_dir("t", p)).entries for p in range(40)} == {
-        p: [(1, 0), (p + 2, 0)] for p in range(40)}
-    store.close()
-
-
-def test_a_failed_batch_fails_every_adoption_in_it_and_the_next_one_is_written(tmp_path, monkeypatch):
-    store = store_of(tmp_path, 6)
-    partitions = Partitions(store)
-    real = epochs.write_all
-    failures = [OSError(28, "No space left on device")]
-
-    def write_all(bodies):  # noqa: ANN001
-        if failures:
-            raise failures.pop()
-        return real(bodies)
-
-    monkeypatch.setattr(epochs, "write_all", write_all)
-
-    async def adopt_all(entries) -> list:  # noqa: ANN001
-        return await asyncio.gather(*(partitions.adopt_epochs("t", p, entries) for p in range(6)),
-                                    return_exceptions=True)
-
-    results = asyncio.run(adopt_all([(1, 0)]))
-    assert all(isinstance(r, OSError) for r in results), results
-    assert epochs.EpochCache.load(store.partition_dir("t", 0)).entries == []
-    # The next start adopts the master's history again (the files were never replaced) and writes it.
-    for p in range(6):
-        partitions.get("t", p).epochs.entries = []
-    assert asyncio.run(adopt_all([(1, 0), (2, 0)])) == [True] * 6
-    assert epochs.EpochCache.load(store.partition_dir("t", 5)).entries == [(1, 0), (2, 0)]
-    store.close()
-
-
-def test_a_batch_writes_each_history_as_it_was_asked_and_a_later_change_goes_in_the_next(tmp_path):
-    store = store_of(tmp_path, 1)
-    partitions = Partitions(store)
-    owner = partitions.get("t", 0)
-
-    async def two_adoptions() -> None:
-        first = asyncio.ensure_future(owner.adopt_epochs([(1, 0)]))
-        await asyncio.sleep(0)  # the first batch is in its worker thread
-        second = asyncio.ensure_future(owner.adopt_epochs([(1, 0), (3, 0)]))
-        await asyncio.gather(first, second)
-
-    asyncio.run(two_adoptions())
-    assert epochs.EpochCache.load(store.partition_dir("t", 0)).entries == [(1, 0), (3, 0)]
-    assert partitions.epoch_saves.batches == 2
-    store.close()

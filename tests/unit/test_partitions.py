@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from metaq.config import TopicConfig
-from metaq.ha import epochs as epochs_module
 from metaq.ha.epochs import EpochCache
 from metaq.record import encode_batch, iter_records, record_ends
 from metaq.protocol import commands as c
@@ -440,8 +439,8 @@ def test_adopt_epochs_copies_the_masters_history_and_saves_only_a_change(tmp_pat
     manager = store(tmp_path)
     owners = owners_of(manager)
     saves: list[Path] = []
-    real = epochs_module.write_all  # a slave's copies are group-committed (GroupSaves)
-    monkeypatch.setattr(epochs_module, "write_all", lambda bodies: saves.extend(bodies) or real(bodies))
+    real = EpochCache.save
+    monkeypatch.setattr(EpochCache, "save", lambda self: saves.append(self.path) or real(self))
 
     master = [(2, 0), (5, 120)]
     assert asyncio.run(owners.adopt_epochs(TOPIC, 0, master)) is True
