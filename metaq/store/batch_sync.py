@@ -76,8 +76,10 @@ def _pool() -> ThreadPoolExecutor:
 # directory entry of the batch, in one commit. Used only where it is known to mean that and to
 # report errors: Linux 5.8 or later (syncfs returns a writeback error of the file system since
 # the descriptor was opened, so it is opened before the batch writes anything), on ext4, XFS and
-# btrfs. Anywhere else each path is fsynced (``fsync_all``). Its cost is whatever else is dirty
-# on that file system: for a broker's data dir, its own unflushed logs.
+# btrfs. Anywhere else each path is fsynced (``fsync_all``), and so it is when ``fsync`` itself
+# is interposed (an ``LD_PRELOAD`` library, such as a power-loss simulator that records every
+# fsync, or one that makes fsync a no-op): its author expects to see each sync. Its cost is
+# whatever else is dirty on that file system: for a broker's data dir, its own unflushed logs.
 
 #: statfs(2) f_type of the file systems whose syncfs commits everything dirty and reports errors.
 SYNCFS_FILE_SYSTEMS = {0xEF53: "ext4", 0x58465342: "xfs", 0x9123683E: "btrfs"}
@@ -93,7 +95,17 @@ def _syncfs_kernel() -> bool:
     return (major, minor) >= (5, 8)
 
 
-_LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True) if _syncfs_kernel() else None
+def _libc_unless_fsync_interposed() -> ctypes.CDLL | None:
+    """The C library for syncfs, or None where it must not be used (see above)."""
+    if not _syncfs_kernel():
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)  # its own symbols
+    process = ctypes.CDLL(None)  # the process's scope: a preloaded library's fsync comes first
+    own, seen = (ctypes.cast(lib.fsync, ctypes.c_void_p).value for lib in (libc, process))
+    return libc if own == seen else None
+
+
+_LIBC = _libc_unless_fsync_interposed()
 
 
 def _syncfs_capable(fd: int) -> bool:

@@ -115,3 +115,26 @@ def test_a_failed_syncfs_is_an_error(tmp_path, monkeypatch):
     monkeypatch.setattr(batch_sync, "_syncfs_capable", lambda fd: True)
     with batch_sync.FileSystemSync([tmp_path]) as durable, pytest.raises(OSError, match="syncfs"):
         durable.sync([tmp_path])
+
+
+def test_no_syncfs_where_fsync_is_interposed(tmp_path):
+    """Under an LD_PRELOAD library that interposes fsync (the chaos power-loss shim records
+    every fsync to decide what a power loss keeps) each path is fsynced: a syncfs would make
+    the files durable behind its back."""
+    import shutil
+    import subprocess
+    import sys
+
+    from chaos.power_loss import build_shim
+
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is needed to build the power-loss shim")
+    shim = build_shim(tmp_path / "shim")
+    probe = "import metaq.store.batch_sync as b; print(b._LIBC is None)"
+    env = {**os.environ, "POWERLOSS_ROOT": str(tmp_path / "root"), "POWERLOSS_JOURNAL": str(tmp_path / "journal"),
+           "POWERLOSS_STASH": str(tmp_path / "stash")}
+    plain = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    shimmed = subprocess.run([sys.executable, "-c", probe], env={**env, "LD_PRELOAD": str(shim)},
+                             capture_output=True, text=True, check=True)
+    assert shimmed.stdout.strip() == "True"
+    assert plain.stdout.strip() == str(batch_sync._LIBC is None)
