@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 
 from ..private_files import fsync_directory, make_private_dir, write_private_temporary
-from ..store.batch_sync import FileSystemSync
+from ..store.batch_sync import FileSystemSync, run_all
 
 FILE_NAME = "leader-epoch-checkpoint"
 _VERSION = "0"
@@ -120,13 +120,15 @@ def write_all(bodies: dict[Path, str]) -> None:
     ``_write_durably``, each for all files at once, made durable by one syncfs(2) per file
     system where that is trustworthy (store/batch_sync.py: ``FileSystemSync``; an fsync per
     file and per directory elsewhere). Every temporary file is durable before any rename, so
-    each file holds its old or its new history at every point, also across a power loss."""
-    with FileSystemSync(path.parent for path in bodies) as durable:
-        temporaries = {path: _write_temporary(path, body, fsync=False) for path, body in bodies.items()}
-        durable.sync(temporaries.values())
-        for path, tmp in temporaries.items():
-            os.replace(tmp, path)
-        durable.sync(path.parent for path in temporaries)
+    each file holds its old or its new history at every point, also across a power loss. The
+    writes and the renames run SYNC_WORKERS at a time (``run_all``: each in its own directory,
+    they proceed together where one after another each waited its turn at the file system)."""
+    paths = list(bodies)
+    with FileSystemSync(path.parent for path in paths) as durable:
+        temporaries = run_all(lambda path: _write_temporary(path, bodies[path], fsync=False), paths)
+        durable.sync(temporaries)
+        run_all(lambda pair: os.replace(pair[1], pair[0]), list(zip(paths, temporaries)))
+        durable.sync(path.parent for path in paths)
 
 
 def _write_durably(path: Path, body: str) -> None:
