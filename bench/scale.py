@@ -22,7 +22,8 @@ Dimensions:
   produce (100 x 100 B per put, 32 in flight) to one partition and round-robin over all;
   a clean restart of the slave (its SIGTERM timed; until it is back in the sync set); a kill
   -9 of the master (first acked write on the new master, and until a put to every partition
-  was acked); then a SIGTERM of the new master (timed: every log dirty).
+  was acked; what its take-over spent flushing the logs and making every partition's epoch
+  history durable, from its log); then a SIGTERM of the new master (timed: every log dirty).
 * ``log``: a standalone broker over N GiB in one partition and spread over 100 (segments
   written directly, 1 GiB each): start, restart after a clean stop and after kill -9, RSS.
 * ``catchup``: a slave started empty copies N GiB from its master: MB/s, beside ``cat`` of
@@ -43,6 +44,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import shutil
 import socket
 import statistics
@@ -79,6 +81,8 @@ GIB = 1024 ** 3
 #: Free disk the log dimension leaves at least.
 KEEP_FREE_BYTES = 10 * GIB
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+#: The new master's log line of its take-over steps (metaq/ha/leadership.py, ``take_up``).
+TAKEOVER_LINE = re.compile(r"epoch \d+: every log flushed in ([\d.]+) s, \d+ partitions' epoch histories durable in ([\d.]+) s")
 
 
 # --- process figures, from /proc ----------------------------------------------------------
@@ -329,12 +333,20 @@ def partitions_row(work: Path, partitions: int, args: argparse.Namespace) -> dic
         served = asyncio.run(put_everywhere(slave.port, partitions, PHASE_LIMIT_S))[0] if took is not None else 0
         row["failover_all_served_s"] = round(time.monotonic() - started, 2) if served == partitions else None
         row["failover_partitions_served"] = served
+        row["failover_flush_s"], row["failover_epochs_s"] = takeover_steps(slave)
         # SIGTERM of the new master right after a put to every partition: 10,000 dirty logs.
         row["master_sigterm_s"] = timed_stop(slave)
     finally:
         factory.stop_all()
         zk.stop()
     return row
+
+
+def takeover_steps(broker: BrokerProcess) -> tuple[float | None, float | None]:
+    """What the broker's last take-over spent flushing every log and making every partition's
+    epoch history durable (its log line ``epoch N: every log flushed in X s, ... durable in Y s``)."""
+    found = TAKEOVER_LINE.findall(broker.log_text())
+    return (float(found[-1][0]), float(found[-1][1])) if found else (None, None)
 
 
 # --- dimension: log size ----------------------------------------------------------------
@@ -615,6 +627,7 @@ TABLES: dict[str, list[tuple[str, str]]] = {
         ("produce_all_p99_ms", "spread p99 (ms)"), ("produce_failed_puts", "failed puts"),
         ("slave_restart_in_sync_set_s", "slave restart -> sync set (s)"), ("failover_took_over_s", "kill -9: slave took over (s)"), ("failover_first_ack_s", "kill -9: first ack (s)"),
         ("failover_all_served_s", "kill -9: all served (s)"), ("failover_partitions_served", "served after kill -9"),
+        ("failover_flush_s", "take-over: logs flushed (s)"), ("failover_epochs_s", "take-over: epochs durable (s)"),
         ("slave_sigterm_s", "SIGTERM slave (s)"), ("master_sigterm_s", "SIGTERM master after a put to each (s)"),
     ],
     "log": [

@@ -8,7 +8,9 @@ In one process, on a fresh directory under the temporary directory's file system
   loop (how a slave created them before) vs ``MessageStoreManager.create_logs`` (one batch in a
   worker thread);
 * ``epochs``: a new epoch saved for every partition, one ``EpochCache.save`` after another on
-  the loop vs ``assign_epoch`` (metaq/ha/coordinator.py: one batch in a worker thread).
+  the loop vs one batch in a worker thread with an fsync per file and per directory (how a
+  takeover saved them before) vs ``Partitions.assign_epoch`` (the batch made durable by one
+  ``syncfs`` per file system where that is trustworthy, metaq/store/batch_sync.py).
 
 Each is shown as wall seconds and the longest the event loop went without running a 10 ms
 ticker (what a ZooKeeper session or a client waits meanwhile), the median of ``--rounds``
@@ -19,17 +21,31 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from metaq.config import TopicConfig
-from metaq.ha.coordinator import assign_epoch
-from metaq.server.partitions import Partitions
-from metaq.store.manager import MessageStoreManager
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's package
+
+from metaq.config import TopicConfig  # noqa: E402
+from metaq.ha.epochs import EpochCache  # noqa: E402
+from metaq.private_files import write_private_temporary  # noqa: E402
+from metaq.server.partitions import Partitions  # noqa: E402
+from metaq.store.batch_sync import fsync_all  # noqa: E402
+from metaq.store.manager import MessageStoreManager  # noqa: E402
 
 TOPIC_PARTITIONS = 250
+
+
+def _save_all_fsync_each(caches: list[EpochCache]) -> None:
+    temporaries = {cache.path: write_private_temporary(cache.path, cache._text(), fsync=False) for cache in caches}
+    fsync_all(temporaries.values())
+    for path, tmp in temporaries.items():
+        os.replace(tmp, path)
+    fsync_all(path.parent for path in temporaries)
 
 
 def store_of(root: Path, partitions: int) -> MessageStoreManager:
@@ -73,7 +89,7 @@ async def one_round(partitions: int, root: Path) -> dict[str, tuple[float, float
     async def create_batched() -> None:
         await batched.create_logs([(*key, 0) for key in keys])
 
-    owners = Partitions(one_by_one)
+    owners, batch_owners = Partitions(one_by_one), Partitions(batched)
 
     async def epochs_one_by_one() -> None:
         for key in keys:
@@ -81,12 +97,23 @@ async def one_round(partitions: int, root: Path) -> dict[str, tuple[float, float
             owner.epochs.assign(1, owner.log.log_end)
             owner.epochs.save()
 
+    async def epochs_batched_fsync_each() -> None:
+        """The batch as it was before ``FileSystemSync``: every file, then every directory, fsynced."""
+        caches = []
+        for key in keys:
+            owner = owners.get(*key)
+            if owner.epochs.assign(2, owner.log.log_end):
+                caches.append(owner.epochs)
+        await asyncio.to_thread(_save_all_fsync_each, caches)
+
     figures = {
         "create, one by one": await timed(create_one_by_one),
         "create, batched": await timed(create_batched),
         "epochs, one by one": await timed(epochs_one_by_one),
-        "epochs, batched": await timed(lambda: assign_epoch(batched, Partitions(batched), batched.topics, 1)),
+        "epochs, batched, fsync each": await timed(epochs_batched_fsync_each),
     }
+    await batch_owners.assign_epoch(batched.topics, 1)  # untimed: files to rename over, as the other store has
+    figures["epochs, batched, syncfs"] = await timed(lambda: batch_owners.assign_epoch(batched.topics, 2))
     one_by_one.close()
     batched.close()
     return figures

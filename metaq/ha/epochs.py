@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 
 from ..private_files import fsync_directory, make_private_dir, write_private_temporary
-from ..store.batch_sync import fsync_all
+from ..store.batch_sync import FileSystemSync, run_all
 
 FILE_NAME = "leader-epoch-checkpoint"
 _VERSION = "0"
@@ -111,14 +111,24 @@ class EpochCache:
 
 def save_all(caches: list[EpochCache]) -> None:
     """``save`` for many partitions as one batch (a takeover assigns its epoch to every
-    partition): the same steps as ``_write_durably``, each for all files at once, their fsyncs
-    concurrent (``fsync_all``). Blocking: one worker-thread hop for the whole batch. Each file
-    holds its old or its new history at every point; all are durable when it returns."""
-    temporaries = {cache.path: _write_temporary(cache.path, cache._text(), fsync=False) for cache in caches}
-    fsync_all(temporaries.values())
-    for path, tmp in temporaries.items():
-        os.replace(tmp, path)
-    fsync_all(path.parent for path in temporaries)
+    partition). Blocking: one worker-thread hop for the whole batch."""
+    write_all({cache.path: cache._text() for cache in caches})
+
+
+def write_all(bodies: dict[Path, str]) -> None:
+    """Each file replaced by its body, all durable when this returns: the steps of
+    ``_write_durably``, each for all files at once, made durable by one syncfs(2) per file
+    system where that is trustworthy (store/batch_sync.py: ``FileSystemSync``; an fsync per
+    file and per directory elsewhere). Every temporary file is durable before any rename, so
+    each file holds its old or its new history at every point, also across a power loss. The
+    writes and the renames run SYNC_WORKERS at a time (``run_all``: each in its own directory,
+    they proceed together where one after another each waited its turn at the file system)."""
+    paths = list(bodies)
+    with FileSystemSync(path.parent for path in paths) as durable:
+        temporaries = run_all(lambda path: _write_temporary(path, bodies[path], fsync=False), paths)
+        durable.sync(temporaries)
+        run_all(lambda pair: os.replace(pair[1], pair[0]), list(zip(paths, temporaries)))
+        durable.sync(path.parent for path in paths)
 
 
 def _write_durably(path: Path, body: str) -> None:

@@ -164,9 +164,13 @@ class Leadership:
         epoch = epochs.serve()
         # The epoch's start offset is saved durably below: fsync the log it points into
         # first, so that a power loss never leaves an epoch starting past the log we keep.
+        began = time.monotonic()
         await self._flush_all()
+        flushed = time.monotonic()
         self._give_up_if_stopping("the flush of every log")
-        await host.partitions.assign_epoch(host.config.topics, epoch)
+        assigned = await host.partitions.assign_epoch(host.config.topics, epoch)
+        log.info("epoch %d: every log flushed in %.2f s, %d partitions' epoch histories durable in %.2f s",
+                 epoch, flushed - began, assigned, time.monotonic() - flushed)
         self._give_up_if_stopping("the epoch's start in every partition")
         # Durably, before any ack in this epoch: what re-seeds the group if ZooKeeper loses its data.
         await asyncio.to_thread(record_led_epoch, self.config.data_path, epoch)

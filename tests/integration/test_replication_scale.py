@@ -30,12 +30,12 @@ SYNC = {"replicationMode": "sync", "onSyncSlaveLoss": "reject", "syncSlaveTimeou
         "unflushThreshold": 0, "maxRequestsInFlight": 200}
 
 
-async def _put_everywhere(address: tuple[str, int], tag: str) -> int:
+async def _put_everywhere(address: tuple[str, int], tag: str, topics: dict[str, int] = TOPICS) -> int:
     """One acked put to every partition, pipelined 200 at a time: how many were acked. A 503
     (nothing stored: the master's lease or sync set not confirmed this moment, on a loaded
     machine) is sent again, for up to a minute; any other refusal fails the test."""
     conn = await BrokerConnection.open(*address)
-    keys = [(topic, p) for topic, count in TOPICS.items() for p in range(count)]
+    keys = [(topic, p) for topic, count in topics.items() for p in range(count)]
     acked = 0
     deadline = time.monotonic() + 60
     try:
@@ -57,8 +57,8 @@ async def _put_everywhere(address: tuple[str, int], tag: str) -> int:
     return acked
 
 
-def put_everywhere(master, tag: str) -> int:  # noqa: ANN001
-    return asyncio.run(_put_everywhere(master.address, tag))
+def put_everywhere(master, tag: str, topics: dict[str, int] = TOPICS) -> int:  # noqa: ANN001
+    return asyncio.run(_put_everywhere(master.address, tag, topics))
 
 
 def all_following(slave) -> bool:  # noqa: ANN001

@@ -157,29 +157,31 @@ def test_a_crash_between_the_steps_leaves_logs_the_start_up_opens(tmp_path, monk
     again.close()
 
 
-def test_a_takeover_saves_every_partitions_epoch_in_one_batch(tmp_path, monkeypatch, fsynced):
+def test_a_takeover_saves_every_partitions_epoch_in_one_batch(tmp_path, monkeypatch):
     config = topics(tmp_path, 30)
     store = MessageStoreManager(config, max_message_size=1024)
     store.get_log("orders", 0).append(record.encode_record(b"x", msg_id=1))
     partitions = Partitions(store)
-    batches = []
-    real = epochs.save_all
+    batches, durable = [], []
+    real, real_sync = epochs.save_all, epochs.FileSystemSync.sync
     monkeypatch.setattr("metaq.server.partitions.save_all", lambda caches: batches.append(len(caches)) or real(caches))
     monkeypatch.setattr(epochs.EpochCache, "save", lambda self: pytest.fail("one save per partition"))
+    # What each batch made durable (one syncfs per file system here, an fsync each elsewhere).
+    monkeypatch.setattr(epochs.FileSystemSync, "sync", lambda self, paths: real_sync(self, durable.extend(paths) or paths))
 
     async def take_over(epoch):
-        fsynced.clear()
+        durable.clear()
         return await partitions.assign_epoch(config, epoch)
 
     assert asyncio.run(take_over(3)) == 60
     assert batches == [60], "one batch for every partition, fresh or not"
-    epoch_files = [path for path in fsynced if path.name.startswith(epochs.FILE_NAME)]
-    assert len(epoch_files) == 60
+    assert len([path for path in durable if path.name.startswith(epochs.FILE_NAME + ".tmp")]) == 60
+    assert {path for path in durable if path.is_dir()} == {store.partition_dir(*key) for key in store.logs()}
     reloaded = {key: epochs.EpochCache.load(store.partition_dir(*key)).entries for key in store.logs()}
     assert reloaded[("orders", 0)] == [(3, record.encode_record(b"x", msg_id=1).__len__())]
     assert reloaded[("logs", 29)] == [(3, 0)]
     assert asyncio.run(take_over(3)) == 0, "the same epoch again changes nothing"
-    assert batches[-1] == 0 and not [path for path in fsynced if path.name.startswith(epochs.FILE_NAME)]
+    assert batches[-1] == 0 and not durable
     with pytest.raises(ValueError, match="older than the latest"):
         asyncio.run(take_over(2))  # epochs only grow
     assert epochs.EpochCache.load(store.partition_dir("logs", 0)).entries == [(3, 0)]
