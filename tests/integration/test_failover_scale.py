@@ -1,4 +1,4 @@
-"""A kill -9 failover of a sync pair of 300 partitions: the new master's epoch reaches every
+"""A kill -9 failover of a sync pair of 120 partitions: the new master's epoch reaches every
 partition's history, durably, before it acks (the histories are written as one batch made
 durable by one syncfs per file system, ha/epochs.py ``write_all``); then every partition takes
 a put on it; the old master, restarted, follows and holds the same history as the new one for
@@ -14,10 +14,10 @@ from .failover_support import Group, partition_dir, sync_system, wait_follows, w
 from .replication_support import assert_identical, replica_rows
 from .test_replication_scale import put_everywhere
 
-TOPICS = {"wideA": 150, "wideB": 150}
+TOPICS = {"wideA": 60, "wideB": 60}
 PARTITIONS = sum(TOPICS.values())
 KEYS = [(topic, p) for topic, count in TOPICS.items() for p in range(count)]
-# A longer session than failover_support's: 300 partitions on a loaded machine must not lapse
+# A longer session than failover_support's: 120 partitions on a loaded machine must not lapse
 # it by themselves (the kill -9 is detected by the death watch, not by the session's expiry).
 ZK = {"zk.zkSessionTimeoutMs": 4000}
 SYSTEM = sync_system(syncSlaveTimeoutMs=5000, maxRequestsInFlight=200)
@@ -32,7 +32,7 @@ def history(broker, topic: str, partition: int) -> list[tuple[int, int]]:  # noq
     return EpochCache.load(partition_dir(broker, topic, partition)).entries
 
 
-def test_kill_9_of_a_300_partition_master_names_the_new_epoch_everywhere_before_acking(
+def test_kill_9_of_a_120_partition_master_names_the_new_epoch_everywhere_before_acking(
         broker_factory, zk_client, zk_root) -> None:  # noqa: ANN001
     group = Group(zk_client, zk_root)
     a = broker_factory(0, TOPICS, SYSTEM, name="A", zookeeper=ZK)
