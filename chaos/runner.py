@@ -68,9 +68,9 @@ from metaq.client import AsyncMessageSessionFactory, Message, MetaClientConfig, 
 from metaq.client.connection import BrokerConnection, ConnectionClosed
 from metaq.ha.epochs import EpochCache, EpochCacheError
 from metaq.protocol import commands as c
-from metaq.protocol.messages import EpochsRequest, GetRequest
+from metaq.protocol.messages import EpochsRequest, GetRequest, OffsetRequest
 from metaq.protocol.replies import aborted_spans
-from metaq.record import iter_records
+from metaq.record import RecordError, damaged_first_record, iter_records
 from metaq.txn.reader import committed_records
 
 from .anomalies import READ_COMMITTED
@@ -389,6 +389,9 @@ class Workload:
                         conn = await self._cached_conn(conns, url)
                         get = GetRequest(topic=topic, partition=n, offset=offset, max_size=256 * 1024)
                         reply = await conn.request(get.to_header(), timeout=2.0)
+                        if reply.ok and damaged_first_record(reply.body):
+                            positions[key] = await self._realigned(conn, topic, n, offset, f"{process}: {topic}/{group}-{n} on {url}")
+                            continue
                     except (ConnectionClosed, asyncio.TimeoutError, OSError):
                         conns.pop(url, None)
                         continue
@@ -407,6 +410,28 @@ class Workload:
             await asyncio.sleep(0.3)
         for conn in conns.values():
             conn.close()
+
+    async def _realigned(self, conn: BrokerConnection, topic: str, n: int, offset: int, where: str) -> int:
+        """Where a reader resumes (``where``: the reader, partition and replica) when the replica's
+        log holds no record starting at its position ``offset``: a position from records an
+        async failover took back (on the old master, truncated and following, or on a new
+        master) may fall inside a record of the log the replica serves now. As the client consumer does (docs/client.md, "Realigning a position"), it
+        asks that replica (``offset`` with ``realign``) and moves there, with one WARNING. Bounded:
+        a replica that says a record does start there serves damaged bytes, a finding (RecordError:
+        the task crashes and the run fails); an answer it cannot give now leaves the position for
+        the next round."""
+        header = OffsetRequest(topic=topic, partition=n, offset=offset, realign=True).to_header()
+        reply = await conn.request(header, timeout=2.0)
+        if not reply.ok:
+            return offset
+        moved = int(reply["offset"])
+        if moved == offset:
+            raise RecordError(f"{where}: no whole valid record starts at {offset}, "
+                              f"though the replica says one does (damaged bytes)")
+        log.warning("%s: no record starts at %d (the log changed under this position, e.g. an async failover "
+                    "took back records); resuming at %d (%s%s)", where, offset, moved,
+                    reply.get("realign"), f" {reply.get('epoch')}" if reply.get("epoch") is not None else "")
+        return moved
 
     async def prober(self, group: int, every: float = 0.25) -> None:
         """Reads the newest acked message of every partition of the group back from its

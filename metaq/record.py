@@ -158,6 +158,18 @@ def valid_prefix(buf: bytes | bytearray | memoryview, max_message_size: int = AN
     return _scan(buf, max_message_size, attributes_utf8=False)[0]
 
 
+def damaged_first_record(body: bytes | bytearray | memoryview) -> bool:
+    """Whether the first record of a fetched range is whole and not valid (a partial one is
+    just cut off): no record starts at the fetch position, e.g. a position from records an
+    async failover took back now falls inside a record of the new master's log."""
+    if len(body) < HEADER_SIZE:
+        return False
+    length, _crc, _msg_id, flag = HEADER.unpack_from(body)
+    if length < 0 or flag & ~KNOWN_FLAGS:
+        return True
+    return HEADER_SIZE + length <= len(body) and valid_prefix(body[: HEADER_SIZE + length]) == 0
+
+
 def _scan(buf: bytes | bytearray | memoryview, max_message_size: int, attributes_utf8: bool) -> tuple[int, int]:
     """``(length, count)`` of the longest prefix of ``buf`` whose records follow the rules.
 

@@ -36,7 +36,7 @@ from ..config import check_topic_name
 from ..protocol import commands as c
 from ..protocol.messages import GetRequest, OffsetRequest
 from ..protocol.replies import aborted_spans
-from ..record import HEADER, HEADER_SIZE, KNOWN_FLAGS, RecordError, valid_prefix
+from ..record import RecordError, damaged_first_record
 from ..txn.reader import drop_aborted
 from .cluster import Cluster, ClusterSnapshot
 from .codec import decode_messages
@@ -328,7 +328,7 @@ class PartitionFetcher:
             try:
                 messages, end = decode_messages(reply.body, base, self.topic, self.partition)
             except RecordError as exc:
-                if _damaged_first_record(reply.body):
+                if damaged_first_record(reply.body):
                     raise _Misaligned(base, f"no message starts at {base} ({exc})") from None
                 raise
             if messages and reply.get("aborted"):
@@ -411,16 +411,6 @@ class PartitionFetcher:
         log.warning("%s-%s: %s: the log changed under this position, e.g. an async failover took back records; "
                     "resuming at %d, %s", self.topic, self.partition, misaligned.reason, offset,
                     _realigned_to(reply.get("realign"), reply.get("epoch")))
-
-
-def _damaged_first_record(body: bytes | bytearray | memoryview) -> bool:
-    """Whether the first record of a fetch is whole and not valid (a partial one is just cut off)."""
-    if len(body) < HEADER_SIZE:
-        return False
-    length, _crc, _msg_id, flag = HEADER.unpack_from(body)
-    if length < 0 or flag & ~KNOWN_FLAGS:
-        return True
-    return HEADER_SIZE + length <= len(body) and valid_prefix(body[: HEADER_SIZE + length]) == 0
 
 
 def _realigned_to(how: object, epoch: object) -> str:

@@ -13,7 +13,8 @@ import pytest
 
 from metaq import record
 from metaq.client import consumer as consumer_module
-from metaq.client.consumer import PartitionFetcher, Subscription, _damaged_first_record, _FetchError, _Misaligned
+from metaq.client.consumer import PartitionFetcher, Subscription, _FetchError, _Misaligned
+from metaq.record import damaged_first_record
 from metaq.client.message import Partition
 from metaq.client.offsets import Position
 from metaq.protocol import commands as c
@@ -115,15 +116,15 @@ def test_the_offset_request_realign_field_over_the_wire(tmp_path: Path) -> None:
 
 def test_a_damaged_first_record_is_told_from_a_partial_one() -> None:
     whole = record.encode_record(b"a" * 27) + record.encode_record(b"b" * 40)
-    assert not _damaged_first_record(whole)
-    assert not _damaged_first_record(whole[:20])  # cut off: fetch more
-    assert not _damaged_first_record(whole[:5])
-    assert _damaged_first_record(whole[3:])  # inside the first record: unknown flags in what reads as a header
+    assert not damaged_first_record(whole)
+    assert not damaged_first_record(whole[:20])  # cut off: fetch more
+    assert not damaged_first_record(whole[:5])
+    assert damaged_first_record(whole[3:])  # inside the first record: unknown flags in what reads as a header
     inner = record.encode_record(b"\x00\x00\x00\x04" + b"z" * 40)  # a payload that reads as a short header
-    assert _damaged_first_record(inner[record.HEADER_SIZE:])  # inside the record: its CRC fails
+    assert damaged_first_record(inner[record.HEADER_SIZE:])  # inside the record: its CRC fails
     flipped = bytearray(whole)
     flipped[record.HEADER_SIZE + 2] ^= 1
-    assert _damaged_first_record(bytes(flipped))
+    assert damaged_first_record(bytes(flipped))
 
 
 class FakeConnection:
