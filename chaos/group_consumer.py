@@ -259,12 +259,18 @@ class ConsumerGroupLoad:
 def unreached(history: Any, group: str) -> list[str]:
     """The partitions whose last committed message group ``group`` was never given (after its
     records were merged and the final snapshot taken): empty when it ran to the end."""
+    from chaos.anomalies import transaction_marker
+    from chaos.checker import build_index
     from chaos.history import is_control
 
     delivered = {v for op in history.ops if op.get("f") == "poll" and op.get("group") == group
                  for pairs in (op.get("polls") or {}).values() for _o, v in pairs}
-    # A read-committed consumer is never given a rolled-back (or maybe rolled-back) transaction's messages.
-    hidden = {value for op in history.ops if op.get("f") == "txn" and op["type"] in ("fail", "info")
+    # A read-committed consumer is never given a rolled-back (or maybe rolled-back) transaction's
+    # messages, nor those of one whose final marker is an ABORT although its client was told
+    # committed (async: a failover took back its COMMIT marker and the new master aborted it).
+    logs = build_index(history).logs
+    hidden = {value for op in history.ops if op.get("f") == "txn" and op["type"] != "invoke"
+              and (op["type"] in ("fail", "info") or transaction_marker(logs, op) == "ABORT")
               for _p, _o, value in op.get("sends") or []}
     short = []
     for rep in history.final["replicas"].values():

@@ -184,12 +184,13 @@ def test_a_skip_in_a_fetch_of_the_final_log_is_a_violation_whatever_failover_cam
     assert "taken_back_by" not in result.violations("int-poll-skip")[0]
 
 
-def _commit_a_failover_took_back(client: str = "ok", commit_read: bool = True) -> History:
+def _commit_a_failover_took_back(client: str = "ok", commit_read: bool = True, put_after: bool = True) -> History:
     """Seed 8000's xa0-t353 and x0-t392: transaction u1 (producer 7, txid "x0") stores u1-a in
     t/0-0; the old master m0 appends its COMMIT marker, which no slave fetched, and its client
     is told ``client``; a raw reader gets the marker (``commit_read``) and a read-committed
     consumer gets u1-a from m0. s1 takes over lacking the marker and aborts the transaction
-    (ABORT where the COMMIT was), then acks a put of its own."""
+    (ABORT where the COMMIT was), then acks a put of its own. Without ``put_after``, u1-a stays
+    the partition's last message and the group polled only p0-0 (it read on at the new master)."""
     k = Kafka("async")
     k.put("p0-0")
     op = k.h.invoke("x0", "txn", txn="u1")
@@ -207,14 +208,15 @@ def _commit_a_failover_took_back(client: str = "ok", commit_read: bool = True) -
     if commit_read:
         k.read("t/0-0", [(commit_at, "control:" + encode_body(commit).hex())], replica="meta://m0")
     k.h.assign("g0-c0", "g0", 1, PARTS)
-    k.h.poll("g0-c0", "g0", 1, {"t/0-0": [(0, "p0-0"), (at, "u1-a")]})
+    k.h.poll("g0-c0", "g0", 1, {"t/0-0": [(0, "p0-0")] + ([(at, "u1-a")] if put_after else [])})
     lag = {"messages": 1, "bytes": len(log) - commit_at}
     del log[commit_at:]
     for _ in range(3):
         k.h.now()
     k.h.failover(0, "meta://m0", "meta://s1", 2, lag={"t/0-0": lag})
     log += marker(Kind.ABORT, "x0", producer_id=7, producer_epoch=0, timestamp_ms=3, reason=AbortReason.FAILOVER)
-    k.put("p0-new", epoch=2, master="meta://s1")
+    if put_after:
+        k.put("p0-new", epoch=2, master="meta://s1")
     return k.finish()
 
 
@@ -228,6 +230,17 @@ def test_a_read_of_a_transaction_whose_commit_marker_a_failover_took_back_is_exp
     (case,) = result.checks["aborted-read"]["expected"]
     assert case["value"] == "u1-a" and "to epoch 2" in case["taken_back_by"]
     assert "its client was told committed" in case["why"]
+
+
+def test_a_group_ran_to_the_end_without_a_committed_transactions_message_the_new_master_aborted():
+    """Before: a settle failure (seed 8114: "never got the last message of txn-b/1-0", whose
+    only message was x1-t0-0): the client was told committed, the failover took back the COMMIT
+    marker and the new master aborted the transaction, so a read-committed group is never given
+    the partition's last message."""
+    from chaos.group_consumer import unreached
+
+    history = _commit_a_failover_took_back(commit_read=False, put_after=False)
+    assert unreached(history, "g0") == []
 
 
 @pytest.mark.parametrize("client, commit_read", [("ok", False), ("fail", True)],
