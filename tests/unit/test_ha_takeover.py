@@ -393,3 +393,19 @@ def test_a_master_read_before_a_takeover_is_not_followed_once_the_new_master_is(
     assert stale is Event.REEVALUATE, "ZooKeeper is asked again: it names the master we follow"
     assert coordinator.machine.handle(stale).look_again
     assert fresh is Event.MASTER_CHANGED
+
+
+def test_a_silent_probe_after_a_drop_is_asked_again_before_standing_by(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connect that timed out may be our own loop's delay on a loaded machine: asked again, a
+    dead process's port refuses (on to the challenge); a silent host stays silent (stand by)."""
+    answers: list[takeover.Seen] = []
+
+    async def probe(_url: str, timeout: float = takeover.PROBE_TIMEOUT_S) -> takeover.Seen:
+        return answers.pop(0)
+
+    monkeypatch.setattr(takeover, "probe_port", probe)
+    answers[:] = [takeover.Seen.SILENT, takeover.Seen.REFUSED]
+    assert asyncio.run(takeover.probe_after_drop("meta://127.0.0.1:1")) is takeover.Seen.REFUSED
+    answers[:] = [takeover.Seen.SILENT] * (1 + takeover.SILENT_PROBES_AGAIN) + [takeover.Seen.REFUSED]
+    assert asyncio.run(takeover.probe_after_drop("meta://127.0.0.1:1")) is takeover.Seen.SILENT
+    assert answers == [takeover.Seen.REFUSED], "bounded: asked again SILENT_PROBES_AGAIN times, no more"
