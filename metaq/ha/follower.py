@@ -815,7 +815,11 @@ class MasterFollower:
         # offset may be missing from another sync-set slave, which the election may promote
         # and which then writes other records there: a read of that tail would be taken back
         # (sync mode promises none). A deposed master's own term is bounded by
-        # HaNode._deposed_bound as well.
+        # HaNode._deposed_bound as well. In async mode a master acks what no slave holds and
+        # the next master may lack any tail (guarantees A1/A3): a masterless slave serves what
+        # it holds, as it always did.
+        if self.master_url is None and self.master_mode != "sync":
+            return log_end
         return replica.committed()
 
     def _master_end(self, topic: str, partition: int, replica: PartitionReplica) -> int:

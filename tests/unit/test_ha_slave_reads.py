@@ -36,6 +36,7 @@ def orphaned_slave() -> tuple[HaNode, MasterFollower, PartitionReplica, SimpleNa
     replica = PartitionReplica("chaos", 0, SimpleNamespace(log=log), None, dict, lambda t, p: None, 100)  # type: ignore[arg-type]
     record = host.partitions.replication("chaos", 0)
     record.following = ReplicaRun(follower, replica)  # the slave side of its replication record
+    follower.master_mode = "sync"  # the campaign run's: a sync master (async serves what it holds)
     replica.status.master_committed = MARKER_AT
     epochs = EpochCache(Path("/nonexistent"), [(1, 0), (2, 44850)])  # epoch 2 led by another broker
     coordinator = SimpleNamespace(state=Role.FOLLOWING, epochs=SimpleNamespace(serving=2, led=1),
@@ -101,3 +102,13 @@ def test_a_deposed_master_serves_what_its_slaves_fetched_in_its_term_not_an_olde
     assert node.committed("chaos", 0, replica.log) == fetched
     record.shared = None  # no slave reported in the term: only what it held when the term began
     assert node.committed("chaos", 0, replica.log) == term_start
+
+
+def test_an_orphaned_slave_of_an_async_master_serves_what_it_holds() -> None:
+    """Async mode: the master acks what no slave holds and the next master may lack any tail
+    (guarantees A1, A3): a masterless slave keeps serving its whole log, as the docs say."""
+    node, follower, replica, coordinator = orphaned_slave()
+    follower.master_mode = "async"
+    asyncio.run(follower.unfollow())
+    coordinator.state = Role.ORPHANED
+    assert node.committed("chaos", 0, replica.log) == LOG_END
